@@ -1,0 +1,209 @@
+"""A Vision Transformer written from the paper's four equations (Dosovitskiy et al., 2021).
+
+    z0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos                (1)  patch + class + position
+    z'_l = MSA(LN(z_{l-1})) + z_{l-1}                            (2)  pre-norm attention block
+    z_l  = MLP(LN(z'_l)) + z'_l                                  (3)  pre-norm MLP block
+    y    = LN(z_L^0)                                             (4)  class token -> head
+
+Every size is a field of :class:`ViTConfig`; the named variants are data in ``VARIANTS``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    image_size: int = 224
+    patch_size: int = 16
+    in_channels: int = 3
+    width: int = 768
+    depth: int = 12
+    heads: int = 12
+    mlp_ratio: float = 4.0
+    qkv_bias: bool = True
+    layer_norm_eps: float = 1e-6
+    num_classes: int = 1000
+    pos_embed: str = "learned"  # or "sincos" (fixed 2-D sinusoidal)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.image_size % self.patch_size:
+            problems.append(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if self.width % self.heads:
+            problems.append(f"width {self.width} is not divisible by heads {self.heads}")
+        if self.pos_embed not in ("learned", "sincos"):
+            problems.append(f"pos_embed must be 'learned' or 'sincos', got {self.pos_embed!r}")
+        if min(self.image_size, self.patch_size, self.in_channels, self.width, self.depth, self.heads) <= 0:
+            problems.append("sizes must be positive")
+        if self.num_classes < 0:
+            problems.append(f"num_classes must be >= 0, got {self.num_classes}")
+        if problems:
+            raise ValueError("invalid ViT config: " + "; ".join(problems))
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid * self.grid
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(round(self.width * self.mlp_ratio))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown ViT config keys {sorted(unknown)}; allowed: {sorted(known)}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "ViTConfig":
+        return replace(self, **changes)
+
+
+def _variant(width: int, depth: int, heads: int, mlp: int, patch: int) -> ViTConfig:
+    return ViTConfig(patch_size=patch, width=width, depth=depth, heads=heads, mlp_ratio=mlp / width)
+
+
+# The paper's Table 1 (B/L/H) plus DeiT's Ti/S, at 224 with patch 16 and 32 (H: 14).
+_SIZES = {"tiny": (192, 12, 3, 768), "small": (384, 12, 6, 1536), "base": (768, 12, 12, 3072),
+          "large": (1024, 24, 16, 4096), "huge": (1280, 32, 16, 5120)}
+VARIANTS: dict[str, ViTConfig] = {
+    f"vit_{size}_patch{patch}_224": _variant(*dims, patch)
+    for size, dims in _SIZES.items()
+    for patch in ((14,) if size == "huge" else (16, 32))
+}
+
+
+def sincos_position_embedding(grid: int, width: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2-D sine-cosine position embedding, (1, grid*grid, width)."""
+    if width % 4:
+        raise ValueError(f"sincos position embedding needs width divisible by 4, got {width}")
+    ys, xs = torch.meshgrid(torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32), indexing="ij")
+    omega = 1.0 / temperature ** (torch.arange(width // 4, dtype=torch.float32) / (width // 4 - 1 if width > 4 else 1))
+    y = ys.flatten()[:, None] * omega[None, :]
+    x = xs.flatten()[:, None] * omega[None, :]
+    return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)[None]
+
+
+class PatchEmbed(nn.Module):
+    """Split the image into patches and project each with one strided convolution."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.proj = nn.Conv2d(cfg.in_channels, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.qkv = nn.Linear(cfg.width, cfg.width * 3, bias=cfg.qkv_bias)
+        self.proj = nn.Linear(cfg.width, cfg.width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        return self.proj(out.transpose(1, 2).reshape(b, n, d))
+
+
+class Mlp(nn.Module):
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
+        self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))  # exact (erf) GELU, as in the paper's reference code
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
+        self.attn = Attention(cfg)
+        self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
+        self.mlp = Mlp(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))  # (2)
+        return x + self.mlp(self.norm2(x))  # (3)
+
+
+class VisionTransformer(nn.Module):
+    """ViT classifier. ``forward`` returns logits; ``forward_features`` the pooled class token."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.patch_embed = PatchEmbed(cfg)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.width))
+        if cfg.pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_patches + 1, cfg.width))
+        else:
+            table = torch.cat([torch.zeros(1, 1, cfg.width), sincos_position_embedding(cfg.grid, cfg.width)], dim=1)
+            self.register_buffer("pos_embed", table, persistent=False)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
+        self.norm = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
+        self.head = nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Truncated-normal weights (std 0.02), zero biases, unit LayerNorms, as timm/HF do."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Conv2d)):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        if isinstance(self.pos_embed, nn.Parameter):
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+
+    def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, width): the final-LayerNorm class token (equation 4)."""
+        x = self.patch_embed(pixel_values)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)
+        x = torch.cat([cls, x], dim=1) + self.pos_embed  # (1)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)[:, 0]
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.head(self.forward_features(pixel_values))
+
+
+def resample_pos_embed(pos_embed: torch.Tensor, new_grid: int, num_prefix_tokens: int = 1) -> torch.Tensor:
+    """Bicubically resample a (1, prefix + g*g, D) learned position table to a new grid."""
+    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    old_grid = int(math.isqrt(patches.shape[1]))
+    if old_grid * old_grid != patches.shape[1]:
+        raise ValueError(f"position table of {patches.shape[1]} patch tokens is not a square grid")
+    if old_grid == new_grid:
+        return pos_embed
+    dim = patches.shape[-1]
+    grid = patches.reshape(1, old_grid, old_grid, dim).permute(0, 3, 1, 2).float()
+    grid = F.interpolate(grid, size=(new_grid, new_grid), mode="bicubic", align_corners=False, antialias=True)
+    patches = grid.permute(0, 2, 3, 1).reshape(1, new_grid * new_grid, dim).to(pos_embed.dtype)
+    return torch.cat([prefix, patches], dim=1)

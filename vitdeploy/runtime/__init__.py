@@ -1,0 +1,1 @@
+"""Everything a deployment needs: preprocessing, backends, the Predictor. Never imports export/."""

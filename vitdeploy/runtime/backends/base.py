@@ -1,0 +1,81 @@
+"""The one interface every backend implements (Polygraphy-style runners).
+
+A backend takes a float32 NCHW batch and returns float32 logits. Input checking and splitting a
+batch larger than the artifact's max batch live here, once, so each backend only implements
+``_run`` on a batch it is known to accept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ...errors import InputError
+
+
+@dataclass(frozen=True)
+class BackendOptions:
+    """What pipeline.yaml's ``runtime`` section (or the caller) asks of a backend."""
+
+    device: str = "cpu"  # "cpu" | "cuda" | "cuda:N"
+    precision: str = "fp32"  # torch backend only: "fp32" | "fp16" (fp16 needs CUDA)
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)  # ONNX Runtime, in priority order
+    allow_cpu_fallback: bool = False  # ONNX Runtime: accept a session that fell back to CPU
+    threads: int | None = None  # intra-op threads (CPU); None = the library's default
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    max_batch: int | None
+
+    def run(self, batch: np.ndarray) -> np.ndarray: ...
+
+    def close(self) -> None: ...
+
+    def describe(self) -> str: ...
+
+
+class BackendBase:
+    """Shared input checks and transparent batch splitting; subclasses implement ``_run``."""
+
+    name: str = "?"
+
+    def __init__(self, input_shape: tuple[int, int, int], max_batch: int | None = None) -> None:
+        self.input_shape = tuple(int(v) for v in input_shape)  # (C, H, W)
+        self.max_batch = max_batch
+
+    def check_input(self, batch: Any) -> np.ndarray:
+        if not isinstance(batch, np.ndarray):
+            raise InputError(f"backend '{self.name}' expects a numpy float32 array of shape (N, {', '.join(map(str, self.input_shape))}), got {type(batch).__name__}")
+        if batch.dtype != np.float32:
+            raise InputError(f"backend '{self.name}' expects dtype float32, got {batch.dtype} (convert with batch.astype(np.float32))")
+        if batch.ndim != 4 or tuple(batch.shape[1:]) != self.input_shape or batch.shape[0] < 1:
+            expected = "(N, " + ", ".join(map(str, self.input_shape)) + ")"
+            raise InputError(f"backend '{self.name}' expects shape {expected} with N >= 1, got {tuple(batch.shape)}")
+        return np.ascontiguousarray(batch)
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        batch = self.check_input(batch)
+        step = self.max_batch or batch.shape[0]
+        if batch.shape[0] <= step:
+            return self._run(batch)
+        return np.concatenate([self._run(batch[i : i + step]) for i in range(0, batch.shape[0], step)])
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return self.name
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
