@@ -1,0 +1,31 @@
+# Two set-up commands: `make demo` and `make test`. Both create .venv and install into it.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# torch is pinned: an unpinned torch pulls a multi-GB CUDA build on a CPU machine.
+TORCH  := torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test install clean bench
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,export,dev]" "$(TORCH)"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/vitdeploy export -c pipeline.yaml
+	$(BIN)/vitdeploy predict vitdeploy/demo/images -a artifacts
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadfile
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) artifacts .pytest_cache

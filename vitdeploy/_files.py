@@ -1,0 +1,40 @@
+"""Atomic writes: a file appears under its final name only when it is complete."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def atomic_path(final: Path | str, suffix: str = ".tmp") -> Iterator[Path]:
+    """Yield a temporary path beside ``final``; rename it over ``final`` if the block succeeds.
+
+    On any exception (or KeyboardInterrupt) the temporary file is removed and ``final`` is left
+    as it was, so a failed stage never leaves a half-written artifact under a final name.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=suffix, dir=final.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, final)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+
+
+def write_bytes_atomic(final: Path | str, data: bytes) -> Path:
+    with atomic_path(final) as tmp:
+        tmp.write_bytes(data)
+    return Path(final)
+
+
+def write_json_atomic(final: Path | str, obj: Any) -> Path:
+    return write_bytes_atomic(final, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8"))

@@ -1,0 +1,192 @@
+"""The `vitdeploy` command. It only parses, calls one library function per command, and prints.
+
+Every VitDeployError becomes one line on stderr and its exit code (2 usage/config, 3 validation
+failed, 4 required stage unavailable, 1 other); a user never sees a traceback for their own
+mistake (``VITDEPLOY_DEBUG=1`` shows it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from . import __version__
+from .errors import VitDeployError
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except VitDeployError as exc:
+            if os.environ.get("VITDEPLOY_DEBUG"):
+                raise
+            _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted; no partial artifact was left under a final name", 130)
+
+    return wrapper
+
+
+def _setup_logging(verbose: int) -> None:
+    level = logging.WARNING - 10 * verbose
+    logging.basicConfig(level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+
+
+config_option = click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                             help="pipeline YAML (default: ./pipeline.yaml if present, else built-in defaults)")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="vitdeploy")
+@click.option("-v", "--verbose", count=True, help="more logging on stderr (-v info, -vv debug)")
+def main(verbose: int) -> None:
+    """Take a PyTorch Vision Transformer to production: validated ONNX with a dynamic batch, an FP16
+    TensorRT engine, a manifest, and one runtime for every backend."""
+    _setup_logging(verbose)
+
+
+@main.command()
+@handle_errors
+def info() -> None:
+    """Library versions, ONNX Runtime providers, CUDA devices, and which backends can run here."""
+    from .environment import environment_report
+
+    for line in environment_report():
+        click.echo(line)
+
+
+@main.group("config")
+def config_group() -> None:
+    """Work with pipeline.yaml."""
+
+
+@config_group.command("check")
+@config_option
+@handle_errors
+def config_check(config_path: Path | None) -> None:
+    """Validate a pipeline YAML and print the effective configuration."""
+    from .config import load_config
+
+    cfg = load_config(config_path)
+    click.echo(f"{cfg.source or 'built-in defaults'}: OK")
+    click.echo(json.dumps(cfg.model_dump(mode="json", exclude={"source"}), indent=2))
+
+
+@main.command()
+@config_option
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="output directory (default: export.output_dir from the config)")
+@click.option("--engine", type=click.Choice(["auto", "require", "skip"]), default="auto", show_default=True,
+              help="TensorRT engine: build when TensorRT and a CUDA GPU exist (auto), fail without them (require), never (skip)")
+@handle_errors
+def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
+    """Export the configured checkpoint: ONNX, FP16 ONNX, TensorRT engine, validation, manifest."""
+    from .config import load_config
+    from .export.pipeline import FILES, run_export
+
+    cfg = load_config(config_path)
+
+    def on_stage(rec: Any) -> None:
+        if rec.status == "running":
+            click.echo(f"  {rec.name:<16} ...", err=True)
+            return
+        sizes = ", ".join(f"{p.name} {_size(p)}" for p in rec.outputs if p.exists())
+        detail = " ".join(x for x in (sizes, rec.reason) if x)
+        click.echo(f"  {rec.name:<16} {rec.status:<8} {rec.seconds:7.1f}s  {detail}", err=True)
+
+    click.echo(f"exporting to {out_dir or cfg.output_dir}", err=True)
+    result = run_export(cfg, out_dir, engine=engine, on_stage=on_stage)  # type: ignore[arg-type]
+    click.echo("artifacts:")
+    for role, path in result.artifacts.items():
+        click.echo(f"  {role:<15} {path}  ({_size(path)})")
+    click.echo(f"  {'manifest':<15} {result.manifest_path}")
+    click.echo(f"next: vitdeploy predict {_demo_hint(cfg)} -a {result.out_dir}")
+
+
+def _demo_hint(cfg: Any) -> str:
+    from .paths import DEMO_IMAGES_DIR
+
+    return str(cfg.resolve(cfg.validation.images) or DEMO_IMAGES_DIR)
+
+
+def _size(path: Path) -> str:
+    n = path.stat().st_size
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=Path("artifacts"), show_default=True,
+              help="directory written by `vitdeploy export`")
+@click.option("-b", "--backend", type=click.Choice(["auto", "torch", "ort", "ort-fp16", "trt"]), default="auto", show_default=True)
+@click.option("-k", "--top-k", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per line per input on stdout")
+@config_option
+@handle_errors
+def predict(inputs: tuple[Path, ...], artifacts_dir: Path, backend: str, top_k: int, batch_size: int, as_json: bool,
+            config_path: Path | None) -> None:
+    """Classify images (files or directories) with the exported model."""
+    from .config import load_config
+    from .runtime.batch_predict import predict_paths
+    from .runtime.predictor import Predictor
+
+    cfg = load_config(config_path)
+    predictor = Predictor.from_artifacts(artifacts_dir, backend=backend, options=runtime_options(cfg))
+    click.echo(f"backend: {predictor.backend_name} ({predictor.why})", err=True)
+    failed = 0
+    show_progress = not as_json and sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if total >= 64 and (show_progress or as_json):
+            click.echo(f"\r  {done}/{total} images", err=True, nl=done == total)
+
+    if not as_json:
+        click.echo(f"{'path':<48} {'label':<16} {'score':>7}  top-{top_k}")
+    with predictor:
+        for rec in predict_paths(predictor, list(inputs), batch_size=batch_size, top_k=top_k, progress=progress):
+            failed += "error" in rec
+            if as_json:
+                click.echo(json.dumps(rec))
+            elif "error" in rec:
+                click.echo(f"{_short(rec['path']):<48} ERROR  {rec['error']}")
+            else:
+                tops = ", ".join(f"{t['label']}:{t['score']:.3f}" for t in rec["top_k"])
+                click.echo(f"{_short(rec['path']):<48} {rec['label']:<16} {rec['score']:7.4f}  {tops}")
+    if failed:
+        click.echo(f"{failed} input(s) could not be read", err=True)
+        sys.exit(1)
+
+
+def _short(path: str, width: int = 48) -> str:
+    return path if len(path) <= width else "…" + path[-(width - 1):]
+
+
+def runtime_options(cfg: Any) -> Any:
+    from .runtime.backends.base import BackendOptions
+
+    rt = cfg.runtime
+    return BackendOptions(device=rt.device, providers=tuple(rt.providers), allow_cpu_fallback=rt.allow_cpu_fallback,
+                          threads=rt.threads)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

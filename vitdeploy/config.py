@@ -1,0 +1,205 @@
+"""pipeline.yaml parsed into typed, frozen objects, validated before any heavy work.
+
+Every key has a default, so ``model: {checkpoint: path/to/vit}`` is a complete pipeline, and an
+empty file runs the embedded demo model. Unknown keys are rejected; every error names the key,
+the value and what is allowed. Relative paths resolve against the YAML file's folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ConfigError
+
+DEFAULT_CONFIG_NAME = "pipeline.yaml"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class ModelSection(_Section):
+    checkpoint: Optional[Path] = Field(None, description="file or Hugging Face directory; absent = the embedded demo model")
+    variant: Optional[str] = Field(None, description="named variant (e.g. vit_base_patch16_224) when shapes are ambiguous")
+    image_size: Optional[int] = Field(None, gt=0, description="resample position embeddings to this size")
+    name: Optional[str] = None
+
+
+class PreprocessSection(_Section):
+    """Overrides of the preprocessing the checkpoint carries; None keeps the checkpoint's."""
+
+    style: Optional[Literal["hf", "timm"]] = None
+    crop_pct: Optional[float] = Field(None, gt=0, le=1)
+    interpolation: Optional[Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]] = None
+    mean: Optional[tuple[float, float, float]] = None
+    std: Optional[tuple[float, float, float]] = None
+    background: tuple[int, int, int] = (255, 255, 255)
+
+
+class BatchProfile(_Section):
+    min: int = Field(1, ge=1)
+    opt: int = Field(8, ge=1)
+    max: int = Field(32, ge=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "BatchProfile":
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"batch sizes must satisfy min <= opt <= max, got min={self.min}, opt={self.opt}, max={self.max}")
+        return self
+
+
+class Fp16Section(_Section):
+    enabled: bool = True
+    keep_fp32_ops: tuple[str, ...] = ("LayerNormalization",)
+    max_abs_activation: float = Field(
+        4096.0, gt=0, description="nodes whose outputs exceed this on calibration images stay float32 (FP16 max is 65504)"
+    )
+
+
+class ExportSection(_Section):
+    output_dir: Path = Path("artifacts")
+    opset: int = Field(18, ge=17, le=23)
+    batch: BatchProfile = BatchProfile()
+    fp16: Fp16Section = Fp16Section()
+    external_data_threshold_mb: int = Field(1536, ge=1, description="write weights as external data above this size (protobuf limit: 2 GB)")
+    optimize: bool = Field(True, description="save ONNX Runtime's transformer-fused graph when the drift checks pass")
+
+
+class Tolerance(_Section):
+    max_abs_diff: float = Field(..., ge=0)
+    mean_abs_diff: float = Field(..., ge=0)
+    min_cosine: float = Field(..., ge=-1, le=1)
+    min_top1_agreement: float = Field(..., ge=0, le=1)
+    min_top5_overlap: float = Field(..., ge=0, le=1)
+
+
+class ValidationSection(_Section):
+    images: Optional[Path] = Field(None, description="folder of real images; absent = the demo images")
+    max_images: int = Field(64, ge=1)
+    noise_samples: int = Field(8, ge=0)
+    seed: int = 0
+    fp32: Tolerance = Tolerance(
+        max_abs_diff=1e-3, mean_abs_diff=1e-4, min_cosine=0.99999, min_top1_agreement=1.0, min_top5_overlap=1.0
+    )
+    fp16: Tolerance = Tolerance(
+        max_abs_diff=0.1, mean_abs_diff=0.02, min_cosine=0.999, min_top1_agreement=0.98, min_top5_overlap=0.9
+    )
+
+
+class TensorRTSection(_Section):
+    workspace_mb: int = Field(4096, ge=16)
+    optimization_level: int = Field(3, ge=0, le=5)
+    timing_cache: Optional[Path] = Field(None, description="absent = <output_dir>/timing.cache")
+
+
+class RuntimeSection(_Section):
+    backend: Literal["auto", "torch", "ort", "ort-fp16", "trt"] = "auto"
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    allow_cpu_fallback: bool = False
+    threads: Optional[int] = Field(None, ge=1)
+    batch_size: int = Field(32, ge=1)
+    top_k: int = Field(5, ge=1)
+    max_image_pixels: int = Field(89_478_485, ge=1)
+
+
+class PipelineConfig(_Section):
+    model: ModelSection = ModelSection()
+    preprocess: PreprocessSection = PreprocessSection()
+    export: ExportSection = ExportSection()
+    validation: ValidationSection = ValidationSection()
+    tensorrt: TensorRTSection = TensorRTSection()
+    runtime: RuntimeSection = RuntimeSection()
+    source: Optional[Path] = Field(None, exclude=True, description="the YAML this came from")
+
+    @property
+    def base_dir(self) -> Path:
+        return self.source.parent if self.source else Path.cwd()
+
+    def resolve(self, path: Optional[Path]) -> Optional[Path]:
+        if path is None:
+            return None
+        path = Path(path).expanduser()
+        return path if path.is_absolute() else (self.base_dir / path).resolve()
+
+    @property
+    def output_dir(self) -> Path:
+        return self.resolve(self.export.output_dir)  # type: ignore[return-value]
+
+    @property
+    def timing_cache(self) -> Path:
+        return self.resolve(self.tensorrt.timing_cache) or self.output_dir / "timing.cache"
+
+
+def _format_error(exc: ValidationError, source: str) -> str:
+    parts = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        if err["type"] == "extra_forbidden":
+            parent = _section_for(err["loc"][:-1])
+            allowed = ", ".join(sorted(parent.model_fields)) if parent else "see the README"
+            parts.append(f"unknown key '{key}' (allowed here: {allowed})")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            parts.append(f"'{key}' = {err.get('input')!r}: {msg}")
+    return f"{source}: " + "; ".join(parts)
+
+
+def _section_for(loc: tuple) -> Optional[type[BaseModel]]:
+    model: type[BaseModel] = PipelineConfig
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None) if field else None
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return None
+        model = ann
+    return model
+
+
+def parse_config(data: Any, source: Optional[Path] = None) -> PipelineConfig:
+    label = str(source) if source else "pipeline config"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{label}: the top level must be a mapping of sections (model, preprocess, export, validation, tensorrt, runtime), got {type(data).__name__}")
+    if "source" in data:
+        raise ConfigError(f"{label}: unknown key 'source' (allowed: model, preprocess, export, validation, tensorrt, runtime)")
+    try:
+        cfg = PipelineConfig.model_validate({**data, "source": source.resolve() if source else None})
+    except ValidationError as exc:
+        raise ConfigError(_format_error(exc, label)) from None
+    _check_paths(cfg, label)
+    return cfg
+
+
+def _check_paths(cfg: PipelineConfig, label: str) -> None:
+    for key, path in (("model.checkpoint", cfg.model.checkpoint), ("validation.images", cfg.validation.images)):
+        resolved = cfg.resolve(path)
+        if resolved is not None and not resolved.exists():
+            raise ConfigError(f"{label}: '{key}' = '{path}': no such file or directory ({resolved})")
+
+
+def load_config(path: Optional[Path | str] = None) -> PipelineConfig:
+    """Read a pipeline YAML. ``None`` reads ./pipeline.yaml if present, else all defaults."""
+    import yaml
+
+    if path is None:
+        candidate = Path.cwd() / DEFAULT_CONFIG_NAME
+        if not candidate.exists():
+            return parse_config({}, None)
+        path = candidate
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        raise ConfigError(f"{path}: invalid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    return parse_config(data, path)

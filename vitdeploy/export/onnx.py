@@ -1,0 +1,159 @@
+"""Stage: trace the ViT to ONNX with a dynamic batch axis, FP32.
+
+Opset >= 17 keeps LayerNorm a single ``LayerNormalization`` node (a decomposed LayerNorm
+overflows in FP16 — a known cause of ViT accuracy collapse on TensorRT). Height and width are
+fixed to the configured image size; the batch axis is named ``batch``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .._deps import require
+from ..errors import ExportError
+
+log = logging.getLogger(__name__)
+
+INPUT_NAME = "pixel_values"
+OUTPUT_NAME = "logits"
+BATCH_AXIS = "batch"
+# Largest batch the exported graph promises to accept (the TensorRT profile narrows it).
+MAX_TRACE_BATCH = 4096
+
+
+@dataclass(frozen=True)
+class OnnxArtifact:
+    path: Path
+    external_data: tuple[Path, ...]  # files beside the graph holding weights (large models)
+
+
+def artifact_files(artifact: OnnxArtifact) -> list[Path]:
+    return [artifact.path, *artifact.external_data]
+
+
+def export_onnx(
+    model: Any,
+    path: Path,
+    *,
+    image_size: int,
+    in_channels: int = 3,
+    opset: int = 18,
+    metadata: dict[str, Any] | None = None,
+    external_data_threshold_mb: int = 1536,
+) -> OnnxArtifact:
+    """Export ``model`` (a torch module: NCHW float32 -> logits) to ``path`` atomically.
+
+    ``metadata`` values are JSON-encoded into the ONNX ``metadata_props`` (strings stay strings).
+    Weights above ``external_data_threshold_mb`` go to ``<name>.data`` beside the graph.
+    """
+    torch = require("torch", "ONNX export")
+    onnx = require("onnx", "ONNX export")
+    require("onnxscript", "ONNX export (torch.onnx dynamo exporter)")
+    path = Path(path)
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    external = n_bytes > external_data_threshold_mb * 2**20
+    model = model.eval()
+    example = torch.zeros(2, in_channels, image_size, image_size)
+    batch = torch.export.Dim(BATCH_AXIS, min=1, max=MAX_TRACE_BATCH)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        staged = workdir / path.name
+        sink = io.StringIO()
+        try:
+            # The exporter reports its own progress on stdout; the CLI owns the console.
+            with contextlib.redirect_stdout(sink), _quiet_exporter(), torch.no_grad():
+                program = torch.onnx.export(
+                    model,
+                    (example,),
+                    input_names=[INPUT_NAME],
+                    output_names=[OUTPUT_NAME],
+                    dynamic_shapes={"pixel_values": {0: batch}},
+                    opset_version=opset,
+                    dynamo=True,
+                    optimize=True,
+                    verbose=False,
+                )
+        except Exception as exc:  # noqa: BLE001 - the exporter raises many types
+            log.debug("exporter output:\n%s", sink.getvalue())
+            raise ExportError(f"torch.onnx.export failed for {path.name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        proto = program.model_proto
+        _name_batch_axes(proto)
+        _set_metadata(proto, metadata or {})
+        data_name = f"{path.name}.data"
+        if external:
+            onnx.save_model(proto, staged, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
+        else:
+            onnx.save_model(proto, staged)
+        _check(staged, onnx)
+        # Commit: the data file first, the graph (which names it) last.
+        externals: list[Path] = []
+        if external:
+            os.replace(workdir / data_name, path.parent / data_name)
+            externals.append(path.parent / data_name)
+        else:
+            (path.parent / data_name).unlink(missing_ok=True)  # a stale one from an earlier, larger export
+        os.replace(staged, path)
+        log.info("wrote %s (%s)", path, "external data" if external else "single file")
+        return OnnxArtifact(path=path, external_data=tuple(externals))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """Silence the exporter's own warnings (e.g. about torchvision ops a ViT never uses)."""
+    noisy = logging.getLogger("torch.onnx")
+    level = noisy.level
+    noisy.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        noisy.setLevel(level)
+
+
+def _name_batch_axes(proto: Any) -> None:
+    """Name the leading axis of every graph input/output ``batch`` (the exporter may call it s0)."""
+    for value in list(proto.graph.input) + list(proto.graph.output):
+        dims = value.type.tensor_type.shape.dim
+        if dims and not dims[0].HasField("dim_value"):
+            dims[0].dim_param = BATCH_AXIS
+
+
+def _set_metadata(proto: Any, metadata: dict[str, Any]) -> None:
+    existing = {p.key: p for p in proto.metadata_props}
+    for key, value in metadata.items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        if key in existing:
+            existing[key].value = text
+        else:
+            prop = proto.metadata_props.add()
+            prop.key, prop.value = key, text
+
+
+def _check(path: Path, onnx: Any) -> None:
+    """onnx.checker and strict shape inference must pass (path-based: works past 2 GB)."""
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as exc:  # noqa: BLE001
+        raise ExportError(f"exported graph {path.name} fails onnx.checker / shape inference: {exc}") from exc
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    onnx = require("onnx", "reading ONNX metadata")
+    proto = onnx.load(str(path), load_external_data=False)
+    return {p.key: p.value for p in proto.metadata_props}

@@ -1,0 +1,221 @@
+"""Hugging Face ``ViTForImageClassification`` / ``ViTModel`` -> vitdeploy naming, config and preprocessing.
+
+Two key namings exist and both are accepted:
+
+* the hub (and ``save_pretrained``, which transformers 5.x still writes) naming:
+  ``vit.encoder.layer.N.attention.attention.query`` ... ``intermediate.dense``, ``output.dense``;
+* the in-memory naming of transformers 5.x modules (``model.state_dict()``):
+  ``vit.layers.N.attention.q_proj`` ... ``mlp.fc1``, ``mlp.fc2``.
+
+``ViTModel`` checkpoints have no ``vit.`` prefix; their ``pooler.*`` weights are not part of the
+classifier path and are dropped. Separate q/k/v projections are concatenated into ``attn.qkv``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._deps import require
+from ..errors import CheckpointError
+from ..runtime.preprocess_spec import PreprocessSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from .vit import ViTConfig
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+_TOP = {
+    "embeddings.cls_token": "cls_token",
+    "embeddings.position_embeddings": "pos_embed",
+    "embeddings.patch_embeddings.projection.weight": "patch_embed.proj.weight",
+    "embeddings.patch_embeddings.projection.bias": "patch_embed.proj.bias",
+    "layernorm.weight": "norm.weight",
+    "layernorm.bias": "norm.bias",
+    "classifier.weight": "head.weight",
+    "classifier.bias": "head.bias",
+}
+# Per-layer module names, both namings -> ours ("q"/"k"/"v" are gathered into qkv).
+_LAYER = {
+    "layernorm_before": "norm1",
+    "layernorm_after": "norm2",
+    "attention.attention.query": "q", "attention.q_proj": "q",
+    "attention.attention.key": "k", "attention.k_proj": "k",
+    "attention.attention.value": "v", "attention.v_proj": "v",
+    "attention.output.dense": "attn.proj", "attention.o_proj": "attn.proj",
+    "intermediate.dense": "mlp.fc1", "mlp.fc1": "mlp.fc1",
+    "output.dense": "mlp.fc2", "mlp.fc2": "mlp.fc2",
+}
+_LAYER_RE = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)$")
+
+# PIL resampling codes as stored in preprocessor_config.json.
+PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+
+def is_hf_config(config: dict[str, Any]) -> bool:
+    return "model_type" in config or "architectures" in config
+
+
+def convert_hf_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
+    """HF ViT state dict (either naming) -> vitdeploy naming. Unknown keys pass through unchanged so
+    that strict loading reports them; ``pooler.*`` is dropped."""
+    torch = require("torch", "converting Hugging Face checkpoints")
+    out: dict[str, Any] = {}
+    qkv: dict[tuple[int, str], dict[str, tuple[str, Any]]] = {}
+    for key, value in state.items():
+        name = key[len("vit."):] if key.startswith("vit.") else key
+        if name.startswith("pooler."):
+            logger.debug("dropping %s (the pooler is not used for classification)", key)
+            continue
+        if name in _TOP:
+            out[_TOP[name]] = value
+            continue
+        m = _LAYER_RE.match(name)
+        target = _LAYER.get(m.group(2)) if m else None
+        if target is None:
+            out[key] = value  # unknown: reported by the strict load under its own name
+        elif target in ("q", "k", "v"):
+            qkv.setdefault((int(m.group(1)), m.group(3)), {})[target] = (key, value)
+        else:
+            out[f"blocks.{m.group(1)}.{target}.{m.group(3)}"] = value
+    for (layer, kind), parts in qkv.items():
+        if set(parts) == {"q", "k", "v"}:
+            out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat([parts[p][1] for p in ("q", "k", "v")], dim=0)
+        else:  # incomplete: leave the pieces, strict loading names them and the missing qkv
+            out.update({src: val for src, val in parts.values()})
+    return out
+
+
+def _square(value: Any, what: str, where: Path) -> int:
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2 or value[0] != value[1]:
+            raise CheckpointError(f"{where}: {what} {value} is not square; only square ViTs are supported")
+        value = value[0]
+    if not isinstance(value, int) or value <= 0:
+        raise CheckpointError(f"{where}: {what} must be a positive integer, got {value!r}")
+    return value
+
+
+def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path) -> "ViTConfig":
+    """ViTConfig from a HF config.json (HF's ViTConfig defaults for absent keys)."""
+    from .vit import ViTConfig
+
+    model_type = config.get("model_type", "vit")
+    if model_type != "vit":
+        raise CheckpointError(
+            f"{where}: model_type {model_type!r} is not supported; only Hugging Face 'vit' "
+            "(ViTForImageClassification / ViTModel) checkpoints load"
+        )
+    act = config.get("hidden_act", "gelu")
+    if act != "gelu":
+        raise CheckpointError(
+            f"{where}: hidden_act {act!r} is not supported; vitdeploy's ViT uses the exact (erf) GELU, "
+            "i.e. hidden_act 'gelu'. Loading this checkpoint would change its outputs"
+        )
+    width = int(config.get("hidden_size", 768))
+    mlp = int(config.get("intermediate_size", 3072))
+    try:
+        cfg = ViTConfig(
+            image_size=_square(config.get("image_size", 224), "image_size", where),
+            patch_size=_square(config.get("patch_size", 16), "patch_size", where),
+            in_channels=int(config.get("num_channels", 3)),
+            width=width,
+            depth=int(config.get("num_hidden_layers", 12)),
+            heads=int(config.get("num_attention_heads", 12)),
+            mlp_ratio=mlp / width,
+            qkv_bias=bool(config.get("qkv_bias", True)),
+            layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
+            num_classes=num_classes,
+        )
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: config.json describes an invalid ViT: {exc}") from exc
+    if cfg.mlp_dim != mlp:
+        raise CheckpointError(f"{where}: intermediate_size {mlp} cannot be represented for hidden_size {width}")
+    return cfg
+
+
+def hf_labels(config: dict[str, Any], num_classes: int, where: Path) -> tuple[str, ...] | None:
+    """Labels ordered by class index from id2label; None when the config has none."""
+    id2label = config.get("id2label")
+    if not id2label or num_classes == 0:
+        return None
+    try:
+        by_index = {int(k): str(v) for k, v in id2label.items()}
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{where}: id2label must map class indices to names, got {id2label!r:.200}") from exc
+    if set(by_index) != set(range(num_classes)):
+        raise CheckpointError(
+            f"{where}: id2label has {len(by_index)} entries (indices {sorted(by_index)[:5]}...) but the "
+            f"classifier has {num_classes} outputs; fix id2label in config.json"
+        )
+    return tuple(by_index[i] for i in range(num_classes))
+
+
+def _triple(value: Any, key: str, where: Path) -> tuple[float, float, float]:
+    if isinstance(value, (int, float)):
+        return (float(value),) * 3
+    if isinstance(value, (list, tuple)) and len(value) == 3:
+        return tuple(float(v) for v in value)  # type: ignore[return-value]
+    raise CheckpointError(f"{where}: {key} must be one number or three, got {value!r}")
+
+
+def hf_preprocess(data: dict[str, Any], image_size: int, where: Path) -> PreprocessSpec:
+    """PreprocessSpec from a HF preprocessor_config.json.
+
+    HF computes ``(pixel * rescale_factor - mean) / std`` on 0-255 pixels; our spec computes
+    ``(pixel / 255 - mean') / std'``, so mean and std are divided by ``255 * rescale_factor`` (a no-op
+    for the usual 1/255). ``do_normalize: false`` means mean 0, std 1; ``do_rescale: false`` means a
+    factor of 1. ``size: {height, width}`` -> style "hf"; ``size: {shortest_edge}`` with a centre crop
+    -> style "timm" with crop_pct = crop / shortest_edge.
+    """
+    resample = data.get("resample", 2)
+    if isinstance(resample, str) and resample.lower() in PIL_RESAMPLE.values():
+        interpolation = resample.lower()
+    elif isinstance(resample, int) and resample in PIL_RESAMPLE:
+        interpolation = PIL_RESAMPLE[resample]
+    else:
+        raise CheckpointError(f"{where}: unknown resample {resample!r}; expected a PIL code 0-5")
+
+    mean = _triple(data.get("image_mean", 0.5), "image_mean", where)
+    std = _triple(data.get("image_std", 0.5), "image_std", where)
+    if not data.get("do_normalize", True):
+        mean, std = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)
+    factor = float(data.get("rescale_factor", 1 / 255)) if data.get("do_rescale", True) else 1.0
+    scale = 255.0 * factor
+    if not math.isclose(scale, 1.0, rel_tol=1e-9):
+        mean = tuple(m / scale for m in mean)  # type: ignore[assignment]
+        std = tuple(s / scale for s in std)  # type: ignore[assignment]
+
+    size = data.get("size")
+    crop = data.get("crop_size") if data.get("do_center_crop") else None
+    style, extra = "hf", {}
+    if not data.get("do_resize", True) or size is None:
+        height = width = image_size
+        if not data.get("do_resize", True):
+            logger.warning("%s: do_resize is false; images will still be resized to %d px", where, image_size)
+    elif isinstance(size, int):
+        height = width = size
+    elif isinstance(size, dict) and "height" in size and "width" in size:
+        height, width = int(size["height"]), int(size["width"])
+    elif isinstance(size, dict) and "shortest_edge" in size:
+        height = width = int(size["shortest_edge"])
+    else:
+        raise CheckpointError(f"{where}: unsupported size {size!r}; expected {{height, width}} or {{shortest_edge}}")
+    if crop is not None:
+        ch, cw = (crop, crop) if isinstance(crop, int) else (int(crop["height"]), int(crop["width"]))
+        if ch != cw or height != width or ch > height:
+            raise CheckpointError(f"{where}: crop_size {crop!r} with size {size!r} is not a square centre crop")
+        style, extra, height, width = "timm", {"crop_pct": ch / height}, ch, cw
+    try:
+        return PreprocessSpec(style=style, height=height, width=width, interpolation=interpolation,
+                              mean=mean, std=std, **extra)
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: unusable preprocessing: {exc}") from exc

@@ -1,0 +1,238 @@
+"""Reading checkpoint files safely and the helpers every checkpoint format shares.
+
+Nothing here knows a format's key naming (that lives in ``convert_*.py``); this module reads
+bytes into a flat ``{name: tensor}`` dict, refusing anything that is not plain tensors, and
+infers what the tensors cannot say (attention heads) from the standard variants.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import re
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from .._deps import require
+from ..errors import CheckpointError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("vitdeploy", "timm", "hf", "torchvision")
+
+# width -> heads of the standard variants (DeiT Ti/S, ViT B/L/H); anything else: width // 64.
+HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+_SIZE_WORDS = {"tiny": "tiny", "ti": "tiny", "small": "small", "s": "small", "base": "base", "b": "base",
+               "large": "large", "l": "large", "huge": "huge", "h": "huge"}
+# The wrappers training scripts put around a state dict, tried in this order.
+_WRAPPER_KEYS = ("state_dict", "model", "model_state_dict")
+
+
+def shorten(items: Iterable[str], limit: int = 8) -> str:
+    """``a, b, c ... and 12 more`` (sorted), for error messages about long key lists."""
+    items = sorted(items)
+    shown = ", ".join(items[:limit])
+    return shown + (f" ... and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: file not found") from exc
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path}: not readable JSON ({exc}); restore or regenerate the file") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
+    return data
+
+
+# --------------------------------------------------------------------------- file kinds
+
+def sniff(path: Path) -> str:
+    """'safetensors', 'torch-zip' or 'torch-pickle' from the file's first bytes, not its name."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            head = fh.read(9)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{path}: file not found") from exc
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc})") from exc
+    if len(head) == 9:
+        (header_len,) = struct.unpack("<Q", head[:8])
+        if 2 <= header_len <= size - 8 and head[8:9] == b"{":
+            return "safetensors"
+    if head.startswith(b"PK\x03\x04"):
+        return "torch-zip"
+    if head[:1] == b"\x80":
+        return "torch-pickle"
+    raise CheckpointError(
+        f"{path}: not a checkpoint: it is neither a safetensors file nor a PyTorch (torch.save) file "
+        f"({size} bytes, starts with {head[:8]!r}); the file is corrupt or of another kind"
+    )
+
+
+def safetensors_keys(path: Path) -> list[str]:
+    """Tensor names from a safetensors header without reading the tensors."""
+    safe_open = require("safetensors", "reading .safetensors checkpoints").safe_open
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            return list(fh.keys())
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+        raise CheckpointError(f"{path}: corrupt safetensors file ({exc}); re-download or re-save it") from exc
+
+
+def read_state_dict(path: Path) -> dict[str, "torch.Tensor"]:
+    """A flat ``{name: tensor}`` dict from a safetensors or torch.save file (weights_only only).
+
+    ``{"state_dict": ...}`` / ``{"model": ...}`` wrappers are unwrapped and a DistributedDataParallel
+    ``module.`` prefix is removed. Anything other than tensors inside is refused.
+    """
+    kind = sniff(path)
+    if kind == "safetensors":
+        load_file = require("safetensors.torch", "reading .safetensors checkpoints").load_file
+        try:
+            obj: Any = load_file(str(path), device="cpu")
+        except Exception as exc:  # noqa: BLE001
+            raise CheckpointError(f"{path}: corrupt safetensors file ({exc}); re-download or re-save it") from exc
+    else:
+        obj = _torch_load(path)
+    return _flatten(obj, path)
+
+
+def _torch_load(path: Path) -> Any:
+    torch = require("torch", "reading PyTorch checkpoints")
+    try:
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        reason = next((ln.strip() for ln in str(exc).splitlines() if "Unsupported" in ln or "WeightsUnpickler" in ln),
+                      str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        raise CheckpointError(
+            f"{path}: refused as unsafe: this PyTorch pickle needs more than tensors to load ({reason}), and "
+            "vitdeploy only loads checkpoints with torch.load(weights_only=True) because a pickle can run "
+            "arbitrary code. If you trust its source, convert it once in a separate trusted session: "
+            "`sd = torch.load(path, weights_only=False); sd = sd.get('state_dict', sd); "
+            "safetensors.torch.save_file({k: v.contiguous() for k, v in sd.items()}, 'model.safetensors')` "
+            "and load the .safetensors file"
+        ) from exc
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/EOFError/... for broken files
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CheckpointError(f"{path}: corrupt or unreadable PyTorch checkpoint ({first}); re-download or re-save it") from exc
+
+
+def _flatten(obj: Any, path: Path) -> dict[str, "torch.Tensor"]:
+    torch = require("torch", "reading checkpoints")
+    if not isinstance(obj, dict):
+        raise CheckpointError(
+            f"{path}: expected a state dict (a dict of tensors), got {type(obj).__name__}; "
+            "save model.state_dict(), not the model object"
+        )
+    for key in _WRAPPER_KEYS:
+        inner = obj.get(key)
+        if isinstance(inner, dict) and inner:
+            logger.debug("%s: using the state dict under %r", path, key)
+            obj = inner
+            break
+    non_tensors = [k for k, v in obj.items() if not isinstance(v, torch.Tensor)]
+    if non_tensors:
+        raise CheckpointError(
+            f"{path}: expected a state dict of tensors, but these entries are not tensors: {shorten(map(str, non_tensors))}; "
+            "save model.state_dict() (or wrap it as {'state_dict': ...})"
+        )
+    if obj and all(k.startswith("module.") for k in obj):
+        obj = {k[len("module."):]: v for k, v in obj.items()}
+    return dict(obj)
+
+
+def to_float32(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
+    torch = require("torch", "loading checkpoints")
+    return {k: (v.float() if torch.is_floating_point(v) else v) for k, v in state.items()}
+
+
+# --------------------------------------------------------------------------- architecture helpers
+
+def layer_count(keys: Iterable[str], prefix_pattern: str) -> int:
+    """Number of layers from keys like ``blocks.3.x`` (prefix_pattern has one ``(\\d+)`` group)."""
+    regex = re.compile(prefix_pattern)
+    found = {int(m.group(1)) for k in keys if (m := regex.match(k))}
+    if not found:
+        return 0
+    if found != set(range(max(found) + 1)):
+        missing = sorted(set(range(max(found) + 1)) - found)
+        raise CheckpointError(f"layer numbers are not contiguous: layers {missing} are missing")
+    return max(found) + 1
+
+
+def variant_template(variant: str):
+    """The VARIANTS entry a variant name means: 'vit_base_patch16_224', 'vit_base_patch16_224.augreg_in21k',
+    'base', 'vit_b_16' (torchvision), 'B/16' ... -> ViTConfig (only width/depth/heads/patch matter)."""
+    from .vit import VARIANTS, ViTConfig
+
+    name = variant.strip().lower()
+    if name in VARIANTS:
+        return VARIANTS[name]
+    base = name.split(".")[0]
+    if base in VARIANTS:
+        return VARIANTS[base]
+    size = patch = None
+    m = re.match(r"^(?:vit|deit)_(tiny|small|base|large|huge)_patch(\d+)", base)
+    if m:
+        size, patch = m.group(1), int(m.group(2))
+    elif (m := re.match(r"^vit_([tsblh])_(\d+)$", base)):  # torchvision names
+        size, patch = _SIZE_WORDS[m.group(1)], int(m.group(2))
+    elif (m := re.match(r"^(ti|tiny|s|small|b|base|l|large|h|huge)(?:[/-](\d+))?$", base)):
+        size, patch = _SIZE_WORDS[m.group(1)], int(m.group(2)) if m.group(2) else None
+    if size is None:
+        sizes = sorted({k.split("_")[1] for k in VARIANTS})
+        raise CheckpointError(
+            f"unknown variant {variant!r}; use one of {sorted(VARIANTS)} or a size name {sizes}"
+        )
+    template = next(cfg for key, cfg in VARIANTS.items() if key.startswith(f"vit_{size}_"))
+    return template if patch is None else ViTConfig(
+        image_size=patch * 14, patch_size=patch, width=template.width, depth=template.depth,
+        heads=template.heads, mlp_ratio=template.mlp_ratio)
+
+
+def resolve_heads(width: int, depth: int, patch: int, variant: str | None, where: Path) -> int:
+    """Heads for a checkpoint that does not store them: from ``variant`` when given (checked against
+    the tensors), else the standard table by width, else width // 64."""
+    if variant is not None:
+        tmpl = variant_template(variant)
+        check_variant(tmpl, variant, width=width, depth=depth, patch=patch, where=where)
+        return tmpl.heads
+    if width in HEADS_BY_WIDTH:
+        heads = HEADS_BY_WIDTH[width]
+    elif width % 64 == 0:
+        heads = width // 64
+    else:
+        raise CheckpointError(
+            f"{where}: cannot infer the number of attention heads for width {width} (not a standard "
+            "variant and not a multiple of 64); pass variant=... (e.g. 'vit_base_patch16_224')"
+        )
+    logger.info("%s: no head count stored; using %d heads for width %d (pass variant= to override)", where, heads, width)
+    return heads
+
+
+def check_variant(tmpl, variant: str, *, width: int, depth: int, patch: int, where: Path, heads: int | None = None) -> None:
+    """Raise when the checkpoint contradicts the variant the caller named."""
+    problems = []
+    if tmpl.width != width:
+        problems.append(f"width {width} (variant: {tmpl.width})")
+    if tmpl.depth != depth:
+        problems.append(f"depth {depth} (variant: {tmpl.depth})")
+    named_patch = re.search(r"patch(\d+)|_(\d+)$|/(\d+)$", variant.split(".")[0])
+    if named_patch and tmpl.patch_size != patch:
+        problems.append(f"patch size {patch} (variant: {tmpl.patch_size})")
+    if heads is not None and tmpl.heads != heads:
+        problems.append(f"heads {heads} (variant: {tmpl.heads})")
+    if problems:
+        raise CheckpointError(
+            f"{where}: the checkpoint does not match variant {variant!r}: it has {', '.join(problems)}; "
+            "drop variant= or name the right one"
+        )

@@ -1,0 +1,145 @@
+"""ONNX Runtime backend: "ort" runs model.onnx, "ort-fp16" runs model.fp16.onnx (same class).
+
+onnxruntime is imported when a session is created, never at module import, and never torch.
+One InferenceSession serves every thread: ``InferenceSession.run`` is thread-safe.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..._deps import require
+from ...errors import BackendError
+from ..artifacts import check_onnx_external_data
+from .base import BackendBase, BackendOptions
+
+log = logging.getLogger(__name__)
+
+CPU_PROVIDER = "CPUExecutionProvider"
+# Providers that mean "run on the accelerator": ending on CPU alone is then a failure.
+ACCELERATOR_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider",
+                         "MIGraphXExecutionProvider", "DmlExecutionProvider", "CoreMLExecutionProvider",
+                         "OpenVINOExecutionProvider")
+
+_NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+
+
+def _ort():
+    return require("onnxruntime", "the ONNX Runtime backend ('ort' / 'ort-fp16')")
+
+
+def available_providers() -> list[str]:
+    """Providers the installed onnxruntime build offers (empty when onnxruntime is missing)."""
+    try:
+        return list(_ort().get_available_providers())
+    except Exception:  # noqa: BLE001 - missing or broken install: nothing available
+        return []
+
+
+def _provider_name(entry: Any) -> str:
+    return entry[0] if isinstance(entry, (tuple, list)) else str(entry)
+
+
+class OrtBackend(BackendBase):
+    """An ``onnxruntime.InferenceSession`` on one ONNX file; float32 in, float32 logits out."""
+
+    def __init__(self, onnx_path: str | Path, input_shape: tuple[int, int, int], max_batch: int | None = None,
+                 options: BackendOptions | None = None, name: str = "ort") -> None:
+        super().__init__(input_shape, max_batch)
+        self.name = name
+        self.options = options or BackendOptions()
+        self.onnx_path = Path(onnx_path)
+        ort = _ort()
+        self._version = ort.__version__
+        check_onnx_external_data(self.onnx_path)
+
+        requested = list(self.options.providers) or [CPU_PROVIDER]
+        offered = set(ort.get_available_providers())
+        providers = [p for p in requested if _provider_name(p) in offered]
+        dropped = [_provider_name(p) for p in requested if _provider_name(p) not in offered]
+        if dropped:
+            log.warning("%s: providers %s are not in this onnxruntime build (available: %s)",
+                        name, dropped, sorted(offered))
+        wants_accelerator = any(_provider_name(p) in ACCELERATOR_PROVIDERS for p in requested)
+        if not providers:
+            providers = [CPU_PROVIDER]
+
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if self.options.threads:
+            so.intra_op_num_threads = int(self.options.threads)
+        so.log_severity_level = 3  # errors only; provider fallbacks are reported below, once
+        try:
+            self._session = ort.InferenceSession(str(self.onnx_path), sess_options=so, providers=providers)
+        except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+            raise BackendError(f"{name}: ONNX Runtime cannot load {self.onnx_path} with providers "
+                               f"{[_provider_name(p) for p in providers]}: {str(exc).strip()}; re-export with "
+                               f"`vitdeploy export` or check the onnxruntime install") from exc
+
+        self.providers = list(self._session.get_providers())
+        log.info("%s: %s running on %s", name, self.onnx_path.name, self.providers)
+        if wants_accelerator and all(p == CPU_PROVIDER for p in self.providers):
+            asked = [_provider_name(p) for p in requested]
+            msg = (f"{name}: asked for providers {asked} but the session runs on CPU only "
+                   f"(available in this onnxruntime: {sorted(offered)}); install onnxruntime-gpu with a matching "
+                   f"CUDA/cuDNN, or set runtime.allow_cpu_fallback: true to accept CPU")
+            if not self.options.allow_cpu_fallback:
+                self._session = None
+                raise BackendError(msg)
+            log.warning("%s (allowed by allow_cpu_fallback)", msg)
+
+        inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
+        if len(inputs) != 1:
+            raise BackendError(f"{name}: {self.onnx_path} has {len(inputs)} inputs "
+                               f"{[i.name for i in inputs]}, expected exactly one image input")
+        self.input_name = inputs[0].name
+        self._input_dtype = _NP_TYPES.get(inputs[0].type)
+        if self._input_dtype is None:
+            raise BackendError(f"{name}: {self.onnx_path} input {self.input_name!r} has type {inputs[0].type}, "
+                               f"expected tensor(float) or tensor(float16)")
+        static = [d for d in inputs[0].shape[1:]]
+        if len(inputs[0].shape) != 4 or any(isinstance(d, int) and d != e for d, e in zip(static, self.input_shape)):
+            raise BackendError(f"{name}: {self.onnx_path} input {self.input_name!r} has shape {inputs[0].shape}, "
+                               f"expected [batch, {', '.join(map(str, self.input_shape))}]; the model and manifest "
+                               f"disagree, re-run `vitdeploy export`")
+        names = [o.name for o in outputs]
+        self.output_name = "logits" if "logits" in names else names[0]
+        self.output_names = names
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
+        if self._session is None:
+            raise BackendError(f"{self.name}: backend is closed")
+        feed = batch if self._input_dtype is np.float32 else batch.astype(self._input_dtype)
+        try:
+            (out,) = self._session.run([self.output_name], {self.input_name: feed})
+        except Exception as exc:  # noqa: BLE001
+            raise BackendError(f"{self.name}: ONNX Runtime failed on a batch of shape {batch.shape}: "
+                               f"{str(exc).strip()}") from exc
+        return np.asarray(out, dtype=np.float32)
+
+    def run_outputs(self, batch: np.ndarray, names: list[str]) -> list[np.ndarray]:
+        """Run and return the named outputs (float32), e.g. ["logits", "features"]."""
+        batch = self.check_input(batch)
+        feed = batch if self._input_dtype is np.float32 else batch.astype(self._input_dtype)
+        return [np.asarray(o, dtype=np.float32) for o in self._session.run(names, {self.input_name: feed})]
+
+    def close(self) -> None:
+        self._session = None
+
+    def describe(self) -> str:
+        return f"onnxruntime {self._version} [{', '.join(self.providers)}]"
+
+
+def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *, fp16: bool = False) -> OrtBackend:
+    """The "ort" backend (or "ort-fp16" with ``fp16=True``) on a verified artifact."""
+    role, name = ("onnx-fp16", "ort-fp16") if fp16 else ("onnx", "ort")
+    path = artifacts.path(role)
+    return OrtBackend(path, artifacts.input_shape, artifacts.batch["max"], options, name=name)
+
+
+def open_fp16_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> OrtBackend:
+    return open_from_artifacts(artifacts, options, fp16=True)

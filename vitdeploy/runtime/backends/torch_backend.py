@@ -1,0 +1,154 @@
+"""Eager PyTorch backend on model.safetensors + model.json.
+
+The one runtime module allowed to import ``vitdeploy.model``: eager execution needs the network
+definition. ONNX Runtime and TensorRT never do. torch is imported when the backend is built.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..._deps import require
+from ...errors import BackendError
+from .base import BackendBase, BackendOptions
+
+log = logging.getLogger(__name__)
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "model.json"
+
+
+def _resolve_paths(weights: str | os.PathLike[str] | tuple[Any, Any]) -> tuple[Path, Path]:
+    """A directory holding model.safetensors + model.json, or an explicit (weights, config) pair."""
+    if isinstance(weights, (tuple, list)):
+        if len(weights) != 2:
+            raise BackendError(f"torch backend: expected (model.safetensors, model.json) paths, got {weights!r}")
+        return Path(weights[0]), Path(weights[1])
+    path = Path(weights)
+    if path.is_dir():
+        return path / WEIGHTS_NAME, path / CONFIG_NAME
+    return path, path.with_name(CONFIG_NAME)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise BackendError(f"torch backend: {path} not found; it is written next to model.safetensors by "
+                           f"`vitdeploy export`")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BackendError(f"torch backend: {path} is not valid JSON ({exc}); re-run `vitdeploy export`") from exc
+    if not isinstance(data, dict) or data.get("format") != "vitdeploy" or not isinstance(data.get("vit"), dict):
+        got = data.get("format") if isinstance(data, dict) else type(data).__name__
+        raise BackendError(f"torch backend: {path} is not a vitdeploy model config (expected \"format\": "
+                           f"\"vitdeploy\" and a \"vit\" object, got format {got!r}); re-run `vitdeploy export`")
+    return data
+
+
+class TorchBackend(BackendBase):
+    """VisionTransformer in eval mode under ``torch.inference_mode``; returns float32 numpy."""
+
+    def __init__(self, weights_dir_or_paths: str | os.PathLike[str] | tuple[Any, Any],
+                 input_shape: tuple[int, int, int], max_batch: int | None = None,
+                 options: BackendOptions | None = None) -> None:
+        super().__init__(input_shape, max_batch)
+        self.name = "torch"
+        self.options = options or BackendOptions()
+        torch = require("torch", "the eager PyTorch backend ('torch')")
+        safetensors_torch = require("safetensors.torch", "the eager PyTorch backend ('torch')")
+        from ...model.vit import ViTConfig, VisionTransformer  # documented exception, see module docstring
+
+        self._torch = torch
+        weights_path, config_path = _resolve_paths(weights_dir_or_paths)
+        config = _read_config(config_path)
+        try:
+            cfg = ViTConfig.from_dict(config["vit"])
+        except (TypeError, ValueError) as exc:
+            raise BackendError(f"torch backend: {config_path} 'vit' config is invalid: {exc}") from exc
+        expected = (cfg.in_channels, cfg.image_size, cfg.image_size)
+        if tuple(self.input_shape) != expected:
+            raise BackendError(f"torch backend: {config_path} describes input {expected}, but the backend was asked "
+                               f"for {tuple(self.input_shape)}; the manifest and model.json disagree, re-run export")
+
+        self.device = self._pick_device(torch, self.options.device)
+        precision = self.options.precision
+        if precision not in ("fp32", "fp16"):
+            raise BackendError(f"torch backend: precision must be 'fp32' or 'fp16', got {precision!r}")
+        if precision == "fp16" and self.device.type != "cuda":
+            raise BackendError("torch backend: precision fp16 needs a CUDA device (CPU half-precision kernels are "
+                               f"slow and inexact); got device {self.options.device!r}: set runtime.device: cuda or "
+                               "precision: fp32")
+        self.dtype = torch.float16 if precision == "fp16" else torch.float32
+
+        if not weights_path.is_file():
+            raise BackendError(f"torch backend: weights {weights_path} not found; re-run `vitdeploy export`")
+        try:
+            state = safetensors_torch.load_file(str(weights_path))
+        except Exception as exc:  # noqa: BLE001 - safetensors raises several types on bad files
+            raise BackendError(f"torch backend: cannot read {weights_path}: {exc}") from exc
+        model = VisionTransformer(cfg)
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise BackendError(f"torch backend: {weights_path} does not match the config in {config_path}: "
+                               f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+        self._model = model.to(device=self.device, dtype=self.dtype).eval()
+        if self.options.threads and self.device.type == "cpu":
+            # torch's intra-op thread count is process-wide.
+            torch.set_num_threads(max(int(self.options.threads), 1))
+        self.config = cfg
+        self.model_info = config
+        log.info("torch: %s on %s (%s)", weights_path.name, self.device, precision)
+
+    @staticmethod
+    def _pick_device(torch: Any, device: str):
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise BackendError(f"torch backend: invalid device {device!r} (use 'cpu', 'cuda' or 'cuda:N')") from exc
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise BackendError(f"torch backend: device {device!r} asked for but torch {torch.__version__} sees "
+                                   "no CUDA GPU; install a CUDA build of torch or set runtime.device: cpu")
+            if dev.index is not None and dev.index >= torch.cuda.device_count():
+                raise BackendError(f"torch backend: device {device!r} does not exist "
+                                   f"({torch.cuda.device_count()} CUDA device(s))")
+        elif dev.type != "cpu":
+            raise BackendError(f"torch backend: unsupported device {device!r} (use 'cpu', 'cuda' or 'cuda:N')")
+        return dev
+
+    def _forward(self, batch: np.ndarray, features: bool = False) -> np.ndarray:
+        torch = self._torch
+        if self._model is None:
+            raise BackendError("torch: backend is closed")
+        with torch.inference_mode():
+            x = torch.from_numpy(batch).to(device=self.device, dtype=self.dtype)
+            y = self._model.forward_features(x) if features else self._model(x)
+            return y.float().cpu().numpy()
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
+        return self._forward(batch)
+
+    def features(self, batch: np.ndarray) -> np.ndarray:
+        """The pooled class token (B, width), float32."""
+        batch = self.check_input(batch)
+        step = self.max_batch or batch.shape[0]
+        return np.concatenate([self._forward(batch[i : i + step], True) for i in range(0, batch.shape[0], step)])
+
+    def close(self) -> None:
+        self._model = None
+
+    def describe(self) -> str:
+        precision = "fp16" if self.dtype == self._torch.float16 else "fp32"
+        return f"torch {self._torch.__version__} [{self.device}, {precision}]"
+
+
+def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> TorchBackend:
+    weights = artifacts.path("weights")
+    config = artifacts.path("weights-config") if artifacts.has("weights-config") else weights.with_name(CONFIG_NAME)
+    return TorchBackend((weights, config), artifacts.input_shape, artifacts.batch["max"], options)

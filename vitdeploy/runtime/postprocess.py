@@ -1,0 +1,41 @@
+"""Logits to scores: a numerically stable softmax and top-k. numpy only."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InputError
+
+
+def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Softmax along ``axis``, computed in float64 after subtracting the max (no overflow).
+
+    Returns float64. Rows containing NaN give NaN; rows with +inf logits share the mass among
+    them; -inf logits get 0.
+    """
+    x = np.asarray(logits, dtype=np.float64)
+    if x.ndim == 0:
+        raise InputError("softmax needs at least a 1-D array of logits, got a scalar")
+    peak = np.max(x, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore", over="ignore"):
+        shifted = np.exp(x - np.where(np.isfinite(peak), peak, 0.0))
+        shifted = np.where(np.isposinf(peak), (x == np.inf).astype(np.float64), shifted)
+        return shifted / np.sum(shifted, axis=axis, keepdims=True)
+
+
+def top_k(scores: np.ndarray, k: int = 5) -> list[tuple[int, float]]:
+    """The ``k`` best (index, score) pairs of a 1-D score vector, best first.
+
+    Ties keep the lower index first (stable order); ``k`` larger than the number of classes
+    returns every class.
+    """
+    row = np.asarray(scores)
+    if row.ndim != 1:
+        raise InputError(f"top_k expects one 1-D row of scores, got shape {row.shape}")
+    if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+        raise InputError(f"top_k needs k >= 1, got {k!r}")
+    k = min(int(k), row.shape[0])
+    # NaN sorts last: rank on -score with NaN mapped to +inf.
+    key = np.where(np.isnan(row), np.inf, -row.astype(np.float64))
+    order = np.argsort(key, kind="stable")[:k]
+    return [(int(i), float(row[i])) for i in order]

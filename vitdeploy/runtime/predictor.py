@@ -1,0 +1,232 @@
+"""The Predictor: artifacts + one backend + the manifest's preprocessing, for every backend alike.
+
+    with Predictor.from_artifacts("out/") as p:          # backend="auto": trt > ort-fp16 > ort > torch
+        print(p.backend_name, p.why)
+        for pred in p.predict(["cat.jpg", "dog.png"], top_k=3):
+            print(pred.label, pred.score)
+
+Thread-safe: a Predictor holds no per-call state, ONNX Runtime sessions and torch inference may
+be called from several threads, and the TensorRT backend keeps one execution context per thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import BackendError, InputError, MissingDependencyError
+from .artifacts import Artifacts
+from .backends import BACKEND_NAMES, Backend, BackendOptions, backend_unavailable_reason, ensure_known, open_backend
+from .postprocess import softmax, top_k as _top_k
+
+log = logging.getLogger(__name__)
+
+AUTO_ORDER = ("trt", "ort-fp16", "ort", "torch")
+_CUDA_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The best class of one input, plus its top-k (label, index, score) list, best first."""
+
+    label: str
+    index: int
+    score: float
+    top_k: list[tuple[str, int, float]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "index": self.index, "score": self.score,
+                "top_k": [{"label": lab, "index": idx, "score": sc} for lab, idx, sc in self.top_k]}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _cuda_provider_available() -> bool:
+    try:
+        from .backends.ort import available_providers
+    except ImportError:  # pragma: no cover
+        return False
+    return any(p in available_providers() for p in _CUDA_PROVIDERS)
+
+
+def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backend, str, str]:
+    """Open the best usable backend: trt, then ort-fp16 (CUDA only), then ort, then torch.
+
+    Returns (backend, name, why). A candidate that is unavailable, or fails to open with
+    BackendError / MissingDependencyError, is skipped with its reason recorded; a tampered
+    artifact (ArtifactError) is never skipped silently: it is raised.
+    """
+    notes: list[str] = []
+    for name in AUTO_ORDER:
+        reason = backend_unavailable_reason(name, artifacts, options)
+        if reason:
+            notes.append(f"{name} unavailable ({reason})")
+            continue
+        opts = options
+        if name == "ort-fp16":
+            if not _cuda_provider_available():
+                notes.append("ort-fp16 needs CUDA")
+                continue
+            if not any(p in _CUDA_PROVIDERS for p in options.providers):
+                opts = dataclasses.replace(options, providers=("CUDAExecutionProvider", *options.providers))
+            opts = dataclasses.replace(opts, allow_cpu_fallback=False)  # fp16 on CPU is not what auto promises
+        try:
+            backend = open_backend(name, artifacts, opts)
+        except (BackendError, MissingDependencyError) as exc:
+            notes.append(f"{name} failed ({_first_line(exc)})")
+            log.debug("auto: %s failed", name, exc_info=True)
+            continue
+        why = "auto: " + "; ".join([*notes, f"chose {name}"])
+        return backend, name, why
+    raise BackendError(f"no backend can run the artifacts in {artifacts.directory}: " + "; ".join(notes)
+                       + "; install onnxruntime (pip install onnxruntime) or re-run `vitdeploy export`")
+
+
+def _is_single(inputs: Any) -> bool:
+    if isinstance(inputs, (str, bytes, os.PathLike)):
+        return True
+    if isinstance(inputs, np.ndarray):
+        return inputs.ndim in (2, 3)
+    return not isinstance(inputs, (list, tuple)) and not hasattr(inputs, "__next__")
+
+
+class Predictor:
+    """Classify images (or preprocessed batches) with the artifacts' labels and preprocessing."""
+
+    def __init__(self, artifacts: Artifacts, backend: Backend, *, backend_name: str | None = None, why: str = "",
+                 preprocessor: Any = None) -> None:
+        self.artifacts = artifacts
+        self.backend = backend
+        self.backend_name = backend_name or getattr(backend, "name", "?")
+        self.why = why or f"requested {self.backend_name}"
+        self._preprocessor = preprocessor
+        self.labels = artifacts.labels
+        self.input_shape = artifacts.input_shape
+
+    @classmethod
+    def from_artifacts(cls, path: str | os.PathLike[str] | Artifacts, backend: str = "auto",
+                       options: BackendOptions | None = None) -> "Predictor":
+        """Open the export directory ``path`` on ``backend`` ("auto" or one of BACKEND_NAMES)."""
+        artifacts = path if isinstance(path, Artifacts) else Artifacts.open(path)
+        options = options or BackendOptions()
+        ensure_known(backend)
+        if backend == "auto":
+            runner, name, why = select_backend(artifacts, options)
+        else:
+            runner, name, why = open_backend(backend, artifacts, options), backend, f"requested {backend}"
+        describe = runner.describe()
+        log.info("%s: backend %s (%s) - %s", artifacts.name, name, describe, why)
+        return cls(artifacts, runner, backend_name=name, why=why)
+
+    # ---------------------------------------------------------------- preprocessing
+
+    @property
+    def preprocessor(self) -> Any:
+        if self._preprocessor is None:
+            from .preprocess import Preprocessor  # Pillow is needed only once images are involved
+
+            self._preprocessor = Preprocessor(self.artifacts.preprocess)
+        return self._preprocessor
+
+    def preprocess(self, images: Sequence[Any]) -> np.ndarray:
+        """Images (paths, PIL images, HWC uint8 arrays) -> float32 (N, C, H, W)."""
+        pre = self.preprocessor
+        arrays = []
+        for item in images:
+            if isinstance(item, (str, os.PathLike)):
+                from .images import load_image
+
+                item = load_image(Path(item))
+            arrays.append(np.asarray(pre(item), dtype=np.float32))
+        batch = np.stack(arrays) if arrays else np.zeros((0, *self.input_shape), np.float32)
+        if batch.shape[1:] != tuple(self.input_shape):
+            raise InputError(f"preprocessing produced shape {batch.shape[1:]}, the model expects "
+                             f"{tuple(self.input_shape)}; the manifest's preprocess and io disagree")
+        return batch
+
+    def _to_batch(self, inputs: Any) -> tuple[np.ndarray, bool]:
+        if isinstance(inputs, np.ndarray) and inputs.ndim == 4:
+            return inputs, False  # already preprocessed: checked by the backend
+        if _is_single(inputs):
+            return self.preprocess([inputs]), True
+        items = list(inputs)
+        return self.preprocess(items), False
+
+    # ---------------------------------------------------------------- inference
+
+    def predict_logits(self, batch: np.ndarray) -> np.ndarray:
+        """float32 (N, C, H, W) -> float32 (N, num_classes). InputError names expected vs actual."""
+        return self._backend().run(batch)  # BackendBase.run checks dtype/shape, splits by max_batch
+
+    def _backend(self) -> Backend:
+        if self.backend is None:
+            raise BackendError(f"predictor for {self.artifacts.directory} is closed")
+        return self.backend
+
+    def predictions_from_logits(self, logits: np.ndarray, top_k: int = 5) -> list[Prediction]:
+        if top_k < 1:
+            raise InputError(f"top_k must be >= 1, got {top_k}")
+        probs = softmax(logits, axis=-1)
+        out = []
+        for row in probs:
+            best = [(self.label_of(i), i, s) for i, s in _top_k(row, top_k)]
+            out.append(Prediction(label=best[0][0], index=best[0][1], score=best[0][2], top_k=best))
+        return out
+
+    def predict(self, inputs: Any, top_k: int = 5) -> list[Prediction]:
+        """One input or a list of inputs -> one Prediction per input (a list, always).
+
+        Inputs: image paths, PIL images, HWC uint8 arrays, or a preprocessed float32 NCHW batch.
+        """
+        if isinstance(inputs, (list, tuple)) and not inputs:
+            return []
+        batch, _ = self._to_batch(inputs)
+        return self.predictions_from_logits(self.predict_logits(batch), top_k)
+
+    def label_of(self, index: int) -> str:
+        return self.labels[index] if 0 <= index < len(self.labels) else str(index)
+
+    def embed(self, inputs: Any) -> np.ndarray:
+        """Pooled features (N, width), only where the export kept a "features" output."""
+        features = self.artifacts.io.get("features")
+        if not isinstance(features, dict):
+            raise BackendError(f"this export has no features output ({self.artifacts.directory}/manifest.json io has "
+                               f"no 'features'); re-export with features kept to use embed()")
+        batch, _ = self._to_batch(inputs)
+        backend = self._backend()
+        if hasattr(backend, "features"):
+            return backend.features(batch)
+        if hasattr(backend, "run_outputs"):
+            return backend.run_outputs(batch, [str(features.get("name", "features"))])[0]
+        raise BackendError(f"backend {self.backend_name} cannot return features")
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def describe(self) -> str:
+        return f"{self.artifacts.name} on {self.backend_name}: {self._backend().describe()}"
+
+    def close(self) -> None:
+        backend, self.backend = self.backend, None
+        if backend is not None:
+            backend.close()
+
+    def __enter__(self) -> "Predictor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Predictor({str(self.artifacts.directory)!r}, backend={self.backend_name!r})"
+
+
+__all__ = ["AUTO_ORDER", "BACKEND_NAMES", "Prediction", "Predictor", "select_backend"]
