@@ -1,0 +1,48 @@
+"""Shared fixtures: small checkpoints made here (no downloads) and the demo export."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def _export(cfg_dict: dict, out: Path, **kwargs):
+    from vitdeploy.config import parse_config
+    from vitdeploy.export.pipeline import run_export
+
+    cfg = parse_config(cfg_dict, None)
+    return run_export(cfg, out, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """A 32px, 2-block ViT with random weights saved in vitdeploy's own format."""
+    import torch
+
+    from vitdeploy.model import ViTConfig, VisionTransformer
+    from vitdeploy.model.checkpoints import save_checkpoint
+    from vitdeploy.runtime.preprocess_spec import PreprocessSpec
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(image_size=32, patch_size=8, width=64, depth=2, heads=4, num_classes=7)
+    model = VisionTransformer(cfg).eval()
+    out = tmp_path_factory.mktemp("tiny_ckpt")
+    save_checkpoint(out, model, [f"c{i}" for i in range(7)], PreprocessSpec(height=32, width=32), "tiny")
+    return out
+
+
+@pytest.fixture(scope="session")
+def demo_artifacts(tmp_path_factory) -> Path:
+    """The demo model exported once per test session (engine skipped: no TensorRT here)."""
+    out = tmp_path_factory.mktemp("demo_artifacts")
+    _export({}, out, engine="skip")
+    return out
+
+
+@pytest.fixture(scope="session")
+def export_config():
+    """Build a validated PipelineConfig from a dict (no YAML file)."""
+    from vitdeploy.config import parse_config
+
+    return lambda data: parse_config(data, None)

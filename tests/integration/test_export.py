@@ -1,0 +1,189 @@
+"""`vitdeploy export` end to end on the CPU: artifacts, validation, manifest, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from vitdeploy.cli import main
+from vitdeploy.runtime.artifacts import sha256_file
+
+CLI = CliRunner()
+
+
+def run_cli(*args: str):
+    return CLI.invoke(main, list(args), catch_exceptions=False)
+
+
+def write_yaml(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# --- the demo model ------------------------------------------------------------------------
+
+def test_demo_export_writes_every_artifact_with_matching_hashes(demo_artifacts: Path):
+    manifest = json.loads((demo_artifacts / "manifest.json").read_text())
+    assert manifest["format"] == "vitdeploy-manifest"
+    assert set(manifest["artifacts"]) == {"weights", "weights-config", "onnx", "onnx-fp16"}
+    for role, entry in manifest["artifacts"].items():
+        path = demo_artifacts / entry["path"]
+        assert path.is_file(), role
+        assert sha256_file(path) == entry["sha256"], role
+        assert path.stat().st_size == entry["bytes"], role
+    assert manifest["labels"] == [str(i) for i in range(10)]
+    assert manifest["io"]["input"] == {"name": "pixel_values", "dtype": "float32", "shape": ["batch", 3, 32, 32]}
+    assert manifest["batch"] == {"min": 1, "opt": 8, "max": 32}
+    assert manifest["validation"]["validate-onnx"]["passed"] is True
+    assert manifest["validation"]["validate-fp16"]["passed"] is True
+    stages = {s["name"]: s for s in manifest["stages"]}
+    assert stages["engine"]["status"] == "skipped" and stages["engine"]["reason"]
+    assert not (demo_artifacts / "export-report.json").exists()
+    # validated on real images, not noise alone
+    assert manifest["validation_inputs"]["images"] >= 32
+
+
+def test_onnx_graph_has_dynamic_batch_single_layernorm_nodes_and_metadata(demo_artifacts: Path):
+    model = onnx.load(str(demo_artifacts / "model.onnx"))
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 17
+    (inp,), (out,) = model.graph.input, model.graph.output
+    assert (inp.name, out.name) == ("pixel_values", "logits")
+    dims = inp.type.tensor_type.shape.dim
+    assert dims[0].dim_param == "batch" and [d.dim_value for d in dims[1:]] == [3, 32, 32]
+    ops = [n.op_type for n in model.graph.node]
+    assert ops.count("LayerNormalization") == 2 * 4 + 1  # 2 per block + final, for the 4-block demo
+    meta = {p.key: p.value for p in model.metadata_props}
+    assert json.loads(meta["vitdeploy.labels"]) == [str(i) for i in range(10)]
+    assert json.loads(meta["vitdeploy.preprocess"])["height"] == 32
+    onnx.checker.check_model(model, full_check=True)
+
+
+def test_fp16_graph_keeps_layernorm_in_float32_with_float32_io(demo_artifacts: Path):
+    model = onnx.load(str(demo_artifacts / "model.fp16.onnx"))
+    F32, F16 = onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16
+    assert model.graph.input[0].type.tensor_type.elem_type == F32
+    assert model.graph.output[0].type.tensor_type.elem_type == F32
+    weights = [t for t in model.graph.initializer if len(t.dims) == 2]
+    assert weights and all(t.data_type == F16 for t in weights if t.dims[0] > 10)  # matmul weights went FP16
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
+    norms = [n for n in model.graph.node if n.op_type == "LayerNormalization"]
+    assert norms and all(types.get(n.input[0]) == F32 for n in norms)
+
+
+def test_onnx_runs_in_ort_at_batch_1_3_17_and_max_within_fp32_thresholds(tmp_path: Path, export_config):
+    from vitdeploy.export.pipeline import run_export
+
+    result = run_export(export_config({"export": {"batch": {"min": 1, "opt": 4, "max": 24}}}), tmp_path, engine="skip",
+                        validation_batch=(1, 3, 17, 24))
+    for stage in ("validate-onnx", "validate-fp16"):
+        per_batch = result.validation[stage]["per_batch"]
+        assert sorted(map(int, per_batch)) == [1, 3, 17, 24]
+        assert all(v["passed"] for v in per_batch.values()), per_batch
+    assert result.validation["validate-onnx"]["metrics"]["max_abs_diff"] <= 1e-3
+
+
+@pytest.mark.slow
+def test_vit_b16_random_weights_exports_end_to_end(tmp_path: Path, export_config):
+    import torch
+
+    from vitdeploy.export.pipeline import run_export
+    from vitdeploy.model import VARIANTS, VisionTransformer
+    from vitdeploy.model.checkpoints import save_checkpoint
+
+    torch.manual_seed(0)
+    cfg = VARIANTS["vit_base_patch16_224"]
+    assert (cfg.depth, cfg.width, cfg.mlp_dim, cfg.heads) == (12, 768, 3072, 12)
+    save_checkpoint(tmp_path / "vitb", VisionTransformer(cfg).eval(), [f"class {i}" for i in range(1000)], None, "vit-b16-random")
+    config = export_config({"model": {"checkpoint": str(tmp_path / "vitb")}, "export": {"batch": {"min": 1, "opt": 4, "max": 17}},
+                            "validation": {"noise_samples": 4, "max_images": 13}})
+    result = run_export(config, tmp_path / "out", engine="skip", validation_batch=(1, 3, 17))
+    manifest = json.loads(result.manifest_path.read_text())
+    assert manifest["validation"]["validate-onnx"]["passed"] and manifest["validation"]["validate-fp16"]["passed"]
+    assert manifest["io"]["output"]["shape"] == ["batch", 1000]
+    for entry in manifest["artifacts"].values():
+        assert sha256_file(tmp_path / "out" / entry["path"]) == entry["sha256"]
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+def test_unknown_checkpoint_format_is_one_line_exit_2(tmp_path: Path):
+    junk = tmp_path / "weights.bin"
+    junk.write_bytes(b"not a checkpoint at all")
+    cfg = write_yaml(tmp_path / "p.yaml", {"model": {"checkpoint": "weights.bin"}})
+    res = run_cli("export", "-c", str(cfg), "-o", str(tmp_path / "out"))
+    assert res.exit_code == 2
+    assert res.stderr.strip().splitlines()[-1].startswith("error:") and "weights.bin" in res.stderr
+    assert "Traceback" not in res.output + res.stderr
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_missing_checkpoint_file_names_the_key(tmp_path: Path):
+    cfg = write_yaml(tmp_path / "p.yaml", {"model": {"checkpoint": "nope/vit.safetensors"}})
+    res = run_cli("export", "-c", str(cfg))
+    assert res.exit_code == 2 and "model.checkpoint" in res.stderr and "nope/vit.safetensors" in res.stderr
+
+
+def test_inconsistent_batch_profile_is_rejected_before_any_work(tmp_path: Path):
+    cfg = write_yaml(tmp_path / "p.yaml", {"export": {"batch": {"min": 8, "opt": 4, "max": 32}, "output_dir": "out"}})
+    res = run_cli("export", "-c", str(cfg))
+    assert res.exit_code == 2 and "export.batch" in res.stderr and "min <= opt <= max" in res.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_unwritable_output_dir_is_a_clear_error(tmp_path: Path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    res = run_cli("export", "-o", str(blocker / "out"))
+    assert res.exit_code == 1 and "cannot create output directory" in res.stderr and str(blocker) in res.stderr
+
+
+def test_engine_require_without_tensorrt_exits_4(tmp_path: Path):
+    from vitdeploy.export.tensorrt import tensorrt_unavailable_reason
+
+    if tensorrt_unavailable_reason() is None:
+        pytest.skip("TensorRT and CUDA are present here: --engine require would build")
+    res = run_cli("export", "-o", str(tmp_path / "out"), "--engine", "require")
+    assert res.exit_code == 4 and "TensorRT" in res.stderr
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_failed_validation_exits_3_with_expected_vs_actual_and_rejects_the_artifact(tmp_path: Path):
+    strict = {"max_abs_diff": 0.0, "mean_abs_diff": 0.0, "min_cosine": 1.0, "min_top1_agreement": 1.0, "min_top5_overlap": 1.0}
+    cfg = write_yaml(tmp_path / "p.yaml", {"validation": {"fp16": strict, "noise_samples": 2}, "export": {"batch": {"max": 4, "opt": 2}}})
+    res = run_cli("export", "-c", str(cfg), "-o", str(tmp_path / "out"), "--engine", "skip")
+    assert res.exit_code == 3
+    assert "validate-fp16" in res.stderr and "max_abs_diff: expected <= 0, got" in res.stderr
+    out = tmp_path / "out"
+    assert not (out / "manifest.json").exists()
+    assert not (out / "model.fp16.onnx").exists() and (out / "model.fp16.onnx.rejected").exists()
+    report = json.loads((out / "export-report.json").read_text())
+    assert report["validation"]["validate-fp16"]["passed"] is False
+    assert report["validation"]["validate-onnx"]["passed"] is True
+
+
+def test_stage_killed_midway_leaves_no_half_written_artifact(tmp_path: Path, monkeypatch, export_config):
+    from vitdeploy.export.pipeline import run_export
+
+    real_save = onnx.save_model
+
+    def save(model, path, *args, **kwargs):
+        if "fp16" in Path(path).name:  # the FP16 stage dies after writing part of its file
+            Path(path).write_bytes(b"partial")
+            raise KeyboardInterrupt
+        return real_save(model, path, *args, **kwargs)
+
+    monkeypatch.setattr(onnx, "save_model", save)
+    with pytest.raises(KeyboardInterrupt):
+        run_export(export_config({"validation": {"noise_samples": 2}, "export": {"batch": {"max": 4, "opt": 2}}}), tmp_path, engine="skip")
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "model.onnx" in names  # the stage that completed is kept
+    assert "model.fp16.onnx" not in names and "manifest.json" not in names
+    assert not [n for n in names if n.startswith(".")], names  # no temp files left behind

@@ -1,0 +1,281 @@
+"""Backends and their registry: input checks, batch splitting, ORT vs torch agreement, providers.
+
+``build_tiny_artifacts`` writes a complete export directory (tiny ViT, safetensors + model.json,
+ONNX opset 18 with a dynamic "batch" axis, manifest.json with sha256s) the way `vitdeploy export`
+lays it out; test_predictor.py and test_no_torch.py reuse it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vitdeploy.errors import ArtifactError, BackendError, ConfigError, InputError
+from vitdeploy.runtime.artifacts import Artifacts, sha256_file
+from vitdeploy.runtime.backends import (BACKEND_NAMES, BackendOptions, backend_unavailable_reason, open_backend)
+
+REPO = Path(__file__).resolve().parents[2]
+LABELS = ["apple", "banana", "cherry", "date", "elder"]
+TINY = dict(image_size=32, patch_size=8, width=32, depth=2, heads=2, num_classes=len(LABELS))
+PREPROCESS = {"style": "hf", "height": 32, "width": 32, "crop_pct": 0.875, "interpolation": "bilinear",
+              "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "background": [255, 255, 255]}
+
+
+def file_entry(directory: Path, name: str) -> dict:
+    path = directory / name
+    return {"path": name, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def write_manifest(directory: Path, artifacts: dict, *, image_size: int = 32, num_classes: int = 5,
+                   labels: list[str] | None = None, batch: dict | None = None, **extra) -> Path:
+    manifest = {
+        "format": "vitdeploy-manifest", "version": 1, "name": "tiny", "created": "2025-01-01T00:00:00+00:00",
+        "model": {"vit": {**TINY, "image_size": image_size}, "source": {"path": "tiny", "format": "vitdeploy"}},
+        "labels": labels if labels is not None else LABELS[:num_classes],
+        "preprocess": {**PREPROCESS, "height": image_size, "width": image_size},
+        "io": {"input": {"name": "pixel_values", "dtype": "float32", "shape": ["batch", 3, image_size, image_size]},
+               "output": {"name": "logits", "dtype": "float32", "shape": ["batch", num_classes]}},
+        "batch": batch or {"min": 1, "opt": 2, "max": 4},
+        "artifacts": artifacts, "versions": {}, "validation": {}, "stages": [],
+    }
+    manifest.update(extra)
+    path = directory / "manifest.json"
+    path.write_text(json.dumps(manifest, indent=2))
+    return path
+
+
+def build_tiny_artifacts(out: Path, *, seed: int = 0, fp16_copy: bool = True) -> Path:
+    """A tiny-ViT export directory. ``fp16_copy``: register model.onnx's bytes as the "onnx-fp16"
+    role too (a wiring stand-in; real FP16 conversion belongs to export)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from vitdeploy.model.vit import ViTConfig, VisionTransformer
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    cfg = ViTConfig(**TINY)
+    model = VisionTransformer(cfg).eval()
+    with torch.no_grad():  # larger weights than the 0.02 init so logits are O(1) and differ per image
+        for name, p in model.named_parameters():
+            if p.dim() > 1 or (name.endswith("bias") and "norm" not in name):
+                p.normal_(0.0, 0.2)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+    (out / "model.json").write_text(json.dumps({"format": "vitdeploy", "version": 1, "name": "tiny",
+                                                "vit": cfg.to_dict(), "labels": LABELS, "preprocess": PREPROCESS}))
+    x = torch.randn(2, 3, cfg.image_size, cfg.image_size)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(model, (x,), str(out / "model.onnx"), input_names=["pixel_values"],
+                              output_names=["logits"], opset_version=18, dynamo=False,
+                              dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}})
+        except Exception:  # noqa: BLE001 - a torch without the legacy exporter: use torch.export
+            batch = torch.export.Dim("batch", min=1, max=64)
+            torch.onnx.export(model, (x,), str(out / "model.onnx"), input_names=["pixel_values"],
+                              output_names=["logits"], opset_version=18, dynamo=True, external_data=False,
+                              dynamic_shapes={"pixel_values": {0: batch}})
+    roles = {"weights": file_entry(out, "model.safetensors"), "weights-config": file_entry(out, "model.json"),
+             "onnx": file_entry(out, "model.onnx")}
+    if fp16_copy:
+        shutil.copyfile(out / "model.onnx", out / "model.fp16.onnx")
+        roles["onnx-fp16"] = file_entry(out, "model.fp16.onnx")
+    write_manifest(out, roles)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    return build_tiny_artifacts(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def artifacts(tiny_dir) -> Artifacts:
+    return Artifacts.open(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def ort_backend(artifacts):
+    backend = open_backend("ort", artifacts, BackendOptions())
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="module")
+def batch5() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((5, 3, 32, 32)).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def test_registry_lists_the_four_backends_and_rejects_unknown_names(artifacts):
+    assert BACKEND_NAMES == ("torch", "ort", "ort-fp16", "trt")
+    with pytest.raises(ConfigError) as info:
+        open_backend("tensorflow", artifacts)
+    for name in BACKEND_NAMES:
+        assert name in str(info.value)
+
+
+def test_importing_registry_and_predictor_loads_no_heavy_library():
+    code = ("import sys, vitdeploy.runtime.backends, vitdeploy.runtime.predictor, vitdeploy.runtime.batch_predict; "
+            "print(sorted(m for m in ('torch', 'onnxruntime', 'tensorrt', 'onnx') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_unavailable_reasons(artifacts, tmp_path):
+    assert backend_unavailable_reason("ort", artifacts) is None
+    assert backend_unavailable_reason("torch", artifacts) is None
+    # this machine has no TensorRT; the manifest has no engine either: one of the two is reported
+    reason = backend_unavailable_reason("trt", artifacts)
+    assert reason and ("engine" in reason or "tensorrt" in reason)
+    # a manifest without the fp16 graph
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    write_manifest(tmp_path, {"onnx": file_entry(tmp_path, "m.onnx")})
+    only_onnx = Artifacts.open(tmp_path)
+    assert backend_unavailable_reason("ort-fp16", only_onnx) == "manifest has no 'onnx-fp16' artifact"
+    assert "weights" in backend_unavailable_reason("torch", only_onnx)
+    with pytest.raises(ConfigError):
+        backend_unavailable_reason("nope", only_onnx)
+
+
+def test_open_backend_for_a_role_the_manifest_lacks_names_it(tmp_path):
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    write_manifest(tmp_path, {"onnx": file_entry(tmp_path, "m.onnx")})
+    with pytest.raises(ArtifactError, match="'engine'"):
+        open_backend("trt", Artifacts.open(tmp_path))
+
+
+def test_open_backend_refuses_a_tampered_onnx(tiny_dir, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_dir, copy)
+    data = bytearray((copy / "model.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (copy / "model.onnx").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"tampered or corrupt: .*model\.onnx sha256 expected"):
+        open_backend("ort", Artifacts.open(copy))
+
+
+# ----------------------------------------------------------------------------- input checks + splitting
+
+
+def test_wrong_dtype_names_expected_and_actual(ort_backend, batch5):
+    with pytest.raises(InputError) as info:
+        ort_backend.run(batch5.astype(np.float64))
+    assert "float32" in str(info.value) and "float64" in str(info.value)
+
+
+def test_wrong_shape_names_expected_and_actual(ort_backend):
+    with pytest.raises(InputError) as info:
+        ort_backend.run(np.zeros((2, 3, 16, 16), np.float32))
+    assert "(N, 3, 32, 32)" in str(info.value) and "(2, 3, 16, 16)" in str(info.value)
+    with pytest.raises(InputError, match=r"got \(3, 32, 32\)"):
+        ort_backend.run(np.zeros((3, 32, 32), np.float32))
+    with pytest.raises(InputError, match="numpy"):
+        ort_backend.run([[0.0]])
+
+
+def test_batch_larger_than_max_batch_is_split_and_equals_single_runs(artifacts, batch5):
+    from vitdeploy.runtime.backends.ort import OrtBackend
+
+    backend = OrtBackend(artifacts.path("onnx"), artifacts.input_shape, max_batch=2)
+    seen = []
+    original = backend._run
+    backend._run = lambda b: (seen.append(b.shape[0]), original(b))[1]
+    out = backend.run(batch5)
+    assert seen == [2, 2, 1]
+    singles = np.concatenate([original(batch5[i : i + 1]) for i in range(5)])
+    assert out.shape == (5, 5) and out.dtype == np.float32
+    np.testing.assert_allclose(out, singles, rtol=0, atol=1e-5)
+
+
+def test_ort_and_torch_logits_agree(artifacts, ort_backend, batch5):
+    torch_backend = open_backend("torch", artifacts)
+    try:
+        ref = torch_backend.run(batch5)
+        got = ort_backend.run(batch5)
+    finally:
+        torch_backend.close()
+    assert ref.dtype == got.dtype == np.float32 and ref.shape == got.shape == (5, 5)
+    assert np.abs(ref).max() > 0.1  # the comparison means something: logits are not all ~0
+    assert np.abs(ref - got).max() <= 1e-4
+
+
+# ----------------------------------------------------------------------------- ORT specifics
+
+
+def test_ort_describe_and_names(ort_backend):
+    assert ort_backend.name == "ort"
+    assert ort_backend.describe().startswith("onnxruntime 1.")
+    assert "CPUExecutionProvider" in ort_backend.describe()
+    assert (ort_backend.input_name, ort_backend.output_name) == ("pixel_values", "logits")
+    assert ort_backend.max_batch == 4  # the manifest's batch.max
+
+
+def test_ort_fp16_uses_the_fp16_artifact(artifacts):
+    backend = open_backend("ort-fp16", artifacts)
+    assert backend.name == "ort-fp16"
+    assert backend.onnx_path.name == "model.fp16.onnx"
+
+
+def test_gpu_provider_that_falls_back_to_cpu_is_an_error_unless_allowed(artifacts):
+    from vitdeploy.runtime.backends.ort import available_providers
+
+    if "CUDAExecutionProvider" in available_providers():
+        pytest.skip("this onnxruntime has CUDA: no CPU fallback to provoke")
+    options = BackendOptions(providers=("CUDAExecutionProvider", "CPUExecutionProvider"))
+    with pytest.raises(BackendError) as info:
+        open_backend("ort", artifacts, options)
+    assert "CUDAExecutionProvider" in str(info.value) and "allow_cpu_fallback" in str(info.value)
+    relaxed = BackendOptions(providers=options.providers, allow_cpu_fallback=True, threads=1)
+    backend = open_backend("ort", artifacts, relaxed)
+    assert backend.providers == ["CPUExecutionProvider"]
+    backend.close()
+
+
+def test_ort_refuses_onnx_whose_external_data_escapes(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from vitdeploy.runtime.backends.ort import OrtBackend
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (tmp_path / "evil.bin").write_bytes(np.ones(3 * 32 * 32, np.float32).tobytes())
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1, 3, 32, 32])
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "../evil.bin"), ("offset", "0"), ("length", str(3 * 32 * 32 * 4))):
+        weight.external_data.add(key=key, value=value)
+    graph = helper.make_graph([helper.make_node("Add", ["pixel_values", "w"], ["logits"])], "g",
+                              [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+                              initializer=[weight])
+    path = model_dir / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    with pytest.raises(ArtifactError, match=r"\.\./evil\.bin.*outside"):
+        OrtBackend(path, (3, 32, 32), 1)
+
+
+# ----------------------------------------------------------------------------- torch specifics
+
+
+def test_torch_backend_explicit_paths_and_fp16_on_cpu(tiny_dir, batch5):
+    from vitdeploy.runtime.backends.torch_backend import TorchBackend
+
+    backend = TorchBackend(tiny_dir, (3, 32, 32))  # a directory: model.safetensors + model.json inside
+    assert backend.run(batch5).shape == (5, 5)
+    assert backend.describe().startswith("torch ")
+    with pytest.raises(BackendError, match="fp16 needs a CUDA device"):
+        TorchBackend(tiny_dir, (3, 32, 32), options=BackendOptions(precision="fp16"))
+    with pytest.raises(BackendError, match="disagree"):
+        TorchBackend(tiny_dir, (3, 64, 64))

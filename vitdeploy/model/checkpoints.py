@@ -1,0 +1,366 @@
+"""Load a ViT checkpoint of any supported format into :class:`VisionTransformer`; save our own format.
+
+Formats are recognised from the contents of the file or directory, not its name:
+
+* ``vitdeploy``: a directory with ``model.json`` (``"format": "vitdeploy"``) and ``model.safetensors``,
+  or either file inside it.
+* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` directory (``config.json`` +
+  ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a weights file inside it.
+* ``timm``: a timm ``vision_transformer`` state dict (.safetensors or a torch.save file), or a timm hub
+  directory (``config.json`` with ``architecture``).
+* ``torchvision``: a torchvision ``vit_*`` state dict.
+
+Loading is strict: every parameter of the model must come from the checkpoint with the right shape
+and nothing may be left over, otherwise :class:`CheckpointError` lists what does not fit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
+
+from .._deps import require
+from ..errors import CheckpointError
+from ..runtime.preprocess_spec import PreprocessSpec
+from . import convert_hf, convert_timm, convert_torchvision
+from .formats import (check_variant, read_json, read_state_dict, safetensors_keys, shorten, sniff, to_float32,
+                      variant_template)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from .vit import ViTConfig, VisionTransformer
+
+logger = logging.getLogger(__name__)
+
+OUR_FORMAT, OUR_VERSION = "vitdeploy", 1
+OUR_WEIGHTS, OUR_META = "model.safetensors", "model.json"
+_WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    model: "VisionTransformer"  # eval(), float32, weights loaded strictly
+    config: "ViTConfig"
+    labels: tuple[str, ...]
+    preprocess: PreprocessSpec | None  # None when the checkpoint does not say
+    source_format: str  # "vitdeploy" | "timm" | "hf" | "torchvision"
+    name: str
+
+
+@dataclass
+class _Source:
+    """What a path turned out to be, before the tensors are converted."""
+
+    format: str
+    where: Path  # the path to name in messages
+    weights: list[Path] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)  # model.json / config.json
+    meta_dir: Path | None = None
+    state: dict[str, Any] | None = None  # already read while detecting
+    name: str = ""
+
+
+# --------------------------------------------------------------------------- detection
+
+def detect_format(path: str | os.PathLike) -> str:
+    """"vitdeploy", "timm", "hf" or "torchvision", from the contents; CheckpointError otherwise."""
+    return _resolve(Path(path)).format
+
+
+def _resolve(path: Path) -> _Source:
+    path = path.expanduser()
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file or directory; give a checkpoint file or directory")
+    if path.is_dir():
+        return _resolve_dir(path)
+    if path.suffix == ".json":
+        meta = read_json(path)
+        if meta.get("format") == OUR_FORMAT:
+            return _our_source(path, meta)
+        if path.name == "config.json":
+            return _resolve_dir(path.parent, use_ours=False)
+        raise CheckpointError(f"{path}: a JSON file that is neither a vitdeploy model.json nor a config.json")
+    return _resolve_file(path)
+
+
+def _our_source(meta_path: Path, meta: dict[str, Any], where: Path | None = None) -> _Source:
+    d = meta_path.parent
+    return _Source(OUR_FORMAT, where or meta_path, [d / OUR_WEIGHTS], meta, d, name=str(meta.get("name") or d.name))
+
+
+def _resolve_dir(d: Path, use_ours: bool = True) -> _Source:
+    meta_path = d / OUR_META
+    if use_ours and meta_path.is_file():
+        meta = read_json(meta_path)
+        if meta.get("format") == OUR_FORMAT:
+            return _our_source(meta_path, meta)
+    config_path = d / "config.json"
+    if config_path.is_file():
+        config = read_json(config_path)
+        if convert_hf.is_hf_config(config):
+            return _Source("hf", d, _hf_weight_files(d), config, d, name=d.name)
+        if convert_timm.is_timm_config(config):
+            weights = [d / f for f in convert_timm.WEIGHT_FILES if (d / f).is_file()][:1]
+            if not weights:
+                raise CheckpointError(f"{d}: timm config.json but no {' or '.join(convert_timm.WEIGHT_FILES)}")
+            src = _resolve_file(weights[0], use_neighbours=False)
+            if src.format != "timm":
+                raise CheckpointError(f"{weights[0]}: config.json says timm but the weights are {src.format}")
+            src.meta, src.meta_dir, src.name, src.where = config, d, str(config.get("architecture") or d.name), d
+            return src
+        raise CheckpointError(f"{config_path}: not a Hugging Face ViT config (no model_type) nor a timm config (no architecture)")
+    candidates = sorted(p for p in d.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
+    if len(candidates) == 1:
+        return _resolve_file(candidates[0])
+    raise CheckpointError(
+        f"{d}: not a checkpoint directory: no model.json (vitdeploy) or config.json (Hugging Face / timm)"
+        + (f", and {len(candidates)} weight files ({shorten(p.name for p in candidates)}); give one file"
+           if candidates else ", and no weights file")
+    )
+
+
+def _hf_weight_files(d: Path) -> list[Path]:
+    for name in convert_hf.WEIGHT_FILES:
+        if (d / name).is_file():
+            return [d / name]
+    for name in convert_hf.INDEX_FILES:
+        if (d / name).is_file():
+            weight_map = read_json(d / name).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(f"{d / name}: no weight_map")
+            return [d / f for f in sorted(set(weight_map.values()))]
+    raise CheckpointError(
+        f"{d}: Hugging Face config.json but no weights ({', '.join(convert_hf.WEIGHT_FILES + convert_hf.INDEX_FILES)})"
+    )
+
+
+def _resolve_file(path: Path, use_neighbours: bool = True) -> _Source:
+    parent = path.parent
+    if use_neighbours and path.name == OUR_WEIGHTS and (parent / OUR_META).is_file():
+        meta = read_json(parent / OUR_META)
+        if meta.get("format") == OUR_FORMAT:
+            return _our_source(parent / OUR_META, meta, where=path)
+    if use_neighbours and (parent / "config.json").is_file():
+        config = read_json(parent / "config.json")
+        if convert_hf.is_hf_config(config):
+            return _Source("hf", path, [path], config, parent, name=parent.name)
+        if convert_timm.is_timm_config(config) and path.name in convert_timm.WEIGHT_FILES:
+            return _resolve_dir(parent, use_ours=False)
+    kind = sniff(path)
+    state = None
+    if kind == "safetensors":
+        keys = set(safetensors_keys(path))
+    else:
+        state = read_state_dict(path)
+        keys = set(state)
+    if kind == "safetensors" and keys and all(k.startswith("module.") for k in keys):
+        keys = {k[len("module."):] for k in keys}
+    if convert_timm.looks_like_timm(keys):
+        fmt = "timm"
+    elif convert_torchvision.looks_like_torchvision(keys):
+        fmt = "torchvision"
+    elif any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in keys):
+        raise CheckpointError(
+            f"{path}: a Hugging Face ViT state dict without its config.json; load the directory written by "
+            "save_pretrained (config.json + weights) so heads, eps and labels are known"
+        )
+    else:
+        raise CheckpointError(
+            f"{path}: unknown checkpoint format: the keys match none of timm (patch_embed.proj, blocks.N), "
+            f"torchvision (conv_proj, encoder.layers), Hugging Face or vitdeploy; first keys: {shorten(keys, 6)}"
+        )
+    return _Source(fmt, path, [path], state=state, name=path.stem)
+
+
+# --------------------------------------------------------------------------- loading
+
+def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, num_classes: int | None = None,
+                    variant: str | None = None) -> LoadedCheckpoint:
+    """Load ``path`` strictly into a float32 VisionTransformer in eval mode.
+
+    image_size: build the model for this input size; learned position embeddings are resampled
+        (bicubic) from the checkpoint's grid, and the preprocessing size follows.
+    num_classes: a check, not a head reset: CheckpointError unless the checkpoint's head has exactly
+        this many outputs (0 = features only).
+    variant: heads for formats that do not store them (timm, torchvision), e.g. 'vit_base_patch16_224';
+        checked against the tensors and, for hf / vitdeploy, against the stored config.
+    """
+    src = _resolve(Path(path))
+    where = src.where
+    state = src.state if src.state is not None else _read_all(src.weights)
+    state = to_float32(state)
+    labels: tuple[str, ...] | None = None
+    preprocess: PreprocessSpec | None = None
+
+    if src.format == OUR_FORMAT:
+        cfg, labels, preprocess = _our_meta(src.meta, where)
+        if variant is not None:
+            check_variant(variant_template(variant), variant, width=cfg.width, depth=cfg.depth,
+                          patch=cfg.patch_size, heads=cfg.heads, where=where)
+    elif src.format == "hf":
+        state = convert_hf.convert_hf_state_dict(state)
+        head = state.get("head.weight")
+        cfg = convert_hf.hf_vit_config(src.meta, int(head.shape[0]) if head is not None else 0, where)
+        if variant is not None:
+            check_variant(variant_template(variant), variant, width=cfg.width, depth=cfg.depth,
+                          patch=cfg.patch_size, heads=cfg.heads, where=where)
+        labels = convert_hf.hf_labels(src.meta, cfg.num_classes, where)
+        pp_path = src.meta_dir / "preprocessor_config.json" if src.meta_dir else None
+        if pp_path is not None and pp_path.is_file():
+            preprocess = convert_hf.hf_preprocess(read_json(pp_path), cfg.image_size, pp_path)
+    elif src.format == "timm":
+        state = convert_timm.convert_timm_state_dict(state)
+        cfg = convert_timm.timm_vit_config(state, where, variant, src.meta or None)
+        if src.meta:
+            labels = convert_timm.timm_labels(src.meta, cfg.num_classes, where)
+            preprocess = convert_timm.timm_preprocess(src.meta, where)
+    elif src.format == "torchvision":
+        state = convert_torchvision.convert_torchvision_state_dict(state)
+        cfg = convert_torchvision.torchvision_vit_config(state, where, variant)
+        preprocess = convert_torchvision.torchvision_preprocess(cfg.image_size)
+    else:  # pragma: no cover - _resolve only returns the four formats
+        raise CheckpointError(f"{where}: unsupported format {src.format!r}")
+
+    if num_classes is not None and num_classes != cfg.num_classes:
+        raise CheckpointError(
+            f"{where}: the checkpoint's head has {cfg.num_classes} classes but num_classes={num_classes} was "
+            "asked for; vitdeploy does not silently reset a head. Drop num_classes, or fine-tune and save a "
+            "checkpoint with the head you need"
+        )
+    if image_size is not None and image_size != cfg.image_size:
+        cfg, state, preprocess = _resize(cfg, state, preprocess, image_size, where)
+
+    model = _build(cfg, where)
+    _load_strict(model, state, where, src.format)
+    model.eval()
+    if labels is None:
+        labels = tuple(f"class_{i}" for i in range(cfg.num_classes))
+    logger.info("loaded %s checkpoint %s: %s", src.format, where, cfg)
+    return LoadedCheckpoint(model=model, config=cfg, labels=labels, preprocess=preprocess,
+                            source_format=src.format, name=src.name)
+
+
+def _read_all(files: Iterable[Path]) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    for f in files:
+        part = read_state_dict(f)
+        clash = set(part) & set(state)
+        if clash:
+            raise CheckpointError(f"{f}: tensors {shorten(clash)} also appear in another shard")
+        state.update(part)
+    return state
+
+
+def _our_meta(meta: dict[str, Any], where: Path) -> tuple["ViTConfig", tuple[str, ...], PreprocessSpec | None]:
+    from .vit import ViTConfig
+
+    version = meta.get("version")
+    if version != OUR_VERSION:
+        raise CheckpointError(f"{where}: model.json version {version!r} is not supported (this vitdeploy reads {OUR_VERSION}); upgrade vitdeploy")
+    try:
+        cfg = ViTConfig.from_dict(dict(meta["vit"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{where}: invalid 'vit' config in model.json: {exc}") from exc
+    labels = meta.get("labels")
+    if not isinstance(labels, list) or len(labels) != cfg.num_classes:
+        raise CheckpointError(
+            f"{where}: 'labels' must be a list of {cfg.num_classes} names (one per class), got "
+            f"{len(labels) if isinstance(labels, list) else type(labels).__name__}"
+        )
+    preprocess = None
+    if meta.get("preprocess") is not None:
+        try:
+            preprocess = PreprocessSpec.from_dict(meta["preprocess"])
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(f"{where}: invalid 'preprocess' in model.json: {exc}") from exc
+    return cfg, tuple(str(x) for x in labels), preprocess
+
+
+def _resize(cfg: "ViTConfig", state: dict[str, Any], preprocess: PreprocessSpec | None, image_size: int,
+            where: Path) -> tuple["ViTConfig", dict[str, Any], PreprocessSpec | None]:
+    from .vit import resample_pos_embed
+
+    if image_size <= 0 or image_size % cfg.patch_size:
+        raise CheckpointError(f"{where}: image_size {image_size} is not a positive multiple of the patch size {cfg.patch_size}")
+    new_cfg = cfg.replace(image_size=image_size)
+    pos = state.get("pos_embed")
+    if cfg.pos_embed == "learned" and pos is not None and pos.ndim == 3 and pos.shape[1] == cfg.num_patches + 1:
+        state = {**state, "pos_embed": resample_pos_embed(pos, new_cfg.grid)}
+        logger.info("%s: resampled position embeddings from %dx%d to %dx%d", where, cfg.grid, cfg.grid,
+                    new_cfg.grid, new_cfg.grid)
+    if preprocess is not None:
+        preprocess = preprocess.replace(height=image_size, width=image_size)
+    return new_cfg, state, preprocess
+
+
+def _build(cfg: "ViTConfig", where: Path) -> "VisionTransformer":
+    from .vit import VisionTransformer
+
+    try:
+        return VisionTransformer(cfg)
+    except (ValueError, RuntimeError) as exc:
+        raise CheckpointError(f"{where}: cannot build the ViT {cfg}: {exc}") from exc
+
+
+def _load_strict(model: "VisionTransformer", state: dict[str, Any], where: Path, fmt: str) -> None:
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    mismatched = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {expected[k]}"
+                  for k in sorted(set(expected) & set(state)) if tuple(state[k].shape) != expected[k]]
+    if missing or unexpected or mismatched:
+        parts = []
+        if missing:
+            parts.append(f"missing keys ({len(missing)}, vitdeploy naming): {shorten(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys ({len(unexpected)}): {shorten(unexpected)}")
+        if mismatched:
+            parts.append(f"shape mismatches ({len(mismatched)}): {shorten(mismatched, 5)}")
+        raise CheckpointError(
+            f"{where}: the {fmt} checkpoint does not fit a standard ViT (width {model.cfg.width}, depth "
+            f"{model.cfg.depth}, heads {model.cfg.heads}, image {model.cfg.image_size}): " + "; ".join(parts)
+            + ". The file is incomplete or edited, or the model has parts vitdeploy's ViT does not "
+            "(layer scale, register tokens, avg pooling, a pre-logits layer)"
+        )
+    model.load_state_dict(state, strict=True)
+
+
+# --------------------------------------------------------------------------- saving
+
+def save_checkpoint(directory: str | os.PathLike, model: "VisionTransformer", labels: Iterable[str],
+                    preprocess: PreprocessSpec | None, name: str) -> Path:
+    """Write ``directory/model.safetensors`` then ``directory/model.json`` (each to a temp file in the
+    same folder, then os.replace); returns the directory. ``load_checkpoint(directory)`` reads it back."""
+    torch = require("torch", "saving checkpoints")
+    save_file = require("safetensors.torch", "saving checkpoints").save_file
+    cfg = model.cfg
+    labels = tuple(str(x) for x in labels)
+    if len(labels) != cfg.num_classes:
+        raise CheckpointError(f"save_checkpoint: {len(labels)} labels for a head with {cfg.num_classes} classes; give one label per class")
+    out = Path(directory).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in model.state_dict().items()}
+    meta = {"format": OUR_FORMAT, "version": OUR_VERSION, "name": name, "vit": cfg.to_dict(), "labels": list(labels),
+            "preprocess": preprocess.to_dict() if preprocess is not None else None}
+    _atomic(out / OUR_WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    _atomic(out / OUR_META, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8"))
+    logger.info("saved vitdeploy checkpoint %s to %s", name, out)
+    return out
+
+
+def _atomic(target: Path, write) -> None:
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise CheckpointError(f"{target}: cannot write ({exc})") from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink()
