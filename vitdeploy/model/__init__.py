@@ -1,5 +1,15 @@
 """The ViT network and its checkpoint loaders. Needs torch."""
 
+from .checkpoints import LoadedCheckpoint, detect_format, load_checkpoint, save_checkpoint
 from .vit import VARIANTS, ViTConfig, VisionTransformer, resample_pos_embed
 
-__all__ = ["VARIANTS", "ViTConfig", "VisionTransformer", "resample_pos_embed"]
+__all__ = [
+    "VARIANTS",
+    "LoadedCheckpoint",
+    "ViTConfig",
+    "VisionTransformer",
+    "detect_format",
+    "load_checkpoint",
+    "resample_pos_embed",
+    "save_checkpoint",
+]

@@ -28,8 +28,8 @@ from .._deps import require
 from ..errors import CheckpointError
 from ..runtime.preprocess_spec import PreprocessSpec
 from . import convert_hf, convert_timm, convert_torchvision
-from .formats import (check_variant, read_json, read_state_dict, safetensors_keys, shorten, sniff, to_float32,
-                      variant_template)
+from .formats import (check_variant, read_json, read_state_dict, safetensors_keys, shorten, sniff, strip_prefixes,
+                      to_float32, variant_template)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -159,8 +159,8 @@ def _resolve_file(path: Path, use_neighbours: bool = True) -> _Source:
     else:
         state = read_state_dict(path)
         keys = set(state)
-    if kind == "safetensors" and keys and all(k.startswith("module.") for k in keys):
-        keys = {k[len("module."):] for k in keys}
+    if kind == "safetensors":
+        keys = set(strip_prefixes(dict.fromkeys(keys)))
     if convert_timm.looks_like_timm(keys):
         fmt = "timm"
     elif convert_torchvision.looks_like_torchvision(keys):
@@ -236,9 +236,7 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     if image_size is not None and image_size != cfg.image_size:
         cfg, state, preprocess = _resize(cfg, state, preprocess, image_size, where)
 
-    model = _build(cfg, where)
-    _load_strict(model, state, where, src.format)
-    model.eval()
+    model = _build_and_load(cfg, state, where, src.format)
     if labels is None:
         labels = tuple(f"class_{i}" for i in range(cfg.num_classes))
     logger.info("loaded %s checkpoint %s: %s", src.format, where, cfg)
@@ -299,16 +297,31 @@ def _resize(cfg: "ViTConfig", state: dict[str, Any], preprocess: PreprocessSpec 
     return new_cfg, state, preprocess
 
 
-def _build(cfg: "ViTConfig", where: Path) -> "VisionTransformer":
+def _build_and_load(cfg: "ViTConfig", state: dict[str, Any], where: Path, fmt: str) -> "VisionTransformer":
+    """Build the model and load ``state`` strictly. Learned-position models are built on the meta
+    device and take the checkpoint's tensors directly (no random init of weights that are replaced
+    anyway: seconds saved for ViT-B and up)."""
+    torch = require("torch", "loading checkpoints")
     from .vit import VisionTransformer
 
+    on_meta = cfg.pos_embed == "learned"  # sincos has a computed, non-persistent table: build it for real
     try:
-        return VisionTransformer(cfg)
+        if on_meta:
+            with torch.device("meta"):
+                model = VisionTransformer(cfg)
+        else:
+            model = VisionTransformer(cfg)
     except (ValueError, RuntimeError) as exc:
         raise CheckpointError(f"{where}: cannot build the ViT {cfg}: {exc}") from exc
+    _check_strict(model, state, where, fmt)
+    model.load_state_dict({k: v.contiguous() for k, v in state.items()}, strict=True, assign=on_meta)
+    leftover = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if leftover:  # pragma: no cover - _check_strict makes this unreachable
+        raise CheckpointError(f"{where}: not loaded from the checkpoint: {shorten(leftover)}")
+    return model.eval()
 
 
-def _load_strict(model: "VisionTransformer", state: dict[str, Any], where: Path, fmt: str) -> None:
+def _check_strict(model: "VisionTransformer", state: dict[str, Any], where: Path, fmt: str) -> None:
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -328,7 +341,6 @@ def _load_strict(model: "VisionTransformer", state: dict[str, Any], where: Path,
             + ". The file is incomplete or edited, or the model has parts vitdeploy's ViT does not "
             "(layer scale, register tokens, avg pooling, a pre-logits layer)"
         )
-    model.load_state_dict(state, strict=True)
 
 
 # --------------------------------------------------------------------------- saving

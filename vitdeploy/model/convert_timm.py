@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,8 +54,8 @@ def _need(state: dict[str, Any], key: str, where: Path, fmt: str) -> "torch.Tens
 
 def infer_config(state: dict[str, "torch.Tensor"], *, prefix_keys: dict[str, str], block_pattern: str,
                  where: Path, fmt: str, variant: str | None, heads: int | None = None) -> "ViTConfig":
-    """ViTConfig from tensor shapes, given where this format keeps each tensor (in vitdeploy names:
-    ``patch``, ``pos``, ``fc1``, ``qkv_bias``, ``head``)."""
+    """ViTConfig from tensor shapes. ``prefix_keys`` names where the tensors are (``patch``, ``pos``,
+    ``fc1``, ``head``: keys; ``qkv_bias``: a regex, qkv biases exist when any key matches it)."""
     from .vit import ViTConfig
 
     proj = _need(state, prefix_keys["patch"], where, fmt)
@@ -78,7 +79,8 @@ def infer_config(state: dict[str, "torch.Tensor"], *, prefix_keys: dict[str, str
         heads = resolve_heads(width, depth, patch, variant, where)
     try:
         cfg = ViTConfig(image_size=grid * patch, patch_size=patch, in_channels=channels, width=width, depth=depth,
-                        heads=heads, mlp_ratio=mlp / width, qkv_bias=prefix_keys["qkv_bias"] in state,
+                        heads=heads, mlp_ratio=mlp / width,
+                        qkv_bias=any(re.match(prefix_keys["qkv_bias"], k) for k in state),
                         layer_norm_eps=1e-6, num_classes=int(head.shape[0]) if head is not None else 0)
     except ValueError as exc:
         raise CheckpointError(f"{where}: inferred an invalid ViT from the tensors: {exc}") from exc
@@ -89,7 +91,7 @@ def infer_config(state: dict[str, "torch.Tensor"], *, prefix_keys: dict[str, str
 
 
 TIMM_KEYS = {"patch": "patch_embed.proj.weight", "pos": "pos_embed", "fc1": "blocks.0.mlp.fc1.weight",
-             "qkv_bias": "blocks.0.attn.qkv.bias", "head": "head.weight"}
+             "qkv_bias": r"^blocks\.\d+\.attn\.qkv\.bias$", "head": "head.weight"}
 
 
 def timm_vit_config(state: dict[str, "torch.Tensor"], where: Path, variant: str | None,

@@ -65,7 +65,7 @@ def convert_torchvision_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str
 def torchvision_vit_config(converted: dict[str, "torch.Tensor"], where: Path, variant: str | None) -> "ViTConfig":
     """Architecture from the (already converted) tensors; eps 1e-6 as torchvision uses."""
     keys = {"patch": "patch_embed.proj.weight", "pos": "pos_embed", "fc1": "blocks.0.mlp.fc1.weight",
-            "qkv_bias": "blocks.0.attn.qkv.bias", "head": "head.weight"}
+            "qkv_bias": r"^blocks\.\d+\.attn\.qkv\.bias$", "head": "head.weight"}
     return infer_config(converted, prefix_keys=keys, block_pattern=r"^blocks\.(\d+)\.", where=where,
                         fmt="torchvision", variant=variant)
 

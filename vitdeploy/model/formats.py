@@ -91,8 +91,8 @@ def safetensors_keys(path: Path) -> list[str]:
 def read_state_dict(path: Path) -> dict[str, "torch.Tensor"]:
     """A flat ``{name: tensor}`` dict from a safetensors or torch.save file (weights_only only).
 
-    ``{"state_dict": ...}`` / ``{"model": ...}`` wrappers are unwrapped and a DistributedDataParallel
-    ``module.`` prefix is removed. Anything other than tensors inside is refused.
+    ``{"state_dict": ...}`` / ``{"model": ...}`` wrappers are unwrapped and a ``module.`` / ``_orig_mod.`` /
+    ``model.`` prefix shared by every key is removed. Anything other than tensors inside is refused.
     """
     kind = sniff(path)
     if kind == "safetensors":
@@ -145,9 +145,23 @@ def _flatten(obj: Any, path: Path) -> dict[str, "torch.Tensor"]:
             f"{path}: expected a state dict of tensors, but these entries are not tensors: {shorten(map(str, non_tensors))}; "
             "save model.state_dict() (or wrap it as {'state_dict': ...})"
         )
-    if obj and all(k.startswith("module.") for k in obj):
-        obj = {k[len("module."):]: v for k, v in obj.items()}
-    return dict(obj)
+    return strip_prefixes(dict(obj))
+
+
+# Prefixes wrappers add to every key: DistributedDataParallel, torch.compile, Lightning's `self.model`.
+_COMMON_PREFIXES = ("module.", "_orig_mod.", "model.")
+
+
+def strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
+    """Remove a wrapper prefix shared by every key (repeatedly: ``module._orig_mod.`` ...)."""
+    changed = True
+    while state and changed:
+        changed = False
+        for prefix in _COMMON_PREFIXES:
+            if all(k.startswith(prefix) for k in state):
+                state = {k[len(prefix):]: v for k, v in state.items()}
+                changed = True
+    return state
 
 
 def to_float32(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:

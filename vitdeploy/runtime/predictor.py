@@ -15,14 +15,14 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import BackendError, InputError, MissingDependencyError
+from ..errors import ArtifactError, BackendError, InputError, MissingDependencyError
 from .artifacts import Artifacts
-from .backends import BACKEND_NAMES, Backend, BackendOptions, backend_unavailable_reason, ensure_known, open_backend
+from .backends import (BACKEND_NAMES, Backend, BackendOptions, artifact_roles, backend_unavailable_reason, ensure_known,
+                       open_backend)
 from .postprocess import softmax, top_k as _top_k
 
 log = logging.getLogger(__name__)
@@ -61,9 +61,10 @@ def _cuda_provider_available() -> bool:
 def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backend, str, str]:
     """Open the best usable backend: trt, then ort-fp16 (CUDA only), then ort, then torch.
 
-    Returns (backend, name, why). A candidate that is unavailable, or fails to open with
-    BackendError / MissingDependencyError, is skipped with its reason recorded; a tampered
-    artifact (ArtifactError) is never skipped silently: it is raised.
+    Returns (backend, name, why). A candidate that is unavailable, or fails to open (BackendError,
+    MissingDependencyError, or an ArtifactError from the backend itself such as an engine built
+    for another GPU) is skipped with its reason recorded. A file that fails its sha256/size check
+    is never skipped silently: that ArtifactError is raised.
     """
     notes: list[str] = []
     for name in AUTO_ORDER:
@@ -79,9 +80,12 @@ def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backe
             if not any(p in _CUDA_PROVIDERS for p in options.providers):
                 opts = dataclasses.replace(options, providers=("CUDAExecutionProvider", *options.providers))
             opts = dataclasses.replace(opts, allow_cpu_fallback=False)  # fp16 on CPU is not what auto promises
+        extra = ("weights-config",) if name == "torch" and artifacts.has("weights-config") else ()
+        for role in (*artifact_roles(name), *extra):
+            artifacts.path(role)  # tampered or escaping files raise here, before any fallback
         try:
             backend = open_backend(name, artifacts, opts)
-        except (BackendError, MissingDependencyError) as exc:
+        except (BackendError, MissingDependencyError, ArtifactError) as exc:
             notes.append(f"{name} failed ({_first_line(exc)})")
             log.debug("auto: %s failed", name, exc_info=True)
             continue
@@ -116,9 +120,9 @@ class Predictor:
     def from_artifacts(cls, path: str | os.PathLike[str] | Artifacts, backend: str = "auto",
                        options: BackendOptions | None = None) -> "Predictor":
         """Open the export directory ``path`` on ``backend`` ("auto" or one of BACKEND_NAMES)."""
+        ensure_known(backend)
         artifacts = path if isinstance(path, Artifacts) else Artifacts.open(path)
         options = options or BackendOptions()
-        ensure_known(backend)
         if backend == "auto":
             runner, name, why = select_backend(artifacts, options)
         else:
@@ -138,19 +142,14 @@ class Predictor:
         return self._preprocessor
 
     def preprocess(self, images: Sequence[Any]) -> np.ndarray:
-        """Images (paths, PIL images, HWC uint8 arrays) -> float32 (N, C, H, W)."""
-        pre = self.preprocessor
-        arrays = []
-        for item in images:
-            if isinstance(item, (str, os.PathLike)):
-                from .images import load_image
+        """Images (paths, encoded bytes, PIL images, uint8 arrays) -> float32 (N, C, H, W).
 
-                item = load_image(Path(item))
-            arrays.append(np.asarray(pre(item), dtype=np.float32))
-        batch = np.stack(arrays) if arrays else np.zeros((0, *self.input_shape), np.float32)
-        if batch.shape[1:] != tuple(self.input_shape):
-            raise InputError(f"preprocessing produced shape {batch.shape[1:]}, the model expects "
-                             f"{tuple(self.input_shape)}; the manifest's preprocess and io disagree")
+        The first unreadable image raises InputError naming it (batch_predict is the tolerant path).
+        """
+        batch = np.asarray(self.preprocessor.batch(list(images)), dtype=np.float32)
+        if batch.ndim != 4 or batch.shape[1:] != tuple(self.input_shape):
+            raise InputError(f"preprocessing produced shape {batch.shape}, the model expects "
+                             f"(N, {', '.join(map(str, self.input_shape))}); the manifest's preprocess and io disagree")
         return batch
 
     def _to_batch(self, inputs: Any) -> tuple[np.ndarray, bool]:

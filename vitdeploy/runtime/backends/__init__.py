@@ -18,16 +18,16 @@ from .base import Backend, BackendBase, BackendOptions
 
 BACKEND_NAMES = ("torch", "ort", "ort-fp16", "trt")
 
-# name -> (module, opener function, artifact role it runs, dependencies it imports)
-_REGISTRY: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
-    "torch": ("torch_backend", "open_from_artifacts", "weights", ("torch", "safetensors")),
-    "ort": ("ort", "open_from_artifacts", "onnx", ("onnxruntime",)),
-    "ort-fp16": ("ort", "open_fp16_from_artifacts", "onnx-fp16", ("onnxruntime",)),
-    "trt": ("trt", "open_from_artifacts", "engine", ("tensorrt",)),
+# name -> (module, opener function, artifact roles it needs (main one first), libraries it imports)
+_REGISTRY: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
+    "torch": ("torch_backend", "open_from_artifacts", ("weights",), ("torch", "safetensors")),
+    "ort": ("ort", "open_from_artifacts", ("onnx",), ("onnxruntime",)),
+    "ort-fp16": ("ort", "open_fp16_from_artifacts", ("onnx-fp16",), ("onnxruntime",)),
+    "trt": ("trt", "open_from_artifacts", ("engine", "engine-meta"), ("tensorrt",)),
 }
 
-__all__ = ["BACKEND_NAMES", "Backend", "BackendBase", "BackendOptions", "artifact_role", "backend_unavailable_reason",
-           "cuda_device_count", "ensure_known", "open_backend"]
+__all__ = ["BACKEND_NAMES", "Backend", "BackendBase", "BackendOptions", "artifact_role", "artifact_roles",
+           "backend_unavailable_reason", "cuda_device_count", "ensure_known", "open_backend"]
 
 
 def _check_name(name: str) -> None:
@@ -37,6 +37,12 @@ def _check_name(name: str) -> None:
 
 def artifact_role(name: str) -> str:
     """The manifest artifact role a backend runs ("ort" -> "onnx", "trt" -> "engine", ...)."""
+    _check_name(name)
+    return _REGISTRY[name][2][0]
+
+
+def artifact_roles(name: str) -> tuple[str, ...]:
+    """Every manifest role backend ``name`` reads (trt: the engine and its metadata)."""
     _check_name(name)
     return _REGISTRY[name][2]
 
@@ -54,9 +60,9 @@ def open_backend(name: str, artifacts: Any, options: BackendOptions | None = Non
     MissingDependencyError when its library is not installed; BackendError when it cannot run.
     """
     _check_name(name)
-    role = _REGISTRY[name][2]
-    if not artifacts.has(role):
-        artifacts.entry(role)  # raises ArtifactError naming the missing role and the fix
+    for role in _REGISTRY[name][2]:
+        if not artifacts.has(role):
+            artifacts.entry(role)  # raises ArtifactError naming the missing role and the fix
     return _opener(name)(artifacts, options or BackendOptions())
 
 
@@ -89,13 +95,16 @@ def backend_unavailable_reason(name: str, artifacts: Any = None, options: Backen
     """
     _check_name(name)
     options = options or BackendOptions()
-    _, _, role, deps = _REGISTRY[name]
-    if artifacts is not None and not artifacts.has(role):
-        return f"manifest has no '{role}' artifact"
+    _, _, roles, deps = _REGISTRY[name]
+    for role in roles if artifacts is not None else ():
+        if not artifacts.has(role):
+            return f"manifest has no '{role}' artifact"
     for dep in deps:
         ok, why = available(dep)
         if not ok:
-            return f"{dep} not installed ({_first_line(why)})"
+            if why.startswith("ModuleNotFoundError"):
+                return f"{dep} not installed"
+            return f"{dep} failed to import ({_first_line(why)})"
     if name == "torch" and options.device.startswith("cuda"):
         ok, why = _torch_cuda()
         if not ok:
@@ -106,13 +115,9 @@ def backend_unavailable_reason(name: str, artifacts: Any = None, options: Backen
         except ImportError as exc:
             return f"TensorRT backend unavailable ({exc})"
         probe = getattr(module, "unavailable_reason", None)
-        if callable(probe):
-            try:
-                reason = probe(artifacts, options)
-            except TypeError:
-                reason = probe()
-            if reason:
-                return str(reason)
+        if callable(probe):  # the backend's own check (tensorrt, CUDA device through torch)
+            reason = probe(artifacts, options)
+            return str(reason) if reason else None
         if cuda_device_count() == 0:
             return "no CUDA GPU (TensorRT needs one)"
     return None

@@ -89,16 +89,16 @@ class EngineMetadata:
         chw = data["chw"]
         if not isinstance(chw, list) or len(chw) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in chw):
             raise bad("chw", "a list of 3 positive integers [C, H, W]")
-        profile = data["profile"]
-        if not isinstance(profile, dict) or set(profile) != {"min", "opt", "max"} or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in profile.values()
+        batches = data["profile"]
+        if not isinstance(batches, dict) or set(batches) != {"min", "opt", "max"} or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in batches.values()
         ):
             raise bad("profile", 'an object {"min": int, "opt": int, "max": int}')
-        if not 1 <= profile["min"] <= profile["opt"] <= profile["max"]:
+        if not 1 <= batches["min"] <= batches["opt"] <= batches["max"]:
             raise bad("profile", "batch sizes with 1 <= min <= opt <= max")
         values = {k: data[k] for k in cls.__dataclass_fields__}
         values["chw"] = tuple(chw)
-        values["profile"] = dict(profile)
+        values["profile"] = dict(batches)
         return cls(**values)
 
     @classmethod

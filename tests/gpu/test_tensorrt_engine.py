@@ -1,0 +1,103 @@
+"""A real TensorRT build and run of a tiny ViT, compared with torch eager.
+
+Needs TensorRT and a CUDA GPU; skips with the reason where either is missing. The ONNX graph is
+exported here (FP32, opset 17, dynamic batch) so this smoke test depends only on TensorRT code:
+an FP32 graph builds an FP32 (TF32-capable) strongly typed engine, which is enough to show the
+build, the engine/json pair and the name-based execution path work on a real TensorRT.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from vitdeploy.export.tensorrt import build_engine, plan_engine_build, tensorrt_unavailable_reason
+from vitdeploy.runtime.backends.base import BackendOptions
+from vitdeploy.runtime.backends.trt import TrtBackend
+
+pytestmark = [pytest.mark.gpu, pytest.mark.tensorrt]
+
+CHW = (3, 32, 32)
+TOLERANCE = 1e-2  # max abs logit difference vs torch eager (FP32 graph, TF32 kernels allowed)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    reason = tensorrt_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    torch = pytest.importorskip("torch")
+    from vitdeploy.model.vit import ViTConfig, VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(image_size=32, patch_size=8, width=64, depth=2, heads=2, num_classes=10)).eval()
+    folder = tmp_path_factory.mktemp("trt")
+    onnx_path = folder / "model.onnx"
+    torch.onnx.export(model, (torch.randn(2, *CHW),), str(onnx_path), input_names=["pixel_values"], output_names=["logits"],
+                      dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17, dynamo=False)
+    plan = plan_engine_build(onnx_path, folder / "model.engine", input_name="pixel_values", chw=CHW, min_batch=1, opt_batch=2,
+                             max_batch=4, workspace_mb=512, optimization_level=1, timing_cache_path=folder / "timing.cache",
+                             precision="fp32")
+    meta = build_engine(plan)
+    return model, plan, meta
+
+
+def eager(model, batch: np.ndarray) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.from_numpy(batch)).numpy()
+
+
+def test_engine_json_and_timing_cache_written(built):
+    import tensorrt
+    import torch
+
+    _, plan, meta = built
+    assert plan.engine_path.stat().st_size > 0
+    data = json.loads(plan.meta_path.read_text())
+    assert data["tensorrt_version"] == tensorrt.__version__ == meta.tensorrt_version
+    major, minor = torch.cuda.get_device_capability(0)
+    assert data["compute_capability"] == f"{major}.{minor}"
+    assert data["profile"] == {"min": 1, "opt": 2, "max": 4}
+    assert plan.timing_cache_path.stat().st_size > 0
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_engine_matches_torch_eager(built, batch_size):
+    model, plan, _ = built
+    batch = np.random.default_rng(batch_size).standard_normal((batch_size, *CHW)).astype(np.float32)
+    with TrtBackend(plan.engine_path, plan.meta_path, CHW, None, BackendOptions(device="cuda")) as backend:
+        assert backend.max_batch == 4
+        got = backend.run(batch)
+    want = eager(model, batch)
+    assert got.dtype == np.float32 and got.shape == want.shape == (batch_size, 10)
+    assert float(np.abs(got - want).max()) <= TOLERANCE
+
+
+def test_batches_beyond_the_profile_are_split_and_threads_get_their_own_context(built):
+    model, plan, _ = built
+    batch = np.random.default_rng(7).standard_normal((6, *CHW)).astype(np.float32)  # > profile max 4
+    want = eager(model, batch)
+    backend = TrtBackend(plan.engine_path, plan.meta_path, CHW, None, BackendOptions(device="cuda"))
+    results: dict[int, np.ndarray] = {}
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            results[i] = backend.run(batch)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    backend.close()
+    assert not errors, errors
+    for got in results.values():
+        assert float(np.abs(got - want).max()) <= TOLERANCE

@@ -1,0 +1,60 @@
+"""Classify many image files in batches; an unreadable image becomes an error record, never a stop.
+
+    for rec in predict_paths(predictor, ["photos/", "extra.jpg"], batch_size=32):
+        print(json.dumps(rec))   # {"path", "label", "index", "score", "top_k": [...]} or {"path", "error"}
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+from ..errors import InputError
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+
+
+def predict_paths(predictor: Any, paths: Iterable[str | os.PathLike[str]], *, batch_size: int = 32, top_k: int = 5,
+                  progress: Progress | None = None) -> Iterator[dict[str, Any]]:
+    """One record per image file under ``paths`` (files as given, directories walked), in order.
+
+    Paths are expanded before this returns, so a path that does not exist (or a directory with
+    no images) raises InputError at once; after that every file yields exactly one record.
+    ``progress(done, total)`` is called after each batch.
+    """
+    if int(batch_size) < 1:
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    if int(top_k) < 1:
+        raise InputError(f"top_k must be >= 1, got {top_k}")
+    from .images import iter_image_paths
+
+    files = iter_image_paths(paths)
+    return _records(predictor, files, int(batch_size), int(top_k), progress)
+
+
+def _records(predictor: Any, files: list[Path], batch_size: int, top_k: int,
+             progress: Progress | None) -> Iterator[dict[str, Any]]:
+    total, done = len(files), 0
+    preprocessor = predictor.preprocessor
+    for start in range(0, total, batch_size):
+        chunk = files[start : start + batch_size]
+        batch, good, errors = preprocessor.batch_tolerant(chunk)
+        good = [int(i) for i in good]
+        preds = {}
+        if good and batch is not None:
+            logits = predictor.predict_logits(batch)
+            preds = dict(zip(good, predictor.predictions_from_logits(logits, top_k)))
+        for i, path in enumerate(chunk):
+            if i in preds:
+                yield {"path": str(path), **preds[i].to_dict()}
+            else:
+                message = str(errors.get(i, "image could not be preprocessed"))
+                log.debug("skipping %s: %s", path, message)
+                yield {"path": str(path), "error": message}
+        done += len(chunk)
+        if progress is not None:
+            progress(done, total)
