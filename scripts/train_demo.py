@@ -191,12 +191,19 @@ def train(args: argparse.Namespace, cfg: ViTConfig, pre: Callable[[Any], np.ndar
             log.info("epoch %3d/%d  loss %.4f  held-out acc %.4f  (%.0fs)", epoch + 1, args.epochs,
                      running / len(tr), acc, time.perf_counter() - start)
     seconds = time.perf_counter() - start
-    stats = {"train_seconds": seconds, "heldout_acc": accuracy(model, x_te, y_te),
+    stats = {"train_seconds": seconds, "load": os.getloadavg()[0], "heldout_acc": accuracy(model, x_te, y_te),
              "n_train": len(tr), "n_heldout": len(te)}
     return model, stats
 
 
 # --------------------------------------------------------------------------- saving
+
+
+def _umask_mode() -> int:
+    """0o644 under the usual umask: mkstemp and safetensors create files 0o600."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def _atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -206,6 +213,7 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, _umask_mode())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -221,6 +229,8 @@ def save_model(model: VisionTransformer, out: Path) -> str:
         save_checkpoint = None
     if save_checkpoint is not None:
         save_checkpoint(out, model, labels=LABELS, preprocess=SPEC, name=NAME)
+        for written in ("model.safetensors", "model.json"):
+            os.chmod(out / written, _umask_mode())
         return "vitdeploy.model.checkpoints.save_checkpoint"
     from safetensors.torch import save
 
@@ -363,7 +373,7 @@ not per writer, so the same writers appear on both sides.
   probability 0.3. No mixup.
 - Deterministic: seed {seed} for torch, numpy and the augmentation RNG,
   `torch.use_deterministic_algorithms(True)`, {threads} CPU threads.
-- Trained in {train_seconds:.0f} s on {threads} CPU threads (torch {torch_version}).
+- Trained in {train_seconds:.0f} s wall clock on {threads} CPU threads (torch {torch_version}){load_note}.
 
 Command:
 
@@ -398,8 +408,11 @@ off-centre digits. Do not use for anything but demonstrating and testing vitdepl
 """
 
 
-def write_card(out: Path, args: argparse.Namespace, m: dict, train_seconds: float) -> None:
+def write_card(out: Path, args: argparse.Namespace, m: dict, train_seconds: float, load: float | None) -> None:
     cfg: ViTConfig = m["cfg"]
+    load_note = "" if load is None else (
+        f", on a machine whose 1-minute load average was {load:.1f} when training ended "
+        f"({os.cpu_count()} cores; above ~2 means other work shared the CPU and the time is inflated)")
     text = CARD.format(
         name=NAME, cfg_json=json.dumps(cfg.to_dict(), indent=2), grid=cfg.grid, tokens=cfg.num_patches,
         patch=cfg.patch_size, params=m["params"], weights_bytes=m["weights_bytes"],
@@ -407,7 +420,7 @@ def write_card(out: Path, args: argparse.Namespace, m: dict, train_seconds: floa
         n_train=1797 - m["n_heldout"], n_heldout=m["n_heldout"], epochs=args.epochs,
         batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
         warmup_epochs=args.warmup_epochs, label_smoothing=args.label_smoothing, threads=args.threads,
-        train_seconds=train_seconds, torch_version=torch.__version__, command=args.command,
+        train_seconds=train_seconds, load_note=load_note, torch_version=torch.__version__, command=args.command,
         loader=m["loader"], preprocessor=m["preprocessor"], heldout_correct=m["heldout_correct"],
         heldout_pct=100 * m["heldout_acc_saved"], images_n=m["images_n"],
         images_correct=m["images_correct"], images_pct=100 * m["images_acc"],
@@ -441,9 +454,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="skip training: re-measure the saved model and images, rewrite MODEL_CARD.md "
                         "(--train-seconds gives the training time to state)")
     p.add_argument("--train-seconds", type=float, default=None)
+    p.add_argument("--train-load", type=float, default=None,
+                   help="with --card-only: the 1-minute load average when training finished")
     args = p.parse_args(argv)
-    args.command = "python scripts/train_demo.py" + "".join(f" {a}" for a in (argv if argv is not None else sys.argv[1:])
-                                                             if a not in ("--card-only",) and not a.startswith("--train-seconds"))
+    # The training command, for the card: this invocation without the card-only options.
+    given, kept = list(argv if argv is not None else sys.argv[1:]), []
+    skip = False
+    for a in given:
+        if skip:
+            skip = False
+        elif a in ("--train-seconds", "--train-load"):
+            skip = True
+        elif a != "--card-only" and not a.startswith(("--train-seconds=", "--train-load=")):
+            kept.append(a)
+    args.command = " ".join([".venv/bin/python scripts/train_demo.py", *kept])
     return args
 
 
@@ -461,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.train_seconds is None:
             raise SystemExit("--card-only needs --train-seconds (the time the training run took)")
         m = measure(out, args)
-        write_card(out, args, m, args.train_seconds)
+        write_card(out, args, m, args.train_seconds, args.train_load)
         log.info("card rewritten: held-out %.4f, images %.4f", m["heldout_acc_saved"], m["images_acc"])
         return 0
 
@@ -478,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     writer = save_model(model.eval(), out)
     write_images(out, args.seed, args.test_size)
     m = measure(out, args)
-    write_card(out, args, m, stats["train_seconds"])
+    write_card(out, args, m, stats["train_seconds"], stats["load"])
     log.info("saved via %s; measured on saved files (%s, %s): held-out %.4f, shipped images %d/%d",
              writer, m["loader"], m["preprocessor"], m["heldout_acc_saved"], m["images_correct"], m["images_n"])
     return 0

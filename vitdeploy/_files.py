@@ -22,12 +22,19 @@ def atomic_path(final: Path | str, suffix: str = ".tmp") -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=suffix, dir=final.parent)
     os.close(fd)
     tmp_path = Path(tmp)
+    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; artifacts get the usual mode
     try:
         yield tmp_path
         os.replace(tmp_path, final)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_bytes_atomic(final: Path | str, data: bytes) -> Path:

@@ -188,5 +188,70 @@ def runtime_options(cfg: Any) -> Any:
                           threads=rt.threads)
 
 
+@main.command()
+@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=Path("artifacts"), show_default=True,
+              help="directory written by `vitdeploy export`")
+@click.option("--images", type=click.Path(path_type=Path), default=None,
+              help="folder of validation images (default: validation.images from the config, else the demo images)")
+@click.option("--labels", "labels_file", type=click.Path(path_type=Path), default=None,
+              help="CSV 'path,label' (paths relative to the CSV or the images folder); default: IMAGES/labels.csv, "
+                   "else sub-folder names")
+@click.option("-b", "--backends", default=None,
+              help="comma-separated backends: torch,ort,ort-fp16,torch-fp16,trt (default: all; those that cannot run "
+                   "here are listed with the reason)")
+@click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout instead of the table")
+@config_option
+@handle_errors
+def validate(artifacts_dir: Path, images: Path | None, labels_file: Path | None, backends: str | None, as_json: bool,
+             config_path: Path | None) -> None:
+    """Measure each backend's drift from eager FP32 PyTorch on real images; exit 3 if any fails."""
+    from .config import load_config
+    from .drift import format_drift_table, run_drift
+
+    cfg = load_config(config_path)
+    if images is None and labels_file is None:
+        images = cfg.resolve(cfg.validation.images)
+    report = run_drift(artifacts_dir, images=images, labels_file=labels_file, backends=backends,
+                       thresholds={"fp32": cfg.validation.fp32, "fp16": cfg.validation.fp16},
+                       options=runtime_options(cfg), max_pixels=cfg.runtime.max_image_pixels)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for line in format_drift_table(report):
+            click.echo(line)
+    report.raise_for_failures()
+
+
+@main.command()
+@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=Path("artifacts"), show_default=True,
+              help="directory written by `vitdeploy export`")
+@click.option("-b", "--backends", default=None,
+              help="comma-separated backends: torch,ort,ort-fp16,torch-fp16,trt (default: all that can run here; "
+                   "eager torch on the CPU always runs as the baseline)")
+@click.option("--batch-sizes", default="1,8,32", show_default=True, help="comma-separated batch sizes")
+@click.option("--iterations", type=click.IntRange(min=1), default=20, show_default=True, help="timed calls per backend and batch size")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="untimed calls first")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="intra-op threads (default: runtime.threads, else the libraries' default)")
+@click.option("--end-to-end", is_flag=True, help="time image files through the Predictor: preprocess + inference + postprocess")
+@click.option("--images", type=click.Path(path_type=Path), default=None, help="images for --end-to-end (default: the demo images)")
+@click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout instead of the table")
+@config_option
+@handle_errors
+def bench(artifacts_dir: Path, backends: str | None, batch_sizes: str, iterations: int, warmup: int, threads: int | None,
+          end_to_end: bool, images: Path | None, as_json: bool, config_path: Path | None) -> None:
+    """Latency p50/p90/p99 and images/s per backend and batch size, as ratios to eager PyTorch."""
+    from .bench import format_bench_table, run_bench
+    from .config import load_config
+
+    cfg = load_config(config_path)
+    report = run_bench(artifacts_dir, backends=backends, batch_sizes=batch_sizes, iterations=iterations, warmup=warmup,
+                       threads=threads, end_to_end=end_to_end, images=images, options=runtime_options(cfg))
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        for line in format_bench_table(report):
+            click.echo(line)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

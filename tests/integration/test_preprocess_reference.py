@@ -25,9 +25,17 @@ import pytest
 from PIL import Image, ImageOps
 
 from vitdeploy.runtime.preprocess import Preprocessor
-from vitdeploy.runtime.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, PreprocessSpec
+from vitdeploy.runtime.preprocess_spec import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    INCEPTION_MEAN,
+    INCEPTION_STD,
+    PreprocessSpec,
+)
 
-skdata = pytest.importorskip("skimage.data", reason="scikit-image not installed (pip install scikit-image)")
+skdata = pytest.importorskip(
+    "skimage.data", reason="scikit-image not installed (pip install scikit-image)"
+)
 
 TOL = 1e-5
 RESAMPLE = {
@@ -46,7 +54,8 @@ def _encode(img: Image.Image, fmt: str, **kw) -> bytes:
 def _photos() -> dict[str, bytes]:
     """name -> encoded file bytes; real photos of different sizes and modes."""
     out: dict[str, bytes] = {}
-    for name in ("astronaut", "coffee", "chelsea", "camera", "rocket"):  # 512², 600x400, 451x300, L, 640x427
+    # 512x512, 600x400, 451x300, 512x512 greyscale, 640x427
+    for name in ("astronaut", "coffee", "chelsea", "camera", "rocket"):
         out[f"{name}.png"] = _encode(Image.fromarray(getattr(skdata, name)()), "PNG")
     out["rocket.jpg"] = _encode(Image.fromarray(skdata.rocket()), "JPEG", quality=90)
     out["camera.jpg"] = _encode(Image.fromarray(skdata.camera()), "JPEG", quality=90)
@@ -104,7 +113,9 @@ def test_hf_style_matches_transformers(hf_processor_cls, case) -> None:
         do_rescale=True,
         do_normalize=True,
     )
-    spec = PreprocessSpec(style="hf", height=height, width=width, interpolation=interp, mean=mean, std=std)
+    spec = PreprocessSpec(
+        style="hf", height=height, width=width, interpolation=interp, mean=mean, std=std
+    )
     pre = Preprocessor(spec)
     names = list(PHOTOS)
     ours = pre.batch([PHOTOS[n] for n in names])
@@ -121,11 +132,16 @@ def test_hf_style_matches_transformers_on_exif_rotated_jpeg(hf_processor_cls) ->
     exif = Image.Exif()
     exif[0x0112] = 6
     data = _encode(Image.fromarray(skdata.chelsea()), "JPEG", quality=90, exif=exif.tobytes())
-    processor = hf_processor_cls(size={"height": 224, "width": 224}, resample=int(Image.Resampling.BILINEAR))
+    processor = hf_processor_cls(
+        size={"height": 224, "width": 224}, resample=int(Image.Resampling.BILINEAR)
+    )
     upright = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
     assert upright.size == (300, 451)  # really rotated
     reference = processor(images=upright, return_tensors="np")["pixel_values"][0]
-    ours = Preprocessor(PreprocessSpec(style="hf", mean=processor.image_mean, std=processor.image_std))(data)
+    spec = PreprocessSpec(
+        style="hf", mean=tuple(processor.image_mean), std=tuple(processor.image_std)
+    )
+    ours = Preprocessor(spec)(data)
     assert float(np.abs(reference - ours).max()) <= TOL
 
 
@@ -133,7 +149,9 @@ def test_hf_style_matches_transformers_on_exif_rotated_jpeg(hf_processor_cls) ->
 # timm style vs an independent straightforward implementation
 
 
-def _timm_reference(data: bytes, height: int, width: int, crop_pct: float, interp: str, mean, std) -> np.ndarray:
+def _timm_reference(
+    data: bytes, height: int, width: int, crop_pct: float, interp: str, mean, std
+) -> np.ndarray:
     img = Image.open(io.BytesIO(data))
     img = ImageOps.exif_transpose(img)
     if img.mode in ("RGBA", "LA", "P") and (img.mode != "P" or "transparency" in img.info):
@@ -177,7 +195,9 @@ def test_timm_style_matches_reference_implementation(case) -> None:
     )
     pre = Preprocessor(spec)
     for name, data in PHOTOS.items():
-        reference = _timm_reference(data, height, width, crop_pct, interp, IMAGENET_MEAN, IMAGENET_STD)
+        reference = _timm_reference(
+            data, height, width, crop_pct, interp, IMAGENET_MEAN, IMAGENET_STD
+        )
         ours = pre(data)
         assert ours.shape == reference.shape, name
         diff = float(np.abs(reference - ours).max())

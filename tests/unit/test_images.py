@@ -93,7 +93,8 @@ def test_path_bytes_pil_and_array_inputs_give_identical_pixels(tmp_path: Path) -
     path.write_bytes(data)
     expected = np.asarray(load_image(path))
     np.testing.assert_array_equal(expected, arr)
-    for source in (str(path), data, bytearray(data), memoryview(data), Image.open(io.BytesIO(data)), arr):
+    opened = Image.open(io.BytesIO(data))
+    for source in (str(path), data, bytearray(data), memoryview(data), opened, arr):
         np.testing.assert_array_equal(np.asarray(load_image(source)), expected)
 
 
@@ -212,7 +213,8 @@ def test_formats_outside_the_allow_list_are_refused(tmp_path: Path, fmt: str) ->
     path.write_bytes(encode(Image.new("RGB", (16, 16), (1, 2, 3)), fmt))
     with pytest.raises(InputError) as err:
         load_image(path)
-    assert str(path) in str(err.value) and "supported formats are BMP, GIF, JPEG, PNG, TIFF, WEBP" in str(err.value)
+    msg = str(err.value)
+    assert str(path) in msg and "supported formats are BMP, GIF, JPEG, PNG, TIFF, WEBP" in msg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,7 +279,8 @@ def test_rgba_half_alpha_red_over_white_and_custom_background(tmp_path: Path) ->
     assert close(px(load_image(path)), (255, 128, 128))
     assert close(px(load_image(rgba)), (255, 128, 128))
     assert close(px(load_image(path, background=(0, 0, 0))), (128, 0, 0))
-    assert px(load_image(Image.new("RGBA", (2, 2), (9, 9, 9, 0)), background=(10, 20, 30))) == (10, 20, 30)
+    clear = Image.new("RGBA", (2, 2), (9, 9, 9, 0))
+    assert px(load_image(clear, background=(10, 20, 30))) == (10, 20, 30)
     assert px(load_image(Image.new("RGBA", (2, 2), (9, 8, 7, 255)))) == (9, 8, 7)
 
 
@@ -440,7 +443,8 @@ def test_animated_gif_webp_apng_first_frame(tmp_path: Path) -> None:
         kinds.append(("WEBP", {"lossless": True}))
     for fmt, kw in kinds:
         path = tmp_path / f"anim.{fmt.lower()}"
-        path.write_bytes(encode(frames[0], fmt, save_all=True, append_images=frames[1:], duration=50, **kw))
+        data = encode(frames[0], fmt, save_all=True, append_images=frames[1:], duration=50, **kw)
+        path.write_bytes(data)
         opened = Image.open(path)
         assert getattr(opened, "n_frames", 1) == 3, fmt  # really animated
         assert px(load_image(path)) == (255, 0, 0), fmt
@@ -509,3 +513,21 @@ def test_iter_image_paths_errors(tmp_path: Path) -> None:
         iter_image_paths([empty])
     assert str(empty) in str(err.value) and "no images" in str(err.value)
     assert iter_image_paths([]) == []
+
+
+def test_keep_grey_returns_l_only_for_greyscale_without_alpha() -> None:
+    assert load_image(np.zeros((2, 2), np.uint8), keep_grey=True).mode == "L"
+    assert load_image(Image.new("1", (2, 2)), keep_grey=True).mode == "L"
+    sixteen = Image.fromarray(np.array([[0, 65535]], dtype=np.uint16))
+    assert np.asarray(load_image(sixteen, keep_grey=True)).tolist() == [[0, 255]]
+    assert load_image(Image.new("LA", (2, 2)), keep_grey=True).mode == "RGB"
+    assert load_image(np.zeros((2, 2, 3), np.uint8), keep_grey=True).mode == "RGB"
+    assert load_image(np.zeros((2, 2), np.uint8)).mode == "RGB"
+
+
+def test_premultiplied_alpha_modes() -> None:
+    # RGBa / La store colour premultiplied by alpha: (100, 0, 0) at alpha 128 is red 199.
+    rgba = load_image(Image.new("RGBa", (1, 1), (100, 0, 0, 128)), background=(0, 0, 0))
+    assert close(px(rgba), (100, 0, 0))
+    la = load_image(Image.new("La", (1, 1), (100, 128)), background=(0, 0, 0))
+    assert close(px(la), (100, 100, 100))

@@ -17,7 +17,9 @@ from vitdeploy.runtime.preprocess import Preprocessor, timm_resize_size
 from vitdeploy.runtime.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
 
 HF = PreprocessSpec(style="hf", height=32, width=48, mean=IMAGENET_MEAN, std=IMAGENET_STD)
-TIMM = PreprocessSpec(style="timm", height=32, width=32, crop_pct=0.875, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+TIMM = PreprocessSpec(
+    style="timm", height=32, width=32, crop_pct=0.875, mean=IMAGENET_MEAN, std=IMAGENET_STD
+)
 
 
 def png(arr: np.ndarray) -> bytes:
@@ -94,7 +96,9 @@ def test_every_input_kind_gives_identical_tensors(tmp_path: Path) -> None:
     for spec in (HF, TIMM):
         pre = Preprocessor(spec)
         ref = pre(path)
-        for source in (str(path), data, bytearray(data), memoryview(data), Image.open(path), Image.fromarray(arr), arr):
+        sources = (str(path), data, bytearray(data), memoryview(data), Image.open(path),
+                   Image.fromarray(arr), arr)
+        for source in sources:
             np.testing.assert_array_equal(pre(source), ref)
 
 
@@ -119,8 +123,9 @@ def test_hf_resizes_straight_without_keeping_aspect() -> None:
 
 def test_hf_result_equals_plain_pil_resize() -> None:
     arr = noise(37, 53)
-    for interp, resample in [("bilinear", Image.Resampling.BILINEAR), ("bicubic", Image.Resampling.BICUBIC),
-                             ("lanczos", Image.Resampling.LANCZOS)]:
+    filters = [("bilinear", Image.Resampling.BILINEAR), ("bicubic", Image.Resampling.BICUBIC),
+               ("lanczos", Image.Resampling.LANCZOS)]
+    for interp, resample in filters:
         spec = PreprocessSpec(style="hf", height=24, width=20, interpolation=interp)
         resized = np.asarray(Image.fromarray(arr).resize((20, 24), resample), np.float64)
         expected = ((resized / 255.0 - 0.5) / 0.5).transpose(2, 0, 1)
@@ -149,7 +154,9 @@ def test_timm_resize_size(size, target, crop_pct, expected) -> None:
 
 def test_timm_centre_crop_rounds_half_to_even_like_torchvision() -> None:
     # 257 wide, 224 high, crop_pct 1 -> no resize; left = round(33 / 2) = round(16.5) = 16.
-    spec = PreprocessSpec(style="timm", height=224, width=224, crop_pct=1.0, interpolation="nearest")
+    spec = PreprocessSpec(
+        style="timm", height=224, width=224, crop_pct=1.0, interpolation="nearest"
+    )
     cols = np.broadcast_to(np.arange(257, dtype=np.uint8)[None, :, None], (224, 257, 3)).copy()
     out = Preprocessor(spec)(cols)
     first = round(float(out[0, 0, 0]) * 0.5 * 255 + 0.5 * 255)
@@ -171,7 +178,9 @@ def test_timm_keeps_aspect_and_crops_centre() -> None:
     assert (out > 0.99).all()
 
 
-@pytest.mark.parametrize("spec", [HF, TIMM, TIMM.replace(height=24, width=40)], ids=["hf", "timm", "timm-rect"])
+@pytest.mark.parametrize(
+    "spec", [HF, TIMM, TIMM.replace(height=24, width=40)], ids=["hf", "timm", "timm-rect"]
+)
 @pytest.mark.parametrize("shape", [(1, 1), (1, 10000), (10000, 1), (3, 7000), (2, 2)])
 def test_degenerate_sizes_preprocess(spec: PreprocessSpec, shape) -> None:
     h, w = shape
@@ -282,6 +291,26 @@ def test_preprocessing_works_without_torch(tmp_path: Path) -> None:
         "from vitdeploy.runtime.preprocess_spec import PreprocessSpec\n"
         f"out = Preprocessor(PreprocessSpec(style='timm'))({str(path)!r})\n"
         "assert out.shape == (3, 224, 224)\n"
-        "assert not any(m == 'transformers' or m.startswith('torch') for m in sys.modules if sys.modules[m])\n"
+        "loaded = [m for m, mod in sys.modules.items() if mod is not None]\n"
+        "assert not any(m == 'transformers' or m.startswith('torch') for m in loaded)\n"
     )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+    repo = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=repo)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [HF, TIMM, TIMM.replace(interpolation="lanczos", width=24)],
+    ids=["hf", "timm", "timm-lanczos"],
+)
+def test_greyscale_fast_path_equals_converting_to_rgb_first(spec, monkeypatch) -> None:
+    grey = np.random.default_rng(7).integers(0, 256, (53, 71), dtype=np.uint8)
+    rgb = np.repeat(grey[:, :, None], 3, axis=2)
+    pre = Preprocessor(spec)
+    out = pre(grey)
+    np.testing.assert_array_equal(out, pre(rgb))
+    np.testing.assert_array_equal(out, pre(png(grey)))  # an L-mode PNG file
+    one_bit = Image.fromarray(grey > 127)
+    np.testing.assert_array_equal(pre(one_bit), pre(one_bit.convert("RGB")))
+    monkeypatch.setattr(preprocess_mod, "MAX_INTERMEDIATE_PIXELS", 500)  # banded path too
+    np.testing.assert_array_equal(pre(grey[:5]), pre(rgb[:5]))

@@ -1,0 +1,173 @@
+"""`vitdeploy bench`: statistics, interleaving, the ratio column, JSON output, a real short run."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from vitdeploy.bench import (BenchReport, BenchResult, attach_ratios, cpu_model, format_bench_table, interleaved,
+                             measure, parse_batch_sizes, percentile, summarize)
+from vitdeploy.errors import BackendError, ConfigError
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_backends import build_tiny_artifacts  # noqa: E402 - the shared tiny-export builder
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def test_percentiles_on_known_samples():
+    samples = list(range(1, 101))  # 1..100, shuffled order must not matter
+    rng = np.random.default_rng(0)
+    rng.shuffle(samples)
+    assert percentile(samples, 50) == pytest.approx(50.5)
+    assert percentile(samples, 90) == pytest.approx(90.1)
+    assert percentile(samples, 99) == pytest.approx(99.01)
+    assert percentile(samples, 0) == 1 and percentile(samples, 100) == 100
+    assert percentile([10, 20, 30, 40], 50) == pytest.approx(25.0)
+    assert percentile([7.0], 99) == 7.0
+    for q in (50, 90, 99):  # same definition as numpy's default
+        assert percentile(samples, q) == pytest.approx(np.percentile(samples, q))
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_summary_in_milliseconds_and_throughput():
+    stats = summarize([0.010, 0.020, 0.030, 0.040], batch_size=8)
+    assert stats.p50_ms == pytest.approx(25.0)
+    assert stats.mean_ms == pytest.approx(25.0) and stats.min_ms == pytest.approx(10.0)
+    assert stats.images_per_s == pytest.approx(8 * 4 / 0.1)  # 320 images in total over 0.1 s
+    assert stats.samples == 4
+
+
+# ----------------------------------------------------------------------------- interleaving
+
+
+def test_interleaved_order_rotates_the_first_backend():
+    assert list(interleaved(["a", "b", "c"], 3)) == [
+        (0, "a"), (0, "b"), (0, "c"),
+        (1, "b"), (1, "c"), (1, "a"),
+        (2, "c"), (2, "a"), (2, "b"),
+    ]
+
+
+def test_measure_runs_backends_round_robin_after_warmup_and_drops_a_failing_one():
+    calls: list[str] = []
+
+    def runner(name: str):
+        def run():
+            calls.append(name)
+            if name == "bad" and len([c for c in calls if c == "bad"]) == 3:
+                raise BackendError("boom")
+        return run
+
+    errors = {}
+    times = measure({n: runner(n) for n in ("x", "y", "bad")}, iterations=3, warmup=1,
+                    timers={"x": lambda fn: (fn(), 0.5)[1]}, on_error=lambda n, e: errors.setdefault(n, str(e)))
+    # warm-up: x y bad; then rotating: x y bad | y bad(fails, dropped) x | x y   (bad's turn skipped)
+    assert calls == ["x", "y", "bad", "x", "y", "bad", "y", "bad", "x", "x", "y"]
+    assert errors == {"bad": "boom"}
+    assert times["x"] == [0.5, 0.5, 0.5]  # the timer given for x was used
+    assert len(times["y"]) == 3 and len(times["bad"]) == 1
+
+
+# ----------------------------------------------------------------------------- ratios and table
+
+
+def _report(results: list[BenchResult]) -> BenchReport:
+    return BenchReport(artifacts="a", model="m", mode="inference",
+                       settings={"batch_sizes": [1, 8], "iterations": 2, "warmup": 0},
+                       environment={"cpu": "Test CPU", "cpu_count": 2, "versions": {"torch": "x"}},
+                       backends=[{"name": "torch", "status": "ran", "reason": ""},
+                                 {"name": "ort", "status": "ran", "reason": ""},
+                                 {"name": "trt", "status": "unavailable", "reason": "no CUDA GPU: test"}],
+                       results=results)
+
+
+def test_ratio_column_is_speed_relative_to_eager_torch_at_the_same_batch_size():
+    results = [BenchResult("torch", 1, summarize([0.010] * 3, 1), "perf_counter"),
+               BenchResult("ort", 1, summarize([0.004] * 3, 1), "perf_counter"),
+               BenchResult("torch", 8, summarize([0.040] * 3, 8), "perf_counter"),
+               BenchResult("ort", 8, summarize([0.080] * 3, 8), "perf_counter")]
+    attach_ratios(results)
+    assert [r.speedup for r in results] == pytest.approx([1.0, 2.5, 1.0, 0.5])
+    lines = format_bench_table(_report(results))
+    table = "\n".join(lines)
+    ort1 = next(line for line in lines if line.startswith("ort ") and line.split()[1] == "1")
+    assert "2.50x" in ort1
+    assert "0.50x" in table and "1.00x" in table
+    assert "trt" in table and "no CUDA GPU: test" in table  # unavailable backends listed with the reason
+    assert "Test CPU" in table
+
+
+def test_no_ratio_without_the_baseline():
+    results = [BenchResult("ort", 1, summarize([0.004], 1), "perf_counter")]
+    attach_ratios(results)
+    assert results[0].speedup is None
+
+
+def test_batch_sizes_and_cpu_model_parsing(tmp_path):
+    assert parse_batch_sizes("1, 8,32") == (1, 8, 32)
+    with pytest.raises(ConfigError, match="'0'"):
+        parse_batch_sizes("1,0")
+    with pytest.raises(ConfigError, match="'x'"):
+        parse_batch_sizes("x")
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) Test @ 2.00GHz\n")
+    assert cpu_model(info) == "Intel(R) Xeon(R) Test @ 2.00GHz"
+
+
+# ----------------------------------------------------------------------------- real runs
+
+
+def test_bench_command_on_the_demo_artifacts_prints_parseable_json(demo_artifacts):
+    import torch
+
+    from vitdeploy.cli import main
+
+    threads = torch.get_num_threads()  # --threads sets torch's process-wide count: restore it
+    try:
+        result = CliRunner().invoke(main, ["bench", "-a", str(demo_artifacts), "-b", "torch,ort", "--iterations", "2",
+                                           "--warmup", "1", "--batch-sizes", "1,2", "--threads", "1", "--json"])
+    finally:
+        torch.set_num_threads(threads)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["format"] == "vitdeploy-bench-report" and data["settings"]["batch_sizes"] == [1, 2]
+    got = {(r["backend"], r["batch_size"]): r for r in data["results"]}
+    assert set(got) == {("torch", 1), ("ort", 1), ("torch", 2), ("ort", 2)}
+    for r in got.values():
+        assert r["samples"] == 2 and 0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] and r["images_per_s"] > 0
+    assert got[("torch", 1)]["speedup_vs_torch_cpu"] == pytest.approx(1.0)
+    assert got[("ort", 2)]["speedup_vs_torch_cpu"] == pytest.approx(
+        got[("torch", 2)]["p50_ms"] / got[("ort", 2)]["p50_ms"])
+    env = data["environment"]
+    assert env["cpu"] and env["threads_requested"] == 1 and env["versions"]["torch"]
+
+
+def test_bench_table_and_end_to_end_phases(tmp_path):
+    from PIL import Image
+
+    from vitdeploy.bench import run_bench
+
+    art = build_tiny_artifacts(tmp_path / "tiny", seed=2)
+    images = tmp_path / "images"
+    images.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 256, size=(40, 40, 3), dtype=np.uint8)).save(images / f"{i}.png")
+    report = run_bench(art, backends="ort", batch_sizes="1,4", iterations=2, warmup=1, end_to_end=True, images=images)
+    names = [b["name"] for b in report.backends]
+    assert names == ["torch", "ort"]  # the eager baseline always runs, first
+    for r in report.results:
+        assert set(r.phase_share) == {"preprocess", "inference", "postprocess"}
+        assert sum(r.phase_share.values()) == pytest.approx(1.0)
+        assert all(v >= 0 for v in r.phases_ms.values())
+    assert report.result("ort", 4).stats.samples == 2
+    table = "\n".join(format_bench_table(report))
+    assert "end-to-end" in table and "infer" in table and "%" in table

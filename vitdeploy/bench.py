@@ -1,0 +1,537 @@
+"""`vitdeploy bench`: latency and throughput of every backend, as ratios to eager PyTorch.
+
+    report = run_bench("artifacts/", batch_sizes=(1, 8, 32), iterations=50)
+    print("\\n".join(format_bench_table(report)))
+
+For each batch size the backends run **interleaved** in one process: after a warm-up, each
+iteration runs every backend once (the starting backend rotates every iteration), so a noisy
+machine (frequency scaling, a neighbour's job) slows all of them alike and the ratios hold.
+Per backend and batch size: latency p50 / p90 / p99 and images per second, and the speed as a
+ratio to eager FP32 PyTorch on the CPU (the baseline, always run). CPU backends are timed with
+``time.perf_counter``; backends on a CUDA GPU (``torch`` on cuda, ``torch-fp16``, ``trt``) with
+CUDA events (``torch.cuda.Event``) around a synchronised call.
+
+End-to-end mode times what a user of :class:`~vitdeploy.runtime.predictor.Predictor` sees on
+image files (the demo images by default): preprocessing, inference and postprocessing, each
+timed with the wall clock, and reports the share spent in each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import itertools
+import logging
+import math
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from .drift import (BackendSpec, backend_specs, first_line, library_versions, parse_backend_names, reference_options,
+                    spec_unavailable_reason, verify_spec_files)
+from .errors import ArtifactError, BackendError, ConfigError, InputError, MissingDependencyError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZES = (1, 8, 32)
+BASELINE = "torch"  # eager FP32 PyTorch on the CPU
+_PHASES = ("preprocess", "inference", "postprocess")
+
+
+# ------------------------------------------------------------------------------------------------
+# statistics
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) with linear interpolation between closest ranks
+    (numpy's default "linear" method): rank ``q / 100 * (n - 1)`` of the sorted samples."""
+    if not samples:
+        raise ValueError("percentile of no samples")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
+    xs = sorted(float(v) for v in samples)
+    rank = q / 100.0 * (len(xs) - 1)
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Latency of one call (one batch) in milliseconds, and the throughput it implies."""
+
+    samples: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    min_ms: float
+    images_per_s: float  # batch_size * samples / total time
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def summarize(seconds: Sequence[float], batch_size: int) -> LatencyStats:
+    """Statistics of per-call latencies ``seconds`` for calls of ``batch_size`` images each."""
+    if not seconds:
+        raise ValueError("no timings to summarise")
+    ms = [1000.0 * s for s in seconds]
+    total = float(sum(seconds))
+    return LatencyStats(samples=len(ms), p50_ms=percentile(ms, 50), p90_ms=percentile(ms, 90),
+                        p99_ms=percentile(ms, 99), mean_ms=total * 1000.0 / len(ms), min_ms=min(ms),
+                        images_per_s=batch_size * len(ms) / total if total > 0 else float("inf"))
+
+
+def speed_ratio(baseline_p50_ms: float | None, p50_ms: float | None) -> float | None:
+    """How many times faster than the baseline (baseline p50 / this p50); None when unknown."""
+    if not baseline_p50_ms or not p50_ms or p50_ms <= 0:
+        return None
+    return baseline_p50_ms / p50_ms
+
+
+# ------------------------------------------------------------------------------------------------
+# interleaved timing
+
+
+def interleaved(names: Sequence[str], iterations: int) -> Iterator[tuple[int, str]]:
+    """(iteration, backend) in run order: every iteration runs each backend once, and the backend
+    that goes first rotates (a, b, c; b, c, a; c, a, b; ...) so none always follows the same one."""
+    names = list(names)
+    for it in range(iterations):
+        k = it % len(names) if names else 0
+        for name in names[k:] + names[:k]:
+            yield it, name
+
+
+Timer = Callable[[Callable[[], Any]], float]
+
+
+def wall_timer(fn: Callable[[], Any]) -> float:
+    """Seconds ``fn()`` took by ``time.perf_counter``."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def cuda_event_timer(device: str = "cuda") -> Timer:
+    """A timer measuring ``fn()`` with CUDA events on ``device``'s current stream.
+
+    The device is synchronised first so earlier work is not billed to this call; the end event is
+    waited on before reading ``elapsed_time``. Every backend's ``run`` returns host numpy arrays,
+    so the measured span covers the copies in and out and all the GPU work of the call.
+    """
+    from ._deps import require
+
+    torch = require("torch", "timing CUDA backends with CUDA events")
+    dev = torch.device(device)
+
+    def timer(fn: Callable[[], Any]) -> float:
+        with torch.cuda.device(dev):
+            torch.cuda.synchronize(dev)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0  # elapsed_time is in milliseconds
+
+    return timer
+
+
+def measure(runners: Mapping[str, Callable[[], Any]], *, iterations: int, warmup: int,
+            timers: Mapping[str, Timer] | None = None,
+            on_error: Callable[[str, BaseException], None] | None = None) -> dict[str, list[float]]:
+    """Warm up, then time every runner ``iterations`` times, interleaved (:func:`interleaved`).
+
+    Returns seconds per call for each runner. A runner raising a VitDeployError is dropped from
+    the remaining iterations and reported through ``on_error`` (else the error propagates).
+    """
+    from .errors import VitDeployError
+
+    timers = timers or {}
+    alive = list(runners)
+    times: dict[str, list[float]] = {name: [] for name in runners}
+
+    def call(name: str, timed: bool) -> None:
+        try:
+            if timed:
+                times[name].append((timers.get(name) or wall_timer)(runners[name]))
+            else:
+                runners[name]()
+        except VitDeployError as exc:
+            if on_error is None:
+                raise
+            on_error(name, exc)
+            alive.remove(name)
+
+    for _, name in interleaved(list(alive), warmup):
+        if name in alive:
+            call(name, False)
+    for _, name in interleaved(list(alive), iterations):
+        if name in alive:
+            call(name, True)
+    return times
+
+
+# ------------------------------------------------------------------------------------------------
+# environment
+
+
+def cpu_model(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str:
+    """The CPU model name from /proc/cpuinfo (Linux), else what ``platform`` knows."""
+    try:
+        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    for key in ("model name", "Model", "Hardware", "Processor", "cpu model"):
+        for line in text.splitlines():
+            name, sep, value = line.partition(":")
+            if sep and name.strip() == key and value.strip():
+                return value.strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def environment(threads: int | None = None) -> dict[str, Any]:
+    """What the numbers depend on: CPU, threads, GPU, library versions."""
+    env: dict[str, Any] = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
+                           "python": platform.python_version(), "threads_requested": threads}
+    try:
+        env["cpu_affinity"] = len(os.sched_getaffinity(0))  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        pass
+    env["gpus"] = []
+    try:
+        import torch
+
+        env["torch_threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            for i in range(torch.cuda.device_count()):
+                p = torch.cuda.get_device_properties(i)
+                env["gpus"].append(f"cuda:{i} {p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)")
+    except ImportError:
+        pass
+    try:
+        from .runtime.backends.ort import available_providers
+
+        env["onnxruntime_providers"] = available_providers()
+    except ImportError:  # pragma: no cover
+        env["onnxruntime_providers"] = []
+    env["versions"] = library_versions()
+    return env
+
+
+def format_environment(env: Mapping[str, Any]) -> list[str]:
+    threads = env.get("threads_requested")
+    affinity = f", {env['cpu_affinity']} usable" if "cpu_affinity" in env else ""
+    lines = [f"cpu: {env.get('cpu')} ({env.get('cpu_count')} logical cores{affinity})",
+             f"threads: {threads if threads else 'library defaults'}"
+             + (f" (torch intra-op threads {env['torch_threads']})" if "torch_threads" in env else ""),
+             f"gpu: {', '.join(env.get('gpus') or []) or 'none'}",
+             f"onnxruntime providers: {', '.join(env.get('onnxruntime_providers') or []) or 'none'}",
+             "versions: " + ", ".join(f"{k} {v}" for k, v in (env.get("versions") or {}).items()),
+             f"platform: {env.get('platform')}, Python {env.get('python')}"]
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------
+# report
+
+
+@dataclass
+class BenchResult:
+    backend: str
+    batch_size: int
+    stats: LatencyStats
+    timer: str  # "perf_counter" | "cuda-events"
+    speedup: float | None = None  # eager torch CPU p50 / this p50
+    phases_ms: dict[str, float] | None = None  # end-to-end: mean ms per phase
+    phase_share: dict[str, float] | None = None  # end-to-end: fraction of the total per phase
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"backend": self.backend, "batch_size": self.batch_size, **self.stats.to_dict(), "timer": self.timer,
+               "speedup_vs_torch_cpu": self.speedup}
+        if self.phases_ms is not None:
+            out["phases_ms"] = self.phases_ms
+            out["phase_share"] = self.phase_share
+        return out
+
+
+@dataclass
+class BenchReport:
+    artifacts: str
+    model: str
+    mode: str  # "inference" | "end-to-end"
+    settings: dict[str, Any]
+    environment: dict[str, Any]
+    backends: list[dict[str, Any]]  # {"name", "status": ran|unavailable|error, "reason", "describe", "baseline"}
+    results: list[BenchResult] = field(default_factory=list)
+    created: str = ""
+
+    def result(self, backend: str, batch_size: int) -> BenchResult:
+        for r in self.results:
+            if r.backend == backend and r.batch_size == batch_size:
+                return r
+        raise KeyError((backend, batch_size))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": "vitdeploy-bench-report", "version": 1, "created": self.created,
+                "artifacts": self.artifacts, "model": self.model, "mode": self.mode, "settings": self.settings,
+                "baseline": BASELINE + " (eager PyTorch fp32 on cpu)", "environment": self.environment,
+                "backends": self.backends, "results": [r.to_dict() for r in self.results]}
+
+
+def attach_ratios(results: list[BenchResult], baseline: str = BASELINE) -> None:
+    """Set each result's ``speedup``: the baseline's p50 at the same batch size over its p50."""
+    base = {r.batch_size: r.stats.p50_ms for r in results if r.backend == baseline}
+    for r in results:
+        r.speedup = speed_ratio(base.get(r.batch_size), r.stats.p50_ms)
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def format_bench_table(report: BenchReport) -> list[str]:
+    """Settings, environment, the results table (speed as a ratio to eager PyTorch) and the
+    backends that did not run, with why."""
+    s = report.settings
+    lines = [f"{report.model}: {report.mode} benchmark, batch sizes {', '.join(map(str, s['batch_sizes']))}, "
+             f"{s['iterations']} iterations after {s['warmup']} warm-up, backends interleaved",
+             *format_environment(report.environment), ""]
+    e2e = report.mode == "end-to-end"
+    head = (f"{'backend':<11} {'batch':>5} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'img/s':>9} "
+            f"{'vs torch':>8}")
+    head += f" {'pre':>5} {'infer':>5} {'post':>5}" if e2e else "  timer"
+    lines += [head, "-" * len(head)]
+    for r in sorted(report.results, key=lambda r: (r.batch_size, _order(report, r.backend))):
+        st = r.stats
+        row = (f"{r.backend:<11} {r.batch_size:>5} {st.p50_ms:>9.3f} {st.p90_ms:>9.3f} {st.p99_ms:>9.3f} "
+               f"{st.images_per_s:>9.1f} {_ratio(r.speedup):>8}")
+        if e2e and r.phase_share:
+            row += "".join(f" {100 * r.phase_share[p]:>4.0f}%" for p in _PHASES)
+        elif not e2e:
+            row += f"  {r.timer}"
+        lines.append(row)
+    notes = [b for b in report.backends if b["status"] != "ran"]
+    if notes:
+        lines.append("")
+        for b in notes:
+            lines.append(f"  {b['name']:<11} {b['status']}: {b['reason']}")
+    lines.append("")
+    lines.append("vs torch: eager PyTorch fp32 on the CPU p50 / this p50 at the same batch size (higher is faster)"
+                 + ("; pre/infer/post: share of the end-to-end time" if e2e else ""))
+    return lines
+
+
+def _order(report: BenchReport, name: str) -> int:
+    names = [b["name"] for b in report.backends]
+    return names.index(name) if name in names else len(names)
+
+
+# ------------------------------------------------------------------------------------------------
+# the run
+
+
+def parse_batch_sizes(value: str | Sequence[int]) -> tuple[int, ...]:
+    """"1,8,32" -> (1, 8, 32); ConfigError for anything but positive integers."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out = []
+    for item in items:
+        text = str(item).strip()
+        if not text:
+            continue
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ConfigError(f"--batch-sizes: {text!r} is not a positive integer; expected e.g. 1,8,32")
+        out.append(n)
+    if not out:
+        raise ConfigError("--batch-sizes: no batch size given; expected e.g. 1,8,32")
+    return tuple(dict.fromkeys(out))
+
+
+def _bench_specs(requested: tuple[str, ...] | None, options: Any) -> list[BackendSpec]:
+    """The backends asked for, with the eager CPU baseline always among them (first)."""
+    specs = backend_specs(requested, options)
+    if not any(s.is_reference for s in specs):
+        base = BackendSpec(BASELINE, "torch", reference_options(options), "fp32")
+        specs = [base] + [dataclasses.replace(s, name=f"{s.name}-{s.options.device}") if s.name == BASELINE else s
+                          for s in specs]
+    else:
+        specs.sort(key=lambda s: not s.is_reference)
+    return specs
+
+
+def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Sequence[str] | None = None,
+              batch_sizes: str | Sequence[int] = DEFAULT_BATCH_SIZES, iterations: int = 20, warmup: int = 3,
+              threads: int | None = None, end_to_end: bool = False, images: str | os.PathLike[str] | None = None,
+              options: Any = None, seed: int = 0) -> BenchReport:
+    """Benchmark the backends that can run here (or those named) at each batch size.
+
+    ``options``: BackendOptions (device, providers); ``threads`` overrides its intra-op thread
+    count (torch's is process-wide). ``end_to_end``: time image files through the Predictor
+    (``images``: a folder or file; default the demo images) instead of preprocessed tensors.
+    Backends that cannot run here are listed with the reason; one that fails to open or run is
+    listed as an error and the others go on.
+    """
+    from .runtime.artifacts import Artifacts
+    from .runtime.backends import BackendOptions, open_backend
+
+    if int(iterations) < 1:
+        raise ConfigError(f"--iterations must be >= 1, got {iterations}")
+    if int(warmup) < 0:
+        raise ConfigError(f"--warmup must be >= 0, got {warmup}")
+    if threads is not None and int(threads) < 1:
+        raise ConfigError(f"--threads must be >= 1, got {threads}")
+    sizes = parse_batch_sizes(batch_sizes)
+    options = options or BackendOptions()
+    if threads is not None:
+        options = dataclasses.replace(options, threads=int(threads))
+    requested = parse_backend_names(backends)
+    artifacts = Artifacts.open(artifacts_dir)
+    specs = _bench_specs(requested, options)
+
+    rows: list[dict[str, Any]] = []
+    opened: dict[str, Any] = {}
+    spec_of: dict[str, BackendSpec] = {}
+    for spec in specs:
+        row = {"name": spec.name, "precision": spec.precision, "device": spec.options.device,
+               "baseline": spec.is_reference, "status": "ran", "reason": "", "describe": ""}
+        rows.append(row)
+        reason = spec_unavailable_reason(spec, artifacts)
+        if reason:
+            row.update(status="unavailable", reason=reason)
+            continue
+        verify_spec_files(spec, artifacts)  # a tampered file is an error, never a skip
+        try:
+            backend = open_backend(spec.registry, artifacts, spec.options)
+        except (BackendError, MissingDependencyError, ArtifactError) as exc:
+            row.update(status="error", reason=f"cannot open: {first_line(exc)}")
+            continue
+        row["describe"] = backend.describe()
+        opened[spec.name] = backend
+        spec_of[spec.name] = spec
+
+    def on_error(name: str, exc: BaseException) -> None:
+        for row in rows:
+            if row["name"] == name:
+                row.update(status="error", reason=f"failed to run: {first_line(exc)}")
+        log.warning("%s: %s", name, first_line(exc))
+
+    results: list[BenchResult] = []
+    try:
+        timers = {name: cuda_event_timer(spec_of[name].options.device) for name in opened
+                  if spec_of[name].uses_cuda} if not end_to_end else {}
+        if end_to_end:
+            results = _bench_end_to_end(artifacts, opened, sizes, int(iterations), int(warmup), images, on_error)
+        else:
+            rng = np.random.default_rng(seed)
+            for size in sizes:
+                batch = rng.standard_normal((size, *artifacts.input_shape)).astype(np.float32)
+                live = {n: b for n, b in opened.items() if _status(rows, n) == "ran"}
+                runners = {n: (lambda b=b: b.run(batch)) for n, b in live.items()}
+                times = measure(runners, iterations=int(iterations), warmup=int(warmup), timers=timers,
+                                on_error=on_error)
+                for name, secs in times.items():
+                    if secs and _status(rows, name) == "ran":
+                        timer = "cuda-events" if name in timers else "perf_counter"
+                        results.append(BenchResult(name, size, summarize(secs, size), timer))
+                log.info("batch %d done", size)
+    finally:
+        for backend in opened.values():
+            backend.close()
+    attach_ratios(results)
+    settings = {"batch_sizes": list(sizes), "iterations": int(iterations), "warmup": int(warmup),
+                "threads": options.threads, "device": options.device, "providers": list(options.providers),
+                "requested": list(requested) if requested else None, "interleaved": True, "seed": seed}
+    return BenchReport(artifacts=str(artifacts.directory), model=artifacts.name,
+                       mode="end-to-end" if end_to_end else "inference", settings=settings,
+                       environment=environment(options.threads), backends=rows, results=results,
+                       created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+def _status(rows: list[dict[str, Any]], name: str) -> str:
+    return next((r["status"] for r in rows if r["name"] == name), "unknown")
+
+
+def _image_files(images: str | os.PathLike[str] | None) -> list[Path]:
+    from .paths import DEMO_IMAGES_DIR
+    from .runtime.images import iter_image_paths
+
+    root = Path(images) if images is not None else DEMO_IMAGES_DIR
+    if not root.exists():
+        raise InputError(f"--images {root}: no such file or directory")
+    return iter_image_paths([root])
+
+
+def _bench_end_to_end(artifacts: Any, opened: Mapping[str, Any], sizes: Sequence[int], iterations: int, warmup: int,
+                      images: str | os.PathLike[str] | None,
+                      on_error: Callable[[str, BaseException], None]) -> list[BenchResult]:
+    """Time preprocess + inference + postprocess through a Predictor per backend, interleaved."""
+    from .runtime.predictor import Predictor
+
+    files = _image_files(images)
+    predictors = {name: Predictor(artifacts, backend, backend_name=name) for name, backend in opened.items()}
+    if not predictors:
+        return []
+    any_pred = next(iter(predictors.values()))
+    _, good, errors = any_pred.preprocessor.batch_tolerant(files)
+    if errors:
+        log.warning("end-to-end: %d unreadable image(s) left out (first: %s)", len(errors), next(iter(errors.values())))
+    files = [files[i] for i in good]
+    if not files:
+        raise InputError("end-to-end benchmark: no readable image among the inputs")
+
+    results = []
+    for size in sizes:
+        chunk = list(itertools.islice(itertools.cycle(files), size))
+        phases: dict[str, dict[str, list[float]]] = {n: {p: [] for p in _PHASES} for n in predictors}
+
+        def runner(name: str) -> Callable[[], None]:
+            pred = predictors[name]
+
+            def run() -> None:
+                t0 = time.perf_counter()
+                batch = pred.preprocess(chunk)
+                t1 = time.perf_counter()
+                logits = pred.predict_logits(batch)
+                t2 = time.perf_counter()
+                pred.predictions_from_logits(logits, top_k=5)
+                t3 = time.perf_counter()
+                rec = phases[name]
+                rec["preprocess"].append(t1 - t0)
+                rec["inference"].append(t2 - t1)
+                rec["postprocess"].append(t3 - t2)
+
+            return run
+
+        runners = {n: runner(n) for n in predictors}
+        measure(runners, iterations=warmup, warmup=0, on_error=on_error)  # warm-up, phases discarded
+        for rec in phases.values():
+            for p in _PHASES:
+                rec[p].clear()
+        times = measure(runners, iterations=iterations, warmup=0, on_error=on_error)
+        for name, secs in times.items():
+            rec = phases[name]
+            if not secs or len(rec["preprocess"]) != len(secs):
+                continue
+            total = sum(sum(rec[p]) for p in _PHASES) or 1e-12
+            results.append(BenchResult(
+                name, size, summarize(secs, size), "perf_counter",
+                phases_ms={p: 1000.0 * sum(rec[p]) / len(rec[p]) for p in _PHASES},
+                phase_share={p: sum(rec[p]) / total for p in _PHASES}))
+    return results
+
+
+__all__ = ["BASELINE", "DEFAULT_BATCH_SIZES", "BenchReport", "BenchResult", "LatencyStats", "attach_ratios",
+           "cpu_model", "cuda_event_timer", "environment", "format_bench_table", "format_environment", "interleaved",
+           "measure", "parse_batch_sizes", "percentile", "run_bench", "speed_ratio", "summarize", "wall_timer"]

@@ -1,0 +1,695 @@
+"""`vitdeploy validate`: how far each runtime backend drifts from eager FP32 PyTorch on real images.
+
+    report = run_drift("artifacts/")                      # the demo images, every backend here
+    print("\\n".join(format_drift_table(report)))
+    report.raise_for_failures()                           # ValidationError (exit 3) on any failure
+
+The validation set (the shipped demo images by default, or a folder of the user's) is decoded and
+preprocessed once with the shared :class:`~vitdeploy.runtime.preprocess.Preprocessor`
+(unreadable images are listed, not fatal) and every backend gets the same float32 batch. The
+reference is the ``torch`` backend on the CPU in FP32. Per backend: max / mean absolute logit
+difference, cosine similarity (worst image), top-1 agreement, top-5 overlap, the images whose
+top-1 class flipped, and accuracy where true labels are known. Each metric is judged against the
+``validation.fp32`` thresholds (``ort``, ``torch`` FP32 on another device) or
+``validation.fp16`` (``ort-fp16``, ``torch-fp16``, ``trt``).
+
+Backends that cannot run here are listed with the reason, never dropped.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime as _dt
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ._deps import available
+from ._files import write_json_atomic
+from .errors import (ArtifactError, BackendError, ConfigError, InputError, MissingDependencyError,
+                     ValidationError)
+
+log = logging.getLogger(__name__)
+
+REPORT_NAME = "drift-report.json"
+REPORT_FORMAT = "vitdeploy-drift-report"
+#: Every backend ``validate`` and ``bench`` know, in report order. "torch-fp16" is the torch
+#: backend in half precision on CUDA; "torch" follows the configured device (CPU by default,
+#: where it *is* the reference).
+DRIFT_BACKENDS = ("torch", "ort", "ort-fp16", "torch-fp16", "trt")
+_LABEL_HEADER = ("path", "label")
+_METRIC_KEYS = ("max_abs_diff", "mean_abs_diff", "cosine", "top1_agreement", "top5_overlap")
+
+
+# ------------------------------------------------------------------------------------------------
+# backends: which registry backend, with which options, judged by which threshold set
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One row of the drift / bench tables."""
+
+    name: str  # "torch", "ort", "ort-fp16", "torch-fp16", "trt"
+    registry: str  # the runtime registry name it opens ("torch" for torch-fp16)
+    options: Any  # BackendOptions
+    precision: str  # "fp32" | "fp16": the threshold set that applies
+
+    @property
+    def is_reference(self) -> bool:
+        """Eager FP32 PyTorch on the CPU: the reference every other backend is judged against."""
+        return self.registry == "torch" and self.precision == "fp32" and _device_type(self.options.device) == "cpu"
+
+    @property
+    def uses_cuda(self) -> bool:
+        return self.registry == "trt" or (self.registry == "torch" and _device_type(self.options.device) == "cuda")
+
+    def label(self) -> str:
+        if self.registry == "torch":
+            return f"{self.name} ({self.options.device}, {self.precision})"
+        return self.name
+
+
+def _device_type(device: str) -> str:
+    return str(device).split(":", 1)[0]
+
+
+def parse_backend_names(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """"ort, ort-fp16" or ["ort"] -> ("ort", "ort-fp16"); None/""/"all" -> None (every backend).
+
+    ConfigError naming the unknown name and the choices.
+    """
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(v).strip() for v in items if str(v).strip()]
+    if not names or names == ["all"]:
+        return None
+    unknown = [n for n in names if n not in DRIFT_BACKENDS]
+    if unknown:
+        raise ConfigError(f"unknown backend(s) {', '.join(map(repr, unknown))}; choose from "
+                          f"{', '.join(DRIFT_BACKENDS)} (comma-separated), or leave the option out for all")
+    return tuple(dict.fromkeys(names))
+
+
+def backend_specs(names: Sequence[str] | None = None, options: Any = None) -> list[BackendSpec]:
+    """The specs for ``names`` (default: all of :data:`DRIFT_BACKENDS`), built from ``options``.
+
+    ``options`` (BackendOptions, e.g. from pipeline.yaml's ``runtime``) supplies the device,
+    ONNX Runtime providers and threads. ``torch`` runs on ``options.device`` in FP32;
+    ``torch-fp16`` and ``trt`` run on CUDA (``options.device`` when it is a CUDA device, else
+    ``cuda``).
+    """
+    from .runtime.backends import BackendOptions
+
+    options = options or BackendOptions()
+    cuda = options.device if _device_type(options.device) == "cuda" else "cuda"
+    table = {
+        "torch": BackendSpec("torch", "torch", dataclasses.replace(options, precision="fp32"), "fp32"),
+        "ort": BackendSpec("ort", "ort", options, "fp32"),
+        "ort-fp16": BackendSpec("ort-fp16", "ort-fp16", options, "fp16"),
+        "torch-fp16": BackendSpec("torch-fp16", "torch", dataclasses.replace(options, device=cuda, precision="fp16"),
+                                  "fp16"),
+        "trt": BackendSpec("trt", "trt", dataclasses.replace(options, device=cuda), "fp16"),
+    }
+    chosen = parse_backend_names(names) if names is not None else None
+    return [table[n] for n in (chosen or DRIFT_BACKENDS)]
+
+
+def reference_options(options: Any = None) -> Any:
+    """BackendOptions of the reference: torch on the CPU in FP32 (threads kept from ``options``)."""
+    from .runtime.backends import BackendOptions
+
+    return BackendOptions(device="cpu", precision="fp32", threads=getattr(options, "threads", None))
+
+
+def spec_unavailable_reason(spec: BackendSpec, artifacts: Any) -> str | None:
+    """Why ``spec`` cannot run here (one line), or None. Cheap: no hashing, no session."""
+    from .runtime.backends import backend_unavailable_reason
+
+    reason = backend_unavailable_reason(spec.registry, artifacts, spec.options)
+    if reason and spec.name == "torch-fp16" and "manifest" not in reason:
+        return f"needs a CUDA GPU: {reason}"
+    return reason
+
+
+def verify_spec_files(spec: BackendSpec, artifacts: Any) -> None:
+    """Check the size and sha256 of every file ``spec`` reads; ArtifactError for a missing,
+    tampered or escaping file (such a file is never skipped silently)."""
+    from .runtime.backends import artifact_roles
+
+    extra = ("weights-config",) if spec.registry == "torch" and artifacts.has("weights-config") else ()
+    for role in (*artifact_roles(spec.registry), *extra):
+        artifacts.path(role)
+
+
+def open_spec(spec: BackendSpec, artifacts: Any) -> Any:
+    """Verify the files of ``spec`` (:func:`verify_spec_files`), then open its backend."""
+    from .runtime.backends import open_backend
+
+    verify_spec_files(spec, artifacts)
+    return open_backend(spec.registry, artifacts, spec.options)
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+# ------------------------------------------------------------------------------------------------
+# the validation set: image files and, where known, their true labels
+
+
+@dataclass(frozen=True)
+class ValidationSet:
+    """Image files to validate on, and the true label of each (None where unknown)."""
+
+    paths: tuple[Path, ...]
+    labels: tuple[str | None, ...]
+    source: str  # the folder (or CSV) the images came from
+    label_source: str  # "csv:<file>", "sub-folders" or "none"
+    unmatched_labels: tuple[str, ...] = ()  # CSV rows naming no image in the set
+
+    @property
+    def labelled(self) -> int:
+        return sum(label is not None for label in self.labels)
+
+
+def read_labels_csv(path: str | os.PathLike[str]) -> list[tuple[str, str, int]]:
+    """Rows of a labels CSV as (path, label, line number).
+
+    The file has a ``path,label`` header (other columns are ignored) or no header and the path
+    and label in the first two columns. InputError names the file and line for anything else.
+    """
+    path = Path(path)
+    if not path.is_file():
+        what = "is a directory" if path.is_dir() else "not found"
+        raise InputError(f"labels file {path} {what}; expected a CSV file with a header 'path,label' and one row per "
+                         f"image (path relative to the CSV's folder or the images folder), or leave --labels out to "
+                         f"take labels from sub-folder names")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"labels file {path}: cannot read it as UTF-8 text ({exc})") from exc
+    rows = list(csv.reader(text.splitlines()))
+    numbered = [(i + 1, [c.strip() for c in row]) for i, row in enumerate(rows) if any(c.strip() for c in row)]
+    if not numbered:
+        raise InputError(f"labels file {path} is empty; expected a header 'path,label' and one row per image")
+    path_col, label_col = 0, 1
+    header = [c.lower() for c in numbered[0][1]]
+    if "path" in header and "label" in header:
+        path_col, label_col = header.index("path"), header.index("label")
+        numbered = numbered[1:]
+    elif any(c in header for c in _LABEL_HEADER):
+        raise InputError(f"labels file {path} line {numbered[0][0]}: header {numbered[0][1]} must name both a 'path' "
+                         f"and a 'label' column")
+    out = []
+    for line, row in numbered:
+        if len(row) <= max(path_col, label_col) or not row[path_col] or not row[label_col]:
+            raise InputError(f"labels file {path} line {line}: expected a path and a label, got {row}")
+        out.append((row[path_col], row[label_col], line))
+    return out
+
+
+def _key(path: Path) -> str:
+    return os.path.normcase(str(path.resolve()))
+
+
+def load_validation_set(images: str | os.PathLike[str] | None = None,
+                        labels_file: str | os.PathLike[str] | None = None) -> ValidationSet:
+    """Which images to validate on and their labels.
+
+    * nothing given: the shipped demo images with their labels.csv;
+    * ``labels_file`` only: the images the CSV lists (paths relative to the CSV's folder);
+    * ``images`` (a folder, or one file): every image in it (walked recursively); labels from
+      ``labels_file`` (paths relative to the CSV's folder or to ``images``), else from a
+      ``labels.csv`` in the folder, else from each image's first-level sub-folder name
+      (``images/cat/1.jpg`` is a "cat"; images directly in the folder are unlabelled).
+
+    InputError for a folder with no images, a missing or malformed labels file.
+    """
+    from .paths import DEMO_IMAGES_DIR, DEMO_LABELS_CSV
+    from .runtime.images import iter_image_paths
+
+    if images is None and labels_file is None:
+        if not DEMO_IMAGES_DIR.is_dir():
+            raise InputError(f"the demo images are missing ({DEMO_IMAGES_DIR}); reinstall vitdeploy or pass --images DIR")
+        images = DEMO_IMAGES_DIR
+        labels_file = DEMO_LABELS_CSV if DEMO_LABELS_CSV.is_file() else None
+
+    if images is None:  # the CSV alone says which images
+        csv_path = Path(labels_file)  # type: ignore[arg-type]
+        rows = read_labels_csv(csv_path)
+        paths = tuple(_resolve_row(p, [csv_path.parent]) for p, _, _ in rows)
+        return ValidationSet(paths, tuple(label for _, label, _ in rows), str(csv_path), f"csv:{csv_path}")
+
+    root = Path(images)
+    if not root.exists():
+        raise InputError(f"--images {root}: no such file or directory")
+    paths = tuple(iter_image_paths([root]))
+    if labels_file is None and root.is_dir() and (root / "labels.csv").is_file():
+        labels_file = root / "labels.csv"
+
+    if labels_file is not None:
+        csv_path = Path(labels_file)
+        rows = read_labels_csv(csv_path)
+        index = {_key(p): i for i, p in enumerate(paths)}
+        bases = [csv_path.parent] + ([root] if root.is_dir() else [])
+        labels: list[str | None] = [None] * len(paths)
+        unmatched = []
+        for rel, label, line in rows:
+            hit = next((index[k] for k in (_key(_resolve_row(rel, [b])) for b in bases) if k in index), None)
+            if hit is None:
+                unmatched.append(rel)
+                continue
+            labels[hit] = label
+        if unmatched:
+            log.warning("%s: %d row(s) name no image under %s (first: %s)", csv_path, len(unmatched), root, unmatched[0])
+        if rows and len(unmatched) == len(rows):
+            raise InputError(f"labels file {csv_path}: none of its {len(rows)} paths (e.g. {rows[0][0]!r}) is an image "
+                             f"under {root}; paths must be relative to the CSV's folder or to the images folder")
+        return ValidationSet(paths, tuple(labels), str(root), f"csv:{csv_path}", tuple(unmatched))
+
+    if root.is_dir():
+        labels = [_subfolder_label(p, root) for p in paths]
+        if any(label is not None for label in labels):
+            return ValidationSet(paths, tuple(labels), str(root), "sub-folders")
+    return ValidationSet(paths, (None,) * len(paths), str(root), "none")
+
+
+def _resolve_row(rel: str, bases: Sequence[Path]) -> Path:
+    candidate = Path(rel).expanduser()
+    if candidate.is_absolute():
+        return candidate
+    for base in bases:
+        if (base / candidate).exists():
+            return base / candidate
+    return bases[0] / candidate
+
+
+def _subfolder_label(path: Path, root: Path) -> str | None:
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        return None
+    return parts[0] if len(parts) > 1 else None
+
+
+def label_indices(labels: Sequence[str | None], classes: Sequence[str]) -> tuple[list[int | None], list[str]]:
+    """True labels -> class indices of the model (None where unknown) and the labels that are no
+    class of the model. A label matches a class name exactly, or else is a class index ("3")."""
+    lookup = {name: i for i, name in enumerate(classes)}
+    out: list[int | None] = []
+    unknown: list[str] = []
+    for label in labels:
+        if label is None:
+            out.append(None)
+        elif label in lookup:
+            out.append(lookup[label])
+        elif label.strip().isdigit() and int(label) < len(classes):
+            out.append(int(label))
+        else:
+            out.append(None)
+            unknown.append(label)
+    return out, unknown
+
+
+# ------------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass
+class BackendDrift:
+    """One backend's row: status "reference" | "passed" | "failed" | "error" | "unavailable"."""
+
+    name: str
+    status: str
+    precision: str = "fp32"
+    threshold_set: str | None = None  # "fp32" | "fp16" | None (reference, not run)
+    device: str = ""
+    describe: str = ""
+    reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    thresholds: dict[str, float] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    flipped: list[dict[str, Any]] = field(default_factory=list)
+    accuracy: float | None = None
+    seconds: float = 0.0
+
+    @property
+    def ran(self) -> bool:
+        return self.status in ("reference", "passed", "failed")
+
+    @property
+    def ok(self) -> bool:
+        return self.status not in ("failed", "error")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class DriftReport:
+    artifacts: str
+    model: str
+    images: dict[str, Any]
+    reference: dict[str, Any]
+    thresholds: dict[str, dict[str, float]]
+    backends: list[BackendDrift]
+    requested: list[str] | None = None  # backend names the caller asked for (None: all)
+    versions: dict[str, str] = field(default_factory=dict)
+    created: str = ""
+    report_path: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(b.ok for b in self.backends)
+
+    @property
+    def failed(self) -> list[BackendDrift]:
+        return [b for b in self.backends if not b.ok]
+
+    @property
+    def unavailable(self) -> list[BackendDrift]:
+        return [b for b in self.backends if b.status == "unavailable"]
+
+    @property
+    def missing_requested(self) -> list[BackendDrift]:
+        """Backends the caller named explicitly that cannot run here."""
+        return [b for b in self.unavailable if self.requested is not None and b.name in self.requested]
+
+    def backend(self, name: str) -> BackendDrift:
+        for b in self.backends:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Strict JSON: non-finite metrics (NaN/inf logits) become the strings "nan" / "inf"."""
+        return _json_safe({"format": REPORT_FORMAT, "version": 1, "created": self.created, "passed": self.passed,
+                           "artifacts": self.artifacts, "model": self.model, "images": self.images,
+                           "reference": self.reference, "thresholds": self.thresholds, "requested": self.requested,
+                           "backends": [b.to_dict() for b in self.backends], "versions": self.versions})
+
+    def raise_for_failures(self) -> None:
+        """ValidationError (exit 3) when a backend failed its thresholds or could not run although
+        it should; MissingDependencyError (exit 4) when a backend named explicitly cannot run here."""
+        if self.failed:
+            parts = [f"{b.name}: {'; '.join(b.failures) if b.failures else b.reason}" for b in self.failed]
+            where = f"; report: {self.report_path}" if self.report_path else ""
+            raise ValidationError(f"drift check failed for {len(self.failed)} backend(s): {' | '.join(parts)}{where}")
+        missing = self.missing_requested
+        if missing:
+            raise MissingDependencyError("requested backend(s) cannot run here: "
+                                         + "; ".join(f"{b.name} ({b.reason})" for b in missing))
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def judge_backend(name: str, logits: np.ndarray, reference: np.ndarray, tolerance: Mapping[str, float], *,
+                  names: Sequence[str], true_index: Sequence[int | None], classes: Sequence[str],
+                  precision: str = "fp32", threshold_set: str | None = None) -> BackendDrift:
+    """Compare ``logits`` with the ``reference`` (both (N, K)) and build the backend's row.
+
+    ``names[i]`` is the path of row i (listed when its top-1 flips); ``true_index[i]`` its true
+    class or None. Pure numpy: the unit tests drive it with synthetic logits.
+    """
+    from .export.compare import compare
+
+    cmp = compare(reference, logits, tolerance)
+    ref_top, cand_top = np.asarray(reference).argmax(axis=1), np.asarray(logits).argmax(axis=1)
+
+    def label(i: int) -> str:
+        return classes[i] if 0 <= i < len(classes) else str(i)
+
+    flipped = [{"path": str(names[i]), "reference": label(int(ref_top[i])), "candidate": label(int(cand_top[i])),
+                "label": label(true_index[i]) if true_index[i] is not None else None} for i in cmp.flipped]
+    return BackendDrift(name=name, status="passed" if cmp.passed else "failed", precision=precision,
+                        threshold_set=threshold_set or precision, metrics=dict(cmp.metrics),
+                        thresholds=dict(cmp.thresholds), failures=list(cmp.failures), flipped=flipped,
+                        accuracy=accuracy(logits, true_index))
+
+
+def accuracy(logits: np.ndarray, true_index: Sequence[int | None]) -> float | None:
+    """Top-1 accuracy over the rows whose true class is known; None when none is."""
+    known = [(i, t) for i, t in enumerate(true_index) if t is not None]
+    if not known:
+        return None
+    top = np.asarray(logits).argmax(axis=1)
+    return float(np.mean([top[i] == t for i, t in known]))
+
+
+# ------------------------------------------------------------------------------------------------
+# the run
+
+
+def default_thresholds() -> dict[str, dict[str, float]]:
+    from .config import ValidationSection
+
+    section = ValidationSection()
+    return {"fp32": section.fp32.model_dump(), "fp16": section.fp16.model_dump()}
+
+
+def _as_dict(tolerance: Any) -> dict[str, float]:
+    data = tolerance.model_dump() if hasattr(tolerance, "model_dump") else dict(tolerance)
+    return {str(k): float(v) for k, v in data.items()}
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of the libraries that decide the numbers (missing ones say so)."""
+    from . import __version__
+
+    out = {"vitdeploy": __version__}
+    for module, key in (("numpy", "numpy"), ("PIL", "pillow"), ("torch", "torch"), ("onnxruntime", "onnxruntime"),
+                        ("onnx", "onnx"), ("tensorrt", "tensorrt")):
+        ok, detail = available(module)
+        out[key] = detail if ok else "missing"
+    return out
+
+
+def run_drift(artifacts_dir: str | os.PathLike[str] | Any, *, images: str | os.PathLike[str] | None = None,
+              labels_file: str | os.PathLike[str] | None = None, backends: str | Sequence[str] | None = None,
+              thresholds: Mapping[str, Any] | None = None, options: Any = None,
+              max_pixels: int | None = None, write_report: bool = True,
+              report_path: str | os.PathLike[str] | None = None) -> DriftReport:
+    """Run every backend that can run here (or those in ``backends``) over the validation set and
+    judge each against eager FP32 PyTorch on the CPU. Never raises for drift: inspect
+    ``report.passed`` or call ``report.raise_for_failures()``.
+
+    ``thresholds``: {"fp32": Tolerance or dict, "fp16": ...} (default: the config defaults).
+    ``options``: BackendOptions for the backends (device, providers, threads). The report is
+    written atomically to ``artifacts_dir/drift-report.json`` (or ``report_path``) unless
+    ``write_report`` is False. Raises InputError when no image can be read, ArtifactError for a
+    tampered artifact, MissingDependencyError when torch (the reference) is missing.
+    """
+    from .runtime.artifacts import Artifacts
+    from .runtime.backends import BackendOptions
+    from .runtime.images import MAX_IMAGE_PIXELS
+    from .runtime.preprocess import Preprocessor
+
+    options = options or BackendOptions()
+    requested = parse_backend_names(backends)
+    specs = backend_specs(requested, options)
+    limits = default_thresholds()
+    for key, value in (thresholds or {}).items():
+        if key not in limits:
+            raise ConfigError(f"thresholds: unknown set {key!r}; expected 'fp32' and/or 'fp16'")
+        limits[key] = _as_dict(value)
+    artifacts = Artifacts.open(artifacts_dir)
+
+    # 1. the images, preprocessed once
+    vset = load_validation_set(images, labels_file)
+    pre = Preprocessor(artifacts.preprocess, max_pixels=MAX_IMAGE_PIXELS if max_pixels is None else max_pixels)
+    started = time.perf_counter()
+    batch, good, errors = pre.batch_tolerant(list(vset.paths))
+    if not good:
+        first = next(iter(errors.values()), "no images")
+        raise InputError(f"no readable image among the {len(vset.paths)} in {vset.source} (first error: {first})")
+    names = [str(vset.paths[i]) for i in good]
+    true_index, unknown = label_indices([vset.labels[i] for i in good], artifacts.labels)
+    if unknown and all(t is None for t in true_index):
+        raise InputError(f"none of the true labels ({vset.label_source}) is a class of the model, e.g. {unknown[0]!r}; "
+                         f"the model's classes are {artifacts.labels[:10]}{' ...' if len(artifacts.labels) > 10 else ''}")
+    if unknown:
+        log.warning("%d image(s) have labels that are no class of the model (e.g. %r); left out of accuracy",
+                    len(unknown), unknown[0])
+    log.info("validation set: %d image(s) from %s preprocessed in %.2fs (%d unreadable)", len(good), vset.source,
+             time.perf_counter() - started, len(errors))
+
+    # 2. the reference
+    ref_spec = BackendSpec("torch", "torch", reference_options(options), "fp32")
+    reason = spec_unavailable_reason(ref_spec, artifacts)
+    if reason:
+        raise MissingDependencyError(f"validate needs eager PyTorch on the CPU as its reference, which cannot run "
+                                     f"here: {reason} (pip install torch==2.13.0 safetensors)")
+    ref_backend = open_spec(ref_spec, artifacts)
+    try:
+        t0 = time.perf_counter()
+        reference = ref_backend.run(batch)
+        ref_seconds = time.perf_counter() - t0
+        ref_describe = ref_backend.describe()
+    finally:
+        ref_backend.close()
+    ref_accuracy = accuracy(reference, true_index)
+
+    # 3. every backend, on the same batch
+    rows: list[BackendDrift] = []
+    for spec in specs:
+        rows.append(_run_spec(spec, artifacts, batch, reference, limits, names, true_index, ref_describe,
+                              ref_accuracy, ref_seconds))
+
+    report = DriftReport(
+        artifacts=str(artifacts.directory), model=artifacts.name,
+        images={"source": vset.source, "count": len(vset.paths), "evaluated": len(good),
+                "labelled": sum(t is not None for t in true_index), "label_source": vset.label_source,
+                "unknown_labels": sorted(set(unknown)), "unmatched_label_rows": list(vset.unmatched_labels),
+                "unreadable": [{"path": str(vset.paths[i]), "error": msg} for i, msg in sorted(errors.items())]},
+        reference={"backend": "torch", "device": "cpu", "precision": "fp32", "describe": ref_describe,
+                   "accuracy": ref_accuracy, "seconds": round(ref_seconds, 4)},
+        thresholds=limits, backends=rows, requested=list(requested) if requested else None,
+        versions=library_versions(), created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    if write_report:
+        target = Path(report_path) if report_path else artifacts.directory / REPORT_NAME
+        try:
+            write_json_atomic(target, report.to_dict())
+            report.report_path = str(target)
+        except OSError as exc:
+            log.warning("could not write the drift report to %s: %s", target, exc)
+    return report
+
+
+def _run_spec(spec: BackendSpec, artifacts: Any, batch: np.ndarray, reference: np.ndarray,
+              limits: Mapping[str, Mapping[str, float]], names: Sequence[str], true_index: Sequence[int | None],
+              ref_describe: str, ref_accuracy: float | None, ref_seconds: float) -> BackendDrift:
+    device = spec.options.device if spec.uses_cuda or spec.registry == "torch" else ", ".join(spec.options.providers)
+    if spec.is_reference:
+        metrics, _ = _self_metrics(reference)
+        return BackendDrift(name=spec.name, status="reference", precision="fp32", device="cpu", describe=ref_describe,
+                            reason="eager FP32 PyTorch on the CPU: the reference", metrics=metrics,
+                            accuracy=ref_accuracy, seconds=round(ref_seconds, 4))
+    reason = spec_unavailable_reason(spec, artifacts)
+    if reason:
+        log.info("%s: unavailable (%s)", spec.name, reason)
+        return BackendDrift(name=spec.name, status="unavailable", precision=spec.precision,
+                            threshold_set=spec.precision, device=device, reason=reason,
+                            thresholds=dict(limits[spec.precision]))
+    from .runtime.backends import open_backend
+
+    verify_spec_files(spec, artifacts)  # tampered files raise ArtifactError here, before any fallback
+    try:
+        backend = open_backend(spec.registry, artifacts, spec.options)
+    except (BackendError, MissingDependencyError, ArtifactError) as exc:  # e.g. an engine built for another GPU
+        return _error_row(spec, device, limits, f"cannot open: {first_line(exc)}")
+    try:
+        t0 = time.perf_counter()
+        logits = backend.run(batch)
+        seconds = time.perf_counter() - t0
+        describe = backend.describe()
+    except (BackendError, InputError) as exc:
+        return _error_row(spec, device, limits, f"failed to run: {first_line(exc)}")
+    finally:
+        backend.close()
+    if np.shape(logits) != np.shape(reference):
+        return _error_row(spec, device, limits, f"returned logits of shape {np.shape(logits)}, the reference "
+                                                f"{np.shape(reference)}; re-run `vitdeploy export`")
+    row = judge_backend(spec.name, logits, reference, limits[spec.precision], names=names, true_index=true_index,
+                        classes=artifacts.labels, precision=spec.precision)
+    row.device, row.describe, row.seconds = device, describe, round(seconds, 4)
+    log.info("%s: %s (%s)", spec.name, row.status, "; ".join(row.failures) or "within thresholds")
+    return row
+
+
+def _error_row(spec: BackendSpec, device: str, limits: Mapping[str, Mapping[str, float]], reason: str) -> BackendDrift:
+    log.warning("%s: %s", spec.name, reason)
+    return BackendDrift(name=spec.name, status="error", precision=spec.precision, threshold_set=spec.precision,
+                        device=device, reason=reason, thresholds=dict(limits[spec.precision]))
+
+
+def _self_metrics(reference: np.ndarray) -> tuple[dict[str, float], tuple[int, ...]]:
+    from .export.compare import logit_metrics
+
+    return logit_metrics(reference, reference)
+
+
+# ------------------------------------------------------------------------------------------------
+# the table
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    return f"{value:.3g}" if abs(value) >= 1e-3 else f"{value:.2e}"
+
+
+def _cos(value: float | None) -> str:
+    return "-" if value is None else f"{value:.8f}"
+
+
+def format_drift_table(report: DriftReport) -> list[str]:
+    """The human-readable report: the set, the reference, one row per backend, then details."""
+    img = report.images
+    labels = {"none": "no labels", "sub-folders": "labels from sub-folder names"}.get(
+        img["label_source"], f"labels from {img['label_source'].removeprefix('csv:')}")
+    lines = [f"validation set: {img['evaluated']} image(s) from {img['source']} ({labels}, {img['labelled']} labelled, "
+             f"{len(img['unreadable'])} unreadable)",
+             f"reference: eager PyTorch fp32 on cpu ({report.reference['describe']}), accuracy "
+             f"{_pct(report.reference['accuracy'])}", ""]
+    head = (f"{'backend':<11} {'prec':<5} {'max|diff|':>9} {'mean|diff|':>10} {'cosine':>10} {'top1':>7} {'top5':>7} "
+            f"{'flipped':>7} {'accuracy':>8}  result")
+    lines += [head, "-" * len(head)]
+    for b in report.backends:
+        if not b.ran:
+            lines.append(f"{b.name:<11} {b.precision:<5} {b.status.upper() if b.status == 'error' else b.status}: "
+                         f"{b.reason}")
+            continue
+        m = b.metrics
+        result = "reference" if b.status == "reference" else ("PASS" if b.status == "passed" else "FAIL")
+        if b.threshold_set and b.status != "reference":
+            result += f" ({b.threshold_set} thresholds)"
+        lines.append(f"{b.name:<11} {b.precision:<5} {_num(m.get('max_abs_diff')):>9} {_num(m.get('mean_abs_diff')):>10} "
+                     f"{_cos(m.get('cosine')):>10} {_pct(m.get('top1_agreement')):>7} {_pct(m.get('top5_overlap')):>7} "
+                     f"{len(b.flipped):>7} {_pct(b.accuracy):>8}  {result}")
+    details = []
+    for b in report.backends:
+        for failure in b.failures:
+            details.append(f"  {b.name} FAIL {failure}")
+        for flip in b.flipped:
+            truth = f", true {flip['label']}" if flip["label"] is not None else ""
+            details.append(f"  {b.name} top-1 flipped: {flip['path']} ({flip['reference']} -> {flip['candidate']}{truth})")
+    for bad in img["unreadable"]:
+        details.append(f"  unreadable: {bad['error']}")
+    if img.get("unknown_labels"):
+        details.append(f"  labels that are no class of the model (left out of accuracy): {img['unknown_labels'][:10]}")
+    if details:
+        lines += [""] + details
+    lines.append("")
+    ran = [b for b in report.backends if b.ran]
+    verdict = "PASSED" if report.passed else f"FAILED ({', '.join(b.name for b in report.failed)})"
+    lines.append(f"{verdict}: {len(ran)} backend(s) ran, {len(report.unavailable)} unavailable here"
+                 + (f"; report: {report.report_path}" if report.report_path else ""))
+    return lines
+
+
+__all__ = ["DRIFT_BACKENDS", "REPORT_NAME", "BackendDrift", "BackendSpec", "DriftReport", "ValidationSet",
+           "accuracy", "backend_specs", "default_thresholds", "format_drift_table", "judge_backend",
+           "label_indices", "library_versions", "load_validation_set", "open_spec", "parse_backend_names",
+           "read_labels_csv", "reference_options", "run_drift", "spec_unavailable_reason", "verify_spec_files"]
