@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/vitdeploy predict vitdeploy/demo/images -a artifacts
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run_all.py

@@ -96,7 +96,7 @@ def config_check(config_path: Path | None) -> None:
 def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
     """Export the configured checkpoint: ONNX, FP16 ONNX, TensorRT engine, validation, manifest."""
     from .config import load_config
-    from .export.pipeline import FILES, run_export
+    from .export.pipeline import run_export
 
     cfg = load_config(config_path)
 

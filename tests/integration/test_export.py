@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 import yaml

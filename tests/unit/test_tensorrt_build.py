@@ -332,7 +332,9 @@ def test_engine_write_failure_leaves_no_engine_or_temp_file(onnx_file, monkeypat
     def refuse(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(trt_export.os, "replace", refuse)
+    import vitdeploy._files as files
+
+    monkeypatch.setattr(files.os, "replace", refuse)
     with pytest.raises(ExportError, match="cannot write .*model.engine.*No space left"):
         build(make_plan(onnx_file), FakeTrt())
     assert sorted(p.name for p in onnx_file.parent.iterdir()) == [onnx_file.name]

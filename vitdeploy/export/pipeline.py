@@ -141,7 +141,7 @@ def run_export(
         try:
             outputs = fn()
         except BaseException as exc:
-            rec = record(StageRecord(name, "failed", time.perf_counter() - start, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
+            record(StageRecord(name, "failed", time.perf_counter() - start, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
             _write_report(out_dir, stages, validation)
             raise
         record(StageRecord(name, "passed", time.perf_counter() - start, outputs=outputs))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -93,13 +94,17 @@ def convert_fp16(
         log.info("keeping %d hot nodes in float32 (|activation| > %g): %s", len(hot), max_abs_activation, ", ".join(hot[:10]))
     model = onnx.load(str(onnx_path))
     try:
-        converted = float16.convert_float_to_float16(
-            model,
-            keep_io_types=True,
-            op_block_list=list(keep_fp32_ops),
-            node_block_list=hot,
-            max_finite_val=65504.0,
-        )
+        with warnings.catch_warnings(record=True) as clamped:  # one warning per tiny weight clamped to FP16
+            warnings.simplefilter("always", UserWarning)
+            converted = float16.convert_float_to_float16(
+                model,
+                keep_io_types=True,
+                op_block_list=list(keep_fp32_ops),
+                node_block_list=hot,
+                max_finite_val=65504.0,
+            )
+        if clamped:
+            log.info("FP16 conversion clamped %d float32 constants to FP16's range", len(clamped))
     except Exception as exc:  # noqa: BLE001
         raise ExportError(f"FP16 conversion of {onnx_path.name} failed: {type(exc).__name__}: {exc}") from exc
     with atomic_path(out_path) as tmp:

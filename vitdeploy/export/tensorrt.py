@@ -13,20 +13,19 @@ build logic can be tested with a stand-in module where TensorRT cannot be instal
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib
 import importlib.util
 import json
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from .._files import atomic_path
 from .._deps import require
 from ..errors import ConfigError, ExportError
+from ..runtime.artifacts import sha256_file
 from ..runtime.backends.trt import EngineMetadata, make_trt_logger, recent_errors
 from ..runtime.cuda import GpuIdentity, cuda_status, gpu_identity
 
@@ -150,32 +149,12 @@ def _network_flags(trt: Any, major: int, strongly_typed: bool) -> int:
 
 
 def _atomic_write(path: Path, data: Any) -> None:
-    """Write bytes (or any buffer) to ``path`` via a temp file in the same folder + os.replace."""
+    """Write bytes (or any buffer, e.g. TensorRT's IHostMemory) to ``path`` atomically."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+            handle.write(data)
     except OSError as exc:
         raise ExportError(f"cannot write {path}: {exc}") from exc
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise ExportError(f"cannot write {path}: {exc}") from exc
-        raise
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _attach_timing_cache(config: Any, path: Path | None) -> None:
@@ -279,7 +258,7 @@ def build_engine(plan: EngineBuildPlan, trt: Any = None, logger: Any = None, *,
     meta = EngineMetadata(
         tensorrt_version=version, gpu_name=gpu.name, compute_capability=gpu.compute_capability,
         profile={"min": plan.min_batch, "opt": plan.opt_batch, "max": plan.max_batch}, input=plan.input_name,
-        chw=plan.chw, precision=precision_text, onnx_sha256=_sha256(plan.onnx_path), workspace_mb=plan.workspace_mb,
+        chw=plan.chw, precision=precision_text, onnx_sha256=sha256_file(plan.onnx_path), workspace_mb=plan.workspace_mb,
         optimization_level=plan.optimization_level, built=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     _atomic_write(plan.meta_path, (json.dumps(meta.to_dict(), indent=2) + "\n").encode("utf-8"))

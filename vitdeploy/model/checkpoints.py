@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .._deps import require
+from .._files import atomic_path
 from ..errors import CheckpointError
 from ..runtime.preprocess_spec import PreprocessSpec
 from . import convert_hf, convert_timm, convert_torchvision
@@ -32,7 +32,6 @@ from .formats import (check_variant, read_json, read_state_dict, safetensors_key
                       to_float32, variant_template)
 
 if TYPE_CHECKING:  # pragma: no cover
-    import torch
 
     from .vit import ViTConfig, VisionTransformer
 
@@ -367,12 +366,8 @@ def save_checkpoint(directory: str | os.PathLike, model: "VisionTransformer", la
 
 
 def _atomic(target: Path, write) -> None:
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        write(tmp)
-        os.replace(tmp, target)
+        with atomic_path(target) as tmp:
+            write(tmp)
     except OSError as exc:
         raise CheckpointError(f"{target}: cannot write ({exc})") from exc
-    finally:
-        if tmp.exists():
-            tmp.unlink()
