@@ -1,0 +1,86 @@
+"""pipeline.yaml: defaults, typed parsing, and one clear line + exit 2 for every mistake."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from vitdeploy.cli import main
+from vitdeploy.config import load_config, parse_config
+from vitdeploy.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def check(tmp_path: Path, text: str):
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(text)
+    return CliRunner().invoke(main, ["config", "check", "-c", str(path)], catch_exceptions=False)
+
+
+def test_empty_file_is_a_complete_pipeline_on_the_demo_model(tmp_path: Path):
+    (tmp_path / "p.yaml").write_text("")
+    cfg = load_config(tmp_path / "p.yaml")
+    assert cfg.model.checkpoint is None
+    assert (cfg.export.batch.min, cfg.export.batch.opt, cfg.export.batch.max) == (1, 8, 32)
+    assert cfg.output_dir == tmp_path / "artifacts"  # relative to the YAML's folder, not the cwd
+
+
+def test_only_a_checkpoint_is_a_complete_pipeline_and_paths_resolve_against_the_yaml(tmp_path: Path):
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "p.yaml").write_text("model: {checkpoint: ckpt}\n")
+    cfg = load_config(tmp_path / "p.yaml")
+    assert cfg.resolve(cfg.model.checkpoint) == tmp_path / "ckpt"
+
+
+def test_shipped_pipeline_yaml_is_valid():
+    cfg = load_config(REPO / "pipeline.yaml")
+    assert cfg.runtime.backend == "auto" and cfg.export.opset >= 17
+
+
+def test_config_objects_are_frozen():
+    cfg = parse_config({})
+    with pytest.raises(Exception):
+        cfg.export.batch.max = 64  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("model: {chekpoint: x}\n", ["unknown key 'model.chekpoint'", "checkpoint"]),
+        ("exporter: {}\n", ["unknown key 'exporter'", "export"]),
+        ("runtime: {threads: two}\n", ["'runtime.threads' = 'two'", "integer"]),
+        ("export: {batch: {min: 8, opt: 4, max: 2}}\n", ["'export.batch'", "min <= opt <= max"]),
+        ("validation: {fp16: {max_abs_diff: -1, mean_abs_diff: 0, min_cosine: 1, min_top1_agreement: 1, min_top5_overlap: 1}}\n",
+         ["'validation.fp16.max_abs_diff' = -1"]),
+        ("model: {checkpoint: missing/vit.safetensors}\n", ["'model.checkpoint' = 'missing/vit.safetensors'", "no such file"]),
+        ("runtime: {device: gpu0}\n", ["'runtime.device' = 'gpu0'"]),
+        ("model: [1, 2\n", ["invalid YAML", "line"]),
+        ("- just\n- a list\n", ["top level must be a mapping"]),
+    ],
+)
+def test_bad_config_is_one_clear_line_and_exit_2(tmp_path: Path, text: str, expected: list[str]):
+    res = check(tmp_path, text)
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "pipeline.yaml" in lines[0]
+    for fragment in expected:
+        assert fragment in lines[0]
+    assert "Traceback" not in res.output
+
+
+def test_missing_config_file_is_exit_2(tmp_path: Path):
+    res = CliRunner().invoke(main, ["config", "check", "-c", str(tmp_path / "nope.yaml")])
+    assert res.exit_code == 2 and "config file not found" in res.stderr
+
+
+def test_good_config_check_prints_the_effective_configuration(tmp_path: Path):
+    res = check(tmp_path, "runtime: {top_k: 3}\n")
+    assert res.exit_code == 0 and '"top_k": 3' in res.stdout
+
+
+def test_parse_config_rejects_unknown_keys_in_python_too():
+    with pytest.raises(ConfigError, match="unknown key 'tensorrt.workspace'"):
+        parse_config({"tensorrt": {"workspace": 1}})
