@@ -64,7 +64,7 @@ class ExportSection(_Section):
     opset: int = Field(18, ge=17, le=23)
     batch: BatchProfile = BatchProfile()
     fp16: Fp16Section = Fp16Section()
-    external_data_threshold_mb: int = Field(1536, ge=1, description="write weights as external data above this size (protobuf limit: 2 GB)")
+    external_data_threshold_mb: int = Field(1536, ge=0, description="write weights as external data above this size (protobuf limit: 2 GB; 0 = always)")
     optimize: bool = Field(True, description="save ONNX Runtime's transformer-fused graph when the drift checks pass")
 
 

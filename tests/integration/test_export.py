@@ -185,3 +185,24 @@ def test_stage_killed_midway_leaves_no_half_written_artifact(tmp_path: Path, mon
     assert "model.onnx" in names  # the stage that completed is kept
     assert "model.fp16.onnx" not in names and "manifest.json" not in names
     assert not [n for n in names if n.startswith(".")], names  # no temp files left behind
+
+
+def test_large_model_path_writes_external_data_that_is_hashed_validated_and_guarded(tmp_path: Path, export_config):
+    """ViT-H exceeds protobuf's 2 GB: its weights go beside the graph. Forced here on the demo."""
+    from vitdeploy.errors import ArtifactError
+    from vitdeploy.export.pipeline import run_export
+    from vitdeploy.runtime.artifacts import Artifacts
+
+    cfg = export_config({"export": {"external_data_threshold_mb": 0, "batch": {"max": 4, "opt": 2}},
+                         "validation": {"noise_samples": 2}})
+    result = run_export(cfg, tmp_path, engine="skip")
+    manifest = json.loads(result.manifest_path.read_text())
+    (ext,) = manifest["artifacts"]["onnx"]["external_data"]
+    assert ext["path"] == "model.onnx.data" and sha256_file(tmp_path / ext["path"]) == ext["sha256"]
+    assert (tmp_path / "model.onnx").stat().st_size < ext["bytes"]  # the graph holds no weights
+    assert manifest["validation"]["validate-onnx"]["passed"] and manifest["validation"]["validate-fp16"]["passed"]
+    data = bytearray((tmp_path / "model.onnx.data").read_bytes())
+    data[-1] ^= 0x01
+    (tmp_path / "model.onnx.data").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match="model.onnx.data"):
+        Artifacts.open(tmp_path).path("onnx")
