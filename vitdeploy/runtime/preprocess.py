@@ -45,7 +45,6 @@ import math
 from collections.abc import Iterable
 
 import numpy as np
-import PIL
 from PIL import Image
 
 from ..errors import InputError
@@ -147,12 +146,6 @@ class Preprocessor:
         top = int(round((new_h - th) / 2.0))
         left = int(round((new_w - tw) / 2.0))
         if new_w * new_h <= MAX_INTERMEDIATE_PIXELS:
-            if (
-                (new_w, new_h) != img.size
-                and self._resample in _SUPPORT
-                and _pillow_resizes_horizontally_first(img.size, (new_w, new_h))
-            ):
-                return _resize_crop_exact(img, new_w, new_h, left, top, tw, th, self._resample)
             if (new_w, new_h) != img.size:
                 img = img.resize((new_w, new_h), self._resample)
             if (new_w, new_h) != (tw, th):
@@ -193,97 +186,6 @@ def timm_resize_size(
         new_w, new_h = round(w / ratio), round(h / ratio)
     # Never smaller than the crop (float rounding; torchvision would pad with zeros here).
     return max(new_w, tw), max(new_h, th)
-
-
-#: Half-width of Pillow's convolution filters in source pixels at scale 1 (Pillow widens it by
-#: the shrink factor when downscaling); "nearest" is not a convolution and is not listed.
-_SUPPORT = {
-    Image.Resampling.BOX: 0.5,
-    Image.Resampling.BILINEAR: 1.0,
-    Image.Resampling.HAMMING: 1.0,
-    Image.Resampling.BICUBIC: 2.0,
-    Image.Resampling.LANCZOS: 3.0,
-}
-
-
-def _pillow_version() -> tuple[int, int]:
-    try:
-        major, minor = PIL.__version__.split(".")[:2]
-        return int(major), int(minor)
-    except ValueError:  # an unusual version string: treat as unknown
-        return (0, 0)
-
-
-_PILLOW_VERSION = _pillow_version()
-
-
-def _pillow_resizes_horizontally_first(size: tuple[int, int], new_size: tuple[int, int]) -> bool:
-    """True when the installed Pillow's ``Image.resize(new_size)`` of an image of ``size`` runs
-    its horizontal pass first (then the vertical one on that result), False when it does the
-    vertical pass first or when this Pillow's rule is not known here.
-
-    Pillow resamples in two 1-D passes and rounds to 8 bits in between, so the order matters
-    to the last bit. Up to 12.1 the horizontal pass always came first; 12.2 and 12.3 go vertical
-    first for images more than 100 times taller than wide that shrink in height; 13.0 goes
-    vertical first when the height shrinks by more than twice as many pixels as the width.
-    """
-    (w, h), (new_w, new_h) = size, new_size
-    version = _PILLOW_VERSION
-    if (10, 0) <= version < (12, 2):
-        return True
-    if (12, 2) <= version < (13, 0):
-        return not (h > w * 100 and new_h < h)
-    if version[0] == 13 and version[1] == 0:
-        return not (h - new_h > 0 and h - new_h > (w - new_w) * 2)
-    return False  # an unknown Pillow: the caller uses the plain resize
-
-
-def _resize_crop_exact(
-    img: Image.Image, new_w: int, new_h: int, left: int, top: int, tw: int, th: int,
-    resample: Image.Resampling,
-) -> Image.Image:
-    """``img.resize((new_w, new_h), resample).crop((left, top, left + tw, top + th))``, bit for
-    bit, without resampling what the crop throws away.
-
-    Only for a geometry where Pillow runs the horizontal pass first (see
-    :func:`_pillow_resizes_horizontally_first`). That pass maps each source row to a row on its
-    own, and the vertical pass maps each column on its own, with coefficients that depend only
-    on the full sizes (w -> new_w, h -> new_h), never on which rows or columns are present. So:
-
-    1. the horizontal pass runs alone (``resize((new_w, rows))``: the same arithmetic as inside
-       the full resize) over just the source rows that the kept output rows read - Pillow's
-       bounds for output row ``y`` are ``(y + 0.5) * h / new_h -/+ support``; one extra row each
-       side absorbs rounding;
-    2. of its result only the kept columns ``left .. left + tw`` go on, placed at their own rows
-       of a (tw, h) canvas, so the vertical pass sees the full-height geometry (the rows
-       outside the band feed only output rows the crop discards);
-    3. the vertical pass runs alone (``resize((tw, new_h))``), and the kept rows are cropped.
-
-    For a 500 x 375 photo at timm's 224 / 0.9 this resamples 224 instead of 330 columns in the
-    vertical pass, and for a 375 x 500 one ~350 instead of 500 source rows in the horizontal
-    pass.
-    """
-    w, h = img.size
-    if new_h != h:
-        sy = h / new_h
-        support = _SUPPORT[resample] * max(sy, 1.0)
-        r0 = max(0, math.floor((top + 0.5) * sy - support) - 1)
-        r1 = min(h, math.ceil((top + th - 0.5) * sy + support) + 1)
-    else:
-        r0, r1 = top, top + th
-    band = img if (r0, r1) == (0, h) else img.crop((0, r0, w, r1))
-    if new_w != w:
-        band = band.resize((new_w, r1 - r0), resample)
-    if new_w != tw:
-        band = band.crop((left, 0, left + tw, r1 - r0))
-    if new_h == h:
-        return band  # rows top .. top + th already
-    if (r0, r1) == (0, h):
-        canvas = band
-    else:
-        canvas = Image.new(img.mode, (tw, h))
-        canvas.paste(band, (0, r0))
-    return canvas.resize((tw, new_h), resample).crop((0, top, tw, top + th))
 
 
 def _resize_crop_large(
