@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vitdeploy.bench import cpu_model  # noqa: E402
 
 TARGET = 0.05
 BATCH = 8
@@ -49,16 +50,6 @@ DEFAULT_CACHE = Path(os.environ.get("VITDEPLOY_BENCH_CACHE", "/tmp/vitdeploy-ben
 
 # ---------------------------------------------------------------------------------------------
 # environment
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def print_environment(threads: list[int | None]) -> None:

@@ -41,6 +41,7 @@ from PIL import Image, features
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vitdeploy.bench import cpu_model
 from vitdeploy.runtime import preprocess as preprocess_mod
 from vitdeploy.runtime.images import load_image
 from vitdeploy.runtime.preprocess import Preprocessor
@@ -59,16 +60,6 @@ TIMM = PreprocessSpec(style="timm", height=224, width=224, crop_pct=0.9, interpo
 
 # ---------------------------------------------------------------------------------------------
 # environment and data
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def print_environment(cpu: int) -> None:

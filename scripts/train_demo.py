@@ -12,7 +12,8 @@ Every image the model sees goes through the serving path: an 8x8 digit is render
 ``vitdeploy.demo.render_digit`` (dark ink on white paper, 64x64 RGB PIL image), optionally
 augmented as a PIL image (small affine jitter, sometimes a JPEG round trip), then turned into a
 (3, 32, 32) float32 tensor by ``vitdeploy.runtime.preprocess.Preprocessor`` with the model's
-PreprocessSpec (a byte-for-byte copy of its math is used only if that module is missing).
+PreprocessSpec. Weights are written and read back with vitdeploy.model.checkpoints, and the
+card's figures are measured on the saved files.
 
 No network: the data set ships with scikit-learn.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import io
 import json
 import logging
@@ -30,8 +32,9 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,13 +42,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from PIL import Image  # noqa: E402
+import torch
+import torch.nn.functional as F
+from PIL import Image
 
-from vitdeploy.demo import DEMO_DIR, render_digit  # noqa: E402
-from vitdeploy.model.vit import ViTConfig, VisionTransformer  # noqa: E402
-from vitdeploy.runtime.preprocess_spec import PreprocessSpec  # noqa: E402
+from vitdeploy.demo import DEMO_DIR, render_digit
+from vitdeploy.model.vit import VisionTransformer, ViTConfig
+from vitdeploy.runtime.preprocess_spec import PreprocessSpec
 
 log = logging.getLogger("train_demo")
 
@@ -58,38 +61,9 @@ JPEG_QUALITY = 90
 
 # --------------------------------------------------------------------------- preprocessing
 
-_RESAMPLE = {
-    "nearest": Image.Resampling.NEAREST,
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-    "box": Image.Resampling.BOX,
-    "hamming": Image.Resampling.HAMMING,
-}
-
-
-def _fallback_preprocessor(spec: PreprocessSpec) -> Callable[[Any], np.ndarray]:
-    """The hf-style math of vitdeploy.runtime.preprocess, for when that module is not there yet."""
-    if spec.style != "hf":
-        raise SystemExit("the fallback preprocessor only implements style 'hf'")
-    mean = np.asarray(spec.mean, dtype=np.float32)[:, None, None]
-    std = np.asarray(spec.std, dtype=np.float32)[:, None, None]
-
-    def run(source: Any) -> np.ndarray:
-        image = source if isinstance(source, Image.Image) else Image.open(source)
-        image = image.convert("RGB").resize((spec.width, spec.height), resample=_RESAMPLE[spec.interpolation])
-        x = np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / 255.0
-        return ((x - mean) / std).astype(np.float32)
-
-    return run
-
-
 def make_preprocessor(spec: PreprocessSpec) -> tuple[Callable[[Any], np.ndarray], str]:
-    try:
-        from vitdeploy.runtime.preprocess import Preprocessor
-    except ImportError:
-        log.warning("vitdeploy.runtime.preprocess is missing: using the script's copy of its math")
-        return _fallback_preprocessor(spec), "scripts/train_demo.py fallback (same math)"
+    from vitdeploy.runtime.preprocess import Preprocessor
+
     return Preprocessor(spec), "vitdeploy.runtime.preprocess.Preprocessor"
 
 
@@ -169,7 +143,9 @@ def train(args: argparse.Namespace, cfg: ViTConfig, pre: Callable[[Any], np.ndar
     steps_per_epoch = math.ceil(len(tr) / args.batch_size)
     total, warmup = steps_per_epoch * args.epochs, steps_per_epoch * args.warmup_epochs
     step, start = 0, time.perf_counter()
+    fastest = math.inf
     for epoch in range(args.epochs):
+        epoch_start = time.perf_counter()
         model.train()
         perm = tr[order_rng.permutation(len(tr))]
         running = 0.0
@@ -186,12 +162,13 @@ def train(args: argparse.Namespace, cfg: ViTConfig, pre: Callable[[Any], np.ndar
             opt.step()
             running += float(loss.detach()) * len(ids)
             step += 1
+        fastest = min(fastest, time.perf_counter() - epoch_start)
         if (epoch + 1) % args.log_every == 0 or epoch + 1 == args.epochs:
             acc = accuracy(model, x_te, y_te)
             log.info("epoch %3d/%d  loss %.4f  held-out acc %.4f  (%.0fs)", epoch + 1, args.epochs,
                      running / len(tr), acc, time.perf_counter() - start)
     seconds = time.perf_counter() - start
-    stats = {"train_seconds": seconds, "load": os.getloadavg()[0], "heldout_acc": accuracy(model, x_te, y_te),
+    stats = {"train_seconds": seconds, "load": os.getloadavg()[0], "fastest_epoch": fastest, "heldout_acc": accuracy(model, x_te, y_te),
              "n_train": len(tr), "n_heldout": len(te)}
     return model, stats
 
@@ -222,43 +199,23 @@ def _atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def save_model(model: VisionTransformer, out: Path) -> str:
-    """Write model.safetensors + model.json with the project's own writer when it exists."""
-    try:
-        from vitdeploy.model.checkpoints import save_checkpoint
-    except ImportError:
-        save_checkpoint = None
-    if save_checkpoint is not None:
-        save_checkpoint(out, model, labels=LABELS, preprocess=SPEC, name=NAME)
-        for written in ("model.safetensors", "model.json"):
-            os.chmod(out / written, _umask_mode())
-        return "vitdeploy.model.checkpoints.save_checkpoint"
-    from safetensors.torch import save
+    """model.safetensors + model.json through the project's own writer (atomic)."""
+    from vitdeploy.model.checkpoints import save_checkpoint
 
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    _atomic_write_bytes(out / "model.safetensors", save(state, metadata={"format": "pt"}))
-    meta = {"format": "vitdeploy", "version": 1, "name": NAME, "vit": model.cfg.to_dict(),
-            "labels": LABELS, "preprocess": SPEC.to_dict()}
-    _atomic_write_bytes(out / "model.json", (json.dumps(meta, indent=2) + "\n").encode())
-    return "safetensors + model.json written by scripts/train_demo.py"
+    save_checkpoint(out, model, labels=LABELS, preprocess=SPEC, name=NAME)
+    for written in ("model.safetensors", "model.json"):  # safetensors creates files 0o600
+        os.chmod(out / written, _umask_mode())
+    return "vitdeploy.model.checkpoints.save_checkpoint"
 
 
 def load_model(out: Path) -> tuple[VisionTransformer, str]:
-    """Load the saved model back through the project's reader when it exists."""
-    try:
-        from vitdeploy.model.checkpoints import load_checkpoint
-    except ImportError:
-        load_checkpoint = None
-    if load_checkpoint is not None:
-        loaded = load_checkpoint(out)
-        if loaded.source_format != "vitdeploy" or loaded.preprocess != SPEC or list(loaded.labels) != LABELS:
-            raise SystemExit(f"{out}: read back as {loaded.source_format} with {loaded.preprocess} / {loaded.labels}")
-        return loaded.model.eval(), "vitdeploy.model.checkpoints.load_checkpoint"
-    from safetensors.torch import load_file
+    """The saved model read back through the project's own reader, checked against what was saved."""
+    from vitdeploy.model.checkpoints import load_checkpoint
 
-    meta = json.loads((out / "model.json").read_text())
-    model = VisionTransformer(ViTConfig.from_dict(meta["vit"]))
-    model.load_state_dict(load_file(out / "model.safetensors"), strict=True)
-    return model.eval(), "safetensors + model.json read by scripts/train_demo.py"
+    loaded = load_checkpoint(out)
+    if loaded.source_format != "vitdeploy" or loaded.preprocess != SPEC or list(loaded.labels) != LABELS:
+        raise SystemExit(f"{out}: read back as {loaded.source_format} with {loaded.preprocess} / {loaded.labels}")
+    return loaded.model.eval(), "vitdeploy.model.checkpoints.load_checkpoint"
 
 
 def write_images(out: Path, seed: int, test_size: float) -> list[tuple[str, str]]:
@@ -311,12 +268,13 @@ def measure(out: Path, args: argparse.Namespace) -> dict:
     x_te = to_batch([as_png(i) for i in te], pre)
     y_te = torch.from_numpy(y[te])
     return {"images_acc": accuracy(model, x_img, y_img), "images_n": len(rows),
-            "images_correct": int(round(accuracy(model, x_img, y_img) * len(rows))),
+            "images_correct": round(accuracy(model, x_img, y_img) * len(rows)),
             "heldout_acc_saved": accuracy(model, x_te, y_te), "n_heldout": len(te),
-            "heldout_correct": int(round(accuracy(model, x_te, y_te) * len(te))),
+            "heldout_correct": round(accuracy(model, x_te, y_te) * len(te)),
             "loader": loader, "preprocessor": pre_name,
             "params": sum(p.numel() for p in model.parameters()),
-            "weights_bytes": (out / "model.safetensors").stat().st_size, "cfg": model.cfg}
+            "weights_bytes": (out / "model.safetensors").stat().st_size, "cfg": model.cfg,
+            "weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()}
 
 
 CARD = """# Model card: {name}
@@ -335,7 +293,8 @@ nothing but centred 8x8 digits rendered as below; it is not a handwriting recogn
 ```
 
 {grid}x{grid} = {tokens} patch tokens of {patch}x{patch} pixels plus a class token;
-{params:,} parameters; `model.safetensors` is {weights_bytes:,} bytes (float32).
+{params:,} parameters; `model.safetensors` is {weights_bytes:,} bytes (float32), sha256
+`{weights_sha256}`.
 Labels: `"0"` .. `"9"` (index = digit).
 
 ## Input and preprocessing
@@ -373,7 +332,8 @@ not per writer, so the same writers appear on both sides.
   probability 0.3. No mixup.
 - Deterministic: seed {seed} for torch, numpy and the augmentation RNG,
   `torch.use_deterministic_algorithms(True)`, {threads} CPU threads.
-- Trained in {train_seconds:.0f} s wall clock on {threads} CPU threads (torch {torch_version}){load_note}.
+- Trained in {train_seconds:.0f} s wall clock on {threads} CPU threads (torch
+  {torch_version}){load_note}.
 
 Command:
 
@@ -408,14 +368,18 @@ off-centre digits. Do not use for anything but demonstrating and testing vitdepl
 """
 
 
-def write_card(out: Path, args: argparse.Namespace, m: dict, train_seconds: float, load: float | None) -> None:
+def write_card(out: Path, args: argparse.Namespace, m: dict, train_seconds: float, load: float | None,
+               fastest_epoch: float | None) -> None:
     cfg: ViTConfig = m["cfg"]
     load_note = "" if load is None else (
-        f", on a machine whose 1-minute load average was {load:.1f} when training ended "
-        f"({os.cpu_count()} cores; above ~2 means other work shared the CPU and the time is inflated)")
+        f"; the 1-minute load average was {load:.1f} when training ended "
+        f"({os.cpu_count()} cores: above ~2, other work shared the CPU and the time is inflated)")
+    if fastest_epoch is not None:
+        load_note += (f". The fastest epochs took about {fastest_epoch:.1f} s each, i.e. about "
+                      f"{fastest_epoch * args.epochs / 60:.0f} min for all {args.epochs} on an idle machine")
     text = CARD.format(
         name=NAME, cfg_json=json.dumps(cfg.to_dict(), indent=2), grid=cfg.grid, tokens=cfg.num_patches,
-        patch=cfg.patch_size, params=m["params"], weights_bytes=m["weights_bytes"],
+        patch=cfg.patch_size, params=m["params"], weights_bytes=m["weights_bytes"], weights_sha256=m["weights_sha256"],
         spec_json=json.dumps(SPEC.to_dict(), indent=2), test_size=args.test_size, seed=args.seed,
         n_train=1797 - m["n_heldout"], n_heldout=m["n_heldout"], epochs=args.epochs,
         batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
@@ -456,6 +420,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--train-seconds", type=float, default=None)
     p.add_argument("--train-load", type=float, default=None,
                    help="with --card-only: the 1-minute load average when training finished")
+    p.add_argument("--fastest-epoch", type=float, default=None,
+                   help="with --card-only: seconds of the fastest training epoch")
     args = p.parse_args(argv)
     # The training command, for the card: this invocation without the card-only options.
     given, kept = list(argv if argv is not None else sys.argv[1:]), []
@@ -463,9 +429,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     for a in given:
         if skip:
             skip = False
-        elif a in ("--train-seconds", "--train-load"):
+        elif a in ("--train-seconds", "--train-load", "--fastest-epoch"):
             skip = True
-        elif a != "--card-only" and not a.startswith(("--train-seconds=", "--train-load=")):
+        elif a != "--card-only" and not a.startswith(("--train-seconds=", "--train-load=", "--fastest-epoch=")):
             kept.append(a)
     args.command = " ".join([".venv/bin/python scripts/train_demo.py", *kept])
     return args
@@ -485,7 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.train_seconds is None:
             raise SystemExit("--card-only needs --train-seconds (the time the training run took)")
         m = measure(out, args)
-        write_card(out, args, m, args.train_seconds, args.train_load)
+        write_card(out, args, m, args.train_seconds, args.train_load, args.fastest_epoch)
         log.info("card rewritten: held-out %.4f, images %.4f", m["heldout_acc_saved"], m["images_acc"])
         return 0
 
@@ -502,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     writer = save_model(model.eval(), out)
     write_images(out, args.seed, args.test_size)
     m = measure(out, args)
-    write_card(out, args, m, stats["train_seconds"], stats["load"])
+    write_card(out, args, m, stats["train_seconds"], stats["load"], stats["fastest_epoch"])
     log.info("saved via %s; measured on saved files (%s, %s): held-out %.4f, shipped images %d/%d",
              writer, m["loader"], m["preprocessor"], m["heldout_acc_saved"], m["images_correct"], m["images_n"])
     return 0

@@ -11,13 +11,21 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vitdeploy.demo import CONFIG_PATH, DEMO_DIR, IMAGES_DIR, LABELS_CSV, WEIGHTS_PATH, demo_images, render_digit
+from vitdeploy.demo import (
+    CONFIG_PATH,
+    DEMO_DIR,
+    IMAGES_DIR,
+    LABELS_CSV,
+    WEIGHTS_PATH,
+    demo_images,
+    render_digit,
+)
 from vitdeploy.runtime.preprocess import Preprocessor
 from vitdeploy.runtime.preprocess_spec import PreprocessSpec
 
 torch = pytest.importorskip("torch", reason="the demo model's torch checks need torch")
 
-from vitdeploy.model.checkpoints import load_checkpoint  # noqa: E402
+from vitdeploy.model.checkpoints import load_checkpoint
 
 LABELS = tuple(str(i) for i in range(10))
 SPEC = PreprocessSpec(style="hf", height=32, width=32, interpolation="bilinear", mean=(0.5,) * 3, std=(0.5,) * 3)

@@ -28,7 +28,7 @@ RENDER_SIZE = 64  # pixels per side of a rendered digit; the model's preprocessi
 DIGIT_MAX = 16  # scikit-learn's digits are 8x8 counts of ink in 0..16
 
 
-def render_digit(values: Any, size: int = RENDER_SIZE) -> "Any":
+def render_digit(values: Any, size: int = RENDER_SIZE) -> Any:
     """An 8x8 array of ink counts (0..16) as a ``size`` x ``size`` RGB PIL image.
 
     Ink is dark on white paper: 0 -> 255 (white), 16 -> 0 (black), linear in between, rounded

@@ -9,12 +9,13 @@ only when every stage that ran has passed. An artifact that fails validation is 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable, Iterator, Literal
 
 import numpy as np
 
@@ -113,6 +114,186 @@ def _reject(paths: list[Path]) -> None:
             os.replace(path, path.with_name(path.name + ".rejected"))
 
 
+class _Export:
+    """One export run: the stages in order, each timed and reported, the manifest last."""
+
+    def __init__(self, cfg: PipelineConfig, out_dir: Path, engine: EngineMode, on_stage: StageCallback | None,
+                 validation_batch: tuple[int, ...] | None) -> None:
+        self.cfg, self.out_dir, self.engine_mode, self.on_stage = cfg, out_dir, engine, on_stage
+        self.validation_batch = validation_batch
+        self.stages: list[StageRecord] = []
+        self.artifacts: dict[str, Path] = {}
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.validation: dict[str, Any] = {}
+        self.extra: dict[str, Any] = {}
+
+    # -- bookkeeping --------------------------------------------------------------------------
+    def _emit(self, rec: StageRecord) -> None:
+        if self.on_stage:
+            self.on_stage(rec)
+
+    def skip(self, name: str, reason: str) -> None:
+        rec = StageRecord(name, "skipped", reason=reason)
+        self.stages.append(rec)
+        self._emit(rec)
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[StageRecord]:
+        """Time a stage, report it running and then passed or failed; a failure writes the report."""
+        rec = StageRecord(name, "running")
+        self.stages.append(rec)
+        self._emit(rec)
+        start = time.perf_counter()
+        try:
+            yield rec
+        except BaseException as exc:
+            rec.seconds, rec.status = time.perf_counter() - start, "failed"
+            rec.reason = rec.reason or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            self._emit(rec)
+            _write_report(self.out_dir, self.stages, self.validation)
+            raise
+        rec.seconds, rec.status = time.perf_counter() - start, "passed"
+        self._emit(rec)
+
+    def add(self, role: str, path: Path, external: list[Path] | tuple[Path, ...] = ()) -> None:
+        self.artifacts[role] = path
+        self.entries[role] = manifest_mod.file_entry(path, self.out_dir, external)
+
+    # -- stages -------------------------------------------------------------------------------
+    def run(self) -> ExportResult:
+        cfg, out = self.cfg, self.out_dir
+        with self.stage("model") as rec:  # 1
+            from ..model.checkpoints import save_checkpoint
+
+            self.loaded = load_model(cfg)
+            self.spec = resolve_preprocess(cfg, self.loaded)
+            self.name = cfg.model.name or self.loaded.name
+            save_checkpoint(out, self.loaded.model, self.loaded.labels, self.spec, self.name)
+            rec.outputs = [out / FILES["weights"], out / FILES["weights-config"]]
+        vit = self.loaded.config
+        self.chw = (vit.in_channels, vit.image_size, vit.image_size)
+
+        with self.stage("onnx") as rec:  # 2
+            metadata = {"vitdeploy.name": self.name, "vitdeploy.labels": list(self.loaded.labels),
+                        "vitdeploy.preprocess": self.spec.to_dict(), "vitdeploy.vit": vit.to_dict()}
+            onnx_art = export_onnx(self.loaded.model, out / FILES["onnx"], image_size=vit.image_size,
+                                   in_channels=vit.in_channels, opset=cfg.export.opset, metadata=metadata,
+                                   external_data_threshold_mb=cfg.export.external_data_threshold_mb)
+            rec.outputs = [onnx_art.path, *onnx_art.external_data]
+
+        self._prepare_validation()
+        from ..runtime.backends.ort import OrtBackend
+
+        cpu = BackendOptions(device="cpu", providers=("CPUExecutionProvider",))
+        onnx_path = out / FILES["onnx"]
+        self.validate("validate-onnx", lambda: OrtBackend(onnx_path, self.chw, None, cpu, name="ort"),
+                      cfg.validation.fp32, [onnx_path])  # 3
+        self.add("onnx", onnx_path, onnx_art.external_data)
+
+        if cfg.export.fp16.enabled:  # 4-5
+            from .precision import convert_fp16
+
+            fp16_path = out / FILES["onnx-fp16"]
+            with self.stage("fp16") as rec:
+                res = convert_fp16(onnx_path, fp16_path, calibration=self.inputs.batch, input_name=INPUT_NAME,
+                                   keep_fp32_ops=cfg.export.fp16.keep_fp32_ops,
+                                   max_abs_activation=cfg.export.fp16.max_abs_activation)
+                self.extra["fp16"] = res.summary()
+                rec.outputs = [fp16_path]
+                rec.reason = f"{len(res.kept_hot_nodes)} hot node(s) kept float32"
+            self.validate("validate-fp16", lambda: OrtBackend(fp16_path, self.chw, None, cpu, name="ort-fp16"),
+                          cfg.validation.fp16, [fp16_path])
+            self.add("onnx-fp16", fp16_path)
+        else:
+            (out / FILES["onnx-fp16"]).unlink(missing_ok=True)
+            self.skip("fp16", "export.fp16.enabled is false")
+
+        self._engine()  # 6-7
+        return self._manifest()  # 8
+
+    def _prepare_validation(self) -> None:
+        from ..runtime.preprocess import Preprocessor
+
+        cfg = self.cfg
+        self.sizes = self.validation_batch or validation_batch_sizes(cfg.export.batch.max)
+        self.inputs: ValidationInputs = build_inputs(
+            Preprocessor(self.spec), validation_images(cfg), noise_samples=cfg.validation.noise_samples,
+            seed=cfg.validation.seed, min_count=max(self.sizes))
+        self.reference = reference_logits(self.loaded.model, self.inputs.batch)
+
+    def validate(self, stage: str, open_backend: Callable[[], Any], tolerance: Any, files: list[Path]) -> None:
+        """Run the artifact through its runtime backend; on drift, reject it and raise (exit 3)."""
+        with self.stage(stage) as rec:
+            backend = open_backend()
+            try:
+                result = validate_artifact(stage, backend, self.inputs, self.reference, tolerance.model_dump(), self.sizes)
+            finally:
+                backend.close()
+            self.validation[stage] = result.to_dict()
+            if not result.passed:
+                _reject(files)
+                rec.reason = "; ".join(result.failures[:6])
+                raise ValidationError(
+                    f"{stage}: {result.backend} output drifted beyond validation thresholds: {rec.reason} "
+                    f"(artifact renamed *.rejected; full report: {self.out_dir / REPORT_NAME})")
+            rec.reason = (f"{len(self.inputs.names)} inputs at batch {', '.join(map(str, self.sizes))}; "
+                          f"worst max|diff| {result.worst_metrics()['max_abs_diff']:.3g}")
+
+    def _engine(self) -> None:
+        cfg, out, mode = self.cfg, self.out_dir, self.engine_mode
+        if mode == "skip":
+            return self.skip("engine", "--engine skip")
+        why_not: str | None
+        if "onnx-fp16" not in self.artifacts:
+            why_not = "the engine is compiled from model.fp16.onnx and export.fp16.enabled is false"
+        else:
+            from . import tensorrt as trt_stage
+
+            why_not = trt_stage.tensorrt_unavailable_reason()
+        if why_not:
+            if mode == "require":
+                with self.stage("engine"):
+                    raise MissingDependencyError(f"TensorRT engine required (--engine require) but {why_not}")
+            return self.skip("engine", why_not)
+        engine_path, meta_path = out / FILES["engine"], out / FILES["engine-meta"]
+        profile = cfg.export.batch
+        with self.stage("engine") as rec:
+            plan = trt_stage.plan_engine_build(
+                self.artifacts["onnx-fp16"], engine_path, input_name=INPUT_NAME, chw=self.chw, min_batch=profile.min,
+                opt_batch=profile.opt, max_batch=profile.max, workspace_mb=cfg.tensorrt.workspace_mb,
+                optimization_level=cfg.tensorrt.optimization_level, timing_cache_path=cfg.timing_cache)
+            trt_stage.build_engine(plan)
+            rec.outputs = [engine_path, meta_path]
+        from ..runtime.backends.trt import TrtBackend
+
+        gpu = BackendOptions(device="cuda")
+        self.validate("validate-engine", lambda: TrtBackend(engine_path, meta_path, self.chw, profile.max, gpu),
+                      cfg.validation.fp16, [engine_path, meta_path])
+        self.add("engine", engine_path)
+        self.add("engine-meta", meta_path)
+
+    def _manifest(self) -> ExportResult:
+        cfg, out = self.cfg, self.out_dir
+        with self.stage("manifest") as rec:
+            for role in ("weights", "weights-config"):
+                self.add(role, out / FILES[role])
+            names = self.inputs.names
+            manifest = manifest_mod.build_manifest(
+                name=self.name, vit=self.loaded.config.to_dict(),
+                source={"path": str(cfg.resolve(cfg.model.checkpoint) or "demo"), "format": self.loaded.source_format},
+                labels=self.loaded.labels, preprocess=self.spec.to_dict(), input_name=INPUT_NAME,
+                output_name=OUTPUT_NAME, chw=self.chw, batch=cfg.export.batch.model_dump(), artifacts=self.entries,
+                validation=self.validation, stages=[s.to_dict() for s in self.stages if s.name != "manifest"],
+                extra={"export": self.extra, "validation_inputs": {
+                    "count": len(names), "images": sum(not n.startswith("noise:") for n in names),
+                    "batch_sizes": list(self.sizes)}},
+            )
+            path = manifest_mod.write_manifest(out, manifest)
+            (out / REPORT_NAME).unlink(missing_ok=True)
+            rec.outputs = [path]
+        return ExportResult(out, self.stages, self.artifacts, self.validation, path)
+
+
 def run_export(
     cfg: PipelineConfig,
     out_dir: Path | None = None,
@@ -121,181 +302,15 @@ def run_export(
     on_stage: StageCallback | None = None,
     validation_batch: tuple[int, ...] | None = None,
 ) -> ExportResult:
-    """Run every stage; raise ValidationError (exit 3) after writing the report if one fails."""
-    out_dir = Path(out_dir) if out_dir else cfg.output_dir
-    _prepare_out_dir(out_dir)
-    stages: list[StageRecord] = []
-    artifacts: dict[str, Path] = {}
-    entries: dict[str, dict[str, Any]] = {}
-    validation: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
+    """Run every stage the config asks for into ``out_dir`` (default ``export.output_dir``).
 
-    def record(rec: StageRecord) -> StageRecord:
-        stages.append(rec)
-        if on_stage:
-            on_stage(rec)
-        return rec
-
-    def timed(name: str, fn: Callable[[], list[Path]]) -> None:
-        start = time.perf_counter()
-        try:
-            outputs = fn()
-        except BaseException as exc:
-            record(StageRecord(name, "failed", time.perf_counter() - start, str(exc).splitlines()[0] if str(exc) else type(exc).__name__))
-            _write_report(out_dir, stages, validation)
-            raise
-        record(StageRecord(name, "passed", time.perf_counter() - start, outputs=outputs))
-
-    def fail_validation(stage: str, files: list[Path], result: Any) -> None:
-        validation[stage] = result.to_dict()
-        _reject(files)
-        stages[-1].status, stages[-1].reason = "failed", "; ".join(result.failures[:6])
-        _write_report(out_dir, stages, validation)
-        raise ValidationError(
-            f"{stage}: {result.backend} output drifted beyond validation thresholds: " + "; ".join(result.failures[:6])
-            + f" (artifact renamed *.rejected; full report: {out_dir / REPORT_NAME})"
-        )
-
-    state: dict[str, Any] = {}
-
-    # 1. Model -------------------------------------------------------------------------------
-    def stage_model() -> list[Path]:
-        from ..model.checkpoints import save_checkpoint
-
-        loaded = load_model(cfg)
-        state["loaded"] = loaded
-        state["spec"] = resolve_preprocess(cfg, loaded)
-        state["name"] = cfg.model.name or loaded.name
-        save_checkpoint(out_dir, loaded.model, loaded.labels, state["spec"], state["name"])
-        return [out_dir / FILES["weights"], out_dir / FILES["weights-config"]]
-
-    timed("model", stage_model)
-    loaded, spec = state["loaded"], state["spec"]
-    vit = loaded.config
-    chw = (vit.in_channels, vit.image_size, vit.image_size)
-    for role in ("weights", "weights-config"):
-        artifacts[role] = out_dir / FILES[role]
-    profile = cfg.export.batch
-    metadata = {"vitdeploy.name": state["name"], "vitdeploy.labels": list(loaded.labels),
-                "vitdeploy.preprocess": spec.to_dict(), "vitdeploy.vit": vit.to_dict()}
-
-    # 2. ONNX FP32 ----------------------------------------------------------------------------
-    def stage_onnx() -> list[Path]:
-        art = export_onnx(loaded.model, out_dir / FILES["onnx"], image_size=vit.image_size, in_channels=vit.in_channels,
-                          opset=cfg.export.opset, metadata=metadata,
-                          external_data_threshold_mb=cfg.export.external_data_threshold_mb)
-        state["onnx_external"] = list(art.external_data)
-        return [art.path, *art.external_data]
-
-    timed("onnx", stage_onnx)
-    artifacts["onnx"] = out_dir / FILES["onnx"]
-
-    # 3. Validate FP32 in ONNX Runtime (CPU) ----------------------------------------------------
-    from ..runtime.preprocess import Preprocessor
-
-    preprocessor = Preprocessor(spec)
-    sizes = validation_batch or validation_batch_sizes(profile.max)
-    inputs: ValidationInputs = build_inputs(preprocessor, validation_images(cfg), noise_samples=cfg.validation.noise_samples,
-                                            seed=cfg.validation.seed, min_count=max(sizes))
-    reference = reference_logits(loaded.model, inputs.batch)
-    cpu = BackendOptions(device="cpu", providers=("CPUExecutionProvider",))
-
-    def stage_validate(stage: str, backend_factory: Callable[[], Any], tolerance: Any, files: list[Path]) -> None:
-        start = time.perf_counter()
-        record(StageRecord(stage, "running"))
-        backend = backend_factory()
-        try:
-            result = validate_artifact(stage, backend, inputs, reference, tolerance.model_dump(), sizes)
-        finally:
-            backend.close()
-        stages[-1].seconds = time.perf_counter() - start
-        if not result.passed:
-            fail_validation(stage, files, result)
-        validation[stage] = result.to_dict()
-        stages[-1].status = "passed"
-        stages[-1].reason = f"{len(inputs.names)} inputs at batch {', '.join(map(str, sizes))}; worst max|diff| {result.worst_metrics()['max_abs_diff']:.3g}"
-        if on_stage:
-            on_stage(stages[-1])
-
-    from ..runtime.backends.ort import OrtBackend
-
-    stage_validate("validate-onnx", lambda: OrtBackend(artifacts["onnx"], chw, None, cpu, name="ort"), cfg.validation.fp32,
-                   [artifacts["onnx"]])
-    entries["onnx"] = manifest_mod.file_entry(artifacts["onnx"], out_dir, state["onnx_external"])
-
-    # 4-5. FP16 graph + validation --------------------------------------------------------------
-    if cfg.export.fp16.enabled:
-        from .precision import convert_fp16
-
-        def stage_fp16() -> list[Path]:
-            res = convert_fp16(artifacts["onnx"], out_dir / FILES["onnx-fp16"], calibration=inputs.batch, input_name=INPUT_NAME,
-                               keep_fp32_ops=cfg.export.fp16.keep_fp32_ops, max_abs_activation=cfg.export.fp16.max_abs_activation)
-            extra["fp16"] = res.summary()
-            return [res.path]
-
-        timed("fp16", stage_fp16)
-        artifacts["onnx-fp16"] = out_dir / FILES["onnx-fp16"]
-        stage_validate("validate-fp16", lambda: OrtBackend(artifacts["onnx-fp16"], chw, None, cpu, name="ort-fp16"),
-                       cfg.validation.fp16, [artifacts["onnx-fp16"]])
-        entries["onnx-fp16"] = manifest_mod.file_entry(artifacts["onnx-fp16"], out_dir)
-    else:
-        (out_dir / FILES["onnx-fp16"]).unlink(missing_ok=True)
-        record(StageRecord("fp16", "skipped", reason="export.fp16.enabled is false"))
-
-    # 6-7. TensorRT engine + validation --------------------------------------------------------
-    _engine_stages(cfg, engine, out_dir, artifacts, entries, chw, record, timed, stage_validate)
-
-    # 8. Manifest -----------------------------------------------------------------------------
-    for role in ("weights", "weights-config"):
-        entries[role] = manifest_mod.file_entry(artifacts[role], out_dir)
-    start = time.perf_counter()
-    manifest = manifest_mod.build_manifest(
-        name=state["name"], vit=vit.to_dict(), source={"path": str(cfg.resolve(cfg.model.checkpoint) or "demo"), "format": loaded.source_format},
-        labels=loaded.labels, preprocess=spec.to_dict(), input_name=INPUT_NAME, output_name=OUTPUT_NAME, chw=chw,
-        batch=profile.model_dump(), artifacts=entries, validation=validation,
-        stages=[s.to_dict() for s in stages] + [{"name": "manifest", "status": "passed", "seconds": 0.0, "reason": "", "outputs": [MANIFEST_NAME]}],
-        extra={"export": extra, "validation_inputs": {"count": len(inputs.names), "images": sum(not n.startswith("noise:") for n in inputs.names), "batch_sizes": list(sizes)}},
-    )
-    path = manifest_mod.write_manifest(out_dir, manifest)
-    (out_dir / REPORT_NAME).unlink(missing_ok=True)
-    record(StageRecord("manifest", "passed", time.perf_counter() - start, outputs=[path]))
-    return ExportResult(out_dir, stages, artifacts, validation, path)
-
-
-def _engine_stages(cfg, engine, out_dir, artifacts, entries, chw, record, timed, stage_validate) -> None:
-    engine_path, meta_path = out_dir / FILES["engine"], out_dir / FILES["engine-meta"]
-    if engine == "skip":
-        record(StageRecord("engine", "skipped", reason="--engine skip"))
-        return
-    if "onnx-fp16" not in artifacts:
-        reason = "the engine is compiled from model.fp16.onnx and export.fp16.enabled is false"
-        if engine == "require":
-            raise MissingDependencyError(f"TensorRT engine required but {reason}")
-        record(StageRecord("engine", "skipped", reason=reason))
-        return
-    from . import tensorrt as trt_stage
-
-    why_not = trt_stage.tensorrt_unavailable_reason()
-    if why_not:
-        if engine == "require":
-            record(StageRecord("engine", "failed", reason=why_not))
-            raise MissingDependencyError(f"TensorRT engine required (--engine require) but {why_not}")
-        record(StageRecord("engine", "skipped", reason=why_not))
-        return
-    profile = cfg.export.batch
-    plan = trt_stage.plan_engine_build(
-        artifacts["onnx-fp16"], engine_path, input_name=INPUT_NAME, chw=chw, min_batch=profile.min, opt_batch=profile.opt,
-        max_batch=profile.max, workspace_mb=cfg.tensorrt.workspace_mb, optimization_level=cfg.tensorrt.optimization_level,
-        timing_cache_path=cfg.timing_cache)
-    timed("engine", lambda: (trt_stage.build_engine(plan), [engine_path, meta_path])[1])
-    artifacts["engine"], artifacts["engine-meta"] = engine_path, meta_path
-    from ..runtime.backends.trt import TrtBackend
-
-    gpu = BackendOptions(device="cuda")
-    stage_validate("validate-engine", lambda: TrtBackend(engine_path, meta_path, chw, profile.max, gpu), cfg.validation.fp16,
-                   [engine_path, meta_path])
-    entries["engine"] = manifest_mod.file_entry(engine_path, out_dir)
-    entries["engine-meta"] = manifest_mod.file_entry(meta_path, out_dir)
+    ``on_stage`` is called when a stage starts (status "running") and when it ends. Raises
+    ValidationError (exit 3) after writing ``export-report.json`` if an artifact drifts,
+    MissingDependencyError (exit 4) for ``engine="require"`` without TensorRT/CUDA.
+    """
+    out = Path(out_dir) if out_dir else cfg.output_dir
+    _prepare_out_dir(out)
+    return _Export(cfg, out, engine, on_stage, validation_batch).run()
 
 
 def _write_report(out_dir: Path, stages: list[StageRecord], validation: dict[str, Any]) -> None:
