@@ -134,23 +134,27 @@ def _size(path: Path) -> str:
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=Path("artifacts"), show_default=True,
-              help="directory written by `vitdeploy export`")
-@click.option("-b", "--backend", type=click.Choice(["auto", "torch", "ort", "ort-fp16", "trt"]), default="auto", show_default=True)
-@click.option("-k", "--top-k", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=None,
+              help="directory written by `vitdeploy export` (default: export.output_dir from the config)")
+@click.option("-b", "--backend", type=click.Choice(["auto", "torch", "ort", "ort-fp16", "trt"]), default=None,
+              help="backend (default: runtime.backend from the config, i.e. auto)")
+@click.option("-k", "--top-k", type=click.IntRange(min=1), default=None, help="default: runtime.top_k (5)")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None, help="default: runtime.batch_size (32)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line per input on stdout")
 @config_option
 @handle_errors
-def predict(inputs: tuple[Path, ...], artifacts_dir: Path, backend: str, top_k: int, batch_size: int, as_json: bool,
-            config_path: Path | None) -> None:
+def predict(inputs: tuple[Path, ...], artifacts_dir: Path | None, backend: str | None, top_k: int | None,
+            batch_size: int | None, as_json: bool, config_path: Path | None) -> None:
     """Classify images (files or directories) with the exported model."""
     from .config import load_config
     from .runtime.batch_predict import predict_paths
     from .runtime.predictor import Predictor
 
     cfg = load_config(config_path)
-    predictor = Predictor.from_artifacts(artifacts_dir, backend=backend, options=runtime_options(cfg))
+    rt = cfg.runtime
+    top_k = top_k or rt.top_k
+    predictor = Predictor.from_artifacts(artifacts_dir or cfg.output_dir, backend=backend or rt.backend,
+                                         options=runtime_options(cfg))
     click.echo(f"backend: {predictor.backend_name} ({predictor.why})", err=True)
     failed = 0
     show_progress = not as_json and sys.stderr.isatty()
@@ -162,7 +166,8 @@ def predict(inputs: tuple[Path, ...], artifacts_dir: Path, backend: str, top_k: 
     if not as_json:
         click.echo(f"{'path':<48} {'label':<16} {'score':>7}  top-{top_k}")
     with predictor:
-        for rec in predict_paths(predictor, list(inputs), batch_size=batch_size, top_k=top_k, progress=progress):
+        for rec in predict_paths(predictor, list(inputs), batch_size=batch_size or rt.batch_size, top_k=top_k,
+                                 progress=progress):
             failed += "error" in rec
             if as_json:
                 click.echo(json.dumps(rec))

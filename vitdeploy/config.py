@@ -10,11 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
 from .errors import ConfigError
 
 DEFAULT_CONFIG_NAME = "pipeline.yaml"
+Byte = Annotated[int, Field(ge=0, le=255)]
 
 
 class _Section(BaseModel):
@@ -35,8 +38,8 @@ class PreprocessSection(_Section):
     crop_pct: Optional[float] = Field(None, gt=0, le=1)
     interpolation: Optional[Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]] = None
     mean: Optional[tuple[float, float, float]] = None
-    std: Optional[tuple[float, float, float]] = None
-    background: tuple[int, int, int] = (255, 255, 255)
+    std: Optional[tuple[PositiveFloat, PositiveFloat, PositiveFloat]] = None
+    background: tuple[Byte, Byte, Byte] = (255, 255, 255)
 
 
 class BatchProfile(_Section):
@@ -129,9 +132,6 @@ class PipelineConfig(_Section):
     def output_dir(self) -> Path:
         return self.resolve(self.export.output_dir)  # type: ignore[return-value]
 
-    @property
-    def timing_cache(self) -> Path:
-        return self.resolve(self.tensorrt.timing_cache) or self.output_dir / "timing.cache"
 
 
 def _format_error(exc: ValidationError, source: str) -> str:

@@ -206,3 +206,45 @@ def test_large_model_path_writes_external_data_that_is_hashed_validated_and_guar
     (tmp_path / "model.onnx.data").write_bytes(bytes(data))
     with pytest.raises(ArtifactError, match="model.onnx.data"):
         Artifacts.open(tmp_path).path("onnx")
+
+
+def test_engine_stage_wiring_with_a_tensorrt_test_double(tmp_path: Path, monkeypatch, export_config):
+    """Checks the export pipeline's own wiring of the engine stage: the build plan it hands to the
+    builder (profile, the timing cache beside the -o output), validation at batch sizes inside the
+    profile, the manifest entries. A test double stands in for TensorRT, running the FP16 graph in
+    ONNX Runtime: this is no evidence that TensorRT works."""
+    import vitdeploy.export.tensorrt as trt_stage
+    import vitdeploy.runtime.backends.trt as trt_backend
+    from vitdeploy.export.pipeline import run_export
+    from vitdeploy.runtime.backends.ort import OrtBackend
+
+    plans, batches = [], []
+
+    def fake_build(plan):
+        plans.append(plan)
+        plan.engine_path.write_bytes(b"serialized engine")
+        plan.meta_path.write_text(json.dumps({"tensorrt_version": "test-double"}))
+
+    class FakeTrtBackend(OrtBackend):
+        def __init__(self, engine_path, meta_path, chw, max_batch, options):
+            super().__init__(engine_path.with_name("model.fp16.onnx"), chw, max_batch, name="trt")
+
+        def _run(self, batch):
+            batches.append(len(batch))
+            return super()._run(batch)
+
+    monkeypatch.setattr(trt_stage, "tensorrt_unavailable_reason", lambda: None)
+    monkeypatch.setattr(trt_stage, "build_engine", fake_build)
+    monkeypatch.setattr(trt_backend, "TrtBackend", FakeTrtBackend)
+    out = tmp_path / "elsewhere"
+    cfg = export_config({"export": {"batch": {"min": 2, "opt": 4, "max": 6}}, "validation": {"noise_samples": 2}})
+    result = run_export(cfg, out, engine="require")
+
+    (plan,) = plans
+    assert (plan.min_batch, plan.opt_batch, plan.max_batch) == (2, 4, 6)
+    assert plan.onnx_path == out / "model.fp16.onnx" and plan.timing_cache_path == out / "timing.cache"
+    assert min(batches) >= 2 and max(batches) <= 6  # never outside the engine's profile
+    manifest = json.loads(result.manifest_path.read_text())
+    assert {"engine", "engine-meta"} <= set(manifest["artifacts"])
+    assert manifest["validation"]["validate-engine"]["passed"]
+    assert sorted(map(int, manifest["validation"]["validate-engine"]["per_batch"])) == [2, 3, 6]

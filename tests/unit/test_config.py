@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pydantic
 import pytest
 from click.testing import CliRunner
 
@@ -42,7 +43,7 @@ def test_shipped_pipeline_yaml_is_valid():
 
 def test_config_objects_are_frozen():
     cfg = parse_config({})
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         cfg.export.batch.max = 64  # type: ignore[misc]
 
 
@@ -57,6 +58,8 @@ def test_config_objects_are_frozen():
          ["'validation.fp16.max_abs_diff' = -1"]),
         ("model: {checkpoint: missing/vit.safetensors}\n", ["'model.checkpoint' = 'missing/vit.safetensors'", "no such file"]),
         ("runtime: {device: gpu0}\n", ["'runtime.device' = 'gpu0'"]),
+        ("preprocess: {std: [0.5, 0, 0.5]}\n", ["'preprocess.std.1' = 0", "greater than 0"]),
+        ("preprocess: {background: [300, 0, 0]}\n", ["'preprocess.background.0' = 300"]),
         ("model: [1, 2\n", ["invalid YAML", "line"]),
         ("- just\n- a list\n", ["top level must be a mapping"]),
     ],

@@ -21,7 +21,7 @@ import numpy as np
 
 from .._files import write_json_atomic
 from ..config import PipelineConfig
-from ..errors import ExportError, MissingDependencyError, ValidationError
+from ..errors import ConfigError, ExportError, MissingDependencyError, ValidationError
 from ..paths import DEMO_IMAGES_DIR, DEMO_MODEL_DIR
 from ..runtime.artifacts import MANIFEST_NAME
 from ..runtime.backends.base import BackendOptions
@@ -76,8 +76,10 @@ def resolve_preprocess(cfg: PipelineConfig, loaded: Any) -> PreprocessSpec:
     size = loaded.config.image_size
     spec = loaded.preprocess or PreprocessSpec(style="hf", height=size, width=size)
     overrides = {k: v for k, v in cfg.preprocess.model_dump().items() if v is not None}
-    spec = spec.replace(**overrides, height=size, width=size)
-    return spec
+    try:
+        return spec.replace(**overrides, height=size, width=size)
+    except ValueError as exc:
+        raise ConfigError(f"{cfg.source or 'pipeline config'}: preprocess: {exc}") from None
 
 
 def validation_images(cfg: PipelineConfig) -> list[Path]:
@@ -187,7 +189,7 @@ class _Export:
         cpu = BackendOptions(device="cpu", providers=("CPUExecutionProvider",))
         onnx_path = out / FILES["onnx"]
         self.validate("validate-onnx", lambda: OrtBackend(onnx_path, self.chw, None, cpu, name="ort"),
-                      cfg.validation.fp32, [onnx_path])  # 3
+                      cfg.validation.fp32, [onnx_path, *onnx_art.external_data])  # 3
         self.add("onnx", onnx_path, onnx_art.external_data)
 
         if cfg.export.fp16.enabled:  # 4-5
@@ -221,12 +223,14 @@ class _Export:
             seed=cfg.validation.seed, min_count=max(self.sizes))
         self.reference = reference_logits(self.loaded.model, self.inputs.batch)
 
-    def validate(self, stage: str, open_backend: Callable[[], Any], tolerance: Any, files: list[Path]) -> None:
+    def validate(self, stage: str, open_backend: Callable[[], Any], tolerance: Any, files: list[Path],
+                 sizes: tuple[int, ...] | None = None) -> None:
         """Run the artifact through its runtime backend; on drift, reject it and raise (exit 3)."""
+        sizes = sizes or self.sizes
         with self.stage(stage) as rec:
             backend = open_backend()
             try:
-                result = validate_artifact(stage, backend, self.inputs, self.reference, tolerance.model_dump(), self.sizes)
+                result = validate_artifact(stage, backend, self.inputs, self.reference, tolerance.model_dump(), sizes)
             finally:
                 backend.close()
             self.validation[stage] = result.to_dict()
@@ -236,7 +240,7 @@ class _Export:
                 raise ValidationError(
                     f"{stage}: {result.backend} output drifted beyond validation thresholds: {rec.reason} "
                     f"(artifact renamed *.rejected; full report: {self.out_dir / REPORT_NAME})")
-            rec.reason = (f"{len(self.inputs.names)} inputs at batch {', '.join(map(str, self.sizes))}; "
+            rec.reason = (f"{len(self.inputs.names)} inputs at batch {', '.join(map(str, sizes))}; "
                           f"worst max|diff| {result.worst_metrics()['max_abs_diff']:.3g}")
 
     def _engine(self) -> None:
@@ -261,14 +265,16 @@ class _Export:
             plan = trt_stage.plan_engine_build(
                 self.artifacts["onnx-fp16"], engine_path, input_name=INPUT_NAME, chw=self.chw, min_batch=profile.min,
                 opt_batch=profile.opt, max_batch=profile.max, workspace_mb=cfg.tensorrt.workspace_mb,
-                optimization_level=cfg.tensorrt.optimization_level, timing_cache_path=cfg.timing_cache)
+                optimization_level=cfg.tensorrt.optimization_level,
+                timing_cache_path=cfg.resolve(cfg.tensorrt.timing_cache) or out / "timing.cache")
             trt_stage.build_engine(plan)
             rec.outputs = [engine_path, meta_path]
         from ..runtime.backends.trt import TrtBackend
 
         gpu = BackendOptions(device="cuda")
+        in_profile = tuple(sorted({min(max(b, profile.min), profile.max) for b in self.sizes}))
         self.validate("validate-engine", lambda: TrtBackend(engine_path, meta_path, self.chw, profile.max, gpu),
-                      cfg.validation.fp16, [engine_path, meta_path])
+                      cfg.validation.fp16, [engine_path, meta_path], in_profile)
         self.add("engine", engine_path)
         self.add("engine-meta", meta_path)
 

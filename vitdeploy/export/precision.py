@@ -61,18 +61,23 @@ def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str) 
                     model.graph.output.add().name = out
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # see every node
-    with tempfile.TemporaryDirectory(dir=onnx_path.parent) as tmp:
+    peaks: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix=".fp16-probe-", dir=onnx_path.parent) as tmp:
         probe = Path(tmp) / "probe.onnx"  # a file, with external data: works past protobuf's 2 GB
         onnx.save_model(model, str(probe), save_as_external_data=True, location="probe.data", size_threshold=1 << 20)
-        session = ort.InferenceSession(str(probe), opts, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    peaks: dict[str, float] = {}
-    for start in range(0, len(calibration), 8):
-        values = session.run(names, {input_name: calibration[start : start + 8]})
-        for name, value in zip(names, values):
-            if name in producers and value.size:
-                node = producers[name]
-                peaks[node] = max(peaks.get(node, 0.0), float(np.max(np.abs(value))))
+        try:
+            session = ort.InferenceSession(str(probe), opts, providers=["CPUExecutionProvider"])
+            names = [o.name for o in session.get_outputs()]
+            for start in range(0, len(calibration), 8):
+                values = session.run(names, {input_name: calibration[start : start + 8]})
+                for name, value in zip(names, values):
+                    if name in producers and value.size:
+                        finite = np.all(np.isfinite(value))
+                        peak = float(np.max(np.abs(value))) if finite else float("inf")  # NaN/inf: always hot
+                        node = producers[name]
+                        peaks[node] = max(peaks.get(node, 0.0), peak)
+        except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types
+            raise ExportError(f"FP16 calibration of {onnx_path.name} failed in ONNX Runtime: {exc}") from exc
     return peaks
 
 
