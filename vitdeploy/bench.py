@@ -235,7 +235,7 @@ def format_environment(env: Mapping[str, Any]) -> list[str]:
              + (f" (torch intra-op threads {env['torch_threads']})" if "torch_threads" in env else ""),
              f"gpu: {', '.join(env.get('gpus') or []) or 'none'}",
              f"onnxruntime providers: {', '.join(env.get('onnxruntime_providers') or []) or 'none'}",
-             "versions: " + ", ".join(f"{k} {v}" for k, v in (env.get("versions") or {}).items()),
+             "versions: " + ", ".join(f"{k} {v or 'missing'}" for k, v in (env.get("versions") or {}).items()),
              f"platform: {env.get('platform')}, Python {env.get('python')}"]
     return lines
 

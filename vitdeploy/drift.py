@@ -30,8 +30,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._deps import available
 from ._files import write_json_atomic
+from .export.manifest import library_versions
+from .runtime.backends import first_line, verify_backend_files
 from .errors import (ArtifactError, BackendError, ConfigError, InputError, MissingDependencyError,
                      ValidationError)
 
@@ -141,11 +142,7 @@ def spec_unavailable_reason(spec: BackendSpec, artifacts: Any) -> str | None:
 def verify_spec_files(spec: BackendSpec, artifacts: Any) -> None:
     """Check the size and sha256 of every file ``spec`` reads; ArtifactError for a missing,
     tampered or escaping file (such a file is never skipped silently)."""
-    from .runtime.backends import artifact_roles
-
-    extra = ("weights-config",) if spec.registry == "torch" and artifacts.has("weights-config") else ()
-    for role in (*artifact_roles(spec.registry), *extra):
-        artifacts.path(role)
+    verify_backend_files(spec.registry, artifacts)
 
 
 def open_spec(spec: BackendSpec, artifacts: Any) -> Any:
@@ -154,11 +151,6 @@ def open_spec(spec: BackendSpec, artifacts: Any) -> Any:
 
     verify_spec_files(spec, artifacts)
     return open_backend(spec.registry, artifacts, spec.options)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 # ------------------------------------------------------------------------------------------------
@@ -466,18 +458,6 @@ def default_thresholds() -> dict[str, dict[str, float]]:
 def _as_dict(tolerance: Any) -> dict[str, float]:
     data = tolerance.model_dump() if hasattr(tolerance, "model_dump") else dict(tolerance)
     return {str(k): float(v) for k, v in data.items()}
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of the libraries that decide the numbers (missing ones say so)."""
-    from . import __version__
-
-    out = {"vitdeploy": __version__}
-    for module, key in (("numpy", "numpy"), ("PIL", "pillow"), ("torch", "torch"), ("onnxruntime", "onnxruntime"),
-                        ("onnx", "onnx"), ("tensorrt", "tensorrt")):
-        ok, detail = available(module)
-        out[key] = detail if ok else "missing"
-    return out
 
 
 def run_drift(artifacts_dir: str | os.PathLike[str] | Any, *, images: str | os.PathLike[str] | None = None,

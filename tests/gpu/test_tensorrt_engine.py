@@ -83,11 +83,13 @@ def test_batches_beyond_the_profile_are_split_and_threads_get_their_own_context(
     batch = np.random.default_rng(7).standard_normal((6, *CHW)).astype(np.float32)  # > profile max 4
     want = eager(model, batch)
     backend = TrtBackend(plan.engine_path, plan.meta_path, CHW, None, BackendOptions(device="cuda"))
+    barrier = threading.Barrier(3)
     results: dict[int, np.ndarray] = {}
     errors: list[BaseException] = []
 
     def work(i: int) -> None:
         try:
+            barrier.wait(timeout=60)  # all three alive at once: none can inherit another's state
             results[i] = backend.run(batch)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -97,7 +99,25 @@ def test_batches_beyond_the_profile_are_split_and_threads_get_their_own_context(
         t.start()
     for t in threads:
         t.join()
+    states = list(backend._states)
     backend.close()
     assert not errors, errors
+    assert len(results) == 3
+    assert len(states) == 3, f"expected one execution state per thread, got {len(states)}"
+    assert len({id(s.context) for s in states}) == 3, "threads shared an execution context"
+    assert len({id(s.stream) for s in states}) == 3, "threads shared a CUDA stream"
     for got in results.values():
         assert float(np.abs(got - want).max()) <= TOLERANCE
+
+
+def test_batch_below_the_profile_min_is_padded(built, tmp_path):
+    """An engine whose profile min is 2 still answers a batch of 1 (padded, then sliced)."""
+    model, plan, _ = built
+    padded_plan = plan_engine_build(plan.onnx_path, tmp_path / "model.engine", input_name="pixel_values", chw=CHW, min_batch=2,
+                                    opt_batch=2, max_batch=4, workspace_mb=512, optimization_level=1, precision="fp32")
+    build_engine(padded_plan)
+    batch = np.random.default_rng(3).standard_normal((1, *CHW)).astype(np.float32)
+    with TrtBackend(padded_plan.engine_path, padded_plan.meta_path, CHW, None, BackendOptions(device="cuda")) as backend:
+        got = backend.run(batch)
+    assert got.shape == (1, 10)
+    assert float(np.abs(got - eager(model, batch)).max()) <= TOLERANCE

@@ -145,7 +145,7 @@ def test_flipped_byte_is_reported_as_tampered(export_dir):
         art.path("weights")
     msg = str(info.value)
     assert "tampered or corrupt" in msg and "model.safetensors" in msg and "sha256 expected" in msg
-    assert art.path("onnx")  # the others are still fine
+    assert art.path("onnx") == (export_dir / "model.onnx").resolve()  # the others are still fine
 
 
 def test_tampered_external_data_is_reported(export_dir):
@@ -252,3 +252,50 @@ def test_onnx_external_data_outside_is_refused(tmp_path, location):
 def test_onnx_external_data_missing_file_is_reported(tmp_path):
     with pytest.raises(ArtifactError, match="missing"):
         check_onnx_external_data(_onnx_with_external(tmp_path, "gone.bin"))
+
+
+# ----------------------------------------------------------------------------- malformed manifest values
+
+
+@pytest.mark.parametrize("value", ["2048", "lots", 2048.5, -1, True, [2048]])
+def test_non_integer_bytes_is_an_artifact_error_naming_the_key(export_dir, value):
+    data = json.loads((export_dir / "manifest.json").read_text())
+    data["artifacts"]["weights"]["bytes"] = value
+    (export_dir / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError) as info:
+        Artifacts.open(export_dir).path("weights")
+    assert '"bytes"' in str(info.value) and "model.safetensors" in str(info.value) and repr(value) in str(info.value)
+
+
+def test_non_integer_external_data_bytes_is_an_artifact_error(export_dir):
+    data = json.loads((export_dir / "manifest.json").read_text())
+    data["artifacts"]["onnx"]["external_data"][0]["bytes"] = "4k"
+    (export_dir / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError, match=r'model\.onnx\.data has an invalid "bytes"'):
+        Artifacts.open(export_dir).path("onnx")
+
+
+@pytest.mark.parametrize("value", [5, [1, 8, 32], "min", "1-32"])
+def test_non_mapping_batch_is_an_artifact_error_naming_the_key(tmp_path, value):
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest({}, batch=value)))
+    art = Artifacts.open(tmp_path)
+    with pytest.raises(ArtifactError) as info:
+        art.batch
+    assert "manifest.json: batch must be an object" in str(info.value) and repr(value) in str(info.value)
+
+
+def test_missing_batch_uses_the_defaults(tmp_path):
+    data = manifest({})
+    del data["batch"]
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    assert Artifacts.open(tmp_path).batch == {"min": 1, "opt": 8, "max": 32}
+
+
+@pytest.mark.parametrize("bad", [{"interpolation": "cubic"}, {"background": [0, 0, 256]}, {"background": [0, 0]}])
+def test_invalid_preprocess_values_are_an_artifact_error(tmp_path, bad):
+    data = manifest({})
+    data["preprocess"].update(bad)
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ArtifactError) as info:
+        Artifacts.open(tmp_path)
+    assert "manifest.json: preprocess is invalid" in str(info.value) and next(iter(bad)) in str(info.value)

@@ -136,9 +136,6 @@ def test_importing_registry_and_predictor_loads_no_heavy_library():
 def test_unavailable_reasons(artifacts, tmp_path):
     assert backend_unavailable_reason("ort", artifacts) is None
     assert backend_unavailable_reason("torch", artifacts) is None
-    # this machine has no TensorRT; the manifest has no engine either: one of the two is reported
-    reason = backend_unavailable_reason("trt", artifacts)
-    assert reason and ("engine" in reason or "tensorrt" in reason)
     # a manifest without the fp16 graph
     (tmp_path / "m.onnx").write_bytes(b"x")
     write_manifest(tmp_path, {"onnx": file_entry(tmp_path, "m.onnx")})
@@ -147,6 +144,22 @@ def test_unavailable_reasons(artifacts, tmp_path):
     assert "weights" in backend_unavailable_reason("torch", only_onnx)
     with pytest.raises(ConfigError):
         backend_unavailable_reason("nope", only_onnx)
+
+
+def test_trt_unavailable_without_an_engine_names_the_manifest(artifacts):
+    assert backend_unavailable_reason("trt", artifacts) == "manifest has no 'engine' artifact"
+
+
+def test_trt_unavailable_with_an_engine_names_the_missing_tensorrt(tmp_path):
+    from vitdeploy._deps import available
+
+    if available("tensorrt")[0]:
+        pytest.skip("tensorrt is installed here: its absence cannot be reported")
+    for name in ("model.engine", "model.engine.json"):
+        (tmp_path / name).write_bytes(b"{}")
+    write_manifest(tmp_path, {"engine": file_entry(tmp_path, "model.engine"),
+                              "engine-meta": file_entry(tmp_path, "model.engine.json")})
+    assert backend_unavailable_reason("trt", Artifacts.open(tmp_path)) == "tensorrt not installed"
 
 
 def test_open_backend_for_a_role_the_manifest_lacks_names_it(tmp_path):
@@ -279,3 +292,138 @@ def test_torch_backend_explicit_paths_and_fp16_on_cpu(tiny_dir, batch5):
         TorchBackend(tiny_dir, (3, 32, 32), options=BackendOptions(precision="fp16"))
     with pytest.raises(BackendError, match="disagree"):
         TorchBackend(tiny_dir, (3, 64, 64))
+
+
+def _copy_with_manifest(tiny_dir: Path, dest: Path, change) -> Path:
+    shutil.copytree(tiny_dir, dest)
+    data = json.loads((dest / "manifest.json").read_text())
+    change(data)
+    (dest / "manifest.json").write_text(json.dumps(data))
+    return dest
+
+
+def test_torch_backend_needs_a_verified_weights_config(tiny_dir, tmp_path):
+    """model.json decides the architecture the weights load into: it is never read unverified."""
+    from vitdeploy.runtime.backends import artifact_roles
+
+    assert artifact_roles("torch") == ("weights", "weights-config")
+    no_config = Artifacts.open(_copy_with_manifest(tiny_dir, tmp_path / "a",
+                                                   lambda m: m["artifacts"].pop("weights-config")))
+    assert backend_unavailable_reason("torch", no_config) == "manifest has no 'weights-config' artifact"
+    with pytest.raises(ArtifactError, match="'weights-config'"):
+        open_backend("torch", no_config)
+
+
+def test_tampered_weights_config_is_refused_by_every_verifier(tiny_dir, tmp_path):
+    from vitdeploy.drift import backend_specs, verify_spec_files
+    from vitdeploy.runtime.backends import verify_backend_files
+    from vitdeploy.runtime.predictor import Predictor
+
+    copy = _copy_with_manifest(tiny_dir, tmp_path / "t", lambda m: None)
+    config = json.loads((copy / "model.json").read_text())
+    config["name"] = "edited"
+    (copy / "model.json").write_text(json.dumps(config))
+    for check in (lambda a: verify_backend_files("torch", a), lambda a: open_backend("torch", a),
+                  lambda a: verify_spec_files(backend_specs(["torch"])[0], a),
+                  lambda a: Predictor.from_artifacts(a, backend="torch")):
+        with pytest.raises(ArtifactError, match=r"tampered or corrupt: .*model\.json"):
+            check(Artifacts.open(copy))
+    assert set(verify_backend_files("ort", Artifacts.open(copy))) == {"onnx"}
+
+
+def test_torch_weights_that_do_not_fit_model_json_name_both_files(tiny_dir, tmp_path):
+    from vitdeploy.runtime.backends.torch_backend import TorchBackend
+
+    config = json.loads((tiny_dir / "model.json").read_text())
+    config["vit"]["num_classes"] = 7  # the head in model.safetensors has 5 rows
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(config))
+    with pytest.raises(BackendError) as info:
+        TorchBackend((tiny_dir / "model.safetensors", other), (3, 32, 32))
+    msg = str(info.value)
+    assert str(tiny_dir / "model.safetensors") in msg and str(other) in msg
+    assert "size mismatch for head" in msg and "re-export" in msg
+
+
+def _onnx_with_external_weight(directory: Path, location: str = "weights.bin") -> Path:
+    """A valid [batch, 3, 32, 32] -> [batch, 3, 32, 32] graph adding one external initializer."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    (directory / location).write_bytes(np.ones(3 * 32 * 32, np.float32).tobytes())
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[1, 3, 32, 32])
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(3 * 32 * 32 * 4))):
+        weight.external_data.add(key=key, value=value)
+    graph = helper.make_graph([helper.make_node("Add", ["pixel_values", "w"], ["logits"])], "g",
+                              [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+                              initializer=[weight])
+    path = directory / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
+    return path
+
+
+@pytest.mark.parametrize("role,backend", [("onnx", "ort"), ("onnx-fp16", "ort-fp16")])
+def test_onnx_external_data_missing_from_the_manifest_is_refused(tmp_path, role, backend):
+    """External data the manifest does not list has no sha256 to check: never loaded."""
+    _onnx_with_external_weight(tmp_path)
+    write_manifest(tmp_path, {role: file_entry(tmp_path, "model.onnx")})  # no "external_data"
+    with pytest.raises(ArtifactError) as info:
+        open_backend(backend, Artifacts.open(tmp_path))
+    assert "weights.bin" in str(info.value) and f"artifacts.{role}.external_data" in str(info.value)
+
+
+def test_onnx_external_data_listed_in_the_manifest_opens_and_runs(tmp_path):
+    _onnx_with_external_weight(tmp_path)
+    entry = {**file_entry(tmp_path, "model.onnx"), "external_data": [file_entry(tmp_path, "weights.bin")]}
+    write_manifest(tmp_path, {"onnx": entry})
+    backend = open_backend("ort", Artifacts.open(tmp_path))
+    try:
+        out = backend.run(np.zeros((2, 3, 32, 32), np.float32))
+    finally:
+        backend.close()
+    np.testing.assert_array_equal(out, np.ones((2, 3, 32, 32), np.float32))
+
+
+def test_ort_run_outputs_checks_closed_and_wraps_errors(artifacts, batch5):
+    backend = open_backend("ort", artifacts)
+    assert backend.run_outputs(batch5[:2], ["logits"])[0].shape == (2, 5)
+    with pytest.raises(BackendError, match=r"failed to compute outputs \['features'\]"):
+        backend.run_outputs(batch5[:2], ["features"])
+    backend.close()
+    with pytest.raises(BackendError, match="backend is closed"):
+        backend.run_outputs(batch5[:2], ["logits"])
+    with pytest.raises(BackendError, match="backend is closed"):
+        backend.run(batch5[:2])
+
+
+def test_ort_reads_its_session_once_per_call(artifacts, batch5):
+    """close() on another thread between a check and the use of the session must not crash a run:
+    simulate it with a session attribute that reads as None after its first read."""
+    from vitdeploy.runtime.backends.ort import OrtBackend
+
+    class ClosesAfterOneRead(OrtBackend):
+        @property
+        def _session(self):
+            session = self.__dict__["_session"]
+            self.__dict__["_session"] = None  # close() "ran" right after this read
+            return session
+
+    for call in (lambda b: b._run(batch5[:2]), lambda b: b.run_outputs(batch5[:2], ["logits"])[0]):
+        backend = open_backend("ort", artifacts)
+        backend.__class__ = ClosesAfterOneRead
+        assert call(backend).shape == (2, 5)
+        with pytest.raises(BackendError, match="backend is closed"):
+            call(backend)
+
+
+def test_one_first_line_helper_for_every_report():
+    from vitdeploy import drift
+    from vitdeploy.export import manifest
+    from vitdeploy.runtime import backends, predictor
+
+    assert drift.first_line is backends.first_line and predictor.first_line is backends.first_line
+    assert drift.library_versions is manifest.library_versions
+    assert backends.first_line(ValueError("a\nb")) == "a" and backends.first_line(KeyError()) == "KeyError"
+    assert backends.first_line("  x\ny ") == "x" and backends.first_line("") == ""

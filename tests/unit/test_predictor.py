@@ -176,6 +176,22 @@ def test_closed_predictor_refuses(tiny_dir):
         p.predict_logits(batch(1))
 
 
+def test_preprocess_disagreeing_with_io_shape_is_an_artifact_error(tiny_dir, images):
+    """The manifest's preprocess section (64 px) and io shape (32 px) disagree: the artifact is
+    inconsistent, not the user's image."""
+    from vitdeploy.runtime.artifacts import Artifacts
+    from vitdeploy.runtime.preprocess import Preprocessor
+
+    artifacts = Artifacts.open(tiny_dir)
+    with Predictor.from_artifacts(artifacts, backend="ort") as p:
+        p._preprocessor = Preprocessor(artifacts.preprocess.replace(height=64, width=64))
+        with pytest.raises(ArtifactError) as info:
+            p.predict(images / "img0.png")
+    msg = str(info.value)
+    assert "(1, 3, 64, 64)" in msg and "(N, 3, 32, 32)" in msg and "manifest.json" in msg
+    assert not isinstance(info.value, InputError)
+
+
 # ----------------------------------------------------------------------------- batch prediction
 
 

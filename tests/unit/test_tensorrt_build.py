@@ -2,9 +2,9 @@
 
 What this checks: the calls OUR code makes (profile shapes, strongly-typed network flag on 10.x
 and not on 11.x, workspace limit, optimisation level, timing cache reuse and write-back, parser
-errors, failed builds leaving nothing behind, model.engine.json contents) and the engine/machine
-match check the trt backend does before deserializing. The fake records calls; it does not
-build anything.
+errors, failed builds leaving nothing behind, model.engine.json contents), that the json it
+writes is accepted by the trt backend, and the TensorRT availability check. The fake records
+calls; it does not build anything. The backend's load/run path is test_trt_backend.py.
 
 What this is NOT: evidence that TensorRT works or that these calls are valid TensorRT. The
 names are checked against the real bindings in test_tensorrt_api_names.py; a real build and
@@ -13,6 +13,7 @@ run is tests/gpu/test_tensorrt_engine.py, which needs TensorRT and a CUDA GPU.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sys
@@ -22,11 +23,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from vitdeploy.errors import ArtifactError, ConfigError, ExportError, MissingDependencyError
-from vitdeploy.export import tensorrt as trt_export
+from vitdeploy.errors import ArtifactError, ConfigError, ExportError
 from vitdeploy.export.tensorrt import EngineBuildPlan, build_engine, plan_engine_build, tensorrt_unavailable_reason
 from vitdeploy.runtime.backends.base import BackendOptions
-from vitdeploy.runtime.backends.trt import EngineMetadata, MachineIdentity, TrtBackend, open_from_artifacts
+from vitdeploy.runtime.backends import trt as trt_backend
+from vitdeploy.runtime.backends.trt import EngineMetadata, MachineIdentity, open_from_artifacts
 from vitdeploy.runtime.cuda import GpuIdentity, cuda_index, cuda_status
 
 MIB = 1024 * 1024
@@ -367,7 +368,7 @@ def test_plan_validation_names_the_key(onnx_file, overrides, key):
 
 def test_plan_values(onnx_file):
     plan = make_plan(onnx_file)
-    assert plan.workspace_bytes == 256 * MIB and plan.strongly_typed is True
+    assert plan.workspace_bytes == 256 * MIB
     assert plan.meta_path == onnx_file.parent / "model.engine.json"
 
 
@@ -376,15 +377,27 @@ def test_plan_values(onnx_file):
 
 
 def test_unavailable_reason_when_tensorrt_missing(monkeypatch):
-    monkeypatch.setattr(trt_export.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` fails as if not installed
     assert tensorrt_unavailable_reason() == "tensorrt is not installed (pip install 'vitdeploy[tensorrt]')"
 
 
-def test_unavailable_reason_without_cuda(monkeypatch):
-    monkeypatch.setattr(trt_export.importlib.util, "find_spec", lambda name: object())
-    monkeypatch.setattr(trt_export.importlib, "import_module", lambda name: SimpleNamespace())
-    monkeypatch.setattr(trt_export, "cuda_status", lambda *a: (False, "torch 2.13.0 is a CPU-only build"))
+def test_unavailable_reason_when_tensorrt_does_not_import(monkeypatch):
+    def broken(name):
+        raise ImportError("libnvinfer.so.10: cannot open shared object file")
+
+    monkeypatch.setattr(trt_backend, "importlib", SimpleNamespace(import_module=broken))
+    reason = tensorrt_unavailable_reason()
+    assert reason == "tensorrt is installed but does not import (ImportError: libnvinfer.so.10: cannot open shared object file)"
+
+
+def test_unavailable_reason_without_cuda_and_one_implementation(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorrt", SimpleNamespace(__version__="10.13.3.9"))
+    monkeypatch.setattr(trt_backend, "cuda_status", lambda *a: (False, "torch 2.13.0 is a CPU-only build"))
     assert tensorrt_unavailable_reason() == "no CUDA GPU: torch 2.13.0 is a CPU-only build"
+    # the registry's check is the same function
+    assert trt_backend.unavailable_reason(None, BackendOptions(device="cuda")) == "no CUDA GPU: torch 2.13.0 is a CPU-only build"
+    monkeypatch.setattr(trt_backend, "cuda_status", lambda *a: (True, "cuda:0 NVIDIA H100"))
+    assert tensorrt_unavailable_reason() is None
 
 
 def test_cuda_index_parsing():
@@ -407,104 +420,28 @@ def test_cuda_status_explains_why_not_in_one_line():
 
 
 # --------------------------------------------------------------------------------------------
-# the trt backend's engine/machine check (before deserializing)
-
-
-def write_meta(folder: Path, **overrides) -> Path:
-    data = {"tensorrt_version": "10.13.3.9", "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
-            "profile": {"min": 1, "opt": 2, "max": 4}, "input": "pixel_values", "chw": [3, 32, 32],
-            "precision": "fp16 (strongly typed from the FP16 ONNX graph)", "onnx_sha256": "0" * 64, "workspace_mb": 256,
-            "optimization_level": 2, "built": "2025-01-01T00:00:00+00:00"}
-    data.update(overrides)
-    path = folder / "model.engine.json"
-    path.write_text(json.dumps(data))
-    (folder / "model.engine").write_bytes(ENGINE_BYTES)
-    return path
+# the json build_engine writes, read back by the trt backend
 
 
 def probe_as(version="10.13.3.9", gpu="NVIDIA H100 80GB HBM3", cc="9.0"):
     return lambda trt, index: MachineIdentity(version, gpu, cc)
 
 
-def open_backend(folder: Path, fake: FakeTrt, probe=None, input_shape=(3, 32, 32), max_batch=None) -> TrtBackend:
-    return TrtBackend(folder / "model.engine", folder / "model.engine.json", input_shape, max_batch, BackendOptions(),
-                      trt=fake, probe=probe or probe_as())
+class _NoCuda:
+    """Stands in for the backend's CUDA helper: opening an engine only needs a current device."""
 
-
-def test_backend_needs_tensorrt_before_anything_else(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "tensorrt", None)  # makes `import tensorrt` fail even where it is installed
-    with pytest.raises(MissingDependencyError, match="tensorrt"):
-        TrtBackend(tmp_path / "absent.engine", tmp_path / "absent.engine.json", (3, 32, 32), None, BackendOptions())
-
-
-def test_backend_refuses_engine_from_another_tensorrt_version(tmp_path):
-    write_meta(tmp_path, tensorrt_version="10.8.0.43")
-    fake = FakeTrt()
-    with pytest.raises(ArtifactError) as info:
-        open_backend(tmp_path, fake, probe_as(version="10.13.3.9"))
-    text = str(info.value)
-    assert "TensorRT 10.8.0.43" in text and "TensorRT 10.13.3.9" in text
-    assert "rebuild it with `vitdeploy export` on this machine" in text
-    assert fake.called("deserialize_cuda_engine") == []  # refused before deserializing
-
-
-def test_backend_refuses_engine_from_another_gpu(tmp_path):
-    write_meta(tmp_path)
-    with pytest.raises(ArtifactError, match=r"NVIDIA A10G .*compute capability 8\.6.*rebuild"):
-        open_backend(tmp_path, FakeTrt(), probe_as(gpu="NVIDIA A10G", cc="8.6"))
-
-
-def test_backend_reports_undeserializable_engine(tmp_path):
-    write_meta(tmp_path)
-    fake = FakeTrt(engine=None)
-    with pytest.raises(ArtifactError, match="could not deserialize"):
-        open_backend(tmp_path, fake)
-    assert fake.called("deserialize_cuda_engine") == [("deserialize_cuda_engine", ENGINE_BYTES)]
-
-
-def fake_with_engine(**engine_kwargs) -> FakeTrt:
-    return FakeTrt(engine=FakeEngine(FakeTrt(), **engine_kwargs))
-
-
-def test_backend_opens_matching_engine_with_profile_max_batch(tmp_path):
-    write_meta(tmp_path)
-    backend = open_backend(tmp_path, fake_with_engine())
-    assert backend.max_batch == 4 and backend.input_shape == (3, 32, 32)
-    assert "TensorRT 10.13.3.9" in backend.describe()
-
-
-def test_backend_rejects_max_batch_beyond_profile(tmp_path):
-    write_meta(tmp_path)
-    with pytest.raises(ConfigError, match="max_batch=8"):
-        open_backend(tmp_path, fake_with_engine(), max_batch=8)
-
-
-def test_backend_rejects_other_input_shape(tmp_path):
-    write_meta(tmp_path)
-    with pytest.raises(ArtifactError, match=r"\(N, 3, 32, 32\).*\(N, 3, 64, 64\)"):
-        open_backend(tmp_path, fake_with_engine(), input_shape=(3, 64, 64))
-
-
-def test_backend_missing_or_broken_json(tmp_path):
-    with pytest.raises(ArtifactError, match="model.engine.json is missing"):
-        open_backend(tmp_path, FakeTrt())
-    write_meta(tmp_path, profile={"min": 4, "opt": 2, "max": 8})
-    with pytest.raises(ArtifactError, match="'profile'"):
-        open_backend(tmp_path, FakeTrt())
-
-
-def test_backend_rejects_engine_whose_input_differs_from_json(tmp_path):
-    write_meta(tmp_path)
-    with pytest.raises(ArtifactError, match=r"input tensor\(s\) \['images'\]"):
-        open_backend(tmp_path, fake_with_engine(io=[("images", "mode:input", (-1, 3, 32, 32)), ("logits", "mode:output", (-1, 10))]))
+    def device(self, index):
+        return contextlib.nullcontext()
 
 
 def test_json_from_build_engine_opens_here_and_is_refused_elsewhere(onnx_file, monkeypatch):
-    """build_engine's json, read back through open_from_artifacts' small artifacts interface."""
-    from vitdeploy.runtime.backends import trt as trt_backend
+    """build_engine's json, read back through open_from_artifacts' small artifacts interface.
 
+    The manifest's onnx-fp16 sha256 is that of the graph the engine was built from, so it opens.
+    """
     build(make_plan(onnx_file), FakeTrt("10.13.3.9"))
     folder = onnx_file.parent
+    graph_sha = hashlib.sha256(onnx_file.read_bytes()).hexdigest()
 
     class Artifacts:
         input_shape = (3, 32, 32)
@@ -512,7 +449,14 @@ def test_json_from_build_engine_opens_here_and_is_refused_elsewhere(onnx_file, m
         def path(self, role):
             return folder / {"engine": "model.engine", "engine-meta": "model.engine.json"}[role]
 
-    monkeypatch.setitem(sys.modules, "tensorrt", fake_with_engine())
+        def has(self, role):
+            return True
+
+        def entry(self, role):
+            return {"path": onnx_file.name, "sha256": graph_sha, "bytes": onnx_file.stat().st_size}
+
+    monkeypatch.setitem(sys.modules, "tensorrt", FakeTrt(engine=FakeEngine(FakeTrt())))
+    monkeypatch.setattr(trt_backend, "_TorchCuda", _NoCuda)
     monkeypatch.setattr(trt_backend, "probe_machine", probe_as())
     backend = open_from_artifacts(Artifacts(), BackendOptions(device="cuda"))
     assert backend.max_batch == 4 and backend.input_shape == (3, 32, 32)

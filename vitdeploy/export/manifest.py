@@ -24,7 +24,7 @@ def file_entry(path: Path, root: Path, external: Sequence[Path] = ()) -> dict[st
 
 def library_versions() -> dict[str, str | None]:
     versions: dict[str, str | None] = {"vitdeploy": __version__}
-    for module in ("torch", "onnx", "onnxruntime", "tensorrt", "numpy"):
+    for module in ("torch", "onnx", "onnxruntime", "tensorrt", "numpy", "PIL"):
         ok, version = available(module)
         versions[module] = version if ok else None
     return versions

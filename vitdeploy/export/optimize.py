@@ -1,21 +1,25 @@
 """Stage (optional): an ONNX Runtime-only FP32 graph, ``model.ort.onnx``, derived from ``model.onnx``.
 
 ``model.onnx`` stays standard ONNX (TensorRT parses the FP16 graph derived from it). This module
-writes a *separate* graph for the ONNX Runtime CPU/CUDA backends in which each transformer block is
-a handful of ``com.microsoft`` contrib kernels instead of ~40 small standard ops:
+writes a *separate* graph for the ONNX Runtime CPU/CUDA backends, with ``com.microsoft`` contrib ops:
 
 * attention (our own pass, matched on the pattern the torch exporter writes for
-  ``VisionTransformer``): qkv split -> per-head reshape/transpose -> scaled QK^T -> Softmax -> V
-  -> transpose/reshape becomes one ``MultiHeadAttention`` (fed by the unchanged qkv MatMul and a
-  Split) or one ``Attention`` (which also does the qkv projection);
-* residual Add + LayerNormalization -> ``SkipLayerNormalization``, bias Add + erf GELU ->
-  ``BiasGelu`` (ONNX Runtime's transformer optimiser, python fusions only, ``opt_level=0``, so
-  the file is not tied to this CPU).
+  ``VisionTransformer``; ONNX Runtime's own attention fusion does not recognise it): packed qkv
+  -> per-head reshape/transpose -> scaled QK^T -> Softmax -> V -> transpose/reshape becomes
+  three projections (q, k, v columns of the packed weight) + one ``MultiHeadAttention``, or one
+  ``Attention`` (which also does the qkv projection, all tokens);
+* the last block computed for the class token only (its query projection, attention output, MLP
+  and final norm): the classifier reads that one row, so the other rows are dead work (exact;
+  ~7% fewer FLOPs on ViT-B/16 at 224);
+* bias Add + erf GELU -> ``BiasGelu`` (ONNX Runtime's transformer optimiser, python fusions
+  only, ``opt_level=0``, so the file is not tied to this CPU). Its ``SkipLayerNormalization`` is
+  available but off by default: slower than Add + LayerNormalization on ORT 1.31's CPU kernels.
 
-Every fusion is exact up to float32 rounding (GELU stays the erf form unless
+Every rewrite is exact up to float32 rounding (GELU stays the erf form unless
 ``gelu_approximation=True`` asks for ``FastGelu``, a tanh approximation that drifts). A graph the
-patterns do not match is still written, just less fused; the counts are logged and returned by
-:func:`fused_op_counts`, and the export pipeline validates the file against PyTorch like any other.
+patterns do not match is still written, just less optimised; the counts are logged and returned
+by :func:`fused_op_counts`, and the export pipeline validates the file against PyTorch like any
+other. benchmarks/README.md has the measurements behind each choice.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ def optimize_for_ort(
     hidden_size: int,
     attention: AttentionOp = "MultiHeadAttention",
     gelu_approximation: bool = False,
+    class_token_only: bool = True,
+    skip_layer_norm: bool = False,
     external_data_threshold_mb: int = 1536,
 ) -> Path:
     """Write an ONNX Runtime-optimised copy of ``onnx_path`` to ``out_path`` atomically.
@@ -57,8 +63,14 @@ def optimize_for_ort(
     num_heads / hidden_size: the ViT's ``heads`` / ``width`` (the fusions check them against the
         graph; a mismatch leaves attention unfused rather than wrong).
     attention: contrib op for the attention core; "none" skips the attention pass.
-    gelu_approximation: replace exact GELU by ``FastGelu`` (tanh form): faster on some CPUs but
-        not exact (logit drift ~1e-3 on ViT-B); off by default.
+    gelu_approximation: replace exact GELU by ``FastGelu`` (tanh form): not exact (ViT-B random-weight
+        logits drift ~7e-4 max, ~1e-4 mean: beyond the FP32 validation thresholds); off by default.
+    class_token_only: compute the last block only for the class token, the one row the classifier
+        reads (exact: the other rows are dead code; ~6% fewer FLOPs on ViT-B/16). Needs the
+        MultiHeadAttention form; skipped, with a log line, when the graph does not allow it.
+    skip_layer_norm: fuse residual Add + LayerNorm into ``SkipLayerNormalization``. Off: on ONNX
+        Runtime 1.31's CPU kernels it is slower than the two ops it replaces (ViT-B, 2 threads:
+        ~9 ms vs ~4 ms per inference).
     Returns ``out_path``. Weights above ``external_data_threshold_mb`` go to ``<name>.data``.
     """
     onnx = require("onnx", "ONNX Runtime graph optimisation")
@@ -81,14 +93,18 @@ def optimize_for_ort(
     n_attention = 0
     if attention != "none":
         n_attention = fuse_attention(proto, num_heads=num_heads, hidden_size=hidden_size, op=attention)
-    proto = _ort_fusions(proto, num_heads=num_heads, hidden_size=hidden_size, gelu_approximation=gelu_approximation)
+    pruned = prune_last_block_to_class_token(proto) if class_token_only and n_attention else False
+    proto = _ort_fusions(proto, num_heads=num_heads, hidden_size=hidden_size, gelu_approximation=gelu_approximation,
+                         skip_layer_norm=skip_layer_norm)
     _ensure_ms_opset(proto, onnx)
     counts = _count(proto.graph.node)
-    _set_metadata(proto, {METADATA_KEY: json.dumps({"source": src.name, "fused": counts,
+    _set_metadata(proto, {METADATA_KEY: json.dumps({"source": src.name, "fused": counts, "attention": attention,
+                                                    "last_block_class_token_only": pruned,
                                                     "gelu_approximation": gelu_approximation})})
     external = _initializer_bytes(proto) > external_data_threshold_mb * 2**20
     _save_atomic(proto, out, external, onnx)
-    log.info("wrote %s: %d attention blocks fused, contrib ops %s", out, n_attention, counts)
+    log.info("wrote %s: %d attention blocks fused, last block class-token only: %s, contrib ops %s",
+             out, n_attention, pruned, counts)
     return out
 
 
@@ -267,7 +283,8 @@ def _match_attention(g: _Graph, softmax: Any, num_heads: int, hidden_size: int) 
 
 def fuse_attention(proto: Any, *, num_heads: int, hidden_size: int, op: AttentionOp = "MultiHeadAttention") -> int:
     """Rewrite each matched attention block of ``proto`` in place; returns how many were fused."""
-    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+    from onnx import helper, numpy_helper
 
     g = _Graph(proto.graph, numpy_helper)
     matches = [m for m in (_match_attention(g, s, num_heads, hidden_size)
@@ -276,9 +293,6 @@ def fuse_attention(proto: Any, *, num_heads: int, hidden_size: int, op: Attentio
         log.warning("attention pattern not found (num_heads=%d, hidden_size=%d); leaving attention unfused",
                     num_heads, hidden_size)
         return 0
-    split_sizes = f"vitdeploy_qkv_split_{hidden_size}"
-    if op == "MultiHeadAttention" and split_sizes not in g.inits:
-        proto.graph.initializer.append(helper.make_tensor(split_sizes, TensorProto.INT64, [3], [hidden_size] * 3))
     replacements: dict[int, list[Any]] = {}
     for i, m in enumerate(matches):
         name = f"vitdeploy_attention_{i}"
@@ -286,10 +300,17 @@ def fuse_attention(proto: Any, *, num_heads: int, hidden_size: int, op: Attentio
             new = [helper.make_node("Attention", [m["x"], m["weight"], m["bias"]], [m["out"]], name=name,
                                     domain=MS_DOMAIN, num_heads=num_heads, scale=m["scale"])]
         else:
-            qkv = [f"{name}_{p}" for p in "qkv"]
-            new = [helper.make_node("Split", [m["qkv_out"], split_sizes], qkv, name=f"{name}_split", axis=-1),
-                   helper.make_node("MultiHeadAttention", [*qkv, m["bias"]], [m["out"]], name=name,
-                                    domain=MS_DOMAIN, num_heads=num_heads, scale=m["scale"])]
+            # one projection per q / k / v (columns of the packed weight): no Split copy, and the
+            # class-token pass can then project the query of one row only
+            w = g.const(m["weight"])
+            new = []
+            for j, part in enumerate("qkv"):
+                w_name = f"{name}_{part}_weight"
+                proto.graph.initializer.append(
+                    numpy_helper.from_array(np.ascontiguousarray(w[:, j * hidden_size:(j + 1) * hidden_size]), w_name))
+                new.append(helper.make_node("MatMul", [m["x"], w_name], [f"{name}_{part}"], name=f"{name}_{part}_proj"))
+            new.append(helper.make_node("MultiHeadAttention", [f"{name}_{p}" for p in "qkv"] + [m["bias"]], [m["out"]],
+                                        name=name, domain=MS_DOMAIN, num_heads=num_heads, scale=m["scale"]))
         replacements[id(m["replace"])] = new
     nodes: list[Any] = []
     for node in proto.graph.node:
@@ -311,7 +332,7 @@ def _live(nodes: list[Any], graph_outputs: set[str]) -> list[Any]:
 
 def _replace_nodes(graph: Any, nodes: list[Any]) -> None:
     kept = [type(n)() for n in nodes]
-    for dst, src in zip(kept, nodes):
+    for dst, src in zip(kept, nodes, strict=True):
         dst.CopyFrom(src)
     del graph.node[:]
     graph.node.extend(kept)
@@ -322,16 +343,128 @@ def _drop_unused_initializers(graph: Any) -> None:
     keep = [i for i in graph.initializer if i.name in used]
     if len(keep) != len(graph.initializer):
         kept = [type(i)() for i in keep]
-        for dst, src in zip(kept, keep):
+        for dst, src in zip(kept, keep, strict=True):
             dst.CopyFrom(src)
         del graph.initializer[:]
         graph.initializer.extend(kept)
 
 
+# --------------------------------------------------------------------------- class-token pruning
+
+_UNARY = {"Erf", "Tanh", "Sigmoid", "Relu", "Identity", "Cast", "Gelu"}
+_BINARY = {"Add", "Sub", "Mul", "Div"}
+
+
+def prune_last_block_to_class_token(proto: Any) -> bool:
+    """After the attention pass: make the last block compute only the class token's row.
+
+    Sound only when everything between the last ``MultiHeadAttention`` and the class-token select
+    (``Gather(axis=1, index 0)``) is token-wise (MatMul by a weight, LayerNorm over the last axis,
+    elementwise ops with per-feature constants, the residual Add) and nothing else reads it; the
+    query and the residual stream are then sliced to row 0 and the rest follows. Returns False, and
+    leaves the graph alone, when any of that does not hold.
+    """
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = _Graph(proto.graph, numpy_helper)
+    selects = [n for n in proto.graph.node if n.op_type == "Gather" and _attr(n, "axis", 0) == 1
+               and (idx := g.const(n.input[1])) is not None and idx.ndim == 0 and int(idx) == 0]
+    mhas = [n for n in proto.graph.node if n.op_type == "MultiHeadAttention" and n.domain == MS_DOMAIN]
+    if len(selects) != 1 or not mhas:
+        log.info("class-token pruning skipped: %d class-token selects, %d MultiHeadAttention nodes", len(selects), len(mhas))
+        return False
+    select, last = selects[0], mhas[-1]
+    region, side = _token_wise_region(g, last.output[0], select)
+    if region is None or select.input[0] not in region:
+        log.info("class-token pruning skipped: the last block's output reaches more than the class-token select")
+        return False
+    # the one side input allowed: the residual stream entering the last block (LayerNorm -> q projection)
+    q_proj = g.made_by(last.input[0], "MatMul")
+    norm = g.made_by(q_proj.input[0], "LayerNormalization") if q_proj is not None else None
+    if norm is None or side != {norm.input[0]} or g.consumers[q_proj.output[0]] != [last]:
+        log.info("class-token pruning skipped: unexpected inputs %s into the last block", sorted(side))
+        return False
+    residual = norm.input[0]
+    names = {k: f"vitdeploy_cls_{k}" for k in ("starts", "ends", "axes", "normed", "residual")}
+    for key, value in (("starts", 0), ("ends", 1), ("axes", 1)):
+        proto.graph.initializer.append(helper.make_tensor(names[key], TensorProto.INT64, [1], [value]))
+    bounds = [names["starts"], names["ends"], names["axes"]]
+    slices = [helper.make_node("Slice", [norm.output[0], *bounds], [names["normed"]], name="vitdeploy_cls_query_slice"),
+              helper.make_node("Slice", [residual, *bounds], [names["residual"]], name="vitdeploy_cls_residual_slice")]
+    q_proj.input[0] = names["normed"]  # keys and values still see every token
+    in_region = {id(g.producer[t]) for t in region if t in g.producer} - {id(last)}
+    for node in proto.graph.node:
+        if id(node) in in_region:
+            for i, name in enumerate(node.input):
+                if name == residual:
+                    node.input[i] = names["residual"]
+    nodes: list[Any] = []
+    for node in proto.graph.node:
+        if node is q_proj:
+            nodes.extend(slices)
+        nodes.append(node)
+    _replace_nodes(proto.graph, nodes)
+    # recorded shapes say 197 rows where there is now one: drop them (shape inference redoes them)
+    fresh = [v for v in proto.graph.value_info if v.name not in region]
+    if len(fresh) != len(proto.graph.value_info):
+        kept = [type(v)() for v in fresh]
+        for dst, src in zip(kept, fresh, strict=True):
+            dst.CopyFrom(src)
+        del proto.graph.value_info[:]
+        proto.graph.value_info.extend(kept)
+    return True
+
+
+def _token_wise_region(g: _Graph, start: str, select: Any) -> tuple[set[str] | None, set[str]]:
+    """Tensors computed from ``start`` up to ``select`` (forward closure); (None, _) unless every node
+    in it works row by row (see ``_is_token_wise``) and none of it is a graph output."""
+    region, nodes, todo = {start}, {}, [start]
+    while todo:
+        for node in g.consumers.get(todo.pop(), []):
+            if node is select or id(node) in nodes:
+                continue
+            nodes[id(node)] = node
+            for out in node.output:
+                if out and out not in region:
+                    region.add(out)
+                    todo.append(out)
+    side: set[str] = set()
+    if region & g.outputs or not all(_is_token_wise(g, n, region, side) for n in nodes.values()):
+        return None, side
+    return region, side
+
+
+def _is_token_wise(g: _Graph, node: Any, region: set[str], side: set[str]) -> bool:
+    op = node.op_type
+    if node.domain not in ("", "ai.onnx"):
+        return False
+    if op in _UNARY:
+        return True
+    if op == "LayerNormalization":
+        return _attr(node, "axis", -1) == -1 and all(g.const(i) is not None for i in node.input[1:] if i)
+    if op == "MatMul":
+        w = g.const(node.input[1])
+        return node.input[0] in region and w is not None and w.ndim == 2
+    if op in _BINARY:
+        for name in node.input:
+            if name in region:
+                continue
+            c = g.const(name)
+            if c is None:
+                if op != "Add":
+                    return False
+                side.add(name)  # a residual connection: checked by the caller
+            elif c.ndim > 1:
+                return False
+        return True
+    return False
+
+
 # --------------------------------------------------------------------------- ORT's own fusions
 
-def _ort_fusions(proto: Any, *, num_heads: int, hidden_size: int, gelu_approximation: bool) -> Any:
-    """SkipLayerNormalization / BiasGelu (/ FastGelu) via onnxruntime.transformers, python only."""
+def _ort_fusions(proto: Any, *, num_heads: int, hidden_size: int, gelu_approximation: bool,
+                 skip_layer_norm: bool) -> Any:
+    """BiasGelu (/ FastGelu, SkipLayerNormalization) via onnxruntime.transformers, python only."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
@@ -339,6 +472,7 @@ def _ort_fusions(proto: Any, *, num_heads: int, hidden_size: int, gelu_approxima
     options.enable_attention = False  # done above; ORT's matcher does not know this pattern anyway
     options.enable_embed_layer_norm = False
     options.enable_gelu_approximation = bool(gelu_approximation)
+    options.enable_skip_layer_norm = options.enable_bias_skip_layer_norm = bool(skip_layer_norm)
     with _quiet("onnxruntime.transformers", "onnx_model", "fusion_base", "optimizer"):
         try:
             model = optimize_model(proto, model_type="vit", num_heads=num_heads, hidden_size=hidden_size,
@@ -358,7 +492,7 @@ def _quiet(*names: str):
     try:
         yield
     finally:
-        for lg, level in zip(loggers, levels):
+        for lg, level in zip(loggers, levels, strict=True):
             lg.setLevel(level)
 
 

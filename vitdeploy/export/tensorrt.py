@@ -13,8 +13,6 @@ build logic can be tested with a stand-in module where TensorRT cannot be instal
 from __future__ import annotations
 
 import contextlib
-import importlib
-import importlib.util
 import json
 import logging
 from dataclasses import dataclass
@@ -26,14 +24,13 @@ from .._files import atomic_path
 from .._deps import require
 from ..errors import ConfigError, ExportError
 from ..runtime.artifacts import sha256_file
-from ..runtime.backends.trt import EngineMetadata, make_trt_logger, recent_errors
-from ..runtime.cuda import GpuIdentity, cuda_status, gpu_identity
+from ..runtime.backends.trt import INSTALL_HINT, EngineMetadata, make_trt_logger, recent_errors, unavailable_reason
+from ..runtime.cuda import GpuIdentity, gpu_identity
 
 log = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
 _PRECISIONS = ("fp16", "fp32")
-INSTALL_HINT = "pip install 'vitdeploy[tensorrt]'"
 
 
 @dataclass(frozen=True)
@@ -50,7 +47,6 @@ class EngineBuildPlan:
     workspace_bytes: int
     optimization_level: int  # builder_optimization_level, 0 (fast build) .. 5 (slowest, best)
     timing_cache_path: Path | None  # reused and updated across builds; None = no persistent cache
-    strongly_typed: bool = True
     precision: str = "fp16"  # the precision of the ONNX graph at onnx_path, recorded in the json
 
     @property
@@ -106,15 +102,11 @@ def plan_engine_build(onnx_path: str | Path, engine_path: str | Path, *, input_n
 
 
 def tensorrt_unavailable_reason() -> str | None:
-    """None when ``tensorrt`` imports and a CUDA GPU is usable; else why not, in one line."""
-    if importlib.util.find_spec("tensorrt") is None:
-        return f"tensorrt is not installed ({INSTALL_HINT})"
-    try:
-        importlib.import_module("tensorrt")
-    except Exception as exc:  # noqa: BLE001 - e.g. libnvinfer missing: any failure means unusable
-        return f"tensorrt is installed but does not import ({type(exc).__name__}: {exc})".splitlines()[0]
-    ok, why = cuda_status()
-    return None if ok else f"no CUDA GPU: {why}"
+    """None when ``tensorrt`` imports and a CUDA GPU (cuda:0) is usable; else why not, in one line.
+
+    The check itself lives with the trt backend (one implementation for export and runtime).
+    """
+    return unavailable_reason()
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,17 +121,14 @@ def tensorrt_major(version: str) -> int:
     return int(head)
 
 
-def _network_flags(trt: Any, major: int, strongly_typed: bool) -> int:
+def _network_flags(trt: Any, major: int) -> int:
     """The ``create_network`` flags: STRONGLY_TYPED on 10.x, nothing on 11.x.
 
-    TensorRT 11 makes every network strongly typed; its NetworkDefinitionCreationFlag.STRONGLY_TYPED
-    (still in the 11.4 bindings) is deprecated and ignored, so it is not passed there.
+    Networks are always strongly typed (precision comes from the ONNX graph). TensorRT 11 makes
+    every network strongly typed; its NetworkDefinitionCreationFlag.STRONGLY_TYPED (still in the
+    11.4 bindings) is deprecated and ignored, so it is not passed there.
     """
     if major >= 11:
-        if not strongly_typed:
-            log.warning("TensorRT %d always builds strongly typed networks; strongly_typed=False is ignored", major)
-        return 0
-    if not strongly_typed:
         return 0
     flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
     if flag is None:
@@ -219,7 +208,7 @@ def build_engine(plan: EngineBuildPlan, trt: Any = None, logger: Any = None, *,
         logger = make_trt_logger(trt, log)
 
     builder = trt.Builder(logger)
-    flags = _network_flags(trt, major, plan.strongly_typed)
+    flags = _network_flags(trt, major)
     network = builder.create_network(flags) if flags else builder.create_network()
     parser = trt.OnnxParser(network, logger)
     # parse_from_file (not parse(bytes)) so external data files beside the ONNX graph resolve.

@@ -219,7 +219,12 @@ class Artifacts:
     @property
     def batch(self) -> dict[str, int]:
         """{"min", "opt", "max"}; defaults 1 / 8 / 32 for keys the manifest leaves out."""
-        raw = self._manifest.get("batch") or {}
+        raw = self._manifest.get("batch")
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise ArtifactError(f"{self._where('batch')} must be an object like {{\"min\": 1, \"opt\": 8, "
+                                f"\"max\": 32}}, got {raw!r}; {_FIX}")
         out = {"min": 1, "opt": 8, "max": 32}
         for key in out:
             if key in raw:
@@ -280,9 +285,13 @@ class Artifacts:
         if not isinstance(expected_hash, str) or len(expected_hash) != 64:
             raise ArtifactError(f"{what}: manifest entry for {path.name} has no valid sha256 ({expected_hash!r}); {_FIX}")
         expected_size = entry.get("bytes")
+        if expected_size is not None and (isinstance(expected_size, bool) or not isinstance(expected_size, int)
+                                          or expected_size < 0):
+            raise ArtifactError(f"{what}: manifest entry for {path.name} has an invalid \"bytes\" "
+                                f"{expected_size!r} (expected a non-negative integer); {_FIX}")
         actual_size = path.stat().st_size
-        if expected_size is not None and int(expected_size) != actual_size:
-            raise ArtifactError(f"{what}: tampered or corrupt: {path} size expected {int(expected_size)} bytes got "
+        if expected_size is not None and expected_size != actual_size:
+            raise ArtifactError(f"{what}: tampered or corrupt: {path} size expected {expected_size} bytes got "
                                 f"{actual_size}; {_FIX}")
         actual_hash = sha256_file(path)
         if actual_hash != expected_hash.lower():

@@ -21,8 +21,8 @@ import numpy as np
 
 from ..errors import ArtifactError, BackendError, InputError, MissingDependencyError
 from .artifacts import Artifacts
-from .backends import (BACKEND_NAMES, Backend, BackendOptions, artifact_roles, backend_unavailable_reason, ensure_known,
-                       open_backend)
+from .backends import (BACKEND_NAMES, Backend, BackendOptions, backend_unavailable_reason, ensure_known, first_line,
+                       open_backend, verify_backend_files)
 from .postprocess import softmax, top_k as _top_k
 
 log = logging.getLogger(__name__)
@@ -43,11 +43,6 @@ class Prediction:
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "index": self.index, "score": self.score,
                 "top_k": [{"label": lab, "index": idx, "score": sc} for lab, idx, sc in self.top_k]}
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _cuda_provider_available() -> bool:
@@ -80,13 +75,11 @@ def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backe
             if not any(p in _CUDA_PROVIDERS for p in options.providers):
                 opts = dataclasses.replace(options, providers=("CUDAExecutionProvider", *options.providers))
             opts = dataclasses.replace(opts, allow_cpu_fallback=False)  # fp16 on CPU is not what auto promises
-        extra = ("weights-config",) if name == "torch" and artifacts.has("weights-config") else ()
-        for role in (*artifact_roles(name), *extra):
-            artifacts.path(role)  # tampered or escaping files raise here, before any fallback
+        verify_backend_files(name, artifacts)  # tampered or escaping files raise here, before any fallback
         try:
             backend = open_backend(name, artifacts, opts)
         except (BackendError, MissingDependencyError, ArtifactError) as exc:
-            notes.append(f"{name} failed ({_first_line(exc)})")
+            notes.append(f"{name} failed ({first_line(exc)})")
             log.debug("auto: %s failed", name, exc_info=True)
             continue
         why = "auto: " + "; ".join([*notes, f"chose {name}"])
@@ -148,8 +141,9 @@ class Predictor:
         """
         batch = np.asarray(self.preprocessor.batch(list(images)), dtype=np.float32)
         if batch.ndim != 4 or batch.shape[1:] != tuple(self.input_shape):
-            raise InputError(f"preprocessing produced shape {batch.shape}, the model expects "
-                             f"(N, {', '.join(map(str, self.input_shape))}); the manifest's preprocess and io disagree")
+            raise ArtifactError(f"{self.artifacts.directory / 'manifest.json'}: preprocessing produced shape "
+                                f"{batch.shape}, the model expects (N, {', '.join(map(str, self.input_shape))}); "
+                                f"the manifest's preprocess and io sections disagree; re-run `vitdeploy export`")
         return batch
 
     def _to_batch(self, inputs: Any) -> tuple[np.ndarray, bool]:

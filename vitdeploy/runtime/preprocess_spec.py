@@ -7,10 +7,12 @@ importing Pillow or numpy.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from numbers import Integral
 from typing import Any, Literal
 
 Style = Literal["hf", "timm"]
 Interpolation = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
+INTERPOLATIONS: tuple[str, ...] = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -46,6 +48,14 @@ class PreprocessSpec:
             raise ValueError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
         if len(self.mean) != 3 or len(self.std) != 3 or any(s <= 0 for s in self.std):
             raise ValueError(f"mean/std must be 3 values with std > 0, got {self.mean} / {self.std}")
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"preprocess interpolation must be one of {', '.join(INTERPOLATIONS)}, "
+                             f"got {self.interpolation!r}")
+        bg = self.background
+        if (not isinstance(bg, (tuple, list)) or len(bg) != 3
+                or any(isinstance(v, bool) or not isinstance(v, Integral) or not 0 <= v <= 255 for v in bg)):
+            raise ValueError(f"preprocess background must be 3 integers in 0..255 (an RGB colour), got {bg!r}")
+        object.__setattr__(self, "background", tuple(int(v) for v in bg))  # a list or numpy ints -> plain tuple
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -62,8 +72,8 @@ class PreprocessSpec:
         for key in ("mean", "std"):
             if key in d:
                 d[key] = tuple(float(v) for v in d[key])
-        if "background" in d:
-            d["background"] = tuple(int(v) for v in d["background"])
+        if "background" in d and isinstance(d["background"], (list, tuple)):
+            d["background"] = tuple(d["background"])  # validated (ints 0..255, no silent rounding) in __post_init__
         return cls(**d)
 
     def replace(self, **changes: Any) -> "PreprocessSpec":

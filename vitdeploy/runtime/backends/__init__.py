@@ -14,20 +14,33 @@ from typing import Any, Callable
 
 from ..._deps import available
 from ...errors import ConfigError
+from ..cuda import cuda_status
 from .base import Backend, BackendBase, BackendOptions
 
 BACKEND_NAMES = ("torch", "ort", "ort-fp16", "trt")
 
 # name -> (module, opener function, artifact roles it needs (main one first), libraries it imports)
 _REGISTRY: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
-    "torch": ("torch_backend", "open_from_artifacts", ("weights",), ("torch", "safetensors")),
+    "torch": ("torch_backend", "open_from_artifacts", ("weights", "weights-config"), ("torch", "safetensors")),
     "ort": ("ort", "open_from_artifacts", ("onnx",), ("onnxruntime",)),
     "ort-fp16": ("ort", "open_fp16_from_artifacts", ("onnx-fp16",), ("onnxruntime",)),
     "trt": ("trt", "open_from_artifacts", ("engine", "engine-meta"), ("tensorrt",)),
 }
 
 __all__ = ["BACKEND_NAMES", "Backend", "BackendBase", "BackendOptions", "artifact_role", "artifact_roles",
-           "backend_unavailable_reason", "cuda_device_count", "ensure_known", "open_backend"]
+           "backend_unavailable_reason", "cuda_device_count", "ensure_known", "first_line", "open_backend",
+           "verify_backend_files"]
+
+
+def first_line(value: BaseException | str) -> str:
+    """The first line of an error message (or of ``str(value)``), for one-line reports.
+
+    An exception with an empty message gives its type name.
+    """
+    text = str(value).strip()
+    if text:
+        return text.splitlines()[0]
+    return type(value).__name__ if isinstance(value, BaseException) else ""
 
 
 def _check_name(name: str) -> None:
@@ -42,9 +55,18 @@ def artifact_role(name: str) -> str:
 
 
 def artifact_roles(name: str) -> tuple[str, ...]:
-    """Every manifest role backend ``name`` reads (trt: the engine and its metadata)."""
+    """Every manifest role backend ``name`` reads (torch: weights + model.json; trt: engine + metadata)."""
     _check_name(name)
     return _REGISTRY[name][2]
+
+
+def verify_backend_files(name: str, artifacts: Any) -> dict[str, Any]:
+    """Check the size and sha256 of every file backend ``name`` reads; {role: verified path}.
+
+    ArtifactError for a missing role, or a missing, tampered or escaping file: such a file is an
+    error, never a reason to skip a backend silently. Each role is hashed once per Artifacts.
+    """
+    return {role: artifacts.path(role) for role in artifact_roles(name)}
 
 
 def _opener(name: str) -> Callable[..., Backend]:
@@ -59,8 +81,7 @@ def open_backend(name: str, artifacts: Any, options: BackendOptions | None = Non
     ConfigError for an unknown name; ArtifactError when its file is absent or tampered with;
     MissingDependencyError when its library is not installed; BackendError when it cannot run.
     """
-    _check_name(name)
-    for role in _REGISTRY[name][2]:
+    for role in artifact_roles(name):
         if not artifacts.has(role):
             artifacts.entry(role)  # raises ArtifactError naming the missing role and the fix
     return _opener(name)(artifacts, options or BackendOptions())
@@ -82,10 +103,6 @@ def cuda_device_count() -> int:
     return 0
 
 
-def _first_line(text: str) -> str:
-    return text.strip().splitlines()[0] if text.strip() else text
-
-
 def backend_unavailable_reason(name: str, artifacts: Any = None, options: BackendOptions | None = None) -> str | None:
     """Why backend ``name`` cannot be opened here, or None when it should open.
 
@@ -104,33 +121,19 @@ def backend_unavailable_reason(name: str, artifacts: Any = None, options: Backen
         if not ok:
             if why.startswith("ModuleNotFoundError"):
                 return f"{dep} not installed"
-            return f"{dep} failed to import ({_first_line(why)})"
+            return f"{dep} failed to import ({first_line(why)})"
     if name == "torch" and options.device.startswith("cuda"):
-        ok, why = _torch_cuda()
+        ok, why = cuda_status(options.device)
         if not ok:
             return why
     if name == "trt":
         try:
             module = importlib.import_module(f"{__name__}.trt")
         except ImportError as exc:
-            return f"TensorRT backend unavailable ({exc})"
-        probe = getattr(module, "unavailable_reason", None)
-        if callable(probe):  # the backend's own check (tensorrt, CUDA device through torch)
-            reason = probe(artifacts, options)
-            return str(reason) if reason else None
-        if cuda_device_count() == 0:
-            return "no CUDA GPU (TensorRT needs one)"
+            return f"TensorRT backend unavailable ({first_line(exc)})"
+        reason = module.unavailable_reason(artifacts, options)  # tensorrt, and a CUDA GPU through torch
+        return str(reason) if reason else None
     return None
-
-
-def _torch_cuda() -> tuple[bool, str]:
-    try:
-        import torch  # noqa: PLC0415 - only reached when torch is already known to import
-    except ImportError as exc:  # pragma: no cover
-        return False, f"torch not installed ({exc})"
-    if not torch.cuda.is_available():
-        return False, f"torch {torch.__version__} sees no CUDA GPU"
-    return True, ""
 
 
 def ensure_known(name: str) -> str:

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..._deps import require
-from ...errors import BackendError
-from ..artifacts import check_onnx_external_data
+from ...errors import ArtifactError, BackendError
+from ..artifacts import check_onnx_external_data, resolve_inside
 from .base import BackendBase, BackendOptions
 
 log = logging.getLogger(__name__)
@@ -110,12 +110,18 @@ class OrtBackend(BackendBase):
         self.output_name = "logits" if "logits" in names else names[0]
         self.output_names = names
 
-    def _run(self, batch: np.ndarray) -> np.ndarray:
-        if self._session is None:
+    def _live_session(self) -> Any:
+        # Read self._session once: close() on another thread may set it to None at any moment.
+        session = self._session
+        if session is None:
             raise BackendError(f"{self.name}: backend is closed")
+        return session
+
+    def _run(self, batch: np.ndarray) -> np.ndarray:
+        session = self._live_session()
         feed = batch if self._input_dtype is np.float32 else batch.astype(self._input_dtype)
         try:
-            (out,) = self._session.run([self.output_name], {self.input_name: feed})
+            (out,) = session.run([self.output_name], {self.input_name: feed})
         except Exception as exc:  # noqa: BLE001
             raise BackendError(f"{self.name}: ONNX Runtime failed on a batch of shape {batch.shape}: "
                                f"{str(exc).strip()}") from exc
@@ -123,9 +129,15 @@ class OrtBackend(BackendBase):
 
     def run_outputs(self, batch: np.ndarray, names: list[str]) -> list[np.ndarray]:
         """Run and return the named outputs (float32), e.g. ["logits", "features"]."""
+        session = self._live_session()
         batch = self.check_input(batch)
         feed = batch if self._input_dtype is np.float32 else batch.astype(self._input_dtype)
-        return [np.asarray(o, dtype=np.float32) for o in self._session.run(names, {self.input_name: feed})]
+        try:
+            outs = session.run(list(names), {self.input_name: feed})
+        except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+            raise BackendError(f"{self.name}: ONNX Runtime failed to compute outputs {list(names)} (the model has "
+                               f"{self.output_names}) on a batch of shape {batch.shape}: {str(exc).strip()}") from exc
+        return [np.asarray(o, dtype=np.float32) for o in outs]
 
     def close(self) -> None:
         self._session = None
@@ -134,10 +146,25 @@ class OrtBackend(BackendBase):
         return f"onnxruntime {self._version} [{', '.join(self.providers)}]"
 
 
+def verified_onnx_path(artifacts: Any, role: str) -> Path:
+    """The verified ONNX file of ``role``, refused unless every external data file it loads is
+    listed (and so sha256-verified) in the manifest entry of that role."""
+    path = artifacts.path(role)  # verifies the graph and the external data the manifest lists
+    listed = {resolve_inside(artifacts.directory, sub.get("path"), f"artifact {role!r} external data")
+              for sub in artifacts.entry(role).get("external_data") or []}
+    unlisted = [p for p in check_onnx_external_data(path) if p not in listed]
+    if unlisted:
+        names = ", ".join(str(p.relative_to(Path(artifacts.directory).resolve())) for p in unlisted)
+        raise ArtifactError(f"artifact {role!r}: {path.name} loads external data {names} that manifest.json does "
+                            f"not list under artifacts.{role}.external_data, so its sha256 cannot be checked; "
+                            f"refusing it; re-run `vitdeploy export` to (re)create the artifacts")
+    return path
+
+
 def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *, fp16: bool = False) -> OrtBackend:
     """The "ort" backend (or "ort-fp16" with ``fp16=True``) on a verified artifact."""
     role, name = ("onnx-fp16", "ort-fp16") if fp16 else ("onnx", "ort")
-    path = artifacts.path(role)
+    path = verified_onnx_path(artifacts, role)
     return OrtBackend(path, artifacts.input_shape, artifacts.batch["max"], options, name=name)
 
 

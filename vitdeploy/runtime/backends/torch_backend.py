@@ -51,6 +51,12 @@ def _read_config(path: Path) -> dict[str, Any]:
     return data
 
 
+def _mismatch(exc: RuntimeError) -> str:
+    """The first "size mismatch for ..." line of a load_state_dict error (its message spans lines)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return next((line for line in lines if line.startswith("size mismatch")), lines[0] if lines else "RuntimeError")
+
+
 class TorchBackend(BackendBase):
     """VisionTransformer in eval mode under ``torch.inference_mode``; returns float32 numpy."""
 
@@ -93,7 +99,12 @@ class TorchBackend(BackendBase):
         except Exception as exc:  # noqa: BLE001 - safetensors raises several types on bad files
             raise BackendError(f"torch backend: cannot read {weights_path}: {exc}") from exc
         model = VisionTransformer(cfg)
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        try:
+            missing, unexpected = model.load_state_dict(state, strict=False)
+        except RuntimeError as exc:  # tensor shapes differ from the config's (e.g. another width or class count)
+            raise BackendError(f"torch backend: weights {weights_path} do not fit the config in {config_path} "
+                               f"({_mismatch(exc)}); the two files come from different "
+                               f"models: re-export both with `vitdeploy export`") from exc
         if missing or unexpected:
             raise BackendError(f"torch backend: {weights_path} does not match the config in {config_path}: "
                                f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
@@ -149,6 +160,6 @@ class TorchBackend(BackendBase):
 
 
 def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> TorchBackend:
-    weights = artifacts.path("weights")
-    config = artifacts.path("weights-config") if artifacts.has("weights-config") else weights.with_name(CONFIG_NAME)
+    """The "torch" backend on the verified "weights" (model.safetensors) and "weights-config" (model.json)."""
+    weights, config = artifacts.path("weights"), artifacts.path("weights-config")
     return TorchBackend((weights, config), artifacts.input_shape, artifacts.batch["max"], options)

@@ -1,13 +1,18 @@
 """The TensorRT backend ("trt"): runs model.engine, described by model.engine.json.
 
-A serialized TensorRT engine only runs with the TensorRT version and on the GPU model it was
-built for, so the backend reads model.engine.json first and refuses (ArtifactError) an engine
-built elsewhere, telling the user to rebuild it with ``vitdeploy export`` on this machine.
+A serialized TensorRT engine only runs with the TensorRT version it was built with and on GPUs of
+the compute capability it was built for, so the backend reads model.engine.json first and refuses
+(ArtifactError) an engine built elsewhere, telling the user to rebuild it with ``vitdeploy export``
+on this machine. A GPU of the same compute capability but another model name (H100 SXM vs PCIe)
+is accepted with a warning (TensorRT itself warns that speed may suffer there).
 
 Written against the name-based I/O API of TensorRT 10.x and 11.x (``num_io_tensors``,
 ``get_tensor_name``, ``set_input_shape``, ``set_tensor_address``, ``execute_async_v3``).
-tensorrt and torch are imported lazily: torch supplies the CUDA device buffers and streams.
-An execution context is not thread-safe, so each thread gets its own (``threading.local``).
+tensorrt and torch are imported lazily: torch supplies the CUDA device buffers and streams,
+through the small ``_TorchCuda`` object (tests substitute a fake one). The engine is deserialized,
+and contexts/streams created, with the requested GPU current. An execution context is not
+thread-safe, so each thread gets its own (``threading.local``). A batch smaller than the engine
+profile's min is padded (repeating its last row) up to min and the result sliced back.
 
 model.engine.json (written by ``vitdeploy.export.tensorrt.build_engine``)::
 
@@ -21,6 +26,7 @@ model.engine.json (written by ``vitdeploy.export.tensorrt.build_engine``)::
 from __future__ import annotations
 
 import collections
+import importlib
 import json
 import logging
 import threading
@@ -31,13 +37,14 @@ from typing import Any, Callable
 import numpy as np
 
 from ..._deps import require
-from ...errors import ArtifactError, BackendError, ConfigError, MissingDependencyError
+from ...errors import ArtifactError, BackendError, ConfigError
 from ..cuda import cuda_index, cuda_status, gpu_identity
 from .base import BackendBase, BackendOptions
 
 log = logging.getLogger(__name__)
 
 _UNKNOWN = "unknown"
+INSTALL_HINT = "pip install 'vitdeploy[tensorrt]'"
 # nvinfer1::ILogger::Severity values: kINTERNAL_ERROR=0, kERROR=1, kWARNING=2, kINFO=3, kVERBOSE=4.
 _SEVERITY_LEVELS = {0: logging.CRITICAL, 1: logging.ERROR, 2: logging.WARNING, 3: logging.DEBUG, 4: 5}
 
@@ -116,13 +123,15 @@ class EngineMetadata:
             raise ArtifactError(f"{path} is not valid JSON ({exc}); rebuild the engine with `vitdeploy export`") from exc
         return cls.from_dict(data, source=str(path))
 
-    def describe_target(self) -> str:
-        return f"TensorRT {self.tensorrt_version} on {self.gpu_name} (compute capability {self.compute_capability})"
+    @property
+    def target(self) -> MachineIdentity:
+        """The TensorRT version and GPU the engine was built for."""
+        return MachineIdentity(self.tensorrt_version, self.gpu_name, self.compute_capability)
 
 
 @dataclass(frozen=True)
 class MachineIdentity:
-    """The facts of this machine an engine must match."""
+    """The facts of a machine an engine must match (this one, or the one it was built on)."""
 
     tensorrt_version: str
     gpu_name: str
@@ -139,22 +148,48 @@ def probe_machine(trt: Any, device: str | int | None = None) -> MachineIdentity:
 
 
 def check_engine_matches(meta: EngineMetadata, here: MachineIdentity, engine_path: str | Path) -> None:
-    """ArtifactError unless ``meta`` was built with this TensorRT version on this GPU model."""
-    pairs = [("tensorrt_version", meta.tensorrt_version, here.tensorrt_version),
-             ("gpu_name", meta.gpu_name, here.gpu_name),
-             ("compute_capability", meta.compute_capability, here.compute_capability)]
+    """ArtifactError unless ``meta`` was built with this TensorRT version for this compute capability.
+
+    The TensorRT version must match exactly (engines are not portable across versions) and so must
+    the compute capability; a different GPU model name with the same compute capability (e.g.
+    H100 SXM vs H100 PCIe) is accepted with a warning.
+    """
+    built = meta.target
     differs = []
-    for key, built, now in pairs:
-        if built == _UNKNOWN:
+    for key in ("tensorrt_version", "compute_capability"):
+        then, now = getattr(built, key), getattr(here, key)
+        if then == _UNKNOWN:
             log.warning("%s.json does not record %s; cannot check the engine against this machine's %s", engine_path, key, now)
-        elif built != now:
+        elif then != now:
             differs.append(key)
     if differs:
         raise ArtifactError(
-            f"{engine_path} was built for {meta.describe_target()}, but this machine has {here.describe()} "
+            f"{engine_path} was built for {built.describe()}, but this machine has {here.describe()} "
             f"(differs in {', '.join(differs)}). A TensorRT engine only runs with the TensorRT version and GPU "
-            "model it was built for: rebuild it with `vitdeploy export` on this machine "
+            "compute capability it was built for: rebuild it with `vitdeploy export` on this machine "
             "(or use the 'ort' / 'ort-fp16' backend)."
+        )
+    if built.gpu_name not in (_UNKNOWN, here.gpu_name):
+        log.warning("%s was built on %s and runs here on %s (same compute capability %s): TensorRT accepts it but it "
+                    "may run slower than an engine built here; rebuild with `vitdeploy export` on this machine for best speed",
+                    engine_path, built.gpu_name, here.gpu_name, here.compute_capability)
+
+
+def check_engine_source(meta: EngineMetadata, onnx_sha256: str | None, engine_path: str | Path, onnx_what: str) -> None:
+    """ArtifactError unless the engine was built from the ONNX graph with sha256 ``onnx_sha256``.
+
+    ``onnx_sha256`` None (not known, e.g. no manifest yet) skips the check.
+    """
+    if not onnx_sha256:
+        return
+    if meta.onnx_sha256 == _UNKNOWN:
+        log.warning("%s.json does not record the ONNX graph it was built from; cannot check it against %s", engine_path, onnx_what)
+        return
+    if meta.onnx_sha256.lower() != str(onnx_sha256).lower():
+        raise ArtifactError(
+            f"{engine_path} was built from an ONNX graph with sha256 {meta.onnx_sha256} (its .json), but {onnx_what} "
+            f"has sha256 {onnx_sha256}: the engine was built from another graph and would not compute this model. "
+            "Rebuild it with `vitdeploy export` (or use the 'ort' / 'ort-fp16' backend)."
         )
 
 
@@ -194,12 +229,53 @@ def recent_errors(trt_logger: Any) -> str:
 # the backend
 
 
-def _torch_dtype(trt: Any, torch: Any, trt_dtype: Any, what: str) -> Any:
-    pairs = [(trt.DataType.FLOAT, torch.float32), (trt.DataType.HALF, torch.float16), (trt.DataType.BF16, torch.bfloat16)]
-    for candidate, torch_dtype in pairs:
+def _io_dtype(trt: Any, trt_dtype: Any, what: str) -> str:
+    """"float32" / "float16" / "bfloat16" for a TensorRT I/O dtype; ArtifactError for any other."""
+    pairs = [(trt.DataType.FLOAT, "float32"), (trt.DataType.HALF, "float16"), (trt.DataType.BF16, "bfloat16")]
+    for candidate, name in pairs:
         if trt_dtype == candidate:
-            return torch_dtype
+            return name
     raise ArtifactError(f"{what} has TensorRT dtype {trt_dtype}; the trt backend supports float32, float16 and bfloat16 I/O. Re-export the model with `vitdeploy export`")
+
+
+class _TorchCuda:
+    """The CUDA pieces the backend needs (current device, streams, device buffers), through torch.
+
+    Kept behind this small interface so tests can substitute a fake that records calls.
+    Buffers are torch tensors; ``dtype`` names are "float32" / "float16" / "bfloat16".
+    """
+
+    def __init__(self) -> None:
+        self._torch = require("torch", "the TensorRT backend's CUDA buffers")
+
+    def device(self, index: int) -> Any:
+        """Context manager making cuda:``index`` the current device."""
+        return self._torch.cuda.device(index)
+
+    def new_stream(self, index: int) -> Any:
+        return self._torch.cuda.Stream(device=index)
+
+    def use_stream(self, stream: Any) -> Any:
+        """Context manager making ``stream`` the current stream (copies and allocations go there)."""
+        return self._torch.cuda.stream(stream)
+
+    def stream_handle(self, stream: Any) -> int:
+        return int(stream.cuda_stream)
+
+    def upload(self, batch: np.ndarray, index: int, dtype: str) -> Any:
+        return self._torch.from_numpy(batch).to(device=self._torch.device("cuda", index), dtype=getattr(self._torch, dtype))
+
+    def empty(self, shape: tuple[int, ...], dtype: str, index: int) -> Any:
+        return self._torch.empty(shape, dtype=getattr(self._torch, dtype), device=self._torch.device("cuda", index))
+
+    def address(self, buffer: Any) -> int:
+        return int(buffer.data_ptr())
+
+    def download(self, buffer: Any, stream: Any) -> np.ndarray:
+        """``buffer`` as a float32 host array, after ``stream`` has finished."""
+        host = buffer.float().cpu()
+        stream.synchronize()
+        return host.numpy().astype(np.float32, copy=False)
 
 
 class _ThreadState:
@@ -218,15 +294,20 @@ class TrtBackend(BackendBase):
     value is a ConfigError (BackendBase splits bigger batches). ``options.device``: "cuda" or
     "cuda:N" ("cpu", the BackendOptions default, means cuda:0 here: TensorRT only runs on a GPU).
 
-    ``trt`` and ``probe`` exist for tests: a stand-in tensorrt module, and a callable
-    ``probe(trt, device_index) -> MachineIdentity`` replacing the real version/GPU probe.
+    ``onnx_sha256``: the sha256 of the ONNX graph the engine must have been built from (the
+    manifest's onnx-fp16 entry); None skips that check. A batch smaller than the profile's min is
+    padded up to min (repeating its last row) and the result sliced back.
+
+    ``trt``, ``probe`` and ``cuda`` exist for tests: a stand-in tensorrt module, a callable
+    ``probe(trt, device_index) -> MachineIdentity`` replacing the real version/GPU probe, and a
+    stand-in for ``_TorchCuda`` (device, streams, buffers).
     """
 
     name = "trt"
 
     def __init__(self, engine_path: str | Path, meta_path: str | Path, input_shape: tuple[int, int, int],
-                 max_batch: int | None = None, options: BackendOptions | None = None, *,
-                 trt: Any = None, probe: Callable[[Any, int], MachineIdentity] | None = None) -> None:
+                 max_batch: int | None = None, options: BackendOptions | None = None, *, onnx_sha256: str | None = None,
+                 trt: Any = None, probe: Callable[[Any, int], MachineIdentity] | None = None, cuda: Any = None) -> None:
         # 1. TensorRT itself, before anything else.
         trt = trt if trt is not None else require("tensorrt", "the TensorRT backend ('trt')")
         self._trt = trt
@@ -238,11 +319,13 @@ class TrtBackend(BackendBase):
         self._device_index = cuda_index(device)
         self.engine_path = Path(engine_path)
 
-        # 2. model.engine.json: was this engine built for this TensorRT and this GPU?
+        # 2. model.engine.json: was this engine built from this graph, for this TensorRT and this GPU?
         meta = EngineMetadata.load(meta_path)
+        check_engine_source(meta, onnx_sha256, self.engine_path, "the manifest's onnx-fp16 graph")
         here = (probe or probe_machine)(trt, self._device_index)
         check_engine_matches(meta, here, self.engine_path)
         self.meta = meta
+        self._min_batch = int(meta.profile["min"])
 
         profile_max = int(meta.profile["max"])
         if max_batch is None:
@@ -255,8 +338,8 @@ class TrtBackend(BackendBase):
             raise ArtifactError(f"{meta_path} says the engine takes (N, {', '.join(map(str, meta.chw))}) but the "
                                 f"model expects (N, {', '.join(map(str, self.input_shape))}); rebuild the engine with `vitdeploy export`")
 
-        # 3. Deserialize.
-        self._torch = require("torch", "the TensorRT backend's CUDA buffers")
+        # 3. Deserialize, on the requested GPU.
+        self._cuda = cuda if cuda is not None else _TorchCuda()
         try:
             data = self.engine_path.read_bytes()
         except FileNotFoundError:
@@ -264,8 +347,9 @@ class TrtBackend(BackendBase):
         except OSError as exc:
             raise ArtifactError(f"cannot read {self.engine_path}: {exc}") from exc
         self._logger = make_trt_logger(trt)
-        self._runtime = trt.Runtime(self._logger)
-        self._engine = self._runtime.deserialize_cuda_engine(data)
+        with self._cuda.device(self._device_index):
+            self._runtime = trt.Runtime(self._logger)
+            self._engine = self._runtime.deserialize_cuda_engine(data)
         if self._engine is None:
             raise ArtifactError(f"TensorRT {here.tensorrt_version} could not deserialize {self.engine_path} "
                                 f"(corrupt, or built by another TensorRT){recent_errors(self._logger)}; "
@@ -277,7 +361,7 @@ class TrtBackend(BackendBase):
         log.info("trt backend: %s (%s, batch %d..%d)", self.engine_path, here.describe(), meta.profile["min"], self.max_batch)
 
     def _inspect_io(self) -> None:
-        trt, torch = self._trt, self._torch
+        trt = self._trt
         engine = self._engine
         names = [str(engine.get_tensor_name(i)) for i in range(int(engine.num_io_tensors))]
         inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -299,8 +383,8 @@ class TrtBackend(BackendBase):
         if len(dims) != 4 or tuple(dims[1:]) != self.input_shape:
             raise ArtifactError(f"{self.engine_path} input '{self._input_name}' has shape {tuple(dims)}, expected "
                                 f"(-1, {', '.join(map(str, self.input_shape))}); rebuild it with `vitdeploy export`")
-        self._input_dtype = _torch_dtype(trt, torch, engine.get_tensor_dtype(self._input_name), f"input '{self._input_name}'")
-        self._output_dtypes = {n: _torch_dtype(trt, torch, engine.get_tensor_dtype(n), f"output '{n}'") for n in outputs}
+        self._input_dtype = _io_dtype(trt, engine.get_tensor_dtype(self._input_name), f"input '{self._input_name}'")
+        self._output_dtypes = {n: _io_dtype(trt, engine.get_tensor_dtype(n), f"output '{n}'") for n in outputs}
 
     # -- per-thread execution state -----------------------------------------------------------
 
@@ -309,42 +393,43 @@ class TrtBackend(BackendBase):
             raise BackendError("the trt backend is closed; open a new one")
         state = getattr(self._local, "state", None)
         if state is None:
-            torch = self._torch
-            with torch.cuda.device(self._device_index):
+            with self._cuda.device(self._device_index):
                 context = self._engine.create_execution_context()
                 if context is None:
                     raise BackendError(f"TensorRT could not create an execution context for {self.engine_path} "
                                        f"(out of GPU memory?){recent_errors(self._logger)}")
-                state = _ThreadState(context, torch.cuda.Stream(device=self._device_index))
+                state = _ThreadState(context, self._cuda.new_stream(self._device_index))
             self._local.state = state
             with self._lock:
                 self._states.append(state)
         return state
 
     def _run(self, batch: np.ndarray) -> np.ndarray:
-        torch = self._torch
+        cuda, index = self._cuda, self._device_index
         state = self._thread_state()
         ctx = state.context
         stream = state.stream
-        device = torch.device("cuda", self._device_index)
-        with torch.cuda.device(self._device_index), torch.cuda.stream(stream):
-            x = torch.from_numpy(batch).to(device=device, dtype=self._input_dtype)
-            if not ctx.set_input_shape(self._input_name, tuple(x.shape)):
-                raise BackendError(f"TensorRT rejected input shape {tuple(x.shape)} for '{self._input_name}' "
+        count = int(batch.shape[0])
+        if count < self._min_batch:  # the profile does not accept it: pad with copies of the last row
+            batch = np.concatenate([batch, np.repeat(batch[-1:], self._min_batch - count, axis=0)])
+        shape = tuple(int(d) for d in batch.shape)
+        with cuda.device(index), cuda.use_stream(stream):
+            x = cuda.upload(batch, index, self._input_dtype)
+            if not ctx.set_input_shape(self._input_name, shape):
+                raise BackendError(f"TensorRT rejected input shape {shape} for '{self._input_name}' "
                                    f"(engine profile batch {self.meta.profile['min']}..{self.meta.profile['max']}){recent_errors(self._logger)}")
-            ctx.set_tensor_address(self._input_name, int(x.data_ptr()))
+            ctx.set_tensor_address(self._input_name, cuda.address(x))
             buffers = {}
             for out_name in self._output_names:
-                shape = tuple(int(d) for d in ctx.get_tensor_shape(out_name))
-                if any(d < 0 for d in shape):
-                    raise BackendError(f"TensorRT could not infer the shape of output '{out_name}' (got {shape})")
-                buffers[out_name] = torch.empty(shape, dtype=self._output_dtypes[out_name], device=device)
-                ctx.set_tensor_address(out_name, int(buffers[out_name].data_ptr()))
-            if not ctx.execute_async_v3(stream.cuda_stream):
-                raise BackendError(f"TensorRT execution failed for a batch of {batch.shape[0]}{recent_errors(self._logger)}")
-            result = buffers[self._output_name].float().cpu()
-        stream.synchronize()
-        return result.numpy().astype(np.float32, copy=False)
+                out_shape = tuple(int(d) for d in ctx.get_tensor_shape(out_name))
+                if any(d < 0 for d in out_shape):
+                    raise BackendError(f"TensorRT could not infer the shape of output '{out_name}' (got {out_shape})")
+                buffers[out_name] = cuda.empty(out_shape, self._output_dtypes[out_name], index)
+                ctx.set_tensor_address(out_name, cuda.address(buffers[out_name]))
+            if not ctx.execute_async_v3(cuda.stream_handle(stream)):
+                raise BackendError(f"TensorRT execution failed for a batch of {shape[0]}{recent_errors(self._logger)}")
+            result = cuda.download(buffers[self._output_name], stream)
+        return result[:count]
 
     def close(self) -> None:
         with self._lock:
@@ -364,11 +449,18 @@ class TrtBackend(BackendBase):
 
 
 def unavailable_reason(artifacts: Any = None, options: BackendOptions | None = None) -> str | None:
-    """Why the trt backend cannot run here (tensorrt missing, no CUDA GPU), or None."""
+    """Why TensorRT cannot run here (tensorrt missing or broken, no CUDA GPU), or None; one line.
+
+    The one TensorRT availability check: the registry and the export pipeline both use it.
+    """
     try:
-        require("tensorrt", "the TensorRT backend ('trt')")
-    except MissingDependencyError as exc:
-        return str(exc).splitlines()[0]
+        importlib.import_module("tensorrt")
+    except ModuleNotFoundError as exc:
+        if exc.name == "tensorrt":
+            return f"tensorrt is not installed ({INSTALL_HINT})"
+        return f"tensorrt is installed but does not import ({type(exc).__name__}: {exc})".splitlines()[0]
+    except Exception as exc:  # noqa: BLE001 - e.g. libnvinfer missing: any failure means unusable
+        return f"tensorrt is installed but does not import ({type(exc).__name__}: {exc})".splitlines()[0]
     device = (options or BackendOptions()).device
     ok, why = cuda_status("cuda:0" if device == "cpu" else device)
     return None if ok else f"no CUDA GPU: {why}"
@@ -377,9 +469,15 @@ def unavailable_reason(artifacts: Any = None, options: BackendOptions | None = N
 def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> TrtBackend:
     """Open the engine of a verified artifact set.
 
-    ``artifacts`` needs only: ``artifacts.path(role) -> Path`` for roles ``"engine"`` and
+    ``artifacts`` needs: ``artifacts.path(role) -> Path`` for roles ``"engine"`` and
     ``"engine-meta"`` (already verified against the manifest's sha256), and
-    ``artifacts.input_shape -> (C, H, W)``. The batch limit comes from model.engine.json.
+    ``artifacts.input_shape -> (C, H, W)``. Where it also has ``has(role)`` / ``entry(role)`` and
+    the manifest lists "onnx-fp16", the engine must have been built from that graph (its sha256).
+    The batch limit comes from model.engine.json.
     """
+    onnx_sha256 = None
+    has = getattr(artifacts, "has", None)
+    if callable(has) and has("onnx-fp16"):
+        onnx_sha256 = artifacts.entry("onnx-fp16").get("sha256") or None
     return TrtBackend(artifacts.path("engine"), artifacts.path("engine-meta"), tuple(artifacts.input_shape),
-                      None, options or BackendOptions())
+                      None, options or BackendOptions(), onnx_sha256=onnx_sha256)
