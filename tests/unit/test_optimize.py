@@ -182,3 +182,18 @@ def test_failed_write_leaves_no_file(tiny_onnx, tmp_path, monkeypatch):
         optimize_for_ort(tiny_onnx, target, num_heads=HEADS, hidden_size=WIDTH)
     assert target.read_bytes() == b"previous", "a failed write must leave the old file as it was"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ort.onnx"]
+
+
+def test_external_data_written_beside_the_graph(tiny_onnx, tmp_path):
+    from vitdeploy.export.optimize import optimize_for_ort
+
+    out = optimize_for_ort(tiny_onnx, tmp_path / "model.ort.onnx", num_heads=HEADS, hidden_size=WIDTH,
+                           external_data_threshold_mb=0)
+    data = tmp_path / "model.ort.onnx.data"
+    assert data.is_file() and data.stat().st_size > out.stat().st_size
+    x = _inputs(1)
+    assert np.abs(_run(out, x) - _run(tiny_onnx, x)).max() <= 1e-4
+    # a later, smaller export must not leave the stale data file behind
+    optimize_for_ort(tiny_onnx, out, num_heads=HEADS, hidden_size=WIDTH)
+    assert not data.exists()
+    assert np.abs(_run(out, x) - _run(tiny_onnx, x)).max() <= 1e-4

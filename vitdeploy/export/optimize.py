@@ -277,7 +277,7 @@ def _match_attention(g: _Graph, softmax: Any, num_heads: int, hidden_size: int) 
         return None
     if len(g.consumers[qkv.output[0]]) != 1 or len(g.consumers[bias_add.output[0]]) != 1:
         return None
-    return {"x": qkv.input[0], "weight": qkv.input[1], "bias": b_name, "qkv_out": qkv.output[0],
+    return {"x": qkv.input[0], "weight": qkv.input[1], "bias": b_name,
             "out": merge_r.output[0], "replace": merge_r, "scale": q[1] * k[1]}
 
 
