@@ -190,7 +190,7 @@ def runtime_options(cfg: Any) -> Any:
 
     rt = cfg.runtime
     return BackendOptions(device=rt.device, providers=tuple(rt.providers), allow_cpu_fallback=rt.allow_cpu_fallback,
-                          threads=rt.threads)
+                          threads=rt.threads, extra={"ort_allow_spinning": rt.ort_allow_spinning})
 
 
 @main.command()

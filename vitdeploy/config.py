@@ -8,7 +8,7 @@ the value and what is allowed. Relative paths resolve against the YAML file's fo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 from typing import Annotated
 
@@ -104,6 +104,8 @@ class RuntimeSection(_Section):
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     allow_cpu_fallback: bool = False
     threads: Optional[int] = Field(None, ge=1)
+    ort_allow_spinning: Union[Literal["auto"], bool] = Field(
+        "auto", description="ONNX Runtime idle threads busy-wait; auto = only when they leave a core free")
     batch_size: int = Field(32, ge=1)
     top_k: int = Field(5, ge=1)
     max_image_pixels: int = Field(89_478_485, ge=1)

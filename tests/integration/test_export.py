@@ -30,7 +30,8 @@ def write_yaml(path: Path, data: dict) -> Path:
 def test_demo_export_writes_every_artifact_with_matching_hashes(demo_artifacts: Path):
     manifest = json.loads((demo_artifacts / "manifest.json").read_text())
     assert manifest["format"] == "vitdeploy-manifest"
-    assert set(manifest["artifacts"]) == {"weights", "weights-config", "onnx", "onnx-fp16"}
+    assert set(manifest["artifacts"]) == {"weights", "weights-config", "onnx", "onnx-ort", "onnx-fp16"}
+    assert manifest["validation"]["validate-ort-optimized"]["passed"] is True
     for role, entry in manifest["artifacts"].items():
         path = demo_artifacts / entry["path"]
         assert path.is_file(), role

@@ -92,11 +92,13 @@ def test_directory_without_images_is_exit_2(demo_artifacts: Path, tmp_path: Path
     assert res.exit_code == 2 and "no images" in res.stderr.lower()
 
 
-def test_tampered_model_is_refused(demo_artifacts: Path, tmp_path: Path):
+@pytest.mark.parametrize("backend, file", [("ort", "model.ort.onnx"), ("ort-fp16", "model.fp16.onnx"),
+                                           ("torch", "model.safetensors"), ("torch", "model.json")])
+def test_tampered_model_is_refused(demo_artifacts: Path, tmp_path: Path, backend: str, file: str):
     copy = tmp_path / "art"
     shutil.copytree(demo_artifacts, copy)
-    data = bytearray((copy / "model.onnx").read_bytes())
+    data = bytearray((copy / file).read_bytes())
     data[len(data) // 2] ^= 0xFF
-    (copy / "model.onnx").write_bytes(bytes(data))
-    res = run("predict", str(DEMO_IMAGES_DIR), "-a", str(copy), "-b", "ort")
-    assert res.exit_code == 2 and "model.onnx" in res.stderr and "sha256" in res.stderr
+    (copy / file).write_bytes(bytes(data))
+    res = run("predict", str(DEMO_IMAGES_DIR), "-a", str(copy), "-b", backend)
+    assert res.exit_code == 2 and file in res.stderr and "sha256" in res.stderr

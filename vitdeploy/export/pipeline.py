@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 
 EngineMode = Literal["auto", "require", "skip"]
 REPORT_NAME = "export-report.json"
-FILES = {"weights": "model.safetensors", "weights-config": "model.json", "onnx": "model.onnx",
+FILES = {"weights": "model.safetensors", "weights-config": "model.json", "onnx": "model.onnx", "onnx-ort": "model.ort.onnx",
          "onnx-fp16": "model.fp16.onnx", "engine": "model.engine", "engine-meta": "model.engine.json"}
 
 
@@ -154,7 +154,8 @@ class _Export:
             self._emit(rec)
             _write_report(self.out_dir, self.stages, self.validation)
             raise
-        rec.seconds, rec.status = time.perf_counter() - start, "passed"
+        rec.seconds = time.perf_counter() - start
+        rec.status = "passed" if rec.status == "running" else rec.status  # a stage may mark itself skipped
         self._emit(rec)
 
     def add(self, role: str, path: Path, external: list[Path] | tuple[Path, ...] = ()) -> None:
@@ -191,6 +192,7 @@ class _Export:
         self.validate("validate-onnx", lambda: OrtBackend(onnx_path, self.chw, None, cpu, name="ort"),
                       cfg.validation.fp32, [onnx_path, *onnx_art.external_data])  # 3
         self.add("onnx", onnx_path, onnx_art.external_data)
+        self._ort_graph(vit, cpu)  # 3b
 
         if cfg.export.fp16.enabled:  # 4-5
             from .precision import convert_fp16
@@ -212,6 +214,40 @@ class _Export:
 
         self._engine()  # 6-7
         return self._manifest()  # 8
+
+    def _ort_graph(self, vit: Any, cpu: BackendOptions) -> None:
+        """model.ort.onnx: the ONNX Runtime-only FP32 graph (contrib ops, never fed to TensorRT).
+
+        Optional: when the optimiser is missing or fails, the stage is skipped and "ort" runs
+        model.onnx; when the graph drifts it is rejected like any other artifact (exit 3)."""
+        from ..runtime.backends.ort import OrtBackend
+        from .optimize import fused_op_counts, optimize_for_ort
+
+        cfg, out = self.cfg, self.out_dir
+        path = out / FILES["onnx-ort"]
+        data = path.with_name(path.name + ".data")
+        if not cfg.export.optimize:
+            path.unlink(missing_ok=True)
+            data.unlink(missing_ok=True)
+            return self.skip("ort-optimize", "export.optimize is false")
+        with self.stage("ort-optimize") as rec:
+            try:
+                optimize_for_ort(out / FILES["onnx"], path, num_heads=vit.heads, hidden_size=vit.width,
+                                 external_data_threshold_mb=cfg.export.external_data_threshold_mb)
+            except (ExportError, MissingDependencyError) as exc:
+                log.warning("model.ort.onnx not written (the ort backend will run model.onnx): %s", exc)
+                path.unlink(missing_ok=True)
+                data.unlink(missing_ok=True)
+                rec.status, rec.reason = "skipped", str(exc).splitlines()[0]
+                return
+            fused = fused_op_counts(path)
+            self.extra["ort_optimize"] = {"fused": fused}
+            rec.reason = ", ".join(f"{n} {op}" for op, n in fused.items())
+            rec.outputs = [path, *([data] if data.is_file() else [])]
+        external = [data] if data.is_file() else []
+        self.validate("validate-ort-optimized", lambda: OrtBackend(path, self.chw, None, cpu, name="ort"),
+                      cfg.validation.fp32, [path, *external])
+        self.add("onnx-ort", path, external)
 
     def _prepare_validation(self) -> None:
         from ..runtime.preprocess import Preprocessor

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "vitdeploy-manifest"
 MANIFEST_VERSION = 1
-ROLES = ("weights", "weights-config", "onnx", "onnx-fp16", "engine", "engine-meta")
+ROLES = ("weights", "weights-config", "onnx", "onnx-ort", "onnx-fp16", "engine", "engine-meta")
 _CHUNK = 1 << 20  # 1 MiB
 _FIX = "run `vitdeploy export` to (re)create the artifacts"
 

@@ -1,4 +1,5 @@
-"""ONNX Runtime backend: "ort" runs model.onnx, "ort-fp16" runs model.fp16.onnx (same class).
+"""ONNX Runtime backend: "ort" runs model.ort.onnx when the manifest has it (an ORT-only FP32 graph
+with contrib ops, see export/optimize.py) and model.onnx otherwise; "ort-fp16" runs model.fp16.onnx.
 
 onnxruntime is imported when a session is created, never at module import, and never torch.
 One InferenceSession serves every thread: ``InferenceSession.run`` is thread-safe.
@@ -7,6 +8,7 @@ One InferenceSession serves every thread: ``InferenceSession.run`` is thread-saf
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,8 @@ ACCELERATOR_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "
                          "OpenVINOExecutionProvider")
 
 _NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
+# Providers with kernels for the contrib ops of model.ort.onnx (TensorRT EP has none: it gets model.onnx).
+ORT_GRAPH_PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
 
 
 def _ort():
@@ -38,6 +42,29 @@ def available_providers() -> list[str]:
         return list(_ort().get_available_providers())
     except Exception:  # noqa: BLE001 - missing or broken install: nothing available
         return []
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def _allow_spinning(options: BackendOptions) -> bool:
+    """Whether idle intra-op threads busy-wait for the next operator (ORT's default) or block.
+
+    extra {"ort_allow_spinning": true|false} decides; by default ("auto") threads spin only when the
+    session leaves a core free. When its threads take every core the process may use, a spinning
+    thread competes with every other thread (preprocessing, the server, other processes): ViT-B/16 at
+    2 threads on 2 cores ran 20-35% slower with spinning under load, 1-7% faster without any load
+    (benchmarks/README.md)."""
+    setting = options.extra.get("ort_allow_spinning", "auto")
+    if isinstance(setting, bool):
+        return setting
+    cores = _usable_cores()
+    threads = int(options.threads) if options.threads else cores  # ORT's default: one per core
+    return threads < cores
 
 
 def _provider_name(entry: Any) -> str:
@@ -70,8 +97,13 @@ class OrtBackend(BackendBase):
 
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.inter_op_num_threads = 1  # the sequential executor never uses the inter-op pool
         if self.options.threads:
             so.intra_op_num_threads = int(self.options.threads)
+        spin = _allow_spinning(self.options)
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
         so.log_severity_level = 3  # errors only; provider fallbacks are reported below, once
         try:
             self._session = ort.InferenceSession(str(self.onnx_path), sess_options=so, providers=providers)
@@ -161,9 +193,21 @@ def verified_onnx_path(artifacts: Any, role: str) -> Path:
     return path
 
 
+def uses_ort_graph(artifacts: Any, options: BackendOptions | None) -> bool:
+    """Whether "ort" runs model.ort.onnx: the manifest has it, every requested provider has its
+    contrib kernels, and the caller did not ask for the standard graph (extra {"ort_graph": "standard"})."""
+    options = options or BackendOptions()
+    if options.extra.get("ort_graph", "auto") == "standard" or not artifacts.has("onnx-ort"):
+        return False
+    return all(_provider_name(p) in ORT_GRAPH_PROVIDERS for p in (options.providers or (CPU_PROVIDER,)))
+
+
 def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *, fp16: bool = False) -> OrtBackend:
     """The "ort" backend (or "ort-fp16" with ``fp16=True``) on a verified artifact."""
-    role, name = ("onnx-fp16", "ort-fp16") if fp16 else ("onnx", "ort")
+    if fp16:
+        role, name = "onnx-fp16", "ort-fp16"
+    else:
+        role, name = ("onnx-ort" if uses_ort_graph(artifacts, options) else "onnx"), "ort"
     path = verified_onnx_path(artifacts, role)
     return OrtBackend(path, artifacts.input_shape, artifacts.batch["max"], options, name=name)
 
