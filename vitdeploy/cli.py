@@ -154,7 +154,7 @@ def predict(inputs: tuple[Path, ...], artifacts_dir: Path | None, backend: str |
     rt = cfg.runtime
     top_k = top_k or rt.top_k
     predictor = Predictor.from_artifacts(artifacts_dir or cfg.output_dir, backend=backend or rt.backend,
-                                         options=runtime_options(cfg))
+                                         options=runtime_options(cfg), max_pixels=rt.max_image_pixels)
     click.echo(f"backend: {predictor.backend_name} ({predictor.why})", err=True)
     failed = 0
     show_progress = not as_json and sys.stderr.isatty()

@@ -102,3 +102,18 @@ def test_tampered_model_is_refused(demo_artifacts: Path, tmp_path: Path, backend
     (copy / file).write_bytes(bytes(data))
     res = run("predict", str(DEMO_IMAGES_DIR), "-a", str(copy), "-b", backend)
     assert res.exit_code == 2 and file in res.stderr and "sha256" in res.stderr
+
+
+def test_runtime_section_of_the_config_sets_predict_defaults(demo_artifacts: Path, tmp_path: Path):
+    """runtime.backend / top_k / max_image_pixels apply when the command line does not say."""
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("runtime: {backend: torch, top_k: 2, max_image_pixels: 1000}\n")
+    big = sorted(DEMO_IMAGES_DIR.glob("*.png"))[0]  # 64x64 = 4096 pixels > 1000
+    res = run("predict", str(big), "-a", str(demo_artifacts), "-c", str(cfg), "--json")
+    assert "backend: torch" in res.stderr
+    (rec,) = [json.loads(line) for line in res.stdout.splitlines()]
+    assert res.exit_code == 1 and "4096" in rec["error"]
+    cfg.write_text("runtime: {backend: torch, top_k: 2}\n")
+    res = run("predict", str(big), "-a", str(demo_artifacts), "-c", str(cfg), "--json")
+    (rec,) = [json.loads(line) for line in res.stdout.splitlines()]
+    assert res.exit_code == 0 and len(rec["top_k"]) == 2

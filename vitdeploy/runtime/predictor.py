@@ -100,19 +100,23 @@ class Predictor:
     """Classify images (or preprocessed batches) with the artifacts' labels and preprocessing."""
 
     def __init__(self, artifacts: Artifacts, backend: Backend, *, backend_name: str | None = None, why: str = "",
-                 preprocessor: Any = None) -> None:
+                 preprocessor: Any = None, max_pixels: int | None = None) -> None:
         self.artifacts = artifacts
         self.backend = backend
         self.backend_name = backend_name or getattr(backend, "name", "?")
         self.why = why or f"requested {self.backend_name}"
         self._preprocessor = preprocessor
+        self._max_pixels = max_pixels
         self.labels = artifacts.labels
         self.input_shape = artifacts.input_shape
 
     @classmethod
     def from_artifacts(cls, path: str | os.PathLike[str] | Artifacts, backend: str = "auto",
-                       options: BackendOptions | None = None) -> "Predictor":
-        """Open the export directory ``path`` on ``backend`` ("auto" or one of BACKEND_NAMES)."""
+                       options: BackendOptions | None = None, max_pixels: int | None = None) -> "Predictor":
+        """Open the export directory ``path`` on ``backend`` ("auto" or one of BACKEND_NAMES).
+
+        ``max_pixels``: images whose header claims more pixels are refused before decoding
+        (default: the preprocessing's limit, Pillow's 89.5 Mpx)."""
         ensure_known(backend)
         artifacts = path if isinstance(path, Artifacts) else Artifacts.open(path)
         options = options or BackendOptions()
@@ -122,7 +126,7 @@ class Predictor:
             runner, name, why = open_backend(backend, artifacts, options), backend, f"requested {backend}"
         describe = runner.describe()
         log.info("%s: backend %s (%s) - %s", artifacts.name, name, describe, why)
-        return cls(artifacts, runner, backend_name=name, why=why)
+        return cls(artifacts, runner, backend_name=name, why=why, max_pixels=max_pixels)
 
     # ---------------------------------------------------------------- preprocessing
 
@@ -131,7 +135,8 @@ class Predictor:
         if self._preprocessor is None:
             from .preprocess import Preprocessor  # Pillow is needed only once images are involved
 
-            self._preprocessor = Preprocessor(self.artifacts.preprocess)
+            limit = {} if self._max_pixels is None else {"max_pixels": self._max_pixels}
+            self._preprocessor = Preprocessor(self.artifacts.preprocess, **limit)
         return self._preprocessor
 
     def preprocess(self, images: Sequence[Any]) -> np.ndarray:
