@@ -102,11 +102,11 @@ def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
 
     def on_stage(rec: Any) -> None:
         if rec.status == "running":
-            click.echo(f"  {rec.name:<16} ...", err=True)
+            click.echo(f"  {rec.name:<22} ...", err=True)
             return
         sizes = ", ".join(f"{p.name} {_size(p)}" for p in rec.outputs if p.exists())
         detail = " ".join(x for x in (sizes, rec.reason) if x)
-        click.echo(f"  {rec.name:<16} {rec.status:<8} {rec.seconds:7.1f}s  {detail}", err=True)
+        click.echo(f"  {rec.name:<22} {rec.status:<8} {rec.seconds:7.1f}s  {detail}", err=True)
 
     click.echo(f"exporting to {out_dir or cfg.output_dir}", err=True)
     result = run_export(cfg, out_dir, engine=engine, on_stage=on_stage)  # type: ignore[arg-type]
