@@ -37,10 +37,6 @@ class OnnxArtifact:
     external_data: tuple[Path, ...]  # files beside the graph holding weights (large models)
 
 
-def artifact_files(artifact: OnnxArtifact) -> list[Path]:
-    return [artifact.path, *artifact.external_data]
-
-
 def export_onnx(
     model: Any,
     path: Path,
@@ -57,7 +53,6 @@ def export_onnx(
     Weights above ``external_data_threshold_mb`` go to ``<name>.data`` beside the graph.
     """
     torch = require("torch", "ONNX export")
-    onnx = require("onnx", "ONNX export")
     require("onnxscript", "ONNX export (torch.onnx dynamo exporter)")
     path = Path(path)
     n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -66,46 +61,61 @@ def export_onnx(
     example = torch.zeros(2, in_channels, image_size, image_size)
     batch = torch.export.Dim(BATCH_AXIS, min=1, max=MAX_TRACE_BATCH)
 
+    sink = io.StringIO()
+    try:
+        # The exporter reports its own progress on stdout; the CLI owns the console.
+        with contextlib.redirect_stdout(sink), _quiet_exporter(), torch.no_grad():
+            program = torch.onnx.export(
+                model,
+                (example,),
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_shapes={"pixel_values": {0: batch}},
+                opset_version=opset,
+                dynamo=True,
+                optimize=True,
+                verbose=False,
+            )
+    except Exception as exc:  # noqa: BLE001 - the exporter raises many types
+        log.debug("exporter output:\n%s", sink.getvalue())
+        raise ExportError(f"torch.onnx.export failed for {path.name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    proto = program.model_proto
+    _name_batch_axes(proto)
+    set_metadata(proto, metadata or {})
+    artifact = save_onnx_atomic(proto, path, external=external, check=True)
+    log.info("wrote %s (%s)", path, "external data" if external else "single file")
+    return artifact
+
+
+def save_onnx_atomic(proto: Any, path: Path, *, external: bool, check: bool = True) -> OnnxArtifact:
+    """Write ``proto`` to ``path`` (weights to ``<name>.data`` when ``external``) so that no file
+    appears under its final name half written: stage in a temp folder beside it, check it
+    (onnx.checker + strict shape inference, path-based so it works past 2 GB), then move the data
+    file first and the graph, which names it, last. A stale ``.data`` from a larger export goes."""
+    onnx = require("onnx", "writing ONNX")
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    data_name = f"{path.name}.data"
     try:
         staged = workdir / path.name
-        sink = io.StringIO()
         try:
-            # The exporter reports its own progress on stdout; the CLI owns the console.
-            with contextlib.redirect_stdout(sink), _quiet_exporter(), torch.no_grad():
-                program = torch.onnx.export(
-                    model,
-                    (example,),
-                    input_names=[INPUT_NAME],
-                    output_names=[OUTPUT_NAME],
-                    dynamic_shapes={"pixel_values": {0: batch}},
-                    opset_version=opset,
-                    dynamo=True,
-                    optimize=True,
-                    verbose=False,
-                )
-        except Exception as exc:  # noqa: BLE001 - the exporter raises many types
-            log.debug("exporter output:\n%s", sink.getvalue())
-            raise ExportError(f"torch.onnx.export failed for {path.name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
-        proto = program.model_proto
-        _name_batch_axes(proto)
-        _set_metadata(proto, metadata or {})
-        data_name = f"{path.name}.data"
-        if external:
-            onnx.save_model(proto, staged, save_as_external_data=True, all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
-        else:
-            onnx.save_model(proto, staged)
-        _check(staged, onnx)
-        # Commit: the data file first, the graph (which names it) last.
+            if external:
+                onnx.save_model(proto, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
+                                location=data_name, size_threshold=1024)
+            else:
+                onnx.save_model(proto, str(staged))
+        except (OSError, ValueError) as exc:
+            raise ExportError(f"cannot write {path}: {exc}") from exc
+        if check:
+            _check(staged, onnx)
         externals: list[Path] = []
         if external:
             os.replace(workdir / data_name, path.parent / data_name)
             externals.append(path.parent / data_name)
         else:
-            (path.parent / data_name).unlink(missing_ok=True)  # a stale one from an earlier, larger export
+            (path.parent / data_name).unlink(missing_ok=True)
         os.replace(staged, path)
-        log.info("wrote %s (%s)", path, "external data" if external else "single file")
         return OnnxArtifact(path=path, external_data=tuple(externals))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -134,7 +144,8 @@ def _name_batch_axes(proto: Any) -> None:
             dims[0].dim_param = BATCH_AXIS
 
 
-def _set_metadata(proto: Any, metadata: dict[str, Any]) -> None:
+def set_metadata(proto: Any, metadata: dict[str, Any]) -> None:
+    """Set ONNX ``metadata_props``; non-string values are JSON-encoded."""
     existing = {p.key: p for p in proto.metadata_props}
     for key, value in metadata.items():
         text = value if isinstance(value, str) else json.dumps(value)

@@ -29,13 +29,12 @@ import contextlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
 from .._deps import require
 from ..errors import ExportError
+from .onnx import save_onnx_atomic, set_metadata
 
 log = logging.getLogger(__name__)
 
@@ -98,11 +97,11 @@ def optimize_for_ort(
                          skip_layer_norm=skip_layer_norm)
     _ensure_ms_opset(proto, onnx)
     counts = _count(proto.graph.node)
-    _set_metadata(proto, {METADATA_KEY: json.dumps({"source": src.name, "fused": counts, "attention": attention,
+    set_metadata(proto, {METADATA_KEY: json.dumps({"source": src.name, "fused": counts, "attention": attention,
                                                     "last_block_class_token_only": pruned,
                                                     "gelu_approximation": gelu_approximation})})
     external = _initializer_bytes(proto) > external_data_threshold_mb * 2**20
-    _save_atomic(proto, out, external, onnx)
+    save_onnx_atomic(proto, out, external=external, check=False)  # contrib ops: the checker does not know them
     log.info("wrote %s: %d attention blocks fused, last block class-token only: %s, contrib ops %s",
              out, n_attention, pruned, counts)
     return out
@@ -501,39 +500,5 @@ def _ensure_ms_opset(proto: Any, onnx: Any) -> None:
         proto.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
 
 
-def _set_metadata(proto: Any, metadata: dict[str, str]) -> None:
-    existing = {p.key: p for p in proto.metadata_props}
-    for key, text in metadata.items():
-        if key in existing:
-            existing[key].value = text
-        else:
-            prop = proto.metadata_props.add()
-            prop.key, prop.value = key, text
-
-
 def _initializer_bytes(proto: Any) -> int:
     return sum(len(t.raw_data) or 4 * len(t.float_data) for t in proto.graph.initializer)
-
-
-def _save_atomic(proto: Any, out: Path, external: bool, onnx: Any) -> None:
-    """Stage in a temp folder beside ``out``; move the data file first, the graph (which names it) last."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    data_name = f"{out.name}.data"
-    try:
-        staged = workdir / out.name
-        try:
-            if external:
-                onnx.save_model(proto, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
-                                location=data_name, size_threshold=1024)
-            else:
-                onnx.save_model(proto, str(staged))
-        except (OSError, ValueError) as exc:
-            raise ExportError(f"cannot write {out}: {exc}") from exc
-        if external:
-            os.replace(workdir / data_name, out.parent / data_name)
-        else:
-            (out.parent / data_name).unlink(missing_ok=True)  # stale, from an earlier larger model
-        os.replace(staged, out)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
