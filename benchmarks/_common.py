@@ -15,16 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+from vitdeploy.bench import cpu_model
 
 
 def cpu_flags(wanted: tuple[str, ...] = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")) -> list[str]:

@@ -75,14 +75,18 @@ class OrtBackend(BackendBase):
     """An ``onnxruntime.InferenceSession`` on one ONNX file; float32 in, float32 logits out."""
 
     def __init__(self, onnx_path: str | Path, input_shape: tuple[int, int, int], max_batch: int | None = None,
-                 options: BackendOptions | None = None, name: str = "ort") -> None:
+                 options: BackendOptions | None = None, name: str = "ort", *,
+                 external_data_checked: bool = False) -> None:
+        """``external_data_checked``: the caller (``verified_onnx_path``) already refused external
+        data outside the model's folder; skip reading the graph a second time."""
         super().__init__(input_shape, max_batch)
         self.name = name
         self.options = options or BackendOptions()
         self.onnx_path = Path(onnx_path)
         ort = _ort()
         self._version = ort.__version__
-        check_onnx_external_data(self.onnx_path)
+        if not external_data_checked:
+            check_onnx_external_data(self.onnx_path)
 
         requested = list(self.options.providers) or [CPU_PROVIDER]
         offered = set(ort.get_available_providers())
@@ -209,7 +213,8 @@ def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *
     else:
         role, name = ("onnx-ort" if uses_ort_graph(artifacts, options) else "onnx"), "ort"
     path = verified_onnx_path(artifacts, role)
-    return OrtBackend(path, artifacts.input_shape, artifacts.batch["max"], options, name=name)
+    return OrtBackend(path, artifacts.input_shape, artifacts.batch["max"], options, name=name,
+                      external_data_checked=True)
 
 
 def open_fp16_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> OrtBackend:
