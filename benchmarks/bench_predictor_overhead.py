@@ -99,7 +99,7 @@ def random_vit_artifacts(variant: str, cache: Path) -> Path:
     from vitdeploy.export.pipeline import run_export
     from vitdeploy.model.checkpoints import save_checkpoint
     from vitdeploy.model.vit import VARIANTS, VisionTransformer
-    from vitdeploy.runtime.preprocess_spec import PreprocessSpec
+    from vitdeploy.preprocess_spec import PreprocessSpec
 
     torch.manual_seed(0)
     cfg = VARIANTS[variant]

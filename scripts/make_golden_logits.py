@@ -64,7 +64,7 @@ def compute(count: int = DEFAULT_COUNT) -> dict[str, np.ndarray]:
     from vitdeploy.paths import DEMO_IMAGES_DIR, DEMO_LABELS_CSV, DEMO_MODEL_DIR
     from vitdeploy.runtime.backends.torch_backend import TorchBackend
     from vitdeploy.runtime.preprocess import Preprocessor
-    from vitdeploy.runtime.preprocess_spec import PreprocessSpec
+    from vitdeploy.preprocess_spec import PreprocessSpec
 
     torch.set_num_threads(1)
     meta = json.loads((DEMO_MODEL_DIR / "model.json").read_text(encoding="utf-8"))

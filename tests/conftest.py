@@ -22,7 +22,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
     from vitdeploy.model import ViTConfig, VisionTransformer
     from vitdeploy.model.checkpoints import save_checkpoint
-    from vitdeploy.runtime.preprocess_spec import PreprocessSpec
+    from vitdeploy.preprocess_spec import PreprocessSpec
 
     torch.manual_seed(0)
     cfg = ViTConfig(image_size=32, patch_size=8, width=64, depth=2, heads=4, num_classes=7)

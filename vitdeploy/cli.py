@@ -19,6 +19,7 @@ import click
 
 from . import __version__
 from .errors import VitDeployError
+from .vocab import AUTO, EVALUATED_BACKENDS, RUNTIME_BACKENDS
 
 
 def _fail(message: str, code: int) -> None:
@@ -136,7 +137,7 @@ def _size(path: Path) -> str:
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=None,
               help="directory written by `vitdeploy export` (default: export.output_dir from the config)")
-@click.option("-b", "--backend", type=click.Choice(["auto", "torch", "ort", "ort-fp16", "trt"]), default=None,
+@click.option("-b", "--backend", type=click.Choice([AUTO, *RUNTIME_BACKENDS]), default=None,
               help="backend (default: runtime.backend from the config, i.e. auto)")
 @click.option("-k", "--top-k", type=click.IntRange(min=1), default=None, help="default: runtime.top_k (5)")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="default: runtime.batch_size (32)")
@@ -202,7 +203,7 @@ def runtime_options(cfg: Any) -> Any:
               help="CSV 'path,label' (paths relative to the CSV or the images folder); default: IMAGES/labels.csv, "
                    "else sub-folder names")
 @click.option("-b", "--backends", default=None,
-              help="comma-separated backends: torch,ort,ort-fp16,torch-fp16,trt (default: all; those that cannot run "
+              help=f"comma-separated backends: {','.join(EVALUATED_BACKENDS)} (default: all; those that cannot run "
                    "here are listed with the reason)")
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout instead of the table")
 @config_option
@@ -231,7 +232,7 @@ def validate(artifacts_dir: Path, images: Path | None, labels_file: Path | None,
 @click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=Path("artifacts"), show_default=True,
               help="directory written by `vitdeploy export`")
 @click.option("-b", "--backends", default=None,
-              help="comma-separated backends: torch,ort,ort-fp16,torch-fp16,trt (default: all that can run here; "
+              help=f"comma-separated backends: {','.join(EVALUATED_BACKENDS)} (default: all that can run here; "
                    "eager torch on the CPU always runs as the baseline)")
 @click.option("--batch-sizes", default="1,8,32", show_default=True, help="comma-separated batch sizes")
 @click.option("--iterations", type=click.IntRange(min=1), default=20, show_default=True, help="timed calls per backend and batch size")

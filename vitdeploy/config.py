@@ -15,6 +15,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
 
 from .errors import ConfigError
+from .vocab import BackendChoice, Interpolation, PreprocessStyle
 
 DEFAULT_CONFIG_NAME = "pipeline.yaml"
 Byte = Annotated[int, Field(ge=0, le=255)]
@@ -34,9 +35,9 @@ class ModelSection(_Section):
 class PreprocessSection(_Section):
     """Overrides of the preprocessing the checkpoint carries; None keeps the checkpoint's."""
 
-    style: Optional[Literal["hf", "timm"]] = None
+    style: Optional[PreprocessStyle] = None
     crop_pct: Optional[float] = Field(None, gt=0, le=1)
-    interpolation: Optional[Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]] = None
+    interpolation: Optional[Interpolation] = None
     mean: Optional[tuple[float, float, float]] = None
     std: Optional[tuple[PositiveFloat, PositiveFloat, PositiveFloat]] = None
     background: tuple[Byte, Byte, Byte] = (255, 255, 255)
@@ -99,7 +100,7 @@ class TensorRTSection(_Section):
 
 
 class RuntimeSection(_Section):
-    backend: Literal["auto", "torch", "ort", "ort-fp16", "trt"] = "auto"
+    backend: BackendChoice = "auto"
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
     allow_cpu_fallback: bool = False

@@ -13,7 +13,7 @@ import torch
 
 from vitdeploy.errors import CheckpointError
 from vitdeploy.model import detect_format, load_checkpoint
-from vitdeploy.runtime.preprocess_spec import PreprocessSpec
+from vitdeploy.preprocess_spec import PreprocessSpec
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")

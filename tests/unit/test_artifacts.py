@@ -12,7 +12,7 @@ import pytest
 from vitdeploy.errors import ArtifactError
 from vitdeploy.runtime import artifacts as artifacts_mod
 from vitdeploy.runtime.artifacts import Artifacts, check_onnx_external_data, sha256_file
-from vitdeploy.runtime.preprocess_spec import PreprocessSpec
+from vitdeploy.preprocess_spec import PreprocessSpec
 
 
 def entry(directory: Path, name: str) -> dict:

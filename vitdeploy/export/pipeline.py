@@ -25,7 +25,8 @@ from ..errors import ConfigError, ExportError, MissingDependencyError, Validatio
 from ..paths import DEMO_IMAGES_DIR, DEMO_MODEL_DIR
 from ..runtime.artifacts import MANIFEST_NAME
 from ..runtime.backends.base import BackendOptions
-from ..runtime.preprocess_spec import PreprocessSpec
+from ..preprocess_spec import PreprocessSpec
+from ..vocab import ARTIFACT_FILES
 from . import manifest as manifest_mod
 from .onnx import INPUT_NAME, OUTPUT_NAME, export_onnx
 from .validate import ValidationInputs, build_inputs, validate_artifact, validation_batch_sizes
@@ -34,8 +35,7 @@ log = logging.getLogger(__name__)
 
 EngineMode = Literal["auto", "require", "skip"]
 REPORT_NAME = "export-report.json"
-FILES = {"weights": "model.safetensors", "weights-config": "model.json", "onnx": "model.onnx", "onnx-ort": "model.ort.onnx",
-         "onnx-fp16": "model.fp16.onnx", "engine": "model.engine", "engine-meta": "model.engine.json"}
+FILES = ARTIFACT_FILES
 
 
 @dataclass

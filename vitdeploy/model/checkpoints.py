@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 from .._deps import require
 from .._files import atomic_path
 from ..errors import CheckpointError
-from ..runtime.preprocess_spec import PreprocessSpec
+from ..preprocess_spec import PreprocessSpec
+from ..vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
 from . import convert_hf, convert_timm, convert_torchvision
 from .formats import (check_variant, read_json, read_state_dict, safetensors_keys, shorten, sniff, strip_prefixes,
                       to_float32, variant_template)
@@ -38,7 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 OUR_FORMAT, OUR_VERSION = "vitdeploy", 1
-OUR_WEIGHTS, OUR_META = "model.safetensors", "model.json"
+OUR_WEIGHTS, OUR_META = CHECKPOINT_WEIGHTS, CHECKPOINT_CONFIG
 _WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 
 

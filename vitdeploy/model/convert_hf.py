@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._deps import require
 from ..errors import CheckpointError
-from ..runtime.preprocess_spec import PreprocessSpec
+from ..preprocess_spec import PreprocessSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

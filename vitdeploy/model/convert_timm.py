@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
-from ..runtime.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
+from ..preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
+from ..vocab import INTERPOLATIONS
 from .formats import layer_count, resolve_heads
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-_INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
+_INTERPOLATIONS = INTERPOLATIONS
 
 
 def looks_like_timm(keys: set[str]) -> bool:

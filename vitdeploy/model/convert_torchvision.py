@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..runtime.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
+from ..preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
 from .convert_timm import infer_config
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import ArtifactError
-from .preprocess_spec import PreprocessSpec
+from ..preprocess_spec import PreprocessSpec
+from ..vocab import ARTIFACT_FILES, MANIFEST_NAME
 
 log = logging.getLogger(__name__)
 
-MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "vitdeploy-manifest"
 MANIFEST_VERSION = 1
-ROLES = ("weights", "weights-config", "onnx", "onnx-ort", "onnx-fp16", "engine", "engine-meta")
+ROLES = tuple(ARTIFACT_FILES)
 _CHUNK = 1 << 20  # 1 MiB
 _FIX = "run `vitdeploy export` to (re)create the artifacts"
 

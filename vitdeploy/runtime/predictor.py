@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ArtifactError, BackendError, InputError, MissingDependencyError
+from ..vocab import MANIFEST_NAME
 from .artifacts import Artifacts
 from .backends import (BACKEND_NAMES, Backend, BackendOptions, backend_unavailable_reason, ensure_known, first_line,
                        open_backend, verify_backend_files)
@@ -146,7 +147,7 @@ class Predictor:
         """
         batch = np.asarray(self.preprocessor.batch(list(images)), dtype=np.float32)
         if batch.ndim != 4 or batch.shape[1:] != tuple(self.input_shape):
-            raise ArtifactError(f"{self.artifacts.directory / 'manifest.json'}: preprocessing produced shape "
+            raise ArtifactError(f"{self.artifacts.directory / MANIFEST_NAME}: preprocessing produced shape "
                                 f"{batch.shape}, the model expects (N, {', '.join(map(str, self.input_shape))}); "
                                 f"the manifest's preprocess and io sections disagree; re-run `vitdeploy export`")
         return batch

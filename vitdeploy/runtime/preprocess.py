@@ -49,7 +49,7 @@ from PIL import Image
 
 from ..errors import InputError
 from .images import MAX_IMAGE_PIXELS, ImageSource, load_image
-from .preprocess_spec import PreprocessSpec
+from ..preprocess_spec import PreprocessSpec
 
 log = logging.getLogger(__name__)
 

@@ -14,17 +14,23 @@ from typing import Any, Callable
 
 from ..._deps import available
 from ...errors import ConfigError
+from ...vocab import BACKEND_KINDS, RUNTIME_BACKENDS
 from ..cuda import cuda_status
 from .base import Backend, BackendBase, BackendOptions
 
-BACKEND_NAMES = ("torch", "ort", "ort-fp16", "trt")
+BACKEND_NAMES = RUNTIME_BACKENDS
 
+# name -> (module, opener function); the artifact roles and libraries each needs: vocab.BACKENDS
+_OPENERS: dict[str, tuple[str, str]] = {
+    "torch": ("torch_backend", "open_from_artifacts"),
+    "ort": ("ort", "open_from_artifacts"),
+    "ort-fp16": ("ort", "open_fp16_from_artifacts"),
+    "trt": ("trt", "open_from_artifacts"),
+}
 # name -> (module, opener function, artifact roles it needs (main one first), libraries it imports)
 _REGISTRY: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
-    "torch": ("torch_backend", "open_from_artifacts", ("weights", "weights-config"), ("torch", "safetensors")),
-    "ort": ("ort", "open_from_artifacts", ("onnx",), ("onnxruntime",)),
-    "ort-fp16": ("ort", "open_fp16_from_artifacts", ("onnx-fp16",), ("onnxruntime",)),
-    "trt": ("trt", "open_from_artifacts", ("engine", "engine-meta"), ("tensorrt",)),
+    name: (module, func, BACKEND_KINDS[name].roles, BACKEND_KINDS[name].libraries)
+    for name, (module, func) in _OPENERS.items()
 }
 
 __all__ = ["BACKEND_NAMES", "Backend", "BackendBase", "BackendOptions", "artifact_role", "artifact_roles",

@@ -16,12 +16,12 @@ import numpy as np
 
 from ..._deps import require
 from ...errors import BackendError
+from ...vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
 from .base import BackendBase, BackendOptions
 
 log = logging.getLogger(__name__)
 
-WEIGHTS_NAME = "model.safetensors"
-CONFIG_NAME = "model.json"
+WEIGHTS_NAME, CONFIG_NAME = CHECKPOINT_WEIGHTS, CHECKPOINT_CONFIG
 
 
 def _resolve_paths(weights: str | os.PathLike[str] | tuple[Any, Any]) -> tuple[Path, Path]:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from numbers import Integral
-from typing import Any, Literal
+from typing import Any
 
-Style = Literal["hf", "timm"]
-Interpolation = Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"]
-INTERPOLATIONS: tuple[str, ...] = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
+from .vocab import INTERPOLATIONS, PREPROCESS_STYLES, Interpolation
+from .vocab import PreprocessStyle as Style
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -40,7 +39,7 @@ class PreprocessSpec:
     background: tuple[int, int, int] = field(default=(255, 255, 255))
 
     def __post_init__(self) -> None:
-        if self.style not in ("hf", "timm"):
+        if self.style not in PREPROCESS_STYLES:
             raise ValueError(f"preprocess style must be 'hf' or 'timm', got {self.style!r}")
         if self.height <= 0 or self.width <= 0:
             raise ValueError(f"preprocess size must be positive, got {self.height}x{self.width}")

@@ -1,0 +1,76 @@
+"""The words vitdeploy spells in more than one place, each defined once, as data.
+
+Backend names (with the artifact files, precision and device each needs), artifact file names
+and interpolation names live here; ``config.py``'s ``Literal`` types, the preprocessing contract,
+the backend registry, the export stages and ``evaluate/`` import them. Standard library only, so
+every layer may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Literal, Mapping
+
+# ------------------------------------------------------------------------------------------------
+# preprocessing
+
+PREPROCESS_STYLES: tuple[str, ...] = ("hf", "timm")
+#: Pillow's resampling filters, by the lowercase names timm / transformers configs use.
+INTERPOLATIONS: tuple[str, ...] = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
+PreprocessStyle = Literal[PREPROCESS_STYLES]  # type: ignore[valid-type]
+Interpolation = Literal[INTERPOLATIONS]  # type: ignore[valid-type]
+
+# ------------------------------------------------------------------------------------------------
+# artifact files: what `vitdeploy export` writes, by manifest role
+
+MANIFEST_NAME = "manifest.json"
+DRIFT_REPORT_NAME = "drift-report.json"
+#: vitdeploy's own checkpoint format; an export directory is one (the torch backend reads it).
+CHECKPOINT_WEIGHTS, CHECKPOINT_CONFIG = "model.safetensors", "model.json"
+ARTIFACT_FILES: Mapping[str, str] = MappingProxyType({
+    "weights": CHECKPOINT_WEIGHTS,
+    "weights-config": CHECKPOINT_CONFIG,
+    "onnx": "model.onnx",
+    "onnx-ort": "model.ort.onnx",  # ONNX Runtime-only fused FP32 graph (export/optimize.py)
+    "onnx-fp16": "model.fp16.onnx",
+    "engine": "model.engine",
+    "engine-meta": "model.engine.json",
+})
+
+# ------------------------------------------------------------------------------------------------
+# backends
+
+
+@dataclass(frozen=True)
+class BackendKind:
+    """One backend a user can name, and what it needs."""
+
+    name: str  # what users type: `predict -b`, `validate -b`, `bench -b`
+    runs: str  # the runtime backend that runs it ("torch" for torch-fp16)
+    roles: tuple[str, ...]  # the manifest artifact roles it reads, the main one first
+    precision: str  # "fp32" | "fp16": also the validation threshold set it is judged by
+    device: str  # "any": the configured device; "cuda": needs a CUDA GPU
+    libraries: tuple[str, ...]  # the modules it imports
+
+
+#: Every backend, in report order (validate / bench tables).
+BACKENDS: tuple[BackendKind, ...] = (
+    BackendKind("torch", "torch", ("weights", "weights-config"), "fp32", "any", ("torch", "safetensors")),
+    BackendKind("ort", "ort", ("onnx",), "fp32", "any", ("onnxruntime",)),
+    BackendKind("ort-fp16", "ort-fp16", ("onnx-fp16",), "fp16", "any", ("onnxruntime",)),
+    BackendKind("torch-fp16", "torch", ("weights", "weights-config"), "fp16", "cuda", ("torch", "safetensors")),
+    BackendKind("trt", "trt", ("engine", "engine-meta"), "fp16", "cuda", ("tensorrt",)),
+)
+BACKEND_KINDS: Mapping[str, BackendKind] = MappingProxyType({kind.name: kind for kind in BACKENDS})
+#: The backends ``validate`` and ``bench`` know ("torch-fp16" is the torch backend in half precision).
+EVALUATED_BACKENDS: tuple[str, ...] = tuple(kind.name for kind in BACKENDS)
+#: The runtime backends (one module each under runtime/backends/): what ``predict -b`` accepts.
+RUNTIME_BACKENDS: tuple[str, ...] = tuple(kind.name for kind in BACKENDS if kind.runs == kind.name)
+AUTO = "auto"
+BackendName = Literal[RUNTIME_BACKENDS]  # type: ignore[valid-type]
+BackendChoice = Literal[(AUTO, *RUNTIME_BACKENDS)]  # type: ignore[valid-type]
+
+__all__ = ["ARTIFACT_FILES", "AUTO", "BACKENDS", "BACKEND_KINDS", "BackendChoice", "BackendKind", "BackendName",
+           "CHECKPOINT_CONFIG", "CHECKPOINT_WEIGHTS", "DRIFT_REPORT_NAME", "EVALUATED_BACKENDS", "INTERPOLATIONS",
+           "Interpolation", "MANIFEST_NAME", "PREPROCESS_STYLES", "PreprocessStyle", "RUNTIME_BACKENDS"]
