@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vitdeploy.bench import cpu_model  # noqa: E402
+from vitdeploy.evaluate.bench import cpu_model  # noqa: E402
 
 TARGET = 0.05
 BATCH = 8
@@ -72,7 +72,7 @@ def demo_artifacts(out: Path, wait_s: float) -> Path | None:
     """The demo model exported (no TensorRT) into ``out``, once ``vitdeploy/demo/model.json`` exists."""
     if (out / "manifest.json").is_file():
         return out
-    from vitdeploy.paths import DEMO_MODEL_DIR
+    from vitdeploy.demo import DEMO_DIR as DEMO_MODEL_DIR
 
     deadline = time.monotonic() + wait_s
     while not (DEMO_MODEL_DIR / "model.json").is_file():

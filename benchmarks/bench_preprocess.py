@@ -41,7 +41,7 @@ from PIL import Image, features
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vitdeploy.bench import cpu_model
+from vitdeploy.evaluate.bench import cpu_model
 from vitdeploy.runtime import preprocess as preprocess_mod
 from vitdeploy.runtime.images import load_image
 from vitdeploy.runtime.preprocess import Preprocessor

@@ -61,7 +61,7 @@ def compute(count: int = DEFAULT_COUNT) -> dict[str, np.ndarray]:
     """The golden arrays, computed now from the shipped demo model and images."""
     import torch
 
-    from vitdeploy.paths import DEMO_IMAGES_DIR, DEMO_LABELS_CSV, DEMO_MODEL_DIR
+    from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR, LABELS_CSV as DEMO_LABELS_CSV, DEMO_DIR as DEMO_MODEL_DIR
     from vitdeploy.runtime.backends.torch_backend import TorchBackend
     from vitdeploy.runtime.preprocess import Preprocessor
     from vitdeploy.preprocess_spec import PreprocessSpec

@@ -64,7 +64,7 @@ def main(verbose: int) -> None:
 @handle_errors
 def info() -> None:
     """Library versions, ONNX Runtime providers, CUDA devices, and which backends can run here."""
-    from .environment import environment_report
+    from .evaluate.environment import environment_report
 
     for line in environment_report():
         click.echo(line)
@@ -119,7 +119,7 @@ def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
 
 
 def _demo_hint(cfg: Any) -> str:
-    from .paths import DEMO_IMAGES_DIR
+    from .demo import IMAGES_DIR as DEMO_IMAGES_DIR
 
     return str(cfg.resolve(cfg.validation.images) or DEMO_IMAGES_DIR)
 
@@ -212,7 +212,7 @@ def validate(artifacts_dir: Path, images: Path | None, labels_file: Path | None,
              config_path: Path | None) -> None:
     """Measure each backend's drift from eager FP32 PyTorch on real images; exit 3 if any fails."""
     from .config import load_config
-    from .drift import format_drift_table, run_drift
+    from .evaluate.drift import format_drift_table, run_drift
 
     cfg = load_config(config_path)
     if images is None and labels_file is None:
@@ -246,7 +246,7 @@ def validate(artifacts_dir: Path, images: Path | None, labels_file: Path | None,
 def bench(artifacts_dir: Path, backends: str | None, batch_sizes: str, iterations: int, warmup: int, threads: int | None,
           end_to_end: bool, images: Path | None, as_json: bool, config_path: Path | None) -> None:
     """Latency p50/p90/p99 and images/s per backend and batch size, as ratios to eager PyTorch."""
-    from .bench import format_bench_table, run_bench
+    from .evaluate.bench import format_bench_table, run_bench
     from .config import load_config
 
     cfg = load_config(config_path)

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from vitdeploy.drift import (BackendSpec, default_thresholds, judge_backend, label_indices, load_validation_set,
-                             open_spec, reference_options, run_drift, spec_unavailable_reason)
+from vitdeploy.evaluate.dataset import label_indices, load_validation_set
+from vitdeploy.evaluate.drift import default_thresholds, judge_backend, run_drift
+from vitdeploy.evaluate.specs import BackendSpec, open_spec, reference_options, spec_unavailable_reason
 from vitdeploy.runtime.backends import BackendOptions
 
 # (id, backend spec name, device, precision)

@@ -46,7 +46,7 @@ def _versions_note(golden: dict) -> str:
 
 @pytest.fixture(scope="module")
 def demo_model():
-    from vitdeploy.paths import DEMO_MODEL_DIR
+    from vitdeploy.demo import DEMO_DIR as DEMO_MODEL_DIR
 
     meta = json.loads((DEMO_MODEL_DIR / "model.json").read_text(encoding="utf-8"))
     return DEMO_MODEL_DIR, meta
@@ -62,7 +62,7 @@ def test_golden_file_is_for_the_shipped_demo_weights(golden, demo_model):
 
 
 def test_preprocessing_reproduces_the_golden_inputs(golden, demo_model):
-    from vitdeploy.paths import DEMO_IMAGES_DIR
+    from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR
     from vitdeploy.runtime.preprocess import Preprocessor
     from vitdeploy.preprocess_spec import PreprocessSpec
 

@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from vitdeploy.cli import main
-from vitdeploy.paths import DEMO_IMAGES_DIR, DEMO_LABELS_CSV, DEMO_MODEL_DIR
+from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR, LABELS_CSV as DEMO_LABELS_CSV, DEMO_DIR as DEMO_MODEL_DIR
 
 
 def run(*args: str):

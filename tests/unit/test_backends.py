@@ -315,7 +315,7 @@ def test_torch_backend_needs_a_verified_weights_config(tiny_dir, tmp_path):
 
 
 def test_tampered_weights_config_is_refused_by_every_verifier(tiny_dir, tmp_path):
-    from vitdeploy.drift import backend_specs, verify_spec_files
+    from vitdeploy.evaluate.specs import backend_specs, verify_spec_files
     from vitdeploy.runtime.backends import verify_backend_files
     from vitdeploy.runtime.predictor import Predictor
 
@@ -419,7 +419,7 @@ def test_ort_reads_its_session_once_per_call(artifacts, batch5):
 
 
 def test_one_first_line_helper_for_every_report():
-    from vitdeploy import drift
+    from vitdeploy.evaluate import drift
     from vitdeploy.export import manifest
     from vitdeploy.runtime import backends, predictor
 

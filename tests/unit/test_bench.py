@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from vitdeploy.bench import (BenchReport, BenchResult, attach_ratios, cpu_model, format_bench_table, interleaved,
-                             measure, parse_batch_sizes, percentile, summarize)
+from vitdeploy.evaluate.bench import (BenchReport, BenchResult, attach_ratios, cpu_model, format_bench_table,
+                                      parse_batch_sizes, percentile, summarize)
+from vitdeploy.evaluate.timing import interleaved, measure
 from vitdeploy.errors import BackendError, ConfigError
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -153,7 +154,7 @@ def test_bench_command_on_the_demo_artifacts_prints_parseable_json(demo_artifact
 def test_bench_table_and_end_to_end_phases(tmp_path):
     from PIL import Image
 
-    from vitdeploy.bench import run_bench
+    from vitdeploy.evaluate.bench import run_bench
 
     art = build_tiny_artifacts(tmp_path / "tiny", seed=2)
     images = tmp_path / "images"

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from vitdeploy.drift import (DriftReport, accuracy, backend_specs, format_drift_table, judge_backend, label_indices,
-                             load_validation_set, parse_backend_names, read_labels_csv, run_drift)
+from vitdeploy.evaluate.dataset import label_indices, load_validation_set, read_labels_csv
+from vitdeploy.evaluate.drift import DriftReport, accuracy, format_drift_table, judge_backend, run_drift
+from vitdeploy.evaluate.specs import backend_specs, parse_backend_names
 from vitdeploy.errors import ConfigError, InputError, MissingDependencyError, ValidationError
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -231,7 +232,7 @@ def test_a_requested_backend_that_cannot_run_is_listed_and_exits_4(tiny_dir, ima
 
 
 def test_a_failed_report_raises_validation_error():
-    from vitdeploy.drift import BackendDrift
+    from vitdeploy.evaluate.drift import BackendDrift
 
     report = DriftReport(artifacts="x", model="m", images={}, reference={}, thresholds={},
                          backends=[BackendDrift("ort", "failed", failures=["cosine: expected >= 1, got 0.9"])])

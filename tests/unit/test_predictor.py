@@ -164,11 +164,6 @@ def test_threads_give_the_same_results_as_serial(tiny_dir, backend):
                     np.testing.assert_array_equal(a, b)
 
 
-def test_embed_without_features_output(ort_predictor):
-    with pytest.raises(BackendError, match="this export has no features output"):
-        ort_predictor.embed(batch(1))
-
-
 def test_closed_predictor_refuses(tiny_dir):
     p = Predictor.from_artifacts(tiny_dir, backend="ort")
     p.close()

@@ -22,7 +22,7 @@ import numpy as np
 from .._files import write_json_atomic
 from ..config import PipelineConfig
 from ..errors import ConfigError, ExportError, MissingDependencyError, ValidationError
-from ..paths import DEMO_IMAGES_DIR, DEMO_MODEL_DIR
+from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR, DEMO_DIR as DEMO_MODEL_DIR
 from ..runtime.artifacts import MANIFEST_NAME
 from ..runtime.backends.base import BackendOptions
 from ..preprocess_spec import PreprocessSpec

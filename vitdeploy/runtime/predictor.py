@@ -19,11 +19,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ArtifactError, BackendError, InputError, MissingDependencyError
+from ..errors import ArtifactError, BackendError, InputError
 from ..vocab import MANIFEST_NAME
 from .artifacts import Artifacts
-from .backends import (BACKEND_NAMES, Backend, BackendOptions, backend_unavailable_reason, ensure_known, first_line,
-                       open_backend, verify_backend_files)
+from .backends import BACKEND_NAMES, Backend, BackendOptions, ensure_known, first_line, open_backend, open_or_reason
 from .postprocess import softmax, top_k as _top_k
 
 log = logging.getLogger(__name__)
@@ -54,37 +53,44 @@ def _cuda_provider_available() -> bool:
     return any(p in available_providers() for p in _CUDA_PROVIDERS)
 
 
+def _refuse_without_cuda() -> str | None:
+    return None if _cuda_provider_available() else "needs CUDA"
+
+
+def _auto_options(name: str, options: BackendOptions) -> BackendOptions:
+    """ort-fp16 in auto mode runs on a CUDA provider only: fp16 on the CPU is not what auto promises."""
+    if name != "ort-fp16":
+        return options
+    opts = options
+    if not any(p in _CUDA_PROVIDERS for p in options.providers):
+        opts = dataclasses.replace(options, providers=("CUDAExecutionProvider", *options.providers))
+    return dataclasses.replace(opts, allow_cpu_fallback=False)
+
+
 def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backend, str, str]:
     """Open the best usable backend: trt, then ort-fp16 (CUDA only), then ort, then torch.
 
     Returns (backend, name, why). A candidate that is unavailable, or fails to open (BackendError,
     MissingDependencyError, or an ArtifactError from the backend itself such as an engine built
     for another GPU) is skipped with its reason recorded. A file that fails its sha256/size check
-    is never skipped silently: that ArtifactError is raised.
+    is never skipped silently: that ArtifactError is raised (:func:`~.backends.open_or_reason`).
     """
     notes: list[str] = []
     for name in AUTO_ORDER:
-        reason = backend_unavailable_reason(name, artifacts, options)
-        if reason:
-            notes.append(f"{name} unavailable ({reason})")
+        attempt = open_or_reason(name, artifacts, _auto_options(name, options),
+                                 refuse=_refuse_without_cuda if name == "ort-fp16" else None)
+        if attempt.status == "unavailable":
+            notes.append(f"{name} unavailable ({attempt.reason})")
             continue
-        opts = options
-        if name == "ort-fp16":
-            if not _cuda_provider_available():
-                notes.append("ort-fp16 needs CUDA")
-                continue
-            if not any(p in _CUDA_PROVIDERS for p in options.providers):
-                opts = dataclasses.replace(options, providers=("CUDAExecutionProvider", *options.providers))
-            opts = dataclasses.replace(opts, allow_cpu_fallback=False)  # fp16 on CPU is not what auto promises
-        verify_backend_files(name, artifacts)  # tampered or escaping files raise here, before any fallback
-        try:
-            backend = open_backend(name, artifacts, opts)
-        except (BackendError, MissingDependencyError, ArtifactError) as exc:
-            notes.append(f"{name} failed ({first_line(exc)})")
-            log.debug("auto: %s failed", name, exc_info=True)
+        if attempt.status == "refused":
+            notes.append(f"{name} {attempt.reason}")
+            continue
+        if attempt.backend is None:
+            notes.append(f"{name} failed ({attempt.reason})")
+            log.debug("auto: %s failed: %s", name, attempt.reason)
             continue
         why = "auto: " + "; ".join([*notes, f"chose {name}"])
-        return backend, name, why
+        return attempt.backend, name, why
     raise BackendError(f"no backend can run the artifacts in {artifacts.directory}: " + "; ".join(notes)
                        + "; install onnxruntime (pip install onnxruntime) or re-run `vitdeploy export`")
 
@@ -193,20 +199,6 @@ class Predictor:
 
     def label_of(self, index: int) -> str:
         return self.labels[index] if 0 <= index < len(self.labels) else str(index)
-
-    def embed(self, inputs: Any) -> np.ndarray:
-        """Pooled features (N, width), only where the export kept a "features" output."""
-        features = self.artifacts.io.get("features")
-        if not isinstance(features, dict):
-            raise BackendError(f"this export has no features output ({self.artifacts.directory}/manifest.json io has "
-                               f"no 'features'); re-export with features kept to use embed()")
-        batch, _ = self._to_batch(inputs)
-        backend = self._backend()
-        if hasattr(backend, "features"):
-            return backend.features(batch)
-        if hasattr(backend, "run_outputs"):
-            return backend.run_outputs(batch, [str(features.get("name", "features"))])[0]
-        raise BackendError(f"backend {self.backend_name} cannot return features")
 
     # ---------------------------------------------------------------- lifecycle
 

@@ -10,10 +10,11 @@ import ctypes
 import ctypes.util
 import functools
 import importlib
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..._deps import available
-from ...errors import ConfigError
+from ...errors import ArtifactError, BackendError, ConfigError, MissingDependencyError, VitDeployError
 from ...vocab import BACKEND_KINDS, RUNTIME_BACKENDS
 from ..cuda import cuda_status
 from .base import Backend, BackendBase, BackendOptions
@@ -33,9 +34,9 @@ _REGISTRY: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
     for name, (module, func) in _OPENERS.items()
 }
 
-__all__ = ["BACKEND_NAMES", "Backend", "BackendBase", "BackendOptions", "artifact_role", "artifact_roles",
+__all__ = ["BACKEND_NAMES", "Backend", "BackendBase", "BackendOptions", "Opened", "artifact_role", "artifact_roles",
            "backend_unavailable_reason", "cuda_device_count", "ensure_known", "first_line", "open_backend",
-           "verify_backend_files"]
+           "open_or_reason", "verify_backend_files"]
 
 
 def first_line(value: BaseException | str) -> str:
@@ -141,6 +142,51 @@ def backend_unavailable_reason(name: str, artifacts: Any = None, options: Backen
         return str(reason) if reason else None
     return None
 
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What :func:`open_or_reason` found: the open backend, or why there is none.
+
+    ``status``: "opened"; "unavailable" (cannot run here: no artifact role, library or GPU);
+    "refused" (the caller's own ``refuse`` check said no); "error" (it failed to open, e.g. an
+    engine built for another GPU). ``error`` is the error type raising it maps to:
+    MissingDependencyError (exit 4) for "unavailable" and "refused", the type raised for "error".
+    """
+
+    name: str
+    backend: Backend | None = None
+    status: str = "opened"
+    reason: str = ""  # one line; "" when opened
+    error: type[VitDeployError] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.backend is not None
+
+
+def open_or_reason(name: str, artifacts: Any, options: BackendOptions | None = None, *,
+                   refuse: Callable[[], str | None] | None = None) -> Opened:
+    """Open backend ``name`` on ``artifacts``, or say why not; the one way the Predictor's
+    auto-selection, ``validate`` and ``bench`` open a backend.
+
+    In order: the cheap checks of :func:`backend_unavailable_reason`; the caller's ``refuse()``
+    (a reason, or None to go on); the size and sha256 of every file the backend reads; the open.
+    A missing, tampered or escaping file raises ArtifactError: it is never a reason to skip a
+    backend silently. ConfigError for an unknown name.
+    """
+    reason = backend_unavailable_reason(name, artifacts, options)
+    if reason:
+        return Opened(name, status="unavailable", reason=reason, error=MissingDependencyError)
+    refused = refuse() if refuse is not None else None
+    if refused:
+        return Opened(name, status="refused", reason=refused, error=MissingDependencyError)
+    verify_backend_files(name, artifacts)  # tampered or escaping files raise here, before any fallback
+    try:
+        backend = open_backend(name, artifacts, options)
+    except (BackendError, MissingDependencyError, ArtifactError) as exc:  # e.g. an engine built for another GPU
+        return Opened(name, status="error", reason=first_line(exc), error=type(exc))
+    return Opened(name, backend)
 
 def ensure_known(name: str) -> str:
     """``name`` if it is a backend name or 'auto'; ConfigError otherwise."""

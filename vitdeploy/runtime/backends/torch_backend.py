@@ -133,23 +133,17 @@ class TorchBackend(BackendBase):
             raise BackendError(f"torch backend: unsupported device {device!r} (use 'cpu', 'cuda' or 'cuda:N')")
         return dev
 
-    def _forward(self, batch: np.ndarray, features: bool = False) -> np.ndarray:
+    def _forward(self, batch: np.ndarray) -> np.ndarray:
         torch = self._torch
         if self._model is None:
             raise BackendError("torch: backend is closed")
         with torch.inference_mode():
             x = torch.from_numpy(batch).to(device=self.device, dtype=self.dtype)
-            y = self._model.forward_features(x) if features else self._model(x)
+            y = self._model(x)
             return y.float().cpu().numpy()
 
     def _run(self, batch: np.ndarray) -> np.ndarray:
         return self._forward(batch)
-
-    def features(self, batch: np.ndarray) -> np.ndarray:
-        """The pooled class token (B, width), float32."""
-        batch = self.check_input(batch)
-        step = self.max_batch or batch.shape[0]
-        return np.concatenate([self._forward(batch[i : i + step], True) for i in range(0, batch.shape[0], step)])
 
     def close(self) -> None:
         self._model = None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import platform
 from typing import Iterator
 
-from . import __version__
-from ._deps import available
+from .. import __version__
+from .._deps import available
 
 
 def environment_report() -> Iterator[str]:
@@ -21,7 +21,7 @@ def environment_report() -> Iterator[str]:
 
         yield f"onnxruntime providers: {', '.join(onnxruntime.get_available_providers())}"
     yield f"CUDA devices: {', '.join(_cuda_devices()) or 'none'}"
-    from .runtime.backends import BACKEND_NAMES, BackendOptions, backend_unavailable_reason
+    from ..runtime.backends import BACKEND_NAMES, BackendOptions, backend_unavailable_reason
 
     yield "backends:"
     for name in BACKEND_NAMES:
@@ -35,7 +35,7 @@ def environment_report() -> Iterator[str]:
 def _cuda_devices() -> list[str]:
     ok, _ = available("torch")
     if not ok:
-        from .runtime.backends import cuda_device_count
+        from ..runtime.backends import cuda_device_count
 
         return [f"{cuda_device_count()} (via libcuda)"] if cuda_device_count() else []
     import torch

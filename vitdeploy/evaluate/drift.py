@@ -18,7 +18,6 @@ Backends that cannot run here are listed with the reason, never dropped.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import datetime as _dt
 import logging
@@ -30,286 +29,19 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ._files import write_json_atomic
-from .export.manifest import library_versions
-from .runtime.backends import first_line, verify_backend_files
-from .errors import (ArtifactError, BackendError, ConfigError, InputError, MissingDependencyError,
-                     ValidationError)
+from .._files import write_json_atomic
+from ..errors import BackendError, ConfigError, InputError, MissingDependencyError, ValidationError
+from ..export.manifest import library_versions
+from ..runtime.backends import first_line
+from ..vocab import DRIFT_REPORT_NAME
+from .dataset import label_indices, load_validation_set
+from .specs import (BackendSpec, backend_specs, open_spec, parse_backend_names, reference_options,
+                    spec_unavailable_reason, try_open_spec)
 
 log = logging.getLogger(__name__)
 
-REPORT_NAME = "drift-report.json"
+REPORT_NAME = DRIFT_REPORT_NAME
 REPORT_FORMAT = "vitdeploy-drift-report"
-#: Every backend ``validate`` and ``bench`` know, in report order. "torch-fp16" is the torch
-#: backend in half precision on CUDA; "torch" follows the configured device (CPU by default,
-#: where it *is* the reference).
-DRIFT_BACKENDS = ("torch", "ort", "ort-fp16", "torch-fp16", "trt")
-_LABEL_HEADER = ("path", "label")
-_METRIC_KEYS = ("max_abs_diff", "mean_abs_diff", "cosine", "top1_agreement", "top5_overlap")
-
-
-# ------------------------------------------------------------------------------------------------
-# backends: which registry backend, with which options, judged by which threshold set
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    """One row of the drift / bench tables."""
-
-    name: str  # "torch", "ort", "ort-fp16", "torch-fp16", "trt"
-    registry: str  # the runtime registry name it opens ("torch" for torch-fp16)
-    options: Any  # BackendOptions
-    precision: str  # "fp32" | "fp16": the threshold set that applies
-
-    @property
-    def is_reference(self) -> bool:
-        """Eager FP32 PyTorch on the CPU: the reference every other backend is judged against."""
-        return self.registry == "torch" and self.precision == "fp32" and _device_type(self.options.device) == "cpu"
-
-    @property
-    def uses_cuda(self) -> bool:
-        return self.registry == "trt" or (self.registry == "torch" and _device_type(self.options.device) == "cuda")
-
-    def label(self) -> str:
-        if self.registry == "torch":
-            return f"{self.name} ({self.options.device}, {self.precision})"
-        return self.name
-
-
-def _device_type(device: str) -> str:
-    return str(device).split(":", 1)[0]
-
-
-def parse_backend_names(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
-    """"ort, ort-fp16" or ["ort"] -> ("ort", "ort-fp16"); None/""/"all" -> None (every backend).
-
-    ConfigError naming the unknown name and the choices.
-    """
-    if value is None:
-        return None
-    items = value.split(",") if isinstance(value, str) else list(value)
-    names = [str(v).strip() for v in items if str(v).strip()]
-    if not names or names == ["all"]:
-        return None
-    unknown = [n for n in names if n not in DRIFT_BACKENDS]
-    if unknown:
-        raise ConfigError(f"unknown backend(s) {', '.join(map(repr, unknown))}; choose from "
-                          f"{', '.join(DRIFT_BACKENDS)} (comma-separated), or leave the option out for all")
-    return tuple(dict.fromkeys(names))
-
-
-def backend_specs(names: Sequence[str] | None = None, options: Any = None) -> list[BackendSpec]:
-    """The specs for ``names`` (default: all of :data:`DRIFT_BACKENDS`), built from ``options``.
-
-    ``options`` (BackendOptions, e.g. from pipeline.yaml's ``runtime``) supplies the device,
-    ONNX Runtime providers and threads. ``torch`` runs on ``options.device`` in FP32;
-    ``torch-fp16`` and ``trt`` run on CUDA (``options.device`` when it is a CUDA device, else
-    ``cuda``).
-    """
-    from .runtime.backends import BackendOptions
-
-    options = options or BackendOptions()
-    cuda = options.device if _device_type(options.device) == "cuda" else "cuda"
-    table = {
-        "torch": BackendSpec("torch", "torch", dataclasses.replace(options, precision="fp32"), "fp32"),
-        "ort": BackendSpec("ort", "ort", options, "fp32"),
-        "ort-fp16": BackendSpec("ort-fp16", "ort-fp16", options, "fp16"),
-        "torch-fp16": BackendSpec("torch-fp16", "torch", dataclasses.replace(options, device=cuda, precision="fp16"),
-                                  "fp16"),
-        "trt": BackendSpec("trt", "trt", dataclasses.replace(options, device=cuda), "fp16"),
-    }
-    chosen = parse_backend_names(names) if names is not None else None
-    return [table[n] for n in (chosen or DRIFT_BACKENDS)]
-
-
-def reference_options(options: Any = None) -> Any:
-    """BackendOptions of the reference: torch on the CPU in FP32 (threads kept from ``options``)."""
-    from .runtime.backends import BackendOptions
-
-    return BackendOptions(device="cpu", precision="fp32", threads=getattr(options, "threads", None))
-
-
-def spec_unavailable_reason(spec: BackendSpec, artifacts: Any) -> str | None:
-    """Why ``spec`` cannot run here (one line), or None. Cheap: no hashing, no session."""
-    from .runtime.backends import backend_unavailable_reason
-
-    reason = backend_unavailable_reason(spec.registry, artifacts, spec.options)
-    if reason and spec.name == "torch-fp16" and "manifest" not in reason:
-        return f"needs a CUDA GPU: {reason}"
-    return reason
-
-
-def verify_spec_files(spec: BackendSpec, artifacts: Any) -> None:
-    """Check the size and sha256 of every file ``spec`` reads; ArtifactError for a missing,
-    tampered or escaping file (such a file is never skipped silently)."""
-    verify_backend_files(spec.registry, artifacts)
-
-
-def open_spec(spec: BackendSpec, artifacts: Any) -> Any:
-    """Verify the files of ``spec`` (:func:`verify_spec_files`), then open its backend."""
-    from .runtime.backends import open_backend
-
-    verify_spec_files(spec, artifacts)
-    return open_backend(spec.registry, artifacts, spec.options)
-
-
-# ------------------------------------------------------------------------------------------------
-# the validation set: image files and, where known, their true labels
-
-
-@dataclass(frozen=True)
-class ValidationSet:
-    """Image files to validate on, and the true label of each (None where unknown)."""
-
-    paths: tuple[Path, ...]
-    labels: tuple[str | None, ...]
-    source: str  # the folder (or CSV) the images came from
-    label_source: str  # "csv:<file>", "sub-folders" or "none"
-    unmatched_labels: tuple[str, ...] = ()  # CSV rows naming no image in the set
-
-    @property
-    def labelled(self) -> int:
-        return sum(label is not None for label in self.labels)
-
-
-def read_labels_csv(path: str | os.PathLike[str]) -> list[tuple[str, str, int]]:
-    """Rows of a labels CSV as (path, label, line number).
-
-    The file has a ``path,label`` header (other columns are ignored) or no header and the path
-    and label in the first two columns. InputError names the file and line for anything else.
-    """
-    path = Path(path)
-    if not path.is_file():
-        what = "is a directory" if path.is_dir() else "not found"
-        raise InputError(f"labels file {path} {what}; expected a CSV file with a header 'path,label' and one row per "
-                         f"image (path relative to the CSV's folder or the images folder), or leave --labels out to "
-                         f"take labels from sub-folder names")
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"labels file {path}: cannot read it as UTF-8 text ({exc})") from exc
-    rows = list(csv.reader(text.splitlines()))
-    numbered = [(i + 1, [c.strip() for c in row]) for i, row in enumerate(rows) if any(c.strip() for c in row)]
-    if not numbered:
-        raise InputError(f"labels file {path} is empty; expected a header 'path,label' and one row per image")
-    path_col, label_col = 0, 1
-    header = [c.lower() for c in numbered[0][1]]
-    if "path" in header and "label" in header:
-        path_col, label_col = header.index("path"), header.index("label")
-        numbered = numbered[1:]
-    elif any(c in header for c in _LABEL_HEADER):
-        raise InputError(f"labels file {path} line {numbered[0][0]}: header {numbered[0][1]} must name both a 'path' "
-                         f"and a 'label' column")
-    out = []
-    for line, row in numbered:
-        if len(row) <= max(path_col, label_col) or not row[path_col] or not row[label_col]:
-            raise InputError(f"labels file {path} line {line}: expected a path and a label, got {row}")
-        out.append((row[path_col], row[label_col], line))
-    return out
-
-
-def _key(path: Path) -> str:
-    return os.path.normcase(str(path.resolve()))
-
-
-def load_validation_set(images: str | os.PathLike[str] | None = None,
-                        labels_file: str | os.PathLike[str] | None = None) -> ValidationSet:
-    """Which images to validate on and their labels.
-
-    * nothing given: the shipped demo images with their labels.csv;
-    * ``labels_file`` only: the images the CSV lists (paths relative to the CSV's folder);
-    * ``images`` (a folder, or one file): every image in it (walked recursively); labels from
-      ``labels_file`` (paths relative to the CSV's folder or to ``images``), else from a
-      ``labels.csv`` in the folder, else from each image's first-level sub-folder name
-      (``images/cat/1.jpg`` is a "cat"; images directly in the folder are unlabelled).
-
-    InputError for a folder with no images, a missing or malformed labels file.
-    """
-    from .paths import DEMO_IMAGES_DIR, DEMO_LABELS_CSV
-    from .runtime.images import iter_image_paths
-
-    if images is None and labels_file is None:
-        if not DEMO_IMAGES_DIR.is_dir():
-            raise InputError(f"the demo images are missing ({DEMO_IMAGES_DIR}); reinstall vitdeploy or pass --images DIR")
-        images = DEMO_IMAGES_DIR
-        labels_file = DEMO_LABELS_CSV if DEMO_LABELS_CSV.is_file() else None
-
-    if images is None:  # the CSV alone says which images
-        csv_path = Path(labels_file)  # type: ignore[arg-type]
-        rows = read_labels_csv(csv_path)
-        paths = tuple(_resolve_row(p, [csv_path.parent]) for p, _, _ in rows)
-        return ValidationSet(paths, tuple(label for _, label, _ in rows), str(csv_path), f"csv:{csv_path}")
-
-    root = Path(images)
-    if not root.exists():
-        raise InputError(f"--images {root}: no such file or directory")
-    paths = tuple(iter_image_paths([root]))
-    if labels_file is None and root.is_dir() and (root / "labels.csv").is_file():
-        labels_file = root / "labels.csv"
-
-    if labels_file is not None:
-        csv_path = Path(labels_file)
-        rows = read_labels_csv(csv_path)
-        index = {_key(p): i for i, p in enumerate(paths)}
-        bases = [csv_path.parent] + ([root] if root.is_dir() else [])
-        labels: list[str | None] = [None] * len(paths)
-        unmatched = []
-        for rel, label, line in rows:
-            hit = next((index[k] for k in (_key(_resolve_row(rel, [b])) for b in bases) if k in index), None)
-            if hit is None:
-                unmatched.append(rel)
-                continue
-            labels[hit] = label
-        if unmatched:
-            log.warning("%s: %d row(s) name no image under %s (first: %s)", csv_path, len(unmatched), root, unmatched[0])
-        if rows and len(unmatched) == len(rows):
-            raise InputError(f"labels file {csv_path}: none of its {len(rows)} paths (e.g. {rows[0][0]!r}) is an image "
-                             f"under {root}; paths must be relative to the CSV's folder or to the images folder")
-        return ValidationSet(paths, tuple(labels), str(root), f"csv:{csv_path}", tuple(unmatched))
-
-    if root.is_dir():
-        labels = [_subfolder_label(p, root) for p in paths]
-        if any(label is not None for label in labels):
-            return ValidationSet(paths, tuple(labels), str(root), "sub-folders")
-    return ValidationSet(paths, (None,) * len(paths), str(root), "none")
-
-
-def _resolve_row(rel: str, bases: Sequence[Path]) -> Path:
-    candidate = Path(rel).expanduser()
-    if candidate.is_absolute():
-        return candidate
-    for base in bases:
-        if (base / candidate).exists():
-            return base / candidate
-    return bases[0] / candidate
-
-
-def _subfolder_label(path: Path, root: Path) -> str | None:
-    try:
-        parts = path.relative_to(root).parts
-    except ValueError:
-        return None
-    return parts[0] if len(parts) > 1 else None
-
-
-def label_indices(labels: Sequence[str | None], classes: Sequence[str]) -> tuple[list[int | None], list[str]]:
-    """True labels -> class indices of the model (None where unknown) and the labels that are no
-    class of the model. A label matches a class name exactly, or else is a class index ("3")."""
-    lookup = {name: i for i, name in enumerate(classes)}
-    out: list[int | None] = []
-    unknown: list[str] = []
-    for label in labels:
-        if label is None:
-            out.append(None)
-        elif label in lookup:
-            out.append(lookup[label])
-        elif label.strip().isdigit() and int(label) < len(classes):
-            out.append(int(label))
-        else:
-            out.append(None)
-            unknown.append(label)
-    return out, unknown
-
 
 # ------------------------------------------------------------------------------------------------
 # results
@@ -419,7 +151,7 @@ def judge_backend(name: str, logits: np.ndarray, reference: np.ndarray, toleranc
     ``names[i]`` is the path of row i (listed when its top-1 flips); ``true_index[i]`` its true
     class or None. Pure numpy: the unit tests drive it with synthetic logits.
     """
-    from .export.compare import compare
+    from ..export.compare import compare
 
     cmp = compare(reference, logits, tolerance)
     ref_top, cand_top = np.asarray(reference).argmax(axis=1), np.asarray(logits).argmax(axis=1)
@@ -449,7 +181,7 @@ def accuracy(logits: np.ndarray, true_index: Sequence[int | None]) -> float | No
 
 
 def default_thresholds() -> dict[str, dict[str, float]]:
-    from .config import ValidationSection
+    from ..config import ValidationSection
 
     section = ValidationSection()
     return {"fp32": section.fp32.model_dump(), "fp16": section.fp16.model_dump()}
@@ -475,10 +207,10 @@ def run_drift(artifacts_dir: str | os.PathLike[str] | Any, *, images: str | os.P
     ``write_report`` is False. Raises InputError when no image can be read, ArtifactError for a
     tampered artifact, MissingDependencyError when torch (the reference) is missing.
     """
-    from .runtime.artifacts import Artifacts
-    from .runtime.backends import BackendOptions
-    from .runtime.images import MAX_IMAGE_PIXELS
-    from .runtime.preprocess import Preprocessor
+    from ..runtime.artifacts import Artifacts
+    from ..runtime.backends import BackendOptions
+    from ..runtime.images import MAX_IMAGE_PIXELS
+    from ..runtime.preprocess import Preprocessor
 
     options = options or BackendOptions()
     requested = parse_backend_names(backends)
@@ -560,19 +292,15 @@ def _run_spec(spec: BackendSpec, artifacts: Any, batch: np.ndarray, reference: n
         return BackendDrift(name=spec.name, status="reference", precision="fp32", device="cpu", describe=ref_describe,
                             reason="eager FP32 PyTorch on the CPU: the reference", metrics=metrics,
                             accuracy=ref_accuracy, seconds=round(ref_seconds, 4))
-    reason = spec_unavailable_reason(spec, artifacts)
-    if reason:
-        log.info("%s: unavailable (%s)", spec.name, reason)
+    attempt = try_open_spec(spec, artifacts)  # tampered files raise ArtifactError here, before any fallback
+    if attempt.status == "unavailable":
+        log.info("%s: unavailable (%s)", spec.name, attempt.reason)
         return BackendDrift(name=spec.name, status="unavailable", precision=spec.precision,
-                            threshold_set=spec.precision, device=device, reason=reason,
+                            threshold_set=spec.precision, device=device, reason=attempt.reason,
                             thresholds=dict(limits[spec.precision]))
-    from .runtime.backends import open_backend
-
-    verify_spec_files(spec, artifacts)  # tampered files raise ArtifactError here, before any fallback
-    try:
-        backend = open_backend(spec.registry, artifacts, spec.options)
-    except (BackendError, MissingDependencyError, ArtifactError) as exc:  # e.g. an engine built for another GPU
-        return _error_row(spec, device, limits, f"cannot open: {first_line(exc)}")
+    if attempt.backend is None:  # e.g. an engine built for another GPU
+        return _error_row(spec, device, limits, f"cannot open: {attempt.reason}")
+    backend = attempt.backend
     try:
         t0 = time.perf_counter()
         logits = backend.run(batch)
@@ -599,7 +327,7 @@ def _error_row(spec: BackendSpec, device: str, limits: Mapping[str, Mapping[str,
 
 
 def _self_metrics(reference: np.ndarray) -> tuple[dict[str, float], tuple[int, ...]]:
-    from .export.compare import logit_metrics
+    from ..export.compare import logit_metrics
 
     return logit_metrics(reference, reference)
 
@@ -669,7 +397,5 @@ def format_drift_table(report: DriftReport) -> list[str]:
     return lines
 
 
-__all__ = ["DRIFT_BACKENDS", "REPORT_NAME", "BackendDrift", "BackendSpec", "DriftReport", "ValidationSet",
-           "accuracy", "backend_specs", "default_thresholds", "format_drift_table", "judge_backend",
-           "label_indices", "library_versions", "load_validation_set", "open_spec", "parse_backend_names",
-           "read_labels_csv", "reference_options", "run_drift", "spec_unavailable_reason", "verify_spec_files"]
+__all__ = ["REPORT_NAME", "BackendDrift", "DriftReport", "accuracy", "default_thresholds", "format_drift_table",
+           "judge_backend", "library_versions", "run_drift"]

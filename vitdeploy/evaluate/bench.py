@@ -28,13 +28,15 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .drift import (BackendSpec, backend_specs, first_line, library_versions, parse_backend_names, reference_options,
-                    spec_unavailable_reason, verify_spec_files)
-from .errors import ArtifactError, BackendError, ConfigError, InputError, MissingDependencyError
+from ..errors import ConfigError, InputError
+from ..export.manifest import library_versions
+from ..runtime.backends import first_line
+from .specs import BackendSpec, backend_specs, parse_backend_names, reference_options, try_open_spec
+from .timing import cuda_event_timer, measure
 
 log = logging.getLogger(__name__)
 
@@ -96,91 +98,6 @@ def speed_ratio(baseline_p50_ms: float | None, p50_ms: float | None) -> float | 
 
 
 # ------------------------------------------------------------------------------------------------
-# interleaved timing
-
-
-def interleaved(names: Sequence[str], iterations: int) -> Iterator[tuple[int, str]]:
-    """(iteration, backend) in run order: every iteration runs each backend once, and the backend
-    that goes first rotates (a, b, c; b, c, a; c, a, b; ...) so none always follows the same one."""
-    names = list(names)
-    for it in range(iterations):
-        k = it % len(names) if names else 0
-        for name in names[k:] + names[:k]:
-            yield it, name
-
-
-Timer = Callable[[Callable[[], Any]], float]
-
-
-def wall_timer(fn: Callable[[], Any]) -> float:
-    """Seconds ``fn()`` took by ``time.perf_counter``."""
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def cuda_event_timer(device: str = "cuda") -> Timer:
-    """A timer measuring ``fn()`` with CUDA events on ``device``'s current stream.
-
-    The device is synchronised first so earlier work is not billed to this call; the end event is
-    waited on before reading ``elapsed_time``. Every backend's ``run`` returns host numpy arrays,
-    so the measured span covers the copies in and out and all the GPU work of the call.
-    """
-    from ._deps import require
-
-    torch = require("torch", "timing CUDA backends with CUDA events")
-    dev = torch.device(device)
-
-    def timer(fn: Callable[[], Any]) -> float:
-        with torch.cuda.device(dev):
-            torch.cuda.synchronize(dev)
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / 1000.0  # elapsed_time is in milliseconds
-
-    return timer
-
-
-def measure(runners: Mapping[str, Callable[[], Any]], *, iterations: int, warmup: int,
-            timers: Mapping[str, Timer] | None = None,
-            on_error: Callable[[str, BaseException], None] | None = None) -> dict[str, list[float]]:
-    """Warm up, then time every runner ``iterations`` times, interleaved (:func:`interleaved`).
-
-    Returns seconds per call for each runner. A runner raising a VitDeployError is dropped from
-    the remaining iterations and reported through ``on_error`` (else the error propagates).
-    """
-    from .errors import VitDeployError
-
-    timers = timers or {}
-    alive = list(runners)
-    times: dict[str, list[float]] = {name: [] for name in runners}
-
-    def call(name: str, timed: bool) -> None:
-        try:
-            if timed:
-                times[name].append((timers.get(name) or wall_timer)(runners[name]))
-            else:
-                runners[name]()
-        except VitDeployError as exc:
-            if on_error is None:
-                raise
-            on_error(name, exc)
-            alive.remove(name)
-
-    for _, name in interleaved(list(alive), warmup):
-        if name in alive:
-            call(name, False)
-    for _, name in interleaved(list(alive), iterations):
-        if name in alive:
-            call(name, True)
-    return times
-
-
-# ------------------------------------------------------------------------------------------------
 # environment
 
 
@@ -218,7 +135,7 @@ def environment(threads: int | None = None) -> dict[str, Any]:
     except ImportError:
         pass
     try:
-        from .runtime.backends.ort import available_providers
+        from ..runtime.backends.ort import available_providers
 
         env["onnxruntime_providers"] = available_providers()
     except ImportError:  # pragma: no cover
@@ -383,8 +300,8 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
     Backends that cannot run here are listed with the reason; one that fails to open or run is
     listed as an error and the others go on.
     """
-    from .runtime.artifacts import Artifacts
-    from .runtime.backends import BackendOptions, open_backend
+    from ..runtime.artifacts import Artifacts
+    from ..runtime.backends import BackendOptions
 
     if int(iterations) < 1:
         raise ConfigError(f"--iterations must be >= 1, got {iterations}")
@@ -407,16 +324,14 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
         row = {"name": spec.name, "precision": spec.precision, "device": spec.options.device,
                "baseline": spec.is_reference, "status": "ran", "reason": "", "describe": ""}
         rows.append(row)
-        reason = spec_unavailable_reason(spec, artifacts)
-        if reason:
-            row.update(status="unavailable", reason=reason)
+        attempt = try_open_spec(spec, artifacts)  # a tampered file is an error, never a skip
+        if attempt.status == "unavailable":
+            row.update(status="unavailable", reason=attempt.reason)
             continue
-        verify_spec_files(spec, artifacts)  # a tampered file is an error, never a skip
-        try:
-            backend = open_backend(spec.registry, artifacts, spec.options)
-        except (BackendError, MissingDependencyError, ArtifactError) as exc:
-            row.update(status="error", reason=f"cannot open: {first_line(exc)}")
+        if attempt.backend is None:
+            row.update(status="error", reason=f"cannot open: {attempt.reason}")
             continue
+        backend = attempt.backend
         row["describe"] = backend.describe()
         opened[spec.name] = backend
         spec_of[spec.name] = spec
@@ -464,8 +379,8 @@ def _status(rows: list[dict[str, Any]], name: str) -> str:
 
 
 def _image_files(images: str | os.PathLike[str] | None) -> list[Path]:
-    from .paths import DEMO_IMAGES_DIR
-    from .runtime.images import iter_image_paths
+    from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
+    from ..runtime.images import iter_image_paths
 
     root = Path(images) if images is not None else DEMO_IMAGES_DIR
     if not root.exists():
@@ -477,7 +392,7 @@ def _bench_end_to_end(artifacts: Any, opened: Mapping[str, Any], sizes: Sequence
                       images: str | os.PathLike[str] | None,
                       on_error: Callable[[str, BaseException], None]) -> list[BenchResult]:
     """Time preprocess + inference + postprocess through a Predictor per backend, interleaved."""
-    from .runtime.predictor import Predictor
+    from ..runtime.predictor import Predictor
 
     files = _image_files(images)
     predictors = {name: Predictor(artifacts, backend, backend_name=name) for name, backend in opened.items()}
@@ -533,5 +448,5 @@ def _bench_end_to_end(artifacts: Any, opened: Mapping[str, Any], sizes: Sequence
 
 
 __all__ = ["BASELINE", "DEFAULT_BATCH_SIZES", "BenchReport", "BenchResult", "LatencyStats", "attach_ratios",
-           "cpu_model", "cuda_event_timer", "environment", "format_bench_table", "format_environment", "interleaved",
-           "measure", "parse_batch_sizes", "percentile", "run_bench", "speed_ratio", "summarize", "wall_timer"]
+           "cpu_model", "environment", "format_bench_table", "format_environment", "parse_batch_sizes", "percentile",
+           "run_bench", "speed_ratio", "summarize"]
