@@ -189,9 +189,7 @@ def _short(path: str, width: int = 48) -> str:
 def runtime_options(cfg: Any) -> Any:
     from .runtime.backends.base import BackendOptions
 
-    rt = cfg.runtime
-    return BackendOptions(device=rt.device, providers=tuple(rt.providers), allow_cpu_fallback=rt.allow_cpu_fallback,
-                          threads=rt.threads, extra={"ort_allow_spinning": rt.ort_allow_spinning})
+    return BackendOptions.from_runtime(cfg.runtime)
 
 
 @main.command()

@@ -427,3 +427,62 @@ def test_one_first_line_helper_for_every_report():
     assert drift.library_versions is manifest.library_versions
     assert backends.first_line(ValueError("a\nb")) == "a" and backends.first_line(KeyError()) == "KeyError"
     assert backends.first_line("  x\ny ") == "x" and backends.first_line("") == ""
+
+
+# ----------------------------------------------------------------------------- options from pipeline.yaml
+
+
+def test_backend_options_from_the_runtime_section_carry_every_key():
+    from vitdeploy.config import parse_config
+
+    runtime = parse_config({"runtime": {"providers": ["CUDAExecutionProvider", "CPUExecutionProvider"], "threads": 3,
+                                        "allow_cpu_fallback": True, "ort_allow_spinning": False}}, None).runtime
+    assert BackendOptions.from_runtime(runtime) == BackendOptions(
+        device="cpu", providers=("CUDAExecutionProvider", "CPUExecutionProvider"), allow_cpu_fallback=True, threads=3,
+        ort_allow_spinning=False)
+    assert BackendOptions.from_runtime(parse_config({}, None).runtime) == BackendOptions()
+
+
+@pytest.mark.parametrize("setting, threads, expected", [(True, None, True), (False, None, False),
+                                                        ("auto", 10_000, False), ("auto", 1, None)])
+def test_ort_allow_spinning_decides_whether_idle_threads_spin(setting, threads, expected):
+    from vitdeploy.runtime.backends.ort import _allow_spinning, _usable_cores
+
+    options = BackendOptions(threads=threads, ort_allow_spinning=setting)
+    assert _allow_spinning(options) is (expected if expected is not None else 1 < _usable_cores())
+
+
+# ----------------------------------------------------------------------------- open, or say why not
+
+
+def test_open_or_reason_opens_or_says_why_not_and_never_skips_a_tampered_file(tiny_dir, artifacts, tmp_path):
+    """The one way auto-selection, validate and bench open a backend."""
+    from vitdeploy.errors import MissingDependencyError
+    from vitdeploy.runtime.backends import open_or_reason
+
+    opened = open_or_reason("ort", artifacts)
+    assert (opened.ok, opened.status, opened.reason, opened.error) == (True, "opened", "", None)
+    assert opened.backend.run(np.zeros((1, 3, 32, 32), np.float32)).shape == (1, len(LABELS))
+    opened.backend.close()
+
+    missing = open_or_reason("trt", artifacts, BackendOptions(device="cuda"))
+    assert (missing.ok, missing.status, missing.error) == (False, "unavailable", MissingDependencyError)
+    assert missing.reason == backend_unavailable_reason("trt", artifacts, BackendOptions(device="cuda"))
+
+    refused = open_or_reason("ort", artifacts, refuse=lambda: "needs CUDA")
+    assert (refused.backend, refused.status, refused.reason) == (None, "refused", "needs CUDA")
+
+    broken = tmp_path / "broken"  # a graph ONNX cannot read, listed with its true hash: verified, then fails
+    shutil.copytree(tiny_dir, broken)
+    (broken / "model.onnx").write_bytes(b"not an onnx graph")
+    manifest = json.loads((broken / "manifest.json").read_text())
+    manifest["artifacts"]["onnx"] = file_entry(broken, "model.onnx")
+    (broken / "manifest.json").write_text(json.dumps(manifest))
+    failed = open_or_reason("ort", Artifacts.open(broken))
+    assert (failed.backend, failed.status, failed.error) == (None, "error", ArtifactError)
+    assert failed.reason.startswith("cannot read ONNX model") and "\n" not in failed.reason
+
+    tampered = _copy_with_manifest(tiny_dir, tmp_path / "tampered", lambda m: None)
+    (tampered / "model.onnx").write_bytes(b"not an onnx graph")
+    with pytest.raises(ArtifactError, match=r"tampered or corrupt: .*model\.onnx"):
+        open_or_reason("ort", Artifacts.open(tampered))

@@ -24,7 +24,17 @@ class BackendOptions:
     providers: tuple[str, ...] = ("CPUExecutionProvider",)  # ONNX Runtime, in priority order
     allow_cpu_fallback: bool = False  # ONNX Runtime: accept a session that fell back to CPU
     threads: int | None = None  # intra-op threads (CPU); None = the library's default
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: ONNX Runtime: idle intra-op threads busy-wait (True), block (False), or "auto": spin only
+    #: when the session's threads leave a core free
+    ort_allow_spinning: bool | str = "auto"
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. {"ort_graph": "standard"}
+
+    @classmethod
+    def from_runtime(cls, runtime: Any) -> "BackendOptions":
+        """The options pipeline.yaml's ``runtime`` section (``config.RuntimeSection``) asks for."""
+        return cls(device=runtime.device, providers=tuple(runtime.providers),
+                   allow_cpu_fallback=runtime.allow_cpu_fallback, threads=runtime.threads,
+                   ort_allow_spinning=runtime.ort_allow_spinning)
 
 
 @runtime_checkable

@@ -54,12 +54,12 @@ def _usable_cores() -> int:
 def _allow_spinning(options: BackendOptions) -> bool:
     """Whether idle intra-op threads busy-wait for the next operator (ORT's default) or block.
 
-    extra {"ort_allow_spinning": true|false} decides; by default ("auto") threads spin only when the
+    ``options.ort_allow_spinning`` (True / False) decides; by default ("auto") threads spin only when the
     session leaves a core free. When its threads take every core the process may use, a spinning
     thread competes with every other thread (preprocessing, the server, other processes): ViT-B/16 at
     2 threads on 2 cores ran 20-35% slower with spinning under load, 1-7% faster without any load
     (benchmarks/README.md)."""
-    setting = options.extra.get("ort_allow_spinning", "auto")
+    setting = options.ort_allow_spinning
     if isinstance(setting, bool):
         return setting
     cores = _usable_cores()
