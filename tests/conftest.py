@@ -1,4 +1,4 @@
-"""Shared fixtures: small checkpoints made here (no downloads) and the demo export."""
+"""Shared fixtures: small checkpoints and tiny exports made here (no downloads), and the demo export."""
 
 from __future__ import annotations
 
@@ -30,6 +30,24 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tiny_ckpt")
     save_checkpoint(out, model, [f"c{i}" for i in range(7)], PreprocessSpec(height=32, width=32), "tiny")
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_artifacts(tmp_path_factory):
+    """``tiny_artifacts(seed=0, fp16_copy=True) -> Path``: a complete tiny-ViT export directory
+    (tests/tiny_export.py), built once per session for each (seed, fp16_copy). Treat it as
+    read-only: copy it before tampering with a file."""
+    from tiny_export import build_tiny_artifacts
+
+    built: dict[tuple[int, bool], Path] = {}
+
+    def make(seed: int = 0, fp16_copy: bool = True) -> Path:
+        if (seed, fp16_copy) not in built:
+            out = tmp_path_factory.mktemp(f"tiny_seed{seed}")
+            built[seed, fp16_copy] = build_tiny_artifacts(out, seed=seed, fp16_copy=fp16_copy)
+        return built[seed, fp16_copy]
+
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,8 +13,6 @@ from vitdeploy.evaluate.bench import (BenchReport, BenchResult, attach_ratios, c
 from vitdeploy.evaluate.timing import interleaved, measure
 from vitdeploy.errors import BackendError, ConfigError
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_backends import build_tiny_artifacts  # noqa: E402 - the shared tiny-export builder
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -151,12 +147,12 @@ def test_bench_command_on_the_demo_artifacts_prints_parseable_json(demo_artifact
     assert env["cpu"] and env["threads_requested"] == 1 and env["versions"]["torch"]
 
 
-def test_bench_table_and_end_to_end_phases(tmp_path):
+def test_bench_table_and_end_to_end_phases(tmp_path, tiny_artifacts):
     from PIL import Image
 
     from vitdeploy.evaluate.bench import run_bench
 
-    art = build_tiny_artifacts(tmp_path / "tiny", seed=2)
+    art = tiny_artifacts(seed=2)
     images = tmp_path / "images"
     images.mkdir()
     rng = np.random.default_rng(0)

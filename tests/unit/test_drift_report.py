@@ -19,8 +19,7 @@ from vitdeploy.evaluate.drift import DriftReport, accuracy, format_drift_table, 
 from vitdeploy.evaluate.specs import backend_specs, parse_backend_names
 from vitdeploy.errors import ConfigError, InputError, MissingDependencyError, ValidationError
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_backends import LABELS, build_tiny_artifacts  # noqa: E402 - the shared tiny-export builder
+from tiny_export import LABELS  # tests/: on sys.path beside conftest.py
 
 FP32 = {"max_abs_diff": 1e-3, "mean_abs_diff": 1e-4, "min_cosine": 0.99999, "min_top1_agreement": 1.0,
         "min_top5_overlap": 1.0}
@@ -28,8 +27,8 @@ CLASSES = ["cat", "dog", "eel", "fox", "gnu", "hen"]
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return build_tiny_artifacts(tmp_path_factory.mktemp("tiny_drift"), seed=3)
+def tiny_dir(tiny_artifacts) -> Path:
+    return tiny_artifacts(seed=3)
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,6 @@ import pytest
 
 from vitdeploy.runtime.predictor import Predictor
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_backends import build_tiny_artifacts  # noqa: E402 - the shared tiny-export builder
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -68,11 +66,11 @@ print(json.dumps({"preds": preds, "auto": auto_name, "why": auto_why, "torch_err
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
+def prepared(tmp_path_factory, tiny_artifacts):
     from PIL import Image
 
     root = tmp_path_factory.mktemp("notorch")
-    directory = build_tiny_artifacts(root / "artifacts", seed=2)
+    directory = tiny_artifacts(seed=2)
     image = root / "cat.png"
     Image.fromarray(np.random.default_rng(3).integers(0, 256, (50, 40, 3), dtype=np.uint8)).save(image)
     hide = root / "hide_torch"

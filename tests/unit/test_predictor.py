@@ -15,13 +15,12 @@ from vitdeploy.errors import ArtifactError, BackendError, ConfigError, InputErro
 from vitdeploy.runtime.postprocess import softmax, top_k
 from vitdeploy.runtime.predictor import Prediction, Predictor
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_backends import LABELS, build_tiny_artifacts  # noqa: E402 - the shared tiny-export builder
+from tiny_export import LABELS  # tests/: on sys.path beside conftest.py
 
 
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    return build_tiny_artifacts(tmp_path_factory.mktemp("tiny"), seed=1)
+def tiny_dir(tiny_artifacts) -> Path:
+    return tiny_artifacts(seed=1)
 
 
 @pytest.fixture(scope="module")
