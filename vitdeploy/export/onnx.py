@@ -17,7 +17,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .._deps import require
 from ..errors import ExportError
@@ -122,18 +122,26 @@ def save_onnx_atomic(proto: Any, path: Path, *, external: bool, check: bool = Tr
 
 
 @contextlib.contextmanager
-def _quiet_exporter():
-    """Silence the exporter's own warnings (e.g. about torchvision ops a ViT never uses)."""
-    noisy = logging.getLogger("torch.onnx")
-    level = noisy.level
-    noisy.setLevel(logging.ERROR)
+def quiet_loggers(*names: str) -> Iterator[None]:
+    """Only errors from the named loggers while inside (libraries chatty at INFO / WARNING)."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-            yield
+        yield
     finally:
-        noisy.setLevel(level)
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Silence the exporter's own warnings (e.g. about torchvision ops a ViT never uses)."""
+    with quiet_loggers("torch.onnx"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        yield
 
 
 def _name_batch_axes(proto: Any) -> None:

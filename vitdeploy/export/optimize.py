@@ -25,7 +25,6 @@ other. benchmarks/README.md has the measurements behind each choice.
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import logging
 import os
@@ -34,7 +33,7 @@ from typing import Any, Iterable, Literal
 
 from .._deps import require
 from ..errors import ExportError
-from .onnx import save_onnx_atomic, set_metadata
+from .onnx import quiet_loggers, save_onnx_atomic, set_metadata
 
 log = logging.getLogger(__name__)
 
@@ -472,7 +471,7 @@ def _ort_fusions(proto: Any, *, num_heads: int, hidden_size: int, gelu_approxima
     options.enable_embed_layer_norm = False
     options.enable_gelu_approximation = bool(gelu_approximation)
     options.enable_skip_layer_norm = options.enable_bias_skip_layer_norm = bool(skip_layer_norm)
-    with _quiet("onnxruntime.transformers", "onnx_model", "fusion_base", "optimizer"):
+    with quiet_loggers("onnxruntime.transformers", "onnx_model", "fusion_base", "optimizer"):
         try:
             model = optimize_model(proto, model_type="vit", num_heads=num_heads, hidden_size=hidden_size,
                                    optimization_options=options, opt_level=0, use_gpu=False)
@@ -480,19 +479,6 @@ def _ort_fusions(proto: Any, *, num_heads: int, hidden_size: int, gelu_approxima
             raise ExportError(f"ONNX Runtime transformer optimiser failed: {type(exc).__name__}: {exc}; "
                               "export without the ORT-optimised graph (export.ort_optimize: false)") from exc
     return model.model
-
-
-@contextlib.contextmanager
-def _quiet(*names: str):
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels, strict=True):
-            lg.setLevel(level)
 
 
 def _ensure_ms_opset(proto: Any, onnx: Any) -> None:
