@@ -22,7 +22,8 @@ import numpy as np
 from ..errors import ArtifactError, BackendError, InputError
 from ..vocab import MANIFEST_NAME
 from .artifacts import Artifacts
-from .backends import BACKEND_NAMES, Backend, BackendOptions, ensure_known, first_line, open_backend, open_or_reason
+from .backends import BACKEND_NAMES, Backend, BackendOptions, ensure_known, open_backend, open_or_reason
+from .backends import first_line  # noqa: F401 - the one helper; tests check no module defines its own
 from .postprocess import softmax, top_k as _top_k
 
 log = logging.getLogger(__name__)
