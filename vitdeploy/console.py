@@ -34,7 +34,7 @@ class Console:
         """Show ``text`` as the current status: in place on a terminal, else as a line."""
         with self._lock:
             if self.is_tty():
-                click.echo(_ERASE + text, err=True, nl=False)
+                click.echo(_ERASE + text, err=True, nl=False, color=True)
                 self._pending = True
             else:
                 click.echo(text, err=True)
@@ -43,7 +43,7 @@ class Console:
         """A finished line; it replaces the pending status line."""
         with self._lock:
             if self._pending:
-                click.echo(_ERASE, err=True, nl=False)
+                click.echo(_ERASE, err=True, nl=False, color=True)
                 self._pending = False
             click.echo(text, err=True)
 

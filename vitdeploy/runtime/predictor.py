@@ -45,7 +45,7 @@ class Prediction:
                 "top_k": [{"label": lab, "index": idx, "score": sc} for lab, idx, sc in self.top_k]}
 
 
-def _cuda_provider_available() -> bool:
+def cuda_provider_available() -> bool:
     try:
         from .backends.ort import available_providers
     except ImportError:  # pragma: no cover
@@ -69,7 +69,7 @@ def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backe
             continue
         opts = options
         if name == "ort-fp16":
-            if not _cuda_provider_available():
+            if not cuda_provider_available():
                 notes.append("ort-fp16 needs CUDA")
                 continue
             if not any(p in _CUDA_PROVIDERS for p in options.providers):
