@@ -18,7 +18,7 @@ from typing import Any, Callable
 import click
 
 from . import __version__
-from .console import Console, ConsoleLogHandler, StageReporter, file_size
+from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path
 from .errors import VitDeployError
 
 _CONSOLE = Console()
@@ -194,17 +194,13 @@ def predict(inputs: tuple[Path, ...], artifacts_dir: Path | None, backend: str |
             if as_json:
                 click.echo(json.dumps(rec))
             elif "error" in rec:
-                click.echo(f"{_short(rec['path']):<48} ERROR  {rec['error']}")
+                click.echo(f"{fit_path(rec['path'], 48):<48} ERROR  {rec['error']}")
             else:
                 tops = ", ".join(f"{t['label']}:{t['score']:.3f}" for t in rec["top_k"])
-                click.echo(f"{_short(rec['path']):<48} {rec['label']:<16} {rec['score']:7.4f}  {tops}")
+                click.echo(f"{fit_path(rec['path'], 48):<48} {rec['label']:<16} {rec['score']:7.4f}  {tops}")
     if failed:
         click.echo(f"{failed} input(s) could not be read", err=True)
         sys.exit(1)
-
-
-def _short(path: str, width: int = 48) -> str:
-    return path if len(path) <= width else "…" + path[-(width - 1):]
 
 
 def runtime_options(cfg: Any) -> Any:

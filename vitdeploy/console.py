@@ -8,6 +8,7 @@ so a long stage is never silent. Log records printed meanwhile start on a line o
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from pathlib import Path
@@ -103,3 +104,19 @@ def file_size(path: Path) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return str(n)
+
+
+def fit_path(path: str, width: int) -> str:
+    """``path`` in at most ``width`` characters: whole when it fits, else cut in the middle of its
+    folders so that the file name stays whole (``/data/photos/su…/holiday/IMG_0001.jpg``); a file name
+    longer than the column is itself cut in the middle, keeping its start and its extension."""
+    if len(path) <= width:
+        return path
+    budget = width - 1  # one character for the ellipsis
+    name = path.rpartition(os.sep)[2]
+    if len(name) + 1 <= budget - 4:  # room for the separator and a few characters of the folders
+        tail = path[-max(len(name) + 1, budget // 2):]
+        tail = tail[tail.index(os.sep):]  # whole folder names only
+        return path[: budget - len(tail)] + "…" + tail
+    keep = budget // 2
+    return name[:keep] + "…" + name[-(budget - keep):]

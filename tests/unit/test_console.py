@@ -114,3 +114,25 @@ def _rel_demo_images() -> str:
 
     rel = os.path.relpath(DEMO_IMAGES_DIR)
     return rel if not rel.startswith("..") else str(DEMO_IMAGES_DIR)
+
+
+@pytest.mark.parametrize("path", [
+    "/home/someone/a very long directory name for photos/from the summer holiday 2025/camera roll/one.png",
+    "/data/photos/2025/08/12/IMG_20250812_142233_my_favourite_digit_three.png",
+    "/d/" + "x" * 80 + ".jpeg",  # a file name longer than the column
+    "short/name.jpg",
+])
+def test_fit_path_keeps_the_file_name_and_cuts_the_middle(path):
+    from vitdeploy.console import fit_path
+
+    shown = fit_path(path, 48)
+    assert len(shown) <= 48
+    name = path.rsplit("/", 1)[1]
+    if len(path) <= 48:
+        assert shown == path
+    elif len(name) < 40:
+        assert shown.endswith("/" + name) and shown.startswith(path[:5]) and "…" in shown
+        folders_kept = shown.split("…")[1].rsplit("/", 1)[0]
+        assert folders_kept == "" or folders_kept.startswith("/")  # whole folder names after the cut
+    else:
+        assert shown.startswith(name[:10]) and shown.endswith(name[-10:])  # start and extension kept
