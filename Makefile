@@ -20,6 +20,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/vitdeploy export -c pipeline.yaml
 	$(BIN)/vitdeploy predict vitdeploy/demo/images -a artifacts
+	@echo "next: set model.checkpoint in pipeline.yaml to your ViT, then run"
+	@echo "  $(BIN)/vitdeploy export -c pipeline.yaml && $(BIN)/vitdeploy predict path/to/your/images -a artifacts"
+	@echo "  (or '. $(BIN)/activate' first, then plain 'vitdeploy ...')"
 
 test: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile

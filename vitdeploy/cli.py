@@ -18,12 +18,15 @@ from typing import Any, Callable
 import click
 
 from . import __version__
+from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path
 from .errors import VitDeployError
 from .vocab import AUTO, EVALUATED_BACKENDS, RUNTIME_BACKENDS
 
+_CONSOLE = Console()
+
 
 def _fail(message: str, code: int) -> None:
-    click.echo(f"error: {message}", err=True)
+    _CONSOLE.line(f"error: {message}")
     sys.exit(code)
 
 
@@ -44,7 +47,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _setup_logging(verbose: int) -> None:
     level = logging.WARNING - 10 * verbose
-    logging.basicConfig(level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    handler = ConsoleLogHandler(_CONSOLE)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=max(level, logging.DEBUG), handlers=[handler])
 
 
 config_option = click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -100,37 +105,54 @@ def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
     from .export.pipeline import run_export
 
     cfg = load_config(config_path)
-
-    def on_stage(rec: Any) -> None:
-        if rec.status == "running":
-            click.echo(f"  {rec.name:<22} ...", err=True)
-            return
-        sizes = ", ".join(f"{p.name} {_size(p)}" for p in rec.outputs if p.exists())
-        detail = " ".join(x for x in (sizes, rec.reason) if x)
-        click.echo(f"  {rec.name:<22} {rec.status:<8} {rec.seconds:7.1f}s  {detail}", err=True)
-
     click.echo(f"exporting to {out_dir or cfg.output_dir}", err=True)
-    result = run_export(cfg, out_dir, engine=engine, on_stage=on_stage)  # type: ignore[arg-type]
+    result = run_export(cfg, out_dir, engine=engine, on_stage=StageReporter(_CONSOLE))  # type: ignore[arg-type]
     click.echo("artifacts:")
     for role, path in result.artifacts.items():
-        click.echo(f"  {role:<15} {path}  ({_size(path)})")
+        click.echo(f"  {role:<15} {path}  ({file_size(path)})")
     click.echo(f"  {'manifest':<15} {result.manifest_path}")
-    click.echo(f"next: vitdeploy predict {_demo_hint(cfg)} -a {result.out_dir}")
+    click.echo(f"next: {next_predict_command(cfg, result.out_dir)}")
 
 
-def _demo_hint(cfg: Any) -> str:
+def next_predict_command(cfg: Any, out_dir: Path) -> str:
+    """The `predict` command to run next, as it runs from the current directory: the vitdeploy
+    that is running now (``.venv/bin/vitdeploy`` when it is not on PATH), the images validated
+    on (the demo digits for the demo model; a placeholder for a user's model) and ``out_dir``."""
     from .demo import IMAGES_DIR as DEMO_IMAGES_DIR
 
-    return str(cfg.resolve(cfg.validation.images) or DEMO_IMAGES_DIR)
+    images = cfg.resolve(cfg.validation.images)
+    if images is None and cfg.model.checkpoint is None:
+        images = DEMO_IMAGES_DIR
+    shown = _shell_path(images) if images is not None else "path/to/your/images"
+    return f"{_self_command()} predict {shown} -a {_shell_path(out_dir)}"
 
 
-def _size(path: Path) -> str:
-    n = path.stat().st_size
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+def _shell_path(path: Path | str) -> str:
+    """``path`` relative to the current directory when it lies under it, quoted for a shell."""
+    import shlex
+
+    path = Path(os.path.abspath(path))  # not resolve(): .venv/bin/python is a link out of the venv
+    try:
+        path = path.relative_to(os.getcwd())
+    except (OSError, ValueError):
+        pass
+    return shlex.quote(str(path))
+
+
+def _self_command() -> str:
+    """How to run this vitdeploy again from the current directory: ``vitdeploy`` when that name
+    on PATH is this very script, else its path (``.venv/bin/vitdeploy``), or ``python -m``."""
+    import shutil
+
+    argv0 = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if argv0 is not None and argv0.name == "vitdeploy" and argv0.is_file():
+        on_path = shutil.which("vitdeploy")
+        if on_path and Path(on_path).resolve() == argv0.resolve():
+            return "vitdeploy"
+        return _shell_path(argv0)
+    if argv0 is not None and argv0.name in ("cli.py", "__main__.py"):
+        return f"{_shell_path(sys.executable)} -m vitdeploy.cli"
+    return "vitdeploy"
 
 
 @main.command()
@@ -173,17 +195,13 @@ def predict(inputs: tuple[Path, ...], artifacts_dir: Path | None, backend: str |
             if as_json:
                 click.echo(json.dumps(rec))
             elif "error" in rec:
-                click.echo(f"{_short(rec['path']):<48} ERROR  {rec['error']}")
+                click.echo(f"{fit_path(rec['path'], 48):<48} ERROR  {rec['error']}")
             else:
                 tops = ", ".join(f"{t['label']}:{t['score']:.3f}" for t in rec["top_k"])
-                click.echo(f"{_short(rec['path']):<48} {rec['label']:<16} {rec['score']:7.4f}  {tops}")
+                click.echo(f"{fit_path(rec['path'], 48):<48} {rec['label']:<16} {rec['score']:7.4f}  {tops}")
     if failed:
         click.echo(f"{failed} input(s) could not be read", err=True)
         sys.exit(1)
-
-
-def _short(path: str, width: int = 48) -> str:
-    return path if len(path) <= width else "…" + path[-(width - 1):]
 
 
 def runtime_options(cfg: Any) -> Any:

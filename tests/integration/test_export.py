@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import onnx
@@ -80,13 +81,26 @@ def test_fp16_graph_keeps_layernorm_in_float32_with_float32_io(demo_artifacts: P
 def test_onnx_runs_in_ort_at_batch_1_3_17_and_max_within_fp32_thresholds(tmp_path: Path, export_config):
     from vitdeploy.export.pipeline import run_export
 
+    events: list[tuple[str, str, float]] = []
     result = run_export(export_config({"export": {"batch": {"min": 1, "opt": 4, "max": 24}}}), tmp_path, engine="skip",
-                        validation_batch=(1, 3, 17, 24))
+                        validation_batch=(1, 3, 17, 24), heartbeat_s=0.05,
+                        on_stage=lambda rec: events.append((rec.name, rec.status, rec.seconds)))
     for stage in ("validate-onnx", "validate-fp16"):
         per_batch = result.validation[stage]["per_batch"]
         assert sorted(map(int, per_batch)) == [1, 3, 17, 24]
         assert all(v["passed"] for v in per_batch.values()), per_batch
     assert result.validation["validate-onnx"]["metrics"]["max_abs_diff"] <= 1e-3
+
+    # Progress: every stage that runs says so at once, then again while it runs with the time
+    # elapsed (the heartbeat), and never after it has ended.
+    for name in ("model", "onnx", "reference", "validate-onnx", "ort-optimize", "fp16", "validate-fp16", "manifest"):
+        mine = [(status, secs) for n, status, secs in events if n == name]
+        assert mine[0] == ("running", 0.0) and mine[-1][0] == "passed", (name, mine)
+        assert all(status == "running" for status, _ in mine[:-1]), (name, mine)
+        ticks = [secs for status, secs in mine[1:-1]]
+        assert ticks == sorted(ticks) and all(t <= mine[-1][1] for t in ticks), (name, mine)
+    onnx_ticks = [secs for n, status, secs in events if n == "onnx" and status == "running" and secs > 0]
+    assert len(onnx_ticks) >= 3, events  # the ONNX export takes far longer than 3 heartbeats of 0.05 s
 
 
 @pytest.mark.slow
@@ -160,6 +174,13 @@ def test_failed_validation_exits_3_with_expected_vs_actual_and_rejects_the_artif
     res = run_cli("export", "-c", str(cfg), "-o", str(tmp_path / "out"), "--engine", "skip")
     assert res.exit_code == 3
     assert "validate-fp16" in res.stderr and "max_abs_diff: expected <= 0, got" in res.stderr
+    # The failure is told once, on the error line; the stage's own line only says it failed.
+    assert res.stderr.count("batch 1: max_abs_diff: expected <= 0, got") == 1, res.stderr
+    assert re.search(r"^  validate-fp16 +failed +\d+\.\ds$", res.stderr, re.M), res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("error: validate-fp16:")
+    for stage in ("model", "onnx", "reference", "validate-onnx", "fp16"):  # each stage with its elapsed time
+        assert re.search(rf"^  {stage} +\.\.\.$", res.stderr, re.M), res.stderr
+        assert re.search(rf"^  {stage} +passed +\d+\.\ds ", res.stderr, re.M), res.stderr
     out = tmp_path / "out"
     assert not (out / "manifest.json").exists()
     assert not (out / "model.fp16.onnx").exists() and (out / "model.fp16.onnx.rejected").exists()

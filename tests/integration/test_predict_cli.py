@@ -80,6 +80,21 @@ def test_table_output_is_readable(demo_artifacts: Path):
     assert header.split()[:3] == ["path", "label", "score"] and ".jpg" in row
 
 
+def test_table_keeps_long_file_names_readable(demo_artifacts: Path, tmp_path: Path):
+    deep = tmp_path / "a very long directory name for photos" / "from the summer holiday 2025" / "camera roll"
+    deep.mkdir(parents=True)
+    src = sorted(DEMO_IMAGES_DIR.glob("*.png"))[0]
+    (deep / "IMG_20250812_my_digit.png").write_bytes(src.read_bytes())
+    (deep / "one.png").write_bytes(src.read_bytes())
+    res = run("predict", str(tmp_path), "-a", str(demo_artifacts), "-b", "ort")
+    assert res.exit_code == 0, res.stderr
+    rows = res.stdout.splitlines()[1:]
+    assert len(rows) == 2
+    for row, name in zip(rows, ("IMG_20250812_my_digit.png", "one.png")):
+        shown = row[:48].rstrip()
+        assert shown.endswith("/" + name) and shown.startswith(str(tmp_path)[:8]), row  # whole name, cut in the middle
+
+
 def test_missing_artifacts_directory_is_one_line_exit_2(tmp_path: Path):
     res = run("predict", str(DEMO_IMAGES_DIR), "-a", str(tmp_path / "nowhere"))
     assert res.exit_code == 2

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from vitdeploy.evaluate.bench import (BenchReport, BenchResult, attach_ratios, cpu_model, format_bench_table,
+from vitdeploy.evaluate.bench import (BASELINE, BenchReport, BenchResult, attach_ratios, cpu_model, format_bench_table,
                                       parse_batch_sizes, percentile, summarize)
+from vitdeploy.evaluate.reliability import SPREAD_LIMIT, busy_machine_reason, mark_unreliable
 from vitdeploy.evaluate.timing import interleaved, measure
 from vitdeploy.errors import BackendError, ConfigError
 
@@ -100,6 +101,81 @@ def test_ratio_column_is_speed_relative_to_eager_torch_at_the_same_batch_size():
     assert "0.50x" in table and "1.00x" in table
     assert "trt" in table and "no CUDA GPU: test" in table  # unavailable backends listed with the reason
     assert "Test CPU" in table
+
+
+# ----------------------------------------------------------------------------- unreliable ratios
+
+
+def _steady(ms: float, n: int = 20, jitter: float = 0.03) -> list[float]:
+    """n latencies around ``ms`` (seconds), spread by a few percent: a quiet machine."""
+    rng = np.random.default_rng(int(ms * 1000))
+    return list(ms / 1000 * (1 + jitter * rng.random(n)))
+
+
+def _collapsing(fast_ms: float, slow_ms: float, n: int = 20, slow_share: float = 0.3) -> list[float]:
+    """torch's OpenMP threads under contention: most calls fast, a share of them 100x slower."""
+    slow = int(n * slow_share)
+    return _steady(fast_ms, n - slow) + _steady(slow_ms, slow)
+
+
+def _results(torch_secs: list[float], ort_secs: list[float]) -> list[BenchResult]:
+    results = [BenchResult("torch", 1, summarize(torch_secs, 1), "perf_counter"),
+               BenchResult("ort", 1, summarize(ort_secs, 1), "perf_counter")]
+    attach_ratios(results)
+    return results
+
+
+def test_quiet_figures_on_an_idle_machine_print_plain_ratios_and_no_warning():
+    results = _results(_steady(10.0), _steady(4.0))
+    mark_unreliable(results, busy_machine_reason(0.2, cores=2, threads=2, load_after=2.1), BASELINE)
+    assert all(r.unreliable == [] for r in results)
+    assert all(r.stats.spread < 1.1 for r in results)
+    table = "\n".join(format_bench_table(_report(results)))
+    ort1 = next(line for line in table.splitlines() if line.startswith("ort "))
+    assert " 2.4" in ort1 and "x*" not in table and "unreliable:" not in table and "warning:" not in table
+    assert "p90/p50" in table  # the spread column is always there
+
+
+def test_a_collapsing_baseline_marks_every_ratio_built_on_it_and_says_why():
+    results = _results(_collapsing(1.7, 287.0), _steady(0.85))  # the seen "ort 341x"
+    mark_unreliable(results, busy_machine_reason(0.1, cores=2, threads=2), BASELINE)
+    torch, ort = results
+    assert torch.stats.spread > SPREAD_LIMIT and ort.stats.spread < 1.1
+    assert ort.unreliable == [f"torch p90/p50 {torch.stats.spread:.1f}"]
+    lines = format_bench_table(_report(results))
+    ort1 = next(line for line in lines if line.startswith("ort "))
+    assert f"{ort.speedup:.2f}x*" in ort1 and f"*unreliable: torch p90/p50 {torch.stats.spread:.1f}" in ort1
+    assert any(line.startswith("warning: ratios marked * are unreliable") for line in lines)
+    assert ort.to_dict()["speedup_unreliable"] == ort.unreliable
+    assert ort.to_dict()["p90_over_p50"] == pytest.approx(ort.stats.spread, abs=1e-3)
+
+
+def test_a_busy_machine_marks_every_ratio_even_with_steady_figures():
+    results = _results(_steady(10.0), _steady(4.0))
+    busy = busy_machine_reason(3.2, cores=2, threads=2)
+    assert busy == "load 3.2 on 2 cores"
+    mark_unreliable(results, busy, BASELINE)
+    assert [r.unreliable for r in results] == [[busy], [busy]]
+    ort1 = next(line for line in format_bench_table(_report(results)) if line.startswith("ort "))
+    assert "2.4" in ort1 and "x*" in ort1 and "load 3.2 on 2 cores" in ort1
+
+
+@pytest.mark.parametrize("before, after, cores, threads, busy", [
+    (0.2, None, 2, 2, False),   # idle
+    (1.0, None, 2, 2, True),    # one core taken: 2 threads need 2
+    (1.0, None, 2, 1, False),   # one core taken, one thread: fits
+    (1.8, None, 2, 1, True),
+    (0.1, 2.3, 2, 2, False),    # the load after is the benchmark's own two threads
+    (0.1, 4.0, 2, 2, True),     # work that started during the run
+    (None, None, 2, 2, False),  # unknown: the spread still speaks
+    (6.0, None, 16, None, True),   # threads default to one per core: 6 + 16 > 16.5
+    (6.0, None, 16, 8, False),     # 8 threads fit beside 6 busy cores
+])
+def test_load_average_rule(before, after, cores, threads, busy):
+    reason = busy_machine_reason(before, cores=cores, threads=threads, load_after=after)
+    assert (reason is not None) == busy, reason
+    if busy:
+        assert reason.startswith("load ") and f"on {cores} cores" in reason
 
 
 def test_no_ratio_without_the_baseline():

@@ -36,6 +36,7 @@ from ..errors import ConfigError, InputError
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
 from .specs import BackendSpec, backend_specs, parse_backend_names, reference_options, try_open_spec
+from .reliability import SPREAD_LIMIT, busy_machine_reason, load_average, mark_unreliable, usable_cores
 from .timing import cuda_event_timer, measure
 
 log = logging.getLogger(__name__)
@@ -75,8 +76,13 @@ class LatencyStats:
     min_ms: float
     images_per_s: float  # batch_size * samples / total time
 
+    @property
+    def spread(self) -> float:
+        """p90 / p50: 1.0 for a steady figure; contention (threads descheduled) makes it grow."""
+        return self.p90_ms / self.p50_ms if self.p50_ms > 0 else float("inf")
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "p90_over_p50": round(self.spread, 3)}
 
 
 def summarize(seconds: Sequence[float], batch_size: int) -> LatencyStats:
@@ -118,11 +124,8 @@ def cpu_model(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str:
 def environment(threads: int | None = None) -> dict[str, Any]:
     """What the numbers depend on: CPU, threads, GPU, library versions."""
     env: dict[str, Any] = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
-                           "python": platform.python_version(), "threads_requested": threads}
-    try:
-        env["cpu_affinity"] = len(os.sched_getaffinity(0))  # type: ignore[attr-defined]
-    except (AttributeError, OSError):
-        pass
+                           "python": platform.python_version(), "threads_requested": threads,
+                           "cpu_affinity": usable_cores()}
     env["gpus"] = []
     try:
         import torch
@@ -150,11 +153,22 @@ def format_environment(env: Mapping[str, Any]) -> list[str]:
     lines = [f"cpu: {env.get('cpu')} ({env.get('cpu_count')} logical cores{affinity})",
              f"threads: {threads if threads else 'library defaults'}"
              + (f" (torch intra-op threads {env['torch_threads']})" if "torch_threads" in env else ""),
+             _format_load(env),
              f"gpu: {', '.join(env.get('gpus') or []) or 'none'}",
              f"onnxruntime providers: {', '.join(env.get('onnxruntime_providers') or []) or 'none'}",
              "versions: " + ", ".join(f"{k} {v or 'missing'}" for k, v in (env.get("versions") or {}).items()),
              f"platform: {env.get('platform')}, Python {env.get('python')}"]
     return lines
+
+
+def _format_load(env: Mapping[str, Any]) -> str:
+    before, after = env.get("load_average_before"), env.get("load_average_after")
+    if not before:
+        return "load average: unknown"
+    text = f"load average (1/5/15 min): {' '.join(f'{v:.2f}' for v in before)} before the run"
+    if after:
+        text += f", {' '.join(f'{v:.2f}' for v in after)} after (the benchmark's own threads included)"
+    return text
 
 
 # ------------------------------------------------------------------------------------------------
@@ -170,10 +184,11 @@ class BenchResult:
     speedup: float | None = None  # eager torch CPU p50 / this p50
     phases_ms: dict[str, float] | None = None  # end-to-end: mean ms per phase
     phase_share: dict[str, float] | None = None  # end-to-end: fraction of the total per phase
+    unreliable: list[str] = field(default_factory=list)  # why the ratio cannot be trusted (empty: it can)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"backend": self.backend, "batch_size": self.batch_size, **self.stats.to_dict(), "timer": self.timer,
-               "speedup_vs_torch_cpu": self.speedup}
+               "speedup_vs_torch_cpu": self.speedup, "speedup_unreliable": self.unreliable}
         if self.phases_ms is not None:
             out["phases_ms"] = self.phases_ms
             out["phase_share"] = self.phase_share
@@ -211,8 +226,8 @@ def attach_ratios(results: list[BenchResult], baseline: str = BASELINE) -> None:
         r.speedup = speed_ratio(base.get(r.batch_size), r.stats.p50_ms)
 
 
-def _ratio(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}x"
+def _ratio(value: float | None, unreliable: Sequence[str] = ()) -> str:
+    return "-" if value is None else f"{value:.2f}x" + ("*" if unreliable else "")
 
 
 def format_bench_table(report: BenchReport) -> list[str]:
@@ -223,19 +238,21 @@ def format_bench_table(report: BenchReport) -> list[str]:
              f"{s['iterations']} iterations after {s['warmup']} warm-up, backends interleaved",
              *format_environment(report.environment), ""]
     e2e = report.mode == "end-to-end"
-    head = (f"{'backend':<11} {'batch':>5} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'img/s':>9} "
-            f"{'vs torch':>8}")
-    head += f" {'pre':>5} {'infer':>5} {'post':>5}" if e2e else "  timer"
+    head = (f"{'backend':<11} {'batch':>5} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'p90/p50':>7} {'img/s':>9} "
+            f"{'vs torch':>9}")
+    head += f" {'pre':>5} {'infer':>5} {'post':>5}" if e2e else "  timer       "
     lines += [head, "-" * len(head)]
     for r in sorted(report.results, key=lambda r: (r.batch_size, _order(report, r.backend))):
         st = r.stats
         row = (f"{r.backend:<11} {r.batch_size:>5} {st.p50_ms:>9.3f} {st.p90_ms:>9.3f} {st.p99_ms:>9.3f} "
-               f"{st.images_per_s:>9.1f} {_ratio(r.speedup):>8}")
+               f"{st.spread:>7.2f} {st.images_per_s:>9.1f} {_ratio(r.speedup, r.unreliable):>9}")
         if e2e and r.phase_share:
             row += "".join(f" {100 * r.phase_share[p]:>4.0f}%" for p in _PHASES)
         elif not e2e:
-            row += f"  {r.timer}"
-        lines.append(row)
+            row += f"  {r.timer:<12}"
+        if r.unreliable and r.speedup is not None:
+            row += f"  *unreliable: {', '.join(r.unreliable)}"
+        lines.append(row.rstrip())
     notes = [b for b in report.backends if b["status"] != "ran"]
     if notes:
         lines.append("")
@@ -244,6 +261,12 @@ def format_bench_table(report: BenchReport) -> list[str]:
     lines.append("")
     lines.append("vs torch: eager PyTorch fp32 on the CPU p50 / this p50 at the same batch size (higher is faster)"
                  + ("; pre/infer/post: share of the end-to-end time" if e2e else ""))
+    lines.append(f"p90/p50: the spread of each figure; above {SPREAD_LIMIT} (or with a load average that leaves "
+                 "the threads fewer free cores than they need) a ratio is marked * unreliable")
+    if any(r.unreliable and r.speedup is not None for r in report.results):
+        lines.append("warning: ratios marked * are unreliable: their figures were disturbed while measured (most "
+                     "often by other work competing for the cores: torch's OpenMP threads collapse under "
+                     "contention); rerun on a quiet machine, or with fewer --threads")
     return lines
 
 
@@ -311,8 +334,10 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
         raise ConfigError(f"--threads must be >= 1, got {threads}")
     sizes = parse_batch_sizes(batch_sizes)
     options = options or BackendOptions()
-    if threads is not None:
-        options = dataclasses.replace(options, threads=int(threads))
+    # Every backend gets the same intra-op thread count, so a ratio compares runtimes, not threads.
+    options = dataclasses.replace(options, threads=int(threads) if threads is not None
+                                  else options.threads or _default_threads())
+    load_before = load_average()
     requested = parse_backend_names(backends)
     artifacts = Artifacts.open(artifacts_dir)
     specs = _bench_specs(requested, options)
@@ -365,13 +390,27 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
         for backend in opened.values():
             backend.close()
     attach_ratios(results)
+    cores = usable_cores()
+    load_after = load_average()
+    mark_unreliable(results, busy_machine_reason(load_before[0] if load_before else None, cores, options.threads,
+                                                 load_after[0] if load_after else None), BASELINE)
     settings = {"batch_sizes": list(sizes), "iterations": int(iterations), "warmup": int(warmup),
                 "threads": options.threads, "device": options.device, "providers": list(options.providers),
                 "requested": list(requested) if requested else None, "interleaved": True, "seed": seed}
+    env = {**environment(options.threads), "load_average_before": load_before, "load_average_after": load_after}
     return BenchReport(artifacts=str(artifacts.directory), model=artifacts.name,
                        mode="end-to-end" if end_to_end else "inference", settings=settings,
-                       environment=environment(options.threads), backends=rows, results=results,
+                       environment=env, backends=rows, results=results,
                        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+def _default_threads() -> int:
+    """torch's intra-op thread count (which honours OMP_NUM_THREADS), else one per usable core."""
+    try:
+        import torch
+    except ImportError:
+        return usable_cores()
+    return torch.get_num_threads()
 
 
 def _status(rows: list[dict[str, Any]], name: str) -> str:

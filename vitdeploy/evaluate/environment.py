@@ -12,24 +12,49 @@ from .._deps import available
 def environment_report() -> Iterator[str]:
     yield f"vitdeploy {__version__} on Python {platform.python_version()} ({platform.system()} {platform.machine()})"
     yield "libraries:"
+    libraries = []
     for module in ("torch", "onnx", "onnxruntime", "tensorrt", "numpy", "PIL"):
         ok, detail = available(module)
-        yield f"  {module:<12} {detail if ok else 'missing: ' + detail}"
+        libraries.append((module, detail if ok else f"missing: {detail}"))
+    yield from _aligned(libraries)
     ok, _ = available("onnxruntime")
     if ok:
         import onnxruntime
 
         yield f"onnxruntime providers: {', '.join(onnxruntime.get_available_providers())}"
     yield f"CUDA devices: {', '.join(_cuda_devices()) or 'none'}"
-    from ..runtime.backends import BACKEND_NAMES, BackendOptions, backend_unavailable_reason
-
     yield "backends:"
+    yield from _aligned(_backend_rows())
+
+
+def _backend_rows() -> list[tuple[str, str]]:
+    """(backend, whether it can run here). ort-fp16 without a CUDA provider says what it is for,
+    since ``predict``'s auto choice passes it over on the CPU."""
+    from ..runtime.backends import BACKEND_NAMES, BackendOptions, backend_unavailable_reason
+    from ..runtime.predictor import cuda_provider_available
+
+    rows = []
     for name in BACKEND_NAMES:
         options = BackendOptions(device="cuda") if name == "trt" else BackendOptions()
         why = backend_unavailable_reason(name, None, options)
-        yield f"  {name:<9} {'can run' if why is None else 'cannot run: ' + why}"
+        if why is not None:
+            rows.append((name, f"cannot run: {why}"))
+        elif name == "ort-fp16" and not cuda_provider_available():
+            rows.append((name, "can run on the CPU, to check the FP16 graph: slower than ort "
+                               "(predict's auto picks ort here)"))
+        elif name == "ort-fp16":
+            rows.append((name, "can run (ONNX Runtime CUDA: FP16 graph; auto picks it when there is no engine)"))
+        else:
+            rows.append((name, "can run"))
     why = backend_unavailable_reason("torch", None, BackendOptions(device="cuda", precision="fp16"))
-    yield f"  {'torch-fp16':<9} {'can run (CUDA)' if why is None else 'cannot run: ' + why}"
+    rows.append(("torch-fp16", "can run (CUDA)" if why is None else f"cannot run: {why}"))
+    return rows
+
+
+def _aligned(rows: list[tuple[str, str]]) -> Iterator[str]:
+    width = max(len(name) for name, _ in rows)
+    for name, text in rows:
+        yield f"  {name:<{width}} {text}"
 
 
 def _cuda_devices() -> list[str]:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Literal
 import numpy as np
 
 from .._files import write_json_atomic
+from .._heartbeat import heartbeat
 from ..config import PipelineConfig
 from ..errors import ConfigError, ExportError, MissingDependencyError, ValidationError
 from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR, DEMO_DIR as DEMO_MODEL_DIR
@@ -120,8 +121,9 @@ class _Export:
     """One export run: the stages in order, each timed and reported, the manifest last."""
 
     def __init__(self, cfg: PipelineConfig, out_dir: Path, engine: EngineMode, on_stage: StageCallback | None,
-                 validation_batch: tuple[int, ...] | None) -> None:
+                 validation_batch: tuple[int, ...] | None, heartbeat_s: float | None = None) -> None:
         self.cfg, self.out_dir, self.engine_mode, self.on_stage = cfg, out_dir, engine, on_stage
+        self.heartbeat_s = heartbeat_s
         self.validation_batch = validation_batch
         self.stages: list[StageRecord] = []
         self.artifacts: dict[str, Path] = {}
@@ -141,13 +143,20 @@ class _Export:
 
     @contextlib.contextmanager
     def stage(self, name: str) -> Iterator[StageRecord]:
-        """Time a stage, report it running and then passed or failed; a failure writes the report."""
+        """Time a stage, report it running (again every ``heartbeat_s`` seconds, with the time
+        elapsed) and then passed or failed; a failure writes the report."""
         rec = StageRecord(name, "running")
         self.stages.append(rec)
         self._emit(rec)
         start = time.perf_counter()
+
+        def beat() -> None:  # "running" again, with the seconds elapsed so far
+            rec.seconds = time.perf_counter() - start
+            self._emit(rec)
+
         try:
-            yield rec
+            with heartbeat(beat, self.heartbeat_s if self.on_stage else None):
+                yield rec
         except BaseException as exc:
             rec.seconds, rec.status = time.perf_counter() - start, "failed"
             rec.reason = rec.reason or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
@@ -184,7 +193,10 @@ class _Export:
                                    external_data_threshold_mb=cfg.export.external_data_threshold_mb)
             rec.outputs = [onnx_art.path, *onnx_art.external_data]
 
-        self._prepare_validation()
+        with self.stage("reference") as rec:  # eager PyTorch on the validation inputs, once for every check
+            self._prepare_validation()
+            n, n_images = len(self.inputs.names), self.inputs.image_count
+            rec.reason = f"eager PyTorch logits for {n} inputs ({n_images} images, {n - n_images} noise)"
         from ..runtime.backends.ort import OrtBackend
 
         cpu = BackendOptions(device="cpu", providers=("CPUExecutionProvider",))
@@ -235,10 +247,11 @@ class _Export:
                 optimize_for_ort(out / FILES["onnx"], path, num_heads=vit.heads, hidden_size=vit.width,
                                  external_data_threshold_mb=cfg.export.external_data_threshold_mb)
             except (ExportError, MissingDependencyError) as exc:
-                log.warning("model.ort.onnx not written (the ort backend will run model.onnx): %s", exc)
+                # Said once, on the stage's line (not also as a warning).
                 path.unlink(missing_ok=True)
                 data.unlink(missing_ok=True)
-                rec.status, rec.reason = "skipped", str(exc).splitlines()[0]
+                rec.status = "skipped"
+                rec.reason = f"model.ort.onnx not written, the ort backend will run model.onnx: {str(exc).splitlines()[0]}"
                 return
             fused = fused_op_counts(path)
             self.extra["ort_optimize"] = {"fused": fused}
@@ -327,7 +340,7 @@ class _Export:
                 output_name=OUTPUT_NAME, chw=self.chw, batch=cfg.export.batch.model_dump(), artifacts=self.entries,
                 validation=self.validation, stages=[s.to_dict() for s in self.stages if s.name != "manifest"],
                 extra={"export": self.extra, "validation_inputs": {
-                    "count": len(names), "images": sum(not n.startswith("noise:") for n in names),
+                    "count": len(names), "images": self.inputs.image_count,
                     "batch_sizes": list(self.sizes)}},
             )
             path = manifest_mod.write_manifest(out, manifest)
@@ -343,16 +356,19 @@ def run_export(
     engine: EngineMode = "auto",
     on_stage: StageCallback | None = None,
     validation_batch: tuple[int, ...] | None = None,
+    heartbeat_s: float | None = 1.0,
 ) -> ExportResult:
     """Run every stage the config asks for into ``out_dir`` (default ``export.output_dir``).
 
-    ``on_stage`` is called when a stage starts (status "running") and when it ends. Raises
+    ``on_stage`` is called when a stage starts (status "running", ``seconds`` 0), again every
+    ``heartbeat_s`` seconds while it runs (status "running", ``seconds`` elapsed so far; from a
+    background thread; None = never) and when it ends. Raises
     ValidationError (exit 3) after writing ``export-report.json`` if an artifact drifts,
     MissingDependencyError (exit 4) for ``engine="require"`` without TensorRT/CUDA.
     """
     out = Path(out_dir) if out_dir else cfg.output_dir
     _prepare_out_dir(out)
-    return _Export(cfg, out, engine, on_stage, validation_batch).run()
+    return _Export(cfg, out, engine, on_stage, validation_batch, heartbeat_s).run()
 
 
 def _write_report(out_dir: Path, stages: list[StageRecord], validation: dict[str, Any]) -> None:

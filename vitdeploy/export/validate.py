@@ -25,6 +25,11 @@ class ValidationInputs:
     batch: np.ndarray  # (N, C, H, W) float32, preprocessed
     names: tuple[str, ...]  # image paths, or "noise:<i>"
 
+    @property
+    def image_count(self) -> int:
+        """How many of the inputs are real images (the rest is seeded noise)."""
+        return sum(not n.startswith("noise:") for n in self.names)
+
 
 def validation_batch_sizes(max_batch: int) -> tuple[int, ...]:
     """1, a non-power-of-two > 1, and the profile max (deduplicated, each <= max_batch)."""

@@ -46,7 +46,7 @@ class Prediction:
                 "top_k": [{"label": lab, "index": idx, "score": sc} for lab, idx, sc in self.top_k]}
 
 
-def _cuda_provider_available() -> bool:
+def cuda_provider_available() -> bool:
     try:
         from .backends.ort import available_providers
     except ImportError:  # pragma: no cover
@@ -55,7 +55,7 @@ def _cuda_provider_available() -> bool:
 
 
 def _refuse_without_cuda() -> str | None:
-    return None if _cuda_provider_available() else "needs CUDA"
+    return None if cuda_provider_available() else "needs CUDA"
 
 
 def _auto_options(name: str, options: BackendOptions) -> BackendOptions:
