@@ -102,7 +102,7 @@ def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
 
     def on_stage(rec: Any) -> None:
         if rec.status == "running":
-            click.echo(f"  {rec.name:<22} ...", err=True)
+            click.echo(f"  {rec.name:<22} ... {rec.reason}".rstrip(), err=True)
             return
         sizes = ", ".join(f"{p.name} {_size(p)}" for p in rec.outputs if p.exists())
         detail = " ".join(x for x in (sizes, rec.reason) if x)
@@ -190,7 +190,8 @@ def runtime_options(cfg: Any) -> Any:
 
     rt = cfg.runtime
     return BackendOptions(device=rt.device, providers=tuple(rt.providers), allow_cpu_fallback=rt.allow_cpu_fallback,
-                          threads=rt.threads, extra={"ort_allow_spinning": rt.ort_allow_spinning})
+                          threads=rt.threads, extra={"ort_allow_spinning": rt.ort_allow_spinning,
+                                                     "trt_contexts": rt.trt_contexts})
 
 
 @main.command()

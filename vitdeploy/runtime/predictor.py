@@ -6,7 +6,8 @@
             print(pred.label, pred.score)
 
 Thread-safe: a Predictor holds no per-call state, ONNX Runtime sessions and torch inference may
-be called from several threads, and the TensorRT backend keeps one execution context per thread.
+be called from several threads, and the TensorRT backend checks out one of a bounded pool of
+execution contexts per run.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..errors import ArtifactError, BackendError, InputError, MissingDependencyError
 from .artifacts import Artifacts
+from .backends.base import provider_name
 from .backends import (BACKEND_NAMES, Backend, BackendOptions, backend_unavailable_reason, ensure_known, first_line,
                        open_backend, verify_backend_files)
 from .postprocess import softmax, top_k as _top_k
@@ -72,7 +74,7 @@ def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backe
             if not _cuda_provider_available():
                 notes.append("ort-fp16 needs CUDA")
                 continue
-            if not any(p in _CUDA_PROVIDERS for p in options.providers):
+            if not any(provider_name(p) in _CUDA_PROVIDERS for p in options.providers):
                 opts = dataclasses.replace(options, providers=("CUDAExecutionProvider", *options.providers))
             opts = dataclasses.replace(opts, allow_cpu_fallback=False)  # fp16 on CPU is not what auto promises
         verify_backend_files(name, artifacts)  # tampered or escaping files raise here, before any fallback

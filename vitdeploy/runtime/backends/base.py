@@ -21,10 +21,16 @@ class BackendOptions:
 
     device: str = "cpu"  # "cpu" | "cuda" | "cuda:N"
     precision: str = "fp32"  # torch backend only: "fp32" | "fp16" (fp16 needs CUDA)
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)  # ONNX Runtime, in priority order
+    # ONNX Runtime, in priority order: a name, or (name, {provider options}) as pipeline.yaml's [name, {...}]
+    providers: tuple[Any, ...] = ("CPUExecutionProvider",)
     allow_cpu_fallback: bool = False  # ONNX Runtime: accept a session that fell back to CPU
     threads: int | None = None  # intra-op threads (CPU); None = the library's default
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def provider_name(entry: Any) -> str:
+    """The provider name of an ONNX Runtime providers entry: "Name" or ("Name", {options})."""
+    return str(entry[0]) if isinstance(entry, (tuple, list)) else str(entry)
 
 
 @runtime_checkable

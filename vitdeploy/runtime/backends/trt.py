@@ -9,10 +9,13 @@ is accepted with a warning (TensorRT itself warns that speed may suffer there).
 Written against the name-based I/O API of TensorRT 10.x and 11.x (``num_io_tensors``,
 ``get_tensor_name``, ``set_input_shape``, ``set_tensor_address``, ``execute_async_v3``).
 tensorrt and torch are imported lazily: torch supplies the CUDA device buffers and streams,
-through the small ``_TorchCuda`` object (tests substitute a fake one). The engine is deserialized,
-and contexts/streams created, with the requested GPU current. An execution context is not
-thread-safe, so each thread gets its own (``threading.local``). A batch smaller than the engine
-profile's min is padded (repeating its last row) up to min and the result sliced back.
+through the small ``_TorchCuda`` object (tests substitute a fake one); its CUDA major must be
+TensorRT's. The engine is deserialized, and contexts/streams created, with the requested GPU
+current. An execution context is not thread-safe and holds activation memory for the profile's
+max batch, so a bounded pool of (context, stream) pairs serves every thread: a run checks one
+out and returns it. A batch smaller than the engine profile's min is padded (repeating its last
+row) up to min and the result sliced back. TensorRT keeps one logger per process
+(:func:`trt_logger`); failures quote the errors it logged during that call.
 
 model.engine.json (written by ``vitdeploy.export.tensorrt.build_engine``)::
 
@@ -25,26 +28,28 @@ model.engine.json (written by ``vitdeploy.export.tensorrt.build_engine``)::
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import importlib
 import json
 import logging
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ..._deps import require
 from ...errors import ArtifactError, BackendError, ConfigError
 from ..cuda import cuda_index, cuda_status, gpu_identity
+from . import first_line
 from .base import BackendBase, BackendOptions
 
 log = logging.getLogger(__name__)
 
 _UNKNOWN = "unknown"
-INSTALL_HINT = "pip install 'vitdeploy[tensorrt]'"
+INSTALL_HINT = ("pip install 'vitdeploy[tensorrt-cu12]' (NVIDIA driver R535+, with a CUDA 12 torch) or "
+                "'vitdeploy[tensorrt-cu13]' (driver R580+)")
 # nvinfer1::ILogger::Severity values: kINTERNAL_ERROR=0, kERROR=1, kWARNING=2, kINFO=3, kVERBOSE=4.
 _SEVERITY_LEVELS = {0: logging.CRITICAL, 1: logging.ERROR, 2: logging.WARNING, 3: logging.DEBUG, 4: 5}
 
@@ -194,35 +199,126 @@ def check_engine_source(meta: EngineMetadata, onnx_sha256: str | None, engine_pa
 
 
 # --------------------------------------------------------------------------------------------
-# TensorRT logging -> Python logging
+# TensorRT logging -> Python logging: one logger per process, errors captured per call
 
 
-def make_trt_logger(trt: Any, logger: logging.Logger | None = None) -> Any:
-    """A ``trt.ILogger`` that forwards TensorRT's messages to Python ``logging``.
+_LOGGERS: dict[int, tuple[Any, Any]] = {}  # id(tensorrt module) -> (module, its one logger)
+_CAPTURES: list[tuple[int, list[str]]] = []  # (thread id, sink) of the calls capturing errors now
+_LOGGING_LOCK = threading.Lock()
+CANCEL = threading.Event()  # set when Ctrl-C arrived inside a TensorRT callback (TensorRT swallows it there)
 
-    It keeps the latest error messages in ``.errors`` so a failure can quote them.
+
+def _record_error(text: str) -> None:
+    """Give an error TensorRT logged to the capturing calls of the logging thread (or of every
+    thread, when TensorRT logs from a thread of its own)."""
+    me = threading.get_ident()
+    with _LOGGING_LOCK:
+        sinks = [sink for ident, sink in _CAPTURES if ident == me] or [sink for _, sink in _CAPTURES]
+        for sink in sinks:
+            sink.append(text)
+
+
+def trt_logger(trt: Any) -> Any:
+    """The process's one ``trt.ILogger``, forwarding TensorRT's messages to Python ``logging``.
+
+    TensorRT keeps the first logger it is given for the whole process and ignores later ones, so
+    every Builder, Runtime and parser here gets this one; errors reach the calls inside
+    :func:`capture_errors`. The callback never raises (TensorRT would swallow it): a Ctrl-C that
+    lands in it sets :data:`CANCEL`, which the build's progress monitor turns into a cancel.
     """
-    target = logger or log
+    with _LOGGING_LOCK:
+        known = _LOGGERS.get(id(trt))
+        if known is not None and known[0] is trt:
+            return known[1]
 
-    class _LoggingBridge(trt.ILogger):
-        def __init__(self) -> None:
-            super().__init__()
-            self.errors: collections.deque[str] = collections.deque(maxlen=20)
+        class _LoggingBridge(trt.ILogger):
+            def __init__(self) -> None:
+                super().__init__()
 
-        def log(self, severity: Any, msg: str) -> None:
-            level = _SEVERITY_LEVELS.get(int(severity), logging.DEBUG)
-            if level >= logging.ERROR:
-                self.errors.append(str(msg))
-            if target.isEnabledFor(level):
-                target.log(level, "TensorRT: %s", msg)
+            def log(self, severity: Any, msg: str) -> None:
+                try:
+                    level = _SEVERITY_LEVELS.get(int(severity), logging.DEBUG)
+                    if level >= logging.ERROR:
+                        _record_error(str(msg))
+                    if log.isEnabledFor(level):
+                        log.log(level, "TensorRT: %s", msg)
+                except KeyboardInterrupt:
+                    CANCEL.set()
+                except Exception:  # noqa: BLE001 - a logging failure must not become TensorRT's problem
+                    pass
 
-    return _LoggingBridge()
+        logger = _LoggingBridge()
+        _LOGGERS[id(trt)] = (trt, logger)
+        return logger
 
 
-def recent_errors(trt_logger: Any) -> str:
-    """The errors a ``make_trt_logger`` logger saw, as one line ('' for other loggers)."""
-    errors = list(getattr(trt_logger, "errors", ()) or ())
+@contextlib.contextmanager
+def capture_errors() -> Iterator[list[str]]:
+    """Collect the errors TensorRT logs during the block (this thread's calls) into a list."""
+    entry = (threading.get_ident(), [])
+    with _LOGGING_LOCK:
+        _CAPTURES.append(entry)
+    try:
+        yield entry[1]
+    finally:
+        with _LOGGING_LOCK:
+            _CAPTURES.remove(entry)
+
+
+def quote_errors(errors: list[str]) -> str:
+    """'; TensorRT said: a | b' for the last few captured errors ('' when there were none)."""
     return ("; TensorRT said: " + " | ".join(errors[-5:])) if errors else ""
+
+
+def start_tensorrt(trt: Any, kind: str, device_index: int, error: type[Exception]) -> Any:
+    """``trt.Builder(logger)`` or ``trt.Runtime(logger)``; ``error`` (quoting TensorRT) when it fails.
+
+    Where CUDA cannot initialise for TensorRT (a driver older than TensorRT's CUDA needs, a GPU
+    that is busy or lost), TensorRT logs why and its factory returns nullptr, which pybind11
+    raises as a bare TypeError even when torch's CUDA works.
+    """
+    with capture_errors() as errors:
+        try:
+            made = getattr(trt, kind)(trt_logger(trt))
+        except (TypeError, RuntimeError) as exc:
+            raise error(f"TensorRT {trt.__version__} could not create its {kind} on cuda:{device_index} ({first_line(exc)})"
+                        f"{quote_errors(errors)}; check the NVIDIA driver against the CUDA major of the installed tensorrt "
+                        f"wheel (README: Troubleshooting TensorRT) or use the 'ort' backend") from exc
+    return made
+
+
+# --------------------------------------------------------------------------------------------
+# CUDA majors: TensorRT's wheel and torch (which supplies the buffers and streams) must agree
+
+
+def tensorrt_cuda_major() -> int | None:
+    """12 or 13 from the installed TensorRT wheels (tensorrt-cu12-* / tensorrt-cu13-*); None if unknown
+    (a tar-file install, or wheels of both majors)."""
+    from importlib import metadata
+
+    found = set()
+    for major in (12, 13):
+        for part in ("bindings", "libs"):
+            try:
+                metadata.version(f"tensorrt-cu{major}-{part}")
+            except metadata.PackageNotFoundError:
+                continue
+            found.add(major)
+    return found.pop() if len(found) == 1 else None
+
+
+def cuda_major_mismatch(trt_major: int | None, torch_cuda: str | None, torch_version: str = "") -> str | None:
+    """Why TensorRT (built for CUDA ``trt_major``) and torch (built for CUDA ``torch_cuda``, e.g. "13.0")
+    cannot share buffers and streams, or None when they can (or either is unknown)."""
+    if trt_major is None or not torch_cuda:
+        return None
+    head = str(torch_cuda).split(".")[0]
+    if not head.isdigit() or int(head) == trt_major:
+        return None
+    fix = ("install a CUDA 12 build of torch==2.13.0 (README: Troubleshooting TensorRT)" if trt_major == 12
+           else "pip install 'vitdeploy[tensorrt-cu13]' with torch==2.13.0 from PyPI (CUDA 13)")
+    return (f"tensorrt is built for CUDA {trt_major} (tensorrt-cu{trt_major}) but torch {torch_version} is built for "
+            f"CUDA {torch_cuda}; the trt backend's buffers and streams come from torch, so both need one CUDA major: {fix}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,6 +343,8 @@ class _TorchCuda:
 
     def __init__(self) -> None:
         self._torch = require("torch", "the TensorRT backend's CUDA buffers")
+        self.torch_version = str(self._torch.__version__)
+        self.cuda_version = getattr(self._torch.version, "cuda", None)  # "13.0"; None for a CPU build
 
     def device(self, index: int) -> Any:
         """Context manager making cuda:``index`` the current device."""
@@ -278,12 +376,57 @@ class _TorchCuda:
         return host.numpy().astype(np.float32, copy=False)
 
 
-class _ThreadState:
-    """One execution context and one CUDA stream, owned by one thread."""
+class _ExecState:
+    """One execution context and the CUDA stream it runs on; used by one run at a time."""
 
     def __init__(self, context: Any, stream: Any) -> None:
         self.context = context
         self.stream = stream
+
+
+class _ContextPool:
+    """At most ``size`` execution states, checked out for one run and returned after it.
+
+    An execution context holds activation memory for the profile's max batch, so the number
+    alive is bounded however many threads call: a thread finding every state busy waits for one.
+    """
+
+    def __init__(self, create: Callable[[], _ExecState], size: int) -> None:
+        self._create, self.size = create, size
+        self._idle: list[_ExecState] = []
+        self.states: list[_ExecState] = []  # every state alive (idle or checked out)
+        self._cond = threading.Condition()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def checkout(self) -> Iterator[_ExecState]:
+        with self._cond:
+            while not self._closed and not self._idle and len(self.states) >= self.size:
+                self._cond.wait()
+            if self._closed:
+                raise BackendError("the trt backend is closed; open a new one")
+            if self._idle:
+                state = self._idle.pop()
+            else:
+                state = self._create()
+                self.states.append(state)
+        try:
+            yield state
+        finally:
+            with self._cond:
+                if not self._closed:
+                    self._idle.append(state)
+                self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._idle.clear()
+            self.states.clear()
+            self._cond.notify_all()
+
+
+DEFAULT_CONTEXTS = 2
 
 
 class TrtBackend(BackendBase):
@@ -298,6 +441,10 @@ class TrtBackend(BackendBase):
     manifest's onnx-fp16 entry); None skips that check. A batch smaller than the profile's min is
     padded up to min (repeating its last row) and the result sliced back.
 
+    ``contexts``: at most this many execution contexts (each with its own stream) exist; a run
+    checks one out and returns it, so a thread-per-request server never holds more GPU memory
+    than that (default ``options.extra["trt_contexts"]``, else 2).
+
     ``trt``, ``probe`` and ``cuda`` exist for tests: a stand-in tensorrt module, a callable
     ``probe(trt, device_index) -> MachineIdentity`` replacing the real version/GPU probe, and a
     stand-in for ``_TorchCuda`` (device, streams, buffers).
@@ -307,7 +454,8 @@ class TrtBackend(BackendBase):
 
     def __init__(self, engine_path: str | Path, meta_path: str | Path, input_shape: tuple[int, int, int],
                  max_batch: int | None = None, options: BackendOptions | None = None, *, onnx_sha256: str | None = None,
-                 trt: Any = None, probe: Callable[[Any, int], MachineIdentity] | None = None, cuda: Any = None) -> None:
+                 contexts: int | None = None, trt: Any = None, probe: Callable[[Any, int], MachineIdentity] | None = None,
+                 cuda: Any = None) -> None:
         # 1. TensorRT itself, before anything else.
         trt = trt if trt is not None else require("tensorrt", "the TensorRT backend ('trt')")
         self._trt = trt
@@ -338,26 +486,32 @@ class TrtBackend(BackendBase):
             raise ArtifactError(f"{meta_path} says the engine takes (N, {', '.join(map(str, meta.chw))}) but the "
                                 f"model expects (N, {', '.join(map(str, self.input_shape))}); rebuild the engine with `vitdeploy export`")
 
-        # 3. Deserialize, on the requested GPU.
+        contexts = contexts if contexts is not None else options.extra.get("trt_contexts", DEFAULT_CONTEXTS)
+        if isinstance(contexts, bool) or not isinstance(contexts, int) or contexts < 1:
+            raise ConfigError(f"trt_contexts={contexts!r}: expected an integer >= 1 (execution contexts kept for concurrent runs)")
+
+        # 3. Deserialize, on the requested GPU, with a torch of TensorRT's CUDA major.
         self._cuda = cuda if cuda is not None else _TorchCuda()
+        mismatch = cuda_major_mismatch(tensorrt_cuda_major(), getattr(self._cuda, "cuda_version", None),
+                                       getattr(self._cuda, "torch_version", ""))
+        if mismatch:
+            raise BackendError(mismatch)
         try:
             data = self.engine_path.read_bytes()
         except FileNotFoundError:
             raise ArtifactError(f"{self.engine_path} is missing; rebuild it with `vitdeploy export` on this machine") from None
         except OSError as exc:
             raise ArtifactError(f"cannot read {self.engine_path}: {exc}") from exc
-        self._logger = make_trt_logger(trt)
-        with self._cuda.device(self._device_index):
-            self._runtime = trt.Runtime(self._logger)
+        with self._cuda.device(self._device_index), capture_errors() as errors:
+            self._runtime = start_tensorrt(trt, "Runtime", self._device_index, BackendError)
             self._engine = self._runtime.deserialize_cuda_engine(data)
         if self._engine is None:
             raise ArtifactError(f"TensorRT {here.tensorrt_version} could not deserialize {self.engine_path} "
-                                f"(corrupt, or built by another TensorRT){recent_errors(self._logger)}; "
+                                f"(corrupt, or built by another TensorRT){quote_errors(errors)}; "
                                 "rebuild it with `vitdeploy export` on this machine")
         self._inspect_io()
-        self._local = threading.local()
-        self._states: list[_ThreadState] = []
-        self._lock = threading.Lock()
+        self._check_profile(meta_path)
+        self._pool = _ContextPool(self._new_state, contexts)
         log.info("trt backend: %s (%s, batch %d..%d)", self.engine_path, here.describe(), meta.profile["min"], self.max_batch)
 
     def _inspect_io(self) -> None:
@@ -386,38 +540,51 @@ class TrtBackend(BackendBase):
         self._input_dtype = _io_dtype(trt, engine.get_tensor_dtype(self._input_name), f"input '{self._input_name}'")
         self._output_dtypes = {n: _io_dtype(trt, engine.get_tensor_dtype(n), f"output '{n}'") for n in outputs}
 
-    # -- per-thread execution state -----------------------------------------------------------
+    def _check_profile(self, meta_path: str | Path) -> None:
+        """The engine's own optimisation profile must be the one model.engine.json describes."""
+        shapes = self._engine.get_tensor_profile_shape(self._input_name, 0)
+        dims = [tuple(int(d) for d in shape) for shape in shapes]
+        want = [(self.meta.profile[k], *self.meta.chw) for k in ("min", "opt", "max")]
+        if dims != want:
+            got = "/".join(str(d) for d in dims)
+            raise ArtifactError(f"{self.engine_path} has optimisation profile {got} (min/opt/max of input '{self._input_name}') "
+                                f"but {meta_path} says {'/'.join(str(d) for d in want)}; the engine and its json do not "
+                                "belong together: rebuild them with `vitdeploy export`")
 
-    def _thread_state(self) -> _ThreadState:
-        if self._engine is None:
-            raise BackendError("the trt backend is closed; open a new one")
-        state = getattr(self._local, "state", None)
-        if state is None:
-            with self._cuda.device(self._device_index):
-                context = self._engine.create_execution_context()
-                if context is None:
-                    raise BackendError(f"TensorRT could not create an execution context for {self.engine_path} "
-                                       f"(out of GPU memory?){recent_errors(self._logger)}")
-                state = _ThreadState(context, self._cuda.new_stream(self._device_index))
-            self._local.state = state
-            with self._lock:
-                self._states.append(state)
-        return state
+    # -- execution states (bounded pool) -------------------------------------------------------
+
+    def _new_state(self) -> _ExecState:
+        with self._cuda.device(self._device_index), capture_errors() as errors:
+            context = self._engine.create_execution_context()
+            if context is None:
+                raise BackendError(f"TensorRT could not create an execution context for {self.engine_path} "
+                                   f"(out of GPU memory?){quote_errors(errors)}")
+            return _ExecState(context, self._cuda.new_stream(self._device_index))
+
+    @property
+    def live_contexts(self) -> int:
+        """Execution contexts alive now (idle or running); never more than the pool size."""
+        return len(self._pool.states)
 
     def _run(self, batch: np.ndarray) -> np.ndarray:
+        if self._engine is None:
+            raise BackendError("the trt backend is closed; open a new one")
+        with self._pool.checkout() as state:
+            return self._run_on(state, batch)
+
+    def _run_on(self, state: _ExecState, batch: np.ndarray) -> np.ndarray:
         cuda, index = self._cuda, self._device_index
-        state = self._thread_state()
         ctx = state.context
         stream = state.stream
         count = int(batch.shape[0])
         if count < self._min_batch:  # the profile does not accept it: pad with copies of the last row
             batch = np.concatenate([batch, np.repeat(batch[-1:], self._min_batch - count, axis=0)])
         shape = tuple(int(d) for d in batch.shape)
-        with cuda.device(index), cuda.use_stream(stream):
+        with cuda.device(index), cuda.use_stream(stream), capture_errors() as errors:
             x = cuda.upload(batch, index, self._input_dtype)
             if not ctx.set_input_shape(self._input_name, shape):
                 raise BackendError(f"TensorRT rejected input shape {shape} for '{self._input_name}' "
-                                   f"(engine profile batch {self.meta.profile['min']}..{self.meta.profile['max']}){recent_errors(self._logger)}")
+                                   f"(engine profile batch {self.meta.profile['min']}..{self.meta.profile['max']}){quote_errors(errors)}")
             ctx.set_tensor_address(self._input_name, cuda.address(x))
             buffers = {}
             for out_name in self._output_names:
@@ -427,14 +594,14 @@ class TrtBackend(BackendBase):
                 buffers[out_name] = cuda.empty(out_shape, self._output_dtypes[out_name], index)
                 ctx.set_tensor_address(out_name, cuda.address(buffers[out_name]))
             if not ctx.execute_async_v3(cuda.stream_handle(stream)):
-                raise BackendError(f"TensorRT execution failed for a batch of {shape[0]}{recent_errors(self._logger)}")
+                raise BackendError(f"TensorRT execution failed for a batch of {shape[0]}{quote_errors(errors)}")
             result = cuda.download(buffers[self._output_name], stream)
         return result[:count]
 
     def close(self) -> None:
-        with self._lock:
-            self._states.clear()
-        self._local = threading.local()
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.close()
         self._engine = None
         self._runtime = None
 
@@ -448,13 +615,32 @@ class TrtBackend(BackendBase):
 # registry hooks
 
 
+_RUNTIME_PROBES: dict[tuple[int, int], str | None] = {}  # (id(tensorrt module), device) -> reason or None
+
+
+def _runtime_starts(trt: Any, index: int) -> str | None:
+    """None when ``trt.Runtime`` can be created on cuda:``index`` (tried once per process), else why not."""
+    key = (id(trt), index)
+    if key not in _RUNTIME_PROBES:
+        try:
+            with _TorchCuda().device(index):
+                start_tensorrt(trt, "Runtime", index, BackendError)
+            _RUNTIME_PROBES[key] = None
+        except Exception as exc:  # noqa: BLE001 - any failure to start means unusable
+            _RUNTIME_PROBES[key] = first_line(exc)
+    return _RUNTIME_PROBES[key]
+
+
 def unavailable_reason(artifacts: Any = None, options: BackendOptions | None = None) -> str | None:
-    """Why TensorRT cannot run here (tensorrt missing or broken, no CUDA GPU), or None; one line.
+    """Why TensorRT cannot run here, or None; one line. Checks, in order: tensorrt imports, a CUDA
+    GPU at the requested device (through torch), torch's CUDA major is TensorRT's, and a
+    ``trt.Runtime`` starts there (created once per process and device, so auto-selection never
+    picks a backend that cannot start).
 
     The one TensorRT availability check: the registry and the export pipeline both use it.
     """
     try:
-        importlib.import_module("tensorrt")
+        trt = importlib.import_module("tensorrt")
     except ModuleNotFoundError as exc:
         if exc.name == "tensorrt":
             return f"tensorrt is not installed ({INSTALL_HINT})"
@@ -462,8 +648,15 @@ def unavailable_reason(artifacts: Any = None, options: BackendOptions | None = N
     except Exception as exc:  # noqa: BLE001 - e.g. libnvinfer missing: any failure means unusable
         return f"tensorrt is installed but does not import ({type(exc).__name__}: {exc})".splitlines()[0]
     device = (options or BackendOptions()).device
-    ok, why = cuda_status("cuda:0" if device == "cpu" else device)
-    return None if ok else f"no CUDA GPU: {why}"
+    device = "cuda:0" if device == "cpu" else device
+    ok, why = cuda_status(device)
+    if not ok:
+        return f"no CUDA GPU: {why}"
+    torch = importlib.import_module("torch")  # cuda_status succeeded, so torch imports
+    mismatch = cuda_major_mismatch(tensorrt_cuda_major(), getattr(torch.version, "cuda", None), str(torch.__version__))
+    if mismatch:
+        return mismatch
+    return _runtime_starts(trt, cuda_index(device))
 
 
 def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> TrtBackend:
