@@ -262,7 +262,7 @@ def capture_errors() -> Iterator[list[str]]:
         yield entry[1]
     finally:
         with _LOGGING_LOCK:
-            _CAPTURES.remove(entry)
+            _CAPTURES[:] = [e for e in _CAPTURES if e is not entry]
 
 
 def quote_errors(errors: list[str]) -> str:
