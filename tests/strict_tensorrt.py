@@ -146,6 +146,7 @@ class StrictTrt:
         self.config: Any = None
         self.engine = engine
         self.swallowed: list[BaseException] = []
+        self.observe: Callable[[], Any] | None = None  # tests: e.g. the current CUDA device, added to runtime calls
         fake = self
         major = self.major
 
@@ -376,13 +377,13 @@ class StrictTrt:
         class Runtime(_Base):
             def __init__(self, logger) -> None:
                 register(logger, "Runtime")
-                fake.calls.append(("Runtime",))
+                fake.note("Runtime")
                 if cuda_init_fails:
                     emit(1, "CUDA initialization failure with error: 35. Please check your CUDA installation")
                     raise TypeError(NULLPTR)
 
             def deserialize_cuda_engine(self, serialized_engine):
-                fake.calls.append(("deserialize_cuda_engine", bytes(memoryview(serialized_engine))))
+                fake.note("deserialize_cuda_engine", bytes(memoryview(serialized_engine)))
                 return fake.engine
 
         self.ILogger, self.IProgressMonitor, self.Builder, self.Runtime, self.OnnxParser = (
@@ -390,6 +391,9 @@ class StrictTrt:
         self._classes = [ILogger, IProgressMonitor, ITimingCache, IOptimizationProfile, IBuilderConfig, INetworkDefinition,
                          Builder, ParserError, OnnxParser, Runtime]
         self._Base = _Base
+
+    def note(self, *call: Any) -> None:
+        self.calls.append(call + ((self.observe(),) if self.observe else ()))
 
     def fake_classes(self) -> list[type]:
         return list(self._classes)
@@ -474,6 +478,7 @@ def _runtime_classes(fake: StrictTrt) -> tuple[type, type]:
             self.input_name = "pixel_values"
             self.io = io or [("pixel_values", "INPUT", (-1, *chw)), ("logits", "OUTPUT", (-1, classes))]
             self.live = weakref.WeakSet()
+            self.contexts: list = []
             self.created = 0
             self.execute_ok = True
             self.profile_override: list | None = None
@@ -507,9 +512,11 @@ def _runtime_classes(fake: StrictTrt) -> tuple[type, type]:
 
         def create_execution_context(self, strategy=None):
             context = IExecutionContext(self)
+            fake.note("create_execution_context")
             with self._lock:
                 self.created += 1
                 self.live.add(context)
+                self.contexts.append(context)
             return context
 
     fake._runtime_cls = (ICudaEngine, IExecutionContext)

@@ -585,18 +585,23 @@ class TrtBackend(BackendBase):
             if not ctx.set_input_shape(self._input_name, shape):
                 raise BackendError(f"TensorRT rejected input shape {shape} for '{self._input_name}' "
                                    f"(engine profile batch {self.meta.profile['min']}..{self.meta.profile['max']}){quote_errors(errors)}")
-            ctx.set_tensor_address(self._input_name, cuda.address(x))
+            self._bind(ctx, self._input_name, cuda.address(x), errors)
             buffers = {}
             for out_name in self._output_names:
                 out_shape = tuple(int(d) for d in ctx.get_tensor_shape(out_name))
                 if any(d < 0 for d in out_shape):
                     raise BackendError(f"TensorRT could not infer the shape of output '{out_name}' (got {out_shape})")
                 buffers[out_name] = cuda.empty(out_shape, self._output_dtypes[out_name], index)
-                ctx.set_tensor_address(out_name, cuda.address(buffers[out_name]))
+                self._bind(ctx, out_name, cuda.address(buffers[out_name]), errors)
             if not ctx.execute_async_v3(cuda.stream_handle(stream)):
                 raise BackendError(f"TensorRT execution failed for a batch of {shape[0]}{quote_errors(errors)}")
             result = cuda.download(buffers[self._output_name], stream)
         return result[:count]
+
+    def _bind(self, ctx: Any, name: str, address: int, errors: list[str]) -> None:
+        if not ctx.set_tensor_address(name, int(address)):
+            raise BackendError(f"TensorRT refused the device address {int(address):#x} for tensor '{name}' (TensorRT wants "
+                               f"256-byte aligned device memory){quote_errors(errors)}")
 
     def close(self) -> None:
         pool = getattr(self, "_pool", None)
