@@ -279,7 +279,8 @@ def start_tensorrt(trt: Any, kind: str, device_index: int, error: type[Exception
     """
     with capture_errors() as errors:
         try:
-            made = getattr(trt, kind)(trt_logger(trt))
+            factory = trt.Builder if kind == "Builder" else trt.Runtime
+            made = factory(trt_logger(trt))
         except (TypeError, RuntimeError) as exc:
             raise error(f"TensorRT {trt.__version__} could not create its {kind} on cuda:{device_index} ({first_line(exc)})"
                         f"{quote_errors(errors)}; check the NVIDIA driver against the CUDA major of the installed tensorrt "
