@@ -227,25 +227,35 @@ def test_context_is_reused_within_a_thread(tmp_path):
     assert len(rig.engine.contexts) == 1 and len(rig.cuda.streams) == 1
 
 
-def test_concurrent_runs_use_separate_contexts_and_streams(tmp_path):
-    rig = Rig(tmp_path, contexts=3)
-    batch = batch_of(2)
-    barrier = threading.Barrier(3)
-    results, errors = {}, []
+def run_in_threads(count: int, work) -> None:
+    """Run ``work(i)`` on ``count`` threads started together; fail with the first error any raised."""
+    errors: list[BaseException] = []
 
-    def work(i: int) -> None:
+    def guarded(i: int) -> None:
         try:
-            barrier.wait(timeout=10)
-            results[i] = rig.backend.run(batch)
+            work(i)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_concurrent_runs_use_separate_contexts_and_streams(tmp_path):
+    rig = Rig(tmp_path, contexts=3)
+    batch = batch_of(2)
+    barrier = threading.Barrier(3)
+    results = {}
+
+    def work(i: int) -> None:
+        barrier.wait(timeout=10)
+        results[i] = rig.backend.run(batch)
+
+    run_in_threads(3, work)
     contexts = rig.engine.contexts
     assert 1 <= len(contexts) <= 3 and rig.backend.live_contexts == len(contexts)
     assert len(rig.cuda.streams) == len(contexts)  # one stream per context
@@ -258,23 +268,14 @@ def test_concurrent_runs_use_separate_contexts_and_streams(tmp_path):
 def test_fifty_short_lived_threads_keep_live_contexts_bounded(tmp_path):
     """Thread-per-request: 50 threads each run once and exit; contexts (GPU memory each) stay <= the pool."""
     rig = Rig(tmp_path, contexts=2)
-    errors = []
     peak = [0]
 
     def work(i: int) -> None:
-        try:
-            got = rig.backend.run(batch_of(1 + i % 4, seed=i))
-            np.testing.assert_allclose(got, expected_logits(batch_of(1 + i % 4, seed=i)), rtol=1e-6)
-            peak[0] = max(peak[0], rig.backend.live_contexts)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        got = rig.backend.run(batch_of(1 + i % 4, seed=i))
+        np.testing.assert_allclose(got, expected_logits(batch_of(1 + i % 4, seed=i)), rtol=1e-6)
+        peak[0] = max(peak[0], rig.backend.live_contexts)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(50)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_in_threads(50, work)
     assert rig.engine.created <= 2 and peak[0] <= 2
     assert len(rig.engine.live) <= 2
     rig.backend.close()
