@@ -14,7 +14,7 @@ _INSTALL_HINTS = {
     "onnxruntime": "pip install onnxruntime (CPU) or 'vitdeploy[gpu]'",
     "onnxscript": "pip install 'vitdeploy[export]'",
     "onnxconverter_common": "pip install 'vitdeploy[export]'",
-    "tensorrt": "pip install 'vitdeploy[tensorrt]' (NVIDIA's tensorrt wheels, Linux/Windows with CUDA)",
+    "tensorrt": "pip install 'vitdeploy[tensorrt-cu12]' (driver R535+) or 'vitdeploy[tensorrt-cu13]' (driver R580+)",
     "PIL": "pip install pillow",
 }
 

@@ -102,12 +102,14 @@ class TensorRTSection(_Section):
 class RuntimeSection(_Section):
     backend: BackendChoice = "auto"
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    providers: tuple[Union[str, tuple[str, dict[str, Union[str, int, float, bool]]]], ...] = Field(
+        ("CPUExecutionProvider",), description="ONNX Runtime providers: a name, or [name, {option: value}]")
     allow_cpu_fallback: bool = False
     threads: Optional[int] = Field(None, ge=1)
     ort_allow_spinning: Union[Literal["auto"], bool] = Field(
         "auto", description="ONNX Runtime idle threads busy-wait; auto = only when they leave a core free")
     batch_size: int = Field(32, ge=1)
+    trt_contexts: int = Field(2, ge=1, description="trt backend: execution contexts (GPU memory each) shared by all threads")
     top_k: int = Field(5, ge=1)
     max_image_pixels: int = Field(89_478_485, ge=1)
 

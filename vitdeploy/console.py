@@ -88,7 +88,7 @@ class StageReporter:
             if self.console.is_tty() or last is None or rec.seconds - last >= self.plain_every_s:
                 self._shown[rec.name] = rec.seconds
                 elapsed = f"{rec.seconds:5.0f}s" if rec.seconds else ""
-                self.console.status(f"  {rec.name:<{STAGE_WIDTH}} ... {elapsed}".rstrip())
+                self.console.status(f"  {rec.name:<{STAGE_WIDTH}} ... {elapsed} {rec.reason or ''}".rstrip())
             return
         detail = ""
         if rec.status != "failed":

@@ -1,9 +1,9 @@
-"""A real TensorRT build and run of a tiny ViT, compared with torch eager.
+"""A real TensorRT build and run of the shipped demo model's model.fp16.onnx, compared with torch eager.
 
-Needs TensorRT and a CUDA GPU; skips with the reason where either is missing. The ONNX graph is
-exported here (FP32, opset 17, dynamic batch) so this smoke test depends only on TensorRT code:
-an FP32 graph builds an FP32 (TF32-capable) strongly typed engine, which is enough to show the
-build, the engine/json pair and the name-based execution path work on a real TensorRT.
+Needs TensorRT and a CUDA GPU; skips with the reason where either is missing. The engine is
+built from the very file users get: the demo model exported by `vitdeploy export` (ONNX, then
+the FP16 graph with float32 I/O and LayerNorm kept float32), so a GPU run tests what ships. The
+comparison uses the project's FP16 validation threshold against torch eager on the same weights.
 """
 
 from __future__ import annotations
@@ -20,27 +20,25 @@ from vitdeploy.runtime.backends.trt import TrtBackend
 
 pytestmark = [pytest.mark.gpu, pytest.mark.tensorrt]
 
-CHW = (3, 32, 32)
-TOLERANCE = 1e-2  # max abs logit difference vs torch eager (FP32 graph, TF32 kernels allowed)
+CHW = (3, 32, 32)  # the demo model's input
+TOLERANCE = 0.1  # max abs logit difference vs torch eager: validation.fp16.max_abs_diff
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
+def built(request, tmp_path_factory):
     reason = tensorrt_unavailable_reason()
     if reason:
         pytest.skip(reason)
-    torch = pytest.importorskip("torch")
-    from vitdeploy.model.vit import ViTConfig, VisionTransformer
+    pytest.importorskip("torch")
+    from vitdeploy.model.checkpoints import load_checkpoint
+    from vitdeploy.paths import DEMO_MODEL_DIR
 
-    torch.manual_seed(0)
-    model = VisionTransformer(ViTConfig(image_size=32, patch_size=8, width=64, depth=2, heads=2, num_classes=10)).eval()
+    artifacts = request.getfixturevalue("demo_artifacts")  # the shipped demo model, exported (engine skipped)
+    model = load_checkpoint(DEMO_MODEL_DIR).model.eval()
     folder = tmp_path_factory.mktemp("trt")
-    onnx_path = folder / "model.onnx"
-    torch.onnx.export(model, (torch.randn(2, *CHW),), str(onnx_path), input_names=["pixel_values"], output_names=["logits"],
-                      dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17, dynamo=False)
-    plan = plan_engine_build(onnx_path, folder / "model.engine", input_name="pixel_values", chw=CHW, min_batch=1, opt_batch=2,
-                             max_batch=4, workspace_mb=512, optimization_level=1, timing_cache_path=folder / "timing.cache",
-                             precision="fp32")
+    plan = plan_engine_build(artifacts / "model.fp16.onnx", folder / "model.engine", input_name="pixel_values", chw=CHW,
+                             min_batch=1, opt_batch=2, max_batch=4, workspace_mb=512, optimization_level=1,
+                             timing_cache_path=folder / "timing.cache", precision="fp16")
     meta = build_engine(plan)
     return model, plan, meta
 
@@ -78,7 +76,7 @@ def test_engine_matches_torch_eager(built, batch_size):
     assert float(np.abs(got - want).max()) <= TOLERANCE
 
 
-def test_batches_beyond_the_profile_are_split_and_threads_get_their_own_context(built):
+def test_batches_beyond_the_profile_are_split_and_threads_share_a_bounded_pool(built):
     model, plan, _ = built
     batch = np.random.default_rng(7).standard_normal((6, *CHW)).astype(np.float32)  # > profile max 4
     want = eager(model, batch)
@@ -99,13 +97,11 @@ def test_batches_beyond_the_profile_are_split_and_threads_get_their_own_context(
         t.start()
     for t in threads:
         t.join()
-    states = list(backend._states)
+    live = backend.live_contexts
     backend.close()
     assert not errors, errors
     assert len(results) == 3
-    assert len(states) == 3, f"expected one execution state per thread, got {len(states)}"
-    assert len({id(s.context) for s in states}) == 3, "threads shared an execution context"
-    assert len({id(s.stream) for s in states}) == 3, "threads shared a CUDA stream"
+    assert 1 <= live <= 2, f"expected at most the pool's 2 execution contexts, got {live}"
     for got in results.values():
         assert float(np.abs(got - want).max()) <= TOLERANCE
 
@@ -114,7 +110,7 @@ def test_batch_below_the_profile_min_is_padded(built, tmp_path):
     """An engine whose profile min is 2 still answers a batch of 1 (padded, then sliced)."""
     model, plan, _ = built
     padded_plan = plan_engine_build(plan.onnx_path, tmp_path / "model.engine", input_name="pixel_values", chw=CHW, min_batch=2,
-                                    opt_batch=2, max_batch=4, workspace_mb=512, optimization_level=1, precision="fp32")
+                                    opt_batch=2, max_batch=4, workspace_mb=512, optimization_level=1, precision="fp16")
     build_engine(padded_plan)
     batch = np.random.default_rng(3).standard_normal((1, *CHW)).astype(np.float32)
     with TrtBackend(padded_plan.engine_path, padded_plan.meta_path, CHW, None, BackendOptions(device="cuda")) as backend:

@@ -12,6 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from vitdeploy.cli import main
+from vitdeploy.errors import ExportError
 from vitdeploy.runtime.artifacts import sha256_file
 
 CLI = CliRunner()
@@ -242,20 +243,21 @@ def test_engine_stage_wiring_with_a_tensorrt_test_double(tmp_path: Path, monkeyp
 
     plans, batches = [], []
 
-    def fake_build(plan):
+    def fake_build(plan, progress=None):
         plans.append(plan)
         plan.engine_path.write_bytes(b"serialized engine")
         plan.meta_path.write_text(json.dumps({"tensorrt_version": "test-double"}))
 
     class FakeTrtBackend(OrtBackend):
         def __init__(self, engine_path, meta_path, chw, max_batch, options):
+            assert options.device == "cuda:0"  # validated on the GPU it was built on
             super().__init__(engine_path.with_name("model.fp16.onnx"), chw, max_batch, name="trt")
 
         def _run(self, batch):
             batches.append(len(batch))
             return super()._run(batch)
 
-    monkeypatch.setattr(trt_stage, "tensorrt_unavailable_reason", lambda: None)
+    monkeypatch.setattr(trt_stage, "tensorrt_unavailable_reason", lambda device: None)
     monkeypatch.setattr(trt_stage, "build_engine", fake_build)
     monkeypatch.setattr(trt_backend, "TrtBackend", FakeTrtBackend)
     out = tmp_path / "elsewhere"
@@ -263,10 +265,40 @@ def test_engine_stage_wiring_with_a_tensorrt_test_double(tmp_path: Path, monkeyp
     result = run_export(cfg, out, engine="require")
 
     (plan,) = plans
-    assert (plan.min_batch, plan.opt_batch, plan.max_batch) == (2, 4, 6)
+    assert (plan.min_batch, plan.opt_batch, plan.max_batch) == (2, 4, 6) and plan.device == 0
     assert plan.onnx_path == out / "model.fp16.onnx" and plan.timing_cache_path == out / "timing.cache"
     assert min(batches) >= 2 and max(batches) <= 6  # never outside the engine's profile
     manifest = json.loads(result.manifest_path.read_text())
     assert {"engine", "engine-meta"} <= set(manifest["artifacts"])
     assert manifest["validation"]["validate-engine"]["passed"]
     assert sorted(map(int, manifest["validation"]["validate-engine"]["per_batch"])) == [2, 3, 6]
+
+
+@pytest.mark.parametrize("mode", ["auto", "require"])
+def test_tensorrt_failure_in_auto_mode_still_writes_the_manifest(tmp_path: Path, monkeypatch, export_config, mode):
+    """--engine auto: a TensorRT failure is recorded as the engine stage's failure and the validated
+    ONNX artifacts keep their manifest; --engine require: the export fails (exit 1). A test double
+    raises the build error: no evidence about TensorRT itself."""
+    import vitdeploy.export.tensorrt as trt_stage
+    from vitdeploy.export.pipeline import run_export
+
+    def failing_build(plan, progress=None):
+        plan.engine_path.write_bytes(b"half")  # whatever a failed build left behind must go
+        raise ExportError("TensorRT 10.13.3.9 could not create its Builder on cuda:1 (factory function returned nullptr); "
+                          "TensorRT said: CUDA initialization failure with error: 35")
+
+    monkeypatch.setattr(trt_stage, "tensorrt_unavailable_reason", lambda device: None)
+    monkeypatch.setattr(trt_stage, "build_engine", failing_build)
+    cfg = export_config({"export": {"batch": {"min": 1, "opt": 2, "max": 4}, "optimize": False},
+                         "validation": {"noise_samples": 2}, "runtime": {"device": "cuda:1"}})
+    if mode == "require":
+        with pytest.raises(ExportError, match="could not create its Builder on cuda:1"):
+            run_export(cfg, tmp_path, engine="require")
+        assert not (tmp_path / "manifest.json").exists()
+        return
+    result = run_export(cfg, tmp_path, engine="auto")
+    manifest = json.loads(result.manifest_path.read_text())
+    engine = next(s for s in manifest["stages"] if s["name"] == "engine")
+    assert engine["status"] == "failed" and "could not create its Builder on cuda:1" in engine["reason"]
+    assert "engine" not in manifest["artifacts"] and {"onnx", "onnx-fp16"} <= set(manifest["artifacts"])
+    assert not (tmp_path / "model.engine").exists() and not (tmp_path / "export-report.json").exists()

@@ -369,7 +369,7 @@ def test_backend_options_from_the_runtime_section_carry_every_key():
                                         "allow_cpu_fallback": True, "ort_allow_spinning": False}}, None).runtime
     assert BackendOptions.from_runtime(runtime) == BackendOptions(
         device="cpu", providers=("CUDAExecutionProvider", "CPUExecutionProvider"), allow_cpu_fallback=True, threads=3,
-        ort_allow_spinning=False)
+        ort_allow_spinning=False, trt_contexts=2)
     assert BackendOptions.from_runtime(parse_config({}, None).runtime) == BackendOptions()
 
 

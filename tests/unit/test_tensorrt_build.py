@@ -3,8 +3,9 @@
 What this checks: the calls OUR code makes (profile shapes, strongly-typed network flag on 10.x
 and not on 11.x, workspace limit, optimisation level, timing cache reuse and write-back, parser
 errors, failed builds leaving nothing behind, model.engine.json contents), that the json it
-writes is accepted by the trt backend, and the TensorRT availability check. The fake records
-calls; it does not build anything. The backend's load/run path is test_trt_backend.py.
+writes is accepted by the trt backend, and the TensorRT availability check. The fake
+(tests/strict_tensorrt.py) takes its signatures and enum values from the real 10.13 / 11.1
+bindings and records calls; it does not build anything. The backend's load/run path is test_trt_backend.py.
 
 What this is NOT: evidence that TensorRT works or that these calls are valid TensorRT. The
 names are checked against the real bindings in test_tensorrt_api_names.py; a real build and
@@ -14,8 +15,11 @@ run is tests/gpu/test_tensorrt_engine.py, which needs TensorRT and a CUDA GPU.
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import json
+import logging
+import os
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -30,155 +34,42 @@ from vitdeploy.runtime.backends import trt as trt_backend
 from vitdeploy.runtime.backends.trt import EngineMetadata, MachineIdentity, open_from_artifacts
 from vitdeploy.runtime.cuda import GpuIdentity, cuda_index, cuda_status
 
+from strict_tensorrt import StrictTrt
+
 MIB = 1024 * 1024
 H100 = GpuIdentity(0, "NVIDIA H100 80GB HBM3", "9.0")
 ENGINE_BYTES = b"serialized-engine-bytes"
 
 
 # --------------------------------------------------------------------------------------------
-# a recording stand-in for the tensorrt module
+# the strict stand-in for the tensorrt module (tests/strict_tensorrt.py)
 
 
-class FakeTrt:
-    """Just enough of ``tensorrt`` for build_engine / TrtBackend; records every call in ``calls``.
-
-    It has no BuilderFlag at all, so code that touched BuilderFlag.FP16 would fail here.
-    """
-
-    def __init__(self, version: str = "10.13.3.9", *, strongly_typed_flag: bool = True, parse_errors: tuple[str, ...] = (),
-                 build_result: bytes | None = ENGINE_BYTES, build_log_error: str | None = None,
-                 rejected_cache: bytes | None = None, engine: object = None) -> None:
-        fake = self
-        self.calls: list[tuple] = []
-        self.__version__ = version
-        self.NetworkDefinitionCreationFlag = SimpleNamespace(**({"STRONGLY_TYPED": 1} if strongly_typed_flag else {}))
-        self.MemoryPoolType = SimpleNamespace(WORKSPACE="pool:workspace")
-        self.TensorIOMode = SimpleNamespace(INPUT="mode:input", OUTPUT="mode:output")
-        self.DataType = SimpleNamespace(FLOAT="dt:float", HALF="dt:half", BF16="dt:bf16")
-        self.config = None
-
-        class ILogger:
-            def __init__(self) -> None:
-                pass
-
-        class TimingCache:
-            def __init__(self, data: bytes) -> None:
-                self.data = bytes(data)
-
-            def serialize(self) -> bytes:
-                return self.data + b"|updated"
-
-        class Profile:
-            def set_shape(self, name, shape_min, shape_opt, shape_max):
-                fake.calls.append(("set_shape", name, tuple(shape_min), tuple(shape_opt), tuple(shape_max)))
-
-        class Config:
-            def __init__(self) -> None:
-                self.builder_optimization_level = None
-                self.cache = None
-
-            def set_memory_pool_limit(self, pool, size):
-                fake.calls.append(("set_memory_pool_limit", pool, size))
-
-            def add_optimization_profile(self, profile):
-                fake.calls.append(("add_optimization_profile",))
-                return 0
-
-            def create_timing_cache(self, data):
-                fake.calls.append(("create_timing_cache", bytes(data)))
-                return TimingCache(data)
-
-            def set_timing_cache(self, cache, ignore_mismatch):
-                fake.calls.append(("set_timing_cache", cache.data, ignore_mismatch))
-                if rejected_cache is not None and cache.data == rejected_cache:
-                    return False
-                self.cache = cache
-                return True
-
-            def get_timing_cache(self):
-                return self.cache
-
-        class Network:
-            pass
-
-        class Builder:
-            def __init__(self, logger) -> None:
-                self.logger = logger
-                fake.calls.append(("Builder",))
-
-            def create_network(self, *args):
-                fake.calls.append(("create_network", *args))
-                return Network()
-
-            def create_builder_config(self):
-                fake.config = Config()
-                return fake.config
-
-            def create_optimization_profile(self):
-                return Profile()
-
-            def build_serialized_network(self, network, config):
-                fake.calls.append(("build_serialized_network",))
-                if build_log_error:
-                    self.logger.log(1, build_log_error)  # 1 = Severity.ERROR
-                return build_result
-
-        class OnnxParser:
-            def __init__(self, network, logger) -> None:
-                self.num_errors = 0
-
-            def parse_from_file(self, path):
-                fake.calls.append(("parse_from_file", path))
-                self.num_errors = len(parse_errors)
-                return not parse_errors
-
-            def get_error(self, index):
-                return _ParserError(parse_errors[index])
-
-        class Runtime:
-            def __init__(self, logger) -> None:
-                fake.calls.append(("Runtime",))
-
-            def deserialize_cuda_engine(self, data):
-                fake.calls.append(("deserialize_cuda_engine", bytes(data)))
-                return engine
-
-        self.ILogger, self.Builder, self.OnnxParser, self.Runtime = ILogger, Builder, OnnxParser, Runtime
-
-    def called(self, name: str) -> list[tuple]:
-        return [c for c in self.calls if c[0] == name]
+def FakeTrt(version: str = "10.13.3.9", *, strongly_typed_flag: bool = True, **knobs) -> StrictTrt:
+    """The strict fake; ``strongly_typed_flag=False`` removes NetworkDefinitionCreationFlag.STRONGLY_TYPED
+    (as in a TensorRT that predates it)."""
+    fake = StrictTrt(version, **knobs)
+    if not strongly_typed_flag:
+        members = {m.name: m.value for m in fake.NetworkDefinitionCreationFlag if m.name != "STRONGLY_TYPED"}
+        fake.NetworkDefinitionCreationFlag = enum.IntEnum("NetworkDefinitionCreationFlag", members)
+    return fake
 
 
-class _ParserError:
-    def __init__(self, text: str) -> None:
-        self.text = text
+class RecordingCuda:
+    """Stands in for torch's CUDA helper: records which device was current."""
 
-    def __str__(self) -> str:
-        return self.text
+    def __init__(self, cuda_version: str | None = None) -> None:
+        self.cuda_version, self.torch_version = cuda_version, "2.13.0"
+        self.devices: list[int] = []
+
+    @contextlib.contextmanager
+    def device(self, index):
+        self.devices.append(index)
+        yield
 
 
-class FakeEngine:
-    """An engine with input pixel_values (-1, 3, 32, 32) float and output logits float."""
-
-    def __init__(self, trt: FakeTrt, chw=(3, 32, 32), io=None) -> None:
-        self.io = io or [("pixel_values", trt.TensorIOMode.INPUT, (-1, *chw)), ("logits", trt.TensorIOMode.OUTPUT, (-1, 10))]
-        self.num_io_tensors = len(self.io)
-        self.dtype = trt.DataType.FLOAT
-
-    def get_tensor_name(self, i):
-        return self.io[i][0]
-
-    def _find(self, name):
-        return next(t for t in self.io if t[0] == name)
-
-    def get_tensor_mode(self, name):
-        return self._find(name)[1]
-
-    def get_tensor_shape(self, name):
-        return self._find(name)[2]
-
-    def get_tensor_dtype(self, name):
-        return self.dtype
+def foreign_cache(version: str = "10.13.3.9", gpu: str = "NVIDIA A10G") -> bytes:
+    return f"fake-timing-cache/{version}/{gpu}".encode() + b"\nold-entries"
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,8 +90,8 @@ def make_plan(onnx_file: Path, **overrides) -> EngineBuildPlan:
     return plan_engine_build(onnx_file, onnx_file.parent / "model.engine", **settings)
 
 
-def build(plan: EngineBuildPlan, fake: FakeTrt) -> EngineMetadata:
-    return build_engine(plan, trt=fake, device_probe=lambda: H100)
+def build(plan: EngineBuildPlan, fake: StrictTrt, cuda: RecordingCuda | None = None, **kwargs) -> EngineMetadata:
+    return build_engine(plan, trt=fake, device_probe=lambda index: H100, cuda=cuda or RecordingCuda(), **kwargs)
 
 
 def leftovers(folder: Path) -> list[str]:
@@ -216,7 +107,7 @@ def test_profile_workspace_level_and_parse_from_file(onnx_file):
     build(make_plan(onnx_file), fake)
     assert fake.called("set_shape") == [("set_shape", "pixel_values", (1, 3, 32, 32), (2, 3, 32, 32), (4, 3, 32, 32))]
     assert fake.called("add_optimization_profile")
-    assert fake.called("set_memory_pool_limit") == [("set_memory_pool_limit", "pool:workspace", 256 * MIB)]
+    assert fake.called("set_memory_pool_limit") == [("set_memory_pool_limit", fake.MemoryPoolType.WORKSPACE, 256 * MIB)]
     assert fake.config.builder_optimization_level == 2
     assert fake.called("parse_from_file") == [("parse_from_file", str(onnx_file))]  # the path, so external data resolves
 
@@ -224,14 +115,14 @@ def test_profile_workspace_level_and_parse_from_file(onnx_file):
 def test_strongly_typed_flag_requested_on_10x(onnx_file):
     fake = FakeTrt("10.13.3.9")
     build(make_plan(onnx_file), fake)
-    assert fake.called("create_network") == [("create_network", 1 << 1)]  # 1 << int(STRONGLY_TYPED)
+    assert fake.called("create_network") == [("create_network", 1 << 1)]  # 1 << int(STRONGLY_TYPED), STRONGLY_TYPED = 1 in 10.13
 
 
 @pytest.mark.parametrize("has_flag", [False, True], ids=["flag-absent", "flag-deprecated"])
 def test_no_network_flag_on_11x(onnx_file, has_flag):
     fake = FakeTrt("11.4.0.106", strongly_typed_flag=has_flag)
     build(make_plan(onnx_file), fake)
-    assert fake.called("create_network") == [("create_network",)]
+    assert fake.called("create_network") == [("create_network", 0)]  # no flags: 11.x networks are strongly typed
 
 
 def test_10x_without_strongly_typed_is_refused(onnx_file):
@@ -255,12 +146,13 @@ def test_missing_onnx_is_an_export_error(tmp_path):
 def test_timing_cache_loaded_when_present_and_written_back(onnx_file):
     plan = make_plan(onnx_file)
     plan.timing_cache_path.parent.mkdir()
-    plan.timing_cache_path.write_bytes(b"old-cache")
+    own = b"fake-timing-cache/10.13.3.9/NVIDIA H100 80GB HBM3\nold-entries"
+    plan.timing_cache_path.write_bytes(own)
     fake = FakeTrt()
     build(plan, fake)
-    assert fake.called("create_timing_cache") == [("create_timing_cache", b"old-cache")]
-    assert fake.called("set_timing_cache") == [("set_timing_cache", b"old-cache", False)]
-    assert plan.timing_cache_path.read_bytes() == b"old-cache|updated"
+    assert fake.called("create_timing_cache") == [("create_timing_cache", own)]
+    assert [c[3] for c in fake.called("set_timing_cache")] == [False]  # ignore_mismatch=False
+    assert plan.timing_cache_path.read_bytes() == own + b"+tuned"
     assert leftovers(onnx_file.parent) == []
 
 
@@ -269,17 +161,18 @@ def test_timing_cache_created_when_absent(onnx_file):
     fake = FakeTrt()
     build(plan, fake)
     assert fake.called("create_timing_cache") == [("create_timing_cache", b"")]
-    assert plan.timing_cache_path.read_bytes() == b"|updated"
+    assert plan.timing_cache_path.read_bytes() == b"fake-timing-cache/10.13.3.9/NVIDIA H100 80GB HBM3\n+tuned"
 
 
-def test_mismatched_timing_cache_is_replaced_by_a_fresh_one(onnx_file):
+def test_foreign_timing_cache_is_refused_and_replaced_by_a_fresh_one(onnx_file):
     plan = make_plan(onnx_file)
     plan.timing_cache_path.parent.mkdir()
-    plan.timing_cache_path.write_bytes(b"cache-from-another-gpu")
-    fake = FakeTrt(rejected_cache=b"cache-from-another-gpu")
+    plan.timing_cache_path.write_bytes(foreign_cache())
+    fake = FakeTrt()
     build(plan, fake)
-    assert [c[1] for c in fake.called("set_timing_cache")] == [b"cache-from-another-gpu", b""]
-    assert plan.timing_cache_path.read_bytes() == b"|updated"
+    assert [c[1] for c in fake.called("set_timing_cache")] == [b"fake-timing-cache/10.13.3.9/NVIDIA A10G",
+                                                               b"fake-timing-cache/10.13.3.9/NVIDIA H100 80GB HBM3"]
+    assert plan.timing_cache_path.read_bytes() == b"fake-timing-cache/10.13.3.9/NVIDIA H100 80GB HBM3\n+tuned"
 
 
 def test_no_timing_cache_when_path_is_none(onnx_file):
@@ -378,7 +271,8 @@ def test_plan_values(onnx_file):
 
 def test_unavailable_reason_when_tensorrt_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` fails as if not installed
-    assert tensorrt_unavailable_reason() == "tensorrt is not installed (pip install 'vitdeploy[tensorrt]')"
+    assert tensorrt_unavailable_reason() == f"tensorrt is not installed ({trt_backend.INSTALL_HINT})"
+    assert "vitdeploy[tensorrt-cu12]" in trt_backend.INSTALL_HINT and "vitdeploy[tensorrt-cu13]" in trt_backend.INSTALL_HINT
 
 
 def test_unavailable_reason_when_tensorrt_does_not_import(monkeypatch):
@@ -391,13 +285,18 @@ def test_unavailable_reason_when_tensorrt_does_not_import(monkeypatch):
 
 
 def test_unavailable_reason_without_cuda_and_one_implementation(monkeypatch):
-    monkeypatch.setitem(sys.modules, "tensorrt", SimpleNamespace(__version__="10.13.3.9"))
+    fake = FakeTrt()
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
     monkeypatch.setattr(trt_backend, "cuda_status", lambda *a: (False, "torch 2.13.0 is a CPU-only build"))
     assert tensorrt_unavailable_reason() == "no CUDA GPU: torch 2.13.0 is a CPU-only build"
     # the registry's check is the same function
     assert trt_backend.unavailable_reason(None, BackendOptions(device="cuda")) == "no CUDA GPU: torch 2.13.0 is a CPU-only build"
     monkeypatch.setattr(trt_backend, "cuda_status", lambda *a: (True, "cuda:0 NVIDIA H100"))
+    monkeypatch.setattr(trt_backend, "_TorchCuda", RecordingCuda)
+    monkeypatch.setattr(trt_backend, "_RUNTIME_PROBES", {})
     assert tensorrt_unavailable_reason() is None
+    assert fake.called("Runtime") == [("Runtime",)]  # a Runtime really starts
+    assert tensorrt_unavailable_reason() is None and len(fake.called("Runtime")) == 1  # once per process and device
 
 
 def test_cuda_index_parsing():
@@ -427,12 +326,6 @@ def probe_as(version="10.13.3.9", gpu="NVIDIA H100 80GB HBM3", cc="9.0"):
     return lambda trt, index: MachineIdentity(version, gpu, cc)
 
 
-class _NoCuda:
-    """Stands in for the backend's CUDA helper: opening an engine only needs a current device."""
-
-    def device(self, index):
-        return contextlib.nullcontext()
-
 
 def test_json_from_build_engine_opens_here_and_is_refused_elsewhere(onnx_file, monkeypatch):
     """build_engine's json, read back through open_from_artifacts' small artifacts interface.
@@ -455,11 +348,132 @@ def test_json_from_build_engine_opens_here_and_is_refused_elsewhere(onnx_file, m
         def entry(self, role):
             return {"path": onnx_file.name, "sha256": graph_sha, "bytes": onnx_file.stat().st_size}
 
-    monkeypatch.setitem(sys.modules, "tensorrt", FakeTrt(engine=FakeEngine(FakeTrt())))
-    monkeypatch.setattr(trt_backend, "_TorchCuda", _NoCuda)
+    runtime_fake = FakeTrt()
+    runtime_fake.make_engine(chw=(3, 32, 32), profile=(1, 2, 4))
+    monkeypatch.setitem(sys.modules, "tensorrt", runtime_fake)
+    monkeypatch.setattr(trt_backend, "_TorchCuda", RecordingCuda)
     monkeypatch.setattr(trt_backend, "probe_machine", probe_as())
     backend = open_from_artifacts(Artifacts(), BackendOptions(device="cuda"))
     assert backend.max_batch == 4 and backend.input_shape == (3, 32, 32)
     monkeypatch.setattr(trt_backend, "probe_machine", probe_as(version="11.4.0.106"))
     with pytest.raises(ArtifactError, match="built for TensorRT 10.13.3.9 .*rebuild"):
         open_from_artifacts(Artifacts(), BackendOptions(device="cuda"))
+
+
+# --------------------------------------------------------------------------------------------
+# failure modes around the build (issue 13)
+
+
+def test_builder_cuda_init_failure_is_an_export_error_quoting_tensorrt(onnx_file):
+    fake = FakeTrt(cuda_init_fails=True)
+    with pytest.raises(ExportError) as info:
+        build(make_plan(onnx_file), fake)
+    text = str(info.value)
+    assert "could not create its Builder on cuda:0" in text and "factory function returned nullptr" in text
+    assert "CUDA initialization failure with error: 35" in text  # TensorRT's own logged error, quoted
+    assert sorted(p.name for p in onnx_file.parent.iterdir()) == [onnx_file.name]
+
+
+@pytest.mark.parametrize("kind", ["directory", "read-only folder"])
+def test_unwritable_timing_cache_keeps_the_finished_engine_and_json(onnx_file, kind, caplog):
+    plan = make_plan(onnx_file)
+    if kind == "directory":
+        plan.timing_cache_path.mkdir(parents=True)  # the cache path is a folder
+    else:
+        plan.timing_cache_path.parent.mkdir()
+        plan.timing_cache_path.parent.chmod(0o500)
+    try:
+        with caplog.at_level(logging.WARNING):
+            meta = build(plan, FakeTrt())
+    finally:
+        plan.timing_cache_path.parent.chmod(0o700)
+    assert plan.engine_path.read_bytes() == ENGINE_BYTES
+    assert EngineMetadata.load(plan.meta_path) == meta
+    if kind == "directory" or os.geteuid() != 0:  # root writes into a read-only folder anyway
+        assert any("timing cache not saved" in r.getMessage() for r in caplog.records)
+
+
+def test_engine_and_json_are_written_as_a_pair(onnx_file, monkeypatch):
+    """A json that cannot be put in place takes the new engine with it: never one without the other."""
+    import vitdeploy.export.tensorrt as stage
+
+    real_replace = os.replace
+
+    def refuse_json(src, dst):
+        if str(dst).endswith(".json"):
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    plan = make_plan(onnx_file)
+    plan.meta_path.write_text("{}")  # an old json from an earlier build
+    plan.engine_path.write_bytes(b"old engine")
+    monkeypatch.setattr(stage.os, "replace", refuse_json)
+    with pytest.raises(ExportError, match="No space left"):
+        build(plan, FakeTrt())
+    assert not plan.engine_path.exists() and not plan.meta_path.exists()
+    assert leftovers(onnx_file.parent) == []
+
+
+def test_ctrl_c_inside_a_tensorrt_callback_cancels_the_build(onnx_file):
+    """TensorRT swallows exceptions raised in its callbacks; our logger turns Ctrl-C into a cancel
+    that the progress monitor hands to TensorRT (step_complete returns False)."""
+
+    class CtrlC(logging.Handler):
+        def emit(self, record):
+            if "step 2 done" in record.getMessage():
+                raise KeyboardInterrupt
+
+    handler = CtrlC(level=logging.DEBUG)
+    trt_log = logging.getLogger(trt_backend.__name__)
+    trt_log.addHandler(handler)
+    old_level = trt_log.level
+    trt_log.setLevel(logging.DEBUG)
+    fake = FakeTrt(build_steps=5, on_step=lambda step: fake.emit(2, f"step {step} done"))
+    shown: list[str] = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            build(make_plan(onnx_file), fake, progress=shown.append)
+    finally:
+        trt_log.removeHandler(handler)
+        trt_log.setLevel(old_level)
+    assert fake.swallowed == []  # nothing reached TensorRT's catch-all
+    assert shown[0] == "Building engine (0/5)" and "Building engine (3/5)" in shown
+    assert "Building engine (4/5)" not in shown  # stopped at the step after Ctrl-C
+    assert sorted(p.name for p in onnx_file.parent.iterdir()) == [onnx_file.name]
+
+
+def test_build_runs_on_probes_and_records_the_configured_gpu(onnx_file):
+    plan = make_plan(onnx_file, device="cuda:1")
+    assert plan.device == 1
+    cuda, probed = RecordingCuda(), []
+    second = GpuIdentity(1, "NVIDIA L4", "8.9")
+    meta = build_engine(plan, trt=FakeTrt(), device_probe=lambda index: probed.append(index) or second, cuda=cuda)
+    assert cuda.devices == [1] and probed == [1]
+    assert (meta.gpu_name, meta.compute_capability) == ("NVIDIA L4", "8.9")
+
+
+def test_cuda_major_of_tensorrt_and_torch_must_match(onnx_file, monkeypatch):
+    from vitdeploy.runtime.backends.trt import cuda_major_mismatch
+
+    assert cuda_major_mismatch(12, "12.8") is None and cuda_major_mismatch(13, "13.0") is None
+    assert cuda_major_mismatch(None, "13.0") is None and cuda_major_mismatch(12, None) is None
+    why = cuda_major_mismatch(12, "13.0", "2.13.0")
+    assert "CUDA 12 (tensorrt-cu12)" in why and "torch 2.13.0 is built for CUDA 13.0" in why
+    monkeypatch.setattr(trt_backend, "tensorrt_cuda_major", lambda: 12)
+    import vitdeploy.export.tensorrt as stage
+
+    monkeypatch.setattr(stage, "tensorrt_cuda_major", lambda: 12)
+    fake = FakeTrt()
+    with pytest.raises(ExportError, match="tensorrt-cu12.*CUDA 13.0"):
+        build(make_plan(onnx_file), fake, cuda=RecordingCuda(cuda_version="13.0"))
+    assert fake.calls == []  # refused before TensorRT was touched
+
+
+def test_profile_with_opt_above_max_is_refused_by_tensorrt_itself(onnx_file):
+    """The strict fake raises like TensorRT's set_shape; the plan check catches it first anyway."""
+    fake = FakeTrt()
+    profile = fake.Builder(trt_backend.trt_logger(fake)).create_optimization_profile()
+    with pytest.raises(RuntimeError, match="opt is inconsistent"):
+        profile.set_shape("pixel_values", (4, 3, 8, 8), (2, 3, 8, 8), (8, 3, 8, 8))
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        profile.set_shape("pixel_values", (1, 3, 8, 8), (2, 3, 8, 8), maximum=(8, 3, 8, 8))

@@ -30,6 +30,8 @@ from vitdeploy.runtime.backends import trt as trt_backend
 from vitdeploy.runtime.backends.base import BackendOptions
 from vitdeploy.runtime.backends.trt import MachineIdentity, TrtBackend, open_from_artifacts
 
+from strict_tensorrt import StrictTrt
+
 CHW = (3, 8, 8)
 CLASSES = 10
 ENGINE_BYTES = b"serialized-engine-bytes"
@@ -118,103 +120,28 @@ class FakeCuda:
 
 
 # --------------------------------------------------------------------------------------------
-# fake tensorrt
+# the strict tensorrt stand-in (tests/strict_tensorrt.py), computing with the fake CUDA memory
 
 
-class FakeContext:
-    def __init__(self, engine: FakeEngine) -> None:
-        self.engine = engine
-        self.calls: list[tuple] = []
-        self.shape: tuple[int, ...] | None = None
-        self.addresses: dict[str, int] = {}
-        self.execute_ok = True
+def make_fake(cuda: FakeCuda, *, profile=(1, 4), io=None, version: str = H100_SXM[0], engine: bool = True, **knobs) -> StrictTrt:
+    """A strict fake tensorrt whose engine 'computes' expected_logits from FakeCuda buffers and
+    notes the current CUDA device at Runtime / deserialize / context creation."""
+    fake = StrictTrt(version, **knobs)
+    fake.observe = lambda: cuda.current
 
-    def set_input_shape(self, name, shape):
-        self.calls.append(("set_input_shape", name, tuple(shape)))
-        low, high = self.engine.profile
-        if not low <= shape[0] <= high:
-            return False
-        self.shape = tuple(shape)
-        return True
-
-    def get_tensor_shape(self, name):
-        self.calls.append(("get_tensor_shape", name))
-        dims = self.engine.shape_of(name)
-        return (self.shape[0] if self.shape else -1, *dims[1:])
-
-    def set_tensor_address(self, name, address):
-        self.calls.append(("set_tensor_address", name, address))
-        self.addresses[name] = address
-        return True
-
-    def execute_async_v3(self, stream_handle):
-        self.calls.append(("execute_async_v3", stream_handle))
-        cuda = self.engine.cuda
-        x = cuda.memory[self.addresses["pixel_values"]].array
-        for name, mode, _ in self.engine.io:
-            if mode == "mode:output":
-                out = cuda.memory[self.addresses[name]].array
+    def compute(addresses, shapes):
+        x = cuda.memory[addresses["pixel_values"]].array
+        for name, mode, _ in fake.engine.io:
+            if mode == "OUTPUT":
+                out = cuda.memory[addresses[name]].array
                 out[...] = expected_logits(x)[:, : out.shape[1]]
-        return self.execute_ok
 
-
-class FakeEngine:
-    def __init__(self, cuda: FakeCuda, profile=(1, 4), io=None) -> None:
-        self.cuda = cuda
-        self.profile = profile
-        self.io = io or [("pixel_values", "mode:input", (-1, *CHW)), ("logits", "mode:output", (-1, CLASSES))]
-        self.num_io_tensors = len(self.io)
-        self.contexts: list[FakeContext] = []
-        self.context_devices: list[int | None] = []
-
-    def get_tensor_name(self, i):
-        return self.io[i][0]
-
-    def shape_of(self, name):
-        return next(t[2] for t in self.io if t[0] == name)
-
-    def get_tensor_mode(self, name):
-        return next(t[1] for t in self.io if t[0] == name)
-
-    def get_tensor_shape(self, name):
-        return self.shape_of(name)
-
-    def get_tensor_dtype(self, name):
-        return "dt:float"
-
-    def create_execution_context(self):
-        context = FakeContext(self)
-        self.contexts.append(context)
-        self.context_devices.append(self.cuda.current)
-        return context
-
-
-class FakeTrt:
-    """Just enough of ``tensorrt`` for TrtBackend; records the current GPU at each runtime call."""
-
-    def __init__(self, cuda: FakeCuda, engine: FakeEngine | None, version: str = H100_SXM[0]) -> None:
-        fake = self
-        self.__version__ = version
-        self.TensorIOMode = SimpleNamespace(INPUT="mode:input", OUTPUT="mode:output")
-        self.DataType = SimpleNamespace(FLOAT="dt:float", HALF="dt:half", BF16="dt:bf16")
-        self.calls: list[tuple] = []
-
-        class ILogger:
-            def __init__(self) -> None:
-                pass
-
-        class Runtime:
-            def __init__(self, logger) -> None:
-                fake.calls.append(("Runtime", cuda.current))
-
-            def deserialize_cuda_engine(self, data):
-                fake.calls.append(("deserialize_cuda_engine", cuda.current, bytes(data)))
-                return engine
-
-        self.ILogger, self.Runtime = ILogger, Runtime
-
-    def called(self, name: str) -> list[tuple]:
-        return [c for c in self.calls if c[0] == name]
+    io = [(n, {"mode:input": "INPUT", "mode:output": "OUTPUT"}.get(m, m), shape) for n, m, shape in io] if io else None
+    profile = profile if len(profile) == 3 else (profile[0], profile[0], profile[1])  # (min, max): opt = min, as Rig writes
+    fake.make_engine(chw=CHW, profile=profile, classes=CLASSES, io=io, compute=compute)
+    if not engine:
+        fake.engine = None
+    return fake
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,13 +173,13 @@ class Rig:
     """A backend over fakes, with the fakes at hand."""
 
     def __init__(self, folder: Path, *, profile=(1, 4), io=None, device="cuda", probe=None, input_shape=CHW,
-                 max_batch=None, onnx_sha256=None, engine_missing=False, **meta) -> None:
+                 max_batch=None, onnx_sha256=None, engine_missing=False, contexts=None, **meta) -> None:
         write_meta(folder, profile={"min": profile[0], "opt": profile[0], "max": profile[1]}, **meta)
         self.cuda = FakeCuda()
-        self.engine = FakeEngine(self.cuda, profile, io)
-        self.trt = FakeTrt(self.cuda, None if engine_missing else self.engine)
+        self.trt = make_fake(self.cuda, profile=profile, io=io, engine=not engine_missing)
+        self.engine = self.trt.engine
         self.backend = TrtBackend(folder / "model.engine", folder / "model.engine.json", input_shape, max_batch,
-                                  BackendOptions(device=device), onnx_sha256=onnx_sha256, trt=self.trt,
+                                  BackendOptions(device=device), onnx_sha256=onnx_sha256, contexts=contexts, trt=self.trt,
                                   probe=probe or probe_as(), cuda=self.cuda)
 
 
@@ -300,34 +227,63 @@ def test_context_is_reused_within_a_thread(tmp_path):
     assert len(rig.engine.contexts) == 1 and len(rig.cuda.streams) == 1
 
 
-def test_each_thread_gets_its_own_context_and_stream(tmp_path):
-    rig = Rig(tmp_path)
-    batch = batch_of(2)
-    barrier = threading.Barrier(3)
-    results, errors = {}, []
+def run_in_threads(count: int, work) -> None:
+    """Run ``work(i)`` on ``count`` threads started together; fail with the first error any raised."""
+    errors: list[BaseException] = []
 
-    def work(i: int) -> None:
+    def guarded(i: int) -> None:
         try:
-            barrier.wait(timeout=10)
-            results[i] = rig.backend.run(batch)
+            work(i)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(count)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
+
+
+def test_concurrent_runs_use_separate_contexts_and_streams(tmp_path):
+    rig = Rig(tmp_path, contexts=3)
+    batch = batch_of(2)
+    barrier = threading.Barrier(3)
+    results = {}
+
+    def work(i: int) -> None:
+        barrier.wait(timeout=10)
+        results[i] = rig.backend.run(batch)
+
+    run_in_threads(3, work)
     contexts = rig.engine.contexts
-    assert len(contexts) == 3 and len({id(c) for c in contexts}) == 3
-    assert len(rig.backend._states) == 3
-    assert len({s.handle for s in rig.cuda.streams}) == 3
-    # each context executed once, on its own thread's stream
-    handles = [next(c[1] for c in ctx.calls if c[0] == "execute_async_v3") for ctx in contexts]
-    assert sorted(handles) == sorted(s.handle for s in rig.cuda.streams)
+    assert 1 <= len(contexts) <= 3 and rig.backend.live_contexts == len(contexts)
+    assert len(rig.cuda.streams) == len(contexts)  # one stream per context
+    for ctx in contexts:  # each context always executes on its own stream
+        assert len({c[1] for c in ctx.calls if c[0] == "execute_async_v3"}) == 1
     for got in results.values():
         np.testing.assert_allclose(got, expected_logits(batch), rtol=1e-6)
+
+
+def test_fifty_short_lived_threads_keep_live_contexts_bounded(tmp_path):
+    """Thread-per-request: 50 threads each run once and exit; contexts (GPU memory each) stay <= the pool."""
+    rig = Rig(tmp_path, contexts=2)
+    peak = [0]
+
+    def work(i: int) -> None:
+        got = rig.backend.run(batch_of(1 + i % 4, seed=i))
+        np.testing.assert_allclose(got, expected_logits(batch_of(1 + i % 4, seed=i)), rtol=1e-6)
+        peak[0] = max(peak[0], rig.backend.live_contexts)
+
+    run_in_threads(50, work)
+    assert rig.engine.created <= 2 and peak[0] <= 2
+    assert len(rig.engine.live) <= 2
+    rig.backend.close()
+    rig.engine.contexts.clear()
+    import gc
+
+    gc.collect()
+    assert len(rig.engine.live) == 0  # close() lets every context go
 
 
 @pytest.mark.parametrize("n", [1, 3])
@@ -353,7 +309,7 @@ def test_split_remainder_below_min_is_padded(tmp_path):
 def test_failed_execution_is_a_backend_error(tmp_path):
     rig = Rig(tmp_path)
     rig.backend.run(batch_of(1))
-    rig.engine.contexts[0].execute_ok = False
+    rig.engine.execute_ok = False
     with pytest.raises(BackendError, match="execution failed for a batch of 2"):
         rig.backend.run(batch_of(2))
 
@@ -375,8 +331,8 @@ def test_deserialize_contexts_and_buffers_on_the_requested_gpu(tmp_path):
     rig.backend.run(batch_of(2))
     assert seen == [1]
     assert rig.trt.called("Runtime") == [("Runtime", 1)]
-    assert rig.trt.called("deserialize_cuda_engine") == [("deserialize_cuda_engine", 1, ENGINE_BYTES)]
-    assert rig.engine.context_devices == [1]
+    assert rig.trt.called("deserialize_cuda_engine") == [("deserialize_cuda_engine", ENGINE_BYTES, 1)]
+    assert rig.trt.called("create_execution_context") == [("create_execution_context", 1)]
     assert [s.device for s in rig.cuda.streams] == [1]
     assert {b.device for b in rig.cuda.memory.values()} == {1}  # FakeCuda also asserts device 1 was current
 
@@ -420,7 +376,7 @@ def test_same_gpu_opens_without_a_warning(tmp_path, caplog):
 def test_refused_engine_is_never_deserialized(tmp_path):
     write_meta(tmp_path, tensorrt_version="11.4.0.106")
     cuda = FakeCuda()
-    fake = FakeTrt(cuda, FakeEngine(cuda))
+    fake = make_fake(cuda, profile=(1, 2, 4))
     with pytest.raises(ArtifactError):
         TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(),
                    trt=fake, probe=probe_as(), cuda=cuda)
@@ -457,7 +413,7 @@ def registry_fakes(tmp_path, monkeypatch):
     """open_from_artifacts with the fakes installed where the registry path looks for them."""
     write_meta(tmp_path)
     cuda = FakeCuda()
-    monkeypatch.setitem(sys.modules, "tensorrt", FakeTrt(cuda, FakeEngine(cuda)))
+    monkeypatch.setitem(sys.modules, "tensorrt", make_fake(cuda, profile=(1, 2, 4)))
     monkeypatch.setattr(trt_backend, "probe_machine", probe_as())
     monkeypatch.setattr(trt_backend, "_TorchCuda", lambda: cuda)
     return tmp_path
@@ -509,7 +465,7 @@ def test_missing_or_broken_json(tmp_path):
     cuda = FakeCuda()
     with pytest.raises(ArtifactError, match="model.engine.json is missing"):
         TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(),
-                   trt=FakeTrt(cuda, None), probe=probe_as(), cuda=cuda)
+                   trt=make_fake(cuda, engine=False), probe=probe_as(), cuda=cuda)
     with pytest.raises(ArtifactError, match="'profile'"):
         Rig(tmp_path, profile=(8, 4))
 
@@ -518,3 +474,123 @@ def test_rejects_engine_whose_input_differs_from_json(tmp_path):
     io = [("images", "mode:input", (-1, *CHW)), ("logits", "mode:output", (-1, CLASSES))]
     with pytest.raises(ArtifactError, match=r"input tensor\(s\) \['images'\]"):
         Rig(tmp_path, io=io)
+
+
+# --------------------------------------------------------------------------------------------
+# issue 13: failures around TensorRT
+
+
+def test_runtime_cuda_init_failure_is_a_backend_error_quoting_tensorrt(tmp_path):
+    with pytest.raises(BackendError) as info:
+        write_meta(tmp_path)
+        cuda = FakeCuda()
+        TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(device="cuda"),
+                   trt=make_fake(cuda, profile=(1, 2, 4), cuda_init_fails=True), probe=probe_as(), cuda=cuda)
+    text = str(info.value)
+    assert "could not create its Runtime on cuda:0" in text and "factory function returned nullptr" in text
+    assert "CUDA initialization failure" in text
+
+
+def test_auto_selection_falls_back_to_ort_when_tensorrt_cannot_start(demo_artifacts, monkeypatch):
+    from vitdeploy.runtime.artifacts import Artifacts
+    from vitdeploy.runtime.predictor import select_backend
+
+    fake = StrictTrt(cuda_init_fails=True)
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    monkeypatch.setattr(trt_backend, "cuda_status", lambda *a: (True, "cuda:0 NVIDIA H100"))
+    monkeypatch.setattr(trt_backend, "_TorchCuda", FakeCuda)
+    monkeypatch.setattr(trt_backend, "_RUNTIME_PROBES", {})
+    artifacts = Artifacts.open(demo_artifacts)
+    claims_engine = artifacts.has
+    monkeypatch.setattr(artifacts, "has", lambda role: role in ("engine", "engine-meta") or claims_engine(role))
+    backend, name, why = select_backend(artifacts, BackendOptions())
+    backend.close()
+    assert name == "ort"
+    assert "trt unavailable (TensorRT 10.13.3.9 could not create its Runtime on cuda:0" in why
+    assert fake.called("Runtime") == [("Runtime",)]
+
+
+def test_one_logger_per_process_so_a_second_backend_still_quotes_tensorrt(tmp_path):
+    """TensorRT keeps the first logger it is given; the second backend's failure must still quote it."""
+    write_meta(tmp_path)
+    cuda = FakeCuda()
+    fake = make_fake(cuda, profile=(1, 2, 4))
+    first = TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(device="cuda"),
+                       trt=fake, probe=probe_as(), cuda=cuda)
+    second = TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(device="cuda"),
+                        trt=fake, probe=probe_as(), cuda=cuda)
+    assert fake.called("logger-ignored") == []  # both Runtimes were given the one process logger
+    with pytest.raises(BackendError, match=r"rejected input shape .*TensorRT said: IExecutionContext::setInputShape"):
+        second._run_on(second._new_state(), batch_of(9))  # beyond the profile: TensorRT logs why
+    first.close()
+    second.close()
+
+
+def test_engine_profile_must_match_its_json(tmp_path):
+    cuda = FakeCuda()
+    write_meta(tmp_path, profile={"min": 1, "opt": 2, "max": 4})
+    fake = make_fake(cuda, profile=(1, 2, 8))  # the engine was built for max batch 8
+    with pytest.raises(ArtifactError) as info:
+        TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(device="cuda"),
+                   trt=fake, probe=probe_as(), cuda=cuda)
+    text = str(info.value)
+    assert "(8, 3, 8, 8)" in text and "(4, 3, 8, 8)" in text and "model.engine.json" in text
+
+
+def test_unaligned_device_address_is_a_backend_error(tmp_path):
+    rig = Rig(tmp_path)
+    rig.cuda._next = 0x1010  # buffers now land on 16-byte, not 256-byte, boundaries
+    with pytest.raises(BackendError, match="256-byte aligned"):
+        rig.backend.run(batch_of(1))
+
+
+def test_torch_of_another_cuda_major_is_refused_at_open(tmp_path, monkeypatch):
+    monkeypatch.setattr(trt_backend, "tensorrt_cuda_major", lambda: 13)
+    write_meta(tmp_path)
+    cuda = FakeCuda()
+    cuda.cuda_version, cuda.torch_version = "12.8", "2.13.0+cu128"
+    fake = make_fake(cuda, profile=(1, 2, 4))
+    with pytest.raises(BackendError, match=r"CUDA 13 \(tensorrt-cu13\) but torch 2.13.0\+cu128 is built for CUDA 12.8"):
+        TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(device="cuda"),
+                   trt=fake, probe=probe_as(), cuda=cuda)
+    assert fake.calls == []
+
+
+def test_strict_fake_matches_the_real_bindings():
+    from strict_tensorrt import check_fake_against_bindings
+
+    for version in ("10.13.3.9", "11.4.0.106"):
+        fake = make_fake(FakeCuda(), version=version)
+        assert check_fake_against_bindings(fake) == []
+        assert int(fake.ILogger.Severity.ERROR) == 1 and int(fake.DataType.HALF) == 1 and int(fake.TensorIOMode.INPUT) == 1
+    assert int(StrictTrt("10.13.3.9").NetworkDefinitionCreationFlag.STRONGLY_TYPED) == 1
+    assert int(StrictTrt("11.4.0.106").NetworkDefinitionCreationFlag.STRONGLY_TYPED) == 0
+
+
+def test_strict_fake_logger_rules():
+    fake = StrictTrt()
+
+    class NoBaseInit(fake.ILogger):
+        def __init__(self):
+            pass
+
+        def log(self, severity, msg):
+            pass
+
+    with pytest.raises(TypeError, match="__init__"):
+        fake.Runtime(NoBaseInit())
+    seen = []
+
+    class Raising(fake.ILogger):
+        def __init__(self):
+            super().__init__()
+
+        def log(self, severity, msg):
+            seen.append(severity)
+            raise ValueError("boom")
+
+    fake.Runtime(Raising())
+    fake.emit(1, "an error")
+    assert seen == [fake.ILogger.Severity.ERROR] and isinstance(fake.swallowed[0], ValueError)
+    fake.Runtime(Raising())  # a second logger is ignored: TensorRT keeps the first
+    assert fake.called("logger-ignored") == [("logger-ignored", "Runtime")]

@@ -22,7 +22,7 @@ import numpy as np
 from .._files import write_json_atomic
 from .._heartbeat import heartbeat
 from ..config import PipelineConfig
-from ..errors import ConfigError, ExportError, MissingDependencyError, ValidationError
+from ..errors import ArtifactError, BackendError, ConfigError, ExportError, MissingDependencyError, ValidationError
 from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR, DEMO_DIR as DEMO_MODEL_DIR
 from ..runtime.artifacts import MANIFEST_NAME
 from ..runtime.backends.base import BackendOptions
@@ -296,36 +296,62 @@ class _Export:
         cfg, out, mode = self.cfg, self.out_dir, self.engine_mode
         if mode == "skip":
             return self.skip("engine", "--engine skip")
+        device = cfg.runtime.device if cfg.runtime.device.startswith("cuda") else "cuda:0"  # build where it will run
         why_not: str | None
         if "onnx-fp16" not in self.artifacts:
             why_not = "the engine is compiled from model.fp16.onnx and export.fp16.enabled is false"
         else:
             from . import tensorrt as trt_stage
 
-            why_not = trt_stage.tensorrt_unavailable_reason()
+            why_not = trt_stage.tensorrt_unavailable_reason(device)
         if why_not:
             if mode == "require":
                 with self.stage("engine"):
                     raise MissingDependencyError(f"TensorRT engine required (--engine require) but {why_not}")
             return self.skip("engine", why_not)
         engine_path, meta_path = out / FILES["engine"], out / FILES["engine-meta"]
-        profile = cfg.export.batch
+        try:
+            self._build_and_validate_engine(trt_stage, device, engine_path, meta_path)
+        except (ExportError, BackendError, ArtifactError, MissingDependencyError) as exc:
+            if mode == "require":
+                raise
+            # auto: the validated ONNX artifacts stay usable; the manifest records why there is no engine.
+            log.warning("TensorRT engine not built (--engine auto; the export goes on without it): %s", exc)
+            engine_path.unlink(missing_ok=True)
+            meta_path.unlink(missing_ok=True)
+            return
+        self.add("engine", engine_path)
+        self.add("engine-meta", meta_path)
+
+    def _build_and_validate_engine(self, trt_stage: Any, device: str, engine_path: Path, meta_path: Path) -> None:
+        from ..runtime.backends.trt import TrtBackend
+
+        cfg, profile = self.cfg, self.cfg.export.batch
         with self.stage("engine") as rec:
             plan = trt_stage.plan_engine_build(
                 self.artifacts["onnx-fp16"], engine_path, input_name=INPUT_NAME, chw=self.chw, min_batch=profile.min,
                 opt_batch=profile.opt, max_batch=profile.max, workspace_mb=cfg.tensorrt.workspace_mb,
-                optimization_level=cfg.tensorrt.optimization_level,
-                timing_cache_path=cfg.resolve(cfg.tensorrt.timing_cache) or out / "timing.cache")
-            trt_stage.build_engine(plan)
-            rec.outputs = [engine_path, meta_path]
-        from ..runtime.backends.trt import TrtBackend
+                optimization_level=cfg.tensorrt.optimization_level, device=device,
+                timing_cache_path=cfg.resolve(cfg.tensorrt.timing_cache) or self.out_dir / "timing.cache")
 
-        gpu = BackendOptions(device="cuda")
+            shown = [0.0]
+
+            def progress(text: str) -> None:  # at most one line a second
+                if time.perf_counter() - shown[0] >= 1.0:
+                    shown[0], rec.reason = time.perf_counter(), text
+                    self._emit(rec)
+
+            try:
+                trt_stage.build_engine(plan, progress=progress)
+            except BaseException:
+                rec.reason = ""  # the stage records the error, not the last progress line
+                raise
+            rec.reason = f"built on {device}"
+            rec.outputs = [engine_path, meta_path]
+        gpu = BackendOptions(device=device)
         in_profile = tuple(sorted({min(max(b, profile.min), profile.max) for b in self.sizes}))
         self.validate("validate-engine", lambda: TrtBackend(engine_path, meta_path, self.chw, profile.max, gpu),
                       cfg.validation.fp16, [engine_path, meta_path], in_profile)
-        self.add("engine", engine_path)
-        self.add("engine-meta", meta_path)
 
     def _manifest(self) -> ExportResult:
         cfg, out = self.cfg, self.out_dir

@@ -15,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,8 +26,10 @@ from .._files import atomic_path
 from .._deps import require
 from ..errors import ConfigError, ExportError
 from ..runtime.artifacts import sha256_file
-from ..runtime.backends.trt import INSTALL_HINT, EngineMetadata, make_trt_logger, recent_errors, unavailable_reason
-from ..runtime.cuda import GpuIdentity, gpu_identity
+from ..runtime.backends.trt import (CANCEL, INSTALL_HINT, EngineMetadata, _TorchCuda, capture_errors, cuda_major_mismatch,
+                                    quote_errors, start_tensorrt, tensorrt_cuda_major, trt_logger,
+                                    unavailable_reason)
+from ..runtime.cuda import GpuIdentity, cuda_index, gpu_identity
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +52,7 @@ class EngineBuildPlan:
     optimization_level: int  # builder_optimization_level, 0 (fast build) .. 5 (slowest, best)
     timing_cache_path: Path | None  # reused and updated across builds; None = no persistent cache
     precision: str = "fp16"  # the precision of the ONNX graph at onnx_path, recorded in the json
+    device: int = 0  # the CUDA device the engine is built on, probed and recorded (runtime.device)
 
     @property
     def meta_path(self) -> Path:
@@ -75,7 +80,8 @@ def _int_setting(key: str, value: Any, low: int, high: int | None = None) -> int
 def plan_engine_build(onnx_path: str | Path, engine_path: str | Path, *, input_name: str = "pixel_values",
                       chw: tuple[int, int, int], min_batch: int = 1, opt_batch: int = 8, max_batch: int = 32,
                       workspace_mb: int = 4096, optimization_level: int = 3,
-                      timing_cache_path: str | Path | None = None, precision: str = "fp16") -> EngineBuildPlan:
+                      timing_cache_path: str | Path | None = None, precision: str = "fp16",
+                      device: str | int | None = None) -> EngineBuildPlan:
     """Validate the build settings; ConfigError naming the offending key otherwise."""
     for key, value in (("min_batch", min_batch), ("opt_batch", opt_batch), ("max_batch", max_batch)):
         _int_setting(key, value, 1)
@@ -98,15 +104,18 @@ def plan_engine_build(onnx_path: str | Path, engine_path: str | Path, *, input_n
         chw=(int(chw[0]), int(chw[1]), int(chw[2])), min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
         workspace_bytes=workspace_mb * _MIB, optimization_level=optimization_level,
         timing_cache_path=Path(timing_cache_path) if timing_cache_path is not None else None, precision=precision,
+        device=cuda_index("cuda:0" if device == "cpu" else device),
     )
 
 
-def tensorrt_unavailable_reason() -> str | None:
-    """None when ``tensorrt`` imports and a CUDA GPU (cuda:0) is usable; else why not, in one line.
+def tensorrt_unavailable_reason(device: str = "cuda:0") -> str | None:
+    """None when ``tensorrt`` imports and can start on the CUDA GPU ``device``; else why not, in one line.
 
     The check itself lives with the trt backend (one implementation for export and runtime).
     """
-    return unavailable_reason()
+    from ..runtime.backends.base import BackendOptions
+
+    return unavailable_reason(None, BackendOptions(device=device))
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,13 +146,42 @@ def _network_flags(trt: Any, major: int) -> int:
     return 1 << int(flag)
 
 
-def _atomic_write(path: Path, data: Any) -> None:
-    """Write bytes (or any buffer, e.g. TensorRT's IHostMemory) to ``path`` atomically."""
+def _write_engine_pair(plan: EngineBuildPlan, engine: Any, meta: EngineMetadata) -> None:
+    """model.engine and model.engine.json, both or neither.
+
+    Both are complete under temporary names first. Then the old json goes, the engine is renamed
+    and its json right after, so an engine never sits beside a json that is not its own (the
+    backend refuses an engine without its json). Any failure removes both final names.
+    """
+    text = (json.dumps(meta.to_dict(), indent=2) + "\n").encode("utf-8")
     try:
-        with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-            handle.write(data)
-    except OSError as exc:
-        raise ExportError(f"cannot write {path}: {exc}") from exc
+        with contextlib.ExitStack() as temps:
+            engine_tmp = temps.enter_context(_temp_beside(plan.engine_path))
+            meta_tmp = temps.enter_context(_temp_beside(plan.meta_path))
+            with open(engine_tmp, "wb") as handle:
+                handle.write(engine)
+            meta_tmp.write_bytes(text)
+            plan.meta_path.unlink(missing_ok=True)
+            os.replace(engine_tmp, plan.engine_path)
+            os.replace(meta_tmp, plan.meta_path)
+    except BaseException as exc:
+        plan.engine_path.unlink(missing_ok=True)
+        plan.meta_path.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise ExportError(f"cannot write {plan.engine_path} and {plan.meta_path.name}: {exc}") from exc
+        raise
+
+
+@contextlib.contextmanager
+def _temp_beside(final: Path):
+    """A temporary file beside ``final``, removed on leaving unless it was renamed away."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    try:
+        yield Path(name)
+    finally:
+        Path(name).unlink(missing_ok=True)
 
 
 def _attach_timing_cache(config: Any, path: Path | None) -> None:
@@ -172,28 +210,85 @@ def _attach_timing_cache(config: Any, path: Path | None) -> None:
 
 
 def _save_timing_cache(config: Any, path: Path | None) -> None:
+    """Write the updated timing cache; best effort: the engine is already built and written, so a
+    cache that cannot be saved (read-only path, a directory, a full disk) is only a warning."""
     if path is None:
         return
-    cache = config.get_timing_cache()
-    if cache is None:
-        log.warning("TensorRT returned no timing cache; %s not updated", path)
+    try:
+        cache = config.get_timing_cache()
+        if cache is None:
+            log.warning("TensorRT returned no timing cache; %s not updated", path)
+            return
+        with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+            handle.write(memoryview(cache.serialize()))
+    except Exception as exc:  # noqa: BLE001 - the cache only speeds up the next build
+        log.warning("TensorRT timing cache not saved to %s (%s); the engine is fine, the next build just starts "
+                    "without it. Set tensorrt.timing_cache to a writable file to keep it", path, exc)
         return
-    _atomic_write(path, memoryview(cache.serialize()))
     log.info("TensorRT timing cache: saved %s", path)
+
+
+def _progress_monitor(trt: Any, report: Callable[[str], None] | None) -> Any:
+    """A ``trt.IProgressMonitor`` that reports build phases and cancels the build on Ctrl-C.
+
+    TensorRT swallows exceptions raised in its callbacks, so a KeyboardInterrupt that lands in
+    one is turned into a cancel instead: ``step_complete`` returns False once :data:`CANCEL` is
+    set (by this monitor or by the logger callback), and build_engine raises KeyboardInterrupt
+    after the build returns.
+    """
+
+    class _Monitor(trt.IProgressMonitor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.steps: dict[str, int] = {}
+
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
+            try:
+                self.steps[phase_name] = int(num_steps)
+                if parent_phase is None:
+                    log.info("TensorRT build: %s (%d steps)", phase_name, num_steps)
+                    if report is not None:
+                        report(f"{phase_name} (0/{num_steps})")
+            except KeyboardInterrupt:
+                CANCEL.set()
+            except Exception:  # noqa: BLE001 - progress must never break the build
+                pass
+
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            try:
+                total = self.steps.get(phase_name, 0)
+                log.debug("TensorRT build: %s step %d/%d", phase_name, step + 1, total)
+                if report is not None and total and phase_name == next(iter(self.steps), None):
+                    report(f"{phase_name} ({step + 1}/{total})")
+            except KeyboardInterrupt:
+                CANCEL.set()
+            except Exception:  # noqa: BLE001
+                pass
+            return not CANCEL.is_set()
+
+        def phase_finish(self, phase_name: str) -> None:
+            try:
+                self.steps.pop(phase_name, None)
+            except KeyboardInterrupt:
+                CANCEL.set()
+
+    return _Monitor()
 
 
 # --------------------------------------------------------------------------------------------
 # the build
 
 
-def build_engine(plan: EngineBuildPlan, trt: Any = None, logger: Any = None, *,
-                 device_probe: Callable[[], GpuIdentity] | None = None) -> EngineMetadata:
-    """Build ``plan.engine_path`` (+ its .json) from ``plan.onnx_path``; return the metadata written.
+def build_engine(plan: EngineBuildPlan, trt: Any = None, *, device_probe: Callable[[int], GpuIdentity] | None = None,
+                 cuda: Any = None, progress: Callable[[str], None] | None = None) -> EngineMetadata:
+    """Build ``plan.engine_path`` (+ its .json) from ``plan.onnx_path`` on cuda:``plan.device``.
 
-    ``trt``: the tensorrt module (imported when None). ``logger``: a ``trt.ILogger`` (default: one
-    forwarding to Python logging). ``device_probe``: returns the GPU the engine is built on
-    (default: cuda:0 via torch). ExportError when parsing or building fails; no partial
-    model.engine is ever left behind.
+    ``trt``: the tensorrt module (imported when None). ``device_probe(index)``: the GPU the engine
+    is built on (default: through torch). ``cuda``: sets the current device (default: torch).
+    ``progress(text)``: called with the build phase as it advances. ExportError when TensorRT
+    cannot start, parse or build, quoting TensorRT's logged errors; KeyboardInterrupt when the
+    build was cancelled with Ctrl-C. Never leaves a partial model.engine, or an engine without
+    its json. The timing cache is saved last, best effort.
     """
     if trt is None:
         trt = require("tensorrt", "building the TensorRT engine")
@@ -203,45 +298,20 @@ def build_engine(plan: EngineBuildPlan, trt: Any = None, logger: Any = None, *,
     major = tensorrt_major(version)
     if major < 10:
         raise ExportError(f"TensorRT {version} is too old: vitdeploy needs TensorRT 10.x or 11.x ({INSTALL_HINT})")
-    gpu = (device_probe or gpu_identity)()
-    if logger is None:
-        logger = make_trt_logger(trt, log)
-
-    builder = trt.Builder(logger)
-    flags = _network_flags(trt, major)
-    network = builder.create_network(flags) if flags else builder.create_network()
-    parser = trt.OnnxParser(network, logger)
-    # parse_from_file (not parse(bytes)) so external data files beside the ONNX graph resolve.
-    if not parser.parse_from_file(str(plan.onnx_path)):
-        errors = [str(parser.get_error(i)) for i in range(int(parser.num_errors))]
-        listing = "\n".join(f"  {i + 1}. {text}" for i, text in enumerate(errors)) or "  (the parser reported no details)"
-        raise ExportError(f"TensorRT {version} could not parse {plan.onnx_path} ({len(errors)} error(s)):\n{listing}\n"
-                          "Check the graph with onnx.checker and ONNX Runtime, or use a TensorRT version that supports these operators.")
-
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, plan.workspace_bytes)
-    config.builder_optimization_level = plan.optimization_level
-    profile = builder.create_optimization_profile()
-    shape_min, shape_opt, shape_max = plan.profile_shapes()
-    profile.set_shape(plan.input_name, shape_min, shape_opt, shape_max)
-    if config.add_optimization_profile(profile) < 0:
-        raise ExportError(f"TensorRT rejected the optimisation profile {shape_min}/{shape_opt}/{shape_max} for input "
-                          f"'{plan.input_name}' of {plan.onnx_path}{recent_errors(logger)}")
-    _attach_timing_cache(config, plan.timing_cache_path)
-
-    log.info("building TensorRT %s engine from %s on %s (batch %d/%d/%d, workspace %d MiB, level %d)", version,
-             plan.onnx_path, gpu.describe(), plan.min_batch, plan.opt_batch, plan.max_batch, plan.workspace_mb, plan.optimization_level)
-    serialized = builder.build_serialized_network(network, config)
+    cuda = cuda if cuda is not None else _TorchCuda()
+    mismatch = cuda_major_mismatch(tensorrt_cuda_major(), getattr(cuda, "cuda_version", None), getattr(cuda, "torch_version", ""))
+    if mismatch:
+        raise ExportError(mismatch)
+    gpu = (device_probe or gpu_identity)(plan.device)
+    CANCEL.clear()
+    with cuda.device(plan.device), capture_errors() as errors:
+        serialized, config = _build(plan, trt, major, gpu, errors, progress)
+    if CANCEL.is_set():
+        raise KeyboardInterrupt("TensorRT engine build cancelled")
     if serialized is None:
-        raise ExportError(f"TensorRT {version} failed to build an engine from {plan.onnx_path} on {gpu.describe()}"
-                          f"{recent_errors(logger)}; check that input '{plan.input_name}' exists with shape (batch, "
-                          f"{', '.join(map(str, plan.chw))}) and try a larger workspace_mb (now {plan.workspace_mb})")
-    # The json goes first and comes back last, so a new engine never sits beside an old json
-    # (the backend refuses an engine without its json: "rebuild").
-    with contextlib.suppress(FileNotFoundError):
-        plan.meta_path.unlink()
-    _atomic_write(plan.engine_path, memoryview(serialized))
-    _save_timing_cache(config, plan.timing_cache_path)
+        raise ExportError(f"TensorRT {version} failed to build an engine from {plan.onnx_path} on cuda:{plan.device} "
+                          f"{gpu.describe()}{quote_errors(errors)}; check that input '{plan.input_name}' exists with shape "
+                          f"(batch, {', '.join(map(str, plan.chw))}) and try a larger workspace_mb (now {plan.workspace_mb})")
 
     precision_text = f"{plan.precision} (strongly typed from the {plan.precision.upper()} ONNX graph)"
     meta = EngineMetadata(
@@ -250,6 +320,44 @@ def build_engine(plan: EngineBuildPlan, trt: Any = None, logger: Any = None, *,
         chw=plan.chw, precision=precision_text, onnx_sha256=sha256_file(plan.onnx_path), workspace_mb=plan.workspace_mb,
         optimization_level=plan.optimization_level, built=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-    _atomic_write(plan.meta_path, (json.dumps(meta.to_dict(), indent=2) + "\n").encode("utf-8"))
+    _write_engine_pair(plan, memoryview(serialized), meta)
     log.info("wrote %s and %s", plan.engine_path, plan.meta_path)
+    _save_timing_cache(config, plan.timing_cache_path)
     return meta
+
+
+def _build(plan: EngineBuildPlan, trt: Any, major: int, gpu: GpuIdentity, errors: list[str],
+           progress: Callable[[str], None] | None) -> tuple[Any, Any]:
+    """Parse and build with the plan's GPU current; (serialized engine or None, builder config)."""
+    version = str(trt.__version__)
+    builder = start_tensorrt(trt, "Builder", plan.device, ExportError)
+    flags = _network_flags(trt, major)
+    network = builder.create_network(flags) if flags else builder.create_network()
+    parser = trt.OnnxParser(network, trt_logger(trt))
+    # parse_from_file (not parse(bytes)) so external data files beside the ONNX graph resolve.
+    if not parser.parse_from_file(str(plan.onnx_path)):
+        found = [str(parser.get_error(i)) for i in range(int(parser.num_errors))]
+        listing = "\n".join(f"  {i + 1}. {text}" for i, text in enumerate(found)) or "  (the parser reported no details)"
+        raise ExportError(f"TensorRT {version} could not parse {plan.onnx_path} ({len(found)} error(s)):\n{listing}\n"
+                          "Check the graph with onnx.checker and ONNX Runtime, or use a TensorRT version that supports these operators.")
+
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, plan.workspace_bytes)
+    config.builder_optimization_level = plan.optimization_level
+    config.progress_monitor = _progress_monitor(trt, progress)
+    profile = builder.create_optimization_profile()
+    shape_min, shape_opt, shape_max = plan.profile_shapes()
+    try:
+        profile.set_shape(plan.input_name, shape_min, shape_opt, shape_max)
+    except RuntimeError as exc:
+        raise ExportError(f"TensorRT rejected the optimisation profile {shape_min}/{shape_opt}/{shape_max} for input "
+                          f"'{plan.input_name}' ({exc}){quote_errors(errors)}") from exc
+    if config.add_optimization_profile(profile) < 0:
+        raise ExportError(f"TensorRT rejected the optimisation profile {shape_min}/{shape_opt}/{shape_max} for input "
+                          f"'{plan.input_name}' of {plan.onnx_path}{quote_errors(errors)}")
+    _attach_timing_cache(config, plan.timing_cache_path)
+
+    log.info("building TensorRT %s engine from %s on cuda:%d %s (batch %d/%d/%d, workspace %d MiB, level %d)", version,
+             plan.onnx_path, plan.device, gpu.describe(), plan.min_batch, plan.opt_batch, plan.max_batch, plan.workspace_mb,
+             plan.optimization_level)
+    return builder.build_serialized_network(network, config), config

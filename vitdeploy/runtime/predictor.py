@@ -6,7 +6,8 @@
             print(pred.label, pred.score)
 
 Thread-safe: a Predictor holds no per-call state, ONNX Runtime sessions and torch inference may
-be called from several threads, and the TensorRT backend keeps one execution context per thread.
+be called from several threads, and the TensorRT backend checks out one of a bounded pool of
+execution contexts per run.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from ..errors import ArtifactError, BackendError, InputError
 from ..vocab import MANIFEST_NAME
 from .artifacts import Artifacts
+from .backends.base import provider_name
 from .backends import BACKEND_NAMES, Backend, BackendOptions, ensure_known, open_backend, open_or_reason
 from .backends import first_line  # noqa: F401 - the one helper; tests check no module defines its own
 from .postprocess import softmax, top_k as _top_k
@@ -63,7 +65,7 @@ def _auto_options(name: str, options: BackendOptions) -> BackendOptions:
     if name != "ort-fp16":
         return options
     opts = options
-    if not any(p in _CUDA_PROVIDERS for p in options.providers):
+    if not any(provider_name(p) in _CUDA_PROVIDERS for p in options.providers):
         opts = dataclasses.replace(options, providers=("CUDAExecutionProvider", *options.providers))
     return dataclasses.replace(opts, allow_cpu_fallback=False)
 

@@ -21,12 +21,14 @@ class BackendOptions:
 
     device: str = "cpu"  # "cpu" | "cuda" | "cuda:N"
     precision: str = "fp32"  # torch backend only: "fp32" | "fp16" (fp16 needs CUDA)
-    providers: tuple[str, ...] = ("CPUExecutionProvider",)  # ONNX Runtime, in priority order
+    # ONNX Runtime, in priority order: a name, or (name, {provider options}) as pipeline.yaml's [name, {...}]
+    providers: tuple[Any, ...] = ("CPUExecutionProvider",)
     allow_cpu_fallback: bool = False  # ONNX Runtime: accept a session that fell back to CPU
     threads: int | None = None  # intra-op threads (CPU); None = the library's default
     #: ONNX Runtime: idle intra-op threads busy-wait (True), block (False), or "auto": spin only
     #: when the session's threads leave a core free
     ort_allow_spinning: bool | str = "auto"
+    trt_contexts: int = 2  # TensorRT: execution contexts (each with GPU memory) shared by all threads
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. {"ort_graph": "standard"}
 
     @classmethod
@@ -34,7 +36,12 @@ class BackendOptions:
         """The options pipeline.yaml's ``runtime`` section (``config.RuntimeSection``) asks for."""
         return cls(device=runtime.device, providers=tuple(runtime.providers),
                    allow_cpu_fallback=runtime.allow_cpu_fallback, threads=runtime.threads,
-                   ort_allow_spinning=runtime.ort_allow_spinning)
+                   ort_allow_spinning=runtime.ort_allow_spinning, trt_contexts=runtime.trt_contexts)
+
+
+def provider_name(entry: Any) -> str:
+    """The provider name of an ONNX Runtime providers entry: "Name" or ("Name", {options})."""
+    return str(entry[0]) if isinstance(entry, (tuple, list)) else str(entry)
 
 
 @runtime_checkable

@@ -7,6 +7,8 @@ One InferenceSession serves every thread: ``InferenceSession.run`` is thread-saf
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import os
 from pathlib import Path
@@ -15,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..._deps import require
-from ...errors import ArtifactError, BackendError
+from ...errors import ArtifactError, BackendError, ConfigError
 from ..artifacts import check_onnx_external_data, resolve_inside
-from .base import BackendBase, BackendOptions
+from ..cuda import cuda_index
+from .base import BackendBase, BackendOptions, provider_name
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +70,69 @@ def _allow_spinning(options: BackendOptions) -> bool:
     return threads < cores
 
 
-def _provider_name(entry: Any) -> str:
-    return entry[0] if isinstance(entry, (tuple, list)) else str(entry)
+_provider_name = provider_name
+DEVICE_ID_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+TRT_EP_CACHE = "ort-trt-cache"  # beside the artifacts: TensorRT EP engines and timing cache
+
+
+def _split_provider(entry: Any) -> tuple[str, dict[str, Any]]:
+    if isinstance(entry, str):
+        return entry, {}
+    if isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict):
+        return entry[0], dict(entry[1])
+    raise ConfigError(f"runtime.providers entry {entry!r}: expected a provider name or [name, {{option: value}}]")
+
+
+def trt_ep_cache_dir(artifacts_dir: str | Path) -> Path:
+    """Where the TensorRT EP keeps its engines and timing cache: ``<artifacts>/ort-trt-cache`` when
+    that folder can be written, else a per-artifacts folder under the user's cache
+    (``$XDG_CACHE_HOME`` or ~/.cache ``/vitdeploy/ort-trt/<hash of the artifacts path>``)."""
+    artifacts_dir = Path(artifacts_dir).resolve()
+    beside = artifacts_dir / TRT_EP_CACHE
+    try:
+        beside.mkdir(exist_ok=True)
+        if os.access(beside, os.W_OK | os.X_OK):
+            return beside
+    except OSError:
+        pass
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    tag = hashlib.sha256(str(artifacts_dir).encode("utf-8")).hexdigest()[:16]
+    fallback = root / "vitdeploy" / "ort-trt" / tag
+    log.info("%s is not writable; the TensorRT EP caches engines in %s", beside, fallback)
+    return fallback
+
+
+def provider_entries(requested: Any, *, device: str, input_name: str, chw: tuple[int, int, int],
+                     batch: dict[str, int] | None, fp16_graph: bool, cache_dir: Path | None) -> list[tuple[str, dict[str, Any]]]:
+    """The (name, options) list handed to ONNX Runtime for ``requested`` providers (pure).
+
+    - CUDA and TensorRT EPs get ``device_id`` from ``device`` ("cuda:N"; "cpu"/"cuda" mean 0).
+    - The TensorRT EP gets engine and timing caches in ``cache_dir`` (so a process reuses the
+      engines built before it instead of rebuilding them), the batch profile as explicit
+      min/opt/max shapes of ``input_name``, and FP16 kernels when the graph is the FP16 one
+      (``trt_fp16_enable``; the FP32 "ort" graph stays FP32 unless asked).
+    - Options given in pipeline.yaml (``[name, {option: value}]``) override these defaults.
+    """
+    index = cuda_index(device) if str(device).startswith("cuda") else 0
+    entries = []
+    for entry in requested:
+        name, given = _split_provider(entry)
+        options: dict[str, Any] = {}
+        if name in DEVICE_ID_PROVIDERS:
+            options["device_id"] = index
+        if name == "TensorrtExecutionProvider":
+            if fp16_graph:
+                options["trt_fp16_enable"] = True
+            if cache_dir is not None:
+                options.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(cache_dir),
+                               trt_timing_cache_enable=True, trt_timing_cache_path=str(cache_dir))
+            if batch:
+                dims = "x".join(str(int(d)) for d in chw)
+                for key in ("min", "opt", "max"):
+                    options[f"trt_profile_{key}_shapes"] = f"{input_name}:{int(batch[key])}x{dims}"
+        options.update(given)
+        entries.append((name, options))
+    return entries
 
 
 class OrtBackend(BackendBase):
@@ -118,6 +182,11 @@ class OrtBackend(BackendBase):
 
         self.providers = list(self._session.get_providers())
         log.info("%s: %s running on %s", name, self.onnx_path.name, self.providers)
+        not_loaded = [_provider_name(p) for p in providers if _provider_name(p) not in self.providers]
+        if not_loaded:
+            log.warning("%s: providers %s are in this onnxruntime build but did not load (a missing CUDA/cuDNN/TensorRT "
+                        "library or a bad option; run with -vv and see ONNX Runtime's own log); running on %s",
+                        name, not_loaded, self.providers)
         if wants_accelerator and all(p == CPU_PROVIDER for p in self.providers):
             asked = [_provider_name(p) for p in requested]
             msg = (f"{name}: asked for providers {asked} but the session runs on CPU only "
@@ -213,6 +282,13 @@ def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *
     else:
         role, name = ("onnx-ort" if uses_ort_graph(artifacts, options) else "onnx"), "ort"
     path = verified_onnx_path(artifacts, role)
+    options = options or BackendOptions()
+    requested = options.providers or (CPU_PROVIDER,)
+    wants_trt_ep = any(_provider_name(p) == "TensorrtExecutionProvider" for p in requested)
+    entries = provider_entries(requested, device=options.device, input_name=artifacts.input_name,
+                               chw=tuple(artifacts.input_shape), batch=artifacts.batch, fp16_graph=fp16,
+                               cache_dir=trt_ep_cache_dir(artifacts.directory) if wants_trt_ep else None)
+    options = dataclasses.replace(options, providers=tuple(entries))
     return OrtBackend(path, artifacts.input_shape, artifacts.batch["max"], options, name=name,
                       external_data_checked=True)
 

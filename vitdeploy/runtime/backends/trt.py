@@ -9,10 +9,13 @@ is accepted with a warning (TensorRT itself warns that speed may suffer there).
 Written against the name-based I/O API of TensorRT 10.x and 11.x (``num_io_tensors``,
 ``get_tensor_name``, ``set_input_shape``, ``set_tensor_address``, ``execute_async_v3``).
 tensorrt and torch are imported lazily: torch supplies the CUDA device buffers and streams,
-through the small ``_TorchCuda`` object (tests substitute a fake one). The engine is deserialized,
-and contexts/streams created, with the requested GPU current. An execution context is not
-thread-safe, so each thread gets its own (``threading.local``). A batch smaller than the engine
-profile's min is padded (repeating its last row) up to min and the result sliced back.
+through the small ``_TorchCuda`` object (tests substitute a fake one); its CUDA major must be
+TensorRT's. The engine is deserialized, and contexts/streams created, with the requested GPU
+current. An execution context is not thread-safe and holds activation memory for the profile's
+max batch, so a bounded pool of (context, stream) pairs serves every thread: a run checks one
+out and returns it. A batch smaller than the engine profile's min is padded (repeating its last
+row) up to min and the result sliced back. TensorRT keeps one logger per process
+(:func:`trt_logger`); failures quote the errors it logged during that call.
 
 model.engine.json (written by ``vitdeploy.export.tensorrt.build_engine``)::
 
@@ -25,204 +28,29 @@ model.engine.json (written by ``vitdeploy.export.tensorrt.build_engine``)::
 
 from __future__ import annotations
 
-import collections
+import contextlib
 import importlib
-import json
 import logging
 import threading
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ..._deps import require
 from ...errors import ArtifactError, BackendError, ConfigError
-from ..cuda import cuda_index, cuda_status, gpu_identity
+from ..cuda import cuda_index, cuda_status
+from . import first_line
 from .base import BackendBase, BackendOptions
+from .trt_logging import (CANCEL, capture_errors, cuda_major_mismatch, quote_errors, start_tensorrt,  # noqa: F401
+                          tensorrt_cuda_major, trt_logger)
+from .trt_metadata import (EngineMetadata, MachineIdentity, check_engine_matches, check_engine_source,  # noqa: F401
+                           probe_machine)
 
 log = logging.getLogger(__name__)
 
-_UNKNOWN = "unknown"
-INSTALL_HINT = "pip install 'vitdeploy[tensorrt]'"
-# nvinfer1::ILogger::Severity values: kINTERNAL_ERROR=0, kERROR=1, kWARNING=2, kINFO=3, kVERBOSE=4.
-_SEVERITY_LEVELS = {0: logging.CRITICAL, 1: logging.ERROR, 2: logging.WARNING, 3: logging.DEBUG, 4: 5}
-
-
-# --------------------------------------------------------------------------------------------
-# model.engine.json
-
-
-@dataclass(frozen=True)
-class EngineMetadata:
-    """Contents of model.engine.json: what the engine was built from, with what, and where."""
-
-    tensorrt_version: str
-    gpu_name: str
-    compute_capability: str
-    profile: dict[str, int]  # {"min", "opt", "max"} batch sizes of the optimisation profile
-    input: str
-    chw: tuple[int, int, int]
-    precision: str
-    onnx_sha256: str
-    workspace_mb: int
-    optimization_level: int
-    built: str  # ISO 8601
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["chw"] = list(self.chw)
-        data["profile"] = {k: int(self.profile[k]) for k in ("min", "opt", "max")}
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Any, source: str = "model.engine.json") -> "EngineMetadata":
-        """Parse and check ``data``; ArtifactError naming ``source`` and the key otherwise."""
-        if not isinstance(data, dict):
-            raise ArtifactError(f"{source}: expected a JSON object, got {type(data).__name__}; rebuild the engine with `vitdeploy export`")
-        missing = [f for f in cls.__dataclass_fields__ if f not in data]
-        if missing:
-            raise ArtifactError(f"{source}: missing key(s) {missing}; it was not written by this vitdeploy version: rebuild the engine with `vitdeploy export`")
-
-        def bad(key: str, expected: str) -> ArtifactError:
-            return ArtifactError(f"{source}: key '{key}' must be {expected}, got {data[key]!r}; rebuild the engine with `vitdeploy export`")
-
-        for key in ("tensorrt_version", "gpu_name", "compute_capability", "input", "precision", "onnx_sha256", "built"):
-            if not isinstance(data[key], str) or not data[key]:
-                raise bad(key, "a non-empty string")
-        for key in ("workspace_mb", "optimization_level"):
-            if not isinstance(data[key], int) or isinstance(data[key], bool):
-                raise bad(key, "an integer")
-        chw = data["chw"]
-        if not isinstance(chw, list) or len(chw) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in chw):
-            raise bad("chw", "a list of 3 positive integers [C, H, W]")
-        batches = data["profile"]
-        if not isinstance(batches, dict) or set(batches) != {"min", "opt", "max"} or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in batches.values()
-        ):
-            raise bad("profile", 'an object {"min": int, "opt": int, "max": int}')
-        if not 1 <= batches["min"] <= batches["opt"] <= batches["max"]:
-            raise bad("profile", "batch sizes with 1 <= min <= opt <= max")
-        values = {k: data[k] for k in cls.__dataclass_fields__}
-        values["chw"] = tuple(chw)
-        values["profile"] = dict(batches)
-        return cls(**values)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "EngineMetadata":
-        path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ArtifactError(f"{path} is missing: the TensorRT engine cannot be checked against this machine without it; rebuild the engine with `vitdeploy export`") from None
-        except OSError as exc:
-            raise ArtifactError(f"cannot read {path}: {exc}") from exc
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ArtifactError(f"{path} is not valid JSON ({exc}); rebuild the engine with `vitdeploy export`") from exc
-        return cls.from_dict(data, source=str(path))
-
-    @property
-    def target(self) -> MachineIdentity:
-        """The TensorRT version and GPU the engine was built for."""
-        return MachineIdentity(self.tensorrt_version, self.gpu_name, self.compute_capability)
-
-
-@dataclass(frozen=True)
-class MachineIdentity:
-    """The facts of a machine an engine must match (this one, or the one it was built on)."""
-
-    tensorrt_version: str
-    gpu_name: str
-    compute_capability: str
-
-    def describe(self) -> str:
-        return f"TensorRT {self.tensorrt_version} on {self.gpu_name} (compute capability {self.compute_capability})"
-
-
-def probe_machine(trt: Any, device: str | int | None = None) -> MachineIdentity:
-    """TensorRT version (``trt.__version__``) and the GPU at ``device``; MissingDependencyError without CUDA."""
-    gpu = gpu_identity(device)
-    return MachineIdentity(str(trt.__version__), gpu.name, gpu.compute_capability)
-
-
-def check_engine_matches(meta: EngineMetadata, here: MachineIdentity, engine_path: str | Path) -> None:
-    """ArtifactError unless ``meta`` was built with this TensorRT version for this compute capability.
-
-    The TensorRT version must match exactly (engines are not portable across versions) and so must
-    the compute capability; a different GPU model name with the same compute capability (e.g.
-    H100 SXM vs H100 PCIe) is accepted with a warning.
-    """
-    built = meta.target
-    differs = []
-    for key in ("tensorrt_version", "compute_capability"):
-        then, now = getattr(built, key), getattr(here, key)
-        if then == _UNKNOWN:
-            log.warning("%s.json does not record %s; cannot check the engine against this machine's %s", engine_path, key, now)
-        elif then != now:
-            differs.append(key)
-    if differs:
-        raise ArtifactError(
-            f"{engine_path} was built for {built.describe()}, but this machine has {here.describe()} "
-            f"(differs in {', '.join(differs)}). A TensorRT engine only runs with the TensorRT version and GPU "
-            "compute capability it was built for: rebuild it with `vitdeploy export` on this machine "
-            "(or use the 'ort' / 'ort-fp16' backend)."
-        )
-    if built.gpu_name not in (_UNKNOWN, here.gpu_name):
-        log.warning("%s was built on %s and runs here on %s (same compute capability %s): TensorRT accepts it but it "
-                    "may run slower than an engine built here; rebuild with `vitdeploy export` on this machine for best speed",
-                    engine_path, built.gpu_name, here.gpu_name, here.compute_capability)
-
-
-def check_engine_source(meta: EngineMetadata, onnx_sha256: str | None, engine_path: str | Path, onnx_what: str) -> None:
-    """ArtifactError unless the engine was built from the ONNX graph with sha256 ``onnx_sha256``.
-
-    ``onnx_sha256`` None (not known, e.g. no manifest yet) skips the check.
-    """
-    if not onnx_sha256:
-        return
-    if meta.onnx_sha256 == _UNKNOWN:
-        log.warning("%s.json does not record the ONNX graph it was built from; cannot check it against %s", engine_path, onnx_what)
-        return
-    if meta.onnx_sha256.lower() != str(onnx_sha256).lower():
-        raise ArtifactError(
-            f"{engine_path} was built from an ONNX graph with sha256 {meta.onnx_sha256} (its .json), but {onnx_what} "
-            f"has sha256 {onnx_sha256}: the engine was built from another graph and would not compute this model. "
-            "Rebuild it with `vitdeploy export` (or use the 'ort' / 'ort-fp16' backend)."
-        )
-
-
-# --------------------------------------------------------------------------------------------
-# TensorRT logging -> Python logging
-
-
-def make_trt_logger(trt: Any, logger: logging.Logger | None = None) -> Any:
-    """A ``trt.ILogger`` that forwards TensorRT's messages to Python ``logging``.
-
-    It keeps the latest error messages in ``.errors`` so a failure can quote them.
-    """
-    target = logger or log
-
-    class _LoggingBridge(trt.ILogger):
-        def __init__(self) -> None:
-            super().__init__()
-            self.errors: collections.deque[str] = collections.deque(maxlen=20)
-
-        def log(self, severity: Any, msg: str) -> None:
-            level = _SEVERITY_LEVELS.get(int(severity), logging.DEBUG)
-            if level >= logging.ERROR:
-                self.errors.append(str(msg))
-            if target.isEnabledFor(level):
-                target.log(level, "TensorRT: %s", msg)
-
-    return _LoggingBridge()
-
-
-def recent_errors(trt_logger: Any) -> str:
-    """The errors a ``make_trt_logger`` logger saw, as one line ('' for other loggers)."""
-    errors = list(getattr(trt_logger, "errors", ()) or ())
-    return ("; TensorRT said: " + " | ".join(errors[-5:])) if errors else ""
+INSTALL_HINT = ("pip install 'vitdeploy[tensorrt-cu12]' (NVIDIA driver R535+, with a CUDA 12 torch) or "
+                "'vitdeploy[tensorrt-cu13]' (driver R580+)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -247,6 +75,8 @@ class _TorchCuda:
 
     def __init__(self) -> None:
         self._torch = require("torch", "the TensorRT backend's CUDA buffers")
+        self.torch_version = str(self._torch.__version__)
+        self.cuda_version = getattr(self._torch.version, "cuda", None)  # "13.0"; None for a CPU build
 
     def device(self, index: int) -> Any:
         """Context manager making cuda:``index`` the current device."""
@@ -278,12 +108,56 @@ class _TorchCuda:
         return host.numpy().astype(np.float32, copy=False)
 
 
-class _ThreadState:
-    """One execution context and one CUDA stream, owned by one thread."""
+class _ExecState:
+    """One execution context and the CUDA stream it runs on; used by one run at a time."""
 
     def __init__(self, context: Any, stream: Any) -> None:
         self.context = context
         self.stream = stream
+
+
+class _ContextPool:
+    """At most ``size`` execution states, checked out for one run and returned after it.
+
+    An execution context holds activation memory for the profile's max batch, so the number
+    alive is bounded however many threads call: a thread finding every state busy waits for one.
+    """
+
+    def __init__(self, create: Callable[[], _ExecState], size: int) -> None:
+        self._create, self.size = create, size
+        self._idle: list[_ExecState] = []
+        self.states: list[_ExecState] = []  # every state alive (idle or checked out)
+        self._cond = threading.Condition()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def checkout(self) -> Iterator[_ExecState]:
+        with self._cond:
+            while not self._closed and not self._idle and len(self.states) >= self.size:
+                self._cond.wait()
+            if self._closed:
+                raise BackendError("the trt backend is closed; open a new one")
+            if self._idle:
+                state = self._idle.pop()
+            else:
+                state = self._create()
+                self.states.append(state)
+        try:
+            yield state
+        finally:
+            with self._cond:
+                if not self._closed:
+                    self._idle.append(state)
+                self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._idle.clear()
+            self.states.clear()
+            self._cond.notify_all()
+
+
 
 
 class TrtBackend(BackendBase):
@@ -298,6 +172,10 @@ class TrtBackend(BackendBase):
     manifest's onnx-fp16 entry); None skips that check. A batch smaller than the profile's min is
     padded up to min (repeating its last row) and the result sliced back.
 
+    ``contexts``: at most this many execution contexts (each with its own stream) exist; a run
+    checks one out and returns it, so a thread-per-request server never holds more GPU memory
+    than that (default ``options.trt_contexts``).
+
     ``trt``, ``probe`` and ``cuda`` exist for tests: a stand-in tensorrt module, a callable
     ``probe(trt, device_index) -> MachineIdentity`` replacing the real version/GPU probe, and a
     stand-in for ``_TorchCuda`` (device, streams, buffers).
@@ -307,7 +185,8 @@ class TrtBackend(BackendBase):
 
     def __init__(self, engine_path: str | Path, meta_path: str | Path, input_shape: tuple[int, int, int],
                  max_batch: int | None = None, options: BackendOptions | None = None, *, onnx_sha256: str | None = None,
-                 trt: Any = None, probe: Callable[[Any, int], MachineIdentity] | None = None, cuda: Any = None) -> None:
+                 contexts: int | None = None, trt: Any = None, probe: Callable[[Any, int], MachineIdentity] | None = None,
+                 cuda: Any = None) -> None:
         # 1. TensorRT itself, before anything else.
         trt = trt if trt is not None else require("tensorrt", "the TensorRT backend ('trt')")
         self._trt = trt
@@ -338,26 +217,32 @@ class TrtBackend(BackendBase):
             raise ArtifactError(f"{meta_path} says the engine takes (N, {', '.join(map(str, meta.chw))}) but the "
                                 f"model expects (N, {', '.join(map(str, self.input_shape))}); rebuild the engine with `vitdeploy export`")
 
-        # 3. Deserialize, on the requested GPU.
+        contexts = contexts if contexts is not None else options.trt_contexts
+        if isinstance(contexts, bool) or not isinstance(contexts, int) or contexts < 1:
+            raise ConfigError(f"trt_contexts={contexts!r}: expected an integer >= 1 (execution contexts kept for concurrent runs)")
+
+        # 3. Deserialize, on the requested GPU, with a torch of TensorRT's CUDA major.
         self._cuda = cuda if cuda is not None else _TorchCuda()
+        mismatch = cuda_major_mismatch(tensorrt_cuda_major(), getattr(self._cuda, "cuda_version", None),
+                                       getattr(self._cuda, "torch_version", ""))
+        if mismatch:
+            raise BackendError(mismatch)
         try:
             data = self.engine_path.read_bytes()
         except FileNotFoundError:
             raise ArtifactError(f"{self.engine_path} is missing; rebuild it with `vitdeploy export` on this machine") from None
         except OSError as exc:
             raise ArtifactError(f"cannot read {self.engine_path}: {exc}") from exc
-        self._logger = make_trt_logger(trt)
-        with self._cuda.device(self._device_index):
-            self._runtime = trt.Runtime(self._logger)
+        with self._cuda.device(self._device_index), capture_errors() as errors:
+            self._runtime = start_tensorrt(trt, "Runtime", self._device_index, BackendError)
             self._engine = self._runtime.deserialize_cuda_engine(data)
         if self._engine is None:
             raise ArtifactError(f"TensorRT {here.tensorrt_version} could not deserialize {self.engine_path} "
-                                f"(corrupt, or built by another TensorRT){recent_errors(self._logger)}; "
+                                f"(corrupt, or built by another TensorRT){quote_errors(errors)}; "
                                 "rebuild it with `vitdeploy export` on this machine")
         self._inspect_io()
-        self._local = threading.local()
-        self._states: list[_ThreadState] = []
-        self._lock = threading.Lock()
+        self._check_profile(meta_path)
+        self._pool = _ContextPool(self._new_state, contexts)
         log.info("trt backend: %s (%s, batch %d..%d)", self.engine_path, here.describe(), meta.profile["min"], self.max_batch)
 
     def _inspect_io(self) -> None:
@@ -386,55 +271,73 @@ class TrtBackend(BackendBase):
         self._input_dtype = _io_dtype(trt, engine.get_tensor_dtype(self._input_name), f"input '{self._input_name}'")
         self._output_dtypes = {n: _io_dtype(trt, engine.get_tensor_dtype(n), f"output '{n}'") for n in outputs}
 
-    # -- per-thread execution state -----------------------------------------------------------
+    def _check_profile(self, meta_path: str | Path) -> None:
+        """The engine's own optimisation profile must be the one model.engine.json describes."""
+        shapes = self._engine.get_tensor_profile_shape(self._input_name, 0)
+        dims = [tuple(int(d) for d in shape) for shape in shapes]
+        want = [(self.meta.profile[k], *self.meta.chw) for k in ("min", "opt", "max")]
+        if dims != want:
+            got = "/".join(str(d) for d in dims)
+            raise ArtifactError(f"{self.engine_path} has optimisation profile {got} (min/opt/max of input '{self._input_name}') "
+                                f"but {meta_path} says {'/'.join(str(d) for d in want)}; the engine and its json do not "
+                                "belong together: rebuild them with `vitdeploy export`")
 
-    def _thread_state(self) -> _ThreadState:
-        if self._engine is None:
-            raise BackendError("the trt backend is closed; open a new one")
-        state = getattr(self._local, "state", None)
-        if state is None:
-            with self._cuda.device(self._device_index):
-                context = self._engine.create_execution_context()
-                if context is None:
-                    raise BackendError(f"TensorRT could not create an execution context for {self.engine_path} "
-                                       f"(out of GPU memory?){recent_errors(self._logger)}")
-                state = _ThreadState(context, self._cuda.new_stream(self._device_index))
-            self._local.state = state
-            with self._lock:
-                self._states.append(state)
-        return state
+    # -- execution states (bounded pool) -------------------------------------------------------
+
+    def _new_state(self) -> _ExecState:
+        with self._cuda.device(self._device_index), capture_errors() as errors:
+            context = self._engine.create_execution_context()
+            if context is None:
+                raise BackendError(f"TensorRT could not create an execution context for {self.engine_path} "
+                                   f"(out of GPU memory?){quote_errors(errors)}")
+            return _ExecState(context, self._cuda.new_stream(self._device_index))
+
+    @property
+    def live_contexts(self) -> int:
+        """Execution contexts alive now (idle or running); never more than the pool size."""
+        return len(self._pool.states)
 
     def _run(self, batch: np.ndarray) -> np.ndarray:
+        if self._engine is None:
+            raise BackendError("the trt backend is closed; open a new one")
+        with self._pool.checkout() as state:
+            return self._run_on(state, batch)
+
+    def _run_on(self, state: _ExecState, batch: np.ndarray) -> np.ndarray:
         cuda, index = self._cuda, self._device_index
-        state = self._thread_state()
         ctx = state.context
         stream = state.stream
         count = int(batch.shape[0])
         if count < self._min_batch:  # the profile does not accept it: pad with copies of the last row
             batch = np.concatenate([batch, np.repeat(batch[-1:], self._min_batch - count, axis=0)])
         shape = tuple(int(d) for d in batch.shape)
-        with cuda.device(index), cuda.use_stream(stream):
+        with cuda.device(index), cuda.use_stream(stream), capture_errors() as errors:
             x = cuda.upload(batch, index, self._input_dtype)
             if not ctx.set_input_shape(self._input_name, shape):
                 raise BackendError(f"TensorRT rejected input shape {shape} for '{self._input_name}' "
-                                   f"(engine profile batch {self.meta.profile['min']}..{self.meta.profile['max']}){recent_errors(self._logger)}")
-            ctx.set_tensor_address(self._input_name, cuda.address(x))
+                                   f"(engine profile batch {self.meta.profile['min']}..{self.meta.profile['max']}){quote_errors(errors)}")
+            self._bind(ctx, self._input_name, cuda.address(x), errors)
             buffers = {}
             for out_name in self._output_names:
                 out_shape = tuple(int(d) for d in ctx.get_tensor_shape(out_name))
                 if any(d < 0 for d in out_shape):
                     raise BackendError(f"TensorRT could not infer the shape of output '{out_name}' (got {out_shape})")
                 buffers[out_name] = cuda.empty(out_shape, self._output_dtypes[out_name], index)
-                ctx.set_tensor_address(out_name, cuda.address(buffers[out_name]))
+                self._bind(ctx, out_name, cuda.address(buffers[out_name]), errors)
             if not ctx.execute_async_v3(cuda.stream_handle(stream)):
-                raise BackendError(f"TensorRT execution failed for a batch of {shape[0]}{recent_errors(self._logger)}")
+                raise BackendError(f"TensorRT execution failed for a batch of {shape[0]}{quote_errors(errors)}")
             result = cuda.download(buffers[self._output_name], stream)
         return result[:count]
 
+    def _bind(self, ctx: Any, name: str, address: int, errors: list[str]) -> None:
+        if not ctx.set_tensor_address(name, int(address)):
+            raise BackendError(f"TensorRT refused the device address {int(address):#x} for tensor '{name}' (TensorRT wants "
+                               f"256-byte aligned device memory){quote_errors(errors)}")
+
     def close(self) -> None:
-        with self._lock:
-            self._states.clear()
-        self._local = threading.local()
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            pool.close()
         self._engine = None
         self._runtime = None
 
@@ -448,13 +351,32 @@ class TrtBackend(BackendBase):
 # registry hooks
 
 
+_RUNTIME_PROBES: dict[tuple[int, int], str | None] = {}  # (id(tensorrt module), device) -> reason or None
+
+
+def _runtime_starts(trt: Any, index: int) -> str | None:
+    """None when ``trt.Runtime`` can be created on cuda:``index`` (tried once per process), else why not."""
+    key = (id(trt), index)
+    if key not in _RUNTIME_PROBES:
+        try:
+            with _TorchCuda().device(index):
+                start_tensorrt(trt, "Runtime", index, BackendError)
+            _RUNTIME_PROBES[key] = None
+        except Exception as exc:  # noqa: BLE001 - any failure to start means unusable
+            _RUNTIME_PROBES[key] = first_line(exc)
+    return _RUNTIME_PROBES[key]
+
+
 def unavailable_reason(artifacts: Any = None, options: BackendOptions | None = None) -> str | None:
-    """Why TensorRT cannot run here (tensorrt missing or broken, no CUDA GPU), or None; one line.
+    """Why TensorRT cannot run here, or None; one line. Checks, in order: tensorrt imports, a CUDA
+    GPU at the requested device (through torch), torch's CUDA major is TensorRT's, and a
+    ``trt.Runtime`` starts there (created once per process and device, so auto-selection never
+    picks a backend that cannot start).
 
     The one TensorRT availability check: the registry and the export pipeline both use it.
     """
     try:
-        importlib.import_module("tensorrt")
+        trt = importlib.import_module("tensorrt")
     except ModuleNotFoundError as exc:
         if exc.name == "tensorrt":
             return f"tensorrt is not installed ({INSTALL_HINT})"
@@ -462,8 +384,15 @@ def unavailable_reason(artifacts: Any = None, options: BackendOptions | None = N
     except Exception as exc:  # noqa: BLE001 - e.g. libnvinfer missing: any failure means unusable
         return f"tensorrt is installed but does not import ({type(exc).__name__}: {exc})".splitlines()[0]
     device = (options or BackendOptions()).device
-    ok, why = cuda_status("cuda:0" if device == "cpu" else device)
-    return None if ok else f"no CUDA GPU: {why}"
+    device = "cuda:0" if device == "cpu" else device
+    ok, why = cuda_status(device)
+    if not ok:
+        return f"no CUDA GPU: {why}"
+    torch = importlib.import_module("torch")  # cuda_status succeeded, so torch imports
+    mismatch = cuda_major_mismatch(tensorrt_cuda_major(), getattr(torch.version, "cuda", None), str(torch.__version__))
+    if mismatch:
+        return mismatch
+    return _runtime_starts(trt, cuda_index(device))
 
 
 def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> TrtBackend:
