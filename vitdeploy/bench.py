@@ -35,6 +35,7 @@ import numpy as np
 from .drift import (BackendSpec, backend_specs, first_line, library_versions, parse_backend_names, reference_options,
                     spec_unavailable_reason, verify_spec_files)
 from .errors import ArtifactError, BackendError, ConfigError, InputError, MissingDependencyError
+from .limits import check_batch_size, clip
 
 log = logging.getLogger(__name__)
 
@@ -352,8 +353,8 @@ def parse_batch_sizes(value: str | Sequence[int]) -> tuple[int, ...]:
         except ValueError:
             n = 0
         if n < 1:
-            raise ConfigError(f"--batch-sizes: {text!r} is not a positive integer; expected e.g. 1,8,32")
-        out.append(n)
+            raise ConfigError(f"--batch-sizes: {clip(text)} is not a positive integer; expected e.g. 1,8,32")
+        out.append(check_batch_size(n, "--batch-sizes:"))
     if not out:
         raise ConfigError("--batch-sizes: no batch size given; expected e.g. 1,8,32")
     return tuple(dict.fromkeys(out))

@@ -34,11 +34,20 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except VitDeployError as exc:
             if os.environ.get("VITDEPLOY_DEBUG"):
                 raise
-            _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc.exit_code)
+            _fail(one_line(exc), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted; no partial artifact was left under a final name", 130)
 
     return wrapper
+
+
+def one_line(exc: BaseException, limit: int = 2000) -> str:
+    """The first line of an error, never longer than ``limit`` characters (values inside are
+    already cut at 200; this is the last guard against a hostile file's content)."""
+    from .limits import clip_text
+
+    text = str(exc)
+    return clip_text(text.splitlines()[0], limit) if text.strip() else type(exc).__name__
 
 
 def _setup_logging(verbose: int) -> None:
@@ -46,7 +55,7 @@ def _setup_logging(verbose: int) -> None:
     logging.basicConfig(level=max(level, logging.DEBUG), format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
 
 
-config_option = click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+config_option = click.option("-c", "--config", "config_path", type=click.Path(path_type=Path), default=None,
                              help="pipeline YAML (default: ./pipeline.yaml if present, else built-in defaults)")
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import InputError
+from ..limits import check_batch_size
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +27,7 @@ def predict_paths(predictor: Any, paths: Iterable[str | os.PathLike[str]], *, ba
     no images) raises InputError at once; after that every file yields exactly one record.
     ``progress(done, total)`` is called after each batch.
     """
-    if int(batch_size) < 1:
-        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    batch_size = check_batch_size(batch_size, "batch_size")
     if int(top_k) < 1:
         raise InputError(f"top_k must be >= 1, got {top_k}")
     from .images import iter_image_paths
