@@ -41,6 +41,13 @@ def artifact_mode() -> int:
 
 
 def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask(0) briefly affects every thread)
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask

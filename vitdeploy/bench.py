@@ -34,7 +34,7 @@ import numpy as np
 
 from .drift import (BackendSpec, backend_specs, first_line, library_versions, parse_backend_names, reference_options,
                     spec_unavailable_reason, verify_spec_files)
-from .errors import ArtifactError, BackendError, ConfigError, InputError, MissingDependencyError
+from .errors import ArtifactError, ArtifactIntegrityError, BackendError, ConfigError, InputError, MissingDependencyError
 from .limits import check_batch_size, clip
 
 log = logging.getLogger(__name__)
@@ -415,6 +415,8 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
         verify_spec_files(spec, artifacts)  # a tampered file is an error, never a skip
         try:
             backend = open_backend(spec.registry, artifacts, spec.options)
+        except ArtifactIntegrityError:
+            raise  # a file contradicting its manifest refuses the directory
         except (BackendError, MissingDependencyError, ArtifactError) as exc:
             row.update(status="error", reason=f"cannot open: {first_line(exc)}")
             continue

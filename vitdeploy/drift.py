@@ -33,7 +33,7 @@ import numpy as np
 from ._files import write_json_atomic
 from .export.manifest import library_versions
 from .runtime.backends import first_line, verify_backend_files
-from .errors import (ArtifactError, BackendError, ConfigError, InputError, MissingDependencyError,
+from .errors import (ArtifactError, ArtifactIntegrityError, BackendError, ConfigError, InputError, MissingDependencyError,
                      ValidationError)
 
 log = logging.getLogger(__name__)
@@ -571,6 +571,8 @@ def _run_spec(spec: BackendSpec, artifacts: Any, batch: np.ndarray, reference: n
     verify_spec_files(spec, artifacts)  # tampered files raise ArtifactError here, before any fallback
     try:
         backend = open_backend(spec.registry, artifacts, spec.options)
+    except ArtifactIntegrityError:
+        raise  # a file contradicting its manifest refuses the directory
     except (BackendError, MissingDependencyError, ArtifactError) as exc:  # e.g. an engine built for another GPU
         return _error_row(spec, device, limits, f"cannot open: {first_line(exc)}")
     try:

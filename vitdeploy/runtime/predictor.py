@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ArtifactError, BackendError, InputError, MissingDependencyError
+from ..errors import ArtifactError, ArtifactIntegrityError, BackendError, InputError, MissingDependencyError
 from .artifacts import Artifacts
 from .backends import (BACKEND_NAMES, Backend, BackendOptions, backend_unavailable_reason, ensure_known, first_line,
                        open_backend, verify_backend_files)
@@ -78,6 +78,8 @@ def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backe
         verify_backend_files(name, artifacts)  # tampered or escaping files raise here, before any fallback
         try:
             backend = open_backend(name, artifacts, opts)
+        except ArtifactIntegrityError:
+            raise  # a file that contradicts its manifest refuses the directory, never a fallback
         except (BackendError, MissingDependencyError, ArtifactError) as exc:
             notes.append(f"{name} failed ({first_line(exc)})")
             log.debug("auto: %s failed", name, exc_info=True)
@@ -118,7 +120,7 @@ class Predictor:
         ``max_pixels``: images whose header claims more pixels are refused before decoding
         (default: the preprocessing's limit, Pillow's 89.5 Mpx)."""
         ensure_known(backend)
-        artifacts = path if isinstance(path, Artifacts) else Artifacts.open(path)
+        artifacts = Artifacts.open(path)  # schema, every file's sha256 and the metadata checks, once
         options = options or BackendOptions()
         if backend == "auto":
             runner, name, why = select_backend(artifacts, options)
@@ -163,7 +165,12 @@ class Predictor:
 
     def predict_logits(self, batch: np.ndarray) -> np.ndarray:
         """float32 (N, C, H, W) -> float32 (N, num_classes). InputError names expected vs actual."""
-        return self._backend().run(batch)  # BackendBase.run checks dtype/shape, splits by max_batch
+        logits = self._backend().run(batch)  # BackendBase.run checks dtype/shape, splits by max_batch
+        if logits.ndim != 2 or logits.shape[1] != len(self.labels):
+            raise ArtifactIntegrityError(f"{self.backend_name} returned logits of shape {logits.shape} but "
+                                         f"{self.artifacts.manifest_path} has {len(self.labels)} labels; re-run "
+                                         f"`vitdeploy export`")
+        return logits
 
     def _backend(self) -> Backend:
         if self.backend is None:
