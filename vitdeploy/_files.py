@@ -40,6 +40,11 @@ def artifact_mode() -> int:
     return 0o666 & ~_umask()
 
 
+def folder_mode() -> int:
+    """The mode of a folder vitdeploy creates: 0777 less the umask (0755 under 022)."""
+    return 0o777 & ~_umask()
+
+
 def _umask() -> int:
     try:  # Linux: read it without changing it (os.umask(0) briefly affects every thread)
         with open("/proc/self/status", encoding="ascii") as fh:

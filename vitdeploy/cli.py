@@ -142,8 +142,8 @@ def _size(path: Path) -> str:
 
 
 @main.command()
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=None,
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False))  # each bad path: its own record
+@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path, readable=False), default=None,
               help="directory written by `vitdeploy export` (default: export.output_dir from the config)")
 @click.option("-b", "--backend", type=click.Choice(["auto", "torch", "ort", "ort-fp16", "trt"]), default=None,
               help="backend (default: runtime.backend from the config, i.e. auto)")
@@ -203,7 +203,7 @@ def runtime_options(cfg: Any) -> Any:
 
 
 @main.command()
-@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=Path("artifacts"), show_default=True,
+@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path, readable=False), default=Path("artifacts"), show_default=True,
               help="directory written by `vitdeploy export`")
 @click.option("--images", type=click.Path(path_type=Path), default=None,
               help="folder of validation images (default: validation.images from the config, else the demo images)")
@@ -237,7 +237,7 @@ def validate(artifacts_dir: Path, images: Path | None, labels_file: Path | None,
 
 
 @main.command()
-@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=Path("artifacts"), show_default=True,
+@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path, readable=False), default=Path("artifacts"), show_default=True,
               help="directory written by `vitdeploy export`")
 @click.option("-b", "--backends", default=None,
               help="comma-separated backends: torch,ort,ort-fp16,torch-fp16,trt (default: all that can run here; "

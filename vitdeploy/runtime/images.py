@@ -38,9 +38,14 @@ F                      float: values in [0, 1] are scaled by 255, other ranges a
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import logging
 import os
+import stat
+import threading
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple, Union
@@ -72,6 +77,7 @@ ImageSource = Union[str, os.PathLike, bytes, bytearray, memoryview, Image.Image,
 _DEFAULT_BACKGROUND = (255, 255, 255)
 _ALPHA_MODES = frozenset({"RGBA", "LA", "La", "RGBa", "PA"})
 _ORIENTATION_TAG = 0x0112
+_WARNINGS_LOCK = threading.Lock()
 
 
 class _Options(NamedTuple):
@@ -143,25 +149,60 @@ def iter_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
     hidden files and folders (name starting with ".") are skipped and symlinked folders are
     not followed. Inputs keep their order; nothing is deduplicated.
 
-    Raises :class:`InputError` for a path that does not exist and for a directory holding no
-    images.
+    Raises :class:`InputError` for the first path that cannot be used (see
+    :func:`expand_image_paths`, which reports each instead).
     """
     out: list[Path] = []
+    for path, error in expand_image_paths(paths):
+        if error is not None:
+            raise InputError(error)
+        out.append(path)
+    return out
+
+
+def expand_image_paths(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, str | None]]:
+    """Like :func:`iter_image_paths`, but a path that cannot be used is kept with its error, in
+    place, instead of stopping the rest: ``[(path, None), (bad_path, "why"), ...]``.
+
+    Errors: no such file or directory, a dangling symlink or a symlink loop, a directory that
+    cannot be read (or one of its sub-folders), a directory holding no images. A file that
+    exists is kept as is (unreadable files fail when decoded, with their own message).
+    """
+    out: list[tuple[Path, str | None]] = []
     for raw in paths:
         path = Path(os.fspath(raw))
-        if path.is_dir():
-            found = _walk_images(path)
-            if not found:
-                raise InputError(
-                    f"{path}: directory holds no images (looked recursively for "
-                    f"{', '.join(sorted(IMAGE_EXTENSIONS))}; hidden entries skipped)"
-                )
-            out.extend(found)
-        elif path.exists():
-            out.append(path)
-        else:
-            raise InputError(f"{path}: no such file or directory")
+        try:
+            st = path.stat()
+        except OSError as exc:
+            out.append((path, _stat_error(path, exc)))
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            out.append((path, None))
+            continue
+        problems: list[OSError] = []
+        found = _walk_images(path, problems.append)
+        unreadable = [e for e in problems if isinstance(e, OSError)]
+        if unreadable and not found:
+            exc = unreadable[0]
+            out.append((path, f"{exc.filename or path}: cannot read the directory ({exc.strerror or exc})"))
+            continue
+        out.extend((f, None) for f in found)
+        out.extend((Path(e.filename or path), f"{e.filename or path}: cannot read the directory "
+                                               f"({e.strerror or e}); its images were skipped") for e in unreadable)
+        if not found and not unreadable:
+            out.append((path, f"{path}: directory holds no images (looked recursively for "
+                              f"{', '.join(sorted(IMAGE_EXTENSIONS))}; hidden entries skipped)"))
     return out
+
+
+def _stat_error(path: Path, exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return f"{path}: symlink loop (too many levels of symbolic links)"
+    if isinstance(exc, FileNotFoundError) and path.is_symlink():
+        return f"{path}: dangling symlink (its target {os.readlink(path)!r} does not exist)"
+    if isinstance(exc, FileNotFoundError):
+        return f"{path}: no such file or directory"
+    return f"{path}: cannot access ({exc.strerror or exc})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -184,9 +225,22 @@ def _from_path(path: Path, opts: _Options) -> Image.Image:
         return _from_stream(f, name, opts)
 
 
+@contextlib.contextmanager
+def _no_bomb_warning() -> Any:
+    """Pillow warns (DecompressionBombWarning, on stderr, with its own file path) above
+    ``PIL.Image.MAX_IMAGE_PIXELS`` and raises above twice that. vitdeploy decides itself, per
+    image, from ``max_pixels`` (runtime.max_image_pixels): a clean InputError or a clean
+    acceptance, so the warning is silenced while a header is read. ``catch_warnings`` swaps a
+    process-wide filter list, hence the lock: header parsing is microseconds."""
+    with _WARNINGS_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        yield
+
+
 def _from_stream(fp: Any, name: str, opts: _Options) -> Image.Image:
     try:
-        img = Image.open(fp, formats=_FORMAT_ORDER)
+        with _no_bomb_warning():
+            img = Image.open(fp, formats=_FORMAT_ORDER)
     except Image.UnidentifiedImageError:
         raise InputError(_unidentified_message(fp, name)) from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -252,7 +306,7 @@ def _check_size(name: str, w: int, h: int, max_pixels: int | None) -> None:
         raise InputError(
             f"{name}: {w}x{h} = {pixels} pixels exceeds the limit of {max_pixels} pixels; "
             "refused before decoding (decompression-bomb guard). If the image is trusted, "
-            "raise max_pixels"
+            "raise max_pixels (runtime.max_image_pixels in pipeline.yaml)"
         )
 
 
@@ -439,9 +493,9 @@ def _as_text(head: bytes) -> str | None:
     return None
 
 
-def _walk_images(root: Path) -> list[Path]:
+def _walk_images(root: Path, onerror: Any = None) -> list[Path]:
     found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, onerror=onerror):
         dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         for fn in filenames:
             if not fn.startswith(".") and is_image_path(fn):
@@ -455,6 +509,7 @@ __all__ = [
     "MAX_IMAGE_PIXELS",
     "SUPPORTED_FORMATS",
     "ImageSource",
+    "expand_image_paths",
     "is_image_path",
     "iter_image_paths",
     "load_image",
