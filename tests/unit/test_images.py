@@ -266,7 +266,7 @@ def test_bomb_warning_promoted_to_error_is_still_an_input_error() -> None:
     data = png_with_header(10000, 10000)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(InputError, match="<bytes>: refused before decoding"):
+        with pytest.raises(InputError, match="<bytes>: .*refused before decoding"):
             load_image(data)
 
 
