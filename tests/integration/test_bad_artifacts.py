@@ -177,6 +177,14 @@ def test_valid_graph_that_disagrees_with_the_manifest_is_refused(demo_artifacts,
     assert_refused(d, needle, name, "disagrees with", backend=backend)
 
 
+@pytest.mark.parametrize("backend", ["auto", "ort"])
+def test_listed_graph_that_is_not_onnx_at_all_is_refused_not_skipped(demo_artifacts, tmp_path, backend):
+    d = copy_export(demo_artifacts, tmp_path / "a")
+    (d / "model.ort.onnx").write_bytes(b"\x08\x07garbage that protobuf cannot parse" * 100)
+    rehash(d, "onnx-ort")
+    assert_refused(d, "model.ort.onnx", "not a valid ONNX graph", backend=backend)
+
+
 def test_the_toy_graph_itself_is_accepted_when_it_agrees(demo_artifacts, tmp_path):
     """The cases above fail for the disagreement only: the same graph with 10 classes serves."""
     d = copy_export(demo_artifacts, tmp_path / "a")

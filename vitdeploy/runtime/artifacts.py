@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import ArtifactError, ArtifactIntegrityError
+from ..limits import clip_text
 from .manifest_schema import (MANIFEST_FORMAT, MANIFEST_VERSION, Manifest, check_engine_meta, check_model_config,
                               parse_manifest, read_json_bounded)
 from .preprocess_spec import PreprocessSpec
@@ -88,7 +89,8 @@ def check_onnx_external_data(onnx_path: str | os.PathLike[str]) -> list[Path]:
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf raises several types on corrupt input
-        raise ArtifactError(f"cannot read ONNX model {onnx_path}: {exc}; {_FIX}") from exc
+        raise ArtifactIntegrityError(f"cannot read ONNX model {onnx_path}: {clip_text(str(exc))}; the file is not a "
+                                     f"valid ONNX graph; {_FIX}") from exc
     files: dict[Path, None] = {}
     external = onnx.TensorProto.EXTERNAL
     for tensor in _iter_tensors(model.graph):
