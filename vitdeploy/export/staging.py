@@ -104,6 +104,8 @@ def make_staging(final: Path) -> tuple[Path, bool]:
     """(staging folder, beside): beside the output folder when its parent is writable, else inside it."""
     parent = final.parent
     beside = os.access(parent, os.W_OK | os.X_OK)
+    if beside and final.is_dir() and final.stat().st_dev != parent.stat().st_dev:
+        beside = False  # a mount point: renames cannot cross into it, stage inside it instead
     where = parent if beside else final
     prefix = f".{final.name}.{STAGING_TAG}-{os.getpid()}-" if beside else f".{STAGING_TAG}-{os.getpid()}-"
     try:
