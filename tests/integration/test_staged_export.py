@@ -77,8 +77,9 @@ def test_failed_reexport_keeps_the_previous_export_with_the_report_beside_it(dem
     out = copy_export(demo_artifacts, tmp_path / "artifacts")
     manifest_before = (out / "manifest.json").read_bytes()
     cfg = tmp_path / "strict.yaml"
-    cfg.write_text(f"export: {{output_dir: {out}, fp16: {{enabled: false}}, optimize: false}}\n"
-                   "validation: {fp32: {max_abs_diff: 0, mean_abs_diff: 0, min_cosine: 1, min_top1_agreement: 1, "
+    cfg.write_text(f"export: {{output_dir: {out}, fp16: {{enabled: false}}, optimize: false, "
+                   "batch: {max: 4, opt: 2}}\n"
+                   "validation: {noise_samples: 2, fp32: {max_abs_diff: 0, mean_abs_diff: 0, min_cosine: 1, min_top1_agreement: 1, "
                    "min_top5_overlap: 1}}\n")
     res = subprocess.run([sys.executable, "-m", "vitdeploy.cli", "export", "-c", str(cfg), "--engine", "skip"],
                          capture_output=True, text=True, env=cli_env(), timeout=600)
