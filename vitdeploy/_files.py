@@ -22,16 +22,37 @@ def atomic_path(final: Path | str, suffix: str = ".tmp") -> Iterator[Path]:
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=suffix, dir=final.parent)
     os.close(fd)
     tmp_path = Path(tmp)
-    os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; artifacts get the usual mode
+    mode = artifact_mode()
+    os.chmod(tmp_path, mode)  # mkstemp makes 0600; artifacts get the usual mode
     try:
         yield tmp_path
+        # Again after writing: a writer that replaces the file (safetensors does) brings its own mode.
+        os.chmod(tmp_path, mode)
         os.replace(tmp_path, final)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
 
 
+def artifact_mode() -> int:
+    """The one mode of every artifact file: 0666 less the umask (0644 under the usual 022), so a
+    serving user other than the exporter can read them."""
+    return 0o666 & ~_umask()
+
+
+def folder_mode() -> int:
+    """The mode of a folder vitdeploy creates: 0777 less the umask (0755 under 022)."""
+    return 0o777 & ~_umask()
+
+
 def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask(0) briefly affects every thread)
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -38,11 +38,20 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except VitDeployError as exc:
             if os.environ.get("VITDEPLOY_DEBUG"):
                 raise
-            _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, exc.exit_code)
+            _fail(one_line(exc), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted; no partial artifact was left under a final name", 130)
 
     return wrapper
+
+
+def one_line(exc: BaseException, limit: int = 2000) -> str:
+    """The first line of an error, never longer than ``limit`` characters (values inside are
+    already cut at 200; this is the last guard against a hostile file's content)."""
+    from .limits import clip_text
+
+    text = str(exc)
+    return clip_text(text.splitlines()[0], limit) if text.strip() else type(exc).__name__
 
 
 def _setup_logging(verbose: int) -> None:
@@ -52,7 +61,7 @@ def _setup_logging(verbose: int) -> None:
     logging.basicConfig(level=max(level, logging.DEBUG), handlers=[handler])
 
 
-config_option = click.option("-c", "--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+config_option = click.option("-c", "--config", "config_path", type=click.Path(path_type=Path), default=None,
                              help="pipeline YAML (default: ./pipeline.yaml if present, else built-in defaults)")
 
 
@@ -156,8 +165,8 @@ def _self_command() -> str:
 
 
 @main.command()
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=None,
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False))  # each bad path: its own record
+@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path, readable=False), default=None,
               help="directory written by `vitdeploy export` (default: export.output_dir from the config)")
 @click.option("-b", "--backend", type=click.Choice([AUTO, *RUNTIME_BACKENDS]), default=None,
               help="backend (default: runtime.backend from the config, i.e. auto)")
@@ -211,7 +220,7 @@ def runtime_options(cfg: Any) -> Any:
 
 
 @main.command()
-@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=Path("artifacts"), show_default=True,
+@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path, readable=False), default=Path("artifacts"), show_default=True,
               help="directory written by `vitdeploy export`")
 @click.option("--images", type=click.Path(path_type=Path), default=None,
               help="folder of validation images (default: validation.images from the config, else the demo images)")
@@ -245,7 +254,7 @@ def validate(artifacts_dir: Path, images: Path | None, labels_file: Path | None,
 
 
 @main.command()
-@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=Path("artifacts"), show_default=True,
+@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path, readable=False), default=Path("artifacts"), show_default=True,
               help="directory written by `vitdeploy export`")
 @click.option("-b", "--backends", default=None,
               help=f"comma-separated backends: {','.join(EVALUATED_BACKENDS)} (default: all that can run here; "

@@ -12,13 +12,17 @@ from typing import Any, Literal, Optional, Union
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ._schema import FiniteFloat, format_validation_error
 from .errors import ConfigError
+from .limits import MAX_BATCH, clip
 from .vocab import BackendChoice, Interpolation, PreprocessStyle
 
 DEFAULT_CONFIG_NAME = "pipeline.yaml"
 Byte = Annotated[int, Field(ge=0, le=255)]
+PositiveFloat = Annotated[FiniteFloat, Field(gt=0)]
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description=f"1..{MAX_BATCH}")]
 
 
 class _Section(BaseModel):
@@ -36,17 +40,20 @@ class PreprocessSection(_Section):
     """Overrides of the preprocessing the checkpoint carries; None keeps the checkpoint's."""
 
     style: Optional[PreprocessStyle] = None
-    crop_pct: Optional[float] = Field(None, gt=0, le=1)
+    crop_pct: Optional[FiniteFloat] = Field(None, gt=0, le=1)
     interpolation: Optional[Interpolation] = None
-    mean: Optional[tuple[float, float, float]] = None
+    mean: Optional[tuple[FiniteFloat, FiniteFloat, FiniteFloat]] = None
     std: Optional[tuple[PositiveFloat, PositiveFloat, PositiveFloat]] = None
     background: tuple[Byte, Byte, Byte] = (255, 255, 255)
 
 
 class BatchProfile(_Section):
-    min: int = Field(1, ge=1)
-    opt: int = Field(8, ge=1)
-    max: int = Field(32, ge=1)
+    """Batch sizes of the dynamic-batch profile, 1..MAX_BATCH (4096): past that a ViT's input alone
+    is gigabytes, and TensorRT profiles stop well before."""
+
+    min: BatchSize = 1
+    opt: BatchSize = 8
+    max: BatchSize = 32
 
     @model_validator(mode="after")
     def _ordered(self) -> "BatchProfile":
@@ -58,7 +65,7 @@ class BatchProfile(_Section):
 class Fp16Section(_Section):
     enabled: bool = True
     keep_fp32_ops: tuple[str, ...] = ("LayerNormalization",)
-    max_abs_activation: float = Field(
+    max_abs_activation: FiniteFloat = Field(
         4096.0, gt=0, description="nodes whose outputs exceed this on calibration images stay float32 (FP16 max is 65504)"
     )
 
@@ -73,11 +80,11 @@ class ExportSection(_Section):
 
 
 class Tolerance(_Section):
-    max_abs_diff: float = Field(..., ge=0)
-    mean_abs_diff: float = Field(..., ge=0)
-    min_cosine: float = Field(..., ge=-1, le=1)
-    min_top1_agreement: float = Field(..., ge=0, le=1)
-    min_top5_overlap: float = Field(..., ge=0, le=1)
+    max_abs_diff: FiniteFloat = Field(..., ge=0)
+    mean_abs_diff: FiniteFloat = Field(..., ge=0)
+    min_cosine: FiniteFloat = Field(..., ge=-1, le=1)
+    min_top1_agreement: FiniteFloat = Field(..., ge=0, le=1)
+    min_top5_overlap: FiniteFloat = Field(..., ge=0, le=1)
 
 
 class ValidationSection(_Section):
@@ -108,7 +115,7 @@ class RuntimeSection(_Section):
     threads: Optional[int] = Field(None, ge=1)
     ort_allow_spinning: Union[Literal["auto"], bool] = Field(
         "auto", description="ONNX Runtime idle threads busy-wait; auto = only when they leave a core free")
-    batch_size: int = Field(32, ge=1)
+    batch_size: BatchSize = 32
     trt_contexts: int = Field(2, ge=1, description="trt backend: execution contexts (GPU memory each) shared by all threads")
     top_k: int = Field(5, ge=1)
     max_image_pixels: int = Field(89_478_485, ge=1)
@@ -140,17 +147,11 @@ class PipelineConfig(_Section):
 
 
 def _format_error(exc: ValidationError, source: str) -> str:
-    parts = []
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        if err["type"] == "extra_forbidden":
-            parent = _section_for(err["loc"][:-1])
-            allowed = ", ".join(sorted(parent.model_fields)) if parent else "see the README"
-            parts.append(f"unknown key '{key}' (allowed here: {allowed})")
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-            parts.append(f"'{key}' = {err.get('input')!r}: {msg}")
-    return f"{source}: " + "; ".join(parts)
+    def allowed(loc: tuple) -> str:
+        parent = _section_for(loc)
+        return ", ".join(sorted(parent.model_fields)) if parent else "see the README"
+
+    return format_validation_error(exc, source, allowed)
 
 
 def _section_for(loc: tuple) -> Optional[type[BaseModel]]:
@@ -184,12 +185,14 @@ def _check_paths(cfg: PipelineConfig, label: str) -> None:
     for key, path in (("model.checkpoint", cfg.model.checkpoint), ("validation.images", cfg.validation.images)):
         resolved = cfg.resolve(path)
         if resolved is not None and not resolved.exists():
-            raise ConfigError(f"{label}: '{key}' = '{path}': no such file or directory ({resolved})")
+            raise ConfigError(f"{label}: '{key}' = {clip(str(path))}: no such file or directory ({clip(str(resolved))})")
 
 
 def load_config(path: Optional[Path | str] = None) -> PipelineConfig:
-    """Read a pipeline YAML. ``None`` reads ./pipeline.yaml if present, else all defaults."""
-    import yaml
+    """Read a pipeline YAML. ``None`` reads ./pipeline.yaml if present, else all defaults.
+
+    The file is read with bounds (size, nesting, alias expansion: see yaml_load.py)."""
+    from .yaml_load import load_yaml_file
 
     if path is None:
         candidate = Path.cwd() / DEFAULT_CONFIG_NAME
@@ -197,14 +200,8 @@ def load_config(path: Optional[Path | str] = None) -> PipelineConfig:
             return parse_config({}, None)
         path = candidate
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory; -c/--config takes a pipeline YAML file (e.g. {path / DEFAULT_CONFIG_NAME})")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-        raise ConfigError(f"{path}: invalid YAML{at}: {getattr(exc, 'problem', exc)}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason})") from None
-    return parse_config(data, path)
+    return parse_config(load_yaml_file(path), path)

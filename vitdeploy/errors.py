@@ -56,3 +56,9 @@ class ArtifactError(VitDeployError):
     """An artifact or the manifest is missing, tampered with or does not match this machine."""
 
     exit_code = 2
+
+
+class ArtifactIntegrityError(ArtifactError):
+    """A listed artifact fails its sha256 or size, or contradicts the manifest (another class
+    count, input size or tensor name). The whole directory is refused: a tampered export is a
+    security event, never a reason to fall back to another backend."""

@@ -31,7 +31,7 @@ def built(request, tmp_path_factory):
         pytest.skip(reason)
     pytest.importorskip("torch")
     from vitdeploy.model.checkpoints import load_checkpoint
-    from vitdeploy.paths import DEMO_MODEL_DIR
+    from vitdeploy.demo import DEMO_DIR as DEMO_MODEL_DIR
 
     artifacts = request.getfixturevalue("demo_artifacts")  # the shipped demo model, exported (engine skipped)
     model = load_checkpoint(DEMO_MODEL_DIR).model.eval()

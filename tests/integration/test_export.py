@@ -205,9 +205,9 @@ def test_stage_killed_midway_leaves_no_half_written_artifact(tmp_path: Path, mon
     with pytest.raises(KeyboardInterrupt):
         run_export(export_config({"validation": {"noise_samples": 2}, "export": {"batch": {"max": 4, "opt": 2}}}), tmp_path, engine="skip")
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert "model.onnx" in names  # the stage that completed is kept
-    assert "model.fp16.onnx" not in names and "manifest.json" not in names
-    assert not [n for n in names if n.startswith(".")], names  # no temp files left behind
+    # Every stage wrote into a staging folder beside tmp_path, dropped on the interrupt: only the report lands.
+    assert names == ["export-report.json"], names
+    assert not [p for p in tmp_path.parent.iterdir() if "vitdeploy-staging" in p.name]  # no temp files left behind
 
 
 def test_large_model_path_writes_external_data_that_is_hashed_validated_and_guarded(tmp_path: Path, export_config):
@@ -266,7 +266,10 @@ def test_engine_stage_wiring_with_a_tensorrt_test_double(tmp_path: Path, monkeyp
 
     (plan,) = plans
     assert (plan.min_batch, plan.opt_batch, plan.max_batch) == (2, 4, 6) and plan.device == 0
-    assert plan.onnx_path == out / "model.fp16.onnx" and plan.timing_cache_path == out / "timing.cache"
+    # Built in the staging folder that becomes `out`; the timing cache sits beside the graph, so it lands in `out`.
+    assert plan.onnx_path.name == "model.fp16.onnx" and plan.timing_cache_path == plan.onnx_path.parent / "timing.cache"
+    assert plan.onnx_path.parent.name.startswith(".elsewhere.vitdeploy-staging-")
+    assert result.artifacts["engine"] == out / "model.engine" and (out / "model.engine").is_file()
     assert min(batches) >= 2 and max(batches) <= 6  # never outside the engine's profile
     manifest = json.loads(result.manifest_path.read_text())
     assert {"engine", "engine-meta"} <= set(manifest["artifacts"])

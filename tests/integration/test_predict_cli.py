@@ -101,10 +101,10 @@ def test_missing_artifacts_directory_is_one_line_exit_2(tmp_path: Path):
     assert res.stderr.strip().splitlines()[-1].startswith("error:") and "vitdeploy export" in res.stderr
 
 
-def test_directory_without_images_is_exit_2(demo_artifacts: Path, tmp_path: Path):
+def test_directory_without_images_is_an_error_record_and_exit_1(demo_artifacts: Path, tmp_path: Path):
     (tmp_path / "notes.txt").write_text("no images here")
     res = run("predict", str(tmp_path), "-a", str(demo_artifacts))
-    assert res.exit_code == 2 and "no images" in res.stderr.lower()
+    assert res.exit_code == 1 and "no images" in res.stdout.lower()
 
 
 @pytest.mark.parametrize("backend, file", [("ort", "model.ort.onnx"), ("ort-fp16", "model.fp16.onnx"),

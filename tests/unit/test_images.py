@@ -17,13 +17,8 @@ import pytest
 from PIL import Image, ImageFile, features
 
 from vitdeploy.errors import InputError
-from vitdeploy.runtime.images import (
-    MAX_IMAGE_PIXELS,
-    SUPPORTED_FORMATS,
-    is_image_path,
-    iter_image_paths,
-    load_image,
-)
+from vitdeploy.runtime.image_paths import is_image_path, iter_image_paths
+from vitdeploy.runtime.images import MAX_IMAGE_PIXELS, SUPPORTED_FORMATS, load_image
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -266,7 +261,7 @@ def test_bomb_warning_promoted_to_error_is_still_an_input_error() -> None:
     data = png_with_header(10000, 10000)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(InputError, match="<bytes>: refused before decoding"):
+        with pytest.raises(InputError, match="<bytes>: .*refused before decoding"):
             load_image(data)
 
 

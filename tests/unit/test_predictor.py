@@ -213,5 +213,5 @@ def test_predict_paths_keeps_going_past_a_bad_image(ort_predictor, images):
 def test_predict_paths_on_a_missing_path_reports_it(ort_predictor, tmp_path):
     from vitdeploy.runtime.batch_predict import predict_paths
 
-    with pytest.raises(InputError):
-        list(predict_paths(ort_predictor, [tmp_path / "nope.png"]))
+    (rec,) = predict_paths(ort_predictor, [tmp_path / "nope.png"])  # a record, never an exception
+    assert rec == {"path": str(tmp_path / "nope.png"), "error": f"{tmp_path / 'nope.png'}: no such file or directory"}

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError, InputError
+from ..limits import check_batch_size, clip
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
 from .specs import BackendSpec, backend_specs, parse_backend_names, reference_options, try_open_spec
@@ -292,8 +293,8 @@ def parse_batch_sizes(value: str | Sequence[int]) -> tuple[int, ...]:
         except ValueError:
             n = 0
         if n < 1:
-            raise ConfigError(f"--batch-sizes: {text!r} is not a positive integer; expected e.g. 1,8,32")
-        out.append(n)
+            raise ConfigError(f"--batch-sizes: {clip(text)} is not a positive integer; expected e.g. 1,8,32")
+        out.append(check_batch_size(n, "--batch-sizes:"))
     if not out:
         raise ConfigError("--batch-sizes: no batch size given; expected e.g. 1,8,32")
     return tuple(dict.fromkeys(out))
@@ -419,7 +420,7 @@ def _status(rows: list[dict[str, Any]], name: str) -> str:
 
 def _image_files(images: str | os.PathLike[str] | None) -> list[Path]:
     from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
-    from ..runtime.images import iter_image_paths
+    from ..runtime.image_paths import iter_image_paths
 
     root = Path(images) if images is not None else DEMO_IMAGES_DIR
     if not root.exists():

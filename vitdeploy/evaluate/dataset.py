@@ -90,7 +90,7 @@ def load_validation_set(images: str | os.PathLike[str] | None = None,
     """
     from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
     from ..demo import LABELS_CSV as DEMO_LABELS_CSV
-    from ..runtime.images import iter_image_paths
+    from ..runtime.image_paths import iter_image_paths
 
     if images is None and labels_file is None:
         if not DEMO_IMAGES_DIR.is_dir():

@@ -2,9 +2,12 @@
 outputs (see the sibling modules); this module runs the ones the config asks for, times them,
 reports them through a callback and writes the manifest last.
 
-A manifest is the only mark of a valid export: it is removed when an export starts and written
-only when every stage that ran has passed. An artifact that fails validation is renamed
-``<name>.rejected`` so nothing loads it as valid; its report is ``export-report.json``.
+A manifest is the only mark of a valid export: it is written only when every stage that ran has
+passed. Every stage writes into a staging folder beside the output folder, swapped in when the
+export succeeds (export/staging.py), so the output folder always holds one complete export, the
+previous or the new one, even after ``kill -9``. An artifact that fails validation is renamed
+``<name>.rejected`` so nothing loads it as valid; its report is ``export-report.json`` (both are
+moved into the output folder, beside the previous export).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ log = logging.getLogger(__name__)
 EngineMode = Literal["auto", "require", "skip"]
 REPORT_NAME = "export-report.json"
 FILES = ARTIFACT_FILES
+_OUR_NAMES = {*FILES.values(), MANIFEST_NAME, REPORT_NAME, "timing.cache", *(f"{n}.data" for n in FILES.values())}
 
 
 @dataclass
@@ -84,7 +88,7 @@ def resolve_preprocess(cfg: PipelineConfig, loaded: Any) -> PreprocessSpec:
 
 
 def validation_images(cfg: PipelineConfig) -> list[Path]:
-    from ..runtime.images import iter_image_paths
+    from ..runtime.image_paths import iter_image_paths
 
     folder = cfg.resolve(cfg.validation.images) or (DEMO_IMAGES_DIR if DEMO_IMAGES_DIR.is_dir() else None)
     if folder is None:
@@ -100,15 +104,19 @@ def reference_logits(model: Any, batch: np.ndarray, chunk: int = 16) -> np.ndarr
     return np.concatenate(outs)
 
 
-def _prepare_out_dir(out_dir: Path) -> None:
+def _prepare_out_dir(out_dir: Path) -> Path:
+    """The folder to export into (symlinks resolved), created, writable, stale temporaries gone."""
+    from .staging import clean_stale
+
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ExportError(f"cannot create output directory {out_dir}: {exc.strerror}") from None
     if not os.access(out_dir, os.W_OK | os.X_OK):
         raise ExportError(f"output directory {out_dir} is not writable")
-    # The old manifest vouches for files this export is about to replace.
-    (out_dir / MANIFEST_NAME).unlink(missing_ok=True)
+    final = out_dir.resolve()
+    clean_stale(final, _OUR_NAMES)
+    return final
 
 
 def _reject(paths: list[Path]) -> None:
@@ -125,6 +133,7 @@ class _Export:
         self.cfg, self.out_dir, self.engine_mode, self.on_stage = cfg, out_dir, engine, on_stage
         self.heartbeat_s = heartbeat_s
         self.validation_batch = validation_batch
+        self.final_dir = out_dir  # where the export lands; out_dir is the staging folder while it runs
         self.stages: list[StageRecord] = []
         self.artifacts: dict[str, Path] = {}
         self.entries: dict[str, dict[str, Any]] = {}
@@ -288,7 +297,7 @@ class _Export:
                 rec.reason = "; ".join(result.failures[:6])
                 raise ValidationError(
                     f"{stage}: {result.backend} output drifted beyond validation thresholds: {rec.reason} "
-                    f"(artifact renamed *.rejected; full report: {self.out_dir / REPORT_NAME})")
+                    f"(artifact renamed *.rejected; full report: {self.final_dir / REPORT_NAME})")
             rec.reason = (f"{len(self.inputs.names)} inputs at batch {', '.join(map(str, sizes))}; "
                           f"worst max|diff| {result.worst_metrics()['max_abs_diff']:.3g}")
 
@@ -392,9 +401,17 @@ def run_export(
     ValidationError (exit 3) after writing ``export-report.json`` if an artifact drifts,
     MissingDependencyError (exit 4) for ``engine="require"`` without TensorRT/CUDA.
     """
+    from .staging import commit, staged
+
     out = Path(out_dir) if out_dir else cfg.output_dir
-    _prepare_out_dir(out)
-    return _Export(cfg, out, engine, on_stage, validation_batch, heartbeat_s).run()
+    final = _prepare_out_dir(out)
+    with staged(final, _OUR_NAMES, REPORT_NAME) as (stage, beside):
+        run = _Export(cfg, stage, engine, on_stage, validation_batch, heartbeat_s)
+        run.final_dir = out
+        result = run.run()
+        commit(stage, final, beside, _OUR_NAMES)
+    return ExportResult(out, result.stages, {role: out / p.relative_to(stage) for role, p in result.artifacts.items()},
+                        result.validation, out / MANIFEST_NAME if result.manifest_path else None)
 
 
 def _write_report(out_dir: Path, stages: list[StageRecord], validation: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ from ..errors import CheckpointError
 from ..preprocess_spec import PreprocessSpec
 from ..vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
 from . import convert_hf, convert_timm, convert_torchvision
+from .config_schema import check_checkpoint_config
 from .formats import (check_variant, read_json, read_state_dict, safetensors_keys, shorten, sniff, strip_prefixes,
                       to_float32, variant_template)
 
@@ -192,6 +193,7 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
         checked against the tensors and, for hf / vitdeploy, against the stored config.
     """
     src = _resolve(Path(path))
+    check_checkpoint_config(src.format, src.meta, src.meta_dir)  # every stated value, before any use
     where = src.where
     state = src.state if src.state is not None else _read_all(src.weights)
     state = to_float32(state)

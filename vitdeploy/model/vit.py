@@ -34,6 +34,11 @@ class ViTConfig:
     pos_embed: str = "learned"  # or "sincos" (fixed 2-D sinusoidal)
 
     def __post_init__(self) -> None:
+        sizes = {"image_size": self.image_size, "patch_size": self.patch_size, "in_channels": self.in_channels,
+                 "width": self.width, "depth": self.depth, "heads": self.heads}
+        bad = [f"{k} {v!r}" for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0]
+        if bad:  # checked first: a zero or a string must not reach the arithmetic below
+            raise ValueError(f"invalid ViT config: sizes must be positive integers, got {', '.join(bad)}")
         problems = []
         if self.image_size % self.patch_size:
             problems.append(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")

@@ -9,21 +9,21 @@ onnxruntime; ``onnx`` only for :func:`check_onnx_external_data`.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import ArtifactError
+from ..errors import ArtifactError, ArtifactIntegrityError
+from ..limits import clip_text
 from ..preprocess_spec import PreprocessSpec
 from ..vocab import ARTIFACT_FILES, MANIFEST_NAME
+from .manifest_schema import (MANIFEST_FORMAT, MANIFEST_VERSION, Manifest, check_engine_meta, check_model_config,
+                              parse_manifest, read_json_bounded)
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FORMAT = "vitdeploy-manifest"
-MANIFEST_VERSION = 1
 ROLES = tuple(ARTIFACT_FILES)
 _CHUNK = 1 << 20  # 1 MiB
 _FIX = "run `vitdeploy export` to (re)create the artifacts"
@@ -89,7 +89,8 @@ def check_onnx_external_data(onnx_path: str | os.PathLike[str]) -> list[Path]:
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf raises several types on corrupt input
-        raise ArtifactError(f"cannot read ONNX model {onnx_path}: {exc}; {_FIX}") from exc
+        raise ArtifactIntegrityError(f"cannot read ONNX model {onnx_path}: {clip_text(str(exc))}; the file is not a "
+                                     f"valid ONNX graph; {_FIX}") from exc
     files: dict[Path, None] = {}
     external = onnx.TensorProto.EXTERNAL
     for tensor in _iter_tensors(model.graph):
@@ -108,22 +109,38 @@ def check_onnx_external_data(onnx_path: str | os.PathLike[str]) -> list[Path]:
 
 
 class Artifacts:
-    """A loaded export directory: the manifest plus verified access to its files."""
+    """A loaded export directory: the validated manifest plus verified access to its files.
 
-    def __init__(self, directory: Path, manifest: dict[str, Any]) -> None:
+    :meth:`open` is the one way in, for the Predictor, bench, drift and any later caller (serving):
+    the manifest is validated against its schema, then (``verify=True``, the default) every
+    listed artifact is checked for size and sha256 and the small metadata files (model.json,
+    model.engine.json) against the manifest, before any backend reads anything. One failing
+    file refuses the whole directory (ArtifactIntegrityError, exit 2), whatever the backend.
+    """
+
+    def __init__(self, directory: Path, manifest: dict[str, Any], schema: Manifest | None = None) -> None:
         self._directory = directory
         self._manifest = manifest
+        self._schema = schema if schema is not None else parse_manifest(manifest, directory / MANIFEST_NAME)
         self._verified: set[str] = set()
         self._lock = threading.Lock()
-        self._preprocess = self._parse_preprocess()
-        self._input_shape = self._parse_input_shape()
+        spec = self._schema.preprocess
+        self._preprocess = PreprocessSpec(style=spec.style, height=spec.height, width=spec.width,
+                                          crop_pct=spec.crop_pct, interpolation=spec.interpolation,
+                                          mean=tuple(spec.mean), std=tuple(spec.std),
+                                          background=tuple(spec.background))
 
     # ---------------------------------------------------------------- opening
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str]) -> "Artifacts":
-        """Read ``directory/manifest.json``. ArtifactError when the directory or manifest is unusable."""
+    def open(cls, directory: str | os.PathLike[str], *, verify: bool = True) -> "Artifacts":
+        """Read and validate ``directory/manifest.json``; with ``verify`` check every listed file.
+
+        ArtifactError (exit 2) when the directory or manifest is unusable; ArtifactIntegrityError
+        when a listed file is missing, tampered with or contradicts the manifest."""
         if isinstance(directory, Artifacts):
+            if verify:
+                directory.verify_all()
             return directory
         path = Path(directory)
         if not path.exists():
@@ -133,49 +150,24 @@ class Artifacts:
         if not path.is_dir():
             raise ArtifactError(f"{path} is not a directory; pass the folder `vitdeploy export` wrote ({_FIX})")
         manifest_path = path / MANIFEST_NAME
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise ArtifactError(f"{path}: cannot read the artifact directory (permission denied); make it readable "
+                                f"by this user (e.g. chmod a+rx)")
         if not manifest_path.is_file():
             raise ArtifactError(f"{manifest_path} not found: {path} is not an export directory; {_FIX} with --out {path}")
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ArtifactError(f"{manifest_path} is not valid JSON ({exc}); {_FIX}") from exc
-        if not isinstance(manifest, dict):
-            raise ArtifactError(f"{manifest_path}: expected a JSON object, got {type(manifest).__name__}; {_FIX}")
-        fmt = manifest.get("format")
-        if fmt != MANIFEST_FORMAT:
-            raise ArtifactError(f"{manifest_path}: \"format\" is {fmt!r}, expected {MANIFEST_FORMAT!r}; "
-                                f"this is not a vitdeploy manifest; {_FIX}")
-        version = manifest.get("version")
-        if not isinstance(version, int) or version < 1 or version > MANIFEST_VERSION:
-            raise ArtifactError(f"{manifest_path}: manifest version {version!r} is not supported (this vitdeploy "
-                                f"reads version {MANIFEST_VERSION}); upgrade vitdeploy or {_FIX}")
-        for key, kind in (("io", dict), ("artifacts", dict), ("preprocess", dict)):
-            if not isinstance(manifest.get(key), kind):
-                raise ArtifactError(f"{manifest_path}: key {key!r} missing or not an object; {_FIX}")
-        artifacts = cls(path, manifest)
-        log.debug("opened artifacts %s (%s): roles %s", path, artifacts.name, sorted(manifest["artifacts"]))
+        data = read_json_bounded(manifest_path, "manifest")
+        artifacts = cls(path, data, parse_manifest(data, manifest_path))
+        if verify:
+            artifacts.verify_all()
+        log.debug("opened artifacts %s (%s): roles %s", path, artifacts.name, artifacts.roles)
         return artifacts
 
+    @property
+    def manifest_path(self) -> Path:
+        return self._directory / MANIFEST_NAME
+
     def _where(self, key: str) -> str:
-        return f"{self._directory / MANIFEST_NAME}: {key}"
-
-    def _parse_preprocess(self) -> PreprocessSpec:
-        try:
-            return PreprocessSpec.from_dict(self._manifest["preprocess"])
-        except (TypeError, ValueError) as exc:
-            raise ArtifactError(f"{self._where('preprocess')} is invalid: {exc}; {_FIX}") from exc
-
-    def _parse_input_shape(self) -> tuple[int, int, int]:
-        try:
-            shape = self._manifest["io"]["input"]["shape"]
-            chw = tuple(int(v) for v in shape[1:])
-            if len(shape) != 4 or len(chw) != 3 or min(chw) <= 0:
-                raise ValueError
-        except (KeyError, TypeError, ValueError):
-            got = self._manifest.get("io", {}).get("input", {}) if isinstance(self._manifest.get("io"), dict) else None
-            raise ArtifactError(f"{self._where('io.input.shape')} must be [\"batch\", C, H, W] with positive "
-                                f"integers, got {got!r}; {_FIX}") from None
-        return chw  # type: ignore[return-value]
+        return f"{self.manifest_path}: {key}"
 
     # ------------------------------------------------------------- properties
 
@@ -185,15 +177,20 @@ class Artifacts:
 
     @property
     def manifest(self) -> dict[str, Any]:
+        """The manifest as read (a dict); :attr:`schema` is the validated form."""
         return self._manifest
 
     @property
+    def schema(self) -> Manifest:
+        return self._schema
+
+    @property
     def name(self) -> str:
-        return str(self._manifest.get("name") or self._directory.name)
+        return str(self._schema.name or self._directory.name)
 
     @property
     def labels(self) -> list[str]:
-        return [str(v) for v in self._manifest.get("labels") or []]
+        return list(self._schema.labels)
 
     @property
     def preprocess(self) -> PreprocessSpec:
@@ -202,53 +199,38 @@ class Artifacts:
     @property
     def input_shape(self) -> tuple[int, int, int]:
         """(C, H, W) of the model input."""
-        return self._input_shape
+        return self._schema.chw
 
     @property
     def io(self) -> dict[str, Any]:
-        return self._manifest["io"]
+        return self._schema.io.model_dump(exclude_none=True)
 
     @property
     def input_name(self) -> str:
-        return str(self.io.get("input", {}).get("name", "pixel_values"))
+        return self._schema.io.input.name
 
     @property
     def output_name(self) -> str:
-        return str(self.io.get("output", {}).get("name", "logits"))
+        return self._schema.io.output.name
 
     @property
     def batch(self) -> dict[str, int]:
         """{"min", "opt", "max"}; defaults 1 / 8 / 32 for keys the manifest leaves out."""
-        raw = self._manifest.get("batch")
-        if raw is None:
-            raw = {}
-        if not isinstance(raw, dict):
-            raise ArtifactError(f"{self._where('batch')} must be an object like {{\"min\": 1, \"opt\": 8, "
-                                f"\"max\": 32}}, got {raw!r}; {_FIX}")
-        out = {"min": 1, "opt": 8, "max": 32}
-        for key in out:
-            if key in raw:
-                try:
-                    out[key] = int(raw[key])
-                except (TypeError, ValueError):
-                    raise ArtifactError(f"{self._where('batch.' + key)} must be an integer, got {raw[key]!r}") from None
-        if not 1 <= out["min"] <= out["opt"] <= out["max"]:
-            raise ArtifactError(f"{self._where('batch')} must satisfy 1 <= min <= opt <= max, got {out}")
-        return out
+        return self._schema.batch.model_dump()
 
     @property
     def roles(self) -> list[str]:
-        return sorted(self._manifest["artifacts"])
+        return sorted(self._schema.artifacts)
 
     def has(self, role: str) -> bool:
-        return isinstance(self._manifest["artifacts"].get(role), dict)
+        return role in self._schema.artifacts
 
     def entry(self, role: str) -> dict[str, Any]:
-        entry = self._manifest["artifacts"].get(role)
-        if not isinstance(entry, dict):
+        entry = self._schema.artifacts.get(role)
+        if entry is None:
             raise ArtifactError(f"{self._where('artifacts')} has no {role!r} artifact (present: {self.roles or 'none'}); "
                                 f"re-run `vitdeploy export` with that stage enabled")
-        return entry
+        return entry.model_dump()
 
     # ------------------------------------------------------------- verification
 
@@ -258,19 +240,17 @@ class Artifacts:
         Its ONNX external data files listed in the manifest are verified as well. Each role is
         hashed once per instance; later calls return the cached result.
         """
-        entry = self.entry(role)
-        target = resolve_inside(self._directory, entry.get("path"), f"artifact {role!r}")
+        entry = self._schema.artifacts.get(role)
+        if entry is None:
+            self.entry(role)  # raises, naming the roles present
+        assert entry is not None
+        target = resolve_inside(self._directory, entry.path, f"artifact {role!r}")
         with self._lock:
             if role not in self._verified:
                 self._verify_file(target, entry, f"artifact {role!r}")
-                extra = entry.get("external_data") or []
-                if not isinstance(extra, list):
-                    raise ArtifactError(f"{self._where('artifacts.' + role + '.external_data')} must be a list")
-                for i, sub in enumerate(extra):
-                    if not isinstance(sub, dict):
-                        raise ArtifactError(f"{self._where(f'artifacts.{role}.external_data[{i}]')} must be an object")
+                for sub in entry.external_data:
                     what = f"artifact {role!r} external data"
-                    self._verify_file(resolve_inside(self._directory, sub.get("path"), what), sub, what)
+                    self._verify_file(resolve_inside(self._directory, sub.path, what), sub, what)
                 self._verified.add(role)
         return target
 
@@ -278,25 +258,40 @@ class Artifacts:
         """Verify several roles (all present ones by default); ArtifactError on the first failure."""
         return {role: self.path(role) for role in (roles if roles is not None else self.roles)}
 
-    def _verify_file(self, path: Path, entry: dict[str, Any], what: str) -> None:
+    def verify_all(self) -> dict[str, Path]:
+        """Every listed artifact's size and sha256, then the metadata files against the manifest."""
+        paths = self.verify()
+        if "weights-config" in paths:
+            cfg_path = paths["weights-config"]
+            check_model_config(self._schema, read_json_bounded(cfg_path, "model config"), cfg_path, self.manifest_path)
+        if "engine-meta" in paths:
+            meta_path = paths["engine-meta"]
+            check_engine_meta(self._schema, read_json_bounded(meta_path, "engine description"), meta_path,
+                              self.manifest_path)
+        return paths
+
+    def _verify_file(self, path: Path, entry: Any, what: str) -> None:
+        try:
+            actual_size = path.stat().st_size
+        except FileNotFoundError:
+            raise ArtifactIntegrityError(f"{what}: file {path} is missing; {_FIX}") from None
+        except OSError as exc:
+            raise ArtifactError(f"{what}: cannot read {path} ({exc.strerror or exc}); {_FIX}") from None
         if not path.is_file():
-            raise ArtifactError(f"{what}: file {path} is missing; {_FIX}")
-        expected_hash = entry.get("sha256")
-        if not isinstance(expected_hash, str) or len(expected_hash) != 64:
-            raise ArtifactError(f"{what}: manifest entry for {path.name} has no valid sha256 ({expected_hash!r}); {_FIX}")
-        expected_size = entry.get("bytes")
-        if expected_size is not None and (isinstance(expected_size, bool) or not isinstance(expected_size, int)
-                                          or expected_size < 0):
-            raise ArtifactError(f"{what}: manifest entry for {path.name} has an invalid \"bytes\" "
-                                f"{expected_size!r} (expected a non-negative integer); {_FIX}")
-        actual_size = path.stat().st_size
-        if expected_size is not None and expected_size != actual_size:
-            raise ArtifactError(f"{what}: tampered or corrupt: {path} size expected {expected_size} bytes got "
-                                f"{actual_size}; {_FIX}")
-        actual_hash = sha256_file(path)
-        if actual_hash != expected_hash.lower():
-            raise ArtifactError(f"{what}: tampered or corrupt: {path} sha256 expected {expected_hash.lower()} got "
-                                f"{actual_hash}; {_FIX}")
+            raise ArtifactIntegrityError(f"{what}: {path} is not a regular file; {_FIX}")
+        if entry.bytes != actual_size:
+            raise ArtifactIntegrityError(f"{what}: tampered or corrupt: {path} size expected {entry.bytes} bytes got "
+                                         f"{actual_size}; the whole directory is refused; {_FIX}")
+        try:
+            actual_hash = sha256_file(path)
+        except PermissionError as exc:
+            raise ArtifactError(f"{what}: cannot read {path} ({exc.strerror}); make it readable by this user "
+                                f"(e.g. chmod a+r {path.name})") from None
+        except OSError as exc:
+            raise ArtifactError(f"{what}: cannot read {path} ({exc.strerror or exc}); {_FIX}") from None
+        if actual_hash != entry.sha256:
+            raise ArtifactIntegrityError(f"{what}: tampered or corrupt: {path} sha256 expected {entry.sha256} got "
+                                         f"{actual_hash}; the whole directory is refused; {_FIX}")
         log.debug("verified %s (%d bytes, sha256 %s)", path, actual_size, actual_hash[:12])
 
     def __repr__(self) -> str:

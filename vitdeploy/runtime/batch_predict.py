@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 from ..errors import InputError
+from ..limits import check_batch_size
 
 log = logging.getLogger(__name__)
 
@@ -22,26 +23,40 @@ def predict_paths(predictor: Any, paths: Iterable[str | os.PathLike[str]], *, ba
                   progress: Progress | None = None) -> Iterator[dict[str, Any]]:
     """One record per image file under ``paths`` (files as given, directories walked), in order.
 
-    Paths are expanded before this returns, so a path that does not exist (or a directory with
-    no images) raises InputError at once; after that every file yields exactly one record.
-    ``progress(done, total)`` is called after each batch.
+    Paths are expanded before this returns; a path that cannot be used (missing, a symlink loop,
+    an unreadable or empty directory) yields its own error record in place and the others are
+    predicted. Every image file yields exactly one record. ``progress(done, total)`` is called
+    after each batch.
     """
-    if int(batch_size) < 1:
-        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    batch_size = check_batch_size(batch_size, "batch_size")
     if int(top_k) < 1:
         raise InputError(f"top_k must be >= 1, got {top_k}")
-    from .images import iter_image_paths
+    from .image_paths import expand_image_paths
 
-    files = iter_image_paths(paths)
-    return _records(predictor, files, int(batch_size), int(top_k), progress)
+    return _records(predictor, expand_image_paths(paths), int(batch_size), int(top_k), progress)
 
 
-def _records(predictor: Any, files: list[Path], batch_size: int, top_k: int,
+def _records(predictor: Any, entries: list[tuple[Path, str | None]], batch_size: int, top_k: int,
              progress: Progress | None) -> Iterator[dict[str, Any]]:
-    total, done = len(files), 0
+    total, done = len(entries), 0
     preprocessor = predictor.preprocessor
-    for start in range(0, total, batch_size):
-        chunk = files[start : start + batch_size]
+    start = 0
+    while start < total:
+        while start < total and entries[start][1] is not None:  # a bad path: its record, in place
+            path, error = entries[start]
+            log.debug("skipping %s: %s", path, error)
+            yield {"path": str(path), "error": error}
+            start += 1
+            done += 1
+        end = start
+        while end < total and end - start < batch_size and entries[end][1] is None:
+            end += 1
+        if end == start:  # only bad paths were left
+            if progress is not None:
+                progress(done, total)
+            break
+        chunk = [p for p, _ in entries[start:end]]
+        start = end
         batch, good, errors = preprocessor.batch_tolerant(chunk)
         good = [int(i) for i in good]
         preds = {}

@@ -38,10 +38,12 @@ F                      float: values in [0, 1] are scaled by 255, other ranges a
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
-from collections.abc import Iterable
+import threading
+import warnings
 from pathlib import Path
 from typing import Any, NamedTuple, Union
 
@@ -49,6 +51,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from ..errors import InputError
+from .image_paths import IMAGE_EXTENSIONS
 
 log = logging.getLogger(__name__)
 
@@ -62,16 +65,13 @@ SUPPORTED_FORMATS: frozenset[str] = frozenset({"PNG", "JPEG", "BMP", "GIF", "WEB
 _FORMAT_ORDER = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 
 #: File extensions (lower case) that :func:`is_image_path` and :func:`iter_image_paths` accept.
-IMAGE_EXTENSIONS: frozenset[str] = frozenset(
-    {".png", ".apng", ".jpg", ".jpeg", ".jpe", ".jfif", ".bmp", ".dib", ".gif", ".webp",
-     ".tif", ".tiff"}
-)
 
 ImageSource = Union[str, os.PathLike, bytes, bytearray, memoryview, Image.Image, np.ndarray]
 
 _DEFAULT_BACKGROUND = (255, 255, 255)
 _ALPHA_MODES = frozenset({"RGBA", "LA", "La", "RGBa", "PA"})
 _ORIENTATION_TAG = 0x0112
+_WARNINGS_LOCK = threading.Lock()
 
 
 class _Options(NamedTuple):
@@ -126,44 +126,6 @@ def load_image(
     )
 
 
-def is_image_path(path: str | os.PathLike) -> bool:
-    """True when ``path``'s extension is one of :data:`IMAGE_EXTENSIONS` (case-insensitive).
-
-    Only the name is looked at; use it to pick files during a directory walk.
-    """
-    return Path(os.fspath(path)).suffix.lower() in IMAGE_EXTENSIONS
-
-
-def iter_image_paths(paths: Iterable[str | os.PathLike]) -> list[Path]:
-    """Expand ``paths`` into the list of image files to process, in a stable order.
-
-    Files are kept as given (whatever their extension, so a mis-named file still reaches
-    :func:`load_image` and fails with a clear message). Directories are walked recursively
-    and contribute their files for which :func:`is_image_path` is true, sorted by path;
-    hidden files and folders (name starting with ".") are skipped and symlinked folders are
-    not followed. Inputs keep their order; nothing is deduplicated.
-
-    Raises :class:`InputError` for a path that does not exist and for a directory holding no
-    images.
-    """
-    out: list[Path] = []
-    for raw in paths:
-        path = Path(os.fspath(raw))
-        if path.is_dir():
-            found = _walk_images(path)
-            if not found:
-                raise InputError(
-                    f"{path}: directory holds no images (looked recursively for "
-                    f"{', '.join(sorted(IMAGE_EXTENSIONS))}; hidden entries skipped)"
-                )
-            out.extend(found)
-        elif path.exists():
-            out.append(path)
-        else:
-            raise InputError(f"{path}: no such file or directory")
-    return out
-
-
 # --------------------------------------------------------------------------------------------
 # sources
 
@@ -184,9 +146,22 @@ def _from_path(path: Path, opts: _Options) -> Image.Image:
         return _from_stream(f, name, opts)
 
 
+@contextlib.contextmanager
+def _no_bomb_warning() -> Any:
+    """Pillow warns (DecompressionBombWarning, on stderr, with its own file path) above
+    ``PIL.Image.MAX_IMAGE_PIXELS`` and raises above twice that. vitdeploy decides itself, per
+    image, from ``max_pixels`` (runtime.max_image_pixels): a clean InputError or a clean
+    acceptance, so the warning is silenced while a header is read. ``catch_warnings`` swaps a
+    process-wide filter list, hence the lock: header parsing is microseconds."""
+    with _WARNINGS_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        yield
+
+
 def _from_stream(fp: Any, name: str, opts: _Options) -> Image.Image:
     try:
-        img = Image.open(fp, formats=_FORMAT_ORDER)
+        with _no_bomb_warning():
+            img = Image.open(fp, formats=_FORMAT_ORDER)
     except Image.UnidentifiedImageError:
         raise InputError(_unidentified_message(fp, name)) from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -252,7 +227,7 @@ def _check_size(name: str, w: int, h: int, max_pixels: int | None) -> None:
         raise InputError(
             f"{name}: {w}x{h} = {pixels} pixels exceeds the limit of {max_pixels} pixels; "
             "refused before decoding (decompression-bomb guard). If the image is trusted, "
-            "raise max_pixels"
+            "raise max_pixels (runtime.max_image_pixels in pipeline.yaml)"
         )
 
 
@@ -439,23 +414,10 @@ def _as_text(head: bytes) -> str | None:
     return None
 
 
-def _walk_images(root: Path) -> list[Path]:
-    found: list[Path] = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for fn in filenames:
-            if not fn.startswith(".") and is_image_path(fn):
-                found.append(Path(dirpath) / fn)
-    found.sort()
-    return found
-
-
 __all__ = [
     "IMAGE_EXTENSIONS",
     "MAX_IMAGE_PIXELS",
     "SUPPORTED_FORMATS",
     "ImageSource",
-    "is_image_path",
-    "iter_image_paths",
     "load_image",
 ]

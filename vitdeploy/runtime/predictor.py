@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ArtifactError, BackendError, InputError
+from ..errors import ArtifactError, ArtifactIntegrityError, BackendError, InputError
 from ..vocab import MANIFEST_NAME
 from .artifacts import Artifacts
 from .backends.base import provider_name
@@ -128,7 +128,7 @@ class Predictor:
         ``max_pixels``: images whose header claims more pixels are refused before decoding
         (default: the preprocessing's limit, Pillow's 89.5 Mpx)."""
         ensure_known(backend)
-        artifacts = path if isinstance(path, Artifacts) else Artifacts.open(path)
+        artifacts = Artifacts.open(path)  # schema, every file's sha256 and the metadata checks, once
         options = options or BackendOptions()
         if backend == "auto":
             runner, name, why = select_backend(artifacts, options)
@@ -173,7 +173,12 @@ class Predictor:
 
     def predict_logits(self, batch: np.ndarray) -> np.ndarray:
         """float32 (N, C, H, W) -> float32 (N, num_classes). InputError names expected vs actual."""
-        return self._backend().run(batch)  # BackendBase.run checks dtype/shape, splits by max_batch
+        logits = self._backend().run(batch)  # BackendBase.run checks dtype/shape, splits by max_batch
+        if logits.ndim != 2 or logits.shape[1] != len(self.labels):
+            raise ArtifactIntegrityError(f"{self.backend_name} returned logits of shape {logits.shape} but "
+                                         f"{self.artifacts.manifest_path} has {len(self.labels)} labels; re-run "
+                                         f"`vitdeploy export`")
+        return logits
 
     def _backend(self) -> Backend:
         if self.backend is None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..._deps import available
-from ...errors import ArtifactError, BackendError, ConfigError, MissingDependencyError, VitDeployError
+from ...errors import ArtifactError, ArtifactIntegrityError, BackendError, ConfigError, MissingDependencyError, VitDeployError
 from ...vocab import BACKEND_KINDS, RUNTIME_BACKENDS
 from ..cuda import cuda_status
 from .base import Backend, BackendBase, BackendOptions
@@ -184,6 +184,8 @@ def open_or_reason(name: str, artifacts: Any, options: BackendOptions | None = N
     verify_backend_files(name, artifacts)  # tampered or escaping files raise here, before any fallback
     try:
         backend = open_backend(name, artifacts, options)
+    except ArtifactIntegrityError:
+        raise  # a file that contradicts its manifest refuses the directory, never a fallback
     except (BackendError, MissingDependencyError, ArtifactError) as exc:  # e.g. an engine built for another GPU
         return Opened(name, status="error", reason=first_line(exc), error=type(exc))
     return Opened(name, backend)

@@ -12,7 +12,7 @@ import hashlib
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from ..._deps import require
 from ...errors import ArtifactError, BackendError, ConfigError
 from ..artifacts import check_onnx_external_data, resolve_inside
 from ..cuda import cuda_index
+from ..manifest_schema import check_graph_io, onnx_dtype_name
 from .base import BackendBase, BackendOptions, provider_name
 
 log = logging.getLogger(__name__)
@@ -140,9 +141,11 @@ class OrtBackend(BackendBase):
 
     def __init__(self, onnx_path: str | Path, input_shape: tuple[int, int, int], max_batch: int | None = None,
                  options: BackendOptions | None = None, name: str = "ort", *,
-                 external_data_checked: bool = False) -> None:
+                 external_data_checked: bool = False, io_check: Callable[[Any, Any], None] | None = None) -> None:
         """``external_data_checked``: the caller (``verified_onnx_path``) already refused external
-        data outside the model's folder; skip reading the graph a second time."""
+        data outside the model's folder; skip reading the graph a second time. ``io_check(inputs,
+        outputs)``: called with the session's [(name, dtype, shape)] before anything else looks at
+        them (the manifest check of ``open_from_artifacts``); it raises to refuse the graph."""
         super().__init__(input_shape, max_batch)
         self.name = name
         self.options = options or BackendOptions()
@@ -198,6 +201,12 @@ class OrtBackend(BackendBase):
             log.warning("%s (allowed by allow_cpu_fallback)", msg)
 
         inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
+        if io_check is not None:
+            try:
+                io_check(*self.signature())
+            except BaseException:
+                self._session = None
+                raise
         if len(inputs) != 1:
             raise BackendError(f"{name}: {self.onnx_path} has {len(inputs)} inputs "
                                f"{[i.name for i in inputs]}, expected exactly one image input")
@@ -214,6 +223,12 @@ class OrtBackend(BackendBase):
         names = [o.name for o in outputs]
         self.output_name = "logits" if "logits" in names else names[0]
         self.output_names = names
+
+    def signature(self) -> tuple[list[tuple[str, str, list[Any]]], list[tuple[str, str, list[Any]]]]:
+        """([(name, dtype, shape)] of the inputs, same of the outputs); dtype as 'float32'/'float16'."""
+        session = self._live_session()
+        return ([(i.name, onnx_dtype_name(i.type), list(i.shape)) for i in session.get_inputs()],
+                [(o.name, onnx_dtype_name(o.type), list(o.shape)) for o in session.get_outputs()])
 
     def _live_session(self) -> Any:
         # Read self._session once: close() on another thread may set it to None at any moment.
@@ -289,8 +304,12 @@ def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *
                                chw=tuple(artifacts.input_shape), batch=artifacts.batch, fp16_graph=fp16,
                                cache_dir=trt_ep_cache_dir(artifacts.directory) if wants_trt_ep else None)
     options = dataclasses.replace(options, providers=tuple(entries))
+
+    def io_check(inputs: Any, outputs: Any) -> None:
+        check_graph_io(artifacts.schema, path, inputs, outputs, artifacts.manifest_path, fp16_io_ok=fp16)
+
     return OrtBackend(path, artifacts.input_shape, artifacts.batch["max"], options, name=name,
-                      external_data_checked=True)
+                      external_data_checked=True, io_check=io_check)
 
 
 def open_fp16_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> OrtBackend:

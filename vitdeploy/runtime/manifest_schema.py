@@ -1,0 +1,359 @@
+"""The schema of ``manifest.json`` and the checks that tie each artifact to it.
+
+A manifest is input like any other: a tampered or hand-edited one must be refused before any
+backend reads a byte it names. :func:`parse_manifest` validates it (pydantic, frozen): the
+sections the runtime trusts (``artifacts``, ``io``, ``batch``, ``preprocess``, ``labels``) refuse
+unknown keys and impossible values, and must agree with each other (one label per output class,
+the preprocessing size is the input size). Informational sections (``model``, ``versions``,
+``validation``, ``stages``, ``export``, ...) are only type-checked, and top-level keys this
+version does not know are kept but never trusted, so a manifest written by a later vitdeploy
+with an extra section still opens.
+
+The checks of the files themselves against the manifest (:func:`check_model_config`,
+:func:`check_engine_meta`, :func:`check_graph_io`) raise :class:`ArtifactIntegrityError`: an
+artifact that contradicts its manifest is refused with the whole directory, and auto-selection
+never falls back past it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path, PurePosixPath, PureWindowsPath
+from typing import Annotated, Any, Literal, Optional, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
+
+from .._schema import FiniteFloat, NonNegativeInt, PositiveInt, StrictSection, format_validation_error
+from ..errors import ArtifactError, ArtifactIntegrityError
+from ..limits import MAX_BATCH, MAX_JSON_BYTES, clip
+
+MANIFEST_FORMAT = "vitdeploy-manifest"
+MANIFEST_VERSION = 1
+FIX = "run `vitdeploy export` to (re)create the artifacts"
+
+MAX_IMAGE_SIDE = 16384  # a ViT input side; 16k x 16k float32 is already 3 GB per image
+_ROLE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+DTYPES = ("float32", "float16")
+
+
+def _relative_path(value: Any) -> str:
+    """A path inside the artifact directory: relative, no '..', no backslash, no NUL."""
+    if not isinstance(value, str) or not value:
+        raise ValueError("must be a non-empty relative file name")
+    if len(value) > 1024 or "\x00" in value or "\\" in value:
+        raise ValueError("must be a plain relative file name (no NUL or backslash, at most 1024 characters)")
+    if PurePosixPath(value).is_absolute() or PureWindowsPath(value).is_absolute() or PureWindowsPath(value).drive:
+        raise ValueError("is absolute; artifact paths must stay inside the artifact directory")
+    if any(part in ("..", ".", "") for part in value.split("/")):
+        raise ValueError("must not contain '..', '.' or empty components; artifact paths must stay inside the directory")
+    return value
+
+
+RelPath = Annotated[str, Field(description="relative to the artifact directory")]
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+Side = Annotated[PositiveInt, Field(le=MAX_IMAGE_SIDE)]
+Byte = Annotated[int, Field(ge=0, le=255)]
+
+
+class ExternalFile(StrictSection):
+    path: RelPath
+    sha256: StrictStr
+    bytes: NonNegativeInt
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _path(cls, v: Any) -> str:
+        return _relative_path(v)
+
+    @field_validator("sha256")
+    @classmethod
+    def _sha(cls, v: str) -> str:
+        if not _SHA256.match(v):
+            raise ValueError("must be 64 hexadecimal digits (a sha256)")
+        return v.lower()
+
+
+class FileEntry(ExternalFile):
+    external_data: tuple[ExternalFile, ...] = ()
+
+
+class TensorSpec(StrictSection):
+    name: StrictStr = Field(min_length=1, max_length=256)
+    dtype: Literal["float32", "float16"] = "float32"
+    shape: tuple[Any, ...]
+
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, v: tuple[Any, ...]) -> tuple[Any, ...]:
+        if not v:
+            raise ValueError("must list the dimensions")
+        first, rest = v[0], v[1:]
+        if not (isinstance(first, str) and first) and not (type(first) is int and first >= 1):
+            raise ValueError("the first dimension must be the batch: a name like \"batch\" (or a positive integer)")
+        if any(type(d) is not int or d < 1 for d in rest):
+            raise ValueError("dimensions after the batch must be positive integers")
+        return v
+
+
+class IOSpec(StrictSection):
+    input: TensorSpec
+    output: TensorSpec
+    features: Optional[TensorSpec] = None
+
+    @model_validator(mode="after")
+    def _ranks(self) -> "IOSpec":
+        if len(self.input.shape) != 4:
+            raise ValueError(f"io.input.shape must be [\"batch\", C, H, W], got {clip(list(self.input.shape))}")
+        if self.input.shape[1] != 3:
+            raise ValueError(f"io.input.shape has {self.input.shape[1]} channels; the preprocessing produces RGB (3)")
+        if any(s > MAX_IMAGE_SIDE for s in self.input.shape[2:]):
+            raise ValueError(f"io.input.shape {clip(list(self.input.shape))} is larger than {MAX_IMAGE_SIDE} px a side")
+        if len(self.output.shape) != 2:
+            raise ValueError(f"io.output.shape must be [\"batch\", classes], got {clip(list(self.output.shape))}")
+        names = [self.input.name, self.output.name] + ([self.features.name] if self.features else [])
+        if len(set(names)) != len(names):
+            raise ValueError(f"io tensor names must differ, got {clip(names)}")
+        return self
+
+
+class BatchSpec(StrictSection):
+    min: BatchSize = 1
+    opt: BatchSize = 8
+    max: BatchSize = 32
+
+    @field_validator("min", "opt", "max", mode="before")
+    @classmethod
+    def _int(cls, v: Any) -> Any:
+        if type(v) is not int:
+            raise ValueError("must be an integer")
+        return v
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "BatchSpec":
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"batch sizes must satisfy 1 <= min <= opt <= max, got min={self.min}, opt={self.opt}, "
+                             f"max={self.max}")
+        return self
+
+
+class PreprocessSection(StrictSection):
+    """Mirrors vitdeploy.preprocess_spec.PreprocessSpec (same keys and defaults), strictly typed."""
+
+    style: Literal["hf", "timm"] = "hf"
+    height: Side = 224
+    width: Side = 224
+    crop_pct: FiniteFloat = Field(0.875, gt=0, le=1)
+    interpolation: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear"
+    mean: tuple[FiniteFloat, FiniteFloat, FiniteFloat] = (0.5, 0.5, 0.5)
+    std: tuple[Annotated[FiniteFloat, Field(gt=0)], Annotated[FiniteFloat, Field(gt=0)],
+               Annotated[FiniteFloat, Field(gt=0)]] = (0.5, 0.5, 0.5)
+    background: tuple[Byte, Byte, Byte] = (255, 255, 255)
+
+    @field_validator("background", mode="before")
+    @classmethod
+    def _ints(cls, v: Any) -> Any:
+        if isinstance(v, (list, tuple)) and any(type(x) is not int for x in v):
+            raise ValueError("must be 3 integers 0..255 (an RGB colour)")
+        return v
+
+
+Label = Annotated[StrictStr, Field(max_length=1024)]
+
+
+class Manifest(BaseModel):
+    """manifest.json, validated. Unknown top-level keys are kept (forward compatible), never used."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    format: Literal["vitdeploy-manifest"]
+    version: Annotated[int, Field(ge=1, le=MANIFEST_VERSION)]
+    name: Optional[Annotated[StrictStr, Field(max_length=256)]] = None
+    labels: tuple[Label, ...] = Field(min_length=1)
+    preprocess: PreprocessSection
+    io: IOSpec
+    batch: BatchSpec = BatchSpec()
+    artifacts: dict[str, FileEntry]
+    # Informational: written by the exporter, read by people and reports, never by the runtime.
+    created: Optional[StrictStr] = None
+    model: Optional[dict[str, Any]] = None
+    versions: Optional[dict[str, Optional[StrictStr]]] = None
+    validation: Optional[dict[str, Any]] = None
+    stages: Optional[list[dict[str, Any]]] = None
+    export: Optional[dict[str, Any]] = None
+    validation_inputs: Optional[dict[str, Any]] = None
+
+    @field_validator("artifacts")
+    @classmethod
+    def _roles(cls, v: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        for role in v:
+            if not _ROLE.match(role):
+                raise ValueError(f"artifact role {clip(role)} is not a role name (lower-case letters, digits, '-')")
+        paths = [e.path for e in v.values()] + [x.path for e in v.values() for x in e.external_data]
+        if len(set(paths)) != len(paths):
+            raise ValueError("two artifacts name the same file")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Manifest":
+        classes = self.io.output.shape[1]
+        if len(self.labels) != classes:
+            raise ValueError(f"labels has {len(self.labels)} entries but io.output.shape says {classes} classes; "
+                             "one label per class")
+        _, _, h, w = self.io.input.shape
+        if (self.preprocess.height, self.preprocess.width) != (h, w):
+            raise ValueError(f"preprocess size {self.preprocess.height}x{self.preprocess.width} differs from the "
+                             f"model input {h}x{w} (io.input.shape)")
+        return self
+
+    # convenience
+    @property
+    def chw(self) -> tuple[int, int, int]:
+        return tuple(self.io.input.shape[1:])  # type: ignore[return-value]
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.io.output.shape[1])
+
+
+def read_json_bounded(path: Path, what: str) -> Any:
+    """JSON from a small file next to the artifacts; ArtifactError for unreadable, huge, deep or invalid."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_JSON_BYTES:
+            raise ArtifactError(f"{path}: {size} bytes is larger than a {what} can be ({MAX_JSON_BYTES}); {FIX}")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_JSON_BYTES + 1)
+    except PermissionError as exc:
+        raise ArtifactError(f"{path}: cannot read the {what} ({exc.strerror}); make it readable by this user "
+                            f"(e.g. chmod a+r)") from None
+    except OSError as exc:
+        raise ArtifactError(f"{path}: cannot read the {what} ({exc.strerror or exc}); {FIX}") from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ArtifactError(f"{path} is not valid JSON ({clip(str(exc))}); {FIX}") from None
+    except RecursionError:
+        raise ArtifactError(f"{path}: JSON nested too deeply to be a {what}; {FIX}") from None
+
+
+def parse_manifest(data: Any, source: Path) -> Manifest:
+    """Validate manifest data; ArtifactError (exit 2) with one line naming each bad key."""
+    if not isinstance(data, dict):
+        raise ArtifactError(f"{source}: expected a JSON object, got {type(data).__name__}; {FIX}")
+    fmt = data.get("format")
+    if fmt != MANIFEST_FORMAT:
+        raise ArtifactError(f"{source}: \"format\" is {clip(fmt)}, expected {MANIFEST_FORMAT!r}; "
+                            f"this is not a vitdeploy manifest; {FIX}")
+    version = data.get("version")
+    if type(version) is not int or version < 1 or version > MANIFEST_VERSION:
+        raise ArtifactError(f"{source}: manifest version {clip(version)} is not supported (this vitdeploy "
+                            f"reads version {MANIFEST_VERSION}); upgrade vitdeploy or {FIX}")
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise ArtifactError(format_validation_error(exc, str(source)) + f"; {FIX}") from None
+
+
+# ------------------------------------------------------------------------------------ cross checks
+
+
+def _refuse(what: str, problems: Sequence[str], manifest_path: Path) -> None:
+    if problems:
+        raise ArtifactIntegrityError(f"{what} disagrees with {manifest_path}: {'; '.join(problems)}; the directory "
+                                     f"mixes files of different exports or was edited; {FIX}")
+
+
+def check_model_config(manifest: Manifest, config: Any, config_path: Path, manifest_path: Path) -> None:
+    """model.json (the torch backend's architecture) against the manifest: classes, channels, size."""
+    from ..vit_schema import validate_vit_config
+
+    if not isinstance(config, dict) or config.get("format") != "vitdeploy" or not isinstance(config.get("vit"), dict):
+        raise ArtifactIntegrityError(f"{config_path} is not a vitdeploy model config (expected \"format\": "
+                                     f"\"vitdeploy\" and a \"vit\" object); {FIX}")
+    vit = validate_vit_config(config["vit"], config_path, key_prefix="vit", error=ArtifactIntegrityError)
+    c, h, w = manifest.chw
+    problems = []
+    if vit["num_classes"] != manifest.num_classes:
+        problems.append(f"{vit['num_classes']} classes (vit.num_classes) vs {manifest.num_classes} in io.output")
+    if vit["in_channels"] != c:
+        problems.append(f"{vit['in_channels']} input channels vs {c}")
+    if (vit["image_size"], vit["image_size"]) != (h, w):
+        problems.append(f"image size {vit['image_size']} vs {h}x{w} in io.input")
+    _refuse(str(config_path), problems, manifest_path)
+
+
+def check_engine_meta(manifest: Manifest, meta: Any, meta_path: Path, manifest_path: Path) -> None:
+    """model.engine.json against the manifest: input name and (C, H, W)."""
+    if not isinstance(meta, dict):
+        raise ArtifactIntegrityError(f"{meta_path}: expected a JSON object; {FIX}")
+    problems = []
+    if meta.get("input") != manifest.io.input.name:
+        problems.append(f"input {clip(meta.get('input'))} vs {manifest.io.input.name!r} (io.input.name)")
+    chw = meta.get("chw")
+    if not isinstance(chw, list) or tuple(chw) != manifest.chw:
+        problems.append(f"chw {clip(chw)} vs {list(manifest.chw)} (io.input.shape)")
+    _refuse(str(meta_path), problems, manifest_path)
+
+
+Tensor = tuple[str, str, Sequence[Any]]  # (name, dtype "float32"/"float16"/other, shape: ints, names or None)
+
+
+def check_graph_io(manifest: Manifest, graph_path: Path, inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+                   manifest_path: Path, *, fp16_io_ok: bool = False) -> None:
+    """A loaded graph's inputs/outputs against the manifest's io spec and label count.
+
+    Exactly one input, named and typed as io.input, shape [batch, C, H, W] with C, H, W static and
+    equal; an output named io.output, shape [batch, classes] with classes static and equal to the
+    number of labels; no output the manifest does not describe. ``fp16_io_ok``: float16 I/O is
+    accepted where the manifest says float32 (an FP16 graph that kept half-precision I/O)."""
+    io = manifest.io
+    ok_dtypes = {io.input.dtype, *(("float16",) if fp16_io_ok else ())}
+    problems: list[str] = []
+    if len(inputs) != 1:
+        problems.append(f"graph has {len(inputs)} inputs {clip([i[0] for i in inputs])}, expected one "
+                        f"({io.input.name!r})")
+    else:
+        name, dtype, shape = inputs[0]
+        if name != io.input.name:
+            problems.append(f"input is named {clip(name)}, the manifest says {io.input.name!r}")
+        if dtype not in ok_dtypes:
+            problems.append(f"input dtype {dtype} vs {io.input.dtype}")
+        if len(shape) != 4 or tuple(shape[1:]) != manifest.chw or not _batch_dim_ok(shape[0], manifest):
+            problems.append(f"input shape {clip(_dims(shape))} vs [batch, {', '.join(map(str, manifest.chw))}]")
+    described = {io.output.name: io.output, **({io.features.name: io.features} if io.features else {})}
+    by_name = {o[0]: o for o in outputs}
+    extra = [n for n in by_name if n not in described]
+    if extra:
+        problems.append(f"outputs {clip(extra)} are not in the manifest's io")
+    logits = by_name.get(io.output.name)
+    if logits is None:
+        problems.append(f"no output named {io.output.name!r} (outputs: {clip(list(by_name))})")
+    else:
+        _, dtype, shape = logits
+        if dtype not in ({io.output.dtype, "float16"} if fp16_io_ok else {io.output.dtype}):
+            problems.append(f"output dtype {dtype} vs {io.output.dtype}")
+        if len(shape) != 2 or shape[1] != manifest.num_classes or not _batch_dim_ok(shape[0], manifest):
+            problems.append(f"output shape {clip(_dims(shape))} vs [batch, {manifest.num_classes}] "
+                            f"({len(manifest.labels)} labels)")
+    _refuse(f"graph {graph_path}", problems, manifest_path)
+
+
+def _batch_dim_ok(dim: Any, manifest: Manifest) -> bool:
+    if dim is None or isinstance(dim, str):
+        return True  # symbolic: dynamic batch
+    return type(dim) is int and (dim == -1 or manifest.batch.min == manifest.batch.max == dim)
+
+
+def _dims(shape: Sequence[Any]) -> list[Any]:
+    return ["?" if d is None else d for d in shape]
+
+
+def onnx_dtype_name(ort_type: str) -> str:
+    """ONNX Runtime's 'tensor(float)' -> 'float32' (others pass through)."""
+    return {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64"}.get(ort_type, ort_type)
+
+
+__all__ = ["FIX", "MANIFEST_FORMAT", "MANIFEST_VERSION", "Manifest", "check_engine_meta", "check_graph_io",
+           "check_model_config", "onnx_dtype_name", "parse_manifest", "read_json_bounded"]
