@@ -81,9 +81,14 @@ def config_check(config_path: Path | None) -> None:
     """Validate a pipeline YAML and print the effective configuration."""
     from .config import load_config
 
+    from .export.effective import describe, resolve
+
     cfg = load_config(config_path)
+    effective = resolve(cfg)  # loads the checkpoint: the preprocessing shown is what export will use
     click.echo(f"{cfg.source or 'built-in defaults'}: OK")
-    click.echo(json.dumps(cfg.model_dump(mode="json", exclude={"source"}), indent=2))
+    click.echo(json.dumps(effective.config_dump(cfg), indent=2))
+    for line in describe(effective, cfg):
+        click.echo(line)
 
 
 @main.command()
@@ -107,6 +112,8 @@ def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
         sizes = ", ".join(f"{p.name} {_size(p)}" for p in rec.outputs if p.exists())
         detail = " ".join(x for x in (sizes, rec.reason) if x)
         click.echo(f"  {rec.name:<22} {rec.status:<8} {rec.seconds:7.1f}s  {detail}", err=True)
+        for line in rec.details:
+            click.echo(f"    {line}", err=True)
 
     click.echo(f"exporting to {out_dir or cfg.output_dir}", err=True)
     result = run_export(cfg, out_dir, engine=engine, on_stage=on_stage)  # type: ignore[arg-type]
