@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from ..runtime.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, PreprocessSpec
-from .formats import SIZE_BY_WIDTH, layer_count, resolve_heads
+from .formats import SIZE_BY_WIDTH, layer_count, resolve_heads, variant_template
 from .provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -141,13 +141,14 @@ def timm_vit_config(state: dict[str, "torch.Tensor"], where: Path, variant: str 
         return infer_config(state, variant=variant, heads=int(hub_heads),
                             heads_origin=f"{CHECKPOINT}: config.json model_args.num_heads", **common)
     if variant is None and hub_config.get("architecture"):
+        arch = str(hub_config["architecture"])
         try:
-            cfg, _ = infer_config(state, variant=str(hub_config["architecture"]), **common)
-            return cfg, f"{CHECKPOINT}: config.json architecture {hub_config['architecture']}"
+            tmpl = variant_template(arch)
         except CheckpointError as exc:
-            if "variant" not in str(exc):
-                raise
-            logger.info("%s: architecture %r not usable as a variant (%s)", where, hub_config["architecture"], exc)
+            logger.info("%s: architecture %r is not a known variant (%s)", where, arch, exc)
+        else:  # timm builds the architecture with its own head count unless model_args say otherwise
+            return infer_config(state, variant=None, heads=tmpl.heads,
+                                heads_origin=f"{CHECKPOINT}: config.json architecture {arch}", **common)
     return infer_config(state, variant=variant, **common)
 
 
