@@ -149,6 +149,7 @@ def eager_logits(loaded, pixels: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------- 1. bare timm state dict
 
+@pytest.mark.slow
 def test_bare_timm_state_dict_gets_timms_default_and_says_so(reference, photos, tmp_path):
     """Reference: timm (vit_tiny_patch16_224 built by timm, resolve_data_config + create_transform)."""
     ref = ref_arrays(reference, "timm_bare")
@@ -189,6 +190,7 @@ def test_bare_deit_state_dict_with_variant_gets_deit_mean_std(reference, photos)
 
 # --------------------------------------------------------------------------- 4. head count
 
+@pytest.mark.slow
 def test_head_count_of_a_bare_state_dict_is_said_and_settable(reference, photos, tmp_path):
     """Reference: timm vit_tiny_patch16_224 built with num_heads=6 (the standard tiny has 3)."""
     ref = ref_arrays(reference, "timm_heads6")
@@ -200,7 +202,7 @@ def test_head_count_of_a_bare_state_dict_is_said_and_settable(reference, photos,
     assert float(np.abs(eager_logits(guessed, ref["pixels"]) - ref["logits"]).max()) > 0.05
 
     art, manifest = export(ckpt, photos, tmp_path / "art", model={"num_heads": 6})
-    assert manifest["vit"]["heads"] == 6 if "vit" in manifest else manifest["model"]["vit"]["heads"] == 6
+    assert manifest["model"]["vit"]["heads"] == 6
     assert manifest["model"]["source"]["heads_origin"] == "pipeline.yaml: model.num_heads"
     pixels, logits = predict(art, photos)  # ORT-optimised graph: attention fused with 6 heads
     assert_pixels(pixels, ref["pixels"], "timm default preprocessing")
@@ -225,6 +227,7 @@ def test_width_without_a_named_variant_points_at_a_key_that_exists(tmp_path):
 
 # --------------------------------------------------------------------------- 5. tanh GELU (timm)
 
+@pytest.mark.slow
 def test_timm_gelu_tanh_hub_folder_exports_and_matches(reference, photos, tmp_path):
     """Reference: timm, model saved by timm.save_for_hf with act_layer gelu_tanh and read back by timm."""
     ref = ref_arrays(reference, "timm_hub_gelu_tanh")
@@ -233,7 +236,8 @@ def test_timm_gelu_tanh_hub_folder_exports_and_matches(reference, photos, tmp_pa
     art, manifest = export(ckpt, photos, tmp_path / "art")
     assert manifest["model"]["vit"]["act"] == "gelu_tanh"
     fused = manifest["export"]["ort_optimize"]["fused"]
-    assert "BiasGelu" not in fused  # BiasGelu is the erf GELU: the tanh form must not be fused into it
+    # ORT's optimiser fuses the tanh form into FastGelu (the tanh approximation), never into BiasGelu (erf)
+    assert fused.get("FastGelu") == 2 and "BiasGelu" not in fused
     for backend, logit_tol, prob_tol in (("ort", LOGIT_TOL, PROB_TOL), ("ort-fp16", 3e-2, 1e-2)):
         pixels, logits = predict(art, photos, backend)
         assert_pixels(pixels, ref["pixels"], "timm hub preprocessing")
@@ -264,6 +268,7 @@ def test_timm_crop_modes_match_timm(reference, photos, case):
 
 # --------------------------------------------------------------------------- 1. torchvision
 
+@pytest.mark.slow
 def test_torchvision_state_dict_gets_its_weights_transforms(reference, photos, tmp_path):
     """Reference: torchvision (VisionTransformer, ViT_B_16_Weights.IMAGENET1K_V1.transforms())."""
     ref = ref_arrays(reference, "torchvision_b16")
@@ -376,17 +381,20 @@ def test_hf_centre_crop_offset_is_floored_like_transformers(photos, tmp_path):
 
 
 def test_hf_deit_processor_with_tanh_gelu_predicts_what_transformers_predicts(photos, tmp_path):
-    """Reference: transformers (DeiT processor: 256x256 then crop 224; hidden_act gelu_pytorch_tanh)."""
+    """Reference: transformers (DeiT processor: 256x256 then crop 224; hidden_act gelu_pytorch_tanh).
+    Eager here: the tanh GELU through ONNX, ORT and FP16 is exported in the timm test above."""
     import torch
 
-    model, proc = hf_folder(tmp_path / "ckpt", "deit-int-256-crop-224", hidden_act="gelu_pytorch_tanh", seed=3)
+    model, proc = hf_folder(tmp_path, "deit-int-256-crop-224", hidden_act="gelu_pytorch_tanh", seed=3)
     ref_pixels = np.stack(hf_pixels(proc, photos))
     with torch.no_grad():
         ref_logits = model(pixel_values=torch.from_numpy(ref_pixels)).logits.numpy()
-    art, manifest = export(tmp_path / "ckpt", photos, tmp_path / "art")
-    assert manifest["model"]["vit"]["act"] == "gelu_tanh"
-    assert manifest["preprocess_origins"]["resize_height"] == "checkpoint: preprocessor_config.json"
-    for backend, logit_tol, prob_tol in (("ort", LOGIT_TOL, PROB_TOL), ("ort-fp16", 3e-2, 1e-2)):
-        pixels, logits = predict(art, photos, backend)
-        assert_pixels(pixels, ref_pixels, "DeiT processor")
-        assert_same_predictions(logits, ref_logits, logit_tol, prob_tol)
+    loaded = load_checkpoint(tmp_path)
+    assert loaded.config.act == "gelu_tanh"
+    assert loaded.preprocess_origins["resize_height"] == "checkpoint: preprocessor_config.json"
+    pixels = Preprocessor(loaded.preprocess).batch(photo_files(photos))
+    assert_pixels(pixels, ref_pixels, "DeiT processor")
+    assert_same_predictions(eager_logits(loaded, pixels), ref_logits)
+    # the aspect ratio matters here: keeping it (the old behaviour) gives other pixels
+    kept = Preprocessor(loaded.preprocess.replace(resize_height=None, resize_width=None, shortest_edge=256))
+    assert float(np.abs(kept.batch(photo_files(photos)) - ref_pixels).max()) > 0.5
