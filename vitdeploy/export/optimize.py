@@ -12,7 +12,9 @@ writes a *separate* graph for the ONNX Runtime CPU/CUDA backends, with ``com.mic
   and final norm): the classifier reads that one row, so the other rows are dead work (exact;
   ~7% fewer FLOPs on ViT-B/16 at 224);
 * bias Add + erf GELU -> ``BiasGelu`` (ONNX Runtime's transformer optimiser, python fusions
-  only, ``opt_level=0``, so the file is not tied to this CPU). Its ``SkipLayerNormalization`` is
+  only, ``opt_level=0``, so the file is not tied to this CPU); a tanh GELU (``act: gelu_tanh``)
+  -> ``FastGelu``, the same tanh formula (an opset-20 ``Gelu(approximate="tanh")`` is made
+  ``FastGelu`` first: ORT's BiasGelu fusion would otherwise make it the erf form). Its ``SkipLayerNormalization`` is
   available but off by default: slower than Add + LayerNormalization on ORT 1.31's CPU kernels.
 
 Every rewrite is exact up to float32 rounding (GELU stays the erf form unless
@@ -93,6 +95,7 @@ def optimize_for_ort(
     if attention != "none":
         n_attention = fuse_attention(proto, num_heads=num_heads, hidden_size=hidden_size, op=attention)
     pruned = prune_last_block_to_class_token(proto) if class_token_only and n_attention else False
+    tanh_gelu_to_fast_gelu(proto)
     proto = _ort_fusions(proto, num_heads=num_heads, hidden_size=hidden_size, gelu_approximation=gelu_approximation,
                          skip_layer_norm=skip_layer_norm)
     _ensure_ms_opset(proto, onnx)
@@ -457,6 +460,27 @@ def _is_token_wise(g: _Graph, node: Any, region: set[str], side: set[str]) -> bo
                 return False
         return True
     return False
+
+
+# --------------------------------------------------------------------------- GELU forms
+
+def tanh_gelu_to_fast_gelu(proto: Any) -> int:
+    """ONNX ``Gelu(approximate="tanh")`` (opset >= 20) -> ``com.microsoft.FastGelu``, the same tanh formula.
+
+    ONNX Runtime's BiasGelu fusion turns ``Add`` + ``Gelu`` into ``BiasGelu``, which is the erf GELU,
+    whatever the Gelu's ``approximate`` says (a tanh-GELU ViT drifted ~8e-4). As ``FastGelu`` the node
+    is left alone, or fused with its bias into ``FastGelu`` (still the tanh form). At opset < 20 the
+    exporter writes the tanh formula out, and ORT's FastGelu fusion recognises it. Returns the count."""
+    from onnx import helper
+
+    count = 0
+    for i, node in enumerate(proto.graph.node):
+        if node.op_type == "Gelu" and node.domain in ("", "ai.onnx") and _attr(node, "approximate", b"none") in (b"tanh", "tanh"):
+            fast = helper.make_node("FastGelu", list(node.input), list(node.output), name=node.name or f"FastGelu_{i}",
+                                    domain=MS_DOMAIN)
+            proto.graph.node[i].CopyFrom(fast)
+            count += 1
+    return count
 
 
 # --------------------------------------------------------------------------- ORT's own fusions
