@@ -197,7 +197,7 @@ def test_head_count_of_a_bare_state_dict_is_said_and_settable(reference, photos,
     ckpt = checkpoint_of(reference, "timm_heads6")
     guessed = load_checkpoint(ckpt)
     assert guessed.config.heads == 3
-    assert any("3 attention heads" in n and "model.num_heads" in n for n in guessed.notes)
+    assert any("assumed 3 attention heads" in n and "model.num_heads" in n for n in guessed.notes)
     # the guess changes the answers: the test can tell
     assert float(np.abs(eager_logits(guessed, ref["pixels"]) - ref["logits"]).max()) > 0.05
 

@@ -213,7 +213,7 @@ def test_timm_heads_from_standard_table_and_variant(tmp_path):
     safetensors_torch.save_file(sd, str(path))
     ck = load_checkpoint(path)
     assert ck.config.heads == 6 and ck.heads_origin.startswith("library default (assumed)")
-    assert any("6 attention heads" in n and "model.num_heads" in n for n in ck.notes)  # said, with its override
+    assert any("assumed 6 attention heads" in n and "model.num_heads" in n for n in ck.notes)  # said, with its override
     x = _images(2)
     assert _max_diff(_logits(ck, x), timm_reference(sd, x, heads=6)) <= TOL
     with pytest.raises(CheckpointError, match=r"does not match variant 'vit_base_patch16_224'.*width 384"):
@@ -275,8 +275,9 @@ def test_torchvision_224_preprocess_is_imagenet_v1_recipe(tmp_path):
                                            interpolation="bilinear", mean=(0.485, 0.456, 0.406),
                                            std=(0.229, 0.224, 0.225))
     assert set(ck.preprocess_origins.values()) == {
-        "library default: torchvision like ViT_B_16_Weights.IMAGENET1K_V1.transforms()"}
-    assert any("assumed the documented transforms of torchvision's" in n and "preprocess:" in n for n in ck.notes)
+        "library default: torchvision ViT_B_16_Weights.IMAGENET1K_V1.transforms()"}
+    assert any("assumed the convention of torchvision's ViT_B_16_Weights.IMAGENET1K_V1" in n and "preprocess:" in n
+               for n in ck.notes)
 
 
 # --------------------------------------------------------------------------- position embeddings

@@ -263,7 +263,7 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
         labels = tuple(f"class_{i}" for i in range(cfg.num_classes))
     notes = list(pre.notes if pre else ())
     if heads_origin.startswith("library default (assumed)"):
-        notes.insert(0, f"{where.name}: {cfg.heads} attention heads {heads_origin.split(': ', 1)[1]}")
+        notes.insert(0, f"{where.name}: assumed {cfg.heads} attention heads: {heads_origin.split(': ', 1)[1]}")
     logger.info("loaded %s checkpoint %s: %s", src.format, where, cfg)
     return LoadedCheckpoint(model=model, config=cfg, labels=labels, preprocess=pre.spec if pre else None,
                             source_format=src.format, name=src.name,

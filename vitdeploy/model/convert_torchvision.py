@@ -89,8 +89,9 @@ TORCHVISION_WEIGHTS = {
 }
 
 
-def torchvision_weights_for(cfg: "ViTConfig") -> tuple[str, int, str]:
-    """(weights name, resize_size, interpolation) of the torchvision weights a checkpoint is taken for.
+def torchvision_weights_for(cfg: "ViTConfig") -> tuple[str, int, str, bool]:
+    """(weights name, resize_size, interpolation, whether torchvision ships weights of this shape) of the
+    torchvision weights a checkpoint is taken for.
 
     Matched on width, patch and image size. Other shapes get the convention of ``ViT_B_16_Weights``:
     ``IMAGENET1K_V1`` at 224 (resize 256, bilinear), ``SWAG_E2E_V1`` style elsewhere (resize to the
@@ -98,22 +99,23 @@ def torchvision_weights_for(cfg: "ViTConfig") -> tuple[str, int, str]:
     tensors as ``IMAGENET1K_V1`` and cannot be told apart: set the preprocessing for those.
     """
     builder, by_size = TORCHVISION_WEIGHTS.get((cfg.width, cfg.patch_size), ("vit_b_16", {}))
-    known = (cfg.width, cfg.patch_size) in TORCHVISION_WEIGHTS
     if cfg.image_size in by_size:
         weights, resize, interp = by_size[cfg.image_size]
-        return f"{'' if known else 'like '}{builder.upper().replace('VIT', 'ViT')}_Weights.{weights}", resize, interp
+        return f"{builder.upper().replace('VIT', 'ViT')}_Weights.{weights}", resize, interp, True
     if cfg.image_size == 224:
-        return "like ViT_B_16_Weights.IMAGENET1K_V1", 256, "bilinear"
-    return "like ViT_B_16_Weights.IMAGENET1K_SWAG_E2E_V1", cfg.image_size, "bicubic"
+        return "ViT_B_16_Weights.IMAGENET1K_V1", 256, "bilinear", False
+    return "ViT_B_16_Weights.IMAGENET1K_SWAG_E2E_V1", cfg.image_size, "bicubic", False
 
 
 def torchvision_preprocess(cfg: "ViTConfig", where: Path) -> Preprocessing:
     """What torchvision's ViT weights expect, since the state dict itself does not say (an assumption,
     noted so the user sees it)."""
-    weights, resize, interp = torchvision_weights_for(cfg)
+    weights, resize, interp, shipped = torchvision_weights_for(cfg)
     size = cfg.image_size
     spec = PreprocessSpec(style="torchvision", height=size, width=size, shortest_edge=resize, interpolation=interp,
                           mean=IMAGENET_MEAN, std=IMAGENET_STD)
-    note = (f"{where.name}: no preprocessing in the checkpoint; assumed the documented transforms of torchvision's "
-            f"{weights} ({describe_spec(spec)}); {override_hint()}")
+    which = (f"the documented transforms of torchvision's {weights}" if shipped else
+             f"the convention of torchvision's {weights} (torchvision ships no ViT weights of this shape)")
+    note = (f"{where.name}: no preprocessing in the checkpoint; assumed {which} ({describe_spec(spec)}); "
+            f"{override_hint()}")
     return Preprocessing.from_source(spec, f"{LIBRARY}: torchvision {weights}.transforms()", notes=(note,))

@@ -226,8 +226,8 @@ def resolve_heads(width: int, depth: int, patch: int, variant: str | None, where
         heads = HEADS_BY_WIDTH[width]
         name = f"vit_{SIZE_BY_WIDTH[width]}"
         logger.info("%s: no head count stored; assuming %d heads (%s)", where, heads, name)
-        return heads, (f"library default (assumed): the checkpoint does not store it; width {width} is {name}'s, which has {heads} "
-                       "heads (set model.num_heads in pipeline.yaml if yours differs)")
+        return heads, (f"library default (assumed): width {width} is {name}'s, which has {heads} heads; the checkpoint "
+                       "does not store it (set model.num_heads in pipeline.yaml if yours differs)")
     standard = ", ".join(f"{w} ({SIZE_BY_WIDTH[w]})" for w in HEADS_BY_WIDTH)
     raise CheckpointError(
         f"{where}: the checkpoint does not store its number of attention heads and width {width} is not a "
