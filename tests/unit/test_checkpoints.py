@@ -541,3 +541,45 @@ def test_our_format_weights_must_match_config(tmp_path):
     (tmp_path / "model.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match=r"missing keys \(\d+, vitdeploy naming\): blocks\.2\."):
         load_checkpoint(tmp_path)
+
+
+# --------------------------------------------------------------------------- what a checkpoint says, kept or refused
+
+def _hub(tmp_path: Path, model_args: dict, pretrained_cfg: dict | None = None) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    safetensors_torch.save_file(make_timm_state(classes=3), str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architecture": "vit_test", "num_classes": 3, "model_args": {"num_heads": 2, **model_args},
+        **({"pretrained_cfg": pretrained_cfg} if pretrained_cfg is not None else {})}))
+    return tmp_path
+
+
+def test_timm_hub_act_layer_is_used_or_refused(tmp_path):
+    ck = load_checkpoint(_hub(tmp_path / "tanh", {"act_layer": "gelu_tanh"}))
+    assert ck.config.act == "gelu_tanh" and ck.heads_origin == "checkpoint: config.json model_args.num_heads"
+    with pytest.raises(CheckpointError, match="act_layer 'quick_gelu' is not supported"):
+        load_checkpoint(_hub(tmp_path / "quick", {"act_layer": "quick_gelu"}))
+    with pytest.raises(CheckpointError, match="config.json says act_layer 'gelu_tanh' but model.activation is 'gelu'"):
+        load_checkpoint(tmp_path / "tanh", act="gelu")
+
+
+def test_timm_crop_mode_kept_with_everything_else_and_unknown_refused(tmp_path):
+    pcfg = {"input_size": [3, 32, 32], "interpolation": "bilinear", "crop_pct": 0.95, "crop_mode": "border",
+            "mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6]}
+    ck = load_checkpoint(_hub(tmp_path / "border", {}, pcfg))
+    assert ck.preprocess == PreprocessSpec(style="timm", height=32, width=32, crop_pct=0.95, crop_mode="border",
+                                           interpolation="bilinear", mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6))
+    with pytest.raises(CheckpointError, match="crop_mode 'random' is not one of center, squash, border"):
+        load_checkpoint(_hub(tmp_path / "bad", {}, {**pcfg, "crop_mode": "random"}))
+
+
+def test_stored_values_contradicted_by_pipeline_keys_are_refused(tmp_path):
+    hub = _hub(tmp_path, {})
+    with pytest.raises(CheckpointError, match="config.json says num_heads 2 but model.num_heads is 4"):
+        load_checkpoint(hub, num_heads=4)
+
+
+def test_hf_processor_resizing_by_crop_pct_is_refused():
+    with pytest.raises(CheckpointError, match="resizes by crop_pct"):
+        hf_preprocess({"image_processor_type": "ConvNextImageProcessor", "size": {"shortest_edge": 224},
+                       "crop_pct": 0.875}, 224, Path("preprocessor_config.json"))
