@@ -6,7 +6,14 @@ BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install clean bench
+# Test-only reference environment: timm and torchvision run their own models and preprocessing here
+# (tests/reference/library_reference.py). They cannot live beside the CPU torch above: torchvision's
+# wheel needs the CUDA build of torch, so pip resolves that build and its CUDA libraries (~5 GB,
+# run on the CPU only). transformers is not needed here: it runs in-process in .venv.
+REF_VENV  := .venv-ref
+REF_STAMP := $(REF_VENV)/.installed
+
+.PHONY: demo test install clean bench reference-env
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +22,15 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e ".[cpu,export,dev]" "$(TORCH)"
 	touch $(STAMP)
 
+$(REF_STAMP): Makefile
+	$(PYTHON) -m venv $(REF_VENV)
+	$(REF_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(REF_VENV)/bin/python -m pip install --quiet "timm>=1.0.20" torchvision safetensors pillow numpy
+	touch $(REF_STAMP)
+
 install: $(STAMP)
+
+reference-env: $(REF_STAMP)
 
 demo: $(STAMP)
 	$(BIN)/vitdeploy export -c pipeline.yaml
@@ -24,7 +39,7 @@ demo: $(STAMP)
 	@echo "  $(BIN)/vitdeploy export -c pipeline.yaml && $(BIN)/vitdeploy predict path/to/your/images -a artifacts"
 	@echo "  (or '. $(BIN)/activate' first, then plain 'vitdeploy ...')"
 
-test: $(STAMP)
+test: $(STAMP) $(REF_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
 # Speed goals are checked here, by ratios measured side by side in one run (benchmarks/README.md).
@@ -34,4 +49,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_ort_speed.py
 
 clean:
-	rm -rf $(VENV) artifacts .pytest_cache
+	rm -rf $(VENV) $(REF_VENV) artifacts .pytest_cache

@@ -96,9 +96,14 @@ def config_check(config_path: Path | None) -> None:
     """Validate a pipeline YAML and print the effective configuration."""
     from .config import load_config
 
+    from .export.effective import describe, resolve
+
     cfg = load_config(config_path)
+    effective = resolve(cfg)  # loads the checkpoint: the preprocessing shown is what export will use
     click.echo(f"{cfg.source or 'built-in defaults'}: OK")
-    click.echo(json.dumps(cfg.model_dump(mode="json", exclude={"source"}), indent=2))
+    click.echo(json.dumps(effective.config_dump(cfg), indent=2))
+    for line in describe(effective, cfg):
+        click.echo(line)
 
 
 @main.command()

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ._schema import FiniteFloat, format_validation_error
 from .errors import ConfigError
 from .limits import MAX_BATCH, clip
-from .vocab import BackendChoice, Interpolation, PreprocessStyle
+from .vocab import Activation, BackendChoice, CropMode, Interpolation, PreprocessStyle
 
 DEFAULT_CONFIG_NAME = "pipeline.yaml"
 Byte = Annotated[int, Field(ge=0, le=255)]
@@ -34,13 +34,25 @@ class ModelSection(_Section):
     variant: Optional[str] = Field(None, description="named variant (e.g. vit_base_patch16_224) when shapes are ambiguous")
     image_size: Optional[int] = Field(None, gt=0, description="resample position embeddings to this size")
     name: Optional[str] = None
+    # What a bare state dict (timm / torchvision .safetensors or .pth) cannot say; checked against
+    # checkpoints that store it (Hugging Face config.json, timm hub config.json, vitdeploy model.json).
+    num_heads: Optional[int] = Field(None, gt=0, description="attention heads (bare state dicts do not store them)")
+    activation: Optional[Activation] = Field(
+        None, description="MLP activation: gelu (exact, erf) or gelu_tanh (timm gelu_tanh / HF gelu_pytorch_tanh)")
+    layer_norm_eps: Optional[PositiveFloat] = Field(None, description="LayerNorm epsilon (timm/torchvision: 1e-6)")
 
 
 class PreprocessSection(_Section):
-    """Overrides of the preprocessing the checkpoint carries; None keeps the checkpoint's."""
+    """Overrides of the preprocessing the checkpoint carries; None keeps the checkpoint's (or, when it
+    carries none, its library's convention)."""
 
     style: Optional[PreprocessStyle] = None
     crop_pct: Optional[FiniteFloat] = Field(None, gt=0, le=1)
+    crop_mode: Optional[CropMode] = Field(None, description="timm style only")
+    resize_height: Optional[int] = Field(None, gt=0, description="hf style: resize to this height before the crop")
+    resize_width: Optional[int] = Field(None, gt=0, description="hf style: resize to this width before the crop")
+    shortest_edge: Optional[int] = Field(None, gt=0, description="hf / torchvision style: shorter side before the crop")
+    longest_edge: Optional[int] = Field(None, gt=0, description="hf style: cap on the longer side")
     interpolation: Optional[Interpolation] = None
     mean: Optional[tuple[FiniteFloat, FiniteFloat, FiniteFloat]] = None
     std: Optional[tuple[PositiveFloat, PositiveFloat, PositiveFloat]] = None

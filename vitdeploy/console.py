@@ -95,6 +95,8 @@ class StageReporter:
             sizes = ", ".join(f"{p.name} {file_size(p)}" for p in rec.outputs if p.exists())
             detail = " ".join(x for x in (sizes, rec.reason) if x)
         self.console.line(f"  {rec.name:<{STAGE_WIDTH}} {rec.status:<8} {rec.seconds:7.1f}s  {detail}".rstrip())
+        for line in getattr(rec, "details", ()):  # e.g. the model stage: what was understood, and from where
+            self.console.line(f"    {line}")
 
 
 def file_size(path: Path) -> str:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from numbers import Integral
-from typing import Any
+from typing import Any, Optional
 
-from .vocab import INTERPOLATIONS, PREPROCESS_STYLES, Interpolation
+from .vocab import CROP_MODES, INTERPOLATIONS, PREPROCESS_STYLES, CropMode, Interpolation
 from .vocab import PreprocessStyle as Style
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -21,10 +21,23 @@ INCEPTION_STD = (0.5, 0.5, 0.5)
 
 @dataclass(frozen=True)
 class PreprocessSpec:
-    """How pixels become the model's float32 NCHW input.
+    """How pixels become the model's float32 NCHW input of (height, width).
 
-    style "hf":   resize straight to (height, width).
-    style "timm": resize the shorter side to size / crop_pct, then centre-crop (height, width).
+    Each style is one library's geometry, reproduced exactly (Pillow resampling ``interpolation``):
+
+    style "hf" (transformers' image processors, PIL backend): resize to
+        (``resize_height``, ``resize_width``) ignoring the aspect ratio (None: straight to
+        (height, width)), or, when ``shortest_edge`` is set, the shorter side to ``shortest_edge``
+        (capped by ``longest_edge`` when set); then a centre crop of (height, width) at
+        ``(size - crop) // 2`` (floored), zero pixels where the crop exceeds the image.
+    style "timm" (``transforms_imagenet_eval``), scale size ``floor(size / crop_pct)``, by ``crop_mode``:
+        "center": the shorter side to the scale size, centre crop;
+        "squash": resize to the scale size ignoring the aspect ratio, centre crop;
+        "border": the longer side to the scale size, centre crop or pad with ``round(255 * mean)``.
+        Crop offsets ``round((size - crop) / 2)`` (torchvision's rule).
+    style "torchvision" (the weights' ``ImageClassification`` transform): the shorter side to
+        ``shortest_edge`` (torchvision's ``resize_size``), centre crop as torchvision (rounded).
+
     Then scale to [0, 1], normalise by mean/std per channel.
     Transparent pixels are composited over ``background`` (RGB 0-255) before anything else.
     """
@@ -37,14 +50,21 @@ class PreprocessSpec:
     mean: tuple[float, float, float] = INCEPTION_MEAN
     std: tuple[float, float, float] = INCEPTION_STD
     background: tuple[int, int, int] = field(default=(255, 255, 255))
+    crop_mode: CropMode = "center"
+    resize_height: Optional[int] = None
+    resize_width: Optional[int] = None
+    shortest_edge: Optional[int] = None
+    longest_edge: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.style not in PREPROCESS_STYLES:
-            raise ValueError(f"preprocess style must be 'hf' or 'timm', got {self.style!r}")
+            raise ValueError(f"preprocess style must be one of {', '.join(PREPROCESS_STYLES)}, got {self.style!r}")
         if self.height <= 0 or self.width <= 0:
             raise ValueError(f"preprocess size must be positive, got {self.height}x{self.width}")
         if not 0.0 < self.crop_pct <= 1.0:
             raise ValueError(f"crop_pct must be in (0, 1], got {self.crop_pct}")
+        if self.crop_mode not in CROP_MODES:
+            raise ValueError(f"crop_mode must be one of {', '.join(CROP_MODES)}, got {self.crop_mode!r}")
         if len(self.mean) != 3 or len(self.std) != 3 or any(s <= 0 for s in self.std):
             raise ValueError(f"mean/std must be 3 values with std > 0, got {self.mean} / {self.std}")
         if self.interpolation not in INTERPOLATIONS:
@@ -55,6 +75,30 @@ class PreprocessSpec:
                 or any(isinstance(v, bool) or not isinstance(v, Integral) or not 0 <= v <= 255 for v in bg)):
             raise ValueError(f"preprocess background must be 3 integers in 0..255 (an RGB colour), got {bg!r}")
         object.__setattr__(self, "background", tuple(int(v) for v in bg))  # a list or numpy ints -> plain tuple
+        self._check_resize()
+
+    def _check_resize(self) -> None:
+        sizes = {"resize_height": self.resize_height, "resize_width": self.resize_width,
+                 "shortest_edge": self.shortest_edge, "longest_edge": self.longest_edge}
+        for key, value in sizes.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, Integral) or value <= 0):
+                raise ValueError(f"preprocess {key} must be a positive integer, got {value!r}")
+        exact = (self.resize_height, self.resize_width)
+        if (exact[0] is None) != (exact[1] is None):
+            raise ValueError("preprocess resize_height and resize_width go together; set both or neither")
+        if self.style == "hf" and self.shortest_edge is not None and exact[0] is not None:
+            raise ValueError("preprocess: set either shortest_edge or resize_height/resize_width, not both")
+        if self.style == "hf" and self.longest_edge is not None and self.shortest_edge is None:
+            raise ValueError("preprocess longest_edge needs shortest_edge")
+        if self.style == "torchvision":
+            if self.shortest_edge is None:
+                raise ValueError("preprocess style 'torchvision' needs shortest_edge (torchvision's resize_size)")
+            if exact[0] is not None or self.longest_edge is not None:
+                raise ValueError("preprocess style 'torchvision' takes shortest_edge only (no resize_height/width, "
+                                 "longest_edge)")
+        if self.style == "timm" and any(v is not None for v in sizes.values()):
+            raise ValueError("preprocess style 'timm' derives its resize from crop_pct; unset resize_height, "
+                             "resize_width, shortest_edge and longest_edge")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

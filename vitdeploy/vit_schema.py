@@ -16,6 +16,7 @@ from pydantic import Field, StrictBool, ValidationError, model_validator
 
 from ._schema import FiniteFloat, NonNegativeInt, PositiveInt, StrictSection, format_validation_error
 from .errors import VitDeployError
+from .vocab import Activation
 
 # Generous ceilings: ViT-22B has width 6144, depth 48; they stop hostile values, not real models.
 MAX_WIDTH, MAX_DEPTH, MAX_SIDE, MAX_CLASSES = 65_536, 1_024, 16_384, 1_000_000
@@ -35,6 +36,7 @@ class ViTFields(StrictSection):
     layer_norm_eps: Annotated[FiniteFloat, Field(gt=0, lt=1)] = 1e-6
     num_classes: Annotated[NonNegativeInt, Field(le=MAX_CLASSES)] = 1000
     pos_embed: Literal["learned", "sincos"] = "learned"
+    act: Activation = "gelu"
 
     @model_validator(mode="after")
     def _fit(self) -> "ViTFields":

@@ -15,11 +15,18 @@ from typing import Literal, Mapping
 # ------------------------------------------------------------------------------------------------
 # preprocessing
 
-PREPROCESS_STYLES: tuple[str, ...] = ("hf", "timm")
+PREPROCESS_STYLES: tuple[str, ...] = ("hf", "timm", "torchvision")
+#: timm's crop modes: centre crop, squash (resize to the crop, aspect not kept), border (pad).
+CROP_MODES: tuple[str, ...] = ("center", "squash", "border")
 #: Pillow's resampling filters, by the lowercase names timm / transformers configs use.
 INTERPOLATIONS: tuple[str, ...] = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 PreprocessStyle = Literal[PREPROCESS_STYLES]  # type: ignore[valid-type]
 Interpolation = Literal[INTERPOLATIONS]  # type: ignore[valid-type]
+CropMode = Literal[CROP_MODES]  # type: ignore[valid-type]
+
+#: the MLP activation of a ViT block: exact GELU (erf) or its tanh approximation.
+ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh")
+Activation = Literal[ACTIVATIONS]  # type: ignore[valid-type]
 
 # ------------------------------------------------------------------------------------------------
 # artifact files: what `vitdeploy export` writes, by manifest role
@@ -71,6 +78,6 @@ AUTO = "auto"
 BackendName = Literal[RUNTIME_BACKENDS]  # type: ignore[valid-type]
 BackendChoice = Literal[(AUTO, *RUNTIME_BACKENDS)]  # type: ignore[valid-type]
 
-__all__ = ["ARTIFACT_FILES", "AUTO", "BACKENDS", "BACKEND_KINDS", "BackendChoice", "BackendKind", "BackendName",
-           "CHECKPOINT_CONFIG", "CHECKPOINT_WEIGHTS", "DRIFT_REPORT_NAME", "EVALUATED_BACKENDS", "INTERPOLATIONS",
+__all__ = ["ACTIVATIONS", "Activation", "ARTIFACT_FILES", "AUTO", "BACKENDS", "BACKEND_KINDS", "BackendChoice", "BackendKind", "BackendName",
+           "CHECKPOINT_CONFIG", "CHECKPOINT_WEIGHTS", "CROP_MODES", "CropMode", "DRIFT_REPORT_NAME", "EVALUATED_BACKENDS", "INTERPOLATIONS",
            "Interpolation", "MANIFEST_NAME", "PREPROCESS_STYLES", "PreprocessStyle", "RUNTIME_BACKENDS"]

@@ -115,7 +115,10 @@ def test_pytorch_model_bin_same_logits(tmp_path):
         torch.save(state, tmp_path / "pytorch_model.bin")
     (tmp_path / "model.safetensors").unlink(missing_ok=True)
     ck = load_checkpoint(tmp_path)
-    assert ck.source_format == "hf" and ck.labels == tuple(LABELS) and ck.preprocess is None
+    assert ck.source_format == "hf" and ck.labels == tuple(LABELS)
+    # no preprocessor_config.json: transformers' ViTImageProcessor defaults, said to be an assumption
+    assert ck.preprocess == PreprocessSpec(style="hf", height=32, width=32, interpolation="bilinear")
+    assert any("no preprocessor_config.json" in n and "preprocess:" in n for n in ck.notes)
     assert _diff(ck, model, _images()) <= TOL
 
 
@@ -244,10 +247,26 @@ def test_id2label_must_cover_the_classifier(tmp_path):
         load_checkpoint(tmp_path)
 
 
-def test_other_activation_is_refused(tmp_path):
-    model = _hf_classifier(hidden_act="gelu_new")
+@pytest.mark.parametrize("hidden_act", ["gelu_pytorch_tanh", "gelu_new"])
+def test_tanh_gelu_same_logits(tmp_path, hidden_act):
+    model = _hf_classifier(hidden_act=hidden_act)
     model.save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError, match=r"config.json|hidden_act 'gelu_new' is not supported"):
+    ck = load_checkpoint(tmp_path)
+    assert ck.config.act == "gelu_tanh"
+    tanh_diff = _diff(ck, model, _images())
+    assert tanh_diff <= TOL
+    exact = load_checkpoint(tmp_path).model
+    for block in exact.blocks:
+        block.mlp.approximate = "none"  # the erf GELU would not match: the test can tell them apart
+    with torch.no_grad():
+        erf_diff = float((exact(_images()) - model(pixel_values=_images()).logits).abs().max())
+    assert erf_diff > 3 * TOL and tanh_diff < erf_diff / 20
+
+
+def test_other_activation_is_refused(tmp_path):
+    model = _hf_classifier(hidden_act="quick_gelu")
+    model.save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match=r"hidden_act 'quick_gelu' is not supported"):
         load_checkpoint(tmp_path)
 
 

@@ -49,6 +49,11 @@ def test_demo_export_writes_every_artifact_with_matching_hashes(demo_artifacts: 
     assert not (demo_artifacts / "export-report.json").exists()
     # validated on real images, not noise alone
     assert manifest["validation_inputs"]["images"] >= 32
+    # where each preprocessing value came from, and the model as understood
+    assert set(manifest["preprocess_origins"].values()) == {"checkpoint: model.json"}
+    assert manifest["model"]["source"]["format"] == "vitdeploy"
+    assert manifest["model"]["source"]["heads_origin"] == "checkpoint: model.json"
+    assert manifest["model"]["source"]["notes"] == [] and manifest["model"]["source"]["resampled_pos_embed"] is False
 
 
 def test_onnx_graph_has_dynamic_batch_single_layernorm_nodes_and_metadata(demo_artifacts: Path):

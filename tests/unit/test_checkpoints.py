@@ -166,14 +166,18 @@ def test_timm_safetensors_matches_reference(tmp_path):
     sd = make_timm_state()
     path = tmp_path / "vit_tiny_test.safetensors"
     safetensors_torch.save_file(sd, str(path))
-    ck = load_checkpoint(path)
+    ck = load_checkpoint(path, num_heads=2)
     assert ck.source_format == "timm" and detect_format(path) == "timm"
     cfg = ck.config
     assert (cfg.width, cfg.depth, cfg.heads, cfg.patch_size, cfg.image_size, cfg.mlp_dim, cfg.num_classes) == \
         (128, 2, 2, 8, 32, 256, 5)
     assert cfg.layer_norm_eps == 1e-6 and cfg.qkv_bias
     assert ck.labels == tuple(f"class_{i}" for i in range(5))
-    assert ck.preprocess is None and ck.name == "vit_tiny_test"
+    assert ck.name == "vit_tiny_test"
+    # no preprocessing in a bare state dict: timm's default pretrained_cfg for a ViT, said to be an assumption
+    assert ck.preprocess == PreprocessSpec(style="timm", height=32, width=32, crop_pct=0.9, interpolation="bicubic",
+                                           crop_mode="center", mean=(0.5,) * 3, std=(0.5,) * 3)
+    assert any("assumed timm's default" in n and "preprocess:" in n for n in ck.notes)
     assert not ck.model.training and all(p.dtype == torch.float32 for p in ck.model.parameters())
     x = _images()
     assert _max_diff(_logits(ck, x), timm_reference(sd, x, heads=2)) <= TOL
@@ -186,7 +190,7 @@ def test_timm_torch_pickle_with_wrappers_and_fp16(tmp_path, wrapper):
     obj = {wrapper: half, "epoch": 3, "arch": "vit"} if wrapper else {f"module._orig_mod.{k}": v for k, v in half.items()}
     path = tmp_path / "checkpoint.pth"
     torch.save(obj, path)
-    ck = load_checkpoint(path)
+    ck = load_checkpoint(path, num_heads=2)
     assert ck.source_format == "timm" and not ck.config.qkv_bias
     assert all(p.dtype == torch.float32 for p in ck.model.parameters())
     ref = {k: v.float() for k, v in half.items()}
@@ -199,7 +203,7 @@ def test_prefixed_safetensors_keys_are_detected(tmp_path):
     path = tmp_path / "ddp.safetensors"
     safetensors_torch.save_file({f"module.{k}": v for k, v in sd.items()}, str(path))
     x = _images()
-    assert _max_diff(_logits(load_checkpoint(path), x), timm_reference(sd, x, heads=2)) <= TOL
+    assert _max_diff(_logits(load_checkpoint(path, num_heads=2), x), timm_reference(sd, x, heads=2)) <= TOL
 
 
 def test_timm_heads_from_standard_table_and_variant(tmp_path):
@@ -208,7 +212,8 @@ def test_timm_heads_from_standard_table_and_variant(tmp_path):
     path = tmp_path / "small.safetensors"
     safetensors_torch.save_file(sd, str(path))
     ck = load_checkpoint(path)
-    assert ck.config.heads == 6
+    assert ck.config.heads == 6 and ck.heads_origin.startswith("library default (assumed)")
+    assert any("assumed 6 attention heads" in n and "model.num_heads" in n for n in ck.notes)  # said, with its override
     x = _images(2)
     assert _max_diff(_logits(ck, x), timm_reference(sd, x, heads=6)) <= TOL
     with pytest.raises(CheckpointError, match=r"does not match variant 'vit_base_patch16_224'.*width 384"):
@@ -217,12 +222,14 @@ def test_timm_heads_from_standard_table_and_variant(tmp_path):
         load_checkpoint(path, variant="resnet50")
 
 
-def test_timm_nonstandard_width_uses_width_over_64(tmp_path):
+def test_timm_nonstandard_width_needs_num_heads(tmp_path):
     sd = make_timm_state(width=256, depth=1, mlp=512, seed=5)
     path = tmp_path / "w256.safetensors"
     safetensors_torch.save_file(sd, str(path))
-    ck = load_checkpoint(path)
-    assert ck.config.heads == 4
+    with pytest.raises(CheckpointError, match=r"width 256 is not a standard variant's .*set model.num_heads in pipeline.yaml"):
+        load_checkpoint(path)
+    ck = load_checkpoint(path, num_heads=4)
+    assert ck.config.heads == 4 and ck.heads_origin == "pipeline.yaml: model.num_heads"
     x = _images(2)
     assert _max_diff(_logits(ck, x), timm_reference(sd, x, heads=4)) <= TOL
 
@@ -250,7 +257,7 @@ def test_torchvision_matches_reference(tmp_path, old_mlp_names):
     sd = make_torchvision_state(old_mlp_names=old_mlp_names)
     path = tmp_path / "vit_b_16.pth"
     torch.save(sd, path)
-    ck = load_checkpoint(path)
+    ck = load_checkpoint(path, num_heads=2)
     assert ck.source_format == "torchvision" and detect_format(path) == "torchvision"
     assert (ck.config.width, ck.config.depth, ck.config.heads, ck.config.num_classes) == (128, 2, 2, 5)
     assert ck.config.layer_norm_eps == 1e-6
@@ -263,10 +270,14 @@ def test_torchvision_224_preprocess_is_imagenet_v1_recipe(tmp_path):
     sd = make_torchvision_state(width=64, depth=1, patch=16, image=224, mlp=128, classes=2)
     path = tmp_path / "tv.safetensors"
     safetensors_torch.save_file(sd, str(path))
-    ck = load_checkpoint(path)
-    assert ck.preprocess == PreprocessSpec(style="timm", height=224, width=224, crop_pct=224 / 256,
+    ck = load_checkpoint(path, num_heads=1)
+    assert ck.preprocess == PreprocessSpec(style="torchvision", height=224, width=224, shortest_edge=256,
                                            interpolation="bilinear", mean=(0.485, 0.456, 0.406),
                                            std=(0.229, 0.224, 0.225))
+    assert set(ck.preprocess_origins.values()) == {
+        "library default: torchvision ViT_B_16_Weights.IMAGENET1K_V1.transforms()"}
+    assert any("assumed the convention of torchvision's ViT_B_16_Weights.IMAGENET1K_V1" in n and "preprocess:" in n
+               for n in ck.notes)
 
 
 # --------------------------------------------------------------------------- position embeddings
@@ -280,7 +291,7 @@ def test_load_at_same_image_size_is_unchanged(tmp_path):
     sd = make_timm_state()
     path = tmp_path / "m.safetensors"
     safetensors_torch.save_file(sd, str(path))
-    ck = load_checkpoint(path, image_size=32)
+    ck = load_checkpoint(path, num_heads=2, image_size=32)
     assert torch.equal(ck.model.pos_embed, sd["pos_embed"])
 
 
@@ -288,7 +299,7 @@ def test_load_at_larger_image_size_resamples_pos_embed(tmp_path):
     sd = make_timm_state()
     path = tmp_path / "m.safetensors"
     safetensors_torch.save_file(sd, str(path))
-    ck = load_checkpoint(path, image_size=48)
+    ck = load_checkpoint(path, num_heads=2, image_size=48)
     assert ck.config.image_size == 48 and ck.config.grid == 6
     assert ck.model.pos_embed.shape == (1, 37, 128)
     assert torch.equal(ck.model.pos_embed[:, :1], sd["pos_embed"][:, :1])  # class token untouched
@@ -308,7 +319,7 @@ def test_image_size_not_multiple_of_patch_is_refused(tmp_path):
     path = tmp_path / "m.safetensors"
     safetensors_torch.save_file(make_timm_state(), str(path))
     with pytest.raises(CheckpointError, match="not a positive multiple of the patch size 8"):
-        load_checkpoint(path, image_size=36)
+        load_checkpoint(path, num_heads=2, image_size=36)
 
 
 # --------------------------------------------------------------------------- strictness
@@ -323,7 +334,7 @@ def test_extra_key_is_listed(tmp_path):
     sd = make_timm_state()
     sd["blocks.0.ls1.gamma"] = torch.ones(128)
     with pytest.raises(CheckpointError) as err:
-        load_checkpoint(_save(tmp_path, sd))
+        load_checkpoint(_save(tmp_path, sd), num_heads=2)
     msg = str(err.value)
     assert "unexpected keys (1)" in msg and "blocks.0.ls1.gamma" in msg and str(tmp_path / "m.safetensors") in msg
 
@@ -332,46 +343,46 @@ def test_missing_key_is_listed(tmp_path):
     sd = make_timm_state()
     del sd["blocks.1.norm2.bias"]
     with pytest.raises(CheckpointError, match=r"missing keys \(1, vitdeploy naming\): blocks\.1\.norm2\.bias"):
-        load_checkpoint(_save(tmp_path, sd))
+        load_checkpoint(_save(tmp_path, sd), num_heads=2)
 
 
 def test_missing_key_in_torchvision_naming_is_listed(tmp_path):
     sd = make_torchvision_state()
     del sd["encoder.layers.encoder_layer_0.self_attention.in_proj_bias"]
     with pytest.raises(CheckpointError, match=r"blocks\.0\.attn\.qkv\.bias"):
-        load_checkpoint(_save(tmp_path, sd))
+        load_checkpoint(_save(tmp_path, sd), num_heads=2)
 
 
 def test_wrong_shape_is_listed(tmp_path):
     sd = make_timm_state()
     sd["blocks.0.mlp.fc2.bias"] = torch.zeros(64)
     with pytest.raises(CheckpointError, match=r"shape mismatches \(1\): blocks\.0\.mlp\.fc2\.bias: checkpoint \(64,\) vs model \(128,\)"):
-        load_checkpoint(_save(tmp_path, sd))
+        load_checkpoint(_save(tmp_path, sd), num_heads=2)
 
 
 def test_long_key_lists_are_truncated(tmp_path):
     sd = make_timm_state()
     sd.update({f"extra.{i:02d}": torch.zeros(1) for i in range(20)})
     with pytest.raises(CheckpointError, match=r"unexpected keys \(20\): extra\.00, .*extra\.07 \.\.\. and 12 more"):
-        load_checkpoint(_save(tmp_path, sd))
+        load_checkpoint(_save(tmp_path, sd), num_heads=2)
 
 
 def test_non_contiguous_blocks_are_refused(tmp_path):
     sd = {k: v for k, v in make_timm_state(depth=3).items() if not k.startswith("blocks.1.")}
     with pytest.raises(CheckpointError, match=r"layers \[1\] are missing"):
-        load_checkpoint(_save(tmp_path, sd))
+        load_checkpoint(_save(tmp_path, sd), num_heads=2)
 
 
 def test_num_classes_must_match_no_silent_head_reset(tmp_path):
     path = _save(tmp_path, make_timm_state(classes=5))
-    assert load_checkpoint(path, num_classes=5).config.num_classes == 5
+    assert load_checkpoint(path, num_heads=2, num_classes=5).config.num_classes == 5
     with pytest.raises(CheckpointError, match="head has 5 classes but num_classes=10"):
-        load_checkpoint(path, num_classes=10)
+        load_checkpoint(path, num_heads=2, num_classes=10)
 
 
 def test_headless_timm_checkpoint_gives_features(tmp_path):
     sd = make_timm_state(classes=0)
-    ck = load_checkpoint(_save(tmp_path, sd))
+    ck = load_checkpoint(_save(tmp_path, sd), num_heads=2)
     assert ck.config.num_classes == 0 and ck.labels == ()
     x = _images(2)
     assert _max_diff(_logits(ck, x), timm_reference(sd, x, heads=2)) <= TOL
@@ -432,10 +443,10 @@ def test_hf_state_dict_without_config_is_refused(tmp_path):
 
 
 def test_hf_config_with_other_activation_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "hidden_act": "gelu_new"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "hidden_act": "quick_gelu"}))
     safetensors_torch.save_file({"classifier.weight": torch.zeros(2, 8)}, str(tmp_path / "model.safetensors"))
     assert detect_format(tmp_path) == "hf"
-    with pytest.raises(CheckpointError, match="hidden_act 'gelu_new' is not supported"):
+    with pytest.raises(CheckpointError, match="hidden_act 'quick_gelu' is not supported"):
         load_checkpoint(tmp_path)
 
 
@@ -450,15 +461,18 @@ def test_directory_without_checkpoint_is_refused(tmp_path):
 def test_hf_preprocessor_config_mapping():
     where = Path("preprocessor_config.json")
     spec = hf_preprocess({"do_resize": True, "size": {"height": 384, "width": 384}, "resample": 3,
-                          "do_normalize": True, "image_mean": [0.1, 0.2, 0.3], "image_std": [0.4, 0.5, 0.6]}, 224, where)
+                          "do_normalize": True, "image_mean": [0.1, 0.2, 0.3], "image_std": [0.4, 0.5, 0.6]}, 224,
+                         where).spec
     assert spec == PreprocessSpec(style="hf", height=384, width=384, interpolation="bicubic",
                                   mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6))
     off = hf_preprocess({"size": {"height": 32, "width": 32}, "resample": 0, "do_normalize": False,
-                         "image_mean": [0.5] * 3, "image_std": [0.5] * 3}, 32, where)
+                         "image_mean": [0.5] * 3, "image_std": [0.5] * 3}, 32, where).spec
     assert off.interpolation == "nearest" and off.mean == (0.0, 0.0, 0.0) and off.std == (1.0, 1.0, 1.0)
     crop = hf_preprocess({"size": {"shortest_edge": 256}, "do_center_crop": True, "crop_size": {"height": 224, "width": 224},
                           "resample": 2}, 224, where)
-    assert crop.style == "timm" and crop.crop_pct == pytest.approx(224 / 256) and crop.height == 224
+    assert crop.spec == PreprocessSpec(style="hf", height=224, width=224, shortest_edge=256, interpolation="bilinear")
+    assert crop.origins["mean"] == "library default: transformers image processor"
+    assert crop.origins["shortest_edge"] == "checkpoint: preprocessor_config.json"
     with pytest.raises(CheckpointError, match="unknown resample 9"):
         hf_preprocess({"resample": 9}, 224, where)
 
@@ -527,3 +541,45 @@ def test_our_format_weights_must_match_config(tmp_path):
     (tmp_path / "model.json").write_text(json.dumps(meta))
     with pytest.raises(CheckpointError, match=r"missing keys \(\d+, vitdeploy naming\): blocks\.2\."):
         load_checkpoint(tmp_path)
+
+
+# --------------------------------------------------------------------------- what a checkpoint says, kept or refused
+
+def _hub(tmp_path: Path, model_args: dict, pretrained_cfg: dict | None = None) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    safetensors_torch.save_file(make_timm_state(classes=3), str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architecture": "vit_test", "num_classes": 3, "model_args": {"num_heads": 2, **model_args},
+        **({"pretrained_cfg": pretrained_cfg} if pretrained_cfg is not None else {})}))
+    return tmp_path
+
+
+def test_timm_hub_act_layer_is_used_or_refused(tmp_path):
+    ck = load_checkpoint(_hub(tmp_path / "tanh", {"act_layer": "gelu_tanh"}))
+    assert ck.config.act == "gelu_tanh" and ck.heads_origin == "checkpoint: config.json model_args.num_heads"
+    with pytest.raises(CheckpointError, match="act_layer 'quick_gelu' is not supported"):
+        load_checkpoint(_hub(tmp_path / "quick", {"act_layer": "quick_gelu"}))
+    with pytest.raises(CheckpointError, match="config.json says act_layer 'gelu_tanh' but model.activation is 'gelu'"):
+        load_checkpoint(tmp_path / "tanh", act="gelu")
+
+
+def test_timm_crop_mode_kept_with_everything_else_and_unknown_refused(tmp_path):
+    pcfg = {"input_size": [3, 32, 32], "interpolation": "bilinear", "crop_pct": 0.95, "crop_mode": "border",
+            "mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6]}
+    ck = load_checkpoint(_hub(tmp_path / "border", {}, pcfg))
+    assert ck.preprocess == PreprocessSpec(style="timm", height=32, width=32, crop_pct=0.95, crop_mode="border",
+                                           interpolation="bilinear", mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6))
+    with pytest.raises(CheckpointError, match="crop_mode 'random' is not one of center, squash, border"):
+        load_checkpoint(_hub(tmp_path / "bad", {}, {**pcfg, "crop_mode": "random"}))
+
+
+def test_stored_values_contradicted_by_pipeline_keys_are_refused(tmp_path):
+    hub = _hub(tmp_path, {})
+    with pytest.raises(CheckpointError, match="config.json says num_heads 2 but model.num_heads is 4"):
+        load_checkpoint(hub, num_heads=4)
+
+
+def test_hf_processor_resizing_by_crop_pct_is_refused():
+    with pytest.raises(CheckpointError, match="resizes by crop_pct"):
+        hf_preprocess({"image_processor_type": "ConvNextImageProcessor", "size": {"shortest_edge": 224},
+                       "crop_pct": 0.875}, 224, Path("preprocessor_config.json"))

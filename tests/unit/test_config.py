@@ -87,3 +87,29 @@ def test_good_config_check_prints_the_effective_configuration(tmp_path: Path):
 def test_parse_config_rejects_unknown_keys_in_python_too():
     with pytest.raises(ConfigError, match="unknown key 'tensorrt.workspace'"):
         parse_config({"tensorrt": {"workspace": 1}})
+
+
+def test_config_check_shows_the_effective_preprocessing_with_origins(tmp_path: Path):
+    import json
+
+    result = check(tmp_path, "preprocess:\n  style: timm\n  crop_pct: 0.9\n")
+    assert result.exit_code == 0, result.output
+    dump = json.loads(result.output[result.output.index("{"):result.output.rindex("}") + 1])
+    # the configured checkpoint's values, not nulls: the demo model's own preprocessing with the two overrides
+    assert dump["preprocess"]["style"] == "timm" and dump["preprocess"]["crop_pct"] == 0.9
+    assert None not in dump["preprocess"].values()
+    assert dump["preprocess"]["height"] == 32 and dump["preprocess"]["interpolation"] == "bilinear"
+    origins = dump["preprocess_origins"]
+    assert origins["crop_pct"] == "pipeline.yaml: preprocess.crop_pct" and origins["style"] == "pipeline.yaml: preprocess.style"
+    assert origins["mean"] == "checkpoint: model.json" and origins["crop_mode"].startswith("library default")
+    assert "model: vitdeploy checkpoint from the built-in demo model" in result.output
+    assert "width 64, depth 4, 4 heads" in result.output
+
+
+def test_model_keys_for_what_a_bare_state_dict_cannot_say(tmp_path: Path):
+    cfg = parse_config({"model": {"num_heads": 6, "activation": "gelu_tanh", "layer_norm_eps": 1e-5}}, None)
+    assert (cfg.model.num_heads, cfg.model.activation, cfg.model.layer_norm_eps) == (6, "gelu_tanh", 1e-5)
+    with pytest.raises(ConfigError, match="model.activation"):
+        parse_config({"model": {"activation": "relu"}}, None)
+    with pytest.raises(ConfigError, match="model.num_heads"):
+        parse_config({"model": {"num_heads": 0}}, None)

@@ -197,3 +197,34 @@ def test_external_data_written_beside_the_graph(tiny_onnx, tmp_path):
     optimize_for_ort(tiny_onnx, out, num_heads=HEADS, hidden_size=WIDTH)
     assert not data.exists()
     assert np.abs(_run(out, x) - _run(tiny_onnx, x)).max() <= 1e-4
+
+
+@pytest.mark.parametrize("opset", [18, 20])
+def test_tanh_gelu_is_fused_as_fast_gelu_never_as_erf_bias_gelu(tmp_path, opset):
+    """Opset 18 writes the tanh formula (ORT fuses it into FastGelu); opset 20 writes Gelu(approximate=tanh),
+    which ORT's BiasGelu fusion would turn into the erf GELU (seen: 8e-4 drift) unless made FastGelu first."""
+    import torch
+
+    from vitdeploy.export.onnx import export_onnx
+    from vitdeploy.export.optimize import optimize_for_ort
+    from vitdeploy.model import ViTConfig, VisionTransformer
+
+    torch.manual_seed(0)
+    model = VisionTransformer(ViTConfig(image_size=32, patch_size=8, width=WIDTH, depth=DEPTH, heads=HEADS,
+                                        num_classes=7, act="gelu_tanh")).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)  # wide activations: erf and tanh GELU differ visibly
+    src = export_onnx(model, tmp_path / "model.onnx", image_size=32, opset=opset).path
+    out = optimize_for_ort(src, tmp_path / "model.ort.onnx", num_heads=HEADS, hidden_size=WIDTH)
+    ops = _ops(out)
+    assert ops.get(("com.microsoft", "FastGelu")) == DEPTH and ("com.microsoft", "BiasGelu") not in ops
+    x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+        erf = model.eval()
+        for block in erf.blocks:
+            block.mlp.approximate = "none"
+        erf_ref = erf(torch.from_numpy(x)).numpy()
+    assert float(np.abs(_run(out, x) - ref).max()) <= 3e-5
+    assert float(np.abs(erf_ref - ref).max()) > 1e-4  # the test can tell the two GELUs apart

@@ -314,3 +314,59 @@ def test_greyscale_fast_path_equals_converting_to_rgb_first(spec, monkeypatch) -
     np.testing.assert_array_equal(pre(one_bit), pre(one_bit.convert("RGB")))
     monkeypatch.setattr(preprocess_mod, "MAX_INTERMEDIATE_PIXELS", 500)  # banded path too
     np.testing.assert_array_equal(pre(grey[:5]), pre(rgb[:5]))
+
+
+# ---------------------------------------------------------------------------------------------
+# each library's geometry (the real libraries are compared in tests/integration/test_library_fidelity.py)
+
+
+def test_hf_crop_offset_floors_where_torchvision_rounds() -> None:
+    from vitdeploy.runtime.preprocess import resize_plan
+
+    hf = PreprocessSpec(style="hf", height=224, width=224, shortest_edge=256)
+    tv = PreprocessSpec(style="torchvision", height=224, width=224, shortest_edge=256)
+    # 640x427 -> 383x256 (int(256 * 640 / 427)): 159 spare columns, half a pixel either way
+    assert resize_plan((640, 427), hf) == ((383, 256), 79, 16, (0, 0, 0))
+    assert resize_plan((640, 427), tv) == ((383, 256), 80, 16, (0, 0, 0))
+
+
+def test_hf_fixed_size_then_crop_ignores_the_aspect_ratio() -> None:
+    from vitdeploy.runtime.preprocess import resize_plan
+
+    deit = PreprocessSpec(style="hf", height=224, width=224, resize_height=256, resize_width=256)
+    assert resize_plan((640, 427), deit) == ((256, 256), 16, 16, (0, 0, 0))
+
+
+def test_hf_longest_edge_caps_and_the_crop_pads_with_zeros() -> None:
+    from vitdeploy.runtime.preprocess import resize_plan
+
+    spec = PreprocessSpec(style="hf", height=224, width=224, shortest_edge=256, longest_edge=300)
+    # 640x427: 640/427*256 > 300, so the short side is round(300*427/640) = 200 and the long int(200.2*640/427) = 300
+    plan = resize_plan((640, 427), spec)
+    assert plan == ((300, 200), 38, -12, (0, 0, 0))
+    img = Image.fromarray(np.full((427, 640, 3), 200, np.uint8))
+    out = np.asarray(Preprocessor(spec).resize_crop(img))
+    assert out.shape == (224, 224, 3)
+    assert (out[:12] == 0).all() and (out[212:] == 0).all() and (out[12:212] == 200).all()
+
+
+def test_timm_squash_and_border() -> None:
+    from vitdeploy.runtime.preprocess import resize_plan
+
+    squash = PreprocessSpec(style="timm", height=224, width=224, crop_pct=0.9, crop_mode="squash")
+    assert resize_plan((640, 427), squash) == ((248, 248), 12, 12, (0, 0, 0))
+    border = PreprocessSpec(style="timm", height=224, width=224, crop_pct=0.875, crop_mode="border",
+                            mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    # the longer side to 256: 256x171; width cropped at round(16), height padded (224-171)//2 = 26 above
+    assert resize_plan((640, 427), border) == ((256, 171), 16, -26, (124, 116, 104))
+
+
+def test_border_padding_of_a_grey_image_uses_the_mean_colour() -> None:
+    border = PreprocessSpec(style="timm", height=32, width=32, crop_pct=1.0, crop_mode="border",
+                            mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    grey = np.full((16, 64), 90, np.uint8)
+    out = Preprocessor(border)(png(grey))
+    as_rgb = Preprocessor(border)(png(np.stack([grey] * 3, axis=-1)))
+    np.testing.assert_array_equal(out, as_rgb)
+    top_left = out[:, 0, 0]  # padding: round(255 * mean) per channel, normalised
+    np.testing.assert_allclose(top_left, normalised((124, 116, 104), border), atol=1e-5)

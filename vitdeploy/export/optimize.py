@@ -12,7 +12,9 @@ writes a *separate* graph for the ONNX Runtime CPU/CUDA backends, with ``com.mic
   and final norm): the classifier reads that one row, so the other rows are dead work (exact;
   ~7% fewer FLOPs on ViT-B/16 at 224);
 * bias Add + erf GELU -> ``BiasGelu`` (ONNX Runtime's transformer optimiser, python fusions
-  only, ``opt_level=0``, so the file is not tied to this CPU). Its ``SkipLayerNormalization`` is
+  only, ``opt_level=0``, so the file is not tied to this CPU); a tanh GELU (``act: gelu_tanh``)
+  -> ``FastGelu``, the same tanh formula (an opset-20 ``Gelu(approximate="tanh")`` is made
+  ``FastGelu`` first: ORT's BiasGelu fusion would otherwise make it the erf form). Its ``SkipLayerNormalization`` is
   available but off by default: slower than Add + LayerNormalization on ORT 1.31's CPU kernels.
 
 Every rewrite is exact up to float32 rounding (GELU stays the erf form unless
@@ -29,16 +31,15 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable
 
 from .._deps import require
 from ..errors import ExportError
+from .fuse_attention import MS_DOMAIN, AttentionOp, _attr, _Graph, _replace_nodes, fuse_attention
 from .onnx import quiet_loggers, save_onnx_atomic, set_metadata
 
 log = logging.getLogger(__name__)
 
-MS_DOMAIN = "com.microsoft"
-AttentionOp = Literal["MultiHeadAttention", "Attention", "none"]
 # Contrib ops this module may produce; fused_op_counts() reports them.
 FUSED_OPS = ("MultiHeadAttention", "Attention", "SkipLayerNormalization", "BiasGelu", "FastGelu", "Gelu")
 METADATA_KEY = "vitdeploy.ort_optimized"
@@ -92,6 +93,7 @@ def optimize_for_ort(
     if attention != "none":
         n_attention = fuse_attention(proto, num_heads=num_heads, hidden_size=hidden_size, op=attention)
     pruned = prune_last_block_to_class_token(proto) if class_token_only and n_attention else False
+    tanh_gelu_to_fast_gelu(proto)
     proto = _ort_fusions(proto, num_heads=num_heads, hidden_size=hidden_size, gelu_approximation=gelu_approximation,
                          skip_layer_norm=skip_layer_norm)
     _ensure_ms_opset(proto, onnx)
@@ -115,236 +117,6 @@ def fused_op_counts(path: str | os.PathLike) -> dict[str, int]:
 def _count(nodes: Iterable[Any]) -> dict[str, int]:
     c = collections.Counter(n.op_type for n in nodes if n.domain == MS_DOMAIN and n.op_type in FUSED_OPS)
     return dict(sorted(c.items()))
-
-
-# --------------------------------------------------------------------------- attention pass
-
-class _Graph:
-    """Producer/consumer/constant lookups over a GraphProto (rebuilt after each rewrite)."""
-
-    def __init__(self, graph: Any, numpy_helper: Any) -> None:
-        self.graph = graph
-        self._np = numpy_helper
-        self.inits = {i.name: i for i in graph.initializer}
-        self.producer: dict[str, Any] = {}
-        self.consumers: dict[str, list[Any]] = collections.defaultdict(list)
-        for node in graph.node:
-            for o in node.output:
-                self.producer[o] = node
-            for i in node.input:
-                self.consumers[i].append(node)
-        self.outputs = {o.name for o in graph.output}
-
-    def const(self, name: str) -> Any | None:
-        """The value of an initializer or Constant-node output, else None."""
-        if name in self.inits:
-            return self._np.to_array(self.inits[name])
-        node = self.producer.get(name)
-        if node is not None and node.op_type == "Constant":
-            for a in node.attribute:
-                if a.name == "value":
-                    return self._np.to_array(a.t)
-        return None
-
-    def only_consumer(self, name: str, op_type: str) -> Any | None:
-        users = self.consumers.get(name, [])
-        if len(users) == 1 and users[0].op_type == op_type and name not in self.outputs:
-            return users[0]
-        return None
-
-    def made_by(self, name: str, op_type: str) -> Any | None:
-        node = self.producer.get(name)
-        return node if node is not None and node.op_type == op_type else None
-
-
-def _attr(node: Any, name: str, default: Any = None) -> Any:
-    from onnx import helper
-
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
-
-
-def _scalar(value: Any) -> float | None:
-    if value is None or value.size != 1:
-        return None
-    return float(value.reshape(-1)[0])
-
-
-def _strip_scale(g: _Graph, name: str) -> tuple[str, float] | None:
-    """Walk up through Mul/Div by a scalar constant; (input before scaling, factor)."""
-    factor = 1.0
-    for _ in range(2):
-        node = g.producer.get(name)
-        if node is None or node.op_type not in ("Mul", "Div"):
-            break
-        a, b = node.input[0], node.input[1]
-        cb, ca = _scalar(g.const(b)), _scalar(g.const(a))
-        if cb is not None:
-            factor = factor * cb if node.op_type == "Mul" else factor / cb
-            name = a
-        elif ca is not None and node.op_type == "Mul":
-            factor *= ca
-            name = b
-        else:
-            return None
-    return name, factor
-
-
-def _gather_of(g: _Graph, name: str) -> tuple[Any, int] | None:
-    node = g.made_by(name, "Gather")
-    if node is None or _attr(node, "axis", 0) != 0:
-        return None
-    idx = g.const(node.input[1])
-    if idx is None or idx.size != 1 or idx.ndim != 0:
-        return None
-    return node, int(idx.reshape(-1)[0])
-
-
-def _swaps_last_two(perm: list[int]) -> bool:
-    n = len(perm)
-    return n >= 2 and list(perm) == list(range(n - 2)) + [n - 1, n - 2]
-
-
-def _key_source(g: _Graph, name: str) -> str | None:
-    """K^T written as Reshape/Transpose steps with one last-two-axes swap -> the K tensor's name."""
-    swaps = 0
-    for _ in range(6):
-        node = g.producer.get(name)
-        if node is None:
-            return None
-        if node.op_type == "Gather":
-            return name if swaps == 1 else None
-        if node.op_type == "Transpose":
-            if not _swaps_last_two(_attr(node, "perm", [])):
-                return None
-            swaps += 1
-        elif node.op_type != "Reshape":
-            return None
-        name = node.input[0]
-    return None
-
-
-def _match_attention(g: _Graph, softmax: Any, num_heads: int, hidden_size: int) -> dict[str, Any] | None:
-    """The exporter's attention pattern around one Softmax, or None (see module docstring)."""
-    if _attr(softmax, "axis", -1) not in (-1, 3):
-        return None
-    scores = g.made_by(softmax.input[0], "MatMul")
-    ctx = g.only_consumer(softmax.output[0], "MatMul")
-    if scores is None or ctx is None or ctx.input[0] != softmax.output[0]:
-        return None
-    merge_t = g.only_consumer(ctx.output[0], "Transpose")
-    if merge_t is None or list(_attr(merge_t, "perm", [])) != [0, 2, 1, 3]:
-        return None
-    merge_r = g.only_consumer(merge_t.output[0], "Reshape")
-    out_shape = g.const(merge_r.input[1]) if merge_r is not None else None
-    if out_shape is None or out_shape.size != 3 or int(out_shape[-1]) != hidden_size:
-        return None
-
-    q = _strip_scale(g, scores.input[0])
-    k = _strip_scale(g, scores.input[1])
-    if q is None or k is None:
-        return None
-    k_name = _key_source(g, k[0])
-    qg, kg = _gather_of(g, q[0]), _gather_of(g, k_name) if k_name else None
-    vg = _gather_of(g, ctx.input[1])
-    if qg is None or kg is None or vg is None or (qg[1], kg[1], vg[1]) != (0, 1, 2):
-        return None
-    split_t = g.made_by(qg[0].input[0], "Transpose")
-    if split_t is None or kg[0].input[0] != split_t.output[0] or vg[0].input[0] != split_t.output[0]:
-        return None
-    if list(_attr(split_t, "perm", [])) != [2, 0, 3, 1, 4]:
-        return None
-    split_r = g.made_by(split_t.input[0], "Reshape")
-    shape = g.const(split_r.input[1]) if split_r is not None else None
-    head = hidden_size // num_heads
-    if shape is None or shape.size != 5 or [int(s) for s in shape[2:]] != [3, num_heads, head]:
-        return None
-    bias_add = g.made_by(split_r.input[0], "Add")
-    if bias_add is None:
-        return None
-    for mm_name, b_name in ((bias_add.input[0], bias_add.input[1]), (bias_add.input[1], bias_add.input[0])):
-        qkv = g.made_by(mm_name, "MatMul")
-        if qkv is not None and b_name in g.inits and qkv.input[1] in g.inits:
-            break
-    else:
-        return None
-    w, b = g.const(qkv.input[1]), g.const(b_name)
-    if tuple(w.shape) != (hidden_size, 3 * hidden_size) or tuple(b.shape) != (3 * hidden_size,):
-        return None
-    if len(g.consumers[qkv.output[0]]) != 1 or len(g.consumers[bias_add.output[0]]) != 1:
-        return None
-    return {"x": qkv.input[0], "weight": qkv.input[1], "bias": b_name,
-            "out": merge_r.output[0], "replace": merge_r, "scale": q[1] * k[1]}
-
-
-def fuse_attention(proto: Any, *, num_heads: int, hidden_size: int, op: AttentionOp = "MultiHeadAttention") -> int:
-    """Rewrite each matched attention block of ``proto`` in place; returns how many were fused."""
-    import numpy as np
-    from onnx import helper, numpy_helper
-
-    g = _Graph(proto.graph, numpy_helper)
-    matches = [m for m in (_match_attention(g, s, num_heads, hidden_size)
-                           for s in proto.graph.node if s.op_type == "Softmax") if m]
-    if not matches:
-        log.warning("attention pattern not found (num_heads=%d, hidden_size=%d); leaving attention unfused",
-                    num_heads, hidden_size)
-        return 0
-    replacements: dict[int, list[Any]] = {}
-    for i, m in enumerate(matches):
-        name = f"vitdeploy_attention_{i}"
-        if op == "Attention":
-            new = [helper.make_node("Attention", [m["x"], m["weight"], m["bias"]], [m["out"]], name=name,
-                                    domain=MS_DOMAIN, num_heads=num_heads, scale=m["scale"])]
-        else:
-            # one projection per q / k / v (columns of the packed weight): no Split copy, and the
-            # class-token pass can then project the query of one row only
-            w = g.const(m["weight"])
-            new = []
-            for j, part in enumerate("qkv"):
-                w_name = f"{name}_{part}_weight"
-                proto.graph.initializer.append(
-                    numpy_helper.from_array(np.ascontiguousarray(w[:, j * hidden_size:(j + 1) * hidden_size]), w_name))
-                new.append(helper.make_node("MatMul", [m["x"], w_name], [f"{name}_{part}"], name=f"{name}_{part}_proj"))
-            new.append(helper.make_node("MultiHeadAttention", [f"{name}_{p}" for p in "qkv"] + [m["bias"]], [m["out"]],
-                                        name=name, domain=MS_DOMAIN, num_heads=num_heads, scale=m["scale"]))
-        replacements[id(m["replace"])] = new
-    nodes: list[Any] = []
-    for node in proto.graph.node:
-        nodes.extend(replacements.get(id(node), [node]))
-    _replace_nodes(proto.graph, _live(nodes, {o.name for o in proto.graph.output}))
-    _drop_unused_initializers(proto.graph)
-    return len(matches)
-
-
-def _live(nodes: list[Any], graph_outputs: set[str]) -> list[Any]:
-    """Drop nodes none of whose outputs is used (repeatedly)."""
-    while True:
-        used = {i for n in nodes for i in n.input} | graph_outputs
-        keep = [n for n in nodes if any(o in used for o in n.output)]
-        if len(keep) == len(nodes):
-            return keep
-        nodes = keep
-
-
-def _replace_nodes(graph: Any, nodes: list[Any]) -> None:
-    kept = [type(n)() for n in nodes]
-    for dst, src in zip(kept, nodes, strict=True):
-        dst.CopyFrom(src)
-    del graph.node[:]
-    graph.node.extend(kept)
-
-
-def _drop_unused_initializers(graph: Any) -> None:
-    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-    keep = [i for i in graph.initializer if i.name in used]
-    if len(keep) != len(graph.initializer):
-        kept = [type(i)() for i in keep]
-        for dst, src in zip(kept, keep, strict=True):
-            dst.CopyFrom(src)
-        del graph.initializer[:]
-        graph.initializer.extend(kept)
 
 
 # --------------------------------------------------------------------------- class-token pruning
@@ -456,6 +228,27 @@ def _is_token_wise(g: _Graph, node: Any, region: set[str], side: set[str]) -> bo
                 return False
         return True
     return False
+
+
+# --------------------------------------------------------------------------- GELU forms
+
+def tanh_gelu_to_fast_gelu(proto: Any) -> int:
+    """ONNX ``Gelu(approximate="tanh")`` (opset >= 20) -> ``com.microsoft.FastGelu``, the same tanh formula.
+
+    ONNX Runtime's BiasGelu fusion turns ``Add`` + ``Gelu`` into ``BiasGelu``, which is the erf GELU,
+    whatever the Gelu's ``approximate`` says (a tanh-GELU ViT drifted ~8e-4). As ``FastGelu`` the node
+    is left alone, or fused with its bias into ``FastGelu`` (still the tanh form). At opset < 20 the
+    exporter writes the tanh formula out, and ORT's FastGelu fusion recognises it. Returns the count."""
+    from onnx import helper
+
+    count = 0
+    for i, node in enumerate(proto.graph.node):
+        if node.op_type == "Gelu" and node.domain in ("", "ai.onnx") and _attr(node, "approximate", b"none") in (b"tanh", "tanh"):
+            fast = helper.make_node("FastGelu", list(node.input), list(node.output), name=node.name or f"FastGelu_{i}",
+                                    domain=MS_DOMAIN)
+            proto.graph.node[i].CopyFrom(fast)
+            count += 1
+    return count
 
 
 # --------------------------------------------------------------------------- ORT's own fusions

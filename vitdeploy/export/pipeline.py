@@ -25,13 +25,13 @@ import numpy as np
 from .._files import write_json_atomic
 from .._heartbeat import heartbeat
 from ..config import PipelineConfig
-from ..errors import ArtifactError, BackendError, ConfigError, ExportError, MissingDependencyError, ValidationError
-from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR, DEMO_DIR as DEMO_MODEL_DIR
+from ..errors import ArtifactError, BackendError, ExportError, MissingDependencyError, ValidationError
+from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from ..runtime.artifacts import MANIFEST_NAME
 from ..runtime.backends.base import BackendOptions
-from ..preprocess_spec import PreprocessSpec
 from ..vocab import ARTIFACT_FILES
 from . import manifest as manifest_mod
+from .effective import describe, load_model, resolve_preprocess  # noqa: F401 - load_model/resolve_preprocess: public here too
 from .onnx import INPUT_NAME, OUTPUT_NAME, export_onnx
 from .validate import ValidationInputs, build_inputs, validate_artifact, validation_batch_sizes
 
@@ -50,6 +50,7 @@ class StageRecord:
     seconds: float = 0.0
     reason: str = ""
     outputs: list[Path] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)  # lines to show a person (the model stage: what was understood)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "status": self.status, "seconds": round(self.seconds, 3), "reason": self.reason,
@@ -66,25 +67,6 @@ class ExportResult:
 
 
 StageCallback = Callable[[StageRecord], None]
-
-
-def load_model(cfg: PipelineConfig) -> Any:
-    """Stage 1: the checkpoint named in the config (absent = the embedded demo model), with the
-    preprocessing the checkpoint carries overridden by ``preprocess`` keys that are set."""
-    from ..model.checkpoints import load_checkpoint
-
-    path = cfg.resolve(cfg.model.checkpoint) or DEMO_MODEL_DIR
-    return load_checkpoint(path, image_size=cfg.model.image_size, variant=cfg.model.variant)
-
-
-def resolve_preprocess(cfg: PipelineConfig, loaded: Any) -> PreprocessSpec:
-    size = loaded.config.image_size
-    spec = loaded.preprocess or PreprocessSpec(style="hf", height=size, width=size)
-    overrides = {k: v for k, v in cfg.preprocess.model_dump().items() if v is not None}
-    try:
-        return spec.replace(**overrides, height=size, width=size)
-    except ValueError as exc:
-        raise ConfigError(f"{cfg.source or 'pipeline config'}: preprocess: {exc}") from None
 
 
 def validation_images(cfg: PipelineConfig) -> list[Path]:
@@ -186,8 +168,12 @@ class _Export:
         with self.stage("model") as rec:  # 1
             from ..model.checkpoints import save_checkpoint
 
+            from .effective import Effective
+
             self.loaded = load_model(cfg)
-            self.spec = resolve_preprocess(cfg, self.loaded)
+            self.spec, origins = resolve_preprocess(cfg, self.loaded)
+            self.effective = Effective(self.loaded, self.spec, origins)
+            rec.details = describe(self.effective, cfg)
             self.name = cfg.model.name or self.loaded.name
             save_checkpoint(out, self.loaded.model, self.loaded.labels, self.spec, self.name)
             rec.outputs = [out / FILES["weights"], out / FILES["weights-config"]]
@@ -370,11 +356,11 @@ class _Export:
             names = self.inputs.names
             manifest = manifest_mod.build_manifest(
                 name=self.name, vit=self.loaded.config.to_dict(),
-                source={"path": str(cfg.resolve(cfg.model.checkpoint) or "demo"), "format": self.loaded.source_format},
+                source=self.effective.model_record(cfg),
                 labels=self.loaded.labels, preprocess=self.spec.to_dict(), input_name=INPUT_NAME,
                 output_name=OUTPUT_NAME, chw=self.chw, batch=cfg.export.batch.model_dump(), artifacts=self.entries,
                 validation=self.validation, stages=[s.to_dict() for s in self.stages if s.name != "manifest"],
-                extra={"export": self.extra, "validation_inputs": {
+                extra={"preprocess_origins": self.effective.origins, "export": self.extra, "validation_inputs": {
                     "count": len(names), "images": self.inputs.image_count,
                     "batch_sizes": list(self.sizes)}},
             )

@@ -30,6 +30,7 @@ from ..preprocess_spec import PreprocessSpec
 from ..vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
 from . import convert_hf, convert_timm, convert_torchvision
 from .config_schema import check_checkpoint_config
+from .provenance import CHECKPOINT, CONFIG, Preprocessing
 from .formats import (check_variant, read_json, read_state_dict, safetensors_keys, shorten, sniff, strip_prefixes,
                       to_float32, variant_template)
 
@@ -49,9 +50,14 @@ class LoadedCheckpoint:
     model: "VisionTransformer"  # eval(), float32, weights loaded strictly
     config: "ViTConfig"
     labels: tuple[str, ...]
-    preprocess: PreprocessSpec | None  # None when the checkpoint does not say
+    preprocess: PreprocessSpec | None  # None only for a vitdeploy checkpoint saved without one
     source_format: str  # "vitdeploy" | "timm" | "hf" | "torchvision"
     name: str
+    # Where each relevant preprocess field came from ("checkpoint: ...", "library default: ...", "pipeline.yaml: ...").
+    preprocess_origins: dict[str, str] = field(default_factory=dict)
+    heads_origin: str = ""
+    native_image_size: int = 0  # the checkpoint's own image size (differs when position embeddings were resampled)
+    notes: tuple[str, ...] = ()  # assumptions made for what the checkpoint does not say, each with its override
 
 
 @dataclass
@@ -182,7 +188,8 @@ def _resolve_file(path: Path, use_neighbours: bool = True) -> _Source:
 # --------------------------------------------------------------------------- loading
 
 def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, num_classes: int | None = None,
-                    variant: str | None = None) -> LoadedCheckpoint:
+                    variant: str | None = None, num_heads: int | None = None, act: str | None = None,
+                    layer_norm_eps: float | None = None) -> LoadedCheckpoint:
     """Load ``path`` strictly into a float32 VisionTransformer in eval mode.
 
     image_size: build the model for this input size; learned position embeddings are resampled
@@ -191,6 +198,10 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
         this many outputs (0 = features only).
     variant: heads for formats that do not store them (timm, torchvision), e.g. 'vit_base_patch16_224';
         checked against the tensors and, for hf / vitdeploy, against the stored config.
+    num_heads / act ("gelu" | "gelu_tanh") / layer_norm_eps: what a bare state dict cannot say
+        (pipeline.yaml model.num_heads / model.activation / model.layer_norm_eps); where the checkpoint
+        stores them, a different value is an error.
+    What was assumed is in the result's ``notes``; where each value came from in its origins.
     """
     src = _resolve(Path(path))
     check_checkpoint_config(src.format, src.meta, src.meta_dir)  # every stated value, before any use
@@ -198,13 +209,17 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     state = src.state if src.state is not None else _read_all(src.weights)
     state = to_float32(state)
     labels: tuple[str, ...] | None = None
-    preprocess: PreprocessSpec | None = None
+    pre: Preprocessing | None = None
+    heads_origin = ""
 
     if src.format == OUR_FORMAT:
-        cfg, labels, preprocess = _our_meta(src.meta, where)
+        cfg, labels, spec = _our_meta(src.meta, where)
         if variant is not None:
             check_variant(variant_template(variant), variant, width=cfg.width, depth=cfg.depth,
                           patch=cfg.patch_size, heads=cfg.heads, where=where)
+        heads_origin = f"{CHECKPOINT}: {OUR_META}"
+        if spec is not None:
+            pre = Preprocessing.from_source(spec, f"{CHECKPOINT}: {OUR_META}")
     elif src.format == "hf":
         state = convert_hf.convert_hf_state_dict(state)
         head = state.get("head.weight")
@@ -212,22 +227,29 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
         if variant is not None:
             check_variant(variant_template(variant), variant, width=cfg.width, depth=cfg.depth,
                           patch=cfg.patch_size, heads=cfg.heads, where=where)
+        heads_origin = f"{CHECKPOINT}: config.json num_attention_heads"
         labels = convert_hf.hf_labels(src.meta, cfg.num_classes, where)
         pp_path = src.meta_dir / "preprocessor_config.json" if src.meta_dir else None
         if pp_path is not None and pp_path.is_file():
-            preprocess = convert_hf.hf_preprocess(read_json(pp_path), cfg.image_size, pp_path)
+            pre = convert_hf.hf_preprocess(read_json(pp_path), cfg.image_size, pp_path)
+        else:
+            pre = _hf_default_preprocess(cfg.image_size, where)
     elif src.format == "timm":
         state = convert_timm.convert_timm_state_dict(state)
-        cfg = convert_timm.timm_vit_config(state, where, variant, src.meta or None)
+        cfg, heads_origin = convert_timm.timm_vit_config(state, where, variant, src.meta or None, num_heads=num_heads,
+                                                         act=act, layer_norm_eps=layer_norm_eps)
         if src.meta:
             labels = convert_timm.timm_labels(src.meta, cfg.num_classes, where)
-            preprocess = convert_timm.timm_preprocess(src.meta, where)
+        pre = convert_timm.timm_preprocess(src.meta or None, cfg, where, variant)
     elif src.format == "torchvision":
         state = convert_torchvision.convert_torchvision_state_dict(state)
-        cfg = convert_torchvision.torchvision_vit_config(state, where, variant)
-        preprocess = convert_torchvision.torchvision_preprocess(cfg.image_size)
+        cfg, heads_origin = convert_torchvision.torchvision_vit_config(state, where, variant, num_heads=num_heads,
+                                                                       act=act, layer_norm_eps=layer_norm_eps)
+        pre = convert_torchvision.torchvision_preprocess(cfg, where)
     else:  # pragma: no cover - _resolve only returns the four formats
         raise CheckpointError(f"{where}: unsupported format {src.format!r}")
+    if src.format in (OUR_FORMAT, "hf"):
+        _check_stored(cfg, where, num_heads=num_heads, act=act, layer_norm_eps=layer_norm_eps)
 
     if num_classes is not None and num_classes != cfg.num_classes:
         raise CheckpointError(
@@ -235,15 +257,41 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
             "asked for; vitdeploy does not silently reset a head. Drop num_classes, or fine-tune and save a "
             "checkpoint with the head you need"
         )
+    native = cfg.image_size
     if image_size is not None and image_size != cfg.image_size:
-        cfg, state, preprocess = _resize(cfg, state, preprocess, image_size, where)
+        cfg, state, pre = _resize(cfg, state, pre, image_size, where)
 
     model = _build_and_load(cfg, state, where, src.format)
     if labels is None:
         labels = tuple(f"class_{i}" for i in range(cfg.num_classes))
+    notes = list(pre.notes if pre else ())
+    if heads_origin.startswith("library default (assumed)"):
+        notes.insert(0, f"{where.name}: assumed {cfg.heads} attention heads: {heads_origin.split(': ', 1)[1]}")
     logger.info("loaded %s checkpoint %s: %s", src.format, where, cfg)
-    return LoadedCheckpoint(model=model, config=cfg, labels=labels, preprocess=preprocess,
-                            source_format=src.format, name=src.name)
+    return LoadedCheckpoint(model=model, config=cfg, labels=labels, preprocess=pre.spec if pre else None,
+                            source_format=src.format, name=src.name,
+                            preprocess_origins=dict(pre.origins) if pre else {}, heads_origin=heads_origin,
+                            native_image_size=native, notes=tuple(notes))
+
+
+def _check_stored(cfg: "ViTConfig", where: Path, **given: Any) -> None:
+    """A value given for what the checkpoint stores must agree with it."""
+    stored = {"num_heads": cfg.heads, "act": cfg.act, "layer_norm_eps": cfg.layer_norm_eps}
+    keys = {"num_heads": "model.num_heads", "act": "model.activation", "layer_norm_eps": "model.layer_norm_eps"}
+    for name, value in given.items():
+        if value is not None and value != stored[name]:
+            raise CheckpointError(f"{where}: {keys[name]} is {value!r} but the checkpoint stores {stored[name]!r}; "
+                                  f"drop {keys[name]} (it is only needed for checkpoints that do not store it)")
+
+
+def _hf_default_preprocess(image_size: int, where: Path) -> Preprocessing:
+    """A Hugging Face directory without preprocessor_config.json: ViTImageProcessor's defaults."""
+    from .provenance import LIBRARY, describe_spec, override_hint
+
+    spec = PreprocessSpec(style="hf", height=image_size, width=image_size, interpolation="bilinear")
+    note = (f"{where}: no preprocessor_config.json; assumed transformers' ViTImageProcessor defaults "
+            f"({describe_spec(spec)}); {override_hint()}")
+    return Preprocessing.from_source(spec, f"{LIBRARY}: transformers ViTImageProcessor", notes=(note,))
 
 
 def _read_all(files: Iterable[Path]) -> dict[str, Any]:
@@ -282,8 +330,8 @@ def _our_meta(meta: dict[str, Any], where: Path) -> tuple["ViTConfig", tuple[str
     return cfg, tuple(str(x) for x in labels), preprocess
 
 
-def _resize(cfg: "ViTConfig", state: dict[str, Any], preprocess: PreprocessSpec | None, image_size: int,
-            where: Path) -> tuple["ViTConfig", dict[str, Any], PreprocessSpec | None]:
+def _resize(cfg: "ViTConfig", state: dict[str, Any], pre: Preprocessing | None, image_size: int,
+            where: Path) -> tuple["ViTConfig", dict[str, Any], Preprocessing | None]:
     from .vit import resample_pos_embed
 
     if image_size <= 0 or image_size % cfg.patch_size:
@@ -294,9 +342,15 @@ def _resize(cfg: "ViTConfig", state: dict[str, Any], preprocess: PreprocessSpec 
         state = {**state, "pos_embed": resample_pos_embed(pos, new_cfg.grid)}
         logger.info("%s: resampled position embeddings from %dx%d to %dx%d", where, cfg.grid, cfg.grid,
                     new_cfg.grid, new_cfg.grid)
-    if preprocess is not None:
-        preprocess = preprocess.replace(height=image_size, width=image_size)
-    return new_cfg, state, preprocess
+    if pre is not None:
+        spec, scale = pre.spec, image_size / cfg.image_size
+        # Sizes before the crop keep their ratio to the crop (timm's crop_pct does that by itself).
+        scaled = {k: int(round(getattr(spec, k) * scale)) for k in ("resize_height", "resize_width", "shortest_edge",
+                                                                     "longest_edge") if getattr(spec, k) is not None}
+        changes = {"height": image_size, "width": image_size, **scaled}
+        origins = {**pre.origins, **{k: f"{CONFIG}: model.image_size" for k in changes}}
+        pre = Preprocessing(spec.replace(**changes), origins, pre.notes)
+    return new_cfg, state, pre
 
 
 def _build_and_load(cfg: "ViTConfig", state: dict[str, Any], where: Path, fmt: str) -> "VisionTransformer":

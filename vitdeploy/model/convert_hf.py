@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .._deps import require
 from ..errors import CheckpointError
 from ..preprocess_spec import PreprocessSpec
+from .provenance import CHECKPOINT, LIBRARY, Preprocessing
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -55,6 +56,15 @@ _LAYER = {
     "output.dense": "mlp.fc2", "mlp.fc2": "mlp.fc2",
 }
 _LAYER_RE = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)$")
+
+# transformers' hidden_act -> ours: "gelu" is erf; the others are the tanh approximation (same formula).
+HF_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+# Processors whose int ``size`` means the shortest edge (their class sets default_to_square = False);
+# every other processor (ViT, DeiT, BEiT ...) reads an int as a square (height = width = size).
+_INT_SIZE_IS_SHORTEST_EDGE = {"CLIPImageProcessor", "BitImageProcessor", "ChineseCLIPImageProcessor"}
+# Class default of ``resample`` where it is not bilinear (used when the JSON leaves it out).
+_DEFAULT_RESAMPLE = {"DeiTImageProcessor": 3, "CLIPImageProcessor": 3, "BitImageProcessor": 3,
+                     "ChineseCLIPImageProcessor": 3}
 
 # PIL resampling codes as stored in preprocessor_config.json.
 PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
@@ -114,11 +124,12 @@ def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path) -> "ViT
             f"{where}: model_type {model_type!r} is not supported; only Hugging Face 'vit' "
             "(ViTForImageClassification / ViTModel) checkpoints load"
         )
-    act = config.get("hidden_act", "gelu")
-    if act != "gelu":
+    hidden_act = config.get("hidden_act", "gelu")
+    if hidden_act not in HF_ACTS:
         raise CheckpointError(
-            f"{where}: hidden_act {act!r} is not supported; vitdeploy's ViT uses the exact (erf) GELU, "
-            "i.e. hidden_act 'gelu'. Loading this checkpoint would change its outputs"
+            f"{where}: hidden_act {hidden_act!r} is not supported; vitdeploy's ViT runs the exact GELU ('gelu') "
+            f"or its tanh form ({', '.join(k for k, v in HF_ACTS.items() if v == 'gelu_tanh')}). Loading this "
+            "checkpoint would change its outputs"
         )
     width = int(config.get("hidden_size", 768))
     mlp = int(config.get("intermediate_size", 3072))
@@ -134,6 +145,7 @@ def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path) -> "ViT
             qkv_bias=bool(config.get("qkv_bias", True)),
             layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
             num_classes=num_classes,
+            act=HF_ACTS[hidden_act],
         )
     except ValueError as exc:
         raise CheckpointError(f"{where}: config.json describes an invalid ViT: {exc}") from exc
@@ -167,16 +179,36 @@ def _triple(value: Any, key: str, where: Path) -> tuple[float, float, float]:
     raise CheckpointError(f"{where}: {key} must be one number or three, got {value!r}")
 
 
-def hf_preprocess(data: dict[str, Any], image_size: int, where: Path) -> PreprocessSpec:
-    """PreprocessSpec from a HF preprocessor_config.json.
+def _size_pair(value: Any, key: str, where: Path) -> tuple[int, int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value, value
+    if isinstance(value, dict) and "height" in value and "width" in value:
+        return int(value["height"]), int(value["width"])
+    raise CheckpointError(f"{where}: {key} {value!r} is not understood; expected an int or {{height, width}}")
+
+
+def hf_preprocess(data: dict[str, Any], image_size: int, where: Path) -> Preprocessing:
+    """Preprocessing from a HF preprocessor_config.json, as transformers' image processor (PIL backend)
+    does it, with every form of ``size``: ``{height, width}``, ``{shortest_edge}``,
+    ``{shortest_edge, longest_edge}`` and an int (a square, except for the processors whose class reads
+    it as the shortest edge), each with and without ``do_center_crop``.
 
     HF computes ``(pixel * rescale_factor - mean) / std`` on 0-255 pixels; our spec computes
     ``(pixel / 255 - mean') / std'``, so mean and std are divided by ``255 * rescale_factor`` (a no-op
-    for the usual 1/255). ``do_normalize: false`` means mean 0, std 1; ``do_rescale: false`` means a
-    factor of 1. ``size: {height, width}`` -> style "hf"; ``size: {shortest_edge}`` with a centre crop
-    -> style "timm" with crop_pct = crop / shortest_edge.
+    for the usual 1/255). ``do_normalize: false`` means mean 0, std 1; ``do_rescale: false`` a factor of 1.
+    Absent keys take the ``BaseImageProcessor`` defaults (bilinear, mean/std 0.5), noted as such.
     """
-    resample = data.get("resample", 2)
+    origin, default = f"{CHECKPOINT}: {where.name}", f"{LIBRARY}: transformers image processor"
+    missing: dict[str, str] = {}
+    notes: list[str] = []
+    kind = str(data.get("image_processor_type") or "").removesuffix("Fast").removesuffix("Pil")
+    if "crop_pct" in data:
+        raise CheckpointError(f"{where}: {kind or 'this image processor'} resizes by crop_pct, which vitdeploy does "
+                              "not reproduce for Hugging Face processors; set the preprocessing in pipeline.yaml "
+                              "(preprocess: style: timm, crop_pct: ...)")
+    resample = data.get("resample", _DEFAULT_RESAMPLE.get(kind, 2))
+    if "resample" not in data:
+        missing["interpolation"] = default
     if isinstance(resample, str) and resample.lower() in PIL_RESAMPLE.values():
         interpolation = resample.lower()
     elif isinstance(resample, int) and resample in PIL_RESAMPLE:
@@ -184,6 +216,9 @@ def hf_preprocess(data: dict[str, Any], image_size: int, where: Path) -> Preproc
     else:
         raise CheckpointError(f"{where}: unknown resample {resample!r}; expected a PIL code 0-5")
 
+    for key, field in (("image_mean", "mean"), ("image_std", "std")):
+        if key not in data:
+            missing[field] = default
     mean = _triple(data.get("image_mean", 0.5), "image_mean", where)
     std = _triple(data.get("image_std", 0.5), "image_std", where)
     if not data.get("do_normalize", True):
@@ -196,26 +231,39 @@ def hf_preprocess(data: dict[str, Any], image_size: int, where: Path) -> Preproc
 
     size = data.get("size")
     crop = data.get("crop_size") if data.get("do_center_crop") else None
-    style, extra = "hf", {}
-    if not data.get("do_resize", True) or size is None:
-        height = width = image_size
-        if not data.get("do_resize", True):
-            logger.warning("%s: do_resize is false; images will still be resized to %d px", where, image_size)
-    elif isinstance(size, int):
-        height = width = size
-    elif isinstance(size, dict) and "height" in size and "width" in size:
-        height, width = int(size["height"]), int(size["width"])
-    elif isinstance(size, dict) and "shortest_edge" in size:
-        height = width = int(size["shortest_edge"])
-    else:
-        raise CheckpointError(f"{where}: unsupported size {size!r}; expected {{height, width}} or {{shortest_edge}}")
+    height = width = image_size
     if crop is not None:
-        ch, cw = (crop, crop) if isinstance(crop, int) else (int(crop["height"]), int(crop["width"]))
-        if ch != cw or height != width or ch > height:
-            raise CheckpointError(f"{where}: crop_size {crop!r} with size {size!r} is not a square centre crop")
-        style, extra, height, width = "timm", {"crop_pct": ch / height}, ch, cw
+        height, width = _size_pair(crop, "crop_size", where)
+    geometry: dict[str, Any] = {}
+    if isinstance(size, int) and not isinstance(size, bool):
+        size = {"shortest_edge": size} if kind in _INT_SIZE_IS_SHORTEST_EDGE else {"height": size, "width": size}
+    if not data.get("do_resize", True) or size is None:
+        notes.append(f"{where.name}: {'do_resize is false' if size is not None else 'no size'}; images are resized "
+                     f"to the model's {image_size}x{image_size} (transformers would pass them through at their own "
+                     "size, which the model cannot take)")
+        missing.update(height=f"{LIBRARY} (assumed): the model's image size", width=f"{LIBRARY} (assumed): the model's image size")
+    elif isinstance(size, dict) and "height" in size and "width" in size:
+        rh, rw = int(size["height"]), int(size["width"])
+        if crop is None:
+            height, width = rh, rw
+        else:
+            geometry = {"resize_height": rh, "resize_width": rw}
+    elif isinstance(size, dict) and "shortest_edge" in size:
+        geometry = {"shortest_edge": int(size["shortest_edge"])}
+        if size.get("longest_edge") is not None:
+            geometry["longest_edge"] = int(size["longest_edge"])
+        if crop is None:
+            notes.append(f"{where.name}: size {size} without a centre crop gives transformers a tensor of the photo's "
+                         f"aspect ratio, which the model cannot take unless the photo is square; vitdeploy "
+                         f"centre-crops {image_size}x{image_size} as transformers' crop would (floored offset)")
+            missing.update(height=f"{LIBRARY} (assumed): the model's image size",
+                           width=f"{LIBRARY} (assumed): the model's image size")
+    else:
+        raise CheckpointError(f"{where}: unsupported size {size!r}; expected an int, {{height, width}}, "
+                              "{shortest_edge} or {shortest_edge, longest_edge}")
     try:
-        return PreprocessSpec(style=style, height=height, width=width, interpolation=interpolation,
-                              mean=mean, std=std, **extra)
+        spec = PreprocessSpec(style="hf", height=height, width=width, interpolation=interpolation,
+                              mean=mean, std=std, **geometry)
     except ValueError as exc:
         raise CheckpointError(f"{where}: unusable preprocessing: {exc}") from exc
+    return Preprocessing.from_source(spec, origin, missing, tuple(notes))

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
-from ..preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
+from ..preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, PreprocessSpec
 from ..vocab import INTERPOLATIONS
-from .formats import layer_count, resolve_heads
+from .formats import SIZE_BY_WIDTH, layer_count, resolve_heads, variant_template
+from .provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -54,9 +55,11 @@ def _need(state: dict[str, Any], key: str, where: Path, fmt: str) -> "torch.Tens
 
 
 def infer_config(state: dict[str, "torch.Tensor"], *, prefix_keys: dict[str, str], block_pattern: str,
-                 where: Path, fmt: str, variant: str | None, heads: int | None = None) -> "ViTConfig":
-    """ViTConfig from tensor shapes. ``prefix_keys`` names where the tensors are (``patch``, ``pos``,
-    ``fc1``, ``head``: keys; ``qkv_bias``: a regex, qkv biases exist when any key matches it)."""
+                 where: Path, fmt: str, variant: str | None, heads: int | None = None,
+                 heads_origin: str = "", act: str = "gelu", layer_norm_eps: float = 1e-6) -> tuple["ViTConfig", str]:
+    """(ViTConfig, where the head count came from) from tensor shapes. ``prefix_keys`` names where the
+    tensors are (``patch``, ``pos``, ``fc1``, ``head``: keys; ``qkv_bias``: a regex, qkv biases exist
+    when any key matches it). ``heads``: known head count (else :func:`resolve_heads`)."""
     from .vit import ViTConfig
 
     proj = _need(state, prefix_keys["patch"], where, fmt)
@@ -77,62 +80,136 @@ def infer_config(state: dict[str, "torch.Tensor"], *, prefix_keys: dict[str, str
     mlp = int(_need(state, prefix_keys["fc1"], where, fmt).shape[0])
     head = state.get(prefix_keys["head"])
     if heads is None:
-        heads = resolve_heads(width, depth, patch, variant, where)
+        heads, heads_origin = resolve_heads(width, depth, patch, variant, where)
     try:
         cfg = ViTConfig(image_size=grid * patch, patch_size=patch, in_channels=channels, width=width, depth=depth,
                         heads=heads, mlp_ratio=mlp / width,
                         qkv_bias=any(re.match(prefix_keys["qkv_bias"], k) for k in state),
-                        layer_norm_eps=1e-6, num_classes=int(head.shape[0]) if head is not None else 0)
+                        layer_norm_eps=layer_norm_eps, num_classes=int(head.shape[0]) if head is not None else 0,
+                        act=act)
     except ValueError as exc:
         raise CheckpointError(f"{where}: inferred an invalid ViT from the tensors: {exc}") from exc
     if cfg.mlp_dim != mlp:
         raise CheckpointError(f"{where}: MLP width {mlp} cannot be represented for width {width}")
     logger.info("%s: inferred %s ViT: %s", where, fmt, cfg)
-    return cfg
+    return cfg, heads_origin
 
 
 TIMM_KEYS = {"patch": "patch_embed.proj.weight", "pos": "pos_embed", "fc1": "blocks.0.mlp.fc1.weight",
              "qkv_bias": r"^blocks\.\d+\.attn\.qkv\.bias$", "head": "head.weight"}
 
 
+#: timm ``act_layer`` names -> ours (timm's GELUTanh is ``nn.GELU(approximate="tanh")``).
+TIMM_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh"}
+# model_args that do not change the tensors' meaning for vitdeploy's ViT.
+_HARMLESS_ARGS = {"num_heads", "act_layer", "global_pool", "img_size", "num_classes", "drop_rate", "pos_drop_rate",
+                  "attn_drop_rate", "proj_drop_rate", "drop_path_rate", "patch_size", "embed_dim", "depth",
+                  "mlp_ratio", "qkv_bias", "class_token", "dynamic_img_size", "dynamic_img_pad", "in_chans"}
+
+
 def timm_vit_config(state: dict[str, "torch.Tensor"], where: Path, variant: str | None,
-                    hub_config: dict[str, Any] | None = None) -> "ViTConfig":
+                    hub_config: dict[str, Any] | None = None, *, num_heads: int | None = None,
+                    act: str | None = None, layer_norm_eps: float | None = None) -> tuple["ViTConfig", str]:
+    """(ViTConfig, heads origin). ``num_heads`` / ``act`` / ``layer_norm_eps``: what the caller knows
+    (pipeline.yaml); checked against the hub config when it says otherwise."""
     hub_config = hub_config or {}
-    pool = hub_config.get("global_pool", (hub_config.get("model_args") or {}).get("global_pool", "token"))
+    model_args = hub_config.get("model_args") or {}
+    pool = hub_config.get("global_pool", model_args.get("global_pool", "token"))
     if pool not in ("token", None):
         raise CheckpointError(f"{where}: global_pool {pool!r} is not supported; vitdeploy pools the class token")
-    heads = (hub_config.get("model_args") or {}).get("num_heads")
-    if heads is None and variant is None and hub_config.get("architecture"):
+    if model_args.get("class_token") is False or model_args.get("no_embed_class") or model_args.get("fc_norm"):
+        raise CheckpointError(f"{where}: model_args {shorten_args(model_args)} describe a ViT without the standard "
+                              "class token path; vitdeploy supports class-token pooling only")
+    hub_act = model_args.get("act_layer")
+    if hub_act is not None and hub_act not in TIMM_ACTS:
+        raise CheckpointError(f"{where}: model_args.act_layer {hub_act!r} is not supported; vitdeploy's ViT runs "
+                              f"{' or '.join(TIMM_ACTS)} (exporting anyway would change the outputs)")
+    if hub_act is not None and act is not None and TIMM_ACTS[hub_act] != act:
+        raise CheckpointError(f"{where}: config.json says act_layer {hub_act!r} but model.activation is {act!r}; "
+                              "drop model.activation or fix config.json")
+    act = TIMM_ACTS[hub_act] if hub_act is not None else (act or "gelu")
+    eps = 1e-6 if layer_norm_eps is None else layer_norm_eps  # timm's ViT: LayerNorm(eps=1e-6)
+    hub_heads = model_args.get("num_heads")
+    if hub_heads is not None and num_heads is not None and int(hub_heads) != num_heads:
+        raise CheckpointError(f"{where}: config.json says num_heads {hub_heads} but model.num_heads is {num_heads}; "
+                              "drop model.num_heads or fix config.json")
+    common = dict(prefix_keys=TIMM_KEYS, block_pattern=r"^blocks\.(\d+)\.", where=where, fmt="timm", act=act,
+                  layer_norm_eps=eps)
+    if num_heads is not None:
+        return infer_config(state, variant=variant, heads=num_heads, heads_origin="pipeline.yaml: model.num_heads",
+                            **common)
+    if hub_heads is not None:
+        return infer_config(state, variant=variant, heads=int(hub_heads),
+                            heads_origin=f"{CHECKPOINT}: config.json model_args.num_heads", **common)
+    if variant is None and hub_config.get("architecture"):
+        arch = str(hub_config["architecture"])
         try:
-            return infer_config(state, prefix_keys=TIMM_KEYS, block_pattern=r"^blocks\.(\d+)\.", where=where,
-                                fmt="timm", variant=str(hub_config["architecture"]))
+            tmpl = variant_template(arch)
         except CheckpointError as exc:
-            if "variant" not in str(exc):
-                raise
-            logger.info("%s: architecture %r not usable as a variant (%s)", where, hub_config["architecture"], exc)
-    return infer_config(state, prefix_keys=TIMM_KEYS, block_pattern=r"^blocks\.(\d+)\.", where=where,
-                        fmt="timm", variant=variant, heads=heads)
+            logger.info("%s: architecture %r is not a known variant (%s)", where, arch, exc)
+        else:  # timm builds the architecture with its own head count unless model_args say otherwise
+            return infer_config(state, variant=None, heads=tmpl.heads,
+                                heads_origin=f"{CHECKPOINT}: config.json architecture {arch}", **common)
+    return infer_config(state, variant=variant, **common)
 
 
-def timm_preprocess(hub_config: dict[str, Any], where: Path) -> PreprocessSpec | None:
-    """PreprocessSpec from a timm hub config's ``pretrained_cfg``; None when it has none."""
-    pcfg = hub_config.get("pretrained_cfg")
-    if not isinstance(pcfg, dict) or "input_size" not in pcfg:
-        return None
-    if pcfg.get("crop_mode", "center") != "center":
-        logger.warning("%s: crop_mode %r cannot be represented; preprocessing left unknown", where, pcfg["crop_mode"])
-        return None
-    interpolation = pcfg.get("interpolation", "bicubic")
+def shorten_args(args: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in sorted(args.items()) if k not in _HARMLESS_ARGS) or "{}"
+
+
+def timm_arch_name(cfg: "ViTConfig", variant: str | None = None, hub_config: dict[str, Any] | None = None) -> str:
+    """The timm architecture a checkpoint is taken for: config.json's, the named variant, or the
+    standard name for its width, patch and image size (e.g. vit_tiny_patch16_224)."""
+    if hub_config and hub_config.get("architecture"):
+        return str(hub_config["architecture"])
+    if variant:
+        return variant.split(".")[0]
+    size = SIZE_BY_WIDTH.get(cfg.width, f"{cfg.width}wide")
+    return f"vit_{size}_patch{cfg.patch_size}_{cfg.image_size}"
+
+
+def timm_default_preprocess(arch: str, image_size: int) -> PreprocessSpec:
+    """timm's default ``pretrained_cfg`` for a vision_transformer / deit architecture (timm 1.0):
+    bicubic, centre crop, crop_pct 0.9 (1.0 from 384 px up), mean/std 0.5 for ``vit_*`` and
+    ImageNet's for ``deit_*`` and the DINO ``vit_small_patch8_224``."""
+    imagenet = arch.startswith("deit") or arch == "vit_small_patch8_224"
+    return PreprocessSpec(style="timm", height=image_size, width=image_size,
+                          crop_pct=1.0 if image_size >= 384 else 0.9, interpolation="bicubic", crop_mode="center",
+                          mean=IMAGENET_MEAN if imagenet else INCEPTION_MEAN,
+                          std=IMAGENET_STD if imagenet else INCEPTION_STD)
+
+
+def timm_preprocess(hub_config: dict[str, Any] | None, cfg: "ViTConfig", where: Path,
+                    variant: str | None = None) -> Preprocessing:
+    """Preprocessing from a timm hub config's ``pretrained_cfg`` (absent keys: timm's ``PretrainedCfg``
+    defaults); without one, timm's default pretrained_cfg of the architecture, noted as an assumption."""
+    pcfg = (hub_config or {}).get("pretrained_cfg")
+    if not isinstance(pcfg, dict) or not pcfg:
+        arch = timm_arch_name(cfg, variant, hub_config)
+        spec = timm_default_preprocess(arch, cfg.image_size)
+        origin = f"{LIBRARY}: timm pretrained_cfg of {arch}"
+        note = (f"{where.name}: no preprocessing in the checkpoint; assumed timm's default for {arch} "
+                f"({describe_spec(spec)}); {override_hint()}")
+        return Preprocessing.from_source(spec, origin, notes=(note,))
+    crop_mode = pcfg.get("crop_mode") or "center"
+    if crop_mode not in ("center", "squash", "border"):
+        raise CheckpointError(f"{where}: pretrained_cfg crop_mode {crop_mode!r} is not one of center, squash, border")
+    interpolation = pcfg.get("interpolation") or "bicubic"
     if interpolation not in _INTERPOLATIONS:
         raise CheckpointError(f"{where}: pretrained_cfg interpolation {interpolation!r} is not one of {_INTERPOLATIONS}")
-    size = pcfg["input_size"]
+    size = pcfg.get("input_size") or (3, cfg.image_size, cfg.image_size)
     try:
-        return PreprocessSpec(style="timm", height=int(size[-2]), width=int(size[-1]),
-                              crop_pct=float(pcfg.get("crop_pct", 0.875)), interpolation=interpolation,
-                              mean=tuple(float(v) for v in pcfg.get("mean", IMAGENET_MEAN)),
-                              std=tuple(float(v) for v in pcfg.get("std", IMAGENET_STD)))
+        spec = PreprocessSpec(style="timm", height=int(size[-2]), width=int(size[-1]),
+                              crop_pct=float(pcfg.get("crop_pct") or 0.875), interpolation=interpolation,
+                              crop_mode=crop_mode,
+                              mean=tuple(float(v) for v in (pcfg.get("mean") or IMAGENET_MEAN)),
+                              std=tuple(float(v) for v in (pcfg.get("std") or IMAGENET_STD)))
     except (ValueError, TypeError, IndexError) as exc:
         raise CheckpointError(f"{where}: unusable pretrained_cfg preprocessing: {exc}") from exc
+    keys = {"crop_pct": "crop_pct", "interpolation": "interpolation", "crop_mode": "crop_mode", "mean": "mean",
+            "std": "std", "height": "input_size", "width": "input_size"}
+    defaults = {f: f"{LIBRARY}: timm PretrainedCfg" for f, k in keys.items() if not pcfg.get(k)}
+    return Preprocessing.from_source(spec, f"{CHECKPOINT}: config.json pretrained_cfg", defaults)
 
 
 def timm_labels(hub_config: dict[str, Any], num_classes: int, where: Path) -> tuple[str, ...] | None:

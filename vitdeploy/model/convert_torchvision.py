@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
 from .convert_timm import infer_config
+from .provenance import LIBRARY, Preprocessing, describe_spec, override_hint
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -62,25 +63,59 @@ def convert_torchvision_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str
     return out
 
 
-def torchvision_vit_config(converted: dict[str, "torch.Tensor"], where: Path, variant: str | None) -> "ViTConfig":
-    """Architecture from the (already converted) tensors; eps 1e-6 as torchvision uses."""
+def torchvision_vit_config(converted: dict[str, "torch.Tensor"], where: Path, variant: str | None, *,
+                           num_heads: int | None = None, act: str | None = None,
+                           layer_norm_eps: float | None = None) -> tuple["ViTConfig", str]:
+    """(ViTConfig, heads origin) from the (already converted) tensors; eps 1e-6 and exact GELU as
+    torchvision's ViT uses, unless pipeline.yaml says otherwise."""
     keys = {"patch": "patch_embed.proj.weight", "pos": "pos_embed", "fc1": "blocks.0.mlp.fc1.weight",
             "qkv_bias": r"^blocks\.\d+\.attn\.qkv\.bias$", "head": "head.weight"}
     return infer_config(converted, prefix_keys=keys, block_pattern=r"^blocks\.(\d+)\.", where=where,
-                        fmt="torchvision", variant=variant)
+                        fmt="torchvision", variant=variant, heads=num_heads,
+                        heads_origin="pipeline.yaml: model.num_heads" if num_heads is not None else "",
+                        act=act or "gelu", layer_norm_eps=1e-6 if layer_norm_eps is None else layer_norm_eps)
 
 
-def torchvision_preprocess(image_size: int) -> PreprocessSpec:
-    """What torchvision's ViT weights expect, since the state dict itself does not say.
+# The documented transforms of torchvision's ViT weights (torchvision.models.ViT_*_Weights: every one is
+# ImageClassification(crop_size, resize_size, ImageNet mean/std, interpolation)).
+# (width, patch) -> (builder, {image size: (weights, resize_size, interpolation)}).
+TORCHVISION_WEIGHTS = {
+    (768, 16): ("vit_b_16", {224: ("IMAGENET1K_V1", 256, "bilinear"), 384: ("IMAGENET1K_SWAG_E2E_V1", 384, "bicubic")}),
+    (768, 32): ("vit_b_32", {224: ("IMAGENET1K_V1", 256, "bilinear")}),
+    (1024, 16): ("vit_l_16", {224: ("IMAGENET1K_V1", 242, "bilinear"), 512: ("IMAGENET1K_SWAG_E2E_V1", 512, "bicubic")}),
+    (1024, 32): ("vit_l_32", {224: ("IMAGENET1K_V1", 256, "bilinear")}),
+    (1280, 14): ("vit_h_14", {224: ("IMAGENET1K_SWAG_LINEAR_V1", 224, "bicubic"),
+                              518: ("IMAGENET1K_SWAG_E2E_V1", 518, "bicubic")}),
+}
 
-    At 224 px: the ``IMAGENET1K_V1`` transform (resize the shorter side to 256 bilinear, centre-crop 224,
-    ImageNet mean/std) -> timm style, crop_pct 224/256, bilinear. At other sizes (the ``SWAG_E2E_V1``
-    weights: 384/512/518): resize to the size with bicubic and no crop (crop_pct 1.0). The
-    ``SWAG_LINEAR_V1`` weights (224, bicubic, no crop) cannot be told apart from ``IMAGENET1K_V1`` by
-    their tensors; set the preprocessing explicitly for those.
+
+def torchvision_weights_for(cfg: "ViTConfig") -> tuple[str, int, str, bool]:
+    """(weights name, resize_size, interpolation, whether torchvision ships weights of this shape) of the
+    torchvision weights a checkpoint is taken for.
+
+    Matched on width, patch and image size. Other shapes get the convention of ``ViT_B_16_Weights``:
+    ``IMAGENET1K_V1`` at 224 (resize 256, bilinear), ``SWAG_E2E_V1`` style elsewhere (resize to the
+    crop size, bicubic). The ``SWAG_LINEAR_V1`` weights (224, resize 224, bicubic) have the same
+    tensors as ``IMAGENET1K_V1`` and cannot be told apart: set the preprocessing for those.
     """
-    if image_size == 224:
-        return PreprocessSpec(style="timm", height=224, width=224, crop_pct=224 / 256, interpolation="bilinear",
-                              mean=IMAGENET_MEAN, std=IMAGENET_STD)
-    return PreprocessSpec(style="timm", height=image_size, width=image_size, crop_pct=1.0, interpolation="bicubic",
+    builder, by_size = TORCHVISION_WEIGHTS.get((cfg.width, cfg.patch_size), ("vit_b_16", {}))
+    if cfg.image_size in by_size:
+        weights, resize, interp = by_size[cfg.image_size]
+        return f"{builder.upper().replace('VIT', 'ViT')}_Weights.{weights}", resize, interp, True
+    if cfg.image_size == 224:
+        return "ViT_B_16_Weights.IMAGENET1K_V1", 256, "bilinear", False
+    return "ViT_B_16_Weights.IMAGENET1K_SWAG_E2E_V1", cfg.image_size, "bicubic", False
+
+
+def torchvision_preprocess(cfg: "ViTConfig", where: Path) -> Preprocessing:
+    """What torchvision's ViT weights expect, since the state dict itself does not say (an assumption,
+    noted so the user sees it)."""
+    weights, resize, interp, shipped = torchvision_weights_for(cfg)
+    size = cfg.image_size
+    spec = PreprocessSpec(style="torchvision", height=size, width=size, shortest_edge=resize, interpolation=interp,
                           mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    which = (f"the documented transforms of torchvision's {weights}" if shipped else
+             f"the convention of torchvision's {weights} (torchvision ships no ViT weights of this shape)")
+    note = (f"{where.name}: no preprocessing in the checkpoint; assumed {which} ({describe_spec(spec)}); "
+            f"{override_hint()}")
+    return Preprocessing.from_source(spec, f"{LIBRARY}: torchvision {weights}.transforms()", notes=(note,))

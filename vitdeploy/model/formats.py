@@ -25,8 +25,9 @@ logger = logging.getLogger(__name__)
 
 FORMATS = ("vitdeploy", "timm", "hf", "torchvision")
 
-# width -> heads of the standard variants (DeiT Ti/S, ViT B/L/H); anything else: width // 64.
+# width -> heads of the standard variants (DeiT Ti/S, ViT B/L/H); any other width needs model.num_heads.
 HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
+SIZE_BY_WIDTH = {192: "tiny", 384: "small", 768: "base", 1024: "large", 1280: "huge"}
 _SIZE_WORDS = {"tiny": "tiny", "ti": "tiny", "small": "small", "s": "small", "base": "base", "b": "base",
                "large": "large", "l": "large", "huge": "huge", "h": "huge"}
 # The wrappers training scripts put around a state dict, tried in this order.
@@ -213,24 +214,25 @@ def variant_template(variant: str):
         heads=template.heads, mlp_ratio=template.mlp_ratio)
 
 
-def resolve_heads(width: int, depth: int, patch: int, variant: str | None, where: Path) -> int:
-    """Heads for a checkpoint that does not store them: from ``variant`` when given (checked against
-    the tensors), else the standard table by width, else width // 64."""
+def resolve_heads(width: int, depth: int, patch: int, variant: str | None, where: Path) -> tuple[int, str]:
+    """(heads, where that came from) for a checkpoint that does not store them: from ``variant`` when
+    given (checked against the tensors), else assumed from the standard variant of that width
+    (said in the origin, which starts with "assumed"); any other width is an error naming the key to set."""
     if variant is not None:
         tmpl = variant_template(variant)
         check_variant(tmpl, variant, width=width, depth=depth, patch=patch, where=where)
-        return tmpl.heads
+        return tmpl.heads, f"pipeline.yaml: model.variant {variant}"
     if width in HEADS_BY_WIDTH:
         heads = HEADS_BY_WIDTH[width]
-    elif width % 64 == 0:
-        heads = width // 64
-    else:
-        raise CheckpointError(
-            f"{where}: cannot infer the number of attention heads for width {width} (not a standard "
-            "variant and not a multiple of 64); pass variant=... (e.g. 'vit_base_patch16_224')"
-        )
-    logger.info("%s: no head count stored; using %d heads for width %d (pass variant= to override)", where, heads, width)
-    return heads
+        name = f"vit_{SIZE_BY_WIDTH[width]}"
+        logger.info("%s: no head count stored; assuming %d heads (%s)", where, heads, name)
+        return heads, (f"library default (assumed): width {width} is {name}'s, which has {heads} heads; the checkpoint "
+                       "does not store it (set model.num_heads in pipeline.yaml if yours differs)")
+    standard = ", ".join(f"{w} ({SIZE_BY_WIDTH[w]})" for w in HEADS_BY_WIDTH)
+    raise CheckpointError(
+        f"{where}: the checkpoint does not store its number of attention heads and width {width} is not a "
+        f"standard variant's ({standard}); set model.num_heads in pipeline.yaml (load_checkpoint(num_heads=...))"
+    )
 
 
 def check_variant(tmpl, variant: str, *, width: int, depth: int, patch: int, where: Path, heads: int | None = None) -> None:

@@ -19,6 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 
+#: MLP activations: our name -> torch.nn.functional.gelu's ``approximate`` argument.
+GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}
+ACTIVATIONS: tuple[str, ...] = tuple(GELU_APPROXIMATE)
+
+
 @dataclass(frozen=True)
 class ViTConfig:
     image_size: int = 224
@@ -32,6 +37,7 @@ class ViTConfig:
     layer_norm_eps: float = 1e-6
     num_classes: int = 1000
     pos_embed: str = "learned"  # or "sincos" (fixed 2-D sinusoidal)
+    act: str = "gelu"  # MLP activation: "gelu" (exact, erf) or "gelu_tanh" (tanh approximation)
 
     def __post_init__(self) -> None:
         sizes = {"image_size": self.image_size, "patch_size": self.patch_size, "in_channels": self.in_channels,
@@ -44,6 +50,8 @@ class ViTConfig:
             problems.append(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
         if self.width % self.heads:
             problems.append(f"width {self.width} is not divisible by heads {self.heads}")
+        if self.act not in ACTIVATIONS:
+            problems.append(f"act must be one of {', '.join(ACTIVATIONS)}, got {self.act!r}")
         if self.pos_embed not in ("learned", "sincos"):
             problems.append(f"pos_embed must be 'learned' or 'sincos', got {self.pos_embed!r}")
         if min(self.image_size, self.patch_size, self.in_channels, self.width, self.depth, self.heads) <= 0:
@@ -135,9 +143,11 @@ class Mlp(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
         self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
+        self.approximate = GELU_APPROXIMATE[cfg.act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))  # exact (erf) GELU, as in the paper's reference code
+        # exact (erf) GELU as in the paper's reference code, or the tanh form (timm gelu_tanh, HF gelu_pytorch_tanh)
+        return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
 
 
 class Block(nn.Module):

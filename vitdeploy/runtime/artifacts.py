@@ -19,7 +19,7 @@ from ..errors import ArtifactError, ArtifactIntegrityError
 from ..limits import clip_text
 from ..preprocess_spec import PreprocessSpec
 from ..vocab import ARTIFACT_FILES, MANIFEST_NAME
-from .manifest_schema import (MANIFEST_FORMAT, MANIFEST_VERSION, Manifest, check_engine_meta, check_model_config,
+from .manifest_schema import (MANIFEST_FORMAT, MANIFEST_VERSION, Manifest, check_engine_meta, check_model_config,  # noqa: F401 - re-exported
                               parse_manifest, read_json_bounded)
 
 log = logging.getLogger(__name__)

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, f
 from .._schema import FiniteFloat, NonNegativeInt, PositiveInt, StrictSection, format_validation_error
 from ..errors import ArtifactError, ArtifactIntegrityError
 from ..limits import MAX_BATCH, MAX_JSON_BYTES, clip
+from ..vocab import CropMode, Interpolation, PreprocessStyle
 
 MANIFEST_FORMAT = "vitdeploy-manifest"
 MANIFEST_VERSION = 1
@@ -141,15 +142,20 @@ class BatchSpec(StrictSection):
 class PreprocessSection(StrictSection):
     """Mirrors vitdeploy.preprocess_spec.PreprocessSpec (same keys and defaults), strictly typed."""
 
-    style: Literal["hf", "timm"] = "hf"
+    style: PreprocessStyle = "hf"
     height: Side = 224
     width: Side = 224
     crop_pct: FiniteFloat = Field(0.875, gt=0, le=1)
-    interpolation: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bilinear"
+    interpolation: Interpolation = "bilinear"
     mean: tuple[FiniteFloat, FiniteFloat, FiniteFloat] = (0.5, 0.5, 0.5)
     std: tuple[Annotated[FiniteFloat, Field(gt=0)], Annotated[FiniteFloat, Field(gt=0)],
                Annotated[FiniteFloat, Field(gt=0)]] = (0.5, 0.5, 0.5)
     background: tuple[Byte, Byte, Byte] = (255, 255, 255)
+    crop_mode: CropMode = "center"
+    resize_height: Optional[Side] = None
+    resize_width: Optional[Side] = None
+    shortest_edge: Optional[Side] = None
+    longest_edge: Optional[Side] = None
 
     @field_validator("background", mode="before")
     @classmethod

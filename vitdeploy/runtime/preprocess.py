@@ -12,23 +12,27 @@ Pipeline (:func:`~vitdeploy.runtime.images.load_image` does steps 1-3):
 3. any mode to RGB, transparency composited over ``spec.background`` (greyscale without
    transparency stays one channel through the resize and is broadcast to R = G = B at the
    end: the same numbers as converting first, at a third of the resampling cost);
-4. geometry, with Pillow's resampling filter ``spec.interpolation``:
+4. geometry, with Pillow's resampling filter ``spec.interpolation``, as the library the spec
+   names does it (:func:`resize_plan`; the styles are described on
+   :class:`~vitdeploy.preprocess_spec.PreprocessSpec`):
 
-   * ``style="hf"`` (transformers' ``ViTImageProcessor``): resize straight to
-     ``(spec.height, spec.width)``, ignoring the aspect ratio;
-   * ``style="timm"`` (timm ``transforms_imagenet_eval``, ``crop_mode="center"``): scale size
-     ``(floor(height / crop_pct), floor(width / crop_pct))``. Square target: the shorter side
-     becomes that size and the longer ``int(size * long / short)`` (torchvision ``Resize(int)``).
-     Non-square target: timm's ``ResizeKeepRatio``: one ratio ``min(h / scale_h, w / scale_w)``,
-     new size ``round(h / ratio), round(w / ratio)``, so the result covers the scale size. Then
-     a centre crop of ``(height, width)`` at ``top = round((new_h - height) / 2)`` (likewise
-     ``left``; Python's round, as torchvision's ``center_crop``). Where the full intermediate
-     would exceed :data:`MAX_INTERMEDIATE_PIXELS` (4 Mpx: aspect ratios beyond ~64:1 at 224)
-     only the band kept by the crop is resampled, which may differ from the full resize by one
-     8-bit level (one source pixel for "nearest"/"box"), so a 1 x 10000 image stays cheap.
-     Below that limit the result is bit-identical to the full resize then crop, but computed
-     with less work where the installed Pillow's pass order is known (see
-     :func:`_resize_crop_exact`): about a fifth less resampling for ImageNet-size photos.
+   * ``style="hf"`` (transformers' image processors, PIL backend): resize to a fixed size or
+     by ``shortest_edge`` (+ ``longest_edge``), then centre crop at the floored offset
+     ``(size - crop) // 2``, zero-padded where the image is smaller;
+   * ``style="timm"`` (timm ``transforms_imagenet_eval``): scale size
+     ``floor(size / crop_pct)``; ``crop_mode`` "center" resizes the shorter side to it (square
+     target: torchvision ``Resize(int)``, longer side ``int(size * long / short)``; non-square
+     target: timm's ``ResizeKeepRatio``), "squash" resizes to it ignoring the aspect ratio,
+     "border" fits the longer side and pads with ``round(255 * mean)``; centre crop at
+     ``round((size - crop) / 2)`` (Python's round, as torchvision's ``center_crop``);
+   * ``style="torchvision"`` (the weights' ``ImageClassification``): the shorter side to
+     ``shortest_edge``, centre crop as above.
+
+   Where the full intermediate would exceed :data:`MAX_INTERMEDIATE_PIXELS` (4 Mpx: aspect
+   ratios beyond ~64:1 at 224) only the band kept by the crop is resampled, which may differ
+   from the full resize by one 8-bit level (one source pixel for "nearest"/"box"), so a
+   1 x 10000 image stays cheap. Below that limit the result is bit-identical to the library's
+   full resize then crop.
 
 5. normalise: ``(x / 255 - mean) / std`` computed as one multiply-add per element with
    precomputed float32 ``scale = 1 / (255 * std)`` and ``offset = -mean / std``; output
@@ -43,6 +47,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -136,22 +141,31 @@ class Preprocessor:
     # ----------------------------------------------------------------------------------------
 
     def resize_crop(self, img: Image.Image) -> Image.Image:
-        """The geometric step alone: an RGB (or L) image -> the same mode at (width, height)."""
+        """The geometric step alone: an RGB (or L) image -> the same mode at (width, height)
+        (RGB when padding with a colour that is not grey)."""
         th, tw = self.spec.height, self.spec.width
-        if self.spec.style == "hf":
-            if img.size == (tw, th):
-                return img
-            return img.resize((tw, th), self._resample)
-        new_w, new_h = timm_resize_size(img.size, (th, tw), self.spec.crop_pct)
-        top = int(round((new_h - th) / 2.0))
-        left = int(round((new_w - tw) / 2.0))
-        if new_w * new_h <= MAX_INTERMEDIATE_PIXELS:
-            if (new_w, new_h) != img.size:
-                img = img.resize((new_w, new_h), self._resample)
-            if (new_w, new_h) != (tw, th):
-                img = img.crop((left, top, left + tw, top + th))
+        plan = resize_plan(img.size, self.spec)
+        if plan.size == img.size == (tw, th):
             return img
-        return _resize_crop_large(img, new_w, new_h, left, top, tw, th, self._resample)
+        new_w, new_h = plan.size
+        # The part of the crop box inside the resized image; the rest (if any) is padding.
+        x0, y0 = max(plan.left, 0), max(plan.top, 0)
+        x1, y1 = min(plan.left + tw, new_w), min(plan.top + th, new_h)
+        if new_w * new_h <= MAX_INTERMEDIATE_PIXELS:
+            if plan.size != img.size:
+                img = img.resize(plan.size, self._resample)
+            if (x0, y0, x1, y1) != (0, 0, new_w, new_h):
+                img = img.crop((x0, y0, x1, y1))
+        else:
+            img = _resize_crop_large(img, new_w, new_h, x0, y0, x1 - x0, y1 - y0, self._resample)
+        if img.size == (tw, th):
+            return img
+        fill = plan.fill
+        if img.mode == "L" and len(set(fill)) > 1:
+            img = img.convert("RGB")
+        canvas = Image.new(img.mode, (tw, th), fill[0] if img.mode == "L" else fill)
+        canvas.paste(img, (x0 - plan.left, y0 - plan.top))
+        return canvas
 
     def _into(self, source: ImageSource, out: np.ndarray) -> None:
         # Greyscale stays one channel through the resize (bit-identical, a third of the work).
@@ -165,6 +179,78 @@ class Preprocessor:
         chw = pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)
         np.multiply(chw, self._scale, out=out)
         np.add(out, self._offset, out=out)
+
+
+class ResizePlan(NamedTuple):
+    """Where one image goes: resize to ``size`` = (w, h), then take the (width, height) box at
+    (``left``, ``top``) of the resized image; box parts outside it are ``fill`` (RGB 0-255)."""
+
+    size: tuple[int, int]
+    left: int
+    top: int
+    fill: tuple[int, int, int]
+
+
+def resize_plan(size: tuple[int, int], spec: PreprocessSpec) -> ResizePlan:
+    """The resize and crop ``spec``'s library does to an image of ``size`` = (w, h)."""
+    th, tw = spec.height, spec.width
+    black = (0, 0, 0)
+    if spec.style == "hf":
+        new_w, new_h = hf_resize_size(size, spec)
+        # transformers' center_crop: (size - crop) // 2, floored; the image is zero-padded when smaller.
+        return ResizePlan((new_w, new_h), (new_w - tw) // 2, (new_h - th) // 2, black)
+    if spec.style == "torchvision":
+        new_w, new_h = _shorter_side_to(size, spec.shortest_edge)  # type: ignore[arg-type]
+        return ResizePlan((new_w, new_h), _round_offset(new_w, tw), _round_offset(new_h, th), black)
+    scale_h, scale_w = math.floor(th / spec.crop_pct), math.floor(tw / spec.crop_pct)
+    if spec.crop_mode == "squash":
+        new_w, new_h = scale_w, scale_h
+    elif spec.crop_mode == "border":  # timm ResizeKeepRatio(longest=1) then CenterCropOrPad(fill=mean)
+        w, h = size
+        ratio = max(h / scale_h, w / scale_w)
+        new_w, new_h = round(w / ratio), round(h / ratio)
+        fill = tuple(round(255 * m) for m in spec.mean)
+        return ResizePlan((new_w, new_h), _round_offset(new_w, tw), _round_offset(new_h, th), fill)  # type: ignore[arg-type]
+    else:
+        new_w, new_h = timm_resize_size(size, (th, tw), spec.crop_pct)
+    return ResizePlan((new_w, new_h), _round_offset(new_w, tw), _round_offset(new_h, th), black)
+
+
+def _round_offset(size: int, crop: int) -> int:
+    """torchvision's centre crop (timm uses it too): pad ``(crop - size) // 2`` before when the
+    image is smaller, else start at ``int(round((size - crop) / 2))``."""
+    if crop > size:
+        return -((crop - size) // 2)
+    return int(round((size - crop) / 2.0))
+
+
+def _shorter_side_to(size: tuple[int, int], short: int) -> tuple[int, int]:
+    """torchvision ``Resize(int)`` / transformers ``shortest_edge``: (w, h) with the shorter side
+    ``short`` and the longer ``int(short * long / short_side)``."""
+    w, h = size
+    if w <= h:
+        return short, int(short * h / w)
+    return int(short * w / h), short
+
+
+def hf_resize_size(size: tuple[int, int], spec: PreprocessSpec) -> tuple[int, int]:
+    """(w, h) after transformers' resize (PIL backend) for each form of ``size``."""
+    if spec.shortest_edge is None:
+        return (spec.resize_width or spec.width, spec.resize_height or spec.height)
+    if spec.longest_edge is None:  # get_resize_output_image_size(default_to_square=False)
+        return _shorter_side_to(size, spec.shortest_edge)
+    # get_size_with_aspect_ratio(image_size, shortest_edge, longest_edge), step for step.
+    w, h = size
+    short, raw = spec.shortest_edge, None
+    lo, hi = float(min(h, w)), float(max(h, w))
+    if hi / lo * short > spec.longest_edge:
+        raw = spec.longest_edge * lo / hi
+        short = int(round(raw))
+    if (h <= w and h == short) or (w <= h and w == short):
+        return w, h
+    if w < h:
+        return short, int((raw if raw is not None else short) * h / w)
+    return int((raw if raw is not None else short) * w / h), short
 
 
 def timm_resize_size(
@@ -206,4 +292,4 @@ def _resize_crop_large(
     return img
 
 
-__all__ = ["MAX_INTERMEDIATE_PIXELS", "Preprocessor", "timm_resize_size"]
+__all__ = ["MAX_INTERMEDIATE_PIXELS", "Preprocessor", "ResizePlan", "hf_resize_size", "resize_plan", "timm_resize_size"]

@@ -1,0 +1,120 @@
+"""What an export will actually use: the checkpoint as understood, and the effective preprocessing
+with the origin of every value (checkpoint / library default / pipeline.yaml).
+
+``vitdeploy export`` prints :func:`describe` at default verbosity and records the same origins in
+the manifest; ``vitdeploy config check`` prints it for the configured checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import PipelineConfig
+from ..errors import ConfigError
+from ..demo import DEMO_DIR as DEMO_MODEL_DIR
+from ..preprocess_spec import PreprocessSpec
+
+_STYLE_SIZES = ("resize_height", "resize_width", "shortest_edge", "longest_edge")
+
+
+@dataclass(frozen=True)
+class Effective:
+    """The loaded checkpoint, the preprocessing the export uses and where each of its values came from."""
+
+    loaded: Any  # model.LoadedCheckpoint
+    spec: PreprocessSpec
+    origins: dict[str, str]
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(self.loaded.notes)
+
+    def config_dump(self, cfg: PipelineConfig) -> dict[str, Any]:
+        """pipeline.yaml's effective values: the ``preprocess`` section as export will use it (no nulls)."""
+        data = cfg.model_dump(mode="json", exclude={"source"})
+        data["preprocess"] = {k: v for k, v in self.spec.to_dict().items() if v is not None}
+        data["preprocess_origins"] = dict(self.origins)
+        return data
+
+    def model_record(self, cfg: PipelineConfig) -> dict[str, Any]:
+        """The ``model.source`` entry of manifest.json."""
+        ld, vit = self.loaded, self.loaded.config
+        return {"path": str(cfg.resolve(cfg.model.checkpoint) or "demo"), "format": ld.source_format,
+                "heads_origin": ld.heads_origin, "native_image_size": ld.native_image_size or vit.image_size,
+                "resampled_pos_embed": bool(ld.native_image_size and ld.native_image_size != vit.image_size),
+                "notes": list(ld.notes)}
+
+
+def load_model(cfg: PipelineConfig) -> Any:
+    """The checkpoint named in the config (absent = the embedded demo model)."""
+    from ..model.checkpoints import load_checkpoint
+
+    m = cfg.model
+    path = cfg.resolve(m.checkpoint) or DEMO_MODEL_DIR
+    return load_checkpoint(path, image_size=m.image_size, variant=m.variant, num_heads=m.num_heads,
+                           act=m.activation, layer_norm_eps=m.layer_norm_eps)
+
+
+def resolve_preprocess(cfg: PipelineConfig, loaded: Any) -> tuple[PreprocessSpec, dict[str, str]]:
+    """The checkpoint's preprocessing (or its library's convention) with the ``preprocess:`` keys of
+    pipeline.yaml that are set laid over it; and the origin of each value that changes the pixels."""
+    from ..model.provenance import CONFIG, LIBRARY, relevant_fields
+
+    size = loaded.config.image_size
+    spec = loaded.preprocess
+    origins = dict(loaded.preprocess_origins)
+    if spec is None:  # a vitdeploy checkpoint saved without preprocessing
+        spec = PreprocessSpec(style="hf", height=size, width=size)
+        origins = {}
+    fallback = f"{LIBRARY}: vitdeploy PreprocessSpec"
+    overrides = {k: v for k, v in cfg.preprocess.model_dump().items() if v is not None}
+    if overrides.get("style", spec.style) != spec.style:  # another library's geometry: its own sizes only
+        overrides = {**{k: None for k in _STYLE_SIZES}, **overrides}
+    if spec.height != size or spec.width != size:
+        origins.update(height=f"{LIBRARY}: the model's image size", width=f"{LIBRARY}: the model's image size")
+    try:
+        spec = spec.replace(**overrides, height=size, width=size)
+    except ValueError as exc:
+        raise ConfigError(f"{cfg.source or 'pipeline config'}: preprocess: {exc}") from None
+    for key, value in overrides.items():
+        if value is not None or key in cfg.preprocess.model_fields_set:
+            origins[key] = f"{CONFIG}: preprocess.{key}"
+    return spec, {f: origins.get(f, fallback) for f in relevant_fields(spec)}
+
+
+def resolve(cfg: PipelineConfig) -> Effective:
+    """Load the configured checkpoint and resolve its effective preprocessing."""
+    loaded = load_model(cfg)
+    spec, origins = resolve_preprocess(cfg, loaded)
+    return Effective(loaded, spec, origins)
+
+
+def describe(eff: Effective, cfg: PipelineConfig) -> list[str]:
+    """Lines for a person: the model understood, the preprocessing and each value's origin, the assumptions."""
+    from ..model.formats import SIZE_BY_WIDTH
+    from ..model.provenance import describe_spec
+
+    ld, vit = eff.loaded, eff.loaded.config
+    source = cfg.resolve(cfg.model.checkpoint) or "the built-in demo model"
+    kind = {"vitdeploy": "vitdeploy checkpoint", "hf": "Hugging Face ViT", "timm": "timm ViT",
+            "torchvision": "torchvision ViT"}.get(ld.source_format, ld.source_format)
+    size = SIZE_BY_WIDTH.get(vit.width)
+    standard = f"vit_{size}_patch{vit.patch_size} dims, " if size and vit.depth in (12, 24, 32) else ""
+    lines = [f"model: {kind} from {source}",
+             f"  {standard}width {vit.width}, depth {vit.depth}, {vit.heads} heads, MLP {vit.mlp_dim}, "
+             f"activation {vit.act}, image {vit.image_size}, patch {vit.patch_size}, {vit.num_classes} classes"]
+    if ld.heads_origin:
+        lines.append(f"  heads from {ld.heads_origin}")
+    native = ld.native_image_size or vit.image_size
+    if native != vit.image_size:
+        g0, g1 = native // vit.patch_size, vit.grid
+        lines.append(f"  position embeddings resampled {g0}x{g0} -> {g1}x{g1} (model.image_size {vit.image_size})")
+    lines.append(f"preprocess: {describe_spec(eff.spec)}")
+    width = max((len(k) for k in eff.origins), default=0)
+    for key, origin in eff.origins.items():
+        value = getattr(eff.spec, key)
+        shown = ", ".join(f"{v:g}" for v in value) if isinstance(value, tuple) else value
+        lines.append(f"  {key:<{width}}  {shown!s:<22} {origin}")
+    lines.extend(f"note: {n}" for n in eff.notes)
+    return lines
