@@ -133,28 +133,35 @@ class Server:
         deadline = time.monotonic() + 120  # the metrics agent may come up after the app
         while True:
             try:
-                self.batch_histogram()
+                self.batches()
                 break
             except OSError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1)
 
-    def batch_histogram(self) -> tuple[float, float]:
-        """(sum, count) of ray_serve_actual_batch_size over every replica."""
+    def batches(self) -> float:
+        """How many batches the batch handler has run (``ray_serve_actual_batch_size_count``, all replicas)."""
         import httpx
 
-        total = count = 0.0
         try:
             text = httpx.get(self.metrics_url, timeout=10).text
         except httpx.HTTPError as exc:
             raise OSError(f"metrics endpoint {self.metrics_url}: {exc}") from exc
-        for line in text.splitlines():
-            if line.startswith("ray_serve_actual_batch_size_sum"):
-                total += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("ray_serve_actual_batch_size_count"):
-                count += float(line.rsplit(" ", 1)[1])
-        return total, count
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("ray_serve_actual_batch_size_count"))
+
+    def settled_batches(self, quiet_s: float = 6.0, timeout_s: float = 90.0) -> float:
+        """The batch count once Ray's metrics export has caught up (unchanged for ``quiet_s``)."""
+        deadline = time.monotonic() + timeout_s
+        last = self.batches()
+        while time.monotonic() < deadline:
+            time.sleep(quiet_s)
+            now = self.batches()
+            if now == last:
+                return now
+            last = now
+        return last
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
@@ -204,8 +211,6 @@ def spread(values: list[float]) -> str:
 
 
 def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: list[bytes]) -> dict[str, object]:
-    import httpx
-
     from vitdeploy.runtime.backends.base import BackendOptions
     from vitdeploy.runtime.predictor import Predictor
 
@@ -216,13 +221,27 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
     predictor = Predictor.from_artifacts(artifacts, backend="ort", options=BackendOptions(threads=args.threads))
     server = Server(artifacts, args.threads, args.max_batch, args.wait_ms, args.decode_threads, free_port(),
                     free_port())
-    ok = {"n": 0}
+    try:
+        return _measure(server, predictor, work, args)
+    finally:
+        rc = server.stop()
+        predictor.close()
+        print(f"  server exit code {rc}; load average {loadavg()}", flush=True)
+
+
+def _measure(server: Server, predictor, work: list[bytes], args: argparse.Namespace) -> dict[str, object]:
+    import httpx
+
+    failures: list[str] = []
 
     def via_http(blob: bytes, client: object) -> None:
-        r = client.post(f"{server.url}/predict", content=blob, headers={"content-type": "image/jpeg"})  # type: ignore[attr-defined]
+        try:
+            r = client.post(f"{server.url}/predict", content=blob, headers={"content-type": "image/jpeg"})  # type: ignore[attr-defined]
+        except httpx.HTTPError as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+            return
         if r.status_code != 200:
-            raise RuntimeError(f"serve answered {r.status_code}: {r.text[:200]}")
-        ok["n"] += 1
+            failures.append(f"{r.status_code}: {r.text[:200]}")
 
     def in_process(blob: bytes, _: object) -> None:
         predictor.predict(blob)
@@ -254,41 +273,28 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
         order = names[r % len(names):] + names[:r % len(names)]
         got = {}
         for name in order:
-            before = server.batch_histogram() if name == "serve" else None
+            before = server.settled_batches() if name == "serve" else None
             rate, lat = variants[name]()
             got[name] = rate
             rates[name].append(rate)
             lats[name].extend(lat)
             if before is not None:
-                batch_means.append(wait_batches(server, before, len(work)))
+                batch_means.append(len(work) / max(server.settled_batches() - before, 1.0))
         ratios.append(got["serve"] / max(got["in-process, 1/call"], got["in-process, batched"]))
         print(f"  round {r + 1}: " + ", ".join(f"{k} {v:.1f} img/s" for k, v in got.items())
               + f"; serve/best in-process {ratios[-1]:.2f}; mean batch {batch_means[-1]:.1f}", flush=True)
-    rc = server.stop()
-    predictor.close()
     print(f"  {'variant':<22} {'img/s (median)':>14}  {'spread over rounds':<24} {'p50 ms':>8} {'p99 ms':>8}")
     for name in names:
         print(f"  {name:<22} {statistics.median(rates[name]):>14.1f}  {spread(rates[name]):<24} "
               f"{pct(lats[name], 50):>8.1f} {pct(lats[name], 99):>8.1f}")
     ratio = statistics.median(ratios)
     print(f"  serve / best in-process: {ratio:.2f} (spread {spread(ratios)}); mean dynamic batch size "
-          f"{statistics.median(batch_means):.1f} (spread {spread(batch_means)}); server exit code {rc}; "
-          f"load average {loadavg()}")
+          f"{statistics.median(batch_means):.1f} (spread {spread(batch_means)}); failed requests {len(failures)}"
+          + (f" (first: {failures[0]})" if failures else ""))
     unreliable = os.getloadavg()[0] > (os.cpu_count() or 1) * 1.5 or (max(ratios) - min(ratios)) > 0.15 * ratio
     if unreliable:
         print("  ! load average or spread high: this ratio is unreliable on this machine now", flush=True)
     return {"ratio": ratio, "batch": statistics.median(batch_means), "unreliable": unreliable}
-
-
-def wait_batches(server: Server, before: tuple[float, float], images: int, timeout_s: float = 60.0) -> float:
-    """Mean batch size of the last round: Ray exports metrics every few seconds, so wait until the
-    histogram's sum (images batched) has grown by ``images``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        total, count = server.batch_histogram()
-        if total - before[0] >= images or time.monotonic() > deadline:
-            return (total - before[0]) / max(count - before[1], 1.0)
-        time.sleep(1.0)
 
 
 def main() -> None:

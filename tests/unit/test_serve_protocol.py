@@ -118,3 +118,14 @@ def test_metadata_describes_the_contract():
     meta = P.model_metadata("demo", num_classes=3, k=5)
     assert meta["inputs"] == [{"name": "IMAGES", "datatype": "BYTES", "shape": [-1]}]
     assert [o["shape"] for o in meta["outputs"]] == [[-1, 3], [-1, 3], [-1, 3]]
+
+
+def test_vitdeploy_imports_without_ray():
+    import subprocess
+    import sys
+
+    code = ("import sys; import vitdeploy.cli, vitdeploy.serve.protocol, vitdeploy.serve.runner; "
+            "print(sorted(m for m in ('ray', 'fastapi', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -114,12 +114,17 @@ class ViTClassifier:
 
     # ------------------------------------------------------------------ requests
 
-    async def _body(self, request: Request) -> bytes:
+    def _check_length(self, request: Request) -> int:
+        """413 when the declared Content-Length is over serve.max_request_mb; returns the limit."""
         limit = self.spec.max_request_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             raise protocol.RequestError(f"request body of {int(declared)} bytes is over the limit of {limit} bytes "
                                         f"(serve.max_request_mb)", 413, "body_too_large")
+        return limit
+
+    async def _body(self, request: Request) -> bytes:
+        limit = self._check_length(request)
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
@@ -146,12 +151,8 @@ class ViTClassifier:
         from starlette.datastructures import UploadFile
         from starlette.exceptions import HTTPException
 
+        self._check_length(request)
         limit = self.spec.max_images_per_request
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.spec.max_request_bytes:
-            raise protocol.RequestError(f"request body of {int(declared)} bytes is over the limit of "
-                                        f"{self.spec.max_request_bytes} bytes (serve.max_request_mb)", 413,
-                                        "body_too_large")
         try:
             form = await request.form(max_files=limit + 1, max_fields=limit + 1)
         except HTTPException as exc:

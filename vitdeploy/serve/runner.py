@@ -116,6 +116,8 @@ def _deploy(cfg: Any, settings: ServeSettings, options: Any, name: str, progress
     from .ray_app import APP_NAME, build_app
 
     sv = cfg.serve
+    if not log.isEnabledFor(logging.INFO):  # Ray Serve's own INFO lines repeat what progress() says
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
     serve.start(http_options={"host": settings.host, "port": settings.port},
                 logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log})
     progress(f"deploying {name} ({settings.replicas} replica(s), backend {settings.backend}, "
