@@ -306,7 +306,7 @@ def main() -> None:
     ap.add_argument("--requests-demo", type=int, default=960, help="requests per round for the demo model")
     ap.add_argument("--max-batch", type=int, default=16, help="serve.max_batch_size (and the in-process batch)")
     ap.add_argument("--wait-ms", type=float, default=10.0, help="serve.batch_wait_timeout_s in ms")
-    ap.add_argument("--decode-threads", type=int, default=2, help="serve.decode_threads")
+    ap.add_argument("--decode-threads", type=int, default=4, help="serve.decode_threads (its default)")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--models", default="vit-s16,demo", help="comma-separated: vit-s16, demo")
     args = ap.parse_args()
