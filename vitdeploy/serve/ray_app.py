@@ -70,17 +70,23 @@ class ViTClassifier:
         self.predictor = Predictor.from_artifacts(spec.artifacts, backend=spec.backend, options=spec.options,
                                                   max_pixels=spec.max_pixels)
         self.name = protocol.model_name(self.predictor.artifacts.name)
-        self.num_classes = len(self.predictor.labels) or int(
-            self.predictor.predict_logits(np.zeros((1, *self.predictor.input_shape), np.float32)).shape[1])
+        # One warm-up call: the first request does not pay for the backend's lazy set-up, and C is known.
+        warm = self.predictor.predict_logits(np.zeros((1, *self.predictor.input_shape), np.float32))
+        self.num_classes = int(warm.shape[1])
         self.top_k = max(1, min(spec.top_k, self.num_classes))
         self.preprocessor = self.predictor.preprocessor
         self._decode_pool = ThreadPoolExecutor(spec.decode_threads, thread_name_prefix="vitdeploy-decode")
         self._infer_pool = ThreadPoolExecutor(1, thread_name_prefix="vitdeploy-infer")
         self.run_batch.set_max_batch_size(spec.max_batch_size)
         self.run_batch.set_batch_wait_timeout_s(spec.batch_wait_timeout_s)
-        # One warm-up call, so the first request does not pay for the backend's lazy set-up.
-        self.predictor.predict_logits(np.zeros((1, *self.predictor.input_shape), np.float32))
         log.info("replica ready: %s", self.predictor.describe())
+
+    def __del__(self) -> None:  # Ray Serve calls it when the replica stops (after draining)
+        for pool in (getattr(self, "_decode_pool", None), getattr(self, "_infer_pool", None)):
+            if pool is not None:
+                pool.shutdown(wait=False)
+        if getattr(self, "predictor", None) is not None:
+            self.predictor.close()
 
     # ------------------------------------------------------------------ batching
 
