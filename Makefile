@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[cpu,export,dev]" "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,export,dev,serve]" "$(TORCH)"
 	touch $(STAMP)
 
 $(REF_STAMP): Makefile
@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_preprocess.py
 	$(BIN)/python benchmarks/bench_predictor_overhead.py
 	$(BIN)/python benchmarks/bench_ort_speed.py
+	$(BIN)/python benchmarks/bench_serve.py
 
 clean:
 	rm -rf $(VENV) $(REF_VENV) artifacts .pytest_cache

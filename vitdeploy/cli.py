@@ -289,5 +289,32 @@ def bench(artifacts_dir: Path, backends: str | None, batch_sizes: str, iteration
             click.echo(line)
 
 
+@main.command()
+@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=None,
+              help="directory written by `vitdeploy export` (default: export.output_dir from the config)")
+@click.option("-b", "--backend", type=click.Choice(["auto", "torch", "ort", "ort-fp16", "trt"]), default=None,
+              help="backend (default: runtime.backend from the config, i.e. auto)")
+@click.option("--host", default=None, help="address to listen on (default: serve.host, 127.0.0.1)")
+@click.option("--port", type=click.IntRange(1, 65535), default=None, help="HTTP port (default: serve.port, 8000)")
+@click.option("--replicas", type=click.IntRange(min=1), default=None, help="replicas (default: serve.replicas, 1)")
+@click.option("--address", default=None,
+              help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting a local Ray")
+@click.option("--access-log", is_flag=True, help="log every request (Ray Serve's access log)")
+@config_option
+@handle_errors
+def serve(artifacts_dir: Path | None, backend: str | None, host: str | None, port: int | None, replicas: int | None,
+          address: str | None, access_log: bool, config_path: Path | None) -> None:
+    """Serve the model over HTTP on Ray Serve: POST /predict, the KServe v2 protocol, dynamic batching."""
+    from .config import load_config
+    from .serve.runner import ServeSettings, run_server
+
+    cfg = load_config(config_path)
+    sv = cfg.serve
+    settings = ServeSettings(artifacts=artifacts_dir or cfg.output_dir, backend=backend or cfg.runtime.backend,
+                             host=host or sv.host, port=port or sv.port, replicas=replicas or sv.replicas,
+                             address=address, access_log=access_log)
+    run_server(cfg, settings, runtime_options(cfg), progress=lambda line: click.echo(line, err=True))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

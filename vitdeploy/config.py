@@ -133,6 +133,33 @@ class RuntimeSection(_Section):
     max_image_pixels: int = Field(89_478_485, ge=1)
 
 
+class ServeSection(_Section):
+    """`vitdeploy serve` (Ray Serve) and the Triton repository: batching, limits, scale."""
+
+    host: str = Field("127.0.0.1", min_length=1, description="address to listen on (0.0.0.0 exposes it to the network)")
+    port: int = Field(8000, ge=1, le=65535)
+    metrics_port: int = Field(8080, ge=1, le=65535, description="Prometheus metrics of the local Ray node (/metrics)")
+    top_k: int = Field(5, ge=1, description="K of TOPK_LABELS/TOPK_SCORES and of POST /predict (clipped to the classes)")
+    max_batch_size: int = Field(16, ge=1, description="images per model call (@serve.batch max_batch_size)")
+    batch_wait_timeout_s: float = Field(0.01, ge=0, le=10, description="how long a batch waits to fill (@serve.batch)")
+    decode_threads: int = Field(4, ge=1, le=256, description="threads per replica decoding images before batching")
+    max_images_per_request: int = Field(32, ge=1, description="more images in one request -> 413")
+    max_request_mb: float = Field(64.0, gt=0, description="larger request bodies -> 413")
+    replicas: int = Field(1, ge=1)
+    num_cpus_per_replica: float = Field(1.0, ge=0)
+    num_gpus_per_replica: float = Field(0.0, ge=0, description="Ray GPUs per replica (e.g. 1, or 0.5 to share one)")
+    max_ongoing_requests: int = Field(64, ge=1, description="requests a replica works on at once (>= max_batch_size)")
+    max_queued_requests: int = Field(256, ge=0, description="requests waiting for a replica; beyond -> 503")
+    graceful_shutdown_timeout_s: float = Field(20.0, gt=0, description="how long SIGTERM waits for in-flight requests")
+
+    @model_validator(mode="after")
+    def _batch_fits(self) -> "ServeSection":
+        if self.max_ongoing_requests < self.max_batch_size:
+            raise ValueError(f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= max_batch_size "
+                             f"({self.max_batch_size}), or a replica can never fill a batch")
+        return self
+
+
 class PipelineConfig(_Section):
     model: ModelSection = ModelSection()
     preprocess: PreprocessSection = PreprocessSection()
@@ -140,6 +167,7 @@ class PipelineConfig(_Section):
     validation: ValidationSection = ValidationSection()
     tensorrt: TensorRTSection = TensorRTSection()
     runtime: RuntimeSection = RuntimeSection()
+    serve: ServeSection = ServeSection()
     source: Optional[Path] = Field(None, exclude=True, description="the YAML this came from")
 
     @property
@@ -182,9 +210,9 @@ def parse_config(data: Any, source: Optional[Path] = None) -> PipelineConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{label}: the top level must be a mapping of sections (model, preprocess, export, validation, tensorrt, runtime), got {type(data).__name__}")
+        raise ConfigError(f"{label}: the top level must be a mapping of sections (model, preprocess, export, validation, tensorrt, runtime, serve), got {type(data).__name__}")
     if "source" in data:
-        raise ConfigError(f"{label}: unknown key 'source' (allowed: model, preprocess, export, validation, tensorrt, runtime)")
+        raise ConfigError(f"{label}: unknown key 'source' (allowed: model, preprocess, export, validation, tensorrt, runtime, serve)")
     try:
         cfg = PipelineConfig.model_validate({**data, "source": source.resolve() if source else None})
     except ValidationError as exc:

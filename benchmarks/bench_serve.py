@@ -1,0 +1,338 @@
+"""`vitdeploy serve` (Ray Serve) against the in-process Predictor: 16 concurrent clients, one JPEG each.
+
+Target: for a ViT-S/16 (random weights) the server's throughput is >= 0.9x the in-process
+Predictor's on the same artifacts and the same ONNX Runtime threads; reported for the demo model.
+Also reported: the mean dynamic batch size (Ray Serve's own ``ray_serve_actual_batch_size``
+histogram, read from the Prometheus endpoint; expect >= 4) and p50/p99 latency.
+
+Variants, measured in rounds whose order rotates, all with ``--clients`` concurrent callers sending
+the same real photographs (scikit-image's bundled ones, saved as JPEG), one image per request:
+
+* ``in-process, 1/call``  the Predictor in this process, ``predict(jpeg_bytes)`` from each client
+                          thread (decode + model call per image, no batching);
+* ``in-process, batched`` the Predictor in this process over the same images in batches of
+                          ``serve.max_batch_size`` (the best an offline loop gets: no HTTP, no queue);
+* ``serve``               ``vitdeploy serve`` as a subprocess (local Ray), httpx clients POSTing
+                          ``/predict``; its replica runs the same artifacts with the same threads.
+
+The ratio is taken against the faster in-process variant of the same round, then the median over
+rounds is printed with its spread (min-max); the load average is printed before and after each
+model, and a ratio is flagged when the load or the spread makes it unreliable.
+
+    .venv/bin/python benchmarks/bench_serve.py                       # demo + ViT-S/16 (exported once)
+    .venv/bin/python benchmarks/bench_serve.py --rounds 5 --threads 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vitdeploy.bench import cpu_model  # noqa: E402
+
+TARGET = 0.9
+DEFAULT_CACHE = Path(os.environ.get("VITDEPLOY_BENCH_CACHE", "/tmp/vitdeploy-bench"))
+
+
+def loadavg() -> str:
+    return ", ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+# --------------------------------------------------------------------------------------------- inputs
+
+
+def photos() -> list[bytes]:
+    """Real photographs bundled with scikit-image, as JPEG (quality 90)."""
+    from PIL import Image
+    from skimage import data
+
+    out = []
+    for name in ("astronaut", "coffee", "chelsea", "camera", "rocket", "immunohistochemistry"):
+        buf = io.BytesIO()
+        Image.fromarray(getattr(data, name)()).convert("RGB").save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def demo_artifacts(cache: Path) -> Path:
+    out = cache / "demo-artifacts"
+    if not (out / "manifest.json").is_file():
+        from vitdeploy.config import parse_config
+        from vitdeploy.export.pipeline import run_export
+
+        print(f"exporting the demo model into {out} ...", flush=True)
+        run_export(parse_config({}), out, engine="skip")
+    return out
+
+
+def vit_small_artifacts(cache: Path) -> Path:
+    """A ViT-S/16 224 with random weights: transformers' ViTForImageClassification, saved with
+    save_pretrained, exported by `vitdeploy export` (FP32 ONNX + ORT graph)."""
+    out = cache / "vit-s16-hf-random-art"
+    if (out / "manifest.json").is_file():
+        return out
+    import torch
+    from transformers import ViTConfig, ViTForImageClassification
+
+    from vitdeploy.config import parse_config
+    from vitdeploy.export.pipeline import run_export
+
+    ckpt = cache / "vit-s16-hf-random"
+    torch.manual_seed(0)
+    config = ViTConfig(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536,
+                       image_size=224, patch_size=16, num_labels=1000)
+    ViTForImageClassification(config).eval().save_pretrained(ckpt)
+    print(f"exporting a random-weight ViT-S/16 into {out} ...", flush=True)
+    run_export(parse_config({"model": {"checkpoint": str(ckpt)}, "export": {"fp16": {"enabled": False}},
+                             "validation": {"max_images": 8, "noise_samples": 2}}), out, engine="skip")
+    return out
+
+
+# --------------------------------------------------------------------------------------------- server
+
+
+class Server:
+    """`vitdeploy serve` in a subprocess, stopped with SIGTERM."""
+
+    def __init__(self, artifacts: Path, threads: int, max_batch: int, wait_ms: float, decode_threads: int,
+                 port: int, metrics_port: int) -> None:
+        self.cfg = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "pipeline.yaml"
+        self.cfg.write_text(
+            f"runtime: {{threads: {threads}}}\n"
+            f"serve: {{max_batch_size: {max_batch}, batch_wait_timeout_s: {wait_ms / 1000}, "
+            f"decode_threads: {decode_threads}, max_ongoing_requests: {max(64, max_batch)}, "
+            f"metrics_port: {metrics_port}}}\n")
+        self.url = f"http://127.0.0.1:{port}"
+        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(artifacts), "-b", "ort",
+                                      "--port", str(port), "-c", str(self.cfg)], stderr=subprocess.PIPE, text=True,
+                                     env=env)
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            if line.startswith(("ready:", "error:")):
+                print("  serve " + line.strip(), flush=True)
+            if line.startswith("Ctrl-C") or line.startswith("error:"):
+                break
+        if self.proc.poll() is not None:
+            raise SystemExit("vitdeploy serve did not start")
+        threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+        deadline = time.monotonic() + 120  # the metrics agent may come up after the app
+        while True:
+            try:
+                self.batches()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+
+    def batches(self) -> float:
+        """How many batches the batch handler has run (``ray_serve_actual_batch_size_count``, all replicas)."""
+        import httpx
+
+        try:
+            text = httpx.get(self.metrics_url, timeout=10).text
+        except httpx.HTTPError as exc:
+            raise OSError(f"metrics endpoint {self.metrics_url}: {exc}") from exc
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("ray_serve_actual_batch_size_count"))
+
+    def settled_batches(self, quiet_s: float = 6.0, timeout_s: float = 90.0) -> float:
+        """The batch count once Ray's metrics export has caught up (unchanged for ``quiet_s``)."""
+        deadline = time.monotonic() + timeout_s
+        last = self.batches()
+        while time.monotonic() < deadline:
+            time.sleep(quiet_s)
+            now = self.batches()
+            if now == last:
+                return now
+            last = now
+        return last
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(120)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------------------------- timing
+
+
+def concurrent(call: Callable[[bytes, object], None], images: list[bytes], clients: int,
+               session: Callable[[], object] | None = None) -> tuple[float, list[float]]:
+    """Send ``images`` (one per call) from ``clients`` threads; (images/s, per-call latencies s)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        ctx = session() if session else None
+        mine = []
+        for blob in images[k::clients]:
+            t0 = time.perf_counter()
+            call(blob, ctx)
+            mine.append(time.perf_counter() - t0)
+        with lock:
+            latencies.extend(mine)
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(worker, range(clients)))
+    return len(images) / (time.perf_counter() - start), latencies
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values) * 1000.0, q))
+
+
+def spread(values: list[float]) -> str:
+    med = statistics.median(values)
+    return f"{min(values):.3g}-{max(values):.3g} ({(max(values) - min(values)) / med * 100 if med else 0:.0f}%)"
+
+
+def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: list[bytes]) -> dict[str, object]:
+    from vitdeploy.runtime.backends.base import BackendOptions
+    from vitdeploy.runtime.predictor import Predictor
+
+    n = args.requests_demo if "demo" in label else args.requests
+    work = [images[i % len(images)] for i in range(n)]
+    print(f"\n== {label}: {n} requests x {args.rounds} rounds, {args.clients} clients, {args.threads} ORT threads; "
+          f"load average {loadavg()}", flush=True)
+    predictor = Predictor.from_artifacts(artifacts, backend="ort", options=BackendOptions(threads=args.threads))
+    server = Server(artifacts, args.threads, args.max_batch, args.wait_ms, args.decode_threads, free_port(),
+                    free_port())
+    try:
+        return _measure(server, predictor, work, args)
+    finally:
+        rc = server.stop()
+        predictor.close()
+        print(f"  server exit code {rc}; load average {loadavg()}", flush=True)
+
+
+def _measure(server: Server, predictor, work: list[bytes], args: argparse.Namespace) -> dict[str, object]:
+    import httpx
+
+    failures: list[str] = []
+
+    def via_http(blob: bytes, client: object) -> None:
+        try:
+            r = client.post(f"{server.url}/predict", content=blob, headers={"content-type": "image/jpeg"})  # type: ignore[attr-defined]
+        except httpx.HTTPError as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+            return
+        if r.status_code != 200:
+            failures.append(f"{r.status_code}: {r.text[:200]}")
+
+    def in_process(blob: bytes, _: object) -> None:
+        predictor.predict(blob)
+
+    def batched() -> tuple[float, list[float]]:
+        lat = []
+        start = time.perf_counter()
+        for i in range(0, len(work), args.max_batch):
+            t0 = time.perf_counter()
+            chunk = work[i:i + args.max_batch]
+            predictor.predict(chunk)
+            lat.extend([time.perf_counter() - t0] * len(chunk))
+        return len(work) / (time.perf_counter() - start), lat
+
+    def served() -> tuple[float, list[float]]:
+        return concurrent(via_http, work, args.clients, lambda: httpx.Client(timeout=300))
+
+    variants = {"in-process, 1/call": lambda: concurrent(in_process, work, args.clients), "in-process, batched": batched,
+                "serve": served}
+    # warm-up: every variant once, on a few images
+    concurrent(in_process, work[:args.clients], args.clients)
+    concurrent(via_http, work[:args.clients * 2], args.clients, lambda: httpx.Client(timeout=300))
+    rates: dict[str, list[float]] = {k: [] for k in variants}
+    lats: dict[str, list[float]] = {k: [] for k in variants}
+    ratios: list[float] = []
+    batch_means: list[float] = []
+    names = list(variants)
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        got = {}
+        for name in order:
+            before = server.settled_batches() if name == "serve" else None
+            rate, lat = variants[name]()
+            got[name] = rate
+            rates[name].append(rate)
+            lats[name].extend(lat)
+            if before is not None:
+                batch_means.append(len(work) / max(server.settled_batches() - before, 1.0))
+        ratios.append(got["serve"] / max(got["in-process, 1/call"], got["in-process, batched"]))
+        print(f"  round {r + 1}: " + ", ".join(f"{k} {v:.1f} img/s" for k, v in got.items())
+              + f"; serve/best in-process {ratios[-1]:.2f}; mean batch {batch_means[-1]:.1f}", flush=True)
+    print(f"  {'variant':<22} {'img/s (median)':>14}  {'spread over rounds':<24} {'p50 ms':>8} {'p99 ms':>8}")
+    for name in names:
+        print(f"  {name:<22} {statistics.median(rates[name]):>14.1f}  {spread(rates[name]):<24} "
+              f"{pct(lats[name], 50):>8.1f} {pct(lats[name], 99):>8.1f}")
+    ratio = statistics.median(ratios)
+    print(f"  serve / best in-process: {ratio:.2f} (spread {spread(ratios)}); mean dynamic batch size "
+          f"{statistics.median(batch_means):.1f} (spread {spread(batch_means)}); failed requests {len(failures)}"
+          + (f" (first: {failures[0]})" if failures else ""))
+    unreliable = os.getloadavg()[0] > (os.cpu_count() or 1) * 1.5 or (max(ratios) - min(ratios)) > 0.15 * ratio
+    if unreliable:
+        print("  ! load average or spread high: this ratio is unreliable on this machine now", flush=True)
+    return {"ratio": ratio, "batch": statistics.median(batch_means), "unreliable": unreliable}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ONNX Runtime intra-op threads, both sides")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=192, help="requests per round for the ViT-S/16")
+    ap.add_argument("--requests-demo", type=int, default=960, help="requests per round for the demo model")
+    ap.add_argument("--max-batch", type=int, default=16, help="serve.max_batch_size (and the in-process batch)")
+    ap.add_argument("--wait-ms", type=float, default=10.0, help="serve.batch_wait_timeout_s in ms")
+    ap.add_argument("--decode-threads", type=int, default=4, help="serve.decode_threads (its default)")
+    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    ap.add_argument("--models", default="vit-s16,demo", help="comma-separated: vit-s16, demo")
+    args = ap.parse_args()
+
+    import onnxruntime
+    import ray
+
+    print(f"cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); onnxruntime {onnxruntime.__version__}, ray "
+          f"{ray.__version__}; load average {loadavg()}")
+    args.cache.mkdir(parents=True, exist_ok=True)
+    images = photos()
+    print(f"images: {len(images)} JPEG photos, {min(map(len, images)) // 1024}-{max(map(len, images)) // 1024} KB")
+    results = {}
+    for model in args.models.split(","):
+        if model == "vit-s16":
+            results[model] = bench_model("ViT-S/16 224, random weights", vit_small_artifacts(args.cache), args, images)
+        elif model == "demo":
+            results[model] = bench_model("demo model (32 px)", demo_artifacts(args.cache), args, images)
+        else:
+            raise SystemExit(f"unknown model {model!r} (vit-s16, demo)")
+    if "vit-s16" in results:
+        r = results["vit-s16"]
+        verdict = "MET" if r["ratio"] >= TARGET else "NOT MET"
+        print(f"\ntarget serve >= {TARGET}x in-process for ViT-S/16: {r['ratio']:.2f} -> {verdict}"
+              + (" (unreliable: see above)" if r["unreliable"] else ""))
+
+
+if __name__ == "__main__":
+    main()
