@@ -1,0 +1,406 @@
+"""The serving contract shared by `vitdeploy serve` (Ray Serve) and the generated Triton repository.
+
+One module, numpy + Pillow only (no Ray, no Triton, no torch), so both servers give the same
+answers for the same bytes (see SERVE_CONTRACT.md):
+
+* :func:`model_name` - the model's name on the wire, from the manifest's ``name``;
+* tensor names :data:`INPUT`, :data:`LOGITS`, :data:`TOPK_LABELS`, :data:`TOPK_SCORES`;
+* :func:`decode_image` / :func:`preprocess_images` - encoded image bytes -> the float32 NCHW
+  batch with the runtime's own preprocessing (:class:`vitdeploy.runtime.preprocess.Preprocessor`,
+  bit for bit), each bad image classified as a :class:`RequestError` carrying its HTTP status and
+  a one-line reason with no traceback and no server path;
+* :func:`top_k_arrays` - logits -> the top-k tensors of the v2 protocol (``POST /predict``
+  answers with the Predictor's own ``predict --json`` objects);
+* :func:`images_from_tensor` - a BYTES tensor (numpy object array, shape ``[N]`` or ``[N, 1]``)
+  -> the list of encoded images;
+* the KServe v2 / Triton HTTP inference protocol with its binary-tensor extension:
+  :func:`parse_infer_request` (JSON header + binary data, as ``tritonclient.http`` sends it) and
+  :func:`encode_infer_response`, plus :func:`model_metadata`.
+
+Status codes: a bad image (empty, not an image, truncated, decompression bomb) is 400, as Triton
+answers for a failed request; too many images or too large a body is 413; a content type that is
+neither an image, multipart nor the v2 protocol is 415. Requests beyond the server's queue get 503
+from the server itself (Ray Serve's ``max_queued_requests``, Triton's queue policy).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import InputError
+
+#: Input tensor: the encoded images, datatype BYTES, shape [N] (or [N, 1]).
+INPUT = "IMAGES"
+#: Output tensors: logits FP32 [N, C], top-k labels BYTES [N, K], top-k softmax scores FP32 [N, K].
+LOGITS = "LOGITS"
+TOPK_LABELS = "TOPK_LABELS"
+TOPK_SCORES = "TOPK_SCORES"
+OUTPUTS = (LOGITS, TOPK_LABELS, TOPK_SCORES)
+#: The one model version both servers publish.
+MODEL_VERSION = "1"
+#: The HTTP header of the v2 binary-tensor extension: length of the JSON part of the body.
+HEADER_LENGTH = "Inference-Header-Content-Length"
+DEFAULT_TOP_K = 5
+
+_NAME_OK = re.compile(r"[^A-Za-z0-9_-]+")
+_MAX_REASON = 400
+
+
+# --------------------------------------------------------------------------------------------
+# names
+
+
+def model_name(manifest_name: str) -> str:
+    """The model name both servers publish: the manifest's ``name`` with every run of characters
+    outside ``[A-Za-z0-9_-]`` replaced by one ``_`` (``"vit-demo-digits"`` stays as it is,
+    ``"my model.v2"`` becomes ``"my_model_v2"``); ``"model"`` when nothing is left."""
+    cleaned = _NAME_OK.sub("_", str(manifest_name or "")).strip("_")
+    return cleaned or "model"
+
+
+# --------------------------------------------------------------------------------------------
+# errors
+
+
+class RequestError(InputError):
+    """A request the server refuses, with the HTTP ``status`` to answer and a ``kind``.
+
+    ``str(error)`` is one line saying what was wrong (no traceback, no server path), the text of
+    the ``{"error": ...}`` body. Kinds: ``empty``, ``not_image``, ``corrupt`` (truncated or
+    undecodable), ``too_large`` (decompression bomb, refused before decoding), ``too_many``
+    (images in one request), ``body_too_large``, ``content_type``, ``bad_request`` (malformed
+    protocol message).
+    """
+
+    def __init__(self, message: str, status: int = 400, kind: str = "bad_request") -> None:
+        super().__init__(one_line(message))
+        self.status = int(status)
+        self.kind = kind
+
+    def to_json(self) -> dict[str, str]:
+        return {"error": str(self)}
+
+
+def one_line(message: Any) -> str:
+    """The first line of ``message``, at most 400 characters (for an HTTP error body)."""
+    text = str(message).strip().splitlines()[0] if str(message).strip() else "bad request"
+    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 1] + "…"
+
+
+def _kind_of(message: str) -> str:
+    if "decompression-bomb" in message or "refused before decoding" in message:
+        return "too_large"
+    if "not a recognised image" in message or "unsupported image" in message:
+        return "not_image"
+    if "empty file" in message:
+        return "empty"
+    return "corrupt"
+
+
+def check_image_count(count: int, max_images: int) -> None:
+    """RequestError unless 1 <= ``count`` <= ``max_images`` (0: 400 ``empty``; too many: 413)."""
+    if count < 1:
+        raise RequestError("the request holds no image; send one or more encoded images (JPEG, PNG, ...)",
+                           400, "empty")
+    if count > max_images:
+        raise RequestError(f"too many images in one request: {count}, the limit is {max_images}; "
+                           f"split the request", 413, "too_many")
+
+
+# --------------------------------------------------------------------------------------------
+# images -> batch (the runtime's preprocessing)
+
+
+def decode_image(data: bytes | bytearray | memoryview, preprocessor: Callable[[bytes], np.ndarray],
+                 name: str = "image") -> np.ndarray:
+    """Encoded bytes -> one float32 (3, H, W) image, through ``preprocessor`` (a
+    :class:`~vitdeploy.runtime.preprocess.Preprocessor`: decoding limits, EXIF, resize,
+    normalisation exactly as ``vitdeploy predict``).
+
+    A bad image raises :class:`RequestError` (400) whose message starts with ``name`` (a
+    multipart filename, ``"body"``, ``"IMAGES[3]"``...): never a server path, never a traceback.
+    Thread-safe; servers call it from a thread pool, one image per call.
+    """
+    raw = bytes(data)
+    if not raw:
+        raise RequestError(f"{name}: empty (0 bytes); expected an encoded image (JPEG, PNG, ...)", 400, "empty")
+    try:
+        return preprocessor(raw)
+    except InputError as exc:
+        message = str(exc)
+        if message.startswith("<bytes>"):
+            message = name + message[len("<bytes>"):]
+        raise RequestError(message, 400, _kind_of(message)) from None
+
+
+def preprocess_images(images: Sequence[bytes], preprocessor: Callable[[bytes], np.ndarray],
+                      names: Sequence[str] | None = None) -> tuple[np.ndarray, list[int], dict[int, RequestError]]:
+    """Decode several images, one bad image never sinking the others.
+
+    Returns ``(batch, good, errors)``: ``batch`` float32 (len(good), 3, H, W) for the images whose
+    indices are in ``good`` (ascending) and ``errors`` mapping each failed index to its
+    :class:`RequestError`. ``names`` default to ``IMAGES[i]``.
+    """
+    names = list(names) if names is not None else [f"{INPUT}[{i}]" for i in range(len(images))]
+    rows: list[np.ndarray] = []
+    good: list[int] = []
+    errors: dict[int, RequestError] = {}
+    for i, blob in enumerate(images):
+        try:
+            rows.append(decode_image(blob, preprocessor, names[i]))
+        except RequestError as exc:
+            errors[i] = exc
+            continue
+        good.append(i)
+    shape = getattr(preprocessor, "output_shape", None)
+    if rows:
+        batch = np.stack(rows)
+    else:
+        batch = np.empty((0, *(shape or (3, 0, 0))), dtype=np.float32)
+    return batch, good, errors
+
+
+def images_from_tensor(tensor: np.ndarray) -> list[bytes]:
+    """A BYTES tensor (numpy ``object`` or ``bytes_`` array, shape ``[N]`` or ``[N, 1]``) ->
+    ``N`` encoded images. RequestError (400) for any other shape."""
+    arr = np.asarray(tensor)
+    if arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr[:, 0]
+    if arr.ndim != 1:
+        raise RequestError(f"input {INPUT} must have shape [N] or [N, 1] (N encoded images), got "
+                           f"{list(arr.shape)}")
+    out = []
+    for item in arr.tolist():
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        if not isinstance(item, (bytes, bytearray)):
+            raise RequestError(f"input {INPUT} must hold encoded image bytes, got {type(item).__name__}")
+        out.append(bytes(item))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# logits -> answers
+
+
+def top_k_arrays(logits: np.ndarray, labels: Sequence[str], k: int = DEFAULT_TOP_K) -> tuple[np.ndarray, np.ndarray]:
+    """float32 (N, C) logits -> (TOPK_LABELS object array (N, K) of ``bytes``, TOPK_SCORES float32
+    (N, K)): softmax probabilities, best first, ``K = min(k, C)``, ties to the lower index
+    (:func:`vitdeploy.runtime.postprocess.top_k`). A label missing from ``labels`` is the index."""
+    from ..runtime.postprocess import softmax, top_k
+
+    logits = np.asarray(logits)
+    n, c = logits.shape
+    kk = max(1, min(int(k), c))
+    probs = softmax(logits, axis=-1)
+    names = np.empty((n, kk), dtype=object)
+    scores = np.empty((n, kk), dtype=np.float32)
+    for r, row in enumerate(probs):
+        for j, (idx, score) in enumerate(top_k(row, kk)):
+            names[r, j] = (labels[idx] if 0 <= idx < len(labels) else str(idx)).encode("utf-8")
+            scores[r, j] = score
+    return names, scores
+
+
+def error_record(name: str, error: RequestError | str) -> dict[str, str]:
+    """The ``predict --json`` record of an image that could not be read."""
+    return {"path": name, "error": str(error)}
+
+
+# --------------------------------------------------------------------------------------------
+# KServe v2 / Triton HTTP protocol
+
+
+@dataclass
+class InferRequest:
+    """A parsed v2 infer request: the images, and how each requested output is to be sent."""
+
+    images: list[bytes]
+    id: str | None = None
+    #: requested output name -> True when it goes in binary form; all outputs when none named.
+    outputs: dict[str, bool] = field(default_factory=dict)
+
+
+def serialize_bytes(items: Iterable[bytes]) -> bytes:
+    """Triton's binary BYTES layout: each element as a 4-byte little-endian length + its bytes."""
+    return b"".join(struct.pack("<I", len(b)) + b for b in items)
+
+
+def deserialize_bytes(buf: bytes, count: int) -> list[bytes]:
+    """Inverse of :func:`serialize_bytes`; RequestError (400) when ``buf`` holds other than
+    exactly ``count`` well-formed elements."""
+    out, pos, view = [], 0, memoryview(buf)
+    while pos < len(buf):
+        if pos + 4 > len(buf):
+            raise RequestError(f"input {INPUT}: binary data ends inside an element's 4-byte length")
+        (size,) = struct.unpack_from("<I", buf, pos)
+        pos += 4
+        if pos + size > len(buf):
+            raise RequestError(f"input {INPUT}: element {len(out)} claims {size} bytes, only {len(buf) - pos} left")
+        out.append(bytes(view[pos:pos + size]))
+        pos += size
+    if len(out) != count:
+        raise RequestError(f"input {INPUT}: shape says {count} element(s), the binary data holds {len(out)}")
+    return out
+
+
+def parse_infer_request(body: bytes, header_length: int | str | None, max_images: int) -> InferRequest:
+    """Parse a v2 infer request body (JSON, or JSON + binary tensors when ``header_length``, the
+    ``Inference-Header-Content-Length`` header, is given).
+
+    The request must carry exactly one input, :data:`INPUT`, datatype BYTES, shape ``[N]`` or
+    ``[N, 1]``, either as binary data (``parameters.binary_data_size``) or as a JSON list of
+    strings (their UTF-8 bytes, as Triton reads them). RequestError (400, or 413 beyond
+    ``max_images``) otherwise.
+    """
+    if header_length is None or header_length == "":
+        head, rest = body, b""
+    else:
+        try:
+            size = int(header_length)
+        except ValueError:
+            raise RequestError(f"header {HEADER_LENGTH} must be an integer, got {header_length!r}") from None
+        if not 0 < size <= len(body):
+            raise RequestError(f"header {HEADER_LENGTH} = {size} does not fit a body of {len(body)} bytes")
+        head, rest = body[:size], body[size:]
+    try:
+        doc = json.loads(head)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestError(f"the inference request is not valid JSON ({exc}); send the v2 protocol's JSON "
+                           f"(with {HEADER_LENGTH} for binary data)") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
+        raise RequestError("the inference request must be a JSON object with an \"inputs\" list")
+    inputs = doc["inputs"]
+    if len(inputs) != 1 or not isinstance(inputs[0], dict) or inputs[0].get("name") != INPUT:
+        got = [i.get("name") if isinstance(i, dict) else i for i in inputs]
+        raise RequestError(f"expected exactly one input named {INPUT!r}, got {got}")
+    tensor = inputs[0]
+    if tensor.get("datatype") != "BYTES":
+        raise RequestError(f"input {INPUT} must have datatype BYTES, got {tensor.get('datatype')!r}")
+    count = _count_from_shape(tensor.get("shape"))
+    check_image_count(count, max_images)
+    params = tensor.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise RequestError(f"input {INPUT}: \"parameters\" must be an object")
+    if "binary_data_size" in params:
+        size = params["binary_data_size"]
+        if not isinstance(size, int) or isinstance(size, bool) or size != len(rest):
+            raise RequestError(f"input {INPUT}: binary_data_size {size!r} does not match the {len(rest)} bytes "
+                               f"after the JSON header")
+        images = deserialize_bytes(rest, count)
+    else:
+        if rest:
+            raise RequestError("binary data after the JSON header but no input declares binary_data_size")
+        images = _images_from_json(tensor.get("data"), count)
+    return InferRequest(images=images, id=_request_id(doc), outputs=_requested_outputs(doc))
+
+
+def _count_from_shape(shape: Any) -> int:
+    ok = isinstance(shape, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in shape)
+    if ok and len(shape) == 1 and shape[0] >= 0:
+        return shape[0]
+    if ok and len(shape) == 2 and shape[1] == 1 and shape[0] >= 0:
+        return shape[0]
+    raise RequestError(f"input {INPUT} must have shape [N] or [N, 1], got {shape!r}")
+
+
+def _images_from_json(data: Any, count: int) -> list[bytes]:
+    flat: list[Any] = []
+    stack = [data] if data is not None else []
+    while stack:  # flatten nested lists ([[...]] for shape [N, 1]) in order
+        item = stack.pop(0)
+        if isinstance(item, list):
+            stack[:0] = item
+        else:
+            flat.append(item)
+    if not all(isinstance(v, str) for v in flat):
+        raise RequestError(f"input {INPUT}: JSON data must be a list of strings (or send binary data)")
+    if len(flat) != count:
+        raise RequestError(f"input {INPUT}: shape says {count} element(s), data holds {len(flat)}")
+    return [v.encode("utf-8") for v in flat]
+
+
+def _request_id(doc: dict[str, Any]) -> str | None:
+    rid = doc.get("id")
+    return None if rid is None else str(rid)
+
+
+def _requested_outputs(doc: dict[str, Any]) -> dict[str, bool]:
+    params = doc.get("parameters") or {}
+    default_binary = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
+    requested = doc.get("outputs")
+    if not requested:
+        return {name: default_binary for name in OUTPUTS}
+    if not isinstance(requested, list):
+        raise RequestError("\"outputs\" must be a list of {\"name\": ...} objects")
+    out: dict[str, bool] = {}
+    for item in requested:
+        name = item.get("name") if isinstance(item, dict) else None
+        if name not in OUTPUTS:
+            raise RequestError(f"unknown output {name!r}; this model has {', '.join(OUTPUTS)}")
+        p = item.get("parameters") or {}
+        out[name] = bool(p.get("binary_data", default_binary)) if isinstance(p, dict) else default_binary
+    return out
+
+
+def encode_infer_response(model: str, request: InferRequest, logits: np.ndarray, labels: Sequence[str],
+                          k: int = DEFAULT_TOP_K) -> tuple[bytes, dict[str, str]]:
+    """The v2 response body and its extra headers for ``logits`` (N, C) of ``request``'s images.
+
+    Outputs the request asked for (all three by default), JSON or binary as asked; with any
+    binary output the body is the JSON header followed by the binary tensors and the headers
+    carry ``Inference-Header-Content-Length``.
+    """
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    labels_arr, scores = top_k_arrays(logits, labels, k)
+    tensors = {LOGITS: ("FP32", logits), TOPK_LABELS: ("BYTES", labels_arr), TOPK_SCORES: ("FP32", scores)}
+    outputs, blobs = [], []
+    for name, binary in request.outputs.items():
+        datatype, arr = tensors[name]
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(arr.shape)}
+        if binary:
+            raw = serialize_bytes(arr.ravel().tolist()) if datatype == "BYTES" else arr.tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        elif datatype == "BYTES":
+            entry["data"] = [b.decode("utf-8") for b in arr.ravel().tolist()]
+        else:
+            entry["data"] = [float(v) for v in arr.ravel()]
+        outputs.append(entry)
+    doc: dict[str, Any] = {"model_name": model, "model_version": MODEL_VERSION, "outputs": outputs}
+    if request.id is not None:
+        doc["id"] = request.id
+    head = json.dumps(doc, separators=(",", ":")).encode("utf-8")
+    if not blobs:
+        return head, {"Content-Type": "application/json"}
+    return head + b"".join(blobs), {HEADER_LENGTH: str(len(head)), "Content-Type": "application/octet-stream"}
+
+
+def model_metadata(model: str, num_classes: int, k: int = DEFAULT_TOP_K, platform: str = "vitdeploy") -> dict[str, Any]:
+    """The v2 model metadata (``GET /v2/models/<name>``) of the contract's model."""
+    kk = max(1, min(int(k), int(num_classes)))
+    return {
+        "name": model,
+        "versions": [MODEL_VERSION],
+        "platform": platform,
+        "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [
+            {"name": LOGITS, "datatype": "FP32", "shape": [-1, int(num_classes)]},
+            {"name": TOPK_LABELS, "datatype": "BYTES", "shape": [-1, kk]},
+            {"name": TOPK_SCORES, "datatype": "FP32", "shape": [-1, kk]},
+        ],
+    }
+
+
+__all__ = [
+    "DEFAULT_TOP_K", "HEADER_LENGTH", "INPUT", "LOGITS", "MODEL_VERSION", "OUTPUTS", "TOPK_LABELS", "TOPK_SCORES",
+    "InferRequest", "RequestError", "check_image_count", "decode_image", "deserialize_bytes",
+    "encode_infer_response", "error_record", "images_from_tensor", "model_metadata", "model_name", "one_line",
+    "parse_infer_request", "preprocess_images", "serialize_bytes", "top_k_arrays",
+]
