@@ -5,8 +5,11 @@ BIN    := $(VENV)/bin
 # torch is pinned: an unpinned torch pulls a multi-GB CUDA build on a CPU machine.
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
+# Its own environment for the tritonserver of the nvidia-pytriton wheel (see the rule below).
+TRITON_VENV  := .venv-triton
+TRITON_STAMP := $(TRITON_VENV)/.installed
 
-.PHONY: demo test install clean bench
+.PHONY: demo test install clean bench triton-env
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +24,7 @@ demo: $(STAMP)
 	$(BIN)/vitdeploy export -c pipeline.yaml
 	$(BIN)/vitdeploy predict vitdeploy/demo/images -a artifacts
 
-test: $(STAMP)
+test: $(STAMP) $(TRITON_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
 # Speed goals are checked here, by ratios measured side by side in one run (benchmarks/README.md).
@@ -31,4 +34,15 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_ort_speed.py
 
 clean:
-	rm -rf $(VENV) artifacts .pytest_cache
+	rm -rf $(VENV) $(TRITON_VENV) artifacts .pytest_cache
+
+# The tritonserver bundled in the nvidia-pytriton wheel (python backend only) runs the generated
+# Triton repository in tests/integration/test_triton_server.py and benchmarks/bench_triton.py.
+# It needs numpy < 2, so it gets its own environment: vitdeploy[cpu] from this checkout, no torch.
+$(TRITON_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(TRITON_VENV)/bin/python -m pip install --quiet "numpy<2" "nvidia-pytriton==0.7.0" -e ".[cpu]"
+	touch $(TRITON_STAMP)
+
+triton-env: $(TRITON_STAMP)
