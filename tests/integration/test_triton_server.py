@@ -10,7 +10,9 @@ That server has the python backend only, so the repository is generated with the
 from __future__ import annotations
 
 import io
+import json
 import os
+import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,6 +27,7 @@ grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient not i
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 NAME = "vit-demo-digits"
+SMALL_QUEUE = "small-queue"
 MAX_PIXELS = 600_000  # runtime.max_image_pixels for this repository: the "bomb" below exceeds it
 VENV = default_venv()
 
@@ -77,10 +80,19 @@ def server(demo_artifacts: Path, tmp_path_factory):
     from vitdeploy.config import parse_config
     from vitdeploy.serve.triton_repo import build_triton_repo, settings_from_config
 
+    root = tmp_path_factory.mktemp("triton")
     cfg = parse_config({"runtime": {"max_image_pixels": MAX_PIXELS},
                         "triton": {"inference": "ort_python", "max_queue_delay_us": 5000, "decode_threads": 2}})
-    repo = build_triton_repo(demo_artifacts, tmp_path_factory.mktemp("triton") / "repo", settings_from_config(cfg)).path
-    with BundledTriton(VENV, repo, load=[NAME]) as triton:
+    repo = build_triton_repo(demo_artifacts, root / "repo", settings_from_config(cfg)).path
+    # A second copy of the model under another name, with a queue of one request, in its own repository.
+    renamed = root / "renamed"
+    shutil.copytree(demo_artifacts, renamed)
+    manifest = json.loads((renamed / "manifest.json").read_text())
+    manifest["name"] = SMALL_QUEUE
+    (renamed / "manifest.json").write_text(json.dumps(manifest))
+    small = parse_config({"triton": {"inference": "ort_python", "max_queue_size": 1, "max_queue_delay_us": 20000}})
+    repo2 = build_triton_repo(renamed, root / "repo2", settings_from_config(small)).path
+    with BundledTriton(VENV, [repo, repo2], load=[NAME, SMALL_QUEUE]) as triton:
         yield triton
 
 
@@ -205,6 +217,29 @@ def test_bad_images_fail_only_their_own_request_while_good_traffic_goes_on(serve
         assert isinstance(res, InferenceServerException), f"{name} was answered"
         message = res.message()
         assert bad[name][1] in message, f"{name}: {message}"
-        assert "\n" not in message and "Traceback" not in message and str(server.repository) not in message
+        assert "\n" not in message and "Traceback" not in message and all(str(r) not in message for r in server.repositories)
         assert "/tmp" not in message and "site-packages" not in message
         assert _status(res) in ("400", "StatusCode.INVALID_ARGUMENT"), f"{name}: {_status(res)} {message}"
+
+
+def test_requests_beyond_the_queue_get_503_at_once_and_the_rest_are_answered(server, predictor, images):
+    blob = images["chelsea.jpg"]
+    want = _expected(predictor, blob)
+
+    def one(_):
+        try:
+            return _http_infer(server, [blob], model=SMALL_QUEUE)
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, range(64)))
+    refused = [r for r in results if isinstance(r, InferenceServerException)]
+    answered = [r for r in results if not isinstance(r, InferenceServerException)]
+    assert refused and answered, f"{len(refused)} refused, {len(answered)} answered"
+    for exc in refused:
+        assert _status(exc) == "503", f"{_status(exc)} {exc.message()}"
+        assert "queue" in exc.message()
+    for res in answered:
+        logits, labels, scores = _answer(res)
+        _assert_same((logits[0], labels[0], scores[0]), want, "answered beside refused requests")

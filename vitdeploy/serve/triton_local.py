@@ -51,16 +51,18 @@ def free_port() -> int:
 
 
 class BundledTriton:
-    """A ``tritonserver`` process on 127.0.0.1 serving ``repository``; a context manager."""
+    """A ``tritonserver`` process on 127.0.0.1 serving ``repository`` (one path or several); a context manager."""
 
-    def __init__(self, venv: str | os.PathLike[str], repository: str | os.PathLike[str],
+    def __init__(self, venv: str | os.PathLike[str], repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
                  load: Sequence[str] | None = None, startup_timeout_s: float = 120.0,
-                 log_verbose: int = 0) -> None:
+                 log_verbose: int = 0, exit_timeout_s: int = 5) -> None:
         self.venv = Path(venv).absolute()
-        self.repository = Path(repository).absolute()
+        repos = [repository] if isinstance(repository, (str, os.PathLike)) else list(repository)
+        self.repositories = [Path(r).absolute() for r in repos]
         self.load = list(load or [])
         self.startup_timeout_s = startup_timeout_s
         self.log_verbose = log_verbose
+        self.exit_timeout_s = int(exit_timeout_s)  # how long SIGTERM waits for in-flight requests
         self.http_port = self.grpc_port = 0
         self.process: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
@@ -89,10 +91,10 @@ class BundledTriton:
         shutil.copytree(dist / "backends", backends)  # the stub must sit beside libtriton_python.so
         shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
         self.http_port, self.grpc_port = free_port(), free_port()
-        cmd = [str(dist / "bin" / "tritonserver"), f"--model-repository={self.repository}",
+        cmd = [str(dist / "bin" / "tritonserver"), *[f"--model-repository={r}" for r in self.repositories],
                f"--backend-directory={backends}", "--http-address=127.0.0.1", f"--http-port={self.http_port}",
                "--grpc-address=127.0.0.1", f"--grpc-port={self.grpc_port}", "--allow-metrics=false",
-               "--exit-on-error=true", f"--log-verbose={self.log_verbose}"]
+               "--exit-on-error=true", f"--exit-timeout-secs={self.exit_timeout_s}", f"--log-verbose={self.log_verbose}"]
         if self.load:
             cmd += ["--model-control-mode=explicit", *[f"--load-model={m}" for m in self.load]]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
@@ -136,8 +138,10 @@ class BundledTriton:
         text = self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
         return "\n".join(line for line in text if not line.startswith(("+", "|")))[-8000:] if text else ""
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM (Triton drains in-flight requests and stops its python stubs), SIGKILL after ``timeout_s``."""
+    def stop(self, timeout_s: float | None = None) -> None:
+        """SIGTERM (Triton drains in-flight requests for ``exit_timeout_s`` and stops its python stubs),
+        SIGKILL of its process group if it is still there ``timeout_s`` later (default: that + 20 s)."""
+        timeout_s = self.exit_timeout_s + 20.0 if timeout_s is None else timeout_s
         proc, self.process = self.process, None
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
