@@ -159,10 +159,22 @@ def postprocess_config(facts: ModelFacts, settings: Settings, version: str) -> s
     )
 
 
-def _classifier_io(facts: ModelFacts) -> tuple[str, str]:
+def _classifier(facts: ModelFacts, settings: Settings, role: str, what: str, runner: str, max_batch: int,
+                group: str, *extra: str | None) -> str:
+    """An inference model: the manifest's input -> logits (with labels.txt), dynamic batching."""
+    name = model_names(facts.name)[role]
     label = f"\n    label_filename: {_q(LABELS_FILE)}"
-    return (_tensors("input", [_tensor(facts.input_name, "TYPE_FP32", facts.chw)]),
-            _tensors("output", [_tensor(facts.output_name, "TYPE_FP32", [facts.num_classes], label)]))
+    return _join(
+        _header(name, what),
+        f"name: {_q(name)}",
+        runner,
+        f"max_batch_size: {max_batch}",
+        _tensors("input", [_tensor(facts.input_name, "TYPE_FP32", facts.chw)]),
+        _tensors("output", [_tensor(facts.output_name, "TYPE_FP32", [facts.num_classes], label)]),
+        _dynamic_batching(facts, settings, max_batch, queue=True),
+        group,
+        *extra,
+    )
 
 
 def _profile_shapes(facts: ModelFacts, batch: int) -> str:
@@ -170,16 +182,14 @@ def _profile_shapes(facts: ModelFacts, batch: int) -> str:
 
 
 def onnx_config(facts: ModelFacts, settings: Settings) -> str:
-    names = model_names(facts.name)
     b = int(facts.batch["max"])
-    inputs, outputs = _classifier_io(facts)
     accel = None
     if settings.triton.onnx_tensorrt:
         params = {
             "precision_mode": "FP16",
             "max_workspace_size_bytes": str(int(settings.workspace_mb) * (1 << 20)),
             "trt_engine_cache_enable": "1",
-            "trt_engine_cache_path": f"{settings.triton.trt_cache_dir.rstrip('/')}/{names['onnx']}",
+            "trt_engine_cache_path": f"{settings.triton.trt_cache_dir.rstrip('/')}/{model_names(facts.name)['onnx']}",
             # One engine for the whole batch range, built once (and cached) instead of per new shape.
             "trt_profile_min_shapes": _profile_shapes(facts, int(facts.batch["min"])),
             "trt_profile_opt_shapes": _profile_shapes(facts, int(facts.batch["opt"])),
@@ -190,53 +200,28 @@ def onnx_config(facts: ModelFacts, settings: Settings) -> str:
                  "# (ignored on the CPU).\n"
                  "optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [\n      {\n"
                  f'        name: "tensorrt"\n{body}\n      }}\n    ]\n  }}\n}}')
-    return _join(
-        _header(names["onnx"], "model.onnx on ONNX Runtime"),
-        f"name: {_q(names['onnx'])}",
-        'platform: "onnxruntime_onnx"',
-        f"max_batch_size: {b}",
-        inputs, outputs,
-        _dynamic_batching(facts, settings, b, queue=True),
-        _instance_group(settings.triton.kind, settings.triton.instances, settings.triton.gpus),
-        accel,
-    )
+    t = settings.triton
+    return _classifier(facts, settings, "onnx", "model.onnx on ONNX Runtime", 'platform: "onnxruntime_onnx"', b,
+                       _instance_group(t.kind, t.instances, t.gpus), accel)
 
 
 def trt_config(facts: ModelFacts, settings: Settings) -> str:
     if facts.engine_max_batch is None:
         raise ValueError("trt_config needs an engine (ModelFacts.engine_max_batch)")
-    names = model_names(facts.name)
-    b = min(int(facts.batch["max"]), int(facts.engine_max_batch))
-    inputs, outputs = _classifier_io(facts)
-    return _join(
-        _header(names["trt"], "the FP16 TensorRT engine built by `vitdeploy export`"),
-        f"name: {_q(names['trt'])}",
-        'platform: "tensorrt_plan"',
-        f"default_model_filename: {_q(ENGINE_FILE)}",
-        f"max_batch_size: {b}",
-        inputs, outputs,
-        _dynamic_batching(facts, settings, b, queue=True),
-        _instance_group("gpu", settings.triton.instances, settings.triton.gpus),
-    )
+    t = settings.triton
+    return _classifier(facts, settings, "trt", "the FP16 TensorRT engine built by `vitdeploy export`",
+                       f'platform: "tensorrt_plan"\ndefault_model_filename: {_q(ENGINE_FILE)}',
+                       min(int(facts.batch["max"]), int(facts.engine_max_batch)),
+                       _instance_group("gpu", t.instances, t.gpus))
 
 
 def ort_python_config(facts: ModelFacts, settings: Settings, version: str) -> str:
-    names = model_names(facts.name)
-    b = int(facts.batch["max"])
-    inputs, outputs = _classifier_io(facts)
     params: dict[str, Any] = {"vitdeploy_version": version}
     if settings.triton.ort_threads:
         params["threads"] = int(settings.triton.ort_threads)
-    return _join(
-        _header(names["ort_python"], "the vitdeploy runtime's ONNX Runtime backend inside the python backend"),
-        f"name: {_q(names['ort_python'])}",
-        'backend: "python"',
-        f"max_batch_size: {b}",
-        inputs, outputs,
-        _dynamic_batching(facts, settings, b, queue=True),
-        _instance_group("cpu", settings.triton.instances),
-        *_parameters(params),
-    )
+    return _classifier(facts, settings, "ort_python", "the vitdeploy runtime's ONNX Runtime backend inside the python "
+                       "backend", 'backend: "python"', int(facts.batch["max"]),
+                       _instance_group("cpu", settings.triton.instances), *_parameters(params))
 
 
 def top_k_of(facts: ModelFacts, settings: Settings) -> int:
