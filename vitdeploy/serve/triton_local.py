@@ -114,13 +114,15 @@ class BundledTriton:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise VitDeployError(f"tritonserver exited with code {self.process.returncode} while starting:\n"
-                                     f"{self.log_tail()}")
+                message = f"tritonserver exited with code {self.process.returncode} while starting:\n{self.log_tail()}"
+                self.stop()
+                raise VitDeployError(message)
             if self._ready():
                 return self
             time.sleep(0.25)
+        message = f"tritonserver not ready after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}"
         self.stop()
-        raise VitDeployError(f"tritonserver not ready after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+        raise VitDeployError(message)
 
     def _ready(self) -> bool:
         try:
