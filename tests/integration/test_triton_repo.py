@@ -178,3 +178,17 @@ def test_trt_inference_without_an_engine_is_a_config_error(demo_artifacts: Path,
     assert res.exit_code == 2
     assert "no TensorRT engine" in res.output
     assert not (tmp_path / "repo").exists()
+
+
+def test_the_triton_release_is_matched_on_the_tensorrt_version_and_never_guessed():
+    from vitdeploy.serve.triton_readme import _container
+    from vitdeploy.serve.triton_versions import triton_releases_for
+
+    assert triton_releases_for("10.13.3.9") == ["25.09", "25.10"]
+    assert triton_releases_for("10.8.0") == ["25.01", "25.02"]  # the build number does not matter
+    assert triton_releases_for("10.13.4.1") == [] and triton_releases_for("8.6.1.6") == []
+    tag, why = _container({"tensorrt_version": "10.99.0.1", "gpu_name": "g", "compute_capability": "9.0"})
+    text = " ".join(why)
+    assert "does not know which Triton" in text and "support-matrix" in text and "10.99.0.1" in text
+    tag, why = _container(None)
+    assert "No TensorRT engine" in " ".join(why)
