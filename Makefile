@@ -5,6 +5,9 @@ BIN    := $(VENV)/bin
 # torch is pinned: an unpinned torch pulls a multi-GB CUDA build on a CPU machine.
 TORCH  := torch==2.13.0
 STAMP  := $(VENV)/.installed
+# Its own environment for the tritonserver of the nvidia-pytriton wheel (see the rule below).
+TRITON_VENV  := .venv-triton
+TRITON_STAMP := $(TRITON_VENV)/.installed
 
 # Test-only reference environment: timm and torchvision run their own models and preprocessing here
 # (tests/reference/library_reference.py). They cannot live beside the CPU torch above: torchvision's
@@ -13,7 +16,7 @@ STAMP  := $(VENV)/.installed
 REF_VENV  := .venv-ref
 REF_STAMP := $(REF_VENV)/.installed
 
-.PHONY: demo test install clean bench reference-env
+.PHONY: demo test install clean bench reference-env triton-env
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +42,7 @@ demo: $(STAMP)
 	@echo "  $(BIN)/vitdeploy export -c pipeline.yaml && $(BIN)/vitdeploy predict path/to/your/images -a artifacts"
 	@echo "  (or '. $(BIN)/activate' first, then plain 'vitdeploy ...')"
 
-test: $(STAMP) $(REF_STAMP)
+test: $(STAMP) $(REF_STAMP) $(TRITON_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
 
 # Speed goals are checked here, by ratios measured side by side in one run (benchmarks/README.md).
@@ -50,4 +53,15 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_serve.py
 
 clean:
-	rm -rf $(VENV) $(REF_VENV) artifacts .pytest_cache
+	rm -rf $(VENV) $(REF_VENV) $(TRITON_VENV) artifacts .pytest_cache
+
+# The tritonserver bundled in the nvidia-pytriton wheel (python backend only) runs the generated
+# Triton repository in tests/integration/test_triton_server.py and benchmarks/bench_triton.py.
+# It needs numpy < 2, so it gets its own environment: vitdeploy[cpu] from this checkout, no torch.
+$(TRITON_STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(TRITON_VENV)/bin/python -m pip install --quiet "numpy<2" "nvidia-pytriton==0.7.0" -e ".[cpu]"
+	touch $(TRITON_STAMP)
+
+triton-env: $(TRITON_STAMP)

@@ -292,7 +292,7 @@ def bench(artifacts_dir: Path, backends: str | None, batch_sizes: str, iteration
 @main.command()
 @click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=None,
               help="directory written by `vitdeploy export` (default: export.output_dir from the config)")
-@click.option("-b", "--backend", type=click.Choice(["auto", "torch", "ort", "ort-fp16", "trt"]), default=None,
+@click.option("-b", "--backend", type=click.Choice([AUTO, *RUNTIME_BACKENDS]), default=None,
               help="backend (default: runtime.backend from the config, i.e. auto)")
 @click.option("--host", default=None, help="address to listen on (default: serve.host, 127.0.0.1)")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="HTTP port (default: serve.port, 8000)")
@@ -314,6 +314,47 @@ def serve(artifacts_dir: Path | None, backend: str | None, host: str | None, por
                              host=host or sv.host, port=port or sv.port, replicas=replicas or sv.replicas,
                              address=address, access_log=access_log)
     run_server(cfg, settings, runtime_options(cfg), progress=lambda line: click.echo(line, err=True))
+
+
+@main.command("triton-repo")
+@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=None,
+              help="directory written by `vitdeploy export` (default: export.output_dir from the config)")
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="the model repository to write (replaced only with --force, once the new one is complete)")
+@click.option("--inference", type=click.Choice(["auto", "onnx", "trt", "ort_python"]), default=None,
+              help="model the ensemble calls (default: triton.inference, i.e. auto: trt with an engine, else onnx)")
+@click.option("--instances", type=click.IntRange(min=1), default=None, help="inference model instances (triton.instances)")
+@click.option("--kind", type=click.Choice(["auto", "gpu", "cpu"]), default=None, help="inference model instance kind (triton.kind)")
+@click.option("--gpus", default=None, help="comma-separated GPU ids for the inference model (triton.gpus)")
+@click.option("--preprocess-instances", type=click.IntRange(min=1), default=None, help="decoding instances (triton.preprocess_instances)")
+@click.option("-k", "--top-k", type=click.IntRange(min=1), default=None, help="K of TOPK_LABELS/TOPK_SCORES (default: serve.top_k, 5)")
+@click.option("--force", is_flag=True, help="replace OUT if it exists")
+@config_option
+@handle_errors
+def triton_repo(artifacts_dir: Path | None, out_dir: Path, inference: str | None, instances: int | None,
+                kind: str | None, gpus: str | None, preprocess_instances: int | None, top_k: int | None, force: bool,
+                config_path: Path | None) -> None:
+    """Generate a Triton model repository (ensemble: image bytes -> logits + top-k) from an export."""
+    from .config import load_config
+    from .serve.triton_repo import build_triton_repo, settings_from_config
+
+    cfg = load_config(config_path)
+    overrides = {"inference": inference, "instances": instances, "kind": kind, "preprocess_instances": preprocess_instances,
+                 "gpus": _int_list(gpus, "--gpus") if gpus is not None else None}
+    settings = settings_from_config(cfg, {k: v for k, v in overrides.items() if v is not None}, top_k=top_k)
+    result = build_triton_repo(artifacts_dir or cfg.output_dir, out_dir, settings, force=force,
+                               on_step=lambda msg: click.echo(f"  {msg} ...", err=True))
+    click.echo(f"wrote {result.path}: {', '.join(result.models)} (ensemble '{result.name}' over {result.name}_{result.inference})")
+    click.echo(f"next: see {result.path / 'README.md'} for the docker run line and a tritonclient example")
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    from .errors import ConfigError
+
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} expects comma-separated integers, got {text!r}") from None
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -118,6 +118,24 @@ class TensorRTSection(_Section):
     timing_cache: Optional[Path] = Field(None, description="absent = <output_dir>/timing.cache")
 
 
+class TritonSection(_Section):
+    """`vitdeploy triton-repo`: how the generated Triton repository serves the model (CLI flags override)."""
+
+    inference: Literal["auto", "onnx", "trt", "ort_python"] = Field(
+        "auto", description="model the ensemble calls; auto = trt when an engine was built, else onnx")
+    instances: int = Field(1, ge=1, description="instances of the inference model (per GPU with KIND_GPU)")
+    kind: Literal["auto", "gpu", "cpu"] = Field("auto", description="auto = Triton's default: every GPU, else the CPU")
+    gpus: tuple[int, ...] = Field((), description="GPU ids for the inference model; empty = all visible")
+    preprocess_instances: int = Field(1, ge=1, description="python-backend instances decoding images")
+    decode_threads: int = Field(4, ge=1, le=256, description="threads per preprocess instance")
+    max_queue_delay_us: int = Field(2000, ge=0, description="dynamic batching: how long a batch waits to fill")
+    max_queue_size: int = Field(128, ge=0, description="queued requests beyond this get 503 at once (0 = unbounded)")
+    onnx_tensorrt: bool = Field(True, description="_onnx model: ONNX Runtime's TensorRT EP in FP16 on a GPU")
+    trt_cache_dir: str = Field("/tmp/vitdeploy-trt-cache", min_length=1,
+                               description="where the TensorRT EP caches engines inside the container")
+    ort_threads: Optional[int] = Field(None, ge=1, description="_ort_python: ONNX Runtime intra-op threads")
+
+
 class RuntimeSection(_Section):
     backend: BackendChoice = "auto"
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
@@ -166,6 +184,7 @@ class PipelineConfig(_Section):
     export: ExportSection = ExportSection()
     validation: ValidationSection = ValidationSection()
     tensorrt: TensorRTSection = TensorRTSection()
+    triton: TritonSection = TritonSection()
     runtime: RuntimeSection = RuntimeSection()
     serve: ServeSection = ServeSection()
     source: Optional[Path] = Field(None, exclude=True, description="the YAML this came from")

@@ -1,0 +1,194 @@
+"""`vitdeploy triton-repo`: every config.pbtxt parses into Triton's own ModelConfig (tritonclient's
+model_config_pb2) with the values the manifest dictates; artifacts are verified and copied; the
+repository appears atomically; the README names the matching Triton container."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from vitdeploy.cli import main
+from vitdeploy.runtime.artifacts import sha256_file
+
+pb = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="tritonclient not installed (pip install 'tritonclient[grpc]')")
+from google.protobuf import text_format  # noqa: E402  (protobuf comes with tritonclient[grpc])
+
+NAME = "vit-demo-digits"
+FAKE_TRT = "10.13.3.9"
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def parse(path: Path) -> "pb.ModelConfig":
+    return text_format.Parse(path.read_text(encoding="utf-8"), pb.ModelConfig())
+
+
+def configs(repo: Path) -> dict[str, "pb.ModelConfig"]:
+    return {p.parent.name: parse(p) for p in sorted(repo.glob("*/config.pbtxt"))}
+
+
+def write_yaml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def with_engine(demo_artifacts: Path, tmp_path_factory) -> Path:
+    """The demo export plus an engine entry: a stand-in plan file (never deserialized here; no
+    TensorRT on this machine) and a genuine model.engine.json, both listed with sha256 in the manifest."""
+    out = tmp_path_factory.mktemp("with_engine") / "artifacts"
+    shutil.copytree(demo_artifacts, out)
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "model.engine").write_bytes(b"stand-in plan bytes")
+    meta = {"tensorrt_version": FAKE_TRT, "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
+            "profile": {"min": 1, "opt": 8, "max": 16}, "input": "pixel_values", "chw": [3, 32, 32],
+            "precision": "fp16", "onnx_sha256": "0" * 64, "workspace_mb": 4096, "optimization_level": 3,
+            "built": "2026-01-01T00:00:00+00:00"}
+    (out / "model.engine.json").write_text(json.dumps(meta))
+    for role, name in (("engine", "model.engine"), ("engine-meta", "model.engine.json")):
+        manifest["artifacts"][role] = {"path": name, "sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+def test_every_config_parses_into_tritons_model_config_with_the_manifests_values(demo_artifacts: Path, tmp_path: Path):
+    manifest = json.loads((demo_artifacts / "manifest.json").read_text())
+    batch = manifest["batch"]
+    res = run("triton-repo", "-a", str(demo_artifacts), "-o", str(tmp_path / "repo"), "-c",
+              str(write_yaml(tmp_path, "triton: {instances: 2, kind: cpu, max_queue_size: 7}\n")))
+    assert res.exit_code == 0, res.output
+    cfg = configs(tmp_path / "repo")
+    assert set(cfg) == {NAME, f"{NAME}_preprocess", f"{NAME}_postprocess", f"{NAME}_onnx", f"{NAME}_ort_python"}
+    assert not (tmp_path / "repo" / f"{NAME}_trt").exists()  # no engine, no _trt model
+    for name, c in cfg.items():
+        assert c.name == name
+        assert c.max_batch_size == batch["max"]
+    chw = list(manifest["io"]["input"]["shape"][1:])
+    classes = len(manifest["labels"])
+
+    onnx = cfg[f"{NAME}_onnx"]
+    assert onnx.platform == "onnxruntime_onnx"
+    assert [(i.name, i.data_type, list(i.dims)) for i in onnx.input] == [("pixel_values", pb.TYPE_FP32, chw)]
+    assert [(o.name, o.data_type, list(o.dims), o.label_filename) for o in onnx.output] == \
+        [("logits", pb.TYPE_FP32, [classes], "labels.txt")]
+    assert list(onnx.dynamic_batching.preferred_batch_size) == sorted({batch["opt"], batch["max"]})
+    assert onnx.dynamic_batching.max_queue_delay_microseconds == 2000
+    assert onnx.dynamic_batching.default_queue_policy.max_queue_size == 7
+    assert [(g.count, g.kind) for g in onnx.instance_group] == [(2, pb.ModelInstanceGroup.KIND_CPU)]
+    (trt_ep,) = onnx.optimization.execution_accelerators.gpu_execution_accelerator
+    assert trt_ep.name == "tensorrt"
+    assert trt_ep.parameters["precision_mode"] == "FP16"
+    assert trt_ep.parameters["trt_engine_cache_enable"] == "1"
+    assert trt_ep.parameters["trt_profile_max_shapes"] == f"pixel_values:{batch['max']}x" + "x".join(map(str, chw))
+    labels = (tmp_path / "repo" / f"{NAME}_onnx" / "labels.txt").read_text().splitlines()
+    assert labels == manifest["labels"]
+
+    pre = cfg[f"{NAME}_preprocess"]
+    assert pre.backend == "python"
+    assert [(i.name, i.data_type, list(i.dims)) for i in pre.input] == [("IMAGES", pb.TYPE_STRING, [1])]
+    assert [(o.name, o.data_type, list(o.dims)) for o in pre.output] == [("PIXEL_VALUES", pb.TYPE_FP32, chw)]
+    assert json.loads(pre.parameters["preprocess"].string_value) == manifest["preprocess"]
+    assert pre.parameters["max_image_pixels"].string_value == "89478485"
+    assert pre.dynamic_batching.default_queue_policy.max_queue_size == 7
+
+    post = cfg[f"{NAME}_postprocess"]
+    assert [(o.name, o.data_type, list(o.dims)) for o in post.output] == \
+        [("TOPK_LABELS", pb.TYPE_STRING, [5]), ("TOPK_SCORES", pb.TYPE_FP32, [5])]
+
+    ens = cfg[NAME]
+    assert ens.platform == "ensemble"
+    assert [(i.name, i.data_type, list(i.dims)) for i in ens.input] == [("IMAGES", pb.TYPE_STRING, [1])]
+    assert [(o.name, list(o.dims)) for o in ens.output] == [("LOGITS", [classes]), ("TOPK_LABELS", [5]), ("TOPK_SCORES", [5])]
+    steps = [(s.model_name, dict(s.input_map), dict(s.output_map)) for s in ens.ensemble_scheduling.step]
+    assert steps == [
+        (f"{NAME}_preprocess", {"IMAGES": "IMAGES"}, {"PIXEL_VALUES": "pixel_values"}),
+        (f"{NAME}_onnx", {"pixel_values": "pixel_values"}, {"logits": "LOGITS"}),
+        (f"{NAME}_postprocess", {"LOGITS": "LOGITS"}, {"TOPK_LABELS": "TOPK_LABELS", "TOPK_SCORES": "TOPK_SCORES"}),
+    ]
+    # Each step's inputs are produced by an earlier step or are ensemble inputs; every output is produced.
+    available = {i.name for i in ens.input}
+    for model, inputs, outputs in steps:
+        step_cfg = cfg[model]
+        assert set(inputs) == {i.name for i in step_cfg.input}
+        assert set(outputs) <= {o.name for o in step_cfg.output}
+        assert set(inputs.values()) <= available
+        available |= set(outputs.values())
+    assert {o.name for o in ens.output} <= available
+
+    # The copied ONNX is the verified artifact, byte for byte.
+    copied = tmp_path / "repo" / f"{NAME}_onnx" / "1" / "model.onnx"
+    assert sha256_file(copied) == manifest["artifacts"]["onnx"]["sha256"]
+
+
+def test_with_an_engine_the_trt_model_is_the_ensembles_and_the_readme_names_the_matching_triton(with_engine: Path,
+                                                                                               tmp_path: Path):
+    res = run("triton-repo", "-a", str(with_engine), "-o", str(tmp_path / "repo"), "--gpus", "0,1", "--kind", "gpu",
+              "-k", "3")
+    assert res.exit_code == 0, res.output
+    cfg = configs(tmp_path / "repo")
+    trt = cfg[f"{NAME}_trt"]
+    assert trt.platform == "tensorrt_plan"
+    assert trt.default_model_filename == "model.engine"
+    assert trt.max_batch_size == 16  # the engine's profile max, below the export's 32
+    assert [(g.kind, list(g.gpus)) for g in trt.instance_group] == [(pb.ModelInstanceGroup.KIND_GPU, [0, 1])]
+    assert (tmp_path / "repo" / f"{NAME}_trt" / "1" / "model.engine").read_bytes() == b"stand-in plan bytes"
+    ens = cfg[NAME]
+    assert ens.max_batch_size == 16
+    assert [s.model_name for s in ens.ensemble_scheduling.step][1] == f"{NAME}_trt"
+    assert [list(o.dims) for o in ens.output][1:] == [[3], [3]]
+    readme = (tmp_path / "repo" / "README.md").read_text()
+    assert "nvcr.io/nvidia/tritonserver:25.10-py3" in readme
+    assert f"TensorRT {FAKE_TRT}" in readme and "25.09 or 25.10" in readme
+    assert "pip install 'vitdeploy[cpu]==" in readme and "tritonclient" in readme
+
+
+def test_a_tampered_artifact_is_refused_and_no_repository_is_left(with_engine: Path, tmp_path: Path):
+    bad = tmp_path / "bad"
+    shutil.copytree(with_engine, bad)
+    (bad / "model.onnx").write_bytes((bad / "model.onnx").read_bytes()[:-1] + b"\0")
+    res = run("triton-repo", "-a", str(bad), "-o", str(tmp_path / "repo"))
+    assert res.exit_code == 2
+    assert "tampered or corrupt" in res.output and "sha256" in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]  # no repo, no temp folder
+
+
+def test_an_existing_repository_is_replaced_only_with_force(demo_artifacts: Path, tmp_path: Path):
+    repo = tmp_path / "repo"
+    assert run("triton-repo", "-a", str(demo_artifacts), "-o", str(repo)).exit_code == 0
+    (repo / "stale.txt").write_text("old")
+    res = run("triton-repo", "-a", str(demo_artifacts), "-o", str(repo))
+    assert res.exit_code == 2 and "--force" in res.output
+    assert (repo / "stale.txt").exists()
+    res = run("triton-repo", "-a", str(demo_artifacts), "-o", str(repo), "--force", "--inference", "ort_python")
+    assert res.exit_code == 0, res.output
+    assert not (repo / "stale.txt").exists()
+    assert [s.model_name for s in parse(repo / NAME / "config.pbtxt").ensemble_scheduling.step][1] == f"{NAME}_ort_python"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
+
+
+def test_trt_inference_without_an_engine_is_a_config_error(demo_artifacts: Path, tmp_path: Path):
+    res = run("triton-repo", "-a", str(demo_artifacts), "-o", str(tmp_path / "repo"), "--inference", "trt")
+    assert res.exit_code == 2
+    assert "no TensorRT engine" in res.output
+    assert not (tmp_path / "repo").exists()
+
+
+def test_the_triton_release_is_matched_on_the_tensorrt_version_and_never_guessed():
+    from vitdeploy.serve.triton_readme import _container
+    from vitdeploy.serve.triton_versions import triton_releases_for
+
+    assert triton_releases_for("10.13.3.9") == ["25.09", "25.10"]
+    assert triton_releases_for("10.8.0") == ["25.01", "25.02"]  # the build number does not matter
+    assert triton_releases_for("10.13.4.1") == [] and triton_releases_for("8.6.1.6") == []
+    tag, why = _container({"tensorrt_version": "10.99.0.1", "gpu_name": "g", "compute_capability": "9.0"})
+    text = " ".join(why)
+    assert "does not know which Triton" in text and "support-matrix" in text and "10.99.0.1" in text
+    tag, why = _container(None)
+    assert "No TensorRT engine" in " ".join(why)

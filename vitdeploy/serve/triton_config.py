@@ -1,0 +1,269 @@
+"""The ``config.pbtxt`` of each model in the generated Triton repository, as protobuf text.
+
+Pure functions of a :class:`ModelFacts` (what the manifest says about the model) and the
+``triton:`` settings; no Triton or protobuf import (tests parse the text into Triton's own
+``ModelConfig``). Model names and the tensor names between the steps of the ensemble are
+defined here, once.
+
+    <name>              ensemble: IMAGES (bytes) -> LOGITS, TOPK_LABELS, TOPK_SCORES
+    <name>_preprocess   python: IMAGES -> PIXEL_VALUES (the runtime's preprocessing)
+    <name>_onnx         onnxruntime_onnx: <input> -> <output> (optional TensorRT EP, FP16, engine cache)
+    <name>_trt          tensorrt_plan: the same, from model.engine (only when one was built)
+    <name>_ort_python   python + ONNX Runtime: the same, for Triton builds without the onnxruntime backend
+    <name>_postprocess  python: LOGITS -> TOPK_LABELS, TOPK_SCORES (softmax + top-k of the runtime)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..config import TritonSection
+from .protocol import INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES
+
+#: Inference models the ensemble can call, by their suffix.
+INFERENCE_KINDS = ("onnx", "trt", "ort_python")
+PIXELS = "PIXEL_VALUES"  # preprocess output, inside the ensemble
+LABELS_FILE = "labels.txt"
+ENGINE_FILE = "model.engine"
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the manifest (and model.engine.json) says about the model."""
+
+    name: str  # the served model name (protocol.model_name of the manifest's name)
+    input_name: str
+    output_name: str
+    chw: tuple[int, int, int]
+    num_classes: int
+    batch: Mapping[str, int]  # {"min", "opt", "max"} of the export's batch profile
+    engine_max_batch: int | None = None  # the TensorRT profile's max batch; None without an engine
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How the repository serves the model: pipeline.yaml's ``triton:`` section (CLI flags applied) and
+    the values other sections decide."""
+
+    triton: TritonSection = TritonSection()
+    inference: str = "onnx"  # which INFERENCE_KINDS model the ensemble calls (resolved from triton.inference)
+    top_k: int = 5  # serve.top_k
+    max_image_pixels: int = 89_478_485  # runtime.max_image_pixels
+    workspace_mb: int = 4096  # tensorrt.workspace_mb, for the TensorRT EP
+
+
+def model_names(name: str) -> dict[str, str]:
+    """Role -> model name in the repository."""
+    return {"ensemble": name, "preprocess": f"{name}_preprocess", "postprocess": f"{name}_postprocess",
+            **{kind: f"{name}_{kind}" for kind in INFERENCE_KINDS}}
+
+
+# ------------------------------------------------------------------------------------------ text
+
+
+def _q(value: Any) -> str:
+    """A protobuf text-format string literal."""
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return f'"{text}"'
+
+
+def _dims(dims: Iterable[int]) -> str:
+    return "[ " + ", ".join(str(int(d)) for d in dims) + " ]"
+
+
+def _tensor(name: str, dtype: str, dims: Iterable[int], extra: str = "") -> str:
+    return f"  {{\n    name: {_q(name)}\n    data_type: {dtype}\n    dims: {_dims(dims)}{extra}\n  }}"
+
+
+def _tensors(key: str, items: Sequence[str]) -> str:
+    return f"{key} [\n" + ",\n".join(items) + "\n]"
+
+
+def _parameters(params: Mapping[str, Any]) -> list[str]:
+    return [f"parameters {{ key: {_q(k)} value: {{ string_value: {_q(v)} }} }}" for k, v in params.items()]
+
+
+def _dynamic_batching(facts: ModelFacts, settings: Settings, max_batch: int, queue: bool) -> str:
+    preferred = sorted({b for b in (facts.batch.get("opt", max_batch), max_batch) if 1 < b <= max_batch})
+    lines = ["dynamic_batching {"]
+    if preferred:
+        lines.append(f"  preferred_batch_size: {_dims(preferred)}")
+    lines.append(f"  max_queue_delay_microseconds: {int(settings.triton.max_queue_delay_us)}")
+    if queue and settings.triton.max_queue_size > 0:
+        # Requests beyond the queue are refused at once (HTTP 503 / gRPC UNAVAILABLE), never left to hang.
+        lines.append(f"  default_queue_policy {{ max_queue_size: {int(settings.triton.max_queue_size)} }}")
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def _instance_group(kind: str, count: int, gpus: Sequence[int] = ()) -> str:
+    body = [f"count: {int(count)}"]
+    if kind == "gpu":
+        body.append("kind: KIND_GPU")
+        if gpus:
+            body.append(f"gpus: {_dims(gpus)}")
+    elif kind == "cpu":
+        body.append("kind: KIND_CPU")
+    # "auto": no kind: Triton places the instances on every available GPU, else on the CPU.
+    return "instance_group [ { " + " ".join(body) + " } ]"
+
+
+def _join(*blocks: str | None) -> str:
+    return "\n".join(b for b in blocks if b) + "\n"
+
+
+def _header(model: str, role: str) -> str:
+    return f"# {model}: {role}. Generated by `vitdeploy triton-repo`; regenerate rather than edit."
+
+
+# ------------------------------------------------------------------------------------------ models
+
+
+def preprocess_config(facts: ModelFacts, settings: Settings, preprocess: Mapping[str, Any], version: str) -> str:
+    names = model_names(facts.name)
+    b = int(facts.batch["max"])
+    return _join(
+        _header(names["preprocess"], "encoded images -> float32 NCHW, the runtime's preprocessing"),
+        f"name: {_q(names['preprocess'])}",
+        'backend: "python"',
+        f"max_batch_size: {b}",
+        _tensors("input", [_tensor(INPUT, "TYPE_STRING", [1])]),
+        _tensors("output", [_tensor(PIXELS, "TYPE_FP32", facts.chw)]),
+        _dynamic_batching(facts, settings, b, queue=True),
+        _instance_group("cpu", settings.triton.preprocess_instances),
+        *_parameters({
+            "preprocess": json.dumps(dict(preprocess), sort_keys=True),
+            "max_image_pixels": int(settings.max_image_pixels),
+            "decode_threads": int(settings.triton.decode_threads),
+            "vitdeploy_version": version,
+        }),
+    )
+
+
+def postprocess_config(facts: ModelFacts, settings: Settings, version: str) -> str:
+    names = model_names(facts.name)
+    b = int(facts.batch["max"])
+    k = top_k_of(facts, settings)
+    return _join(
+        _header(names["postprocess"], "logits -> softmax top-k labels and scores"),
+        f"name: {_q(names['postprocess'])}",
+        'backend: "python"',
+        f"max_batch_size: {b}",
+        _tensors("input", [_tensor(LOGITS, "TYPE_FP32", [facts.num_classes])]),
+        _tensors("output", [_tensor(TOPK_LABELS, "TYPE_STRING", [k]), _tensor(TOPK_SCORES, "TYPE_FP32", [k])]),
+        _dynamic_batching(facts, settings, b, queue=False),
+        _instance_group("cpu", 1),
+        *_parameters({"top_k": k, "labels_file": LABELS_FILE, "vitdeploy_version": version}),
+    )
+
+
+def _classifier(facts: ModelFacts, settings: Settings, role: str, what: str, runner: str, max_batch: int,
+                group: str, *extra: str | None) -> str:
+    """An inference model: the manifest's input -> logits (with labels.txt), dynamic batching."""
+    name = model_names(facts.name)[role]
+    label = f"\n    label_filename: {_q(LABELS_FILE)}"
+    return _join(
+        _header(name, what),
+        f"name: {_q(name)}",
+        runner,
+        f"max_batch_size: {max_batch}",
+        _tensors("input", [_tensor(facts.input_name, "TYPE_FP32", facts.chw)]),
+        _tensors("output", [_tensor(facts.output_name, "TYPE_FP32", [facts.num_classes], label)]),
+        _dynamic_batching(facts, settings, max_batch, queue=True),
+        group,
+        *extra,
+    )
+
+
+def _profile_shapes(facts: ModelFacts, batch: int) -> str:
+    return f"{facts.input_name}:{batch}x" + "x".join(str(d) for d in facts.chw)
+
+
+def onnx_config(facts: ModelFacts, settings: Settings) -> str:
+    b = int(facts.batch["max"])
+    accel = None
+    if settings.triton.onnx_tensorrt:
+        params = {
+            "precision_mode": "FP16",
+            "max_workspace_size_bytes": str(int(settings.workspace_mb) * (1 << 20)),
+            "trt_engine_cache_enable": "1",
+            "trt_engine_cache_path": f"{settings.triton.trt_cache_dir.rstrip('/')}/{model_names(facts.name)['onnx']}",
+            # One engine for the whole batch range, built once (and cached) instead of per new shape.
+            "trt_profile_min_shapes": _profile_shapes(facts, int(facts.batch["min"])),
+            "trt_profile_opt_shapes": _profile_shapes(facts, int(facts.batch["opt"])),
+            "trt_profile_max_shapes": _profile_shapes(facts, b),
+        }
+        body = "\n".join(f"        parameters {{ key: {_q(k)} value: {_q(v)} }}" for k, v in params.items())
+        accel = ("# On a GPU, ONNX Runtime's TensorRT execution provider runs the graph in FP16 and caches its engines\n"
+                 "# (ignored on the CPU).\n"
+                 "optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [\n      {\n"
+                 f'        name: "tensorrt"\n{body}\n      }}\n    ]\n  }}\n}}')
+    t = settings.triton
+    return _classifier(facts, settings, "onnx", "model.onnx on ONNX Runtime", 'platform: "onnxruntime_onnx"', b,
+                       _instance_group(t.kind, t.instances, t.gpus), accel)
+
+
+def trt_config(facts: ModelFacts, settings: Settings) -> str:
+    if facts.engine_max_batch is None:
+        raise ValueError("trt_config needs an engine (ModelFacts.engine_max_batch)")
+    t = settings.triton
+    return _classifier(facts, settings, "trt", "the FP16 TensorRT engine built by `vitdeploy export`",
+                       f'platform: "tensorrt_plan"\ndefault_model_filename: {_q(ENGINE_FILE)}',
+                       min(int(facts.batch["max"]), int(facts.engine_max_batch)),
+                       _instance_group("gpu", t.instances, t.gpus))
+
+
+def ort_python_config(facts: ModelFacts, settings: Settings, version: str) -> str:
+    params: dict[str, Any] = {"vitdeploy_version": version}
+    if settings.triton.ort_threads:
+        params["threads"] = int(settings.triton.ort_threads)
+    return _classifier(facts, settings, "ort_python", "the vitdeploy runtime's ONNX Runtime backend inside the python "
+                       "backend", 'backend: "python"', int(facts.batch["max"]),
+                       _instance_group("cpu", settings.triton.instances), *_parameters(params))
+
+
+def top_k_of(facts: ModelFacts, settings: Settings) -> int:
+    return max(1, min(int(settings.top_k), int(facts.num_classes)))
+
+
+def ensemble_max_batch(facts: ModelFacts, settings: Settings) -> int:
+    b = int(facts.batch["max"])
+    if settings.inference == "trt" and facts.engine_max_batch is not None:
+        b = min(b, int(facts.engine_max_batch))
+    return b
+
+
+def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
+    if settings.inference not in INFERENCE_KINDS:
+        raise ValueError(f"inference must be one of {INFERENCE_KINDS}, got {settings.inference!r}")
+    names = model_names(facts.name)
+    k = top_k_of(facts, settings)
+
+    def step(model: str, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> str:
+        maps = [f"      input_map {{ key: {_q(a)} value: {_q(b)} }}" for a, b in inputs.items()]
+        maps += [f"      output_map {{ key: {_q(a)} value: {_q(b)} }}" for a, b in outputs.items()]
+        return "    {\n" + f"      model_name: {_q(model)}\n      model_version: -1\n" + "\n".join(maps) + "\n    }"
+
+    # The ensemble's LOGITS output is the inference model's output, which postprocess also reads.
+    steps = [
+        step(names["preprocess"], {INPUT: INPUT}, {PIXELS: "pixel_values"}),
+        step(names[settings.inference], {facts.input_name: "pixel_values"}, {facts.output_name: LOGITS}),
+        step(names["postprocess"], {LOGITS: LOGITS}, {TOPK_LABELS: TOPK_LABELS, TOPK_SCORES: TOPK_SCORES}),
+    ]
+    return _join(
+        _header(names["ensemble"], f"bytes in -> logits and top-{k} out, over {names[settings.inference]}"),
+        f"name: {_q(names['ensemble'])}",
+        'platform: "ensemble"',
+        f"max_batch_size: {ensemble_max_batch(facts, settings)}",
+        _tensors("input", [_tensor(INPUT, "TYPE_STRING", [1])]),
+        _tensors("output", [_tensor(LOGITS, "TYPE_FP32", [facts.num_classes]),
+                            _tensor(TOPK_LABELS, "TYPE_STRING", [k]), _tensor(TOPK_SCORES, "TYPE_FP32", [k])]),
+        "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}",
+    )
+
+
+__all__ = ["ENGINE_FILE", "INFERENCE_KINDS", "LABELS_FILE", "PIXELS", "ModelFacts", "Settings", "ensemble_config",
+           "ensemble_max_batch", "model_names", "onnx_config", "ort_python_config", "postprocess_config",
+           "preprocess_config", "top_k_of", "trt_config"]
