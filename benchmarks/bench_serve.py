@@ -37,12 +37,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vitdeploy.bench import cpu_model  # noqa: E402
+from vitdeploy.evaluate.bench import cpu_model  # noqa: E402
 
 TARGET = 0.9
 DEFAULT_CACHE = Path(os.environ.get("VITDEPLOY_BENCH_CACHE", "/tmp/vitdeploy-bench"))
@@ -243,6 +243,21 @@ def _measure(server: Server, predictor, work: list[bytes], args: argparse.Namesp
         if r.status_code != 200:
             failures.append(f"{r.status_code}: {r.text[:200]}")
 
+    def served() -> tuple[float, list[float]]:
+        return concurrent(via_http, work, args.clients, lambda: httpx.Client(timeout=300))
+
+    variants = in_process_variants(predictor, work, args)
+    concurrent(via_http, work[:args.clients * 2], args.clients, lambda: httpx.Client(timeout=300))  # warm-up
+    result = compare_rounds("serve", {**variants, "serve": served}, args.rounds, probe=server.settled_batches,
+                            mean_batch=lambda before, after: len(work) / max(after - before, 1.0))
+    print(f"  failed requests {len(failures)}" + (f" (first: {failures[0]})" if failures else ""))
+    return result
+
+
+def in_process_variants(predictor, work: list[bytes], args: argparse.Namespace) -> dict[str, Callable[[], tuple[float, list[float]]]]:
+    """The two in-process baselines (warmed up): one image per call from each client thread, and
+    batches of ``--max-batch``; each returns (images/s, per-image latencies in s)."""
+
     def in_process(blob: bytes, _: object) -> None:
         predictor.predict(blob)
 
@@ -256,69 +271,49 @@ def _measure(server: Server, predictor, work: list[bytes], args: argparse.Namesp
             lat.extend([time.perf_counter() - t0] * len(chunk))
         return len(work) / (time.perf_counter() - start), lat
 
-    def served() -> tuple[float, list[float]]:
-        return concurrent(via_http, work, args.clients, lambda: httpx.Client(timeout=300))
+    concurrent(in_process, work[:args.clients], args.clients)  # warm-up
+    return {"in-process, 1/call": lambda: concurrent(in_process, work, args.clients), "in-process, batched": batched}
 
-    variants = {"in-process, 1/call": lambda: concurrent(in_process, work, args.clients), "in-process, batched": batched,
-                "serve": served}
-    # warm-up: every variant once, on a few images
-    concurrent(in_process, work[:args.clients], args.clients)
-    concurrent(via_http, work[:args.clients * 2], args.clients, lambda: httpx.Client(timeout=300))
+
+def compare_rounds(served: str, variants: dict[str, Callable[[], tuple[float, list[float]]]], rounds: int, *,
+                   probe: Callable[[], Any], mean_batch: Callable[[Any, Any], float]) -> dict[str, object]:
+    """Run every variant once per round, the order rotating; ``served`` is the server variant, whose
+    dynamic batch size ``mean_batch(probe() before, probe() after)`` gives. Prints each round, then
+    images/s (median, spread), p50/p99 and served / best in-process; flags an unreliable ratio."""
     rates: dict[str, list[float]] = {k: [] for k in variants}
     lats: dict[str, list[float]] = {k: [] for k in variants}
     ratios: list[float] = []
     batch_means: list[float] = []
     names = list(variants)
-    for r in range(args.rounds):
+    for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         got = {}
         for name in order:
-            before = server.settled_batches() if name == "serve" else None
+            before = probe() if name == served else None
             rate, lat = variants[name]()
             got[name] = rate
             rates[name].append(rate)
             lats[name].extend(lat)
-            if before is not None:
-                batch_means.append(len(work) / max(server.settled_batches() - before, 1.0))
-        ratios.append(got["serve"] / max(got["in-process, 1/call"], got["in-process, batched"]))
+            if name == served:
+                batch_means.append(mean_batch(before, probe()))
+        ratios.append(got[served] / max(v for k, v in got.items() if k != served))
         print(f"  round {r + 1}: " + ", ".join(f"{k} {v:.1f} img/s" for k, v in got.items())
-              + f"; serve/best in-process {ratios[-1]:.2f}; mean batch {batch_means[-1]:.1f}", flush=True)
+              + f"; {served}/best in-process {ratios[-1]:.2f}; mean batch {batch_means[-1]:.1f}", flush=True)
     print(f"  {'variant':<22} {'img/s (median)':>14}  {'spread over rounds':<24} {'p50 ms':>8} {'p99 ms':>8}")
     for name in names:
         print(f"  {name:<22} {statistics.median(rates[name]):>14.1f}  {spread(rates[name]):<24} "
               f"{pct(lats[name], 50):>8.1f} {pct(lats[name], 99):>8.1f}")
     ratio = statistics.median(ratios)
-    print(f"  serve / best in-process: {ratio:.2f} (spread {spread(ratios)}); mean dynamic batch size "
-          f"{statistics.median(batch_means):.1f} (spread {spread(batch_means)}); failed requests {len(failures)}"
-          + (f" (first: {failures[0]})" if failures else ""))
+    print(f"  {served} / best in-process: {ratio:.2f} (spread {spread(ratios)}); mean dynamic batch size "
+          f"{statistics.median(batch_means):.1f} (spread {spread(batch_means)}); load average {loadavg()}")
     unreliable = os.getloadavg()[0] > (os.cpu_count() or 1) * 1.5 or (max(ratios) - min(ratios)) > 0.15 * ratio
     if unreliable:
         print("  ! load average or spread high: this ratio is unreliable on this machine now", flush=True)
     return {"ratio": ratio, "batch": statistics.median(batch_means), "unreliable": unreliable}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ONNX Runtime intra-op threads, both sides")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=192, help="requests per round for the ViT-S/16")
-    ap.add_argument("--requests-demo", type=int, default=960, help="requests per round for the demo model")
-    ap.add_argument("--max-batch", type=int, default=16, help="serve.max_batch_size (and the in-process batch)")
-    ap.add_argument("--wait-ms", type=float, default=10.0, help="serve.batch_wait_timeout_s in ms")
-    ap.add_argument("--decode-threads", type=int, default=4, help="serve.decode_threads (its default)")
-    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
-    ap.add_argument("--models", default="vit-s16,demo", help="comma-separated: vit-s16, demo")
-    args = ap.parse_args()
-
-    import onnxruntime
-    import ray
-
-    print(f"cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); onnxruntime {onnxruntime.__version__}, ray "
-          f"{ray.__version__}; load average {loadavg()}")
-    args.cache.mkdir(parents=True, exist_ok=True)
-    images = photos()
-    print(f"images: {len(images)} JPEG photos, {min(map(len, images)) // 1024}-{max(map(len, images)) // 1024} KB")
+def run_models(served: str, args: argparse.Namespace, images: list[bytes], bench_model: Callable[..., dict]) -> None:
+    """``bench_model`` on each of ``--models``, then the verdict on the ViT-S/16 target."""
     results = {}
     for model in args.models.split(","):
         if model == "vit-s16":
@@ -330,9 +325,38 @@ def main() -> None:
     if "vit-s16" in results:
         r = results["vit-s16"]
         verdict = "MET" if r["ratio"] >= TARGET else "NOT MET"
-        print(f"\ntarget serve >= {TARGET}x in-process for ViT-S/16: {r['ratio']:.2f} -> {verdict}"
+        print(f"\ntarget {served} >= {TARGET}x in-process for ViT-S/16: {r['ratio']:.2f} -> {verdict}"
               + (" (unreliable: see above)" if r["unreliable"] else ""))
 
+
+def common_arguments(ap: argparse.ArgumentParser) -> None:
+    """The arguments both serving benchmarks take."""
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ONNX Runtime intra-op threads, both sides")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=192, help="requests per round for the ViT-S/16")
+    ap.add_argument("--requests-demo", type=int, default=960, help="requests per round for the demo model")
+    ap.add_argument("--wait-ms", type=float, default=10.0, help="the server's batching wait in ms")
+    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    ap.add_argument("--models", default="vit-s16,demo", help="comma-separated: vit-s16, demo")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    common_arguments(ap)
+    ap.add_argument("--max-batch", type=int, default=16, help="serve.max_batch_size (and the in-process batch)")
+    ap.add_argument("--decode-threads", type=int, default=4, help="serve.decode_threads (its default)")
+    args = ap.parse_args()
+
+    import onnxruntime
+    import ray
+
+    print(f"cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); onnxruntime {onnxruntime.__version__}, ray "
+          f"{ray.__version__}; load average {loadavg()}")
+    args.cache.mkdir(parents=True, exist_ok=True)
+    images = photos()
+    print(f"images: {len(images)} JPEG photos, {min(map(len, images)) // 1024}-{max(map(len, images)) // 1024} KB")
+    run_models("serve", args, images, bench_model)
 
 if __name__ == "__main__":
     main()

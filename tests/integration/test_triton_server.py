@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vitdeploy.paths import DEMO_IMAGES_DIR
+from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from vitdeploy.serve.triton_local import BundledTriton, default_venv
 
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient not installed (pip install 'tritonclient[http,grpc]')")

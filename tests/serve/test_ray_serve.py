@@ -27,7 +27,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
 
-from vitdeploy.paths import DEMO_IMAGES_DIR  # noqa: E402
+from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR  # noqa: E402
 from vitdeploy.serve import protocol  # noqa: E402
 
 MAX_IMAGES = 6

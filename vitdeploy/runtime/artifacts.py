@@ -124,11 +124,8 @@ class Artifacts:
         self._schema = schema if schema is not None else parse_manifest(manifest, directory / MANIFEST_NAME)
         self._verified: set[str] = set()
         self._lock = threading.Lock()
-        spec = self._schema.preprocess
-        self._preprocess = PreprocessSpec(style=spec.style, height=spec.height, width=spec.width,
-                                          crop_pct=spec.crop_pct, interpolation=spec.interpolation,
-                                          mean=tuple(spec.mean), std=tuple(spec.std),
-                                          background=tuple(spec.background))
+        # the schema mirrors PreprocessSpec key for key (runtime/manifest_schema.PreprocessSection)
+        self._preprocess = PreprocessSpec(**self._schema.preprocess.model_dump())
 
     # ---------------------------------------------------------------- opening
 

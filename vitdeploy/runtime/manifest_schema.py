@@ -189,6 +189,7 @@ class Manifest(BaseModel):
     stages: Optional[list[dict[str, Any]]] = None
     export: Optional[dict[str, Any]] = None
     validation_inputs: Optional[dict[str, Any]] = None
+    preprocess_origins: Optional[dict[str, StrictStr]] = None  # where each preprocessing value came from
 
     @field_validator("artifacts")
     @classmethod

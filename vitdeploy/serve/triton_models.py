@@ -60,7 +60,7 @@ class PreprocessModel:
 
     def initialize(self, args: dict[str, Any]) -> None:
         from ..runtime.preprocess import Preprocessor
-        from ..runtime.preprocess_spec import PreprocessSpec
+        from ..preprocess_spec import PreprocessSpec
 
         params = _parameters(args)
         _check_version(params, args.get("model_name", "preprocess"))
