@@ -1,0 +1,140 @@
+"""The ViT relatives people ship (issue 15) export and predict what their library predicts: register
+tokens, no class token, average pooling with and without fc_norm, layer scale, qk-norm, position
+tables without prefix rows (timm ``no_embed_class``), DeiT's distillation token.
+
+Reference: timm in the reference environment (``tests/reference/library_reference.py ... family``,
+once per session: each model built by timm with random weights, saved as timm saves it, run eagerly
+on timm's own preprocessing of the photos). Ours: ``vitdeploy export`` then ``Predictor`` on the
+photo files with the ORT-optimised graph (``ort``) and the FP16 graph (``ort-fp16``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_library_fidelity import (LOGIT_TOL, PROB_TOL, REFERENCE_SCRIPT, assert_pixels, assert_same_predictions,
+                                   export, photo_files, photos, predict, reference_python)  # noqa: F401 (fixture)
+from vitdeploy.errors import CheckpointError
+from vitdeploy.export.optimize import METADATA_KEY
+from vitdeploy.model import load_checkpoint
+
+FP16_LOGIT_TOL, FP16_PROB_TOL = 3e-2, 1e-2
+
+
+@pytest.fixture(scope="session")
+def family(photos, tmp_path_factory) -> tuple[Path, dict]:
+    """Run the timm reference for the family cases once per session: (output folder, cases)."""
+    python = reference_python()
+    if not python.exists():
+        reason = f"reference environment missing ({python}): run `make reference-env` (timm, torchvision)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(reason + "; CI must build it")
+        pytest.skip(reason)
+    out = tmp_path_factory.mktemp("family")
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": "",
+           "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([str(python), str(REFERENCE_SCRIPT), str(photos), str(out), "family"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, f"reference script failed:\n{proc.stderr[-4000:]}"
+    cases = json.loads((out / "cases.json").read_text())
+    assert cases["photos"] == [p.name for p in photo_files(photos)]
+    return out, cases["cases"]
+
+
+def _case(family, case: str) -> tuple[Path, dict[str, np.ndarray]]:
+    out, cases = family
+    with np.load(out / case / "reference.npz") as data:
+        return out / case / cases[case]["checkpoint"], {k: data[k] for k in data.files}
+
+
+def _ort_metadata(art: Path) -> dict:
+    import onnx
+
+    props = {p.key: p.value for p in onnx.load(str(art / "model.ort.onnx"), load_external_data=False).metadata_props}
+    return json.loads(props[METADATA_KEY])
+
+
+def _export_and_compare(ckpt: Path, ref: dict, photos: Path, out: Path, **sections) -> tuple[Path, dict]:
+    art, manifest = export(ckpt, photos, out, **sections)
+    for backend, logit_tol, prob_tol in (("ort", LOGIT_TOL, PROB_TOL), ("ort-fp16", FP16_LOGIT_TOL, FP16_PROB_TOL)):
+        pixels, logits = predict(art, photos, backend)
+        assert_pixels(pixels, ref["pixels"], f"{ckpt}: timm preprocessing")
+        assert_same_predictions(logits, ref["logits"], logit_tol, prob_tol)
+    return art, manifest
+
+
+# --------------------------------------------------------------------------- class-token pooling
+
+@pytest.mark.slow
+def test_registers_layer_scale_and_no_prefix_positions(family, photos, tmp_path):
+    """timm vit_tiny (2 blocks) with reg_tokens=4, no_embed_class=True, init_values=1e-5 (DINOv2-style),
+    a bare state dict: everything read from the tensors, class-token pooling assumed and said."""
+    ckpt, ref = _case(family, "timm_reg4_ls")
+    art, manifest = _export_and_compare(ckpt, ref, photos, tmp_path / "art")
+    vit = manifest["model"]["vit"]
+    assert (vit["reg_tokens"], vit["pos_embed_prefix"], vit["layer_scale"], vit["pool"]) == (4, False, True, "token")
+    assert any("assumed class-token pooling" in n and "model.pool: avg" in n for n in manifest["model"]["source"]["notes"])
+    # class-token pooling with registers: the last block still computes the class token's row only, exactly
+    meta = _ort_metadata(art)
+    assert meta["last_block_class_token_only"] is True and meta["fused"].get("MultiHeadAttention") == 2
+
+
+@pytest.mark.slow
+def test_deit_distilled_averages_both_heads(family, photos, tmp_path):
+    """timm deit_tiny_distilled (2 blocks), bare: the class and distillation heads averaged as timm does
+    at inference; ImageNet mean/std as timm's deit pretrained_cfg (given in pipeline.yaml: the bare
+    file's width says vit_tiny)."""
+    ckpt, ref = _case(family, "timm_deit_distilled")
+    imagenet = {"mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    art, manifest = _export_and_compare(ckpt, ref, photos, tmp_path / "art", preprocess=imagenet)
+    assert manifest["model"]["vit"]["distilled"] is True
+    assert _ort_metadata(art)["last_block_class_token_only"] is False  # the distillation token's row is read too
+
+
+# --------------------------------------------------------------------------- average pooling
+
+@pytest.mark.slow
+def test_no_class_token_avg_pool_fc_norm_qk_norm(family, photos, tmp_path):
+    """timm vit_tiny (2 blocks), class_token=False, global_pool='avg' (fc_norm), qk_norm=True, bare."""
+    ckpt, ref = _case(family, "timm_avg_fcnorm_qknorm")
+    art, manifest = _export_and_compare(ckpt, ref, photos, tmp_path / "art")
+    vit = manifest["model"]["vit"]
+    assert (vit["class_token"], vit["pool"], vit["fc_norm"], vit["qk_norm"]) == (False, "avg", True, True)
+    assert _ort_metadata(art)["last_block_class_token_only"] is False
+
+
+@pytest.mark.slow
+def test_hub_registers_avg_pool_layer_scale(family, photos, tmp_path):
+    """timm save_for_hf folder: reg_tokens=2, global_pool='avg' (fc_norm), init_values=0.1."""
+    ckpt, ref = _case(family, "timm_hub_reg_avg")
+    art, manifest = _export_and_compare(ckpt, ref, photos, tmp_path / "art")
+    vit = manifest["model"]["vit"]
+    assert (vit["reg_tokens"], vit["pool"], vit["fc_norm"], vit["layer_scale"]) == (2, "avg", True, True)
+    assert _ort_metadata(art)["last_block_class_token_only"] is False
+
+
+@pytest.mark.slow
+def test_avg_pool_without_fc_norm_from_config_or_model_pool(family, photos, tmp_path):
+    """global_pool='avg', fc_norm=False: the hub folder's config.json says avg; the bare weights of the same
+    model cannot, so they load as class-token pooling with a note, and model.pool: avg gives timm's output."""
+    ckpt, ref = _case(family, "timm_hub_avg_no_fcnorm")
+    _, manifest = _export_and_compare(ckpt, ref, photos, tmp_path / "hub")
+    assert (manifest["model"]["vit"]["pool"], manifest["model"]["vit"]["fc_norm"]) == ("avg", False)
+
+    bare = tmp_path / "bare.safetensors"  # away from config.json
+    shutil.copyfile(ckpt / "model.safetensors", bare)
+    guessed = load_checkpoint(bare)
+    assert guessed.config.pool == "token"
+    assert any("set model.pool: avg in pipeline.yaml" in n for n in guessed.notes)
+    _, manifest = _export_and_compare(bare, ref, photos, tmp_path / "bare", model={"pool": "avg"},
+                                      preprocess={"interpolation": "bicubic", "crop_pct": 0.9})
+    assert manifest["model"]["vit"]["pool"] == "avg"
+    with pytest.raises(CheckpointError, match="config.json says global_pool 'avg' but model.pool is 'token'"):
+        load_checkpoint(ckpt, pool="token")
