@@ -18,9 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from test_library_fidelity import (LOGIT_TOL, PROB_TOL, REFERENCE_SCRIPT, assert_pixels, assert_same_predictions,
                                    export, photo_files, photos, predict, reference_python)  # noqa: F401 (fixture)
+from library_reference import randomize_  # noqa: E402 (tests/reference: on sys.path via test_library_fidelity)
 from vitdeploy.errors import CheckpointError
 from vitdeploy.export.optimize import METADATA_KEY
 from vitdeploy.model import load_checkpoint
@@ -138,3 +140,45 @@ def test_avg_pool_without_fc_norm_from_config_or_model_pool(family, photos, tmp_
     assert manifest["model"]["vit"]["pool"] == "avg"
     with pytest.raises(CheckpointError, match="config.json says global_pool 'avg' but model.pool is 'token'"):
         load_checkpoint(ckpt, pool="token")
+
+
+# --------------------------------------------------------------------------- transformers DeiT (in-process)
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cls_name, distilled", [("DeiTForImageClassification", False),
+                                                 ("DeiTForImageClassificationWithTeacher", True)])
+def test_transformers_deit_exports_and_matches(cls_name, distilled, photos, tmp_path):
+    """Reference: transformers' DeiT (random weights, 2 layers, 224 px) and its DeiTImageProcessor (PIL).
+    WithTeacher averages its class and distillation heads; the plain classifier reads the class token
+    only and carries the distillation token as an unread prefix token (a register, to our ViT)."""
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    import torch
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.DeiTConfig(image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=2,
+                                     num_attention_heads=3, intermediate_size=768, num_labels=10)
+    torch.manual_seed(20)
+    model = randomize_(getattr(transformers, cls_name)(config), 20 + distilled)
+    folder = tmp_path / "deit"
+    model.save_pretrained(folder)
+    transformers.DeiTImageProcessorPil().save_pretrained(folder)
+    processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    pixels = np.stack([processor(images=Image.open(p).convert("RGB"), return_tensors="np")["pixel_values"][0]
+                       for p in photo_files(photos)])
+    with torch.no_grad():
+        logits = model(pixel_values=torch.from_numpy(pixels)).logits.numpy()
+    art, manifest = _export_and_compare(folder, {"pixels": pixels, "logits": logits}, photos, tmp_path / "art")
+    vit = manifest["model"]["vit"]
+    assert (vit["distilled"], vit["reg_tokens"]) == ((True, 0) if distilled else (False, 1))
+    assert _ort_metadata(art)["last_block_class_token_only"] is (not distilled)
+
+
+def test_hf_dinov2_with_registers_is_refused_by_name(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "dinov2_with_registers", "hidden_size": 32,
+                                                      "num_attention_heads": 2, "architectures": ["x"]}))
+    safetensors_torch = pytest.importorskip("safetensors.torch")
+    import torch
+
+    safetensors_torch.save_file({"embeddings.cls_token": torch.zeros(1, 1, 32)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="model_type 'dinov2_with_registers' is not supported"):
+        load_checkpoint(tmp_path)

@@ -4,7 +4,7 @@ Formats are recognised from the contents of the file or directory, not its name:
 
 * ``vitdeploy``: a directory with ``model.json`` (``"format": "vitdeploy"``) and ``model.safetensors``,
   or either file inside it.
-* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` directory (``config.json`` +
+* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` / DeiT directory (``config.json`` +
   ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a weights file inside it.
 * ``timm``: a timm ``vision_transformer`` state dict (.safetensors or a torch.save file), or a timm hub
   directory (``config.json`` with ``architecture``).
@@ -225,7 +225,7 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     elif src.format == "hf":
         state = convert_hf.convert_hf_state_dict(state)
         head = state.get("head.weight")
-        cfg = convert_hf.hf_vit_config(src.meta, int(head.shape[0]) if head is not None else 0, where)
+        cfg = convert_hf.hf_vit_config(src.meta, int(head.shape[0]) if head is not None else 0, where, state)
         if variant is not None:
             check_variant(variant_template(variant), variant, width=cfg.width, depth=cfg.depth,
                           patch=cfg.patch_size, heads=cfg.heads, where=where)

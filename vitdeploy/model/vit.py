@@ -113,7 +113,7 @@ class ViTConfig:
         if self.distilled:
             parts.append("distillation token (two heads averaged)")
         if self.reg_tokens:
-            parts.append(f"{self.reg_tokens} register tokens")
+            parts.append(f"{self.reg_tokens} register token{'s' if self.reg_tokens > 1 else ''}")
         if self.pool != "token":
             parts.append("average pooling" + (" + fc_norm" if self.fc_norm else ""))
         elif self.fc_norm:

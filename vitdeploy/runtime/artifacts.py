@@ -125,10 +125,9 @@ class Artifacts:
         self._verified: set[str] = set()
         self._lock = threading.Lock()
         spec = self._schema.preprocess
-        self._preprocess = PreprocessSpec(style=spec.style, height=spec.height, width=spec.width,
-                                          crop_pct=spec.crop_pct, interpolation=spec.interpolation,
-                                          mean=tuple(spec.mean), std=tuple(spec.std),
-                                          background=tuple(spec.background))
+        # every key (crop_mode, resize_*, shortest/longest_edge too: dropping them changes the pixels)
+        self._preprocess = PreprocessSpec(**{**spec.model_dump(), "mean": tuple(spec.mean), "std": tuple(spec.std),
+                                             "background": tuple(spec.background)})
 
     # ---------------------------------------------------------------- opening
 
