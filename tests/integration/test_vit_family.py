@@ -109,7 +109,10 @@ def test_no_class_token_avg_pool_fc_norm_qk_norm(family, photos, tmp_path):
     art, manifest = _export_and_compare(ckpt, ref, photos, tmp_path / "art")
     vit = manifest["model"]["vit"]
     assert (vit["class_token"], vit["pool"], vit["fc_norm"], vit["qk_norm"]) == (False, "avg", True, True)
-    assert _ort_metadata(art)["last_block_class_token_only"] is False
+    meta = _ort_metadata(art)
+    # qk-norm sits between the projection and the attention: no fused attention, said in the log
+    assert meta["last_block_class_token_only"] is False and meta["attention"] == "none"
+    assert "MultiHeadAttention" not in meta["fused"]
 
 
 @pytest.mark.slow
@@ -119,7 +122,8 @@ def test_hub_registers_avg_pool_layer_scale(family, photos, tmp_path):
     art, manifest = _export_and_compare(ckpt, ref, photos, tmp_path / "art")
     vit = manifest["model"]["vit"]
     assert (vit["reg_tokens"], vit["pool"], vit["fc_norm"], vit["layer_scale"]) == (2, "avg", True, True)
-    assert _ort_metadata(art)["last_block_class_token_only"] is False
+    meta = _ort_metadata(art)  # attention fused with the extra prefix tokens and layer scale; no pruning
+    assert meta["last_block_class_token_only"] is False and meta["fused"].get("MultiHeadAttention") == 2
 
 
 @pytest.mark.slow
