@@ -11,17 +11,15 @@ photo files with the ORT-optimised graph (``ort``) and the FP16 graph (``ort-fp1
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from test_library_fidelity import (LOGIT_TOL, PROB_TOL, REFERENCE_SCRIPT, assert_pixels, assert_same_predictions,
-                                   export, photo_files, photos, predict, reference_python)  # noqa: F401 (fixture)
+from test_library_fidelity import (LOGIT_TOL, PROB_TOL, assert_pixels, assert_same_predictions, export, photo_files,
+                                   photos, predict, run_reference)  # noqa: F401 (photos: the fixture)
 from library_reference import randomize_  # noqa: E402 (tests/reference: on sys.path via test_library_fidelity)
 from vitdeploy.errors import CheckpointError
 from vitdeploy.export.optimize import METADATA_KEY
@@ -33,21 +31,8 @@ FP16_LOGIT_TOL, FP16_PROB_TOL = 3e-2, 1e-2
 @pytest.fixture(scope="session")
 def family(photos, tmp_path_factory) -> tuple[Path, dict]:
     """Run the timm reference for the family cases once per session: (output folder, cases)."""
-    python = reference_python()
-    if not python.exists():
-        reason = f"reference environment missing ({python}): run `make reference-env` (timm, torchvision)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(reason + "; CI must build it")
-        pytest.skip(reason)
     out = tmp_path_factory.mktemp("family")
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": "",
-           "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([str(python), str(REFERENCE_SCRIPT), str(photos), str(out), "family"],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, f"reference script failed:\n{proc.stderr[-4000:]}"
-    cases = json.loads((out / "cases.json").read_text())
-    assert cases["photos"] == [p.name for p in photo_files(photos)]
-    return out, cases["cases"]
+    return out, run_reference(photos, out, "family")
 
 
 def _case(family, case: str) -> tuple[Path, dict[str, np.ndarray]]:
