@@ -219,12 +219,15 @@ def shorten_args(args: dict[str, Any]) -> str:
 
 def timm_arch_name(cfg: "ViTConfig", variant: str | None = None, hub_config: dict[str, Any] | None = None) -> str:
     """The timm architecture a checkpoint is taken for: config.json's, the named variant, or the
-    standard name for its width, patch and image size (e.g. vit_tiny_patch16_224)."""
+    standard name for its width, patch and image size (e.g. vit_tiny_patch16_224; with a distillation
+    token deit_tiny_distilled_patch16_224)."""
     if hub_config and hub_config.get("architecture"):
         return str(hub_config["architecture"])
     if variant:
         return variant.split(".")[0]
     size = SIZE_BY_WIDTH.get(cfg.width, f"{cfg.width}wide")
+    if cfg.distilled:  # a distillation token and head: timm's distilled DeiT, its only ViT with one
+        return f"deit_{size}_distilled_patch{cfg.patch_size}_{cfg.image_size}"
     return f"vit_{size}_patch{cfg.patch_size}_{cfg.image_size}"
 
 
