@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ._schema import FiniteFloat, format_validation_error
 from .errors import ConfigError
 from .limits import MAX_BATCH, clip
-from .vocab import Activation, BackendChoice, CropMode, Interpolation, PreprocessStyle
+from .vocab import Activation, BackendChoice, CropMode, Interpolation, Pool, PreprocessStyle
 
 DEFAULT_CONFIG_NAME = "pipeline.yaml"
 Byte = Annotated[int, Field(ge=0, le=255)]
@@ -40,6 +40,9 @@ class ModelSection(_Section):
     activation: Optional[Activation] = Field(
         None, description="MLP activation: gelu (exact, erf) or gelu_tanh (timm gelu_tanh / HF gelu_pytorch_tanh)")
     layer_norm_eps: Optional[PositiveFloat] = Field(None, description="LayerNorm epsilon (timm/torchvision: 1e-6)")
+    pool: Optional[Pool] = Field(
+        None, description="pooling: token (class token) or avg (mean patch token; timm global_pool='avg' without fc_norm "
+                          "cannot be told from the weights)")
 
 
 class PreprocessSection(_Section):

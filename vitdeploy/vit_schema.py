@@ -16,7 +16,7 @@ from pydantic import Field, StrictBool, ValidationError, model_validator
 
 from ._schema import FiniteFloat, NonNegativeInt, PositiveInt, StrictSection, format_validation_error
 from .errors import VitDeployError
-from .vocab import Activation
+from .vocab import Activation, Pool
 
 # Generous ceilings: ViT-22B has width 6144, depth 48; they stop hostile values, not real models.
 MAX_WIDTH, MAX_DEPTH, MAX_SIDE, MAX_CLASSES = 65_536, 1_024, 16_384, 1_000_000
@@ -37,6 +37,14 @@ class ViTFields(StrictSection):
     num_classes: Annotated[NonNegativeInt, Field(le=MAX_CLASSES)] = 1000
     pos_embed: Literal["learned", "sincos"] = "learned"
     act: Activation = "gelu"
+    class_token: StrictBool = True
+    distilled: StrictBool = False
+    reg_tokens: Annotated[NonNegativeInt, Field(le=1024)] = 0
+    pool: Pool = "token"
+    fc_norm: StrictBool = False
+    layer_scale: StrictBool = False
+    qk_norm: StrictBool = False
+    pos_embed_prefix: StrictBool = True
 
     @model_validator(mode="after")
     def _fit(self) -> "ViTFields":
@@ -44,6 +52,10 @@ class ViTFields(StrictSection):
                   names=("width", "heads", "image_size", "patch_size"))
         if self.pos_embed == "sincos" and self.width % 4:
             raise ValueError(f"pos_embed 'sincos' needs width divisible by 4, got width {self.width}")
+        if self.pool == "token" and not self.class_token:
+            raise ValueError("pool 'token' needs class_token true")
+        if self.distilled and (not self.class_token or self.pool != "token" or self.reg_tokens):
+            raise ValueError("distilled needs class_token true, pool 'token' and reg_tokens 0")
         return self
 
 

@@ -27,6 +27,9 @@ CropMode = Literal[CROP_MODES]  # type: ignore[valid-type]
 #: the MLP activation of a ViT block: exact GELU (erf) or its tanh approximation.
 ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh")
 Activation = Literal[ACTIVATIONS]  # type: ignore[valid-type]
+#: ViT poolings: the class token, or the mean of the patch tokens (prefix tokens left out).
+POOLS: tuple[str, ...] = ("token", "avg")
+Pool = Literal[POOLS]  # type: ignore[valid-type]
 
 # ------------------------------------------------------------------------------------------------
 # artifact files: what `vitdeploy export` writes, by manifest role
@@ -78,6 +81,6 @@ AUTO = "auto"
 BackendName = Literal[RUNTIME_BACKENDS]  # type: ignore[valid-type]
 BackendChoice = Literal[(AUTO, *RUNTIME_BACKENDS)]  # type: ignore[valid-type]
 
-__all__ = ["ACTIVATIONS", "Activation", "ARTIFACT_FILES", "AUTO", "BACKENDS", "BACKEND_KINDS", "BackendChoice", "BackendKind", "BackendName",
+__all__ = ["ACTIVATIONS", "Activation", "POOLS", "Pool", "ARTIFACT_FILES", "AUTO", "BACKENDS", "BACKEND_KINDS", "BackendChoice", "BackendKind", "BackendName",
            "CHECKPOINT_CONFIG", "CHECKPOINT_WEIGHTS", "CROP_MODES", "CropMode", "DRIFT_REPORT_NAME", "EVALUATED_BACKENDS", "INTERPOLATIONS",
            "Interpolation", "MANIFEST_NAME", "PREPROCESS_STYLES", "PreprocessStyle", "RUNTIME_BACKENDS"]

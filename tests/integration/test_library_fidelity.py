@@ -77,24 +77,30 @@ def reference_python() -> Path:
     return Path(os.environ.get("VITDEPLOY_REF_PYTHON") or REPO / ".venv-ref" / "bin" / "python")
 
 
-@pytest.fixture(scope="session")
-def reference(photos, tmp_path_factory) -> tuple[Path, dict]:
-    """Run the timm / torchvision reference once per session: (output folder, cases.json)."""
+def run_reference(photos: Path, out: Path, *groups: str) -> dict:
+    """Run tests/reference/library_reference.py (optionally one group of cases) into ``out``: its cases.
+    Skips (one line) without the reference environment, except in CI, where that fails."""
     python = reference_python()
     if not python.exists():
         reason = f"reference environment missing ({python}): run `make reference-env` (timm, torchvision)"
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(reason + "; CI must build it")
         pytest.skip(reason)
-    out = tmp_path_factory.mktemp("reference")
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": "",
            "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([str(python), str(REFERENCE_SCRIPT), str(photos), str(out)], capture_output=True, text=True,
-                          env=env, timeout=900)
+    proc = subprocess.run([str(python), str(REFERENCE_SCRIPT), str(photos), str(out), *groups], capture_output=True,
+                          text=True, env=env, timeout=900)
     assert proc.returncode == 0, f"reference script failed:\n{proc.stderr[-4000:]}"
     cases = json.loads((out / "cases.json").read_text())
     assert cases["photos"] == [p.name for p in photo_files(photos)]
-    return out, cases["cases"]
+    return cases["cases"]
+
+
+@pytest.fixture(scope="session")
+def reference(photos, tmp_path_factory) -> tuple[Path, dict]:
+    """Run the timm / torchvision reference once per session: (output folder, cases.json)."""
+    out = tmp_path_factory.mktemp("reference")
+    return out, run_reference(photos, out)
 
 
 def ref_arrays(reference, case: str) -> dict[str, np.ndarray]:

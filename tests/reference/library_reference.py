@@ -4,7 +4,9 @@ tests/integration/test_library_fidelity.py.
 Runs in the reference environment (``.venv-ref``: timm, torchvision, transformers, safetensors,
 numpy, pillow; built by ``make reference-env``), which cannot live beside vitdeploy's CPU torch.
 
-    .venv-ref/bin/python tests/reference/library_reference.py PHOTOS_DIR OUT_DIR
+    .venv-ref/bin/python tests/reference/library_reference.py PHOTOS_DIR OUT_DIR [family]
+
+(``family``: only the timm ViT relatives of issue 15: registers, average pooling, layer scale ...)
 
 For every case it writes, under ``OUT_DIR/<case>/``, the checkpoint exactly as the library saves it
 and ``reference.npz``: ``pixels`` (N, 3, H, W) from the library's own preprocessing of each photo
@@ -108,6 +110,45 @@ def timm_cases(photos: list[Path], out: Path, cases: dict) -> None:
                           "data_config": _jsonable(cfg)}, _run(model, transform, photos), cases)
 
 
+#: The ViT relatives (issue 15): (case, architecture, timm kwargs, saved as a hub folder?, seed).
+FAMILY_CASES = (
+    # DINOv2-style: 4 registers, no prefix positions, layer scale; class-token pooling
+    ("timm_reg4_ls", "vit_tiny_patch16_224", {"reg_tokens": 4, "no_embed_class": True, "init_values": 1e-5}, False, 10),
+    # no class token, average pooling with fc_norm, qk-norm
+    ("timm_avg_fcnorm_qknorm", "vit_tiny_patch16_224", {"global_pool": "avg", "class_token": False, "qk_norm": True},
+     False, 11),
+    # average pooling without fc_norm, class token kept: only config.json can tell
+    ("timm_hub_avg_no_fcnorm", "vit_tiny_patch16_224", {"global_pool": "avg", "fc_norm": False}, True, 12),
+    # registers + average pooling + fc_norm + layer scale, hub folder
+    ("timm_hub_reg_avg", "vit_tiny_patch16_224", {"reg_tokens": 2, "global_pool": "avg", "init_values": 0.1}, True, 13),
+    # DeiT distilled: class and distillation heads averaged at inference
+    ("timm_deit_distilled", "deit_tiny_distilled_patch16_224", {}, False, 14),
+)
+
+
+def family_cases(photos: list[Path], out: Path, cases: dict) -> None:
+    import safetensors.torch
+    import timm
+    from timm.data import create_transform, resolve_data_config
+    from timm.models import save_for_hf
+
+    for case, arch, kwargs, hub, seed in FAMILY_CASES:
+        model = randomize_(timm.create_model(arch, pretrained=False, num_classes=NUM_CLASSES, depth=2, **kwargs), seed)
+        if hub:
+            save_for_hf(model, str(out / case), safe_serialization=True)
+            model = timm.create_model(f"local-dir:{out / case}", pretrained=True).eval()
+            checkpoint = "."
+        else:
+            (out / case).mkdir(parents=True, exist_ok=True)
+            safetensors.torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+                                        str(out / case / "model.safetensors"))
+            checkpoint = "model.safetensors"
+        cfg = resolve_data_config({}, model=model)
+        _save(out, case, {"library": f"timm {timm.__version__}", "arch": arch, "kwargs": kwargs,
+                          "checkpoint": checkpoint, "data_config": _jsonable(cfg)},
+              _run(model, create_transform(**cfg), photos), cases)
+
+
 def torchvision_cases(photos: list[Path], out: Path, cases: dict) -> None:
     import torch
     import torchvision
@@ -150,8 +191,11 @@ def main(argv: list[str]) -> int:
         return 2
     out.mkdir(parents=True, exist_ok=True)
     cases: dict = {}
-    timm_cases(photos, out, cases)
-    torchvision_cases(photos, out, cases)
+    if argv[3:] == ["family"]:
+        family_cases(photos, out, cases)
+    else:
+        timm_cases(photos, out, cases)
+        torchvision_cases(photos, out, cases)
     (out / "cases.json").write_text(json.dumps({"photos": [p.name for p in photos], "cases": cases}, indent=2))
     return 0
 

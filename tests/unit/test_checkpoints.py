@@ -332,11 +332,12 @@ def _save(tmp_path: Path, sd: dict, name: str = "m.safetensors") -> Path:
 
 def test_extra_key_is_listed(tmp_path):
     sd = make_timm_state()
-    sd["blocks.0.ls1.gamma"] = torch.ones(128)
+    sd["blocks.0.attn.gate.weight"] = torch.ones(128)
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(_save(tmp_path, sd), num_heads=2)
     msg = str(err.value)
-    assert "unexpected keys (1)" in msg and "blocks.0.ls1.gamma" in msg and str(tmp_path / "m.safetensors") in msg
+    assert "unexpected keys (1)" in msg and "blocks.0.attn.gate.weight" in msg and str(tmp_path / "m.safetensors") in msg
+    assert "parts vitdeploy's ViT does not: gated attention" in msg  # the feature named
 
 
 def test_missing_key_is_listed(tmp_path):

@@ -53,7 +53,7 @@ def load_model(cfg: PipelineConfig) -> Any:
     m = cfg.model
     path = cfg.resolve(m.checkpoint) or DEMO_MODEL_DIR
     return load_checkpoint(path, image_size=m.image_size, variant=m.variant, num_heads=m.num_heads,
-                           act=m.activation, layer_norm_eps=m.layer_norm_eps)
+                           act=m.activation, layer_norm_eps=m.layer_norm_eps, pool=m.pool)
 
 
 def resolve_preprocess(cfg: PipelineConfig, loaded: Any) -> tuple[PreprocessSpec, dict[str, str]]:
@@ -104,6 +104,9 @@ def describe(eff: Effective, cfg: PipelineConfig) -> list[str]:
     lines = [f"model: {kind} from {source}",
              f"  {standard}width {vit.width}, depth {vit.depth}, {vit.heads} heads, MLP {vit.mlp_dim}, "
              f"activation {vit.act}, image {vit.image_size}, patch {vit.patch_size}, {vit.num_classes} classes"]
+    family = vit.family_summary()
+    if family:
+        lines.append(f"  {family}")
     if ld.heads_origin:
         lines.append(f"  heads from {ld.heads_origin}")
     native = ld.native_image_size or vit.image_size

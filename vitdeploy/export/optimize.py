@@ -92,6 +92,9 @@ def optimize_for_ort(
     n_attention = 0
     if attention != "none":
         n_attention = fuse_attention(proto, num_heads=num_heads, hidden_size=hidden_size, op=attention)
+    if not class_token_only:
+        log.info("class-token pruning off: the classifier reads more than the class token (average pooling or "
+                 "a distillation head)")
     pruned = prune_last_block_to_class_token(proto) if class_token_only and n_attention else False
     tanh_gelu_to_fast_gelu(proto)
     proto = _ort_fusions(proto, num_heads=num_heads, hidden_size=hidden_size, gelu_approximation=gelu_approximation,

@@ -239,8 +239,15 @@ class _Export:
             return self.skip("ort-optimize", "export.optimize is false")
         with self.stage("ort-optimize") as rec:
             try:
+                # the class-token-only last block is sound only when the classifier reads the class token alone;
+                # MultiHeadAttention takes projected q/k/v, with no place for qk-norm's LayerNorms between
+                if vit.qk_norm:
+                    log.info("attention fusion skipped: qk-norm normalises q and k between the projection and the "
+                             "attention, which the fused MultiHeadAttention op cannot express")
                 optimize_for_ort(out / FILES["onnx"], path, num_heads=vit.heads, hidden_size=vit.width,
-                                 external_data_threshold_mb=cfg.export.external_data_threshold_mb)
+                                 external_data_threshold_mb=cfg.export.external_data_threshold_mb,
+                                 attention="none" if vit.qk_norm else "MultiHeadAttention",
+                                 class_token_only=vit.pool == "token" and not vit.distilled)
             except (ExportError, MissingDependencyError) as exc:
                 # Said once, on the stage's line (not also as a warning).
                 path.unlink(missing_ok=True)

@@ -4,7 +4,7 @@ Formats are recognised from the contents of the file or directory, not its name:
 
 * ``vitdeploy``: a directory with ``model.json`` (``"format": "vitdeploy"``) and ``model.safetensors``,
   or either file inside it.
-* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` directory (``config.json`` +
+* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` / DeiT directory (``config.json`` +
   ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a weights file inside it.
 * ``timm``: a timm ``vision_transformer`` state dict (.safetensors or a torch.save file), or a timm hub
   directory (``config.json`` with ``architecture``).
@@ -189,7 +189,7 @@ def _resolve_file(path: Path, use_neighbours: bool = True) -> _Source:
 
 def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, num_classes: int | None = None,
                     variant: str | None = None, num_heads: int | None = None, act: str | None = None,
-                    layer_norm_eps: float | None = None) -> LoadedCheckpoint:
+                    layer_norm_eps: float | None = None, pool: str | None = None) -> LoadedCheckpoint:
     """Load ``path`` strictly into a float32 VisionTransformer in eval mode.
 
     image_size: build the model for this input size; learned position embeddings are resampled
@@ -201,6 +201,7 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     num_heads / act ("gelu" | "gelu_tanh") / layer_norm_eps: what a bare state dict cannot say
         (pipeline.yaml model.num_heads / model.activation / model.layer_norm_eps); where the checkpoint
         stores them, a different value is an error.
+    pool ("token" | "avg"): the pooling of a timm state dict without config.json (pipeline.yaml model.pool).
     What was assumed is in the result's ``notes``; where each value came from in its origins.
     """
     src = _resolve(Path(path))
@@ -211,6 +212,7 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     labels: tuple[str, ...] | None = None
     pre: Preprocessing | None = None
     heads_origin = ""
+    family_notes: tuple[str, ...] = ()
 
     if src.format == OUR_FORMAT:
         cfg, labels, spec = _our_meta(src.meta, where)
@@ -223,7 +225,7 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     elif src.format == "hf":
         state = convert_hf.convert_hf_state_dict(state)
         head = state.get("head.weight")
-        cfg = convert_hf.hf_vit_config(src.meta, int(head.shape[0]) if head is not None else 0, where)
+        cfg = convert_hf.hf_vit_config(src.meta, int(head.shape[0]) if head is not None else 0, where, state)
         if variant is not None:
             check_variant(variant_template(variant), variant, width=cfg.width, depth=cfg.depth,
                           patch=cfg.patch_size, heads=cfg.heads, where=where)
@@ -236,8 +238,9 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
             pre = _hf_default_preprocess(cfg.image_size, where)
     elif src.format == "timm":
         state = convert_timm.convert_timm_state_dict(state)
-        cfg, heads_origin = convert_timm.timm_vit_config(state, where, variant, src.meta or None, num_heads=num_heads,
-                                                         act=act, layer_norm_eps=layer_norm_eps)
+        cfg, heads_origin, family_notes = convert_timm.timm_vit_config(
+            state, where, variant, src.meta or None, num_heads=num_heads, act=act, layer_norm_eps=layer_norm_eps,
+            pool=pool)
         if src.meta:
             labels = convert_timm.timm_labels(src.meta, cfg.num_classes, where)
         pre = convert_timm.timm_preprocess(src.meta or None, cfg, where, variant)
@@ -250,6 +253,8 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
         raise CheckpointError(f"{where}: unsupported format {src.format!r}")
     if src.format in (OUR_FORMAT, "hf"):
         _check_stored(cfg, where, num_heads=num_heads, act=act, layer_norm_eps=layer_norm_eps)
+    if src.format != "timm":
+        _check_stored(cfg, where, pool=pool)
 
     if num_classes is not None and num_classes != cfg.num_classes:
         raise CheckpointError(
@@ -264,7 +269,7 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     model = _build_and_load(cfg, state, where, src.format)
     if labels is None:
         labels = tuple(f"class_{i}" for i in range(cfg.num_classes))
-    notes = list(pre.notes if pre else ())
+    notes = list(pre.notes if pre else ()) + list(family_notes)
     if heads_origin.startswith("library default (assumed)"):
         notes.insert(0, f"{where.name}: assumed {cfg.heads} attention heads: {heads_origin.split(': ', 1)[1]}")
     logger.info("loaded %s checkpoint %s: %s", src.format, where, cfg)
@@ -276,8 +281,9 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
 
 def _check_stored(cfg: "ViTConfig", where: Path, **given: Any) -> None:
     """A value given for what the checkpoint stores must agree with it."""
-    stored = {"num_heads": cfg.heads, "act": cfg.act, "layer_norm_eps": cfg.layer_norm_eps}
-    keys = {"num_heads": "model.num_heads", "act": "model.activation", "layer_norm_eps": "model.layer_norm_eps"}
+    stored = {"num_heads": cfg.heads, "act": cfg.act, "layer_norm_eps": cfg.layer_norm_eps, "pool": cfg.pool}
+    keys = {"num_heads": "model.num_heads", "act": "model.activation", "layer_norm_eps": "model.layer_norm_eps",
+            "pool": "model.pool"}
     for name, value in given.items():
         if value is not None and value != stored[name]:
             raise CheckpointError(f"{where}: {keys[name]} is {value!r} but the checkpoint stores {stored[name]!r}; "
@@ -338,8 +344,8 @@ def _resize(cfg: "ViTConfig", state: dict[str, Any], pre: Preprocessing | None, 
         raise CheckpointError(f"{where}: image_size {image_size} is not a positive multiple of the patch size {cfg.patch_size}")
     new_cfg = cfg.replace(image_size=image_size)
     pos = state.get("pos_embed")
-    if cfg.pos_embed == "learned" and pos is not None and pos.ndim == 3 and pos.shape[1] == cfg.num_patches + 1:
-        state = {**state, "pos_embed": resample_pos_embed(pos, new_cfg.grid)}
+    if cfg.pos_embed == "learned" and pos is not None and pos.ndim == 3 and pos.shape[1] == cfg.pos_len:
+        state = {**state, "pos_embed": resample_pos_embed(pos, new_cfg.grid, cfg.pos_len - cfg.num_patches)}
         logger.info("%s: resampled position embeddings from %dx%d to %dx%d", where, cfg.grid, cfg.grid,
                     new_cfg.grid, new_cfg.grid)
     if pre is not None:
@@ -377,6 +383,25 @@ def _build_and_load(cfg: "ViTConfig", state: dict[str, Any], where: Path, fmt: s
     return model.eval()
 
 
+#: Parameter-name fragments (vitdeploy / timm naming) of parts vitdeploy's ViT does not have -> what they are.
+_UNSUPPORTED_PARTS = {"norm_pre.": "a norm before the blocks (timm pre_norm / CLIP)",
+                      "attn_pool.": "attention pooling (timm global_pool='map')",
+                      "head.fc.": "a pre-logits layer", "pre_logits.": "a pre-logits layer",
+                      ".attn.norm.": "a norm on the attention output (timm scale_attn_norm)",
+                      ".mlp.norm.": "a norm inside the MLP (timm scale_mlp_norm)",
+                      ".attn.gate.": "gated attention", "mask_token": "a mask token",
+                      ".mlp.fc1_g.": "a gated MLP (SwiGLU)", ".mlp.w12.": "a gated MLP (SwiGLU)"}
+
+
+def _unsupported_parts(unexpected: list[str]) -> str:
+    """The sentence naming what the leftover keys are, where we know."""
+    found = sorted({what for key in unexpected for frag, what in _UNSUPPORTED_PARTS.items() if frag in key})
+    if found:
+        return "The model has parts vitdeploy's ViT does not: " + ", ".join(found)
+    return ("The file is incomplete or edited, or the model has parts vitdeploy's ViT does not (supported: class, "
+            "distillation and register tokens, token or average pooling, fc_norm, layer scale, qk-norm)")
+
+
 def _check_strict(model: "VisionTransformer", state: dict[str, Any], where: Path, fmt: str) -> None:
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(state))
@@ -394,8 +419,7 @@ def _check_strict(model: "VisionTransformer", state: dict[str, Any], where: Path
         raise CheckpointError(
             f"{where}: the {fmt} checkpoint does not fit a standard ViT (width {model.cfg.width}, depth "
             f"{model.cfg.depth}, heads {model.cfg.heads}, image {model.cfg.image_size}): " + "; ".join(parts)
-            + ". The file is incomplete or edited, or the model has parts vitdeploy's ViT does not "
-            "(layer scale, register tokens, avg pooling, a pre-logits layer)"
+            + ". " + _unsupported_parts(unexpected)
         )
 
 

@@ -131,6 +131,12 @@ class TimmPretrainedCfg(_Open):
 class TimmModelArgs(_Open):
     num_heads: Optional[Annotated[PositiveInt, Field(le=MAX_WIDTH)]] = None
     global_pool: Optional[StrictStr] = None
+    reg_tokens: Optional[Annotated[NonNegativeInt, Field(le=1024)]] = None
+    class_token: Optional[StrictBool] = None
+    no_embed_class: Optional[StrictBool] = None
+    fc_norm: Optional[StrictBool] = None
+    qk_norm: Optional[StrictBool] = None
+    pool_include_prefix: Optional[StrictBool] = None
 
 
 class TimmHubConfig(_Open):

@@ -1,4 +1,10 @@
-"""Hugging Face ``ViTForImageClassification`` / ``ViTModel`` -> vitdeploy naming, config and preprocessing.
+"""Hugging Face ``ViTForImageClassification`` / ``ViTModel`` and DeiT (``DeiTForImageClassification``,
+``DeiTForImageClassificationWithTeacher``, ``DeiTModel``) -> vitdeploy naming, config and preprocessing.
+
+DeiT is a ViT with a second prefix token. ``...WithTeacher`` reads it with its own head and averages
+the two heads' logits: our ``distilled`` ViT (``distillation_token`` -> ``dist_token``,
+``cls_classifier`` / ``distillation_classifier`` -> ``head`` / ``head_dist``). The other DeiT classes
+carry the token but never read it: to our ViT it is one register token (``reg_token``).
 
 Two key namings exist and both are accepted:
 
@@ -43,7 +49,13 @@ _TOP = {
     "layernorm.bias": "norm.bias",
     "classifier.weight": "head.weight",
     "classifier.bias": "head.bias",
+    "cls_classifier.weight": "head.weight",
+    "cls_classifier.bias": "head.bias",
+    "distillation_classifier.weight": "head_dist.weight",
+    "distillation_classifier.bias": "head_dist.bias",
 }
+#: Model types whose checkpoints load, and the prefix of their backbone's keys.
+MODEL_TYPES = {"vit": "vit.", "deit": "deit."}
 # Per-layer module names, both namings -> ours ("q"/"k"/"v" are gathered into qkv).
 _LAYER = {
     "layernorm_before": "norm1",
@@ -80,8 +92,12 @@ def convert_hf_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.
     torch = require("torch", "converting Hugging Face checkpoints")
     out: dict[str, Any] = {}
     qkv: dict[tuple[int, str], dict[str, tuple[str, Any]]] = {}
+    teacher = any(k.startswith("distillation_classifier.") for k in state)
     for key, value in state.items():
-        name = key[len("vit."):] if key.startswith("vit.") else key
+        name = next((key[len(p):] for p in MODEL_TYPES.values() if key.startswith(p)), key)
+        if name == "embeddings.distillation_token":  # read by a head (WithTeacher) or by nothing
+            out["dist_token" if teacher else "reg_token"] = value
+            continue
         if name.startswith("pooler."):
             logger.debug("dropping %s (the pooler is not used for classification)", key)
             continue
@@ -114,16 +130,20 @@ def _square(value: Any, what: str, where: Path) -> int:
     return value
 
 
-def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path) -> "ViTConfig":
-    """ViTConfig from a HF config.json (HF's ViTConfig defaults for absent keys)."""
+def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path,
+                  state: dict[str, Any] | None = None) -> "ViTConfig":
+    """ViTConfig from a HF config.json (HF's ViTConfig defaults for absent keys); ``state``: the
+    converted tensors, whose prefix tokens (DeiT's distillation token) the config does not state."""
     from .vit import ViTConfig
 
     model_type = config.get("model_type", "vit")
-    if model_type != "vit":
+    if model_type not in MODEL_TYPES:
         raise CheckpointError(
-            f"{where}: model_type {model_type!r} is not supported; only Hugging Face 'vit' "
-            "(ViTForImageClassification / ViTModel) checkpoints load"
+            f"{where}: model_type {model_type!r} is not supported; Hugging Face 'vit' (ViTForImageClassification, "
+            "ViTModel) and 'deit' (DeiTForImageClassification, DeiTForImageClassificationWithTeacher, DeiTModel) "
+            "checkpoints load"
         )
+    state = state or {}
     hidden_act = config.get("hidden_act", "gelu")
     if hidden_act not in HF_ACTS:
         raise CheckpointError(
@@ -146,6 +166,8 @@ def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path) -> "ViT
             layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
             num_classes=num_classes,
             act=HF_ACTS[hidden_act],
+            distilled="dist_token" in state,
+            reg_tokens=1 if "reg_token" in state else 0,
         )
     except ValueError as exc:
         raise CheckpointError(f"{where}: config.json describes an invalid ViT: {exc}") from exc

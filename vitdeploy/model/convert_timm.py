@@ -56,10 +56,13 @@ def _need(state: dict[str, Any], key: str, where: Path, fmt: str) -> "torch.Tens
 
 def infer_config(state: dict[str, "torch.Tensor"], *, prefix_keys: dict[str, str], block_pattern: str,
                  where: Path, fmt: str, variant: str | None, heads: int | None = None,
-                 heads_origin: str = "", act: str = "gelu", layer_norm_eps: float = 1e-6) -> tuple["ViTConfig", str]:
+                 heads_origin: str = "", act: str = "gelu", layer_norm_eps: float = 1e-6,
+                 family: dict[str, Any] | None = None) -> tuple["ViTConfig", str]:
     """(ViTConfig, where the head count came from) from tensor shapes. ``prefix_keys`` names where the
     tensors are (``patch``, ``pos``, ``fc1``, ``head``: keys; ``qkv_bias``: a regex, qkv biases exist
-    when any key matches it). ``heads``: known head count (else :func:`resolve_heads`)."""
+    when any key matches it). ``heads``: known head count (else :func:`resolve_heads`). ``family``:
+    the ViTConfig fields of the close relatives (prefix tokens, pooling ...; default: the paper's ViT);
+    whether the position table has rows for the prefix tokens is read from its length."""
     from .vit import ViTConfig
 
     proj = _need(state, prefix_keys["patch"], where, fmt)
@@ -69,14 +72,21 @@ def infer_config(state: dict[str, "torch.Tensor"], *, prefix_keys: dict[str, str
     depth = layer_count(state, block_pattern)
     if depth == 0:
         raise CheckpointError(f"{where}: looks like a {fmt} ViT checkpoint but holds no transformer blocks")
+    family = dict(family or {})
+    prefix = int(family.get("class_token", True)) + int(family.get("distilled", False)) + family.get("reg_tokens", 0)
     pos = _need(state, prefix_keys["pos"], where, fmt)
-    tokens = int(pos.shape[-2]) - 1
-    grid = math.isqrt(max(tokens, 0))
-    if tokens <= 0 or grid * grid != tokens:
+    rows = int(pos.shape[-2])
+    with_prefix = [p for p in ((prefix, True), (0, False)) if _is_square(rows - p[0])]
+    if "pos_embed_prefix" in family:
+        with_prefix = [p for p in with_prefix if p[1] == family["pos_embed_prefix"]]
+    if not with_prefix:
         raise CheckpointError(
-            f"{where}: {prefix_keys['pos']} has {tokens + 1} tokens, not 1 class token + a square grid; "
-            "checkpoints without a class-token position (no_embed_class) or with extra tokens are not supported"
+            f"{where}: {prefix_keys['pos']} has {rows} rows: neither {prefix} prefix token(s) + a square grid nor "
+            "a square grid alone; the position table does not fit the tokens the checkpoint has"
         )
+    family["pos_embed_prefix"] = with_prefix[0][1]
+    tokens = rows - with_prefix[0][0]
+    grid = math.isqrt(tokens)
     mlp = int(_need(state, prefix_keys["fc1"], where, fmt).shape[0])
     head = state.get(prefix_keys["head"])
     if heads is None:
@@ -86,13 +96,17 @@ def infer_config(state: dict[str, "torch.Tensor"], *, prefix_keys: dict[str, str
                         heads=heads, mlp_ratio=mlp / width,
                         qkv_bias=any(re.match(prefix_keys["qkv_bias"], k) for k in state),
                         layer_norm_eps=layer_norm_eps, num_classes=int(head.shape[0]) if head is not None else 0,
-                        act=act)
+                        act=act, **family)
     except ValueError as exc:
         raise CheckpointError(f"{where}: inferred an invalid ViT from the tensors: {exc}") from exc
     if cfg.mlp_dim != mlp:
         raise CheckpointError(f"{where}: MLP width {mlp} cannot be represented for width {width}")
     logger.info("%s: inferred %s ViT: %s", where, fmt, cfg)
     return cfg, heads_origin
+
+
+def _is_square(n: int) -> bool:
+    return n > 0 and math.isqrt(n) ** 2 == n
 
 
 TIMM_KEYS = {"patch": "patch_embed.proj.weight", "pos": "pos_embed", "fc1": "blocks.0.mlp.fc1.weight",
@@ -104,22 +118,21 @@ TIMM_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh"}
 # model_args that do not change the tensors' meaning for vitdeploy's ViT.
 _HARMLESS_ARGS = {"num_heads", "act_layer", "global_pool", "img_size", "num_classes", "drop_rate", "pos_drop_rate",
                   "attn_drop_rate", "proj_drop_rate", "drop_path_rate", "patch_size", "embed_dim", "depth",
-                  "mlp_ratio", "qkv_bias", "class_token", "dynamic_img_size", "dynamic_img_pad", "in_chans"}
+                  "mlp_ratio", "qkv_bias", "class_token", "dynamic_img_size", "dynamic_img_pad", "in_chans",
+                  "reg_tokens", "no_embed_class", "fc_norm", "init_values", "qk_norm"}
+#: timm global_pool values -> ours ("" / None: no pooling, refused; "map", "max", "avgmax": refused).
+TIMM_POOLS = {"token": "token", "avg": "avg"}
 
 
 def timm_vit_config(state: dict[str, "torch.Tensor"], where: Path, variant: str | None,
                     hub_config: dict[str, Any] | None = None, *, num_heads: int | None = None,
-                    act: str | None = None, layer_norm_eps: float | None = None) -> tuple["ViTConfig", str]:
-    """(ViTConfig, heads origin). ``num_heads`` / ``act`` / ``layer_norm_eps``: what the caller knows
-    (pipeline.yaml); checked against the hub config when it says otherwise."""
+                    act: str | None = None, layer_norm_eps: float | None = None,
+                    pool: str | None = None) -> tuple["ViTConfig", str, tuple[str, ...]]:
+    """(ViTConfig, heads origin, notes). ``num_heads`` / ``act`` / ``layer_norm_eps`` / ``pool``: what the
+    caller knows (pipeline.yaml); checked against the hub config when it says otherwise."""
     hub_config = hub_config or {}
     model_args = hub_config.get("model_args") or {}
-    pool = hub_config.get("global_pool", model_args.get("global_pool", "token"))
-    if pool not in ("token", None):
-        raise CheckpointError(f"{where}: global_pool {pool!r} is not supported; vitdeploy pools the class token")
-    if model_args.get("class_token") is False or model_args.get("no_embed_class") or model_args.get("fc_norm"):
-        raise CheckpointError(f"{where}: model_args {shorten_args(model_args)} describe a ViT without the standard "
-                              "class token path; vitdeploy supports class-token pooling only")
+    family, notes = timm_family(state, where, hub_config, pool)
     hub_act = model_args.get("act_layer")
     if hub_act is not None and hub_act not in TIMM_ACTS:
         raise CheckpointError(f"{where}: model_args.act_layer {hub_act!r} is not supported; vitdeploy's ViT runs "
@@ -134,7 +147,13 @@ def timm_vit_config(state: dict[str, "torch.Tensor"], where: Path, variant: str 
         raise CheckpointError(f"{where}: config.json says num_heads {hub_heads} but model.num_heads is {num_heads}; "
                               "drop model.num_heads or fix config.json")
     common = dict(prefix_keys=TIMM_KEYS, block_pattern=r"^blocks\.(\d+)\.", where=where, fmt="timm", act=act,
-                  layer_norm_eps=eps)
+                  layer_norm_eps=eps, family=family)
+    cfg, origin = _timm_heads(state, where, variant, hub_config, num_heads, hub_heads, common)
+    return cfg, origin, notes
+
+
+def _timm_heads(state: dict[str, Any], where: Path, variant: str | None, hub_config: dict[str, Any],
+                num_heads: int | None, hub_heads: Any, common: dict[str, Any]) -> tuple["ViTConfig", str]:
     if num_heads is not None:
         return infer_config(state, variant=variant, heads=num_heads, heads_origin="pipeline.yaml: model.num_heads",
                             **common)
@@ -153,18 +172,62 @@ def timm_vit_config(state: dict[str, "torch.Tensor"], where: Path, variant: str 
     return infer_config(state, variant=variant, **common)
 
 
+def timm_family(state: dict[str, Any], where: Path, hub_config: dict[str, Any],
+                pool: str | None) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The close-relative fields of a timm ViT (prefix tokens, pooling, fc_norm, layer scale, qk-norm)
+    from its tensors, and its pooling from config.json (``global_pool``) or ``pool`` (pipeline.yaml
+    model.pool); what had to be assumed comes back as notes."""
+    args = hub_config.get("model_args") or {}
+    if args.get("pool_include_prefix"):
+        raise CheckpointError(f"{where}: model_args pool_include_prefix=True (pooling over the prefix tokens too) "
+                              "is not supported; vitdeploy averages the patch tokens only")
+    reg = state.get("reg_token")
+    family: dict[str, Any] = {
+        "class_token": "cls_token" in state, "distilled": "dist_token" in state,
+        "reg_tokens": int(reg.shape[1]) if reg is not None and reg.ndim == 3 else 0,
+        "layer_scale": any(k.endswith(".ls1.gamma") for k in state),
+        "qk_norm": any(k.endswith(".attn.q_norm.weight") for k in state),
+        "fc_norm": "fc_norm.weight" in state}
+    if "no_embed_class" in args:
+        family["pos_embed_prefix"] = not args["no_embed_class"]
+    hub_pool = hub_config.get("global_pool", args.get("global_pool"))
+    if hub_pool is not None and hub_pool not in TIMM_POOLS:
+        raise CheckpointError(f"{where}: global_pool {hub_pool!r} is not supported; vitdeploy pools the class token "
+                              "('token') or the mean of the patch tokens ('avg')")
+    if hub_pool is not None and pool is not None and TIMM_POOLS[hub_pool] != pool:
+        raise CheckpointError(f"{where}: config.json says global_pool {hub_pool!r} but model.pool is {pool!r}; "
+                              "drop model.pool or fix config.json")
+    notes: tuple[str, ...] = ()
+    if hub_pool is not None or pool is not None:
+        family["pool"] = TIMM_POOLS[hub_pool] if hub_pool is not None else pool
+    elif not family["class_token"] or family["fc_norm"]:
+        family["pool"] = "avg"  # timm pairs fc_norm with global_pool='avg'; without a class token nothing else fits
+        notes = (f"{where.name}: assumed average pooling (timm global_pool='avg'): the checkpoint has "
+                 f"{'fc_norm' if family['fc_norm'] else 'no class token'} and no config.json; set model.pool in "
+                 "pipeline.yaml if it was trained otherwise",)
+    else:
+        family["pool"] = "token"
+        notes = (f"{where.name}: assumed class-token pooling: a timm ViT trained with global_pool='avg' and no "
+                 "fc_norm has the same tensors and no config.json says which; set model.pool: avg in pipeline.yaml "
+                 "if it was trained that way",)
+    return family, notes
+
+
 def shorten_args(args: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in sorted(args.items()) if k not in _HARMLESS_ARGS) or "{}"
 
 
 def timm_arch_name(cfg: "ViTConfig", variant: str | None = None, hub_config: dict[str, Any] | None = None) -> str:
     """The timm architecture a checkpoint is taken for: config.json's, the named variant, or the
-    standard name for its width, patch and image size (e.g. vit_tiny_patch16_224)."""
+    standard name for its width, patch and image size (e.g. vit_tiny_patch16_224; with a distillation
+    token deit_tiny_distilled_patch16_224)."""
     if hub_config and hub_config.get("architecture"):
         return str(hub_config["architecture"])
     if variant:
         return variant.split(".")[0]
     size = SIZE_BY_WIDTH.get(cfg.width, f"{cfg.width}wide")
+    if cfg.distilled:  # a distillation token and head: timm's distilled DeiT, its only ViT with one
+        return f"deit_{size}_distilled_patch{cfg.patch_size}_{cfg.image_size}"
     return f"vit_{size}_patch{cfg.patch_size}_{cfg.image_size}"
 
 

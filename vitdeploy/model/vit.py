@@ -5,7 +5,11 @@
     z_l  = MLP(LN(z'_l)) + z'_l                                  (3)  pre-norm MLP block
     y    = LN(z_L^0)                                             (4)  class token -> head
 
-Every size is a field of :class:`ViTConfig`; the named variants are data in ``VARIANTS``.
+Every size is a field of :class:`ViTConfig`; the named variants are data in ``VARIANTS``. So are the
+close relatives people ship: prefix tokens (class, DeiT's distillation token, registers), average
+pooling over the patch tokens (with ``fc_norm`` after the pool), layer scale (DeiT III, DINOv2),
+qk-norm, and position tables with or without the prefix positions (timm's ``no_embed_class``).
+Parameter names are timm's, so a timm state dict loads as it is.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ..vocab import POOLS
 
 
 #: MLP activations: our name -> torch.nn.functional.gelu's ``approximate`` argument.
@@ -38,6 +44,14 @@ class ViTConfig:
     num_classes: int = 1000
     pos_embed: str = "learned"  # or "sincos" (fixed 2-D sinusoidal)
     act: str = "gelu"  # MLP activation: "gelu" (exact, erf) or "gelu_tanh" (tanh approximation)
+    class_token: bool = True  # a learned class token first in the sequence
+    distilled: bool = False  # DeiT's distillation token after it, with its own head; the two heads' logits averaged
+    reg_tokens: int = 0  # register tokens after the class token (DINOv2 registers), never pooled
+    pool: str = "token"  # "token": the class token; "avg": the mean of the patch tokens (prefix tokens left out)
+    fc_norm: bool = False  # the final LayerNorm after the pooling (timm fc_norm) instead of on every token
+    layer_scale: bool = False  # per-channel scales on each residual branch (timm ls1/ls2.gamma)
+    qk_norm: bool = False  # LayerNorm over each head's queries and keys before attention
+    pos_embed_prefix: bool = True  # the position table has rows for the prefix tokens (False: timm no_embed_class)
 
     def __post_init__(self) -> None:
         sizes = {"image_size": self.image_size, "patch_size": self.patch_size, "in_channels": self.in_channels,
@@ -56,6 +70,14 @@ class ViTConfig:
             problems.append(f"pos_embed must be 'learned' or 'sincos', got {self.pos_embed!r}")
         if min(self.image_size, self.patch_size, self.in_channels, self.width, self.depth, self.heads) <= 0:
             problems.append("sizes must be positive")
+        if isinstance(self.reg_tokens, bool) or not isinstance(self.reg_tokens, int) or self.reg_tokens < 0:
+            problems.append(f"reg_tokens must be an integer >= 0, got {self.reg_tokens!r}")
+        if self.pool not in POOLS:
+            problems.append(f"pool must be one of {', '.join(POOLS)}, got {self.pool!r}")
+        if self.pool == "token" and not self.class_token:
+            problems.append("pool 'token' needs class_token")
+        if self.distilled and (not self.class_token or self.pool != "token" or self.reg_tokens):
+            problems.append("distilled needs class_token, pool 'token' and no reg_tokens")
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
         if problems:
@@ -70,8 +92,35 @@ class ViTConfig:
         return self.grid * self.grid
 
     @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: class, distillation, registers."""
+        return int(self.class_token) + int(self.distilled) + self.reg_tokens
+
+    @property
+    def pos_len(self) -> int:
+        """Rows of the position table."""
+        return self.num_patches + (self.num_prefix_tokens if self.pos_embed_prefix else 0)
+
+    @property
     def mlp_dim(self) -> int:
         return int(round(self.width * self.mlp_ratio))
+
+    def family_summary(self) -> str:
+        """What sets this ViT apart from the paper's (prefix tokens, pooling, ...); "" for the paper's."""
+        parts = []
+        if not self.class_token:
+            parts.append("no class token")
+        if self.distilled:
+            parts.append("distillation token (two heads averaged)")
+        if self.reg_tokens:
+            parts.append(f"{self.reg_tokens} register token{'s' if self.reg_tokens > 1 else ''}")
+        if self.pool != "token":
+            parts.append("average pooling" + (" + fc_norm" if self.fc_norm else ""))
+        elif self.fc_norm:
+            parts.append("fc_norm")
+        parts += [name for name, on in (("layer scale", self.layer_scale), ("qk-norm", self.qk_norm),
+                                        ("no prefix positions", not self.pos_embed_prefix)) if on]
+        return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -130,11 +179,17 @@ class Attention(nn.Module):
         self.heads = cfg.heads
         self.qkv = nn.Linear(cfg.width, cfg.width * 3, bias=cfg.qkv_bias)
         self.proj = nn.Linear(cfg.width, cfg.width)
+        if cfg.qk_norm:
+            self.q_norm = nn.LayerNorm(cfg.width // cfg.heads, eps=cfg.layer_norm_eps)
+            self.k_norm = nn.LayerNorm(cfg.width // cfg.heads, eps=cfg.layer_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        out = F.scaled_dot_product_attention(q, k, v)
         return self.proj(out.transpose(1, 2).reshape(b, n, d))
 
 
@@ -157,28 +212,50 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
         self.mlp = Mlp(cfg)
+        if cfg.layer_scale:
+            self.ls1, self.ls2 = LayerScale(cfg.width), LayerScale(cfg.width)
+        else:
+            self.ls1 = self.ls2 = nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))  # (2)
-        return x + self.mlp(self.norm2(x))  # (3)
+        x = x + self.ls1(self.attn(self.norm1(x)))  # (2)
+        return x + self.ls2(self.mlp(self.norm2(x)))  # (3)
+
+
+class LayerScale(nn.Module):
+    """Per-channel scale of a residual branch (Touvron et al., 2021: CaiT / DeiT III)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
 
 
 class VisionTransformer(nn.Module):
-    """ViT classifier. ``forward`` returns logits; ``forward_features`` the pooled class token."""
+    """ViT classifier. ``forward`` returns logits; ``forward_features`` the pooled features."""
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.width))
+        # prefix tokens, in timm's order: class, distillation, registers
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, cfg.width)) if cfg.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, cfg.width)) if cfg.distilled else None
+        self.reg_token = nn.Parameter(torch.zeros(1, cfg.reg_tokens, cfg.width)) if cfg.reg_tokens else None
         if cfg.pos_embed == "learned":
-            self.pos_embed = nn.Parameter(torch.zeros(1, cfg.num_patches + 1, cfg.width))
+            self.pos_embed = nn.Parameter(torch.zeros(1, cfg.pos_len, cfg.width))
         else:
-            table = torch.cat([torch.zeros(1, 1, cfg.width), sincos_position_embedding(cfg.grid, cfg.width)], dim=1)
+            prefix = cfg.pos_len - cfg.num_patches
+            table = torch.cat([torch.zeros(1, prefix, cfg.width), sincos_position_embedding(cfg.grid, cfg.width)], dim=1)
             self.register_buffer("pos_embed", table, persistent=False)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
-        self.norm = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
+        norm = lambda: nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)  # noqa: E731
+        self.norm = nn.Identity() if cfg.fc_norm else norm()
+        self.fc_norm = norm() if cfg.fc_norm else nn.Identity()
         self.head = nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.head_dist = (nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()) if cfg.distilled else None
         self.reset_parameters()
 
     @torch.no_grad()
@@ -192,21 +269,39 @@ class VisionTransformer(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        for token in (self.cls_token, self.dist_token, self.reg_token):
+            if token is not None:
+                nn.init.trunc_normal_(token, std=0.02)
         if isinstance(self.pos_embed, nn.Parameter):
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
 
-    def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> (B, width): the final-LayerNorm class token (equation 4)."""
+    def forward_tokens(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, prefix + patches, width): every token after the last block and ``norm``."""
         x = self.patch_embed(pixel_values)
-        cls = self.cls_token.expand(x.shape[0], -1, -1)
-        x = torch.cat([cls, x], dim=1) + self.pos_embed  # (1)
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        if self.cfg.pos_embed_prefix:
+            x = torch.cat([*prefix, x], dim=1) + self.pos_embed  # (1)
+        else:  # the table covers the patches only; the prefix tokens carry no position
+            x = torch.cat([*prefix, x + self.pos_embed], dim=1)
         for block in self.blocks:
             x = block(x)
-        return self.norm(x)[:, 0]
+        return self.norm(x)
+
+    def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, width): the class token (equation 4) or the mean patch token, then fc_norm."""
+        return self._pool(self.forward_tokens(pixel_values))
+
+    def _pool(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cfg.pool == "avg":
+            return self.fc_norm(x[:, self.cfg.num_prefix_tokens:].mean(dim=1))
+        return self.fc_norm(x[:, 0])
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.head(self.forward_features(pixel_values))
+        x = self.forward_tokens(pixel_values)
+        logits = self.head(self._pool(x))
+        if self.head_dist is not None:  # DeiT at inference: the class and distillation heads averaged
+            logits = (logits + self.head_dist(self.fc_norm(x[:, 1]))) / 2
+        return logits
 
 
 def resample_pos_embed(pos_embed: torch.Tensor, new_grid: int, num_prefix_tokens: int = 1) -> torch.Tensor:
