@@ -25,7 +25,7 @@ import numpy as np
 from .._files import write_json_atomic
 from .._heartbeat import heartbeat
 from ..config import PipelineConfig
-from ..errors import ArtifactError, BackendError, ExportError, MissingDependencyError, ValidationError
+from ..errors import ArtifactError, BackendError, ConfigError, ExportError, MissingDependencyError, ValidationError
 from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from ..runtime.artifacts import MANIFEST_NAME
 from ..runtime.backends.base import BackendOptions
@@ -219,6 +219,7 @@ class _Export:
             (out / FILES["onnx-fp16"]).unlink(missing_ok=True)
             self.skip("fp16", "export.fp16.enabled is false")
 
+        self._int8(cpu)  # 5b
         self._engine()  # 6-7
         return self._manifest()  # 8
 
@@ -256,6 +257,52 @@ class _Export:
         self.validate("validate-ort-optimized", lambda: OrtBackend(path, self.chw, None, cpu, name="ort"),
                       cfg.validation.fp32, [path, *external])
         self.add("onnx-ort", path, external)
+
+    def _int8(self, cpu: BackendOptions) -> None:
+        """model.int8.onnx (export/quantize.py). With ``export.int8.enabled: auto`` a failure (too few
+        calibration images, the tools failing, validation.int8 not met) is recorded in the stage and the
+        export goes on without it, as the engine does under ``--engine auto``; ``true`` makes it fatal."""
+        from ..runtime.backends.ort import OrtBackend
+        from . import quantize
+
+        section, out = self.cfg.export.int8, self.out_dir
+        path = out / FILES["onnx-int8"]
+        data = path.with_name(path.name + ".data")
+        if section.enabled is False:
+            path.unlink(missing_ok=True)
+            data.unlink(missing_ok=True)
+            return self.skip("int8", "export.int8.enabled is false")
+        src = self.artifacts.get("onnx-ort", self.artifacts["onnx"])
+        try:
+            with self.stage("int8") as rec:
+                calib = None
+                if section.mode == "static":
+                    calib = quantize.calibration_batch(self.inputs.batch, self.inputs.names,
+                                                       max_images=section.calibration_images,
+                                                       min_images=section.min_calibration_images)
+                res = quantize.quantize_int8(src, path, input_name=INPUT_NAME, mode=section.mode,
+                                             method=section.calibration_method, calibration=calib,
+                                             external_data=bool(self.entries[self._role_of(src)].get("external_data")))
+                self.extra["int8"] = {**res.summary(), "source": src.name}
+                rec.outputs = [path, *res.external_data]
+                rec.reason = (f"{len(res.quantized_nodes)} MatMul/Gemm, {section.mode}"
+                              + (f", {res.method} on {res.calibration_images} images" if res.method else
+                                 f"; {quantize.DYNAMIC_CAVEAT}"))
+            self.validate("validate-int8", lambda: OrtBackend(path, self.chw, None, cpu, name="ort-int8"),
+                          self.cfg.validation.int8, [path, *res.external_data])
+        except (ConfigError, ExportError, BackendError, ValidationError) as exc:
+            if section.enabled is True:
+                raise
+            log.warning("model.int8.onnx not written (export.int8.enabled: auto; the export goes on without it): %s",
+                        str(exc).splitlines()[0])
+            for p in (path, data):
+                for q in (p, p.with_name(p.name + ".rejected")):
+                    q.unlink(missing_ok=True)
+            return
+        self.add("onnx-int8", path, res.external_data)
+
+    def _role_of(self, path: Path) -> str:
+        return next(role for role, p in self.artifacts.items() if p == path)
 
     def _prepare_validation(self) -> None:
         from ..runtime.preprocess import Preprocessor
