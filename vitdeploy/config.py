@@ -94,6 +94,8 @@ class Int8Section(_Section):
     calibration_method: Literal["minmax", "entropy", "percentile"] = "minmax"
     calibration_images: int = Field(64, ge=1, description="real validation images used to calibrate (at most)")
     min_calibration_images: int = Field(16, ge=1, description="fewer real validation images than this: no static INT8")
+    autopilot: bool = Field(True, description="when validation.int8 fails, return Gemm, then block by block MatMuls "
+                                              "to float until it passes (every step recorded in the manifest)")
 
 
 class ExportSection(_Section):

@@ -106,22 +106,57 @@ IMPOSSIBLE = {"max_abs_diff": 0.0, "mean_abs_diff": 0.0, "min_cosine": 1.0, "min
               "min_top5_overlap": 1.0}
 
 
-def test_int8_gate_that_cannot_pass(tiny_checkpoint, tmp_path):
-    base = {"model": {"checkpoint": str(tiny_checkpoint)}, "export": {"fp16": {"enabled": False}},
-            "validation": {"int8": IMPOSSIBLE}}
+@pytest.mark.parametrize("autopilot", [True, False])
+def test_int8_gate_that_cannot_pass(tiny_checkpoint, tmp_path, autopilot):
+    base = {"model": {"checkpoint": str(tiny_checkpoint)}, "validation": {"int8": IMPOSSIBLE},
+            "export": {"fp16": {"enabled": False}, "int8": {"autopilot": autopilot}}}
     out = tmp_path / "auto"
     result = run_export(parse_config(base, None), out, engine="skip", heartbeat_s=None)
     stages = {s.name: s for s in result.stages}
-    assert stages["int8"].status == "passed" and stages["validate-int8"].status == "failed"
     manifest = json.loads((out / "manifest.json").read_text())
-    gate = manifest["validation"]["validate-int8"]
-    assert gate["passed"] is False and gate["failures"] and gate["metrics"]["max_abs_diff"] > 0
+    record = manifest["export"]["int8"]
+    assert record["passed"] is False
+    if autopilot:  # every step judged and recorded, the last with every MatMul/Gemm in float
+        assert stages["int8"].status == "failed" and "validation.int8 not met" in stages["int8"].reason
+        steps = record["autopilot"]
+        assert steps[0]["step"] == "all MatMul/Gemm quantized" and steps[0]["keep_float"] == []
+        assert len(steps) >= 3 and not any(s["passed"] for s in steps)
+        assert all(s["failures"] and "cosine" in s["metrics"] for s in steps)
+        assert len(steps[-1]["keep_float"]) == len(set(steps[-1]["keep_float"])) > len(steps[-2]["keep_float"])
+    else:  # one graph, judged by the validate-int8 stage
+        assert stages["int8"].status == "passed" and stages["validate-int8"].status == "failed"
+        gate = manifest["validation"]["validate-int8"]
+        assert gate["passed"] is False and gate["failures"] and gate["metrics"]["max_abs_diff"] > 0
     assert "onnx-int8" not in manifest["artifacts"] and not any(out.glob("model.int8.onnx*"))
-    artifacts = Artifacts.open(out)
+    artifacts = Artifacts.open(out)  # every other artifact stays valid
     for name in ("ort", "torch"):
-        backend = open_backend(name, artifacts, CPU1)
-        backend.close()
-    required = parse_config({**base, "export": {**base["export"], "int8": {"enabled": True}}}, None)
-    with pytest.raises(ValidationError, match="validate-int8"):
+        open_backend(name, artifacts, CPU1).close()
+    required = parse_config({**base, "export": {**base["export"], "int8": {"enabled": True, "autopilot": autopilot}}}, None)
+    with pytest.raises(ValidationError, match="int8"):
         run_export(required, out, engine="skip", heartbeat_s=None)
     assert json.loads((out / "manifest.json").read_text()) == manifest  # the previous export is untouched
+
+
+def test_autopilot_returns_nodes_to_float_until_the_gate_passes(tmp_path):
+    """On the demo model every MatMul/Gemm in INT8 reaches cosine ~0.996: asking for 0.998 makes the
+    autopilot return the Gemm head and then blocks to float until it passes."""
+    gate = {"max_abs_diff": 1.0, "mean_abs_diff": 0.1, "min_cosine": 0.998, "min_top1_agreement": 0.98,
+            "min_top5_overlap": 0.9}
+    out = tmp_path / "demo"
+    run_export(parse_config({"export": {"fp16": {"enabled": False}}, "validation": {"int8": gate}}, None), out,
+               engine="skip", heartbeat_s=None)
+    manifest = json.loads((out / "manifest.json").read_text())
+    record, steps = manifest["export"]["int8"], manifest["export"]["int8"]["autopilot"]
+    assert not steps[0]["passed"] and steps[0]["metrics"]["cosine"] < 0.998
+    assert steps[1]["step"] == "op type Gemm float" and steps[-1]["passed"] and steps[-1]["metrics"]["cosine"] >= 0.998
+    assert not any(s["passed"] for s in steps[:-1])
+    assert record["passed"] is True and record["keep_float"] == steps[-1]["keep_float"]
+    assert 0 < len(record["keep_float"]) and record["quantized_nodes"] > 0  # some float, some still INT8
+    assert manifest["validation"]["validate-int8"]["passed"] is True and "onnx-int8" in manifest["artifacts"]
+    import onnx
+
+    graph = onnx.load(str(out / "model.int8.onnx"))
+    float_kept = set(record["keep_float"])
+    quantized_matmuls = {n.name for n in graph.graph.node if n.op_type in ("MatMul", "Gemm")
+                         and any(i.endswith("_DequantizeLinear_Output") for i in n.input)}
+    assert quantized_matmuls and not (quantized_matmuls & float_kept)

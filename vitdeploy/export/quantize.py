@@ -90,28 +90,37 @@ def _reader(batch: np.ndarray, input_name: str, chunk: int = 8) -> Any:
     return _Reader()
 
 
-def quantize_int8(src: Path, dst: Path, *, input_name: str, mode: str = "static", method: str = "minmax",
-                  calibration: np.ndarray | None = None, keep_float: Sequence[str] = (),
-                  external_data: bool = False) -> Int8Result:
-    """Write ``dst``, the INT8 graph of the FP32 graph ``src``; ``keep_float``: node names left in float.
-
-    ``calibration`` (N, C, H, W) float32 is required in static mode. ExportError when ONNX Runtime's
-    tools fail; ``dst`` is written atomically (never half-written under its name)."""
-    quant = require("onnxruntime.quantization", "INT8 quantization")
+def prepare(src: Path, dst: Path, *, external_data: bool = False) -> Path:
+    """``quant_pre_process`` of ``src`` into ``dst`` (shapes inferred through the contrib ops)."""
+    require("onnxruntime.quantization", "INT8 quantization")
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    try:
+        quant_pre_process(str(src), str(dst), skip_optimization=False, save_as_external_data=external_data,
+                          external_data_location=f"{dst.name}.data")
+    except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
+        raise ExportError(f"INT8 pre-processing of {src.name} failed: {_first(exc)}") from exc
+    return dst
+
+
+def quantize_prepared(pre: Path, dst: Path, *, input_name: str, mode: str = "static", method: str = "minmax",
+                      calibration: np.ndarray | None = None, keep_float: Sequence[str] = (),
+                      external_data: bool = False) -> Int8Result:
+    """Quantize the pre-processed graph ``pre`` into ``dst`` (atomically); ``keep_float``: nodes left in float.
+
+    ``calibration`` (N, C, H, W) float32 is required in static mode. ExportError when ONNX
+    Runtime's tools fail."""
+    quant = require("onnxruntime.quantization", "INT8 quantization")
     if mode == "static" and (calibration is None or not len(calibration)):
         raise ConfigError("export.int8: static quantization needs calibration images (validation.images)")
     if method not in _METHODS:
         raise ConfigError(f"export.int8.calibration_method {method!r}: choose one of {', '.join(_METHODS)}")
+    nodes = [n for n in quantizable_nodes(pre) if n not in set(keep_float)]
     with tempfile.TemporaryDirectory(prefix=".int8-", dir=dst.parent) as tmp:
-        pre, out = Path(tmp) / "pre.onnx", Path(tmp) / dst.name
+        out = Path(tmp) / dst.name
+        common = dict(op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_exclude=list(keep_float), per_channel=True,
+                      weight_type=quant.QuantType.QInt8, use_external_data_format=external_data)
         try:
-            quant_pre_process(str(src), str(pre), skip_optimization=False, save_as_external_data=external_data,
-                              external_data_location=f"{pre.name}.data")
-            nodes = [n for n in quantizable_nodes(pre) if n not in set(keep_float)]
-            common = dict(op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_exclude=list(keep_float), per_channel=True,
-                          weight_type=quant.QuantType.QInt8, use_external_data_format=external_data)
             if mode == "dynamic":
                 log.warning(DYNAMIC_CAVEAT)
                 quant.quantize_dynamic(str(pre), str(out), **common, extra_options={"WeightSymmetric": True})
@@ -121,10 +130,8 @@ def quantize_int8(src: Path, dst: Path, *, input_name: str, mode: str = "static"
                     activation_type=quant.QuantType.QUInt8, calibrate_method=getattr(quant.CalibrationMethod, _METHODS[method]),
                     extra_options={"WeightSymmetric": True, "ActivationSymmetric": False,
                                    "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OPS)}, **common)
-        except (ConfigError, ExportError):
-            raise
         except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
-            raise ExportError(f"INT8 quantization of {src.name} failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from exc
+            raise ExportError(f"INT8 quantization of {pre.name} failed: {_first(exc)}") from exc
         extra: list[Path] = []
         data = out.with_name(out.name + ".data")
         if external_data and data.is_file():  # the graph names its data file; move the data first, the graph last
@@ -132,9 +139,23 @@ def quantize_int8(src: Path, dst: Path, *, input_name: str, mode: str = "static"
             extra.append(dst.with_name(data.name))
         with atomic_path(dst) as final_tmp:
             os.replace(out, final_tmp)
-    return Int8Result(dst, mode, method if mode == "static" else None,
-                      0 if calibration is None or mode != "static" else len(calibration), tuple(nodes), tuple(keep_float),
-                      tuple(extra))
+    static = mode == "static"
+    return Int8Result(dst, mode, method if static else None, len(calibration) if static and calibration is not None else 0,
+                      tuple(nodes), tuple(keep_float), tuple(extra))
 
 
-__all__ = ["DYNAMIC_CAVEAT", "Int8Result", "QUANTIZED_OPS", "calibration_batch", "quantizable_nodes", "quantize_int8"]
+def quantize_int8(src: Path, dst: Path, *, external_data: bool = False, **kwargs: Any) -> Int8Result:
+    """Write ``dst``, the INT8 graph of the FP32 graph ``src``: :func:`prepare`, then
+    :func:`quantize_prepared` (same keyword arguments)."""
+    with tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=dst.parent) as tmp:
+        pre = prepare(src, Path(tmp) / "pre.onnx", external_data=external_data)
+        return quantize_prepared(pre, dst, external_data=external_data, **kwargs)
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = ["DYNAMIC_CAVEAT", "Int8Result", "QUANTIZED_OPS", "calibration_batch", "prepare", "quantizable_nodes", "quantize_int8",
+           "quantize_prepared"]
