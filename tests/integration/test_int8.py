@@ -160,3 +160,19 @@ def test_autopilot_returns_nodes_to_float_until_the_gate_passes(tmp_path):
     quantized_matmuls = {n.name for n in graph.graph.node if n.op_type in ("MatMul", "Gemm")
                          and any(i.endswith("_DequantizeLinear_Output") for i in n.input)}
     assert quantized_matmuls and not (quantized_matmuls & float_kept)
+
+
+def test_predict_runs_ort_int8_when_asked_and_auto_never_picks_it(demo_artifacts):
+    from click.testing import CliRunner
+
+    from vitdeploy.cli import main
+    from vitdeploy.runtime.predictor import Predictor
+
+    with Predictor.from_artifacts(demo_artifacts) as p:  # auto: INT8 answers are not FP32 answers
+        assert p.backend_name == "ort"
+    image = sorted(IMAGES_DIR.glob("digit3_*.png"))[0]
+    res = CliRunner().invoke(main, ["predict", "-a", str(demo_artifacts), "-b", "ort-int8", "--json", str(image)],
+                             catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    row = json.loads(next(line for line in res.output.splitlines() if line.startswith("{")))
+    assert row["label"] == "3" and row["path"] == str(image)
