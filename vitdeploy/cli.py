@@ -20,7 +20,7 @@ import click
 from . import __version__
 from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path
 from .errors import VitDeployError
-from .vocab import AUTO, EVALUATED_BACKENDS, RUNTIME_BACKENDS
+from .vocab import AUTO, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
 
 _CONSOLE = Console()
 
@@ -248,7 +248,7 @@ def validate(artifacts_dir: Path, images: Path | None, labels_file: Path | None,
     if images is None and labels_file is None:
         images = cfg.resolve(cfg.validation.images)
     report = run_drift(artifacts_dir, images=images, labels_file=labels_file, backends=backends,
-                       thresholds={"fp32": cfg.validation.fp32, "fp16": cfg.validation.fp16},
+                       thresholds={key: getattr(cfg.validation, key) for key in PRECISIONS},
                        options=runtime_options(cfg), max_pixels=cfg.runtime.max_image_pixels)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))

@@ -85,11 +85,28 @@ class Fp16Section(_Section):
     )
 
 
+class Int8Section(_Section):
+    """``model.int8.onnx``: INT8 quantization of the fused graph (export/quantize.py)."""
+
+    enabled: Union[Literal["auto"], bool] = Field(
+        "auto", description="auto = build it and go on without it when it cannot be built or fails validation.int8; "
+                            "true = required (failure fails the export); false = skip")
+    mode: Literal["static", "dynamic"] = Field(
+        "static", description="static: calibrated QDQ, an image's answer does not depend on its batch; dynamic: "
+                              "activation ranges per batch (no calibration, but batch-dependent answers)")
+    calibration_method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    calibration_images: int = Field(64, ge=1, description="real validation images used to calibrate (at most)")
+    min_calibration_images: int = Field(16, ge=1, description="fewer real validation images than this: no static INT8")
+    autopilot: bool = Field(True, description="when validation.int8 fails, return Gemm, then block by block MatMuls "
+                                              "to float until it passes (every step recorded in the manifest)")
+
+
 class ExportSection(_Section):
     output_dir: Path = Path("artifacts")
     opset: int = Field(18, ge=17, le=23)
     batch: BatchProfile = BatchProfile()
     fp16: Fp16Section = Fp16Section()
+    int8: Int8Section = Int8Section()
     external_data_threshold_mb: int = Field(1536, ge=0, description="write weights as external data above this size (protobuf limit: 2 GB; 0 = always)")
     optimize: bool = Field(True, description="save ONNX Runtime's transformer-fused graph when the drift checks pass")
 
@@ -112,6 +129,9 @@ class ValidationSection(_Section):
     )
     fp16: Tolerance = Tolerance(
         max_abs_diff=0.1, mean_abs_diff=0.02, min_cosine=0.999, min_top1_agreement=0.98, min_top5_overlap=0.9
+    )
+    int8: Tolerance = Tolerance(
+        max_abs_diff=1.0, mean_abs_diff=0.1, min_cosine=0.99, min_top1_agreement=0.98, min_top5_overlap=0.9
     )
 
 

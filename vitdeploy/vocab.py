@@ -44,6 +44,7 @@ ARTIFACT_FILES: Mapping[str, str] = MappingProxyType({
     "onnx": "model.onnx",
     "onnx-ort": "model.ort.onnx",  # ONNX Runtime-only fused FP32 graph (export/optimize.py)
     "onnx-fp16": "model.fp16.onnx",
+    "onnx-int8": "model.int8.onnx",  # INT8 QDQ graph quantized from model.ort.onnx (export/quantize.py)
     "engine": "model.engine",
     "engine-meta": "model.engine.json",
 })
@@ -59,7 +60,7 @@ class BackendKind:
     name: str  # what users type: `predict -b`, `validate -b`, `bench -b`
     runs: str  # the runtime backend that runs it ("torch" for torch-fp16)
     roles: tuple[str, ...]  # the manifest artifact roles it reads, the main one first
-    precision: str  # "fp32" | "fp16": also the validation threshold set it is judged by
+    precision: str  # "fp32" | "fp16" | "int8": also the validation threshold set it is judged by
     device: str  # "any": the configured device; "cuda": needs a CUDA GPU
     libraries: tuple[str, ...]  # the modules it imports
 
@@ -69,6 +70,7 @@ BACKENDS: tuple[BackendKind, ...] = (
     BackendKind("torch", "torch", ("weights", "weights-config"), "fp32", "any", ("torch", "safetensors")),
     BackendKind("ort", "ort", ("onnx",), "fp32", "any", ("onnxruntime",)),
     BackendKind("ort-fp16", "ort-fp16", ("onnx-fp16",), "fp16", "any", ("onnxruntime",)),
+    BackendKind("ort-int8", "ort-int8", ("onnx-int8",), "int8", "any", ("onnxruntime",)),
     BackendKind("torch-fp16", "torch", ("weights", "weights-config"), "fp16", "cuda", ("torch", "safetensors")),
     BackendKind("trt", "trt", ("engine", "engine-meta"), "fp16", "cuda", ("tensorrt",)),
 )
@@ -77,10 +79,12 @@ BACKEND_KINDS: Mapping[str, BackendKind] = MappingProxyType({kind.name: kind for
 EVALUATED_BACKENDS: tuple[str, ...] = tuple(kind.name for kind in BACKENDS)
 #: The runtime backends (one module each under runtime/backends/): what ``predict -b`` accepts.
 RUNTIME_BACKENDS: tuple[str, ...] = tuple(kind.name for kind in BACKENDS if kind.runs == kind.name)
+#: The threshold sets of ``validation`` (pipeline.yaml), one per precision a backend runs in.
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
 AUTO = "auto"
 BackendName = Literal[RUNTIME_BACKENDS]  # type: ignore[valid-type]
 BackendChoice = Literal[(AUTO, *RUNTIME_BACKENDS)]  # type: ignore[valid-type]
 
 __all__ = ["ACTIVATIONS", "Activation", "POOLS", "Pool", "ARTIFACT_FILES", "AUTO", "BACKENDS", "BACKEND_KINDS", "BackendChoice", "BackendKind", "BackendName",
            "CHECKPOINT_CONFIG", "CHECKPOINT_WEIGHTS", "CROP_MODES", "CropMode", "DRIFT_REPORT_NAME", "EVALUATED_BACKENDS", "INTERPOLATIONS",
-           "Interpolation", "MANIFEST_NAME", "PREPROCESS_STYLES", "PreprocessStyle", "RUNTIME_BACKENDS"]
+           "Interpolation", "MANIFEST_NAME", "PRECISIONS", "PREPROCESS_STYLES", "PreprocessStyle", "RUNTIME_BACKENDS"]

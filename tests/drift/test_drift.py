@@ -1,6 +1,6 @@
 """Drift of every backend x precision from eager FP32 PyTorch, on the demo export and demo images.
 
-One module, one parametrised test: torch FP32 on the CPU is the reference; ort (FP32), ort-fp16,
+One module, one parametrised test: torch FP32 on the CPU is the reference; ort (FP32), ort-fp16, ort-int8 (INT8, ``validation.int8``),
 torch FP32 and FP16 on CUDA, and trt (FP16) are each judged against the thresholds of the default
 config (``validation.fp32`` / ``validation.fp16``). A backend that cannot run here skips with a
 one-line reason; tests/drift/conftest.py prints how many ran. The export is the session's
@@ -25,6 +25,7 @@ CASES = [
     ("torch-fp32-cpu", "torch", "cpu", "fp32"),  # the reference
     ("ort-fp32", "ort", "cpu", "fp32"),
     ("ort-fp16", "ort-fp16", "cpu", "fp16"),
+    ("ort-int8", "ort-int8", "cpu", "int8"),  # the default export's static INT8 graph (validation.int8)
     ("torch-fp32-cuda", "torch", "cuda", "fp32"),
     ("torch-fp16-cuda", "torch-fp16", "cuda", "fp16"),
     ("trt-fp16", "trt", "cuda", "fp16"),
@@ -62,7 +63,7 @@ def setup(drift_artifacts) -> Setup:
 
 def _spec(name: str, device: str, precision: str) -> BackendSpec:
     options = BackendOptions(device=device)
-    if name in ("ort", "ort-fp16"):
+    if name in ("ort", "ort-fp16", "ort-int8"):
         return BackendSpec(name, name, options, precision)
     if name == "trt":
         return BackendSpec(name, "trt", options, precision)
@@ -102,10 +103,10 @@ def test_validate_on_the_demo_export_passes_and_writes_its_report(drift_artifact
     out = tmp_path / "drift-report.json"
     report = run_drift(drift_artifacts, report_path=out)
     rows = {b.name: b for b in report.backends}
-    assert list(rows) == ["torch", "ort", "ort-fp16", "torch-fp16", "trt"]
+    assert list(rows) == ["torch", "ort", "ort-fp16", "ort-int8", "torch-fp16", "trt"]
     assert all(b.ran or b.reason for b in report.backends), "a backend that did not run must say why"
     assert report.passed, [(b.name, b.failures or b.reason) for b in report.failed]
-    assert rows["ort"].status == "passed" and rows["ort-fp16"].status == "passed"
+    assert rows["ort"].status == "passed" and rows["ort-fp16"].status == "passed" and rows["ort-int8"].status == "passed"
     assert report.images["evaluated"] == report.images["labelled"] == report.images["count"]
     saved = json.loads(out.read_text())
     assert saved["passed"] is True and saved["reference"]["accuracy"] == report.reference["accuracy"]

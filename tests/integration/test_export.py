@@ -32,7 +32,7 @@ def write_yaml(path: Path, data: dict) -> Path:
 def test_demo_export_writes_every_artifact_with_matching_hashes(demo_artifacts: Path):
     manifest = json.loads((demo_artifacts / "manifest.json").read_text())
     assert manifest["format"] == "vitdeploy-manifest"
-    assert set(manifest["artifacts"]) == {"weights", "weights-config", "onnx", "onnx-ort", "onnx-fp16"}
+    assert set(manifest["artifacts"]) == {"weights", "weights-config", "onnx", "onnx-ort", "onnx-fp16", "onnx-int8"}
     assert manifest["validation"]["validate-ort-optimized"]["passed"] is True
     for role, entry in manifest["artifacts"].items():
         path = demo_artifacts / entry["path"]
@@ -91,7 +91,7 @@ def test_onnx_runs_in_ort_at_batch_1_3_17_and_max_within_fp32_thresholds(tmp_pat
     result = run_export(export_config({"export": {"batch": {"min": 1, "opt": 4, "max": 24}}}), tmp_path, engine="skip",
                         validation_batch=(1, 3, 17, 24), heartbeat_s=0.05,
                         on_stage=lambda rec: events.append((rec.name, rec.status, rec.seconds)))
-    for stage in ("validate-onnx", "validate-fp16"):
+    for stage in ("validate-onnx", "validate-fp16", "validate-int8"):
         per_batch = result.validation[stage]["per_batch"]
         assert sorted(map(int, per_batch)) == [1, 3, 17, 24]
         assert all(v["passed"] for v in per_batch.values()), per_batch
@@ -99,7 +99,8 @@ def test_onnx_runs_in_ort_at_batch_1_3_17_and_max_within_fp32_thresholds(tmp_pat
 
     # Progress: every stage that runs says so at once, then again while it runs with the time
     # elapsed (the heartbeat), and never after it has ended.
-    for name in ("model", "onnx", "reference", "validate-onnx", "ort-optimize", "fp16", "validate-fp16", "manifest"):
+    for name in ("model", "onnx", "reference", "validate-onnx", "ort-optimize", "fp16", "validate-fp16", "int8",
+                 "validate-int8", "manifest"):
         mine = [(status, secs) for n, status, secs in events if n == name]
         assert mine[0] == ("running", 0.0) and mine[-1][0] == "passed", (name, mine)
         assert all(status == "running" for status, _ in mine[:-1]), (name, mine)

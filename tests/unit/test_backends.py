@@ -46,8 +46,8 @@ def batch5() -> np.ndarray:
 # ----------------------------------------------------------------------------- registry
 
 
-def test_registry_lists_the_four_backends_and_rejects_unknown_names(artifacts):
-    assert BACKEND_NAMES == ("torch", "ort", "ort-fp16", "trt")
+def test_registry_lists_the_backends_and_rejects_unknown_names(artifacts):
+    assert BACKEND_NAMES == ("torch", "ort", "ort-fp16", "ort-int8", "trt")
     with pytest.raises(ConfigError) as info:
         open_backend("tensorflow", artifacts)
     for name in BACKEND_NAMES:

@@ -140,7 +140,7 @@ def test_a_malformed_labels_csv_names_the_line(tmp_path):
 def test_unknown_backend_names_are_a_config_error():
     assert parse_backend_names("ort, trt") == ("ort", "trt")
     assert parse_backend_names(None) is None and parse_backend_names("all") is None
-    with pytest.raises(ConfigError, match="'tensorflow'.*torch, ort, ort-fp16, torch-fp16, trt"):
+    with pytest.raises(ConfigError, match="'tensorflow'.*torch, ort, ort-fp16, ort-int8, torch-fp16, trt"):
         parse_backend_names("ort,tensorflow")
 
 
@@ -148,7 +148,7 @@ def test_threshold_sets_per_backend():
     specs = {s.name: s for s in backend_specs()}
     assert specs["torch"].is_reference
     assert {n: s.precision for n, s in specs.items()} == {"torch": "fp32", "ort": "fp32", "ort-fp16": "fp16",
-                                                          "torch-fp16": "fp16", "trt": "fp16"}
+                                                          "ort-int8": "int8", "torch-fp16": "fp16", "trt": "fp16"}
     assert specs["torch-fp16"].options.device == "cuda" and specs["torch-fp16"].options.precision == "fp16"
     from vitdeploy.runtime.backends import BackendOptions
 
@@ -171,7 +171,7 @@ def _cuda() -> bool:
 def test_run_drift_reports_every_backend_and_writes_the_report(tiny_dir, image_tree):
     report = run_drift(tiny_dir, images=image_tree)
     rows = {b.name: b for b in report.backends}
-    assert list(rows) == ["torch", "ort", "ort-fp16", "torch-fp16", "trt"]
+    assert list(rows) == ["torch", "ort", "ort-fp16", "ort-int8", "torch-fp16", "trt"]
     assert rows["torch"].status == "reference"
     assert rows["ort"].status == "passed", rows["ort"].failures
     assert rows["ort"].metrics["max_abs_diff"] < 1e-3 and rows["ort"].threshold_set == "fp32"
@@ -179,6 +179,7 @@ def test_run_drift_reports_every_backend_and_writes_the_report(tiny_dir, image_t
     if not _cuda():
         assert rows["torch-fp16"].status == "unavailable" and "CUDA" in rows["torch-fp16"].reason
     assert rows["trt"].status == "unavailable" and rows["trt"].reason  # the tiny export has no engine
+    assert rows["ort-int8"].status == "unavailable" and "onnx-int8" in rows["ort-int8"].reason  # nor an INT8 graph
     # the corrupt image is listed, the eight good ones were evaluated, labels from sub-folders
     assert report.images["evaluated"] == 8 and report.images["labelled"] == 8
     assert [Path(u["path"]).name for u in report.images["unreadable"]] == ["broken.png"]
@@ -186,7 +187,7 @@ def test_run_drift_reports_every_backend_and_writes_the_report(tiny_dir, image_t
     saved = json.loads((tiny_dir / "drift-report.json").read_text())
     assert saved["format"] == "vitdeploy-drift-report" and saved["passed"] is True
     assert [b["name"] for b in saved["backends"]] == list(rows)
-    assert saved["backends"][4]["status"] == "unavailable" and saved["backends"][4]["reason"] == rows["trt"].reason
+    assert saved["backends"][5]["status"] == "unavailable" and saved["backends"][5]["reason"] == rows["trt"].reason
     table = "\n".join(format_drift_table(report))
     assert "trt" in table and rows["trt"].reason in table and "broken.png" in table
 

@@ -101,7 +101,7 @@ def test_auto_never_skips_a_tampered_file(tiny_dir, tmp_path):
 def test_explicit_backend_and_unknown_name(tiny_dir):
     with Predictor.from_artifacts(tiny_dir, backend="torch") as p:
         assert (p.backend_name, p.why) == ("torch", "requested torch")
-    with pytest.raises(ConfigError, match="torch, ort, ort-fp16, trt"):
+    with pytest.raises(ConfigError, match="torch, ort, ort-fp16, ort-int8, trt"):
         Predictor.from_artifacts(tiny_dir, backend="onnx")
 
 

@@ -11,7 +11,7 @@ reference is the ``torch`` backend on the CPU in FP32. Per backend: max / mean a
 difference, cosine similarity (worst image), top-1 agreement, top-5 overlap, the images whose
 top-1 class flipped, and accuracy where true labels are known. Each metric is judged against the
 ``validation.fp32`` thresholds (``ort``, ``torch`` FP32 on another device) or
-``validation.fp16`` (``ort-fp16``, ``torch-fp16``, ``trt``).
+``validation.fp16`` (``ort-fp16``, ``torch-fp16``, ``trt``) or ``validation.int8`` (``ort-int8``).
 
 Backends that cannot run here are listed with the reason, never dropped.
 """
@@ -33,7 +33,7 @@ from .._files import write_json_atomic
 from ..errors import BackendError, ConfigError, InputError, MissingDependencyError, ValidationError
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
-from ..vocab import DRIFT_REPORT_NAME
+from ..vocab import DRIFT_REPORT_NAME, PRECISIONS
 from .dataset import label_indices, load_validation_set
 from .specs import (BackendSpec, backend_specs, open_spec, parse_backend_names, reference_options,
                     spec_unavailable_reason, try_open_spec)
@@ -184,7 +184,7 @@ def default_thresholds() -> dict[str, dict[str, float]]:
     from ..config import ValidationSection
 
     section = ValidationSection()
-    return {"fp32": section.fp32.model_dump(), "fp16": section.fp16.model_dump()}
+    return {key: getattr(section, key).model_dump() for key in PRECISIONS}
 
 
 def _as_dict(tolerance: Any) -> dict[str, float]:
@@ -218,7 +218,7 @@ def run_drift(artifacts_dir: str | os.PathLike[str] | Any, *, images: str | os.P
     limits = default_thresholds()
     for key, value in (thresholds or {}).items():
         if key not in limits:
-            raise ConfigError(f"thresholds: unknown set {key!r}; expected 'fp32' and/or 'fp16'")
+            raise ConfigError(f"thresholds: unknown set {key!r}; expected one of {', '.join(PRECISIONS)}")
         limits[key] = _as_dict(value)
     artifacts = Artifacts.open(artifacts_dir)
 

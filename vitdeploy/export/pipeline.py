@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,7 @@ import numpy as np
 from .._files import write_json_atomic
 from .._heartbeat import heartbeat
 from ..config import PipelineConfig
-from ..errors import ArtifactError, BackendError, ExportError, MissingDependencyError, ValidationError
+from ..errors import ArtifactError, BackendError, ConfigError, ExportError, MissingDependencyError, ValidationError
 from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from ..runtime.artifacts import MANIFEST_NAME
 from ..runtime.backends.base import BackendOptions
@@ -219,6 +220,7 @@ class _Export:
             (out / FILES["onnx-fp16"]).unlink(missing_ok=True)
             self.skip("fp16", "export.fp16.enabled is false")
 
+        self._int8(cpu, vit)  # 5b
         self._engine()  # 6-7
         return self._manifest()  # 8
 
@@ -263,6 +265,85 @@ class _Export:
         self.validate("validate-ort-optimized", lambda: OrtBackend(path, self.chw, None, cpu, name="ort"),
                       cfg.validation.fp32, [path, *external])
         self.add("onnx-ort", path, external)
+
+    def _int8(self, cpu: BackendOptions, vit: Any) -> None:
+        """model.int8.onnx (export/quantize.py). With ``export.int8.enabled: auto`` a failure (too few
+        calibration images, the tools failing, validation.int8 not met) is recorded in the stage and the
+        export goes on without it, as the engine does under ``--engine auto``; ``true`` makes it fatal."""
+        from ..runtime.backends.ort import OrtBackend
+        from . import quantize
+
+        section, out = self.cfg.export.int8, self.out_dir
+        path = out / FILES["onnx-int8"]
+        data = path.with_name(path.name + ".data")
+        if section.enabled is False:
+            path.unlink(missing_ok=True)
+            data.unlink(missing_ok=True)
+            return self.skip("int8", "export.int8.enabled is false")
+        src = self.artifacts.get("onnx-ort", self.artifacts["onnx"])
+        external = bool(self.entries[self._role_of(src)].get("external_data"))
+        self.extra["int8"] = {"source": src.name, "mode": section.mode, "passed": False}
+        try:
+            with self.stage("int8") as rec, tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=out) as tmp:
+                calib = None
+                if section.mode == "static":
+                    calib = quantize.calibration_batch(self.inputs.batch, self.inputs.names,
+                                                       max_images=section.calibration_images,
+                                                       min_images=section.min_calibration_images)
+                pre = quantize.prepare(src, Path(tmp) / "pre.onnx", external_data=external)
+                kwargs = dict(input_name=INPUT_NAME, mode=section.mode, method=section.calibration_method,
+                              calibration=calib, external_data=external)
+                steps: tuple = ()
+                if section.autopilot:
+                    from .autopilot import Int8GateError, run_autopilot
+
+                    try:
+                        pilot = run_autopilot(pre, path, judge=lambda p: self._judge_int8(p, cpu), depth=vit.depth, **kwargs)
+                    except Int8GateError as exc:
+                        self.extra["int8"]["autopilot"] = [s.to_dict() for s in exc.steps]
+                        raise
+                    res, steps = pilot.result, pilot.steps
+                    self.extra["int8"]["autopilot"] = [s.to_dict() for s in steps]
+                else:
+                    res = quantize.quantize_prepared(pre, path, **kwargs)
+                self.extra["int8"].update(res.summary())
+                if not res.quantized_nodes:
+                    log.warning("model.int8.onnx passes validation.int8 only with every MatMul/Gemm in float: it runs "
+                                "at FP32 speed (loosen validation.int8, or set export.int8.enabled: false)")
+                rec.outputs = [path, *res.external_data]
+                rec.reason = (f"{len(res.quantized_nodes)} MatMul/Gemm INT8, {len(res.keep_float)} float"
+                              + (f" (autopilot, {len(steps)} step(s))" if steps else "") + f", {section.mode}"
+                              + (f", {res.method} on {res.calibration_images} images" if res.method else
+                                 f"; {quantize.DYNAMIC_CAVEAT}"))
+            self.validate("validate-int8", lambda: OrtBackend(path, self.chw, None, cpu, name="ort-int8"),
+                          self.cfg.validation.int8, [path, *res.external_data])
+            self.extra["int8"]["passed"] = True
+        except (ConfigError, ExportError, BackendError, ValidationError) as exc:
+            if section.enabled is True:
+                raise
+            log.warning("model.int8.onnx not written (export.int8.enabled: auto; the export goes on without it): %s",
+                        str(exc).splitlines()[0])
+            for p in (path, data):
+                for q in (p, p.with_name(p.name + ".rejected")):
+                    q.unlink(missing_ok=True)
+            return
+        self.add("onnx-int8", path, res.external_data)
+
+    def _judge_int8(self, path: Path, cpu: BackendOptions) -> Any:
+        """One autopilot step: the candidate graph at the largest validation batch against eager PyTorch."""
+        from ..runtime.backends.ort import OrtBackend
+        from .compare import compare
+        from .validate import run_in_batches
+
+        backend = OrtBackend(path, self.chw, None, cpu, name="ort-int8")
+        try:
+            logits = run_in_batches(backend, self.inputs.batch, max(self.sizes))
+        finally:
+            backend.close()
+        return compare(self.reference, logits, self.cfg.validation.int8.model_dump())
+
+    def _role_of(self, path: Path) -> str:
+        return next(role for role, p in self.artifacts.items() if p == path)
 
     def _prepare_validation(self) -> None:
         from ..runtime.preprocess import Preprocessor

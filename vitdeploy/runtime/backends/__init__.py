@@ -26,6 +26,7 @@ _OPENERS: dict[str, tuple[str, str]] = {
     "torch": ("torch_backend", "open_from_artifacts"),
     "ort": ("ort", "open_from_artifacts"),
     "ort-fp16": ("ort", "open_fp16_from_artifacts"),
+    "ort-int8": ("ort", "open_int8_from_artifacts"),
     "trt": ("trt", "open_from_artifacts"),
 }
 # name -> (module, opener function, artifact roles it needs (main one first), libraries it imports)

@@ -1,5 +1,6 @@
 """ONNX Runtime backend: "ort" runs model.ort.onnx when the manifest has it (an ORT-only FP32 graph
-with contrib ops, see export/optimize.py) and model.onnx otherwise; "ort-fp16" runs model.fp16.onnx.
+with contrib ops, see export/optimize.py) and model.onnx otherwise; "ort-fp16" runs model.fp16.onnx;
+"ort-int8" runs model.int8.onnx (export/quantize.py).
 
 onnxruntime is imported when a session is created, never at module import, and never torch.
 One InferenceSession serves every thread: ``InferenceSession.run`` is thread-safe.
@@ -37,7 +38,7 @@ ORT_GRAPH_PROVIDERS = ("CPUExecutionProvider", "CUDAExecutionProvider")
 
 
 def _ort():
-    return require("onnxruntime", "the ONNX Runtime backend ('ort' / 'ort-fp16')")
+    return require("onnxruntime", "the ONNX Runtime backend ('ort' / 'ort-fp16' / 'ort-int8')")
 
 
 def available_providers() -> list[str]:
@@ -290,10 +291,13 @@ def uses_ort_graph(artifacts: Any, options: BackendOptions | None) -> bool:
     return all(_provider_name(p) in ORT_GRAPH_PROVIDERS for p in (options.providers or (CPU_PROVIDER,)))
 
 
-def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *, fp16: bool = False) -> OrtBackend:
-    """The "ort" backend (or "ort-fp16" with ``fp16=True``) on a verified artifact."""
+def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *, fp16: bool = False,
+                        int8: bool = False) -> OrtBackend:
+    """The "ort" backend (or "ort-fp16" with ``fp16=True``, "ort-int8" with ``int8=True``) on a verified artifact."""
     if fp16:
         role, name = "onnx-fp16", "ort-fp16"
+    elif int8:
+        role, name = "onnx-int8", "ort-int8"
     else:
         role, name = ("onnx-ort" if uses_ort_graph(artifacts, options) else "onnx"), "ort"
     path = verified_onnx_path(artifacts, role)
@@ -314,3 +318,8 @@ def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *
 
 def open_fp16_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> OrtBackend:
     return open_from_artifacts(artifacts, options, fp16=True)
+
+
+def open_int8_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> OrtBackend:
+    """"ort-int8": model.int8.onnx, the INT8 graph quantized from model.ort.onnx (CPU kernels)."""
+    return open_from_artifacts(artifacts, options, int8=True)

@@ -1,0 +1,161 @@
+"""Stage: the INT8 graph ONNX Runtime runs on the CPU (``model.int8.onnx``).
+
+Quantized from the fused FP32 graph (``model.ort.onnx``) with ONNX Runtime's own quantization
+tools, never by hand:
+
+- ``quant_pre_process`` first (symbolic shape inference through the contrib ops; without it some
+  MatMuls of a fused graph are silently left in float);
+- static mode (the default): QDQ, U8 activations (S8 activations leave the fused q/k/v
+  projections in float on x86), S8 symmetric per-channel weights (U8 weights run 2x slower),
+  MatMul and Gemm only, their outputs not re-quantized (2-4x the error for no speed), ranges
+  calibrated on real validation images (MinMax by default; never ``CalibMaxIntermediateOutputs``,
+  which drops calibration data in ORT 1.32). Activation ranges are fixed in the graph, so an
+  image's answer does not depend on the other images in its batch;
+- dynamic mode (opt-in): no calibration, activation ranges computed per batch at run time, so an
+  image's logits move with the other images in its batch (up to 0.08 on ViT-B/16): under dynamic
+  batching one user's answer would depend on other users' requests.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from .._deps import require
+from .._files import atomic_path
+from ..errors import ConfigError, ExportError
+
+log = logging.getLogger(__name__)
+
+QUANTIZED_OPS = ("MatMul", "Gemm")
+DYNAMIC_CAVEAT = ("export.int8.mode is dynamic: activation ranges are computed per batch, so an image's answer "
+                  "depends on the other images in its batch (under `serve`'s dynamic batching, on other users' "
+                  "requests); use mode: static for batch-invariant answers")
+_METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
+
+
+@dataclass(frozen=True)
+class Int8Result:
+    path: Path
+    mode: str
+    method: str | None
+    calibration_images: int
+    quantized_nodes: tuple[str, ...]
+    keep_float: tuple[str, ...] = ()
+    external_data: tuple[Path, ...] = field(default_factory=tuple)
+
+    def summary(self) -> dict[str, Any]:
+        return {"mode": self.mode, "calibration_method": self.method, "calibration_images": self.calibration_images,
+                "quantized_ops": list(QUANTIZED_OPS), "quantized_nodes": len(self.quantized_nodes),
+                "keep_float": list(self.keep_float), "activations": "uint8" if self.mode == "static" else "uint8 (per batch)",
+                "weights": "int8 symmetric per channel"}
+
+
+def calibration_batch(batch: np.ndarray, names: Sequence[str], *, max_images: int, min_images: int) -> np.ndarray:
+    """The real validation images (never the noise rows) to calibrate on: at most ``max_images``.
+
+    ConfigError naming the keys when there are fewer than ``min_images``."""
+    rows = [i for i, n in enumerate(names) if not n.startswith("noise:")][:max_images]
+    if len(rows) < min_images:
+        raise ConfigError(
+            f"export.int8: {len(rows)} readable validation image(s) to calibrate on, export.int8.min_calibration_images "
+            f"is {min_images}; point validation.images at a folder with more real images (or lower "
+            f"export.int8.min_calibration_images, or set export.int8.mode: dynamic, or export.int8.enabled: false)")
+    return np.ascontiguousarray(batch[rows], dtype=np.float32)
+
+
+def quantizable_nodes(onnx_path: Path) -> list[str]:
+    """Names of the MatMul / Gemm nodes of a graph, in graph order (what INT8 quantizes)."""
+    onnx = require("onnx", "INT8 quantization")
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    return [n.name for n in model.graph.node if n.op_type in QUANTIZED_OPS]
+
+
+def _reader(batch: np.ndarray, input_name: str, chunk: int = 8) -> Any:
+    quant = require("onnxruntime.quantization", "INT8 calibration")
+
+    class _Reader(quant.CalibrationDataReader):
+        def __init__(self) -> None:
+            self._it = iter([{input_name: batch[i : i + chunk]} for i in range(0, len(batch), chunk)])
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            return next(self._it, None)
+
+    return _Reader()
+
+
+def prepare(src: Path, dst: Path, *, external_data: bool = False) -> Path:
+    """``quant_pre_process`` of ``src`` into ``dst`` (shapes inferred through the contrib ops)."""
+    require("onnxruntime.quantization", "INT8 quantization")
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    try:
+        quant_pre_process(str(src), str(dst), skip_optimization=False, save_as_external_data=external_data,
+                          external_data_location=f"{dst.name}.data")
+    except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
+        raise ExportError(f"INT8 pre-processing of {src.name} failed: {_first(exc)}") from exc
+    return dst
+
+
+def quantize_prepared(pre: Path, dst: Path, *, input_name: str, mode: str = "static", method: str = "minmax",
+                      calibration: np.ndarray | None = None, keep_float: Sequence[str] = (),
+                      external_data: bool = False) -> Int8Result:
+    """Quantize the pre-processed graph ``pre`` into ``dst`` (atomically); ``keep_float``: nodes left in float.
+
+    ``calibration`` (N, C, H, W) float32 is required in static mode. ExportError when ONNX
+    Runtime's tools fail."""
+    quant = require("onnxruntime.quantization", "INT8 quantization")
+    if mode == "static" and (calibration is None or not len(calibration)):
+        raise ConfigError("export.int8: static quantization needs calibration images (validation.images)")
+    if method not in _METHODS:
+        raise ConfigError(f"export.int8.calibration_method {method!r}: choose one of {', '.join(_METHODS)}")
+    nodes = [n for n in quantizable_nodes(pre) if n not in set(keep_float)]
+    with tempfile.TemporaryDirectory(prefix=".int8-", dir=dst.parent) as tmp:
+        out = Path(tmp) / dst.name
+        common = dict(op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_exclude=list(keep_float), per_channel=True,
+                      weight_type=quant.QuantType.QInt8, use_external_data_format=external_data)
+        try:
+            if mode == "dynamic":
+                log.warning(DYNAMIC_CAVEAT)
+                quant.quantize_dynamic(str(pre), str(out), **common, extra_options={"WeightSymmetric": True})
+            else:
+                quant.quantize_static(
+                    str(pre), str(out), _reader(calibration, input_name), quant_format=quant.QuantFormat.QDQ,
+                    activation_type=quant.QuantType.QUInt8, calibrate_method=getattr(quant.CalibrationMethod, _METHODS[method]),
+                    extra_options={"WeightSymmetric": True, "ActivationSymmetric": False,
+                                   "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OPS)}, **common)
+        except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
+            raise ExportError(f"INT8 quantization of {pre.name} failed: {_first(exc)}") from exc
+        extra: list[Path] = []
+        data = out.with_name(out.name + ".data")
+        if external_data and data.is_file():  # the graph names its data file; move the data first, the graph last
+            os.replace(data, dst.with_name(data.name))
+            extra.append(dst.with_name(data.name))
+        with atomic_path(dst) as final_tmp:
+            os.replace(out, final_tmp)
+    static = mode == "static"
+    return Int8Result(dst, mode, method if static else None, len(calibration) if static and calibration is not None else 0,
+                      tuple(nodes), tuple(keep_float), tuple(extra))
+
+
+def quantize_int8(src: Path, dst: Path, *, external_data: bool = False, **kwargs: Any) -> Int8Result:
+    """Write ``dst``, the INT8 graph of the FP32 graph ``src``: :func:`prepare`, then
+    :func:`quantize_prepared` (same keyword arguments)."""
+    with tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=dst.parent) as tmp:
+        pre = prepare(src, Path(tmp) / "pre.onnx", external_data=external_data)
+        return quantize_prepared(pre, dst, external_data=external_data, **kwargs)
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+__all__ = ["DYNAMIC_CAVEAT", "Int8Result", "QUANTIZED_OPS", "calibration_batch", "prepare", "quantizable_nodes", "quantize_int8",
+           "quantize_prepared"]
