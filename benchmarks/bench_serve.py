@@ -312,8 +312,13 @@ def compare_rounds(served: str, variants: dict[str, Callable[[], tuple[float, li
     return {"ratio": ratio, "batch": statistics.median(batch_means), "unreliable": unreliable}
 
 
-def run_models(served: str, args: argparse.Namespace, images: list[bytes], bench_model: Callable[..., dict]) -> None:
-    """``bench_model`` on each of ``--models``, then the verdict on the ViT-S/16 target."""
+def run_models(served: str, args: argparse.Namespace, versions: str, bench_model: Callable[..., dict]) -> None:
+    """Print the machine, then ``bench_model`` on each of ``--models`` (same JPEG photos), then the
+    verdict on the ViT-S/16 target."""
+    print(f"cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); {versions}; load average {loadavg()}")
+    args.cache.mkdir(parents=True, exist_ok=True)
+    images = photos()
+    print(f"images: {len(images)} JPEG photos, {min(map(len, images)) // 1024}-{max(map(len, images)) // 1024} KB")
     results = {}
     for model in args.models.split(","):
         if model == "vit-s16":
@@ -351,12 +356,8 @@ def main() -> None:
     import onnxruntime
     import ray
 
-    print(f"cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); onnxruntime {onnxruntime.__version__}, ray "
-          f"{ray.__version__}; load average {loadavg()}")
-    args.cache.mkdir(parents=True, exist_ok=True)
-    images = photos()
-    print(f"images: {len(images)} JPEG photos, {min(map(len, images)) // 1024}-{max(map(len, images)) // 1024} KB")
-    run_models("serve", args, images, bench_model)
+    run_models("serve", args, f"onnxruntime {onnxruntime.__version__}, ray {ray.__version__}", bench_model)
+
 
 if __name__ == "__main__":
     main()

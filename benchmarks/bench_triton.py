@@ -23,7 +23,6 @@ average before and after; a ratio is flagged when load or spread makes it unreli
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -31,10 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import (  # noqa: E402  (the shared inputs, artifacts and timing of the serving benchmark)
-    common_arguments, compare_rounds, concurrent, in_process_variants, loadavg, photos, run_models,
+    common_arguments, compare_rounds, concurrent, in_process_variants, loadavg, run_models,
 )
-
-from vitdeploy.evaluate.bench import cpu_model  # noqa: E402
 
 
 def inference_stats(client, model: str) -> tuple[int, int]:
@@ -99,12 +96,8 @@ def main() -> None:
 
     import onnxruntime
 
-    print(f"cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); onnxruntime {onnxruntime.__version__}; "
-          f"load average {loadavg()}")
-    args.cache.mkdir(parents=True, exist_ok=True)
-    images = photos()
-    print(f"images: {len(images)} JPEG photos, {min(map(len, images)) // 1024}-{max(map(len, images)) // 1024} KB")
-    run_models("triton", args, images, bench_model)
+    run_models("triton", args, f"onnxruntime {onnxruntime.__version__}", bench_model)
+
 
 if __name__ == "__main__":
     main()
