@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, Valida
 from .._schema import FiniteFloat, NonNegativeInt, PositiveInt, format_validation_error
 from ..errors import CheckpointError
 from ..vit_schema import MAX_CLASSES, MAX_DEPTH, MAX_SIDE, MAX_WIDTH, check_fit, validate_vit_config
+from ..vocab import INTERPOLATIONS, Interpolation
 
-_INTERPOLATIONS = ("nearest", "bilinear", "bicubic", "lanczos", "box", "hamming")
 Side = Annotated[PositiveInt, Field(le=MAX_SIDE)]
 Std = Annotated[FiniteFloat, Field(gt=0)]
 
@@ -113,7 +113,7 @@ class HFPreprocessorConfig(_Open):
     @field_validator("resample")
     @classmethod
     def _resample(cls, v: Any) -> Any:
-        if (type(v) is int and 0 <= v <= 5) or (isinstance(v, str) and v.lower() in _INTERPOLATIONS):
+        if (type(v) is int and 0 <= v <= 5) or (isinstance(v, str) and v.lower() in INTERPOLATIONS):
             return v
         raise ValueError("must be a PIL resampling code 0-5 or a filter name")
 
@@ -122,7 +122,7 @@ class TimmPretrainedCfg(_Open):
     input_size: Optional[tuple[Annotated[PositiveInt, Field(le=64)], Side, Side]] = None
     crop_pct: Annotated[FiniteFloat, Field(gt=0, le=1)] = 0.875
     crop_mode: StrictStr = "center"
-    interpolation: Literal["nearest", "bilinear", "bicubic", "lanczos", "box", "hamming"] = "bicubic"
+    interpolation: Interpolation = "bicubic"
     mean: tuple[FiniteFloat, FiniteFloat, FiniteFloat] = (0.485, 0.456, 0.406)
     std: tuple[Std, Std, Std] = (0.229, 0.224, 0.225)
     num_classes: Optional[Annotated[NonNegativeInt, Field(le=MAX_CLASSES)]] = None

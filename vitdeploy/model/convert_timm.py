@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError
 from ..preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, PreprocessSpec
-from ..vocab import INTERPOLATIONS
+from ..vocab import CROP_MODES, INTERPOLATIONS
 from .formats import SIZE_BY_WIDTH, layer_count, resolve_heads, variant_template
 from .provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
 
@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-_INTERPOLATIONS = INTERPOLATIONS
 
 
 def looks_like_timm(keys: set[str]) -> bool:
@@ -255,11 +254,11 @@ def timm_preprocess(hub_config: dict[str, Any] | None, cfg: "ViTConfig", where: 
                 f"({describe_spec(spec)}); {override_hint()}")
         return Preprocessing.from_source(spec, origin, notes=(note,))
     crop_mode = pcfg.get("crop_mode") or "center"
-    if crop_mode not in ("center", "squash", "border"):
-        raise CheckpointError(f"{where}: pretrained_cfg crop_mode {crop_mode!r} is not one of center, squash, border")
+    if crop_mode not in CROP_MODES:
+        raise CheckpointError(f"{where}: pretrained_cfg crop_mode {crop_mode!r} is not one of {', '.join(CROP_MODES)}")
     interpolation = pcfg.get("interpolation") or "bicubic"
-    if interpolation not in _INTERPOLATIONS:
-        raise CheckpointError(f"{where}: pretrained_cfg interpolation {interpolation!r} is not one of {_INTERPOLATIONS}")
+    if interpolation not in INTERPOLATIONS:
+        raise CheckpointError(f"{where}: pretrained_cfg interpolation {interpolation!r} is not one of {INTERPOLATIONS}")
     size = pcfg.get("input_size") or (3, cfg.image_size, cfg.image_size)
     try:
         spec = PreprocessSpec(style="timm", height=int(size[-2]), width=int(size[-1]),
