@@ -41,8 +41,9 @@ class ModelSection(_Section):
         None, description="MLP activation: gelu (exact, erf) or gelu_tanh (timm gelu_tanh / HF gelu_pytorch_tanh)")
     layer_norm_eps: Optional[PositiveFloat] = Field(None, description="LayerNorm epsilon (timm/torchvision: 1e-6)")
     pool: Optional[Pool] = Field(
-        None, description="pooling: token (class token) or avg (mean patch token; timm global_pool='avg' without fc_norm "
-                          "cannot be told from the weights)")
+        None, description="pooling: token (class token), avg (mean patch token; timm global_pool='avg' without fc_norm "
+                          "cannot be told from the weights) or token_avg (both side by side: transformers' DINOv2 "
+                          "classifiers, whose config states it)")
 
 
 class PreprocessSection(_Section):

@@ -52,11 +52,23 @@ class ViTFields(StrictSection):
                   names=("width", "heads", "image_size", "patch_size"))
         if self.pos_embed == "sincos" and self.width % 4:
             raise ValueError(f"pos_embed 'sincos' needs width divisible by 4, got width {self.width}")
-        if self.pool == "token" and not self.class_token:
-            raise ValueError("pool 'token' needs class_token true")
-        if self.distilled and (not self.class_token or self.pool != "token" or self.reg_tokens):
-            raise ValueError("distilled needs class_token true, pool 'token' and reg_tokens 0")
+        problems = family_problems(class_token=self.class_token, distilled=self.distilled, reg_tokens=self.reg_tokens,
+                                   pool=self.pool, fc_norm=self.fc_norm)
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
+
+
+def family_problems(*, class_token: bool, distilled: bool, reg_tokens: int, pool: str, fc_norm: bool) -> list[str]:
+    """What does not fit together among the prefix tokens and the pooling (empty when all is well)."""
+    problems = []
+    if pool in ("token", "token_avg") and not class_token:
+        problems.append(f"pool {pool!r} needs class_token true")
+    if pool == "token_avg" and fc_norm:
+        problems.append("pool 'token_avg' has no fc_norm (the final norm is on every token, before the pooling)")
+    if distilled and (not class_token or pool != "token" or reg_tokens):
+        problems.append("distilled needs class_token true, pool 'token' and reg_tokens 0")
+    return problems
 
 
 def check_fit(*, width: int, heads: int, image: int, patch: int, names: tuple[str, str, str, str]) -> None:

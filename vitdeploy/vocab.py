@@ -27,8 +27,9 @@ CropMode = Literal[CROP_MODES]  # type: ignore[valid-type]
 #: the MLP activation of a ViT block: exact GELU (erf) or its tanh approximation.
 ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh")
 Activation = Literal[ACTIVATIONS]  # type: ignore[valid-type]
-#: ViT poolings: the class token, or the mean of the patch tokens (prefix tokens left out).
-POOLS: tuple[str, ...] = ("token", "avg")
+#: ViT poolings: the class token; the mean of the patch tokens (prefix tokens left out); or both side by side,
+#: the class token then the mean patch token (transformers' DINOv2 classifiers: a head over 2 x width).
+POOLS: tuple[str, ...] = ("token", "avg", "token_avg")
 Pool = Literal[POOLS]  # type: ignore[valid-type]
 
 # ------------------------------------------------------------------------------------------------

@@ -162,12 +162,99 @@ def test_transformers_deit_exports_and_matches(cls_name, distilled, photos, tmp_
     assert _ort_metadata(art)["last_block_class_token_only"] is (not distilled)
 
 
-def test_hf_dinov2_with_registers_is_refused_by_name(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "dinov2_with_registers", "hidden_size": 32,
+# --------------------------------------------------------------------------- transformers DINOv2 (in-process)
+
+def _hf_dinov2(folder: Path, registers: int, image_size: int, crop: int, seed: int):
+    """A small transformers DINOv2 classifier (random weights, patch 14, 2 layers) written by save_pretrained,
+    with a BitImageProcessor as the hub's (shorter side, centre crop, bicubic, ImageNet mean/std): the model
+    and transformers' own processor read back from the folder."""
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    import torch
+
+    transformers.logging.set_verbosity_error()
+    common = dict(image_size=image_size, patch_size=14, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                  num_labels=10, layerscale_value=0.5)
+    if registers:
+        model = transformers.Dinov2WithRegistersForImageClassification(
+            transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, **common))
+    else:
+        model = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**common))
+    torch.manual_seed(seed)
+    randomize_(model, seed).save_pretrained(folder)
+    transformers.BitImageProcessorPil(size={"shortest_edge": crop + crop // 7}, crop_size={"height": crop, "width": crop},
+                                      image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225]
+                                      ).save_pretrained(folder)
+    processor = transformers.AutoImageProcessor.from_pretrained(folder)
+    assert processor.backend == "pil"
+    return model, processor
+
+
+def _hf_reference(model, processor, photos: Path) -> dict[str, np.ndarray]:
+    import torch
+
+    pixels = np.stack([processor(images=Image.open(p).convert("RGB"), return_tensors="np")["pixel_values"][0]
+                       for p in photo_files(photos)])
+    with torch.no_grad():
+        return {"pixels": pixels, "logits": model(pixel_values=torch.from_numpy(pixels)).logits.numpy()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("registers, image_size, crop", [(4, 42, 42), (4, 70, 42), (0, 70, 42)],
+                         ids=["registers-native", "registers-crop-below-config", "plain-crop-below-config"])
+def test_transformers_dinov2_exports_and_matches(registers, image_size, crop, photos, tmp_path):
+    """Reference: transformers' Dinov2(WithRegisters)ForImageClassification and its BitImageProcessor (PIL).
+    The head reads the class token and the mean patch token (registers left out) side by side. When the
+    processor's crop is not config.json's image_size (as on the hub: 518 vs 224), transformers resamples the
+    position table at every call (antialiased only with registers): the export is built at the crop."""
+    model, processor = _hf_dinov2(tmp_path / "dinov2", registers, image_size, crop, seed=40 + registers + image_size)
+    ref = _hf_reference(model, processor, photos)
+    art, manifest = _export_and_compare(tmp_path / "dinov2", ref, photos, tmp_path / "art")
+    vit = manifest["model"]["vit"]
+    assert (vit["pool"], vit["reg_tokens"], vit["layer_scale"], vit["image_size"]) == ("token_avg", registers, True, crop)
+    assert vit["pos_embed_prefix"] is (registers == 0)  # with registers the class position row is in cls_token
+    assert manifest["preprocess"]["interpolation"] == "bicubic" and manifest["preprocess"]["shortest_edge"] == crop + crop // 7
+    if image_size != crop:
+        assert any(f"processor's {crop}x{crop} crop" in n for n in manifest["model"]["source"]["notes"])
+    # the head reads every patch row: no class-token-only last block; attention fused with the registers
+    meta = _ort_metadata(art)
+    assert meta["last_block_class_token_only"] is False and meta["fused"].get("MultiHeadAttention") == 2
+    gates = manifest["validation"]
+    assert all(gates[g]["passed"] for g in ("validate-onnx", "validate-ort-optimized", "validate-fp16")), gates
+
+
+def test_transformers_dinov2_model_without_head_gives_the_pooler_output(tmp_path):
+    """Dinov2WithRegistersModel (no classifier): the features are transformers' pooler_output (the class token)."""
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    import torch
+
+    transformers.logging.set_verbosity_error()
+    config = transformers.Dinov2WithRegistersConfig(image_size=28, patch_size=14, hidden_size=32, num_hidden_layers=1,
+                                                    num_attention_heads=2, num_register_tokens=2)
+    model = randomize_(transformers.Dinov2WithRegistersModel(config), 7)
+    model.save_pretrained(tmp_path)
+    loaded = load_checkpoint(tmp_path)
+    assert (loaded.config.pool, loaded.config.num_classes, loaded.config.reg_tokens) == ("token", 0, 2)
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        assert float((loaded.model(x) - model(pixel_values=x).pooler_output).abs().max()) <= 1e-5
+
+
+def test_hf_dinov2_swiglu_is_refused_by_name(tmp_path):
+    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    transformers.logging.set_verbosity_error()
+    config = transformers.Dinov2Config(image_size=28, patch_size=14, hidden_size=32, num_hidden_layers=1,
+                                       num_attention_heads=2, num_labels=3, use_swiglu_ffn=True)
+    transformers.Dinov2ForImageClassification(config).save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match="use_swiglu_ffn=True .* is not supported"):
+        load_checkpoint(tmp_path)
+
+
+def test_hf_model_types_outside_the_family_are_refused_by_name(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "beit", "hidden_size": 32,
                                                       "num_attention_heads": 2, "architectures": ["x"]}))
     safetensors_torch = pytest.importorskip("safetensors.torch")
     import torch
 
     safetensors_torch.save_file({"embeddings.cls_token": torch.zeros(1, 1, 32)}, str(tmp_path / "model.safetensors"))
-    with pytest.raises(CheckpointError, match="model_type 'dinov2_with_registers' is not supported"):
+    with pytest.raises(CheckpointError, match="model_type 'beit' is not supported"):
         load_checkpoint(tmp_path)

@@ -23,7 +23,10 @@ TINY = dict(image_size=32, patch_size=8, width=32, depth=2, heads=2, num_classes
     (dict(class_token=False), "pool 'token' needs class_token"),
     (dict(distilled=True, pool="avg"), "distilled needs"),
     (dict(distilled=True, reg_tokens=2), "distilled needs"),
-    (dict(pool="max"), "pool must be one of token, avg"),
+    (dict(pool="max"), "pool must be one of token, avg, token_avg"),
+    (dict(pool="token_avg", class_token=False), "pool 'token_avg' needs class_token"),
+    (dict(pool="token_avg", fc_norm=True), "pool 'token_avg' has no fc_norm"),
+    (dict(distilled=True, pool="token_avg"), "distilled needs"),
     (dict(reg_tokens=-1), "reg_tokens must be an integer >= 0"),
 ])
 def test_impossible_combinations_are_refused_by_config_and_schema(bad, why):
@@ -47,7 +50,20 @@ FAMILY = {
     "avg_fc_norm_qk_norm_no_cls": dict(class_token=False, pool="avg", fc_norm=True, qk_norm=True),
     "distilled": dict(distilled=True),
     "avg_without_fc_norm": dict(pool="avg"),
+    "dinov2_token_avg_registers": dict(pool="token_avg", reg_tokens=4, pos_embed_prefix=False, layer_scale=True),
 }
+
+
+def test_token_avg_head_reads_class_token_and_mean_patch_token():
+    """pool token_avg: a head over 2 x width fed [class token, mean of the patch tokens] (registers left out)."""
+    cfg = ViTConfig(**TINY, pool="token_avg", reg_tokens=2)
+    model = _random(cfg)
+    assert model.head.in_features == 2 * cfg.width and not cfg.reads_class_token_only
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        tokens = model.forward_tokens(x)
+        pooled = torch.cat([tokens[:, 0], tokens[:, 3:].mean(dim=1)], dim=1)
+        assert torch.equal(model(x), model.head(pooled))
 
 
 @pytest.mark.parametrize("name", FAMILY)
@@ -110,6 +126,7 @@ def test_timm_poolings_the_network_cannot_run_are_refused_by_name(tmp_path, conf
 
 def test_model_pool_in_pipeline_yaml():
     assert parse_config({"model": {"pool": "avg"}}, None).model.pool == "avg"
+    assert parse_config({"model": {"pool": "token_avg"}}, None).model.pool == "token_avg"
     with pytest.raises(ConfigError, match="model.pool"):
         parse_config({"model": {"pool": "mean"}}, None)
 
@@ -118,3 +135,8 @@ def test_model_pool_contradicting_a_stored_pooling_is_refused(tmp_path):
     save_checkpoint(tmp_path, _random(ViTConfig(**TINY)), ["a", "b", "c"], None, "t")
     with pytest.raises(CheckpointError, match="model.pool is 'avg' but the checkpoint stores 'token'"):
         load_checkpoint(tmp_path, pool="avg")
+
+
+def test_token_avg_is_not_a_timm_pooling(tmp_path):
+    with pytest.raises(CheckpointError, match="model.pool 'token_avg' is not a timm pooling"):
+        load_checkpoint(_timm_file(tmp_path, ViTConfig(**TINY)), pool="token_avg", num_heads=2)

@@ -249,7 +249,7 @@ class _Export:
                 optimize_for_ort(out / FILES["onnx"], path, num_heads=vit.heads, hidden_size=vit.width,
                                  external_data_threshold_mb=cfg.export.external_data_threshold_mb,
                                  attention="none" if vit.qk_norm else "MultiHeadAttention",
-                                 class_token_only=vit.pool == "token" and not vit.distilled)
+                                 class_token_only=vit.reads_class_token_only)
             except (ExportError, MissingDependencyError) as exc:
                 # Said once, on the stage's line (not also as a warning).
                 path.unlink(missing_ok=True)

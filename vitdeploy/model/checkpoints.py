@@ -193,7 +193,8 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     """Load ``path`` strictly into a float32 VisionTransformer in eval mode.
 
     image_size: build the model for this input size; learned position embeddings are resampled
-        (bicubic) from the checkpoint's grid, and the preprocessing size follows.
+        (bicubic) from the checkpoint's grid, and the preprocessing size follows. Without it a Hugging
+        Face DINOv2 model is built for its processor's crop (transformers resamples to its input).
     num_classes: a check, not a head reset: CheckpointError unless the checkpoint's head has exactly
         this many outputs (0 = features only).
     variant: heads for formats that do not store them (timm, torchvision), e.g. 'vit_base_patch16_224';
@@ -201,7 +202,8 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     num_heads / act ("gelu" | "gelu_tanh") / layer_norm_eps: what a bare state dict cannot say
         (pipeline.yaml model.num_heads / model.activation / model.layer_norm_eps); where the checkpoint
         stores them, a different value is an error.
-    pool ("token" | "avg"): the pooling of a timm state dict without config.json (pipeline.yaml model.pool).
+    pool ("token" | "avg" | "token_avg"): the pooling of a timm state dict without config.json (pipeline.yaml
+        model.pool); checked against the pooling other checkpoints state.
     What was assumed is in the result's ``notes``; where each value came from in its origins.
     """
     src = _resolve(Path(path))
@@ -263,8 +265,17 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
             "checkpoint with the head you need"
         )
     native = cfg.image_size
-    if image_size is not None and image_size != cfg.image_size:
-        cfg, state, pre = _resize(cfg, state, pre, image_size, where)
+    # transformers resamples a DINOv2 table to the input at every call (antialiased for the registers model only)
+    antialias = convert_hf.DINOV2_RESAMPLE_ANTIALIAS.get(src.meta.get("model_type"), True) if src.format == "hf" else True
+    follow = (convert_hf.dinov2_input_size(src.meta, cfg, pre.spec, where)
+              if src.format == "hf" and image_size is None and pre is not None else None)
+    if follow is not None:  # the processor's crop, not config.json's image_size, is what the model sees
+        cfg, state, _ = _resize(cfg, state, None, follow, where, antialias=antialias)
+        family_notes += (f"{where.name}: runs at the processor's {follow}x{follow} crop, not config.json's image_size "
+                         f"{native}: the position table is resampled once (bicubic{', antialiased' if antialias else ''}) "
+                         "as transformers resamples it at every call; model.image_size sets another size",)
+    elif image_size is not None and image_size != cfg.image_size:
+        cfg, state, pre = _resize(cfg, state, pre, image_size, where, antialias=antialias)
 
     model = _build_and_load(cfg, state, where, src.format)
     if labels is None:
@@ -337,7 +348,7 @@ def _our_meta(meta: dict[str, Any], where: Path) -> tuple["ViTConfig", tuple[str
 
 
 def _resize(cfg: "ViTConfig", state: dict[str, Any], pre: Preprocessing | None, image_size: int,
-            where: Path) -> tuple["ViTConfig", dict[str, Any], Preprocessing | None]:
+            where: Path, antialias: bool = True) -> tuple["ViTConfig", dict[str, Any], Preprocessing | None]:
     from .vit import resample_pos_embed
 
     if image_size <= 0 or image_size % cfg.patch_size:
@@ -345,11 +356,12 @@ def _resize(cfg: "ViTConfig", state: dict[str, Any], pre: Preprocessing | None, 
     new_cfg = cfg.replace(image_size=image_size)
     pos = state.get("pos_embed")
     if cfg.pos_embed == "learned" and pos is not None and pos.ndim == 3 and pos.shape[1] == cfg.pos_len:
-        state = {**state, "pos_embed": resample_pos_embed(pos, new_cfg.grid, cfg.pos_len - cfg.num_patches)}
+        state = {**state, "pos_embed": resample_pos_embed(pos, new_cfg.grid, cfg.pos_len - cfg.num_patches,
+                                                          antialias=antialias)}
         logger.info("%s: resampled position embeddings from %dx%d to %dx%d", where, cfg.grid, cfg.grid,
                     new_cfg.grid, new_cfg.grid)
     if pre is not None:
-        spec, scale = pre.spec, image_size / cfg.image_size
+        spec, scale = pre.spec, image_size / pre.spec.height
         # Sizes before the crop keep their ratio to the crop (timm's crop_pct does that by itself).
         scaled = {k: int(round(getattr(spec, k) * scale)) for k in ("resize_height", "resize_width", "shortest_edge",
                                                                      "longest_edge") if getattr(spec, k) is not None}

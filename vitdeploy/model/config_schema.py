@@ -42,7 +42,7 @@ def _side_or_pair(value: Any) -> Any:
 
 
 class HFConfig(_Open):
-    """transformers' ViTConfig keys (with its defaults) that vitdeploy reads."""
+    """transformers' ViTConfig keys (with its defaults) that vitdeploy reads; DINOv2's too."""
 
     model_type: StrictStr = "vit"
     hidden_size: Annotated[PositiveInt, Field(le=MAX_WIDTH)] = 768
@@ -56,6 +56,9 @@ class HFConfig(_Open):
     qkv_bias: StrictBool = True
     hidden_act: StrictStr = "gelu"
     id2label: Optional[dict[str, StrictStr]] = None
+    mlp_ratio: Annotated[FiniteFloat, Field(gt=0, le=64)] = 4  # DINOv2 (no intermediate_size)
+    use_swiglu_ffn: StrictBool = False
+    num_register_tokens: Annotated[NonNegativeInt, Field(le=1024)] = 0
 
     @field_validator("image_size", "patch_size")
     @classmethod

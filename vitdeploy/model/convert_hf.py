@@ -1,5 +1,7 @@
-"""Hugging Face ``ViTForImageClassification`` / ``ViTModel`` and DeiT (``DeiTForImageClassification``,
-``DeiTForImageClassificationWithTeacher``, ``DeiTModel``) -> vitdeploy naming, config and preprocessing.
+"""Hugging Face ``ViTForImageClassification`` / ``ViTModel``, DeiT (``DeiTForImageClassification``,
+``DeiTForImageClassificationWithTeacher``, ``DeiTModel``) and DINOv2 (``Dinov2ForImageClassification``,
+``Dinov2WithRegistersForImageClassification`` and their ``...Model``) -> vitdeploy naming, config and
+preprocessing.
 
 DeiT is a ViT with a second prefix token. ``...WithTeacher`` reads it with its own head and averages
 the two heads' logits: our ``distilled`` ViT (``distillation_token`` -> ``dist_token``,
@@ -15,6 +17,17 @@ Two key namings exist and both are accepted:
 
 ``ViTModel`` checkpoints have no ``vit.`` prefix; their ``pooler.*`` weights are not part of the
 classifier path and are dropped. Separate q/k/v projections are concatenated into ``attn.qkv``.
+
+DINOv2 is a ViT with layer scale (``layer_scale1.lambda1`` -> ``ls1.gamma``) whose classifier reads the
+class token and the mean patch token side by side (pool ``token_avg``, a head over 2 x width); its
+``mask_token`` is read only in pre-training (``bool_masked_pos``) and is dropped. With registers, the
+position table covers the class token and the patches but not the registers, which transformers
+inserts after adding it: the class row is added to ``cls_token`` once here (the same float32 sum
+transformers computes at every call, so exact) and the table keeps the patch rows, which is timm's
+``no_embed_class`` layout (``pos_embed_prefix: false``) and how timm itself converts these checkpoints.
+transformers resamples a DINOv2 position table to the input size at every call (bicubic; with
+antialiasing for the registers model only): when the processor's crop differs from ``image_size``
+(the hub models: 518 in config.json, 224 from the processor), the table is resampled once, the same way.
 """
 
 from __future__ import annotations
@@ -53,13 +66,21 @@ _TOP = {
     "cls_classifier.bias": "head.bias",
     "distillation_classifier.weight": "head_dist.weight",
     "distillation_classifier.bias": "head_dist.bias",
+    "embeddings.register_tokens": "reg_token",
 }
 #: Model types whose checkpoints load, and the prefix of their backbone's keys.
-MODEL_TYPES = {"vit": "vit.", "deit": "deit."}
+MODEL_TYPES = {"vit": "vit.", "deit": "deit.", "dinov2": "dinov2.", "dinov2_with_registers": "dinov2_with_registers."}
+#: DINOv2 model types -> whether transformers antialiases when it resamples the position table to the input size.
+DINOV2_RESAMPLE_ANTIALIAS = {"dinov2": False, "dinov2_with_registers": True}
+# What transformers' configuration classes default to where they differ from ViTConfig's.
+_DEFAULTS = {"dinov2": {"patch_size": 14, "layer_norm_eps": 1e-6}, "dinov2_with_registers": {"layer_norm_eps": 1e-6}}
+# Tensors of pre-training only, never read by a classifier: dropped.
+_DROPPED = ("pooler.", "embeddings.mask_token")
 # Per-layer module names, both namings -> ours ("q"/"k"/"v" are gathered into qkv).
 _LAYER = {
-    "layernorm_before": "norm1",
-    "layernorm_after": "norm2",
+    "layernorm_before": "norm1", "norm1": "norm1",
+    "layernorm_after": "norm2", "norm2": "norm2",
+    "layer_scale1": "ls1", "layer_scale2": "ls2",
     "attention.attention.query": "q", "attention.q_proj": "q",
     "attention.attention.key": "k", "attention.k_proj": "k",
     "attention.attention.value": "v", "attention.v_proj": "v",
@@ -67,7 +88,8 @@ _LAYER = {
     "intermediate.dense": "mlp.fc1", "mlp.fc1": "mlp.fc1",
     "output.dense": "mlp.fc2", "mlp.fc2": "mlp.fc2",
 }
-_LAYER_RE = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias)$")
+_LAYER_RE = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias|lambda1)$")
+_PARAM = {"weight": "weight", "bias": "bias", "lambda1": "gamma"}
 
 # transformers' hidden_act -> ours: "gelu" is erf; the others are the tanh approximation (same formula).
 HF_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
@@ -87,22 +109,25 @@ def is_hf_config(config: dict[str, Any]) -> bool:
 
 
 def convert_hf_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
-    """HF ViT state dict (either naming) -> vitdeploy naming. Unknown keys pass through unchanged so
-    that strict loading reports them; ``pooler.*`` is dropped."""
+    """HF ViT / DeiT / DINOv2 state dict (either naming) -> vitdeploy naming. Unknown keys pass through
+    unchanged so that strict loading reports them; ``pooler.*`` and ``embeddings.mask_token`` are dropped;
+    with registers, the class position row goes into ``cls_token`` (module docstring)."""
     torch = require("torch", "converting Hugging Face checkpoints")
     out: dict[str, Any] = {}
     qkv: dict[tuple[int, str], dict[str, tuple[str, Any]]] = {}
     teacher = any(k.startswith("distillation_classifier.") for k in state)
+    registers = False
     for key, value in state.items():
         name = next((key[len(p):] for p in MODEL_TYPES.values() if key.startswith(p)), key)
         if name == "embeddings.distillation_token":  # read by a head (WithTeacher) or by nothing
             out["dist_token" if teacher else "reg_token"] = value
             continue
-        if name.startswith("pooler."):
-            logger.debug("dropping %s (the pooler is not used for classification)", key)
+        if name.startswith(_DROPPED):
+            logger.debug("dropping %s (not used for classification)", key)
             continue
         if name in _TOP:
             out[_TOP[name]] = value
+            registers = registers or name == "embeddings.register_tokens"
             continue
         m = _LAYER_RE.match(name)
         target = _LAYER.get(m.group(2)) if m else None
@@ -111,13 +136,28 @@ def convert_hf_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.
         elif target in ("q", "k", "v"):
             qkv.setdefault((int(m.group(1)), m.group(3)), {})[target] = (key, value)
         else:
-            out[f"blocks.{m.group(1)}.{target}.{m.group(3)}"] = value
+            out[f"blocks.{m.group(1)}.{target}.{_PARAM[m.group(3)]}"] = value
     for (layer, kind), parts in qkv.items():
         if set(parts) == {"q", "k", "v"}:
             out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat([parts[p][1] for p in ("q", "k", "v")], dim=0)
         else:  # incomplete: leave the pieces, strict loading names them and the missing qkv
             out.update({src: val for src, val in parts.values()})
+    if registers:
+        _fold_class_position(out)
     return out
+
+
+def _fold_class_position(out: dict[str, Any]) -> None:
+    """DINOv2 with registers: the class row of the position table into ``cls_token``; the table keeps the
+    patch rows (registers get no position: transformers inserts them after the addition)."""
+    reg, cls, pos = out.get("reg_token"), out.get("cls_token"), out.get("pos_embed")
+    if reg is not None and reg.ndim == 3 and reg.shape[1] == 0:
+        del out["reg_token"]  # num_register_tokens 0: plain DINOv2
+        return
+    if cls is None or pos is None or pos.ndim != 3 or cls.shape[-1] != pos.shape[-1]:
+        return  # incomplete: strict loading names what is missing
+    out["cls_token"] = cls + pos[:, :1]
+    out["pos_embed"] = pos[:, 1:]
 
 
 def _square(value: Any, what: str, where: Path) -> int:
@@ -140,9 +180,14 @@ def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path,
     if model_type not in MODEL_TYPES:
         raise CheckpointError(
             f"{where}: model_type {model_type!r} is not supported; Hugging Face 'vit' (ViTForImageClassification, "
-            "ViTModel) and 'deit' (DeiTForImageClassification, DeiTForImageClassificationWithTeacher, DeiTModel) "
-            "checkpoints load"
+            "ViTModel), 'deit' (DeiTForImageClassification, DeiTForImageClassificationWithTeacher, DeiTModel), "
+            "'dinov2' and 'dinov2_with_registers' (Dinov2ForImageClassification, "
+            "Dinov2WithRegistersForImageClassification, their Model) checkpoints load"
         )
+    if config.get("use_swiglu_ffn"):
+        raise CheckpointError(f"{where}: use_swiglu_ffn=True (a SwiGLU MLP, as in DINOv2 giant) is not supported; "
+                              "vitdeploy's ViT runs a GELU MLP (fc1, GELU, fc2)")
+    config = {**_DEFAULTS.get(model_type, {}), **config}
     state = state or {}
     hidden_act = config.get("hidden_act", "gelu")
     if hidden_act not in HF_ACTS:
@@ -152,7 +197,10 @@ def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path,
             "checkpoint would change its outputs"
         )
     width = int(config.get("hidden_size", 768))
-    mlp = int(config.get("intermediate_size", 3072))
+    dinov2 = model_type in DINOV2_RESAMPLE_ANTIALIAS
+    # DINOv2 sizes its MLP by mlp_ratio (int(hidden_size * mlp_ratio)), the others by intermediate_size
+    mlp = int(width * config.get("mlp_ratio", 4)) if dinov2 else int(config.get("intermediate_size", 3072))
+    reg, pos = state.get("reg_token"), state.get("pos_embed")
     try:
         cfg = ViTConfig(
             image_size=_square(config.get("image_size", 224), "image_size", where),
@@ -167,13 +215,42 @@ def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path,
             num_classes=num_classes,
             act=HF_ACTS[hidden_act],
             distilled="dist_token" in state,
-            reg_tokens=1 if "reg_token" in state else 0,
+            reg_tokens=int(reg.shape[1]) if reg is not None and reg.ndim == 3 else 0,
+            # the DINOv2 classifier reads the class token and the mean patch token; without a head (the Model
+            # classes) the features are the class token, transformers' pooler_output
+            pool="token_avg" if dinov2 and "head.weight" in state else "token",
+            layer_scale=any(k.endswith(".ls1.gamma") for k in state),
+            # with registers the table has the patch rows only (the class row is in cls_token)
+            pos_embed_prefix=not (reg is not None and pos is not None and pos.ndim == 3
+                                  and pos.shape[1] == _grid_cells(config, where)),
         )
     except ValueError as exc:
         raise CheckpointError(f"{where}: config.json describes an invalid ViT: {exc}") from exc
     if cfg.mlp_dim != mlp:
         raise CheckpointError(f"{where}: intermediate_size {mlp} cannot be represented for hidden_size {width}")
     return cfg
+
+
+def _grid_cells(config: dict[str, Any], where: Path) -> int:
+    side = _square(config.get("image_size", 224), "image_size", where) // _square(config.get("patch_size", 16),
+                                                                                   "patch_size", where)
+    return side * side
+
+
+def dinov2_input_size(config: dict[str, Any], cfg: "ViTConfig", spec: PreprocessSpec, where: Path) -> int | None:
+    """The side transformers runs a DINOv2 model at when its processor's crop differs from config.json's
+    ``image_size`` (it resamples the position table to that input at every call); None when they agree or
+    the model is not DINOv2. CheckpointError for a non-square crop (a non-square grid)."""
+    if config.get("model_type") not in DINOV2_RESAMPLE_ANTIALIAS or (spec.height, spec.width) == (cfg.image_size,) * 2:
+        return None
+    if spec.height != spec.width:
+        raise CheckpointError(f"{where}: the processor's {spec.height}x{spec.width} crop would make transformers "
+                              "resample the position table to a non-square grid; vitdeploy's ViT is square: set "
+                              "preprocess height/width or model.image_size")
+    if spec.height % cfg.patch_size:
+        raise CheckpointError(f"{where}: the processor's {spec.height} px crop is not a multiple of the patch size "
+                              f"{cfg.patch_size}; set model.image_size")
+    return spec.height
 
 
 def hf_labels(config: dict[str, Any], num_classes: int, where: Path) -> tuple[str, ...] | None:

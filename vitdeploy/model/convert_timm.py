@@ -180,6 +180,9 @@ def timm_family(state: dict[str, Any], where: Path, hub_config: dict[str, Any],
     if args.get("pool_include_prefix"):
         raise CheckpointError(f"{where}: model_args pool_include_prefix=True (pooling over the prefix tokens too) "
                               "is not supported; vitdeploy averages the patch tokens only")
+    if pool is not None and pool not in TIMM_POOLS.values():
+        raise CheckpointError(f"{where}: model.pool {pool!r} is not a timm pooling; a timm ViT pools the class token "
+                              "('token') or the mean of the patch tokens ('avg')")
     reg = state.get("reg_token")
     family: dict[str, Any] = {
         "class_token": "cls_token" in state, "distilled": "dist_token" in state,

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..vit_schema import family_problems
 from ..vocab import POOLS
 
 
@@ -47,7 +48,9 @@ class ViTConfig:
     class_token: bool = True  # a learned class token first in the sequence
     distilled: bool = False  # DeiT's distillation token after it, with its own head; the two heads' logits averaged
     reg_tokens: int = 0  # register tokens after the class token (DINOv2 registers), never pooled
-    pool: str = "token"  # "token": the class token; "avg": the mean of the patch tokens (prefix tokens left out)
+    # "token": the class token; "avg": the mean of the patch tokens (prefix tokens left out); "token_avg": the
+    # class token and the mean patch token side by side, a head over 2 x width (transformers' DINOv2 classifiers)
+    pool: str = "token"
     fc_norm: bool = False  # the final LayerNorm after the pooling (timm fc_norm) instead of on every token
     layer_scale: bool = False  # per-channel scales on each residual branch (timm ls1/ls2.gamma)
     qk_norm: bool = False  # LayerNorm over each head's queries and keys before attention
@@ -74,10 +77,9 @@ class ViTConfig:
             problems.append(f"reg_tokens must be an integer >= 0, got {self.reg_tokens!r}")
         if self.pool not in POOLS:
             problems.append(f"pool must be one of {', '.join(POOLS)}, got {self.pool!r}")
-        if self.pool == "token" and not self.class_token:
-            problems.append("pool 'token' needs class_token")
-        if self.distilled and (not self.class_token or self.pool != "token" or self.reg_tokens):
-            problems.append("distilled needs class_token, pool 'token' and no reg_tokens")
+        else:
+            problems += family_problems(class_token=self.class_token, distilled=self.distilled,
+                                        reg_tokens=self.reg_tokens, pool=self.pool, fc_norm=self.fc_norm)
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
         if problems:
@@ -105,6 +107,17 @@ class ViTConfig:
     def mlp_dim(self) -> int:
         return int(round(self.width * self.mlp_ratio))
 
+    @property
+    def pooled_width(self) -> int:
+        """Features the head reads: ``width``, or twice that for ``token_avg``."""
+        return 2 * self.width if self.pool == "token_avg" else self.width
+
+    @property
+    def reads_class_token_only(self) -> bool:
+        """The logits depend on the last block's class-token row alone (no pooling over the patches, no
+        distillation head): what makes the ORT graph's class-token-only last block exact."""
+        return self.pool == "token" and not self.distilled
+
     def family_summary(self) -> str:
         """What sets this ViT apart from the paper's (prefix tokens, pooling, ...); "" for the paper's."""
         parts = []
@@ -114,7 +127,9 @@ class ViTConfig:
             parts.append("distillation token (two heads averaged)")
         if self.reg_tokens:
             parts.append(f"{self.reg_tokens} register token{'s' if self.reg_tokens > 1 else ''}")
-        if self.pool != "token":
+        if self.pool == "token_avg":
+            parts.append("class token + mean patch token (DINOv2 classifier)")
+        elif self.pool != "token":
             parts.append("average pooling" + (" + fc_norm" if self.fc_norm else ""))
         elif self.fc_norm:
             parts.append("fc_norm")
@@ -254,7 +269,7 @@ class VisionTransformer(nn.Module):
         norm = lambda: nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)  # noqa: E731
         self.norm = nn.Identity() if cfg.fc_norm else norm()
         self.fc_norm = norm() if cfg.fc_norm else nn.Identity()
-        self.head = nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()
+        self.head = nn.Linear(cfg.pooled_width, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.head_dist = (nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()) if cfg.distilled else None
         self.reset_parameters()
 
@@ -288,12 +303,15 @@ class VisionTransformer(nn.Module):
         return self.norm(x)
 
     def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> (B, width): the class token (equation 4) or the mean patch token, then fc_norm."""
+        """(B, C, H, W) -> (B, pooled_width): the class token (equation 4), the mean patch token (then
+        fc_norm), or the two side by side."""
         return self._pool(self.forward_tokens(pixel_values))
 
     def _pool(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.pool == "avg":
             return self.fc_norm(x[:, self.cfg.num_prefix_tokens:].mean(dim=1))
+        if self.cfg.pool == "token_avg":
+            return torch.cat([x[:, 0], x[:, self.cfg.num_prefix_tokens:].mean(dim=1)], dim=1)
         return self.fc_norm(x[:, 0])
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -304,8 +322,11 @@ class VisionTransformer(nn.Module):
         return logits
 
 
-def resample_pos_embed(pos_embed: torch.Tensor, new_grid: int, num_prefix_tokens: int = 1) -> torch.Tensor:
-    """Bicubically resample a (1, prefix + g*g, D) learned position table to a new grid."""
+def resample_pos_embed(pos_embed: torch.Tensor, new_grid: int, num_prefix_tokens: int = 1,
+                       antialias: bool = True) -> torch.Tensor:
+    """Bicubically resample a (1, prefix + g*g, D) learned position table to a new grid (``antialias``:
+    PyTorch's antialiased bicubic, as timm and transformers' DINOv2-with-registers use; plain bicubic
+    otherwise, as transformers' DINOv2 does)."""
     prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     old_grid = int(math.isqrt(patches.shape[1]))
     if old_grid * old_grid != patches.shape[1]:
@@ -314,6 +335,6 @@ def resample_pos_embed(pos_embed: torch.Tensor, new_grid: int, num_prefix_tokens
         return pos_embed
     dim = patches.shape[-1]
     grid = patches.reshape(1, old_grid, old_grid, dim).permute(0, 3, 1, 2).float()
-    grid = F.interpolate(grid, size=(new_grid, new_grid), mode="bicubic", align_corners=False, antialias=True)
+    grid = F.interpolate(grid, size=(new_grid, new_grid), mode="bicubic", align_corners=False, antialias=antialias)
     patches = grid.permute(0, 2, 3, 1).reshape(1, new_grid * new_grid, dim).to(pos_embed.dtype)
     return torch.cat([prefix, patches], dim=1)
