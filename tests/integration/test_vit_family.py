@@ -1,10 +1,12 @@
 """The ViT relatives people ship (issue 15) export and predict what their library predicts: register
 tokens, no class token, average pooling with and without fc_norm, layer scale, qk-norm, position
-tables without prefix rows (timm ``no_embed_class``), DeiT's distillation token.
+tables without prefix rows (timm ``no_embed_class``), DeiT's distillation token, transformers' DINOv2
+classifiers (class token + mean patch token, with and without registers).
 
 Reference: timm in the reference environment (``tests/reference/library_reference.py ... family``,
 once per session: each model built by timm with random weights, saved as timm saves it, run eagerly
-on timm's own preprocessing of the photos). Ours: ``vitdeploy export`` then ``Predictor`` on the
+on timm's own preprocessing of the photos); transformers in-process (its model and image processor
+read back from the folder save_pretrained wrote). Ours: ``vitdeploy export`` then ``Predictor`` on the
 photo files with the ORT-optimised graph (``ort``) and the FP16 graph (``ort-fp16``).
 """
 
@@ -247,6 +249,16 @@ def test_hf_dinov2_swiglu_is_refused_by_name(tmp_path):
     transformers.Dinov2ForImageClassification(config).save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match="use_swiglu_ffn=True .* is not supported"):
         load_checkpoint(tmp_path)
+
+
+def test_hf_dinov2_non_square_processor_crop_is_refused(tmp_path):
+    """transformers would resample the table to a 2x3 grid for a 28x42 crop: a non-square ViT."""
+    _hf_dinov2(tmp_path, 2, 42, 42, seed=1)
+    path = tmp_path / "preprocessor_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "crop_size": {"height": 28, "width": 42}}))
+    with pytest.raises(CheckpointError, match="28x42 crop .* non-square grid"):
+        load_checkpoint(tmp_path)
+    assert load_checkpoint(tmp_path, image_size=42).config.image_size == 42  # model.image_size decides instead
 
 
 def test_hf_model_types_outside_the_family_are_refused_by_name(tmp_path):

@@ -4,7 +4,7 @@ Formats are recognised from the contents of the file or directory, not its name:
 
 * ``vitdeploy``: a directory with ``model.json`` (``"format": "vitdeploy"``) and ``model.safetensors``,
   or either file inside it.
-* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` / DeiT directory (``config.json`` +
+* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` / DeiT / DINOv2 directory (``config.json`` +
   ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a weights file inside it.
 * ``timm``: a timm ``vision_transformer`` state dict (.safetensors or a torch.save file), or a timm hub
   directory (``config.json`` with ``architecture``).
@@ -411,7 +411,8 @@ def _unsupported_parts(unexpected: list[str]) -> str:
     if found:
         return "The model has parts vitdeploy's ViT does not: " + ", ".join(found)
     return ("The file is incomplete or edited, or the model has parts vitdeploy's ViT does not (supported: class, "
-            "distillation and register tokens, token or average pooling, fc_norm, layer scale, qk-norm)")
+            "distillation and register tokens, class-token, average or class-token + average pooling, fc_norm, layer "
+            "scale, qk-norm)")
 
 
 def _check_strict(model: "VisionTransformer", state: dict[str, Any], where: Path, fmt: str) -> None:
