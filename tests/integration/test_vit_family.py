@@ -224,6 +224,21 @@ def test_transformers_dinov2_exports_and_matches(registers, image_size, crop, ph
     assert all(gates[g]["passed"] for g in ("validate-onnx", "validate-ort-optimized", "validate-fp16")), gates
 
 
+@pytest.mark.parametrize("registers", [4, 0])
+def test_transformers_dinov2_at_model_image_size_matches_transformers_at_that_size(registers, tmp_path):
+    """model.image_size: the table resampled once from the checkpoint's own grid (config.json's 70 px), as
+    transformers does for a 56 px input; the resize before the crop keeps its ratio to the processor's crop."""
+    import torch
+
+    model, _ = _hf_dinov2(tmp_path, registers, 70, 42, seed=9)
+    loaded = load_checkpoint(tmp_path, image_size=56)
+    assert (loaded.config.image_size, loaded.native_image_size) == (56, 70)
+    assert (loaded.preprocess.height, loaded.preprocess.shortest_edge) == (56, 64)  # 48 * 56 / 42
+    x = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        assert float((loaded.model(x) - model(pixel_values=x).logits).abs().max()) <= 1e-5
+
+
 def test_transformers_dinov2_model_without_head_gives_the_pooler_output(tmp_path):
     """Dinov2WithRegistersModel (no classifier): the features are transformers' pooler_output (the class token)."""
     transformers = pytest.importorskip("transformers", reason="transformers not installed")
