@@ -5,7 +5,9 @@ float16 converter. Kept in float32:
 - every op type in ``keep_fp32_ops`` (LayerNormalization by default: its variance overflows);
 - every node whose output, on the calibration batch, exceeds ``max_abs_activation`` in
   magnitude (FP16's largest finite value is 65504; the default margin leaves room for inputs
-  hotter than the calibration set).
+  hotter than the calibration set);
+- every node of ``keep_fp32_nodes``: what the FP16 autopilot (export/autopilot.py) returned to
+  float32 to meet validation.fp16.
 """
 
 from __future__ import annotations
@@ -32,13 +34,20 @@ class Fp16Result:
     kept_op_types: tuple[str, ...]
     kept_hot_nodes: tuple[str, ...]  # nodes kept float32 because their activations ran hot
     activation_peaks: dict[str, float] = field(default_factory=dict)  # hottest few node outputs
+    keep_float: tuple[str, ...] = ()  # every node name asked to stay float32 (floor and autopilot)
 
     def summary(self) -> dict[str, Any]:
         return {
             "kept_fp32_op_types": list(self.kept_op_types),
             "kept_fp32_hot_nodes": list(self.kept_hot_nodes),
             "activation_peaks": self.activation_peaks,
+            "keep_float": list(self.keep_float),
         }
+
+
+def hot_nodes(peaks: dict[str, float], max_abs_activation: float) -> list[str]:
+    """The nodes whose outputs exceed ``max_abs_activation`` (or are not finite), sorted."""
+    return sorted(node for node, peak in peaks.items() if not np.isfinite(peak) or peak > max_abs_activation)
 
 
 def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str) -> dict[str, float]:
@@ -89,12 +98,18 @@ def convert_fp16(
     input_name: str = "pixel_values",
     keep_fp32_ops: Sequence[str] = ("LayerNormalization",),
     max_abs_activation: float = 4096.0,
+    keep_fp32_nodes: Sequence[str] = (),
+    peaks: dict[str, float] | None = None,
 ) -> Fp16Result:
-    """Write the mixed-precision graph of ``onnx_path`` to ``out_path`` atomically."""
+    """Write the mixed-precision graph of ``onnx_path`` to ``out_path`` atomically.
+
+    ``peaks``: :func:`activation_peaks` of ``onnx_path`` on ``calibration`` when already known."""
     onnx = require("onnx", "FP16 conversion")
     float16 = require("onnxconverter_common.float16", "FP16 conversion")
-    peaks = activation_peaks(onnx_path, calibration, input_name)
-    hot = sorted(node for node, peak in peaks.items() if not np.isfinite(peak) or peak > max_abs_activation)
+    if peaks is None:
+        peaks = activation_peaks(onnx_path, calibration, input_name)
+    hot = hot_nodes(peaks, max_abs_activation)
+    blocked = sorted(set(hot) | set(keep_fp32_nodes))
     if hot:
         log.info("keeping %d hot nodes in float32 (|activation| > %g): %s", len(hot), max_abs_activation, ", ".join(hot[:10]))
     model = onnx.load(str(onnx_path))
@@ -105,7 +120,7 @@ def convert_fp16(
                 model,
                 keep_io_types=True,
                 op_block_list=list(keep_fp32_ops),
-                node_block_list=hot,
+                node_block_list=blocked,
                 max_finite_val=65504.0,
             )
         if clamped:
@@ -119,4 +134,5 @@ def convert_fp16(
         except Exception as exc:  # noqa: BLE001
             raise ExportError(f"FP16 graph {out_path.name} fails onnx.checker: {exc}") from exc
     top = dict(sorted(peaks.items(), key=lambda kv: -kv[1])[:5])
-    return Fp16Result(out_path, tuple(keep_fp32_ops), tuple(hot), {k: round(v, 3) for k, v in top.items()})
+    kept = tuple(n.name for n in model.graph.node if n.op_type in set(keep_fp32_ops) or n.name in set(blocked))
+    return Fp16Result(out_path, tuple(keep_fp32_ops), tuple(hot), {k: round(v, 3) for k, v in top.items()}, kept)
