@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +25,14 @@ import numpy as np
 from .._files import write_json_atomic
 from .._heartbeat import heartbeat
 from ..config import PipelineConfig
-from ..errors import ArtifactError, BackendError, ConfigError, ExportError, MissingDependencyError, ValidationError
+from ..errors import ExportError, MissingDependencyError, ValidationError
 from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from ..runtime.artifacts import MANIFEST_NAME
 from ..runtime.backends.base import BackendOptions
 from ..vocab import ARTIFACT_FILES
 from . import manifest as manifest_mod
+from .engine_stages import EngineStages
+from .precision_stages import PrecisionStages
 from .effective import describe, load_model, resolve_preprocess  # noqa: F401 - load_model/resolve_preprocess: public here too
 from .onnx import INPUT_NAME, OUTPUT_NAME, export_onnx
 from .validate import ValidationInputs, build_inputs, validate_artifact, validation_batch_sizes
@@ -68,18 +69,6 @@ class ExportResult:
 
 
 StageCallback = Callable[[StageRecord], None]
-
-
-@dataclass(frozen=True)
-class _Int8Target:
-    """One INT8 graph the export writes (model.int8.onnx for ONNX Runtime, model.int8.trt.onnx for TensorRT)."""
-
-    stage: str  # the stage's name; its validation is "validate-<stage>"
-    role: str  # the manifest artifact role
-    record: str  # its key under the manifest's "export"
-    placement: Any  # export.quantize.Placement
-    switch: str  # the pipeline.yaml key that turns it on
-    label: str  # how the ONNX Runtime run that judges it is named in reports
 
 
 def validation_images(cfg: PipelineConfig) -> list[Path]:
@@ -120,8 +109,9 @@ def _reject(paths: list[Path]) -> None:
             os.replace(path, path.with_name(path.name + ".rejected"))
 
 
-class _Export:
-    """One export run: the stages in order, each timed and reported, the manifest last."""
+class _Export(PrecisionStages, EngineStages):
+    """One export run: the stages in order, each timed and reported, the manifest last (the reduced-precision
+    graphs: export/precision_stages.py; the TensorRT engines: export/engine_stages.py)."""
 
     def __init__(self, cfg: PipelineConfig, out_dir: Path, engine: EngineMode, on_stage: StageCallback | None,
                  validation_batch: tuple[int, ...] | None, heartbeat_s: float | None = None) -> None:
@@ -267,144 +257,6 @@ class _Export:
                       cfg.validation.fp32, [path, *external])
         self.add("onnx-ort", path, external)
 
-    def _fp16(self, cpu: BackendOptions, vit: Any, onnx_path: Path) -> None:
-        """model.fp16.onnx (export/precision.py); with ``export.fp16.autopilot`` the keep-float list is
-        chosen by export/autopilot.py, starting from everything FP16 but the floor."""
-        from ..runtime.backends.ort import OrtBackend
-        from .precision import convert_fp16
-
-        section, path, gate = self.cfg.export.fp16, self.out_dir / FILES["onnx-fp16"], self.cfg.validation.fp16
-        args = dict(calibration=self.inputs.batch, input_name=INPUT_NAME, keep_fp32_ops=section.keep_fp32_ops,
-                    max_abs_activation=section.max_abs_activation)
-        with self.stage("fp16") as rec:
-            steps: tuple = ()
-            if section.autopilot:
-                from .autopilot import GateError, run_fp16_autopilot
-
-                try:
-                    pilot = run_fp16_autopilot(onnx_path, path, judge=lambda p: self._judge(p, cpu, "ort-fp16", gate),
-                                               depth=vit.depth, **args)
-                except GateError as exc:  # the table goes into export-report.json
-                    self.validation["validate-fp16"] = {"passed": False, "failures": list(exc.steps[-1].failures),
-                                                        "autopilot": [s.to_dict() for s in exc.steps]}
-                    raise
-                res, steps = pilot.result, pilot.steps
-            else:
-                res = convert_fp16(onnx_path, path, **args)
-            self.extra["fp16"] = {**res.summary(), **({"autopilot": [s.to_dict() for s in steps]} if steps else {})}
-            rec.outputs = [path]
-            rec.reason = f"{len(res.kept_hot_nodes)} hot node(s) kept float32" + (
-                f"; autopilot: {steps[-1].name} ({len(steps)} step(s), {len(res.keep_float)} node(s) float32)" if steps else "")
-        self.validate("validate-fp16", lambda: OrtBackend(path, self.chw, None, cpu, name="ort-fp16"), gate, [path])
-        self.add("onnx-fp16", path)
-
-    def _int8(self, cpu: BackendOptions, vit: Any) -> None:
-        """model.int8.onnx (export/quantize.py) from the fused graph, for ONNX Runtime on the CPU."""
-        from .quantize import ORT_CPU
-
-        section = self.cfg.export.int8
-        if section.enabled is False:
-            self._drop("onnx-int8")
-            return self.skip("int8", "export.int8.enabled is false")
-        self._quantize(cpu, vit, _Int8Target("int8", "onnx-int8", "int8", ORT_CPU, "export.int8.enabled", "ort-int8"),
-                       self.artifacts.get("onnx-ort", self.artifacts["onnx"]), section.mode, section.enabled is True)
-
-    def _int8_tensorrt(self, cpu: BackendOptions, vit: Any) -> None:
-        """model.int8.trt.onnx (export/quantize.py, placement TENSORRT) from the plain graph: the graph
-        the INT8 TensorRT engine is built from, judged here by ONNX Runtime on the CPU."""
-        from .quantize import TENSORRT
-
-        switch = self.cfg.export.int8.tensorrt
-        why_not = "export.int8.tensorrt is false" if switch is False else None
-        if switch == "auto" and self._tensorrt_unavailable():
-            why_not = f"export.int8.tensorrt is auto and no engine is built here: {self._tensorrt_unavailable()}"
-        if why_not:
-            self._drop("onnx-int8-trt")
-            return self.skip("int8-trt", why_not)
-        target = _Int8Target("int8-trt", "onnx-int8-trt", "int8_tensorrt", TENSORRT, "export.int8.tensorrt",
-                             "ort (model.int8.trt.onnx)")
-        self._quantize(cpu, vit, target, self.artifacts["onnx"], "static", switch is True)
-
-    def _drop(self, role: str) -> None:
-        path = self.out_dir / FILES[role]
-        for p in (path, path.with_name(path.name + ".data")):
-            p.unlink(missing_ok=True)
-
-    def _quantize(self, cpu: BackendOptions, vit: Any, target: "_Int8Target", src: Path, mode: str, required: bool) -> None:
-        """One INT8 graph: quantize ``src`` (the autopilot when ``export.int8.autopilot``), validate it with
-        ONNX Runtime on the CPU, add it. A failure (too few calibration images, the tools failing,
-        validation.int8 not met) is fatal when ``required``; otherwise it is recorded in the stage and the
-        export goes on without the graph, as the engine does under ``--engine auto``."""
-        from ..runtime.backends.ort import OrtBackend
-        from . import quantize
-
-        section, out = self.cfg.export.int8, self.out_dir
-        path = out / FILES[target.role]
-        data = path.with_name(path.name + ".data")
-        external = bool(self.entries[self._role_of(src)].get("external_data"))
-        record = self.extra[target.record] = {"source": src.name, "mode": mode, "passed": False}
-        gate = self.cfg.validation.int8
-        try:
-            with self.stage(target.stage) as rec, tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=out) as tmp:
-                calib = None
-                if mode == "static":
-                    calib = quantize.calibration_batch(self.inputs.batch, self.inputs.names,
-                                                       max_images=section.calibration_images,
-                                                       min_images=section.min_calibration_images)
-                pre = quantize.prepare(src, Path(tmp) / "pre.onnx", external_data=external, placement=target.placement)
-                kwargs = dict(input_name=INPUT_NAME, mode=mode, method=section.calibration_method, calibration=calib,
-                              external_data=external, placement=target.placement)
-                steps: tuple = ()
-                if section.autopilot:
-                    from .autopilot import GateError, run_autopilot
-
-                    try:
-                        pilot = run_autopilot(pre, path, judge=lambda p: self._judge(p, cpu, target.label, gate),
-                                              depth=vit.depth, stage=f"validate-{target.stage}", **kwargs)
-                    except GateError as exc:
-                        record["autopilot"] = [s.to_dict() for s in exc.steps]
-                        raise
-                    res, steps = pilot.result, pilot.steps
-                    record["autopilot"] = [s.to_dict() for s in steps]
-                else:
-                    res = quantize.quantize_prepared(pre, path, **kwargs)
-                record.update(res.summary())
-                ops = "/".join(target.placement.op_types)
-                if not res.quantized_nodes:
-                    log.warning("%s passes validation.int8 only with every %s in float: it runs at FP32 speed (loosen "
-                                "validation.int8, or set %s: false)", path.name, ops, target.switch)
-                rec.outputs = [path, *res.external_data]
-                rec.reason = (f"{len(res.quantized_nodes)} {ops} INT8, {len(res.keep_float)} float"
-                              + (f" (autopilot, {len(steps)} step(s))" if steps else "") + f", {mode}"
-                              + (f", {res.method} on {res.calibration_images} images" if res.method else
-                                 f"; {quantize.DYNAMIC_CAVEAT}"))
-            self.validate(f"validate-{target.stage}", lambda: OrtBackend(path, self.chw, None, cpu, name=target.label),
-                          gate, [path, *res.external_data])
-            record["passed"] = True
-        except (ConfigError, ExportError, BackendError, ValidationError) as exc:
-            if required:
-                raise
-            log.warning("%s not written (%s: auto; the export goes on without it): %s", path.name, target.switch,
-                        str(exc).splitlines()[0])
-            for p in (path, data):
-                for q in (p, p.with_name(p.name + ".rejected")):
-                    q.unlink(missing_ok=True)
-            return
-        self.add(target.role, path, res.external_data)
-
-    def _judge(self, path: Path, cpu: BackendOptions, label: str, tolerance: Any) -> Any:
-        """One autopilot step: the candidate graph at the largest validation batch against eager PyTorch."""
-        from ..runtime.backends.ort import OrtBackend
-        from .compare import compare
-        from .validate import run_in_batches
-
-        backend = OrtBackend(path, self.chw, None, cpu, name=label)
-        try:
-            logits = run_in_batches(backend, self.inputs.batch, max(self.sizes))
-        finally:
-            backend.close()
-        return compare(self.reference, logits, tolerance.model_dump())
-
     def _role_of(self, path: Path) -> str:
         return next(role for role, p in self.artifacts.items() if p == path)
 
@@ -437,94 +289,6 @@ class _Export:
                     f"(artifact renamed *.rejected; full report: {self.final_dir / REPORT_NAME})")
             rec.reason = (f"{len(self.inputs.names)} inputs at batch {', '.join(map(str, sizes))}; "
                           f"worst max|diff| {result.worst_metrics()['max_abs_diff']:.3g}")
-
-    def _tensorrt_device(self) -> str:
-        device = self.cfg.runtime.device
-        return device if device.startswith("cuda") else "cuda:0"  # build where it will run
-
-    def _tensorrt_unavailable(self) -> str | None:
-        """Why no TensorRT engine can be built in this export (None when one can); asked once."""
-        if not hasattr(self, "_trt_reason"):
-            if self.engine_mode == "skip":
-                self._trt_reason: str | None = "--engine skip"
-            else:
-                from . import tensorrt as trt_stage
-
-                self._trt_reason = trt_stage.tensorrt_unavailable_reason(self._tensorrt_device())
-        return self._trt_reason
-
-    def _engine(self) -> None:
-        """model.engine from model.fp16.onnx, then model.int8.engine from model.int8.trt.onnx when the
-        export wrote that graph. ``--engine require`` makes a failure of the FP16 engine fatal, and of the
-        INT8 engine too when ``export.int8.tensorrt`` is true; otherwise a failure is recorded and the
-        export goes on without that engine."""
-        mode = self.engine_mode
-        if mode == "skip":
-            return self.skip("engine", "--engine skip")
-        why_not = ("the engine is compiled from model.fp16.onnx and export.fp16.enabled is false"
-                   if "onnx-fp16" not in self.artifacts else self._tensorrt_unavailable())
-        if why_not:
-            if mode == "require":
-                with self.stage("engine"):
-                    raise MissingDependencyError(f"TensorRT engine required (--engine require) but {why_not}")
-            self.skip("engine", why_not)
-        else:
-            self._engine_from("engine", "onnx-fp16", "fp16", self.cfg.validation.fp16, required=mode == "require")
-        if "onnx-int8-trt" in self.artifacts:  # written only where TensorRT can run, or when asked for
-            why_not = self._tensorrt_unavailable()
-            if why_not:
-                return self.skip("engine-int8", why_not)
-            self._engine_from("engine-int8", "onnx-int8-trt", "int8", self.cfg.validation.int8,
-                              required=mode == "require" and self.cfg.export.int8.tensorrt is True)
-
-    def _engine_from(self, role: str, source: str, precision: str, tolerance: Any, *, required: bool) -> None:
-        """Build the engine ``role`` (stage of the same name) from the ONNX graph ``source`` and validate
-        it on the GPU (``validate-<role>``) with ``tolerance``."""
-        from ..runtime.backends.trt import TrtBackend
-        from . import tensorrt as trt_stage
-
-        cfg, profile, device = self.cfg, self.cfg.export.batch, self._tensorrt_device()
-        engine_path, meta_path = self.out_dir / FILES[role], self.out_dir / FILES[f"{role}-meta"]
-        try:
-            with self.stage(role) as rec:
-                plan = trt_stage.plan_engine_build(
-                    self.artifacts[source], engine_path, input_name=INPUT_NAME, chw=self.chw, min_batch=profile.min,
-                    opt_batch=profile.opt, max_batch=profile.max, workspace_mb=cfg.tensorrt.workspace_mb,
-                    optimization_level=cfg.tensorrt.optimization_level, device=device, precision=precision,
-                    timing_cache_path=cfg.resolve(cfg.tensorrt.timing_cache) or self.out_dir / "timing.cache")
-
-                shown = [0.0]
-
-                def progress(text: str) -> None:  # at most one line a second
-                    if time.perf_counter() - shown[0] >= 1.0:
-                        shown[0], rec.reason = time.perf_counter(), text
-                        self._emit(rec)
-
-                try:
-                    trt_stage.build_engine(plan, progress=progress)
-                except BaseException:
-                    rec.reason = ""  # the stage records the error, not the last progress line
-                    raise
-                rec.reason = f"built on {device}"
-                rec.outputs = [engine_path, meta_path]
-            gpu = BackendOptions(device=device)
-            in_profile = tuple(sorted({min(max(b, profile.min), profile.max) for b in self.sizes}))
-            name = "trt" if precision == "fp16" else f"trt-{precision}"
-            self.validate(f"validate-{role}", lambda: TrtBackend(engine_path, meta_path, self.chw, profile.max, gpu, name=name),
-                          tolerance, [engine_path, meta_path], in_profile)
-        except (ExportError, BackendError, ArtifactError, MissingDependencyError, ValidationError) as exc:
-            # validation.fp16 missed by the FP16 engine fails the export (exit 3), as every FP16 artifact does;
-            # the INT8 engine is optional like the INT8 graphs (unless required)
-            if required or (isinstance(exc, ValidationError) and precision == "fp16"):
-                raise
-            # the validated ONNX artifacts stay usable; the manifest records why there is no engine.
-            log.warning("TensorRT %s not built (the export goes on without it): %s", engine_path.name, exc)
-            for p in (engine_path, meta_path):
-                for q in (p, p.with_name(p.name + ".rejected")):
-                    q.unlink(missing_ok=True)
-            return
-        self.add(role, engine_path)
-        self.add(f"{role}-meta", meta_path)
 
     def _manifest(self) -> ExportResult:
         cfg, out = self.cfg, self.out_dir
