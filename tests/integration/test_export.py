@@ -176,8 +176,11 @@ def test_engine_require_without_tensorrt_exits_4(tmp_path: Path):
 
 
 def test_failed_validation_exits_3_with_expected_vs_actual_and_rejects_the_artifact(tmp_path: Path):
+    """The validate stage's own failure (the FP16 autopilot, which would judge first and fail in the fp16
+    stage with its step table, is off here: tests/integration/test_fp16_autopilot.py covers that path)."""
     strict = {"max_abs_diff": 0.0, "mean_abs_diff": 0.0, "min_cosine": 1.0, "min_top1_agreement": 1.0, "min_top5_overlap": 1.0}
-    cfg = write_yaml(tmp_path / "p.yaml", {"validation": {"fp16": strict, "noise_samples": 2}, "export": {"batch": {"max": 4, "opt": 2}}})
+    cfg = write_yaml(tmp_path / "p.yaml", {"validation": {"fp16": strict, "noise_samples": 2},
+                                           "export": {"batch": {"max": 4, "opt": 2}, "fp16": {"autopilot": False}}})
     res = run_cli("export", "-c", str(cfg), "-o", str(tmp_path / "out"), "--engine", "skip")
     assert res.exit_code == 3
     assert "validate-fp16" in res.stderr and "max_abs_diff: expected <= 0, got" in res.stderr
