@@ -84,6 +84,9 @@ class Fp16Section(_Section):
     max_abs_activation: FiniteFloat = Field(
         4096.0, gt=0, description="nodes whose outputs exceed this on calibration images stay float32 (FP16 max is 65504)"
     )
+    autopilot: bool = Field(True, description="when validation.fp16 fails with only keep_fp32_ops and the hot nodes in "
+                                              "float32, return Softmax-like ops, the head, then block by block to float32 "
+                                              "until it passes (every step recorded in the manifest)")
 
 
 class Int8Section(_Section):
@@ -100,6 +103,11 @@ class Int8Section(_Section):
     min_calibration_images: int = Field(16, ge=1, description="fewer real validation images than this: no static INT8")
     autopilot: bool = Field(True, description="when validation.int8 fails, return Gemm, then block by block MatMuls "
                                               "to float until it passes (every step recorded in the manifest)")
+    tensorrt: Union[Literal["auto"], bool] = Field(
+        "auto", description="model.int8.trt.onnx (S8 symmetric Q/DQ from model.onnx) and the INT8 TensorRT engine "
+                            "model.int8.engine built from it: auto = when the engine stage runs (TensorRT and a CUDA GPU "
+                            "here), going on without them on failure; true = always write and validate the graph (a "
+                            "failure fails the export), and build the engine where TensorRT exists; false = never")
 
 
 class ExportSection(_Section):

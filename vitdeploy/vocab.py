@@ -46,8 +46,11 @@ ARTIFACT_FILES: Mapping[str, str] = MappingProxyType({
     "onnx-ort": "model.ort.onnx",  # ONNX Runtime-only fused FP32 graph (export/optimize.py)
     "onnx-fp16": "model.fp16.onnx",
     "onnx-int8": "model.int8.onnx",  # INT8 QDQ graph quantized from model.ort.onnx (export/quantize.py)
+    "onnx-int8-trt": "model.int8.trt.onnx",  # INT8 QDQ graph for TensorRT, quantized from model.onnx (export/quantize.py)
     "engine": "model.engine",
     "engine-meta": "model.engine.json",
+    "engine-int8": "model.int8.engine",  # TensorRT INT8 engine built from model.int8.trt.onnx
+    "engine-int8-meta": "model.int8.engine.json",
 })
 
 # ------------------------------------------------------------------------------------------------
@@ -74,6 +77,7 @@ BACKENDS: tuple[BackendKind, ...] = (
     BackendKind("ort-int8", "ort-int8", ("onnx-int8",), "int8", "any", ("onnxruntime",)),
     BackendKind("torch-fp16", "torch", ("weights", "weights-config"), "fp16", "cuda", ("torch", "safetensors")),
     BackendKind("trt", "trt", ("engine", "engine-meta"), "fp16", "cuda", ("tensorrt",)),
+    BackendKind("trt-int8", "trt-int8", ("engine-int8", "engine-int8-meta"), "int8", "cuda", ("tensorrt",)),
 )
 BACKEND_KINDS: Mapping[str, BackendKind] = MappingProxyType({kind.name: kind for kind in BACKENDS})
 #: The backends ``validate`` and ``bench`` know ("torch-fp16" is the torch backend in half precision).

@@ -1,4 +1,5 @@
-"""A real TensorRT build and run of the shipped demo model's model.fp16.onnx, compared with torch eager.
+"""A real TensorRT build and run of the shipped demo model's model.fp16.onnx (and of its INT8 Q/DQ graph,
+model.int8.trt.onnx), compared with torch eager.
 
 Needs TensorRT and a CUDA GPU; skips with the reason where either is missing. The engine is
 built from the very file users get: the demo model exported by `vitdeploy export` (ONNX, then
@@ -117,3 +118,39 @@ def test_batch_below_the_profile_min_is_padded(built, tmp_path):
         got = backend.run(batch)
     assert got.shape == (1, 10)
     assert float(np.abs(got - eager(model, batch)).max()) <= TOLERANCE
+
+
+@pytest.fixture(scope="module")
+def built_int8(built, request, tmp_path_factory):
+    """model.int8.trt.onnx of the demo model (S8 symmetric Q/DQ, calibrated on the demo images), built
+    into an INT8 engine: explicit quantization, strongly typed, no INT8 builder flag."""
+    from vitdeploy.demo import IMAGES_DIR
+    from vitdeploy.export.quantize import TENSORRT, quantize_int8
+    from vitdeploy.runtime.artifacts import Artifacts
+    from vitdeploy.runtime.preprocess import Preprocessor
+
+    model = built[0]
+    artifacts_dir = request.getfixturevalue("demo_artifacts")
+    artifacts = Artifacts.open(artifacts_dir)
+    images = Preprocessor(artifacts.preprocess).batch(sorted(p for p in IMAGES_DIR.iterdir() if p.suffix in (".png", ".jpg")))
+    folder = tmp_path_factory.mktemp("trt_int8")
+    qdq = folder / "model.int8.trt.onnx"
+    quantize_int8(artifacts_dir / "model.onnx", qdq, input_name="pixel_values", calibration=images, placement=TENSORRT)
+    plan = plan_engine_build(qdq, folder / "model.int8.engine", input_name="pixel_values", chw=CHW, min_batch=1, opt_batch=8,
+                             max_batch=64, workspace_mb=512, optimization_level=1, precision="int8")
+    meta = build_engine(plan)
+    return model, plan, meta, images
+
+
+def test_int8_engine_from_the_qdq_graph_within_validation_int8(built_int8):
+    from vitdeploy.export.compare import logit_metrics
+
+    model, plan, meta, images = built_int8
+    assert meta.precision.startswith("int8")
+    with TrtBackend(plan.engine_path, plan.meta_path, CHW, None, BackendOptions(device="cuda"), name="trt-int8") as backend:
+        got = backend.run(images)
+        alone = np.concatenate([backend.run(images[i : i + 1]) for i in range(4)])
+    metrics, flipped = logit_metrics(eager(model, images), got)
+    assert metrics["max_abs_diff"] <= 1.0 and metrics["cosine"] >= 0.99 and metrics["top1_agreement"] >= 0.98, metrics
+    # static scales: no dependence on the other images beyond a rounding step where another kernel is picked
+    assert float(np.abs(alone - got[:4]).max()) <= 0.05

@@ -176,8 +176,11 @@ def test_engine_require_without_tensorrt_exits_4(tmp_path: Path):
 
 
 def test_failed_validation_exits_3_with_expected_vs_actual_and_rejects_the_artifact(tmp_path: Path):
+    """The validate stage's own failure (the FP16 autopilot, which would judge first and fail in the fp16
+    stage with its step table, is off here: tests/integration/test_fp16_autopilot.py covers that path)."""
     strict = {"max_abs_diff": 0.0, "mean_abs_diff": 0.0, "min_cosine": 1.0, "min_top1_agreement": 1.0, "min_top5_overlap": 1.0}
-    cfg = write_yaml(tmp_path / "p.yaml", {"validation": {"fp16": strict, "noise_samples": 2}, "export": {"batch": {"max": 4, "opt": 2}}})
+    cfg = write_yaml(tmp_path / "p.yaml", {"validation": {"fp16": strict, "noise_samples": 2},
+                                           "export": {"batch": {"max": 4, "opt": 2}, "fp16": {"autopilot": False}}})
     res = run_cli("export", "-c", str(cfg), "-o", str(tmp_path / "out"), "--engine", "skip")
     assert res.exit_code == 3
     assert "validate-fp16" in res.stderr and "max_abs_diff: expected <= 0, got" in res.stderr
@@ -238,10 +241,11 @@ def test_large_model_path_writes_external_data_that_is_hashed_validated_and_guar
 
 
 def test_engine_stage_wiring_with_a_tensorrt_test_double(tmp_path: Path, monkeypatch, export_config):
-    """Checks the export pipeline's own wiring of the engine stage: the build plan it hands to the
-    builder (profile, the timing cache beside the -o output), validation at batch sizes inside the
-    profile, the manifest entries. A test double stands in for TensorRT, running the FP16 graph in
-    ONNX Runtime: this is no evidence that TensorRT works."""
+    """Checks the export pipeline's own wiring of the engine stages: the build plans it hands to the
+    builder (profile, the timing cache beside the -o output, the FP16 engine from model.fp16.onnx and,
+    with export.int8.tensorrt auto where TensorRT can run, the INT8 engine from model.int8.trt.onnx),
+    validation at batch sizes inside the profile, the manifest entries. A test double stands in for
+    TensorRT, running each engine's source graph in ONNX Runtime: this is no evidence that TensorRT works."""
     import vitdeploy.export.tensorrt as trt_stage
     import vitdeploy.runtime.backends.trt as trt_backend
     from vitdeploy.export.pipeline import run_export
@@ -255,9 +259,10 @@ def test_engine_stage_wiring_with_a_tensorrt_test_double(tmp_path: Path, monkeyp
         plan.meta_path.write_text(json.dumps({"tensorrt_version": "test-double"}))
 
     class FakeTrtBackend(OrtBackend):
-        def __init__(self, engine_path, meta_path, chw, max_batch, options):
+        def __init__(self, engine_path, meta_path, chw, max_batch, options, name):
             assert options.device == "cuda:0"  # validated on the GPU it was built on
-            super().__init__(engine_path.with_name("model.fp16.onnx"), chw, max_batch, name="trt")
+            source = {"model.engine": "model.fp16.onnx", "model.int8.engine": "model.int8.trt.onnx"}[engine_path.name]
+            super().__init__(engine_path.with_name(source), chw, max_batch, name=name)
 
         def _run(self, batch):
             batches.append(len(batch))
@@ -270,16 +275,19 @@ def test_engine_stage_wiring_with_a_tensorrt_test_double(tmp_path: Path, monkeyp
     cfg = export_config({"export": {"batch": {"min": 2, "opt": 4, "max": 6}}, "validation": {"noise_samples": 2}})
     result = run_export(cfg, out, engine="require")
 
-    (plan,) = plans
-    assert (plan.min_batch, plan.opt_batch, plan.max_batch) == (2, 4, 6) and plan.device == 0
+    plan, plan_int8 = plans
+    assert (plan_int8.onnx_path.name, plan_int8.engine_path.name, plan_int8.precision) == (
+        "model.int8.trt.onnx", "model.int8.engine", "int8")
+    assert (plan.min_batch, plan.opt_batch, plan.max_batch) == (2, 4, 6) and plan.device == 0 and plan.precision == "fp16"
     # Built in the staging folder that becomes `out`; the timing cache sits beside the graph, so it lands in `out`.
     assert plan.onnx_path.name == "model.fp16.onnx" and plan.timing_cache_path == plan.onnx_path.parent / "timing.cache"
     assert plan.onnx_path.parent.name.startswith(".elsewhere.vitdeploy-staging-")
     assert result.artifacts["engine"] == out / "model.engine" and (out / "model.engine").is_file()
     assert min(batches) >= 2 and max(batches) <= 6  # never outside the engine's profile
     manifest = json.loads(result.manifest_path.read_text())
-    assert {"engine", "engine-meta"} <= set(manifest["artifacts"])
-    assert manifest["validation"]["validate-engine"]["passed"]
+    assert {"engine", "engine-meta", "onnx-int8-trt", "engine-int8", "engine-int8-meta"} <= set(manifest["artifacts"])
+    assert manifest["validation"]["validate-engine"]["passed"] and manifest["validation"]["validate-engine-int8"]["passed"]
+    assert manifest["validation"]["validate-engine-int8"]["backend"] == "trt-int8"
     assert sorted(map(int, manifest["validation"]["validate-engine"]["per_batch"])) == [2, 3, 6]
 
 
@@ -311,3 +319,44 @@ def test_tensorrt_failure_in_auto_mode_still_writes_the_manifest(tmp_path: Path,
     assert engine["status"] == "failed" and "could not create its Builder on cuda:1" in engine["reason"]
     assert "engine" not in manifest["artifacts"] and {"onnx", "onnx-fp16"} <= set(manifest["artifacts"])
     assert not (tmp_path / "model.engine").exists() and not (tmp_path / "export-report.json").exists()
+
+
+@pytest.mark.parametrize("switch", ["auto", True])
+def test_int8_engine_failure_is_fatal_only_when_export_int8_tensorrt_is_true(tmp_path: Path, monkeypatch, export_config,
+                                                                             tiny_checkpoint, switch):
+    """--engine require: the FP16 engine is required; the INT8 engine only with export.int8.tensorrt: true,
+    otherwise its failure is recorded and the export keeps model.int8.trt.onnx and the FP16 engine.
+    A test double builds (and fails) the engines: no evidence about TensorRT itself."""
+    import vitdeploy.export.tensorrt as trt_stage
+    import vitdeploy.runtime.backends.trt as trt_backend
+    from vitdeploy.export.pipeline import run_export
+    from vitdeploy.runtime.backends.ort import OrtBackend
+
+    def build(plan, progress=None):
+        if plan.precision == "int8":
+            raise ExportError("TensorRT 10.13.3.9 failed to build an engine from model.int8.trt.onnx")
+        plan.engine_path.write_bytes(b"serialized engine")
+        plan.meta_path.write_text(json.dumps({"tensorrt_version": "test-double"}))
+
+    class FakeTrtBackend(OrtBackend):
+        def __init__(self, engine_path, meta_path, chw, max_batch, options, name):
+            super().__init__(engine_path.with_name("model.fp16.onnx"), chw, max_batch, name=name)
+
+    monkeypatch.setattr(trt_stage, "tensorrt_unavailable_reason", lambda device: None)
+    monkeypatch.setattr(trt_stage, "build_engine", build)
+    monkeypatch.setattr(trt_backend, "TrtBackend", FakeTrtBackend)
+    cfg = export_config({"model": {"checkpoint": str(tiny_checkpoint)}, "validation": {"noise_samples": 2},
+                         "export": {"batch": {"max": 4, "opt": 2}, "optimize": False,
+                                    "int8": {"enabled": False, "tensorrt": switch}}})
+    if switch is True:
+        with pytest.raises(ExportError, match="model.int8.trt.onnx"):
+            run_export(cfg, tmp_path, engine="require", heartbeat_s=None)
+        assert not (tmp_path / "manifest.json").exists()
+        return
+    result = run_export(cfg, tmp_path, engine="require", heartbeat_s=None)
+    stages = {s.name: s for s in result.stages}
+    assert stages["engine"].status == "passed" and stages["int8-trt"].status == "passed"
+    assert stages["engine-int8"].status == "failed" and "model.int8.trt.onnx" in stages["engine-int8"].reason
+    manifest = json.loads(result.manifest_path.read_text())
+    assert {"engine", "onnx-int8-trt"} <= set(manifest["artifacts"]) and "engine-int8" not in manifest["artifacts"]
+    assert not (tmp_path / "model.int8.engine").exists()

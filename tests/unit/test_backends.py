@@ -47,7 +47,7 @@ def batch5() -> np.ndarray:
 
 
 def test_registry_lists_the_backends_and_rejects_unknown_names(artifacts):
-    assert BACKEND_NAMES == ("torch", "ort", "ort-fp16", "ort-int8", "trt")
+    assert BACKEND_NAMES == ("torch", "ort", "ort-fp16", "ort-int8", "trt", "trt-int8")
     with pytest.raises(ConfigError) as info:
         open_backend("tensorflow", artifacts)
     for name in BACKEND_NAMES:

@@ -148,8 +148,10 @@ def test_threshold_sets_per_backend():
     specs = {s.name: s for s in backend_specs()}
     assert specs["torch"].is_reference
     assert {n: s.precision for n, s in specs.items()} == {"torch": "fp32", "ort": "fp32", "ort-fp16": "fp16",
-                                                          "ort-int8": "int8", "torch-fp16": "fp16", "trt": "fp16"}
+                                                          "ort-int8": "int8", "torch-fp16": "fp16", "trt": "fp16",
+                                                          "trt-int8": "int8"}
     assert specs["torch-fp16"].options.device == "cuda" and specs["torch-fp16"].options.precision == "fp16"
+    assert specs["trt-int8"].options.device == "cuda" and specs["trt-int8"].uses_cuda and not specs["ort-int8"].uses_cuda
     from vitdeploy.runtime.backends import BackendOptions
 
     on_gpu = {s.name: s for s in backend_specs(None, BackendOptions(device="cuda:1"))}
@@ -171,7 +173,7 @@ def _cuda() -> bool:
 def test_run_drift_reports_every_backend_and_writes_the_report(tiny_dir, image_tree):
     report = run_drift(tiny_dir, images=image_tree)
     rows = {b.name: b for b in report.backends}
-    assert list(rows) == ["torch", "ort", "ort-fp16", "ort-int8", "torch-fp16", "trt"]
+    assert list(rows) == ["torch", "ort", "ort-fp16", "ort-int8", "torch-fp16", "trt", "trt-int8"]
     assert rows["torch"].status == "reference"
     assert rows["ort"].status == "passed", rows["ort"].failures
     assert rows["ort"].metrics["max_abs_diff"] < 1e-3 and rows["ort"].threshold_set == "fp32"

@@ -367,3 +367,4 @@ def test_collector_sees_our_tensorrt_calls():
             "get_tensor_dtype", "create_execution_context", "set_input_shape", "set_tensor_address", "get_tensor_shape",
             "execute_async_v3", "ILogger", "log"} <= run
     assert "FP16" not in build | run, "FP16 precision must come from the ONNX graph, never from BuilderFlag.FP16"
+    assert not {"INT8", "set_flag", "int8_calibrator"} & (build | run), "INT8 comes from the graph's Q/DQ (explicit quantization)"

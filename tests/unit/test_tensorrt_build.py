@@ -222,6 +222,25 @@ def test_engine_and_metadata_json(onnx_file):
     assert leftovers(onnx_file.parent) == []
 
 
+@pytest.mark.parametrize("version, flags", [("10.13.3.9", 1 << 1), ("11.4.0.106", 0)])
+def test_int8_engine_from_the_qdq_graph_takes_the_same_strongly_typed_path(tmp_path, version, flags):
+    """Explicit quantization: INT8 comes from the graph's Q/DQ, so the calls are the FP16 engine's
+    (STRONGLY_TYPED on 10.x, no flag on 11.x) and no builder flag is ever set."""
+    qdq = tmp_path / "model.int8.trt.onnx"
+    qdq.write_bytes(b"a Q/DQ graph, not read by the fake parser")
+    plan = plan_engine_build(qdq, tmp_path / "model.int8.engine", chw=(3, 32, 32), min_batch=1, opt_batch=2, max_batch=4,
+                             workspace_mb=256, optimization_level=2, timing_cache_path=None, precision="int8")
+    fake = FakeTrt(version)
+    meta = build(plan, fake)
+    assert fake.called("create_network") == [("create_network", flags)]
+    assert fake.called("parse_from_file") == [("parse_from_file", str(qdq))]
+    assert not [c for c in fake.calls if "flag" in c[0].lower()]  # the strict config has no set_flag either
+    data = json.loads((tmp_path / "model.int8.engine.json").read_text())
+    assert data["precision"].startswith("int8 (explicit quantization") and meta.precision == data["precision"]
+    assert data["onnx_sha256"] == hashlib.sha256(qdq.read_bytes()).hexdigest()
+    assert (tmp_path / "model.int8.engine").read_bytes() == ENGINE_BYTES
+
+
 def test_engine_write_failure_leaves_no_engine_or_temp_file(onnx_file, monkeypatch):
     def refuse(src, dst):
         raise OSError(28, "No space left on device")
@@ -251,7 +270,7 @@ def test_engine_write_failure_leaves_no_engine_or_temp_file(onnx_file, monkeypat
         (dict(chw=(3, 32)), "chw"),
         (dict(chw=(3, 0, 32)), "chw[1]"),
         (dict(input_name=""), "input_name"),
-        (dict(precision="int8"), "precision"),
+        (dict(precision="int4"), "precision"),
     ],
 )
 def test_plan_validation_names_the_key(onnx_file, overrides, key):

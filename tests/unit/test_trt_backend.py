@@ -392,20 +392,25 @@ def test_refuses_engine_built_from_another_onnx_graph(tmp_path):
 
 
 class FakeArtifacts:
+    """The FP16 engine's roles (the INT8 engine's with ``int8=True``) and its source graph's sha256."""
+
     input_shape = CHW
 
-    def __init__(self, folder: Path, fp16_sha: str | None) -> None:
+    def __init__(self, folder: Path, fp16_sha: str | None, *, int8: bool = False) -> None:
         self.folder, self.fp16_sha = folder, fp16_sha
+        stem, self.source = ("model.int8", "onnx-int8-trt") if int8 else ("model", "onnx-fp16")
+        role = "engine-int8" if int8 else "engine"
+        self.files = {role: f"{stem}.engine", f"{role}-meta": f"{stem}.engine.json"}
 
     def path(self, role):
-        return self.folder / {"engine": "model.engine", "engine-meta": "model.engine.json"}[role]
+        return self.folder / self.files[role]
 
     def has(self, role):
-        return role in ("engine", "engine-meta") or (role == "onnx-fp16" and self.fp16_sha is not None)
+        return role in self.files or (role == self.source and self.fp16_sha is not None)
 
     def entry(self, role):
-        assert role == "onnx-fp16"
-        return {"path": "model.fp16.onnx", "sha256": self.fp16_sha, "bytes": 1}
+        assert role == self.source
+        return {"path": f"{role}.onnx", "sha256": self.fp16_sha, "bytes": 1}
 
 
 @pytest.fixture
@@ -428,6 +433,17 @@ def test_open_from_artifacts_checks_the_manifest_onnx_fp16_sha(registry_fakes):
 
 def test_open_from_artifacts_without_onnx_fp16_skips_the_graph_check(registry_fakes):
     assert open_from_artifacts(FakeArtifacts(registry_fakes, None), BackendOptions(device="cuda")).max_batch == 4
+
+
+def test_trt_int8_opens_model_int8_engine_built_from_the_qdq_graph(registry_fakes):
+    from vitdeploy.runtime.backends import open_backend
+
+    for name in ("model.engine", "model.engine.json"):  # the INT8 pair only
+        (registry_fakes / name).rename(registry_fakes / name.replace("model.", "model.int8.", 1))
+    backend = open_backend("trt-int8", FakeArtifacts(registry_fakes, ONNX_SHA, int8=True), BackendOptions(device="cuda"))
+    assert backend.name == "trt-int8" and backend.engine_path.name == "model.int8.engine" and backend.max_batch == 4
+    with pytest.raises(ArtifactError, match="onnx-int8-trt graph .*built from another graph"):
+        open_backend("trt-int8", FakeArtifacts(registry_fakes, "ef" * 32, int8=True), BackendOptions(device="cuda"))
 
 
 # --------------------------------------------------------------------------------------------

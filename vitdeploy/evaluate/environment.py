@@ -7,6 +7,7 @@ from typing import Iterator
 
 from .. import __version__
 from .._deps import available
+from ..vocab import BACKEND_KINDS
 
 
 def environment_report() -> Iterator[str]:
@@ -35,7 +36,7 @@ def _backend_rows() -> list[tuple[str, str]]:
 
     rows = []
     for name in BACKEND_NAMES:
-        options = BackendOptions(device="cuda") if name == "trt" else BackendOptions()
+        options = BackendOptions(device="cuda") if BACKEND_KINDS[name].device == "cuda" else BackendOptions()
         why = backend_unavailable_reason(name, None, options)
         if why is not None:
             rows.append((name, f"cannot run: {why}"))

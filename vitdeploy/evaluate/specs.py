@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ConfigError
 from ..runtime.backends import verify_backend_files
-from ..vocab import BACKENDS, EVALUATED_BACKENDS
+from ..vocab import BACKEND_KINDS, BACKENDS, EVALUATED_BACKENDS
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime.backends import Opened
@@ -41,7 +41,7 @@ class BackendSpec:
 
     @property
     def uses_cuda(self) -> bool:
-        return self.registry == "trt" or (self.registry == "torch" and _device_type(self.options.device) == "cuda")
+        return BACKEND_KINDS[self.registry].device == "cuda" or (self.registry == "torch" and _device_type(self.options.device) == "cuda")
 
     def label(self) -> str:
         if self.registry == "torch":

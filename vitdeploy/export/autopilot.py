@@ -1,15 +1,28 @@
-"""The INT8 precision autopilot: quantize every MatMul/Gemm, judge the graph with
-``validation.int8``, and return nodes to float until it passes.
+"""Precision autopilots: start from the fastest graph, judge it, and return nodes to float until
+the gate passes. One mechanism (:func:`ladder` yields the steps, :func:`climb` walks them), used by
+
+- INT8 (:func:`run_autopilot`): ``model.int8.onnx`` for ONNX Runtime and ``model.int8.trt.onnx``
+  for TensorRT (a :class:`~vitdeploy.export.quantize.Placement` each), judged by ``validation.int8``;
+- FP16 (:func:`run_fp16_autopilot`): ``model.fp16.onnx``, judged by ``validation.fp16``.
 
 Steps, each cumulative (what went back to float stays float):
-1. everything quantized;
-2. by op type: the Gemm nodes (the classifier head: little time, a direct hit on the logits);
-3. by block: one transformer block's MatMuls at a time, the block whose MatMul inputs reach the
-   largest magnitude on the calibration images first (U8 activations spread 256 steps over that
-   range, so the widest range loses the most precision); blocks are the MatMuls in graph order
-   split into ``depth`` equal runs (a ViT block has the same MatMuls as every other).
+1. the start: everything in low precision except a floor. INT8: no floor. FP16: the op types of
+   ``export.fp16.keep_fp32_ops`` (LayerNormalization by default) and the nodes whose activations
+   exceed ``max_abs_activation`` on the calibration images. The floor is not judged but imposed:
+   the judge runs the graph in ONNX Runtime on the CPU, whose FP16 LayerNormalization accumulates
+   in float32, while TensorRT, which compiles this very graph, warns that an FP16 LayerNorm after
+   attention may overflow its variance; an activation past FP16's 65504 is an overflow, not drift;
+2. by op type, the types of ``float_first`` present in the graph, one step each. INT8: the
+   classifier head (Gemm: little time, a direct hit on the logits), and for TensorRT the patch
+   embedding (Conv, the layer nearest the input). FP16 (:data:`FP16_FLOAT_FIRST`): the exponentials
+   and reductions PyTorch's autocast runs in float32 (Softmax, ReduceMean, Pow, ...), then the head;
+3. by block: one transformer block at a time, the block reading the widest values on the
+   calibration images first (INT8 spreads 256 steps over that range; FP16 is nearest overflow
+   there); blocks are the graph-order spans ending at every ``depth``-th run of MatMuls (a ViT
+   block has the same MatMuls as every other); what follows the last block (final norm, head)
+   comes last. INT8 returns a block's quantized ops, FP16 all its nodes.
 Every step's keep-float list and metrics are kept (the manifest records them). When even the last
-step (every MatMul/Gemm float) fails, :class:`Int8GateError` carries the table.
+step fails, :class:`GateError` carries the table.
 """
 
 from __future__ import annotations
@@ -17,15 +30,20 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from .._deps import require
 from ..errors import ValidationError
-from .quantize import QUANTIZED_OPS, Int8Result, quantize_prepared
+from .quantize import ORT_CPU, Placement, quantize_prepared
 
 log = logging.getLogger(__name__)
+
+#: FP16's op types returned to float first (present ones only, in this order): the ops on PyTorch
+#: autocast's float32 list (https://pytorch.org/docs/stable/amp.html, "CUDA Ops that can autocast
+#: to float32") that a ViT graph contains, then the classifier head.
+FP16_FLOAT_FIRST = ("Softmax", "ReduceMean", "ReduceSum", "Pow", "Sqrt", "Reciprocal", "Exp", "Log", "Gemm")
 
 
 @dataclass(frozen=True)
@@ -47,8 +65,8 @@ class Step:
                 f"{'PASS' if self.passed else 'FAIL'}")
 
 
-class Int8GateError(ValidationError):
-    """validation.int8 not met even with every MatMul/Gemm in float; ``steps`` holds the table."""
+class GateError(ValidationError):
+    """The gate is not met even at the autopilot's last step; ``steps`` holds the table."""
 
     def __init__(self, message: str, steps: Sequence[Step]) -> None:
         super().__init__(message)
@@ -57,78 +75,139 @@ class Int8GateError(ValidationError):
 
 @dataclass(frozen=True)
 class AutopilotResult:
-    result: Int8Result
+    result: Any  # what the last step's ``make`` returned (an Int8Result, an Fp16Result)
     steps: tuple[Step, ...] = field(default_factory=tuple)
 
 
-def _graph(pre: Path) -> Any:
-    onnx = require("onnx", "the INT8 autopilot")
-    return onnx.load(str(pre), load_external_data=False)
+def _graph(path: Path) -> Any:
+    onnx = require("onnx", "the precision autopilot")
+    return onnx.load(str(path), load_external_data=False)
 
 
-def blocks(pre: Path, depth: int) -> list[list[str]]:
-    """The MatMul node names of each of ``depth`` blocks (graph order, equal runs); MatMuls left
-    over when the count does not split evenly go into one more group."""
-    matmuls = [n.name for n in _graph(pre).graph.node if n.op_type == "MatMul"]
+# --------------------------------------------------------------------------------------------
+# the steps
+
+
+def block_spans(model: Any, depth: int) -> list[list[str]]:
+    """Every node name of ``model`` in graph order, cut after the last MatMul of each of ``depth``
+    equal runs of MatMuls; what follows the last block (and MatMuls left over when the count does
+    not split evenly) is one more span."""
+    names = [n.name for n in model.graph.node]
+    matmuls = [i for i, n in enumerate(model.graph.node) if n.op_type == "MatMul"]
     per = len(matmuls) // depth if depth > 0 else 0
     if per == 0:
-        return [matmuls] if matmuls else []
-    groups = [matmuls[i * per : (i + 1) * per] for i in range(depth)]
-    return groups + ([matmuls[depth * per :]] if len(matmuls) > depth * per else [])
+        return [names] if names else []
+    spans, start = [], 0
+    for block in range(depth):
+        end = matmuls[(block + 1) * per - 1] + 1
+        spans.append(names[start:end])
+        start = end
+    return spans + ([names[start:]] if start < len(names) else [])
 
 
-def block_order(pre: Path, groups: list[list[str]], calibration: np.ndarray | None, input_name: str) -> list[int]:
-    """Indices of ``groups``, the widest activation range at a MatMul input first (graph order when unknown)."""
-    if calibration is None or not len(groups):
+def widest_first(model: Any, groups: Sequence[Sequence[str]], peaks: Mapping[str, float] | None) -> list[int]:
+    """Indices of ``groups``, the group whose nodes read the largest magnitude first (``peaks``:
+    producing node name -> max |output| on the calibration images); graph order without peaks."""
+    if not peaks:
         return list(range(len(groups)))
-    from .precision import activation_peaks
-
-    peaks = activation_peaks(pre, calibration, input_name)  # producer node name -> max |output|
-    model = _graph(pre)
     producer = {out: n.name for n in model.graph.node for out in n.output}
-    by_name = {n.name: n for n in model.graph.node}
+    inputs = {n.name: n.input for n in model.graph.node}
 
-    def score(group: list[str]) -> float:
-        return max((peaks.get(producer.get(by_name[m].input[0], ""), 0.0) for m in group), default=0.0)
+    def score(group: Sequence[str]) -> float:
+        return max((peaks.get(producer.get(i, ""), 0.0) for name in group for i in inputs[name]), default=0.0)
 
     scores = [score(g) for g in groups]
     return sorted(range(len(groups)), key=lambda i: -scores[i])
 
 
-def run_autopilot(pre: Path, dst: Path, *, judge: Callable[[Path], Any], depth: int, input_name: str,
-                  calibration: np.ndarray | None, **quantize: Any) -> AutopilotResult:
-    """Quantize ``pre`` into ``dst`` with the fewest nodes in float that pass ``judge`` (a
-    :class:`~vitdeploy.export.compare.Comparison` of a graph path); Int8GateError when none does."""
-    steps: list[Step] = []
+def ladder(model: Any, *, first: str, float_first: Sequence[str], groups: Callable[[], Iterable[tuple[str, Sequence[str]]]],
+           start: Sequence[str] = ()) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """The steps (name, cumulative keep-float node names): ``start``, then each op type of
+    ``float_first`` present, then each of ``groups()`` (called only when the steps get there)."""
+    keep = tuple(start)
+    yield first, keep
+    for op in float_first:
+        new = tuple(n.name for n in model.graph.node if n.op_type == op and n.name not in keep)
+        if new:
+            keep += new
+            yield f"op type {op} float", keep
+    for name, group in groups():
+        new = tuple(n for n in group if n not in keep)
+        if new:
+            keep += new
+            yield name, keep
 
-    def attempt(name: str, keep: tuple[str, ...]) -> Int8Result | None:
-        res = quantize_prepared(pre, dst, input_name=input_name, calibration=calibration, keep_float=keep, **quantize)
+
+def climb(steps: Iterable[tuple[str, tuple[str, ...]]], make: Callable[[tuple[str, ...]], Any],
+          judge: Callable[[Path], Any], dst: Path, *, label: str, unmet: str) -> AutopilotResult:
+    """Write ``dst`` with ``make(keep_float)`` for each step and ``judge(dst)`` it (a
+    :class:`~vitdeploy.export.compare.Comparison`); the first step that passes wins. GateError
+    (``unmet`` and the table) when none does, ``dst`` removed."""
+    done: list[Step] = []
+    for name, keep in steps:
+        res = make(keep)
         verdict = judge(dst)
-        steps.append(Step(name, keep, verdict.passed, dict(verdict.metrics), tuple(verdict.failures)))
-        log.info("int8 autopilot: %s", steps[-1].line())
-        return res if verdict.passed else None
-
-    keep: tuple[str, ...] = ()
-    res = attempt("all MatMul/Gemm quantized", keep)
-    if res is not None:
-        return AutopilotResult(res, tuple(steps))
-    model = _graph(pre)
-    gemms = tuple(n.name for n in model.graph.node if n.op_type == "Gemm")
-    if gemms:
-        keep = gemms
-        res = attempt("op type Gemm float", keep)
-        if res is not None:
-            return AutopilotResult(res, tuple(steps))
-    groups = blocks(pre, depth)
-    for i in block_order(pre, groups, calibration, input_name):
-        keep = keep + tuple(groups[i])
-        res = attempt(f"block {i} float" if i < depth else "other MatMuls float", keep)
-        if res is not None:
-            return AutopilotResult(res, tuple(steps))
+        done.append(Step(name, keep, verdict.passed, dict(verdict.metrics), tuple(verdict.failures)))
+        log.info("%s autopilot: %s", label, done[-1].line())
+        if verdict.passed:
+            return AutopilotResult(res, tuple(done))
     dst.unlink(missing_ok=True)
-    table = "; ".join(f"{s.name}: {', '.join(s.failures[:2]) or 'pass'}" for s in steps)
-    raise Int8GateError(f"validate-int8: validation.int8 not met even with every {'/'.join(QUANTIZED_OPS)} in float "
-                        f"({len(steps)} steps: {table})", steps)
+    table = "; ".join(f"{s.name}: {', '.join(s.failures[:2]) or 'pass'}" for s in done)
+    raise GateError(f"{unmet} ({len(done)} steps: {table})", done)
 
 
-__all__ = ["AutopilotResult", "Int8GateError", "Step", "block_order", "blocks", "run_autopilot"]
+def _block_groups(model: Any, spans: list[list[str]], depth: int, peaks: Mapping[str, float] | None,
+                  other: str) -> list[tuple[str, list[str]]]:
+    order = widest_first(model, spans, peaks)
+    return [(f"block {i} float" if i < depth else other, spans[i]) for i in order if spans[i]]
+
+
+# --------------------------------------------------------------------------------------------
+# INT8 and FP16
+
+
+def run_autopilot(pre: Path, dst: Path, *, judge: Callable[[Path], Any], depth: int, input_name: str,
+                  calibration: np.ndarray | None, placement: Placement = ORT_CPU, stage: str = "validate-int8",
+                  **quantize: Any) -> AutopilotResult:
+    """Quantize ``pre`` into ``dst`` with the fewest nodes in float that pass ``judge``; GateError when none does."""
+    from .precision import activation_peaks
+
+    model, ops = _graph(pre), placement.op_types
+    kind = {n.name: n.op_type for n in model.graph.node}
+
+    def groups() -> list[tuple[str, list[str]]]:
+        spans = [[n for n in span if kind[n] in ops] for span in block_spans(model, depth)]
+        peaks = activation_peaks(pre, calibration, input_name) if calibration is not None and len(spans) > 1 else None
+        return _block_groups(model, spans, depth, peaks, f"other {'/'.join(ops)} float")
+
+    names = "/".join(ops)
+    steps = ladder(model, first=f"all {names} quantized", float_first=placement.float_first, groups=groups)
+    make = lambda keep: quantize_prepared(pre, dst, input_name=input_name, calibration=calibration, keep_float=keep,  # noqa: E731
+                                          placement=placement, **quantize)
+    return climb(steps, make, judge, dst, label="int8",
+                 unmet=f"{stage}: validation.int8 not met even with every {names} in float")
+
+
+def run_fp16_autopilot(src: Path, dst: Path, *, judge: Callable[[Path], Any], depth: int, input_name: str,
+                       calibration: np.ndarray, keep_fp32_ops: Sequence[str], max_abs_activation: float) -> AutopilotResult:
+    """Convert ``src`` into the FP16 graph ``dst`` with the fewest nodes in float32 that pass ``judge``
+    (never fewer than the floor); GateError when none does."""
+    from .precision import activation_peaks, convert_fp16, hot_nodes
+
+    peaks = activation_peaks(src, calibration, input_name)
+    model = _graph(src)
+    floor = [n.name for n in model.graph.node if n.op_type in set(keep_fp32_ops)]
+    floor += [n for n in hot_nodes(peaks, max_abs_activation) if n not in set(floor)]
+
+    def groups() -> list[tuple[str, list[str]]]:
+        return _block_groups(model, block_spans(model, depth), depth, peaks, "other nodes float")
+
+    steps = ladder(model, first="all FP16 but the floor", float_first=FP16_FLOAT_FIRST, groups=groups, start=floor)
+    make = lambda keep: convert_fp16(src, dst, calibration=calibration, input_name=input_name, peaks=peaks,  # noqa: E731
+                                     keep_fp32_ops=keep_fp32_ops, keep_fp32_nodes=keep, max_abs_activation=max_abs_activation)
+    return climb(steps, make, judge, dst, label="fp16",
+                 unmet="validate-fp16: validation.fp16 not met even with every node in float32")
+
+
+__all__ = ["AutopilotResult", "FP16_FLOAT_FIRST", "GateError", "Step", "block_spans", "climb", "ladder", "run_autopilot",
+           "run_fp16_autopilot", "widest_first"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +25,14 @@ import numpy as np
 from .._files import write_json_atomic
 from .._heartbeat import heartbeat
 from ..config import PipelineConfig
-from ..errors import ArtifactError, BackendError, ConfigError, ExportError, MissingDependencyError, ValidationError
+from ..errors import ExportError, MissingDependencyError, ValidationError
 from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from ..runtime.artifacts import MANIFEST_NAME
 from ..runtime.backends.base import BackendOptions
 from ..vocab import ARTIFACT_FILES
 from . import manifest as manifest_mod
+from .engine_stages import EngineStages
+from .precision_stages import PrecisionStages
 from .effective import describe, load_model, resolve_preprocess  # noqa: F401 - load_model/resolve_preprocess: public here too
 from .onnx import INPUT_NAME, OUTPUT_NAME, export_onnx
 from .validate import ValidationInputs, build_inputs, validate_artifact, validation_batch_sizes
@@ -108,8 +109,9 @@ def _reject(paths: list[Path]) -> None:
             os.replace(path, path.with_name(path.name + ".rejected"))
 
 
-class _Export:
-    """One export run: the stages in order, each timed and reported, the manifest last."""
+class _Export(PrecisionStages, EngineStages):
+    """One export run: the stages in order, each timed and reported, the manifest last (the reduced-precision
+    graphs: export/precision_stages.py; the TensorRT engines: export/engine_stages.py)."""
 
     def __init__(self, cfg: PipelineConfig, out_dir: Path, engine: EngineMode, on_stage: StageCallback | None,
                  validation_batch: tuple[int, ...] | None, heartbeat_s: float | None = None) -> None:
@@ -203,24 +205,13 @@ class _Export:
         self._ort_graph(vit, cpu)  # 3b
 
         if cfg.export.fp16.enabled:  # 4-5
-            from .precision import convert_fp16
-
-            fp16_path = out / FILES["onnx-fp16"]
-            with self.stage("fp16") as rec:
-                res = convert_fp16(onnx_path, fp16_path, calibration=self.inputs.batch, input_name=INPUT_NAME,
-                                   keep_fp32_ops=cfg.export.fp16.keep_fp32_ops,
-                                   max_abs_activation=cfg.export.fp16.max_abs_activation)
-                self.extra["fp16"] = res.summary()
-                rec.outputs = [fp16_path]
-                rec.reason = f"{len(res.kept_hot_nodes)} hot node(s) kept float32"
-            self.validate("validate-fp16", lambda: OrtBackend(fp16_path, self.chw, None, cpu, name="ort-fp16"),
-                          cfg.validation.fp16, [fp16_path])
-            self.add("onnx-fp16", fp16_path)
+            self._fp16(cpu, vit, onnx_path)
         else:
             (out / FILES["onnx-fp16"]).unlink(missing_ok=True)
             self.skip("fp16", "export.fp16.enabled is false")
 
         self._int8(cpu, vit)  # 5b
+        self._int8_tensorrt(cpu, vit)  # 5c
         self._engine()  # 6-7
         return self._manifest()  # 8
 
@@ -266,82 +257,6 @@ class _Export:
                       cfg.validation.fp32, [path, *external])
         self.add("onnx-ort", path, external)
 
-    def _int8(self, cpu: BackendOptions, vit: Any) -> None:
-        """model.int8.onnx (export/quantize.py). With ``export.int8.enabled: auto`` a failure (too few
-        calibration images, the tools failing, validation.int8 not met) is recorded in the stage and the
-        export goes on without it, as the engine does under ``--engine auto``; ``true`` makes it fatal."""
-        from ..runtime.backends.ort import OrtBackend
-        from . import quantize
-
-        section, out = self.cfg.export.int8, self.out_dir
-        path = out / FILES["onnx-int8"]
-        data = path.with_name(path.name + ".data")
-        if section.enabled is False:
-            path.unlink(missing_ok=True)
-            data.unlink(missing_ok=True)
-            return self.skip("int8", "export.int8.enabled is false")
-        src = self.artifacts.get("onnx-ort", self.artifacts["onnx"])
-        external = bool(self.entries[self._role_of(src)].get("external_data"))
-        self.extra["int8"] = {"source": src.name, "mode": section.mode, "passed": False}
-        try:
-            with self.stage("int8") as rec, tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=out) as tmp:
-                calib = None
-                if section.mode == "static":
-                    calib = quantize.calibration_batch(self.inputs.batch, self.inputs.names,
-                                                       max_images=section.calibration_images,
-                                                       min_images=section.min_calibration_images)
-                pre = quantize.prepare(src, Path(tmp) / "pre.onnx", external_data=external)
-                kwargs = dict(input_name=INPUT_NAME, mode=section.mode, method=section.calibration_method,
-                              calibration=calib, external_data=external)
-                steps: tuple = ()
-                if section.autopilot:
-                    from .autopilot import Int8GateError, run_autopilot
-
-                    try:
-                        pilot = run_autopilot(pre, path, judge=lambda p: self._judge_int8(p, cpu), depth=vit.depth, **kwargs)
-                    except Int8GateError as exc:
-                        self.extra["int8"]["autopilot"] = [s.to_dict() for s in exc.steps]
-                        raise
-                    res, steps = pilot.result, pilot.steps
-                    self.extra["int8"]["autopilot"] = [s.to_dict() for s in steps]
-                else:
-                    res = quantize.quantize_prepared(pre, path, **kwargs)
-                self.extra["int8"].update(res.summary())
-                if not res.quantized_nodes:
-                    log.warning("model.int8.onnx passes validation.int8 only with every MatMul/Gemm in float: it runs "
-                                "at FP32 speed (loosen validation.int8, or set export.int8.enabled: false)")
-                rec.outputs = [path, *res.external_data]
-                rec.reason = (f"{len(res.quantized_nodes)} MatMul/Gemm INT8, {len(res.keep_float)} float"
-                              + (f" (autopilot, {len(steps)} step(s))" if steps else "") + f", {section.mode}"
-                              + (f", {res.method} on {res.calibration_images} images" if res.method else
-                                 f"; {quantize.DYNAMIC_CAVEAT}"))
-            self.validate("validate-int8", lambda: OrtBackend(path, self.chw, None, cpu, name="ort-int8"),
-                          self.cfg.validation.int8, [path, *res.external_data])
-            self.extra["int8"]["passed"] = True
-        except (ConfigError, ExportError, BackendError, ValidationError) as exc:
-            if section.enabled is True:
-                raise
-            log.warning("model.int8.onnx not written (export.int8.enabled: auto; the export goes on without it): %s",
-                        str(exc).splitlines()[0])
-            for p in (path, data):
-                for q in (p, p.with_name(p.name + ".rejected")):
-                    q.unlink(missing_ok=True)
-            return
-        self.add("onnx-int8", path, res.external_data)
-
-    def _judge_int8(self, path: Path, cpu: BackendOptions) -> Any:
-        """One autopilot step: the candidate graph at the largest validation batch against eager PyTorch."""
-        from ..runtime.backends.ort import OrtBackend
-        from .compare import compare
-        from .validate import run_in_batches
-
-        backend = OrtBackend(path, self.chw, None, cpu, name="ort-int8")
-        try:
-            logits = run_in_batches(backend, self.inputs.batch, max(self.sizes))
-        finally:
-            backend.close()
-        return compare(self.reference, logits, self.cfg.validation.int8.model_dump())
-
     def _role_of(self, path: Path) -> str:
         return next(role for role, p in self.artifacts.items() if p == path)
 
@@ -374,67 +289,6 @@ class _Export:
                     f"(artifact renamed *.rejected; full report: {self.final_dir / REPORT_NAME})")
             rec.reason = (f"{len(self.inputs.names)} inputs at batch {', '.join(map(str, sizes))}; "
                           f"worst max|diff| {result.worst_metrics()['max_abs_diff']:.3g}")
-
-    def _engine(self) -> None:
-        cfg, out, mode = self.cfg, self.out_dir, self.engine_mode
-        if mode == "skip":
-            return self.skip("engine", "--engine skip")
-        device = cfg.runtime.device if cfg.runtime.device.startswith("cuda") else "cuda:0"  # build where it will run
-        why_not: str | None
-        if "onnx-fp16" not in self.artifacts:
-            why_not = "the engine is compiled from model.fp16.onnx and export.fp16.enabled is false"
-        else:
-            from . import tensorrt as trt_stage
-
-            why_not = trt_stage.tensorrt_unavailable_reason(device)
-        if why_not:
-            if mode == "require":
-                with self.stage("engine"):
-                    raise MissingDependencyError(f"TensorRT engine required (--engine require) but {why_not}")
-            return self.skip("engine", why_not)
-        engine_path, meta_path = out / FILES["engine"], out / FILES["engine-meta"]
-        try:
-            self._build_and_validate_engine(trt_stage, device, engine_path, meta_path)
-        except (ExportError, BackendError, ArtifactError, MissingDependencyError) as exc:
-            if mode == "require":
-                raise
-            # auto: the validated ONNX artifacts stay usable; the manifest records why there is no engine.
-            log.warning("TensorRT engine not built (--engine auto; the export goes on without it): %s", exc)
-            engine_path.unlink(missing_ok=True)
-            meta_path.unlink(missing_ok=True)
-            return
-        self.add("engine", engine_path)
-        self.add("engine-meta", meta_path)
-
-    def _build_and_validate_engine(self, trt_stage: Any, device: str, engine_path: Path, meta_path: Path) -> None:
-        from ..runtime.backends.trt import TrtBackend
-
-        cfg, profile = self.cfg, self.cfg.export.batch
-        with self.stage("engine") as rec:
-            plan = trt_stage.plan_engine_build(
-                self.artifacts["onnx-fp16"], engine_path, input_name=INPUT_NAME, chw=self.chw, min_batch=profile.min,
-                opt_batch=profile.opt, max_batch=profile.max, workspace_mb=cfg.tensorrt.workspace_mb,
-                optimization_level=cfg.tensorrt.optimization_level, device=device,
-                timing_cache_path=cfg.resolve(cfg.tensorrt.timing_cache) or self.out_dir / "timing.cache")
-
-            shown = [0.0]
-
-            def progress(text: str) -> None:  # at most one line a second
-                if time.perf_counter() - shown[0] >= 1.0:
-                    shown[0], rec.reason = time.perf_counter(), text
-                    self._emit(rec)
-
-            try:
-                trt_stage.build_engine(plan, progress=progress)
-            except BaseException:
-                rec.reason = ""  # the stage records the error, not the last progress line
-                raise
-            rec.reason = f"built on {device}"
-            rec.outputs = [engine_path, meta_path]
-        gpu = BackendOptions(device=device)
-        in_profile = tuple(sorted({min(max(b, profile.min), profile.max) for b in self.sizes}))
-        self.validate("validate-engine", lambda: TrtBackend(engine_path, meta_path, self.chw, profile.max, gpu),
-                      cfg.validation.fp16, [engine_path, meta_path], in_profile)
 
     def _manifest(self) -> ExportResult:
         cfg, out = self.cfg, self.out_dir

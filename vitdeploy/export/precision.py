@@ -5,7 +5,22 @@ float16 converter. Kept in float32:
 - every op type in ``keep_fp32_ops`` (LayerNormalization by default: its variance overflows);
 - every node whose output, on the calibration batch, exceeds ``max_abs_activation`` in
   magnitude (FP16's largest finite value is 65504; the default margin leaves room for inputs
-  hotter than the calibration set).
+  hotter than the calibration set);
+- every node of ``keep_fp32_nodes``: what the FP16 autopilot (export/autopilot.py) returned to
+  float32 to meet validation.fp16.
+
+Two habits of the converter would round float32 nodes through FP16 anyway, and are undone:
+its shape inference types an initializer as FLOAT16 when the graph carries a value_info for it
+(dynamo-exported graphs do), so the weights of float32 nodes were stored in FP16 (value_infos
+naming initializers are dropped before converting, and an initializer read by float32 and FP16
+nodes alike gets a float32 copy for the float32 ones, since the converter keeps a shared one
+float32 for all); and it casts every float32 node's output to
+FP16, where a float32 consumer casts it back (a value with more than one consumer keeps that
+round trip): a Cast to FLOAT reading a Cast to FLOAT16 reads the float32 value instead, and a Cast
+left without consumers is removed. And when the node writing a graph output is kept float32, the
+converter makes that output FLOAT16 despite ``keep_io_types``: its Cast is turned back to FLOAT.
+So a node kept float32 reads and writes float32 between float32 neighbours, up to the graph's
+float32 output.
 """
 
 from __future__ import annotations
@@ -32,13 +47,20 @@ class Fp16Result:
     kept_op_types: tuple[str, ...]
     kept_hot_nodes: tuple[str, ...]  # nodes kept float32 because their activations ran hot
     activation_peaks: dict[str, float] = field(default_factory=dict)  # hottest few node outputs
+    keep_float: tuple[str, ...] = ()  # every node name asked to stay float32 (floor and autopilot)
 
     def summary(self) -> dict[str, Any]:
         return {
             "kept_fp32_op_types": list(self.kept_op_types),
             "kept_fp32_hot_nodes": list(self.kept_hot_nodes),
             "activation_peaks": self.activation_peaks,
+            "keep_float": list(self.keep_float),
         }
+
+
+def hot_nodes(peaks: dict[str, float], max_abs_activation: float) -> list[str]:
+    """The nodes whose outputs exceed ``max_abs_activation`` (or are not finite), sorted."""
+    return sorted(node for node, peak in peaks.items() if not np.isfinite(peak) or peak > max_abs_activation)
 
 
 def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str) -> dict[str, float]:
@@ -89,15 +111,23 @@ def convert_fp16(
     input_name: str = "pixel_values",
     keep_fp32_ops: Sequence[str] = ("LayerNormalization",),
     max_abs_activation: float = 4096.0,
+    keep_fp32_nodes: Sequence[str] = (),
+    peaks: dict[str, float] | None = None,
 ) -> Fp16Result:
-    """Write the mixed-precision graph of ``onnx_path`` to ``out_path`` atomically."""
+    """Write the mixed-precision graph of ``onnx_path`` to ``out_path`` atomically.
+
+    ``peaks``: :func:`activation_peaks` of ``onnx_path`` on ``calibration`` when already known."""
     onnx = require("onnx", "FP16 conversion")
     float16 = require("onnxconverter_common.float16", "FP16 conversion")
-    peaks = activation_peaks(onnx_path, calibration, input_name)
-    hot = sorted(node for node, peak in peaks.items() if not np.isfinite(peak) or peak > max_abs_activation)
+    if peaks is None:
+        peaks = activation_peaks(onnx_path, calibration, input_name)
+    hot = hot_nodes(peaks, max_abs_activation)
+    blocked = sorted(set(hot) | set(keep_fp32_nodes))
     if hot:
         log.info("keeping %d hot nodes in float32 (|activation| > %g): %s", len(hot), max_abs_activation, ", ".join(hot[:10]))
     model = onnx.load(str(onnx_path))
+    _drop_initializer_value_info(model.graph)
+    _unshare_initializers(model.graph, lambda n: n.op_type in set(keep_fp32_ops) or n.name in set(blocked))
     try:
         with warnings.catch_warnings(record=True) as clamped:  # one warning per tiny weight clamped to FP16
             warnings.simplefilter("always", UserWarning)
@@ -105,13 +135,16 @@ def convert_fp16(
                 model,
                 keep_io_types=True,
                 op_block_list=list(keep_fp32_ops),
-                node_block_list=hot,
+                node_block_list=blocked,
                 max_finite_val=65504.0,
             )
         if clamped:
             log.info("FP16 conversion clamped %d float32 constants to FP16's range", len(clamped))
     except Exception as exc:  # noqa: BLE001
         raise ExportError(f"FP16 conversion of {onnx_path.name} failed: {type(exc).__name__}: {exc}") from exc
+    _drop_fp16_round_trips(converted.graph, onnx.TensorProto)
+    _float_outputs(converted.graph, {o.name for o in onnx.load(str(onnx_path), load_external_data=False).graph.output
+                                     if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}, onnx.TensorProto)
     with atomic_path(out_path) as tmp:
         onnx.save_model(converted, str(tmp))
         try:
@@ -119,4 +152,62 @@ def convert_fp16(
         except Exception as exc:  # noqa: BLE001
             raise ExportError(f"FP16 graph {out_path.name} fails onnx.checker: {exc}") from exc
     top = dict(sorted(peaks.items(), key=lambda kv: -kv[1])[:5])
-    return Fp16Result(out_path, tuple(keep_fp32_ops), tuple(hot), {k: round(v, 3) for k, v in top.items()})
+    kept = tuple(n.name for n in model.graph.node if n.op_type in set(keep_fp32_ops) or n.name in set(blocked))
+    return Fp16Result(out_path, tuple(keep_fp32_ops), tuple(hot), {k: round(v, 3) for k, v in top.items()}, kept)
+
+
+def _drop_initializer_value_info(graph: Any) -> None:
+    names = {t.name for t in graph.initializer}
+    keep = [v for v in graph.value_info if v.name not in names]
+    del graph.value_info[:]
+    graph.value_info.extend(keep)
+
+
+def _unshare_initializers(graph: Any, kept: Any) -> None:
+    """An initializer read by nodes kept float32 (``kept(node)``) and by others: a copy for the former."""
+    inits = {t.name: t for t in graph.initializer}
+    readers: dict[str, list[Any]] = {}
+    for node in graph.node:
+        for name in node.input:
+            if name in inits:
+                readers.setdefault(name, []).append(node)
+    for name, nodes in readers.items():
+        float_nodes = [n for n in nodes if kept(n)]
+        if float_nodes and len(float_nodes) < len(nodes):
+            copy = graph.initializer.add()
+            copy.CopyFrom(inits[name])
+            copy.name = next(f"{name}.fp32{'' if i == 0 else i}" for i in range(len(inits) + 1)
+                             if f"{name}.fp32{'' if i == 0 else i}" not in inits)
+            for node in float_nodes:
+                node.input[:] = [copy.name if i == name else i for i in node.input]
+
+
+def _cast_to(node: Any) -> int | None:
+    return next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
+
+
+def _drop_fp16_round_trips(graph: Any, types: Any) -> None:
+    """Cast(FLOAT) of Cast(FLOAT16)(x) reads x; Casts to FLOAT16 left without a consumer go."""
+    producer = {out: n for n in graph.node for out in n.output}
+    for node in graph.node:
+        source = producer.get(node.input[0]) if _cast_to(node) == types.FLOAT else None
+        if source is not None and _cast_to(source) == types.FLOAT16:
+            node.input[0] = source.input[0]
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    dead = [n for n in graph.node if _cast_to(n) == types.FLOAT16 and n.output[0] not in used]
+    for node in dead:
+        graph.node.remove(node)
+    gone = {n.output[0] for n in dead}
+    keep = [v for v in graph.value_info if v.name not in gone]
+    del graph.value_info[:]
+    graph.value_info.extend(keep)
+
+
+def _float_outputs(graph: Any, float_names: set[str], types: Any) -> None:
+    """Graph outputs that were FLOAT and came out FLOAT16 from a Cast: that Cast writes FLOAT again."""
+    producer = {out: n for n in graph.node for out in n.output}
+    for output in graph.output:
+        node = producer.get(output.name)
+        if output.name in float_names and output.type.tensor_type.elem_type == types.FLOAT16 and _cast_to(node) == types.FLOAT16:
+            next(a for a in node.attribute if a.name == "to").i = types.FLOAT
+            output.type.tensor_type.elem_type = types.FLOAT

@@ -14,6 +14,19 @@ tools, never by hand:
 - dynamic mode (opt-in): no calibration, activation ranges computed per batch at run time, so an
   image's logits move with the other images in its batch (up to 0.08 on ViT-B/16): under dynamic
   batching one user's answer would depend on other users' requests.
+
+The graph TensorRT builds into an INT8 engine (``model.int8.trt.onnx``) is quantized by the same
+code with another :class:`Placement` (:data:`TENSORRT`), from the plain graph ``model.onnx``
+(TensorRT fuses on its own; the fused graph's contrib ops do not parse there). TensorRT's explicit
+quantization is symmetric and signed only, so activations are S8 symmetric too; Q/DQ sit on the
+inputs of the weighted ops alone. Followed (NVIDIA TensorRT developer guide, "Explicit
+Quantization", https://docs.nvidia.com/deeplearning/tensorrt/latest/inference-library/quantized-types-explicit-quantization.html,
+section "Q/DQ Layer-Placement Recommendations"): quantize all inputs of weighted operations
+(Convolution and GEMM: Conv, MatMul, Gemm), do not quantize their outputs by default; and the
+IQuantizeLayer / IDequantizeLayer contract (C++ API reference): zero points all zero (symmetric
+only), scales strictly positive, a 1-D scale along the channel axis for per-channel weights.
+Biases stay float (``QuantizeBias`` off): TensorRT's Q/DQ take 8-bit (and smaller) types, not the
+INT32 bias ONNX Runtime would write.
 """
 
 from __future__ import annotations
@@ -34,6 +47,31 @@ from ..errors import ConfigError, ExportError
 log = logging.getLogger(__name__)
 
 QUANTIZED_OPS = ("MatMul", "Gemm")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the Q/DQ pairs go and in which types: one per runtime that executes an INT8 graph."""
+
+    name: str
+    op_types: tuple[str, ...]  # the ops whose inputs are quantized (their outputs never are)
+    activations: str  # "uint8" | "int8"
+    symmetric_activations: bool
+    quantize_bias: bool  # Gemm/Conv biases as INT32 + DequantizeLinear
+    optimize_first: bool  # quant_pre_process runs ONNX Runtime's basic optimiser before quantizing
+    float_first: tuple[str, ...]  # op types the autopilot returns to float before going block by block
+
+    def describe(self) -> dict[str, Any]:
+        return {"placement": self.name, "quantized_ops": list(self.op_types),
+                "activations": f"{self.activations} {'symmetric' if self.symmetric_activations else 'asymmetric'}",
+                "weights": "int8 symmetric per channel", "bias": "int32" if self.quantize_bias else "float"}
+
+
+#: model.int8.onnx for ONNX Runtime on x86 (see the module docstring for each choice).
+ORT_CPU = Placement("onnxruntime-cpu", QUANTIZED_OPS, "uint8", False, True, True, ("Gemm",))
+#: model.int8.trt.onnx for TensorRT's explicit quantization (the classifier head and the patch
+#: embedding, the layers nearest the output and the input, are the first returned to float).
+TENSORRT = Placement("tensorrt", ("MatMul", "Gemm", "Conv"), "int8", True, False, False, ("Gemm", "Conv"))
 DYNAMIC_CAVEAT = ("export.int8.mode is dynamic: activation ranges are computed per batch, so an image's answer "
                   "depends on the other images in its batch (under `serve`'s dynamic batching, on other users' "
                   "requests); use mode: static for batch-invariant answers")
@@ -49,12 +87,14 @@ class Int8Result:
     quantized_nodes: tuple[str, ...]
     keep_float: tuple[str, ...] = ()
     external_data: tuple[Path, ...] = field(default_factory=tuple)
+    placement: Placement = ORT_CPU
 
     def summary(self) -> dict[str, Any]:
+        described = self.placement.describe()
+        if self.mode != "static":
+            described["activations"] += " (per batch)"
         return {"mode": self.mode, "calibration_method": self.method, "calibration_images": self.calibration_images,
-                "quantized_ops": list(QUANTIZED_OPS), "quantized_nodes": len(self.quantized_nodes),
-                "keep_float": list(self.keep_float), "activations": "uint8" if self.mode == "static" else "uint8 (per batch)",
-                "weights": "int8 symmetric per channel"}
+                **described, "quantized_nodes": len(self.quantized_nodes), "keep_float": list(self.keep_float)}
 
 
 def calibration_batch(batch: np.ndarray, names: Sequence[str], *, max_images: int, min_images: int) -> np.ndarray:
@@ -70,11 +110,11 @@ def calibration_batch(batch: np.ndarray, names: Sequence[str], *, max_images: in
     return np.ascontiguousarray(batch[rows], dtype=np.float32)
 
 
-def quantizable_nodes(onnx_path: Path) -> list[str]:
-    """Names of the MatMul / Gemm nodes of a graph, in graph order (what INT8 quantizes)."""
+def quantizable_nodes(onnx_path: Path, op_types: Sequence[str] = QUANTIZED_OPS) -> list[str]:
+    """Names of the nodes of a graph INT8 quantizes (``op_types``), in graph order."""
     onnx = require("onnx", "INT8 quantization")
     model = onnx.load(str(onnx_path), load_external_data=False)
-    return [n.name for n in model.graph.node if n.op_type in QUANTIZED_OPS]
+    return [n.name for n in model.graph.node if n.op_type in op_types]
 
 
 def _reader(batch: np.ndarray, input_name: str, chunk: int = 8) -> Any:
@@ -90,14 +130,15 @@ def _reader(batch: np.ndarray, input_name: str, chunk: int = 8) -> Any:
     return _Reader()
 
 
-def prepare(src: Path, dst: Path, *, external_data: bool = False) -> Path:
-    """``quant_pre_process`` of ``src`` into ``dst`` (shapes inferred through the contrib ops)."""
+def prepare(src: Path, dst: Path, *, external_data: bool = False, placement: Placement = ORT_CPU) -> Path:
+    """``quant_pre_process`` of ``src`` into ``dst`` (shapes inferred through the contrib ops; ONNX
+    Runtime's basic optimiser first where the placement asks for it)."""
     require("onnxruntime.quantization", "INT8 quantization")
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     try:
-        quant_pre_process(str(src), str(dst), skip_optimization=False, save_as_external_data=external_data,
-                          external_data_location=f"{dst.name}.data")
+        quant_pre_process(str(src), str(dst), skip_optimization=not placement.optimize_first,
+                          save_as_external_data=external_data, external_data_location=f"{dst.name}.data")
     except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
         raise ExportError(f"INT8 pre-processing of {src.name} failed: {_first(exc)}") from exc
     return dst
@@ -105,31 +146,36 @@ def prepare(src: Path, dst: Path, *, external_data: bool = False) -> Path:
 
 def quantize_prepared(pre: Path, dst: Path, *, input_name: str, mode: str = "static", method: str = "minmax",
                       calibration: np.ndarray | None = None, keep_float: Sequence[str] = (),
-                      external_data: bool = False) -> Int8Result:
+                      external_data: bool = False, placement: Placement = ORT_CPU) -> Int8Result:
     """Quantize the pre-processed graph ``pre`` into ``dst`` (atomically); ``keep_float``: nodes left in float.
 
-    ``calibration`` (N, C, H, W) float32 is required in static mode. ExportError when ONNX
-    Runtime's tools fail."""
+    ``calibration`` (N, C, H, W) float32 is required in static mode (the only mode of a placement
+    other than :data:`ORT_CPU`). ExportError when ONNX Runtime's tools fail."""
     quant = require("onnxruntime.quantization", "INT8 quantization")
     if mode == "static" and (calibration is None or not len(calibration)):
         raise ConfigError("export.int8: static quantization needs calibration images (validation.images)")
+    if mode != "static" and placement != ORT_CPU:
+        raise ConfigError(f"export.int8: the {placement.name} INT8 graph is static only (calibrated activation ranges)")
     if method not in _METHODS:
         raise ConfigError(f"export.int8.calibration_method {method!r}: choose one of {', '.join(_METHODS)}")
-    nodes = [n for n in quantizable_nodes(pre) if n not in set(keep_float)]
+    ops = list(placement.op_types)
+    nodes = [n for n in quantizable_nodes(pre, ops) if n not in set(keep_float)]
     with tempfile.TemporaryDirectory(prefix=".int8-", dir=dst.parent) as tmp:
         out = Path(tmp) / dst.name
-        common = dict(op_types_to_quantize=list(QUANTIZED_OPS), nodes_to_exclude=list(keep_float), per_channel=True,
+        common = dict(op_types_to_quantize=ops, nodes_to_exclude=list(keep_float), per_channel=True,
                       weight_type=quant.QuantType.QInt8, use_external_data_format=external_data)
         try:
             if mode == "dynamic":
                 log.warning(DYNAMIC_CAVEAT)
                 quant.quantize_dynamic(str(pre), str(out), **common, extra_options={"WeightSymmetric": True})
             else:
+                activations = quant.QuantType.QInt8 if placement.activations == "int8" else quant.QuantType.QUInt8
                 quant.quantize_static(
                     str(pre), str(out), _reader(calibration, input_name), quant_format=quant.QuantFormat.QDQ,
-                    activation_type=quant.QuantType.QUInt8, calibrate_method=getattr(quant.CalibrationMethod, _METHODS[method]),
-                    extra_options={"WeightSymmetric": True, "ActivationSymmetric": False,
-                                   "OpTypesToExcludeOutputQuantization": list(QUANTIZED_OPS)}, **common)
+                    activation_type=activations, calibrate_method=getattr(quant.CalibrationMethod, _METHODS[method]),
+                    extra_options={"WeightSymmetric": True, "ActivationSymmetric": placement.symmetric_activations,
+                                   "QuantizeBias": placement.quantize_bias,
+                                   "OpTypesToExcludeOutputQuantization": ops}, **common)
         except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
             raise ExportError(f"INT8 quantization of {pre.name} failed: {_first(exc)}") from exc
         extra: list[Path] = []
@@ -141,15 +187,17 @@ def quantize_prepared(pre: Path, dst: Path, *, input_name: str, mode: str = "sta
             os.replace(out, final_tmp)
     static = mode == "static"
     return Int8Result(dst, mode, method if static else None, len(calibration) if static and calibration is not None else 0,
-                      tuple(nodes), tuple(keep_float), tuple(extra))
+                      tuple(nodes), tuple(keep_float), tuple(extra), placement)
 
 
-def quantize_int8(src: Path, dst: Path, *, external_data: bool = False, **kwargs: Any) -> Int8Result:
+def quantize_int8(src: Path, dst: Path, *, external_data: bool = False, placement: Placement = ORT_CPU,
+                  **kwargs: Any) -> Int8Result:
     """Write ``dst``, the INT8 graph of the FP32 graph ``src``: :func:`prepare`, then
-    :func:`quantize_prepared` (same keyword arguments)."""
+    :func:`quantize_prepared` (same keyword arguments). ``placement=TENSORRT`` with ``src``
+    model.onnx writes the graph TensorRT builds its INT8 engine from."""
     with tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=dst.parent) as tmp:
-        pre = prepare(src, Path(tmp) / "pre.onnx", external_data=external_data)
-        return quantize_prepared(pre, dst, external_data=external_data, **kwargs)
+        pre = prepare(src, Path(tmp) / "pre.onnx", external_data=external_data, placement=placement)
+        return quantize_prepared(pre, dst, external_data=external_data, placement=placement, **kwargs)
 
 
 def _first(exc: BaseException) -> str:
@@ -157,5 +205,5 @@ def _first(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-__all__ = ["DYNAMIC_CAVEAT", "Int8Result", "QUANTIZED_OPS", "calibration_batch", "prepare", "quantizable_nodes", "quantize_int8",
+__all__ = ["DYNAMIC_CAVEAT", "Int8Result", "ORT_CPU", "Placement", "QUANTIZED_OPS", "TENSORRT", "calibration_batch", "prepare", "quantizable_nodes", "quantize_int8",
            "quantize_prepared"]

@@ -1,10 +1,17 @@
-"""Build the FP16 TensorRT engine (model.engine + model.engine.json) from the FP16 ONNX graph.
+"""Build TensorRT engines (an engine file + its .json) from ONNX graphs: the FP16 engine
+(model.engine) from model.fp16.onnx, the INT8 engine (model.int8.engine) from the Q/DQ graph
+model.int8.trt.onnx.
 
 Written against the TensorRT 10.x and 11.x Python API. Precision comes from the graph, never
 from builder flags: TensorRT 11 removed weak typing (``BuilderFlag.FP16`` no longer exists,
 every network is strongly typed), and on 10.x we ask for the same behaviour with
 ``NetworkDefinitionCreationFlag.STRONGLY_TYPED``. So an FP16 engine is built from
-model.fp16.onnx (FP16 inside, float32 I/O) and runs exactly the types that graph declares.
+model.fp16.onnx (FP16 inside, float32 I/O) and runs exactly the types that graph declares. The
+INT8 engine takes the same path: TensorRT's explicit quantization reads INT8 from the graph's
+QuantizeLinear/DequantizeLinear pairs ("Use explicit quantization with Strong Typing.
+Precision-control build flags are not required and should not be specified": NVIDIA TensorRT
+developer guide, Explicit Quantization), so ``BuilderFlag.INT8`` is never set; the layers without
+Q/DQ run in the graph's float32.
 
 ``build_engine`` takes the ``tensorrt`` module as an argument (imported lazily when None) so the
 build logic can be tested with a stand-in module where TensorRT cannot be installed.
@@ -34,7 +41,7 @@ from ..runtime.cuda import GpuIdentity, cuda_index, gpu_identity
 log = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
-_PRECISIONS = ("fp16", "fp32")
+_PRECISIONS = ("fp16", "fp32", "int8")  # int8: a Q/DQ graph (explicit quantization), float parts in FP32
 
 
 @dataclass(frozen=True)
@@ -314,6 +321,8 @@ def build_engine(plan: EngineBuildPlan, trt: Any = None, *, device_probe: Callab
                           f"(batch, {', '.join(map(str, plan.chw))}) and try a larger workspace_mb (now {plan.workspace_mb})")
 
     precision_text = f"{plan.precision} (strongly typed from the {plan.precision.upper()} ONNX graph)"
+    if plan.precision == "int8":
+        precision_text = "int8 (explicit quantization: strongly typed from the Q/DQ ONNX graph, the rest float32)"
     meta = EngineMetadata(
         tensorrt_version=version, gpu_name=gpu.name, compute_capability=gpu.compute_capability,
         profile={"min": plan.min_batch, "opt": plan.opt_batch, "max": plan.max_batch}, input=plan.input_name,

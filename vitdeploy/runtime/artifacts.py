@@ -261,10 +261,11 @@ class Artifacts:
         if "weights-config" in paths:
             cfg_path = paths["weights-config"]
             check_model_config(self._schema, read_json_bounded(cfg_path, "model config"), cfg_path, self.manifest_path)
-        if "engine-meta" in paths:
-            meta_path = paths["engine-meta"]
-            check_engine_meta(self._schema, read_json_bounded(meta_path, "engine description"), meta_path,
-                              self.manifest_path)
+        for role in ("engine-meta", "engine-int8-meta"):
+            if role in paths:
+                meta_path = paths[role]
+                check_engine_meta(self._schema, read_json_bounded(meta_path, "engine description"), meta_path,
+                                  self.manifest_path)
         return paths
 
     def _verify_file(self, path: Path, entry: Any, what: str) -> None:

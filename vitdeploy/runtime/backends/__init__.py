@@ -28,6 +28,7 @@ _OPENERS: dict[str, tuple[str, str]] = {
     "ort-fp16": ("ort", "open_fp16_from_artifacts"),
     "ort-int8": ("ort", "open_int8_from_artifacts"),
     "trt": ("trt", "open_from_artifacts"),
+    "trt-int8": ("trt", "open_int8_from_artifacts"),
 }
 # name -> (module, opener function, artifact roles it needs (main one first), libraries it imports)
 _REGISTRY: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
@@ -134,7 +135,7 @@ def backend_unavailable_reason(name: str, artifacts: Any = None, options: Backen
         ok, why = cuda_status(options.device)
         if not ok:
             return why
-    if name == "trt":
+    if _REGISTRY[name][0] == "trt":  # trt, trt-int8
         try:
             module = importlib.import_module(f"{__name__}.trt")
         except ImportError as exc:

@@ -1,4 +1,6 @@
-"""The TensorRT backend ("trt"): runs model.engine, described by model.engine.json.
+"""The TensorRT backends: "trt" runs model.engine (FP16), described by model.engine.json;
+"trt-int8" runs model.int8.engine (explicit INT8 from model.int8.trt.onnx), described by
+model.int8.engine.json. Same code, another pair of files.
 
 A serialized TensorRT engine only runs with the TensorRT version it was built with and on GPUs of
 the compute capability it was built for, so the backend reads model.engine.json first and refuses
@@ -186,7 +188,8 @@ class TrtBackend(BackendBase):
     def __init__(self, engine_path: str | Path, meta_path: str | Path, input_shape: tuple[int, int, int],
                  max_batch: int | None = None, options: BackendOptions | None = None, *, onnx_sha256: str | None = None,
                  contexts: int | None = None, trt: Any = None, probe: Callable[[Any, int], MachineIdentity] | None = None,
-                 cuda: Any = None) -> None:
+                 cuda: Any = None, name: str = "trt", onnx_role: str = "onnx-fp16") -> None:
+        self.name = name
         # 1. TensorRT itself, before anything else.
         trt = trt if trt is not None else require("tensorrt", "the TensorRT backend ('trt')")
         self._trt = trt
@@ -200,7 +203,7 @@ class TrtBackend(BackendBase):
 
         # 2. model.engine.json: was this engine built from this graph, for this TensorRT and this GPU?
         meta = EngineMetadata.load(meta_path)
-        check_engine_source(meta, onnx_sha256, self.engine_path, "the manifest's onnx-fp16 graph")
+        check_engine_source(meta, onnx_sha256, self.engine_path, f"the manifest's {onnx_role} graph")
         here = (probe or probe_machine)(trt, self._device_index)
         check_engine_matches(meta, here, self.engine_path)
         self.meta = meta
@@ -395,18 +398,25 @@ def unavailable_reason(artifacts: Any = None, options: BackendOptions | None = N
     return _runtime_starts(trt, cuda_index(device))
 
 
-def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> TrtBackend:
-    """Open the engine of a verified artifact set.
+def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *, int8: bool = False) -> TrtBackend:
+    """Open the engine of a verified artifact set ("trt"; "trt-int8" with ``int8=True``).
 
     ``artifacts`` needs: ``artifacts.path(role) -> Path`` for roles ``"engine"`` and
-    ``"engine-meta"`` (already verified against the manifest's sha256), and
-    ``artifacts.input_shape -> (C, H, W)``. Where it also has ``has(role)`` / ``entry(role)`` and
-    the manifest lists "onnx-fp16", the engine must have been built from that graph (its sha256).
-    The batch limit comes from model.engine.json.
+    ``"engine-meta"`` (``"engine-int8"``, ``"engine-int8-meta"``), already verified against the
+    manifest's sha256, and ``artifacts.input_shape -> (C, H, W)``. Where it also has ``has(role)``
+    / ``entry(role)`` and the manifest lists the engine's source graph ("onnx-fp16";
+    "onnx-int8-trt"), the engine must have been built from that graph (its sha256). The batch
+    limit comes from the engine's json.
     """
+    role, source, name = ("engine-int8", "onnx-int8-trt", "trt-int8") if int8 else ("engine", "onnx-fp16", "trt")
     onnx_sha256 = None
     has = getattr(artifacts, "has", None)
-    if callable(has) and has("onnx-fp16"):
-        onnx_sha256 = artifacts.entry("onnx-fp16").get("sha256") or None
-    return TrtBackend(artifacts.path("engine"), artifacts.path("engine-meta"), tuple(artifacts.input_shape),
-                      None, options or BackendOptions(), onnx_sha256=onnx_sha256)
+    if callable(has) and has(source):
+        onnx_sha256 = artifacts.entry(source).get("sha256") or None
+    return TrtBackend(artifacts.path(role), artifacts.path(f"{role}-meta"), tuple(artifacts.input_shape),
+                      None, options or BackendOptions(), onnx_sha256=onnx_sha256, name=name, onnx_role=source)
+
+
+def open_int8_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> TrtBackend:
+    """"trt-int8": model.int8.engine, built from model.int8.trt.onnx."""
+    return open_from_artifacts(artifacts, options, int8=True)
