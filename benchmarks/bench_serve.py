@@ -12,7 +12,7 @@ the same real photographs (scikit-image's bundled ones, saved as JPEG), one imag
                           thread (decode + model call per image, no batching);
 * ``in-process, batched`` the Predictor in this process over the same images in batches of
                           ``serve.max_batch_size`` (the best an offline loop gets: no HTTP, no queue);
-* ``serve``               ``vitdeploy serve`` as a subprocess (local Ray), httpx clients POSTing
+* ``serve``               ``vitdeploy serve`` as a subprocess (local Ray), keep-alive HTTP clients POSTing
                           ``/predict``; its replica runs the same artifacts with the same threads.
 
 The ratio is taken against the faster in-process variant of the same round, then the median over
@@ -109,12 +109,13 @@ class Server:
     """`vitdeploy serve` in a subprocess, stopped with SIGTERM."""
 
     def __init__(self, artifacts: Path, threads: int, max_batch: int, wait_ms: float, decode_threads: int,
-                 port: int, metrics_port: int) -> None:
+                 port: int, metrics_port: int, concurrent_batches: int = 2) -> None:
         self.cfg = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "pipeline.yaml"
         self.cfg.write_text(
             f"runtime: {{threads: {threads}}}\n"
             f"serve: {{max_batch_size: {max_batch}, batch_wait_timeout_s: {wait_ms / 1000}, "
-            f"decode_threads: {decode_threads}, max_ongoing_requests: {max(64, max_batch)}, "
+            f"decode_threads: {decode_threads}, concurrent_batches: {concurrent_batches}, "
+            f"max_ongoing_requests: {max(64, max_batch * concurrent_batches)}, "
             f"metrics_port: {metrics_port}}}\n")
         self.url = f"http://127.0.0.1:{port}"
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -220,7 +221,7 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
           f"load average {loadavg()}", flush=True)
     predictor = Predictor.from_artifacts(artifacts, backend="ort", options=BackendOptions(threads=args.threads))
     server = Server(artifacts, args.threads, args.max_batch, args.wait_ms, args.decode_threads, free_port(),
-                    free_port())
+                    free_port(), args.concurrent_batches)
     try:
         return _measure(server, predictor, work, args)
     finally:
@@ -229,27 +230,96 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
         print(f"  server exit code {rc}; load average {loadavg()}", flush=True)
 
 
-def _measure(server: Server, predictor, work: list[bytes], args: argparse.Namespace) -> dict[str, object]:
-    import httpx
+class Connection:
+    """One client's keep-alive HTTP/1.1 connection (the standard library's: the load generator shares
+    the 2 cores with the server, so it should cost as little CPU as a real HTTP client can)."""
 
+    def __init__(self, url: str) -> None:
+        import http.client
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(url)
+        self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
+
+    def post(self, path: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+        self.conn.request("POST", path, body=body, headers={"Content-Type": content_type})
+        response = self.conn.getresponse()
+        return response.status, response.read()
+
+
+def cpu_seconds(pids: list[int]) -> dict[int, tuple[str, float]]:
+    """{pid: (command, user+system CPU seconds)} for ``pids`` and all their descendants (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, str, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                head, rest = f.read().rsplit(")", 1)
+            fields = rest.split()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")[0].decode(errors="replace")
+        except OSError:
+            continue
+        stats[int(entry)] = (int(fields[1]), cmd, (int(fields[11]) + int(fields[12])) / tick)
+    keep, frontier = set(pids), list(pids)
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _, _) in stats.items():
+            if ppid == parent and pid not in keep:
+                keep.add(pid)
+                frontier.append(pid)
+    return {pid: stats[pid][1:] for pid in keep if pid in stats}
+
+
+def cpu_by_role(root: int, before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds spent between two :func:`cpu_seconds` samples, by role (replica, proxy, other Ray)."""
+    roles: dict[str, float] = {}
+    for pid, (cmd, secs) in after.items():
+        spent = secs - before.get(pid, (cmd, 0.0))[1]
+        role = ("replica" if "ServeReplica" in cmd else "proxy" if "ProxyActor" in cmd
+                else "serve CLI" if pid == root else "other Ray")
+        roles[role] = roles.get(role, 0.0) + spent
+    return roles
+
+
+def _measure(server: Server, predictor, work: list[bytes], args: argparse.Namespace) -> dict[str, object]:
     failures: list[str] = []
+    spent: dict[str, float] = {}
 
     def via_http(blob: bytes, client: object) -> None:
         try:
-            r = client.post(f"{server.url}/predict", content=blob, headers={"content-type": "image/jpeg"})  # type: ignore[attr-defined]
-        except httpx.HTTPError as exc:
+            status, body = client.post("/predict", blob, "image/jpeg")  # type: ignore[attr-defined]
+        except OSError as exc:
             failures.append(f"{type(exc).__name__}: {exc}")
             return
-        if r.status_code != 200:
-            failures.append(f"{r.status_code}: {r.text[:200]}")
+        if status != 200:
+            failures.append(f"{status}: {body[:200]!r}")
 
     def served() -> tuple[float, list[float]]:
-        return concurrent(via_http, work, args.clients, lambda: httpx.Client(timeout=300))
+        before, client_before = cpu_seconds([server.proc.pid]), time.process_time()
+        out = concurrent(via_http, work, args.clients, lambda: Connection(server.url))
+        for role, secs in {**cpu_by_role(server.proc.pid, before, cpu_seconds([server.proc.pid])),
+                           "clients (this process)": time.process_time() - client_before}.items():
+            spent[role] = spent.get(role, 0.0) + secs
+        return out
 
-    variants = in_process_variants(predictor, work, args)
-    concurrent(via_http, work[:args.clients * 2], args.clients, lambda: httpx.Client(timeout=300))  # warm-up
+    def timed_in_process(variant: Callable[[], tuple[float, list[float]]], name: str) -> Callable[[], tuple[float, list[float]]]:
+        def run() -> tuple[float, list[float]]:
+            start = time.process_time()
+            out = variant()
+            spent[name] = spent.get(name, 0.0) + time.process_time() - start
+            return out
+        return run
+
+    variants = {name: timed_in_process(v, name) for name, v in in_process_variants(predictor, work, args).items()}
+    concurrent(via_http, work[:args.clients * 2], args.clients, lambda: Connection(server.url))  # warm-up
     result = compare_rounds("serve", {**variants, "serve": served}, args.rounds, probe=server.settled_batches,
                             mean_batch=lambda before, after: len(work) / max(after - before, 1.0))
+    per_image = 1000.0 / (len(work) * args.rounds)
+    print("  CPU per image (ms of one core): " + ", ".join(
+        f"{role} {secs * per_image:.1f}" for role, secs in sorted(spent.items(), key=lambda kv: -kv[1])))
     print(f"  failed requests {len(failures)}" + (f" (first: {failures[0]})" if failures else ""))
     return result
 
@@ -351,6 +421,7 @@ def main() -> None:
     common_arguments(ap)
     ap.add_argument("--max-batch", type=int, default=16, help="serve.max_batch_size (and the in-process batch)")
     ap.add_argument("--decode-threads", type=int, default=4, help="serve.decode_threads (its default)")
+    ap.add_argument("--concurrent-batches", type=int, default=2, help="serve.concurrent_batches (its default)")
     args = ap.parse_args()
 
     import onnxruntime

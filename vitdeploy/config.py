@@ -193,20 +193,24 @@ class ServeSection(_Section):
     max_batch_size: int = Field(16, ge=1, description="images per model call (@serve.batch max_batch_size)")
     batch_wait_timeout_s: float = Field(0.01, ge=0, le=10, description="how long a batch waits to fill (@serve.batch)")
     decode_threads: int = Field(4, ge=1, le=256, description="threads per replica decoding images before batching")
+    concurrent_batches: int = Field(2, ge=1, le=64, description=(
+        "model calls a replica runs at once (@serve.batch max_concurrent_batches): the next batch runs while "
+        "the last one's answers go out, so the cores or the GPU never wait on Ray"))
     max_images_per_request: int = Field(32, ge=1, description="more images in one request -> 413")
     max_request_mb: float = Field(64.0, gt=0, description="larger request bodies -> 413")
     replicas: int = Field(1, ge=1)
     num_cpus_per_replica: float = Field(1.0, ge=0)
     num_gpus_per_replica: float = Field(0.0, ge=0, description="Ray GPUs per replica (e.g. 1, or 0.5 to share one)")
-    max_ongoing_requests: int = Field(64, ge=1, description="requests a replica works on at once (>= max_batch_size)")
+    max_ongoing_requests: int = Field(64, ge=1, description="requests a replica works on at once (>= max_batch_size x concurrent_batches)")
     max_queued_requests: int = Field(256, ge=0, description="requests waiting for a replica; beyond -> 503")
     graceful_shutdown_timeout_s: float = Field(20.0, gt=0, description="how long SIGTERM waits for in-flight requests")
 
     @model_validator(mode="after")
     def _batch_fits(self) -> "ServeSection":
-        if self.max_ongoing_requests < self.max_batch_size:
-            raise ValueError(f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= max_batch_size "
-                             f"({self.max_batch_size}), or a replica can never fill a batch")
+        if self.max_ongoing_requests < self.max_batch_size * self.concurrent_batches:
+            raise ValueError(f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= max_batch_size x "
+                             f"concurrent_batches ({self.max_batch_size} x {self.concurrent_batches}), or a replica "
+                             f"can never fill its batches")
         return self
 
 

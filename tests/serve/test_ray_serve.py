@@ -220,6 +220,17 @@ def test_prometheus_metrics_include_the_batch_sizes(server):
     assert sum(float(line.rsplit(" ", 1)[1]) for line in count) > 0
 
 
+def test_the_replica_and_proxy_run_at_the_servers_own_priority(server):
+    """Ray starts its workers at nice 15 by default: a server's requests would then wait behind any
+    other busy process on the machine. `vitdeploy serve` starts them at its own priority."""
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    workers = {pid: name for pid, name in _descendants(server.proc.pid).items()
+               if name.startswith(("ray::ServeRepl", "ray::ProxyActor"))}
+    assert len(workers) >= 2, f"replica and proxy not found among {sorted(_descendants(server.proc.pid).values())}"
+    assert {name: os.getpriority(os.PRIO_PROCESS, pid) for pid, name in workers.items()} == \
+        {name: mine for name in workers.values()}
+
+
 # ------------------------------------------------------------------------------------------ bad input
 
 

@@ -47,6 +47,7 @@ class ReplicaSpec:
     max_batch_size: int
     batch_wait_timeout_s: float
     decode_threads: int
+    concurrent_batches: int
     max_images_per_request: int
     max_request_bytes: int
 
@@ -76,9 +77,10 @@ class ViTClassifier:
         self.top_k = max(1, min(spec.top_k, self.num_classes))
         self.preprocessor = self.predictor.preprocessor
         self._decode_pool = ThreadPoolExecutor(spec.decode_threads, thread_name_prefix="vitdeploy-decode")
-        self._infer_pool = ThreadPoolExecutor(1, thread_name_prefix="vitdeploy-infer")
-        self.run_batch.set_max_batch_size(spec.max_batch_size)
-        self.run_batch.set_batch_wait_timeout_s(spec.batch_wait_timeout_s)
+        self._infer_pool = ThreadPoolExecutor(spec.concurrent_batches, thread_name_prefix="vitdeploy-infer")
+        # Ray's batch handler, built here because its settings come from pipeline.yaml (serve:).
+        self.run_batch = serve.batch(max_batch_size=spec.max_batch_size, batch_wait_timeout_s=spec.batch_wait_timeout_s,
+                                     max_concurrent_batches=spec.concurrent_batches)(self._infer_batch)
         log.info("replica ready: %s", self.predictor.describe())
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica stops (after draining)
@@ -90,9 +92,9 @@ class ViTClassifier:
 
     # ------------------------------------------------------------------ batching
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.01)
-    async def run_batch(self, images: list[np.ndarray]) -> list[np.ndarray]:
-        """Images of concurrent requests (one (3, H, W) array per call) -> one logits row each."""
+    async def _infer_batch(self, images: list[np.ndarray]) -> list[np.ndarray]:
+        """Images of concurrent requests (one (3, H, W) array per call) -> one logits row each
+        (``self.run_batch``, Ray's ``@serve.batch`` around this method, gathers them)."""
         batch = np.stack(images)
         loop = asyncio.get_running_loop()
         logits = await loop.run_in_executor(self._infer_pool, self.predictor.predict_logits, batch)

@@ -53,8 +53,12 @@ def replica_spec(cfg: Any, settings: ServeSettings, options: Any) -> Any:
     return ReplicaSpec(artifacts=str(Path(settings.artifacts).resolve()), backend=settings.backend, options=options,
                        max_pixels=cfg.runtime.max_image_pixels, top_k=sv.top_k, max_batch_size=sv.max_batch_size,
                        batch_wait_timeout_s=sv.batch_wait_timeout_s, decode_threads=sv.decode_threads,
+                       concurrent_batches=sv.concurrent_batches,
                        max_images_per_request=sv.max_images_per_request,
                        max_request_bytes=int(sv.max_request_mb * 1024 * 1024))
+
+
+WORKER_NICENESS = "RAY_worker_niceness"  # read by the raylet when ray.init starts it
 
 
 def curl_example(url: str) -> str:
@@ -79,6 +83,12 @@ def run_server(cfg: Any, settings: ServeSettings, options: Any, progress: Progre
         if owns_cluster:
             cpus = max(os.cpu_count() or 1, int(-(-settings.replicas * sv.num_cpus_per_replica // 1)))
             progress(f"starting Ray (local, {cpus} CPUs, metrics on port {sv.metrics_port}) ...")
+            # Ray starts its worker processes (the replicas, the HTTP proxy) at nice 15, below everything
+            # else on the machine: right for batch jobs, wrong for a server, whose requests then wait
+            # behind any other busy process (ViT-S/16 on 2 cores beside a busy process: 0.44-0.76x the
+            # in-process Predictor at nice 15, see benchmarks/bench_serve.py). Serve at normal priority
+            # unless the user set RAY_worker_niceness; a cluster given by --address keeps its own setting.
+            os.environ.setdefault(WORKER_NICENESS, "0")
             ray.init(num_cpus=cpus, include_dashboard=False, _metrics_export_port=sv.metrics_port,
                      logging_level=logging.WARNING, configure_logging=True)
         else:
