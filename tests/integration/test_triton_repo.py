@@ -182,11 +182,16 @@ def test_trt_inference_without_an_engine_is_a_config_error(demo_artifacts: Path,
 
 def test_the_triton_release_is_matched_on_the_tensorrt_version_and_never_guessed():
     from vitdeploy.serve.triton_readme import _container
-    from vitdeploy.serve.triton_versions import triton_releases_for
+    from vitdeploy.serve.triton_versions import latest_release, triton_releases_for
 
     assert triton_releases_for("10.13.3.9") == ["25.09", "25.10"]
+    assert triton_releases_for("10.14.1.48") == ["25.11", "25.12", "26.01"]
     assert triton_releases_for("10.8.0") == ["25.01", "25.02"]  # the build number does not matter
     assert triton_releases_for("10.13.4.1") == [] and triton_releases_for("8.6.1.6") == []
+    # 24.12's TensorRT could not be confirmed (sources disagree) and no Triton release with TensorRT 11
+    # was found: both are left to NVIDIA's support matrix rather than guessed.
+    assert triton_releases_for("10.7.0.23") == [] and triton_releases_for("11.4.0.106") == []
+    assert latest_release() == "26.05"
     tag, why = _container({"tensorrt_version": "10.99.0.1", "gpu_name": "g", "compute_capability": "9.0"})
     text = " ".join(why)
     assert "does not know which Triton" in text and "support-matrix" in text and "10.99.0.1" in text

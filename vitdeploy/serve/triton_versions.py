@@ -1,15 +1,37 @@
 """Which Triton container can run a TensorRT plan: the release whose TensorRT equals the builder's.
 
 A serialized TensorRT engine only deserializes with the TensorRT version that built it, so the
-``<name>_trt`` model needs the Triton release that ships exactly that TensorRT. The table below is
-data copied from NVIDIA's Triton release notes ("NVIDIA Triton Inference Server Container
-Versions": container, Triton version, TensorRT version); releases not listed here are unknown to
-this vitdeploy version, and :func:`triton_releases_for` then returns nothing rather than guess.
+``<name>_trt`` model needs the Triton release that ships exactly that TensorRT. The table below maps
+each ``nvcr.io/nvidia/tritonserver:<release>-py3`` container to its Triton server version and the
+TensorRT inside it, as checked on 2026-11-23 against the sources named in the comment above the
+table (not NVIDIA's release notes first-hand: see there); only rows with evidence for both versions
+are listed. Releases not listed are unknown to this vitdeploy version, and
+:func:`triton_releases_for` then returns nothing rather than guess; the generated README then points
+at NVIDIA's support matrix instead.
 """
 
 from __future__ import annotations
 
-#: container release -> (Triton server version, TensorRT version in the container).
+# Sources, checked 2026-11-23:
+# - Triton version <-> container release: NVIDIA's own repository, build.py at each release tag
+#   (TRITON_VERSION_MAP / DEFAULT_TRITON_VERSION_MAP, "triton_container_version"),
+#   https://github.com/triton-inference-server/server/blob/v2.69.0/build.py (tags v2.46.0 .. v2.69.0;
+#   v2.54.0 via branch r25.01).
+# - TensorRT in the -py3 container: the "NVIDIA Triton Inference Server Container Versions" table of
+#   NVIDIA's release notes, https://docs.nvidia.com/deeplearning/triton-inference-server/release-notes/
+#   (rel-26-04.html and later). That table could not be read first-hand here (the search tools return
+#   only the opening of those pages); the TensorRT column below is taken from a public copy of it,
+#   https://github.com/X-Square-Robot/Qwen3TTS-Streaming/blob/110361cec9ff77cf4ab8552196764f421f45bc95/scripts/bash/ngc_matrix.conf
+#   ("tensorrt_version ... reported by the generic Triton container release notes", updated 2026-07-08).
+#   Re-check against NVIDIA's page or `dpkg -l | grep libnvinfer` in the container when possible.
+# - Left out for want of evidence: 24.12 (that copy says TensorRT 10.6.0.26, another copy of
+#   NVIDIA's table, https://docs.twcloud.ai/en/docs/concepts-tutorials/twcc/ccs/concepts/images/triton-inference-server/,
+#   says 10.7.0.23), 25.07 (Triton 2.59.1, no TensorRT version found), 26.06 and later (no TensorRT
+#   version found). No Triton release with TensorRT 11.x was found.
+# NVIDIA's user-guide "Release Compatibility Matrix" lists TensorRT for the -trtllm-python-py3 images
+# only; those often differ from the -py3 image of the same release and are not used here.
+
+#: container release -> (Triton server version, TensorRT version in the -py3 container).
 TRITON_RELEASES: dict[str, tuple[str, str]] = {
     "24.05": ("2.46.0", "10.0.1.6"),
     "24.06": ("2.47.0", "10.1.0.27"),
@@ -18,7 +40,6 @@ TRITON_RELEASES: dict[str, tuple[str, str]] = {
     "24.09": ("2.50.0", "10.4.0.26"),
     "24.10": ("2.51.0", "10.5.0.18"),
     "24.11": ("2.52.0", "10.6.0.26"),
-    "24.12": ("2.53.0", "10.7.0.23"),
     "25.01": ("2.54.0", "10.8.0.43"),
     "25.02": ("2.55.0", "10.8.0.43"),
     "25.03": ("2.56.0", "10.9.0.34"),
@@ -28,6 +49,13 @@ TRITON_RELEASES: dict[str, tuple[str, str]] = {
     "25.08": ("2.60.0", "10.13.2.6"),
     "25.09": ("2.61.0", "10.13.3.9"),
     "25.10": ("2.62.0", "10.13.3.9"),
+    "25.11": ("2.63.0", "10.14.1.48"),
+    "25.12": ("2.64.0", "10.14.1.48"),
+    "26.01": ("2.65.0", "10.14.1.48"),
+    "26.02": ("2.66.0", "10.15.1.29"),
+    "26.03": ("2.67.0", "10.16.0.72"),
+    "26.04": ("2.68.0", "10.16.1.11"),
+    "26.05": ("2.69.0", "10.16.1.11"),
 }
 SUPPORT_MATRIX_URL = "https://docs.nvidia.com/deeplearning/frameworks/support-matrix/index.html"
 IMAGE = "nvcr.io/nvidia/tritonserver"
