@@ -24,10 +24,11 @@ from __future__ import annotations
 #   https://github.com/X-Square-Robot/Qwen3TTS-Streaming/blob/110361cec9ff77cf4ab8552196764f421f45bc95/scripts/bash/ngc_matrix.conf
 #   ("tensorrt_version ... reported by the generic Triton container release notes", updated 2026-07-08).
 #   Re-check against NVIDIA's page or `dpkg -l | grep libnvinfer` in the container when possible.
-# - Left out for want of evidence: 24.12 (that copy says TensorRT 10.6.0.26, another copy of
-#   NVIDIA's table, https://docs.twcloud.ai/en/docs/concepts-tutorials/twcc/ccs/concepts/images/triton-inference-server/,
-#   says 10.7.0.23), 25.07 (Triton 2.59.1, no TensorRT version found), 26.06 and later (no TensorRT
-#   version found). No Triton release with TensorRT 11.x was found.
+# - Left out for want of evidence: 24.12 (that copy says TensorRT 10.6.0.26, the same as 24.11, while
+#   https://docs.twcloud.ai/en/docs/concepts-tutorials/twcc/ccs/concepts/images/triton-inference-server/
+#   lists 10.7.0.23 for its 24.12 trtllm-python-py3 image: unresolved), 25.07 (Triton 2.59.1, no
+#   TensorRT version found), 26.06 and later (no TensorRT version found). No Triton release with
+#   TensorRT 11.x was found.
 # NVIDIA's user-guide "Release Compatibility Matrix" lists TensorRT for the -trtllm-python-py3 images
 # only; those often differ from the -py3 image of the same release and are not used here.
 
