@@ -12,6 +12,13 @@ cores. Figures taken on a shared, loaded machine are not evidence for or against
     .venv/bin/python benchmarks/bench_int8.py                                # demo model (a smoke run)
     .venv/bin/python benchmarks/bench_int8.py --model vit_base_patch16_224   # the target's model
     .venv/bin/python benchmarks/bench_int8.py --dynamic                      # also time the dynamic mode
+    .venv-ov/bin/python benchmarks/bench_int8.py                             # + OpenVINO FP32 / BF16 / INT8
+
+Where ``openvino`` (and, for INT8, ``nncf``) import, OpenVINO runs in the same interleaved rounds
+(benchmarks/_openvino.py: our ``model.onnx``, CPU, latency hint, one stream, --threads; INT8 by
+NNCF calibrated on the images our int8 stage calibrates on), and a summary compares ``ort-int8``
+with ``openvino-int8``: speed ratio, and top-1 agreement / min cosine vs eager FP32 on the
+export's validation images. Issue 14: ``ort-int8`` must be more accurate at >= 0.9x its speed.
 """
 
 from __future__ import annotations
@@ -30,9 +37,18 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from _common import drift, environment, interleaved  # noqa: E402
+from _common import drift, environment, interleaved, version  # noqa: E402
 
 TARGETS = {1: 3.3, 8: 3.0}  # ort-int8 vs ort, ViT-B/16
+OV_SPEED = 0.9  # ort-int8 must run at >= 0.9x openvino-int8's speed (issue 14)
+
+
+def _config_data(model: str, cache: Path) -> dict:
+    """The pipeline config the export runs with (the demo model, or a random-weight checkpoint in ``cache``)."""
+    data: dict = {"export": {"fp16": {"enabled": False}, "int8": {"enabled": True}}}
+    if model != "demo":
+        data["model"] = {"checkpoint": str(cache / f"{model}-random-checkpoint")}
+    return data
 
 
 def export(model: str, cache: Path) -> Path:
@@ -43,7 +59,7 @@ def export(model: str, cache: Path) -> Path:
     out = cache / f"{model}-int8"
     if (out / "manifest.json").is_file():
         return out
-    data: dict = {"export": {"fp16": {"enabled": False}, "int8": {"enabled": True}}}
+    data = _config_data(model, cache)
     if model != "demo":
         import torch
 
@@ -53,10 +69,9 @@ def export(model: str, cache: Path) -> Path:
 
         torch.manual_seed(0)
         cfg = VARIANTS[model]
-        ckpt = cache / f"{model}-random-checkpoint"
-        save_checkpoint(ckpt, VisionTransformer(cfg).eval(), [f"class_{i}" for i in range(cfg.num_classes)],
+        save_checkpoint(Path(data["model"]["checkpoint"]), VisionTransformer(cfg).eval(),
+                        [f"class_{i}" for i in range(cfg.num_classes)],
                         PreprocessSpec(style="hf", height=cfg.image_size, width=cfg.image_size), f"{model}-random")
-        data["model"] = {"checkpoint": str(ckpt)}
     print(f"exporting {model} into {out} ...", flush=True)
     start = time.perf_counter()
     run_export(parse_config(data, None), out, engine="skip", validation_batch=(1, 8), heartbeat_s=None)
@@ -82,6 +97,106 @@ def open_variants(out: Path, threads: int, dynamic: bool) -> dict:
     return backends
 
 
+def export_images(model: str, cache: Path, out: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The export's real validation images (noise rows left out) and the ones its int8 stage
+    calibrated on, chosen, preprocessed and picked by the export's own functions."""
+    from vitdeploy.config import parse_config
+    from vitdeploy.export.pipeline import validation_images
+    from vitdeploy.export.quantize import calibration_batch
+    from vitdeploy.export.validate import build_inputs
+    from vitdeploy.runtime.artifacts import Artifacts
+    from vitdeploy.runtime.preprocess import Preprocessor
+
+    cfg, artifacts = parse_config(_config_data(model, cache), None), Artifacts.open(out)
+    inputs = build_inputs(Preprocessor(artifacts.preprocess), validation_images(cfg), noise_samples=0,
+                          seed=cfg.validation.seed, min_count=1)
+    section = cfg.export.int8
+    calibration = calibration_batch(inputs.batch, inputs.names, max_images=section.calibration_images,
+                                    min_images=section.min_calibration_images)
+    recorded = artifacts.manifest.get("export", {}).get("int8", {}).get("calibration_images")
+    if recorded is not None and recorded != len(calibration):
+        raise SystemExit(f"{out}: the int8 stage calibrated on {recorded} images, the benchmark picked "
+                         f"{len(calibration)}; delete the cached export and run again")
+    return calibration_batch(inputs.batch, inputs.names, max_images=len(inputs.names), min_images=1), calibration
+
+
+def open_openvino(args: argparse.Namespace, out: Path, backends: dict) -> tuple[np.ndarray, int] | None:
+    """Add the OpenVINO variants that can run here to ``backends``; the export's real validation
+    images (to judge accuracy on) and how many of them calibrate, or None when OpenVINO is left out
+    (one line says why)."""
+    import _openvino
+
+    reason = "openvino variants skipped (--no-openvino)" if args.no_openvino else _openvino.missing()
+    if reason:
+        print(reason)
+        return None
+    from vitdeploy.runtime.artifacts import Artifacts
+
+    images, calibration = export_images(args.model, args.cache, out)
+    runners, notes = _openvino.open_variants(Artifacts.open(out).path("onnx"), backends["ort"].input_shape,
+                                             args.threads, lambda: calibration,
+                                             out.parent / f"{out.name}-openvino-int8.xml",
+                                             pinning=False if args.openvino_no_pinning else None)
+    backends.update(runners)
+    for note in notes:
+        print(note)
+    return images, len(calibration)
+
+
+def accuracy(backends: dict, images: np.ndarray) -> dict[str, dict]:
+    """Every variant's logits on ``images`` against eager FP32 (the ``torch`` backend)."""
+    from vitdeploy.export.compare import logit_metrics
+    from vitdeploy.export.validate import run_in_batches
+
+    ref = run_in_batches(backends["torch"], images, 8)
+    out = {}
+    for name, b in backends.items():
+        if name != "torch":
+            metrics, flipped = logit_metrics(ref, run_in_batches(b, images, 8))
+            out[name] = {**metrics, "flipped": len(flipped)}
+    return out
+
+
+def openvino_summary(by: dict, acc: dict[str, dict], images: int, batches: list[int], busy: str | None) -> dict:
+    """ort-int8 against openvino-int8: issue 14 wants better accuracy at >= 0.9x its speed."""
+    from vitdeploy.evaluate.reliability import SPREAD_LIMIT
+
+    ours, theirs = acc["ort-int8"], acc["openvino-int8"]
+    speed = {b: by[b, "openvino-int8"]["p50_ms"] / by[b, "ort-int8"]["p50_ms"] for b in batches}
+    pairs = [(ours["top1_agreement"], theirs["top1_agreement"]), (ours["cosine"], theirs["cosine"])]
+    better = all(o >= t for o, t in pairs) and any(o > t for o, t in pairs)
+    fast = all(v >= OV_SPEED for v in speed.values())
+    unreliable = bool(busy) or any(by[b, v]["spread"] > SPREAD_LIMIT for b in batches for v in ("ort-int8", "openvino-int8"))
+    verdict = "PASS" if better and fast else "FAIL"
+    print("\nort-int8 vs openvino-int8: speed " + ", ".join(f"batch {b} {v:.2f}x" for b, v in speed.items())
+          + f" (openvino-int8 p50 / ort-int8 p50, wanted >= {OV_SPEED}x); on {images} validation images vs eager: "
+          f"top-1 {ours['top1_agreement']:.2%} vs {theirs['top1_agreement']:.2%}, min cosine {ours['cosine']:.5f} vs "
+          f"{theirs['cosine']:.5f} -> {verdict}: {'better' if better else 'not better'} accuracy at "
+          f"{'>=' if fast else '<'} {OV_SPEED}x its speed" + (" (*timing unreliable)" if unreliable else ""))
+    return {"speed_vs_openvino_int8": speed, "better_accuracy": better, "fast_enough": fast, "verdict": verdict,
+            "unreliable": unreliable}
+
+
+def openvino_report(backends: dict, images: np.ndarray, calibrated: int, by: dict, batches: list[int],
+                    busy: str | None) -> dict:
+    """Print what OpenVINO compiled, every variant's accuracy on the export's validation images, and
+    the ort-int8 vs openvino-int8 verdict."""
+    compiled = {n: b.compiled_properties for n, b in backends.items() if hasattr(b, "compiled_properties")}
+    for name, props in compiled.items():
+        print(f"{name} compiled with {props}")
+    acc = accuracy(backends, images)
+    print(f"\naccuracy vs eager FP32 on the export's {len(images)} real validation images (the first {calibrated} of "
+          f"them calibrated both INT8 variants):\n{'variant':<17} {'top1':>7} {'flips':>6} {'min cosine':>11} {'max|diff|':>10}")
+    for name, m in acc.items():
+        print(f"{name:<17} {m['top1_agreement']:>7.2%} {m['flipped']:>6} {m['cosine']:>11.6f} {m['max_abs_diff']:>10.3g}")
+    report = {"compiled": compiled, "accuracy": acc, "images": len(images)}
+    if "openvino-int8" in acc:
+        report["summary"] = openvino_summary(by, acc, len(images), batches, busy)
+    else:
+        print("ort-int8 vs openvino-int8: no comparison (openvino-int8 did not run here)")
+    return report
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="demo", help="demo, or a vitdeploy VARIANTS name (vit_base_patch16_224)")
@@ -90,6 +205,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--dynamic", action="store_true", help="also time export.int8.mode: dynamic (batch-dependent)")
+    ap.add_argument("--no-openvino", action="store_true", help="leave the OpenVINO variants out where openvino imports")
+    ap.add_argument("--openvino-no-pinning", action="store_true",
+                    help="ENABLE_CPU_PINNING off for OpenVINO (ORT does not pin; OpenVINO's default pins its threads)")
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "vitdeploy-bench-int8")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
@@ -99,15 +217,22 @@ def main() -> int:
     args.cache.mkdir(parents=True, exist_ok=True)
     out = export(args.model, args.cache)
     backends = open_variants(out, args.threads, args.dynamic)
+    openvino = open_openvino(args, out, backends)
     env = environment(args.threads)
+    if openvino is not None:
+        env["versions"].update({d: version(d) for d in ("openvino", "nncf")})
     print(f"cpu: {env['cpu']} flags {env['cpu_flags']}, {usable_cores()} usable cores, {args.threads} threads")
     print(f"versions: {env['versions']}")
     rng = np.random.default_rng(0)
     shape = backends["ort"].input_shape
     rows, load_before = [], load_average()
-    for batch in (int(b) for b in args.batch_sizes.split(",")):
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    for batch in batches:
         x = rng.standard_normal((batch, *shape)).astype(np.float32)
         ref = backends["torch"].run(x)
+        for b in backends.values():
+            if hasattr(b, "prepare"):  # OpenVINO: compile for this batch size before timing
+                b.prepare(batch)
         fns = {name: (lambda b=b: b.run(x)) for name, b in backends.items()}
         timings = interleaved(fns, warmup=args.warmup, iters=args.iters, seed=batch)
         for name, b in backends.items():
@@ -138,9 +263,11 @@ def main() -> int:
     if busy or any(r["unreliable"] for r in rows):
         print("warning: ratios marked * are unreliable (other work competed for the cores, or a figure's spread is "
               "high); figures from a shared, loaded machine are not evidence for or against the target.")
+    result = {"env": env, "load_before": load_before, "load_after": load_after, "busy": busy, "rows": rows}
+    if openvino is not None:
+        result["openvino"] = openvino_report(backends, *openvino, by, batches, busy)
     if args.json:
-        args.json.write_text(json.dumps({"env": env, "load_before": load_before, "load_after": load_after, "busy": busy,
-                                         "rows": rows}, indent=2))
+        args.json.write_text(json.dumps(result, indent=2))
     for b in backends.values():
         b.close()
     return 0
