@@ -85,7 +85,7 @@ def run_server(cfg: Any, settings: ServeSettings, options: Any, progress: Progre
             progress(f"starting Ray (local, {cpus} CPUs, metrics on port {sv.metrics_port}) ...")
             # Ray starts its worker processes (the replicas, the HTTP proxy) at nice 15, below everything
             # else on the machine: right for batch jobs, wrong for a server, whose requests then wait
-            # behind any other busy process (ViT-S/16 on 2 cores beside a busy process: 0.44-0.76x the
+            # behind any other busy process (ViT-S/16 on 2 cores beside busy processes: 0.60-0.70x the
             # in-process Predictor at nice 15, see benchmarks/bench_serve.py). Serve at normal priority
             # unless the user set RAY_worker_niceness; a cluster given by --address keeps its own setting.
             os.environ.setdefault(WORKER_NICENESS, "0")
