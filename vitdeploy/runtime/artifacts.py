@@ -219,6 +219,16 @@ class Artifacts:
     def roles(self) -> list[str]:
         return sorted(self._schema.artifacts)
 
+    def restricted(self, roles: Any) -> "Artifacts":
+        """The same directory seen through the listed ``roles`` only (a folder that travelled with
+        only the files one backend reads). The manifest is unchanged; the other roles are absent."""
+        keep = {role: self._schema.artifacts[role] for role in dict.fromkeys(roles) if role in self._schema.artifacts}
+        if not keep:
+            raise ArtifactError(f"{self._where('artifacts')} lists none of the roles {list(roles)} "
+                                f"(present: {self.roles or 'none'})")
+        view = Artifacts(self._directory, self._manifest, self._schema.model_copy(update={"artifacts": keep}))
+        return view
+
     def has(self, role: str) -> bool:
         return role in self._schema.artifacts
 
