@@ -43,7 +43,8 @@ demo: $(STAMP)
 	@echo "  (or '. $(BIN)/activate' first, then plain 'vitdeploy ...')"
 
 test: $(STAMP) $(REF_STAMP) $(TRITON_STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not serial"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m serial
 
 # Speed goals are checked here, by ratios measured side by side in one run (benchmarks/README.md).
 bench: $(STAMP)

@@ -103,6 +103,9 @@ class Int8Section(_Section):
     min_calibration_images: int = Field(16, ge=1, description="fewer real validation images than this: no static INT8")
     autopilot: bool = Field(True, description="when validation.int8 fails, return Gemm, then block by block MatMuls "
                                               "to float until it passes (every step recorded in the manifest)")
+    min_speedup: float = Field(1.3, ge=0, description="model.int8.onnx is shipped only when it runs at least this many "
+                                                      "times as fast as model.ort.onnx here (timed on the calibration "
+                                                      "batch after validation passes); 0 = always ship")
     tensorrt: Union[Literal["auto"], bool] = Field(
         "auto", description="model.int8.trt.onnx (S8 symmetric Q/DQ from model.onnx) and the INT8 TensorRT engine "
                             "model.int8.engine built from it: auto = when the engine stage runs (TensorRT and a CUDA GPU "

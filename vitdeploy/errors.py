@@ -59,6 +59,13 @@ class ArtifactError(VitDeployError):
 
 
 class ArtifactIntegrityError(ArtifactError):
-    """A listed artifact fails its sha256 or size, or contradicts the manifest (another class
-    count, input size or tensor name). The whole directory is refused: a tampered export is a
-    security event, never a reason to fall back to another backend."""
+    """A listed artifact fails its sha256 or size, contradicts the manifest (another class count,
+    input size or tensor name), or points outside its folder (a path or ONNX external data via '..'
+    or a symlink). The whole directory is refused: a tampered export is a security event, never a
+    reason to fall back to another backend."""
+
+
+class ArtifactMismatchError(ArtifactError):
+    """An intact artifact that this machine cannot run: a TensorRT engine built for another
+    TensorRT version or GPU. The one artifact fault that lets backend "auto" try the next backend;
+    every other ArtifactError stops it."""

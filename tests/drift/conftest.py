@@ -71,5 +71,5 @@ def drift_artifacts(demo_artifacts, tmp_path_factory) -> Path:
     from vitdeploy.export.pipeline import run_export
 
     out = tmp_path_factory.mktemp("demo_artifacts_engine")
-    run_export(parse_config({}, None), out, engine="require")
+    run_export(parse_config({"export": {"int8": {"min_speedup": 0}}}, None), out, engine="require")
     return out

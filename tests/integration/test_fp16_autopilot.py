@@ -61,19 +61,23 @@ def test_default_is_todays_graph_recorded_as_one_step(demo_artifacts, tmp_path):
     assert _sha(tmp_path / "model.fp16.onnx") == _sha(demo_artifacts / "model.fp16.onnx")  # the very same graph
 
 
-def test_a_stricter_gate_returns_op_types_then_blocks_to_float32(tmp_path):
-    """On the demo model the floor alone reaches max|diff| ~0.0016 against eager FP32; asking for
-    0.0008 makes the autopilot go past Softmax and the head into the blocks."""
-    _export(tmp_path, gate={"max_abs_diff": 0.0008})
+def test_a_stricter_gate_returns_op_types_then_blocks_to_float32(demo_artifacts, tmp_path):
+    """On the demo model the floor alone reaches max|diff| ~0.0016 against eager FP32 (on the AVX2
+    machines here); asking for half of what it reached on this machine (the demo export's step 0)
+    makes the autopilot go past Softmax and the head into the blocks, whatever the CPU's kernels."""
+    floor = json.loads((demo_artifacts / "manifest.json").read_text())["export"]["fp16"]["autopilot"][0]
+    assert floor["step"] == "all FP16 but the floor" and floor["passed"]
+    limit = floor["metrics"]["max_abs_diff"] / 2
+    _export(tmp_path, gate={"max_abs_diff": limit})
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     steps = manifest["export"]["fp16"]["autopilot"]
     names = [s["step"] for s in steps]
     assert names[:3] == ["all FP16 but the floor", "op type Softmax float", "op type Gemm float"]
     assert names[3].startswith("block ") and steps[-1]["passed"] and not any(s["passed"] for s in steps[:-1])
-    assert steps[0]["metrics"]["max_abs_diff"] > 0.0008 >= steps[-1]["metrics"]["max_abs_diff"]
+    assert steps[0]["metrics"]["max_abs_diff"] > limit >= steps[-1]["metrics"]["max_abs_diff"]
     for before, after in zip(steps, steps[1:]):  # cumulative: what went back to float stays float
         assert set(before["keep_float"]) < set(after["keep_float"])
-    assert manifest["validation"]["validate-fp16"]["passed"] and manifest["validation"]["validate-fp16"]["metrics"]["max_abs_diff"] <= 0.0008
+    assert manifest["validation"]["validate-fp16"]["passed"] and manifest["validation"]["validate-fp16"]["metrics"]["max_abs_diff"] <= limit
 
     model = onnx.load(str(tmp_path / "model.fp16.onnx"))
     types, kept = _types(model), set(steps[-1]["keep_float"])

@@ -73,7 +73,7 @@ def test_int8_required_export_of_each_relative(shape, tmp_path):
     ckpt = make(tmp_path / "ckpt")
     out = tmp_path / "art"
     cfg = parse_config({"model": {"checkpoint": str(ckpt)}, "validation": {"noise_samples": 2},
-                        "export": {"fp16": {"enabled": False}, "int8": {"enabled": True},
+                        "export": {"fp16": {"enabled": False}, "int8": {"enabled": True, "min_speedup": 0},
                                    "batch": {"min": 1, "opt": 2, "max": 4}}}, None)
     run_export(cfg, out, engine="skip", heartbeat_s=None, validation_batch=(1, 4))
     manifest = json.loads((out / "manifest.json").read_text())

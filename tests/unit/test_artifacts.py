@@ -36,12 +36,25 @@ def manifest(artifacts: dict, **overrides) -> dict:
     return data
 
 
+def onnx_with_external_data(path: Path, location: str, nbytes: int) -> None:
+    """A valid ONNX graph whose one initializer (``nbytes`` of float32) is stored in ``location``."""
+    from onnx import TensorProto, helper, save
+
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[nbytes // 4])
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(nbytes))):
+        weight.external_data.add(key=key, value=value)
+    out = helper.make_tensor_value_info("w_out", TensorProto.FLOAT, [nbytes // 4])
+    graph = helper.make_graph([helper.make_node("Identity", ["w"], ["w_out"])], "g", [], [out], initializer=[weight])
+    save(helper.make_model(graph), str(path))
+
+
 @pytest.fixture
 def export_dir(tmp_path) -> Path:
     """An export directory with a 'model' (plus external data) and a 'weights' file."""
     d = tmp_path / "out"
     d.mkdir()
-    (d / "model.onnx").write_bytes(b"graph" * 100)
+    onnx_with_external_data(d / "model.onnx", "model.onnx.data", 4096)
     (d / "model.onnx.data").write_bytes(os.urandom(4096))
     (d / "model.safetensors").write_bytes(os.urandom(2048))
     onnx_entry = entry(d, "model.onnx")
@@ -286,7 +299,8 @@ def test_non_mapping_batch_is_an_artifact_error_naming_the_key(tmp_path, value):
 
 
 def test_missing_batch_uses_the_defaults(tmp_path):
-    data = manifest({})
+    (tmp_path / "model.safetensors").write_bytes(b"w")
+    data = manifest({"weights": entry(tmp_path, "model.safetensors")})
     del data["batch"]
     (tmp_path / "manifest.json").write_text(json.dumps(data))
     assert Artifacts.open(tmp_path).batch == {"min": 1, "opt": 8, "max": 32}

@@ -26,6 +26,13 @@ def tiny_dir(tiny_artifacts) -> Path:
     return tiny_artifacts(seed=0)
 
 
+def _any_onnx(path) -> None:
+    """A valid (empty) ONNX graph: every listed graph is parsed when a directory is opened."""
+    from onnx import helper, save
+
+    save(helper.make_model(helper.make_graph([], "g", [], [])), str(path))
+
+
 @pytest.fixture(scope="module")
 def artifacts(tiny_dir) -> Artifacts:
     return Artifacts.open(tiny_dir)
@@ -67,7 +74,7 @@ def test_unavailable_reasons(artifacts, tmp_path):
     assert backend_unavailable_reason("ort", artifacts) is None
     assert backend_unavailable_reason("torch", artifacts) is None
     # a manifest without the fp16 graph
-    (tmp_path / "m.onnx").write_bytes(b"x")
+    _any_onnx(tmp_path / "m.onnx")
     write_manifest(tmp_path, {"onnx": file_entry(tmp_path, "m.onnx")})
     only_onnx = Artifacts.open(tmp_path)
     assert backend_unavailable_reason("ort-fp16", only_onnx) == "manifest has no 'onnx-fp16' artifact"
@@ -93,7 +100,7 @@ def test_trt_unavailable_with_an_engine_names_the_missing_tensorrt(tmp_path):
 
 
 def test_open_backend_for_a_role_the_manifest_lacks_names_it(tmp_path):
-    (tmp_path / "m.onnx").write_bytes(b"x")
+    _any_onnx(tmp_path / "m.onnx")
     write_manifest(tmp_path, {"onnx": file_entry(tmp_path, "m.onnx")})
     with pytest.raises(ArtifactError, match="'engine'"):
         open_backend("trt", Artifacts.open(tmp_path))

@@ -37,7 +37,7 @@ from ..limits import check_batch_size, clip
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
 from .specs import BackendSpec, backend_specs, parse_backend_names, reference_options, try_open_spec
-from .reliability import SPREAD_LIMIT, busy_machine_reason, load_average, mark_unreliable, usable_cores
+from .reliability import SPREAD_LIMIT, busy_machine_reason, contention, mark_unreliable, sample, usable_cores
 from .timing import cuda_event_timer, measure
 
 log = logging.getLogger(__name__)
@@ -163,13 +163,12 @@ def format_environment(env: Mapping[str, Any]) -> list[str]:
 
 
 def _format_load(env: Mapping[str, Any]) -> str:
-    before, after = env.get("load_average_before"), env.get("load_average_after")
-    if not before:
-        return "load average: unknown"
-    text = f"load average (1/5/15 min): {' '.join(f'{v:.2f}' for v in before)} before the run"
-    if after:
-        text += f", {' '.join(f'{v:.2f}' for v in after)} after (the benchmark's own threads included)"
-    return text
+    window = env.get("contention")
+    if not window:
+        return "contention: unknown (no /proc/stat here)"
+    return (f"contention while timed: other processes took {window['others_cpu_s']:.2f} CPU-s, steal "
+            f"{window['steal_cpu_s']:.2f} CPU-s in {window['wall_s']:.1f} s ({window['competing_cores']:.2f} of "
+            f"{window['cores']} cores)")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -262,8 +261,8 @@ def format_bench_table(report: BenchReport) -> list[str]:
     lines.append("")
     lines.append("vs torch: eager PyTorch fp32 on the CPU p50 / this p50 at the same batch size (higher is faster)"
                  + ("; pre/infer/post: share of the end-to-end time" if e2e else ""))
-    lines.append(f"p90/p50: the spread of each figure; above {SPREAD_LIMIT} (or with a load average that leaves "
-                 "the threads fewer free cores than they need) a ratio is marked * unreliable")
+    lines.append(f"p90/p50: the spread of each figure; above {SPREAD_LIMIT} (or when other processes took CPU the "
+                 "threads needed while timed, see contention above) a ratio is marked * unreliable")
     if any(r.unreliable and r.speedup is not None for r in report.results):
         lines.append("warning: ratios marked * are unreliable: their figures were disturbed while measured (most "
                      "often by other work competing for the cores: torch's OpenMP threads collapse under "
@@ -338,7 +337,6 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
     # Every backend gets the same intra-op thread count, so a ratio compares runtimes, not threads.
     options = dataclasses.replace(options, threads=int(threads) if threads is not None
                                   else options.threads or _default_threads())
-    load_before = load_average()
     requested = parse_backend_names(backends)
     artifacts = Artifacts.open(artifacts_dir)
     specs = _bench_specs(requested, options)
@@ -369,6 +367,7 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
         log.warning("%s: %s", name, first_line(exc))
 
     results: list[BenchResult] = []
+    before = sample()  # the timed window starts once every backend is open
     try:
         timers = {name: cuda_event_timer(spec_of[name].options.device) for name in opened
                   if spec_of[name].uses_cuda} if not end_to_end else {}
@@ -390,15 +389,13 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
     finally:
         for backend in opened.values():
             backend.close()
+    window = contention(before, sample(), usable_cores())
     attach_ratios(results)
-    cores = usable_cores()
-    load_after = load_average()
-    mark_unreliable(results, busy_machine_reason(load_before[0] if load_before else None, cores, options.threads,
-                                                 load_after[0] if load_after else None), BASELINE)
+    mark_unreliable(results, busy_machine_reason(window, options.threads), BASELINE)
     settings = {"batch_sizes": list(sizes), "iterations": int(iterations), "warmup": int(warmup),
                 "threads": options.threads, "device": options.device, "providers": list(options.providers),
                 "requested": list(requested) if requested else None, "interleaved": True, "seed": seed}
-    env = {**environment(options.threads), "load_average_before": load_before, "load_average_after": load_after}
+    env = {**environment(options.threads), "contention": window.to_dict() if window else None}
     return BenchReport(artifacts=str(artifacts.directory), model=artifacts.name,
                        mode="end-to-end" if end_to_end else "inference", settings=settings,
                        environment=env, backends=rows, results=results,

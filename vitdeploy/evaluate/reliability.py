@@ -1,29 +1,26 @@
-"""When a speed ratio cannot be trusted: the load average and each figure's spread.
+"""When a speed ratio cannot be trusted: what other processes took of the CPU, and each figure's spread.
 
 On a shared machine, torch's OpenMP threads collapse under contention (they wait for each other at
-every operator), so a ratio measured while other work competed for the cores says little. These
-checks mark such ratios instead of printing them as facts.
+every operator), so a ratio measured while other work competed for the cores says little. The judge
+is what actually competed during the timed window: the CPU time every process took (``/proc/stat``)
+less the benchmark's own (``/proc/<pid>/stat`` of its processes, all threads), plus the time the
+hypervisor stole. The load average is no judge: it counts the benchmark's own threads and lags by
+minutes, so right after an export an idle machine reads "busy".
 """
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
 
 if TYPE_CHECKING:  # pragma: no cover
     from .bench import BenchResult
 
 
 SPREAD_LIMIT = 1.5  # p90/p50 above this: the figure was disturbed while it was measured
-LOAD_SLACK = 0.5  # load average + threads may exceed the usable cores by this much
-
-
-def load_average() -> tuple[float, float, float] | None:
-    """The 1, 5 and 15 minute load averages (runnable processes), or None where unknown."""
-    try:
-        return tuple(round(v, 2) for v in os.getloadavg())  # type: ignore[return-value]
-    except (AttributeError, OSError):
-        return None
+CORE_SLACK = 0.5  # other work + the benchmark's threads may exceed the usable cores by this much (in cores)
 
 
 def usable_cores() -> int:
@@ -33,23 +30,105 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def busy_machine_reason(load_before: float | None, cores: int, threads: int | None,
-                        load_after: float | None = None) -> str | None:
-    """Why the 1-minute load average says other work competed for the cores, or None.
+def _ticks() -> float:
+    try:
+        return float(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, ValueError, OSError):  # pragma: no cover
+        return 100.0
 
-    Other processes' load is taken as the load before the run, or the load after it less the
-    benchmark's own ``threads`` (which catches work that started during a long run), whichever is
-    higher. A backend with ``threads`` intra-op threads (None: one per core) needs that many
-    cores; when other work leaves fewer free, its threads get descheduled, and torch's OpenMP
-    threads, which wait for each other at every operator, collapse (seen: p50 287 ms at batch 1
-    where one thread takes 1.7 ms)."""
-    needed = threads or cores
-    known = [v for v in (load_before, None if load_after is None else load_after - needed) if v is not None]
-    if not known:
+
+def _machine_seconds() -> tuple[float, float] | None:
+    """(busy, steal) CPU seconds of every core since boot, from /proc/stat; None where unknown."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            fields = fh.readline().split()
+    except OSError:
         return None
-    others = max(known)
-    if others + needed > cores + LOAD_SLACK:
-        return f"load {others:.1f} on {cores} cores"
+    if not fields or fields[0] != "cpu":
+        return None
+    values = [float(v) for v in fields[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq = (values + [0.0] * 7)[:7]
+    steal = values[7] if len(values) > 7 else 0.0
+    tick = _ticks()
+    return (user + nice + system + irq + softirq) / tick, steal / tick  # guest time is inside user already
+
+
+def process_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system, all threads) a process has used; None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    rest = stat.rsplit(")", 1)[-1].split()  # the command name may hold spaces and parentheses
+    try:
+        return (float(rest[11]) + float(rest[12])) / _ticks()  # fields 14 and 15: utime, stime
+    except (IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    wall: float
+    machine: tuple[float, float] | None
+    own: dict[int, float]
+
+
+def sample(own_pids: Iterable[int] = ()) -> CpuSample:
+    """The machine's busy/steal CPU seconds and those of the benchmark's own processes (this one and
+    ``own_pids``: a server it started, its workers), now."""
+    pids = dict.fromkeys([os.getpid(), *own_pids])
+    own = {pid: secs for pid in pids if (secs := process_seconds(pid)) is not None}
+    return CpuSample(time.perf_counter(), _machine_seconds(), own)
+
+
+@dataclass(frozen=True)
+class Contention:
+    """What other processes and the hypervisor took of the CPU while a benchmark ran."""
+
+    wall_s: float
+    others_s: float  # CPU seconds of every process but the benchmark's own
+    steal_s: float  # CPU seconds the hypervisor gave to other guests
+    cores: int
+
+    @property
+    def competing_cores(self) -> float:
+        """Cores' worth of competing work on average over the window (others + steal)."""
+        return (self.others_s + self.steal_s) / self.wall_s if self.wall_s > 0 else 0.0
+
+    def describe(self) -> str:
+        return (f"other processes took {self.others_s:.2f} CPU-s and steal {self.steal_s:.2f} CPU-s in "
+                f"{self.wall_s:.1f} s ({self.competing_cores:.2f} of {self.cores} cores)")
+
+    def to_dict(self) -> dict[str, float]:
+        return {"wall_s": round(self.wall_s, 3), "others_cpu_s": round(self.others_s, 3),
+                "steal_cpu_s": round(self.steal_s, 3), "competing_cores": round(self.competing_cores, 3),
+                "cores": self.cores}
+
+
+def contention(before: CpuSample, after: CpuSample, cores: int | None = None) -> Contention | None:
+    """The competing CPU between two samples; None where /proc is not readable (not Linux).
+
+    The benchmark's own processes are those sampled both times; a process of its own that started
+    in between counts as other work (sample its pid first)."""
+    if before.machine is None or after.machine is None:
+        return None
+    busy = after.machine[0] - before.machine[0]
+    own = sum(after.own[pid] - before.own[pid] for pid in before.own if pid in after.own)
+    return Contention(after.wall - before.wall, max(0.0, busy - own), max(0.0, after.machine[1] - before.machine[1]),
+                      cores or usable_cores())
+
+
+def busy_machine_reason(window: Contention | None, threads: int | None) -> str | None:
+    """Why ``window`` says other work competed for the cores the benchmark's ``threads`` needed (None:
+    one per core), or None. Flagged when the competing cores plus the threads exceed the usable
+    cores by more than :data:`CORE_SLACK`: then some of the threads waited for a core."""
+    if window is None:
+        return None
+    needed = min(threads or window.cores, window.cores)
+    if window.competing_cores + needed > window.cores + CORE_SLACK:
+        return (f"other work took {window.competing_cores:.2f} of {window.cores} cores while "
+                f"{needed} thread(s) needed {needed}")
     return None
 
 
@@ -72,5 +151,5 @@ def mark_unreliable(results: list[BenchResult], busy: str | None, baseline: str)
         r.unreliable = unreliable_reasons(r, base.get(r.batch_size), busy)
 
 
-__all__ = ["LOAD_SLACK", "SPREAD_LIMIT", "busy_machine_reason", "load_average", "mark_unreliable", "unreliable_reasons",
-           "usable_cores"]
+__all__ = ["CORE_SLACK", "Contention", "CpuSample", "SPREAD_LIMIT", "busy_machine_reason", "contention",
+           "mark_unreliable", "process_seconds", "sample", "unreliable_reasons", "usable_cores"]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import BackendError, ConfigError, ExportError, ValidationError
 from ..runtime.backends.base import BackendOptions
 from ..vocab import ARTIFACT_FILES as FILES
@@ -30,6 +32,7 @@ class _Int8Target:
     placement: Any  # export.quantize.Placement
     switch: str  # the pipeline.yaml key that turns it on
     label: str  # how the ONNX Runtime run that judges it is named in reports
+    timed_against: bool = False  # shipped only at export.int8.min_speedup x its source graph's speed here
 
 
 class PrecisionStages:
@@ -74,7 +77,7 @@ class PrecisionStages:
         if section.enabled is False:
             self._drop("onnx-int8")
             return self.skip("int8", "export.int8.enabled is false")
-        self._quantize(cpu, vit, _Int8Target("int8", "onnx-int8", "int8", ORT_CPU, "export.int8.enabled", "ort-int8"),
+        self._quantize(cpu, vit, _Int8Target("int8", "onnx-int8", "int8", ORT_CPU, "export.int8.enabled", "ort-int8", True),
                        self.artifacts.get("onnx-ort", self.artifacts["onnx"]), section.mode, section.enabled is True)
 
     def _int8_tensorrt(self, cpu: BackendOptions, vit: Any) -> None:
@@ -149,6 +152,10 @@ class PrecisionStages:
             self.validate(f"validate-{target.stage}", lambda: OrtBackend(path, self.chw, None, cpu, name=target.label),
                           gate, [path, *res.external_data])
             record["passed"] = True
+            if target.timed_against and not self._worth_running(path, src, cpu, target, calib, record, required):
+                for p in (path, data):
+                    p.unlink(missing_ok=True)
+                return
         except (ConfigError, ExportError, BackendError, ValidationError) as exc:
             if required:
                 raise
@@ -159,6 +166,40 @@ class PrecisionStages:
                     q.unlink(missing_ok=True)
             return
         self.add(target.role, path, res.external_data)
+
+    def _worth_running(self, path: Path, src: Path, cpu: BackendOptions, target: "_Int8Target",
+                       calib: Any, record: dict, required: bool) -> bool:
+        """Time the validated INT8 graph against ``src`` (speed-int8 stage); below
+        ``export.int8.min_speedup`` the graph is not shipped (required: ExportError)."""
+        from ..runtime.backends.ort import OrtBackend
+        from .int8_speed import measure
+
+        minimum = self.cfg.export.int8.min_speedup
+        with self.stage(f"speed-{target.stage}") as rec:
+            if minimum <= 0:
+                rec.status, rec.reason = "skipped", "export.int8.min_speedup is 0: shipped without timing"
+                return True
+            rows = calib if calib is not None else self.inputs.batch
+            batch = np.ascontiguousarray(rows[: max(1, min(len(rows), self.cfg.export.batch.opt))], dtype=np.float32)
+            int8, base = OrtBackend(path, self.chw, None, cpu, name=target.label), OrtBackend(src, self.chw, None, cpu)
+            try:
+                check = measure(int8, base, batch, minimum)
+            finally:
+                int8.close()
+                base.close()
+            record["speed"] = check.to_dict()
+            verdict = check.describe(src.name)
+            if check.worth_it:
+                rec.reason = verdict
+                return True
+            why = (f"{path.name} not shipped: {verdict}, below export.int8.min_speedup {minimum:g}; INT8 does not pay "
+                   f"for this model on this machine (set export.int8.min_speedup: 0 to ship it anyway)")
+            if required:
+                raise ExportError(why)
+            rec.status, rec.reason = "skipped", why
+            record["shipped"] = False
+            log.info("%s", why)
+            return False
 
     def _judge(self, path: Path, cpu: BackendOptions, label: str, tolerance: Any) -> Any:
         """One autopilot step: the candidate graph at the largest validation batch against eager PyTorch."""

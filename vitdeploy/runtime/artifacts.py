@@ -39,18 +39,18 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 
 
 def resolve_inside(directory: str | os.PathLike[str], relative: str, what: str) -> Path:
-    """``directory / relative`` resolved (symlinks followed); ArtifactError if it leaves ``directory``."""
+    """``directory / relative`` resolved (symlinks followed); ArtifactIntegrityError if it leaves ``directory``."""
     root = Path(directory).resolve()
     if not isinstance(relative, str) or not relative:
-        raise ArtifactError(f"{what}: expected a relative file name, got {relative!r}")
+        raise ArtifactIntegrityError(f"{what}: expected a relative file name, got {relative!r}")
     if os.path.isabs(relative) or Path(relative).is_absolute() or relative.startswith(("/", "\\")):
-        raise ArtifactError(f"{what}: path {relative!r} is absolute; artifact paths must stay inside {root} "
+        raise ArtifactIntegrityError(f"{what}: path {relative!r} is absolute; artifact paths must stay inside {root} "
                             f"(refusing it: a tampered manifest or model could point anywhere)")
     target = (root / relative).resolve()
     try:
         target.relative_to(root)
     except ValueError:
-        raise ArtifactError(f"{what}: path {relative!r} resolves to {target}, outside the artifact directory "
+        raise ArtifactIntegrityError(f"{what}: path {relative!r} resolves to {target}, outside the artifact directory "
                             f"{root} (via '..' or a symlink); refusing it") from None
     return target
 
@@ -100,10 +100,10 @@ def check_onnx_external_data(onnx_path: str | os.PathLike[str]) -> list[Path]:
         location = entries.get("location")
         what = f"ONNX model {onnx_path}: tensor {tensor.name!r} external data"
         if not location:
-            raise ArtifactError(f"{what} has no 'location'; the model is corrupt; {_FIX}")
+            raise ArtifactIntegrityError(f"{what} has no 'location'; the model is corrupt; {_FIX}")
         target = resolve_inside(onnx_path.parent, location, what)
         if not target.is_file():
-            raise ArtifactError(f"{what} file {target} is missing; copy it next to {onnx_path.name} or {_FIX}")
+            raise ArtifactIntegrityError(f"{what} file {target} is missing; copy it next to {onnx_path.name} or {_FIX}")
         files[target] = None
     return list(files)
 
@@ -123,6 +123,7 @@ class Artifacts:
         self._manifest = manifest
         self._schema = schema if schema is not None else parse_manifest(manifest, directory / MANIFEST_NAME)
         self._verified: set[str] = set()
+        self._onnx_checked: set[str] = set()
         self._lock = threading.Lock()
         # the schema mirrors PreprocessSpec key for key (runtime/manifest_schema.PreprocessSection)
         self._preprocess = PreprocessSpec(**self._schema.preprocess.model_dump())
@@ -261,13 +262,34 @@ class Artifacts:
                 self._verified.add(role)
         return target
 
+    def onnx_path(self, role: str) -> Path:
+        """The verified ONNX graph of ``role``, refused (ArtifactIntegrityError) unless every external
+        data file it loads lies inside the directory and is listed (so sha256-verified) in the manifest."""
+        path = self.path(role)  # verifies the graph and the external data the manifest lists
+        if role in self._onnx_checked:
+            return path
+        listed = {resolve_inside(self._directory, sub["path"], f"artifact {role!r} external data")
+                  for sub in self.entry(role).get("external_data") or []}
+        unlisted = [p for p in check_onnx_external_data(path) if p not in listed]
+        if unlisted:
+            names = ", ".join(str(p.relative_to(self._directory.resolve())) for p in unlisted)
+            raise ArtifactIntegrityError(f"artifact {role!r}: {path.name} loads external data {names} that "
+                                         f"{MANIFEST_NAME} does not list under artifacts.{role}.external_data, so its "
+                                         f"sha256 cannot be checked; refusing it; {_FIX}")
+        self._onnx_checked.add(role)
+        return path
+
     def verify(self, roles: list[str] | None = None) -> dict[str, Path]:
         """Verify several roles (all present ones by default); ArtifactError on the first failure."""
         return {role: self.path(role) for role in (roles if roles is not None else self.roles)}
 
     def verify_all(self) -> dict[str, Path]:
-        """Every listed artifact's size and sha256, then the metadata files against the manifest."""
+        """Every listed artifact's size and sha256, every ONNX graph's external data (inside the folder
+        and listed, whichever backend will run), then the metadata files against the manifest."""
         paths = self.verify()
+        for role, path in paths.items():
+            if path.suffix == ".onnx":
+                self.onnx_path(role)
         if "weights-config" in paths:
             cfg_path = paths["weights-config"]
             check_model_config(self._schema, read_json_bounded(cfg_path, "model config"), cfg_path, self.manifest_path)

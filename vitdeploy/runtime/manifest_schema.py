@@ -194,6 +194,8 @@ class Manifest(BaseModel):
     @field_validator("artifacts")
     @classmethod
     def _roles(cls, v: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        if not v:
+            raise ValueError("lists no artifact; an export always lists at least model.onnx")
         for role in v:
             if not _ROLE.match(role):
                 raise ValueError(f"artifact role {clip(role)} is not a role name (lower-case letters, digits, '-')")

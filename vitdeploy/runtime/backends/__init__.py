@@ -14,12 +14,17 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..._deps import available
-from ...errors import ArtifactError, ArtifactIntegrityError, BackendError, ConfigError, MissingDependencyError, VitDeployError
+from ...errors import ArtifactMismatchError, BackendError, ConfigError, MissingDependencyError, VitDeployError
 from ...vocab import BACKEND_KINDS, RUNTIME_BACKENDS
 from ..cuda import cuda_status
 from .base import Backend, BackendBase, BackendOptions
 
 BACKEND_NAMES = RUNTIME_BACKENDS
+
+# The faults that mean "this backend cannot run here": the only ones backend "auto" skips past.
+# A refused artifact (ArtifactIntegrityError, or any other ArtifactError: a broken schema, a path
+# outside the folder, a file that contradicts the manifest) is final and stops every caller.
+CANNOT_RUN_HERE: tuple[type[VitDeployError], ...] = (BackendError, MissingDependencyError, ArtifactMismatchError)
 
 # name -> (module, opener function); the artifact roles and libraries each needs: vocab.BACKENDS
 _OPENERS: dict[str, tuple[str, str]] = {
@@ -36,7 +41,7 @@ _REGISTRY: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
     for name, (module, func) in _OPENERS.items()
 }
 
-__all__ = ["BACKEND_NAMES", "Backend", "BackendBase", "BackendOptions", "Opened", "artifact_role", "artifact_roles",
+__all__ = ["BACKEND_NAMES", "CANNOT_RUN_HERE", "Backend", "BackendBase", "BackendOptions", "Opened", "artifact_role", "artifact_roles",
            "backend_unavailable_reason", "cuda_device_count", "ensure_known", "first_line", "open_backend",
            "open_or_reason", "verify_backend_files"]
 
@@ -174,8 +179,9 @@ def open_or_reason(name: str, artifacts: Any, options: BackendOptions | None = N
 
     In order: the cheap checks of :func:`backend_unavailable_reason`; the caller's ``refuse()``
     (a reason, or None to go on); the size and sha256 of every file the backend reads; the open.
-    A missing, tampered or escaping file raises ArtifactError: it is never a reason to skip a
-    backend silently. ConfigError for an unknown name.
+    Only :data:`CANNOT_RUN_HERE` faults give status "error"; a missing, tampered or escaping file,
+    or any other ArtifactError, raises: a refusal is never a reason to skip a backend silently.
+    ConfigError for an unknown name.
     """
     reason = backend_unavailable_reason(name, artifacts, options)
     if reason:
@@ -186,11 +192,9 @@ def open_or_reason(name: str, artifacts: Any, options: BackendOptions | None = N
     verify_backend_files(name, artifacts)  # tampered or escaping files raise here, before any fallback
     try:
         backend = open_backend(name, artifacts, options)
-    except ArtifactIntegrityError:
-        raise  # a file that contradicts its manifest refuses the directory, never a fallback
-    except (BackendError, MissingDependencyError, ArtifactError) as exc:  # e.g. an engine built for another GPU
+    except CANNOT_RUN_HERE as exc:  # e.g. an engine built for another GPU, a CUDA provider that did not load
         return Opened(name, status="error", reason=first_line(exc), error=type(exc))
-    return Opened(name, backend)
+    return Opened(name, backend)  # any other error (a refused file, external data outside the folder) propagates
 
 def ensure_known(name: str) -> str:
     """``name`` if it is a backend name or 'auto'; ConfigError otherwise."""

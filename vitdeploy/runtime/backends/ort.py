@@ -18,8 +18,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ..._deps import require
-from ...errors import ArtifactError, BackendError, ConfigError
-from ..artifacts import check_onnx_external_data, resolve_inside
+from ...errors import BackendError, ConfigError
+from ..artifacts import check_onnx_external_data
 from ..cuda import cuda_index
 from ..manifest_schema import check_graph_io, onnx_dtype_name
 from .base import BackendBase, BackendOptions, provider_name
@@ -270,16 +270,7 @@ class OrtBackend(BackendBase):
 def verified_onnx_path(artifacts: Any, role: str) -> Path:
     """The verified ONNX file of ``role``, refused unless every external data file it loads is
     listed (and so sha256-verified) in the manifest entry of that role."""
-    path = artifacts.path(role)  # verifies the graph and the external data the manifest lists
-    listed = {resolve_inside(artifacts.directory, sub.get("path"), f"artifact {role!r} external data")
-              for sub in artifacts.entry(role).get("external_data") or []}
-    unlisted = [p for p in check_onnx_external_data(path) if p not in listed]
-    if unlisted:
-        names = ", ".join(str(p.relative_to(Path(artifacts.directory).resolve())) for p in unlisted)
-        raise ArtifactError(f"artifact {role!r}: {path.name} loads external data {names} that manifest.json does "
-                            f"not list under artifacts.{role}.external_data, so its sha256 cannot be checked; "
-                            f"refusing it; re-run `vitdeploy export` to (re)create the artifacts")
-    return path
+    return artifacts.onnx_path(role)
 
 
 def uses_ort_graph(artifacts: Any, options: BackendOptions | None) -> bool:

@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..._deps import require
-from ...errors import ArtifactError, BackendError, ConfigError
+from ...errors import ArtifactError, ArtifactMismatchError, BackendError, ConfigError
 from ..cuda import cuda_index, cuda_status
 from . import first_line
 from .base import BackendBase, BackendOptions
@@ -240,7 +240,7 @@ class TrtBackend(BackendBase):
             self._runtime = start_tensorrt(trt, "Runtime", self._device_index, BackendError)
             self._engine = self._runtime.deserialize_cuda_engine(data)
         if self._engine is None:
-            raise ArtifactError(f"TensorRT {here.tensorrt_version} could not deserialize {self.engine_path} "
+            raise ArtifactMismatchError(f"TensorRT {here.tensorrt_version} could not deserialize {self.engine_path} "
                                 f"(corrupt, or built by another TensorRT){quote_errors(errors)}; "
                                 "rebuild it with `vitdeploy export` on this machine")
         self._inspect_io()

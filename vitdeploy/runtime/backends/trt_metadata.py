@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import ArtifactError
+from ...errors import ArtifactError, ArtifactMismatchError
 from ..cuda import gpu_identity
 
 log = logging.getLogger("vitdeploy.runtime.backends.trt")  # messages belong to the trt backend
@@ -134,7 +134,7 @@ def check_engine_matches(meta: EngineMetadata, here: MachineIdentity, engine_pat
         elif then != now:
             differs.append(key)
     if differs:
-        raise ArtifactError(
+        raise ArtifactMismatchError(
             f"{engine_path} was built for {built.describe()}, but this machine has {here.describe()} "
             f"(differs in {', '.join(differs)}). A TensorRT engine only runs with the TensorRT version and GPU "
             "compute capability it was built for: rebuild it with `vitdeploy export` on this machine "
