@@ -106,6 +106,15 @@ def config_check(config_path: Path | None) -> None:
         click.echo(line)
 
 
+@config_group.command("reference")
+@handle_errors
+def config_reference() -> None:
+    """Print the pipeline.yaml reference (Markdown), generated from the config models: docs/configuration.md."""
+    from .config_reference import reference_markdown
+
+    click.echo(reference_markdown(), nl=False)
+
+
 @main.command()
 @config_option
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
