@@ -41,6 +41,7 @@ import numpy as np
 
 from ..._deps import require
 from ...errors import ArtifactError, BackendError, ConfigError
+from ...vocab import tensorrt_install_command
 from ..cuda import cuda_index, cuda_status
 from . import first_line
 from .base import BackendBase, BackendOptions
@@ -51,8 +52,7 @@ from .trt_metadata import (EngineMetadata, MachineIdentity, check_engine_matches
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = ("pip install 'vitdeploy[tensorrt-cu12]' (NVIDIA driver R535+, with a CUDA 12 torch) or "
-                "'vitdeploy[tensorrt-cu13]' (driver R580+)")
+INSTALL_HINT = (f"NVIDIA driver R535+: {tensorrt_install_command(12)}; driver R580+: {tensorrt_install_command(13)}")
 
 
 # --------------------------------------------------------------------------------------------
