@@ -49,8 +49,8 @@ def expected_logits(batch: np.ndarray) -> np.ndarray:
 
 
 class FakeBuffer:
-    def __init__(self, array: np.ndarray, address: int, device: int) -> None:
-        self.array, self.address, self.device = array, address, device
+    def __init__(self, array: np.ndarray, address: int, device: int, stream: "FakeStream | None") -> None:
+        self.array, self.address, self.device, self.stream = array, address, device, stream
 
 
 class FakeStream:
@@ -59,7 +59,10 @@ class FakeStream:
 
 
 class FakeCuda:
-    """Records the current device per thread, streams and buffers; buffers live in ``memory``."""
+    """Records the current device and stream per thread, streams and buffers; buffers live in
+    ``memory``, each remembering the stream current when it was allocated or copied. A copy back
+    on another stream than the buffer's, or a run on another stream than its buffers'
+    (:meth:`check_run`), fails: on a GPU that is a race."""
 
     def __init__(self) -> None:
         self._tls = threading.local()
@@ -102,9 +105,23 @@ class FakeCuda:
         assert self.current == index, "device buffer allocated with another GPU current"
         with self._lock:
             self._next += 0x100
-            buffer = FakeBuffer(array, self._next, index)
+            buffer = FakeBuffer(array, self._next, index, getattr(self._tls, "stream", None))
             self.memory[buffer.address] = buffer
         return buffer
+
+    def scratch(self, nbytes: int, index: int) -> FakeBuffer:
+        return self._alloc(np.zeros(nbytes, dtype=np.uint8), index)
+
+    def check_run(self, context, stream_handle: int) -> None:
+        """Every buffer bound to ``context`` (and its activation memory) was made on the run's stream."""
+        used = {name: self.memory[address] for name, address in context.addresses.items()}
+        if context.device_memory and context.device_memory[1]:
+            used["device memory"] = self.memory[context.device_memory[0]]
+        for name, buffer in used.items():
+            made_on = buffer.stream.handle if buffer.stream is not None else 0
+            if made_on != stream_handle:
+                raise AssertionError(f"stream mismatch: {name} was copied/allocated on stream {made_on:#x}, "
+                                     f"execute_async_v3 ran on {stream_handle:#x}")
 
     def upload(self, batch: np.ndarray, index: int, dtype: str) -> FakeBuffer:
         return self._alloc(batch.astype(dtype).copy(), index)
@@ -116,6 +133,10 @@ class FakeCuda:
         return buffer.address
 
     def download(self, buffer: FakeBuffer, stream: FakeStream) -> np.ndarray:
+        current = getattr(self._tls, "stream", None)
+        if buffer.stream is not stream or current is not stream:
+            raise AssertionError(f"stream mismatch: copying back {buffer.address:#x} (written on {buffer.stream}) "
+                                 f"on {stream}, current {current}")
         return buffer.array.astype(np.float32)
 
 
@@ -128,6 +149,7 @@ def make_fake(cuda: FakeCuda, *, profile=(1, 4), io=None, version: str = H100_SX
     notes the current CUDA device at Runtime / deserialize / context creation."""
     fake = StrictTrt(version, **knobs)
     fake.observe = lambda: cuda.current
+    fake.on_execute = cuda.check_run
 
     def compute(addresses, shapes):
         x = cuda.memory[addresses["pixel_values"]].array
