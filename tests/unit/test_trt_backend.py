@@ -632,3 +632,63 @@ def test_strict_fake_logger_rules():
     assert seen == [fake.ILogger.Severity.ERROR] and isinstance(fake.swallowed[0], ValueError)
     fake.Runtime(Raising())  # a second logger is ignored: TensorRT keeps the first
     assert fake.called("logger-ignored") == [("logger-ignored", "Runtime")]
+
+
+# --------------------------------------------------------------------------------------------
+# activation memory per run (USER_MANAGED) and failed runs
+
+
+def test_contexts_get_the_activation_memory_of_their_batch_not_the_profile_max(tmp_path):
+    rig = Rig(tmp_path, profile=(1, 32))
+    rig.backend.run(batch_of(1))
+    (ctx,) = rig.engine.contexts
+    assert ctx.strategy == rig.trt.ExecutionContextAllocationStrategy.USER_MANAGED
+    per_row = rig.engine.bytes_per_sample
+    assert ctx.activation_bytes == per_row  # STATIC would hold 32 rows' worth for the context's life
+    names = [c[0] for c in ctx.calls]
+    assert names.index("set_input_shape") < names.index("update_device_memory_size_for_shapes") \
+        < names.index("set_device_memory") < names.index("execute_async_v3")
+    rig.backend.run(batch_of(5))
+    assert ctx.activation_bytes == 5 * per_row  # grown for the larger batch
+    allocations = len(rig.cuda.memory)
+    rig.backend.run(batch_of(2))
+    assert ctx.activation_bytes == 5 * per_row  # the larger buffer is reused for a smaller batch
+    assert len(rig.cuda.memory) == allocations + 2  # input and logits only: no new activation buffer
+
+
+def test_cuda_error_at_the_copy_back_is_a_backend_error_and_the_context_is_dropped(tmp_path):
+    rig = Rig(tmp_path)
+    real_download = rig.cuda.download
+    failures = ["CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be reported later"]
+
+    def download(buffer, stream):
+        if failures:
+            raise RuntimeError(failures.pop())  # what torch raises for an asynchronous CUDA error
+        return real_download(buffer, stream)
+
+    rig.cuda.download = download
+    with pytest.raises(BackendError, match="CUDA failed while running model.engine on cuda:0.*illegal memory access") as info:
+        rig.backend.run(batch_of(2))
+    assert "\n" not in str(info.value) and isinstance(info.value.__cause__, RuntimeError)
+    assert rig.backend.live_contexts == 0 and rig.engine.created == 1  # the failed context is gone
+    np.testing.assert_allclose(rig.backend.run(batch_of(2)), expected_logits(batch_of(2)), rtol=1e-6)
+    assert rig.engine.created == 2 and rig.backend.live_contexts == 1  # a fresh one served the next run
+
+
+def test_failed_execution_drops_its_context(tmp_path):
+    rig = Rig(tmp_path)
+    rig.engine.execute_ok = False
+    with pytest.raises(BackendError, match="execution failed"):
+        rig.backend.run(batch_of(1))
+    assert rig.backend.live_contexts == 0
+    rig.engine.execute_ok = True
+    rig.backend.run(batch_of(1))
+    assert rig.engine.created == 2
+
+
+def test_copies_on_another_stream_than_the_run_are_caught_by_the_fake(tmp_path):
+    """The fake CUDA records each buffer's stream: copies outside the run's stream would race on a GPU."""
+    rig = Rig(tmp_path)
+    rig.cuda.use_stream = lambda stream: contextlib.nullcontext()  # a backend that forgot to make its stream current
+    with pytest.raises(AssertionError, match="stream mismatch"):
+        rig.backend.run(batch_of(1))
