@@ -392,7 +392,7 @@ def _build(plan: EngineBuildPlan, trt: Any, major: int, gpu: GpuIdentity, errors
     config.builder_optimization_level = plan.optimization_level
     # Lets the runtime's update_device_memory_size_for_shapes() shrink the activation memory to the
     # batch it runs (the trt backend's USER_MANAGED contexts); opt-in on 10.13 and 11.x alike.
-    # (a TensorRT 10.x older than 10.10 lacks the member: the contexts then get the max size, as before)
+    # (older 10.x lack the member; without it the runtime cannot shrink below the profile max: NvInfer.h)
     if hasattr(trt.PreviewFeature, "RUNTIME_ACTIVATION_RESIZE_10_10"):
         config.set_preview_feature(trt.PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10, True)
     config.progress_monitor = _progress_monitor(trt, progress)
