@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from strict_tensorrt import StrictTrt
 
 VERSIONS = ("10.13.3.9", "11.4.0.106")

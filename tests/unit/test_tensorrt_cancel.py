@@ -19,13 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from strict_tensorrt import StrictTrt
 
 import vitdeploy.export.tensorrt as trt_stage
 from vitdeploy.errors import ExportError
 from vitdeploy.export.tensorrt import build_engine, plan_engine_build
 from vitdeploy.runtime.cuda import GpuIdentity
-
-from strict_tensorrt import StrictTrt
 
 H100 = GpuIdentity(0, "NVIDIA H100 80GB HBM3", "9.0")
 

@@ -12,10 +12,10 @@ machine), or that PyPI's torch 2.13.0 is a CUDA 13 build (read once from its whe
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 
 from vitdeploy.runtime.backends import trt as trt_backend
