@@ -18,7 +18,24 @@ It also behaves like TensorRT where our code depends on it:
 - ``Builder`` / ``Runtime`` raise pybind11's TypeError "factory function returned nullptr"
   after logging an error when CUDA cannot initialise (``cuda_init_fails=True``);
 - ``build_serialized_network`` reports through the config's ``progress_monitor`` and returns
-  None when ``step_complete`` returns False (a cancelled build).
+  None when ``step_complete`` returns False (a cancelled build). The monitor is called through
+  trampolines like pyCore.cpp's ``PyProgressMonitor``: an exception from ``phase_start`` /
+  ``phase_finish`` is swallowed, one from ``step_complete`` is swallowed and read as False.
+  ``sigint_at_step=k`` sends a real SIGINT to the main thread at step k, from C (the call chain
+  from the trampoline to the callback has no Python frame of the fake), as a Ctrl-C during
+  TensorRT's C++ work arrives: Python handles it before the callback's first line;
+- objects are pybind11 instances without a ``__dict__``: assigning an attribute the version's class
+  does not have (``config.max_workspace_size = ...``) or a read-only property raises
+  AttributeError (Python subclasses of ILogger / IProgressMonitor have a ``__dict__``, as there);
+- arguments are type-checked as pyCore.cpp / pyOnnx.cpp declare them (:data:`ARG_TYPES`):
+  ``parse_from_file`` takes a ``str`` (not a Path), shapes are tuples or lists of ints (a numpy
+  array is refused: stricter than pybind11's implicit sequence->Dims conversion may be, on
+  purpose), enums must be the enum (``strategy=123`` is refused), addresses and sizes are ints;
+- ``execute_async_v3`` fails (logs, returns False) without ``set_input_shape``, and on a
+  USER_MANAGED context without ``set_device_memory`` of the size
+  ``update_device_memory_size_for_shapes`` asked for the current shape;
+- ``on_execute(context, stream_handle)`` (tests) sees each run, e.g. to check that every buffer
+  was written on the stream the run uses.
 
 It is a test double for OUR code. It is never evidence that TensorRT itself works.
 """
@@ -28,6 +45,8 @@ from __future__ import annotations
 import enum
 import functools
 import json
+import operator
+import signal
 import threading
 import weakref
 from pathlib import Path
@@ -43,8 +62,8 @@ def signatures(major: int) -> dict[str, Any]:
     return json.loads(SIGNATURE_FILES[major].read_text(encoding="utf-8"))
 
 
-def _bind(overloads: list[list[str]], args: tuple, kwargs: dict, where: str) -> None:
-    """TypeError unless (args, kwargs) fit one of the real overloads' parameter names."""
+def _bind(overloads: list[list[str]], args: tuple, kwargs: dict, where: str) -> dict[str, Any]:
+    """{parameter: value} of the first real overload (args, kwargs) fit; TypeError if none does."""
     for params in overloads:
         names = [p.rstrip("=") for p in params]
         required = [p for p in params if not p.endswith("=")]
@@ -55,9 +74,81 @@ def _bind(overloads: list[list[str]], args: tuple, kwargs: dict, where: str) -> 
             continue
         given |= set(kwargs)
         if all(r in given for r in required):
-            return
+            return {**dict(zip(names, args)), **kwargs}
     raise TypeError(f"{where}(): incompatible function arguments: args={args!r} kwargs={sorted(kwargs)}; "
                     f"the real overloads take {[', '.join(p) for p in overloads]}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _dims(value: Any) -> bool:
+    """A TensorRT shape as our code passes it: a tuple or list of ints (pybind11's tuple/list overloads)."""
+    return isinstance(value, (tuple, list)) and all(_is_int(d) or type(d).__name__.startswith("int") for d in value)
+
+
+#: (class, method) -> {parameter: (what, check(fake, value))}, from the C++ parameter types in
+#: python/src/infer/pyCore.cpp and python/src/parsers/pyOnnx.cpp (10.13 and main = 11.x alike).
+_STR = ("str", lambda fake, v: isinstance(v, str))
+_INT = ("int", lambda fake, v: _is_int(v))
+_SIZE = ("int >= 0 (size_t)", lambda fake, v: _is_int(v) and v >= 0)
+_BOOL = ("bool", lambda fake, v: isinstance(v, bool))
+_DIMS = ("a tuple or list of ints (Dims)", lambda fake, v: _dims(v))
+_BUFFER = ("a buffer (bytes, memoryview)", lambda fake, v: isinstance(v, (bytes, bytearray, memoryview)))
+
+
+def _enum(name: str):
+    return (f"tensorrt.{name}", lambda fake, v: isinstance(v, getattr(fake, name)))
+
+
+ARG_TYPES: dict[tuple[str, str], dict[str, tuple[str, Callable[[Any, Any], bool]]]] = {
+    ("OnnxParser", "parse_from_file"): {"model": _STR},
+    ("OnnxParser", "get_error"): {"index": _INT},
+    ("Builder", "create_network"): {"flags": _INT},
+    ("IBuilderConfig", "set_memory_pool_limit"): {"pool": _enum("MemoryPoolType"), "pool_size": _SIZE},
+    ("IBuilderConfig", "set_preview_feature"): {"feature": _enum("PreviewFeature"), "enable": _BOOL},
+    ("IBuilderConfig", "create_timing_cache"): {"serialized_timing_cache": _BUFFER},
+    ("IBuilderConfig", "set_timing_cache"): {"ignore_mismatch": _BOOL},
+    ("IOptimizationProfile", "set_shape"): {"input": _STR, "min": _DIMS, "opt": _DIMS, "max": _DIMS},
+    ("Runtime", "deserialize_cuda_engine"): {"serialized_engine": _BUFFER},
+    ("ICudaEngine", "get_tensor_name"): {"index": _INT},
+    ("ICudaEngine", "get_tensor_mode"): {"name": _STR},
+    ("ICudaEngine", "get_tensor_shape"): {"name": _STR},
+    ("ICudaEngine", "get_tensor_dtype"): {"name": _STR},
+    ("ICudaEngine", "get_tensor_profile_shape"): {"name": _STR, "profile_index": _INT},
+    ("ICudaEngine", "create_execution_context"): {"strategy": _enum("ExecutionContextAllocationStrategy")},
+    ("IExecutionContext", "set_input_shape"): {"name": _STR, "shape": _DIMS},
+    ("IExecutionContext", "get_tensor_shape"): {"name": _STR},
+    ("IExecutionContext", "set_tensor_address"): {"name": _STR, "memory": _SIZE},
+    ("IExecutionContext", "execute_async_v3"): {"stream_handle": _SIZE},
+    ("IExecutionContext", "set_device_memory"): {"memory": _SIZE, "size": _INT},
+}
+
+
+def _check_types(fake: Any, py_name: str, name: str, bound: dict[str, Any]) -> None:
+    for param, (what, ok) in ARG_TYPES.get((py_name, name), {}).items():
+        if param in bound and not ok(fake, bound[param]):
+            raise TypeError(f"{py_name}.{name}(): incompatible function arguments: {param} must be {what}, "
+                            f"got {type(bound[param]).__name__} {bound[param]!r}")
+
+
+def _strict_setattr(self: Any, name: str, value: Any) -> None:
+    """pybind11 classes have no __dict__: only the version's properties (rw) can be assigned. The fake's
+    own state (set in its __init__, or private) is exempt; so are Python subclasses (they have a __dict__)."""
+    cls = type(self)
+    if not cls.__dict__.get("_strict_class") or name.startswith("_") or not self.__dict__.get("_sealed") or name in self.__dict__:
+        return object.__setattr__(self, name, value)
+    spec = signatures(self._major)["classes"][cls._py_name]
+    access = spec["properties"].get(name)
+    if access is None:
+        raise AttributeError(f"'tensorrt.{cls._py_name}' object has no attribute '{name}' (tensorrt {self._major}.x)")
+    if access != "rw":
+        raise AttributeError(f"tensorrt.{cls._py_name}.{name} is read-only (can't set attribute)")
+    if isinstance(getattr(cls, name, None), property):
+        return object.__setattr__(self, name, value)
+    self._fake.calls.append(("set", cls._py_name, name, value))  # a real property the fake does not model
+    self.__dict__.setdefault("_unmodelled", {})[name] = value
 
 
 def strict(py_name: str) -> Callable[[type], type]:
@@ -68,18 +159,24 @@ def strict(py_name: str) -> Callable[[type], type]:
         cls._py_name = py_name
         original_init = cls.__init__
 
+        internal = cls.__dict__.get("_fake_internal_init", False)  # objects TensorRT makes are not user-constructible
+
         @functools.wraps(original_init)
         def __init__(self, *args, **kwargs):
-            spec = signatures(self._major)["classes"].get(py_name)
-            if spec is None:
-                raise AssertionError(f"tensorrt {self._major}.x has no class {py_name}")
-            if not spec["init"]:
-                raise TypeError(f"tensorrt.{py_name} cannot be instantiated from Python (no constructor bound)")
-            _bind(spec["init"], args, kwargs, f"{py_name}.__init__")
+            if not internal:
+                spec = signatures(self._major)["classes"].get(py_name)
+                if spec is None:
+                    raise AssertionError(f"tensorrt {self._major}.x has no class {py_name}")
+                if not spec["init"]:
+                    raise TypeError(f"tensorrt.{py_name} cannot be instantiated from Python (no constructor bound)")
+                _bind(spec["init"], args, kwargs, f"{py_name}.__init__")
             original_init(self, *args, **kwargs)
+            if type(self) is cls:
+                object.__setattr__(self, "_sealed", True)
 
-        if not getattr(cls, "_fake_internal_init", False):  # objects TensorRT makes are not user-constructible
-            cls.__init__ = __init__
+        cls.__init__ = __init__
+        cls._strict_class = True
+        cls.__setattr__ = _strict_setattr
         for name, member in list(cls.__dict__.items()):
             if name.startswith("_"):
                 continue
@@ -100,7 +197,7 @@ def _checked_method(py_name: str, name: str, fn: Callable) -> Callable:
         overloads = spec["methods"].get(name)
         if overloads is None:
             raise AttributeError(f"tensorrt {self._major}.x: {py_name} has no method {name!r}")
-        _bind(overloads, args, kwargs, f"{py_name}.{name}")
+        _check_types(self._fake, py_name, name, _bind(overloads, args, kwargs, f"{py_name}.{name}"))
         return fn(self, *args, **kwargs)
 
     return method
@@ -137,7 +234,7 @@ class StrictTrt:
     def __init__(self, version: str = "10.13.3.9", *, cuda_init_fails: bool = False, parse_errors: tuple[str, ...] = (),
                  build_result: bytes | None = b"serialized-engine-bytes", build_log_error: str | None = None,
                  build_steps: int = 3, gpu: str = "NVIDIA H100 80GB HBM3", engine: Any = None,
-                 on_step: Callable[[int], None] | None = None) -> None:
+                 on_step: Callable[[int], None] | None = None, sigint_at_step: int | None = None) -> None:
         self.__version__ = version
         self.major = int(version.split(".")[0])
         spec = signatures(min(max(self.major, 10), 11))  # a TensorRT older than 10 is refused before any call
@@ -147,6 +244,8 @@ class StrictTrt:
         self.engine = engine
         self.swallowed: list[BaseException] = []
         self.observe: Callable[[], Any] | None = None  # tests: e.g. the current CUDA device, added to runtime calls
+        self.on_execute: Callable[[Any, int], None] | None = None  # tests: (context, stream handle) at each run
+        self.steps_run: list[int] = []  # build steps whose step_complete was called
         fake = self
         major = self.major
 
@@ -158,6 +257,7 @@ class StrictTrt:
         self.MemoryPoolType = enum_of("MemoryPoolType", "MemoryPoolType")
         self.NetworkDefinitionCreationFlag = enum_of("NetworkDefinitionCreationFlag", "NetworkDefinitionCreationFlag")
         self.ExecutionContextAllocationStrategy = enum_of("ExecutionContextAllocationStrategy", "ExecutionContextAllocationStrategy")
+        self.PreviewFeature = enum_of("PreviewFeature", "PreviewFeature")
         Severity = enum_of("ILogger.Severity", "Severity")
 
         def emit(severity: int, msg: str) -> None:
@@ -183,6 +283,23 @@ class StrictTrt:
 
         class _Base:
             _major = min(max(major, 10), 11)
+            _fake = fake
+
+        def trampoline(monitor: Any, method: str, *args: Any) -> Any:
+            """pyCore.cpp's PyProgressMonitor: every exception is caught (printed there); step_complete
+            then returns False ("use the exception as an indicator that we should cancel the build")."""
+            call = functools.partial(getattr(monitor, method), *args)
+            chain = [call]
+            if method == "step_complete" and args[1] == sigint_at_step:
+                # A Ctrl-C while TensorRT's C++ runs: a real SIGINT to the main thread, sent from C
+                # (map / operator.call / partial are C), so no Python line of the fake runs between
+                # its delivery and the callback; Python handles it before the callback's first line.
+                chain = [functools.partial(signal.pthread_kill, threading.main_thread().ident, signal.SIGINT), call]
+            try:
+                return list(map(operator.call, chain))[-1]
+            except BaseException as exc:  # noqa: BLE001 - catch (...) in the C++ trampoline
+                fake.swallowed.append(exc)
+                return False if method == "step_complete" else None
 
         @strict("ILogger")
         class ILogger(_Base):
@@ -249,6 +366,7 @@ class StrictTrt:
                 self._monitor = None
                 self.cache = None
                 self.profiles: list = []
+                self.preview: dict = {}
 
             @property
             def builder_optimization_level(self):
@@ -274,6 +392,10 @@ class StrictTrt:
                 if not isinstance(pool, fake.MemoryPoolType):
                     raise TypeError(f"set_memory_pool_limit: pool must be a MemoryPoolType, got {pool!r}")
                 fake.calls.append(("set_memory_pool_limit", pool, pool_size))
+
+            def set_preview_feature(self, feature, enable):
+                fake.calls.append(("set_preview_feature", feature, enable))
+                self.preview[feature] = enable
 
             def add_optimization_profile(self, profile):
                 fake.calls.append(("add_optimization_profile",))
@@ -329,14 +451,15 @@ class StrictTrt:
                 fake.calls.append(("build_serialized_network",))
                 monitor = config.progress_monitor
                 if monitor is not None:
-                    monitor.phase_start("Building engine", None, build_steps)
+                    trampoline(monitor, "phase_start", "Building engine", None, build_steps)
                     for step in range(build_steps):
                         if on_step is not None:
                             on_step(step)
-                        if not monitor.step_complete("Building engine", step):
+                        fake.steps_run.append(step)
+                        if not trampoline(monitor, "step_complete", "Building engine", step):
                             emit(1, "Build was cancelled by the progress monitor")
                             return None
-                    monitor.phase_finish("Building engine")
+                    trampoline(monitor, "phase_finish", "Building engine")
                 if build_log_error:
                     emit(1, build_log_error)
                 return build_result
@@ -422,11 +545,33 @@ def _runtime_classes(fake: StrictTrt) -> tuple[type, type]:
     class IExecutionContext(_Base):
         _fake_internal_init = True
 
-        def __init__(self, engine) -> None:
+        def __init__(self, engine, strategy) -> None:
             self.engine = engine
+            self.strategy = strategy
             self.calls: list[tuple] = []
             self.shapes: dict[str, tuple] = {}
             self.addresses: dict[str, int] = {}
+            self.sized_for: tuple | None = None  # the input shape update_device_memory_size_for_shapes saw
+            self.device_memory: tuple[int, int] | None = None  # (address, size) given with set_device_memory
+            static = strategy == fake.ExecutionContextAllocationStrategy.STATIC
+            self.activation_bytes = engine._activation_bytes(engine.profile[2]) if static else 0  # held for its life
+
+        def update_device_memory_size_for_shapes(self):
+            self.calls.append(("update_device_memory_size_for_shapes",))
+            shape = self.shapes.get(self.engine.input_name)
+            if shape is None:
+                fake.emit(1, "IExecutionContext::updateDeviceMemorySizeForShapes: Error Code 3: input shapes not specified")
+                return 0
+            self.sized_for = shape
+            return self.engine._activation_bytes(shape[0])
+
+        def set_device_memory(self, memory, size):
+            self.calls.append(("set_device_memory", memory, size))
+            if memory % 256:
+                fake.emit(1, f"IExecutionContext::setDeviceMemoryV2: Error Code 3: memory {memory:#x} is not aligned")
+                return
+            self.device_memory = (memory, size)
+            self.activation_bytes = size
 
         def set_input_shape(self, name, shape):
             shape = tuple(int(d) for d in shape)
@@ -455,12 +600,23 @@ def _runtime_classes(fake: StrictTrt) -> tuple[type, type]:
             return True
 
         def execute_async_v3(self, stream_handle):
-            if not isinstance(stream_handle, int) or isinstance(stream_handle, bool):
-                raise TypeError("execute_async_v3(): incompatible function arguments")
             self.calls.append(("execute_async_v3", stream_handle))
             if stream_handle == 0:
                 fake.emit(1, "execute_async_v3 on the default stream 0: use a stream of your own")
                 return False
+            shape = self.shapes.get(self.engine.input_name)
+            if shape is None:
+                fake.emit(1, "IExecutionContext::enqueueV3: Error Code 3: API Usage Error (Parameter check failed, "
+                             "condition: inputShapesSpecified. Not all shapes are specified.)")
+                return False
+            if self.strategy == fake.ExecutionContextAllocationStrategy.USER_MANAGED:
+                need = self.engine._activation_bytes(shape[0])
+                if self.sized_for != shape or self.device_memory is None or self.device_memory[1] < need:
+                    fake.emit(1, f"IExecutionContext::enqueueV3: Error Code 3: API Usage Error (USER_MANAGED context: "
+                                 f"set_device_memory of at least {need} bytes for shape {shape} is missing)")
+                    return False
+            if fake.on_execute is not None:
+                fake.on_execute(self, stream_handle)
             missing = [n for n, _, _ in self.engine.io if n not in self.addresses]
             if missing:
                 fake.emit(1, f"Neither address nor allocator is set for output tensor(s) {missing}")
@@ -482,7 +638,11 @@ def _runtime_classes(fake: StrictTrt) -> tuple[type, type]:
             self.created = 0
             self.execute_ok = True
             self.profile_override: list | None = None
+            self.bytes_per_sample = 4096  # activation memory the fake's "network" needs per batch row
             self._lock = threading.Lock()
+
+        def _activation_bytes(self, batch):
+            return int(batch) * self.bytes_per_sample
 
         def _shape_of(self, name):
             return next(t[2] for t in self.io if t[0] == name)
@@ -511,7 +671,7 @@ def _runtime_classes(fake: StrictTrt) -> tuple[type, type]:
             return [(batch, *self.chw) for batch in self.profile]
 
         def create_execution_context(self, strategy=None):
-            context = IExecutionContext(self)
+            context = IExecutionContext(self, strategy if strategy is not None else fake.ExecutionContextAllocationStrategy.STATIC)
             fake.note("create_execution_context")
             with self._lock:
                 self.created += 1

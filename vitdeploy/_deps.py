@@ -6,6 +6,7 @@ import importlib
 from types import ModuleType
 
 from .errors import MissingDependencyError
+from .vocab import tensorrt_install_command
 
 _INSTALL_HINTS = {
     "torch": "pip install torch==2.13.0 (or vitdeploy[torch])",
@@ -14,7 +15,7 @@ _INSTALL_HINTS = {
     "onnxruntime": "pip install onnxruntime (CPU) or 'vitdeploy[gpu]'",
     "onnxscript": "pip install 'vitdeploy[export]'",
     "onnxconverter_common": "pip install 'vitdeploy[export]'",
-    "tensorrt": "pip install 'vitdeploy[tensorrt-cu12]' (driver R535+) or 'vitdeploy[tensorrt-cu13]' (driver R580+)",
+    "tensorrt": f"driver R535+: {tensorrt_install_command(12)}; driver R580+: {tensorrt_install_command(13)}",
     "PIL": "pip install pillow",
 }
 

@@ -90,6 +90,32 @@ AUTO = "auto"
 BackendName = Literal[RUNTIME_BACKENDS]  # type: ignore[valid-type]
 BackendChoice = Literal[(AUTO, *RUNTIME_BACKENDS)]  # type: ignore[valid-type]
 
+#: TensorRT comes as one extra per CUDA major; the trt backend's buffers and streams come from torch,
+#: whose CUDA major must be TensorRT's. PyPI's torch 2.13.0 (Linux) is a CUDA 13 build; a CUDA 12
+#: build of the same version comes from PyTorch's own index. Per major: (torch to install, extra index
+#: or None): the README's install lines and the mismatch check's fixing commands are built from this.
+TENSORRT_TORCH: Mapping[int, tuple[str, str | None]] = MappingProxyType({
+    12: ("2.13.0+cu128", "https://download.pytorch.org/whl/cu128"),
+    13: ("2.13.0", None),
+})
+
+
+def tensorrt_install_command(cuda_major: int) -> str:
+    """The one command that installs TensorRT for CUDA ``cuda_major`` with a torch of the same major."""
+    torch, index = TENSORRT_TORCH[cuda_major]
+    if index is None:
+        return f'pip install "vitdeploy[tensorrt-cu{cuda_major}]"'
+    return f'pip install "vitdeploy[tensorrt-cu{cuda_major}]" "torch=={torch}" --extra-index-url {index}'
+
+
+def torch_fix_command(cuda_major: int) -> str:
+    """The one command that replaces the installed torch by the build TensorRT for CUDA ``cuda_major`` needs."""
+    torch, index = TENSORRT_TORCH[cuda_major]
+    if index is None:  # from PyPI; --force-reinstall because an installed 2.13.0+cu12x also satisfies ==2.13.0
+        return f'pip install --force-reinstall "torch=={torch}" --index-url https://pypi.org/simple'
+    return f'pip install "torch=={torch}" --extra-index-url {index}'
+
 __all__ = ["ACTIVATIONS", "Activation", "POOLS", "Pool", "ARTIFACT_FILES", "AUTO", "BACKENDS", "BACKEND_KINDS", "BackendChoice", "BackendKind", "BackendName",
            "CHECKPOINT_CONFIG", "CHECKPOINT_WEIGHTS", "CROP_MODES", "CropMode", "DRIFT_REPORT_NAME", "EVALUATED_BACKENDS", "INTERPOLATIONS",
-           "Interpolation", "MANIFEST_NAME", "PRECISIONS", "PREPROCESS_STYLES", "PreprocessStyle", "RUNTIME_BACKENDS"]
+           "Interpolation", "MANIFEST_NAME", "PRECISIONS", "PREPROCESS_STYLES", "PreprocessStyle", "RUNTIME_BACKENDS",
+           "TENSORRT_TORCH", "tensorrt_install_command", "torch_fix_command"]

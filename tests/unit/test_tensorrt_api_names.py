@@ -29,7 +29,8 @@ DATA = ROOT / "tests" / "data" / "tensorrt"
 LIST_FILES = {"10.13": DATA / "python-api-names-10.13.txt", "11.4": DATA / "python-api-names-11.4.txt"}
 OUR_TRT_MODULES = [ROOT / "vitdeploy" / "export" / "tensorrt.py", ROOT / "vitdeploy" / "runtime" / "backends" / "trt.py",
                    ROOT / "vitdeploy" / "runtime" / "backends" / "trt_logging.py",
-                   ROOT / "vitdeploy" / "runtime" / "backends" / "trt_metadata.py"]
+                   ROOT / "vitdeploy" / "runtime" / "backends" / "trt_metadata.py",
+                   ROOT / "vitdeploy" / "runtime" / "backends" / "trt_pool.py"]
 
 # Variables with these names (or attributes ending in them, e.g. self._engine) hold TensorRT
 # objects in our code; their attribute names are checked even where data flow is not tracked.
@@ -362,9 +363,11 @@ def test_collector_sees_our_tensorrt_calls():
     assert {"OnnxParser", "IProgressMonitor", "progress_monitor", "phase_start", "step_complete", "phase_finish", "parse_from_file", "get_error", "num_errors", "STRONGLY_TYPED", "MemoryPoolType",
             "WORKSPACE", "set_memory_pool_limit", "builder_optimization_level", "set_shape", "add_optimization_profile",
             "create_timing_cache", "set_timing_cache", "ignore_mismatch", "get_timing_cache", "serialize",
-            "build_serialized_network", "__version__"} <= build
+            "build_serialized_network", "__version__", "set_preview_feature", "PreviewFeature",
+            "RUNTIME_ACTIVATION_RESIZE_10_10"} <= build
     assert {"Builder", "Runtime", "get_tensor_profile_shape", "deserialize_cuda_engine", "num_io_tensors", "get_tensor_name", "get_tensor_mode", "TensorIOMode",
             "get_tensor_dtype", "create_execution_context", "set_input_shape", "set_tensor_address", "get_tensor_shape",
-            "execute_async_v3", "ILogger", "log"} <= run
+            "execute_async_v3", "ILogger", "log", "ExecutionContextAllocationStrategy", "USER_MANAGED",
+            "update_device_memory_size_for_shapes", "set_device_memory"} <= run
     assert "FP16" not in build | run, "FP16 precision must come from the ONNX graph, never from BuilderFlag.FP16"
     assert not {"INT8", "set_flag", "int8_calibrator"} & (build | run), "INT8 comes from the graph's Q/DQ (explicit quantization)"

@@ -496,3 +496,12 @@ def test_profile_with_opt_above_max_is_refused_by_tensorrt_itself(onnx_file):
         profile.set_shape("pixel_values", (4, 3, 8, 8), (2, 3, 8, 8), (8, 3, 8, 8))
     with pytest.raises(TypeError, match="incompatible function arguments"):
         profile.set_shape("pixel_values", (1, 3, 8, 8), (2, 3, 8, 8), maximum=(8, 3, 8, 8))
+
+
+@pytest.mark.parametrize("version", ["10.13.3.9", "11.4.0.106"])
+def test_build_lets_the_runtime_size_activation_memory_per_shape(onnx_file, version):
+    """RUNTIME_ACTIVATION_RESIZE_10_10 (opt-in on 10.13 and 11.x) lets the trt backend's USER_MANAGED
+    contexts get only what their batch needs from update_device_memory_size_for_shapes()."""
+    fake = FakeTrt(version)
+    build(make_plan(onnx_file), fake)
+    assert fake.called("set_preview_feature") == [("set_preview_feature", fake.PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10, True)]

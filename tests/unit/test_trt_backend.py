@@ -49,8 +49,8 @@ def expected_logits(batch: np.ndarray) -> np.ndarray:
 
 
 class FakeBuffer:
-    def __init__(self, array: np.ndarray, address: int, device: int) -> None:
-        self.array, self.address, self.device = array, address, device
+    def __init__(self, array: np.ndarray, address: int, device: int, stream: "FakeStream | None") -> None:
+        self.array, self.address, self.device, self.stream = array, address, device, stream
 
 
 class FakeStream:
@@ -59,7 +59,10 @@ class FakeStream:
 
 
 class FakeCuda:
-    """Records the current device per thread, streams and buffers; buffers live in ``memory``."""
+    """Records the current device and stream per thread, streams and buffers; buffers live in
+    ``memory``, each remembering the stream current when it was allocated or copied. A copy back
+    on another stream than the buffer's, or a run on another stream than its buffers'
+    (:meth:`check_run`), fails: on a GPU that is a race."""
 
     def __init__(self) -> None:
         self._tls = threading.local()
@@ -102,9 +105,23 @@ class FakeCuda:
         assert self.current == index, "device buffer allocated with another GPU current"
         with self._lock:
             self._next += 0x100
-            buffer = FakeBuffer(array, self._next, index)
+            buffer = FakeBuffer(array, self._next, index, getattr(self._tls, "stream", None))
             self.memory[buffer.address] = buffer
         return buffer
+
+    def scratch(self, nbytes: int, index: int) -> FakeBuffer:
+        return self._alloc(np.zeros(nbytes, dtype=np.uint8), index)
+
+    def check_run(self, context, stream_handle: int) -> None:
+        """Every buffer bound to ``context`` (and its activation memory) was made on the run's stream."""
+        used = {name: self.memory[address] for name, address in context.addresses.items()}
+        if context.device_memory and context.device_memory[1]:
+            used["device memory"] = self.memory[context.device_memory[0]]
+        for name, buffer in used.items():
+            made_on = buffer.stream.handle if buffer.stream is not None else 0
+            if made_on != stream_handle:
+                raise AssertionError(f"stream mismatch: {name} was copied/allocated on stream {made_on:#x}, "
+                                     f"execute_async_v3 ran on {stream_handle:#x}")
 
     def upload(self, batch: np.ndarray, index: int, dtype: str) -> FakeBuffer:
         return self._alloc(batch.astype(dtype).copy(), index)
@@ -116,6 +133,10 @@ class FakeCuda:
         return buffer.address
 
     def download(self, buffer: FakeBuffer, stream: FakeStream) -> np.ndarray:
+        current = getattr(self._tls, "stream", None)
+        if buffer.stream is not stream or current is not stream:
+            raise AssertionError(f"stream mismatch: copying back {buffer.address:#x} (written on {buffer.stream}) "
+                                 f"on {stream}, current {current}")
         return buffer.array.astype(np.float32)
 
 
@@ -128,6 +149,7 @@ def make_fake(cuda: FakeCuda, *, profile=(1, 4), io=None, version: str = H100_SX
     notes the current CUDA device at Runtime / deserialize / context creation."""
     fake = StrictTrt(version, **knobs)
     fake.observe = lambda: cuda.current
+    fake.on_execute = cuda.check_run
 
     def compute(addresses, shapes):
         x = cuda.memory[addresses["pixel_values"]].array
@@ -610,3 +632,63 @@ def test_strict_fake_logger_rules():
     assert seen == [fake.ILogger.Severity.ERROR] and isinstance(fake.swallowed[0], ValueError)
     fake.Runtime(Raising())  # a second logger is ignored: TensorRT keeps the first
     assert fake.called("logger-ignored") == [("logger-ignored", "Runtime")]
+
+
+# --------------------------------------------------------------------------------------------
+# activation memory per run (USER_MANAGED) and failed runs
+
+
+def test_contexts_get_the_activation_memory_of_their_batch_not_the_profile_max(tmp_path):
+    rig = Rig(tmp_path, profile=(1, 32))
+    rig.backend.run(batch_of(1))
+    (ctx,) = rig.engine.contexts
+    assert ctx.strategy == rig.trt.ExecutionContextAllocationStrategy.USER_MANAGED
+    per_row = rig.engine.bytes_per_sample
+    assert ctx.activation_bytes == per_row  # STATIC would hold 32 rows' worth for the context's life
+    names = [c[0] for c in ctx.calls]
+    assert names.index("set_input_shape") < names.index("update_device_memory_size_for_shapes") \
+        < names.index("set_device_memory") < names.index("execute_async_v3")
+    rig.backend.run(batch_of(5))
+    assert ctx.activation_bytes == 5 * per_row  # grown for the larger batch
+    allocations = len(rig.cuda.memory)
+    rig.backend.run(batch_of(2))
+    assert ctx.activation_bytes == 5 * per_row  # the larger buffer is reused for a smaller batch
+    assert len(rig.cuda.memory) == allocations + 2  # input and logits only: no new activation buffer
+
+
+def test_cuda_error_at_the_copy_back_is_a_backend_error_and_the_context_is_dropped(tmp_path):
+    rig = Rig(tmp_path)
+    real_download = rig.cuda.download
+    failures = ["CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be reported later"]
+
+    def download(buffer, stream):
+        if failures:
+            raise RuntimeError(failures.pop())  # what torch raises for an asynchronous CUDA error
+        return real_download(buffer, stream)
+
+    rig.cuda.download = download
+    with pytest.raises(BackendError, match="CUDA failed while running model.engine on cuda:0.*illegal memory access") as info:
+        rig.backend.run(batch_of(2))
+    assert "\n" not in str(info.value) and isinstance(info.value.__cause__, RuntimeError)
+    assert rig.backend.live_contexts == 0 and rig.engine.created == 1  # the failed context is gone
+    np.testing.assert_allclose(rig.backend.run(batch_of(2)), expected_logits(batch_of(2)), rtol=1e-6)
+    assert rig.engine.created == 2 and rig.backend.live_contexts == 1  # a fresh one served the next run
+
+
+def test_failed_execution_drops_its_context(tmp_path):
+    rig = Rig(tmp_path)
+    rig.engine.execute_ok = False
+    with pytest.raises(BackendError, match="execution failed"):
+        rig.backend.run(batch_of(1))
+    assert rig.backend.live_contexts == 0
+    rig.engine.execute_ok = True
+    rig.backend.run(batch_of(1))
+    assert rig.engine.created == 2
+
+
+def test_copies_on_another_stream_than_the_run_are_caught_by_the_fake(tmp_path):
+    """The fake CUDA records each buffer's stream: copies outside the run's stream would race on a GPU."""
+    rig = Rig(tmp_path)
+    rig.cuda.use_stream = lambda stream: contextlib.nullcontext()  # a backend that forgot to make its stream current
+    with pytest.raises(AssertionError, match="stream mismatch"):
+        rig.backend.run(batch_of(1))

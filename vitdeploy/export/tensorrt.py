@@ -23,11 +23,13 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import tempfile
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .._files import atomic_path
 from .._deps import require
@@ -235,13 +237,43 @@ def _save_timing_cache(config: Any, path: Path | None) -> None:
     log.info("TensorRT timing cache: saved %s", path)
 
 
+@contextlib.contextmanager
+def _ctrl_c_cancels() -> Iterator[None]:
+    """While the block runs (on the main thread), Ctrl-C sets :data:`CANCEL` instead of raising.
+
+    A SIGINT that arrives while TensorRT's C++ builds is handled by Python at the first
+    instruction of the next Python callback (the logger, the progress monitor), before any
+    ``try`` inside it (CPython >= 3.11), and TensorRT's trampolines swallow the
+    KeyboardInterrupt: the build would end as "failed to build". So during the build SIGINT only
+    sets the flag, the monitor's ``step_complete`` returns False, and build_engine raises
+    KeyboardInterrupt after the build returns. The previous handler is restored on leaving.
+    Elsewhere than the main thread (where Python never runs signal handlers) nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous in (signal.SIG_IGN, None):  # Ctrl-C ignored (nohup), or a handler not installed from Python
+        yield
+        return
+
+    def cancel(signum: int, frame: Any) -> None:
+        CANCEL.set()
+
+    signal.signal(signal.SIGINT, cancel)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _progress_monitor(trt: Any, report: Callable[[str], None] | None) -> Any:
     """A ``trt.IProgressMonitor`` that reports build phases and cancels the build on Ctrl-C.
 
-    TensorRT swallows exceptions raised in its callbacks, so a KeyboardInterrupt that lands in
-    one is turned into a cancel instead: ``step_complete`` returns False once :data:`CANCEL` is
-    set (by this monitor or by the logger callback), and build_engine raises KeyboardInterrupt
-    after the build returns.
+    ``step_complete`` returns False once :data:`CANCEL` is set (by the SIGINT handler of
+    :func:`_ctrl_c_cancels`), and build_engine raises KeyboardInterrupt after the build returns.
+    The KeyboardInterrupt handlers inside the callbacks are a second line for a build run without
+    that handler; a Ctrl-C that Python raises before the first line of a callback never reaches them.
     """
 
     class _Monitor(trt.IProgressMonitor):
@@ -311,8 +343,13 @@ def build_engine(plan: EngineBuildPlan, trt: Any = None, *, device_probe: Callab
         raise ExportError(mismatch)
     gpu = (device_probe or gpu_identity)(plan.device)
     CANCEL.clear()
-    with cuda.device(plan.device), capture_errors() as errors:
-        serialized, config = _build(plan, trt, major, gpu, errors, progress)
+    with _ctrl_c_cancels(), cuda.device(plan.device), capture_errors() as errors:
+        try:
+            serialized, config = _build(plan, trt, major, gpu, errors, progress)
+        except ExportError:
+            if CANCEL.is_set():  # Ctrl-C, then a failure it caused (e.g. the parse saw the cancel)
+                raise KeyboardInterrupt("TensorRT engine build cancelled") from None
+            raise
     if CANCEL.is_set():
         raise KeyboardInterrupt("TensorRT engine build cancelled")
     if serialized is None:
@@ -353,6 +390,11 @@ def _build(plan: EngineBuildPlan, trt: Any, major: int, gpu: GpuIdentity, errors
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, plan.workspace_bytes)
     config.builder_optimization_level = plan.optimization_level
+    # Lets the runtime's update_device_memory_size_for_shapes() shrink the activation memory to the
+    # batch it runs (the trt backend's USER_MANAGED contexts); opt-in on 10.13 and 11.x alike.
+    # (older 10.x lack the member; without it the runtime cannot shrink below the profile max: NvInfer.h)
+    if hasattr(trt.PreviewFeature, "RUNTIME_ACTIVATION_RESIZE_10_10"):
+        config.set_preview_feature(trt.PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10, True)
     config.progress_monitor = _progress_monitor(trt, progress)
     profile = builder.create_optimization_profile()
     shape_min, shape_opt, shape_max = plan.profile_shapes()

@@ -11,11 +11,13 @@ is accepted with a warning (TensorRT itself warns that speed may suffer there).
 Written against the name-based I/O API of TensorRT 10.x and 11.x (``num_io_tensors``,
 ``get_tensor_name``, ``set_input_shape``, ``set_tensor_address``, ``execute_async_v3``).
 tensorrt and torch are imported lazily: torch supplies the CUDA device buffers and streams,
-through the small ``_TorchCuda`` object (tests substitute a fake one); its CUDA major must be
+through the small ``TorchCuda`` object (trt_pool.py) (tests substitute a fake one); its CUDA major must be
 TensorRT's. The engine is deserialized, and contexts/streams created, with the requested GPU
-current. An execution context is not thread-safe and holds activation memory for the profile's
-max batch, so a bounded pool of (context, stream) pairs serves every thread: a run checks one
-out and returns it. A batch smaller than the engine profile's min is padded (repeating its last
+current. An execution context is not thread-safe, so a bounded pool of (context, stream,
+activation memory) states serves every thread: a run checks one out and returns it, or drops it
+when the run failed. Contexts are USER_MANAGED: each run hands its context the activation memory
+its batch needs (``update_device_memory_size_for_shapes``), not the profile max's. A CUDA error
+(raised by torch at a copy or synchronize) is a BackendError. A batch smaller than the engine profile's min is padded (repeating its last
 row) up to min and the result sliced back. TensorRT keeps one logger per process
 (:func:`trt_logger`); failures quote the errors it logged during that call.
 
@@ -30,17 +32,16 @@ model.engine.json (written by ``vitdeploy.export.tensorrt.build_engine``)::
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import logging
-import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
 from ..._deps import require
 from ...errors import ArtifactError, ArtifactMismatchError, BackendError, ConfigError
+from ...vocab import tensorrt_install_command
 from ..cuda import cuda_index, cuda_status
 from . import first_line
 from .base import BackendBase, BackendOptions
@@ -48,11 +49,12 @@ from .trt_logging import (CANCEL, capture_errors, cuda_major_mismatch, quote_err
                           tensorrt_cuda_major, trt_logger)
 from .trt_metadata import (EngineMetadata, MachineIdentity, check_engine_matches, check_engine_source,  # noqa: F401
                            probe_machine)
+from .trt_pool import ContextPool, ExecState
+from .trt_pool import TorchCuda as _TorchCuda
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = ("pip install 'vitdeploy[tensorrt-cu12]' (NVIDIA driver R535+, with a CUDA 12 torch) or "
-                "'vitdeploy[tensorrt-cu13]' (driver R580+)")
+INSTALL_HINT = (f"NVIDIA driver R535+: {tensorrt_install_command(12)}; driver R580+: {tensorrt_install_command(13)}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -66,100 +68,6 @@ def _io_dtype(trt: Any, trt_dtype: Any, what: str) -> str:
         if trt_dtype == candidate:
             return name
     raise ArtifactError(f"{what} has TensorRT dtype {trt_dtype}; the trt backend supports float32, float16 and bfloat16 I/O. Re-export the model with `vitdeploy export`")
-
-
-class _TorchCuda:
-    """The CUDA pieces the backend needs (current device, streams, device buffers), through torch.
-
-    Kept behind this small interface so tests can substitute a fake that records calls.
-    Buffers are torch tensors; ``dtype`` names are "float32" / "float16" / "bfloat16".
-    """
-
-    def __init__(self) -> None:
-        self._torch = require("torch", "the TensorRT backend's CUDA buffers")
-        self.torch_version = str(self._torch.__version__)
-        self.cuda_version = getattr(self._torch.version, "cuda", None)  # "13.0"; None for a CPU build
-
-    def device(self, index: int) -> Any:
-        """Context manager making cuda:``index`` the current device."""
-        return self._torch.cuda.device(index)
-
-    def new_stream(self, index: int) -> Any:
-        return self._torch.cuda.Stream(device=index)
-
-    def use_stream(self, stream: Any) -> Any:
-        """Context manager making ``stream`` the current stream (copies and allocations go there)."""
-        return self._torch.cuda.stream(stream)
-
-    def stream_handle(self, stream: Any) -> int:
-        return int(stream.cuda_stream)
-
-    def upload(self, batch: np.ndarray, index: int, dtype: str) -> Any:
-        return self._torch.from_numpy(batch).to(device=self._torch.device("cuda", index), dtype=getattr(self._torch, dtype))
-
-    def empty(self, shape: tuple[int, ...], dtype: str, index: int) -> Any:
-        return self._torch.empty(shape, dtype=getattr(self._torch, dtype), device=self._torch.device("cuda", index))
-
-    def address(self, buffer: Any) -> int:
-        return int(buffer.data_ptr())
-
-    def download(self, buffer: Any, stream: Any) -> np.ndarray:
-        """``buffer`` as a float32 host array, after ``stream`` has finished."""
-        host = buffer.float().cpu()
-        stream.synchronize()
-        return host.numpy().astype(np.float32, copy=False)
-
-
-class _ExecState:
-    """One execution context and the CUDA stream it runs on; used by one run at a time."""
-
-    def __init__(self, context: Any, stream: Any) -> None:
-        self.context = context
-        self.stream = stream
-
-
-class _ContextPool:
-    """At most ``size`` execution states, checked out for one run and returned after it.
-
-    An execution context holds activation memory for the profile's max batch, so the number
-    alive is bounded however many threads call: a thread finding every state busy waits for one.
-    """
-
-    def __init__(self, create: Callable[[], _ExecState], size: int) -> None:
-        self._create, self.size = create, size
-        self._idle: list[_ExecState] = []
-        self.states: list[_ExecState] = []  # every state alive (idle or checked out)
-        self._cond = threading.Condition()
-        self._closed = False
-
-    @contextlib.contextmanager
-    def checkout(self) -> Iterator[_ExecState]:
-        with self._cond:
-            while not self._closed and not self._idle and len(self.states) >= self.size:
-                self._cond.wait()
-            if self._closed:
-                raise BackendError("the trt backend is closed; open a new one")
-            if self._idle:
-                state = self._idle.pop()
-            else:
-                state = self._create()
-                self.states.append(state)
-        try:
-            yield state
-        finally:
-            with self._cond:
-                if not self._closed:
-                    self._idle.append(state)
-                self._cond.notify()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._idle.clear()
-            self.states.clear()
-            self._cond.notify_all()
-
-
 
 
 class TrtBackend(BackendBase):
@@ -245,7 +153,7 @@ class TrtBackend(BackendBase):
                                 "rebuild it with `vitdeploy export` on this machine")
         self._inspect_io()
         self._check_profile(meta_path)
-        self._pool = _ContextPool(self._new_state, contexts)
+        self._pool = ContextPool(self._new_state, contexts)
         log.info("trt backend: %s (%s, batch %d..%d)", self.engine_path, here.describe(), meta.profile["min"], self.max_batch)
 
     def _inspect_io(self) -> None:
@@ -287,13 +195,14 @@ class TrtBackend(BackendBase):
 
     # -- execution states (bounded pool) -------------------------------------------------------
 
-    def _new_state(self) -> _ExecState:
+    def _new_state(self) -> ExecState:
+        strategy = self._trt.ExecutionContextAllocationStrategy.USER_MANAGED  # activation memory per run, see _run_on
         with self._cuda.device(self._device_index), capture_errors() as errors:
-            context = self._engine.create_execution_context()
+            context = self._engine.create_execution_context(strategy=strategy)
             if context is None:
                 raise BackendError(f"TensorRT could not create an execution context for {self.engine_path} "
                                    f"(out of GPU memory?){quote_errors(errors)}")
-            return _ExecState(context, self._cuda.new_stream(self._device_index))
+            return ExecState(context, self._cuda.new_stream(self._device_index))
 
     @property
     def live_contexts(self) -> int:
@@ -303,34 +212,47 @@ class TrtBackend(BackendBase):
     def _run(self, batch: np.ndarray) -> np.ndarray:
         if self._engine is None:
             raise BackendError("the trt backend is closed; open a new one")
-        with self._pool.checkout() as state:
+        with self._pool.checkout() as state:  # a failed run drops its state
             return self._run_on(state, batch)
 
-    def _run_on(self, state: _ExecState, batch: np.ndarray) -> np.ndarray:
+    def _run_on(self, state: ExecState, batch: np.ndarray) -> np.ndarray:
         cuda, index = self._cuda, self._device_index
-        ctx = state.context
-        stream = state.stream
         count = int(batch.shape[0])
         if count < self._min_batch:  # the profile does not accept it: pad with copies of the last row
             batch = np.concatenate([batch, np.repeat(batch[-1:], self._min_batch - count, axis=0)])
-        shape = tuple(int(d) for d in batch.shape)
-        with cuda.device(index), cuda.use_stream(stream), capture_errors() as errors:
-            x = cuda.upload(batch, index, self._input_dtype)
-            if not ctx.set_input_shape(self._input_name, shape):
-                raise BackendError(f"TensorRT rejected input shape {shape} for '{self._input_name}' "
-                                   f"(engine profile batch {self.meta.profile['min']}..{self.meta.profile['max']}){quote_errors(errors)}")
-            self._bind(ctx, self._input_name, cuda.address(x), errors)
-            buffers = {}
-            for out_name in self._output_names:
-                out_shape = tuple(int(d) for d in ctx.get_tensor_shape(out_name))
-                if any(d < 0 for d in out_shape):
-                    raise BackendError(f"TensorRT could not infer the shape of output '{out_name}' (got {out_shape})")
-                buffers[out_name] = cuda.empty(out_shape, self._output_dtypes[out_name], index)
-                self._bind(ctx, out_name, cuda.address(buffers[out_name]), errors)
-            if not ctx.execute_async_v3(cuda.stream_handle(stream)):
-                raise BackendError(f"TensorRT execution failed for a batch of {shape[0]}{quote_errors(errors)}")
-            result = cuda.download(buffers[self._output_name], stream)
+        with cuda.device(index), cuda.use_stream(state.stream), capture_errors() as errors:
+            try:
+                result = self._enqueue(state, batch, errors)
+            except RuntimeError as exc:  # torch's CUDA errors (an illegal address, out of memory) surface here
+                raise BackendError(f"CUDA failed while running {self.engine_path.name} on cuda:{index} for a batch of "
+                                   f"{batch.shape[0]}: {first_line(exc)}{quote_errors(errors)}; that execution context "
+                                   "was dropped. If every run fails now, the GPU context is broken: restart the process") from exc
         return result[:count]
+
+    def _enqueue(self, state: ExecState, batch: np.ndarray, errors: list[str]) -> np.ndarray:
+        """One run on ``state`` with its device and stream current: shape, activation memory, addresses,
+        execute_async_v3 on the state's stream, then the logits back on the host."""
+        cuda, index, ctx, stream = self._cuda, self._device_index, state.context, state.stream
+        shape = tuple(int(d) for d in batch.shape)
+        x = cuda.upload(batch, index, self._input_dtype)
+        if not ctx.set_input_shape(self._input_name, shape):
+            raise BackendError(f"TensorRT rejected input shape {shape} for '{self._input_name}' "
+                               f"(engine profile batch {self.meta.profile['min']}..{self.meta.profile['max']}){quote_errors(errors)}")
+        need = int(ctx.update_device_memory_size_for_shapes())  # 0 means an error, or a network without activations
+        if need == 0 and errors:
+            raise BackendError(f"TensorRT could not size the activation memory for input shape {shape}{quote_errors(errors)}")
+        ctx.set_device_memory(*state.device_memory(cuda, index, need))
+        self._bind(ctx, self._input_name, cuda.address(x), errors)
+        buffers = {}
+        for out_name in self._output_names:
+            out_shape = tuple(int(d) for d in ctx.get_tensor_shape(out_name))
+            if any(d < 0 for d in out_shape):
+                raise BackendError(f"TensorRT could not infer the shape of output '{out_name}' (got {out_shape})")
+            buffers[out_name] = cuda.empty(out_shape, self._output_dtypes[out_name], index)
+            self._bind(ctx, out_name, cuda.address(buffers[out_name]), errors)
+        if not ctx.execute_async_v3(cuda.stream_handle(stream)):
+            raise BackendError(f"TensorRT execution failed for a batch of {shape[0]}{quote_errors(errors)}")
+        return cuda.download(buffers[self._output_name], stream)
 
     def _bind(self, ctx: Any, name: str, address: int, errors: list[str]) -> None:
         if not ctx.set_tensor_address(name, int(address)):

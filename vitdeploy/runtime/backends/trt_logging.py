@@ -113,9 +113,10 @@ def start_tensorrt(trt: Any, kind: str, device_index: int, error: type[Exception
 # CUDA majors: TensorRT's wheel and torch (which supplies the buffers and streams) must agree
 
 
-def tensorrt_cuda_major() -> int | None:
+def tensorrt_cuda_major() -> int | tuple[int, ...] | None:
     """12 or 13 from the installed TensorRT wheels (tensorrt-cu12-* / tensorrt-cu13-*); None if unknown
-    (a tar-file install, or wheels of both majors)."""
+    (a tar-file install); (12, 13) when wheels of both majors are installed (refused by
+    :func:`cuda_major_mismatch`: they provide the same ``tensorrt`` module)."""
     from importlib import metadata
 
     found = set()
@@ -126,18 +127,35 @@ def tensorrt_cuda_major() -> int | None:
             except metadata.PackageNotFoundError:
                 continue
             found.add(major)
-    return found.pop() if len(found) == 1 else None
+    if len(found) > 1:
+        return tuple(sorted(found))
+    return found.pop() if found else None
 
 
-def cuda_major_mismatch(trt_major: int | None, torch_cuda: str | None, torch_version: str = "") -> str | None:
+def _uninstall(major: int) -> str:
+    return f"pip uninstall -y tensorrt-cu{major} tensorrt-cu{major}-bindings tensorrt-cu{major}-libs"
+
+
+def cuda_major_mismatch(trt_major: int | tuple[int, ...] | None, torch_cuda: str | None, torch_version: str = "") -> str | None:
     """Why TensorRT (built for CUDA ``trt_major``) and torch (built for CUDA ``torch_cuda``, e.g. "13.0")
-    cannot share buffers and streams, or None when they can (or either is unknown)."""
-    if trt_major is None or not torch_cuda:
+    cannot share buffers and streams, or None when they can (or either is unknown). Wheels of both
+    CUDA majors (``trt_major`` a tuple) are always refused. The message ends with the one command
+    that fixes it."""
+    head = str(torch_cuda or "").split(".")[0]
+    torch_major = int(head) if head.isdigit() else None
+    if isinstance(trt_major, tuple):
+        majors = " and ".join(f"tensorrt-cu{m}" for m in trt_major)
+        keep = torch_major if torch_major in trt_major else max(trt_major)
+        drop = " && ".join(_uninstall(m) for m in trt_major if m != keep)
+        return (f"TensorRT wheels for two CUDA majors are installed ({majors}); they provide the same `tensorrt` "
+                f"module and which one imports is undefined. Keep the one matching torch {torch_version} "
+                f"(CUDA {torch_cuda or 'unknown'}): {drop}")
+    if trt_major is None or torch_major is None or torch_major == trt_major:
         return None
-    head = str(torch_cuda).split(".")[0]
-    if not head.isdigit() or int(head) == trt_major:
-        return None
-    fix = ("install a CUDA 12 build of torch==2.13.0 (README: Troubleshooting TensorRT)" if trt_major == 12
-           else "pip install 'vitdeploy[tensorrt-cu13]' with torch==2.13.0 from PyPI (CUDA 13)")
+    from ...vocab import TENSORRT_TORCH, tensorrt_install_command, torch_fix_command
+
+    other = (f"; or, to keep this torch: {_uninstall(trt_major)} && {tensorrt_install_command(torch_major)}"
+             if torch_major in TENSORRT_TORCH else "")
     return (f"tensorrt is built for CUDA {trt_major} (tensorrt-cu{trt_major}) but torch {torch_version} is built for "
-            f"CUDA {torch_cuda}; the trt backend's buffers and streams come from torch, so both need one CUDA major: {fix}")
+            f"CUDA {torch_cuda}; the trt backend's buffers and streams come from torch, so both need one CUDA major. "
+            f"Fix: {torch_fix_command(trt_major)}{other}")
