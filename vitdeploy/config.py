@@ -244,6 +244,10 @@ class PipelineConfig(_Section):
 
 
 
+# The top-level sections, derived from the model (never typed twice): model, preprocess, export, ...
+SECTIONS: tuple[str, ...] = tuple(name for name, f in PipelineConfig.model_fields.items() if not f.exclude)
+
+
 def _format_error(exc: ValidationError, source: str) -> str:
     def allowed(loc: tuple) -> str:
         parent = _section_for(loc)
@@ -268,9 +272,10 @@ def parse_config(data: Any, source: Optional[Path] = None) -> PipelineConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{label}: the top level must be a mapping of sections (model, preprocess, export, validation, tensorrt, runtime, serve), got {type(data).__name__}")
+        raise ConfigError(f"{label}: the top level must be a mapping of sections ({', '.join(SECTIONS)}), got "
+                          f"{type(data).__name__}")
     if "source" in data:
-        raise ConfigError(f"{label}: unknown key 'source' (allowed: model, preprocess, export, validation, tensorrt, runtime, serve)")
+        raise ConfigError(f"{label}: unknown key 'source' (allowed: {', '.join(SECTIONS)})")
     try:
         cfg = PipelineConfig.model_validate({**data, "source": source.resolve() if source else None})
     except ValidationError as exc:
