@@ -29,10 +29,6 @@ STATUSES: tuple[tuple[type[BaseException], int], ...] = (
     (VitDeployError, 500),
 )
 
-#: The error class of a status some other layer (Starlette, Ray's proxy) chose, to rebuild its body.
-_BY_STATUS: dict[int, type[InputError]] = {404: NotFoundError, 405: MethodNotAllowedError, 408: RequestTimeoutError,
-                                           413: BodyTooLargeError, 415: UnsupportedMediaError, 503: UnavailableError}
-
 _MAX_REASON = 400
 
 
@@ -42,11 +38,6 @@ def status_of(exc: BaseException) -> int:
         if isinstance(exc, cls):
             return status
     return 500
-
-
-def error_for_status(status: int, message: str) -> InputError:
-    """The typed error for a refusal another layer made with ``status`` (its message kept)."""
-    return _BY_STATUS.get(status, InputError)(one_line(message))
 
 
 def one_line(message: Any) -> str:
@@ -65,4 +56,4 @@ def error_body(exc: BaseException | str) -> bytes:
     return json.dumps({"error": text}).encode("utf-8")
 
 
-__all__ = ["STATUSES", "error_body", "error_for_status", "one_line", "status_of"]
+__all__ = ["STATUSES", "error_body", "one_line", "status_of"]
