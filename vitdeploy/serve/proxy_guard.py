@@ -242,7 +242,8 @@ class _JsonErrors:
             return await self.send({"type": "http.response.body", "body": raw, "more_body": False})
         text = doc.get("detail") if isinstance(doc, dict) else raw.decode("utf-8", "replace")
         model = model_of(self.path)
-        if status == 404 and model and model not in await self.guard.models():
+        if status == 404 and model:  # Ray's proxy has no route for it (our app's 404s are JSON already)
+            await self.guard.models()
             if model in self.guard._seen:
                 status, text = 503, f"model {model!r} is not available right now (stopping or restarting); retry"
             else:

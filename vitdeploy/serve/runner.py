@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -81,7 +82,8 @@ def replica_spec(cfg: Any, settings: ServeSettings, options: Any, source: Any = 
                        max_request_bytes=int(sv.max_request_mb * 1024 * 1024))
 
 
-WORKER_NICENESS = "RAY_worker_niceness"  # read by the raylet when ray.init starts it
+WORKER_NICENESS = "RAY_worker_niceness"
+DRAIN_GRACE_S = 0.5  # read by the raylet when ray.init starts it
 
 
 def curl_example(url: str) -> str:
@@ -175,6 +177,10 @@ def _deploy(ray: Any, cfg: Any, settings: ServeSettings, options: Any, name: str
     # The artifacts travel with the deployment: packed once here, put in Ray's object store, unpacked
     # once per node and verified (sha256) by each replica, whichever node it lands on.
     roles = None if settings.backend == AUTO else artifact_roles(settings.backend)
+    if settings.backend == "ort":  # "ort" runs the fused model.ort.onnx when it can: ship it too
+        from ..runtime.backends.ort import uses_ort_graph
+
+        roles = (*roles, "onnx-ort") if uses_ort_graph(artifacts, options) else roles
     bundle = pack(artifacts, roles)
     progress(f"deploying {name} ({_scale(sv, settings.replicas)}, backend {settings.backend}, "
              f"batch <= {sv.max_batch_size} within {sv.batch_wait_timeout_s * 1000:g} ms, artifacts "
@@ -209,6 +215,9 @@ def _stop(ray: Any, name: str, owns_cluster: bool, progress: Progress) -> None:
     from ray import serve
 
     try:
+        # Requests the proxy has accepted but not yet routed (their bodies still arriving) are routed
+        # before the route goes away; afterwards the proxy's guard answers 503 (retry) for this model.
+        time.sleep(DRAIN_GRACE_S)
         serve.delete(name)  # replicas finish their in-flight requests first (graceful_shutdown_timeout_s)
         if owns_cluster:
             serve.shutdown()
