@@ -299,8 +299,9 @@ def bench(artifacts_dir: Path, backends: str | None, batch_sizes: str, iteration
 
 
 @main.command()
-@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=None,
-              help="directory written by `vitdeploy export` (default: export.output_dir from the config)")
+@click.option("-a", "--artifacts", "artifacts_dir", default=None,
+              help="directory written by `vitdeploy export` (default: export.output_dir from the config); with "
+                   "--write-config also a file:// s3:// or gs:// URI")
 @click.option("-b", "--backend", type=click.Choice([AUTO, *RUNTIME_BACKENDS]), default=None,
               help="backend (default: runtime.backend from the config, i.e. auto)")
 @click.option("--host", default=None, help="address to listen on (default: serve.host, 127.0.0.1)")
@@ -309,19 +310,34 @@ def bench(artifacts_dir: Path, backends: str | None, batch_sizes: str, iteration
 @click.option("--address", default=None,
               help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting a local Ray")
 @click.option("--access-log", is_flag=True, help="log every request (Ray Serve's access log)")
+@click.option("--name", default=None, help="the model's name and route /v2/models/<name> (default: serve.name, "
+              "else the manifest's name); several models can be served on one cluster under their names")
+@click.option("--write-config", "write_config", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write a Ray Serve config for `serve deploy` (artifacts from -a: a path or file:// s3:// gs:// URI) "
+                   "and exit")
+@click.option("--write-rayservice", "write_rayservice", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="write a KubeRay RayService manifest with that config and exit")
 @config_option
 @handle_errors
-def serve(artifacts_dir: Path | None, backend: str | None, host: str | None, port: int | None, replicas: int | None,
-          address: str | None, access_log: bool, config_path: Path | None) -> None:
+def serve(artifacts_dir: str | None, backend: str | None, host: str | None, port: int | None, replicas: int | None,
+          address: str | None, access_log: bool, name: str | None, write_config: Path | None,
+          write_rayservice: Path | None, config_path: Path | None) -> None:
     """Serve the model over HTTP on Ray Serve: POST /predict, the KServe v2 protocol, dynamic batching."""
     from .config import load_config
     from .serve.runner import ServeSettings, run_server
 
     cfg = load_config(config_path)
     sv = cfg.serve
-    settings = ServeSettings(artifacts=artifacts_dir or cfg.output_dir, backend=backend or cfg.runtime.backend,
+    source = artifacts_dir if artifacts_dir and "://" in artifacts_dir else Path(artifacts_dir or cfg.output_dir)
+    settings = ServeSettings(artifacts=source, backend=backend or cfg.runtime.backend,
                              host=host or sv.host, port=port or sv.port, replicas=replicas or sv.replicas,
-                             address=address, access_log=access_log)
+                             address=address, access_log=access_log, name=name)
+    if write_config or write_rayservice:
+        from .serve.deploy_config import write_deploy_files
+
+        for path in write_deploy_files(cfg, settings, config_path=write_config, rayservice_path=write_rayservice):
+            click.echo(f"wrote {path}", err=True)
+        return
     run_server(cfg, settings, runtime_options(cfg), progress=lambda line: click.echo(line, err=True))
 
 

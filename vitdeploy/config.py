@@ -186,6 +186,20 @@ class RuntimeSection(_Section):
     max_image_pixels: int = Field(89_478_485, ge=1)
 
 
+class AutoscalingSection(_Section):
+    """Ray Serve's autoscaling_config: replicas follow the requests each one is working on."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(4, ge=1)
+    target_ongoing_requests: float = Field(16.0, gt=0, description="requests per replica the autoscaler aims for")
+
+    @model_validator(mode="after")
+    def _order(self) -> "AutoscalingSection":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
+        return self
+
+
 class ServeSection(_Section):
     """`vitdeploy serve` (Ray Serve) and the Triton repository: batching, limits, scale."""
 
@@ -205,8 +219,15 @@ class ServeSection(_Section):
     num_cpus_per_replica: float = Field(1.0, ge=0)
     num_gpus_per_replica: float = Field(0.0, ge=0, description="Ray GPUs per replica (e.g. 1, or 0.5 to share one)")
     max_ongoing_requests: int = Field(64, ge=1, description="requests a replica works on at once (>= max_batch_size x concurrent_batches)")
-    max_queued_requests: int = Field(256, ge=0, description="requests waiting for a replica; beyond -> 503")
+    max_queued_requests: int = Field(256, ge=1, description="requests waiting for a replica; beyond -> 503")
     graceful_shutdown_timeout_s: float = Field(20.0, gt=0, description="how long SIGTERM waits for in-flight requests")
+    request_timeout_s: float = Field(60.0, gt=0, description="end-to-end limit of one request (Ray Serve's request_timeout_s)")
+    body_timeout_s: float = Field(10.0, gt=0, description="deadline for reading a request body: a slow or stalled upload gets 408")
+    name: Optional[str] = Field(None, min_length=1, description=(
+        "the model's name on the wire, its Serve application and its route /v2/models/<name> (default: the manifest's)"))
+    autoscaling: Optional[AutoscalingSection] = Field(None, description="replaces the fixed replica count when set")
+    resources_per_replica: dict[str, float] = Field(default_factory=dict, description=(
+        "Ray custom resources each replica needs, e.g. {model_node: 1} to place replicas on the nodes that have them"))
 
     @model_validator(mode="after")
     def _batch_fits(self) -> "ServeSection":

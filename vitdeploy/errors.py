@@ -69,3 +69,84 @@ class ArtifactMismatchError(ArtifactError):
     """An intact artifact that this machine cannot run: a TensorRT engine built for another
     TensorRT version or GPU. The one artifact fault that lets backend "auto" try the next backend;
     every other ArtifactError stops it."""
+
+
+# ------------------------------------------------------------------ inputs, typed where the fault is found
+# Each class names one fault; `vitdeploy serve` maps each to an HTTP status in one table
+# (vitdeploy/serve/http_errors.py), the CLI to exit code 2 (InputError). ``kind`` is a stable
+# short name for logs and clients.
+
+
+class RequestError(InputError):
+    """An input refused: a served request, or an image (its subclasses). ``str(error)`` is one line
+    for a server's ``{"error": ...}`` body."""
+
+    kind = "bad_request"
+
+
+class ImageError(RequestError):
+    """Encoded image bytes cannot be decoded (truncated or corrupt)."""
+
+    kind = "corrupt"
+
+
+class EmptyImageError(ImageError):
+    """The image holds no bytes."""
+
+    kind = "empty"
+
+
+class NotAnImageError(ImageError):
+    """The bytes are not in any supported image format."""
+
+    kind = "not_image"
+
+
+class ImageTooLargeError(ImageError):
+    """The image's header claims more pixels than allowed (refused before decoding)."""
+
+    kind = "too_large"
+
+
+class EmptyRequestError(RequestError):
+    """A request that holds no image at all."""
+
+    kind = "empty"
+
+
+class TooManyImagesError(RequestError):
+    kind = "too_many"
+
+
+class BodyTooLargeError(RequestError):
+    """More bytes were sent (declared or actually read) than the server accepts."""
+
+    kind = "body_too_large"
+
+
+class UnsupportedMediaError(RequestError):
+    """A content type or content encoding the route does not accept."""
+
+    kind = "content_type"
+
+
+class NotFoundError(RequestError):
+    """An unknown route, model or model version."""
+
+    kind = "not_found"
+
+
+class MethodNotAllowedError(RequestError):
+    kind = "method"
+
+
+class RequestTimeoutError(RequestError):
+    """The client did not send its body within the deadline (slow or stalled upload)."""
+
+    kind = "timeout"
+
+
+class UnavailableError(RequestError):
+    """The model cannot take the request now (queue full, starting, draining): retry later."""
+
+    kind = "unavailable"

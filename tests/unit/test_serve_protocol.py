@@ -11,7 +11,9 @@ from PIL import Image
 
 from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.predictor import Predictor
+from vitdeploy import errors as E
 from vitdeploy.serve import protocol as P
+from vitdeploy.serve.http_errors import error_body, status_of
 
 
 def _png(size=(40, 30), colour=(200, 30, 10)) -> bytes:
@@ -81,13 +83,13 @@ def test_json_tensors_in_and_out():
 def test_malformed_requests_get_a_status_and_one_line(doc, status, fragment):
     with pytest.raises(P.RequestError) as info:
         P.parse_infer_request(json.dumps(doc).encode(), None, max_images=8)
-    assert info.value.status == status and fragment in str(info.value) and "\n" not in str(info.value)
+    assert status_of(info.value) == status and fragment in str(info.value) and "\n" not in str(info.value)
 
 
 def test_not_json_is_400():
     with pytest.raises(P.RequestError, match="not valid JSON") as info:
         P.parse_infer_request(b"\xff\xd8\xff", None, max_images=8)
-    assert info.value.status == 400
+    assert status_of(info.value) == 400
 
 
 def test_bad_images_are_classified_and_the_good_ones_match_the_predictor(demo_artifacts):
@@ -99,7 +101,7 @@ def test_bad_images_are_classified_and_the_good_ones_match_the_predictor(demo_ar
         batch, ok, errors = P.preprocess_images(blobs, pred.preprocessor)
         assert ok == [0, 5]
         assert {i: e.kind for i, e in errors.items()} == {1: "empty", 2: "not_image", 3: "corrupt", 4: "too_large"}
-        assert all(e.status == 400 and str(e).startswith(f"IMAGES[{i}]: ") for i, e in errors.items())
+        assert all(status_of(e) == 400 and str(e).startswith(f"IMAGES[{i}]: ") for i, e in errors.items())
         np.testing.assert_array_equal(batch, pred.preprocess([good, png]))
         labels, scores = P.top_k_arrays(pred.predict_logits(batch), pred.labels, 3)
         expected = pred.predict([good, png], top_k=3)
@@ -129,3 +131,44 @@ def test_vitdeploy_imports_without_ray():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_json_bytes_are_base64_decoded_and_text_stays_utf8():
+    png = _png()
+    doc = {"inputs": [{"name": P.INPUT, "datatype": "BYTES", "shape": [2],
+                       "data": [__import__("base64").b64encode(png).decode(), "plain text"]}]}
+    req = P.parse_infer_request(json.dumps(doc).encode(), None, max_images=4)
+    assert req.images == [png, b"plain text"]
+
+
+@pytest.mark.parametrize("flag, binary", [("false", False), ("FALSE", False), ("true", True), (False, False),
+                                          (True, True)])
+def test_binary_data_flags_read_strings_as_booleans(flag, binary):
+    doc = {"inputs": [{"name": P.INPUT, "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+           "outputs": [{"name": P.LOGITS, "parameters": {"binary_data": flag}}]}
+    assert P.parse_infer_request(json.dumps(doc).encode(), None, 4).outputs == {P.LOGITS: binary}
+
+
+def test_a_binary_data_flag_that_is_not_a_boolean_is_400():
+    doc = {"inputs": [{"name": P.INPUT, "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+           "parameters": {"binary_data_output": "yes"}}
+    with pytest.raises(P.RequestError, match="binary_data_output must be true or false") as info:
+        P.parse_infer_request(json.dumps(doc).encode(), None, 4)
+    assert status_of(info.value) == 400
+
+
+@pytest.mark.parametrize("error, status", [
+    (E.NotAnImageError, 400), (E.ImageTooLargeError, 400), (E.EmptyRequestError, 400), (E.NotFoundError, 404),
+    (E.MethodNotAllowedError, 405), (E.RequestTimeoutError, 408), (E.BodyTooLargeError, 413),
+    (E.TooManyImagesError, 413), (E.UnsupportedMediaError, 415), (E.UnavailableError, 503),
+    (E.BackendError, 500), (RuntimeError, 500),
+])
+def test_the_status_comes_from_the_error_type_whatever_the_message_says(error, status):
+    # the wording is irrelevant: a message mentioning another fault does not change the status
+    assert status_of(error("decompression-bomb? not a recognised image, empty file, too many")) == status
+
+
+def test_every_error_body_is_one_json_line_and_hides_internal_errors():
+    assert json.loads(error_body(E.BodyTooLargeError("too big\nsecond line"))) == {"error": "too big"}
+    hidden = json.loads(error_body(RuntimeError("/srv/secret/path failed")))["error"]
+    assert "secret" not in hidden and "internal server error" in hidden

@@ -50,7 +50,7 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 from PIL import Image, ImageOps
 
-from ..errors import InputError
+from ..errors import EmptyImageError, ImageError, ImageTooLargeError, InputError, NotAnImageError
 from .image_paths import IMAGE_EXTENSIONS
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def load_image(
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source) if not isinstance(source, bytes) else source
         if not data:
-            raise InputError("<bytes>: empty input (0 bytes); expected an encoded image")
+            raise EmptyImageError("<bytes>: empty input (0 bytes); expected an encoded image")
         return _from_stream(io.BytesIO(data), "<bytes>", opts)
     if isinstance(source, (str, os.PathLike)):
         return _from_path(Path(os.fspath(source)), opts)
@@ -163,12 +163,12 @@ def _from_stream(fp: Any, name: str, opts: _Options) -> Image.Image:
         with _no_bomb_warning():
             img = Image.open(fp, formats=_FORMAT_ORDER)
     except Image.UnidentifiedImageError:
-        raise InputError(_unidentified_message(fp, name)) from None
+        raise _unidentified_error(fp, name) from None
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         # Pillow's own ceiling fired inside Image.open (header only, nothing decoded yet).
-        raise InputError(_pillow_bomb_message(name, exc, opts.max_pixels)) from None
+        raise ImageTooLargeError(_pillow_bomb_message(name, exc, opts.max_pixels)) from None
     except Exception as exc:  # noqa: BLE001 - a malformed header can raise many types
-        raise InputError(
+        raise ImageError(
             f"{name}: cannot read the image header ({type(exc).__name__}: {exc}); the file is "
             "truncated, corrupt or not really an image"
         ) from None
@@ -206,12 +206,12 @@ def _finish(img: Image.Image, name: str, opts: _Options) -> Image.Image:
     try:
         img.load()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise InputError(_pillow_bomb_message(name, exc, opts.max_pixels)) from None
+        raise ImageTooLargeError(_pillow_bomb_message(name, exc, opts.max_pixels)) from None
     except MemoryError:
         raise  # the machine, not the input: let callers see it
     except Exception as exc:  # noqa: BLE001 - decoders raise OSError, SyntaxError, ValueError...
         fmt = img.format or "image"
-        raise InputError(
+        raise ImageError(
             f"{name}: cannot decode {fmt} data ({w}x{h}): {type(exc).__name__}: {exc}; the "
             "file is truncated or corrupt (re-export or re-download it)"
         ) from None
@@ -224,7 +224,7 @@ def _check_size(name: str, w: int, h: int, max_pixels: int | None) -> None:
         raise InputError(f"{name}: image has no pixels ({w}x{h}); expected width and height >= 1")
     pixels = w * h
     if max_pixels is not None and pixels > max_pixels:
-        raise InputError(
+        raise ImageTooLargeError(
             f"{name}: {w}x{h} = {pixels} pixels exceeds the limit of {max_pixels} pixels; "
             "refused before decoding (decompression-bomb guard). If the image is trusted, "
             "raise max_pixels (runtime.max_image_pixels in pipeline.yaml)"
@@ -373,7 +373,8 @@ def _sniff(head: bytes) -> str | None:
     return None
 
 
-def _unidentified_message(fp: Any, name: str) -> str:
+def _unidentified_error(fp: Any, name: str) -> InputError:
+    """The typed error for bytes Pillow does not recognise: empty, a known format's broken header, or no image."""
     head = b""
     try:
         fp.seek(0)
@@ -382,10 +383,10 @@ def _unidentified_message(fp: Any, name: str) -> str:
         pass
     supported = ", ".join(sorted(SUPPORTED_FORMATS))
     if not head:
-        return f"{name}: empty file (0 bytes); expected an image ({supported})"
+        return EmptyImageError(f"{name}: empty file (0 bytes); expected an image ({supported})")
     fmt = _sniff(head)
     if fmt is not None:
-        return (
+        return ImageError(
             f"{name}: starts like a {fmt} file but its header cannot be read (truncated, "
             "corrupt, or a zero width/height image); re-export or re-download it"
         )
@@ -393,7 +394,7 @@ def _unidentified_message(fp: Any, name: str) -> str:
     text = _as_text(head)
     if text is not None:
         detail = f" (its content looks like text: {text[:40].strip()!r})"
-    return (
+    return NotAnImageError(
         f"{name}: not a recognised image{detail}; supported formats are {supported}. The file "
         "may be corrupt, mis-named, or in another format (HEIC, SVG, PDF, ICO, ...): convert it "
         "first"

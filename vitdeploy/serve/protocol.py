@@ -7,8 +7,9 @@ answers for the same bytes (see SERVE_CONTRACT.md):
 * tensor names :data:`INPUT`, :data:`LOGITS`, :data:`TOPK_LABELS`, :data:`TOPK_SCORES`;
 * :func:`decode_image` / :func:`preprocess_images` - encoded image bytes -> the float32 NCHW
   batch with the runtime's own preprocessing (:class:`vitdeploy.runtime.preprocess.Preprocessor`,
-  bit for bit), each bad image classified as a :class:`RequestError` carrying its HTTP status and
-  a one-line reason with no traceback and no server path;
+  bit for bit), each bad image raised as a typed :class:`~vitdeploy.errors.ImageError` (a
+  RequestError) with a one-line reason, no traceback and no server path; the HTTP status of every
+  error type is chosen in one table, :mod:`vitdeploy.serve.http_errors`;
 * :func:`top_k_arrays` - logits -> the top-k tensors of the v2 protocol (``POST /predict``
   answers with the Predictor's own ``predict --json`` objects);
 * :func:`images_from_tensor` - a BYTES tensor (numpy object array, shape ``[N]`` or ``[N, 1]``)
@@ -25,6 +26,8 @@ from the server itself (Ray Serve's ``max_queued_requests``, Triton's queue poli
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import re
 import struct
@@ -33,7 +36,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import (EmptyImageError, EmptyRequestError, ImageError, InputError, RequestError,
+                      TooManyImagesError)
+from .http_errors import one_line
 
 #: Input tensor: the encoded images, datatype BYTES, shape [N] (or [N, 1]).
 INPUT = "IMAGES"
@@ -49,7 +54,6 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 DEFAULT_TOP_K = 5
 
 _NAME_OK = re.compile(r"[^A-Za-z0-9_-]+")
-_MAX_REASON = 400
 
 
 # --------------------------------------------------------------------------------------------
@@ -68,49 +72,13 @@ def model_name(manifest_name: str) -> str:
 # errors
 
 
-class RequestError(InputError):
-    """A request the server refuses, with the HTTP ``status`` to answer and a ``kind``.
-
-    ``str(error)`` is one line saying what was wrong (no traceback, no server path), the text of
-    the ``{"error": ...}`` body. Kinds: ``empty``, ``not_image``, ``corrupt`` (truncated or
-    undecodable), ``too_large`` (decompression bomb, refused before decoding), ``too_many``
-    (images in one request), ``body_too_large``, ``content_type``, ``bad_request`` (malformed
-    protocol message).
-    """
-
-    def __init__(self, message: str, status: int = 400, kind: str = "bad_request") -> None:
-        super().__init__(one_line(message))
-        self.status = int(status)
-        self.kind = kind
-
-    def to_json(self) -> dict[str, str]:
-        return {"error": str(self)}
-
-
-def one_line(message: Any) -> str:
-    """The first line of ``message``, at most 400 characters (for an HTTP error body)."""
-    text = str(message).strip().splitlines()[0] if str(message).strip() else "bad request"
-    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 1] + "…"
-
-
-def _kind_of(message: str) -> str:
-    if "decompression-bomb" in message or "refused before decoding" in message:
-        return "too_large"
-    if "not a recognised image" in message or "unsupported image" in message:
-        return "not_image"
-    if "empty file" in message:
-        return "empty"
-    return "corrupt"
-
-
 def check_image_count(count: int, max_images: int) -> None:
     """RequestError unless 1 <= ``count`` <= ``max_images`` (0: 400 ``empty``; too many: 413)."""
     if count < 1:
-        raise RequestError("the request holds no image; send one or more encoded images (JPEG, PNG, ...)",
-                           400, "empty")
+        raise EmptyRequestError("the request holds no image; send one or more encoded images (JPEG, PNG, ...)")
     if count > max_images:
-        raise RequestError(f"too many images in one request: {count}, the limit is {max_images}; "
-                           f"split the request", 413, "too_many")
+        raise TooManyImagesError(f"too many images in one request: {count}, the limit is {max_images}; "
+                                 f"split the request")
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,14 +97,15 @@ def decode_image(data: bytes | bytearray | memoryview, preprocessor: Callable[[b
     """
     raw = bytes(data)
     if not raw:
-        raise RequestError(f"{name}: empty (0 bytes); expected an encoded image (JPEG, PNG, ...)", 400, "empty")
+        raise EmptyImageError(f"{name}: empty (0 bytes); expected an encoded image (JPEG, PNG, ...)")
     try:
         return preprocessor(raw)
     except InputError as exc:
         message = str(exc)
         if message.startswith("<bytes>"):
             message = name + message[len("<bytes>"):]
-        raise RequestError(message, 400, _kind_of(message)) from None
+        # the same type (its HTTP status is chosen by type, in serve/http_errors.py), renamed, one line
+        raise (type(exc) if isinstance(exc, ImageError) else ImageError)(one_line(message)) from None
 
 
 def preprocess_images(images: Sequence[bytes], preprocessor: Callable[[bytes], np.ndarray],
@@ -256,7 +225,7 @@ def parse_infer_request(body: bytes, header_length: int | str | None, max_images
 
     The request must carry exactly one input, :data:`INPUT`, datatype BYTES, shape ``[N]`` or
     ``[N, 1]``, either as binary data (``parameters.binary_data_size``) or as a JSON list of
-    strings (their UTF-8 bytes, as Triton reads them). RequestError (400, or 413 beyond
+    strings (base64, else their UTF-8 bytes as Triton reads them). RequestError (400, or 413 beyond
     ``max_images``) otherwise.
     """
     if header_length is None or header_length == "":
@@ -323,7 +292,28 @@ def _images_from_json(data: Any, count: int) -> list[bytes]:
         raise RequestError(f"input {INPUT}: JSON data must be a list of strings (or send binary data)")
     if len(flat) != count:
         raise RequestError(f"input {INPUT}: shape says {count} element(s), data holds {len(flat)}")
-    return [v.encode("utf-8") for v in flat]
+    return [_json_bytes(v) for v in flat]
+
+
+def _json_bytes(text: str) -> bytes:
+    """One BYTES element sent as a JSON string: base64 (how binary data travels in JSON), else its
+    UTF-8 bytes (Triton's reading). An encoded image is never valid UTF-8 text, so base64 is tried first."""
+    compact = "".join(text.split())
+    if compact and len(compact) % 4 == 0:
+        try:
+            return base64.b64decode(compact, validate=True)
+        except (binascii.Error, ValueError):
+            pass
+    return text.encode("utf-8")
+
+
+def _flag(value: Any, what: str) -> bool:
+    """A protocol boolean: true/false, or the strings "true"/"false" (any case); RequestError otherwise."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise RequestError(f"{what} must be true or false, got {value!r}")
 
 
 def _request_id(doc: dict[str, Any]) -> str | None:
@@ -333,7 +323,8 @@ def _request_id(doc: dict[str, Any]) -> str | None:
 
 def _requested_outputs(doc: dict[str, Any]) -> dict[str, bool]:
     params = doc.get("parameters") or {}
-    default_binary = bool(params.get("binary_data_output", False)) if isinstance(params, dict) else False
+    default_binary = _flag(params.get("binary_data_output", False), "parameters.binary_data_output") \
+        if isinstance(params, dict) else False
     requested = doc.get("outputs")
     if not requested:
         return {name: default_binary for name in OUTPUTS}
@@ -345,7 +336,8 @@ def _requested_outputs(doc: dict[str, Any]) -> dict[str, bool]:
         if name not in OUTPUTS:
             raise RequestError(f"unknown output {name!r}; this model has {', '.join(OUTPUTS)}")
         p = item.get("parameters") or {}
-        out[name] = bool(p.get("binary_data", default_binary)) if isinstance(p, dict) else default_binary
+        out[name] = _flag(p.get("binary_data", default_binary), f"output {name}: parameters.binary_data") \
+            if isinstance(p, dict) else default_binary
     return out
 
 

@@ -17,21 +17,27 @@ Importing this module imports Ray and FastAPI: only ``vitdeploy serve`` does (la
 
 import asyncio
 import logging
+import math
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..errors import (BodyTooLargeError, EmptyRequestError, MethodNotAllowedError, NotFoundError, RequestError,
+                      TooManyImagesError, UnsupportedMediaError)
+from ..runtime.backends import first_line
 from ..runtime.backends.base import BackendOptions
 from . import protocol
+from .http_errors import error_body, status_of
 
 log = logging.getLogger(__name__)
 
-APP_NAME = "vitdeploy"
 _RAW_TYPES = ("image/", "application/octet-stream")
 
 
@@ -39,7 +45,10 @@ _RAW_TYPES = ("image/", "application/octet-stream")
 class ReplicaSpec:
     """What each replica needs to open its Predictor and answer requests (sent to the replicas)."""
 
-    artifacts: str
+    #: where the replica gets the export: a local path (one node or a shared disk), a URI
+    #: (file://, s3://, gs://: downloaded once per node) or an ObjectRef of an ArtifactBundle
+    #: (packed on the driver, unpacked once per node); every file's sha256 is verified on open.
+    artifacts: Any
     backend: str
     options: BackendOptions
     max_pixels: int
@@ -50,13 +59,77 @@ class ReplicaSpec:
     concurrent_batches: int
     max_images_per_request: int
     max_request_bytes: int
+    num_cpus: float = 1.0
+    name: str = ""
+
+    def threads(self) -> Tuple[int, int]:
+        """(ONNX Runtime intra-op threads, decode threads) of one replica: its share of the cores
+        (``num_cpus_per_replica``), unless ``runtime.threads`` says otherwise."""
+        cores = max(1, math.ceil(self.num_cpus)) if self.num_cpus > 0 else 1
+        return self.options.threads or cores, max(1, min(self.decode_threads, cores))
 
 
 api = FastAPI(title="vitdeploy serve", docs_url=None, redoc_url=None, openapi_url=None)
 
 
-def _error(exc: protocol.RequestError) -> JSONResponse:
-    return JSONResponse(exc.to_json(), status_code=exc.status)
+def _error(exc: BaseException) -> Response:
+    """The one way a refusal leaves the replica: ``{"error": ...}`` with the status of its type."""
+    status = status_of(exc)
+    if status >= 500:
+        log.error("request failed: %s", first_line(exc), exc_info=not isinstance(exc, RequestError))
+    headers = {"Retry-After": "1"} if status == 503 else None
+    return Response(error_body(exc), status_code=status, media_type="application/json", headers=headers)
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _framework_error(request: Request, exc: StarletteHTTPException) -> Response:
+    kind = {404: NotFoundError, 405: MethodNotAllowedError}.get(exc.status_code)
+    if kind is not None:
+        return _error(kind(f"{request.method} {request.url.path}: {exc.detail}"))
+    return Response(error_body(protocol.one_line(exc.detail)), status_code=exc.status_code,
+                    media_type="application/json")
+
+
+@api.exception_handler(RequestValidationError)
+async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+    return _error(RequestError(f"{request.url.path}: invalid request ({protocol.one_line(exc.errors())})"))
+
+
+@api.exception_handler(Exception)
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    return _error(exc)
+
+
+class _ClientGone(Exception):
+    """The client disconnected before its body arrived: nothing to answer, nothing worth a traceback."""
+
+
+def _replayed(request: Request, body: bytes) -> Request:
+    """``request`` whose body is ``body`` (already read and size-checked), for Starlette's form parser."""
+    sent = False
+
+    async def receive() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    return Request(request.scope, receive)
+
+
+def open_artifacts(source: Any) -> Any:
+    """The replica's verified Artifacts from a path, a URI or an ObjectRef of an ArtifactBundle."""
+    from ..runtime.artifact_bundle import fetch_uri, materialize
+    from ..runtime.artifacts import Artifacts
+
+    if isinstance(source, str) and "://" in source:
+        return fetch_uri(source)
+    if isinstance(source, str):
+        return Artifacts.open(source)
+    import ray
+
+    return materialize(ray.get(source))
 
 
 @serve.deployment(name="ViTClassifier")
@@ -68,20 +141,29 @@ class ViTClassifier:
         from ..runtime.predictor import Predictor
 
         self.spec = spec
-        self.predictor = Predictor.from_artifacts(spec.artifacts, backend=spec.backend, options=spec.options,
+        intra_op, decode_threads = spec.threads()
+        self.predictor = Predictor.from_artifacts(open_artifacts(spec.artifacts), backend=spec.backend,
+                                                  options=replace(spec.options, threads=intra_op),
                                                   max_pixels=spec.max_pixels)
-        self.name = protocol.model_name(self.predictor.artifacts.name)
+        self.name = spec.name or protocol.model_name(self.predictor.artifacts.name)
+        self._fault: Optional[str] = None
         # One warm-up call: the first request does not pay for the backend's lazy set-up, and C is known.
         warm = self.predictor.predict_logits(np.zeros((1, *self.predictor.input_shape), np.float32))
         self.num_classes = int(warm.shape[1])
         self.top_k = max(1, min(spec.top_k, self.num_classes))
         self.preprocessor = self.predictor.preprocessor
-        self._decode_pool = ThreadPoolExecutor(spec.decode_threads, thread_name_prefix="vitdeploy-decode")
+        self._decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="vitdeploy-decode")
         self._infer_pool = ThreadPoolExecutor(spec.concurrent_batches, thread_name_prefix="vitdeploy-infer")
         # Ray's batch handler, built here because its settings come from pipeline.yaml (serve:).
         self.run_batch = serve.batch(max_batch_size=spec.max_batch_size, batch_wait_timeout_s=spec.batch_wait_timeout_s,
                                      max_concurrent_batches=spec.concurrent_batches)(self._infer_batch)
-        log.info("replica ready: %s", self.predictor.describe())
+        log.info("replica ready: %s (%d intra-op, %d decode threads)", self.predictor.describe(), intra_op,
+                 decode_threads)
+
+    def check_health(self) -> None:
+        """Ray Serve's health check (every 10 s): a replica whose model call failed is replaced."""
+        if self._fault is not None:
+            raise RuntimeError(f"the model call failed: {self._fault}")
 
     def __del__(self) -> None:  # Ray Serve calls it when the replica stops (after draining)
         for pool in (getattr(self, "_decode_pool", None), getattr(self, "_infer_pool", None)):
@@ -97,7 +179,11 @@ class ViTClassifier:
         (``self.run_batch``, Ray's ``@serve.batch`` around this method, gathers them)."""
         batch = np.stack(images)
         loop = asyncio.get_running_loop()
-        logits = await loop.run_in_executor(self._infer_pool, self.predictor.predict_logits, batch)
+        try:
+            logits = await loop.run_in_executor(self._infer_pool, self.predictor.predict_logits, batch)
+        except Exception as exc:
+            self._fault = first_line(exc)  # the backend, not a request: check_health has Ray replace the replica
+            raise
         return list(logits)
 
     async def _decode(self, blob: bytes, name: str) -> np.ndarray:
@@ -109,7 +195,7 @@ class ViTClassifier:
         decoded = await asyncio.gather(*(self._decode(b, n) for n, b in blobs), return_exceptions=True)
         errors: dict[int, Any] = {}
         for i, item in enumerate(decoded):
-            if isinstance(item, protocol.RequestError):
+            if isinstance(item, RequestError):
                 errors[i] = item
             elif isinstance(item, BaseException):
                 raise item
@@ -127,19 +213,29 @@ class ViTClassifier:
         limit = self.spec.max_request_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            raise protocol.RequestError(f"request body of {int(declared)} bytes is over the limit of {limit} bytes "
-                                        f"(serve.max_request_mb)", 413, "body_too_large")
+            raise BodyTooLargeError(f"request body of {int(declared)} bytes is over the limit of {limit} bytes "
+                                    f"(serve.max_request_mb)")
         return limit
 
+    @staticmethod
+    def _check_identity(request: Request) -> None:
+        if request.headers.get("content-encoding", "identity").lower() != "identity":
+            raise UnsupportedMediaError("compressed requests are not accepted; send the body uncompressed")
+
     async def _body(self, request: Request) -> bytes:
+        """The body, counting the bytes actually read (the proxy's guard has usually read it already)."""
+        from starlette.requests import ClientDisconnect
+
         limit = self._check_length(request)
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise protocol.RequestError(f"request body is over the limit of {limit} bytes (serve.max_request_mb)",
-                                            413, "body_too_large")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLargeError(f"request body is over the limit of {limit} bytes (serve.max_request_mb)")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise _ClientGone() from None
         return b"".join(chunks)
 
     async def _images(self, request: Request) -> list[tuple[str, bytes]]:
@@ -147,28 +243,27 @@ class ViTClassifier:
         if ctype == "multipart/form-data":
             return await self._multipart(request)
         if ctype and not ctype.startswith(_RAW_TYPES):
-            raise protocol.RequestError(
+            raise UnsupportedMediaError(
                 f"content type {ctype!r} is not accepted; send the image itself (Content-Type: image/jpeg, image/png, "
-                f"application/octet-stream) or multipart/form-data with one file per image", 415, "content_type")
+                f"application/octet-stream) or multipart/form-data with one file per image")
         body = await self._body(request)
         if not body:
-            raise protocol.RequestError("empty request body; send an encoded image (JPEG, PNG, ...)", 400, "empty")
+            raise EmptyRequestError("empty request body; send an encoded image (JPEG, PNG, ...)")
         return [("body", body)]
 
     async def _multipart(self, request: Request) -> list[tuple[str, bytes]]:
         from starlette.datastructures import UploadFile
         from starlette.exceptions import HTTPException
 
-        self._check_length(request)
+        body = await self._body(request)  # the bytes actually read are capped before the form is parsed
         limit = self.spec.max_images_per_request
         try:
-            form = await request.form(max_files=limit + 1, max_fields=limit + 1)
+            form = await _replayed(request, body).form(max_files=limit + 1, max_fields=limit + 1)
         except HTTPException as exc:
-            too_many = "too many" in str(exc.detail).lower()
-            raise protocol.RequestError(
-                f"too many files in one request, the limit is {limit}; split the request" if too_many
-                else f"malformed multipart body: {exc.detail}", 413 if too_many else 400,
-                "too_many" if too_many else "bad_request") from None
+            if "too many" in str(exc.detail).lower():
+                raise TooManyImagesError(f"too many files in one request, the limit is {limit}; "
+                                                  f"split the request") from None
+            raise RequestError(f"malformed multipart body: {exc.detail}") from None
         try:
             files = [(v.filename or k, v) for k, v in form.multi_items() if isinstance(v, UploadFile)]
             protocol.check_image_count(len(files), limit)
@@ -181,10 +276,13 @@ class ViTClassifier:
         """A raw image body, or multipart with one file per image -> a JSON list, one `predict --json`
         object per image (an unreadable image in a multipart request gets its {"path", "error"})."""
         try:
+            self._check_identity(request)
             blobs = await self._images(request)
             protocol.check_image_count(len(blobs), self.spec.max_images_per_request)
             logits, errors = await self._classify(blobs)
-        except protocol.RequestError as exc:
+        except _ClientGone:
+            return Response(status_code=499)
+        except RequestError as exc:
             return _error(exc)
         if len(errors) == len(blobs):
             return _error(errors[0])
@@ -196,56 +294,40 @@ class ViTClassifier:
         return JSONResponse(records)
 
     # ------------------------------------------------------------------ KServe v2 / Triton protocol
+    # The application's route prefix is /v2/models/<name>: the routes below are relative to it. The
+    # server-level routes (/v2, /v2/health/live, /v2/health/ready) are answered by the proxy's guard
+    # (proxy_guard.py), so that a busy model never delays them.
 
-    @api.get("/v2")
-    async def server_metadata(self) -> JSONResponse:
-        from .. import __version__
-
-        return JSONResponse({"name": "vitdeploy", "version": __version__, "extensions": ["binary_tensor_data"]})
-
-    @api.get("/v2/health/live")
-    async def live(self) -> Response:
-        return Response(status_code=200)
-
-    @api.get("/v2/health/ready")
-    async def ready(self) -> Response:
-        return Response(status_code=200)
-
-    def _known(self, model: str, version: Optional[str] = None) -> None:
-        if model != self.name:
-            raise protocol.RequestError(f"unknown model {model!r}; this server serves {self.name!r}", 404, "not_found")
+    def _known(self, version: Optional[str] = None) -> None:
         if version not in (None, "", protocol.MODEL_VERSION):
-            raise protocol.RequestError(f"model {model!r} has no version {version!r} (versions: "
-                                        f"{protocol.MODEL_VERSION})", 404, "not_found")
+            raise NotFoundError(f"model {self.name!r} has no version {version!r} (versions: {protocol.MODEL_VERSION})")
 
-    @api.get("/v2/models/{model}")
-    @api.get("/v2/models/{model}/versions/{version}")
-    async def model_metadata(self, model: str, version: Optional[str] = None) -> Response:
+    @api.get("/")
+    @api.get("/versions/{version}")
+    async def model_metadata(self, version: Optional[str] = None) -> Response:
         try:
-            self._known(model, version)
-        except protocol.RequestError as exc:
+            self._known(version)
+        except RequestError as exc:
             return _error(exc)
         return JSONResponse(protocol.model_metadata(self.name, self.num_classes, self.top_k, platform="ray_serve"))
 
-    @api.get("/v2/models/{model}/ready")
-    @api.get("/v2/models/{model}/versions/{version}/ready")
-    async def model_ready(self, model: str, version: Optional[str] = None) -> Response:
+    @api.get("/ready")
+    @api.get("/versions/{version}/ready")
+    async def model_ready(self, version: Optional[str] = None) -> Response:
         try:
-            self._known(model, version)
-        except protocol.RequestError as exc:
+            self._known(version)
+        except RequestError as exc:
             return _error(exc)
         return Response(status_code=200)
 
-    @api.post("/v2/models/{model}/infer")
-    @api.post("/v2/models/{model}/versions/{version}/infer")
-    async def infer(self, model: str, request: Request, version: Optional[str] = None) -> Response:
+    @api.post("/infer")
+    @api.post("/versions/{version}/infer")
+    async def infer(self, request: Request, version: Optional[str] = None) -> Response:
         """v2 inference: input IMAGES (BYTES, [N] or [N, 1]) -> LOGITS, TOPK_LABELS, TOPK_SCORES;
         any bad image fails the request (400, one line)."""
         try:
-            self._known(model, version)
-            if request.headers.get("content-encoding", "identity").lower() != "identity":
-                raise protocol.RequestError("compressed requests are not accepted; send the body uncompressed",
-                                            415, "content_type")
+            self._known(version)
+            self._check_identity(request)
             body = await self._body(request)
             req = protocol.parse_infer_request(body, request.headers.get(protocol.HEADER_LENGTH),
                                                self.spec.max_images_per_request)
@@ -253,7 +335,9 @@ class ViTClassifier:
             logits, errors = await self._classify(list(zip(names, req.images)))
             if errors:
                 raise errors[min(errors)]
-        except protocol.RequestError as exc:
+        except _ClientGone:
+            return Response(status_code=499)
+        except RequestError as exc:
             return _error(exc)
         out, headers = protocol.encode_infer_response(self.name, req, np.stack(logits), self.predictor.labels,
                                                       self.top_k)
@@ -261,14 +345,28 @@ class ViTClassifier:
         return Response(out, media_type=media, headers=headers)
 
 
-def build_app(spec: ReplicaSpec, *, replicas: int, num_cpus: float, num_gpus: float, max_ongoing_requests: int,
-              max_queued_requests: int, graceful_shutdown_timeout_s: float) -> Any:
-    """The bound Serve application, with the deployment options from the ``serve:`` section."""
-    return ViTClassifier.options(
-        num_replicas=replicas,
-        max_ongoing_requests=max_ongoing_requests,
-        max_queued_requests=max_queued_requests,
-        graceful_shutdown_timeout_s=graceful_shutdown_timeout_s,
+def deployment_options(sv: Any, replicas: int) -> Dict[str, Any]:
+    """Ray Serve deployment options from the ``serve:`` section (``replicas``: the fixed count
+    when ``serve.autoscaling`` is not set)."""
+    opts: Dict[str, Any] = dict(
+        max_ongoing_requests=sv.max_ongoing_requests,
+        max_queued_requests=sv.max_queued_requests,
+        graceful_shutdown_timeout_s=sv.graceful_shutdown_timeout_s,
         graceful_shutdown_wait_loop_s=0.5,
-        ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
-    ).bind(spec)
+        health_check_period_s=10.0,
+        ray_actor_options={"num_cpus": sv.num_cpus_per_replica, "num_gpus": sv.num_gpus_per_replica,
+                           **({"resources": dict(sv.resources_per_replica)} if sv.resources_per_replica else {})},
+    )
+    if sv.autoscaling is not None:
+        a = sv.autoscaling
+        opts["autoscaling_config"] = {"min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
+                                      "initial_replicas": max(a.min_replicas, 1),
+                                      "target_ongoing_requests": a.target_ongoing_requests}
+    else:
+        opts["num_replicas"] = replicas
+    return opts
+
+
+def build_app(spec: ReplicaSpec, sv: Any, replicas: int) -> Any:
+    """The bound Serve application of one model, with the deployment options of the ``serve:`` section."""
+    return ViTClassifier.options(**deployment_options(sv, replicas)).bind(spec)

@@ -14,12 +14,14 @@ import logging
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from .._deps import require
 from ..errors import BackendError
+from ..runtime.backends import first_line
 
 log = logging.getLogger(__name__)
 
@@ -37,20 +39,42 @@ class ServeSettings:
     replicas: int
     address: str | None = None
     access_log: bool = False
+    name: str | None = None  # --name, else serve.name, else the manifest's name
+
+
+def app_name(cfg: Any, settings: ServeSettings, manifest_name: str) -> str:
+    """The model's name on the wire: the Serve application's name and its route /v2/models/<name>."""
+    from . import protocol
+
+    return protocol.model_name(settings.name or cfg.serve.name or manifest_name)
+
+
+def route_prefix(name: str) -> str:
+    return f"/v2/models/{name}"
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _check_artifacts(settings: ServeSettings) -> Any:
     """Open the artifacts here first: a bad directory or manifest is one clear error before Ray starts."""
     from ..runtime.artifacts import Artifacts
 
+    if "://" in str(settings.artifacts):  # a URI: downloaded once into this node's cache, verified
+        from ..runtime.artifact_bundle import fetch_uri
+
+        return fetch_uri(str(settings.artifacts))
     return Artifacts.open(settings.artifacts)
 
 
-def replica_spec(cfg: Any, settings: ServeSettings, options: Any) -> Any:
+def replica_spec(cfg: Any, settings: ServeSettings, options: Any, source: Any = None, name: str = "") -> Any:
+    """What each replica gets; ``source``: where it reads the artifacts (default: the local path)."""
     from .ray_app import ReplicaSpec
 
     sv = cfg.serve
-    return ReplicaSpec(artifacts=str(Path(settings.artifacts).resolve()), backend=settings.backend, options=options,
+    source = str(Path(settings.artifacts).resolve()) if source is None else source
+    return ReplicaSpec(artifacts=source, backend=settings.backend, options=options, name=name,
+                       num_cpus=sv.num_cpus_per_replica,
                        max_pixels=cfg.runtime.max_image_pixels, top_k=sv.top_k, max_batch_size=sv.max_batch_size,
                        batch_wait_timeout_s=sv.batch_wait_timeout_s, decode_threads=sv.decode_threads,
                        concurrent_batches=sv.concurrent_batches,
@@ -58,7 +82,8 @@ def replica_spec(cfg: Any, settings: ServeSettings, options: Any) -> Any:
                        max_request_bytes=int(sv.max_request_mb * 1024 * 1024))
 
 
-WORKER_NICENESS = "RAY_worker_niceness"  # read by the raylet when ray.init starts it
+WORKER_NICENESS = "RAY_worker_niceness"
+DRAIN_GRACE_S = 0.5  # read by the raylet when ray.init starts it
 
 
 def curl_example(url: str) -> str:
@@ -72,9 +97,7 @@ def run_server(cfg: Any, settings: ServeSettings, options: Any, progress: Progre
     require("ray.serve", "vitdeploy serve (pip install 'vitdeploy[serve]')")
     artifacts = _check_artifacts(settings)
     sv = cfg.serve
-    from . import protocol
-
-    name = protocol.model_name(artifacts.name)
+    name = app_name(cfg, settings, artifacts.name)
     stop = stop or threading.Event()
     previous = _catch_signals(stop)
     owns_cluster = settings.address is None
@@ -89,18 +112,31 @@ def run_server(cfg: Any, settings: ServeSettings, options: Any, progress: Progre
             # in-process Predictor at nice 15, see benchmarks/bench_serve.py). Serve at normal priority
             # unless the user set RAY_worker_niceness; a cluster given by --address keeps its own setting.
             os.environ.setdefault(WORKER_NICENESS, "0")
-            ray.init(num_cpus=cpus, include_dashboard=False, _metrics_export_port=sv.metrics_port,
-                     logging_level=logging.WARNING, configure_logging=True)
+            # The proxy's guard (bodies read with a deadline and a byte limit, health answered in the
+            # proxy, JSON errors): Ray's proxy actor inherits these from the raylet started here.
+            from .proxy_guard import env_for
+
+            os.environ.update(env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s))
+            # On a loopback host, Ray (and its Prometheus endpoint) listens on loopback only.
+            local = {"_node_ip_address": "127.0.0.1"} if settings.host in LOOPBACK else {}
+            ctx = ray.init(num_cpus=cpus, include_dashboard=False, _metrics_export_port=sv.metrics_port,
+                           logging_level=logging.WARNING, configure_logging=True, **local)
+            progress(f"Ray at {ctx.address_info['gcs_address']}: more models join it with "
+                     f"`vitdeploy serve --address {ctx.address_info['gcs_address']}`")
         else:
             progress(f"connecting to the Ray cluster at {settings.address} ...")
-            ray.init(address=settings.address, logging_level=logging.WARNING)
+            try:
+                ray.init(address=settings.address, logging_level=logging.WARNING)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise BackendError(f"cannot join the Ray cluster at {settings.address}: {first_line(exc)}; "
+                                   f"check --address (ray://head:10001, host:port of its GCS, or auto)") from None
         started = True
         _catch_signals(stop)  # ray.init installs its own SIGTERM handler (sys.exit) and a crash reporter: replace them
         if stop.is_set():
             return
-        _deploy(cfg, settings, options, name, progress)
+        _deploy(ray, cfg, settings, options, name, artifacts, progress)
         url = f"http://{settings.host}:{settings.port}"
-        progress(f"ready: {url}  (model {name!r}: POST {url}/predict, KServe v2 at {url}/v2/models/{name}/infer)")
+        progress(f"ready: {url}  (model {name!r}: POST {url}/predict, KServe v2 at {url}{route_prefix(name)}/infer)")
         progress(f"try:   {curl_example(url)}")
         if owns_cluster:
             progress(f"metrics: http://{settings.host if settings.host != '0.0.0.0' else '127.0.0.1'}:"
@@ -113,34 +149,56 @@ def run_server(cfg: Any, settings: ServeSettings, options: Any, progress: Progre
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if started:
-            _stop(ray, owns_cluster, progress)
+            _stop(ray, name, owns_cluster, progress)
 
 
 def _catch_signals(stop: threading.Event) -> dict[int, Any]:
     return {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
-def _deploy(cfg: Any, settings: ServeSettings, options: Any, name: str, progress: Progress) -> None:
+def _deploy(ray: Any, cfg: Any, settings: ServeSettings, options: Any, name: str, artifacts: Any,
+            progress: Progress) -> None:
     from ray import serve
 
-    from .ray_app import APP_NAME, build_app
+    from ..runtime.artifact_bundle import pack
+    from ..runtime.backends import artifact_roles
+    from ..vocab import AUTO
+    from .ray_app import build_app
 
     sv = cfg.serve
     if not log.isEnabledFor(logging.INFO):  # Ray Serve's own INFO lines repeat what progress() says
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    serve.start(http_options={"host": settings.host, "port": settings.port},
+    serve.start(http_options={"host": settings.host, "port": settings.port, "request_timeout_s": sv.request_timeout_s},
                 logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log})
-    progress(f"deploying {name} ({settings.replicas} replica(s), backend {settings.backend}, "
-             f"batch <= {sv.max_batch_size} within {sv.batch_wait_timeout_s * 1000:g} ms) ...")
-    app = build_app(replica_spec(cfg, settings, options), replicas=settings.replicas,
-                    num_cpus=sv.num_cpus_per_replica, num_gpus=sv.num_gpus_per_replica,
-                    max_ongoing_requests=sv.max_ongoing_requests, max_queued_requests=sv.max_queued_requests,
-                    graceful_shutdown_timeout_s=sv.graceful_shutdown_timeout_s)
+    taken = serve.status().applications.get(name)
+    if taken is not None and settings.address is not None:
+        raise BackendError(f"a Serve application named {name!r} already runs on this cluster; give this one "
+                           f"another name with --name (or serve.name)")
+    # The artifacts travel with the deployment: packed once here, put in Ray's object store, unpacked
+    # once per node and verified (sha256) by each replica, whichever node it lands on.
+    roles = None if settings.backend == AUTO else artifact_roles(settings.backend)
+    if settings.backend == "ort":  # "ort" runs the fused model.ort.onnx when it can: ship it too
+        from ..runtime.backends.ort import uses_ort_graph
+
+        roles = (*roles, "onnx-ort") if uses_ort_graph(artifacts, options) else roles
+    bundle = pack(artifacts, roles)
+    progress(f"deploying {name} ({_scale(sv, settings.replicas)}, backend {settings.backend}, "
+             f"batch <= {sv.max_batch_size} within {sv.batch_wait_timeout_s * 1000:g} ms, artifacts "
+             f"{bundle.nbytes / 1e6:.1f} MB shipped through Ray) ...")
+    spec = replica_spec(cfg, settings, options, source=ray.put(bundle), name=name)
+    app = build_app(spec, sv, settings.replicas)
     try:
-        serve.run(app, name=APP_NAME, route_prefix="/",
+        serve.run(app, name=name, route_prefix=route_prefix(name),
                   logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log})
     except Exception as exc:  # noqa: BLE001 - Ray wraps the replica's error in its own types
         raise BackendError(f"the Serve application did not start: {_replica_reason(exc)}") from exc
+
+
+def _scale(sv: Any, replicas: int) -> str:
+    a = sv.autoscaling
+    if a is None:
+        return f"{replicas} replica(s)"
+    return f"{a.min_replicas}-{a.max_replicas} replicas, autoscaling at {a.target_ongoing_requests:g} ongoing requests"
 
 
 def _replica_reason(exc: BaseException) -> str:
@@ -153,13 +211,14 @@ def _replica_reason(exc: BaseException) -> str:
     return text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
 
 
-def _stop(ray: Any, owns_cluster: bool, progress: Progress) -> None:
+def _stop(ray: Any, name: str, owns_cluster: bool, progress: Progress) -> None:
     from ray import serve
 
-    from .ray_app import APP_NAME
-
     try:
-        serve.delete(APP_NAME)  # replicas finish their in-flight requests first (graceful_shutdown_timeout_s)
+        # Requests the proxy has accepted but not yet routed (their bodies still arriving) are routed
+        # before the route goes away; afterwards the proxy's guard answers 503 (retry) for this model.
+        time.sleep(DRAIN_GRACE_S)
+        serve.delete(name)  # replicas finish their in-flight requests first (graceful_shutdown_timeout_s)
         if owns_cluster:
             serve.shutdown()
     except Exception as exc:  # noqa: BLE001 - shutting down: report, still stop Ray below

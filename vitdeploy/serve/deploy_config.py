@@ -1,0 +1,151 @@
+"""`vitdeploy serve --write-config` / `--write-rayservice`: the same application, run by Ray itself.
+
+* :func:`build` is the application builder a Ray Serve config imports
+  (``import_path: vitdeploy.serve.deploy_config:build``): its ``args`` carry the artifacts' URI
+  (``file://``, ``s3://``, ``gs://``; each node downloads them once into a cache keyed by the
+  manifest's hash, every sha256 verified), the backend, the name and the pipeline config's
+  ``runtime`` and ``serve`` sections.
+* :func:`serve_config` is that config (``serve deploy serve.yaml``); :func:`rayservice` wraps it in a
+  KubeRay ``RayService`` whose containers carry the environment of the proxy's guard.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+BUILDER = "vitdeploy.serve.deploy_config:build"
+#: The image of the RayService: one with vitdeploy[serve] installed (a placeholder to replace).
+IMAGE = "your-registry/vitdeploy-serve:latest"
+
+
+def artifacts_uri(source: str | Path) -> str:
+    """A URI the replicas can read: a URI as given, a local path as ``file://`` + its absolute path."""
+    text = str(source)
+    if "://" in text:
+        return text
+    return Path(text).expanduser().resolve().as_uri()
+
+
+def app_args(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
+    """The builder's ``args``: plain YAML data."""
+    sections = cfg.model_dump(mode="json", include={"runtime", "serve"})
+    return {"artifacts": artifacts_uri(settings.artifacts), "backend": settings.backend, "name": name,
+            "replicas": settings.replicas, "pipeline": sections}
+
+
+def build(args: dict[str, Any]) -> Any:
+    """Ray Serve's application builder: ``args`` (from :func:`app_args`) -> the bound application."""
+    from ..config import parse_config
+    from ..runtime.backends.base import BackendOptions
+    from .ray_app import build_app
+    from .runner import ServeSettings, replica_spec
+
+    missing = [k for k in ("artifacts", "backend", "name") if k not in args]
+    if missing:
+        raise ConfigError(f"vitdeploy application args: missing {', '.join(missing)} (write them with "
+                          f"`vitdeploy serve --write-config`)")
+    cfg = parse_config(args.get("pipeline") or {})
+    settings = ServeSettings(artifacts=Path("."), backend=str(args["backend"]), host=cfg.serve.host,
+                             port=cfg.serve.port, replicas=int(args.get("replicas", cfg.serve.replicas)),
+                             name=str(args["name"]))
+    spec = replica_spec(cfg, settings, BackendOptions.from_runtime(cfg.runtime), source=str(args["artifacts"]),
+                        name=str(args["name"]))
+    return build_app(spec, cfg.serve, settings.replicas)
+
+
+def serve_config(cfg: Any, settings: Any, name: str, host: str | None = None) -> dict[str, Any]:
+    """A Ray Serve config file (``serve deploy``) for one model."""
+    from .runner import route_prefix
+
+    sv = cfg.serve
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": host or settings.host, "port": settings.port,
+                         "request_timeout_s": sv.request_timeout_s},
+        "logging_config": {"log_level": "WARNING", "enable_access_log": bool(settings.access_log)},
+        "applications": [{
+            "name": name,
+            "route_prefix": route_prefix(name),
+            "import_path": BUILDER,
+            "args": app_args(cfg, settings, name),
+        }],
+    }
+
+
+def rayservice(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
+    """A KubeRay RayService: the Serve config above, a head and a worker group whose containers
+    carry the guard's environment (Ray's proxy reads it when it starts)."""
+    from .proxy_guard import env_for
+
+    sv = cfg.serve
+    env = [{"name": k, "value": v} for k, v in env_for(int(sv.max_request_mb * 1024 * 1024),
+                                                         sv.body_timeout_s).items()]
+    container = {"image": IMAGE, "env": env,
+                 "resources": {"limits": {"cpu": "2", "memory": "4Gi"}, "requests": {"cpu": "2", "memory": "4Gi"}}}
+    import yaml
+
+    config = serve_config(cfg, settings, name, host="0.0.0.0")
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": name.lower().replace("_", "-")},
+        "spec": {
+            "serveConfigV2": yaml.safe_dump(config, sort_keys=False),
+            "rayClusterConfig": {
+                "headGroupSpec": {"rayStartParams": {"num-cpus": "0"},
+                                  "template": {"spec": {"containers": [{"name": "ray-head", **container,
+                                                                        "ports": [{"containerPort": 8000,
+                                                                                   "name": "serve"}]}]}}},
+                "workerGroupSpecs": [{
+                    "groupName": "replicas", "replicas": 1, "minReplicas": 1,
+                    "maxReplicas": max(1, sv.autoscaling.max_replicas if sv.autoscaling else settings.replicas),
+                    "rayStartParams": {},
+                    "template": {"spec": {"containers": [{"name": "ray-worker", **container}]}},
+                }],
+            },
+        },
+    }
+
+
+def guard_comment(cfg: Any) -> str:
+    """The YAML comment that says how to install the proxy's guard on a cluster started by hand."""
+    from .proxy_guard import env_for
+
+    sv = cfg.serve
+    env = " ".join(f"{k}={v}" for k, v in env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s).items())
+    return ("# Ray Serve config written by `vitdeploy serve --write-config`: `serve deploy` this file.\n"
+            "# Start each node's Ray with the proxy's guard (body deadline and byte limit, health routes,\n"
+            "# JSON errors) in its environment:\n"
+            f"#   {env} ray start ...\n")
+
+
+def write_deploy_files(cfg: Any, settings: Any, config_path: Path | None = None,
+                       rayservice_path: Path | None = None) -> list[Path]:
+    """Write the files asked for (atomically); the artifacts are checked first when they are local."""
+    import yaml
+
+    from .._files import write_bytes_atomic
+    from ..runtime.artifact_bundle import fetch_uri
+    from ..runtime.artifacts import Artifacts
+    from .runner import app_name
+
+    if "://" in str(settings.artifacts):
+        manifest_name = str(settings.artifacts).rstrip("/").rsplit("/", 1)[-1]
+        if str(settings.artifacts).startswith("file://"):
+            manifest_name = fetch_uri(str(settings.artifacts)).name
+    else:
+        manifest_name = Artifacts.open(settings.artifacts).name
+    name = app_name(cfg, settings, manifest_name)
+    written = []
+    if config_path is not None:
+        text = guard_comment(cfg) + yaml.safe_dump(serve_config(cfg, settings, name), sort_keys=False)
+        written.append(write_bytes_atomic(config_path, text.encode()))
+    if rayservice_path is not None:
+        text = yaml.safe_dump(rayservice(cfg, settings, name), sort_keys=False)
+        written.append(write_bytes_atomic(rayservice_path, text.encode()))
+    return written
+
+__all__ = ["BUILDER", "app_args", "artifacts_uri", "build", "rayservice", "serve_config", "write_deploy_files"]
