@@ -12,9 +12,9 @@ from typing import Any, Literal, Optional, Union
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from ._schema import FiniteFloat, format_validation_error
+from ._schema import FiniteFloat, StrictSection, format_validation_error
 from .errors import ConfigError
 from .limits import MAX_BATCH, clip
 from .vocab import Activation, BackendChoice, CropMode, Interpolation, Pool, PreprocessStyle
@@ -25,8 +25,7 @@ PositiveFloat = Annotated[FiniteFloat, Field(gt=0)]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description=f"1..{MAX_BATCH}")]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+_Section = StrictSection  # the one strict base (_schema.StrictSection); this name kept for existing imports
 
 
 class ModelSection(_Section):
