@@ -24,8 +24,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("vitdeploy", "timm", "hf", "torchvision")
-
 _SIZE_WORDS = {"tiny": "tiny", "ti": "tiny", "small": "small", "s": "small", "base": "base", "b": "base",
                "large": "large", "l": "large", "huge": "huge", "h": "huge"}
 # The wrappers training scripts put around a state dict, tried in this order.
