@@ -72,11 +72,13 @@ class PreprocessSpec:
     interpolation: Annotated[Interpolation, Field(description="Pillow resampling filter of the resize")] = "bilinear"
     mean: Annotated[tuple[FiniteFloat, FiniteFloat, FiniteFloat],
                     Field(description="per-channel mean (RGB, 0-1 scale)")] = INCEPTION_MEAN
-    std: Annotated[tuple[Std, Std, Std], Field(description="per-channel standard deviation (RGB, > 0)")] = INCEPTION_STD
+    std: Annotated[tuple[Std, Std, Std],
+                   Field(description="per-channel standard deviation (RGB, > 0)")] = INCEPTION_STD
     background: Annotated[tuple[Byte, Byte, Byte], Field(
         description="RGB 0-255 colour transparent pixels are composited over")] = field(default=(255, 255, 255))
     crop_mode: Annotated[CropMode, Field(description="timm style only")] = "center"
-    resize_height: Annotated[Optional[Side], Field(description="hf style: resize to this height before the crop")] = None
+    resize_height: Annotated[Optional[Side], Field(
+        description="hf style: resize to this height before the crop")] = None
     resize_width: Annotated[Optional[Side], Field(description="hf style: resize to this width before the crop")] = None
     shortest_edge: Annotated[Optional[Side], Field(
         description="hf / torchvision style: shorter side before the crop")] = None

@@ -83,7 +83,7 @@ class ViTConfig:
     fc_norm: StrictBool = False  # the final LayerNorm after the pooling (timm fc_norm) instead of on every token
     layer_scale: StrictBool = False  # per-channel scales on each residual branch (timm ls1/ls2.gamma)
     qk_norm: StrictBool = False  # LayerNorm over each head's queries and keys before attention
-    pos_embed_prefix: StrictBool = True  # the position table has rows for the prefix tokens (False: timm no_embed_class)
+    pos_embed_prefix: StrictBool = True  # position rows for the prefix tokens (False: timm no_embed_class)
 
     def __post_init__(self) -> None:
         sizes = {k: getattr(self, k) for k in _SIZE_FIELDS}
@@ -210,7 +210,8 @@ _ADAPTER: TypeAdapter[ViTConfig] = TypeAdapter(ViTConfig)
 
 def parse_vit_config(data: Any, path: Path | str, *, key_prefix: str = "",
                      error: type[VitDeployError] = VitDeployError) -> ViTConfig:
-    """``data`` (a file's "vit" object) read strictly into a ViTConfig; ``error`` naming ``path`` and the key otherwise."""
+    """``data`` (a file's "vit" object) read strictly into a ViTConfig; ``error`` naming ``path`` and the key
+    otherwise."""
     if not isinstance(data, dict):
         raise error(f"{path}: '{key_prefix or 'vit'}' must be an object of ViT sizes, got {type(data).__name__}")
     try:

@@ -28,7 +28,8 @@ class HFReader(Reader):
         return convert_hf.is_hf_config(meta)
 
     def claims_keys(self, keys: set[str], where: Path) -> bool:
-        """A bare HF state dict is recognised only to be refused: without config.json its heads, eps and labels are unknown."""
+        """A bare HF state dict is recognised only to be refused: without config.json its heads, eps and
+        labels are unknown."""
         if any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in keys):
             raise CheckpointError(
                 f"{where}: a Hugging Face ViT state dict without its config.json; load the directory written by "
