@@ -104,9 +104,10 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
             "checkpoint with the head you need"
         )
     native = cfg.image_size
-    follow, antialias = reader.native_input(src, cfg, pre)
+    follow = reader.native_input(src, cfg, pre) if image_size is None else None
+    antialias = reader.antialias(src)
     notes = list(pre.notes if pre else ()) + list(read.notes)
-    if image_size is None and follow is not None:  # the size the source library runs at, not its config's
+    if follow is not None:  # the size the source library runs at, not its config's
         cfg, state, _ = _resize(cfg, state, None, follow, where, antialias=antialias)
         notes.append(f"{where.name}: runs at the processor's {follow}x{follow} crop, not config.json's image_size "
                      f"{native}: the position table is resampled once (bicubic{', antialiased' if antialias else ''}) "

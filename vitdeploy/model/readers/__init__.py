@@ -2,7 +2,7 @@
 
 ``load_checkpoint`` resolves a path to a :class:`~.base.Source` (``resolve.py``: which reader claims
 its config file or its tensor names), then makes the same calls on that format's reader whatever
-the format: ``convert_keys`` -> ``config`` -> ``labels`` -> ``preprocess`` -> ``native_input``.
+the format: ``convert_keys`` -> ``config`` -> ``labels`` -> ``preprocess`` -> ``native_input``/``antialias``.
 
 To add a format:
 

@@ -8,8 +8,8 @@ A reader turns one format's files into vitdeploy's pieces, in the order ``load_c
 2. ``convert_keys``: the state dict renamed to vitdeploy's (timm's) parameter names; a pure function;
 3. ``config``: the :class:`ViTConfig` (with where the head count came from and any assumption made);
 4. ``labels`` and ``preprocess``: what the checkpoint says about its classes and its inputs (None: not stated);
-5. ``native_input``: the input size the source library really runs the model at, when that is not the
-   config's image size (Hugging Face DINOv2 only).
+5. ``native_input`` / ``antialias``: the input size the source library really runs the model at, when
+   that is not the config's image size (Hugging Face DINOv2 only), and how it resamples position tables.
 
 Everything a reader does not override has the default below (nothing claimed, keys unchanged, nothing stated).
 """
@@ -99,6 +99,11 @@ class Reader:
     def preprocess(self, src: Source, cfg: "ViTConfig", opts: LoadOptions) -> Optional[Preprocessing]:
         return None
 
-    def native_input(self, src: Source, cfg: "ViTConfig", pre: Optional[Preprocessing]) -> tuple[Optional[int], bool]:
-        """(input size the source library runs at when not cfg.image_size, else None; antialiased resampling)."""
-        return None, True
+    def native_input(self, src: Source, cfg: "ViTConfig", pre: Optional[Preprocessing]) -> Optional[int]:
+        """The input side the source library runs the model at when it is not cfg.image_size; None otherwise.
+        Asked only when the caller names no image size."""
+        return None
+
+    def antialias(self, src: Source) -> bool:
+        """Whether the source library resamples position tables antialiased (bicubic either way)."""
+        return True

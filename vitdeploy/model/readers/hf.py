@@ -68,11 +68,12 @@ class HFReader(Reader):
                 f"({describe_spec(spec)}); {override_hint()}")
         return Preprocessing.from_source(spec, f"{LIBRARY}: transformers ViTImageProcessor", notes=(note,))
 
-    def native_input(self, src: Source, cfg: ViTConfig, pre: Optional[Preprocessing]) -> tuple[Optional[int], bool]:
-        # transformers resamples a DINOv2 table to the input at every call (antialiased for the registers model only)
-        antialias = convert_hf.DINOV2_RESAMPLE_ANTIALIAS.get(src.meta.get("model_type"), True)
-        size = convert_hf.dinov2_input_size(src.meta, cfg, pre.spec, src.where) if pre is not None else None
-        return size, antialias
+    def native_input(self, src: Source, cfg: ViTConfig, pre: Optional[Preprocessing]) -> Optional[int]:
+        # transformers resamples a DINOv2 table to the processor's crop at every call
+        return convert_hf.dinov2_input_size(src.meta, cfg, pre.spec, src.where) if pre is not None else None
+
+    def antialias(self, src: Source) -> bool:
+        return convert_hf.DINOV2_RESAMPLE_ANTIALIAS.get(src.meta.get("model_type"), True)  # registers model only
 
 
 def _weight_files(d: Path) -> list[Path]:
