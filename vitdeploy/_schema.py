@@ -47,7 +47,7 @@ def format_validation_error(exc: ValidationError, label: str,
     for err in errors[:limit]:
         loc = prefix + tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
         key = key_of(loc)
-        if err["type"] == "extra_forbidden":
+        if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):  # a model's / a dataclass's
             allowed = allowed_keys(loc[len(prefix):-1]) if allowed_keys else None
             parts.append(f"unknown key '{key}'" + (f" (allowed here: {allowed})" if allowed else ""))
         elif err["type"] == "missing":

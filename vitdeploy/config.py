@@ -12,21 +12,20 @@ from typing import Any, Literal, Optional, Union
 
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from ._schema import FiniteFloat, format_validation_error
+from ._schema import FiniteFloat, StrictSection, format_validation_error
 from .errors import ConfigError
 from .limits import MAX_BATCH, clip
-from .vocab import Activation, BackendChoice, CropMode, Interpolation, Pool, PreprocessStyle
+from .preprocess_spec import overrides_model
+from .vocab import Activation, BackendChoice, Pool
 
 DEFAULT_CONFIG_NAME = "pipeline.yaml"
-Byte = Annotated[int, Field(ge=0, le=255)]
 PositiveFloat = Annotated[FiniteFloat, Field(gt=0)]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description=f"1..{MAX_BATCH}")]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+_Section = StrictSection  # the one strict base (_schema.StrictSection); this name kept for existing imports
 
 
 class ModelSection(_Section):
@@ -46,21 +45,9 @@ class ModelSection(_Section):
                           "classifiers, whose config states it)")
 
 
-class PreprocessSection(_Section):
-    """Overrides of the preprocessing the checkpoint carries; None keeps the checkpoint's (or, when it
-    carries none, its library's convention)."""
-
-    style: Optional[PreprocessStyle] = None
-    crop_pct: Optional[FiniteFloat] = Field(None, gt=0, le=1)
-    crop_mode: Optional[CropMode] = Field(None, description="timm style only")
-    resize_height: Optional[int] = Field(None, gt=0, description="hf style: resize to this height before the crop")
-    resize_width: Optional[int] = Field(None, gt=0, description="hf style: resize to this width before the crop")
-    shortest_edge: Optional[int] = Field(None, gt=0, description="hf / torchvision style: shorter side before the crop")
-    longest_edge: Optional[int] = Field(None, gt=0, description="hf style: cap on the longer side")
-    interpolation: Optional[Interpolation] = None
-    mean: Optional[tuple[FiniteFloat, FiniteFloat, FiniteFloat]] = None
-    std: Optional[tuple[PositiveFloat, PositiveFloat, PositiveFloat]] = None
-    background: tuple[Byte, Byte, Byte] = (255, 255, 255)
+PreprocessSection = overrides_model(
+    _Section, doc="Overrides of the preprocessing the checkpoint carries; None keeps the checkpoint's (or, when it "
+                  "carries none, its library's convention). The fields are PreprocessSpec's (preprocess_spec.py).")
 
 
 class BatchProfile(_Section):

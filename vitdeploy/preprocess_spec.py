@@ -1,15 +1,29 @@
-"""The preprocessing recipe that travels with a model (manifest, ONNX metadata, checkpoint).
+"""The preprocessing recipe that travels with a model (manifest, ONNX metadata, checkpoint), defined once.
 
 Pure data, no image code, so configuration and checkpoint loading can build one without
-importing Pillow or numpy.
+importing Pillow or numpy. :class:`PreprocessSpec` is the one definition of the recipe's fields:
+
+* in Python, ``PreprocessSpec(...)`` checks it in ``__post_init__`` (``ValueError`` naming the field);
+* manifest.json's ``preprocess`` is read by pydantic over the same class, with the strict types
+  written on its fields (no "224" for 224, no 1.0 for a byte, unknown keys refused), then the same
+  checks (``runtime/manifest_schema.py``);
+* pipeline.yaml's ``preprocess:`` section is derived from it by :func:`overrides_model`: every field
+  but the size, optional, None = the checkpoint's value (``config.PreprocessSection``).
+
+Adding a field is adding one line here (type, default, description) and, if it changes pixels,
+using it in ``runtime/preprocess.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from numbers import Integral
-from typing import Any, Optional
+from typing import Annotated, Any, Optional, get_type_hints
 
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, create_model
+from pydantic.fields import FieldInfo
+
+from ._schema import FiniteFloat, PositiveInt
 from .vocab import CROP_MODES, INTERPOLATIONS, PREPROCESS_STYLES, CropMode, Interpolation
 from .vocab import PreprocessStyle as Style
 
@@ -17,6 +31,13 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INCEPTION_MEAN = (0.5, 0.5, 0.5)
 INCEPTION_STD = (0.5, 0.5, 0.5)
+
+MAX_IMAGE_SIDE = 16384  # a ViT input side; 16k x 16k float32 is already 3 GB per image
+Side = Annotated[PositiveInt, Field(le=MAX_IMAGE_SIDE)]
+Byte = Annotated[StrictInt, Field(ge=0, le=255)]
+Std = Annotated[FiniteFloat, Field(gt=0)]
+#: Fields that are not pipeline.yaml overrides: the size is the model's image size.
+_NOT_OVERRIDES = ("height", "width")
 
 
 @dataclass(frozen=True)
@@ -42,19 +63,26 @@ class PreprocessSpec:
     Transparent pixels are composited over ``background`` (RGB 0-255) before anything else.
     """
 
-    style: Style = "hf"
-    height: int = 224
-    width: int = 224
-    crop_pct: float = 0.875
-    interpolation: Interpolation = "bilinear"
-    mean: tuple[float, float, float] = INCEPTION_MEAN
-    std: tuple[float, float, float] = INCEPTION_STD
-    background: tuple[int, int, int] = field(default=(255, 255, 255))
-    crop_mode: CropMode = "center"
-    resize_height: Optional[int] = None
-    resize_width: Optional[int] = None
-    shortest_edge: Optional[int] = None
-    longest_edge: Optional[int] = None
+    __pydantic_config__ = ConfigDict(extra="forbid")  # a manifest's unknown preprocess key is refused
+
+    style: Annotated[Style, Field(description="whose geometry: hf (transformers), timm or torchvision")] = "hf"
+    height: Side = 224
+    width: Side = 224
+    crop_pct: Annotated[FiniteFloat, Field(gt=0, le=1, description="timm style: crop / resize size")] = 0.875
+    interpolation: Annotated[Interpolation, Field(description="Pillow resampling filter of the resize")] = "bilinear"
+    mean: Annotated[tuple[FiniteFloat, FiniteFloat, FiniteFloat],
+                    Field(description="per-channel mean (RGB, 0-1 scale)")] = INCEPTION_MEAN
+    std: Annotated[tuple[Std, Std, Std],
+                   Field(description="per-channel standard deviation (RGB, > 0)")] = INCEPTION_STD
+    background: Annotated[tuple[Byte, Byte, Byte], Field(
+        description="RGB 0-255 colour transparent pixels are composited over")] = field(default=(255, 255, 255))
+    crop_mode: Annotated[CropMode, Field(description="timm style only")] = "center"
+    resize_height: Annotated[Optional[Side], Field(
+        description="hf style: resize to this height before the crop")] = None
+    resize_width: Annotated[Optional[Side], Field(description="hf style: resize to this width before the crop")] = None
+    shortest_edge: Annotated[Optional[Side], Field(
+        description="hf / torchvision style: shorter side before the crop")] = None
+    longest_edge: Annotated[Optional[Side], Field(description="hf style: cap on the longer side")] = None
 
     def __post_init__(self) -> None:
         if self.style not in PREPROCESS_STYLES:
@@ -121,3 +149,26 @@ class PreprocessSpec:
 
     def replace(self, **changes: Any) -> "PreprocessSpec":
         return PreprocessSpec.from_dict({**self.to_dict(), **changes})
+
+
+#: pipeline.yaml keys that override the preprocessing (all under ``preprocess:``) and change the geometry
+#: or the normalisation: every field but the size and the background.
+OVERRIDE_KEYS: tuple[str, ...] = tuple(f.name for f in fields(PreprocessSpec)
+                                       if f.name not in (*_NOT_OVERRIDES, "background"))
+
+
+def overrides_model(base: type[BaseModel], name: str = "PreprocessSection", doc: str = "") -> type[BaseModel]:
+    """pipeline.yaml's ``preprocess:`` section, derived from :class:`PreprocessSpec`: the same fields
+    (types, ceilings, descriptions) but the size, each optional with None = keep the checkpoint's;
+    ``background`` keeps its default (a checkpoint does not state one)."""
+    hints = get_type_hints(PreprocessSpec, include_extras=True)
+    specs: dict[str, Any] = {}
+    for f in fields(PreprocessSpec):
+        if f.name in _NOT_OVERRIDES:
+            continue
+        description = FieldInfo.from_annotation(hints[f.name]).description
+        if f.name == "background":
+            specs[f.name] = (hints[f.name], Field(f.default, description=description))
+        else:
+            specs[f.name] = (Optional[hints[f.name]], Field(None, description=description))
+    return create_model(name, __base__=base, __doc__=doc or None, __module__=base.__module__, **specs)

@@ -1,62 +1,39 @@
-"""The ViT architecture as a checkpoint config or model.json states it, validated strictly.
+"""The ViT architecture, defined once: :class:`ViTConfig`, its standard sizes and variants.
 
-Pure pydantic (no torch): the runtime checks an export's model.json with it, and the checkpoint
-loaders check our model.json with it before building anything. Every value is typed ("768" and
-null are refused, not coerced), positive where a size, and the sizes must fit together (width
-divisible by heads, image divisible by patch), so no impossible config reaches a ZeroDivisionError
-or a multi-gigabyte allocation.
+Torch-free, so every layer can use it: the network (``model/vit.py``) is built from it, the
+checkpoint loaders check a model.json ``"vit"`` with it, and the runtime checks an export's
+model.json against its manifest with it.
+
+One class, two ways in:
+
+* ``ViTConfig(width=..., ...)`` in Python: ``__post_init__`` refuses impossible values with a
+  ``ValueError`` ("invalid ViT config: ...").
+* :func:`validate_vit_config` for a file (model.json): pydantic reads the same class with the
+  field types written on it, strictly ("768", 768.0, true and null are refused, not coerced;
+  sizes below generous ceilings; unknown keys refused), then ``__post_init__`` runs the same
+  checks, so no impossible config reaches a ZeroDivisionError or a multi-gigabyte allocation.
+  The error names the file and the key.
+
+Adding a field is adding one line to :class:`ViTConfig` (type, ceiling, default).
 """
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StrictBool, ValidationError, model_validator
+from pydantic import ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
 
-from ._schema import FiniteFloat, NonNegativeInt, PositiveInt, StrictSection, format_validation_error
+from ._schema import FiniteFloat, NonNegativeInt, PositiveInt, format_validation_error
 from .errors import VitDeployError
-from .vocab import Activation, Pool
+from .vocab import ACTIVATIONS, POOLS, Activation, Pool
 
 # Generous ceilings: ViT-22B has width 6144, depth 48; they stop hostile values, not real models.
 MAX_WIDTH, MAX_DEPTH, MAX_SIDE, MAX_CLASSES = 65_536, 1_024, 16_384, 1_000_000
+POS_EMBEDS: tuple[str, ...] = ("learned", "sincos")
 
-
-class ViTFields(StrictSection):
-    """model.json "vit" (the fields and defaults of model.vit.ViTConfig)."""
-
-    image_size: Annotated[PositiveInt, Field(le=MAX_SIDE)] = 224
-    patch_size: Annotated[PositiveInt, Field(le=MAX_SIDE)] = 16
-    in_channels: Annotated[PositiveInt, Field(le=64)] = 3
-    width: Annotated[PositiveInt, Field(le=MAX_WIDTH)] = 768
-    depth: Annotated[PositiveInt, Field(le=MAX_DEPTH)] = 12
-    heads: Annotated[PositiveInt, Field(le=MAX_WIDTH)] = 12
-    mlp_ratio: Annotated[FiniteFloat, Field(gt=0, le=64)] = 4.0
-    qkv_bias: StrictBool = True
-    layer_norm_eps: Annotated[FiniteFloat, Field(gt=0, lt=1)] = 1e-6
-    num_classes: Annotated[NonNegativeInt, Field(le=MAX_CLASSES)] = 1000
-    pos_embed: Literal["learned", "sincos"] = "learned"
-    act: Activation = "gelu"
-    class_token: StrictBool = True
-    distilled: StrictBool = False
-    reg_tokens: Annotated[NonNegativeInt, Field(le=1024)] = 0
-    pool: Pool = "token"
-    fc_norm: StrictBool = False
-    layer_scale: StrictBool = False
-    qk_norm: StrictBool = False
-    pos_embed_prefix: StrictBool = True
-
-    @model_validator(mode="after")
-    def _fit(self) -> "ViTFields":
-        check_fit(width=self.width, heads=self.heads, image=self.image_size, patch=self.patch_size,
-                  names=("width", "heads", "image_size", "patch_size"))
-        if self.pos_embed == "sincos" and self.width % 4:
-            raise ValueError(f"pos_embed 'sincos' needs width divisible by 4, got width {self.width}")
-        problems = family_problems(class_token=self.class_token, distilled=self.distilled, reg_tokens=self.reg_tokens,
-                                   pool=self.pool, fc_norm=self.fc_norm)
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+_SIZE_FIELDS = ("image_size", "patch_size", "in_channels", "width", "depth", "heads")
 
 
 def family_problems(*, class_token: bool, distilled: bool, reg_tokens: int, pool: str, fc_norm: bool) -> list[str]:
@@ -79,13 +56,172 @@ def check_fit(*, width: int, heads: int, image: int, patch: int, names: tuple[st
         raise ValueError(f"{names[2]} {image} is not a multiple of {names[3]} {patch}")
 
 
-def validate_vit_config(data: Any, path: Path | str, *, key_prefix: str = "",
-                        error: type[VitDeployError] = VitDeployError) -> dict[str, Any]:
-    """``data`` validated as ViTFields; a dict of every field. ``error`` (naming ``path`` and the key) otherwise."""
+@dataclass(frozen=True)
+class ViTConfig:
+    """Every size and switch of a ViT; the types are what a model.json may state (see the module doc)."""
+
+    __pydantic_config__ = ConfigDict(extra="forbid")  # a file's unknown "vit" key is refused
+
+    image_size: Annotated[PositiveInt, Field(le=MAX_SIDE)] = 224
+    patch_size: Annotated[PositiveInt, Field(le=MAX_SIDE)] = 16
+    in_channels: Annotated[PositiveInt, Field(le=64)] = 3
+    width: Annotated[PositiveInt, Field(le=MAX_WIDTH)] = 768
+    depth: Annotated[PositiveInt, Field(le=MAX_DEPTH)] = 12
+    heads: Annotated[PositiveInt, Field(le=MAX_WIDTH)] = 12
+    mlp_ratio: Annotated[FiniteFloat, Field(gt=0, le=64)] = 4.0
+    qkv_bias: StrictBool = True
+    layer_norm_eps: Annotated[FiniteFloat, Field(gt=0, lt=1)] = 1e-6
+    num_classes: Annotated[NonNegativeInt, Field(le=MAX_CLASSES)] = 1000
+    pos_embed: Literal[POS_EMBEDS] = "learned"  # type: ignore[valid-type]  # "sincos": fixed 2-D sinusoidal
+    act: Activation = "gelu"  # MLP activation: "gelu" (exact, erf) or "gelu_tanh" (tanh approximation)
+    class_token: StrictBool = True  # a learned class token first in the sequence
+    distilled: StrictBool = False  # DeiT's distillation token after it, with its own head; the two heads averaged
+    reg_tokens: Annotated[NonNegativeInt, Field(le=1024)] = 0  # register tokens after the class token, never pooled
+    # "token": the class token; "avg": the mean of the patch tokens (prefix tokens left out); "token_avg": the
+    # class token and the mean patch token side by side, a head over 2 x width (transformers' DINOv2 classifiers)
+    pool: Pool = "token"
+    fc_norm: StrictBool = False  # the final LayerNorm after the pooling (timm fc_norm) instead of on every token
+    layer_scale: StrictBool = False  # per-channel scales on each residual branch (timm ls1/ls2.gamma)
+    qk_norm: StrictBool = False  # LayerNorm over each head's queries and keys before attention
+    pos_embed_prefix: StrictBool = True  # position rows for the prefix tokens (False: timm no_embed_class)
+
+    def __post_init__(self) -> None:
+        sizes = {k: getattr(self, k) for k in _SIZE_FIELDS}
+        bad = [f"{k} {v!r}" for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0]
+        if bad:  # checked first: a zero or a string must not reach the arithmetic below
+            raise ValueError(f"invalid ViT config: sizes must be positive integers, got {', '.join(bad)}")
+        problems = []
+        if self.image_size % self.patch_size:
+            problems.append(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
+        if self.width % self.heads:
+            problems.append(f"width {self.width} is not divisible by heads {self.heads}")
+        if self.act not in ACTIVATIONS:
+            problems.append(f"act must be one of {', '.join(ACTIVATIONS)}, got {self.act!r}")
+        if self.pos_embed not in POS_EMBEDS:
+            problems.append(f"pos_embed must be 'learned' or 'sincos', got {self.pos_embed!r}")
+        elif self.pos_embed == "sincos" and self.width % 4:
+            problems.append(f"pos_embed 'sincos' needs width divisible by 4, got width {self.width}")
+        if isinstance(self.reg_tokens, bool) or not isinstance(self.reg_tokens, int) or self.reg_tokens < 0:
+            problems.append(f"reg_tokens must be an integer >= 0, got {self.reg_tokens!r}")
+        if self.pool not in POOLS:
+            problems.append(f"pool must be one of {', '.join(POOLS)}, got {self.pool!r}")
+        else:
+            problems += family_problems(class_token=self.class_token, distilled=self.distilled,
+                                        reg_tokens=self.reg_tokens, pool=self.pool, fc_norm=self.fc_norm)
+        if self.num_classes < 0:
+            problems.append(f"num_classes must be >= 0, got {self.num_classes}")
+        if problems:
+            raise ValueError("invalid ViT config: " + "; ".join(problems))
+
+    @property
+    def grid(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid * self.grid
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        """Tokens before the patches: class, distillation, registers."""
+        return int(self.class_token) + int(self.distilled) + self.reg_tokens
+
+    @property
+    def pos_len(self) -> int:
+        """Rows of the position table."""
+        return self.num_patches + (self.num_prefix_tokens if self.pos_embed_prefix else 0)
+
+    @property
+    def mlp_dim(self) -> int:
+        return int(round(self.width * self.mlp_ratio))
+
+    @property
+    def pooled_width(self) -> int:
+        """Features the head reads: ``width``, or twice that for ``token_avg``."""
+        return 2 * self.width if self.pool == "token_avg" else self.width
+
+    @property
+    def reads_class_token_only(self) -> bool:
+        """The logits depend on the last block's class-token row alone (no pooling over the patches, no
+        distillation head): what makes the ORT graph's class-token-only last block exact."""
+        return self.pool == "token" and not self.distilled
+
+    def family_summary(self) -> str:
+        """What sets this ViT apart from the paper's (prefix tokens, pooling, ...); "" for the paper's."""
+        parts = []
+        if not self.class_token:
+            parts.append("no class token")
+        if self.distilled:
+            parts.append("distillation token (two heads averaged)")
+        if self.reg_tokens:
+            parts.append(f"{self.reg_tokens} register token{'s' if self.reg_tokens > 1 else ''}")
+        if self.pool == "token_avg":
+            parts.append("class token + mean patch token (DINOv2 classifier)")
+        elif self.pool != "token":
+            parts.append("average pooling" + (" + fc_norm" if self.fc_norm else ""))
+        elif self.fc_norm:
+            parts.append("fc_norm")
+        parts += [name for name, on in (("layer scale", self.layer_scale), ("qk-norm", self.qk_norm),
+                                        ("no prefix positions", not self.pos_embed_prefix)) if on]
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown ViT config keys {sorted(unknown)}; allowed: {sorted(known)}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "ViTConfig":
+        return replace(self, **changes)
+
+
+#: Deprecated alias (one release): the schema of model.json "vit" is ViTConfig itself now.
+ViTFields = ViTConfig
+
+
+# The standard sizes, once: the paper's Table 1 (B/L/H) plus DeiT's Ti/S -> (width, depth, heads, mlp dim).
+VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (192, 12, 3, 768), "small": (384, 12, 6, 1536), "base": (768, 12, 12, 3072),
+    "large": (1024, 24, 16, 4096), "huge": (1280, 32, 16, 5120)}
+#: width -> heads / size name of the standard sizes (any other width needs model.num_heads).
+HEADS_BY_WIDTH: dict[int, int] = {width: heads for width, _, heads, _ in VIT_SIZES.values()}
+SIZE_BY_WIDTH: dict[int, str] = {dims[0]: size for size, dims in VIT_SIZES.items()}
+
+
+def _variant(width: int, depth: int, heads: int, mlp: int, patch: int) -> ViTConfig:
+    return ViTConfig(patch_size=patch, width=width, depth=depth, heads=heads, mlp_ratio=mlp / width)
+
+
+#: The named variants at 224, patch 16 and 32 (huge: 14): ``vit_base_patch16_224`` ...
+VARIANTS: dict[str, ViTConfig] = {
+    f"vit_{size}_patch{patch}_224": _variant(*dims, patch)
+    for size, dims in VIT_SIZES.items()
+    for patch in ((14,) if size == "huge" else (16, 32))
+}
+
+
+_ADAPTER: TypeAdapter[ViTConfig] = TypeAdapter(ViTConfig)
+
+
+def parse_vit_config(data: Any, path: Path | str, *, key_prefix: str = "",
+                     error: type[VitDeployError] = VitDeployError) -> ViTConfig:
+    """``data`` (a file's "vit" object) read strictly into a ViTConfig; ``error`` naming ``path`` and the key
+    otherwise."""
     if not isinstance(data, dict):
         raise error(f"{path}: '{key_prefix or 'vit'}' must be an object of ViT sizes, got {type(data).__name__}")
     try:
-        return ViTFields.model_validate(data).model_dump()
+        return _ADAPTER.validate_python(data)
     except ValidationError as exc:
         prefix = (key_prefix,) if key_prefix else ()
         raise error(format_validation_error(exc, str(path), prefix=prefix)) from None
+
+
+def validate_vit_config(data: Any, path: Path | str, *, key_prefix: str = "",
+                        error: type[VitDeployError] = VitDeployError) -> dict[str, Any]:
+    """:func:`parse_vit_config` as a dict of every field (what the manifest checks read)."""
+    return parse_vit_config(data, path, key_prefix=key_prefix, error=error).to_dict()

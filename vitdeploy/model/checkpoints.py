@@ -1,6 +1,7 @@
 """Load a ViT checkpoint of any supported format into :class:`VisionTransformer`; save our own format.
 
-Formats are recognised from the contents of the file or directory, not its name:
+Formats are recognised from the contents of the file or directory, not its name, each by its reader
+(``model/readers/``: one module per format, one registry line; ``readers/resolve.py`` detects):
 
 * ``vitdeploy``: a directory with ``model.json`` (``"format": "vitdeploy"``) and ``model.safetensors``,
   or either file inside it.
@@ -28,21 +29,20 @@ from .._files import atomic_path
 from ..errors import CheckpointError
 from ..preprocess_spec import PreprocessSpec
 from ..vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
-from . import convert_hf, convert_timm, convert_torchvision
 from .config_schema import check_checkpoint_config
-from .provenance import CHECKPOINT, CONFIG, Preprocessing
-from .formats import (check_variant, read_json, read_state_dict, safetensors_keys, shorten, sniff, strip_prefixes,
-                      to_float32, variant_template)
+from .formats import read_state_dict, shorten, to_float32
+from .provenance import CONFIG, Preprocessing
+from .readers import LoadOptions, Source, reader_for
+from .readers.resolve import resolve
+from .readers.vitdeploy import FORMAT as OUR_FORMAT, VERSION as OUR_VERSION
 
 if TYPE_CHECKING:  # pragma: no cover
-
     from .vit import ViTConfig, VisionTransformer
 
 logger = logging.getLogger(__name__)
 
-OUR_FORMAT, OUR_VERSION = "vitdeploy", 1
 OUR_WEIGHTS, OUR_META = CHECKPOINT_WEIGHTS, CHECKPOINT_CONFIG
-_WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
+_Source = Source  # the name before the readers (private; kept for one release)
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class LoadedCheckpoint:
     config: "ViTConfig"
     labels: tuple[str, ...]
     preprocess: PreprocessSpec | None  # None only for a vitdeploy checkpoint saved without one
-    source_format: str  # "vitdeploy" | "timm" | "hf" | "torchvision"
+    source_format: str  # "vitdeploy" | "timm" | "hf" | "torchvision" (readers.FORMATS)
     name: str
     # Where each relevant preprocess field came from ("checkpoint: ...", "library default: ...", "pipeline.yaml: ...").
     preprocess_origins: dict[str, str] = field(default_factory=dict)
@@ -60,132 +60,10 @@ class LoadedCheckpoint:
     notes: tuple[str, ...] = ()  # assumptions made for what the checkpoint does not say, each with its override
 
 
-@dataclass
-class _Source:
-    """What a path turned out to be, before the tensors are converted."""
-
-    format: str
-    where: Path  # the path to name in messages
-    weights: list[Path] = field(default_factory=list)
-    meta: dict[str, Any] = field(default_factory=dict)  # model.json / config.json
-    meta_dir: Path | None = None
-    state: dict[str, Any] | None = None  # already read while detecting
-    name: str = ""
-
-
-# --------------------------------------------------------------------------- detection
-
 def detect_format(path: str | os.PathLike) -> str:
     """"vitdeploy", "timm", "hf" or "torchvision", from the contents; CheckpointError otherwise."""
-    return _resolve(Path(path)).format
+    return resolve(Path(path)).format
 
-
-def _resolve(path: Path) -> _Source:
-    path = path.expanduser()
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file or directory; give a checkpoint file or directory")
-    if path.is_dir():
-        return _resolve_dir(path)
-    if path.suffix == ".json":
-        meta = read_json(path)
-        if meta.get("format") == OUR_FORMAT:
-            return _our_source(path, meta)
-        if path.name == "config.json":
-            return _resolve_dir(path.parent, use_ours=False)
-        raise CheckpointError(f"{path}: a JSON file that is neither a vitdeploy model.json nor a config.json")
-    return _resolve_file(path)
-
-
-def _our_source(meta_path: Path, meta: dict[str, Any], where: Path | None = None) -> _Source:
-    d = meta_path.parent
-    return _Source(OUR_FORMAT, where or meta_path, [d / OUR_WEIGHTS], meta, d, name=str(meta.get("name") or d.name))
-
-
-def _resolve_dir(d: Path, use_ours: bool = True) -> _Source:
-    meta_path = d / OUR_META
-    if use_ours and meta_path.is_file():
-        meta = read_json(meta_path)
-        if meta.get("format") == OUR_FORMAT:
-            return _our_source(meta_path, meta)
-    config_path = d / "config.json"
-    if config_path.is_file():
-        config = read_json(config_path)
-        if convert_hf.is_hf_config(config):
-            return _Source("hf", d, _hf_weight_files(d), config, d, name=d.name)
-        if convert_timm.is_timm_config(config):
-            weights = [d / f for f in convert_timm.WEIGHT_FILES if (d / f).is_file()][:1]
-            if not weights:
-                raise CheckpointError(f"{d}: timm config.json but no {' or '.join(convert_timm.WEIGHT_FILES)}")
-            src = _resolve_file(weights[0], use_neighbours=False)
-            if src.format != "timm":
-                raise CheckpointError(f"{weights[0]}: config.json says timm but the weights are {src.format}")
-            src.meta, src.meta_dir, src.name, src.where = config, d, str(config.get("architecture") or d.name), d
-            return src
-        raise CheckpointError(f"{config_path}: not a Hugging Face ViT config (no model_type) nor a timm config (no architecture)")
-    candidates = sorted(p for p in d.iterdir() if p.is_file() and p.suffix in _WEIGHT_SUFFIXES)
-    if len(candidates) == 1:
-        return _resolve_file(candidates[0])
-    raise CheckpointError(
-        f"{d}: not a checkpoint directory: no model.json (vitdeploy) or config.json (Hugging Face / timm)"
-        + (f", and {len(candidates)} weight files ({shorten(p.name for p in candidates)}); give one file"
-           if candidates else ", and no weights file")
-    )
-
-
-def _hf_weight_files(d: Path) -> list[Path]:
-    for name in convert_hf.WEIGHT_FILES:
-        if (d / name).is_file():
-            return [d / name]
-    for name in convert_hf.INDEX_FILES:
-        if (d / name).is_file():
-            weight_map = read_json(d / name).get("weight_map")
-            if not isinstance(weight_map, dict) or not weight_map:
-                raise CheckpointError(f"{d / name}: no weight_map")
-            return [d / f for f in sorted(set(weight_map.values()))]
-    raise CheckpointError(
-        f"{d}: Hugging Face config.json but no weights ({', '.join(convert_hf.WEIGHT_FILES + convert_hf.INDEX_FILES)})"
-    )
-
-
-def _resolve_file(path: Path, use_neighbours: bool = True) -> _Source:
-    parent = path.parent
-    if use_neighbours and path.name == OUR_WEIGHTS and (parent / OUR_META).is_file():
-        meta = read_json(parent / OUR_META)
-        if meta.get("format") == OUR_FORMAT:
-            return _our_source(parent / OUR_META, meta, where=path)
-    if use_neighbours and (parent / "config.json").is_file():
-        config = read_json(parent / "config.json")
-        if convert_hf.is_hf_config(config):
-            return _Source("hf", path, [path], config, parent, name=parent.name)
-        if convert_timm.is_timm_config(config) and path.name in convert_timm.WEIGHT_FILES:
-            return _resolve_dir(parent, use_ours=False)
-    kind = sniff(path)
-    state = None
-    if kind == "safetensors":
-        keys = set(safetensors_keys(path))
-    else:
-        state = read_state_dict(path)
-        keys = set(state)
-    if kind == "safetensors":
-        keys = set(strip_prefixes(dict.fromkeys(keys)))
-    if convert_timm.looks_like_timm(keys):
-        fmt = "timm"
-    elif convert_torchvision.looks_like_torchvision(keys):
-        fmt = "torchvision"
-    elif any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in keys):
-        raise CheckpointError(
-            f"{path}: a Hugging Face ViT state dict without its config.json; load the directory written by "
-            "save_pretrained (config.json + weights) so heads, eps and labels are known"
-        )
-    else:
-        raise CheckpointError(
-            f"{path}: unknown checkpoint format: the keys match none of timm (patch_embed.proj, blocks.N), "
-            f"torchvision (conv_proj, encoder.layers), Hugging Face or vitdeploy; first keys: {shorten(keys, 6)}"
-        )
-    return _Source(fmt, path, [path], state=state, name=path.stem)
-
-
-# --------------------------------------------------------------------------- loading
 
 def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, num_classes: int | None = None,
                     variant: str | None = None, num_heads: int | None = None, act: str | None = None,
@@ -205,59 +83,20 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     pool ("token" | "avg" | "token_avg"): the pooling of a timm state dict without config.json (pipeline.yaml
         model.pool); checked against the pooling other checkpoints state.
     What was assumed is in the result's ``notes``; where each value came from in its origins.
+    The format's reader (``model/readers/``) does every format-specific step, in the same order for all.
     """
-    src = _resolve(Path(path))
+    src = resolve(Path(path))
+    reader = reader_for(src.format)
+    opts = LoadOptions(variant=variant, num_heads=num_heads, act=act, layer_norm_eps=layer_norm_eps, pool=pool)
     check_checkpoint_config(src.format, src.meta, src.meta_dir)  # every stated value, before any use
     where = src.where
-    state = src.state if src.state is not None else _read_all(src.weights)
-    state = to_float32(state)
-    labels: tuple[str, ...] | None = None
-    pre: Preprocessing | None = None
-    heads_origin = ""
-    family_notes: tuple[str, ...] = ()
-
-    if src.format == OUR_FORMAT:
-        cfg, labels, spec = _our_meta(src.meta, where)
-        if variant is not None:
-            check_variant(variant_template(variant), variant, width=cfg.width, depth=cfg.depth,
-                          patch=cfg.patch_size, heads=cfg.heads, where=where)
-        heads_origin = f"{CHECKPOINT}: {OUR_META}"
-        if spec is not None:
-            pre = Preprocessing.from_source(spec, f"{CHECKPOINT}: {OUR_META}")
-    elif src.format == "hf":
-        state = convert_hf.convert_hf_state_dict(state)
-        head = state.get("head.weight")
-        cfg = convert_hf.hf_vit_config(src.meta, int(head.shape[0]) if head is not None else 0, where, state)
-        if variant is not None:
-            check_variant(variant_template(variant), variant, width=cfg.width, depth=cfg.depth,
-                          patch=cfg.patch_size, heads=cfg.heads, where=where)
-        heads_origin = f"{CHECKPOINT}: config.json num_attention_heads"
-        labels = convert_hf.hf_labels(src.meta, cfg.num_classes, where)
-        pp_path = src.meta_dir / "preprocessor_config.json" if src.meta_dir else None
-        if pp_path is not None and pp_path.is_file():
-            pre = convert_hf.hf_preprocess(read_json(pp_path), cfg.image_size, pp_path)
-        else:
-            pre = _hf_default_preprocess(cfg.image_size, where)
-    elif src.format == "timm":
-        state = convert_timm.convert_timm_state_dict(state)
-        cfg, heads_origin, family_notes = convert_timm.timm_vit_config(
-            state, where, variant, src.meta or None, num_heads=num_heads, act=act, layer_norm_eps=layer_norm_eps,
-            pool=pool)
-        if src.meta:
-            labels = convert_timm.timm_labels(src.meta, cfg.num_classes, where)
-        pre = convert_timm.timm_preprocess(src.meta or None, cfg, where, variant)
-    elif src.format == "torchvision":
-        state = convert_torchvision.convert_torchvision_state_dict(state)
-        cfg, heads_origin = convert_torchvision.torchvision_vit_config(state, where, variant, num_heads=num_heads,
-                                                                       act=act, layer_norm_eps=layer_norm_eps)
-        pre = convert_torchvision.torchvision_preprocess(cfg, where)
-    else:  # pragma: no cover - _resolve only returns the four formats
-        raise CheckpointError(f"{where}: unsupported format {src.format!r}")
-    if src.format in (OUR_FORMAT, "hf"):
-        _check_stored(cfg, where, num_heads=num_heads, act=act, layer_norm_eps=layer_norm_eps)
-    if src.format != "timm":
-        _check_stored(cfg, where, pool=pool)
-
+    state = to_float32(src.state if src.state is not None else _read_all(src.weights))
+    state = reader.convert_keys(state)
+    read = reader.config(src, state, opts)
+    cfg = read.config
+    _check_stored(cfg, where, **{k: getattr(opts, k) for k in reader.stores})
+    labels = reader.labels(src, cfg)
+    pre = reader.preprocess(src, cfg, opts)
     if num_classes is not None and num_classes != cfg.num_classes:
         raise CheckpointError(
             f"{where}: the checkpoint's head has {cfg.num_classes} classes but num_classes={num_classes} was "
@@ -265,28 +104,26 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
             "checkpoint with the head you need"
         )
     native = cfg.image_size
-    # transformers resamples a DINOv2 table to the input at every call (antialiased for the registers model only)
-    antialias = convert_hf.DINOV2_RESAMPLE_ANTIALIAS.get(src.meta.get("model_type"), True) if src.format == "hf" else True
-    follow = (convert_hf.dinov2_input_size(src.meta, cfg, pre.spec, where)
-              if src.format == "hf" and image_size is None and pre is not None else None)
-    if follow is not None:  # the processor's crop, not config.json's image_size, is what the model sees
+    follow = reader.native_input(src, cfg, pre) if image_size is None else None
+    antialias = reader.antialias(src)
+    notes = list(pre.notes if pre else ()) + list(read.notes)
+    if follow is not None:  # the size the source library runs at, not its config's
         cfg, state, _ = _resize(cfg, state, None, follow, where, antialias=antialias)
-        family_notes += (f"{where.name}: runs at the processor's {follow}x{follow} crop, not config.json's image_size "
-                         f"{native}: the position table is resampled once (bicubic{', antialiased' if antialias else ''}) "
-                         "as transformers resamples it at every call; model.image_size sets another size",)
+        notes.append(f"{where.name}: runs at the processor's {follow}x{follow} crop, not config.json's image_size "
+                     f"{native}: the position table is resampled once (bicubic{', antialiased' if antialias else ''}) "
+                     "as transformers resamples it at every call; model.image_size sets another size")
     elif image_size is not None and image_size != cfg.image_size:
         cfg, state, pre = _resize(cfg, state, pre, image_size, where, antialias=antialias)
 
     model = _build_and_load(cfg, state, where, src.format)
     if labels is None:
         labels = tuple(f"class_{i}" for i in range(cfg.num_classes))
-    notes = list(pre.notes if pre else ()) + list(family_notes)
-    if heads_origin.startswith("library default (assumed)"):
-        notes.insert(0, f"{where.name}: assumed {cfg.heads} attention heads: {heads_origin.split(': ', 1)[1]}")
+    if read.heads_origin.startswith("library default (assumed)"):
+        notes.insert(0, f"{where.name}: assumed {cfg.heads} attention heads: {read.heads_origin.split(': ', 1)[1]}")
     logger.info("loaded %s checkpoint %s: %s", src.format, where, cfg)
     return LoadedCheckpoint(model=model, config=cfg, labels=labels, preprocess=pre.spec if pre else None,
                             source_format=src.format, name=src.name,
-                            preprocess_origins=dict(pre.origins) if pre else {}, heads_origin=heads_origin,
+                            preprocess_origins=dict(pre.origins) if pre else {}, heads_origin=read.heads_origin,
                             native_image_size=native, notes=tuple(notes))
 
 
@@ -301,16 +138,6 @@ def _check_stored(cfg: "ViTConfig", where: Path, **given: Any) -> None:
                                   f"drop {keys[name]} (it is only needed for checkpoints that do not store it)")
 
 
-def _hf_default_preprocess(image_size: int, where: Path) -> Preprocessing:
-    """A Hugging Face directory without preprocessor_config.json: ViTImageProcessor's defaults."""
-    from .provenance import LIBRARY, describe_spec, override_hint
-
-    spec = PreprocessSpec(style="hf", height=image_size, width=image_size, interpolation="bilinear")
-    note = (f"{where}: no preprocessor_config.json; assumed transformers' ViTImageProcessor defaults "
-            f"({describe_spec(spec)}); {override_hint()}")
-    return Preprocessing.from_source(spec, f"{LIBRARY}: transformers ViTImageProcessor", notes=(note,))
-
-
 def _read_all(files: Iterable[Path]) -> dict[str, Any]:
     state: dict[str, Any] = {}
     for f in files:
@@ -320,31 +147,6 @@ def _read_all(files: Iterable[Path]) -> dict[str, Any]:
             raise CheckpointError(f"{f}: tensors {shorten(clash)} also appear in another shard")
         state.update(part)
     return state
-
-
-def _our_meta(meta: dict[str, Any], where: Path) -> tuple["ViTConfig", tuple[str, ...], PreprocessSpec | None]:
-    from .vit import ViTConfig
-
-    version = meta.get("version")
-    if version != OUR_VERSION:
-        raise CheckpointError(f"{where}: model.json version {version!r} is not supported (this vitdeploy reads {OUR_VERSION}); upgrade vitdeploy")
-    try:
-        cfg = ViTConfig.from_dict(dict(meta["vit"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{where}: invalid 'vit' config in model.json: {exc}") from exc
-    labels = meta.get("labels")
-    if not isinstance(labels, list) or len(labels) != cfg.num_classes:
-        raise CheckpointError(
-            f"{where}: 'labels' must be a list of {cfg.num_classes} names (one per class), got "
-            f"{len(labels) if isinstance(labels, list) else type(labels).__name__}"
-        )
-    preprocess = None
-    if meta.get("preprocess") is not None:
-        try:
-            preprocess = PreprocessSpec.from_dict(meta["preprocess"])
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise CheckpointError(f"{where}: invalid 'preprocess' in model.json: {exc}") from exc
-    return cfg, tuple(str(x) for x in labels), preprocess
 
 
 def _resize(cfg: "ViTConfig", state: dict[str, Any], pre: Preprocessing | None, image_size: int,

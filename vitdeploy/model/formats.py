@@ -17,17 +17,13 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from .._deps import require
 from ..errors import CheckpointError
+from ..vit_schema import HEADS_BY_WIDTH, SIZE_BY_WIDTH, VARIANTS, ViTConfig  # noqa: F401 - the sizes, defined once
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("vitdeploy", "timm", "hf", "torchvision")
-
-# width -> heads of the standard variants (DeiT Ti/S, ViT B/L/H); any other width needs model.num_heads.
-HEADS_BY_WIDTH = {192: 3, 384: 6, 768: 12, 1024: 16, 1280: 16}
-SIZE_BY_WIDTH = {192: "tiny", 384: "small", 768: "base", 1024: "large", 1280: "huge"}
 _SIZE_WORDS = {"tiny": "tiny", "ti": "tiny", "small": "small", "s": "small", "base": "base", "b": "base",
                "large": "large", "l": "large", "huge": "huge", "h": "huge"}
 # The wrappers training scripts put around a state dict, tried in this order.
@@ -187,8 +183,6 @@ def layer_count(keys: Iterable[str], prefix_pattern: str) -> int:
 def variant_template(variant: str):
     """The VARIANTS entry a variant name means: 'vit_base_patch16_224', 'vit_base_patch16_224.augreg_in21k',
     'base', 'vit_b_16' (torchvision), 'B/16' ... -> ViTConfig (only width/depth/heads/patch matter)."""
-    from .vit import VARIANTS, ViTConfig
-
     name = variant.strip().lower()
     if name in VARIANTS:
         return VARIANTS[name]

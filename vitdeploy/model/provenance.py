@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..preprocess_spec import PreprocessSpec
+from ..preprocess_spec import OVERRIDE_KEYS, PreprocessSpec  # noqa: F401 - OVERRIDE_KEYS re-exported
 
 CHECKPOINT, LIBRARY, CONFIG = "checkpoint", "library default", "pipeline.yaml"
 ORIGINS = (CHECKPOINT, LIBRARY, CONFIG)
@@ -24,9 +24,6 @@ FIELDS_BY_STYLE = {
     "timm": (*_COMMON, "crop_pct", "crop_mode"),
     "torchvision": (*_COMMON, "shortest_edge"),
 }
-#: pipeline.yaml keys that override the preprocessing (all under ``preprocess:``).
-OVERRIDE_KEYS = ("style", "crop_pct", "crop_mode", "interpolation", "mean", "std", "resize_height", "resize_width",
-                 "shortest_edge", "longest_edge")
 
 
 def relevant_fields(spec: PreprocessSpec) -> tuple[str, ...]:

@@ -5,7 +5,8 @@
     z_l  = MLP(LN(z'_l)) + z'_l                                  (3)  pre-norm MLP block
     y    = LN(z_L^0)                                             (4)  class token -> head
 
-Every size is a field of :class:`ViTConfig`; the named variants are data in ``VARIANTS``. So are the
+Every size is a field of :class:`ViTConfig`; the named variants are data in ``VARIANTS`` (both defined,
+torch-free, in ``vitdeploy/vit_schema.py``). So are the
 close relatives people ship: prefix tokens (class, DeiT's distillation token, registers), average
 pooling over the patch tokens (with ``fc_norm`` after the pool), layer scale (DeiT III, DINOv2),
 qk-norm, and position tables with or without the prefix positions (timm's ``no_embed_class``).
@@ -15,155 +16,16 @@ Parameter names are timm's, so a timm state dict loads as it is.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..vit_schema import family_problems
-from ..vocab import POOLS
+from ..vit_schema import VARIANTS, ViTConfig  # noqa: F401 - the one definition (torch-free), re-exported here
+from ..vocab import ACTIVATIONS  # noqa: F401 - re-exported (GELU_APPROXIMATE has one entry per name)
 
 
-#: MLP activations: our name -> torch.nn.functional.gelu's ``approximate`` argument.
+#: MLP activations: our name (vocab.ACTIVATIONS) -> torch.nn.functional.gelu's ``approximate`` argument.
 GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}
-ACTIVATIONS: tuple[str, ...] = tuple(GELU_APPROXIMATE)
-
-
-@dataclass(frozen=True)
-class ViTConfig:
-    image_size: int = 224
-    patch_size: int = 16
-    in_channels: int = 3
-    width: int = 768
-    depth: int = 12
-    heads: int = 12
-    mlp_ratio: float = 4.0
-    qkv_bias: bool = True
-    layer_norm_eps: float = 1e-6
-    num_classes: int = 1000
-    pos_embed: str = "learned"  # or "sincos" (fixed 2-D sinusoidal)
-    act: str = "gelu"  # MLP activation: "gelu" (exact, erf) or "gelu_tanh" (tanh approximation)
-    class_token: bool = True  # a learned class token first in the sequence
-    distilled: bool = False  # DeiT's distillation token after it, with its own head; the two heads' logits averaged
-    reg_tokens: int = 0  # register tokens after the class token (DINOv2 registers), never pooled
-    # "token": the class token; "avg": the mean of the patch tokens (prefix tokens left out); "token_avg": the
-    # class token and the mean patch token side by side, a head over 2 x width (transformers' DINOv2 classifiers)
-    pool: str = "token"
-    fc_norm: bool = False  # the final LayerNorm after the pooling (timm fc_norm) instead of on every token
-    layer_scale: bool = False  # per-channel scales on each residual branch (timm ls1/ls2.gamma)
-    qk_norm: bool = False  # LayerNorm over each head's queries and keys before attention
-    pos_embed_prefix: bool = True  # the position table has rows for the prefix tokens (False: timm no_embed_class)
-
-    def __post_init__(self) -> None:
-        sizes = {"image_size": self.image_size, "patch_size": self.patch_size, "in_channels": self.in_channels,
-                 "width": self.width, "depth": self.depth, "heads": self.heads}
-        bad = [f"{k} {v!r}" for k, v in sizes.items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0]
-        if bad:  # checked first: a zero or a string must not reach the arithmetic below
-            raise ValueError(f"invalid ViT config: sizes must be positive integers, got {', '.join(bad)}")
-        problems = []
-        if self.image_size % self.patch_size:
-            problems.append(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
-        if self.width % self.heads:
-            problems.append(f"width {self.width} is not divisible by heads {self.heads}")
-        if self.act not in ACTIVATIONS:
-            problems.append(f"act must be one of {', '.join(ACTIVATIONS)}, got {self.act!r}")
-        if self.pos_embed not in ("learned", "sincos"):
-            problems.append(f"pos_embed must be 'learned' or 'sincos', got {self.pos_embed!r}")
-        if min(self.image_size, self.patch_size, self.in_channels, self.width, self.depth, self.heads) <= 0:
-            problems.append("sizes must be positive")
-        if isinstance(self.reg_tokens, bool) or not isinstance(self.reg_tokens, int) or self.reg_tokens < 0:
-            problems.append(f"reg_tokens must be an integer >= 0, got {self.reg_tokens!r}")
-        if self.pool not in POOLS:
-            problems.append(f"pool must be one of {', '.join(POOLS)}, got {self.pool!r}")
-        else:
-            problems += family_problems(class_token=self.class_token, distilled=self.distilled,
-                                        reg_tokens=self.reg_tokens, pool=self.pool, fc_norm=self.fc_norm)
-        if self.num_classes < 0:
-            problems.append(f"num_classes must be >= 0, got {self.num_classes}")
-        if problems:
-            raise ValueError("invalid ViT config: " + "; ".join(problems))
-
-    @property
-    def grid(self) -> int:
-        return self.image_size // self.patch_size
-
-    @property
-    def num_patches(self) -> int:
-        return self.grid * self.grid
-
-    @property
-    def num_prefix_tokens(self) -> int:
-        """Tokens before the patches: class, distillation, registers."""
-        return int(self.class_token) + int(self.distilled) + self.reg_tokens
-
-    @property
-    def pos_len(self) -> int:
-        """Rows of the position table."""
-        return self.num_patches + (self.num_prefix_tokens if self.pos_embed_prefix else 0)
-
-    @property
-    def mlp_dim(self) -> int:
-        return int(round(self.width * self.mlp_ratio))
-
-    @property
-    def pooled_width(self) -> int:
-        """Features the head reads: ``width``, or twice that for ``token_avg``."""
-        return 2 * self.width if self.pool == "token_avg" else self.width
-
-    @property
-    def reads_class_token_only(self) -> bool:
-        """The logits depend on the last block's class-token row alone (no pooling over the patches, no
-        distillation head): what makes the ORT graph's class-token-only last block exact."""
-        return self.pool == "token" and not self.distilled
-
-    def family_summary(self) -> str:
-        """What sets this ViT apart from the paper's (prefix tokens, pooling, ...); "" for the paper's."""
-        parts = []
-        if not self.class_token:
-            parts.append("no class token")
-        if self.distilled:
-            parts.append("distillation token (two heads averaged)")
-        if self.reg_tokens:
-            parts.append(f"{self.reg_tokens} register token{'s' if self.reg_tokens > 1 else ''}")
-        if self.pool == "token_avg":
-            parts.append("class token + mean patch token (DINOv2 classifier)")
-        elif self.pool != "token":
-            parts.append("average pooling" + (" + fc_norm" if self.fc_norm else ""))
-        elif self.fc_norm:
-            parts.append("fc_norm")
-        parts += [name for name, on in (("layer scale", self.layer_scale), ("qk-norm", self.qk_norm),
-                                        ("no prefix positions", not self.pos_embed_prefix)) if on]
-        return ", ".join(parts)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown ViT config keys {sorted(unknown)}; allowed: {sorted(known)}")
-        return cls(**data)
-
-    def replace(self, **changes: Any) -> "ViTConfig":
-        return replace(self, **changes)
-
-
-def _variant(width: int, depth: int, heads: int, mlp: int, patch: int) -> ViTConfig:
-    return ViTConfig(patch_size=patch, width=width, depth=depth, heads=heads, mlp_ratio=mlp / width)
-
-
-# The paper's Table 1 (B/L/H) plus DeiT's Ti/S, at 224 with patch 16 and 32 (H: 14).
-_SIZES = {"tiny": (192, 12, 3, 768), "small": (384, 12, 6, 1536), "base": (768, 12, 12, 3072),
-          "large": (1024, 24, 16, 4096), "huge": (1280, 32, 16, 5120)}
-VARIANTS: dict[str, ViTConfig] = {
-    f"vit_{size}_patch{patch}_224": _variant(*dims, patch)
-    for size, dims in _SIZES.items()
-    for patch in ((14,) if size == "huge" else (16, 32))
-}
 
 
 def sincos_position_embedding(grid: int, width: int, temperature: float = 10000.0) -> torch.Tensor:

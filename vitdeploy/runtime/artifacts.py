@@ -125,8 +125,7 @@ class Artifacts:
         self._verified: set[str] = set()
         self._onnx_checked: set[str] = set()
         self._lock = threading.Lock()
-        # the schema mirrors PreprocessSpec key for key (runtime/manifest_schema.PreprocessSection)
-        self._preprocess = PreprocessSpec(**self._schema.preprocess.model_dump())
+        self._preprocess = self._schema.preprocess  # a PreprocessSpec, read strictly by parse_manifest
 
     # ---------------------------------------------------------------- opening
 

@@ -24,16 +24,15 @@ from typing import Annotated, Any, Literal, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
-from .._schema import FiniteFloat, NonNegativeInt, PositiveInt, StrictSection, format_validation_error
+from .._schema import NonNegativeInt, StrictSection, format_validation_error
 from ..errors import ArtifactError, ArtifactIntegrityError
 from ..limits import MAX_BATCH, MAX_JSON_BYTES, clip
-from ..vocab import CropMode, Interpolation, PreprocessStyle
+from ..preprocess_spec import MAX_IMAGE_SIDE, PreprocessSpec
 
 MANIFEST_FORMAT = "vitdeploy-manifest"
 MANIFEST_VERSION = 1
 FIX = "run `vitdeploy export` to (re)create the artifacts"
 
-MAX_IMAGE_SIDE = 16384  # a ViT input side; 16k x 16k float32 is already 3 GB per image
 _ROLE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 DTYPES = ("float32", "float16")
@@ -54,8 +53,6 @@ def _relative_path(value: Any) -> str:
 
 RelPath = Annotated[str, Field(description="relative to the artifact directory")]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
-Side = Annotated[PositiveInt, Field(le=MAX_IMAGE_SIDE)]
-Byte = Annotated[int, Field(ge=0, le=255)]
 
 
 class ExternalFile(StrictSection):
@@ -139,30 +136,8 @@ class BatchSpec(StrictSection):
         return self
 
 
-class PreprocessSection(StrictSection):
-    """Mirrors vitdeploy.preprocess_spec.PreprocessSpec (same keys and defaults), strictly typed."""
-
-    style: PreprocessStyle = "hf"
-    height: Side = 224
-    width: Side = 224
-    crop_pct: FiniteFloat = Field(0.875, gt=0, le=1)
-    interpolation: Interpolation = "bilinear"
-    mean: tuple[FiniteFloat, FiniteFloat, FiniteFloat] = (0.5, 0.5, 0.5)
-    std: tuple[Annotated[FiniteFloat, Field(gt=0)], Annotated[FiniteFloat, Field(gt=0)],
-               Annotated[FiniteFloat, Field(gt=0)]] = (0.5, 0.5, 0.5)
-    background: tuple[Byte, Byte, Byte] = (255, 255, 255)
-    crop_mode: CropMode = "center"
-    resize_height: Optional[Side] = None
-    resize_width: Optional[Side] = None
-    shortest_edge: Optional[Side] = None
-    longest_edge: Optional[Side] = None
-
-    @field_validator("background", mode="before")
-    @classmethod
-    def _ints(cls, v: Any) -> Any:
-        if isinstance(v, (list, tuple)) and any(type(x) is not int for x in v):
-            raise ValueError("must be 3 integers 0..255 (an RGB colour)")
-        return v
+#: Deprecated alias (one release): the manifest's "preprocess" is read straight into the one definition.
+PreprocessSection = PreprocessSpec
 
 
 Label = Annotated[StrictStr, Field(max_length=1024)]
@@ -177,7 +152,7 @@ class Manifest(BaseModel):
     version: Annotated[int, Field(ge=1, le=MANIFEST_VERSION)]
     name: Optional[Annotated[StrictStr, Field(max_length=256)]] = None
     labels: tuple[Label, ...] = Field(min_length=1)
-    preprocess: PreprocessSection
+    preprocess: PreprocessSpec  # strict types and the same checks as in Python (preprocess_spec.py)
     io: IOSpec
     batch: BatchSpec = BatchSpec()
     artifacts: dict[str, FileEntry]

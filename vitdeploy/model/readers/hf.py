@@ -1,0 +1,91 @@
+"""Hugging Face: a ``save_pretrained`` directory of ViT / DeiT / DINOv2 (``config.json`` with ``model_type``,
+``model.safetensors`` or ``pytorch_model.bin``, sharded or not, ``preprocessor_config.json``), or a weights
+file inside it. The key conversion and config reading are the pure functions of ``model/convert_hf.py``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+from ...errors import CheckpointError
+from ...preprocess_spec import PreprocessSpec
+from ...vit_schema import ViTConfig
+from .. import convert_hf
+from ..formats import check_variant, read_json, variant_template
+from ..provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
+from .base import LoadOptions, ReadConfig, Reader, Source
+
+PREPROCESSOR_CONFIG = "preprocessor_config.json"
+
+
+class HFReader(Reader):
+    format = "hf"
+    meta_file = "config.json"
+    meta_hint = "a Hugging Face ViT config (no model_type)"
+    stores = ("num_heads", "act", "layer_norm_eps", "pool")
+
+    def claims_meta(self, meta: dict[str, Any]) -> bool:
+        return convert_hf.is_hf_config(meta)
+
+    def claims_keys(self, keys: set[str], where: Path) -> bool:
+        """A bare HF state dict is recognised only to be refused: without config.json its heads, eps and
+        labels are unknown."""
+        if any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in keys):
+            raise CheckpointError(
+                f"{where}: a Hugging Face ViT state dict without its config.json; load the directory written by "
+                "save_pretrained (config.json + weights) so heads, eps and labels are known"
+            )
+        return False
+
+    def open_meta(self, meta_path: Path, meta: dict[str, Any]) -> Source:
+        d = meta_path.parent
+        return Source(self.format, d, _weight_files(d), meta, d, name=d.name)
+
+    def open_file(self, path: Path, meta: dict[str, Any]) -> Source:
+        return Source(self.format, path, [path], meta, path.parent, name=path.parent.name)
+
+    def convert_keys(self, state: dict[str, Any]) -> dict[str, Any]:
+        return convert_hf.convert_hf_state_dict(state)
+
+    def config(self, src: Source, state: dict[str, Any], opts: LoadOptions) -> ReadConfig:
+        head = state.get("head.weight")
+        cfg = convert_hf.hf_vit_config(src.meta, int(head.shape[0]) if head is not None else 0, src.where, state)
+        if opts.variant is not None:
+            check_variant(variant_template(opts.variant), opts.variant, width=cfg.width, depth=cfg.depth,
+                          patch=cfg.patch_size, heads=cfg.heads, where=src.where)
+        return ReadConfig(cfg, f"{CHECKPOINT}: config.json num_attention_heads")
+
+    def labels(self, src: Source, cfg: ViTConfig) -> Optional[tuple[str, ...]]:
+        return convert_hf.hf_labels(src.meta, cfg.num_classes, src.where)
+
+    def preprocess(self, src: Source, cfg: ViTConfig, opts: LoadOptions) -> Preprocessing:
+        pp_path = src.meta_dir / PREPROCESSOR_CONFIG if src.meta_dir else None
+        if pp_path is not None and pp_path.is_file():
+            return convert_hf.hf_preprocess(read_json(pp_path), cfg.image_size, pp_path)
+        # no preprocessor_config.json: ViTImageProcessor's defaults, said in a note
+        spec = PreprocessSpec(style="hf", height=cfg.image_size, width=cfg.image_size, interpolation="bilinear")
+        note = (f"{src.where}: no {PREPROCESSOR_CONFIG}; assumed transformers' ViTImageProcessor defaults "
+                f"({describe_spec(spec)}); {override_hint()}")
+        return Preprocessing.from_source(spec, f"{LIBRARY}: transformers ViTImageProcessor", notes=(note,))
+
+    def native_input(self, src: Source, cfg: ViTConfig, pre: Optional[Preprocessing]) -> Optional[int]:
+        # transformers resamples a DINOv2 table to the processor's crop at every call
+        return convert_hf.dinov2_input_size(src.meta, cfg, pre.spec, src.where) if pre is not None else None
+
+    def antialias(self, src: Source) -> bool:
+        return convert_hf.DINOV2_RESAMPLE_ANTIALIAS.get(src.meta.get("model_type"), True)  # registers model only
+
+
+def _weight_files(d: Path) -> list[Path]:
+    for name in convert_hf.WEIGHT_FILES:
+        if (d / name).is_file():
+            return [d / name]
+    for name in convert_hf.INDEX_FILES:
+        if (d / name).is_file():
+            weight_map = read_json(d / name).get("weight_map")
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise CheckpointError(f"{d / name}: no weight_map")
+            return [d / f for f in sorted(set(weight_map.values()))]
+    raise CheckpointError(
+        f"{d}: Hugging Face config.json but no weights ({', '.join(convert_hf.WEIGHT_FILES + convert_hf.INDEX_FILES)})"
+    )
