@@ -162,9 +162,11 @@ class TritonSection(_Section):
     decode_threads: int = Field(4, ge=1, le=256, description="threads per preprocess instance")
     max_queue_delay_us: int = Field(2000, ge=0, description="dynamic batching: how long a batch waits to fill")
     max_queue_size: int = Field(128, ge=0, description="queued requests beyond this get 503 at once (0 = unbounded)")
-    onnx_tensorrt: bool = Field(True, description="_onnx model: ONNX Runtime's TensorRT EP in FP16 on a GPU")
-    trt_cache_dir: str = Field("/tmp/vitdeploy-trt-cache", min_length=1,
-                               description="where the TensorRT EP caches engines inside the container")
+    onnx_precision: Literal["auto", "fp32", "fp16"] = Field(
+        "auto", description="graph of the _onnx model: fp32 = model.onnx (CUDA EP), fp16 = model.fp16.onnx with its "
+        "validated keep-float list (TensorRT EP, no re-cast); auto = fp16 when the export validated it, else fp32")
+    repository_mount: str = Field("/models", pattern=r"^/", description="where the repository is mounted inside the "
+                                  "container; the TensorRT EP caches its engines in <mount>/<name>_onnx/trt_cache")
     ort_threads: Optional[int] = Field(None, ge=1, description="_ort_python: ONNX Runtime intra-op threads")
 
 
