@@ -116,7 +116,7 @@ def test_images_from_tensor_accepts_n_and_n_by_1():
 
 def test_metadata_describes_the_contract():
     meta = P.model_metadata("demo", num_classes=3, k=5)
-    assert meta["inputs"] == [{"name": "IMAGES", "datatype": "BYTES", "shape": [-1]}]
+    assert meta["inputs"] == [{"name": "IMAGES", "datatype": "BYTES", "shape": [-1, 1]}]
     assert [o["shape"] for o in meta["outputs"]] == [[-1, 3], [-1, 3], [-1, 3]]
 
 

@@ -345,6 +345,11 @@ def _requested_outputs(doc: dict[str, Any]) -> dict[str, bool]:
         if name not in OUTPUTS:
             raise RequestError(f"unknown output {name!r}; this model has {', '.join(OUTPUTS)}")
         p = item.get("parameters") or {}
+        if isinstance(p, dict) and "classification" in p:
+            # As Triton answers for an ensemble's outputs: the top-k is TOPK_LABELS / TOPK_SCORES.
+            raise RequestError(f"output {name}: the classification extension (class_count) is not supported by this "
+                               f"model (an ensemble); read {TOPK_LABELS} and {TOPK_SCORES} instead", 400,
+                               "bad_request")
         out[name] = bool(p.get("binary_data", default_binary)) if isinstance(p, dict) else default_binary
     return out
 
@@ -389,7 +394,8 @@ def model_metadata(model: str, num_classes: int, k: int = DEFAULT_TOP_K, platfor
         "name": model,
         "versions": [MODEL_VERSION],
         "platform": platform,
-        "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
+        # [-1, 1] as the Triton ensemble publishes it; requests with shape [N] are accepted too.
+        "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1, 1]}],
         "outputs": [
             {"name": LOGITS, "datatype": "FP32", "shape": [-1, int(num_classes)]},
             {"name": TOPK_LABELS, "datatype": "BYTES", "shape": [-1, kk]},

@@ -17,6 +17,7 @@ Importing this module imports Ray and FastAPI: only ``vitdeploy serve`` does (la
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
@@ -27,7 +28,8 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 
 from ..runtime.backends.base import BackendOptions
-from . import protocol
+from . import content_encoding, protocol
+from .kserve_model import InferenceStats, model_config
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,7 @@ class ViTClassifier:
         self.num_classes = int(warm.shape[1])
         self.top_k = max(1, min(spec.top_k, self.num_classes))
         self.preprocessor = self.predictor.preprocessor
+        self.stats = InferenceStats()  # GET /v2/models/<name>/stats (this replica's requests)
         self._decode_pool = ThreadPoolExecutor(spec.decode_threads, thread_name_prefix="vitdeploy-decode")
         self._infer_pool = ThreadPoolExecutor(spec.concurrent_batches, thread_name_prefix="vitdeploy-infer")
         # Ray's batch handler, built here because its settings come from pipeline.yaml (serve:).
@@ -92,21 +95,27 @@ class ViTClassifier:
 
     # ------------------------------------------------------------------ batching
 
-    async def _infer_batch(self, images: list[np.ndarray]) -> list[np.ndarray]:
-        """Images of concurrent requests (one (3, H, W) array per call) -> one logits row each
-        (``self.run_batch``, Ray's ``@serve.batch`` around this method, gathers them)."""
+    async def _infer_batch(self, images: list[np.ndarray]) -> list[Tuple[np.ndarray, int]]:
+        """Images of concurrent requests (one (3, H, W) array per call) -> one (logits row, ns of the
+        batch's model call) each (``self.run_batch``, Ray's ``@serve.batch`` around this method, gathers them)."""
         batch = np.stack(images)
         loop = asyncio.get_running_loop()
+        start = time.perf_counter_ns()
         logits = await loop.run_in_executor(self._infer_pool, self.predictor.predict_logits, batch)
-        return list(logits)
+        took = time.perf_counter_ns() - start
+        return [(row, took) for row in logits]
 
     async def _decode(self, blob: bytes, name: str) -> np.ndarray:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._decode_pool, protocol.decode_image, blob, self.preprocessor, name)
 
-    async def _classify(self, blobs: list[tuple[str, bytes]]) -> Tuple[List[Optional[np.ndarray]], Dict[int, Any]]:
-        """Decode in threads, then batch: (logits row or None per image, {index: RequestError})."""
+    async def _classify(self, blobs: list[tuple[str, bytes]],
+                        times: Optional[Dict[str, int]] = None) -> Tuple[List[Optional[np.ndarray]], Dict[int, Any]]:
+        """Decode in threads, then batch: (logits row or None per image, {index: RequestError}); the ns
+        spent decoding, waiting for a batch and in the model call go to ``times`` when given."""
+        t0 = time.perf_counter_ns()
         decoded = await asyncio.gather(*(self._decode(b, n) for n, b in blobs), return_exceptions=True)
+        t1 = time.perf_counter_ns()
         errors: dict[int, Any] = {}
         for i, item in enumerate(decoded):
             if isinstance(item, protocol.RequestError):
@@ -116,8 +125,12 @@ class ViTClassifier:
         good = [i for i in range(len(blobs)) if i not in errors]
         rows = await asyncio.gather(*(self.run_batch(decoded[i]) for i in good))
         logits: List[Optional[np.ndarray]] = [None] * len(blobs)
-        for i, row in zip(good, rows):
+        for i, (row, _) in zip(good, rows):
             logits[i] = row
+        if times is not None:
+            infer = max((ns for _, ns in rows), default=0)
+            times.update(compute_input=t1 - t0, compute_infer=infer,
+                         queue=max(0, time.perf_counter_ns() - t1 - infer))
         return logits, errors
 
     # ------------------------------------------------------------------ requests
@@ -201,7 +214,8 @@ class ViTClassifier:
     async def server_metadata(self) -> JSONResponse:
         from .. import __version__
 
-        return JSONResponse({"name": "vitdeploy", "version": __version__, "extensions": ["binary_tensor_data"]})
+        return JSONResponse({"name": "vitdeploy", "version": __version__,
+                             "extensions": ["binary_tensor_data", "model_configuration", "statistics"]})
 
     @api.get("/v2/health/live")
     async def live(self) -> Response:
@@ -218,6 +232,10 @@ class ViTClassifier:
             raise protocol.RequestError(f"model {model!r} has no version {version!r} (versions: "
                                         f"{protocol.MODEL_VERSION})", 404, "not_found")
 
+    @api.get("/v2/models/stats")  # before /v2/models/{model}, which would take "stats" for a model name
+    async def all_stats(self) -> Response:
+        return JSONResponse(self.stats.to_json(self.name))
+
     @api.get("/v2/models/{model}")
     @api.get("/v2/models/{model}/versions/{version}")
     async def model_metadata(self, model: str, version: Optional[str] = None) -> Response:
@@ -226,6 +244,24 @@ class ViTClassifier:
         except protocol.RequestError as exc:
             return _error(exc)
         return JSONResponse(protocol.model_metadata(self.name, self.num_classes, self.top_k, platform="ray_serve"))
+
+    @api.get("/v2/models/{model}/config")
+    @api.get("/v2/models/{model}/versions/{version}/config")
+    async def model_config(self, model: str, version: Optional[str] = None) -> Response:
+        try:
+            self._known(model, version)
+        except protocol.RequestError as exc:
+            return _error(exc)
+        return JSONResponse(model_config(self.name, self.num_classes, self.top_k, self.spec.max_images_per_request))
+
+    @api.get("/v2/models/{model}/stats")
+    @api.get("/v2/models/{model}/versions/{version}/stats")
+    async def model_stats(self, model: str, version: Optional[str] = None) -> Response:
+        try:
+            self._known(model, version)
+        except protocol.RequestError as exc:
+            return _error(exc)
+        return JSONResponse(self.stats.to_json(self.name))
 
     @api.get("/v2/models/{model}/ready")
     @api.get("/v2/models/{model}/versions/{version}/ready")
@@ -239,24 +275,29 @@ class ViTClassifier:
     @api.post("/v2/models/{model}/infer")
     @api.post("/v2/models/{model}/versions/{version}/infer")
     async def infer(self, model: str, request: Request, version: Optional[str] = None) -> Response:
-        """v2 inference: input IMAGES (BYTES, [N] or [N, 1]) -> LOGITS, TOPK_LABELS, TOPK_SCORES;
-        any bad image fails the request (400, one line)."""
+        """v2 inference: input IMAGES (BYTES, [N] or [N, 1]; gzip/deflate bodies inflated within the byte
+        limit) -> LOGITS, TOPK_LABELS, TOPK_SCORES; any bad image fails the request (400, one line)."""
+        start, times = time.perf_counter_ns(), {}
         try:
             self._known(model, version)
-            if request.headers.get("content-encoding", "identity").lower() != "identity":
-                raise protocol.RequestError("compressed requests are not accepted; send the body uncompressed",
-                                            415, "content_type")
-            body = await self._body(request)
+            self._check_length(request)
+            body = await content_encoding.read_body(request.stream(), request.headers.get("content-encoding"),
+                                                    self.spec.max_request_bytes)
             req = protocol.parse_infer_request(body, request.headers.get(protocol.HEADER_LENGTH),
                                                self.spec.max_images_per_request)
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
-            logits, errors = await self._classify(list(zip(names, req.images)))
+            logits, errors = await self._classify(list(zip(names, req.images)), times)
             if errors:
                 raise errors[min(errors)]
         except protocol.RequestError as exc:
+            self.stats.failure(time.perf_counter_ns() - start)
             return _error(exc)
+        t_out = time.perf_counter_ns()
         out, headers = protocol.encode_infer_response(self.name, req, np.stack(logits), self.predictor.labels,
                                                       self.top_k)
+        end = time.perf_counter_ns()
+        self.stats.success(len(req.images), end - start, times.get("queue", 0), times.get("compute_input", 0),
+                           times.get("compute_infer", 0), end - t_out)
         media = headers.pop("Content-Type")
         return Response(out, media_type=media, headers=headers)
 
