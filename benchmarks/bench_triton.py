@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -145,6 +146,7 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
     finally:
         server.stop()
         predictor.close()
+        shutil.rmtree(repo.path.parent, ignore_errors=True)
 
 
 def main() -> None:

@@ -280,6 +280,7 @@ def _bad_calls(images: dict[str, bytes]) -> dict[str, object]:
         "FP32 instead of BYTES": fp32_input,
         "another input name": wrong_name,
         "class_count on LOGITS": class_count,
+        "unknown model": lambda u: _client(u).infer("no-such-model", [httpclient.InferInput("IMAGES", [1, 1], "BYTES")]),
     }
 
 
@@ -293,7 +294,7 @@ def test_the_same_bad_inputs_get_the_same_status_codes(both, images):
             assert "\n" not in err.value.message() and "Traceback" not in err.value.message(), (what, server)
     differ = {w: s for w, s in got.items() if s["serve"] != s["triton"]}
     assert not differ, f"status codes differ: {differ}"
-    assert {s["serve"] for s in got.values()} == {"400"}
+    assert {w: s["serve"] for w, s in got.items()} == {w: "404" if w == "unknown model" else "400" for w in got}
 
 
 # ------------------------------------------------------------------------------------------ the READMEs
