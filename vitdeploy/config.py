@@ -191,6 +191,8 @@ class ServeSection(_Section):
     host: str = Field("127.0.0.1", min_length=1, description="address to listen on (0.0.0.0 exposes it to the network)")
     port: int = Field(8000, ge=1, le=65535)
     metrics_port: int = Field(8080, ge=1, le=65535, description="Prometheus metrics of the local Ray node (/metrics)")
+    grpc_port: Optional[int] = Field(None, ge=1, le=65535, description="KServe v2 gRPC (tritonclient.grpc) through "
+                                     "Ray Serve's gRPC proxy on this port; null = off (needs tritonclient[grpc])")
     top_k: int = Field(5, ge=1, description="K of TOPK_LABELS/TOPK_SCORES and of POST /predict (clipped to the classes)")
     max_batch_size: int = Field(16, ge=1, description="images per model call (@serve.batch max_batch_size)")
     batch_wait_timeout_s: float = Field(0.01, ge=0, le=10, description="how long a batch waits to fill (@serve.batch)")

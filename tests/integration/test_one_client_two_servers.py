@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient not installed (pip install 'tritonclient[http]')")
+grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[grpc]')")
 pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
@@ -111,11 +112,12 @@ def triton(repo: Path, shipped_env: Path):
 
 @pytest.fixture(scope="module")
 def serve(demo_artifacts: Path, tmp_path_factory):
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     cfg = tmp_path_factory.mktemp("serve_cfg") / "pipeline.yaml"
     cfg.write_text("runtime: {threads: 1, max_image_pixels: %d}\n"
                    "serve: {max_batch_size: 8, batch_wait_timeout_s: 0.005, decode_threads: 2, metrics_port: %d,\n"
-                   "        max_images_per_request: %d, num_cpus_per_replica: 1}\n" % (MAX_PIXELS, free_port(), MAX_BATCH))
+                   "        max_images_per_request: %d, num_cpus_per_replica: 1, grpc_port: %d}\n"
+                   % (MAX_PIXELS, free_port(), MAX_BATCH, grpc_port))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     proc = subprocess.Popen([sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(demo_artifacts), "-b", "ort",
                              "--port", str(port), "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -134,7 +136,8 @@ def serve(demo_artifacts: Path, tmp_path_factory):
     if not ready.wait(240) or proc.poll() is not None:
         proc.kill()
         pytest.fail("vitdeploy serve did not start:\n" + "\n".join(lines[-30:]))
-    yield f"127.0.0.1:{port}"
+    assert f"gRPC:  127.0.0.1:{grpc_port}" in "\n".join(lines)
+    yield {"http": f"127.0.0.1:{port}", "grpc": f"127.0.0.1:{grpc_port}"}
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(120)
@@ -147,12 +150,17 @@ def url(request) -> str:
     """The HTTP address of each server in turn."""
     if request.param == "triton":
         return request.getfixturevalue("triton").http_url
-    return request.getfixturevalue("serve")
+    return request.getfixturevalue("serve")["http"]
 
 
 @pytest.fixture(scope="module")
 def both(serve, triton) -> dict[str, str]:
-    return {"serve": serve, "triton": triton.http_url}
+    return {"serve": serve["http"], "triton": triton.http_url}
+
+
+@pytest.fixture(scope="module")
+def both_grpc(serve, triton) -> dict[str, str]:
+    return {"serve": serve["grpc"], "triton": triton.grpc_url}
 
 
 def _client(url: str):
@@ -324,3 +332,49 @@ def test_the_readme_examples_run_against_both_servers(both, repo, images, tmp_pa
         result = scope["result"]
         _assert_answer(result, want, f"{readme} README against {server}")
         assert want[1][0][0] in out.getvalue()
+
+
+# ------------------------------------------------------------------------------------------ gRPC
+
+
+def _grpc_infer(u: str, blobs: list[bytes], shape: list[int] | None = None, **kwargs):
+    data = np.array(blobs, dtype=object).reshape(shape or [len(blobs), 1])
+    inp = grpcclient.InferInput("IMAGES", list(data.shape), "BYTES")
+    inp.set_data_from_numpy(data)
+    return grpcclient.InferenceServerClient(u).infer(NAME, [inp], client_timeout=120, **kwargs)
+
+
+def test_tritonclient_grpc_gets_the_same_answers_from_both(both_grpc, predictor, images):
+    blobs = [images[n] for n in sorted(images)]
+    want = _expected(predictor, blobs)
+    for server, u in both_grpc.items():
+        client = grpcclient.InferenceServerClient(u)
+        assert client.is_server_live() and client.is_model_ready(NAME), server
+        meta = client.get_model_metadata(NAME, as_json=True)
+        assert meta["inputs"] == [{"name": "IMAGES", "datatype": "BYTES", "shape": ["-1", "1"]}], server
+        cfg = client.get_model_config(NAME, as_json=True)["config"]
+        assert [(t["name"], t["data_type"], t["dims"]) for t in cfg["input"]] == [("IMAGES", "TYPE_STRING", ["1"])]
+        _assert_answer(_grpc_infer(u, blobs[:1]), _expected(predictor, blobs[:1]), f"grpc {server} one")
+        _assert_answer(_grpc_infer(u, blobs), want, f"grpc {server} batch")
+        stats = client.get_inference_statistics(NAME, as_json=True)["model_stats"][0]["inference_stats"]
+        assert int(stats["success"]["count"]) >= 2, server
+
+
+def test_grpc_refusals_have_the_same_codes_on_both(both_grpc, images):
+    jpeg = images["astronaut.jpg"]
+    calls = {
+        "not an image": lambda u: _grpc_infer(u, [b"hello, not a picture"]),
+        "truncated": lambda u: _grpc_infer(u, [jpeg[: len(jpeg) // 3]]),
+        "two images in one row": lambda u: _grpc_infer(u, [jpeg, jpeg], shape=[1, 2]),
+        "class_count on LOGITS": lambda u: _grpc_infer(u, [jpeg], outputs=[grpcclient.InferRequestedOutput("LOGITS", class_count=3)]),
+        "unknown model": lambda u: grpcclient.InferenceServerClient(u).get_model_metadata("no-such-model"),
+    }
+    got: dict[str, dict[str, str]] = {}
+    for what, call in calls.items():
+        for server, u in both_grpc.items():
+            with pytest.raises(InferenceServerException) as err:
+                call(u)
+            got.setdefault(what, {})[server] = str(err.value.status())
+    assert all(s["serve"] == s["triton"] for s in got.values()), got
+    assert got["unknown model"]["serve"] == "StatusCode.NOT_FOUND"
+    assert got["not an image"]["serve"] == "StatusCode.INVALID_ARGUMENT"

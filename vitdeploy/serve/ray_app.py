@@ -29,6 +29,7 @@ from ray import serve
 
 from ..runtime.backends.base import BackendOptions
 from . import content_encoding, protocol
+from .kserve_grpc import KServeGrpcMethods, register_proto_modules
 from .kserve_model import InferenceStats, model_config
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,9 @@ def _error(exc: protocol.RequestError) -> JSONResponse:
 
 @serve.deployment(name="ViTClassifier")
 @serve.ingress(api)
-class ViTClassifier:
-    """One replica: a Predictor, a decoding thread pool and the batched model call."""
+class ViTClassifier(KServeGrpcMethods):
+    """One replica: a Predictor, a decoding thread pool and the batched model call; the KServe v2
+    gRPC methods (``ModelInfer``...) come from :class:`KServeGrpcMethods` (Ray Serve's gRPC proxy)."""
 
     def __init__(self, spec: ReplicaSpec) -> None:
         from ..runtime.predictor import Predictor
@@ -79,6 +81,7 @@ class ViTClassifier:
         self.top_k = max(1, min(spec.top_k, self.num_classes))
         self.preprocessor = self.predictor.preprocessor
         self.stats = InferenceStats()  # GET /v2/models/<name>/stats (this replica's requests)
+        register_proto_modules()  # gRPC requests arrive pickled from Ray's gRPC proxy (serve.grpc_port)
         self._decode_pool = ThreadPoolExecutor(spec.decode_threads, thread_name_prefix="vitdeploy-decode")
         self._infer_pool = ThreadPoolExecutor(spec.concurrent_batches, thread_name_prefix="vitdeploy-infer")
         # Ray's batch handler, built here because its settings come from pipeline.yaml (serve:).
