@@ -16,6 +16,7 @@ _INSTALL_HINTS = {
     "onnxconverter_common": "pip install 'vitdeploy[export]'",
     "tensorrt": "pip install 'vitdeploy[tensorrt-cu12]' (driver R535+) or 'vitdeploy[tensorrt-cu13]' (driver R580+)",
     "PIL": "pip install pillow",
+    "tritonclient": "pip install 'tritonclient[grpc]'",
 }
 
 
