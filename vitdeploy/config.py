@@ -200,7 +200,8 @@ class ServeSection(_Section):
     concurrent_batches: int = Field(2, ge=1, le=64, description=(
         "model calls a replica runs at once (@serve.batch max_concurrent_batches): the next batch runs while "
         "the last one's answers go out, so the cores or the GPU never wait on Ray"))
-    max_images_per_request: int = Field(32, ge=1, description="more images in one request -> 413")
+    max_images_per_request: int = Field(32, ge=1, description="more images in one request -> 413 (POST /predict), "
+                                        "400 (v2, as Triton)")
     max_request_mb: float = Field(64.0, gt=0, description="larger request bodies -> 413")
     replicas: int = Field(1, ge=1)
     num_cpus_per_replica: float = Field(1.0, ge=0)

@@ -106,7 +106,7 @@ def shipped_env(repo: Path, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def triton(repo: Path, shipped_env: Path):
-    with BundledTriton(VENV, repo, load=[NAME], python_env=shipped_env) as server:
+    with BundledTriton(VENV, repo, load=[NAME], python_env=shipped_env, log_verbose=1) as server:
         yield server
 
 
@@ -204,9 +204,10 @@ def test_the_python_models_run_from_the_repositorys_wheel_and_pins_alone(triton,
     assert not any(str(ROOT) in p.read_text() for p in shipped_env.glob("lib/python*/site-packages/*.pth"))
     client = _client(triton.http_url)
     assert client.is_model_ready(NAME) and client.get_server_metadata()["name"] == "triton"
-    # model_warmup ran before READY: the inference model answered zero batches while loading.
-    assert re.search(r"model_warmup|warm(ing)?[ -]?up", triton.log_tail(400), re.I) or \
-        _client(triton.http_url).get_model_config(f"{NAME}_ort_python")["model_warmup"]
+    # model_warmup ran while the inference model loaded (a failed warm-up fails the load, so READY means warm).
+    log = triton.log_path.read_text(encoding="utf-8", errors="replace")
+    warmed = re.findall(r"Generating warmup sample data for '(zeros_batch_\d+)'", log)
+    assert sorted(set(warmed)) == ["zeros_batch_1", "zeros_batch_32", "zeros_batch_8"], warmed
 
 
 # ------------------------------------------------------------------------------------------ same answers
@@ -288,6 +289,7 @@ def _bad_calls(images: dict[str, bytes]) -> dict[str, object]:
         "FP32 instead of BYTES": fp32_input,
         "another input name": wrong_name,
         "class_count on LOGITS": class_count,
+        "more images than the batch limit": lambda u: _infer(u, [images["coffee.jpg"]] * (MAX_BATCH + 1)),
         "unknown model": lambda u: _client(u).infer("no-such-model", [httpclient.InferInput("IMAGES", [1, 1], "BYTES")]),
     }
 

@@ -18,7 +18,8 @@ answers for the same bytes (see SERVE_CONTRACT.md):
   :func:`encode_infer_response`, plus :func:`model_metadata`.
 
 Status codes: a bad image (empty, not an image, truncated, decompression bomb) is 400, as Triton
-answers for a failed request; too many images or too large a body is 413; a content type that is
+answers for a failed request; too many images is 413 on ``POST /predict`` and 400 on the v2 protocol
+(Triton's status for a batch over ``max_batch_size``); too large a body is 413; a content type that is
 neither an image, multipart nor the v2 protocol is 415. Requests beyond the server's queue get 503
 from the server itself (Ray Serve's ``max_queued_requests``, Triton's queue policy).
 """
@@ -103,14 +104,15 @@ def _kind_of(message: str) -> str:
     return "corrupt"
 
 
-def check_image_count(count: int, max_images: int) -> None:
-    """RequestError unless 1 <= ``count`` <= ``max_images`` (0: 400 ``empty``; too many: 413)."""
+def check_image_count(count: int, max_images: int, too_many_status: int = 413) -> None:
+    """RequestError unless 1 <= ``count`` <= ``max_images`` (0: 400 ``empty``; too many:
+    ``too_many_status``, 413 for POST /predict, 400 on the v2 protocol as Triton answers)."""
     if count < 1:
         raise RequestError("the request holds no image; send one or more encoded images (JPEG, PNG, ...)",
                            400, "empty")
     if count > max_images:
         raise RequestError(f"too many images in one request: {count}, the limit is {max_images}; "
-                           f"split the request", 413, "too_many")
+                           f"split the request", too_many_status, "too_many")
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,7 +258,7 @@ def parse_infer_request(body: bytes, header_length: int | str | None, max_images
 
     The request must carry exactly one input, :data:`INPUT`, datatype BYTES, shape ``[N]`` or
     ``[N, 1]``, either as binary data (``parameters.binary_data_size``) or as a JSON list of
-    strings (their UTF-8 bytes, as Triton reads them). RequestError (400, or 413 beyond
+    strings (their UTF-8 bytes, as Triton reads them). RequestError (400, also beyond
     ``max_images``) otherwise.
     """
     if header_length is None or header_length == "":
@@ -284,7 +286,9 @@ def parse_infer_request(body: bytes, header_length: int | str | None, max_images
     if tensor.get("datatype") != "BYTES":
         raise RequestError(f"input {INPUT} must have datatype BYTES, got {tensor.get('datatype')!r}")
     count = _count_from_shape(tensor.get("shape"))
-    check_image_count(count, max_images)
+    # 400 beyond the batch limit, as Triton answers ("batch-size must be <= max_batch_size"), so one client
+    # sees the same status from both servers.
+    check_image_count(count, max_images, too_many_status=400)
     params = tensor.get("parameters") or {}
     if not isinstance(params, dict):
         raise RequestError(f"input {INPUT}: \"parameters\" must be an object")
