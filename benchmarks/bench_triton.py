@@ -16,6 +16,14 @@ Reported: images/s (median over rounds, spread), triton / best in-process, p50/p
 dynamic batch size of the inference model (Triton's statistics: inferences / executions), the load
 average before and after; a ratio is flagged when load or spread makes it unreliable.
 
+Sizing the CPU of a GPU deployment: the python preprocessing model (``<name>_preprocess``: decode +
+resize + normalise, in its own ``triton_python_backend_stub`` process per instance) is measured
+after the rounds over one more pass of the requests: the CPU seconds its stub processes used
+(user + system, from /proc, all its threads) per request, and the cores that makes per 1,000
+images/s (= ms of CPU per image); beside it Triton's own compute time of that model per request
+(wall time, decoding threads overlapping). The images are the same JPEG photos, so the figure is
+per image of that size; on a GPU the inference model leaves this CPU cost unchanged.
+
     .venv/bin/python benchmarks/bench_triton.py                     # demo + ViT-S/16 (exported once)
     .venv/bin/python benchmarks/bench_triton.py --models demo --rounds 5
 """
@@ -23,6 +31,8 @@ average before and after; a ratio is flagged when load or spread makes it unreli
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -38,6 +48,56 @@ def inference_stats(client, model: str) -> tuple[int, int]:
     """(inferences, executions) of ``model`` so far: their ratio is the mean dynamic batch size."""
     stats = client.get_inference_statistics(model_name=model)["model_stats"][0]
     return int(stats["inference_count"]), int(stats["execution_count"])
+
+
+def _children(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        kids = [c for c, p in parents.items() if p == pid]
+        found += kids
+        todo += kids
+    return found
+
+
+def stub_cpu_seconds(server_pid: int, model: str) -> float:
+    """CPU seconds (user + system, all threads) used so far by the python backend stubs of ``model``."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for pid in _children(server_pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if f"/{model}/" not in cmdline or "triton_python_backend_stub" not in cmdline:
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
+def preprocess_cost(server, client, model: str, run, requests: int) -> dict[str, float]:
+    """CPU and Triton compute time of the preprocessing model per request over one pass of ``run``."""
+    def triton_ns() -> tuple[int, int]:
+        s = client.get_inference_statistics(model_name=model)["model_stats"][0]["inference_stats"]
+        return int(s["success"]["count"]), sum(int(s[k]["ns"]) for k in ("compute_input", "compute_infer", "compute_output"))
+
+    cpu0, (n0, ns0) = stub_cpu_seconds(server.process.pid, model), triton_ns()
+    run()
+    cpu1, (n1, ns1) = stub_cpu_seconds(server.process.pid, model), triton_ns()
+    cpu_ms = (cpu1 - cpu0) * 1000.0 / max(requests, 1)
+    out = {"preprocess_cpu_ms_per_request": cpu_ms, "preprocess_cores_per_1000_img_s": cpu_ms,
+           "preprocess_triton_compute_ms_per_request": (ns1 - ns0) / 1e6 / max(n1 - n0, 1)}
+    print(f"  {model}: {cpu_ms:.2f} ms CPU per request (decode + preprocess, 1 image each) -> "
+          f"{cpu_ms:.1f} cores per 1,000 images/s; Triton compute time {out['preprocess_triton_compute_ms_per_request']:.2f} "
+          f"ms per request", flush=True)
+    return out
 
 
 def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: list[bytes]) -> dict[str, object]:
@@ -78,12 +138,15 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
         variants = in_process_variants(predictor, work, args)
         concurrent(via_triton, work[:args.clients * 2], args.clients,  # warm-up
                    lambda: httpclient.InferenceServerClient(server.http_url))
-        return compare_rounds("triton", {**variants, "triton": triton}, args.rounds,
-                              probe=lambda: inference_stats(stats_client, f"{repo.name}_ort_python"),
-                              mean_batch=lambda before, after: (after[0] - before[0]) / max(after[1] - before[1], 1))
+        result = compare_rounds("triton", {**variants, "triton": triton}, args.rounds,
+                                probe=lambda: inference_stats(stats_client, f"{repo.name}_ort_python"),
+                                mean_batch=lambda before, after: (after[0] - before[0]) / max(after[1] - before[1], 1))
+        result.update(preprocess_cost(server, stats_client, f"{repo.name}_preprocess", triton, len(work)))
+        return result
     finally:
         server.stop()
         predictor.close()
+        shutil.rmtree(repo.path.parent, ignore_errors=True)
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ _INSTALL_HINTS = {
     "onnxconverter_common": "pip install 'vitdeploy[export]'",
     "tensorrt": f"driver R535+: {tensorrt_install_command(12)}; driver R580+: {tensorrt_install_command(13)}",
     "PIL": "pip install pillow",
+    "tritonclient": "pip install 'tritonclient[grpc]'",
 }
 
 

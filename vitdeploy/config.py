@@ -152,9 +152,11 @@ class TritonSection(_Section):
     decode_threads: int = Field(4, ge=1, le=256, description="threads per preprocess instance")
     max_queue_delay_us: int = Field(2000, ge=0, description="dynamic batching: how long a batch waits to fill")
     max_queue_size: int = Field(128, ge=0, description="queued requests beyond this get 503 at once (0 = unbounded)")
-    onnx_tensorrt: bool = Field(True, description="_onnx model: ONNX Runtime's TensorRT EP in FP16 on a GPU")
-    trt_cache_dir: str = Field("/tmp/vitdeploy-trt-cache", min_length=1,
-                               description="where the TensorRT EP caches engines inside the container")
+    onnx_precision: Literal["auto", "fp32", "fp16"] = Field(
+        "auto", description="graph of the _onnx model: fp32 = model.onnx (CUDA EP), fp16 = model.fp16.onnx with its "
+        "validated keep-float list (TensorRT EP, no re-cast); auto = fp16 when the export validated it, else fp32")
+    repository_mount: str = Field("/models", pattern=r"^/", description="where the repository is mounted inside the "
+                                  "container; the TensorRT EP caches its engines in <mount>/<name>_onnx/trt_cache")
     ort_threads: Optional[int] = Field(None, ge=1, description="_ort_python: ONNX Runtime intra-op threads")
 
 
@@ -193,6 +195,8 @@ class ServeSection(_Section):
     host: str = Field("127.0.0.1", min_length=1, description="address to listen on (0.0.0.0 exposes it to the network)")
     port: int = Field(8000, ge=1, le=65535)
     metrics_port: int = Field(8080, ge=1, le=65535, description="Prometheus metrics of the local Ray node (/metrics)")
+    grpc_port: Optional[int] = Field(None, ge=1, le=65535, description="KServe v2 gRPC (tritonclient.grpc) through "
+                                     "Ray Serve's gRPC proxy on this port; null = off (needs tritonclient[grpc])")
     top_k: int = Field(5, ge=1, description="K of TOPK_LABELS/TOPK_SCORES and of POST /predict (clipped to the classes)")
     max_batch_size: int = Field(16, ge=1, description="images per model call (@serve.batch max_batch_size)")
     batch_wait_timeout_s: float = Field(0.01, ge=0, le=10, description="how long a batch waits to fill (@serve.batch)")
@@ -200,7 +204,8 @@ class ServeSection(_Section):
     concurrent_batches: int = Field(2, ge=1, le=64, description=(
         "model calls a replica runs at once (@serve.batch max_concurrent_batches): the next batch runs while "
         "the last one's answers go out, so the cores or the GPU never wait on Ray"))
-    max_images_per_request: int = Field(32, ge=1, description="more images in one request -> 413")
+    max_images_per_request: int = Field(32, ge=1, description="more images in one request -> 413 (POST /predict), "
+                                        "400 (v2, as Triton)")
     max_request_mb: float = Field(64.0, gt=0, description="larger request bodies -> 413")
     replicas: int = Field(1, ge=1)
     num_cpus_per_replica: float = Field(1.0, ge=0)

@@ -118,6 +118,13 @@ class TooManyImagesError(RequestError):
     kind = "too_many"
 
 
+class BatchTooLargeError(RequestError):
+    """More images in one v2 inference request than the model's max batch: 400, as Triton answers
+    ("batch-size must be <= N"); POST /predict says 413 (TooManyImagesError) for the same count."""
+
+    kind = "too_many"
+
+
 class BodyTooLargeError(RequestError):
     """More bytes were sent (declared or actually read) than the server accepts."""
 

@@ -82,11 +82,21 @@ def test_every_config_parses_into_tritons_model_config_with_the_manifests_values
     assert onnx.dynamic_batching.max_queue_delay_microseconds == 2000
     assert onnx.dynamic_batching.default_queue_policy.max_queue_size == 7
     assert [(g.count, g.kind) for g in onnx.instance_group] == [(2, pb.ModelInstanceGroup.KIND_CPU)]
+    # The export validated model.fp16.onnx, so "auto" serves that graph as it is: the TensorRT EP without
+    # its FP16 flag (no re-cast of the keep-float nodes), its engine cache in the model's own folder.
+    assert onnx.default_model_filename == "model.fp16.onnx"
     (trt_ep,) = onnx.optimization.execution_accelerators.gpu_execution_accelerator
     assert trt_ep.name == "tensorrt"
-    assert trt_ep.parameters["precision_mode"] == "FP16"
+    assert trt_ep.parameters["precision_mode"] == "FP32"
     assert trt_ep.parameters["trt_engine_cache_enable"] == "1"
+    assert trt_ep.parameters["trt_engine_cache_path"] == f"/models/{NAME}_onnx/trt_cache"
+    assert (tmp_path / "repo" / f"{NAME}_onnx" / "trt_cache").is_dir()
     assert trt_ep.parameters["trt_profile_max_shapes"] == f"pixel_values:{batch['max']}x" + "x".join(map(str, chw))
+    # Ready means warm: zero batches at 1, opt and max run before the model is READY.
+    for model in (f"{NAME}_onnx", f"{NAME}_ort_python"):
+        warm = cfg[model].model_warmup
+        assert [w.batch_size for w in warm] == sorted({1, batch["opt"], batch["max"]}), model
+        assert all(list(w.inputs["pixel_values"].dims) == chw and w.inputs["pixel_values"].zero_data for w in warm)
     labels = (tmp_path / "repo" / f"{NAME}_onnx" / "labels.txt").read_text().splitlines()
     assert labels == manifest["labels"]
 
@@ -123,8 +133,77 @@ def test_every_config_parses_into_tritons_model_config_with_the_manifests_values
     assert {o.name for o in ens.output} <= available
 
     # The copied ONNX is the verified artifact, byte for byte.
-    copied = tmp_path / "repo" / f"{NAME}_onnx" / "1" / "model.onnx"
-    assert sha256_file(copied) == manifest["artifacts"]["onnx"]["sha256"]
+    copied = tmp_path / "repo" / f"{NAME}_onnx" / "1" / "model.fp16.onnx"
+    assert sha256_file(copied) == manifest["artifacts"]["onnx-fp16"]["sha256"]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_the_onnx_model_serves_the_graph_the_export_validated_as_chosen(demo_artifacts: Path, tmp_path: Path,
+                                                                         precision: str):
+    manifest = json.loads((demo_artifacts / "manifest.json").read_text())
+    res = run("triton-repo", "-a", str(demo_artifacts), "-o", str(tmp_path / "repo"), "-c",
+              str(write_yaml(tmp_path, f"triton: {{onnx_precision: {precision}, repository_mount: /srv/m}}\n")))
+    assert res.exit_code == 0, res.output
+    onnx = configs(tmp_path / "repo")[f"{NAME}_onnx"]
+    files = sorted(p.name for p in (tmp_path / "repo" / f"{NAME}_onnx" / "1").iterdir())
+    if precision == "fp32":  # model.onnx on the CUDA EP (Triton's onnxruntime default on a GPU): no accelerator
+        assert files == ["model.onnx"] and onnx.default_model_filename == "model.onnx"
+        assert not onnx.optimization.execution_accelerators.gpu_execution_accelerator
+        assert sha256_file(tmp_path / "repo" / f"{NAME}_onnx" / "1" / "model.onnx") == manifest["artifacts"]["onnx"]["sha256"]
+    else:
+        assert files == ["model.fp16.onnx"]
+        (ep,) = onnx.optimization.execution_accelerators.gpu_execution_accelerator
+        assert ep.parameters["trt_engine_cache_path"] == f"/srv/m/{NAME}_onnx/trt_cache"
+        assert ep.parameters["precision_mode"] == "FP32" and "trt_fp16_enable" not in ep.parameters
+
+
+def test_fp16_is_refused_when_the_export_did_not_validate_it(demo_artifacts: Path, tmp_path: Path):
+    bad = tmp_path / "art"
+    shutil.copytree(demo_artifacts, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    manifest["validation"]["validate-fp16"]["passed"] = False
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    res = run("triton-repo", "-a", str(bad), "-o", str(tmp_path / "repo"), "-c",
+              str(write_yaml(tmp_path, "triton: {onnx_precision: fp16}\n")))
+    assert res.exit_code == 2 and "validate-fp16" in res.output and not (tmp_path / "repo").exists()
+    res = run("triton-repo", "-a", str(bad), "-o", str(tmp_path / "repo"))  # auto falls back to the FP32 graph
+    assert res.exit_code == 0, res.output
+    assert parse(tmp_path / "repo" / f"{NAME}_onnx" / "config.pbtxt").default_model_filename == "model.onnx"
+
+
+def test_the_repository_ships_a_dockerfile_its_wheel_and_pinned_requirements(demo_artifacts: Path, tmp_path: Path):
+    import zipfile
+
+    from vitdeploy import __version__
+    from vitdeploy.serve.triton_package import copy_sources
+    from vitdeploy.serve.triton_versions import IMAGE, TRITON_RELEASES, latest_release
+
+    repo = tmp_path / "repo"
+    assert run("triton-repo", "-a", str(demo_artifacts), "-o", str(repo)).exit_code == 0
+    lines = (repo / "Dockerfile").read_text().splitlines()
+    (base,) = [line.split()[1] for line in lines if line.startswith("FROM ")]
+    assert base == f"{IMAGE}:{latest_release()}-py3" and base.split(":")[1][:-4] in TRITON_RELEASES
+    sources = copy_sources(lines)
+    assert sources and all((repo / src).exists() for src in sources), sources
+    wheel = repo / "wheels" / f"vitdeploy-{__version__}-py3-none-any.whl"
+    assert f"--no-deps /opt/vitdeploy/wheels/{wheel.name}" in "\n".join(lines)
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        assert zf.testzip() is None
+        assert {"vitdeploy/serve/triton_models.py", "vitdeploy/runtime/preprocess.py",
+                f"vitdeploy-{__version__}.dist-info/RECORD"} <= names
+        assert not any("__pycache__" in n for n in names)
+        assert f"Version: {__version__}" in zf.read(f"vitdeploy-{__version__}.dist-info/METADATA").decode()
+    reqs = [r for r in (repo / "requirements.txt").read_text().splitlines() if r and not r.startswith("#")]
+    assert all("==" in r for r in reqs) and "numpy==1.26.4" in reqs  # numpy < 2 for the python stub
+    assert {r.split("==")[0] for r in reqs} >= {"numpy", "pillow", "onnxruntime"}
+    # The Docker build context is the wheel and the pins, never the models.
+    assert (repo / ".dockerignore").read_text().splitlines()[0] == "*"
+    readme = (repo / "README.md").read_text()
+    assert "docker build -t" in readme and '-v "$PWD":/models' in readme and "pip install 'vitdeploy" not in readme
+    # The same vitdeploy gives the same wheel, byte for byte.
+    assert run("triton-repo", "-a", str(demo_artifacts), "-o", str(tmp_path / "again")).exit_code == 0
+    assert (tmp_path / "again" / "wheels" / wheel.name).read_bytes() == wheel.read_bytes()
 
 
 def test_with_an_engine_the_trt_model_is_the_ensembles_and_the_readme_names_the_matching_triton(with_engine: Path,
@@ -146,7 +225,8 @@ def test_with_an_engine_the_trt_model_is_the_ensembles_and_the_readme_names_the_
     readme = (tmp_path / "repo" / "README.md").read_text()
     assert "nvcr.io/nvidia/tritonserver:25.10-py3" in readme
     assert f"TensorRT {FAKE_TRT}" in readme and "25.09 or 25.10" in readme
-    assert "pip install 'vitdeploy[cpu]==" in readme and "tritonclient" in readme
+    assert "FROM nvcr.io/nvidia/tritonserver:25.10-py3" in (tmp_path / "repo" / "Dockerfile").read_text()
+    assert "docker build" in readme and "tritonclient" in readme
 
 
 def test_a_tampered_artifact_is_refused_and_no_repository_is_left(with_engine: Path, tmp_path: Path):
@@ -181,7 +261,7 @@ def test_trt_inference_without_an_engine_is_a_config_error(demo_artifacts: Path,
 
 
 def test_the_triton_release_is_matched_on_the_tensorrt_version_and_never_guessed():
-    from vitdeploy.serve.triton_readme import _container
+    from vitdeploy.serve.triton_versions import container_release as _container
     from vitdeploy.serve.triton_versions import latest_release, triton_releases_for
 
     assert triton_releases_for("10.13.3.9") == ["25.09", "25.10"]

@@ -75,7 +75,7 @@ def test_json_tensors_in_and_out():
     ({"inputs": [{"name": "IMAGES", "datatype": "FP32", "shape": [1], "data": [1.0]}]}, 400, "datatype BYTES"),
     ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [1, 2], "data": ["a", "b"]}]}, 400, "shape"),
     ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [0], "data": []}]}, 400, "no image"),
-    ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [9], "data": ["a"] * 9}]}, 413, "too many images"),
+    ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [9], "data": ["a"] * 9}]}, 400, "too many images"),
     ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [2], "data": ["a"]}]}, 400, "data holds 1"),
     ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
       "outputs": [{"name": "PROBS"}]}, 400, "unknown output 'PROBS'"),
@@ -118,7 +118,7 @@ def test_images_from_tensor_accepts_n_and_n_by_1():
 
 def test_metadata_describes_the_contract():
     meta = P.model_metadata("demo", num_classes=3, k=5)
-    assert meta["inputs"] == [{"name": "IMAGES", "datatype": "BYTES", "shape": [-1]}]
+    assert meta["inputs"] == [{"name": "IMAGES", "datatype": "BYTES", "shape": [-1, 1]}]
     assert [o["shape"] for o in meta["outputs"]] == [[-1, 3], [-1, 3], [-1, 3]]
 
 

@@ -19,7 +19,8 @@ answers for the same bytes (see SERVE_CONTRACT.md):
   :func:`encode_infer_response`, plus :func:`model_metadata`.
 
 Status codes: a bad image (empty, not an image, truncated, decompression bomb) is 400, as Triton
-answers for a failed request; too many images or too large a body is 413; a content type that is
+answers for a failed request; too many images is 413 on ``POST /predict`` and 400 on the v2 protocol
+(Triton's status for a batch over ``max_batch_size``); too large a body is 413; a content type that is
 neither an image, multipart nor the v2 protocol is 415. Requests beyond the server's queue get 503
 from the server itself (Ray Serve's ``max_queued_requests``, Triton's queue policy).
 """
@@ -36,7 +37,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import (EmptyImageError, EmptyRequestError, ImageError, InputError, RequestError,
+from ..errors import (BatchTooLargeError, EmptyImageError, EmptyRequestError, ImageError, InputError, RequestError,
                       TooManyImagesError)
 from .http_errors import one_line
 
@@ -72,13 +73,14 @@ def model_name(manifest_name: str) -> str:
 # errors
 
 
-def check_image_count(count: int, max_images: int) -> None:
-    """RequestError unless 1 <= ``count`` <= ``max_images`` (0: 400 ``empty``; too many: 413)."""
+def check_image_count(count: int, max_images: int,
+                      too_many: type[RequestError] = TooManyImagesError) -> None:
+    """RequestError unless 1 <= ``count`` <= ``max_images`` (0: EmptyRequestError; too many: ``too_many``,
+    TooManyImagesError (413) for POST /predict, BatchTooLargeError (400) on the v2 protocol as Triton answers)."""
     if count < 1:
         raise EmptyRequestError("the request holds no image; send one or more encoded images (JPEG, PNG, ...)")
     if count > max_images:
-        raise TooManyImagesError(f"too many images in one request: {count}, the limit is {max_images}; "
-                                 f"split the request")
+        raise too_many(f"too many images in one request: {count}, the limit is {max_images}; split the request")
 
 
 # --------------------------------------------------------------------------------------------
@@ -225,7 +227,7 @@ def parse_infer_request(body: bytes, header_length: int | str | None, max_images
 
     The request must carry exactly one input, :data:`INPUT`, datatype BYTES, shape ``[N]`` or
     ``[N, 1]``, either as binary data (``parameters.binary_data_size``) or as a JSON list of
-    strings (base64, else their UTF-8 bytes as Triton reads them). RequestError (400, or 413 beyond
+    strings (base64, else their UTF-8 bytes as Triton reads them). RequestError (400, also beyond
     ``max_images``) otherwise.
     """
     if header_length is None or header_length == "":
@@ -253,7 +255,9 @@ def parse_infer_request(body: bytes, header_length: int | str | None, max_images
     if tensor.get("datatype") != "BYTES":
         raise RequestError(f"input {INPUT} must have datatype BYTES, got {tensor.get('datatype')!r}")
     count = _count_from_shape(tensor.get("shape"))
-    check_image_count(count, max_images)
+    # 400 beyond the batch limit, as Triton answers ("batch-size must be <= max_batch_size"), so one client
+    # sees the same status from both servers.
+    check_image_count(count, max_images, BatchTooLargeError)
     params = tensor.get("parameters") or {}
     if not isinstance(params, dict):
         raise RequestError(f"input {INPUT}: \"parameters\" must be an object")
@@ -336,6 +340,10 @@ def _requested_outputs(doc: dict[str, Any]) -> dict[str, bool]:
         if name not in OUTPUTS:
             raise RequestError(f"unknown output {name!r}; this model has {', '.join(OUTPUTS)}")
         p = item.get("parameters") or {}
+        if isinstance(p, dict) and "classification" in p:
+            # As Triton answers for an ensemble's outputs: the top-k is TOPK_LABELS / TOPK_SCORES.
+            raise RequestError(f"output {name}: the classification extension (class_count) is not supported by this "
+                               f"model (an ensemble); read {TOPK_LABELS} and {TOPK_SCORES} instead")
         out[name] = _flag(p.get("binary_data", default_binary), f"output {name}: parameters.binary_data") \
             if isinstance(p, dict) else default_binary
     return out
@@ -381,7 +389,8 @@ def model_metadata(model: str, num_classes: int, k: int = DEFAULT_TOP_K, platfor
         "name": model,
         "versions": [MODEL_VERSION],
         "platform": platform,
-        "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1]}],
+        # [-1, 1] as the Triton ensemble publishes it; requests with shape [N] are accepted too.
+        "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1, 1]}],
         "outputs": [
             {"name": LOGITS, "datatype": "FP32", "shape": [-1, int(num_classes)]},
             {"name": TOPK_LABELS, "datatype": "BYTES", "shape": [-1, kk]},

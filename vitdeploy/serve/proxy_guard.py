@@ -166,7 +166,7 @@ class ProxyGuard:
             return await answer_error(send, UnavailableError("no model is ready yet"))
         from .. import __version__
 
-        body = json.dumps({"name": "vitdeploy", "version": __version__, "extensions": ["binary_tensor_data"],
+        body = json.dumps({"name": "vitdeploy", "version": __version__, "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
                            "models": models}).encode()
         return await _answer(send, 200, body)
 

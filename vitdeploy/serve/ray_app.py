@@ -18,6 +18,7 @@ Importing this module imports Ray and FastAPI: only ``vitdeploy serve`` does (la
 import asyncio
 import logging
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple
@@ -33,8 +34,10 @@ from ..errors import (BodyTooLargeError, EmptyRequestError, MethodNotAllowedErro
                       TooManyImagesError, UnsupportedMediaError)
 from ..runtime.backends import first_line
 from ..runtime.backends.base import BackendOptions
-from . import protocol
+from . import content_encoding, protocol
 from .http_errors import error_body, status_of
+from .kserve_grpc import KServeGrpcMethods, register_proto_modules
+from .kserve_model import InferenceStats, model_config
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +137,9 @@ def open_artifacts(source: Any) -> Any:
 
 @serve.deployment(name="ViTClassifier")
 @serve.ingress(api)
-class ViTClassifier:
-    """One replica: a Predictor, a decoding thread pool and the batched model call."""
+class ViTClassifier(KServeGrpcMethods):
+    """One replica: a Predictor, a decoding thread pool and the batched model call; the KServe v2
+    gRPC methods (``ModelInfer``...) come from :class:`KServeGrpcMethods` (Ray Serve's gRPC proxy)."""
 
     def __init__(self, spec: ReplicaSpec) -> None:
         from ..runtime.predictor import Predictor
@@ -152,6 +156,8 @@ class ViTClassifier:
         self.num_classes = int(warm.shape[1])
         self.top_k = max(1, min(spec.top_k, self.num_classes))
         self.preprocessor = self.predictor.preprocessor
+        self.stats = InferenceStats()  # GET /v2/models/<name>/stats (this replica's requests)
+        register_proto_modules()  # gRPC requests arrive pickled from Ray's gRPC proxy (serve.grpc_port)
         self._decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="vitdeploy-decode")
         self._infer_pool = ThreadPoolExecutor(spec.concurrent_batches, thread_name_prefix="vitdeploy-infer")
         # Ray's batch handler, built here because its settings come from pipeline.yaml (serve:).
@@ -174,25 +180,31 @@ class ViTClassifier:
 
     # ------------------------------------------------------------------ batching
 
-    async def _infer_batch(self, images: list[np.ndarray]) -> list[np.ndarray]:
-        """Images of concurrent requests (one (3, H, W) array per call) -> one logits row each
-        (``self.run_batch``, Ray's ``@serve.batch`` around this method, gathers them)."""
+    async def _infer_batch(self, images: list[np.ndarray]) -> list[Tuple[np.ndarray, int]]:
+        """Images of concurrent requests (one (3, H, W) array per call) -> one (logits row, ns of the
+        batch's model call) each (``self.run_batch``, Ray's ``@serve.batch`` around this method, gathers them)."""
         batch = np.stack(images)
         loop = asyncio.get_running_loop()
+        start = time.perf_counter_ns()
         try:
             logits = await loop.run_in_executor(self._infer_pool, self.predictor.predict_logits, batch)
         except Exception as exc:
             self._fault = first_line(exc)  # the backend, not a request: check_health has Ray replace the replica
             raise
-        return list(logits)
+        took = time.perf_counter_ns() - start
+        return [(row, took) for row in logits]
 
     async def _decode(self, blob: bytes, name: str) -> np.ndarray:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._decode_pool, protocol.decode_image, blob, self.preprocessor, name)
 
-    async def _classify(self, blobs: list[tuple[str, bytes]]) -> Tuple[List[Optional[np.ndarray]], Dict[int, Any]]:
-        """Decode in threads, then batch: (logits row or None per image, {index: RequestError})."""
+    async def _classify(self, blobs: list[tuple[str, bytes]],
+                        times: Optional[Dict[str, int]] = None) -> Tuple[List[Optional[np.ndarray]], Dict[int, Any]]:
+        """Decode in threads, then batch: (logits row or None per image, {index: RequestError}); the ns
+        spent decoding, waiting for a batch and in the model call go to ``times`` when given."""
+        t0 = time.perf_counter_ns()
         decoded = await asyncio.gather(*(self._decode(b, n) for n, b in blobs), return_exceptions=True)
+        t1 = time.perf_counter_ns()
         errors: dict[int, Any] = {}
         for i, item in enumerate(decoded):
             if isinstance(item, RequestError):
@@ -202,8 +214,12 @@ class ViTClassifier:
         good = [i for i in range(len(blobs)) if i not in errors]
         rows = await asyncio.gather(*(self.run_batch(decoded[i]) for i in good))
         logits: List[Optional[np.ndarray]] = [None] * len(blobs)
-        for i, row in zip(good, rows):
+        for i, (row, _) in zip(good, rows):
             logits[i] = row
+        if times is not None:
+            infer = max((ns for _, ns in rows), default=0)
+            times.update(compute_input=t1 - t0, compute_infer=infer,
+                         queue=max(0, time.perf_counter_ns() - t1 - infer))
         return logits, errors
 
     # ------------------------------------------------------------------ requests
@@ -217,26 +233,16 @@ class ViTClassifier:
                                     f"(serve.max_request_mb)")
         return limit
 
-    @staticmethod
-    def _check_identity(request: Request) -> None:
-        if request.headers.get("content-encoding", "identity").lower() != "identity":
-            raise UnsupportedMediaError("compressed requests are not accepted; send the body uncompressed")
-
     async def _body(self, request: Request) -> bytes:
-        """The body, counting the bytes actually read (the proxy's guard has usually read it already)."""
+        """The body, inflated per Content-Encoding (gzip / deflate, as Triton accepts them), the byte limit
+        applied to the bytes actually read and to the inflated bytes (the proxy's guard has usually read it)."""
         from starlette.requests import ClientDisconnect
 
         limit = self._check_length(request)
-        chunks, size = [], 0
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise BodyTooLargeError(f"request body is over the limit of {limit} bytes (serve.max_request_mb)")
-                chunks.append(chunk)
+            return await content_encoding.read_body(request.stream(), request.headers.get("content-encoding"), limit)
         except ClientDisconnect:
             raise _ClientGone() from None
-        return b"".join(chunks)
 
     async def _images(self, request: Request) -> list[tuple[str, bytes]]:
         ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -276,7 +282,6 @@ class ViTClassifier:
         """A raw image body, or multipart with one file per image -> a JSON list, one `predict --json`
         object per image (an unreadable image in a multipart request gets its {"path", "error"})."""
         try:
-            self._check_identity(request)
             blobs = await self._images(request)
             protocol.check_image_count(len(blobs), self.spec.max_images_per_request)
             logits, errors = await self._classify(blobs)
@@ -298,7 +303,10 @@ class ViTClassifier:
     # server-level routes (/v2, /v2/health/live, /v2/health/ready) are answered by the proxy's guard
     # (proxy_guard.py), so that a busy model never delays them.
 
-    def _known(self, version: Optional[str] = None) -> None:
+    def _known(self, version: Optional[str] = None, model: Optional[str] = None) -> None:
+        """NotFoundError for another version (or, on gRPC, where the model is named, another model)."""
+        if model is not None and model != self.name:
+            raise NotFoundError(f"unknown model {model!r}; this application serves {self.name!r}")
         if version not in (None, "", protocol.MODEL_VERSION):
             raise NotFoundError(f"model {self.name!r} has no version {version!r} (versions: {protocol.MODEL_VERSION})")
 
@@ -310,6 +318,24 @@ class ViTClassifier:
         except RequestError as exc:
             return _error(exc)
         return JSONResponse(protocol.model_metadata(self.name, self.num_classes, self.top_k, platform="ray_serve"))
+
+    @api.get("/config")
+    @api.get("/versions/{version}/config")
+    async def model_config(self, version: Optional[str] = None) -> Response:
+        try:
+            self._known(version)
+        except RequestError as exc:
+            return _error(exc)
+        return JSONResponse(model_config(self.name, self.num_classes, self.top_k, self.spec.max_images_per_request))
+
+    @api.get("/stats")
+    @api.get("/versions/{version}/stats")
+    async def model_stats(self, version: Optional[str] = None) -> Response:
+        try:
+            self._known(version)
+        except RequestError as exc:
+            return _error(exc)
+        return JSONResponse(self.stats.to_json(self.name))
 
     @api.get("/ready")
     @api.get("/versions/{version}/ready")
@@ -323,24 +349,29 @@ class ViTClassifier:
     @api.post("/infer")
     @api.post("/versions/{version}/infer")
     async def infer(self, request: Request, version: Optional[str] = None) -> Response:
-        """v2 inference: input IMAGES (BYTES, [N] or [N, 1]) -> LOGITS, TOPK_LABELS, TOPK_SCORES;
-        any bad image fails the request (400, one line)."""
+        """v2 inference: input IMAGES (BYTES, [N] or [N, 1]; gzip/deflate bodies inflated within the byte
+        limit) -> LOGITS, TOPK_LABELS, TOPK_SCORES; any bad image fails the request (400, one line)."""
+        start, times = time.perf_counter_ns(), {}
         try:
             self._known(version)
-            self._check_identity(request)
             body = await self._body(request)
             req = protocol.parse_infer_request(body, request.headers.get(protocol.HEADER_LENGTH),
                                                self.spec.max_images_per_request)
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
-            logits, errors = await self._classify(list(zip(names, req.images)))
+            logits, errors = await self._classify(list(zip(names, req.images)), times)
             if errors:
                 raise errors[min(errors)]
         except _ClientGone:
             return Response(status_code=499)
         except RequestError as exc:
+            self.stats.failure(time.perf_counter_ns() - start)
             return _error(exc)
+        t_out = time.perf_counter_ns()
         out, headers = protocol.encode_infer_response(self.name, req, np.stack(logits), self.predictor.labels,
                                                       self.top_k)
+        end = time.perf_counter_ns()
+        self.stats.success(len(req.images), end - start, times.get("queue", 0), times.get("compute_input", 0),
+                           times.get("compute_infer", 0), end - t_out)
         media = headers.pop("Content-Type")
         return Response(out, media_type=media, headers=headers)
 

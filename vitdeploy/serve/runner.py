@@ -137,6 +137,8 @@ def run_server(cfg: Any, settings: ServeSettings, options: Any, progress: Progre
         _deploy(ray, cfg, settings, options, name, artifacts, progress)
         url = f"http://{settings.host}:{settings.port}"
         progress(f"ready: {url}  (model {name!r}: POST {url}/predict, KServe v2 at {url}{route_prefix(name)}/infer)")
+        if cfg.serve.grpc_port is not None:
+            progress(f"gRPC:  {settings.host}:{cfg.serve.grpc_port} (KServe v2, tritonclient.grpc)")
         progress(f"try:   {curl_example(url)}")
         if owns_cluster:
             progress(f"metrics: http://{settings.host if settings.host != '0.0.0.0' else '127.0.0.1'}:"
@@ -156,6 +158,16 @@ def _catch_signals(stop: threading.Event) -> dict[int, Any]:
     return {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
 
 
+def _grpc_options(port: int | None) -> dict[str, Any]:
+    """``serve.start``'s gRPC proxy options: Triton's GRPCInferenceService (tritonclient's stubs) on ``port``."""
+    if port is None:
+        return {}
+    from .kserve_grpc import SERVICER_FUNCTION
+
+    require("tritonclient.grpc", "serve.grpc_port")  # the proxy imports SERVICER_FUNCTION
+    return {"grpc_options": {"port": int(port), "grpc_servicer_functions": [SERVICER_FUNCTION]}}
+
+
 def _deploy(ray: Any, cfg: Any, settings: ServeSettings, options: Any, name: str, artifacts: Any,
             progress: Progress) -> None:
     from ray import serve
@@ -169,6 +181,7 @@ def _deploy(ray: Any, cfg: Any, settings: ServeSettings, options: Any, name: str
     if not log.isEnabledFor(logging.INFO):  # Ray Serve's own INFO lines repeat what progress() says
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
     serve.start(http_options={"host": settings.host, "port": settings.port, "request_timeout_s": sv.request_timeout_s},
+                **_grpc_options(sv.grpc_port),
                 logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log})
     taken = serve.status().applications.get(name)
     if taken is not None and settings.address is not None:

@@ -7,7 +7,8 @@ defined here, once.
 
     <name>              ensemble: IMAGES (bytes) -> LOGITS, TOPK_LABELS, TOPK_SCORES
     <name>_preprocess   python: IMAGES -> PIXEL_VALUES (the runtime's preprocessing)
-    <name>_onnx         onnxruntime_onnx: <input> -> <output> (optional TensorRT EP, FP16, engine cache)
+    <name>_onnx         onnxruntime_onnx: <input> -> <output> over a validated graph: model.onnx (FP32, CUDA EP)
+                        or model.fp16.onnx (TensorRT EP building the types it declares; engine cache)
     <name>_trt          tensorrt_plan: the same, from model.engine (only when one was built)
     <name>_ort_python   python + ONNX Runtime: the same, for Triton builds without the onnxruntime backend
     <name>_postprocess  python: LOGITS -> TOPK_LABELS, TOPK_SCORES (softmax + top-k of the runtime)
@@ -27,6 +28,9 @@ INFERENCE_KINDS = ("onnx", "trt", "ort_python")
 PIXELS = "PIXEL_VALUES"  # preprocess output, inside the ensemble
 LABELS_FILE = "labels.txt"
 ENGINE_FILE = "model.engine"
+#: The _onnx model's graph per precision (Settings.onnx_precision) and the TensorRT EP's cache folder.
+ONNX_FILES = {"fp32": "model.onnx", "fp16": "model.fp16.onnx"}
+TRT_CACHE_DIR = "trt_cache"
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,7 @@ class Settings:
 
     triton: TritonSection = TritonSection()
     inference: str = "onnx"  # which INFERENCE_KINDS model the ensemble calls (resolved from triton.inference)
+    onnx_precision: str = "fp32"  # the _onnx model's graph, a key of ONNX_FILES (resolved from triton.onnx_precision)
     top_k: int = 5  # serve.top_k
     max_image_pixels: int = 89_478_485  # runtime.max_image_pixels
     workspace_mb: int = 4096  # tensorrt.workspace_mb, for the TensorRT EP
@@ -108,6 +113,15 @@ def _instance_group(kind: str, count: int, gpus: Sequence[int] = ()) -> str:
         body.append("kind: KIND_CPU")
     # "auto": no kind: Triton places the instances on every available GPU, else on the CPU.
     return "instance_group [ { " + " ".join(body) + " } ]"
+
+
+def _warmup(facts: ModelFacts, input_name: str, max_batch: int) -> str:
+    """``model_warmup``: zero batches at 1, the profile's opt and max, run before the model is READY,
+    so the first request never pays for an engine build or a first allocation."""
+    sizes = sorted({b for b in (1, int(facts.batch.get("opt", 1)), max_batch) if 1 <= b <= max_batch})
+    items = [f"  {{\n    name: {_q(f'zeros_batch_{b}')}\n    batch_size: {b}\n    inputs {{\n      key: {_q(input_name)}\n"
+             f"      value: {{ data_type: TYPE_FP32 dims: {_dims(facts.chw)} zero_data: true }}\n    }}\n  }}" for b in sizes]
+    return "model_warmup [\n" + ",\n".join(items) + "\n]"
 
 
 def _join(*blocks: str | None) -> str:
@@ -173,6 +187,7 @@ def _classifier(facts: ModelFacts, settings: Settings, role: str, what: str, run
         _tensors("output", [_tensor(facts.output_name, "TYPE_FP32", [facts.num_classes], label)]),
         _dynamic_batching(facts, settings, max_batch, queue=True),
         group,
+        _warmup(facts, facts.input_name, max_batch),
         *extra,
     )
 
@@ -182,27 +197,38 @@ def _profile_shapes(facts: ModelFacts, batch: int) -> str:
 
 
 def onnx_config(facts: ModelFacts, settings: Settings) -> str:
+    """``<name>_onnx`` over the graph the export validated for ``settings.onnx_precision``: FP32
+    ``model.onnx`` on ONNX Runtime's default GPU provider (CUDA EP; CPU EP on a CPU), or
+    ``model.fp16.onnx`` (FP16 inside, its keep-float nodes float32) on the TensorRT EP with
+    ``precision_mode`` FP32, i.e. without TensorRT's FP16 flag: TensorRT builds the types the graph
+    declares and never re-casts the float32 nodes. Engines are cached under the model's folder."""
+    if settings.onnx_precision not in ONNX_FILES:
+        raise ValueError(f"onnx_precision must be one of {tuple(ONNX_FILES)}, got {settings.onnx_precision!r}")
     b = int(facts.batch["max"])
+    name = model_names(facts.name)["onnx"]
     accel = None
-    if settings.triton.onnx_tensorrt:
+    if settings.onnx_precision == "fp16":
         params = {
-            "precision_mode": "FP16",
+            "precision_mode": "FP32",  # no FP16 flag: the FP16 graph already says which nodes are FP16
             "max_workspace_size_bytes": str(int(settings.workspace_mb) * (1 << 20)),
             "trt_engine_cache_enable": "1",
-            "trt_engine_cache_path": f"{settings.triton.trt_cache_dir.rstrip('/')}/{model_names(facts.name)['onnx']}",
+            "trt_engine_cache_path": f"{settings.triton.repository_mount.rstrip('/')}/{name}/{TRT_CACHE_DIR}",
             # One engine for the whole batch range, built once (and cached) instead of per new shape.
             "trt_profile_min_shapes": _profile_shapes(facts, int(facts.batch["min"])),
             "trt_profile_opt_shapes": _profile_shapes(facts, int(facts.batch["opt"])),
             "trt_profile_max_shapes": _profile_shapes(facts, b),
         }
         body = "\n".join(f"        parameters {{ key: {_q(k)} value: {_q(v)} }}" for k, v in params.items())
-        accel = ("# On a GPU, ONNX Runtime's TensorRT execution provider runs the graph in FP16 and caches its engines\n"
-                 "# (ignored on the CPU).\n"
+        accel = ("# On a GPU, ONNX Runtime's TensorRT EP builds model.fp16.onnx as validated (FP16 where the graph is\n"
+                 "# FP16, float32 on its keep-float nodes) and caches its engine beside this file (ignored on a CPU).\n"
                  "optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [\n      {\n"
                  f'        name: "tensorrt"\n{body}\n      }}\n    ]\n  }}\n}}')
     t = settings.triton
-    return _classifier(facts, settings, "onnx", "model.onnx on ONNX Runtime", 'platform: "onnxruntime_onnx"', b,
-                       _instance_group(t.kind, t.instances, t.gpus), accel)
+    what = ("model.fp16.onnx (validated FP16 graph) on ONNX Runtime" if settings.onnx_precision == "fp16"
+            else "model.onnx (FP32) on ONNX Runtime")
+    return _classifier(facts, settings, "onnx", what,
+                       f'platform: "onnxruntime_onnx"\ndefault_model_filename: {_q(ONNX_FILES[settings.onnx_precision])}',
+                       b, _instance_group(t.kind, t.instances, t.gpus), accel)
 
 
 def trt_config(facts: ModelFacts, settings: Settings) -> str:
@@ -264,6 +290,6 @@ def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
     )
 
 
-__all__ = ["ENGINE_FILE", "INFERENCE_KINDS", "LABELS_FILE", "PIXELS", "ModelFacts", "Settings", "ensemble_config",
+__all__ = ["ENGINE_FILE", "INFERENCE_KINDS", "LABELS_FILE", "ONNX_FILES", "TRT_CACHE_DIR", "PIXELS", "ModelFacts", "Settings", "ensemble_config",
            "ensemble_max_batch", "model_names", "onnx_config", "ort_python_config", "postprocess_config",
            "preprocess_config", "top_k_of", "trt_config"]

@@ -9,6 +9,10 @@ runs in, which is why it lives in its own virtual environment (``make .venv-trit
     with BundledTriton(".venv-triton", "repo/", load=["vit-demo-digits"]) as server:
         print(server.http_url, server.grpc_url)
 
+``python_env`` runs the python models in another environment than the server's own (the test of
+a repository's self-containedness: an environment built only from its wheel and requirements.txt);
+it needs a Python for which the wheel ships a stub.
+
 Used by the test suite and ``benchmarks/bench_triton.py``; binds to 127.0.0.1 only.
 """
 
@@ -55,8 +59,10 @@ class BundledTriton:
 
     def __init__(self, venv: str | os.PathLike[str], repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
                  load: Sequence[str] | None = None, startup_timeout_s: float = 120.0,
-                 log_verbose: int = 0, exit_timeout_s: int = 5) -> None:
+                 log_verbose: int = 0, exit_timeout_s: int = 5,
+                 python_env: str | os.PathLike[str] | None = None) -> None:
         self.venv = Path(venv).absolute()
+        self.python_env = Path(python_env).absolute() if python_env is not None else self.venv
         repos = [repository] if isinstance(repository, (str, os.PathLike)) else list(repository)
         self.repositories = [Path(r).absolute() for r in repos]
         self.load = list(load or [])
@@ -78,8 +84,9 @@ class BundledTriton:
         return f"127.0.0.1:{self.grpc_port}"
 
     def _prepare(self) -> tuple[list[str], dict[str, str]]:
-        version, site, libdir = _venv_facts(self.venv)
-        dist = site / "pytriton" / "tritonserver"
+        _, server_site, _ = _venv_facts(self.venv)
+        version, _, libdir = _venv_facts(self.python_env)
+        dist = server_site / "pytriton" / "tritonserver"
         stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
         if not (dist / "bin" / "tritonserver").exists():
             raise MissingDependencyError(f"{self.venv} has no nvidia-pytriton tritonserver ({dist}); create it with "
@@ -98,10 +105,10 @@ class BundledTriton:
         if self.load:
             cmd += ["--model-control-mode=explicit", *[f"--load-model={m}" for m in self.load]]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-        libs = [str(site / "nvidia_pytriton.libs"), str(libdir)]
+        libs = [str(server_site / "nvidia_pytriton.libs"), str(libdir)]
         env["LD_LIBRARY_PATH"] = os.pathsep.join(libs + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
         # The python stub embeds the interpreter and finds its prefix (the venv) through PATH.
-        env["PATH"] = os.pathsep.join([str(self.venv / "bin"), env.get("PATH", "")])
+        env["PATH"] = os.pathsep.join([str(self.python_env / "bin"), env.get("PATH", "")])
         return cmd, env
 
     def start(self) -> "BundledTriton":

@@ -6,52 +6,26 @@ from typing import Any, Sequence
 
 from .. import __version__
 from . import triton_config as tc
-from .triton_versions import IMAGE, SUPPORT_MATRIX_URL, latest_release, triton_releases_for
-
-
-def _container(engine: dict[str, Any] | None) -> tuple[str, list[str]]:
-    """(the image tag to run, the lines explaining the choice)."""
-    if engine is None:
-        tag = latest_release()
-        return tag, [
-            "No TensorRT engine was built by `vitdeploy export`, so this repository has no `_trt` model and no",
-            "TensorRT version to match: any recent Triton release serves it (the onnxruntime and python",
-            f"backends ship in the `-py3` images). The command below uses {tag}, the newest release this",
-            f"vitdeploy version knows.",
-        ]
-    trt = str(engine.get("tensorrt_version"))
-    releases = triton_releases_for(trt)
-    where = (f"built with TensorRT {trt} on {engine.get('gpu_name')} (compute capability "
-             f"{engine.get('compute_capability')}), recorded in `model.engine.json`.")
-    if releases:
-        return releases[-1], [
-            f"The `_trt` model's plan was {where} A plan deserializes only with the TensorRT",
-            f"that built it: run Triton release {' or '.join(releases)} (TensorRT {trt}), on a GPU of the same",
-            "compute capability.",
-        ]
-    tag = latest_release()
-    return tag, [
-        f"The `_trt` model's plan was {where} This vitdeploy version does not know which Triton",
-        f"release ships TensorRT {trt}: look it up in NVIDIA's support matrix ({SUPPORT_MATRIX_URL})",
-        f"and use that release instead of {tag} below, or rebuild the engine with the TensorRT of your Triton",
-        "(`vitdeploy export` inside that container). Until then load the ensemble over `_onnx`.",
-    ]
+from .triton_versions import IMAGE, container_release
 
 
 def render_readme(facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str, Any] | None,
                   models: Sequence[str]) -> str:
     names = tc.model_names(facts.name)
-    tag, why = _container(engine)
+    tag, why = container_release(engine)
     k = tc.top_k_of(facts, settings)
     b = tc.ensemble_max_batch(facts, settings)
     image = f"{IMAGE}:{tag}-py3"
-    pip = f"pip install 'vitdeploy[cpu]=={__version__}'"
+    local = f"vitdeploy-{facts.name.lower()}:{__version__}"
+    onnx_file = tc.ONNX_FILES[settings.onnx_precision]
     model_rows = {
         names["ensemble"]: f"ensemble: `IMAGES` (BYTES, [N, 1]) -> `LOGITS` [N, {facts.num_classes}], "
                            f"`TOPK_LABELS` [N, {k}], `TOPK_SCORES` [N, {k}]; calls `{names[settings.inference]}`",
         names["preprocess"]: "python backend: encoded images -> float32 NCHW with vitdeploy's preprocessing",
-        names["onnx"]: "onnxruntime_onnx: model.onnx; on a GPU ONNX Runtime's TensorRT EP in FP16 with an engine cache"
-                       if settings.triton.onnx_tensorrt else "onnxruntime_onnx: model.onnx",
+        names["onnx"]: ("onnxruntime_onnx: model.fp16.onnx as the export validated it (FP16, its keep-float nodes "
+                        "float32); on a GPU the TensorRT EP builds those types (no FP16 re-cast), engine cached in "
+                        f"`{names['onnx']}/{tc.TRT_CACHE_DIR}/`") if settings.onnx_precision == "fp16" else
+                       "onnxruntime_onnx: model.onnx (FP32, as validated); CUDA EP on a GPU, CPU EP otherwise",
         names["trt"]: "tensorrt_plan: the FP16 engine from `vitdeploy export`",
         names["ort_python"]: "python backend + ONNX Runtime (vitdeploy's `ort` backend), for Triton builds "
                              "without the onnxruntime backend",
@@ -79,21 +53,41 @@ def render_readme(facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str,
         "",
         *why,
         "",
-        "The python-backend models import vitdeploy (the preprocessing is exactly the one",
-        "`vitdeploy predict` uses), so the container needs the same vitdeploy version:",
+        "The python-backend models import vitdeploy (the preprocessing is exactly the one `vitdeploy predict`",
+        f"uses). This folder carries everything the container needs: `{'wheels/'}` holds this vitdeploy",
+        f"({__version__}) as a wheel, `requirements.txt` pins the python models' dependencies (numpy < 2 for the",
+        f"python backend stub), and `Dockerfile` installs both on the stock `{image}`. From this folder:",
         "",
         "```bash",
+        f"docker build -t {local} .",
         f"docker run --rm --gpus all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 \\",
-        f"  -v \"$PWD\":/models {image} \\",
-        f"  bash -c \"{pip} && tritonserver --model-repository=/models\"",
+        f"  -v \"$PWD\":/models {local}",
         "```",
         "",
-        f"In production bake it into an image instead: `FROM {image}` + `RUN {pip}`.",
+        "`docker run` needs no network. `docker build` fetches the pinned packages from PyPI (or your",
+        "`PIP_INDEX_URL` mirror); to build with no network, download them into `wheels/` first (pip looks",
+        "there first), for the container's Python (3.12 on 25.xx and later, 3.10 on 24.xx):",
+        "`pip download -r requirements.txt -d wheels --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64`.",
+        f"The repository is mounted read-write at `{settings.triton.repository_mount}` (`triton.repository_mount`):",
+        (f"the TensorRT EP writes its engine cache to `{names['onnx']}/{tc.TRT_CACHE_DIR}/`, so it survives restarts."
+         if settings.onnx_precision == "fp16" else "nothing is written into it at run time."),
+        "Every inference model has `model_warmup` (zero batches at 1, the profile's opt and max): Triton",
+        "runs them before the model is ready, so `/v2/health/ready` answers 200 only once engines are built.",
         "Without a GPU drop `--gpus all`; the `_trt` model (if any) then fails to load, so load only",
-        f"what you serve: `tritonserver --model-repository=/models --model-control-mode=explicit --load-model={facts.name}`",
-        f"(the ensemble and the models it calls). Triton builds without the onnxruntime backend (e.g. the one",
-        f"bundled in the `nvidia-pytriton` wheel) serve the repository generated with",
-        f"`vitdeploy triton-repo --inference ort_python`.",
+        f"what you serve: append `tritonserver --model-repository=/models --model-control-mode=explicit --load-model={facts.name}`",
+        "to the `docker run` line (the ensemble and the models it calls). Triton builds without the onnxruntime",
+        "backend (e.g. the one bundled in the `nvidia-pytriton` wheel) serve the repository generated with",
+        "`vitdeploy triton-repo --inference ort_python`.",
+        "",
+        "### What was run and what only parsed",
+        "",
+        "Tested by vitdeploy's suite on a CPU machine without Docker: every `config.pbtxt` parses into Triton's",
+        "`ModelConfig`; the Dockerfile's `FROM` tag and `COPY` sources are checked; the ensemble over",
+        "`_ort_python` (preprocess, ONNX Runtime, postprocess, warm-up) ran on the `tritonserver` of the",
+        "nvidia-pytriton wheel, with vitdeploy installed only from this folder's wheel and `requirements.txt`",
+        "(Python 3.11, numpy 1.26); `tritonclient` gets the same answers from it as from `vitdeploy serve`.",
+        f"Only parsed, never run there: the Docker image itself, `_onnx` ({onnx_file}: that server has no",
+        "onnxruntime backend), the TensorRT EP and its cache, `_trt`, and the Python 3.10 pins.",
         "",
         "## Scaling",
         "",

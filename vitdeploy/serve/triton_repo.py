@@ -2,9 +2,11 @@
 
     REPO/
       README.md                        how to run it (container, scaling, a tritonclient example)
+      Dockerfile, .dockerignore        FROM the matching tritonserver image + the pins + the wheel
+      requirements.txt, wheels/        the python models' pinned dependencies; this vitdeploy as a wheel
       <name>/config.pbtxt, 1/          ensemble: IMAGES -> LOGITS, TOPK_LABELS, TOPK_SCORES
       <name>_preprocess/               python backend: the runtime's preprocessing
-      <name>_onnx/1/model.onnx         onnxruntime_onnx (+ TensorRT EP in FP16 on a GPU)
+      <name>_onnx/1/model[.fp16].onnx  onnxruntime_onnx over a graph the export validated (trt_cache/ beside)
       <name>_trt/1/model.engine        tensorrt_plan, only when the export built an engine
       <name>_ort_python/1/artifacts/   python backend + ONNX Runtime (Triton builds without onnxruntime)
       <name>_postprocess/              python backend: softmax top-k
@@ -31,6 +33,8 @@ from ..runtime.artifacts import MANIFEST_NAME, Artifacts
 from . import triton_config as tc
 from .protocol import model_name
 from .triton_models import ARTIFACTS_DIR, model_py
+from .triton_package import write_package
+from .triton_versions import container_release
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +45,7 @@ class RepoResult:
     name: str
     models: list[str]
     inference: str  # the model the ensemble calls
+    onnx_precision: str  # the graph of the _onnx model: "fp32" (model.onnx) or "fp16" (model.fp16.onnx)
     engine: dict[str, Any] | None  # model.engine.json when an engine was packaged
 
 
@@ -73,6 +78,27 @@ def resolve_inference(requested: str, has_engine: bool) -> str:
     if requested == "trt" and not has_engine:
         raise ConfigError("triton.inference = 'trt' but the export has no TensorRT engine (model.engine); build one "
                           "with `vitdeploy export --engine require` on a GPU machine, or choose onnx / ort_python")
+    return requested
+
+
+def fp16_validated(artifacts: Artifacts) -> bool:
+    """Whether the export wrote model.fp16.onnx and its validation (``validate-fp16``) passed."""
+    check = (artifacts.manifest.get("validation") or {}).get("validate-fp16") or {}
+    return artifacts.has("onnx-fp16") and check.get("passed") is True
+
+
+def resolve_onnx_precision(requested: str, artifacts: Artifacts) -> str:
+    """"auto" -> "fp16" when the export validated model.fp16.onnx, else "fp32"; ConfigError for an
+    unvalidated "fp16"."""
+    ok = fp16_validated(artifacts)
+    if requested == "auto":
+        return "fp16" if ok else "fp32"
+    if requested == "fp16" and not ok:
+        raise ConfigError(f"triton.onnx_precision = 'fp16' but {artifacts.directory / MANIFEST_NAME} has no "
+                          f"model.fp16.onnx that passed validation (validate-fp16); re-export with export.fp16.enabled: "
+                          f"true, or choose fp32")
+    if requested not in tc.ONNX_FILES:
+        raise ConfigError(f"triton.onnx_precision = {requested!r}: expected auto, {', '.join(tc.ONNX_FILES)}")
     return requested
 
 
@@ -162,7 +188,11 @@ def _build(tmp: Path, artifacts: Artifacts, facts: tc.ModelFacts, settings: tc.S
     _write(post / "model.py", model_py("PostprocessModel", f"{names['postprocess']}: logits -> top-k"))
 
     onnx_dir = model("onnx", tc.onnx_config(facts, settings), with_labels=True)
-    _copy_role(artifacts, "onnx", onnx_dir, "model.onnx")
+    onnx_role = "onnx-fp16" if settings.onnx_precision == "fp16" else "onnx"
+    _copy_role(artifacts, onnx_role, onnx_dir, tc.ONNX_FILES[settings.onnx_precision])
+    if settings.onnx_precision == "fp16":
+        _write(onnx_dir.parent / tc.TRT_CACHE_DIR / "README.txt",
+               "ONNX Runtime's TensorRT EP caches its engine here (keep this folder on a volume).\n")
 
     ort_dir = model("ort_python", tc.ort_python_config(facts, settings, __version__), with_labels=True)
     _write(ort_dir / "model.py", model_py("OrtPythonModel", f"{names['ort_python']}: ONNX Runtime in the python backend"))
@@ -178,6 +208,7 @@ def _build(tmp: Path, artifacts: Artifacts, facts: tc.ModelFacts, settings: tc.S
     model("ensemble", tc.ensemble_config(facts, settings))
     from .triton_readme import render_readme
 
+    write_package(tmp, container_release(engine_meta)[0])
     _write(tmp / "README.md", render_readme(facts, settings, engine_meta, models))
     return sorted(models)
 
@@ -204,7 +235,8 @@ def build_triton_repo(artifacts_dir: str | os.PathLike[str], out: str | os.PathL
         pass
     step("checking the engine metadata")
     engine_meta = _engine_meta(artifacts)
-    settings = replace(settings, inference=resolve_inference(settings.triton.inference, engine_meta is not None))
+    settings = replace(settings, inference=resolve_inference(settings.triton.inference, engine_meta is not None),
+                       onnx_precision=resolve_onnx_precision(settings.triton.onnx_precision, artifacts))
     facts = _facts(artifacts, engine_meta)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -223,7 +255,9 @@ def build_triton_repo(artifacts_dir: str | os.PathLike[str], out: str | os.PathL
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info("wrote Triton repository %s (%s)", out, ", ".join(models))
-    return RepoResult(path=out, name=facts.name, models=models, inference=settings.inference, engine=engine_meta)
+    return RepoResult(path=out, name=facts.name, models=models, inference=settings.inference,
+                      onnx_precision=settings.onnx_precision, engine=engine_meta)
 
 
-__all__ = ["RepoResult", "build_triton_repo", "resolve_inference", "settings_from_config"]
+__all__ = ["RepoResult", "build_triton_repo", "fp16_validated", "resolve_inference", "resolve_onnx_precision",
+           "settings_from_config"]

@@ -12,6 +12,8 @@ at NVIDIA's support matrix instead.
 
 from __future__ import annotations
 
+from typing import Any
+
 # Sources, checked 2026-11-23:
 # - Triton version <-> container release: NVIDIA's own repository, build.py at each release tag
 #   (TRITON_VERSION_MAP / DEFAULT_TRITON_VERSION_MAP, "triton_container_version"),
@@ -82,4 +84,33 @@ def latest_release() -> str:
     return max(TRITON_RELEASES)
 
 
-__all__ = ["IMAGE", "SUPPORT_MATRIX_URL", "TRITON_RELEASES", "latest_release", "triton_releases_for"]
+def container_release(engine: dict[str, Any] | None) -> tuple[str, list[str]]:
+    """(the container release to run the repository in, the README lines explaining the choice)."""
+    if engine is None:
+        tag = latest_release()
+        return tag, [
+            "No TensorRT engine was built by `vitdeploy export`, so this repository has no `_trt` model and no",
+            "TensorRT version to match: any recent Triton release serves it (the onnxruntime and python",
+            f"backends ship in the `-py3` images). The command below uses {tag}, the newest release this",
+            f"vitdeploy version knows.",
+        ]
+    trt = str(engine.get("tensorrt_version"))
+    releases = triton_releases_for(trt)
+    where = (f"built with TensorRT {trt} on {engine.get('gpu_name')} (compute capability "
+             f"{engine.get('compute_capability')}), recorded in `model.engine.json`.")
+    if releases:
+        return releases[-1], [
+            f"The `_trt` model's plan was {where} A plan deserializes only with the TensorRT",
+            f"that built it: run Triton release {' or '.join(releases)} (TensorRT {trt}), on a GPU of the same",
+            "compute capability.",
+        ]
+    tag = latest_release()
+    return tag, [
+        f"The `_trt` model's plan was {where} This vitdeploy version does not know which Triton",
+        f"release ships TensorRT {trt}: look it up in NVIDIA's support matrix ({SUPPORT_MATRIX_URL})",
+        f"and use that release instead of {tag} below, or rebuild the engine with the TensorRT of your Triton",
+        "(`vitdeploy export` inside that container). Until then load the ensemble over `_onnx`.",
+    ]
+
+
+__all__ = ["IMAGE", "SUPPORT_MATRIX_URL", "TRITON_RELEASES", "container_release", "latest_release", "triton_releases_for"]

@@ -1,0 +1,210 @@
+"""KServe v2 over gRPC for `vitdeploy serve`: Triton's ``inference.GRPCInferenceService`` hosted by
+Ray Serve's gRPC proxy, so ``tritonclient.grpc`` works against `vitdeploy serve` as against Triton.
+
+Ray Serve's proxy registers the servicer function named in ``grpc_servicer_functions`` (the stubs
+that ship with ``tritonclient[grpc]``: :data:`SERVICER_FUNCTION`) and calls the deployment's method
+of the same name as the RPC (``ModelInfer``, ``ModelMetadata``...) with the request message; a
+status is returned through Ray's ``grpc_context``. :class:`KServeGrpcMethods` is mixed into the
+deployment class: an inference request is turned into the HTTP protocol's JSON + binary form and
+parsed by :func:`vitdeploy.serve.protocol.parse_infer_request`, so both transports check a request
+the same way and give the same one-line reasons. Statuses: 404 -> NOT_FOUND, 503 -> UNAVAILABLE,
+any other refusal -> INVALID_ARGUMENT (Triton's code for a bad request).
+
+Only unary RPCs are served (``ModelStreamInfer``, the shared-memory and repository RPCs are not).
+Imports ``tritonclient.grpc`` when a method runs: the server needs ``tritonclient[grpc]`` only when
+``serve.grpc_port`` is set.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import BodyTooLargeError
+from . import protocol
+from .http_errors import status_of
+from .kserve_model import model_config
+
+#: What Ray Serve's gRPC proxy imports and calls to register the service (:func:`add_servicer`).
+SERVICER_FUNCTION = "vitdeploy.serve.kserve_grpc.add_servicer"
+_DATATYPES = {protocol.LOGITS: "FP32", protocol.TOPK_LABELS: "BYTES", protocol.TOPK_SCORES: "FP32"}
+
+
+def _pb() -> Any:
+    from tritonclient.grpc import service_pb2
+
+    return service_pb2
+
+
+def register_proto_modules() -> bool:
+    """Make tritonclient's messages picklable: their classes name the modules they were generated as
+    (``grpc_service_pb2``, ``model_config_pb2``), which are not importable, and Ray pickles each
+    request and response between its gRPC proxy and the replica. Registers those names for the
+    modules tritonclient ships; False when tritonclient[grpc] is not installed."""
+    import sys
+
+    try:
+        from tritonclient.grpc import model_config_pb2, service_pb2
+    except ImportError:
+        return False
+    for module, probe in ((service_pb2, "ServerLiveRequest"), (model_config_pb2, "ModelConfig")):
+        sys.modules.setdefault(getattr(module, probe).__module__, module)
+    return True
+
+
+def add_servicer(servicer: Any, server: Any) -> None:
+    """The servicer function Ray Serve's gRPC proxy calls: tritonclient's, after :func:`register_proto_modules`."""
+    from tritonclient.grpc import service_pb2_grpc
+
+    register_proto_modules()
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+
+
+def _status(grpc_context: Any, error: protocol.RequestError) -> None:
+    import grpc
+
+    code = {404: grpc.StatusCode.NOT_FOUND, 503: grpc.StatusCode.UNAVAILABLE}.get(status_of(error),
+                                                                                  grpc.StatusCode.INVALID_ARGUMENT)
+    if grpc_context is not None:
+        grpc_context.set_code(code)
+        grpc_context.set_details(str(error))
+
+
+def http_form(request: Any) -> tuple[bytes, int]:
+    """A ``ModelInferRequest`` -> (the v2 HTTP body with binary data, its JSON header's length)."""
+    inputs = []
+    raw = b""
+    for i, tensor in enumerate(request.inputs):
+        item: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": [int(d) for d in tensor.shape]}
+        if i < len(request.raw_input_contents):
+            data = bytes(request.raw_input_contents[i])
+        else:
+            data = protocol.serialize_bytes(list(tensor.contents.bytes_contents))
+        if i == 0:
+            raw = data
+        item["parameters"] = {"binary_data_size": len(data)}
+        inputs.append(item)
+    outputs = []
+    for out in request.outputs:
+        params: dict[str, Any] = {}
+        if "classification" in out.parameters:
+            params["classification"] = int(out.parameters["classification"].int64_param)
+        outputs.append({"name": out.name, "parameters": params})
+    doc: dict[str, Any] = {"inputs": inputs}
+    if outputs:
+        doc["outputs"] = outputs
+    if request.id:
+        doc["id"] = request.id
+    head = json.dumps(doc).encode("utf-8")
+    return head + (raw if len(inputs) == 1 else b""), len(head)
+
+
+def infer_response(model: str, req: protocol.InferRequest, logits: np.ndarray, labels: list[str], k: int) -> Any:
+    pb = _pb()
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    top_labels, scores = protocol.top_k_arrays(logits, labels, k)
+    arrays = {protocol.LOGITS: logits, protocol.TOPK_LABELS: top_labels, protocol.TOPK_SCORES: scores}
+    response = pb.ModelInferResponse(model_name=model, model_version=protocol.MODEL_VERSION, id=req.id or "")
+    for name in req.outputs:
+        arr = arrays[name]
+        tensor = response.outputs.add()
+        tensor.name, tensor.datatype = name, _DATATYPES[name]
+        tensor.shape.extend(arr.shape)
+        raw = protocol.serialize_bytes(arr.ravel().tolist()) if _DATATYPES[name] == "BYTES" else arr.tobytes()
+        response.raw_output_contents.append(raw)
+    return response
+
+
+class KServeGrpcMethods:
+    """The RPCs of ``inference.GRPCInferenceService``, as methods of the Ray Serve deployment (which
+    provides ``name``, ``num_classes``, ``top_k``, ``spec``, ``stats``, ``predictor``, ``_known`` and
+    ``_classify``)."""
+
+    name: str
+    num_classes: int
+    top_k: int
+    spec: Any
+    stats: Any
+    predictor: Any
+
+    async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - the RPC's name
+        return _pb().ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: Any) -> Any:  # noqa: N802
+        return _pb().ServerReadyResponse(ready=True)
+
+    async def ServerMetadata(self, request: Any) -> Any:  # noqa: N802
+        from .. import __version__
+
+        return _pb().ServerMetadataResponse(name="vitdeploy", version=__version__,
+                                            extensions=["binary_tensor_data", "model_configuration", "statistics"])
+
+    def _checked(self, request: Any, grpc_context: Any) -> bool:
+        try:
+            self._known(request.version or None, model=request.name)
+        except protocol.RequestError as exc:
+            _status(grpc_context, exc)
+            return False
+        return True
+
+    async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
+        return _pb().ModelReadyResponse(ready=self._checked(request, grpc_context))
+
+    async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
+        pb = _pb()
+        if not self._checked(request, grpc_context):
+            return pb.ModelMetadataResponse()
+        meta = protocol.model_metadata(self.name, self.num_classes, self.top_k, platform="ray_serve")
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+            inputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in meta["inputs"]],
+            outputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in meta["outputs"]])
+
+    async def ModelConfig(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
+        from google.protobuf import json_format
+        from tritonclient.grpc import model_config_pb2
+
+        pb = _pb()
+        if not self._checked(request, grpc_context):
+            return pb.ModelConfigResponse()
+        config = model_config(self.name, self.num_classes, self.top_k, self.spec.max_images_per_request)
+        return pb.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
+
+    async def ModelStatistics(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
+        from google.protobuf import json_format
+
+        pb = _pb()
+        if request.name and not self._checked(request, grpc_context):
+            return pb.ModelStatisticsResponse()
+        return json_format.ParseDict(self.stats.to_json(self.name), pb.ModelStatisticsResponse())
+
+    async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
+        start, times = time.perf_counter_ns(), {}
+        try:
+            self._known(request.model_version or None, model=request.model_name)
+            body, head = http_form(request)
+            if len(body) - head > self.spec.max_request_bytes:
+                raise BodyTooLargeError(f"request body is over the limit of {self.spec.max_request_bytes} bytes "
+                                        f"(serve.max_request_mb)")
+            req = protocol.parse_infer_request(body, head, self.spec.max_images_per_request)
+            names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
+            logits, errors = await self._classify(list(zip(names, req.images)), times)
+            if errors:
+                raise errors[min(errors)]
+        except protocol.RequestError as exc:
+            self.stats.failure(time.perf_counter_ns() - start)
+            _status(grpc_context, exc)
+            return _pb().ModelInferResponse()
+        t_out = time.perf_counter_ns()
+        response = infer_response(self.name, req, np.stack(logits), self.predictor.labels, self.top_k)
+        end = time.perf_counter_ns()
+        self.stats.success(len(req.images), end - start, times.get("queue", 0), times.get("compute_input", 0),
+                           times.get("compute_infer", 0), end - t_out)
+        return response
+
+
+__all__ = ["KServeGrpcMethods", "SERVICER_FUNCTION", "add_servicer", "http_form", "infer_response", "register_proto_modules"]
