@@ -161,7 +161,7 @@ class ExportContext:
     def write_report(self) -> None:
         """``export-report.json``: every stage so far and every verdict (written when a stage fails)."""
         try:
-            write_json_atomic(self.out_dir / REPORT_NAME, {"passed": False, "stages": [s.to_dict() for s in self.stages],
-                                                           "validation": self.validation})
+            report = {"passed": False, "stages": [s.to_dict() for s in self.stages], "validation": self.validation}
+            write_json_atomic(self.out_dir / REPORT_NAME, report)
         except OSError:  # pragma: no cover - reporting must never mask the real error
             log.exception("could not write %s", self.out_dir / REPORT_NAME)

@@ -75,8 +75,9 @@ def _reference(ctx: ExportContext, rec: StageRecord) -> Made:
 
     cfg = ctx.cfg
     ctx.sizes = ctx.validation_batch or validation_batch_sizes(cfg.export.batch.max)
-    ctx.inputs = build_inputs(Preprocessor(ctx.spec), validation_images(cfg), noise_samples=cfg.validation.noise_samples,
-                              seed=cfg.validation.seed, min_count=max(ctx.sizes))
+    ctx.inputs = build_inputs(Preprocessor(ctx.spec), validation_images(cfg),
+                              noise_samples=cfg.validation.noise_samples, seed=cfg.validation.seed,
+                              min_count=max(ctx.sizes))
     ctx.reference = reference_logits(ctx.loaded.model, ctx.inputs.batch)
     n, n_images = len(ctx.inputs.names), ctx.inputs.image_count
     rec.reason = f"eager PyTorch logits for {n} inputs ({n_images} images, {n - n_images} noise)"

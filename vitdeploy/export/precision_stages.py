@@ -68,7 +68,8 @@ def _fp16(ctx: ExportContext, rec: StageRecord) -> Made:
         res = convert_fp16(onnx_path, path, **args)
     ctx.extra["fp16"] = {**res.summary(), **({"autopilot": [s.to_dict() for s in steps]} if steps else {})}
     rec.reason = f"{len(res.kept_hot_nodes)} hot node(s) kept float32" + (
-        f"; autopilot: {steps[-1].name} ({len(steps)} step(s), {len(res.keep_float)} node(s) float32)" if steps else "")
+        f"; autopilot: {steps[-1].name} ({len(steps)} step(s), {len(res.keep_float)} node(s) float32)"
+        if steps else "")
     return (Artifact("onnx-fp16", path),)
 
 
