@@ -79,7 +79,7 @@ class ExportContext:
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     validation: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # the manifest's "export" key
-    _trt_reason: Any = field(default=..., repr=False)
+    _trt_reason: Any = field(default=..., init=False, repr=False)  # asked once: tensorrt_unavailable()
 
     def __post_init__(self) -> None:
         self.final_dir = self.final_dir or self.out_dir

@@ -10,6 +10,7 @@ FP16 artifact does; the INT8 engine is optional like the INT8 graphs.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -18,6 +19,8 @@ from ..runtime.backends.base import BackendOptions
 from .context import ExportContext, StageRecord
 from .onnx import INPUT_NAME
 from .rows import Artifact, Gate, Made, Stage
+
+log = logging.getLogger(__name__)
 
 _ENGINE_ERRORS = (ExportError, BackendError, ArtifactError, MissingDependencyError)
 
@@ -85,8 +88,11 @@ def _trt_gate(name: str, tolerance: str, backend: str) -> Gate:
 
 
 def _dropped(role: str) -> Any:
-    # the validated ONNX artifacts stay usable; the manifest records why there is no engine
-    return lambda ctx, exc: f"TensorRT {ctx.path(role).name} not built (the export goes on without it): {exc}"
+    def dropped(ctx: ExportContext, exc: BaseException) -> None:
+        # the validated ONNX artifacts stay usable; the manifest records why there is no engine.
+        log.warning("TensorRT %s not built (the export goes on without it): %s", ctx.path(role).name, exc)
+
+    return dropped
 
 
 ENGINE = Stage("engine", _engine, skip=_skip_engine, roles=("engine", "engine-meta"),

@@ -90,7 +90,10 @@ def _unless_optional(ctx: ExportContext, row: Stage) -> Iterator[None]:
     except row.fallible as exc:
         if row.required(ctx):
             raise
-        log.warning("%s", row.dropped(ctx, exc) if row.dropped else exc)
+        if row.dropped:
+            row.dropped(ctx, exc)
+        else:
+            log.warning("%s not written (the export goes on without it): %s", row.name, exc)
         ctx.drop(row.roles, rejected=True)
 
 

@@ -199,9 +199,9 @@ def _int8_row(target: _Int8Target, skip: Callable[[ExportContext], str | None], 
     """An INT8 graph's row. A failure (too few calibration images, the tools failing, validation.int8
     not met, too slow) is fatal when its switch is true; otherwise the export goes on without it."""
 
-    def dropped(ctx: ExportContext, exc: BaseException) -> str:
-        return (f"{ctx.path(target.role).name} not written ({target.switch}: auto; the export goes on without it): "
-                f"{first_line(exc)}")
+    def dropped(ctx: ExportContext, exc: BaseException) -> None:
+        log.warning("%s not written (%s: auto; the export goes on without it): %s", ctx.path(target.role).name,
+                    target.switch, first_line(exc))
 
     return Stage(target.stage, lambda ctx, rec: _quantize(ctx, rec, target), skip=skip, roles=(target.role,),
                  gate=ort_gate(f"validate-{target.stage}", "int8", target.label),

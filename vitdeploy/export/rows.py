@@ -70,10 +70,10 @@ class Stage:
     #: after validation, whether the artifact ships (False: removed, not in the manifest); may run a stage
     ships: Callable[[ExportContext, Made], bool] | None = None
     #: errors the export goes on after, without the row's artifacts, unless ``required``; ``dropped``
-    #: says so (logged as a warning)
+    #: says so (a warning, from the row's module)
     fallible: tuple[type[BaseException], ...] = ()
     required: Callable[[ExportContext], bool] = _no
-    dropped: Callable[[ExportContext, BaseException], str] | None = None
+    dropped: Callable[[ExportContext, BaseException], None] | None = None
 
 
 def ort_gate(name: str, tolerance: str, backend: str) -> Gate:
