@@ -39,11 +39,11 @@ def test_a_failing_beat_never_breaks_the_work_and_none_means_no_thread():
 
 def test_a_slow_stage_reports_running_with_elapsed_seconds_then_its_result(tmp_path):
     from vitdeploy.config import parse_config
-    from vitdeploy.export.pipeline import _Export
+    from vitdeploy.export.context import ExportContext
 
     seen: list[tuple[str, float]] = []
-    export = _Export(parse_config({}, None), tmp_path, "skip", lambda rec: seen.append((rec.status, rec.seconds)),
-                     None, heartbeat_s=0.02)
+    export = ExportContext(parse_config({}, None), tmp_path, "skip", lambda rec: seen.append((rec.status, rec.seconds)),
+                           None, heartbeat_s=0.02)
     with export.stage("slow"):
         time.sleep(0.25)
     assert seen[0] == ("running", 0.0) and seen[-1][0] == "passed"

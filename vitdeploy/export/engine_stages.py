@@ -1,6 +1,11 @@
-"""The export's TensorRT engine stages: model.engine from model.fp16.onnx and model.int8.engine from
-model.int8.trt.onnx (export/tensorrt.py builds both), each validated on the GPU it was built on. A
-mixin of the export run (export/pipeline.py ``_Export``).
+"""The export's TensorRT engine rows: model.engine from model.fp16.onnx and model.int8.engine from
+model.int8.trt.onnx (export/tensorrt.py builds both), each validated on the GPU it was built on.
+Rows of the table in export/pipeline.py.
+
+``--engine require`` makes a failure of the FP16 engine fatal, and of the INT8 engine too when
+``export.int8.tensorrt`` is true; otherwise a failure is recorded and the export goes on without
+that engine. validation.fp16 missed by the FP16 engine always fails the export (exit 3), as every
+FP16 artifact does; the INT8 engine is optional like the INT8 graphs.
 """
 
 from __future__ import annotations
@@ -11,99 +16,92 @@ from typing import Any
 
 from ..errors import ArtifactError, BackendError, ExportError, MissingDependencyError, ValidationError
 from ..runtime.backends.base import BackendOptions
-from ..vocab import ARTIFACT_FILES as FILES
+from .context import ExportContext, StageRecord
 from .onnx import INPUT_NAME
+from .rows import Artifact, Gate, Made, Stage
 
 log = logging.getLogger(__name__)
 
+_ENGINE_ERRORS = (ExportError, BackendError, ArtifactError, MissingDependencyError)
 
-class EngineStages:
-    """The TensorRT engine stages of ``_Export``."""
 
-    def _tensorrt_device(self) -> str:
-        device = self.cfg.runtime.device
-        return device if device.startswith("cuda") else "cuda:0"  # build where it will run
+def _engine_unavailable(ctx: ExportContext) -> str | None:
+    return ("the engine is compiled from model.fp16.onnx and export.fp16.enabled is false"
+            if "onnx-fp16" not in ctx.artifacts else ctx.tensorrt_unavailable())
 
-    def _tensorrt_unavailable(self) -> str | None:
-        """Why no TensorRT engine can be built in this export (None when one can); asked once."""
-        if not hasattr(self, "_trt_reason"):
-            if self.engine_mode == "skip":
-                self._trt_reason: str | None = "--engine skip"
-            else:
-                from . import tensorrt as trt_stage
 
-                self._trt_reason = trt_stage.tensorrt_unavailable_reason(self._tensorrt_device())
-        return self._trt_reason
+def _skip_engine(ctx: ExportContext) -> str | None:
+    if ctx.engine_mode == "skip":
+        return "--engine skip"
+    return None if ctx.engine_mode == "require" else _engine_unavailable(ctx)  # require: the stage fails instead
 
-    def _engine(self) -> None:
-        """model.engine from model.fp16.onnx, then model.int8.engine from model.int8.trt.onnx when the
-        export wrote that graph. ``--engine require`` makes a failure of the FP16 engine fatal, and of the
-        INT8 engine too when ``export.int8.tensorrt`` is true; otherwise a failure is recorded and the
-        export goes on without that engine."""
-        mode = self.engine_mode
-        if mode == "skip":
-            return self.skip("engine", "--engine skip")
-        why_not = ("the engine is compiled from model.fp16.onnx and export.fp16.enabled is false"
-                   if "onnx-fp16" not in self.artifacts else self._tensorrt_unavailable())
-        if why_not:
-            if mode == "require":
-                with self.stage("engine"):
-                    raise MissingDependencyError(f"TensorRT engine required (--engine require) but {why_not}")
-            self.skip("engine", why_not)
-        else:
-            self._engine_from("engine", "onnx-fp16", "fp16", self.cfg.validation.fp16, required=mode == "require")
-        if "onnx-int8-trt" in self.artifacts:  # written only where TensorRT can run, or when asked for
-            why_not = self._tensorrt_unavailable()
-            if why_not:
-                return self.skip("engine-int8", why_not)
-            self._engine_from("engine-int8", "onnx-int8-trt", "int8", self.cfg.validation.int8,
-                              required=mode == "require" and self.cfg.export.int8.tensorrt is True)
 
-    def _engine_from(self, role: str, source: str, precision: str, tolerance: Any, *, required: bool) -> None:
-        """Build the engine ``role`` (stage of the same name) from the ONNX graph ``source`` and validate
-        it on the GPU (``validate-<role>``) with ``tolerance``."""
+def _engine(ctx: ExportContext, rec: StageRecord) -> Made:
+    why_not = _engine_unavailable(ctx)
+    if why_not:  # only under --engine require (otherwise skipped)
+        raise MissingDependencyError(f"TensorRT engine required (--engine require) but {why_not}")
+    return _engine_from(ctx, rec, "engine", "onnx-fp16", "fp16")
+
+
+def _engine_from(ctx: ExportContext, rec: StageRecord, role: str, source: str, precision: str) -> Made:
+    """Build the engine ``role`` (stage of the same name) from the ONNX graph ``source``."""
+    from . import tensorrt as trt_stage
+
+    cfg, profile, device = ctx.cfg, ctx.cfg.export.batch, ctx.tensorrt_device()
+    engine_path, meta_path = ctx.path(role), ctx.path(f"{role}-meta")
+    plan = trt_stage.plan_engine_build(
+        ctx.artifacts[source], engine_path, input_name=INPUT_NAME, chw=ctx.chw, min_batch=profile.min,
+        opt_batch=profile.opt, max_batch=profile.max, workspace_mb=cfg.tensorrt.workspace_mb,
+        optimization_level=cfg.tensorrt.optimization_level, device=device, precision=precision,
+        timing_cache_path=cfg.resolve(cfg.tensorrt.timing_cache) or ctx.out_dir / "timing.cache")
+
+    shown = [0.0]
+
+    def progress(text: str) -> None:  # at most one line a second
+        if time.perf_counter() - shown[0] >= 1.0:
+            shown[0], rec.reason = time.perf_counter(), text
+            ctx.emit(rec)
+
+    try:
+        trt_stage.build_engine(plan, progress=progress)
+    except BaseException:
+        rec.reason = ""  # the stage records the error, not the last progress line
+        raise
+    rec.reason = f"built on {device}"
+    return (Artifact(role, engine_path), Artifact(f"{role}-meta", meta_path))
+
+
+def _trt_gate(name: str, tolerance: str, backend: str) -> Gate:
+    """The engine run by the trt backend on the GPU it was built on, at batch sizes inside its profile."""
+
+    def open_trt(ctx: ExportContext, made: Made) -> Any:
         from ..runtime.backends.trt import TrtBackend
-        from . import tensorrt as trt_stage
 
-        cfg, profile, device = self.cfg, self.cfg.export.batch, self._tensorrt_device()
-        engine_path, meta_path = self.out_dir / FILES[role], self.out_dir / FILES[f"{role}-meta"]
-        try:
-            with self.stage(role) as rec:
-                plan = trt_stage.plan_engine_build(
-                    self.artifacts[source], engine_path, input_name=INPUT_NAME, chw=self.chw, min_batch=profile.min,
-                    opt_batch=profile.opt, max_batch=profile.max, workspace_mb=cfg.tensorrt.workspace_mb,
-                    optimization_level=cfg.tensorrt.optimization_level, device=device, precision=precision,
-                    timing_cache_path=cfg.resolve(cfg.tensorrt.timing_cache) or self.out_dir / "timing.cache")
+        gpu = BackendOptions(device=ctx.tensorrt_device())
+        return TrtBackend(made[0].path, made[1].path, ctx.chw, ctx.cfg.export.batch.max, gpu, name=backend)
 
-                shown = [0.0]
+    def in_profile(ctx: ExportContext) -> tuple[int, ...]:
+        profile = ctx.cfg.export.batch
+        return tuple(sorted({min(max(b, profile.min), profile.max) for b in ctx.sizes}))
 
-                def progress(text: str) -> None:  # at most one line a second
-                    if time.perf_counter() - shown[0] >= 1.0:
-                        shown[0], rec.reason = time.perf_counter(), text
-                        self._emit(rec)
+    return Gate(name, tolerance, open_trt, in_profile)
 
-                try:
-                    trt_stage.build_engine(plan, progress=progress)
-                except BaseException:
-                    rec.reason = ""  # the stage records the error, not the last progress line
-                    raise
-                rec.reason = f"built on {device}"
-                rec.outputs = [engine_path, meta_path]
-            gpu = BackendOptions(device=device)
-            in_profile = tuple(sorted({min(max(b, profile.min), profile.max) for b in self.sizes}))
-            name = "trt" if precision == "fp16" else f"trt-{precision}"
-            self.validate(f"validate-{role}", lambda: TrtBackend(engine_path, meta_path, self.chw, profile.max, gpu, name=name),
-                          tolerance, [engine_path, meta_path], in_profile)
-        except (ExportError, BackendError, ArtifactError, MissingDependencyError, ValidationError) as exc:
-            # validation.fp16 missed by the FP16 engine fails the export (exit 3), as every FP16 artifact does;
-            # the INT8 engine is optional like the INT8 graphs (unless required)
-            if required or (isinstance(exc, ValidationError) and precision == "fp16"):
-                raise
-            # the validated ONNX artifacts stay usable; the manifest records why there is no engine.
-            log.warning("TensorRT %s not built (the export goes on without it): %s", engine_path.name, exc)
-            for p in (engine_path, meta_path):
-                for q in (p, p.with_name(p.name + ".rejected")):
-                    q.unlink(missing_ok=True)
-            return
-        self.add(role, engine_path)
-        self.add(f"{role}-meta", meta_path)
+
+def _dropped(role: str) -> Any:
+    def dropped(ctx: ExportContext, exc: BaseException) -> None:
+        # the validated ONNX artifacts stay usable; the manifest records why there is no engine.
+        log.warning("TensorRT %s not built (the export goes on without it): %s", ctx.path(role).name, exc)
+
+    return dropped
+
+
+ENGINE = Stage("engine", _engine, skip=_skip_engine, roles=("engine", "engine-meta"),
+               gate=_trt_gate("validate-engine", "fp16", "trt"),
+               fallible=_ENGINE_ERRORS, required=lambda ctx: ctx.engine_mode == "require", dropped=_dropped("engine"))
+ENGINE_INT8 = Stage(
+    "engine-int8", lambda ctx, rec: _engine_from(ctx, rec, "engine-int8", "onnx-int8-trt", "int8"),
+    applies=lambda ctx: ctx.engine_mode != "skip" and "onnx-int8-trt" in ctx.artifacts,  # its graph was written
+    skip=lambda ctx: ctx.tensorrt_unavailable(), roles=("engine-int8", "engine-int8-meta"),
+    gate=_trt_gate("validate-engine-int8", "int8", "trt-int8"), fallible=(*_ENGINE_ERRORS, ValidationError),
+    required=lambda ctx: ctx.engine_mode == "require" and ctx.cfg.export.int8.tensorrt is True,
+    dropped=_dropped("engine-int8"))

@@ -1,7 +1,10 @@
-"""The export's reduced-precision graph stages: model.fp16.onnx, model.int8.onnx (ONNX Runtime on the
+"""The export's reduced-precision graph rows: model.fp16.onnx, model.int8.onnx (ONNX Runtime on the
 CPU) and model.int8.trt.onnx (TensorRT), each chosen by the precision autopilot where asked and
-validated with ONNX Runtime on the CPU. A mixin of the export run (export/pipeline.py ``_Export``):
-it uses the run's stages, validation inputs, reference logits and artifact bookkeeping.
+validated with ONNX Runtime on the CPU. Rows of the table in export/pipeline.py.
+
+model.int8.onnx ships only after its ``speed-int8`` stage: it must run ``export.int8.min_speedup``
+times as fast as the graph it was quantized from. An INT8 graph is optional unless its switch is
+true: a failure is recorded on its stage and the export goes on without it.
 """
 
 from __future__ import annotations
@@ -10,17 +13,71 @@ import logging
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ..errors import BackendError, ConfigError, ExportError, ValidationError
-from ..runtime.backends.base import BackendOptions
-from ..vocab import ARTIFACT_FILES as FILES
+from ..runtime.backends import first_line
+from .context import CPU, ExportContext, StageRecord
 from .onnx import INPUT_NAME
+from .quantize import ORT_CPU, TENSORRT, Placement
+from .rows import Artifact, Made, Stage, ort_gate
 
 log = logging.getLogger(__name__)
 
+
+def _judge(ctx: ExportContext, path: Path, label: str, tolerance: Any) -> Any:
+    """One autopilot step: the candidate graph at the largest validation batch against eager PyTorch."""
+    from ..runtime.backends.ort import OrtBackend
+    from .compare import compare
+    from .validate import run_in_batches
+
+    backend = OrtBackend(path, ctx.chw, None, CPU, name=label)
+    try:
+        logits = run_in_batches(backend, ctx.inputs.batch, max(ctx.sizes))
+    finally:
+        backend.close()
+    return compare(ctx.reference, logits, tolerance.model_dump())
+
+
+# -- FP16 ---------------------------------------------------------------------------------------
+
+def _fp16(ctx: ExportContext, rec: StageRecord) -> Made:
+    """model.fp16.onnx (export/precision.py); with ``export.fp16.autopilot`` the keep-float list is
+    chosen by export/autopilot.py, starting from everything FP16 but the floor."""
+    from .precision import convert_fp16
+
+    section, path, gate = ctx.cfg.export.fp16, ctx.path("onnx-fp16"), ctx.cfg.validation.fp16
+    onnx_path = ctx.path("onnx")
+    args = dict(calibration=ctx.inputs.batch, input_name=INPUT_NAME, keep_fp32_ops=section.keep_fp32_ops,
+                max_abs_activation=section.max_abs_activation)
+    steps: tuple = ()
+    if section.autopilot:
+        from .autopilot import GateError, run_fp16_autopilot
+
+        try:
+            pilot = run_fp16_autopilot(onnx_path, path, judge=lambda p: _judge(ctx, p, "ort-fp16", gate),
+                                       depth=ctx.loaded.config.depth, **args)
+        except GateError as exc:  # the table goes into export-report.json
+            ctx.validation["validate-fp16"] = {"passed": False, "failures": list(exc.steps[-1].failures),
+                                               "autopilot": [s.to_dict() for s in exc.steps]}
+            raise
+        res, steps = pilot.result, pilot.steps
+    else:
+        res = convert_fp16(onnx_path, path, **args)
+    ctx.extra["fp16"] = {**res.summary(), **({"autopilot": [s.to_dict() for s in steps]} if steps else {})}
+    rec.reason = f"{len(res.kept_hot_nodes)} hot node(s) kept float32" + (
+        f"; autopilot: {steps[-1].name} ({len(steps)} step(s), {len(res.keep_float)} node(s) float32)"
+        if steps else "")
+    return (Artifact("onnx-fp16", path),)
+
+
+FP16 = Stage("fp16", _fp16, roles=("onnx-fp16",), gate=ort_gate("validate-fp16", "fp16", "ort-fp16"),
+             skip=lambda ctx: None if ctx.cfg.export.fp16.enabled else "export.fp16.enabled is false")
+
+
+# -- INT8 ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class _Int8Target:
@@ -29,159 +86,88 @@ class _Int8Target:
     stage: str  # the stage's name; its validation is "validate-<stage>"
     role: str  # the manifest artifact role
     record: str  # its key under the manifest's "export"
-    placement: Any  # export.quantize.Placement
+    placement: Placement  # which ops, how quantized, for which runtime
     switch: str  # the pipeline.yaml key that turns it on
     label: str  # how the ONNX Runtime run that judges it is named in reports
-    timed_against: bool = False  # shipped only at export.int8.min_speedup x its source graph's speed here
+    source: Callable[[ExportContext], Path]  # the FP32 graph quantized
+    mode: Callable[[ExportContext], str]  # "static" | "dynamic"
 
 
-class PrecisionStages:
-    """The FP16 and INT8 graph stages of ``_Export``."""
+def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made:
+    """One INT8 graph: quantize the target's source (the autopilot when ``export.int8.autopilot``)."""
+    from . import quantize
 
-    def _fp16(self, cpu: BackendOptions, vit: Any, onnx_path: Path) -> None:
-        """model.fp16.onnx (export/precision.py); with ``export.fp16.autopilot`` the keep-float list is
-        chosen by export/autopilot.py, starting from everything FP16 but the floor."""
-        from ..runtime.backends.ort import OrtBackend
-        from .precision import convert_fp16
+    section, out, src, mode = ctx.cfg.export.int8, ctx.out_dir, target.source(ctx), target.mode(ctx)
+    path, placement = ctx.path(target.role), target.placement
+    external = bool(ctx.entries[ctx.role_of(src)].get("external_data"))
+    record = ctx.extra[target.record] = {"source": src.name, "mode": mode, "passed": False}
+    gate = ctx.cfg.validation.int8
+    with tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=out) as tmp:
+        calib = _calibration(ctx) if mode == "static" else None
+        pre = quantize.prepare(src, Path(tmp) / "pre.onnx", external_data=external, placement=placement)
+        kwargs = dict(input_name=INPUT_NAME, mode=mode, method=section.calibration_method, calibration=calib,
+                      external_data=external, placement=placement)
+        steps: tuple = ()
+        if section.autopilot:
+            from .autopilot import GateError, run_autopilot
 
-        section, path, gate = self.cfg.export.fp16, self.out_dir / FILES["onnx-fp16"], self.cfg.validation.fp16
-        args = dict(calibration=self.inputs.batch, input_name=INPUT_NAME, keep_fp32_ops=section.keep_fp32_ops,
-                    max_abs_activation=section.max_abs_activation)
-        with self.stage("fp16") as rec:
-            steps: tuple = ()
-            if section.autopilot:
-                from .autopilot import GateError, run_fp16_autopilot
-
-                try:
-                    pilot = run_fp16_autopilot(onnx_path, path, judge=lambda p: self._judge(p, cpu, "ort-fp16", gate),
-                                               depth=vit.depth, **args)
-                except GateError as exc:  # the table goes into export-report.json
-                    self.validation["validate-fp16"] = {"passed": False, "failures": list(exc.steps[-1].failures),
-                                                        "autopilot": [s.to_dict() for s in exc.steps]}
-                    raise
-                res, steps = pilot.result, pilot.steps
-            else:
-                res = convert_fp16(onnx_path, path, **args)
-            self.extra["fp16"] = {**res.summary(), **({"autopilot": [s.to_dict() for s in steps]} if steps else {})}
-            rec.outputs = [path]
-            rec.reason = f"{len(res.kept_hot_nodes)} hot node(s) kept float32" + (
-                f"; autopilot: {steps[-1].name} ({len(steps)} step(s), {len(res.keep_float)} node(s) float32)" if steps else "")
-        self.validate("validate-fp16", lambda: OrtBackend(path, self.chw, None, cpu, name="ort-fp16"), gate, [path])
-        self.add("onnx-fp16", path)
-
-    def _int8(self, cpu: BackendOptions, vit: Any) -> None:
-        """model.int8.onnx (export/quantize.py) from the fused graph, for ONNX Runtime on the CPU."""
-        from .quantize import ORT_CPU
-
-        section = self.cfg.export.int8
-        if section.enabled is False:
-            self._drop("onnx-int8")
-            return self.skip("int8", "export.int8.enabled is false")
-        self._quantize(cpu, vit, _Int8Target("int8", "onnx-int8", "int8", ORT_CPU, "export.int8.enabled", "ort-int8", True),
-                       self.artifacts.get("onnx-ort", self.artifacts["onnx"]), section.mode, section.enabled is True)
-
-    def _int8_tensorrt(self, cpu: BackendOptions, vit: Any) -> None:
-        """model.int8.trt.onnx (export/quantize.py, placement TENSORRT) from the plain graph: the graph
-        the INT8 TensorRT engine is built from, judged here by ONNX Runtime on the CPU."""
-        from .quantize import TENSORRT
-
-        switch = self.cfg.export.int8.tensorrt
-        why_not = "export.int8.tensorrt is false" if switch is False else None
-        if switch == "auto" and self._tensorrt_unavailable():
-            why_not = f"export.int8.tensorrt is auto and no engine is built here: {self._tensorrt_unavailable()}"
-        if why_not:
-            self._drop("onnx-int8-trt")
-            return self.skip("int8-trt", why_not)
-        target = _Int8Target("int8-trt", "onnx-int8-trt", "int8_tensorrt", TENSORRT, "export.int8.tensorrt",
-                             "ort (model.int8.trt.onnx)")
-        self._quantize(cpu, vit, target, self.artifacts["onnx"], "static", switch is True)
-
-    def _drop(self, role: str) -> None:
-        path = self.out_dir / FILES[role]
-        for p in (path, path.with_name(path.name + ".data")):
-            p.unlink(missing_ok=True)
-
-    def _quantize(self, cpu: BackendOptions, vit: Any, target: "_Int8Target", src: Path, mode: str, required: bool) -> None:
-        """One INT8 graph: quantize ``src`` (the autopilot when ``export.int8.autopilot``), validate it with
-        ONNX Runtime on the CPU, add it. A failure (too few calibration images, the tools failing,
-        validation.int8 not met) is fatal when ``required``; otherwise it is recorded in the stage and the
-        export goes on without the graph, as the engine does under ``--engine auto``."""
-        from ..runtime.backends.ort import OrtBackend
-        from . import quantize
-
-        section, out = self.cfg.export.int8, self.out_dir
-        path = out / FILES[target.role]
-        data = path.with_name(path.name + ".data")
-        external = bool(self.entries[self._role_of(src)].get("external_data"))
-        record = self.extra[target.record] = {"source": src.name, "mode": mode, "passed": False}
-        gate = self.cfg.validation.int8
-        try:
-            with self.stage(target.stage) as rec, tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=out) as tmp:
-                calib = None
-                if mode == "static":
-                    calib = quantize.calibration_batch(self.inputs.batch, self.inputs.names,
-                                                       max_images=section.calibration_images,
-                                                       min_images=section.min_calibration_images)
-                pre = quantize.prepare(src, Path(tmp) / "pre.onnx", external_data=external, placement=target.placement)
-                kwargs = dict(input_name=INPUT_NAME, mode=mode, method=section.calibration_method, calibration=calib,
-                              external_data=external, placement=target.placement)
-                steps: tuple = ()
-                if section.autopilot:
-                    from .autopilot import GateError, run_autopilot
-
-                    try:
-                        pilot = run_autopilot(pre, path, judge=lambda p: self._judge(p, cpu, target.label, gate),
-                                              depth=vit.depth, stage=f"validate-{target.stage}", **kwargs)
-                    except GateError as exc:
-                        record["autopilot"] = [s.to_dict() for s in exc.steps]
-                        raise
-                    res, steps = pilot.result, pilot.steps
-                    record["autopilot"] = [s.to_dict() for s in steps]
-                else:
-                    res = quantize.quantize_prepared(pre, path, **kwargs)
-                record.update(res.summary())
-                ops = "/".join(target.placement.op_types)
-                if not res.quantized_nodes:
-                    log.warning("%s passes validation.int8 only with every %s in float: it runs at FP32 speed (loosen "
-                                "validation.int8, or set %s: false)", path.name, ops, target.switch)
-                rec.outputs = [path, *res.external_data]
-                rec.reason = (f"{len(res.quantized_nodes)} {ops} INT8, {len(res.keep_float)} float"
-                              + (f" (autopilot, {len(steps)} step(s))" if steps else "") + f", {mode}"
-                              + (f", {res.method} on {res.calibration_images} images" if res.method else
-                                 f"; {quantize.DYNAMIC_CAVEAT}"))
-            self.validate(f"validate-{target.stage}", lambda: OrtBackend(path, self.chw, None, cpu, name=target.label),
-                          gate, [path, *res.external_data])
-            record["passed"] = True
-            if target.timed_against and not self._worth_running(path, src, cpu, target, calib, record, required):
-                for p in (path, data):
-                    p.unlink(missing_ok=True)
-                return
-        except (ConfigError, ExportError, BackendError, ValidationError) as exc:
-            if required:
+            try:
+                pilot = run_autopilot(pre, path, judge=lambda p: _judge(ctx, p, target.label, gate),
+                                      depth=ctx.loaded.config.depth, stage=f"validate-{target.stage}", **kwargs)
+            except GateError as exc:
+                record["autopilot"] = [s.to_dict() for s in exc.steps]
                 raise
-            log.warning("%s not written (%s: auto; the export goes on without it): %s", path.name, target.switch,
-                        str(exc).splitlines()[0])
-            for p in (path, data):
-                for q in (p, p.with_name(p.name + ".rejected")):
-                    q.unlink(missing_ok=True)
-            return
-        self.add(target.role, path, res.external_data)
+            res, steps = pilot.result, pilot.steps
+            record["autopilot"] = [s.to_dict() for s in steps]
+        else:
+            res = quantize.quantize_prepared(pre, path, **kwargs)
+        record.update(res.summary())
+        ops = "/".join(placement.op_types)
+        if not res.quantized_nodes:
+            log.warning("%s passes validation.int8 only with every %s in float: it runs at FP32 speed (loosen "
+                        "validation.int8, or set %s: false)", path.name, ops, target.switch)
+        rec.reason = (f"{len(res.quantized_nodes)} {ops} INT8, {len(res.keep_float)} float"
+                      + (f" (autopilot, {len(steps)} step(s))" if steps else "") + f", {mode}"
+                      + (f", {res.method} on {res.calibration_images} images" if res.method else
+                         f"; {quantize.DYNAMIC_CAVEAT}"))
+    return (Artifact(target.role, path, tuple(res.external_data)),)
 
-    def _worth_running(self, path: Path, src: Path, cpu: BackendOptions, target: "_Int8Target",
-                       calib: Any, record: dict, required: bool) -> bool:
-        """Time the validated INT8 graph against ``src`` (speed-int8 stage); below
-        ``export.int8.min_speedup`` the graph is not shipped (required: ExportError)."""
+
+def _calibration(ctx: ExportContext) -> np.ndarray:
+    """The real validation images static INT8 calibrates on (ConfigError when too few)."""
+    from .quantize import calibration_batch
+
+    section = ctx.cfg.export.int8
+    return calibration_batch(ctx.inputs.batch, ctx.inputs.names, max_images=section.calibration_images,
+                             min_images=section.min_calibration_images)
+
+
+def _validated(target: _Int8Target) -> Callable[[ExportContext, Made], bool]:
+    def ships(ctx: ExportContext, made: Made) -> bool:
+        ctx.extra[target.record]["passed"] = True
+        return True
+
+    return ships
+
+
+def _worth_running(target: _Int8Target) -> Callable[[ExportContext, Made], bool]:
+    """After validation: time the INT8 graph against its source (the ``speed-<stage>`` stage); below
+    ``export.int8.min_speedup`` the graph is not shipped (required: ExportError)."""
+
+    def ships(ctx: ExportContext, made: Made) -> bool:
         from ..runtime.backends.ort import OrtBackend
         from .int8_speed import measure
 
-        minimum = self.cfg.export.int8.min_speedup
-        with self.stage(f"speed-{target.stage}") as rec:
+        record, path, src = ctx.extra[target.record], made[0].path, target.source(ctx)
+        record["passed"] = True
+        minimum = ctx.cfg.export.int8.min_speedup
+        with ctx.stage(f"speed-{target.stage}") as rec:
             if minimum <= 0:
                 rec.status, rec.reason = "skipped", "export.int8.min_speedup is 0: shipped without timing"
                 return True
-            rows = calib if calib is not None else self.inputs.batch
-            batch = np.ascontiguousarray(rows[: max(1, min(len(rows), self.cfg.export.batch.opt))], dtype=np.float32)
-            int8, base = OrtBackend(path, self.chw, None, cpu, name=target.label), OrtBackend(src, self.chw, None, cpu)
+            rows = _calibration(ctx) if target.mode(ctx) == "static" else ctx.inputs.batch
+            batch = np.ascontiguousarray(rows[: max(1, min(len(rows), ctx.cfg.export.batch.opt))], dtype=np.float32)
+            int8, base = OrtBackend(path, ctx.chw, None, CPU, name=target.label), OrtBackend(src, ctx.chw, None, CPU)
             try:
                 check = measure(int8, base, batch, minimum)
             finally:
@@ -194,22 +180,54 @@ class PrecisionStages:
                 return True
             why = (f"{path.name} not shipped: {verdict}, below export.int8.min_speedup {minimum:g}; INT8 does not pay "
                    f"for this model on this machine (set export.int8.min_speedup: 0 to ship it anyway)")
-            if required:
+            if _int8_required(target)(ctx):
                 raise ExportError(why)
             rec.status, rec.reason = "skipped", why
             record["shipped"] = False
             log.info("%s", why)
             return False
 
-    def _judge(self, path: Path, cpu: BackendOptions, label: str, tolerance: Any) -> Any:
-        """One autopilot step: the candidate graph at the largest validation batch against eager PyTorch."""
-        from ..runtime.backends.ort import OrtBackend
-        from .compare import compare
-        from .validate import run_in_batches
+    return ships
 
-        backend = OrtBackend(path, self.chw, None, cpu, name=label)
-        try:
-            logits = run_in_batches(backend, self.inputs.batch, max(self.sizes))
-        finally:
-            backend.close()
-        return compare(self.reference, logits, tolerance.model_dump())
+
+def _int8_required(target: _Int8Target) -> Callable[[ExportContext], bool]:
+    section = "enabled" if target.role == "onnx-int8" else "tensorrt"
+    return lambda ctx: getattr(ctx.cfg.export.int8, section) is True
+
+
+def _int8_row(target: _Int8Target, skip: Callable[[ExportContext], str | None], timed: bool) -> Stage:
+    """An INT8 graph's row. A failure (too few calibration images, the tools failing, validation.int8
+    not met, too slow) is fatal when its switch is true; otherwise the export goes on without it."""
+
+    def dropped(ctx: ExportContext, exc: BaseException) -> None:
+        log.warning("%s not written (%s: auto; the export goes on without it): %s", ctx.path(target.role).name,
+                    target.switch, first_line(exc))
+
+    return Stage(target.stage, lambda ctx, rec: _quantize(ctx, rec, target), skip=skip, roles=(target.role,),
+                 gate=ort_gate(f"validate-{target.stage}", "int8", target.label),
+                 ships=(_worth_running if timed else _validated)(target),
+                 fallible=(ConfigError, ExportError, BackendError, ValidationError), required=_int8_required(target),
+                 dropped=dropped)
+
+
+def _skip_int8_tensorrt(ctx: ExportContext) -> str | None:
+    switch = ctx.cfg.export.int8.tensorrt
+    if switch is False:
+        return "export.int8.tensorrt is false"
+    if switch == "auto" and ctx.tensorrt_unavailable():
+        return f"export.int8.tensorrt is auto and no engine is built here: {ctx.tensorrt_unavailable()}"
+    return None
+
+
+#: model.int8.onnx from the fused graph (model.onnx without it), for ONNX Runtime on the CPU
+INT8 = _int8_row(
+    _Int8Target("int8", "onnx-int8", "int8", ORT_CPU, "export.int8.enabled", "ort-int8",
+                source=lambda ctx: ctx.artifacts.get("onnx-ort", ctx.artifacts["onnx"]),
+                mode=lambda ctx: ctx.cfg.export.int8.mode),
+    skip=lambda ctx: "export.int8.enabled is false" if ctx.cfg.export.int8.enabled is False else None, timed=True)
+#: model.int8.trt.onnx (placement TENSORRT) from the plain graph: the graph the INT8 TensorRT engine is
+#: built from, judged here by ONNX Runtime on the CPU
+INT8_TENSORRT = _int8_row(
+    _Int8Target("int8-trt", "onnx-int8-trt", "int8_tensorrt", TENSORRT, "export.int8.tensorrt",
+                "ort (model.int8.trt.onnx)", source=lambda ctx: ctx.artifacts["onnx"], mode=lambda ctx: "static"),
+    skip=_skip_int8_tensorrt, timed=False)

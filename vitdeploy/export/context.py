@@ -1,0 +1,167 @@
+"""What the export's stages share: :class:`ExportContext`, one per run, and :class:`StageRecord`, what
+a stage reports. The stages (export/stages.py, the table) read and fill the context; the loop
+(export/pipeline.py) times them through :meth:`ExportContext.stage`.
+
+The context holds, in the order the stages fill it: the config and the folder written into; the
+loaded model, its preprocessing and its name (the ``model`` stage); the validation inputs and the
+eager PyTorch reference logits (``reference``); the artifacts validated so far with their manifest
+entries, each validation's verdict and the stages' records for the manifest's ``export`` key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Literal
+
+import numpy as np
+
+from .._files import write_json_atomic
+from .._heartbeat import heartbeat
+from ..config import PipelineConfig
+from ..runtime.backends import first_line
+from ..runtime.backends.base import BackendOptions
+from ..vocab import ARTIFACT_FILES
+from . import manifest as manifest_mod
+
+log = logging.getLogger(__name__)
+
+EngineMode = Literal["auto", "require", "skip"]
+REPORT_NAME = "export-report.json"
+CPU = BackendOptions(device="cpu", providers=("CPUExecutionProvider",))  # every ONNX graph is judged here
+
+
+@dataclass
+class StageRecord:
+    name: str
+    status: str  # "running" | "passed" | "failed" | "skipped"
+    seconds: float = 0.0
+    reason: str = ""
+    outputs: list[Path] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)  # lines to show a person (the model stage: what was understood)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "seconds": round(self.seconds, 3), "reason": self.reason,
+                "outputs": [p.name for p in self.outputs]}
+
+
+StageCallback = Callable[[StageRecord], None]
+
+
+@dataclass
+class ExportContext:
+    """One export run's shared state. ``out_dir`` is the staging folder written into while the run
+    lasts; ``final_dir`` is where the export lands (named in error messages)."""
+
+    cfg: PipelineConfig
+    out_dir: Path
+    engine_mode: EngineMode = "auto"
+    on_stage: StageCallback | None = None
+    validation_batch: tuple[int, ...] | None = None  # batch sizes validated (default: from export.batch.max)
+    heartbeat_s: float | None = None
+    final_dir: Path | None = None
+    # filled by the model stage
+    loaded: Any = None  # model.checkpoints.LoadedModel
+    spec: Any = None  # preprocess_spec.PreprocessSpec
+    effective: Any = None  # export.effective.Effective
+    name: str = ""
+    chw: tuple[int, int, int] = (0, 0, 0)
+    # filled by the reference stage
+    sizes: tuple[int, ...] = ()
+    inputs: Any = None  # export.validate.ValidationInputs
+    reference: np.ndarray | None = None
+    # what the stages made: validated artifacts (role -> path), their manifest entries, verdicts, records
+    stages: list[StageRecord] = field(default_factory=list)
+    artifacts: dict[str, Path] = field(default_factory=dict)
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    validation: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # the manifest's "export" key
+    _trt_reason: Any = field(default=..., init=False, repr=False)  # asked once: tensorrt_unavailable()
+
+    def __post_init__(self) -> None:
+        self.final_dir = self.final_dir or self.out_dir
+
+    # -- artifacts ----------------------------------------------------------------------------
+    def path(self, role: str) -> Path:
+        """Where the artifact ``role`` is written (vocab.ARTIFACT_FILES)."""
+        return self.out_dir / ARTIFACT_FILES[role]
+
+    def add(self, role: str, path: Path, external: list[Path] | tuple[Path, ...] = ()) -> None:
+        """Record a validated artifact: in the result and, with its sha256, in the manifest."""
+        self.artifacts[role] = path
+        self.entries[role] = manifest_mod.file_entry(path, self.out_dir, external)
+
+    def role_of(self, path: Path) -> str:
+        return next(role for role, p in self.artifacts.items() if p == path)
+
+    def drop(self, roles: tuple[str, ...], rejected: bool = False) -> None:
+        """Remove what was written for ``roles`` (with external data; with ``rejected`` the
+        ``*.rejected`` copies too): an artifact the export goes on without."""
+        for role in roles:
+            path = self.path(role)
+            for p in (path, path.with_name(path.name + ".data")):
+                for q in (p, p.with_name(p.name + ".rejected")) if rejected else (p,):
+                    q.unlink(missing_ok=True)
+
+    # -- TensorRT -----------------------------------------------------------------------------
+    def tensorrt_device(self) -> str:
+        device = self.cfg.runtime.device
+        return device if device.startswith("cuda") else "cuda:0"  # build where it will run
+
+    def tensorrt_unavailable(self) -> str | None:
+        """Why no TensorRT engine can be built in this export (None when one can); asked once."""
+        if self._trt_reason is ...:
+            if self.engine_mode == "skip":
+                self._trt_reason = "--engine skip"
+            else:
+                from . import tensorrt as trt_stage
+
+                self._trt_reason = trt_stage.tensorrt_unavailable_reason(self.tensorrt_device())
+        return self._trt_reason
+
+    # -- stage records ------------------------------------------------------------------------
+    def emit(self, rec: StageRecord) -> None:
+        if self.on_stage:
+            self.on_stage(rec)
+
+    def skip(self, name: str, reason: str) -> None:
+        rec = StageRecord(name, "skipped", reason=reason)
+        self.stages.append(rec)
+        self.emit(rec)
+
+    @contextlib.contextmanager
+    def stage(self, name: str) -> Iterator[StageRecord]:
+        """Time a stage, report it running (again every ``heartbeat_s`` seconds, with the time
+        elapsed) and then passed or failed; a failure writes the report."""
+        rec = StageRecord(name, "running")
+        self.stages.append(rec)
+        self.emit(rec)
+        start = time.perf_counter()
+
+        def beat() -> None:  # "running" again, with the seconds elapsed so far
+            rec.seconds = time.perf_counter() - start
+            self.emit(rec)
+
+        try:
+            with heartbeat(beat, self.heartbeat_s if self.on_stage else None):
+                yield rec
+        except BaseException as exc:
+            rec.seconds, rec.status = time.perf_counter() - start, "failed"
+            rec.reason = rec.reason or first_line(exc)
+            self.emit(rec)
+            self.write_report()
+            raise
+        rec.seconds = time.perf_counter() - start
+        rec.status = "passed" if rec.status == "running" else rec.status  # a stage may mark itself skipped
+        self.emit(rec)
+
+    def write_report(self) -> None:
+        """``export-report.json``: every stage so far and every verdict (written when a stage fails)."""
+        try:
+            report = {"passed": False, "stages": [s.to_dict() for s in self.stages], "validation": self.validation}
+            write_json_atomic(self.out_dir / REPORT_NAME, report)
+        except OSError:  # pragma: no cover - reporting must never mask the real error
+            log.exception("could not write %s", self.out_dir / REPORT_NAME)

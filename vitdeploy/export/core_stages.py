@@ -1,0 +1,145 @@
+"""The export's FP32 rows and its last: ``model`` (the checkpoint understood and saved), ``onnx``
+(model.onnx), ``reference`` (eager PyTorch logits on the validation inputs, once for every check),
+``ort-optimize`` (model.ort.onnx) and ``manifest``. Rows of the table in export/pipeline.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..config import PipelineConfig
+from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
+from ..errors import ExportError, MissingDependencyError
+from ..runtime.backends import first_line
+from . import manifest as manifest_mod
+from .context import REPORT_NAME, ExportContext, StageRecord
+from .onnx import INPUT_NAME, OUTPUT_NAME
+from .rows import Artifact, Made, Stage, ort_gate
+
+log = logging.getLogger(__name__)
+
+
+def validation_images(cfg: PipelineConfig) -> list[Path]:
+    from ..runtime.image_paths import iter_image_paths
+
+    folder = cfg.resolve(cfg.validation.images) or (DEMO_IMAGES_DIR if DEMO_IMAGES_DIR.is_dir() else None)
+    if folder is None:
+        return []
+    return iter_image_paths([folder])[: cfg.validation.max_images]
+
+
+def reference_logits(model: Any, batch: np.ndarray, chunk: int = 16) -> np.ndarray:
+    import torch
+
+    with torch.inference_mode():
+        outs = [model(torch.from_numpy(batch[i : i + chunk])).float().numpy() for i in range(0, len(batch), chunk)]
+    return np.concatenate(outs)
+
+
+def _model(ctx: ExportContext, rec: StageRecord) -> Made:
+    from ..model.checkpoints import save_checkpoint
+    from .effective import Effective, describe, load_model, resolve_preprocess
+
+    cfg = ctx.cfg
+    ctx.loaded = load_model(cfg)
+    ctx.spec, origins = resolve_preprocess(cfg, ctx.loaded)
+    ctx.effective = Effective(ctx.loaded, ctx.spec, origins)
+    rec.details = describe(ctx.effective, cfg)
+    ctx.name = cfg.model.name or ctx.loaded.name
+    save_checkpoint(ctx.out_dir, ctx.loaded.model, ctx.loaded.labels, ctx.spec, ctx.name)
+    rec.outputs = [ctx.path("weights"), ctx.path("weights-config")]  # in the manifest last (the manifest row)
+    vit = ctx.loaded.config
+    ctx.chw = (vit.in_channels, vit.image_size, vit.image_size)
+    return ()
+
+
+def _onnx(ctx: ExportContext, rec: StageRecord) -> Made:
+    from .onnx import export_onnx
+
+    vit, cfg = ctx.loaded.config, ctx.cfg
+    metadata = {"vitdeploy.name": ctx.name, "vitdeploy.labels": list(ctx.loaded.labels),
+                "vitdeploy.preprocess": ctx.spec.to_dict(), "vitdeploy.vit": vit.to_dict()}
+    onnx_art = export_onnx(ctx.loaded.model, ctx.path("onnx"), image_size=vit.image_size,
+                           in_channels=vit.in_channels, opset=cfg.export.opset, metadata=metadata,
+                           external_data_threshold_mb=cfg.export.external_data_threshold_mb)
+    return (Artifact("onnx", onnx_art.path, tuple(onnx_art.external_data)),)
+
+
+def _reference(ctx: ExportContext, rec: StageRecord) -> Made:
+    from ..runtime.preprocess import Preprocessor
+    from .validate import build_inputs, validation_batch_sizes
+
+    cfg = ctx.cfg
+    ctx.sizes = ctx.validation_batch or validation_batch_sizes(cfg.export.batch.max)
+    ctx.inputs = build_inputs(Preprocessor(ctx.spec), validation_images(cfg),
+                              noise_samples=cfg.validation.noise_samples, seed=cfg.validation.seed,
+                              min_count=max(ctx.sizes))
+    ctx.reference = reference_logits(ctx.loaded.model, ctx.inputs.batch)
+    n, n_images = len(ctx.inputs.names), ctx.inputs.image_count
+    rec.reason = f"eager PyTorch logits for {n} inputs ({n_images} images, {n - n_images} noise)"
+    return ()
+
+
+def _ort_optimize(ctx: ExportContext, rec: StageRecord) -> Made:
+    """model.ort.onnx: the ONNX Runtime-only FP32 graph (contrib ops, never fed to TensorRT).
+
+    Optional: when the optimiser is missing or fails, the stage is skipped and "ort" runs
+    model.onnx; when the graph drifts it is rejected like any other artifact (exit 3)."""
+    from .optimize import fused_op_counts, optimize_for_ort
+
+    vit, cfg, path = ctx.loaded.config, ctx.cfg, ctx.path("onnx-ort")
+    data = path.with_name(path.name + ".data")
+    try:
+        # the class-token-only last block is sound only when the classifier reads the class token alone;
+        # MultiHeadAttention takes projected q/k/v, with no place for qk-norm's LayerNorms between
+        if vit.qk_norm:
+            log.info("attention fusion skipped: qk-norm normalises q and k between the projection and the "
+                     "attention, which the fused MultiHeadAttention op cannot express")
+        optimize_for_ort(ctx.path("onnx"), path, num_heads=vit.heads, hidden_size=vit.width,
+                         external_data_threshold_mb=cfg.export.external_data_threshold_mb,
+                         attention="none" if vit.qk_norm else "MultiHeadAttention",
+                         class_token_only=vit.reads_class_token_only)
+    except (ExportError, MissingDependencyError) as exc:
+        # Said once, on the stage's line (not also as a warning).
+        ctx.drop(("onnx-ort",))
+        rec.status = "skipped"
+        rec.reason = f"model.ort.onnx not written, the ort backend will run model.onnx: {first_line(exc)}"
+        return ()
+    fused = fused_op_counts(path)
+    ctx.extra["ort_optimize"] = {"fused": fused}
+    rec.reason = ", ".join(f"{n} {op}" for op, n in fused.items())
+    return (Artifact("onnx-ort", path, (data,) if data.is_file() else ()),)
+
+
+def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
+    cfg, out = ctx.cfg, ctx.out_dir
+    for role in ("weights", "weights-config"):
+        ctx.add(role, ctx.path(role))
+    names = ctx.inputs.names
+    manifest = manifest_mod.build_manifest(
+        name=ctx.name, vit=ctx.loaded.config.to_dict(),
+        source=ctx.effective.model_record(cfg),
+        labels=ctx.loaded.labels, preprocess=ctx.spec.to_dict(), input_name=INPUT_NAME,
+        output_name=OUTPUT_NAME, chw=ctx.chw, batch=cfg.export.batch.model_dump(), artifacts=ctx.entries,
+        validation=ctx.validation, stages=[s.to_dict() for s in ctx.stages if s.name != "manifest"],
+        extra={"preprocess_origins": ctx.effective.origins, "export": ctx.extra, "validation_inputs": {
+            "count": len(names), "images": ctx.inputs.image_count,
+            "batch_sizes": list(ctx.sizes)}},
+    )
+    path = manifest_mod.write_manifest(out, manifest)
+    (out / REPORT_NAME).unlink(missing_ok=True)
+    rec.outputs = [path]
+    return ()
+
+
+MODEL = Stage("model", _model)
+ONNX = Stage("onnx", _onnx, roles=("onnx",), gate=ort_gate("validate-onnx", "fp32", "ort"))
+REFERENCE = Stage("reference", _reference)
+ORT_OPTIMIZE = Stage("ort-optimize", _ort_optimize, roles=("onnx-ort",),
+                     skip=lambda ctx: None if ctx.cfg.export.optimize else "export.optimize is false",
+                     gate=ort_gate("validate-ort-optimized", "fp32", "ort"))
+MANIFEST = Stage("manifest", _manifest)
