@@ -184,7 +184,15 @@ def test_framework_and_proxy_refusals_are_json_errors(cluster, image):
     _assert_error(httpx.post(f"{url}/predict", content=image, headers={"content-type": "image/png"}), 404,
                   "several models")
     _assert_error(httpx.post(f"{url}/v2/models/model-a/predict", content=image,
-                             headers={"content-type": "image/png", "content-encoding": "gzip"}), 415, "compressed")
+                             headers={"content-type": "image/png", "content-encoding": "br"}), 415, "Content-Encoding")
+    _assert_error(httpx.post(f"{url}/v2/models/model-a/predict", content=image,  # said gzip, is not
+                             headers={"content-type": "image/png", "content-encoding": "gzip"}), 400, "gzip")
+    import gzip
+
+    zipped = httpx.post(f"{url}/v2/models/model-a/predict", content=gzip.compress(image),
+                        headers={"content-type": "image/png", "content-encoding": "gzip"})
+    plain = httpx.post(f"{url}/v2/models/model-a/predict", content=image, headers={"content-type": "image/png"})
+    assert zipped.status_code == plain.status_code == 200 and zipped.json()[0]["label"] == plain.json()[0]["label"]
     big = httpx.post(f"{url}/v2/models/model-a/predict", content=bytes(3 << 20), headers={"content-type": "image/png"})
     _assert_error(big, 413, "over the limit")
 
