@@ -70,7 +70,7 @@ def _config_data(model: str, cache: Path, purpose: str = "speed") -> dict:
 def export(model: str, cache: Path, purpose: str = "speed") -> Path:
     """The export to time (``speed``) or judge (``accuracy``): the demo model, or a VARIANTS ViT with
     random weights (INT8 required)."""
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
     from vitdeploy.export.pipeline import run_export
 
     out = cache / f"{model}-int8-{purpose}"
@@ -82,7 +82,7 @@ def export(model: str, cache: Path, purpose: str = "speed") -> Path:
 
         from vitdeploy.model.checkpoints import save_checkpoint
         from vitdeploy.model.vit import VARIANTS, VisionTransformer
-        from vitdeploy.preprocess_spec import PreprocessSpec
+        from vitdeploy.base.preprocess_spec import PreprocessSpec
 
         torch.manual_seed(0)
         cfg = VARIANTS[model]
@@ -117,7 +117,7 @@ def open_variants(out: Path, threads: int, dynamic: bool) -> dict:
 def export_images(model: str, cache: Path, out: Path, purpose: str = "speed") -> tuple[np.ndarray, np.ndarray]:
     """The export's real validation images (noise rows left out) and the ones its int8 stage
     calibrated on, chosen, preprocessed and picked by the export's own functions."""
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
     from vitdeploy.export.pipeline import validation_images
     from vitdeploy.export.quantize import calibration_batch
     from vitdeploy.export.validate import build_inputs

@@ -80,7 +80,7 @@ def demo_artifacts(out: Path, wait_s: float) -> Path | None:
             print(f"demo model not found ({DEMO_MODEL_DIR / 'model.json'}): skipping the demo artifacts")
             return None
         time.sleep(10)
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
     from vitdeploy.export.pipeline import run_export
 
     print(f"exporting the demo model into {out} (vitdeploy export -o {out} --engine skip) ...")
@@ -95,11 +95,11 @@ def random_vit_artifacts(variant: str, cache: Path) -> Path:
         return out
     import torch
 
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
     from vitdeploy.export.pipeline import run_export
     from vitdeploy.model.checkpoints import save_checkpoint
     from vitdeploy.model.vit import VARIANTS, VisionTransformer
-    from vitdeploy.preprocess_spec import PreprocessSpec
+    from vitdeploy.base.preprocess_spec import PreprocessSpec
 
     torch.manual_seed(0)
     cfg = VARIANTS[variant]

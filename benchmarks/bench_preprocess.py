@@ -45,7 +45,7 @@ from vitdeploy.evaluate.bench import cpu_model
 from vitdeploy.runtime import preprocess as preprocess_mod
 from vitdeploy.runtime.images import load_image
 from vitdeploy.runtime.preprocess import Preprocessor
-from vitdeploy.preprocess_spec import PreprocessSpec
+from vitdeploy.base.preprocess_spec import PreprocessSpec
 
 TARGET = 0.70
 SIZES = ((500, 375), (375, 500))

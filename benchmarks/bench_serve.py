@@ -71,7 +71,7 @@ def photos() -> list[bytes]:
 def demo_artifacts(cache: Path) -> Path:
     out = cache / "demo-artifacts"
     if not (out / "manifest.json").is_file():
-        from vitdeploy.config import parse_config
+        from vitdeploy.base.config import parse_config
         from vitdeploy.export.pipeline import run_export
 
         print(f"exporting the demo model into {out} ...", flush=True)
@@ -88,7 +88,7 @@ def vit_small_artifacts(cache: Path) -> Path:
     import torch
     from transformers import ViTConfig, ViTForImageClassification
 
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
     from vitdeploy.export.pipeline import run_export
 
     ckpt = cache / "vit-s16-hf-random"

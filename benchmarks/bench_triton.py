@@ -104,11 +104,11 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
     import numpy as np
     import tritonclient.http as httpclient
 
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
     from vitdeploy.runtime.backends.base import BackendOptions
     from vitdeploy.runtime.predictor import Predictor
-    from vitdeploy.serve.triton_local import BundledTriton, default_venv
-    from vitdeploy.serve.triton_repo import build_triton_repo, settings_from_config
+    from vitdeploy.serve.triton.local import BundledTriton, default_venv
+    from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
 
     n = args.requests_demo if "demo" in label else args.requests
     work = [images[i % len(images)] for i in range(n)]

@@ -64,7 +64,7 @@ def compute(count: int = DEFAULT_COUNT) -> dict[str, np.ndarray]:
     from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR, LABELS_CSV as DEMO_LABELS_CSV, DEMO_DIR as DEMO_MODEL_DIR
     from vitdeploy.runtime.backends.torch_backend import TorchBackend
     from vitdeploy.runtime.preprocess import Preprocessor
-    from vitdeploy.preprocess_spec import PreprocessSpec
+    from vitdeploy.base.preprocess_spec import PreprocessSpec
 
     torch.set_num_threads(1)
     meta = json.loads((DEMO_MODEL_DIR / "model.json").read_text(encoding="utf-8"))

@@ -48,7 +48,7 @@ from PIL import Image
 
 from vitdeploy.demo import DEMO_DIR, render_digit
 from vitdeploy.model.vit import VisionTransformer, ViTConfig
-from vitdeploy.preprocess_spec import PreprocessSpec
+from vitdeploy.base.preprocess_spec import PreprocessSpec
 
 log = logging.getLogger("train_demo")
 

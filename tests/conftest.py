@@ -8,7 +8,7 @@ import pytest
 
 
 def _export(cfg_dict: dict, out: Path, **kwargs):
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
     from vitdeploy.export.pipeline import run_export
 
     cfg = parse_config(cfg_dict, None)
@@ -22,7 +22,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 
     from vitdeploy.model import ViTConfig, VisionTransformer
     from vitdeploy.model.checkpoints import save_checkpoint
-    from vitdeploy.preprocess_spec import PreprocessSpec
+    from vitdeploy.base.preprocess_spec import PreprocessSpec
 
     torch.manual_seed(0)
     cfg = ViTConfig(image_size=32, patch_size=8, width=64, depth=2, heads=4, num_classes=7)
@@ -64,6 +64,6 @@ def demo_artifacts(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def export_config():
     """Build a validated PipelineConfig from a dict (no YAML file)."""
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
 
     return lambda data: parse_config(data, None)

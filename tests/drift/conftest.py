@@ -67,7 +67,7 @@ def drift_artifacts(demo_artifacts, tmp_path_factory) -> Path:
 
     if backend_unavailable_reason("trt", None, BackendOptions(device="cuda")):
         return demo_artifacts
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
     from vitdeploy.export.pipeline import run_export
 
     out = tmp_path_factory.mktemp("demo_artifacts_engine")

@@ -64,7 +64,7 @@ def test_golden_file_is_for_the_shipped_demo_weights(golden, demo_model):
 def test_preprocessing_reproduces_the_golden_inputs(golden, demo_model):
     from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR
     from vitdeploy.runtime.preprocess import Preprocessor
-    from vitdeploy.preprocess_spec import PreprocessSpec
+    from vitdeploy.base.preprocess_spec import PreprocessSpec
 
     _, meta = demo_model
     now = Preprocessor(PreprocessSpec.from_dict(meta["preprocess"])).batch(

@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from bad_input_helpers import (GOOD_IMAGES, assert_one_error_line, copy_export, edit_manifest, flip_byte, rehash,
                                run_cli, toy_classifier)
 from vitdeploy.cli import main
-from vitdeploy.errors import ArtifactError, ArtifactIntegrityError
+from vitdeploy.base.errors import ArtifactError, ArtifactIntegrityError
 from vitdeploy.runtime.predictor import Predictor
 
 
@@ -217,7 +217,7 @@ def test_unreadable_artifact_is_a_clean_error_naming_the_file(demo_artifacts, tm
     try:
         res = run_cli("predict", str(GOOD_IMAGES[0]), "-a", str(d), unprivileged=True)
         code = ("from vitdeploy.runtime.predictor import Predictor\n"
-                "from vitdeploy.errors import ArtifactError\n"
+                "from vitdeploy.base.errors import ArtifactError\n"
                 f"try:\n    Predictor.from_artifacts({str(d)!r})\nexcept ArtifactError as e:\n    print('REFUSED', e)")
         from bad_input_helpers import run_python
 

@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 from bad_input_helpers import GOOD_IMAGES, assert_one_error_line, run_cli, run_python
 from vitdeploy.cli import main
-from vitdeploy.errors import ConfigError
-from vitdeploy.limits import MAX_BATCH
+from vitdeploy.base.errors import ConfigError
+from vitdeploy.base.limits import MAX_BATCH
 
 BAD_KINDS = ["missing", "empty dir", "symlink loop", "dangling symlink", "unreadable file", "unreadable dir",
              "unreadable sub-folder"]
@@ -131,7 +131,7 @@ def test_bomb_above_pillows_warning_is_accepted_cleanly_when_the_limit_allows(tm
 
     from PIL import Image
 
-    from vitdeploy.errors import InputError
+    from vitdeploy.base.errors import InputError
     from vitdeploy.runtime.images import load_image
 
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10_000)

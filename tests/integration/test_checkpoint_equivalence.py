@@ -11,9 +11,9 @@ import logging
 import pytest
 import torch
 
-from vitdeploy.errors import CheckpointError
+from vitdeploy.base.errors import CheckpointError
 from vitdeploy.model import detect_format, load_checkpoint
-from vitdeploy.preprocess_spec import PreprocessSpec
+from vitdeploy.base.preprocess_spec import PreprocessSpec
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")

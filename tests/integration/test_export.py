@@ -12,7 +12,7 @@ import yaml
 from click.testing import CliRunner
 
 from vitdeploy.cli import main
-from vitdeploy.errors import ExportError
+from vitdeploy.base.errors import ExportError
 from vitdeploy.runtime.artifacts import sha256_file
 
 CLI = CliRunner()
@@ -221,7 +221,7 @@ def test_stage_killed_midway_leaves_no_half_written_artifact(tmp_path: Path, mon
 
 def test_large_model_path_writes_external_data_that_is_hashed_validated_and_guarded(tmp_path: Path, export_config):
     """ViT-H exceeds protobuf's 2 GB: its weights go beside the graph. Forced here on the demo."""
-    from vitdeploy.errors import ArtifactError
+    from vitdeploy.base.errors import ArtifactError
     from vitdeploy.export.pipeline import run_export
     from vitdeploy.runtime.artifacts import Artifacts
 

@@ -21,8 +21,8 @@ import onnx
 import pytest
 from onnx import TensorProto
 
-from vitdeploy.config import parse_config
-from vitdeploy.errors import ValidationError
+from vitdeploy.base.config import parse_config
+from vitdeploy.base.errors import ValidationError
 from vitdeploy.export.pipeline import run_export
 
 FP16_OPS = Path(__file__).resolve().parents[1] / "data" / "tensorrt" / "onnx-tensorrt-fp16-ops.txt"

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vitdeploy.config import parse_config
-from vitdeploy.errors import ConfigError, ExportError, ValidationError
+from vitdeploy.base.config import parse_config
+from vitdeploy.base.errors import ConfigError, ExportError, ValidationError
 from vitdeploy.export.pipeline import run_export
 from vitdeploy.export.quantize import calibration_batch, quantize_int8
 from vitdeploy.runtime.artifacts import Artifacts

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from test_library_fidelity import randomize_  # noqa: F401 (puts tests/reference on sys.path)
-from vitdeploy.config import parse_config
+from vitdeploy.base.config import parse_config
 from vitdeploy.demo import IMAGES_DIR
 from vitdeploy.export.pipeline import run_export
 from vitdeploy.runtime.predictor import Predictor
@@ -30,7 +30,7 @@ def _ours(folder: Path, **family) -> Path:
     import torch
 
     from vitdeploy.model import VisionTransformer, ViTConfig, save_checkpoint
-    from vitdeploy.preprocess_spec import PreprocessSpec
+    from vitdeploy.base.preprocess_spec import PreprocessSpec
 
     torch.manual_seed(5)
     model = randomize_(VisionTransformer(ViTConfig(**TINY, **family)), 5)

@@ -18,7 +18,7 @@ import onnx
 import pytest
 from onnx import TensorProto, numpy_helper
 
-from vitdeploy.config import parse_config
+from vitdeploy.base.config import parse_config
 from vitdeploy.export.compare import logit_metrics
 from vitdeploy.export.pipeline import run_export
 from vitdeploy.runtime.artifacts import Artifacts

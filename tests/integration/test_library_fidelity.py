@@ -33,13 +33,13 @@ from click.testing import CliRunner
 from PIL import Image
 
 from vitdeploy.cli import main as cli_main
-from vitdeploy.config import parse_config
+from vitdeploy.base.config import parse_config
 from vitdeploy.export.pipeline import run_export
 from vitdeploy.model import load_checkpoint
 from vitdeploy.runtime.postprocess import softmax
 from vitdeploy.runtime.predictor import Predictor
 from vitdeploy.runtime.preprocess import Preprocessor, resize_plan
-from vitdeploy.preprocess_spec import PreprocessSpec
+from vitdeploy.base.preprocess_spec import PreprocessSpec
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_SCRIPT = REPO / "tests" / "reference" / "library_reference.py"
@@ -223,7 +223,7 @@ def test_width_without_a_named_variant_points_at_a_key_that_exists(tmp_path):
           "cls_token": torch.zeros(1, 1, 200), "pos_embed": torch.zeros(1, 5, 200),
           "blocks.0.mlp.fc1.weight": torch.zeros(800, 200)}
     safetensors.torch.save_file(sd, str(tmp_path / "w200.safetensors"))
-    from vitdeploy.errors import CheckpointError
+    from vitdeploy.base.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match=r"set model\.num_heads in pipeline\.yaml") as info:
         load_checkpoint(tmp_path / "w200.safetensors")

@@ -32,7 +32,7 @@ pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip i
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR  # noqa: E402
-from vitdeploy.serve.triton_local import BundledTriton, _venv_python, default_venv, free_port  # noqa: E402
+from vitdeploy.serve.triton.local import BundledTriton, _venv_python, default_venv, free_port  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -81,8 +81,8 @@ def predictor(demo_artifacts: Path):
 
 @pytest.fixture(scope="module")
 def repo(demo_artifacts: Path, tmp_path_factory) -> Path:
-    from vitdeploy.config import parse_config
-    from vitdeploy.serve.triton_repo import build_triton_repo, settings_from_config
+    from vitdeploy.base.config import parse_config
+    from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
 
     cfg = parse_config({"runtime": {"max_image_pixels": MAX_PIXELS},
                         "triton": {"inference": "ort_python", "max_queue_delay_us": 2000, "decode_threads": 2}})

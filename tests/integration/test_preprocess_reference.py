@@ -25,7 +25,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from vitdeploy.runtime.preprocess import Preprocessor
-from vitdeploy.preprocess_spec import (
+from vitdeploy.base.preprocess_spec import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     INCEPTION_MEAN,

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from bad_input_helpers import GOOD_IMAGES, assert_one_error_line, copy_export, edit_manifest, flip_byte, rehash
 from vitdeploy.cli import main
-from vitdeploy.errors import ArtifactError, ArtifactIntegrityError
+from vitdeploy.base.errors import ArtifactError, ArtifactIntegrityError
 from vitdeploy.runtime.predictor import Predictor
 
 

@@ -55,7 +55,7 @@ def test_kill_9_mid_reexport_keeps_the_previous_export_and_the_next_export_clean
     Artifacts.open(out)  # manifest valid, every file verifies
     assert predictions(out) == before
 
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
     from vitdeploy.export.pipeline import run_export
 
     result = run_export(parse_config({}, None), out, engine="skip")

@@ -175,8 +175,8 @@ def test_the_repository_ships_a_dockerfile_its_wheel_and_pinned_requirements(dem
     import zipfile
 
     from vitdeploy import __version__
-    from vitdeploy.serve.triton_package import copy_sources
-    from vitdeploy.serve.triton_versions import IMAGE, TRITON_RELEASES, latest_release
+    from vitdeploy.serve.triton.package import copy_sources
+    from vitdeploy.serve.triton.versions import IMAGE, TRITON_RELEASES, latest_release
 
     repo = tmp_path / "repo"
     assert run("triton-repo", "-a", str(demo_artifacts), "-o", str(repo)).exit_code == 0
@@ -261,8 +261,8 @@ def test_trt_inference_without_an_engine_is_a_config_error(demo_artifacts: Path,
 
 
 def test_the_triton_release_is_matched_on_the_tensorrt_version_and_never_guessed():
-    from vitdeploy.serve.triton_versions import container_release as _container
-    from vitdeploy.serve.triton_versions import latest_release, triton_releases_for
+    from vitdeploy.serve.triton.versions import container_release as _container
+    from vitdeploy.serve.triton.versions import latest_release, triton_releases_for
 
     assert triton_releases_for("10.13.3.9") == ["25.09", "25.10"]
     assert triton_releases_for("10.14.1.48") == ["25.11", "25.12", "26.01"]

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR
-from vitdeploy.serve.triton_local import BundledTriton, default_venv
+from vitdeploy.serve.triton.local import BundledTriton, default_venv
 
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient not installed (pip install 'tritonclient[http,grpc]')")
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[http,grpc]')")
@@ -77,8 +77,8 @@ def predictor(demo_artifacts: Path):
 @pytest.fixture(scope="module")
 def server(demo_artifacts: Path, tmp_path_factory):
     _require_triton_env()
-    from vitdeploy.config import parse_config
-    from vitdeploy.serve.triton_repo import build_triton_repo, settings_from_config
+    from vitdeploy.base.config import parse_config
+    from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
 
     root = tmp_path_factory.mktemp("triton")
     cfg = parse_config({"runtime": {"max_image_pixels": MAX_PIXELS},

@@ -23,7 +23,7 @@ from PIL import Image
 from test_library_fidelity import (LOGIT_TOL, PROB_TOL, assert_pixels, assert_same_predictions, export, photo_files,
                                    photos, predict, run_reference)  # noqa: F401 (photos: the fixture)
 from library_reference import randomize_  # noqa: E402 (tests/reference: on sys.path via test_library_fidelity)
-from vitdeploy.errors import CheckpointError
+from vitdeploy.base.errors import CheckpointError
 from vitdeploy.export.optimize import METADATA_KEY
 from vitdeploy.model import load_checkpoint
 

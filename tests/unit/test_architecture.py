@@ -99,7 +99,7 @@ def test_imports_run_one_way():
     ("vitdeploy.model.vit", "import vitdeploy.runtime.preprocess", "vitdeploy.runtime.preprocess"),
     ("vitdeploy.runtime.preprocess", "from ..model.checkpoints import load_checkpoint", "vitdeploy.model.checkpoints"),
     ("vitdeploy.serve.app", "from ..evaluate.bench import run_bench", "vitdeploy.evaluate.bench"),
-    ("vitdeploy.config", "from .runtime.backends import BackendOptions", "vitdeploy.runtime.backends"),
+    ("vitdeploy.base.config", "from .runtime.backends import BackendOptions", "vitdeploy.runtime.backends"),
     ("vitdeploy.export.pipeline", "from ..evaluate import drift", "vitdeploy.evaluate.drift"),
 ])
 def test_the_checker_names_the_offending_import(module, source, offending):

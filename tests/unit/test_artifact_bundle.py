@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vitdeploy.errors import ArtifactIntegrityError
+from vitdeploy.base.errors import ArtifactIntegrityError
 from vitdeploy.runtime.artifact_bundle import fetch_uri, materialize, pack
 from vitdeploy.runtime.backends import artifact_roles
 from vitdeploy.runtime.predictor import Predictor

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from vitdeploy.errors import ArtifactError, ArtifactIntegrityError
+from vitdeploy.base.errors import ArtifactError, ArtifactIntegrityError
 from vitdeploy.runtime import artifacts as artifacts_mod
 from vitdeploy.runtime.artifacts import Artifacts, check_onnx_external_data, sha256_file
-from vitdeploy.preprocess_spec import PreprocessSpec
+from vitdeploy.base.preprocess_spec import PreprocessSpec
 
 
 def entry(directory: Path, name: str) -> dict:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vitdeploy.errors import ArtifactError, BackendError, ConfigError, InputError
+from vitdeploy.base.errors import ArtifactError, BackendError, ConfigError, InputError
 from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.backends import (BACKEND_NAMES, BackendOptions, backend_unavailable_reason, open_backend)
 
@@ -88,7 +88,7 @@ def test_trt_unavailable_without_an_engine_names_the_manifest(artifacts):
 
 
 def test_trt_unavailable_with_an_engine_names_the_missing_tensorrt(tmp_path):
-    from vitdeploy._deps import available
+    from vitdeploy.base._deps import available
 
     if available("tensorrt")[0]:
         pytest.skip("tensorrt is installed here: its absence cannot be reported")
@@ -374,7 +374,7 @@ def test_one_first_line_helper_for_every_report():
 
 
 def test_backend_options_from_the_runtime_section_carry_every_key():
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
 
     runtime = parse_config({"runtime": {"providers": ["CUDAExecutionProvider", "CPUExecutionProvider"], "threads": 3,
                                         "allow_cpu_fallback": True, "ort_allow_spinning": False}}, None).runtime
@@ -398,7 +398,7 @@ def test_ort_allow_spinning_decides_whether_idle_threads_spin(setting, threads, 
 
 def test_open_or_reason_opens_or_says_why_not_and_never_skips_a_tampered_file(tiny_dir, artifacts, tmp_path):
     """The one way auto-selection, validate and bench open a backend."""
-    from vitdeploy.errors import ArtifactIntegrityError, MissingDependencyError
+    from vitdeploy.base.errors import ArtifactIntegrityError, MissingDependencyError
     from vitdeploy.runtime.backends import open_or_reason
 
     opened = open_or_reason("ort", artifacts)

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from bad_input_helpers import assert_one_error_line
 from vitdeploy.cli import main
-from vitdeploy.errors import CheckpointError
+from vitdeploy.base.errors import CheckpointError
 from vitdeploy.model.checkpoints import load_checkpoint
 
 HF = {"model_type": "vit", "architectures": ["ViTForImageClassification"], "hidden_size": 64, "num_hidden_layers": 2,

@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from vitdeploy.cli import main
-from vitdeploy.config import load_config
-from vitdeploy.errors import ConfigError
-from vitdeploy.limits import MAX_BATCH
+from vitdeploy.base.config import load_config
+from vitdeploy.base.errors import ConfigError
+from vitdeploy.base.limits import MAX_BATCH
 
 
 def laughs(levels: int, width: int = 9) -> str:

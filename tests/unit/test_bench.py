@@ -12,7 +12,7 @@ from vitdeploy.evaluate.bench import (BASELINE, BenchReport, BenchResult, attach
                                       parse_batch_sizes, percentile, summarize)
 from vitdeploy.evaluate.reliability import SPREAD_LIMIT, Contention, busy_machine_reason, mark_unreliable
 from vitdeploy.evaluate.timing import interleaved, measure
-from vitdeploy.errors import BackendError, ConfigError
+from vitdeploy.base.errors import BackendError, ConfigError
 
 
 

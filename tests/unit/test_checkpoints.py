@@ -13,11 +13,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitdeploy.errors import CheckpointError
+from vitdeploy.base.errors import CheckpointError
 from vitdeploy.model import (LoadedCheckpoint, VisionTransformer, ViTConfig, detect_format, load_checkpoint,
                              resample_pos_embed, save_checkpoint)
 from vitdeploy.model.convert_hf import hf_preprocess
-from vitdeploy.preprocess_spec import PreprocessSpec
+from vitdeploy.base.preprocess_spec import PreprocessSpec
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 

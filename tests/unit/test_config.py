@@ -9,8 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from vitdeploy.cli import main
-from vitdeploy.config import load_config, parse_config
-from vitdeploy.errors import ConfigError
+from vitdeploy.base.config import load_config, parse_config
+from vitdeploy.base.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

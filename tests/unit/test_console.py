@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vitdeploy._heartbeat import heartbeat
-from vitdeploy.console import Console, StageReporter
+from vitdeploy.export.heartbeat import heartbeat
+from vitdeploy.cli.console import Console, StageReporter
 
 
 def test_heartbeat_beats_while_the_block_runs_and_never_after():
@@ -38,7 +38,7 @@ def test_a_failing_beat_never_breaks_the_work_and_none_means_no_thread():
 
 
 def test_a_slow_stage_reports_running_with_elapsed_seconds_then_its_result(tmp_path):
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
     from vitdeploy.export.context import ExportContext
 
     seen: list[tuple[str, float]] = []
@@ -87,7 +87,7 @@ def test_on_a_terminal_the_status_line_is_rewritten_in_place_and_a_failure_carri
 ])
 def test_next_command_runs_as_printed_from_the_current_directory(tmp_path, monkeypatch, argv0, on_path, expect):
     from vitdeploy import cli
-    from vitdeploy.config import parse_config
+    from vitdeploy.base.config import parse_config
 
     monkeypatch.chdir(tmp_path)
     script = tmp_path / ".venv/bin/vitdeploy"
@@ -123,7 +123,7 @@ def _rel_demo_images() -> str:
     "short/name.jpg",
 ])
 def test_fit_path_keeps_the_file_name_and_cuts_the_middle(path):
-    from vitdeploy.console import fit_path
+    from vitdeploy.cli.console import fit_path
 
     shown = fit_path(path, 48)
     assert len(shown) <= 48

@@ -21,7 +21,7 @@ from vitdeploy.demo import (
     render_digit,
 )
 from vitdeploy.runtime.preprocess import Preprocessor
-from vitdeploy.preprocess_spec import PreprocessSpec
+from vitdeploy.base.preprocess_spec import PreprocessSpec
 
 torch = pytest.importorskip("torch", reason="the demo model's torch checks need torch")
 

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from vitdeploy.evaluate.dataset import label_indices, load_validation_set, read_labels_csv
 from vitdeploy.evaluate.drift import DriftReport, accuracy, format_drift_table, judge_backend, run_drift
 from vitdeploy.evaluate.specs import backend_specs, parse_backend_names
-from vitdeploy.errors import ConfigError, InputError, MissingDependencyError, ValidationError
+from vitdeploy.base.errors import ConfigError, InputError, MissingDependencyError, ValidationError
 
 from tiny_export import LABELS  # tests/: on sys.path beside conftest.py
 

@@ -14,8 +14,8 @@ import logging
 import numpy as np
 import pytest
 
-from vitdeploy.config import parse_config
-from vitdeploy.errors import ExportError, ValidationError
+from vitdeploy.base.config import parse_config
+from vitdeploy.base.errors import ExportError, ValidationError
 from vitdeploy.export.context import ExportContext
 from vitdeploy.export.pipeline import STAGES, run_stages
 from vitdeploy.export.rows import Artifact, Gate, Stage

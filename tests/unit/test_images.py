@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile, features
 
-from vitdeploy.errors import InputError
+from vitdeploy.base.errors import InputError
 from vitdeploy.runtime.image_paths import is_image_path, iter_image_paths
 from vitdeploy.runtime.images import MAX_IMAGE_PIXELS, SUPPORTED_FORMATS, load_image
 

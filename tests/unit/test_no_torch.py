@@ -46,7 +46,7 @@ except ImportError:
 else:
     raise SystemExit("torch was not hidden: the test would prove nothing")
 
-from vitdeploy.errors import MissingDependencyError
+from vitdeploy.base.errors import MissingDependencyError
 from vitdeploy.runtime.predictor import Predictor
 
 directory, image = sys.argv[1], sys.argv[2]

@@ -155,7 +155,7 @@ def test_skip_layer_norm_fusion_on_request(tiny_onnx, tmp_path):
 
 
 def test_refuses_to_overwrite_source_and_bad_sizes(tiny_onnx, tmp_path):
-    from vitdeploy.errors import ExportError
+    from vitdeploy.base.errors import ExportError
     from vitdeploy.export.optimize import optimize_for_ort
 
     with pytest.raises(ExportError, match="overwrite its source"):
@@ -168,7 +168,7 @@ def test_refuses_to_overwrite_source_and_bad_sizes(tiny_onnx, tmp_path):
 def test_failed_write_leaves_no_file(tiny_onnx, tmp_path, monkeypatch):
     import onnx
 
-    from vitdeploy.errors import ExportError
+    from vitdeploy.base.errors import ExportError
     from vitdeploy.export.optimize import optimize_for_ort
 
     target = tmp_path / "model.ort.onnx"

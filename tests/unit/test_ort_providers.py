@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from vitdeploy.config import parse_config
-from vitdeploy.errors import ConfigError
+from vitdeploy.base.config import parse_config
+from vitdeploy.base.errors import ConfigError
 from vitdeploy.runtime.backends.ort import TRT_EP_CACHE, provider_entries, trt_ep_cache_dir
 
 BATCH = {"min": 1, "opt": 8, "max": 32}

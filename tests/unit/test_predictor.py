@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from vitdeploy.errors import ArtifactError, BackendError, ConfigError, InputError
+from vitdeploy.base.errors import ArtifactError, BackendError, ConfigError, InputError
 from vitdeploy.runtime.postprocess import softmax, top_k
 from vitdeploy.runtime.predictor import Prediction, Predictor
 

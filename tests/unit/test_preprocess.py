@@ -12,9 +12,9 @@ import pytest
 from PIL import Image
 
 import vitdeploy.runtime.preprocess as preprocess_mod
-from vitdeploy.errors import InputError
+from vitdeploy.base.errors import InputError
 from vitdeploy.runtime.preprocess import Preprocessor, timm_resize_size
-from vitdeploy.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
+from vitdeploy.base.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
 
 HF = PreprocessSpec(style="hf", height=32, width=48, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 TIMM = PreprocessSpec(
@@ -288,7 +288,7 @@ def test_preprocessing_works_without_torch(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"  # any 'import torch' now raises ImportError
         "from vitdeploy.runtime.preprocess import Preprocessor\n"
-        "from vitdeploy.preprocess_spec import PreprocessSpec\n"
+        "from vitdeploy.base.preprocess_spec import PreprocessSpec\n"
         f"out = Preprocessor(PreprocessSpec(style='timm'))({str(path)!r})\n"
         "assert out.shape == (3, 224, 224)\n"
         "loaded = [m for m, mod in sys.modules.items() if mod is not None]\n"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from vitdeploy.preprocess_spec import INTERPOLATIONS, PreprocessSpec
+from vitdeploy.base.preprocess_spec import INTERPOLATIONS, PreprocessSpec
 
 
 @pytest.mark.parametrize("interpolation", INTERPOLATIONS)

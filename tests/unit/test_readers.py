@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitdeploy.config import PreprocessSection, parse_config
-from vitdeploy.errors import ArtifactError, CheckpointError, ConfigError
+from vitdeploy.base.config import PreprocessSection, parse_config
+from vitdeploy.base.errors import ArtifactError, CheckpointError, ConfigError
 from vitdeploy.model import VisionTransformer, ViTConfig, load_checkpoint
 from vitdeploy.model.readers import FORMATS, READERS, Reader, reader_for
 from vitdeploy.model.readers.timm import TimmReader
-from vitdeploy.preprocess_spec import PreprocessSpec
+from vitdeploy.base.preprocess_spec import PreprocessSpec
 from vitdeploy.runtime.manifest_schema import parse_manifest
-from vitdeploy.vit_schema import HEADS_BY_WIDTH, SIZE_BY_WIDTH, VARIANTS, parse_vit_config
+from vitdeploy.base.vit_schema import HEADS_BY_WIDTH, SIZE_BY_WIDTH, VARIANTS, parse_vit_config
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 

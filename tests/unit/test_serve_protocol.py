@@ -11,7 +11,7 @@ from PIL import Image
 
 from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.predictor import Predictor
-from vitdeploy import errors as E
+from vitdeploy.base import errors as E
 from vitdeploy.serve import protocol as P
 from vitdeploy.serve.http_errors import error_body, status_of
 

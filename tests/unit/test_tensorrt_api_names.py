@@ -27,10 +27,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "tensorrt"
 LIST_FILES = {"10.13": DATA / "python-api-names-10.13.txt", "11.4": DATA / "python-api-names-11.4.txt"}
-OUR_TRT_MODULES = [ROOT / "vitdeploy" / "export" / "tensorrt.py", ROOT / "vitdeploy" / "runtime" / "backends" / "trt.py",
-                   ROOT / "vitdeploy" / "runtime" / "backends" / "trt_logging.py",
-                   ROOT / "vitdeploy" / "runtime" / "backends" / "trt_metadata.py",
-                   ROOT / "vitdeploy" / "runtime" / "backends" / "trt_pool.py"]
+OUR_TRT_MODULES = [ROOT / "vitdeploy" / "export" / "tensorrt.py",
+                   *sorted((ROOT / "vitdeploy" / "runtime" / "backends" / "trt").glob("*.py"))]
 
 # Variables with these names (or attributes ending in them, e.g. self._engine) hold TensorRT
 # objects in our code; their attribute names are checked even where data flow is not tracked.

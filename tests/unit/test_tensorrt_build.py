@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vitdeploy.errors import ArtifactError, ConfigError, ExportError
+from vitdeploy.base.errors import ArtifactError, ConfigError, ExportError
 from vitdeploy.export.tensorrt import EngineBuildPlan, build_engine, plan_engine_build, tensorrt_unavailable_reason
 from vitdeploy.runtime.backends.base import BackendOptions
 from vitdeploy.runtime.backends import trt as trt_backend
@@ -245,7 +245,7 @@ def test_engine_write_failure_leaves_no_engine_or_temp_file(onnx_file, monkeypat
     def refuse(src, dst):
         raise OSError(28, "No space left on device")
 
-    import vitdeploy._files as files
+    import vitdeploy.base._files as files
 
     monkeypatch.setattr(files.os, "replace", refuse)
     with pytest.raises(ExportError, match="cannot write .*model.engine.*No space left"):

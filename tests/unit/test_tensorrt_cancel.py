@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from strict_tensorrt import StrictTrt
 
 import vitdeploy.export.tensorrt as trt_stage
-from vitdeploy.errors import ExportError
+from vitdeploy.base.errors import ExportError
 from vitdeploy.export.tensorrt import build_engine, plan_engine_build
 from vitdeploy.runtime.cuda import GpuIdentity
 

@@ -4,7 +4,7 @@ and the CUDA-major check names the command that fixes a mismatch.
 What this checks: pyproject's extras, the README's install lines and the check agree (the torch each
 line installs satisfies its extra's pin and is accepted by the check); mixed or doubled wheels are
 refused with the exact command. What it cannot check here: that PyTorch's index really serves the
-CUDA 12 build named in vitdeploy.vocab.TENSORRT_TORCH (download.pytorch.org is unreachable from this
+CUDA 12 build named in vitdeploy.base.vocab.TENSORRT_TORCH (download.pytorch.org is unreachable from this
 machine), or that PyPI's torch 2.13.0 is a CUDA 13 build (read once from its wheel's METADATA:
 ``cuda-toolkit[...]==13.0.3``, ``nvidia-cudnn-cu13``).
 """
@@ -19,8 +19,8 @@ import tomllib
 from packaging.requirements import Requirement
 
 from vitdeploy.runtime.backends import trt as trt_backend
-from vitdeploy.runtime.backends.trt_logging import cuda_major_mismatch
-from vitdeploy.vocab import TENSORRT_TORCH, tensorrt_install_command, torch_fix_command
+from vitdeploy.runtime.backends.trt.log import cuda_major_mismatch
+from vitdeploy.base.vocab import TENSORRT_TORCH, tensorrt_install_command, torch_fix_command
 
 ROOT = Path(__file__).resolve().parents[2]
 

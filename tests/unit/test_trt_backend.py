@@ -25,7 +25,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from vitdeploy.errors import ArtifactError, BackendError, ConfigError, MissingDependencyError
+from vitdeploy.base.errors import ArtifactError, BackendError, ConfigError, MissingDependencyError
 from vitdeploy.runtime.backends import trt as trt_backend
 from vitdeploy.runtime.backends.base import BackendOptions
 from vitdeploy.runtime.backends.trt import MachineIdentity, TrtBackend, open_from_artifacts

@@ -9,10 +9,10 @@ import json
 import pytest
 import torch
 
-from vitdeploy.config import parse_config
-from vitdeploy.errors import CheckpointError, ConfigError, VitDeployError
+from vitdeploy.base.config import parse_config
+from vitdeploy.base.errors import CheckpointError, ConfigError, VitDeployError
 from vitdeploy.model import VisionTransformer, ViTConfig, load_checkpoint, save_checkpoint
-from vitdeploy.vit_schema import validate_vit_config
+from vitdeploy.base.vit_schema import validate_vit_config
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 

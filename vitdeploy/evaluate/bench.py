@@ -32,8 +32,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, InputError
-from ..limits import check_batch_size, clip
+from ..base.errors import ConfigError, InputError
+from ..base.limits import check_batch_size, clip
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
 from .specs import BackendSpec, backend_specs, parse_backend_names, reference_options, try_open_spec

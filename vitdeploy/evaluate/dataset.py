@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import InputError
+from ..base.errors import InputError
 
 log = logging.getLogger(__name__)
 

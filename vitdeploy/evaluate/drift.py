@@ -29,11 +29,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .._files import write_json_atomic
-from ..errors import BackendError, ConfigError, InputError, MissingDependencyError, ValidationError
+from ..base._files import write_json_atomic
+from ..base.errors import BackendError, ConfigError, InputError, MissingDependencyError, ValidationError
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
-from ..vocab import DRIFT_REPORT_NAME, PRECISIONS
+from ..base.vocab import DRIFT_REPORT_NAME, PRECISIONS
 from .dataset import label_indices, load_validation_set
 from .specs import (BackendSpec, backend_specs, open_spec, parse_backend_names, reference_options,
                     spec_unavailable_reason, try_open_spec)
@@ -181,7 +181,7 @@ def accuracy(logits: np.ndarray, true_index: Sequence[int | None]) -> float | No
 
 
 def default_thresholds() -> dict[str, dict[str, float]]:
-    from ..config import ValidationSection
+    from ..base.config import ValidationSection
 
     section = ValidationSection()
     return {key: getattr(section, key).model_dump() for key in PRECISIONS}

@@ -6,8 +6,8 @@ import platform
 from typing import Iterator
 
 from .. import __version__
-from .._deps import available
-from ..vocab import BACKEND_KINDS
+from ..base._deps import available
+from ..base.vocab import BACKEND_KINDS
 
 
 def environment_report() -> Iterator[str]:

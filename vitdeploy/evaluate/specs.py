@@ -1,6 +1,6 @@
 """Which backends ``validate`` and ``bench`` judge, the file and precision each runs, how to open one.
 
-A :class:`BackendSpec` is one row of their tables: a name from :data:`~vitdeploy.vocab.BACKENDS`,
+A :class:`BackendSpec` is one row of their tables: a name from :data:`~vitdeploy.base.vocab.BACKENDS`,
 the runtime backend that runs it, its options (device, precision) and the threshold set that
 judges it. Opening goes through :func:`~vitdeploy.runtime.backends.open_or_reason`, as the
 Predictor's auto-selection does.
@@ -12,9 +12,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 from ..runtime.backends import verify_backend_files
-from ..vocab import BACKEND_KINDS, BACKENDS, EVALUATED_BACKENDS
+from ..base.vocab import BACKEND_KINDS, BACKENDS, EVALUATED_BACKENDS
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime.backends import Opened

@@ -37,7 +37,7 @@ def cuda_event_timer(device: str = "cuda") -> Timer:
     waited on before reading ``elapsed_time``. Every backend's ``run`` returns host numpy arrays,
     so the measured span covers the copies in and out and all the GPU work of the call.
     """
-    from .._deps import require
+    from ..base._deps import require
 
     torch = require("torch", "timing CUDA backends with CUDA events")
     dev = torch.device(device)
@@ -64,7 +64,7 @@ def measure(runners: Mapping[str, Callable[[], Any]], *, iterations: int, warmup
     Returns seconds per call for each runner. A runner raising a VitDeployError is dropped from
     the remaining iterations and reported through ``on_error`` (else the error propagates).
     """
-    from ..errors import VitDeployError
+    from ..base.errors import VitDeployError
 
     timers = timers or {}
     alive = list(runners)

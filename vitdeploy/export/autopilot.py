@@ -34,8 +34,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .._deps import require
-from ..errors import ValidationError
+from ..base._deps import require
+from ..base.errors import ValidationError
 from .quantize import ORT_CPU, Placement, quantize_prepared
 
 log = logging.getLogger(__name__)

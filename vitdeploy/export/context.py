@@ -19,12 +19,12 @@ from typing import Any, Callable, Iterator, Literal
 
 import numpy as np
 
-from .._files import write_json_atomic
-from .._heartbeat import heartbeat
-from ..config import PipelineConfig
+from ..base._files import write_json_atomic
+from .heartbeat import heartbeat
+from ..base.config import PipelineConfig
 from ..runtime.backends import first_line
 from ..runtime.backends.base import BackendOptions
-from ..vocab import ARTIFACT_FILES
+from ..base.vocab import ARTIFACT_FILES
 from . import manifest as manifest_mod
 
 log = logging.getLogger(__name__)

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from ..config import PipelineConfig
+from ..base.config import PipelineConfig
 from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
-from ..errors import ExportError, MissingDependencyError
+from ..base.errors import ExportError, MissingDependencyError
 from ..runtime.backends import first_line
 from . import manifest as manifest_mod
 from .context import REPORT_NAME, ExportContext, StageRecord

@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import PipelineConfig
-from ..errors import ConfigError
+from ..base.config import PipelineConfig
+from ..base.errors import ConfigError
 from ..demo import DEMO_DIR as DEMO_MODEL_DIR
-from ..preprocess_spec import PreprocessSpec
+from ..base.preprocess_spec import PreprocessSpec
 
 _STYLE_SIZES = ("resize_height", "resize_width", "shortest_edge", "longest_edge")
 

@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any
 
-from ..errors import ArtifactError, BackendError, ExportError, MissingDependencyError, ValidationError
+from ..base.errors import ArtifactError, BackendError, ExportError, MissingDependencyError, ValidationError
 from ..runtime.backends.base import BackendOptions
 from .context import ExportContext, StageRecord
 from .onnx import INPUT_NAME

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .. import __version__
-from .._deps import available
-from .._files import write_json_atomic
+from ..base._deps import available
+from ..base._files import write_json_atomic
 from ..runtime.artifacts import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION, sha256_file
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .._deps import require
-from ..errors import ExportError
+from ..base._deps import require
+from ..base.errors import ExportError
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from .._deps import require
-from ..errors import ExportError
+from ..base._deps import require
+from ..base.errors import ExportError
 from .fuse_attention import MS_DOMAIN, AttentionOp, _attr, _Graph, _replace_nodes, fuse_attention
 from .onnx import quiet_loggers, save_onnx_atomic, set_metadata
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from ..config import PipelineConfig
-from ..errors import ExportError, ValidationError
+from ..base.config import PipelineConfig
+from ..base.errors import ExportError, ValidationError
 from ..runtime.artifacts import MANIFEST_NAME
-from ..vocab import ARTIFACT_FILES
+from ..base.vocab import ARTIFACT_FILES
 from .context import REPORT_NAME, EngineMode, ExportContext, StageCallback, StageRecord
 from .core_stages import MANIFEST, MODEL, ONNX, ORT_OPTIMIZE, REFERENCE, reference_logits, validation_images
 from .effective import load_model, resolve_preprocess

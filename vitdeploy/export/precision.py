@@ -34,9 +34,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._deps import require
-from .._files import atomic_path
-from ..errors import ExportError
+from ..base._deps import require
+from ..base._files import atomic_path
+from ..base.errors import ExportError
 
 log = logging.getLogger(__name__)
 

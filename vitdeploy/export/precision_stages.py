@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import BackendError, ConfigError, ExportError, ValidationError
+from ..base.errors import BackendError, ConfigError, ExportError, ValidationError
 from ..runtime.backends import first_line
 from .context import CPU, ExportContext, StageRecord
 from .onnx import INPUT_NAME

@@ -31,8 +31,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from .._files import folder_mode
-from ..errors import ExportError
+from ..base._files import folder_mode
+from ..base.errors import ExportError
 from ..runtime.artifacts import MANIFEST_NAME
 
 log = logging.getLogger(__name__)

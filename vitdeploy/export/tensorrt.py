@@ -31,9 +31,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from .._files import atomic_path
-from .._deps import require
-from ..errors import ConfigError, ExportError
+from ..base._files import atomic_path
+from ..base._deps import require
+from ..base.errors import ConfigError, ExportError
 from ..runtime.artifacts import sha256_file
 from ..runtime.backends.trt import (CANCEL, INSTALL_HINT, EngineMetadata, _TorchCuda, capture_errors, cuda_major_mismatch,
                                     quote_errors, start_tensorrt, tensorrt_cuda_major, trt_logger,

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .compare import Comparison, compare
 
 log = logging.getLogger(__name__)

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from .._deps import require
-from .._files import atomic_path
-from ..errors import CheckpointError
-from ..preprocess_spec import PreprocessSpec
-from ..vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
+from ..base._deps import require
+from ..base._files import atomic_path
+from ..base.errors import CheckpointError
+from ..base.preprocess_spec import PreprocessSpec
+from ..base.vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
 from .config_schema import check_checkpoint_config
 from .formats import read_state_dict, shorten, to_float32
 from .provenance import CONFIG, Preprocessing

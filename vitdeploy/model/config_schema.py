@@ -18,10 +18,10 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator, model_validator
 
-from .._schema import FiniteFloat, NonNegativeInt, PositiveInt, format_validation_error
-from ..errors import CheckpointError
-from ..vit_schema import MAX_CLASSES, MAX_DEPTH, MAX_SIDE, MAX_WIDTH, check_fit, validate_vit_config
-from ..vocab import INTERPOLATIONS, Interpolation
+from ..base._schema import FiniteFloat, NonNegativeInt, PositiveInt, format_validation_error
+from ..base.errors import CheckpointError
+from ..base.vit_schema import MAX_CLASSES, MAX_DEPTH, MAX_SIDE, MAX_WIDTH, check_fit, validate_vit_config
+from ..base.vocab import INTERPOLATIONS, Interpolation
 
 Side = Annotated[PositiveInt, Field(le=MAX_SIDE)]
 Std = Annotated[FiniteFloat, Field(gt=0)]

@@ -38,9 +38,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._deps import require
-from ..errors import CheckpointError
-from ..preprocess_spec import PreprocessSpec
+from ..base._deps import require
+from ..base.errors import CheckpointError
+from ..base.preprocess_spec import PreprocessSpec
 from .provenance import CHECKPOINT, LIBRARY, Preprocessing
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -14,9 +14,9 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointError
-from ..preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, PreprocessSpec
-from ..vocab import CROP_MODES, INTERPOLATIONS
+from ..base.errors import CheckpointError
+from ..base.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, PreprocessSpec
+from ..base.vocab import CROP_MODES, INTERPOLATIONS
 from .formats import SIZE_BY_WIDTH, layer_count, resolve_heads, variant_template
 from .provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
 

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
+from ..base.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
 from .convert_timm import infer_config
 from .provenance import LIBRARY, Preprocessing, describe_spec, override_hint
 

@@ -15,9 +15,9 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from .._deps import require
-from ..errors import CheckpointError
-from ..vit_schema import HEADS_BY_WIDTH, SIZE_BY_WIDTH, VARIANTS, ViTConfig  # noqa: F401 - the sizes, defined once
+from ..base._deps import require
+from ..base.errors import CheckpointError
+from ..base.vit_schema import HEADS_BY_WIDTH, SIZE_BY_WIDTH, VARIANTS, ViTConfig  # noqa: F401 - the sizes, defined once
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..preprocess_spec import OVERRIDE_KEYS, PreprocessSpec  # noqa: F401 - OVERRIDE_KEYS re-exported
+from ..base.preprocess_spec import OVERRIDE_KEYS, PreprocessSpec  # noqa: F401 - OVERRIDE_KEYS re-exported
 
 CHECKPOINT, LIBRARY, CONFIG = "checkpoint", "library default", "pipeline.yaml"
 ORIGINS = (CHECKPOINT, LIBRARY, CONFIG)

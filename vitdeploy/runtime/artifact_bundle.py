@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from .._deps import require
-from ..errors import ArtifactError
-from ..vocab import MANIFEST_NAME
+from ..base._deps import require
+from ..base.errors import ArtifactError
+from ..base.vocab import MANIFEST_NAME
 from .artifacts import Artifacts, resolve_inside
 
 log = logging.getLogger(__name__)

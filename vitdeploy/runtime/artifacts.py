@@ -15,10 +15,10 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import ArtifactError, ArtifactIntegrityError
-from ..limits import clip_text
-from ..preprocess_spec import PreprocessSpec
-from ..vocab import ARTIFACT_FILES, MANIFEST_NAME
+from ..base.errors import ArtifactError, ArtifactIntegrityError
+from ..base.limits import clip_text
+from ..base.preprocess_spec import PreprocessSpec
+from ..base.vocab import ARTIFACT_FILES, MANIFEST_NAME
 from .manifest_schema import (MANIFEST_FORMAT, MANIFEST_VERSION, Manifest, check_engine_meta, check_model_config,  # noqa: F401 - re-exported
                               parse_manifest, read_json_bounded)
 
@@ -80,7 +80,7 @@ def check_onnx_external_data(onnx_path: str | os.PathLike[str]) -> list[Path]:
     ``onnx_path``. Returns the distinct external files, resolved. ArtifactError otherwise: a model
     naming ``../../etc/shadow`` or ``/dev/zero`` as its weights must never be opened.
     """
-    from .._deps import require
+    from ..base._deps import require
 
     onnx = require("onnx", "checking an ONNX model's external data")
     onnx_path = Path(onnx_path)

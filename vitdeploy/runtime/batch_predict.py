@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from ..errors import InputError
-from ..limits import check_batch_size
+from ..base.errors import InputError
+from ..base.limits import check_batch_size
 
 log = logging.getLogger(__name__)
 

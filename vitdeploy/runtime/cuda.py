@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-from ..errors import ConfigError, MissingDependencyError
+from ..base.errors import ConfigError, MissingDependencyError
 
 
 @dataclass(frozen=True)

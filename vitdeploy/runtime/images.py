@@ -6,7 +6,7 @@ a uint8 numpy array and returns an RGB image with the EXIF orientation applied:
 * Only :data:`SUPPORTED_FORMATS` are parsed (``Image.open(..., formats=...)``), so a file that
   merely *claims* to be an image never reaches Pillow's rarer, less-hardened decoders.
 * Decompression bombs are refused after the header is read and before any pixel is decoded:
-  ``width * height > max_pixels`` raises :class:`~vitdeploy.errors.InputError` naming the
+  ``width * height > max_pixels`` raises :class:`~vitdeploy.base.errors.InputError` naming the
   source, the pixel count and the limit. Pillow's own hard ceiling (``2 *
   PIL.Image.MAX_IMAGE_PIXELS``) still applies inside ``Image.open``; to accept images above it,
   raise ``PIL.Image.MAX_IMAGE_PIXELS`` as well as ``max_pixels``.
@@ -50,7 +50,7 @@ from typing import Any, NamedTuple, Union
 import numpy as np
 from PIL import Image, ImageOps
 
-from ..errors import EmptyImageError, ImageError, ImageTooLargeError, InputError, NotAnImageError
+from ..base.errors import EmptyImageError, ImageError, ImageTooLargeError, InputError, NotAnImageError
 from .image_paths import IMAGE_EXTENSIONS
 
 log = logging.getLogger(__name__)

@@ -24,10 +24,10 @@ from typing import Annotated, Any, Literal, Optional, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator, model_validator
 
-from .._schema import NonNegativeInt, StrictSection, format_validation_error
-from ..errors import ArtifactError, ArtifactIntegrityError
-from ..limits import MAX_BATCH, MAX_JSON_BYTES, clip
-from ..preprocess_spec import MAX_IMAGE_SIDE, PreprocessSpec
+from ..base._schema import NonNegativeInt, StrictSection, format_validation_error
+from ..base.errors import ArtifactError, ArtifactIntegrityError
+from ..base.limits import MAX_BATCH, MAX_JSON_BYTES, clip
+from ..base.preprocess_spec import MAX_IMAGE_SIDE, PreprocessSpec
 
 MANIFEST_FORMAT = "vitdeploy-manifest"
 MANIFEST_VERSION = 1
@@ -251,7 +251,7 @@ def _refuse(what: str, problems: Sequence[str], manifest_path: Path) -> None:
 
 def check_model_config(manifest: Manifest, config: Any, config_path: Path, manifest_path: Path) -> None:
     """model.json (the torch backend's architecture) against the manifest: classes, channels, size."""
-    from ..vit_schema import validate_vit_config
+    from ..base.vit_schema import validate_vit_config
 
     if not isinstance(config, dict) or config.get("format") != "vitdeploy" or not isinstance(config.get("vit"), dict):
         raise ArtifactIntegrityError(f"{config_path} is not a vitdeploy model config (expected \"format\": "

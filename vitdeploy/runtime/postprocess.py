@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InputError
+from ..base.errors import InputError
 
 
 def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:

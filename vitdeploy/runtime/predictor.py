@@ -20,8 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ArtifactError, ArtifactIntegrityError, BackendError, InputError
-from ..vocab import MANIFEST_NAME
+from ..base.errors import ArtifactError, ArtifactIntegrityError, BackendError, InputError
+from ..base.vocab import MANIFEST_NAME
 from .artifacts import Artifacts
 from .backends.base import provider_name
 from .backends import BACKEND_NAMES, Backend, BackendOptions, ensure_known, open_backend, open_or_reason

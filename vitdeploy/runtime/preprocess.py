@@ -14,7 +14,7 @@ Pipeline (:func:`~vitdeploy.runtime.images.load_image` does steps 1-3):
    end: the same numbers as converting first, at a third of the resampling cost);
 4. geometry, with Pillow's resampling filter ``spec.interpolation``, as the library the spec
    names does it (:func:`resize_plan`; the styles are described on
-   :class:`~vitdeploy.preprocess_spec.PreprocessSpec`):
+   :class:`~vitdeploy.base.preprocess_spec.PreprocessSpec`):
 
    * ``style="hf"`` (transformers' image processors, PIL backend): resize to a fixed size or
      by ``shortest_edge`` (+ ``longest_edge``), then centre crop at the floored offset
@@ -52,9 +52,9 @@ from typing import NamedTuple
 import numpy as np
 from PIL import Image
 
-from ..errors import InputError
+from ..base.errors import InputError
 from .images import MAX_IMAGE_PIXELS, ImageSource, load_image
-from ..preprocess_spec import PreprocessSpec
+from ..base.preprocess_spec import PreprocessSpec
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import zlib
 from typing import AsyncIterator
 
-from ..errors import BodyTooLargeError, RequestError, UnsupportedMediaError
+from ..base.errors import BodyTooLargeError, RequestError, UnsupportedMediaError
 
 #: Content-Encoding -> zlib window bits: 16+ for the gzip wrapper, 32+ auto-detects zlib or gzip.
 ENCODINGS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": 32 + zlib.MAX_WBITS}

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from ..base.errors import ConfigError
 
 BUILDER = "vitdeploy.serve.deploy_config:build"
 #: The image of the RayService: one with vitdeploy[serve] installed (a placeholder to replace).
@@ -38,7 +38,7 @@ def app_args(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
 
 def build(args: dict[str, Any]) -> Any:
     """Ray Serve's application builder: ``args`` (from :func:`app_args`) -> the bound application."""
-    from ..config import parse_config
+    from ..base.config import parse_config
     from ..runtime.backends.base import BackendOptions
     from .ray_app import build_app
     from .runner import ServeSettings, replica_spec
@@ -127,7 +127,7 @@ def write_deploy_files(cfg: Any, settings: Any, config_path: Path | None = None,
     """Write the files asked for (atomically); the artifacts are checked first when they are local."""
     import yaml
 
-    from .._files import write_bytes_atomic
+    from ..base._files import write_bytes_atomic
     from ..runtime.artifact_bundle import fetch_uri
     from ..runtime.artifacts import Artifacts
     from .runner import app_name

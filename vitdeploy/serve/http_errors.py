@@ -1,6 +1,6 @@
 """Errors -> HTTP statuses, in one place, and the one body every refusal carries: ``{"error": "<one line>"}``.
 
-Errors are typed where the fault is found (:mod:`vitdeploy.errors`: a corrupt image in the runtime's
+Errors are typed where the fault is found (:mod:`vitdeploy.base.errors`: a corrupt image in the runtime's
 decoder, a body over the limit in the server...); this table alone chooses the status. The Ray Serve
 replica (:mod:`.ray_app`) and the proxy's middleware (:mod:`.proxy_guard`) both answer through
 :func:`error_body` / :func:`status_of`. No Ray, no FastAPI here.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..errors import (BodyTooLargeError, ImageTooLargeError, InputError, MethodNotAllowedError, NotFoundError,
+from ..base.errors import (BodyTooLargeError, ImageTooLargeError, InputError, MethodNotAllowedError, NotFoundError,
                       RequestTimeoutError, TooManyImagesError, UnavailableError, UnsupportedMediaError,
                       VitDeployError)
 

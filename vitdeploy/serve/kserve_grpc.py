@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BodyTooLargeError
+from ..base.errors import BodyTooLargeError
 from . import protocol
 from .http_errors import status_of
 from .kserve_model import model_config

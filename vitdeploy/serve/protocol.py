@@ -7,7 +7,7 @@ answers for the same bytes (see SERVE_CONTRACT.md):
 * tensor names :data:`INPUT`, :data:`LOGITS`, :data:`TOPK_LABELS`, :data:`TOPK_SCORES`;
 * :func:`decode_image` / :func:`preprocess_images` - encoded image bytes -> the float32 NCHW
   batch with the runtime's own preprocessing (:class:`vitdeploy.runtime.preprocess.Preprocessor`,
-  bit for bit), each bad image raised as a typed :class:`~vitdeploy.errors.ImageError` (a
+  bit for bit), each bad image raised as a typed :class:`~vitdeploy.base.errors.ImageError` (a
   RequestError) with a one-line reason, no traceback and no server path; the HTTP status of every
   error type is chosen in one table, :mod:`vitdeploy.serve.http_errors`;
 * :func:`top_k_arrays` - logits -> the top-k tensors of the v2 protocol (``POST /predict``
@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..errors import (BatchTooLargeError, EmptyImageError, EmptyRequestError, ImageError, InputError, RequestError,
+from ..base.errors import (BatchTooLargeError, EmptyImageError, EmptyRequestError, ImageError, InputError, RequestError,
                       TooManyImagesError)
 from .http_errors import one_line
 

@@ -29,7 +29,7 @@ import os
 import time
 from typing import Any, Awaitable, Callable
 
-from ..errors import BodyTooLargeError, NotFoundError, RequestError, RequestTimeoutError, UnavailableError
+from ..base.errors import BodyTooLargeError, NotFoundError, RequestError, RequestTimeoutError, UnavailableError
 from .http_errors import error_body, one_line, status_of
 
 log = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..errors import (BodyTooLargeError, EmptyRequestError, MethodNotAllowedError, NotFoundError, RequestError,
+from ..base.errors import (BodyTooLargeError, EmptyRequestError, MethodNotAllowedError, NotFoundError, RequestError,
                       TooManyImagesError, UnsupportedMediaError)
 from ..runtime.backends import first_line
 from ..runtime.backends.base import BackendOptions

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .._deps import require
-from ..errors import BackendError
+from ..base._deps import require
+from ..base.errors import BackendError
 from ..runtime.backends import first_line
 
 log = logging.getLogger(__name__)
@@ -174,7 +174,7 @@ def _deploy(ray: Any, cfg: Any, settings: ServeSettings, options: Any, name: str
 
     from ..runtime.artifact_bundle import pack
     from ..runtime.backends import artifact_roles
-    from ..vocab import AUTO
+    from ..base.vocab import AUTO
     from .ray_app import build_app
 
     sv = cfg.serve
@@ -217,7 +217,7 @@ def _scale(sv: Any, replicas: int) -> str:
 def _replica_reason(exc: BaseException) -> str:
     """The one line that says why a replica failed (Ray's message carries the remote traceback)."""
     text = str(exc)
-    for marker in ("vitdeploy.errors.", "Error: "):
+    for marker in ("vitdeploy.base.errors.", "Error: "):
         for line in text.splitlines():
             if marker in line:
                 return line.strip()

@@ -17,7 +17,7 @@ To add a format:
 
 from __future__ import annotations
 
-from ...errors import CheckpointError
+from ...base.errors import CheckpointError
 from .base import LoadOptions, ReadConfig, Reader, Source
 from .hf import HFReader
 from .timm import TimmReader

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Optional
 
-from ...errors import CheckpointError
+from ...base.errors import CheckpointError
 from ..provenance import Preprocessing
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...vit_schema import ViTConfig
+    from ...base.vit_schema import ViTConfig
 
 
 @dataclass

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from ...errors import CheckpointError
-from ...preprocess_spec import PreprocessSpec
-from ...vit_schema import ViTConfig
+from ...base.errors import CheckpointError
+from ...base.preprocess_spec import PreprocessSpec
+from ...base.vit_schema import ViTConfig
 from .. import convert_hf
 from ..formats import check_variant, read_json, variant_template
 from ..provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint

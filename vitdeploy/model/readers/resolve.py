@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterator
 
-from ...errors import CheckpointError
+from ...base.errors import CheckpointError
 from ..formats import read_json, read_state_dict, safetensors_keys, shorten, sniff, strip_prefixes
 from . import READERS
 from .base import Reader, Source

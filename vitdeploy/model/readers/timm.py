@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from ...errors import CheckpointError
-from ...vit_schema import ViTConfig
+from ...base.errors import CheckpointError
+from ...base.vit_schema import ViTConfig
 from .. import convert_timm
 from ..provenance import Preprocessing
 from .base import LoadOptions, ReadConfig, Reader, Source

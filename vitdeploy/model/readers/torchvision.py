@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ...vit_schema import ViTConfig
+from ...base.vit_schema import ViTConfig
 from .. import convert_torchvision
 from ..provenance import Preprocessing
 from .base import LoadOptions, ReadConfig, Reader, Source

@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-from ...errors import CheckpointError
-from ...preprocess_spec import PreprocessSpec
-from ...vit_schema import ViTConfig
-from ...vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
+from ...base.errors import CheckpointError
+from ...base.preprocess_spec import PreprocessSpec
+from ...base.vit_schema import ViTConfig
+from ...base.vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
 from ..formats import check_variant, variant_template
 from ..provenance import CHECKPOINT, Preprocessing
 from .base import LoadOptions, ReadConfig, Reader, Source

@@ -13,9 +13,9 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..._deps import available
-from ...errors import ArtifactMismatchError, BackendError, ConfigError, MissingDependencyError, VitDeployError
-from ...vocab import BACKEND_KINDS, RUNTIME_BACKENDS
+from ...base._deps import available
+from ...base.errors import ArtifactMismatchError, BackendError, ConfigError, MissingDependencyError, VitDeployError
+from ...base.vocab import BACKEND_KINDS, RUNTIME_BACKENDS
 from ..cuda import cuda_status
 from .base import Backend, BackendBase, BackendOptions
 

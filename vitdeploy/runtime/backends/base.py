@@ -12,7 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ...errors import InputError
+from ...base.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..._deps import require
-from ...errors import BackendError, ConfigError
+from ...base._deps import require
+from ...base.errors import BackendError, ConfigError
 from ..artifacts import check_onnx_external_data
 from ..cuda import cuda_index
 from ..manifest_schema import check_graph_io, onnx_dtype_name

@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from ..._deps import require
-from ...errors import BackendError
-from ...vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
+from ...base._deps import require
+from ...base.errors import BackendError
+from ...base.vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
 from .base import BackendBase, BackendOptions
 
 log = logging.getLogger(__name__)

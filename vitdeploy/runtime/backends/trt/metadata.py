@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import ArtifactError, ArtifactMismatchError
-from ..cuda import gpu_identity
+from ....base.errors import ArtifactError, ArtifactMismatchError
+from ...cuda import gpu_identity
 
 log = logging.getLogger("vitdeploy.runtime.backends.trt")  # messages belong to the trt backend
 

@@ -20,8 +20,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from ..config import TritonSection
-from .protocol import INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES
+from ...base.config import TritonSection
+from ..protocol import INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES
 
 #: Inference models the ensemble can call, by their suffix.
 INFERENCE_KINDS = ("onnx", "trt", "ort_python")

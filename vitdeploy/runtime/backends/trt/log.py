@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import Any, Iterator
 
-from . import first_line
+from .. import first_line
 
 log = logging.getLogger("vitdeploy.runtime.backends.trt")  # TensorRT's messages belong to the trt backend
 
@@ -152,7 +152,7 @@ def cuda_major_mismatch(trt_major: int | tuple[int, ...] | None, torch_cuda: str
                 f"(CUDA {torch_cuda or 'unknown'}): {drop}")
     if trt_major is None or torch_major is None or torch_major == trt_major:
         return None
-    from ...vocab import TENSORRT_TORCH, tensorrt_install_command, torch_fix_command
+    from ....base.vocab import TENSORRT_TORCH, tensorrt_install_command, torch_fix_command
 
     other = (f"; or, to keep this torch: {_uninstall(trt_major)} && {tensorrt_install_command(torch_major)}"
              if torch_major in TENSORRT_TORCH else "")

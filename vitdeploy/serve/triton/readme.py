@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from .. import __version__
-from . import triton_config as tc
-from .triton_versions import IMAGE, container_release
+from ... import __version__
+from . import config as tc
+from .versions import IMAGE, container_release
 
 
 def render_readme(facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str, Any] | None,

@@ -30,8 +30,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from .. import __version__
-from .triton_versions import IMAGE
+from ... import __version__
+from .versions import IMAGE
 
 WHEELS_DIR = "wheels"
 REQUIREMENTS_FILE = "requirements.txt"
@@ -83,7 +83,7 @@ def dockerfile_text(release: str) -> str:
         f"COPY {WHEELS_DIR}/ {IMAGE_DIR}/{WHEELS_DIR}/",
         f"RUN python3 -m pip install --find-links {IMAGE_DIR}/{WHEELS_DIR} -r {IMAGE_DIR}/{REQUIREMENTS_FILE} \\",
         f" && python3 -m pip install --no-deps {IMAGE_DIR}/{WHEELS_DIR}/{wheel_name()} \\",
-        " && python3 -c \"import numpy, vitdeploy.serve.triton_models as m; "
+        " && python3 -c \"import numpy, vitdeploy.serve.triton.models as m; "
         f"assert numpy.__version__ < '2' and m.__version__ == '{__version__}'\"",
         "# The model repository is mounted at /models (read-write: the TensorRT EP caches its engines there).",
         "EXPOSE 8000 8001 8002",

@@ -39,18 +39,18 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..._deps import require
-from ...errors import ArtifactError, ArtifactMismatchError, BackendError, ConfigError
-from ...vocab import tensorrt_install_command
-from ..cuda import cuda_index, cuda_status
-from . import first_line
-from .base import BackendBase, BackendOptions
-from .trt_logging import (CANCEL, capture_errors, cuda_major_mismatch, quote_errors, start_tensorrt,  # noqa: F401
+from ....base._deps import require
+from ....base.errors import ArtifactError, ArtifactMismatchError, BackendError, ConfigError
+from ....base.vocab import tensorrt_install_command
+from ...cuda import cuda_index, cuda_status
+from .. import first_line
+from ..base import BackendBase, BackendOptions
+from .log import (CANCEL, capture_errors, cuda_major_mismatch, quote_errors, start_tensorrt,  # noqa: F401
                           tensorrt_cuda_major, trt_logger)
-from .trt_metadata import (EngineMetadata, MachineIdentity, check_engine_matches, check_engine_source,  # noqa: F401
+from .metadata import (EngineMetadata, MachineIdentity, check_engine_matches, check_engine_source,  # noqa: F401
                            probe_machine)
-from .trt_pool import ContextPool, ExecState
-from .trt_pool import TorchCuda as _TorchCuda
+from .pool import ContextPool, ExecState
+from .pool import TorchCuda as _TorchCuda
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 import click
 
-from . import __version__
+from .. import __version__
 from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path
-from .errors import VitDeployError
-from .vocab import AUTO, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
+from ..base.errors import VitDeployError
+from ..base.vocab import AUTO, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
 
 _CONSOLE = Console()
 
@@ -48,7 +48,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 def one_line(exc: BaseException, limit: int = 2000) -> str:
     """The first line of an error, never longer than ``limit`` characters (values inside are
     already cut at 200; this is the last guard against a hostile file's content)."""
-    from .limits import clip_text
+    from ..base.limits import clip_text
 
     text = str(exc)
     return clip_text(text.splitlines()[0], limit) if text.strip() else type(exc).__name__
@@ -78,7 +78,7 @@ def main(verbose: int) -> None:
 @handle_errors
 def info() -> None:
     """Library versions, ONNX Runtime providers, CUDA devices, and which backends can run here."""
-    from .evaluate.environment import environment_report
+    from ..evaluate.environment import environment_report
 
     for line in environment_report():
         click.echo(line)
@@ -94,9 +94,9 @@ def config_group() -> None:
 @handle_errors
 def config_check(config_path: Path | None) -> None:
     """Validate a pipeline YAML and print the effective configuration."""
-    from .config import load_config
+    from ..base.config import load_config
 
-    from .export.effective import describe, resolve
+    from ..export.effective import describe, resolve
 
     cfg = load_config(config_path)
     effective = resolve(cfg)  # loads the checkpoint: the preprocessing shown is what export will use
@@ -110,7 +110,7 @@ def config_check(config_path: Path | None) -> None:
 @handle_errors
 def config_reference() -> None:
     """Print the pipeline.yaml reference (Markdown), generated from the config models: docs/configuration.md."""
-    from .config_reference import reference_markdown
+    from ..base.config_reference import reference_markdown
 
     click.echo(reference_markdown(), nl=False)
 
@@ -124,8 +124,8 @@ def config_reference() -> None:
 @handle_errors
 def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
     """Export the configured checkpoint: ONNX, FP16 ONNX, TensorRT engine, validation, manifest."""
-    from .config import load_config
-    from .export.pipeline import run_export
+    from ..base.config import load_config
+    from ..export.pipeline import run_export
 
     cfg = load_config(config_path)
     click.echo(f"exporting to {out_dir or cfg.output_dir}", err=True)
@@ -141,7 +141,7 @@ def next_predict_command(cfg: Any, out_dir: Path) -> str:
     """The `predict` command to run next, as it runs from the current directory: the vitdeploy
     that is running now (``.venv/bin/vitdeploy`` when it is not on PATH), the images validated
     on (the demo digits for the demo model; a placeholder for a user's model) and ``out_dir``."""
-    from .demo import IMAGES_DIR as DEMO_IMAGES_DIR
+    from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 
     images = cfg.resolve(cfg.validation.images)
     if images is None and cfg.model.checkpoint is None:
@@ -192,9 +192,9 @@ def _self_command() -> str:
 def predict(inputs: tuple[Path, ...], artifacts_dir: Path | None, backend: str | None, top_k: int | None,
             batch_size: int | None, as_json: bool, config_path: Path | None) -> None:
     """Classify images (files or directories) with the exported model."""
-    from .config import load_config
-    from .runtime.batch_predict import predict_paths
-    from .runtime.predictor import Predictor
+    from ..base.config import load_config
+    from ..runtime.batch_predict import predict_paths
+    from ..runtime.predictor import Predictor
 
     cfg = load_config(config_path)
     rt = cfg.runtime
@@ -228,7 +228,7 @@ def predict(inputs: tuple[Path, ...], artifacts_dir: Path | None, backend: str |
 
 
 def runtime_options(cfg: Any) -> Any:
-    from .runtime.backends.base import BackendOptions
+    from ..runtime.backends.base import BackendOptions
 
     return BackendOptions.from_runtime(cfg.runtime)
 
@@ -250,8 +250,8 @@ def runtime_options(cfg: Any) -> Any:
 def validate(artifacts_dir: Path, images: Path | None, labels_file: Path | None, backends: str | None, as_json: bool,
              config_path: Path | None) -> None:
     """Measure each backend's drift from eager FP32 PyTorch on real images; exit 3 if any fails."""
-    from .config import load_config
-    from .evaluate.drift import format_drift_table, run_drift
+    from ..base.config import load_config
+    from ..evaluate.drift import format_drift_table, run_drift
 
     cfg = load_config(config_path)
     if images is None and labels_file is None:
@@ -285,8 +285,8 @@ def validate(artifacts_dir: Path, images: Path | None, labels_file: Path | None,
 def bench(artifacts_dir: Path, backends: str | None, batch_sizes: str, iterations: int, warmup: int, threads: int | None,
           end_to_end: bool, images: Path | None, as_json: bool, config_path: Path | None) -> None:
     """Latency p50/p90/p99 and images/s per backend and batch size, as ratios to eager PyTorch."""
-    from .evaluate.bench import format_bench_table, run_bench
-    from .config import load_config
+    from ..evaluate.bench import format_bench_table, run_bench
+    from ..base.config import load_config
 
     cfg = load_config(config_path)
     report = run_bench(artifacts_dir, backends=backends, batch_sizes=batch_sizes, iterations=iterations, warmup=warmup,
@@ -323,8 +323,8 @@ def serve(artifacts_dir: str | None, backend: str | None, host: str | None, port
           address: str | None, access_log: bool, name: str | None, write_config: Path | None,
           write_rayservice: Path | None, config_path: Path | None) -> None:
     """Serve the model over HTTP on Ray Serve: POST /predict, the KServe v2 protocol, dynamic batching."""
-    from .config import load_config
-    from .serve.runner import ServeSettings, run_server
+    from ..base.config import load_config
+    from ..serve.runner import ServeSettings, run_server
 
     cfg = load_config(config_path)
     sv = cfg.serve
@@ -333,7 +333,7 @@ def serve(artifacts_dir: str | None, backend: str | None, host: str | None, port
                              host=host or sv.host, port=port or sv.port, replicas=replicas or sv.replicas,
                              address=address, access_log=access_log, name=name)
     if write_config or write_rayservice:
-        from .serve.deploy_config import write_deploy_files
+        from ..serve.deploy_config import write_deploy_files
 
         for path in write_deploy_files(cfg, settings, config_path=write_config, rayservice_path=write_rayservice):
             click.echo(f"wrote {path}", err=True)
@@ -360,8 +360,8 @@ def triton_repo(artifacts_dir: Path | None, out_dir: Path, inference: str | None
                 kind: str | None, gpus: str | None, preprocess_instances: int | None, top_k: int | None, force: bool,
                 config_path: Path | None) -> None:
     """Generate a Triton model repository (ensemble: image bytes -> logits + top-k) from an export."""
-    from .config import load_config
-    from .serve.triton_repo import build_triton_repo, settings_from_config
+    from ..base.config import load_config
+    from ..serve.triton.repo import build_triton_repo, settings_from_config
 
     cfg = load_config(config_path)
     overrides = {"inference": inference, "instances": instances, "kind": kind, "preprocess_instances": preprocess_instances,
@@ -374,7 +374,7 @@ def triton_repo(artifacts_dir: Path | None, out_dir: Path, inference: str | None
 
 
 def _int_list(text: str, flag: str) -> list[int]:
-    from .errors import ConfigError
+    from ..base.errors import ConfigError
 
     try:
         return [int(v) for v in text.split(",") if v.strip()]

@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import MissingDependencyError, VitDeployError
+from ...base.errors import MissingDependencyError, VitDeployError
 
 
 def _venv_python(venv: Path) -> Path:

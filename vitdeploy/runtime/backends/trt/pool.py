@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..._deps import require
-from ...errors import BackendError
+from ....base._deps import require
+from ....base.errors import BackendError
 
 log = logging.getLogger("vitdeploy.runtime.backends.trt")
 

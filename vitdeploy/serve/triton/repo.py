@@ -27,14 +27,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import __version__
-from ..errors import ArtifactError, ConfigError
-from ..runtime.artifacts import MANIFEST_NAME, Artifacts
-from . import triton_config as tc
-from .protocol import model_name
-from .triton_models import ARTIFACTS_DIR, model_py
-from .triton_package import write_package
-from .triton_versions import container_release
+from ... import __version__
+from ...base.errors import ArtifactError, ConfigError
+from ...runtime.artifacts import MANIFEST_NAME, Artifacts
+from . import config as tc
+from ..protocol import model_name
+from .models import ARTIFACTS_DIR, model_py
+from .package import write_package
+from .versions import container_release
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def settings_from_config(cfg: Any, overrides: dict[str, Any] | None = None, top_
     the image limit from ``runtime.max_image_pixels`` and the TensorRT EP workspace from ``tensorrt``."""
     from pydantic import ValidationError
 
-    from ..config import TritonSection
+    from ...base.config import TritonSection
 
     try:
         triton = TritonSection.model_validate({**cfg.triton.model_dump(), **(overrides or {})})
@@ -139,7 +139,7 @@ def _facts(artifacts: Artifacts, engine_meta: dict[str, Any] | None) -> tc.Model
 def _engine_meta(artifacts: Artifacts) -> dict[str, Any] | None:
     if not (artifacts.has("engine") and artifacts.has("engine-meta")):
         return None
-    from ..runtime.backends.trt import EngineMetadata  # no tensorrt import: metadata only
+    from ...runtime.backends.trt import EngineMetadata  # no tensorrt import: metadata only
 
     return EngineMetadata.load(artifacts.path("engine-meta")).to_dict()
 
@@ -206,7 +206,7 @@ def _build(tmp: Path, artifacts: Artifacts, facts: tc.ModelFacts, settings: tc.S
         _write(trt_dir.parent / "model.engine.json", json.dumps(engine_meta, indent=2) + "\n")
 
     model("ensemble", tc.ensemble_config(facts, settings))
-    from .triton_readme import render_readme
+    from .readme import render_readme
 
     write_package(tmp, container_release(engine_meta)[0])
     _write(tmp / "README.md", render_readme(facts, settings, engine_meta, models))
