@@ -16,7 +16,8 @@ import pytest
 
 from vitdeploy.base.errors import ArtifactError, BackendError, ConfigError, InputError
 from vitdeploy.runtime.artifacts import Artifacts
-from vitdeploy.runtime.backends import (BACKEND_NAMES, BackendOptions, backend_unavailable_reason, open_backend)
+from vitdeploy.base.vocab import RUNTIME_BACKENDS
+from vitdeploy.runtime.backends import (BackendOptions, backend_unavailable_reason, open_backend)
 
 from tiny_export import LABELS, file_entry, write_manifest  # tests/: on sys.path beside conftest.py
 
@@ -54,10 +55,10 @@ def batch5() -> np.ndarray:
 
 
 def test_registry_lists_the_backends_and_rejects_unknown_names(artifacts):
-    assert BACKEND_NAMES == ("torch", "ort", "ort-fp16", "ort-int8", "trt", "trt-int8")
+    assert RUNTIME_BACKENDS == ("torch", "ort", "ort-fp16", "ort-int8", "trt", "trt-int8")
     with pytest.raises(ConfigError) as info:
         open_backend("tensorflow", artifacts)
-    for name in BACKEND_NAMES:
+    for name in RUNTIME_BACKENDS:
         assert name in str(info.value)
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from vitdeploy.export import staging
-from vitdeploy.export.pipeline import _OUR_NAMES, REPORT_NAME
+from vitdeploy.base.vocab import EXPORT_REPORT_NAME
+from vitdeploy.export.pipeline import _OUR_NAMES
 
 
 def make_export(d: Path, tag: str, *, engine: bool = False) -> None:
@@ -22,13 +23,13 @@ def test_commit_replaces_our_files_and_keeps_the_users(tmp_path, monkeypatch, ex
     final = tmp_path / "out"
     make_export(final, "old", engine=True)
     (final / "model.onnx.rejected").write_text("old reject")
-    (final / REPORT_NAME).write_text("old report")
+    (final / EXPORT_REPORT_NAME).write_text("old report")
     (final / "mine.txt").write_text("user")
     (final / "sub").mkdir()
     (final / "sub" / "deep.txt").write_text("user deep")
     if not exchange:
         monkeypatch.setattr(staging, "_exchange", lambda a, b: False)
-    with staging.staged(final, _OUR_NAMES, REPORT_NAME) as (stage, beside):
+    with staging.staged(final, _OUR_NAMES, EXPORT_REPORT_NAME) as (stage, beside):
         assert beside and stage.parent == tmp_path
         make_export(stage, "new")
         staging.commit(stage, final, beside, _OUR_NAMES)
@@ -43,7 +44,7 @@ def test_first_export_is_a_plain_rename(tmp_path):
     final = tmp_path / "new"
     final.mkdir()
     final.rmdir()
-    with staging.staged(final, _OUR_NAMES, REPORT_NAME) as (stage, beside):
+    with staging.staged(final, _OUR_NAMES, EXPORT_REPORT_NAME) as (stage, beside):
         make_export(stage, "new")
         staging.commit(stage, final, beside, _OUR_NAMES)
     assert (final / "manifest.json").read_text() == "new manifest.json"
@@ -53,13 +54,13 @@ def test_failure_publishes_report_and_rejects_and_leaves_the_old_export(tmp_path
     final = tmp_path / "out"
     make_export(final, "old")
     with pytest.raises(RuntimeError):
-        with staging.staged(final, _OUR_NAMES, REPORT_NAME) as (stage, _):
+        with staging.staged(final, _OUR_NAMES, EXPORT_REPORT_NAME) as (stage, _):
             make_export(stage, "new")
-            (stage / REPORT_NAME).write_text("why")
+            (stage / EXPORT_REPORT_NAME).write_text("why")
             (stage / "model.fp16.onnx.rejected").write_text("drifted")
             raise RuntimeError("stage failed")
     assert (final / "manifest.json").read_text() == "old manifest.json"
-    assert (final / REPORT_NAME).read_text() == "why" and (final / "model.fp16.onnx.rejected").is_file()
+    assert (final / EXPORT_REPORT_NAME).read_text() == "why" and (final / "model.fp16.onnx.rejected").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 

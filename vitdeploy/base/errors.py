@@ -4,6 +4,18 @@ and how to fix it. The CLI maps each class to one line on stderr and an exit cod
 from __future__ import annotations
 
 
+def first_line(value: BaseException | str, limit: int | None = None) -> str:
+    """The first non-empty line of an error's message (or of ``str(value)``), cut to ``limit``
+    characters when given: the one helper behind every one-line report (the CLI's ``error:`` line,
+    an HTTP error body, a stage's reason). An exception with an empty message gives its type name."""
+    text = next((line.strip() for line in str(value).splitlines() if line.strip()), "")
+    if not text and isinstance(value, BaseException):
+        text = type(value).__name__
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
 class VitDeployError(Exception):
     """Base of every error vitdeploy raises on purpose."""
 

@@ -37,6 +37,8 @@ Pool = Literal[POOLS]  # type: ignore[valid-type]
 
 MANIFEST_NAME = "manifest.json"
 DRIFT_REPORT_NAME = "drift-report.json"
+EXPORT_REPORT_NAME = "export-report.json"  # what a failed export leaves (stages and validations so far)
+TIMING_CACHE_NAME = "timing.cache"  # TensorRT's timing cache, reused across builds (tensorrt.timing_cache)
 #: vitdeploy's own checkpoint format; an export directory is one (the torch backend reads it).
 CHECKPOINT_WEIGHTS, CHECKPOINT_CONFIG = "model.safetensors", "model.json"
 ARTIFACT_FILES: Mapping[str, str] = MappingProxyType({
@@ -69,15 +71,19 @@ class BackendKind:
     libraries: tuple[str, ...]  # the modules it imports
 
 
+#: The backend names, each spelled once (imported wherever a backend is named in code).
+TORCH, ORT, ORT_FP16, ORT_INT8, TORCH_FP16, TRT, TRT_INT8 = (
+    "torch", "ort", "ort-fp16", "ort-int8", "torch-fp16", "trt", "trt-int8")
+
 #: Every backend, in report order (validate / bench tables).
 BACKENDS: tuple[BackendKind, ...] = (
-    BackendKind("torch", "torch", ("weights", "weights-config"), "fp32", "any", ("torch", "safetensors")),
-    BackendKind("ort", "ort", ("onnx",), "fp32", "any", ("onnxruntime",)),
-    BackendKind("ort-fp16", "ort-fp16", ("onnx-fp16",), "fp16", "any", ("onnxruntime",)),
-    BackendKind("ort-int8", "ort-int8", ("onnx-int8",), "int8", "any", ("onnxruntime",)),
-    BackendKind("torch-fp16", "torch", ("weights", "weights-config"), "fp16", "cuda", ("torch", "safetensors")),
-    BackendKind("trt", "trt", ("engine", "engine-meta"), "fp16", "cuda", ("tensorrt",)),
-    BackendKind("trt-int8", "trt-int8", ("engine-int8", "engine-int8-meta"), "int8", "cuda", ("tensorrt",)),
+    BackendKind(TORCH, TORCH, ("weights", "weights-config"), "fp32", "any", ("torch", "safetensors")),
+    BackendKind(ORT, ORT, ("onnx",), "fp32", "any", ("onnxruntime",)),
+    BackendKind(ORT_FP16, ORT_FP16, ("onnx-fp16",), "fp16", "any", ("onnxruntime",)),
+    BackendKind(ORT_INT8, ORT_INT8, ("onnx-int8",), "int8", "any", ("onnxruntime",)),
+    BackendKind(TORCH_FP16, TORCH, ("weights", "weights-config"), "fp16", "cuda", ("torch", "safetensors")),
+    BackendKind(TRT, TRT, ("engine", "engine-meta"), "fp16", "cuda", ("tensorrt",)),
+    BackendKind(TRT_INT8, TRT_INT8, ("engine-int8", "engine-int8-meta"), "int8", "cuda", ("tensorrt",)),
 )
 BACKEND_KINDS: Mapping[str, BackendKind] = MappingProxyType({kind.name: kind for kind in BACKENDS})
 #: The backends ``validate`` and ``bench`` know ("torch-fp16" is the torch backend in half precision).
@@ -115,7 +121,7 @@ def torch_fix_command(cuda_major: int) -> str:
         return f'pip install --force-reinstall "torch=={torch}" --index-url https://pypi.org/simple'
     return f'pip install "torch=={torch}" --extra-index-url {index}'
 
-__all__ = ["ACTIVATIONS", "Activation", "POOLS", "Pool", "ARTIFACT_FILES", "AUTO", "BACKENDS", "BACKEND_KINDS", "BackendChoice", "BackendKind", "BackendName",
+__all__ = ["ORT", "ORT_FP16", "ORT_INT8", "TORCH", "TORCH_FP16", "TRT", "TRT_INT8", "EXPORT_REPORT_NAME", "TIMING_CACHE_NAME", "ACTIVATIONS", "Activation", "POOLS", "Pool", "ARTIFACT_FILES", "AUTO", "BACKENDS", "BACKEND_KINDS", "BackendChoice", "BackendKind", "BackendName",
            "CHECKPOINT_CONFIG", "CHECKPOINT_WEIGHTS", "CROP_MODES", "CropMode", "DRIFT_REPORT_NAME", "EVALUATED_BACKENDS", "INTERPOLATIONS",
            "Interpolation", "MANIFEST_NAME", "PRECISIONS", "PREPROCESS_STYLES", "PreprocessStyle", "RUNTIME_BACKENDS",
            "TENSORRT_TORCH", "tensorrt_install_command", "torch_fix_command"]

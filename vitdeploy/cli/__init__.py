@@ -19,7 +19,7 @@ import click
 
 from .. import __version__
 from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path
-from ..base.errors import VitDeployError
+from ..base.errors import VitDeployError, first_line
 from ..base.vocab import AUTO, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
 
 _CONSOLE = Console()
@@ -38,20 +38,15 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except VitDeployError as exc:
             if os.environ.get("VITDEPLOY_DEBUG"):
                 raise
-            _fail(one_line(exc), exc.exit_code)
+            _fail(first_line(exc, MAX_ERROR_LINE), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted; no partial artifact was left under a final name", 130)
 
     return wrapper
 
 
-def one_line(exc: BaseException, limit: int = 2000) -> str:
-    """The first line of an error, never longer than ``limit`` characters (values inside are
-    already cut at 200; this is the last guard against a hostile file's content)."""
-    from ..base.limits import clip_text
 
-    text = str(exc)
-    return clip_text(text.splitlines()[0], limit) if text.strip() else type(exc).__name__
+MAX_ERROR_LINE = 2000  # values inside a message are already cut at 200; the last guard against a hostile file
 
 
 def _setup_logging(verbose: int) -> None:

@@ -40,7 +40,6 @@ from .specs import (BackendSpec, backend_specs, open_spec, parse_backend_names, 
 
 log = logging.getLogger(__name__)
 
-REPORT_NAME = DRIFT_REPORT_NAME
 REPORT_FORMAT = "vitdeploy-drift-report"
 
 # ------------------------------------------------------------------------------------------------
@@ -274,7 +273,7 @@ def run_drift(artifacts_dir: str | os.PathLike[str] | Any, *, images: str | os.P
         thresholds=limits, backends=rows, requested=list(requested) if requested else None,
         versions=library_versions(), created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     if write_report:
-        target = Path(report_path) if report_path else artifacts.directory / REPORT_NAME
+        target = Path(report_path) if report_path else artifacts.directory / DRIFT_REPORT_NAME
         try:
             write_json_atomic(target, report.to_dict())
             report.report_path = str(target)
@@ -397,5 +396,5 @@ def format_drift_table(report: DriftReport) -> list[str]:
     return lines
 
 
-__all__ = ["REPORT_NAME", "BackendDrift", "DriftReport", "accuracy", "default_thresholds", "format_drift_table",
+__all__ = ["BackendDrift", "DriftReport", "accuracy", "default_thresholds", "format_drift_table",
            "judge_backend", "library_versions", "run_drift"]

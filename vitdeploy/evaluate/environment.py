@@ -7,7 +7,7 @@ from typing import Iterator
 
 from .. import __version__
 from ..base._deps import available
-from ..base.vocab import BACKEND_KINDS
+from ..base.vocab import BACKEND_KINDS, ORT_FP16, RUNTIME_BACKENDS, TORCH_FP16
 
 
 def environment_report() -> Iterator[str]:
@@ -31,24 +31,24 @@ def environment_report() -> Iterator[str]:
 def _backend_rows() -> list[tuple[str, str]]:
     """(backend, whether it can run here). ort-fp16 without a CUDA provider says what it is for,
     since ``predict``'s auto choice passes it over on the CPU."""
-    from ..runtime.backends import BACKEND_NAMES, BackendOptions, backend_unavailable_reason
+    from ..runtime.backends import BackendOptions, backend_unavailable_reason
     from ..runtime.predictor import cuda_provider_available
 
     rows = []
-    for name in BACKEND_NAMES:
+    for name in RUNTIME_BACKENDS:
         options = BackendOptions(device="cuda") if BACKEND_KINDS[name].device == "cuda" else BackendOptions()
         why = backend_unavailable_reason(name, None, options)
         if why is not None:
             rows.append((name, f"cannot run: {why}"))
-        elif name == "ort-fp16" and not cuda_provider_available():
+        elif name == ORT_FP16 and not cuda_provider_available():
             rows.append((name, "can run on the CPU, to check the FP16 graph: slower than ort "
                                "(predict's auto picks ort here)"))
-        elif name == "ort-fp16":
+        elif name == ORT_FP16:
             rows.append((name, "can run (ONNX Runtime CUDA: FP16 graph; auto picks it when there is no engine)"))
         else:
             rows.append((name, "can run"))
     why = backend_unavailable_reason("torch", None, BackendOptions(device="cuda", precision="fp16"))
-    rows.append(("torch-fp16", "can run (CUDA)" if why is None else f"cannot run: {why}"))
+    rows.append((TORCH_FP16, "can run (CUDA)" if why is None else f"cannot run: {why}"))
     return rows
 
 

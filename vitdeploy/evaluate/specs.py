@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from ..base.errors import ConfigError
 from ..runtime.backends import verify_backend_files
-from ..base.vocab import BACKEND_KINDS, BACKENDS, EVALUATED_BACKENDS
+from ..base.vocab import BACKENDS, BACKEND_KINDS, EVALUATED_BACKENDS, TORCH_FP16
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime.backends import Opened
@@ -22,7 +22,6 @@ if TYPE_CHECKING:  # pragma: no cover
 #: Every backend ``validate`` and ``bench`` know, in report order. "torch-fp16" is the torch
 #: backend in half precision on CUDA; "torch" follows the configured device (CPU by default,
 #: where it *is* the reference).
-DRIFT_BACKENDS = EVALUATED_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -64,15 +63,15 @@ def parse_backend_names(value: str | Sequence[str] | None) -> tuple[str, ...] | 
     names = [str(v).strip() for v in items if str(v).strip()]
     if not names or names == ["all"]:
         return None
-    unknown = [n for n in names if n not in DRIFT_BACKENDS]
+    unknown = [n for n in names if n not in EVALUATED_BACKENDS]
     if unknown:
         raise ConfigError(f"unknown backend(s) {', '.join(map(repr, unknown))}; choose from "
-                          f"{', '.join(DRIFT_BACKENDS)} (comma-separated), or leave the option out for all")
+                          f"{', '.join(EVALUATED_BACKENDS)} (comma-separated), or leave the option out for all")
     return tuple(dict.fromkeys(names))
 
 
 def backend_specs(names: Sequence[str] | None = None, options: Any = None) -> list[BackendSpec]:
-    """The specs for ``names`` (default: all of :data:`DRIFT_BACKENDS`), built from ``options``.
+    """The specs for ``names`` (default: all of :data:`EVALUATED_BACKENDS`), built from ``options``.
 
     ``options`` (BackendOptions, e.g. from pipeline.yaml's ``runtime``) supplies the device,
     ONNX Runtime providers and threads. ``torch`` runs on ``options.device`` in FP32;
@@ -90,7 +89,7 @@ def backend_specs(names: Sequence[str] | None = None, options: Any = None) -> li
             opts = dataclasses.replace(opts, precision=kind.precision)
         table[kind.name] = BackendSpec(kind.name, kind.runs, opts, kind.precision)
     chosen = parse_backend_names(names) if names is not None else None
-    return [table[n] for n in (chosen or DRIFT_BACKENDS)]
+    return [table[n] for n in (chosen or EVALUATED_BACKENDS)]
 
 
 def reference_options(options: Any = None) -> Any:
@@ -108,7 +107,7 @@ def spec_unavailable_reason(spec: BackendSpec, artifacts: Any) -> str | None:
 
 
 def _spec_reason(spec: BackendSpec, reason: str | None) -> str | None:
-    if reason and spec.name == "torch-fp16" and "manifest" not in reason:
+    if reason and spec.name == TORCH_FP16 and "manifest" not in reason:
         return f"needs a CUDA GPU: {reason}"
     return reason
 
@@ -139,5 +138,5 @@ def try_open_spec(spec: BackendSpec, artifacts: Any) -> Opened:
     return opened
 
 
-__all__ = ["DRIFT_BACKENDS", "BackendSpec", "backend_specs", "open_spec", "parse_backend_names", "reference_options",
+__all__ = ["BackendSpec", "backend_specs", "open_spec", "parse_backend_names", "reference_options",
            "spec_unavailable_reason", "try_open_spec", "verify_spec_files"]

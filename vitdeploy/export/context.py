@@ -24,13 +24,12 @@ from .heartbeat import heartbeat
 from ..base.config import PipelineConfig
 from ..runtime.backends import first_line
 from ..runtime.backends.base import BackendOptions
-from ..base.vocab import ARTIFACT_FILES
+from ..base.vocab import ARTIFACT_FILES, EXPORT_REPORT_NAME
 from . import manifest as manifest_mod
 
 log = logging.getLogger(__name__)
 
 EngineMode = Literal["auto", "require", "skip"]
-REPORT_NAME = "export-report.json"
 CPU = BackendOptions(device="cpu", providers=("CPUExecutionProvider",))  # every ONNX graph is judged here
 
 
@@ -162,6 +161,6 @@ class ExportContext:
         """``export-report.json``: every stage so far and every verdict (written when a stage fails)."""
         try:
             report = {"passed": False, "stages": [s.to_dict() for s in self.stages], "validation": self.validation}
-            write_json_atomic(self.out_dir / REPORT_NAME, report)
+            write_json_atomic(self.out_dir / EXPORT_REPORT_NAME, report)
         except OSError:  # pragma: no cover - reporting must never mask the real error
-            log.exception("could not write %s", self.out_dir / REPORT_NAME)
+            log.exception("could not write %s", self.out_dir / EXPORT_REPORT_NAME)

@@ -16,7 +16,8 @@ from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from ..base.errors import ExportError, MissingDependencyError
 from ..runtime.backends import first_line
 from . import manifest as manifest_mod
-from .context import REPORT_NAME, ExportContext, StageRecord
+from ..base.vocab import EXPORT_REPORT_NAME
+from .context import ExportContext, StageRecord
 from .onnx import INPUT_NAME, OUTPUT_NAME
 from .rows import Artifact, Made, Stage, ort_gate
 
@@ -131,7 +132,7 @@ def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
             "batch_sizes": list(ctx.sizes)}},
     )
     path = manifest_mod.write_manifest(out, manifest)
-    (out / REPORT_NAME).unlink(missing_ok=True)
+    (out / EXPORT_REPORT_NAME).unlink(missing_ok=True)
     rec.outputs = [path]
     return ()
 

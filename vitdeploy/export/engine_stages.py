@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+from ..base.vocab import TIMING_CACHE_NAME, TRT_INT8
 from ..base.errors import ArtifactError, BackendError, ExportError, MissingDependencyError, ValidationError
 from ..runtime.backends.base import BackendOptions
 from .context import ExportContext, StageRecord
@@ -53,7 +54,7 @@ def _engine_from(ctx: ExportContext, rec: StageRecord, role: str, source: str, p
         ctx.artifacts[source], engine_path, input_name=INPUT_NAME, chw=ctx.chw, min_batch=profile.min,
         opt_batch=profile.opt, max_batch=profile.max, workspace_mb=cfg.tensorrt.workspace_mb,
         optimization_level=cfg.tensorrt.optimization_level, device=device, precision=precision,
-        timing_cache_path=cfg.resolve(cfg.tensorrt.timing_cache) or ctx.out_dir / "timing.cache")
+        timing_cache_path=cfg.resolve(cfg.tensorrt.timing_cache) or ctx.out_dir / TIMING_CACHE_NAME)
 
     shown = [0.0]
 
@@ -102,6 +103,6 @@ ENGINE_INT8 = Stage(
     "engine-int8", lambda ctx, rec: _engine_from(ctx, rec, "engine-int8", "onnx-int8-trt", "int8"),
     applies=lambda ctx: ctx.engine_mode != "skip" and "onnx-int8-trt" in ctx.artifacts,  # its graph was written
     skip=lambda ctx: ctx.tensorrt_unavailable(), roles=("engine-int8", "engine-int8-meta"),
-    gate=_trt_gate("validate-engine-int8", "int8", "trt-int8"), fallible=(*_ENGINE_ERRORS, ValidationError),
+    gate=_trt_gate("validate-engine-int8", "int8", TRT_INT8), fallible=(*_ENGINE_ERRORS, ValidationError),
     required=lambda ctx: ctx.engine_mode == "require" and ctx.cfg.export.int8.tensorrt is True,
     dropped=_dropped("engine-int8"))

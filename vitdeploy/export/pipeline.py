@@ -26,15 +26,13 @@ from typing import Any, Iterator, Sequence
 
 from ..base.config import PipelineConfig
 from ..base.errors import ExportError, ValidationError
-from ..runtime.artifacts import MANIFEST_NAME
-from ..base.vocab import ARTIFACT_FILES
-from .context import REPORT_NAME, EngineMode, ExportContext, StageCallback, StageRecord
+from ..base.vocab import ARTIFACT_FILES, EXPORT_REPORT_NAME, MANIFEST_NAME, TIMING_CACHE_NAME
+from .context import EngineMode, ExportContext, StageCallback, StageRecord
 from .core_stages import MANIFEST, MODEL, ONNX, ORT_OPTIMIZE, REFERENCE, reference_logits, validation_images
 from .effective import load_model, resolve_preprocess
 from .engine_stages import ENGINE, ENGINE_INT8
 from .precision_stages import FP16, INT8, INT8_TENSORRT
 from .rows import Made, Stage
-from .staging import TIMING_CACHE
 from .validate import validate_artifact
 
 log = logging.getLogger(__name__)
@@ -44,8 +42,7 @@ log = logging.getLogger(__name__)
 STAGES: tuple[Stage, ...] = (MODEL, ONNX, REFERENCE, ORT_OPTIMIZE, FP16, INT8, INT8_TENSORRT, ENGINE, ENGINE_INT8,
                              MANIFEST)
 
-FILES = ARTIFACT_FILES
-_OUR_NAMES = {*FILES.values(), MANIFEST_NAME, REPORT_NAME, TIMING_CACHE, *(f"{n}.data" for n in FILES.values())}
+_OUR_NAMES = {*ARTIFACT_FILES.values(), MANIFEST_NAME, EXPORT_REPORT_NAME, TIMING_CACHE_NAME, *(f"{n}.data" for n in ARTIFACT_FILES.values())}
 
 
 @dataclass
@@ -126,7 +123,7 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
             rec.reason = "; ".join(result.failures[:6])
             raise ValidationError(
                 f"{gate.name}: {result.backend} output drifted beyond validation thresholds: {rec.reason} "
-                f"(artifact renamed *.rejected; full report: {ctx.final_dir / REPORT_NAME})")
+                f"(artifact renamed *.rejected; full report: {ctx.final_dir / EXPORT_REPORT_NAME})")
         rec.reason = (f"{len(ctx.inputs.names)} inputs at batch {', '.join(map(str, sizes))}; "
                       f"worst max|diff| {result.worst_metrics()['max_abs_diff']:.3g}")
 
@@ -175,7 +172,7 @@ def run_export(
 
     out = Path(out_dir) if out_dir else cfg.output_dir
     final = _prepare_out_dir(out)
-    with staged(final, _OUR_NAMES, REPORT_NAME) as (stage, beside):
+    with staged(final, _OUR_NAMES, EXPORT_REPORT_NAME) as (stage, beside):
         ctx = ExportContext(cfg, stage, engine, on_stage, validation_batch, heartbeat_s, final_dir=out)
         run_stages(ctx)
         commit(stage, final, beside, _OUR_NAMES)

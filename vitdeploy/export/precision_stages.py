@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..base.vocab import ORT_FP16, ORT_INT8
 from ..base.errors import BackendError, ConfigError, ExportError, ValidationError
 from ..runtime.backends import first_line
 from .context import CPU, ExportContext, StageRecord
@@ -57,7 +58,7 @@ def _fp16(ctx: ExportContext, rec: StageRecord) -> Made:
         from .autopilot import GateError, run_fp16_autopilot
 
         try:
-            pilot = run_fp16_autopilot(onnx_path, path, judge=lambda p: _judge(ctx, p, "ort-fp16", gate),
+            pilot = run_fp16_autopilot(onnx_path, path, judge=lambda p: _judge(ctx, p, ORT_FP16, gate),
                                        depth=ctx.loaded.config.depth, **args)
         except GateError as exc:  # the table goes into export-report.json
             ctx.validation["validate-fp16"] = {"passed": False, "failures": list(exc.steps[-1].failures),
@@ -73,7 +74,7 @@ def _fp16(ctx: ExportContext, rec: StageRecord) -> Made:
     return (Artifact("onnx-fp16", path),)
 
 
-FP16 = Stage("fp16", _fp16, roles=("onnx-fp16",), gate=ort_gate("validate-fp16", "fp16", "ort-fp16"),
+FP16 = Stage("fp16", _fp16, roles=("onnx-fp16",), gate=ort_gate("validate-fp16", "fp16", ORT_FP16),
              skip=lambda ctx: None if ctx.cfg.export.fp16.enabled else "export.fp16.enabled is false")
 
 
@@ -221,7 +222,7 @@ def _skip_int8_tensorrt(ctx: ExportContext) -> str | None:
 
 #: model.int8.onnx from the fused graph (model.onnx without it), for ONNX Runtime on the CPU
 INT8 = _int8_row(
-    _Int8Target("int8", "onnx-int8", "int8", ORT_CPU, "export.int8.enabled", "ort-int8",
+    _Int8Target("int8", "onnx-int8", "int8", ORT_CPU, "export.int8.enabled", ORT_INT8,
                 source=lambda ctx: ctx.artifacts.get("onnx-ort", ctx.artifacts["onnx"]),
                 mode=lambda ctx: ctx.cfg.export.int8.mode),
     skip=lambda ctx: "export.int8.enabled is false" if ctx.cfg.export.int8.enabled is False else None, timed=True)

@@ -42,7 +42,7 @@ import numpy as np
 
 from ..base._deps import require
 from ..base._files import atomic_path
-from ..base.errors import ConfigError, ExportError
+from ..base.errors import ConfigError, ExportError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,7 @@ def prepare(src: Path, dst: Path, *, external_data: bool = False, placement: Pla
         quant_pre_process(str(src), str(dst), skip_optimization=not placement.optimize_first,
                           save_as_external_data=external_data, external_data_location=f"{dst.name}.data")
     except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
-        raise ExportError(f"INT8 pre-processing of {src.name} failed: {_first(exc)}") from exc
+        raise ExportError(f"INT8 pre-processing of {src.name} failed: {first_line(exc)}") from exc
     return dst
 
 
@@ -177,7 +177,7 @@ def quantize_prepared(pre: Path, dst: Path, *, input_name: str, mode: str = "sta
                                    "QuantizeBias": placement.quantize_bias,
                                    "OpTypesToExcludeOutputQuantization": ops}, **common)
         except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
-            raise ExportError(f"INT8 quantization of {pre.name} failed: {_first(exc)}") from exc
+            raise ExportError(f"INT8 quantization of {pre.name} failed: {first_line(exc)}") from exc
         extra: list[Path] = []
         data = out.with_name(out.name + ".data")
         if external_data and data.is_file():  # the graph names its data file; move the data first, the graph last
@@ -199,10 +199,6 @@ def quantize_int8(src: Path, dst: Path, *, external_data: bool = False, placemen
         pre = prepare(src, Path(tmp) / "pre.onnx", external_data=external_data, placement=placement)
         return quantize_prepared(pre, dst, external_data=external_data, placement=placement, **kwargs)
 
-
-def _first(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 __all__ = ["DYNAMIC_CAVEAT", "Int8Result", "ORT_CPU", "Placement", "QUANTIZED_OPS", "TENSORRT", "calibration_batch", "prepare", "quantizable_nodes", "quantize_int8",

@@ -31,6 +31,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from ..base.vocab import TIMING_CACHE_NAME
 from ..base._files import folder_mode
 from ..base.errors import ExportError
 from ..runtime.artifacts import MANIFEST_NAME
@@ -38,7 +39,6 @@ from ..runtime.artifacts import MANIFEST_NAME
 log = logging.getLogger(__name__)
 
 STAGING_TAG = "vitdeploy-staging"
-TIMING_CACHE = "timing.cache"
 _RANDOM = r"[a-z0-9_]{8}"  # tempfile's random part
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -114,9 +114,9 @@ def make_staging(final: Path) -> tuple[Path, bool]:
         raise ExportError(f"cannot create a staging folder in {where}: {exc.strerror or exc}") from None
     mode = (final.stat().st_mode & 0o7777) if final.is_dir() else folder_mode()
     os.chmod(stage, mode)  # mkdtemp makes 0700; the export folder keeps its (or the usual) mode
-    timing = final / TIMING_CACHE
+    timing = final / TIMING_CACHE_NAME
     if timing.is_file():  # the TensorRT timing cache of earlier builds speeds up this one
-        _link_or_copy(timing, stage / TIMING_CACHE)
+        _link_or_copy(timing, stage / TIMING_CACHE_NAME)
     return stage, beside
 
 
@@ -169,7 +169,7 @@ def _move_in(stage: Path, final: Path, names: set[str]) -> None:
         os.replace(stage / MANIFEST_NAME, final / MANIFEST_NAME)
     kept = {e.name for e in new} | {MANIFEST_NAME}
     for entry in final.iterdir():
-        if is_ours(entry.name, names) and entry.name not in kept and entry.name != TIMING_CACHE:
+        if is_ours(entry.name, names) and entry.name not in kept and entry.name != TIMING_CACHE_NAME:
             with contextlib.suppress(OSError):
                 entry.unlink()
 

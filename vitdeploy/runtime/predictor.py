@@ -21,16 +21,16 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..base.errors import ArtifactError, ArtifactIntegrityError, BackendError, InputError
-from ..base.vocab import MANIFEST_NAME
+from ..base.vocab import MANIFEST_NAME, ORT_FP16
 from .artifacts import Artifacts
 from .backends.base import provider_name
-from .backends import BACKEND_NAMES, Backend, BackendOptions, ensure_known, open_backend, open_or_reason
+from .backends import Backend, BackendOptions, ensure_known, open_backend, open_or_reason
 from .backends import first_line  # noqa: F401 - the one helper; tests check no module defines its own
 from .postprocess import softmax, top_k as _top_k
 
 log = logging.getLogger(__name__)
 
-AUTO_ORDER = ("trt", "ort-fp16", "ort", "torch")
+AUTO_ORDER = ("trt", ORT_FP16, "ort", "torch")
 _CUDA_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 
 
@@ -62,7 +62,7 @@ def _refuse_without_cuda() -> str | None:
 
 def _auto_options(name: str, options: BackendOptions) -> BackendOptions:
     """ort-fp16 in auto mode runs on a CUDA provider only: fp16 on the CPU is not what auto promises."""
-    if name != "ort-fp16":
+    if name != ORT_FP16:
         return options
     opts = options
     if not any(provider_name(p) in _CUDA_PROVIDERS for p in options.providers):
@@ -81,7 +81,7 @@ def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backe
     notes: list[str] = []
     for name in AUTO_ORDER:
         attempt = open_or_reason(name, artifacts, _auto_options(name, options),
-                                 refuse=_refuse_without_cuda if name == "ort-fp16" else None)
+                                 refuse=_refuse_without_cuda if name == ORT_FP16 else None)
         if attempt.status == "unavailable":
             notes.append(f"{name} unavailable ({attempt.reason})")
             continue
@@ -123,7 +123,7 @@ class Predictor:
     @classmethod
     def from_artifacts(cls, path: str | os.PathLike[str] | Artifacts, backend: str = "auto",
                        options: BackendOptions | None = None, max_pixels: int | None = None) -> "Predictor":
-        """Open the export directory ``path`` on ``backend`` ("auto" or one of BACKEND_NAMES).
+        """Open the export directory ``path`` on ``backend`` ("auto" or one of vocab.RUNTIME_BACKENDS).
 
         ``max_pixels``: images whose header claims more pixels are refused before decoding
         (default: the preprocessing's limit, Pillow's 89.5 Mpx)."""
@@ -228,4 +228,4 @@ class Predictor:
         return f"Predictor({str(self.artifacts.directory)!r}, backend={self.backend_name!r})"
 
 
-__all__ = ["AUTO_ORDER", "BACKEND_NAMES", "Prediction", "Predictor", "select_backend"]
+__all__ = ["AUTO_ORDER", "Prediction", "Predictor", "select_backend"]

@@ -9,11 +9,10 @@ replica (:mod:`.ray_app`) and the proxy's middleware (:mod:`.proxy_guard`) both 
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from ..base.errors import (BodyTooLargeError, ImageTooLargeError, InputError, MethodNotAllowedError, NotFoundError,
                       RequestTimeoutError, TooManyImagesError, UnavailableError, UnsupportedMediaError,
-                      VitDeployError)
+                      VitDeployError, first_line)
 
 #: Most specific first: the first class the error is an instance of gives the status.
 STATUSES: tuple[tuple[type[BaseException], int], ...] = (
@@ -29,7 +28,7 @@ STATUSES: tuple[tuple[type[BaseException], int], ...] = (
     (VitDeployError, 500),
 )
 
-_MAX_REASON = 400
+MAX_REASON = 400  # characters of an HTTP error body's one line
 
 
 def status_of(exc: BaseException) -> int:
@@ -40,20 +39,14 @@ def status_of(exc: BaseException) -> int:
     return 500
 
 
-def one_line(message: Any) -> str:
-    """The first non-empty line of ``message``, at most 400 characters."""
-    text = next((line.strip() for line in str(message).splitlines() if line.strip()), "")
-    text = text or "request refused"
-    return text if len(text) <= _MAX_REASON else text[: _MAX_REASON - 1] + "…"
-
 
 def error_body(exc: BaseException | str) -> bytes:
     """``{"error": "<one line>"}`` as bytes; an unexpected error's text is not shown (no internals)."""
     if isinstance(exc, BaseException) and not isinstance(exc, VitDeployError):
         text = f"internal server error ({type(exc).__name__}); see the server's log"
     else:
-        text = one_line(exc)
+        text = first_line(exc, MAX_REASON) or "request refused"
     return json.dumps({"error": text}).encode("utf-8")
 
 
-__all__ = ["STATUSES", "error_body", "one_line", "status_of"]
+__all__ = ["MAX_REASON", "STATUSES", "error_body", "status_of"]

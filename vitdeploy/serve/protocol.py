@@ -37,9 +37,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..base.errors import (BatchTooLargeError, EmptyImageError, EmptyRequestError, ImageError, InputError, RequestError,
+from ..base.errors import (first_line, BatchTooLargeError, EmptyImageError, EmptyRequestError, ImageError, InputError, RequestError,
                       TooManyImagesError)
-from .http_errors import one_line
+from .http_errors import MAX_REASON
 
 #: Input tensor: the encoded images, datatype BYTES, shape [N] (or [N, 1]).
 INPUT = "IMAGES"
@@ -107,7 +107,7 @@ def decode_image(data: bytes | bytearray | memoryview, preprocessor: Callable[[b
         if message.startswith("<bytes>"):
             message = name + message[len("<bytes>"):]
         # the same type (its HTTP status is chosen by type, in serve/http_errors.py), renamed, one line
-        raise (type(exc) if isinstance(exc, ImageError) else ImageError)(one_line(message)) from None
+        raise (type(exc) if isinstance(exc, ImageError) else ImageError)(first_line(message, MAX_REASON)) from None
 
 
 def preprocess_images(images: Sequence[bytes], preprocessor: Callable[[bytes], np.ndarray],
@@ -402,6 +402,6 @@ def model_metadata(model: str, num_classes: int, k: int = DEFAULT_TOP_K, platfor
 __all__ = [
     "DEFAULT_TOP_K", "HEADER_LENGTH", "INPUT", "LOGITS", "MODEL_VERSION", "OUTPUTS", "TOPK_LABELS", "TOPK_SCORES",
     "InferRequest", "RequestError", "check_image_count", "decode_image", "deserialize_bytes",
-    "encode_infer_response", "error_record", "images_from_tensor", "model_metadata", "model_name", "one_line",
+    "encode_infer_response", "error_record", "images_from_tensor", "model_metadata", "model_name",
     "parse_infer_request", "preprocess_images", "serialize_bytes", "top_k_arrays",
 ]

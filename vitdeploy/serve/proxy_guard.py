@@ -29,8 +29,9 @@ import os
 import time
 from typing import Any, Awaitable, Callable
 
-from ..base.errors import BodyTooLargeError, NotFoundError, RequestError, RequestTimeoutError, UnavailableError
-from .http_errors import error_body, one_line, status_of
+from ..base.errors import (BodyTooLargeError, NotFoundError, RequestError, RequestTimeoutError, UnavailableError,
+                           first_line)
+from .http_errors import MAX_REASON, error_body, status_of
 
 log = logging.getLogger(__name__)
 
@@ -251,4 +252,4 @@ class _JsonErrors:
         elif status >= 500 and status != 503:
             text = f"internal server error (HTTP {status}); see the server's log"
         extra = [(b"retry-after", b"1")] if status == 503 else None
-        await _answer(self.send, status, error_body(one_line(text or f"HTTP {status}")), extra=extra)
+        await _answer(self.send, status, error_body(first_line(text or f"HTTP {status}", MAX_REASON)), extra=extra)

@@ -35,7 +35,7 @@ from ..base.errors import (BodyTooLargeError, EmptyRequestError, MethodNotAllowe
 from ..runtime.backends import first_line
 from ..runtime.backends.base import BackendOptions
 from . import content_encoding, protocol
-from .http_errors import error_body, status_of
+from .http_errors import MAX_REASON, error_body, status_of
 from .kserve_grpc import KServeGrpcMethods, register_proto_modules
 from .kserve_model import InferenceStats, model_config
 
@@ -89,13 +89,13 @@ async def _framework_error(request: Request, exc: StarletteHTTPException) -> Res
     kind = {404: NotFoundError, 405: MethodNotAllowedError}.get(exc.status_code)
     if kind is not None:
         return _error(kind(f"{request.method} {request.url.path}: {exc.detail}"))
-    return Response(error_body(protocol.one_line(exc.detail)), status_code=exc.status_code,
+    return Response(error_body(first_line(exc.detail, MAX_REASON)), status_code=exc.status_code,
                     media_type="application/json")
 
 
 @api.exception_handler(RequestValidationError)
 async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-    return _error(RequestError(f"{request.url.path}: invalid request ({protocol.one_line(exc.errors())})"))
+    return _error(RequestError(f"{request.url.path}: invalid request ({first_line(exc.errors())})"))
 
 
 @api.exception_handler(Exception)

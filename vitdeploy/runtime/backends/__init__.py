@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ...base._deps import available
-from ...base.errors import ArtifactMismatchError, BackendError, ConfigError, MissingDependencyError, VitDeployError
-from ...base.vocab import BACKEND_KINDS, RUNTIME_BACKENDS
+from ...base.errors import (ArtifactMismatchError, BackendError, ConfigError, MissingDependencyError, VitDeployError,
+                           first_line)
+from ...base.vocab import BACKEND_KINDS, ORT_FP16, ORT_INT8, RUNTIME_BACKENDS, TRT_INT8
 from ..cuda import cuda_status
 from .base import Backend, BackendBase, BackendOptions
 
-BACKEND_NAMES = RUNTIME_BACKENDS
 
 # The faults that mean "this backend cannot run here": the only ones backend "auto" skips past.
 # A refused artifact (ArtifactIntegrityError, or any other ArtifactError: a broken schema, a path
@@ -30,10 +30,10 @@ CANNOT_RUN_HERE: tuple[type[VitDeployError], ...] = (BackendError, MissingDepend
 _OPENERS: dict[str, tuple[str, str]] = {
     "torch": ("torch_backend", "open_from_artifacts"),
     "ort": ("ort", "open_from_artifacts"),
-    "ort-fp16": ("ort", "open_fp16_from_artifacts"),
-    "ort-int8": ("ort", "open_int8_from_artifacts"),
+    ORT_FP16: ("ort", "open_fp16_from_artifacts"),
+    ORT_INT8: ("ort", "open_int8_from_artifacts"),
     "trt": ("trt", "open_from_artifacts"),
-    "trt-int8": ("trt", "open_int8_from_artifacts"),
+    TRT_INT8: ("trt", "open_int8_from_artifacts"),
 }
 # name -> (module, opener function, artifact roles it needs (main one first), libraries it imports)
 _REGISTRY: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
@@ -41,25 +41,15 @@ _REGISTRY: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
     for name, (module, func) in _OPENERS.items()
 }
 
-__all__ = ["BACKEND_NAMES", "CANNOT_RUN_HERE", "Backend", "BackendBase", "BackendOptions", "Opened", "artifact_role", "artifact_roles",
+__all__ = ["CANNOT_RUN_HERE", "Backend", "BackendBase", "BackendOptions", "Opened", "artifact_role", "artifact_roles",
            "backend_unavailable_reason", "cuda_device_count", "ensure_known", "first_line", "open_backend",
            "open_or_reason", "verify_backend_files"]
 
 
-def first_line(value: BaseException | str) -> str:
-    """The first line of an error message (or of ``str(value)``), for one-line reports.
-
-    An exception with an empty message gives its type name.
-    """
-    text = str(value).strip()
-    if text:
-        return text.splitlines()[0]
-    return type(value).__name__ if isinstance(value, BaseException) else ""
-
 
 def _check_name(name: str) -> None:
     if name not in _REGISTRY:
-        raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(BACKEND_NAMES)} (or 'auto')")
+        raise ConfigError(f"unknown backend {name!r}; choose one of {', '.join(RUNTIME_BACKENDS)} (or 'auto')")
 
 
 def artifact_role(name: str) -> str:

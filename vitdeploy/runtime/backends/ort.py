@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ...base.vocab import ORT_FP16, ORT_INT8
 from ...base._deps import require
 from ...base.errors import BackendError, ConfigError
 from ..artifacts import check_onnx_external_data
@@ -286,9 +287,9 @@ def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *
                         int8: bool = False) -> OrtBackend:
     """The "ort" backend (or "ort-fp16" with ``fp16=True``, "ort-int8" with ``int8=True``) on a verified artifact."""
     if fp16:
-        role, name = "onnx-fp16", "ort-fp16"
+        role, name = "onnx-fp16", ORT_FP16
     elif int8:
-        role, name = "onnx-int8", "ort-int8"
+        role, name = "onnx-int8", ORT_INT8
     else:
         role, name = ("onnx-ort" if uses_ort_graph(artifacts, options) else "onnx"), "ort"
     path = verified_onnx_path(artifacts, role)

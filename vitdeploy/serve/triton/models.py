@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 
 from ... import __version__
-from ..protocol import INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES, RequestError, images_from_tensor, one_line
+from ...base.errors import first_line
+from ..http_errors import MAX_REASON
+from ..protocol import INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES, RequestError, images_from_tensor
 
 ARTIFACTS_DIR = "artifacts"  # inside <model>/<version>/ of the ort_python model
 
@@ -51,7 +53,8 @@ def error_response(message: str) -> Any:
     """A failed response for one request: its one-line reason, as a client error where Triton allows."""
     pb = _pb()
     code = getattr(pb.TritonError, "INVALID_ARG", None)
-    err = pb.TritonError(one_line(message)) if code is None else pb.TritonError(one_line(message), code)
+    text = first_line(message, MAX_REASON)
+    err = pb.TritonError(text) if code is None else pb.TritonError(text, code)
     return pb.InferenceResponse(output_tensors=[], error=err)
 
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from ....base._deps import require
 from ....base.errors import ArtifactError, ArtifactMismatchError, BackendError, ConfigError
-from ....base.vocab import tensorrt_install_command
+from ....base.vocab import TRT_INT8, tensorrt_install_command
 from ...cuda import cuda_index, cuda_status
 from .. import first_line
 from ..base import BackendBase, BackendOptions
@@ -330,7 +330,7 @@ def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *
     "onnx-int8-trt"), the engine must have been built from that graph (its sha256). The batch
     limit comes from the engine's json.
     """
-    role, source, name = ("engine-int8", "onnx-int8-trt", "trt-int8") if int8 else ("engine", "onnx-fp16", "trt")
+    role, source, name = ("engine-int8", "onnx-int8-trt", TRT_INT8) if int8 else ("engine", "onnx-fp16", "trt")
     onnx_sha256 = None
     has = getattr(artifacts, "has", None)
     if callable(has) and has(source):
