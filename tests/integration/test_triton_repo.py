@@ -190,7 +190,7 @@ def test_the_repository_ships_a_dockerfile_its_wheel_and_pinned_requirements(dem
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         assert zf.testzip() is None
-        assert {"vitdeploy/serve/triton_models.py", "vitdeploy/runtime/preprocess.py",
+        assert {"vitdeploy/serve/triton/models.py", "vitdeploy/runtime/preprocess.py",
                 f"vitdeploy-{__version__}.dist-info/RECORD"} <= names
         assert not any("__pycache__" in n for n in names)
         assert f"Version: {__version__}" in zf.read(f"vitdeploy-{__version__}.dist-info/METADATA").decode()

@@ -22,7 +22,6 @@ import dataclasses
 import datetime as _dt
 import itertools
 import logging
-import math
 import os
 import platform
 import time
@@ -38,74 +37,13 @@ from ..export.manifest import library_versions
 from ..runtime.backends import first_line
 from .specs import BackendSpec, backend_specs, parse_backend_names, reference_options, try_open_spec
 from .reliability import SPREAD_LIMIT, busy_machine_reason, contention, mark_unreliable, sample, usable_cores
-from .timing import cuda_event_timer, measure
+from .timing import LatencyStats, cuda_event_timer, measure, percentile, speed_ratio, summarize  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZES = (1, 8, 32)
 BASELINE = "torch"  # eager FP32 PyTorch on the CPU
 _PHASES = ("preprocess", "inference", "postprocess")
-
-
-# ------------------------------------------------------------------------------------------------
-# statistics
-
-
-def percentile(samples: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0..100) with linear interpolation between closest ranks
-    (numpy's default "linear" method): rank ``q / 100 * (n - 1)`` of the sorted samples."""
-    if not samples:
-        raise ValueError("percentile of no samples")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile q must be in [0, 100], got {q}")
-    xs = sorted(float(v) for v in samples)
-    rank = q / 100.0 * (len(xs) - 1)
-    lo = math.floor(rank)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
-
-
-@dataclass(frozen=True)
-class LatencyStats:
-    """Latency of one call (one batch) in milliseconds, and the throughput it implies."""
-
-    samples: int
-    p50_ms: float
-    p90_ms: float
-    p99_ms: float
-    mean_ms: float
-    min_ms: float
-    images_per_s: float  # batch_size * samples / total time
-
-    @property
-    def spread(self) -> float:
-        """p90 / p50: 1.0 for a steady figure; contention (threads descheduled) makes it grow."""
-        return self.p90_ms / self.p50_ms if self.p50_ms > 0 else float("inf")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "p90_over_p50": round(self.spread, 3)}
-
-
-def summarize(seconds: Sequence[float], batch_size: int) -> LatencyStats:
-    """Statistics of per-call latencies ``seconds`` for calls of ``batch_size`` images each."""
-    if not seconds:
-        raise ValueError("no timings to summarise")
-    ms = [1000.0 * s for s in seconds]
-    total = float(sum(seconds))
-    return LatencyStats(samples=len(ms), p50_ms=percentile(ms, 50), p90_ms=percentile(ms, 90),
-                        p99_ms=percentile(ms, 99), mean_ms=total * 1000.0 / len(ms), min_ms=min(ms),
-                        images_per_s=batch_size * len(ms) / total if total > 0 else float("inf"))
-
-
-def speed_ratio(baseline_p50_ms: float | None, p50_ms: float | None) -> float | None:
-    """How many times faster than the baseline (baseline p50 / this p50); None when unknown."""
-    if not baseline_p50_ms or not p50_ms or p50_ms <= 0:
-        return None
-    return baseline_p50_ms / p50_ms
-
-
-# ------------------------------------------------------------------------------------------------
-# environment
 
 
 def cpu_model(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str:
@@ -341,24 +279,7 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
     artifacts = Artifacts.open(artifacts_dir)
     specs = _bench_specs(requested, options)
 
-    rows: list[dict[str, Any]] = []
-    opened: dict[str, Any] = {}
-    spec_of: dict[str, BackendSpec] = {}
-    for spec in specs:
-        row = {"name": spec.name, "precision": spec.precision, "device": spec.options.device,
-               "baseline": spec.is_reference, "status": "ran", "reason": "", "describe": ""}
-        rows.append(row)
-        attempt = try_open_spec(spec, artifacts)  # a tampered file is an error, never a skip
-        if attempt.status == "unavailable":
-            row.update(status="unavailable", reason=attempt.reason)
-            continue
-        if attempt.backend is None:
-            row.update(status="error", reason=f"cannot open: {attempt.reason}")
-            continue
-        backend = attempt.backend
-        row["describe"] = backend.describe()
-        opened[spec.name] = backend
-        spec_of[spec.name] = spec
+    rows, opened, spec_of = _open_backends(specs, artifacts)
 
     def on_error(name: str, exc: BaseException) -> None:
         for row in rows:
@@ -374,18 +295,8 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
         if end_to_end:
             results = _bench_end_to_end(artifacts, opened, sizes, int(iterations), int(warmup), images, on_error)
         else:
-            rng = np.random.default_rng(seed)
-            for size in sizes:
-                batch = rng.standard_normal((size, *artifacts.input_shape)).astype(np.float32)
-                live = {n: b for n, b in opened.items() if _status(rows, n) == "ran"}
-                runners = {n: (lambda b=b: b.run(batch)) for n, b in live.items()}
-                times = measure(runners, iterations=int(iterations), warmup=int(warmup), timers=timers,
-                                on_error=on_error)
-                for name, secs in times.items():
-                    if secs and _status(rows, name) == "ran":
-                        timer = "cuda-events" if name in timers else "perf_counter"
-                        results.append(BenchResult(name, size, summarize(secs, size), timer))
-                log.info("batch %d done", size)
+            results = _bench_inference(artifacts, opened, rows, sizes, int(iterations), int(warmup), timers, on_error,
+                                       seed)
     finally:
         for backend in opened.values():
             backend.close()
@@ -400,6 +311,47 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
                        mode="end-to-end" if end_to_end else "inference", settings=settings,
                        environment=env, backends=rows, results=results,
                        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+def _open_backends(specs: Sequence[BackendSpec], artifacts: Any) -> tuple[list[dict[str, Any]], dict[str, Any],
+                                                                       dict[str, BackendSpec]]:
+    """(one report row per spec, the backends that opened by name, their specs by name)."""
+    rows: list[dict[str, Any]] = []
+    opened: dict[str, Any] = {}
+    spec_of: dict[str, BackendSpec] = {}
+    for spec in specs:
+        row = {"name": spec.name, "precision": spec.precision, "device": spec.options.device,
+               "baseline": spec.is_reference, "status": "ran", "reason": "", "describe": ""}
+        rows.append(row)
+        attempt = try_open_spec(spec, artifacts)  # a tampered file is an error, never a skip
+        if attempt.status == "unavailable":
+            row.update(status="unavailable", reason=attempt.reason)
+            continue
+        if attempt.backend is None:
+            row.update(status="error", reason=f"cannot open: {attempt.reason}")
+            continue
+        row["describe"] = attempt.backend.describe()
+        opened[spec.name] = attempt.backend
+        spec_of[spec.name] = spec
+    return rows, opened, spec_of
+
+
+def _bench_inference(artifacts: Any, opened: dict[str, Any], rows: list[dict[str, Any]], sizes: Sequence[int],
+                     iterations: int, warmup: int, timers: dict[str, Any], on_error: Any, seed: int) -> list[BenchResult]:
+    """Every open backend on the same seeded random batch at each size, interleaved."""
+    results: list[BenchResult] = []
+    rng = np.random.default_rng(seed)
+    for size in sizes:
+        batch = rng.standard_normal((size, *artifacts.input_shape)).astype(np.float32)
+        live = {n: b for n, b in opened.items() if _status(rows, n) == "ran"}
+        runners = {n: (lambda b=b: b.run(batch)) for n, b in live.items()}
+        times = measure(runners, iterations=iterations, warmup=warmup, timers=timers, on_error=on_error)
+        for name, secs in times.items():
+            if secs and _status(rows, name) == "ran":
+                timer = "cuda-events" if name in timers else "perf_counter"
+                results.append(BenchResult(name, size, summarize(secs, size), timer))
+        log.info("batch %d done", size)
+    return results
 
 
 def _default_threads() -> int:

@@ -208,8 +208,6 @@ def run_drift(artifacts_dir: str | os.PathLike[str] | Any, *, images: str | os.P
     """
     from ..runtime.artifacts import Artifacts
     from ..runtime.backends import BackendOptions
-    from ..runtime.images import MAX_IMAGE_PIXELS
-    from ..runtime.preprocess import Preprocessor
 
     options = options or BackendOptions()
     requested = parse_backend_names(backends)
@@ -221,39 +219,9 @@ def run_drift(artifacts_dir: str | os.PathLike[str] | Any, *, images: str | os.P
         limits[key] = _as_dict(value)
     artifacts = Artifacts.open(artifacts_dir)
 
-    # 1. the images, preprocessed once
-    vset = load_validation_set(images, labels_file)
-    pre = Preprocessor(artifacts.preprocess, max_pixels=MAX_IMAGE_PIXELS if max_pixels is None else max_pixels)
-    started = time.perf_counter()
-    batch, good, errors = pre.batch_tolerant(list(vset.paths))
-    if not good:
-        first = next(iter(errors.values()), "no images")
-        raise InputError(f"no readable image among the {len(vset.paths)} in {vset.source} (first error: {first})")
+    vset, batch, good, errors, true_index, unknown = _validation_batch(artifacts, images, labels_file, max_pixels)
     names = [str(vset.paths[i]) for i in good]
-    true_index, unknown = label_indices([vset.labels[i] for i in good], artifacts.labels)
-    if unknown and all(t is None for t in true_index):
-        raise InputError(f"none of the true labels ({vset.label_source}) is a class of the model, e.g. {unknown[0]!r}; "
-                         f"the model's classes are {artifacts.labels[:10]}{' ...' if len(artifacts.labels) > 10 else ''}")
-    if unknown:
-        log.warning("%d image(s) have labels that are no class of the model (e.g. %r); left out of accuracy",
-                    len(unknown), unknown[0])
-    log.info("validation set: %d image(s) from %s preprocessed in %.2fs (%d unreadable)", len(good), vset.source,
-             time.perf_counter() - started, len(errors))
-
-    # 2. the reference
-    ref_spec = BackendSpec("torch", "torch", reference_options(options), "fp32")
-    reason = spec_unavailable_reason(ref_spec, artifacts)
-    if reason:
-        raise MissingDependencyError(f"validate needs eager PyTorch on the CPU as its reference, which cannot run "
-                                     f"here: {reason} (pip install torch==2.13.0 safetensors)")
-    ref_backend = open_spec(ref_spec, artifacts)
-    try:
-        t0 = time.perf_counter()
-        reference = ref_backend.run(batch)
-        ref_seconds = time.perf_counter() - t0
-        ref_describe = ref_backend.describe()
-    finally:
-        ref_backend.close()
+    reference, ref_seconds, ref_describe = _reference(artifacts, options, batch)
     ref_accuracy = accuracy(reference, true_index)
 
     # 3. every backend, on the same batch
@@ -280,6 +248,48 @@ def run_drift(artifacts_dir: str | os.PathLike[str] | Any, *, images: str | os.P
         except OSError as exc:
             log.warning("could not write the drift report to %s: %s", target, exc)
     return report
+
+
+def _validation_batch(artifacts: Any, images: Any, labels_file: Any, max_pixels: int | None) -> tuple[Any, np.ndarray,
+                                                                                                   list[int], dict, list, list]:
+    """The validation images, preprocessed once: (set, batch, readable indices, {index: error}, true class
+    index per readable image (None: unlabelled), labels that are no class of the model)."""
+    from ..runtime.images import MAX_IMAGE_PIXELS
+    from ..runtime.preprocess import Preprocessor
+
+    vset = load_validation_set(images, labels_file)
+    pre = Preprocessor(artifacts.preprocess, max_pixels=MAX_IMAGE_PIXELS if max_pixels is None else max_pixels)
+    started = time.perf_counter()
+    batch, good, errors = pre.batch_tolerant(list(vset.paths))
+    if not good:
+        first = next(iter(errors.values()), "no images")
+        raise InputError(f"no readable image among the {len(vset.paths)} in {vset.source} (first error: {first})")
+    true_index, unknown = label_indices([vset.labels[i] for i in good], artifacts.labels)
+    if unknown and all(t is None for t in true_index):
+        raise InputError(f"none of the true labels ({vset.label_source}) is a class of the model, e.g. {unknown[0]!r}; "
+                         f"the model's classes are {artifacts.labels[:10]}{' ...' if len(artifacts.labels) > 10 else ''}")
+    if unknown:
+        log.warning("%d image(s) have labels that are no class of the model (e.g. %r); left out of accuracy",
+                    len(unknown), unknown[0])
+    log.info("validation set: %d image(s) from %s preprocessed in %.2fs (%d unreadable)", len(good), vset.source,
+             time.perf_counter() - started, len(errors))
+    return vset, batch, good, errors, true_index, unknown
+
+
+def _reference(artifacts: Any, options: Any, batch: np.ndarray) -> tuple[np.ndarray, float, str]:
+    """Eager FP32 PyTorch on the CPU over ``batch``: (logits, seconds, its description)."""
+    ref_spec = BackendSpec("torch", "torch", reference_options(options), "fp32")
+    reason = spec_unavailable_reason(ref_spec, artifacts)
+    if reason:
+        raise MissingDependencyError(f"validate needs eager PyTorch on the CPU as its reference, which cannot run "
+                                     f"here: {reason} (pip install torch==2.13.0 safetensors)")
+    ref_backend = open_spec(ref_spec, artifacts)
+    try:
+        t0 = time.perf_counter()
+        reference = ref_backend.run(batch)
+        return reference, time.perf_counter() - t0, ref_backend.describe()
+    finally:
+        ref_backend.close()
 
 
 def _run_spec(spec: BackendSpec, artifacts: Any, batch: np.ndarray, reference: np.ndarray,

@@ -6,7 +6,10 @@ ratios hold. CPU work is timed with ``time.perf_counter``; work on a CUDA GPU wi
 
 from __future__ import annotations
 
+import math
 import time
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 
@@ -91,4 +94,68 @@ def measure(runners: Mapping[str, Callable[[], Any]], *, iterations: int, warmup
     return times
 
 
-__all__ = ["Timer", "cuda_event_timer", "interleaved", "measure", "wall_timer"]
+
+
+# ------------------------------------------------------------------------------------------------
+# statistics
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) with linear interpolation between closest ranks
+    (numpy's default "linear" method): rank ``q / 100 * (n - 1)`` of the sorted samples."""
+    if not samples:
+        raise ValueError("percentile of no samples")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile q must be in [0, 100], got {q}")
+    xs = sorted(float(v) for v in samples)
+    rank = q / 100.0 * (len(xs) - 1)
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Latency of one call (one batch) in milliseconds, and the throughput it implies."""
+
+    samples: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    min_ms: float
+    images_per_s: float  # batch_size * samples / total time
+
+    @property
+    def spread(self) -> float:
+        """p90 / p50: 1.0 for a steady figure; contention (threads descheduled) makes it grow."""
+        return self.p90_ms / self.p50_ms if self.p50_ms > 0 else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "p90_over_p50": round(self.spread, 3)}
+
+
+def summarize(seconds: Sequence[float], batch_size: int) -> LatencyStats:
+    """Statistics of per-call latencies ``seconds`` for calls of ``batch_size`` images each."""
+    if not seconds:
+        raise ValueError("no timings to summarise")
+    ms = [1000.0 * s for s in seconds]
+    total = float(sum(seconds))
+    return LatencyStats(samples=len(ms), p50_ms=percentile(ms, 50), p90_ms=percentile(ms, 90),
+                        p99_ms=percentile(ms, 99), mean_ms=total * 1000.0 / len(ms), min_ms=min(ms),
+                        images_per_s=batch_size * len(ms) / total if total > 0 else float("inf"))
+
+
+def speed_ratio(baseline_p50_ms: float | None, p50_ms: float | None) -> float | None:
+    """How many times faster than the baseline (baseline p50 / this p50); None when unknown."""
+    if not baseline_p50_ms or not p50_ms or p50_ms <= 0:
+        return None
+    return baseline_p50_ms / p50_ms
+
+
+# ------------------------------------------------------------------------------------------------
+# environment
+
+
+__all__ = ["LatencyStats", "Timer", "cuda_event_timer", "interleaved", "measure", "percentile", "speed_ratio",
+           "summarize", "wall_timer"]

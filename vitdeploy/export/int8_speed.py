@@ -43,7 +43,7 @@ class SpeedCheck:
                 "calls": self.calls, "int8_ms": round(self.int8_s * 1e3, 3), "baseline_ms": round(self.baseline_s * 1e3, 3)}
 
 
-def measure(int8: Any, baseline: Any, batch: np.ndarray, min_speedup: float, calls: int = 3) -> SpeedCheck:
+def time_against(int8: Any, baseline: Any, batch: np.ndarray, min_speedup: float, calls: int = 3) -> SpeedCheck:
     """Time ``int8`` and ``baseline`` (backends with ``run``) on ``batch``: one warm-up call each, then
     ``calls`` rounds, the order alternating from round to round."""
     int8.run(batch)
@@ -58,4 +58,4 @@ def measure(int8: Any, baseline: Any, batch: np.ndarray, min_speedup: float, cal
     return SpeedCheck(statistics.median(times[1]), statistics.median(times[0]), len(batch), calls, min_speedup)
 
 
-__all__ = ["SpeedCheck", "measure"]
+__all__ = ["SpeedCheck", "time_against"]

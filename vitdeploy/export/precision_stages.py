@@ -157,7 +157,7 @@ def _worth_running(target: _Int8Target) -> Callable[[ExportContext, Made], bool]
 
     def ships(ctx: ExportContext, made: Made) -> bool:
         from ..runtime.backends.ort import OrtBackend
-        from .int8_speed import measure
+        from .int8_speed import time_against
 
         record, path, src = ctx.extra[target.record], made[0].path, target.source(ctx)
         record["passed"] = True
@@ -170,7 +170,7 @@ def _worth_running(target: _Int8Target) -> Callable[[ExportContext, Made], bool]
             batch = np.ascontiguousarray(rows[: max(1, min(len(rows), ctx.cfg.export.batch.opt))], dtype=np.float32)
             int8, base = OrtBackend(path, ctx.chw, None, CPU, name=target.label), OrtBackend(src, ctx.chw, None, CPU)
             try:
-                check = measure(int8, base, batch, minimum)
+                check = time_against(int8, base, batch, minimum)
             finally:
                 int8.close()
                 base.close()

@@ -33,7 +33,7 @@ from .config_schema import check_checkpoint_config
 from .formats import read_state_dict, shorten, to_float32
 from .provenance import CONFIG, Preprocessing
 from .readers import LoadOptions, Source, reader_for
-from .readers.resolve import resolve
+from .readers.resolve import resolve_source
 from .readers.vitdeploy import FORMAT as OUR_FORMAT, VERSION as OUR_VERSION
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -62,7 +62,7 @@ class LoadedCheckpoint:
 
 def detect_format(path: str | os.PathLike) -> str:
     """"vitdeploy", "timm", "hf" or "torchvision", from the contents; CheckpointError otherwise."""
-    return resolve(Path(path)).format
+    return resolve_source(Path(path)).format
 
 
 def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, num_classes: int | None = None,
@@ -85,7 +85,7 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     What was assumed is in the result's ``notes``; where each value came from in its origins.
     The format's reader (``model/readers/``) does every format-specific step, in the same order for all.
     """
-    src = resolve(Path(path))
+    src = resolve_source(Path(path))
     reader = reader_for(src.format)
     opts = LoadOptions(variant=variant, num_heads=num_heads, act=act, layer_norm_eps=layer_norm_eps, pool=pool)
     check_checkpoint_config(src.format, src.meta, src.meta_dir)  # every stated value, before any use

@@ -18,7 +18,7 @@ from .base import Reader, Source
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 
 
-def resolve(path: Path) -> Source:
+def resolve_source(path: Path) -> Source:
     path = path.expanduser()
     if not path.exists():
         raise CheckpointError(f"{path}: no such file or directory; give a checkpoint file or directory")

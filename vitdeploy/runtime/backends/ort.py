@@ -168,23 +168,7 @@ class OrtBackend(BackendBase):
         if not providers:
             providers = [CPU_PROVIDER]
 
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.inter_op_num_threads = 1  # the sequential executor never uses the inter-op pool
-        if self.options.threads:
-            so.intra_op_num_threads = int(self.options.threads)
-        spin = _allow_spinning(self.options)
-        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-        so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
-        so.log_severity_level = 3  # errors only; provider fallbacks are reported below, once
-        try:
-            self._session = ort.InferenceSession(str(self.onnx_path), sess_options=so, providers=providers)
-        except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
-            raise BackendError(f"{name}: ONNX Runtime cannot load {self.onnx_path} with providers "
-                               f"{[_provider_name(p) for p in providers]}: {str(exc).strip()}; re-export with "
-                               f"`vitdeploy export` or check the onnxruntime install") from exc
-
+        self._session = self._new_session(ort, providers)
         self.providers = list(self._session.get_providers())
         log.info("%s: %s running on %s", name, self.onnx_path.name, self.providers)
         not_loaded = [_provider_name(p) for p in providers if _provider_name(p) not in self.providers]
@@ -202,6 +186,30 @@ class OrtBackend(BackendBase):
                 raise BackendError(msg)
             log.warning("%s (allowed by allow_cpu_fallback)", msg)
 
+        self._check_io(io_check)
+
+    def _new_session(self, ort: Any, providers: list[Any]) -> Any:
+        """The InferenceSession: sequential, this backend's intra-op threads and spinning, errors-only log."""
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.inter_op_num_threads = 1  # the sequential executor never uses the inter-op pool
+        if self.options.threads:
+            so.intra_op_num_threads = int(self.options.threads)
+        spin = _allow_spinning(self.options)
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
+        so.log_severity_level = 3  # errors only; provider fallbacks are reported below, once
+        try:
+            return ort.InferenceSession(str(self.onnx_path), sess_options=so, providers=providers)
+        except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+            raise BackendError(f"{self.name}: ONNX Runtime cannot load {self.onnx_path} with providers "
+                               f"{[_provider_name(p) for p in providers]}: {str(exc).strip()}; re-export with "
+                               f"`vitdeploy export` or check the onnxruntime install") from exc
+
+    def _check_io(self, io_check: Callable[[Any, Any], None] | None) -> None:
+        """One float image input of the expected shape (the caller's ``io_check`` first); the output names."""
+        name = self.name
         inputs, outputs = self._session.get_inputs(), self._session.get_outputs()
         if io_check is not None:
             try:

@@ -173,7 +173,7 @@ class BundledTriton:
 def default_venv() -> Path:
     """``.venv-triton`` beside this checkout (the Makefile's), or $VITDEPLOY_TRITON_VENV."""
     env = os.environ.get("VITDEPLOY_TRITON_VENV")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / ".venv-triton"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / ".venv-triton"
 
 
 __all__ = ["BundledTriton", "default_venv", "free_port"]

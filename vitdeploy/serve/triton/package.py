@@ -100,6 +100,9 @@ def dockerignore_text() -> str:
 # ------------------------------------------------------------------------------------------ the wheel
 
 
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # vitdeploy/ (this file: vitdeploy/serve/triton/package.py)
+
+
 def _package_files(root: Path) -> list[Path]:
     """Every file of the package but bytecode, sorted (the wheel's content)."""
     return sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
@@ -126,7 +129,7 @@ def _record_line(path: str, data: bytes) -> str:
 
 def wheel_bytes(package_dir: Path | None = None, version: str = __version__) -> bytes:
     """A pure-Python wheel of the package in ``package_dir`` (default: the running vitdeploy)."""
-    root = Path(package_dir) if package_dir is not None else Path(__file__).resolve().parents[1]
+    root = Path(package_dir) if package_dir is not None else _PACKAGE_ROOT
     info = f"{DIST}-{version}.dist-info"
     entries: list[tuple[str, bytes]] = [(f"{DIST}/{p.relative_to(root).as_posix()}", p.read_bytes())
                                         for p in _package_files(root)]

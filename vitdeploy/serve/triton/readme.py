@@ -12,11 +12,8 @@ from .versions import IMAGE, container_release
 def render_readme(facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str, Any] | None,
                   models: Sequence[str]) -> str:
     names = tc.model_names(facts.name)
-    tag, why = container_release(engine)
     k = tc.top_k_of(facts, settings)
     b = tc.ensemble_max_batch(facts, settings)
-    image = f"{IMAGE}:{tag}-py3"
-    local = f"vitdeploy-{facts.name.lower()}:{__version__}"
     onnx_file = tc.ONNX_FILES[settings.onnx_precision]
     model_rows = {
         names["ensemble"]: f"ensemble: `IMAGES` (BYTES, [N, 1]) -> `LOGITS` [N, {facts.num_classes}], "
@@ -49,6 +46,19 @@ def render_readme(facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str,
         f"{settings.max_image_pixels} pixels, refused before decoding) fails its own request with HTTP 400 and a",
         "one-line reason; the other requests of the batch are unaffected.",
         "",
+        *_container_section(facts, settings, engine, names, onnx_file),
+        *_scaling_and_calling(facts, settings),
+    ]
+    return "\n".join(lines)
+
+
+def _container_section(facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str, Any] | None,
+                       names: dict[str, str], onnx_file: str) -> list[str]:
+    """Which container, the Docker lines, warm-up, and what ran here versus what only parsed."""
+    tag, why = container_release(engine)
+    image = f"{IMAGE}:{tag}-py3"
+    local = f"vitdeploy-{facts.name.lower()}:{__version__}"
+    return [
         "## Which container",
         "",
         *why,
@@ -89,6 +99,12 @@ def render_readme(facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str,
         f"Only parsed, never run there: the Docker image itself, `_onnx` ({onnx_file}: that server has no",
         "onnxruntime backend), the TensorRT EP and its cache, `_trt`, and the Python 3.10 pins.",
         "",
+    ]
+
+
+def _scaling_and_calling(facts: tc.ModelFacts, settings: tc.Settings) -> list[str]:
+    """Instances, GPUs and replicas, then the tritonclient example."""
+    return [
         "## Scaling",
         "",
         f"- Instances: `instance_group` in each `config.pbtxt` (`vitdeploy triton-repo --instances N`",
@@ -122,7 +138,6 @@ def render_readme(facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str,
         f"same model name. `curl`: `curl localhost:8000/v2/models/{facts.name}` shows the metadata.",
         "",
     ]
-    return "\n".join(lines)
 
 
 __all__ = ["render_readme"]
