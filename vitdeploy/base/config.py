@@ -32,7 +32,7 @@ class ModelSection(_Section):
     checkpoint: Optional[Path] = Field(None, description="file or Hugging Face directory; absent = the embedded demo model")
     variant: Optional[str] = Field(None, description="named variant (e.g. vit_base_patch16_224) when shapes are ambiguous")
     image_size: Optional[int] = Field(None, gt=0, description="resample position embeddings to this size")
-    name: Optional[str] = None
+    name: Optional[str] = Field(None, description="model name in the manifest (default: the checkpoint's)")
     # What a bare state dict (timm / torchvision .safetensors or .pth) cannot say; checked against
     # checkpoints that store it (Hugging Face config.json, timm hub config.json, vitdeploy model.json).
     num_heads: Optional[int] = Field(None, gt=0, description="attention heads (bare state dicts do not store them)")
@@ -66,8 +66,8 @@ class BatchProfile(_Section):
 
 
 class Fp16Section(_Section):
-    enabled: bool = True
-    keep_fp32_ops: tuple[str, ...] = ("LayerNormalization",)
+    enabled: bool = Field(True, description="write and validate model.fp16.onnx (the graph TensorRT compiles)")
+    keep_fp32_ops: tuple[str, ...] = Field(("LayerNormalization",), description="op types kept float32 in the FP16 graph")
     max_abs_activation: FiniteFloat = Field(
         4096.0, gt=0, description="nodes whose outputs exceed this on calibration images stay float32 (FP16 max is 65504)"
     )
@@ -85,7 +85,8 @@ class Int8Section(_Section):
     mode: Literal["static", "dynamic"] = Field(
         "static", description="static: calibrated QDQ, an image's answer does not depend on its batch; dynamic: "
                               "activation ranges per batch (no calibration, but batch-dependent answers)")
-    calibration_method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    calibration_method: Literal["minmax", "entropy", "percentile"] = Field(
+        "minmax", description="ONNX Runtime's calibrator for the static INT8 graph")
     calibration_images: int = Field(64, ge=1, description="real validation images used to calibrate (at most)")
     min_calibration_images: int = Field(16, ge=1, description="fewer real validation images than this: no static INT8")
     autopilot: bool = Field(True, description="when validation.int8 fails, return Gemm, then block by block MatMuls "
@@ -101,8 +102,8 @@ class Int8Section(_Section):
 
 
 class ExportSection(_Section):
-    output_dir: Path = Path("artifacts")
-    opset: int = Field(18, ge=17, le=23)
+    output_dir: Path = Field(Path("artifacts"), description="where the artifacts go (`export -o` overrides)")
+    opset: int = Field(18, ge=17, le=23, description="ONNX opset (17-23; 18 keeps LayerNorm one node)")
     batch: BatchProfile = BatchProfile()
     fp16: Fp16Section = Fp16Section()
     int8: Int8Section = Int8Section()
@@ -111,18 +112,18 @@ class ExportSection(_Section):
 
 
 class Tolerance(_Section):
-    max_abs_diff: FiniteFloat = Field(..., ge=0)
-    mean_abs_diff: FiniteFloat = Field(..., ge=0)
-    min_cosine: FiniteFloat = Field(..., ge=-1, le=1)
-    min_top1_agreement: FiniteFloat = Field(..., ge=0, le=1)
-    min_top5_overlap: FiniteFloat = Field(..., ge=0, le=1)
+    max_abs_diff: FiniteFloat = Field(..., ge=0, description="largest |logit difference| against eager FP32 PyTorch")
+    mean_abs_diff: FiniteFloat = Field(..., ge=0, description="mean |logit difference| against eager FP32 PyTorch")
+    min_cosine: FiniteFloat = Field(..., ge=-1, le=1, description="lowest cosine similarity of a row of logits")
+    min_top1_agreement: FiniteFloat = Field(..., ge=0, le=1, description="share of inputs whose top-1 class is eager's")
+    min_top5_overlap: FiniteFloat = Field(..., ge=0, le=1, description="mean share of eager's top-5 in the top-5")
 
 
 class ValidationSection(_Section):
     images: Optional[Path] = Field(None, description="folder of real images; absent = the demo images")
-    max_images: int = Field(64, ge=1)
-    noise_samples: int = Field(8, ge=0)
-    seed: int = 0
+    max_images: int = Field(64, ge=1, description="validation images used (at most)")
+    noise_samples: int = Field(8, ge=0, description="seeded noise inputs added to the real images")
+    seed: int = Field(0, description="seed of the noise inputs")
     fp32: Tolerance = Tolerance(
         max_abs_diff=1e-3, mean_abs_diff=1e-4, min_cosine=0.99999, min_top1_agreement=1.0, min_top5_overlap=1.0
     )
@@ -135,8 +136,8 @@ class ValidationSection(_Section):
 
 
 class TensorRTSection(_Section):
-    workspace_mb: int = Field(4096, ge=16)
-    optimization_level: int = Field(3, ge=0, le=5)
+    workspace_mb: int = Field(4096, ge=16, description="TensorRT builder workspace limit (MiB)")
+    optimization_level: int = Field(3, ge=0, le=5, description="TensorRT builder optimisation level (0-5)")
     timing_cache: Optional[Path] = Field(None, description="absent = <output_dir>/timing.cache")
 
 
@@ -161,18 +162,20 @@ class TritonSection(_Section):
 
 
 class RuntimeSection(_Section):
-    backend: BackendChoice = "auto"
-    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
+    backend: BackendChoice = Field("auto", description="auto = trt if usable, else ort-fp16 on CUDA, else ort, else torch; "
+                                                       "auto skips a backend that cannot run here, never a refused artifact")
+    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="cpu, cuda or cuda:N")
     providers: tuple[Union[str, tuple[str, dict[str, Union[str, int, float, bool]]]], ...] = Field(
         ("CPUExecutionProvider",), description="ONNX Runtime providers: a name, or [name, {option: value}]")
-    allow_cpu_fallback: bool = False
-    threads: Optional[int] = Field(None, ge=1)
+    allow_cpu_fallback: bool = Field(False, description="accept an ONNX Runtime session that fell back to the CPU")
+    threads: Optional[int] = Field(None, ge=1, description="intra-op threads (default: the library's)")
     ort_allow_spinning: Union[Literal["auto"], bool] = Field(
         "auto", description="ONNX Runtime idle threads busy-wait; auto = only when they leave a core free")
     batch_size: BatchSize = 32
     trt_contexts: int = Field(2, ge=1, description="trt backend: execution contexts (GPU memory each) shared by all threads")
-    top_k: int = Field(5, ge=1)
-    max_image_pixels: int = Field(89_478_485, ge=1)
+    top_k: int = Field(5, ge=1, description="K of predict's top-k")
+    max_image_pixels: int = Field(89_478_485, ge=1, description="images whose header claims more pixels are "
+                                                                 "refused before decoding")
 
 
 class AutoscalingSection(_Section):
@@ -193,7 +196,7 @@ class ServeSection(_Section):
     """`vitdeploy serve` (Ray Serve) and the Triton repository: batching, limits, scale."""
 
     host: str = Field("127.0.0.1", min_length=1, description="address to listen on (0.0.0.0 exposes it to the network)")
-    port: int = Field(8000, ge=1, le=65535)
+    port: int = Field(8000, ge=1, le=65535, description="HTTP port")
     metrics_port: int = Field(8080, ge=1, le=65535, description="Prometheus metrics of the local Ray node (/metrics)")
     grpc_port: Optional[int] = Field(None, ge=1, le=65535, description="KServe v2 gRPC (tritonclient.grpc) through "
                                      "Ray Serve's gRPC proxy on this port; null = off (needs tritonclient[grpc])")
@@ -207,8 +210,9 @@ class ServeSection(_Section):
     max_images_per_request: int = Field(32, ge=1, description="more images in one request -> 413 (POST /predict), "
                                         "400 (v2, as Triton)")
     max_request_mb: float = Field(64.0, gt=0, description="larger request bodies -> 413")
-    replicas: int = Field(1, ge=1)
-    num_cpus_per_replica: float = Field(1.0, ge=0)
+    replicas: int = Field(1, ge=1, description="replicas when serve.autoscaling is not set (--replicas overrides)")
+    num_cpus_per_replica: float = Field(1.0, ge=0, description="Ray CPUs per replica; ONNX Runtime and decode "
+                                                                 "threads follow it unless runtime.threads is set")
     num_gpus_per_replica: float = Field(0.0, ge=0, description="Ray GPUs per replica (e.g. 1, or 0.5 to share one)")
     max_ongoing_requests: int = Field(64, ge=1, description="requests a replica works on at once (>= max_batch_size x concurrent_batches)")
     max_queued_requests: int = Field(256, ge=1, description="requests waiting for a replica; beyond -> 503")

@@ -53,8 +53,10 @@ def _type_name(ann: Any) -> str:
     return getattr(ann, "__name__", str(ann))
 
 
-def _default(field: FieldInfo) -> str:
-    value = field.default
+def _default(field: FieldInfo, value: Any = PydanticUndefined) -> str:
+    """The default as pipeline.yaml spells it (``value``: the default instance's own, for nested sections)."""
+    if value is PydanticUndefined:
+        value = field.default
     if value is PydanticUndefined:
         value = field.default_factory() if field.default_factory else None  # type: ignore[call-arg]
     if isinstance(value, BaseModel):
@@ -70,33 +72,40 @@ def _default(field: FieldInfo) -> str:
     return str(value)
 
 
-def _rows(model: type[BaseModel], prefix: str) -> Iterator[tuple[str, str, str, str]]:
+def _rows(model: type[BaseModel], prefix: str, instance: Any = None) -> Iterator[tuple[str, str, str, str]]:
+    """(key, type, default, meaning) of every leaf field; defaults read off ``instance`` (the default
+    section) where the field's own default is the parent's."""
     for name, field in model.model_fields.items():
         if field.exclude:
             continue
         key = f"{prefix}.{name}" if prefix else name
+        value = getattr(instance, name, PydanticUndefined) if instance is not None else PydanticUndefined
         if _is_model(field.annotation):
-            yield from _rows(field.annotation, key)  # type: ignore[arg-type]
+            yield from _rows(field.annotation, key, None if value is PydanticUndefined else value)  # type: ignore[arg-type]
             continue
         text = " ".join((field.description or "").split()).replace("|", "\\|")
-        yield key, _type_name(field.annotation), _default(field), text
+        yield key, _type_name(field.annotation), _default(field, value), text
+
+
+def _sections() -> Iterator[tuple[str, type[BaseModel], Any]]:
+    from .config import PipelineConfig
+
+    defaults = PipelineConfig()
+    for name, field in PipelineConfig.model_fields.items():
+        if not field.exclude and _is_model(field.annotation):
+            yield name, field.annotation, getattr(defaults, name)  # type: ignore[misc]
 
 
 def reference_markdown() -> str:
     """The whole reference: one table per top-level section, with the section's own docstring."""
-    from .config import PipelineConfig
-
     out = [HEADER]
-    for name, field in PipelineConfig.model_fields.items():
-        if field.exclude or not _is_model(field.annotation):
-            continue
-        section: type[BaseModel] = field.annotation  # type: ignore[assignment]
+    for name, section, instance in _sections():
         out.append(f"## `{name}`\n")
         doc = " ".join((section.__doc__ or "").split())
         if doc:
             out.append(doc + "\n")
         out.append("| key | type | default | meaning |\n|---|---|---|---|")
-        for key, kind, default, text in _rows(section, name):
+        for key, kind, default, text in _rows(section, name, instance):
             out.append(f"| `{key}` | {kind} | {f'`{default}`' if default else ''} | {text} |")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
@@ -104,10 +113,8 @@ def reference_markdown() -> str:
 
 def undocumented_keys() -> list[str]:
     """Keys whose field has no description (the reference would leave their meaning blank)."""
-    from .config import PipelineConfig
-
-    return [key for name, field in PipelineConfig.model_fields.items() if not field.exclude
-            and _is_model(field.annotation) for key, _, _, text in _rows(field.annotation, name) if not text]
+    return [key for name, section, instance in _sections() for key, _, _, text in _rows(section, name, instance)
+            if not text]
 
 
 __all__ = ["reference_markdown", "undocumented_keys"]
