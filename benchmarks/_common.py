@@ -37,11 +37,13 @@ def version(dist: str) -> str:
         return "missing"
 
 
-def loadavg() -> str:
-    try:
-        return " ".join(f"{v:.2f}" for v in os.getloadavg())
-    except OSError:
-        return "n/a"
+def contention_since(before) -> str:
+    """What other processes (and the hypervisor's steal) took of the CPU since ``before``
+    (``vitdeploy.evaluate.reliability.sample()``): the figure that says whether a ratio was disturbed."""
+    from vitdeploy.evaluate.reliability import contention, sample, usable_cores
+
+    window = contention(before, sample(), usable_cores())
+    return window.describe() if window else "contention unknown (no /proc/stat)"
 
 
 def environment(threads: int) -> dict[str, object]:
@@ -55,7 +57,6 @@ def environment(threads: int) -> dict[str, object]:
         "versions": {d: version(d) for d in ("torch", "onnxruntime", "onnx", "onnxscript", "numpy", "vitdeploy")},
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
-        "loadavg": loadavg(),
     }
 
 

@@ -33,7 +33,8 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from _common import background_load, drift, environment, interleaved, loadavg, ort_session, version  # noqa: E402
+from vitdeploy.evaluate.reliability import sample  # noqa: E402
+from _common import background_load, contention_since, drift, environment, interleaved, ort_session, version  # noqa: E402
 
 # name -> (graph, ORT settings) ; "eager" is PyTorch. Graphs: see build_graphs().
 VARIANTS: dict[str, tuple[str, dict]] = {
@@ -251,8 +252,8 @@ def main() -> int:
         results = []
         for rep in range(args.repeat):
             log(f"== repeat {rep + 1}/{args.repeat}: {args.warmup} warm-up + {args.iters} timed rounds, "
-                f"{len(fns)} variants, {args.background_load} background busy processes, loadavg {loadavg()}")
-            t = time.perf_counter()
+                f"{len(fns)} variants, {args.background_load} background busy processes")
+            t, before = time.perf_counter(), sample()
             total = args.warmup + args.iters
 
             def progress(r: int, total: int = total) -> None:
@@ -262,7 +263,7 @@ def main() -> int:
             with background_load(args.background_load):
                 timings = interleaved(fns, warmup=args.warmup, iters=args.iters, seed=args.seed + rep,
                                       gap_s=args.gap_ms / 1000, progress=progress)
-            log(f"   ({time.perf_counter() - t:.0f}s, loadavg after {loadavg()})")
+            log(f"   ({time.perf_counter() - t:.0f}s; {contention_since(before)})")
             log(table(timings, names, "eager" if "eager" in fns else None, "optimum" if "optimum" in fns else None))
             rec = {n: {"median_ms": timings.median(n), "p90_ms": timings.p90(n), "mean_ms": timings.mean(n)} for n in names}
             for n in names:

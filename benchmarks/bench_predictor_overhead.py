@@ -57,7 +57,7 @@ def print_environment(threads: list[int | None]) -> None:
 
     print("== environment")
     print(f"cpu          : {cpu_model()} ({os.cpu_count()} logical CPUs, affinity "
-          f"{sorted(os.sched_getaffinity(0))}, load average {', '.join(f'{v:.2f}' for v in os.getloadavg())})")
+          f"{sorted(os.sched_getaffinity(0))})")
     print(f"python       : {platform.python_version()}; numpy {np.__version__}; onnxruntime {ort.__version__} "
           f"({', '.join(ort.get_available_providers())})")
     print(f"ort threads  : {', '.join('default' if t is None else str(t) for t in threads)} "
@@ -273,6 +273,11 @@ def main() -> None:
         fixed[label] = costs = fixed_cost_us(directory)
         print(f"\n{label}: vitdeploy's own cost per call with a stub session (us): "
               + ", ".join(f"{k} {v:.1f}" for k, v in costs.items()))
+    from vitdeploy.evaluate.reliability import sample
+
+    from _common import contention_since
+
+    before = sample()
     for rep in range(args.repeats):
         print(f"\n== repeat {rep + 1}/{args.repeats}")
         for label, directory in targets:
@@ -283,6 +288,7 @@ def main() -> None:
                 summary.setdefault((name, "predict"), []).append(res["predict (4-D batch, + softmax/top-5)"])
                 bare.setdefault(f"{label}|{'default' if t is None else t}", []).append(res["bare_s"])
 
+    print(f"\n== while timed: {contention_since(before)}")
     print("\n== summary (median overhead over the bare session.run, per repeat)")
     for (name, what), vals in summary.items():
         verdict = ("PASS" if max(vals) <= TARGET else "FAIL") + f" vs {TARGET:.0%}" if what == "predict_logits" else "(info)"

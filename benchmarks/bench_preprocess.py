@@ -66,8 +66,7 @@ def print_environment(cpu: int) -> None:
     import skimage
 
     print("== environment")
-    print(f"cpu           : {cpu_model()} ({os.cpu_count()} logical CPUs, load average "
-          f"{', '.join(f'{v:.2f}' for v in os.getloadavg())})")
+    print(f"cpu           : {cpu_model()} ({os.cpu_count()} logical CPUs)")
     print(f"pinned to     : CPU {cpu} (sched_setaffinity -> {sorted(os.sched_getaffinity(0))}); "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
     print(f"python        : {platform.python_version()} ({platform.python_implementation()})")
@@ -259,7 +258,11 @@ def main() -> None:
         }
         ratio_of = {"load_image (decode+orient+convert)": "info", "hf   full pipeline": "target",
                     "timm full pipeline": "target"}
-        results = []
+        from vitdeploy.evaluate.reliability import sample
+
+        from _common import contention_since
+
+        results, before = [], sample()
         for rep in range(args.repeats):
             print(f"\n== repeat {rep + 1}/{args.repeats}: {args.rounds} interleaved rounds x {len(paths)} files, CPU {args.cpu}")
             results.append(report(measure(paths, fns, args.rounds), ratio_of))
@@ -268,6 +271,7 @@ def main() -> None:
         for label, stages in breakdown(paths, {"hf": hf, "timm": timm}, args.rounds).items():
             print(f"{label:11s} " + "  ".join(f"{k} {v:.3f}" for k, v in stages.items()))
 
+        print(f"\n== while timed: {contention_since(before)}")
     print("\n== summary (throughput of the full pipeline / throughput of a bare decode, one core;"
           " median of per-round ratios, wall-clock and CPU time)")
     for name, kind in ratio_of.items():

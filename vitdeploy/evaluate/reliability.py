@@ -37,20 +37,40 @@ def _ticks() -> float:
         return 100.0
 
 
+def _affinity() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))  # type: ignore[attr-defined]
+    except (AttributeError, OSError):
+        return None
+
+
 def _machine_seconds() -> tuple[float, float] | None:
-    """(busy, steal) CPU seconds of every core since boot, from /proc/stat; None where unknown."""
+    """(busy, steal) CPU seconds since boot of the cores this process may run on (all of them unless
+    pinned), from the per-core lines of /proc/stat; None where unknown."""
+    allowed = _affinity()
+    busy = steal = 0.0
+    seen = False
     try:
         with open("/proc/stat", encoding="ascii") as fh:
-            fields = fh.readline().split()
-    except OSError:
+            for line in fh:
+                fields = line.split()
+                if not fields or not fields[0].startswith("cpu") or fields[0] == "cpu":
+                    if seen:
+                        break  # the per-core lines come first and together
+                    continue
+                if allowed is not None and int(fields[0][3:]) not in allowed:
+                    continue
+                seen = True
+                values = [float(v) for v in fields[1:]] + [0.0] * 8
+                user, nice, system, _idle, _iowait, irq, softirq, stolen = values[:8]
+                busy += user + nice + system + irq + softirq  # guest time is inside user already
+                steal += stolen
+    except (OSError, ValueError):
         return None
-    if not fields or fields[0] != "cpu":
+    if not seen:
         return None
-    values = [float(v) for v in fields[1:]]
-    user, nice, system, _idle, _iowait, irq, softirq = (values + [0.0] * 7)[:7]
-    steal = values[7] if len(values) > 7 else 0.0
     tick = _ticks()
-    return (user + nice + system + irq + softirq) / tick, steal / tick  # guest time is inside user already
+    return busy / tick, steal / tick
 
 
 def process_seconds(pid: int) -> float | None:
