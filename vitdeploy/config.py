@@ -214,6 +214,23 @@ class ServeSection(_Section):
         return self
 
 
+class BatchSection(_Section):
+    """`vitdeploy batch-predict` (Ray Data): the worker pool and the output (CLI flags override)."""
+
+    workers: int = Field(1, ge=1, description="inference actors (one Predictor each)")
+    cpus_per_worker: float = Field(1.0, ge=0, description="Ray CPUs per inference actor; also its intra-op threads "
+                                                          "when runtime.threads is unset")
+    gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs per inference actor (e.g. 1, or 0.5 to share one)")
+    decode_cpus: float = Field(1.0, gt=0, description="Ray CPUs per decoding task (Ray runs as many as fit)")
+    batch_size: Optional[BatchSize] = Field(None, description="images per model call; absent = the export's "
+                                                              "batch profile opt (export.batch.opt)")
+    rows_per_file: int = Field(10_000, ge=1, description="output rows per Parquet part file (and per flush)")
+    flush_seconds: float = Field(30.0, gt=0, description="rows are written at least this often, so a killed job "
+                                                         "loses at most this much work (--resume)")
+    cache_dir: Optional[Path] = Field(None, description="per-node cache of the artifacts shipped to workers; absent = "
+                                                        "$VITDEPLOY_ARTIFACT_CACHE, else ~/.cache/vitdeploy/artifacts")
+
+
 class PipelineConfig(_Section):
     model: ModelSection = ModelSection()
     preprocess: PreprocessSection = PreprocessSection()
@@ -223,6 +240,7 @@ class PipelineConfig(_Section):
     triton: TritonSection = TritonSection()
     runtime: RuntimeSection = RuntimeSection()
     serve: ServeSection = ServeSection()
+    batch: BatchSection = BatchSection()
     source: Optional[Path] = Field(None, exclude=True, description="the YAML this came from")
 
     @property
@@ -239,6 +257,9 @@ class PipelineConfig(_Section):
     def output_dir(self) -> Path:
         return self.resolve(self.export.output_dir)  # type: ignore[return-value]
 
+
+#: The top-level sections of pipeline.yaml, derived from the model.
+SECTIONS: tuple[str, ...] = tuple(name for name in PipelineConfig.model_fields if name != "source")
 
 
 def _format_error(exc: ValidationError, source: str) -> str:
@@ -265,9 +286,9 @@ def parse_config(data: Any, source: Optional[Path] = None) -> PipelineConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{label}: the top level must be a mapping of sections (model, preprocess, export, validation, tensorrt, runtime, serve), got {type(data).__name__}")
+        raise ConfigError(f"{label}: the top level must be a mapping of sections ({', '.join(SECTIONS)}), got {type(data).__name__}")
     if "source" in data:
-        raise ConfigError(f"{label}: unknown key 'source' (allowed: model, preprocess, export, validation, tensorrt, runtime, serve)")
+        raise ConfigError(f"{label}: unknown key 'source' (allowed: {', '.join(SECTIONS)})")
     try:
         cfg = PipelineConfig.model_validate({**data, "source": source.resolve() if source else None})
     except ValidationError as exc:

@@ -1,6 +1,6 @@
 """The shape of the package: imports run one way, and no module grows past 500 lines.
 
-    cli  ->  serve / evaluate / export  ->  runtime  ->  model (network only)  ->  base
+    cli  ->  serve / batch / evaluate / export  ->  runtime  ->  model (network only)  ->  base
 
 "base" is the preprocessing contract, the vocabularies, config, errors and the small helpers
 (every module at the package root but cli.py, and demo/). ``evaluate`` may reuse ``export``'s
@@ -19,7 +19,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "vitdeploy"
 MAX_LINES = 500
 
-ROOMS = ("model", "runtime", "export", "evaluate", "serve")
+ROOMS = ("model", "runtime", "export", "evaluate", "serve", "batch")
 MAY_IMPORT = {
     "base": {"base"},
     "model": {"base", "model"},
@@ -27,7 +27,8 @@ MAY_IMPORT = {
     "export": {"base", "model", "runtime", "export"},
     "evaluate": {"base", "runtime", "export", "evaluate"},
     "serve": {"base", "runtime", "serve"},
-    "cli": {"base", "model", "runtime", "export", "evaluate", "serve", "cli"},
+    "batch": {"base", "runtime", "batch"},
+    "cli": {"base", "model", "runtime", "export", "evaluate", "serve", "batch", "cli"},
 }
 #: (importing module, imported module) pairs allowed beyond MAY_IMPORT.
 EXCEPTIONS = {("vitdeploy.runtime.backends.torch_backend", "vitdeploy.model.vit")}  # the network, to run it
@@ -101,6 +102,8 @@ def test_imports_run_one_way():
     ("vitdeploy.serve.app", "from ..evaluate.bench import run_bench", "vitdeploy.evaluate.bench"),
     ("vitdeploy.config", "from .runtime.backends import BackendOptions", "vitdeploy.runtime.backends"),
     ("vitdeploy.export.pipeline", "from ..evaluate import drift", "vitdeploy.evaluate.drift"),
+    ("vitdeploy.batch.job", "from ..serve.runner import run_server", "vitdeploy.serve.runner"),
+    ("vitdeploy.runtime.predictor", "from ..batch.job import run_batch", "vitdeploy.batch.job"),
 ])
 def test_the_checker_names_the_offending_import(module, source, offending):
     (message,) = violations(module, source)
