@@ -206,11 +206,19 @@ def _dataset(ray: Any, settings: BatchSettings, artifacts: Any, items: list[Item
     ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
     ds = ds.map_batches(decode_batch, fn_kwargs={"spec": DecodeSpec(artifacts.preprocess, max_pixels)},
                         batch_size=batch_size, num_cpus=settings.decode_cpus, batch_format="numpy",
-                        compute=rd.TaskPoolStrategy(), scheduling_strategy="SPREAD")  # SPREAD: own tasks, not fused into the actors
+                        compute=rd.TaskPoolStrategy(), memory=_decode_memory(batch_size, artifacts.input_shape))
     spec = InferSpec(source, settings.backend, options, settings.top_k, settings.cache_dir)
     return ds.map_batches(Infer, fn_constructor_args=(spec,), batch_size=batch_size, batch_format="numpy",
                           compute=rd.ActorPoolStrategy(size=settings.workers), num_cpus=settings.cpus_per_worker,
                           num_gpus=settings.gpus_per_worker or None)
+
+
+def _decode_memory(batch_size: int, chw: Sequence[int]) -> int:
+    """Bytes a decoding task holds: its pixels twice over plus room for the decoded images. Asking for it
+    also keeps the tasks apart from the inference actors (Ray Data fuses operators with equal requests),
+    so decoding scales with the cluster's CPUs while the actors only run the model."""
+    c, h, w = (int(v) for v in chw)
+    return 2 * batch_size * c * h * w * 4 + (64 << 20)
 
 
 def _collect(table: Any, shown: dict[str, str], seen: set[str], writer: Any, summary: BatchSummary) -> None:
