@@ -147,3 +147,31 @@ def test_a_bad_output_name_is_one_line_before_ray_work(demo_artifacts, collectio
     res = batch(config, demo_artifacts, str(collection), "-o", str(tmp_path / "x.csv"))
     assert res.exit_code == 2 and "unknown output format '.csv'" in res.stderr
     assert "Traceback" not in res.output
+
+
+def test_a_worker_error_reaches_the_user_as_one_line_of_its_own_type():
+    from vitdeploy.batch.job import _unwrap
+    from vitdeploy.errors import ArtifactIntegrityError
+
+    @ray.remote
+    def worker():
+        raise ArtifactIntegrityError("cache/abc/model.onnx: sha256 mismatch\nsecond line")
+
+    with pytest.raises(Exception) as info:
+        ray.get(worker.remote())
+    err = _unwrap(info.value)
+    assert type(err) is ArtifactIntegrityError and str(err) == "cache/abc/model.onnx: sha256 mismatch"
+    assert _unwrap(RuntimeError("boom\nat line 3")).args == ("batch job failed on a Ray worker: boom",)
+
+
+def test_a_pool_that_leaves_no_cpu_for_decoding_is_refused_before_it_hangs(caplog):
+    from vitdeploy.batch.job import BatchSettings, _check_resources
+    from vitdeploy.errors import ConfigError
+
+    settings = BatchSettings(inputs=[], artifacts="a", output="o", workers=2, cpus_per_worker=1.0)
+    with pytest.raises(ConfigError, match=r"2 worker\(s\) x batch.cpus_per_worker 1 \+ batch.decode_cpus 1 = 3 CPUs, "
+                                          r"the cluster has 2"):
+        _check_resources({"CPU": 2.0}, settings, strict=True)
+    _check_resources({"CPU": 2.0}, settings, strict=False)  # a joined cluster may grow: a warning
+    assert "cannot schedule its workers" in caplog.text
+    _check_resources({"CPU": 3.0}, settings, strict=True)

@@ -163,6 +163,7 @@ def _run_pipeline(settings: BatchSettings, artifacts: Any, items: list[Item], wr
     require("ray.data", "vitdeploy batch-predict (pip install 'vitdeploy[batch]')")
     owned = _connect(ray, settings)
     try:
+        _check_resources(ray.cluster_resources(), settings, strict=owned)
         dataset = _dataset(ray, settings, artifacts, items, options, max_pixels)
         shown = {read_key(it.read): it.path for it in items}
         seen: set[str] = set()
@@ -181,6 +182,31 @@ def _run_pipeline(settings: BatchSettings, artifacts: Any, items: list[Item], wr
     finally:
         if owned:
             ray.shutdown()
+
+
+def _check_resources(have: dict[str, float], settings: BatchSettings, *, strict: bool) -> None:
+    """The actor pool must leave room for a decoding task, or the job waits forever. A ConfigError on a
+    Ray started here; a warning on a cluster joined with --address (an autoscaler may add nodes)."""
+    from ..errors import ConfigError
+
+    cpus, gpus = have.get("CPU", 0.0), have.get("GPU", 0.0)
+    need_cpu = settings.workers * settings.cpus_per_worker + settings.decode_cpus
+    need_gpu = settings.workers * settings.gpus_per_worker
+    problems = []
+    if need_cpu > cpus:
+        problems.append(f"{settings.workers} worker(s) x batch.cpus_per_worker {settings.cpus_per_worker:g} + "
+                        f"batch.decode_cpus {settings.decode_cpus:g} = {need_cpu:g} CPUs, the cluster has {cpus:g}")
+    if need_gpu > gpus:
+        problems.append(f"{settings.workers} worker(s) x batch.gpus_per_worker {settings.gpus_per_worker:g} = "
+                        f"{need_gpu:g} GPUs, the cluster has {gpus:g}")
+    if not problems:
+        return
+    message = ("batch-predict cannot schedule its workers: " + "; ".join(problems)
+               + "; lower --workers, batch.cpus_per_worker or batch.decode_cpus (fractions are fine), "
+               "or run on a larger cluster (--address)")
+    if strict:
+        raise ConfigError(message)
+    log.warning("%s (waiting for the cluster to grow)", message)
 
 
 def _dataset(ray: Any, settings: BatchSettings, artifacts: Any, items: list[Item], options: Any,
