@@ -221,7 +221,7 @@ class BatchSection(_Section):
     cpus_per_worker: float = Field(1.0, ge=0, description="Ray CPUs per inference actor; also its intra-op threads "
                                                           "when runtime.threads is unset")
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs per inference actor (e.g. 1, or 0.5 to share one)")
-    decode_cpus: float = Field(1.0, gt=0, description="Ray CPUs per decoding task (Ray runs as many as fit)")
+    decode_cpus: float = Field(1.0, gt=0, description="Ray CPUs per reading or decoding task (Ray runs as many as fit)")
     batch_size: Optional[BatchSize] = Field(None, description="images per model call; absent = the export's "
                                                               "batch profile opt (export.batch.opt)")
     rows_per_file: int = Field(10_000, ge=1, description="output rows per Parquet part file (and per flush)")

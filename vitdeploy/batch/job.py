@@ -105,6 +105,10 @@ def run_batch(settings: BatchSettings, *, options: Any, max_pixels: int, progres
         return summary
     bad = [it for it in todo if it.error is not None]
     good = [it for it in todo if it.error is None]
+    say(f"{len(todo)} inputs to answer" + (f" ({summary.skipped} already in {output.path})" if summary.skipped else "")
+        + f": backend {settings.backend}, {settings.workers} worker(s), batches of "
+        f"{settings.batch_size or artifacts.batch['opt']}, " + (f"Ray at {settings.address}" if settings.address
+                                                                else "a local Ray"))
     writer = output.writer(resume=settings.resume, rows_per_file=settings.rows_per_file,
                            flush_seconds=settings.flush_seconds)
     try:
@@ -185,7 +189,7 @@ def _run_pipeline(settings: BatchSettings, artifacts: Any, items: list[Item], wr
 
 
 def _check_resources(have: dict[str, float], settings: BatchSettings, *, strict: bool) -> None:
-    """The actor pool must leave room for a decoding task, or the job waits forever. A ConfigError on a
+    """The actor pool must leave room for a read or decoding task, or the job waits forever. A ConfigError on a
     Ray started here; a warning on a cluster joined with --address (an autoscaler may add nodes)."""
     from ..errors import ConfigError
 
@@ -227,7 +231,8 @@ def _dataset(ray: Any, settings: BatchSettings, artifacts: Any, items: list[Item
     by_scheme: dict[str, list[str]] = {}
     for it in items:
         by_scheme.setdefault(it.read.partition("://")[0] if is_uri(it.read) else "", []).append(it.read)
-    parts = [rd.read_binary_files(reads, include_paths=True, ignore_missing_paths=True)
+    # Reading bytes gets the decoding tasks' CPUs (Ray Data's default, 1, would deadlock beside a full actor pool).
+    parts = [rd.read_binary_files(reads, include_paths=True, ignore_missing_paths=True, num_cpus=settings.decode_cpus)
              for reads in by_scheme.values()]
     ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
     ds = ds.map_batches(decode_batch, fn_kwargs={"spec": DecodeSpec(artifacts.preprocess, max_pixels)},
