@@ -32,9 +32,6 @@ from .workers import BYTES_NAME, DecodeSpec, Infer, InferSpec, decode_batch
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[str], None]
-
-
 @dataclass(frozen=True)
 class BatchSettings:
     """Everything `vitdeploy batch-predict` was asked for, after the command line overrode the config."""
@@ -87,7 +84,7 @@ class BatchSummary:
                 f"{self.wall_s:.1f} s wall -> {self.output}")
 
 
-def run_batch(settings: BatchSettings, *, options: Any, max_pixels: int, progress: Progress | None = None) -> BatchSummary:
+def run_batch(settings: BatchSettings, *, options: Any, max_pixels: int, progress: Callable[[str], None] | None = None) -> BatchSummary:
     """Run the job; returns its summary (``summary.failed`` > 0: some inputs could not be read)."""
     say = progress or (lambda line: None)
     start = time.perf_counter()
@@ -162,7 +159,7 @@ def _connect(ray: Any, settings: BatchSettings) -> bool:
 
 
 def _run_pipeline(settings: BatchSettings, artifacts: Any, items: list[Item], writer: Any, summary: BatchSummary,
-                  options: Any, max_pixels: int, say: Progress) -> None:
+                  options: Any, max_pixels: int, say: Callable[[str], None]) -> None:
     ray = require("ray", "vitdeploy batch-predict (pip install 'vitdeploy[batch]')")
     require("ray.data", "vitdeploy batch-predict (pip install 'vitdeploy[batch]')")
     owned = _connect(ray, settings)

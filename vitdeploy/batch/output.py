@@ -31,7 +31,6 @@ from ..errors import InputError
 log = logging.getLogger(__name__)
 
 COLUMNS = ("path", "label", "index", "score", "top_k", "error")
-FORMATS = ("parquet", "jsonl")
 
 
 def row_schema() -> Any:
@@ -242,4 +241,4 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["COLUMNS", "FORMATS", "Output", "RowWriter", "row_schema"]
+__all__ = ["COLUMNS", "Output", "RowWriter", "row_schema"]
