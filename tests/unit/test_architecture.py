@@ -115,6 +115,8 @@ def test_imports_run_one_way():
     ("vitdeploy.batch.pipeline", "from ..serve.protocol import decode_image", "vitdeploy.serve.protocol"),
     ("vitdeploy.serve.runner", "from ..batch import run", "vitdeploy.batch"),
     ("vitdeploy.export.pipeline", "from ..evaluate import drift", "vitdeploy.evaluate.drift"),
+    ("vitdeploy.batch.job", "from ..serve.runner import run_server", "vitdeploy.serve.runner"),
+    ("vitdeploy.runtime.predictor", "from ..batch.job import run_batch", "vitdeploy.batch.job"),
 ])
 def test_the_checker_names_the_offending_import(module, source, offending):
     (message,) = violations(module, source)

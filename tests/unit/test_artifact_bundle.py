@@ -35,7 +35,6 @@ def test_a_tampered_cached_file_is_refused_on_open(tiny_artifacts, tmp_path):
 
 
 def test_fetch_from_a_file_uri_caches_by_manifest(tiny_artifacts, tmp_path):
-    pytest.importorskip("pyarrow")
     src = tiny_artifacts()
     opened = fetch_uri(src.resolve().as_uri(), ["onnx"], tmp_path)
     assert opened.roles == ["onnx"] and opened.directory.parent == tmp_path

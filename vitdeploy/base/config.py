@@ -234,6 +234,23 @@ class ServeSection(_Section):
         return self
 
 
+class BatchSection(_Section):
+    """`vitdeploy batch-predict` (Ray Data): the worker pool and the output (CLI flags override)."""
+
+    workers: int = Field(1, ge=1, description="inference actors (one Predictor each)")
+    cpus_per_worker: float = Field(1.0, ge=0, description="Ray CPUs per inference actor; also its intra-op threads "
+                                                          "when runtime.threads is unset")
+    gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs per inference actor (e.g. 1, or 0.5 to share one)")
+    decode_cpus: float = Field(1.0, gt=0, description="Ray CPUs per reading or decoding task (Ray runs as many as fit)")
+    batch_size: Optional[BatchSize] = Field(None, description="images per model call; absent = the export's "
+                                                              "batch profile opt (export.batch.opt)")
+    rows_per_file: int = Field(10_000, ge=1, description="output rows per Parquet part file (and per flush)")
+    flush_seconds: float = Field(30.0, gt=0, description="rows are written at least this often, so a killed job "
+                                                         "loses at most this much work (--resume)")
+    cache_dir: Optional[Path] = Field(None, description="per-node cache of the artifacts shipped to workers; absent = "
+                                                        "$VITDEPLOY_ARTIFACT_CACHE, else ~/.cache/vitdeploy/artifacts")
+
+
 class PipelineConfig(_Section):
     model: ModelSection = ModelSection()
     preprocess: PreprocessSection = PreprocessSection()
@@ -243,6 +260,7 @@ class PipelineConfig(_Section):
     triton: TritonSection = TritonSection()
     runtime: RuntimeSection = RuntimeSection()
     serve: ServeSection = ServeSection()
+    batch: BatchSection = BatchSection()
     source: Optional[Path] = Field(None, exclude=True, description="the YAML this came from")
 
     @property

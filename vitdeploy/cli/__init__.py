@@ -222,6 +222,41 @@ def predict(inputs: tuple[Path, ...], artifacts_dir: Path | None, backend: str |
         sys.exit(1)
 
 
+@main.command("batch-predict")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("-a", "--artifacts", "artifacts_dir", default=None,
+              help="export directory or URI (file://, s3://, gs://) (default: export.output_dir from the config)")
+@click.option("-o", "--output", required=True,
+              help="a folder (Parquet part files), x.parquet (one file) or x.jsonl (JSON Lines)")
+@click.option("--address", default=None, help="Ray cluster to run on (e.g. auto, ray://head:10001); default: a local Ray")
+@click.option("-b", "--backend", type=click.Choice([AUTO, *RUNTIME_BACKENDS]), default=None,
+              help="backend (default: runtime.backend from the config, i.e. auto)")
+@click.option("--workers", type=click.IntRange(min=1), default=None, help="inference actors (default: batch.workers, 1)")
+@click.option("--batch-size", type=click.IntRange(min=1), default=None,
+              help="images per model call (default: batch.batch_size, else the export's batch profile opt)")
+@click.option("-k", "--top-k", type=click.IntRange(min=1), default=None, help="default: runtime.top_k (5)")
+@click.option("--resume", is_flag=True, help="continue an existing output: inputs already answered are skipped")
+@config_option
+@handle_errors
+def batch_predict(inputs: tuple[str, ...], artifacts_dir: str | None, output: str, address: str | None,
+                  backend: str | None, workers: int | None, batch_size: int | None, top_k: int | None, resume: bool,
+                  config_path: Path | None) -> None:
+    """Classify image collections on Ray Data: files, folders, globs, list files (.txt/.csv/.parquet), URIs."""
+    from .batch.job import settings_from_config, run_batch
+    from .config import load_config
+
+    cfg = load_config(config_path)
+    settings = settings_from_config(cfg, inputs, artifacts=artifacts_dir, output=output, address=address,
+                                    backend=backend, workers=workers, batch_size=batch_size, top_k=top_k,
+                                    resume=resume, progress_bars=sys.stderr.isatty())
+    summary = run_batch(settings, options=runtime_options(cfg), max_pixels=cfg.runtime.max_image_pixels,
+                        progress=lambda line: click.echo(line, err=True))
+    click.echo(summary.line(), err=True)
+    if summary.failed:
+        click.echo(f"{summary.failed} input(s) could not be read (their rows hold the reason)", err=True)
+        sys.exit(1)
+
+
 def runtime_options(cfg: Any) -> Any:
     from ..runtime.backends.base import BackendOptions
 

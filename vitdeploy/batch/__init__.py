@@ -1,0 +1,1 @@
+"""Batch prediction on Ray Data (`vitdeploy batch-predict`): inputs, the job, its workers, the output."""

@@ -1,0 +1,303 @@
+"""`vitdeploy batch-predict`: a Ray Data job that classifies image collections, resumable.
+
+    summary = run_batch(BatchSettings(inputs=["photos/"], artifacts="artifacts/", output="scores/"),
+                        max_pixels=cfg.runtime.max_image_pixels, options=BackendOptions())
+
+The pipeline is Ray Data's, end to end: ``read_binary_files`` reads the bytes, decoding tasks
+(:func:`~.workers.decode_batch`) preprocess them, an actor pool of Predictors (:class:`~.workers.Infer`)
+runs the model in batches of the export's ``opt`` and takes the top-k; the driver writes the small
+result rows (:mod:`.output`). The artifacts travel to every node through Ray's object store
+(:func:`~vitdeploy.runtime.artifact_bundle.pack`, put once), or each node fetches an artifacts URI
+itself; each node unpacks them once into its cache, sha256-verified. Without ``address`` a local
+Ray is started for the job and stopped after it; an already-initialised Ray (a test, a notebook)
+is used as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..base._deps import require
+from ..base.errors import VitDeployError
+from ..runtime.backends import first_line
+from .inputs import Item, expand_inputs, is_uri, read_key
+from .output import Output, row_schema
+from .workers import BYTES_NAME, DecodeSpec, Infer, InferSpec, decode_batch
+
+log = logging.getLogger(__name__)
+
+@dataclass(frozen=True)
+class BatchSettings:
+    """Everything `vitdeploy batch-predict` was asked for, after the command line overrode the config."""
+
+    inputs: Sequence[str]
+    artifacts: str
+    output: str
+    backend: str = "auto"
+    workers: int = 1
+    cpus_per_worker: float = 1.0
+    gpus_per_worker: float = 0.0
+    decode_cpus: float = 1.0
+    batch_size: int | None = None  # None: the export's batch profile opt
+    top_k: int = 5
+    resume: bool = False
+    address: str | None = None
+    progress_bars: bool = False
+    rows_per_file: int = 10_000
+    flush_seconds: float = 30.0
+    cache_dir: str | None = None
+
+
+@dataclass
+class BatchSummary:
+    """What a job did: ``images`` rows written now, ``skipped`` inputs answered before, errors among each."""
+
+    output: str
+    images: int = 0
+    errors: int = 0
+    skipped: int = 0
+    skipped_errors: int = 0
+    wall_s: float = 0.0
+    nodes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def failed(self) -> int:
+        """Inputs whose row in the output is an error (this run and earlier ones)."""
+        return self.errors + self.skipped_errors
+
+    def line(self) -> str:
+        if self.images == 0 and self.skipped:
+            return (f"nothing to do: all {self.skipped} inputs already answered in {self.output} "
+                    f"({self.skipped_errors} errors)")
+        done = f", {self.skipped} already answered" if self.skipped else ""
+        return (f"{self.images} images, {self.errors} errors{done}, {self.images_per_s:.1f} images/s, "
+                f"{self.wall_s:.1f} s wall -> {self.output}")
+
+
+def run_batch(settings: BatchSettings, *, options: Any, max_pixels: int, progress: Callable[[str], None] | None = None) -> BatchSummary:
+    """Run the job; returns its summary (``summary.failed`` > 0: some inputs could not be read)."""
+    say = progress or (lambda line: None)
+    start = time.perf_counter()
+    artifacts = _open_artifacts(settings)  # a bad export is one clear error before Ray starts
+    output = Output.at(settings.output)
+    if output.exists() and not settings.resume:
+        output.writer(resume=False)  # raises: exists, pass --resume
+    answered = output.answered() if settings.resume else {}
+    items = expand_inputs(settings.inputs)
+    todo = [it for it in items if it.path not in answered]
+    summary = BatchSummary(str(output.path), skipped=len(items) - len(todo))
+    summary.skipped_errors = sum(answered[it.path] is not None for it in items if it.path in answered)
+    if not todo:
+        summary.wall_s = time.perf_counter() - start
+        return summary
+    bad = [it for it in todo if it.error is not None]
+    good = [it for it in todo if it.error is None]
+    say(f"{len(todo)} inputs to answer" + (f" ({summary.skipped} already in {output.path})" if summary.skipped else "")
+        + f": backend {settings.backend}, {settings.workers} worker(s), batches of "
+        f"{settings.batch_size or artifacts.batch['opt']}, " + (f"Ray at {settings.address}" if settings.address
+                                                                else "a local Ray"))
+    writer = output.writer(resume=settings.resume, rows_per_file=settings.rows_per_file,
+                           flush_seconds=settings.flush_seconds)
+    try:
+        if bad:
+            writer.write(_error_rows([(it.path, it.error) for it in bad]))
+            summary.images += len(bad)
+            summary.errors += len(bad)
+        if good:
+            _run_pipeline(settings, artifacts, good, writer, summary, options, max_pixels, say)
+    except BaseException:
+        writer.flush()  # the rows answered so far stay, beside the final name, for --resume
+        raise
+    writer.close()
+    summary.wall_s = time.perf_counter() - start
+    return summary
+
+
+def _open_artifacts(settings: BatchSettings) -> Any:
+    from ..runtime.artifacts import Artifacts
+    from ..runtime.backends import ensure_known
+
+    ensure_known(settings.backend)
+    if is_uri(settings.artifacts):
+        from ..runtime.artifact_bundle import fetch_uri
+
+        return fetch_uri(settings.artifacts, _roles(settings.backend), settings.cache_dir)
+    return Artifacts.open(settings.artifacts)
+
+
+def _roles(backend: str) -> tuple[str, ...] | None:
+    from ..runtime.backends import artifact_roles
+
+    return None if backend == "auto" else artifact_roles(backend)
+
+
+def _error_rows(pairs: list[tuple[str, str]]) -> Any:
+    pa = require("pyarrow", "batch-predict output")
+    n = len(pairs)
+    return pa.Table.from_pydict({"path": [p for p, _ in pairs], "label": [None] * n, "index": [None] * n,
+                                 "score": [None] * n, "top_k": [None] * n, "error": [e for _, e in pairs]},
+                                schema=row_schema())
+
+
+def _connect(ray: Any, settings: BatchSettings) -> bool:
+    """Start (or join) Ray unless this process already did; True when this job must shut it down."""
+    if ray.is_initialized():
+        return False
+    ray.init(address=settings.address, include_dashboard=False, logging_level=logging.WARNING,
+             log_to_driver=False)
+    return True
+
+
+def _run_pipeline(settings: BatchSettings, artifacts: Any, items: list[Item], writer: Any, summary: BatchSummary,
+                  options: Any, max_pixels: int, say: Callable[[str], None]) -> None:
+    ray = require("ray", "vitdeploy batch-predict (pip install 'vitdeploy[batch]')")
+    require("ray.data", "vitdeploy batch-predict (pip install 'vitdeploy[batch]')")
+    owned = _connect(ray, settings)
+    try:
+        _check_resources(ray.cluster_resources(), settings, strict=owned)
+        dataset = _dataset(ray, settings, artifacts, items, options, max_pixels)
+        shown = {read_key(it.read): it.path for it in items}
+        seen: set[str] = set()
+        try:
+            for table in dataset.iter_batches(batch_format="pyarrow", batch_size=None):
+                _collect(table, shown, seen, writer, summary)
+        except VitDeployError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a worker's failure arrives wrapped by Ray
+            raise _unwrap(exc) from None
+        missing = [(it.path, f"{it.path}: no such file") for it in items if it.path not in seen]
+        if missing:  # vanished between listing and reading
+            writer.write(_error_rows(missing))
+            summary.images += len(missing)
+            summary.errors += len(missing)
+    finally:
+        if owned:
+            ray.shutdown()
+
+
+def _check_resources(have: dict[str, float], settings: BatchSettings, *, strict: bool) -> None:
+    """The actor pool must leave room for a read or decoding task, or the job waits forever. A ConfigError on a
+    Ray started here; a warning on a cluster joined with --address (an autoscaler may add nodes)."""
+    from ..base.errors import ConfigError
+
+    cpus, gpus = have.get("CPU", 0.0), have.get("GPU", 0.0)
+    need_cpu = settings.workers * settings.cpus_per_worker + settings.decode_cpus
+    need_gpu = settings.workers * settings.gpus_per_worker
+    problems = []
+    if need_cpu > cpus:
+        problems.append(f"{settings.workers} worker(s) x batch.cpus_per_worker {settings.cpus_per_worker:g} + "
+                        f"batch.decode_cpus {settings.decode_cpus:g} = {need_cpu:g} CPUs, the cluster has {cpus:g}")
+    if need_gpu > gpus:
+        problems.append(f"{settings.workers} worker(s) x batch.gpus_per_worker {settings.gpus_per_worker:g} = "
+                        f"{need_gpu:g} GPUs, the cluster has {gpus:g}")
+    if not problems:
+        return
+    message = ("batch-predict cannot schedule its workers: " + "; ".join(problems)
+               + "; lower --workers, batch.cpus_per_worker or batch.decode_cpus (fractions are fine), "
+               "or run on a larger cluster (--address)")
+    if strict:
+        raise ConfigError(message)
+    log.warning("%s (waiting for the cluster to grow)", message)
+
+
+def _dataset(ray: Any, settings: BatchSettings, artifacts: Any, items: list[Item], options: Any,
+             max_pixels: int) -> Any:
+    import ray.data as rd
+
+    ctx = rd.DataContext.get_current()
+    ctx.enable_progress_bars = settings.progress_bars
+    batch_size = settings.batch_size or int(artifacts.batch["opt"])
+    if options.threads is None and settings.cpus_per_worker >= 1:  # one intra-op thread per CPU Ray gives it
+        options = dataclasses.replace(options, threads=int(settings.cpus_per_worker))
+    if is_uri(settings.artifacts):
+        source: tuple[str, Any] = ("uri", settings.artifacts)
+    else:
+        from ..runtime.artifact_bundle import pack
+
+        source = ("bundle", [ray.put(pack(artifacts, _roles(settings.backend)))])  # in a list: fetched by the actor
+    by_scheme: dict[str, list[str]] = {}
+    for it in items:
+        by_scheme.setdefault(it.read.partition("://")[0] if is_uri(it.read) else "", []).append(it.read)
+    # Reading bytes gets the decoding tasks' CPUs (Ray Data's default, 1, would deadlock beside a full actor pool).
+    parts = [rd.read_binary_files(reads, include_paths=True, ignore_missing_paths=True, num_cpus=settings.decode_cpus)
+             for reads in by_scheme.values()]
+    ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
+    ds = ds.map_batches(decode_batch, fn_kwargs={"spec": DecodeSpec(artifacts.preprocess, max_pixels)},
+                        batch_size=batch_size, num_cpus=settings.decode_cpus, batch_format="numpy",
+                        compute=rd.TaskPoolStrategy(), memory=_decode_memory(batch_size, artifacts.input_shape))
+    spec = InferSpec(source, settings.backend, options, settings.top_k, settings.cache_dir)
+    return ds.map_batches(Infer, fn_constructor_args=(spec,), batch_size=batch_size, batch_format="numpy",
+                          compute=rd.ActorPoolStrategy(size=settings.workers), num_cpus=settings.cpus_per_worker,
+                          num_gpus=settings.gpus_per_worker or None)
+
+
+def _decode_memory(batch_size: int, chw: Sequence[int]) -> int:
+    """Bytes a decoding task holds: its pixels twice over plus room for the decoded images. Asking for it
+    also keeps the tasks apart from the inference actors (Ray Data fuses operators with equal requests),
+    so decoding scales with the cluster's CPUs while the actors only run the model."""
+    c, h, w = (int(v) for v in chw)
+    return 2 * batch_size * c * h * w * 4 + (64 << 20)
+
+
+def _collect(table: Any, shown: dict[str, str], seen: set[str], writer: Any, summary: BatchSummary) -> None:
+    """Rows from the workers: paths back to their spelling, ``<bytes>`` in messages to the path, then written."""
+    pa = require("pyarrow", "batch-predict output")
+    for node, count in Counter(table.column("node").to_pylist()).items():
+        summary.nodes[node] = summary.nodes.get(node, 0) + count
+    keys = table.column("path").to_pylist()
+    paths = [shown.get(k, k) for k in keys]
+    errors = [e if e is None or not e.startswith(BYTES_NAME) else p + e[len(BYTES_NAME):]
+              for p, e in zip(paths, table.column("error").to_pylist())]
+    keep = [i for i, p in enumerate(paths) if p not in seen]  # a retried block never gives a second row
+    seen.update(paths)
+    out = table.drop_columns(["node"]).set_column(0, "path", pa.array(paths, pa.string()))
+    out = out.set_column(out.schema.get_field_index("error"), "error", pa.array(errors, pa.string()))
+    if len(keep) != len(paths):
+        out = out.take(keep)
+    writer.write(out)
+    summary.images += out.num_rows
+    summary.errors += sum(errors[i] is not None for i in keep)
+
+
+def _unwrap(exc: BaseException) -> VitDeployError:
+    """The worker's own VitDeployError when there is one (one line, its exit code), else a BackendError."""
+    from ..base.errors import BackendError
+
+    seen = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        original = getattr(cur, "cause", None)
+        if isinstance(original, VitDeployError) and type(original) is not type(cur):
+            return type(original)(first_line(original))
+        if isinstance(cur, VitDeployError) and not hasattr(cur, "cause"):
+            return type(cur)(first_line(cur))
+        cur = original if isinstance(original, BaseException) else cur.__cause__
+    return BackendError(f"batch job failed on a Ray worker: {first_line(exc)}")
+
+
+def settings_from_config(cfg: Any, inputs: Sequence[str], *, artifacts: str | None, output: str,
+                         **overrides: Any) -> BatchSettings:
+    """The job's settings: pipeline.yaml's ``batch`` and ``runtime`` sections, then the command line's
+    ``overrides`` (a None value keeps the config's)."""
+    bt, rt = cfg.batch, cfg.runtime
+    cache = cfg.resolve(bt.cache_dir)
+    base = BatchSettings(inputs=list(inputs), artifacts=artifacts or os.fspath(cfg.output_dir), output=output,
+                         backend=rt.backend, workers=bt.workers, cpus_per_worker=bt.cpus_per_worker,
+                         gpus_per_worker=bt.gpus_per_worker, decode_cpus=bt.decode_cpus, batch_size=bt.batch_size,
+                         top_k=rt.top_k, rows_per_file=bt.rows_per_file, flush_seconds=bt.flush_seconds,
+                         cache_dir=os.fspath(cache) if cache is not None else None)
+    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+
+__all__ = ["BatchSettings", "BatchSummary", "run_batch", "settings_from_config"]

@@ -1,0 +1,103 @@
+"""What runs inside Ray Data: decoding tasks and the inference actors. Imported on Ray's workers.
+
+:func:`decode_batch` turns a batch of encoded files into the model's input with the runtime's own
+:class:`~vitdeploy.runtime.preprocess.Preprocessor` (built exactly as ``Predictor.preprocessor``
+builds it: the manifest's spec, ``runtime.max_image_pixels``), so a row is bit for bit what
+``predict`` answers. :class:`Infer` holds one Predictor for the life of the actor: its artifacts
+arrive as a bundle from Ray's object store (or a URI) and are unpacked once per node, verified.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..runtime.backends import first_line
+
+log = logging.getLogger(__name__)
+
+#: An image that cannot be read is reported as ``<bytes>: reason``; the driver puts its path there.
+BYTES_NAME = "<bytes>"
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """What a decoding task needs: the manifest's preprocessing and the decompression-bomb limit."""
+
+    preprocess: Any  # PreprocessSpec
+    max_pixels: int
+
+
+def decode_batch(batch: dict[str, np.ndarray], spec: DecodeSpec) -> dict[str, np.ndarray]:
+    """``{"bytes", "path"}`` -> ``{"path", "pixels" (N, 3, H, W) float32, "error"}``; a bad image keeps
+    zeros and its message, a good one an empty message (a column of strings survives Arrow, None does not)."""
+    from ..runtime.preprocess import Preprocessor
+
+    preprocessor = Preprocessor(spec.preprocess, max_pixels=spec.max_pixels)  # a few numbers: cheap per batch
+    blobs = [bytes(b) for b in batch["bytes"]]
+    pixels, good, errors = preprocessor.batch_tolerant(blobs)
+    out = np.zeros((len(blobs), *preprocessor.output_shape), dtype=np.float32)
+    if good:
+        out[np.asarray(good)] = pixels
+    messages = np.array([errors.get(i, "") for i in range(len(blobs))], dtype=object)  # "": read fine
+    return {"path": batch["path"], "pixels": out, "error": messages}
+
+
+@dataclass(frozen=True)
+class InferSpec:
+    """What an inference actor needs. ``source``: ``("bundle", [ObjectRef])`` or ``("uri", "s3://...")``."""
+
+    source: tuple[str, Any]
+    backend: str
+    options: Any  # BackendOptions
+    top_k: int
+    cache_root: str | None = None
+
+
+class Infer:
+    """One Predictor per actor: ``{"path", "pixels", "error"}`` -> the output rows (plus ``node``)."""
+
+    def __init__(self, spec: InferSpec) -> None:
+        import ray
+
+        from ..runtime.artifact_bundle import fetch_uri, materialize
+        from ..runtime.backends import artifact_roles
+        from ..runtime.predictor import Predictor
+
+        kind, where = spec.source
+        if kind == "bundle":
+            artifacts = materialize(ray.get(where[0]), spec.cache_root)
+        else:
+            roles = None if spec.backend == "auto" else artifact_roles(spec.backend)
+            artifacts = fetch_uri(where, roles, spec.cache_root)
+        self.predictor = Predictor.from_artifacts(artifacts, spec.backend, spec.options)
+        self.top_k = spec.top_k
+        self.node = ray.get_runtime_context().get_node_id()
+        log.info("batch worker on node %s: %s (%s)", self.node, self.predictor.backend_name, self.predictor.why)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> Any:
+        import pyarrow as pa
+
+        from .output import row_schema
+
+        errors = [str(e) for e in batch["error"]]
+        good = [i for i, e in enumerate(errors) if not e]
+        preds: dict[int, Any] = {}
+        if good:
+            pixels = np.asarray(batch["pixels"], dtype=np.float32)
+            logits = self.predictor.predict_logits(np.ascontiguousarray(pixels[good]))
+            preds = dict(zip(good, self.predictor.predictions_from_logits(logits, self.top_k)))
+        rows: dict[str, list[Any]] = {name: [] for name in row_schema().names}
+        for i, path in enumerate(batch["path"]):
+            rec = preds[i].to_dict() if i in preds else {"error": first_line(errors[i] or "image could not be read")}
+            rows["path"].append(str(path))
+            for key in ("label", "index", "score", "top_k", "error"):
+                rows[key].append(rec.get(key))
+        table = pa.Table.from_pydict(rows, schema=row_schema())
+        return table.append_column("node", pa.array([self.node] * table.num_rows, pa.string()))
+
+
+__all__ = ["BYTES_NAME", "DecodeSpec", "decode_batch", "Infer", "InferSpec"]
