@@ -286,7 +286,7 @@ def _unwrap(exc: BaseException) -> VitDeployError:
     return BackendError(f"batch job failed on a Ray worker: {first_line(exc)}")
 
 
-def settings_from_config(cfg: Any, inputs: Sequence[str], *, artifacts: str | None, output: str,
+def batch_settings_from_config(cfg: Any, inputs: Sequence[str], *, artifacts: str | None, output: str,
                          **overrides: Any) -> BatchSettings:
     """The job's settings: pipeline.yaml's ``batch`` and ``runtime`` sections, then the command line's
     ``overrides`` (a None value keeps the config's)."""
@@ -300,4 +300,4 @@ def settings_from_config(cfg: Any, inputs: Sequence[str], *, artifacts: str | No
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
-__all__ = ["BatchSettings", "BatchSummary", "run_batch", "settings_from_config"]
+__all__ = ["BatchSettings", "BatchSummary", "batch_settings_from_config", "run_batch"]

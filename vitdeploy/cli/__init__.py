@@ -242,11 +242,11 @@ def batch_predict(inputs: tuple[str, ...], artifacts_dir: str | None, output: st
                   backend: str | None, workers: int | None, batch_size: int | None, top_k: int | None, resume: bool,
                   config_path: Path | None) -> None:
     """Classify image collections on Ray Data: files, folders, globs, list files (.txt/.csv/.parquet), URIs."""
-    from .batch.job import settings_from_config, run_batch
+    from ..batch.job import batch_settings_from_config, run_batch
     from .config import load_config
 
     cfg = load_config(config_path)
-    settings = settings_from_config(cfg, inputs, artifacts=artifacts_dir, output=output, address=address,
+    settings = batch_settings_from_config(cfg, inputs, artifacts=artifacts_dir, output=output, address=address,
                                     backend=backend, workers=workers, batch_size=batch_size, top_k=top_k,
                                     resume=resume, progress_bars=sys.stderr.isatty())
     summary = run_batch(settings, options=runtime_options(cfg), max_pixels=cfg.runtime.max_image_pixels,
