@@ -243,7 +243,7 @@ def batch_predict(inputs: tuple[str, ...], artifacts_dir: str | None, output: st
                   config_path: Path | None) -> None:
     """Classify image collections on Ray Data: files, folders, globs, list files (.txt/.csv/.parquet), URIs."""
     from ..batch.job import batch_settings_from_config, run_batch
-    from .config import load_config
+    from ..base.config import load_config
 
     cfg = load_config(config_path)
     settings = batch_settings_from_config(cfg, inputs, artifacts=artifacts_dir, output=output, address=address,
