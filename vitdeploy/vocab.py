@@ -67,12 +67,15 @@ class BackendKind:
     precision: str  # "fp32" | "fp16" | "int8": also the validation threshold set it is judged by
     device: str  # "any": the configured device; "cuda": needs a CUDA GPU
     libraries: tuple[str, ...]  # the modules it imports
+    #: roles it reads when the manifest lists them (ort: the fused model.ort.onnx, else model.onnx);
+    #: whatever ships a folder for this backend (serve's replicas, batch workers) ships them too.
+    optional_roles: tuple[str, ...] = ()
 
 
 #: Every backend, in report order (validate / bench tables).
 BACKENDS: tuple[BackendKind, ...] = (
     BackendKind("torch", "torch", ("weights", "weights-config"), "fp32", "any", ("torch", "safetensors")),
-    BackendKind("ort", "ort", ("onnx",), "fp32", "any", ("onnxruntime",)),
+    BackendKind("ort", "ort", ("onnx",), "fp32", "any", ("onnxruntime",), optional_roles=("onnx-ort",)),
     BackendKind("ort-fp16", "ort-fp16", ("onnx-fp16",), "fp16", "any", ("onnxruntime",)),
     BackendKind("ort-int8", "ort-int8", ("onnx-int8",), "int8", "any", ("onnxruntime",)),
     BackendKind("torch-fp16", "torch", ("weights", "weights-config"), "fp16", "cuda", ("torch", "safetensors")),
