@@ -122,11 +122,14 @@ class Server:
     """`vitdeploy serve` in a subprocess, stopped with SIGTERM."""
 
     def __init__(self, artifacts: Path, threads: int, max_batch: int, wait_ms: float, decode_threads: int,
-                 port: int, metrics_port: int, concurrent_batches: int = 2) -> None:
+                 port: int, metrics_port: int, concurrent_batches: int = 2, server_threads: int | None = None) -> None:
         self.cfg = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "pipeline.yaml"
         self.cfg.write_text(
-            f"runtime: {{threads: {threads}}}\n"
-            f"serve: {{max_batch_size: {max_batch}, batch_wait_timeout_s: {wait_ms / 1000}, "
+            # the replica gets the in-process side's cores (num_cpus_per_replica) and splits them among its
+            # concurrent model calls itself (ray_app.ReplicaSpec.threads); --server-threads forces runtime.threads
+            (f"runtime: {{threads: {server_threads}}}\n" if server_threads else "")
+            + f"serve: {{max_batch_size: {max_batch}, batch_wait_timeout_s: {wait_ms / 1000}, "
+            f"num_cpus_per_replica: {threads}, "
             f"decode_threads: {decode_threads}, concurrent_batches: {concurrent_batches}, "
             f"max_ongoing_requests: {max(64, max_batch * concurrent_batches)}, "
             f"metrics_port: {metrics_port}}}\n")
@@ -287,7 +290,7 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
           flush=True)
     predictor = Predictor.from_artifacts(artifacts, backend="ort", options=BackendOptions(threads=args.threads))
     server = Server(artifacts, args.threads, args.max_batch, args.wait_ms, args.decode_threads, free_port(),
-                    free_port(), args.concurrent_batches)
+                    free_port(), args.concurrent_batches, args.server_threads)
     echo = EchoServer(free_port()) if args.bare else None
     try:
         return _measure(server, predictor, work, args, echo)
@@ -539,6 +542,9 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=16, help="serve.max_batch_size (and the in-process batch)")
     ap.add_argument("--decode-threads", type=int, default=4, help="serve.decode_threads (its default)")
     ap.add_argument("--concurrent-batches", type=int, default=2, help="serve.concurrent_batches (its default)")
+    ap.add_argument("--server-threads", type=int, default=None,
+                    help="runtime.threads of the server (default: unset, the replica splits --threads cores "
+                         "among its concurrent batches)")
     ap.add_argument("--no-bare", dest="bare", action="store_false",
                     help="leave out the bare Ray Serve echo app (Ray Serve's own floor)")
     ap.add_argument("--echo-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
