@@ -93,7 +93,9 @@ def mn(demo_artifacts, tmp_path_factory):
     try:
         cluster = Cluster(initialize_head=True, head_node_args={
             "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1",
-            "dashboard_port": dashboard_port, "temp_dir": os.path.join(ray_tmp, "ray")})
+            "dashboard_port": dashboard_port, "temp_dir": os.path.join(ray_tmp, "ray"),
+            # Ray's fixed default ports, taken by whichever Ray on this machine started first: pick free ones
+            "dashboard_agent_listen_port": _free_port(), "metrics_export_port": _free_port()})
         node2 = cluster.add_node(num_cpus=1, resources={NODE2: 2})
         port = _free_port()
         proc = Proc([sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(art), "-b", "ort", "--port", str(port),
