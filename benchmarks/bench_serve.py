@@ -13,11 +13,17 @@ the same real photographs (scikit-image's bundled ones, saved as JPEG), one imag
 * ``in-process, batched`` the Predictor in this process over the same images in batches of
                           ``serve.max_batch_size`` (the best an offline loop gets: no HTTP, no queue);
 * ``serve``               ``vitdeploy serve`` as a subprocess (local Ray), keep-alive HTTP clients POSTing
-                          ``/predict``; its replica runs the same artifacts with the same threads.
+                          ``/predict``; its replica runs the same artifacts with the same threads;
+* ``bare Ray Serve``      Ray Serve's floor, in the same rounds: a bare echo deployment (no model, no
+                          vitdeploy code: the body read and a short JSON answer) in its own local Ray,
+                          same clients, same bodies. ``serve / bare`` (req/s) and the CPU per request of
+                          each server's process tree say what vitdeploy adds over Ray Serve itself.
 
 The ratio is taken against the faster in-process variant of the same round, then the median over
-rounds is printed with its spread (min-max); the load average is printed before and after each
-model, and a ratio is flagged when the load or the spread makes it unreliable.
+rounds is printed with its spread (min-max). Each round's contention is measured
+(``vitdeploy.evaluate.reliability``: the machine's busy CPU from /proc/stat less this process and
+the servers' process trees, plus steal); a ratio is flagged when other work competed for the cores
+or the spread is wide.
 
     .venv/bin/python benchmarks/bench_serve.py                       # demo + ViT-S/16 (exported once)
     .venv/bin/python benchmarks/bench_serve.py --rounds 5 --threads 4
@@ -42,6 +48,7 @@ from typing import Any, Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vitdeploy.evaluate import reliability  # noqa: E402
 from vitdeploy.evaluate.bench import cpu_model  # noqa: E402
 
 TARGET = 0.9
@@ -49,7 +56,13 @@ DEFAULT_CACHE = Path(os.environ.get("VITDEPLOY_BENCH_CACHE", "/tmp/vitdeploy-ben
 
 
 def loadavg() -> str:
+    """The load average, printed for reference only: contention is judged by :func:`measure_contention`."""
     return ", ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def tree_pids(roots: list[int]) -> list[int]:
+    """``roots`` and all their descendants (a server and the Ray processes it started)."""
+    return list(cpu_seconds(roots))
 
 
 # --------------------------------------------------------------------------------------------- inputs
@@ -109,11 +122,14 @@ class Server:
     """`vitdeploy serve` in a subprocess, stopped with SIGTERM."""
 
     def __init__(self, artifacts: Path, threads: int, max_batch: int, wait_ms: float, decode_threads: int,
-                 port: int, metrics_port: int, concurrent_batches: int = 2) -> None:
+                 port: int, metrics_port: int, concurrent_batches: int = 2, server_threads: int | None = None) -> None:
         self.cfg = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "pipeline.yaml"
         self.cfg.write_text(
-            f"runtime: {{threads: {threads}}}\n"
-            f"serve: {{max_batch_size: {max_batch}, batch_wait_timeout_s: {wait_ms / 1000}, "
+            # the replica gets the in-process side's cores (num_cpus_per_replica) and splits them among its
+            # concurrent model calls itself (ray_app.ReplicaSpec.threads); --server-threads forces runtime.threads
+            (f"runtime: {{threads: {server_threads}}}\n" if server_threads else "")
+            + f"serve: {{max_batch_size: {max_batch}, batch_wait_timeout_s: {wait_ms / 1000}, "
+            f"num_cpus_per_replica: {threads}, "
             f"decode_threads: {decode_threads}, concurrent_batches: {concurrent_batches}, "
             f"max_ongoing_requests: {max(64, max_batch * concurrent_batches)}, "
             f"metrics_port: {metrics_port}}}\n")
@@ -169,6 +185,59 @@ class Server:
         return self.proc.wait(120)
 
 
+ECHO_APP = "bare-echo"
+
+
+def echo_server_main(port: int) -> None:
+    """``bench_serve.py --echo-server PORT``: a bare Ray Serve app, no vitdeploy code in its path: one
+    echo deployment that reads the body and answers a short JSON (the size of one /predict record),
+    in its own local Ray at the same worker priority as `vitdeploy serve`; stops on SIGTERM."""
+    os.environ.setdefault("RAY_worker_niceness", "0")  # as `vitdeploy serve` starts its local Ray
+    import ray
+    from ray import serve
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+
+    @serve.deployment(max_ongoing_requests=64)
+    class Echo:
+        async def __call__(self, request: Request) -> JSONResponse:
+            body = await request.body()
+            return JSONResponse([{"path": "image", "bytes": len(body), "label": "echo", "index": 0, "score": 1.0}])
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING")
+    serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
+    serve.run(Echo.bind(), name=ECHO_APP, route_prefix="/", logging_config={"log_level": "WARNING"})
+    print("Ctrl-C", file=sys.stderr, flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # ray.init installed its own
+    while not stop.wait(0.5):
+        pass
+    ray.shutdown()  # with every process of this local Ray
+
+
+class EchoServer:
+    """The bare Ray Serve app of :func:`echo_server_main` in a subprocess."""
+
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        self.proc = subprocess.Popen([sys.executable, __file__, "--echo-server", str(port)], stderr=subprocess.PIPE,
+                                     text=True, env=env)
+        lines = []
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            lines.append(line)
+            if line.startswith("Ctrl-C"):
+                break
+        if self.proc.poll() is not None:
+            raise SystemExit("the bare Ray Serve app did not start:\n" + "".join(lines[-20:]))
+        threading.Thread(target=self.proc.stderr.read, daemon=True).start()  # type: ignore[union-attr]
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(120)
+
+
 def free_port() -> int:
     import socket
 
@@ -217,17 +286,20 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
 
     n = args.requests_demo if "demo" in label else args.requests
     work = [images[i % len(images)] for i in range(n)]
-    print(f"\n== {label}: {n} requests x {args.rounds} rounds, {args.clients} clients, {args.threads} ORT threads; "
-          f"load average {loadavg()}", flush=True)
+    print(f"\n== {label}: {n} requests x {args.rounds} rounds, {args.clients} clients, {args.threads} ORT threads",
+          flush=True)
     predictor = Predictor.from_artifacts(artifacts, backend="ort", options=BackendOptions(threads=args.threads))
     server = Server(artifacts, args.threads, args.max_batch, args.wait_ms, args.decode_threads, free_port(),
-                    free_port(), args.concurrent_batches)
+                    free_port(), args.concurrent_batches, args.server_threads)
+    echo = EchoServer(free_port()) if args.bare else None
     try:
-        return _measure(server, predictor, work, args)
+        return _measure(server, predictor, work, args, echo)
     finally:
         rc = server.stop()
+        if echo is not None:
+            echo.stop()
         predictor.close()
-        print(f"  server exit code {rc}; load average {loadavg()}", flush=True)
+        print(f"  server exit code {rc}", flush=True)
 
 
 class Connection:
@@ -284,26 +356,32 @@ def cpu_by_role(root: int, before: dict[int, tuple[str, float]], after: dict[int
     return roles
 
 
-def _measure(server: Server, predictor, work: list[bytes], args: argparse.Namespace) -> dict[str, object]:
+def _measure(server: Server, predictor, work: list[bytes], args: argparse.Namespace,
+             echo: EchoServer | None = None) -> dict[str, object]:
     failures: list[str] = []
     spent: dict[str, float] = {}
+    bare_spent: dict[str, float] = {}
 
-    def via_http(blob: bytes, client: object) -> None:
-        try:
-            status, body = client.post("/predict", blob, "image/jpeg")  # type: ignore[attr-defined]
-        except OSError as exc:
-            failures.append(f"{type(exc).__name__}: {exc}")
-            return
-        if status != 200:
-            failures.append(f"{status}: {body[:200]!r}")
+    def post_to(path: str) -> Callable[[bytes, object], None]:
+        def call(blob: bytes, client: object) -> None:
+            try:
+                status, body = client.post(path, blob, "image/jpeg")  # type: ignore[attr-defined]
+            except OSError as exc:
+                failures.append(f"{type(exc).__name__}: {exc}")
+                return
+            if status != 200:
+                failures.append(f"{status}: {body[:200]!r}")
+        return call
 
-    def served() -> tuple[float, list[float]]:
-        before, client_before = cpu_seconds([server.proc.pid]), time.process_time()
-        out = concurrent(via_http, work, args.clients, lambda: Connection(server.url))
-        for role, secs in {**cpu_by_role(server.proc.pid, before, cpu_seconds([server.proc.pid])),
-                           "clients (this process)": time.process_time() - client_before}.items():
-            spent[role] = spent.get(role, 0.0) + secs
-        return out
+    def over_http(root: int, url: str, path: str, into: dict[str, float]) -> Callable[[], tuple[float, list[float]]]:
+        def run() -> tuple[float, list[float]]:
+            before, client_before = cpu_seconds([root]), time.process_time()
+            out = concurrent(post_to(path), work, args.clients, lambda: Connection(url))
+            for role, secs in {**cpu_by_role(root, before, cpu_seconds([root])),
+                               "clients (this process)": time.process_time() - client_before}.items():
+                into[role] = into.get(role, 0.0) + secs
+            return out
+        return run
 
     def timed_in_process(variant: Callable[[], tuple[float, list[float]]], name: str) -> Callable[[], tuple[float, list[float]]]:
         def run() -> tuple[float, list[float]]:
@@ -314,14 +392,33 @@ def _measure(server: Server, predictor, work: list[bytes], args: argparse.Namesp
         return run
 
     variants = {name: timed_in_process(v, name) for name, v in in_process_variants(predictor, work, args).items()}
-    concurrent(via_http, work[:args.clients * 2], args.clients, lambda: Connection(server.url))  # warm-up
-    result = compare_rounds("serve", {**variants, "serve": served}, args.rounds, probe=server.settled_batches,
-                            mean_batch=lambda before, after: len(work) / max(after - before, 1.0))
+    variants["serve"] = over_http(server.proc.pid, server.url, "/predict", spent)
+    concurrent(post_to("/predict"), work[:args.clients * 2], args.clients, lambda: Connection(server.url))  # warm-up
+    roots = [server.proc.pid]
+    if echo is not None:
+        variants[BARE] = over_http(echo.proc.pid, echo.url, "/", bare_spent)
+        concurrent(post_to("/"), work[:args.clients * 2], args.clients, lambda: Connection(echo.url))  # warm-up
+        roots.append(echo.proc.pid)
+    result = compare_rounds("serve", variants, args.rounds, probe=server.settled_batches,
+                            mean_batch=lambda before, after: len(work) / max(after - before, 1.0),
+                            floor=BARE if echo is not None else None, own_pids=lambda: tree_pids(roots))
     per_image = 1000.0 / (len(work) * args.rounds)
     print("  CPU per image (ms of one core): " + ", ".join(
         f"{role} {secs * per_image:.1f}" for role, secs in sorted(spent.items(), key=lambda kv: -kv[1])))
+    if echo is not None:
+        ours = sum(v for k, v in spent.items() if k in SERVER_ROLES) * per_image
+        floor = sum(v for k, v in bare_spent.items() if k in SERVER_ROLES) * per_image
+        print("  bare Ray Serve, CPU per request (ms of one core): " + ", ".join(
+            f"{role} {secs * per_image:.1f}" for role, secs in sorted(bare_spent.items(), key=lambda kv: -kv[1])))
+        print(f"  server CPU per request: vitdeploy serve {ours:.2f} ms, bare Ray Serve {floor:.2f} ms "
+              f"({ours / floor if floor else float('nan'):.2f}x; vitdeploy adds {ours - floor:.2f} ms)")
+        result["cpu_ms"] = {"serve": ours, "bare": floor}
     print(f"  failed requests {len(failures)}" + (f" (first: {failures[0]})" if failures else ""))
     return result
+
+
+BARE = "bare Ray Serve"
+SERVER_ROLES = ("replica", "proxy", "other Ray", "serve CLI")
 
 
 def in_process_variants(predictor, work: list[bytes], args: argparse.Namespace) -> dict[str, Callable[[], tuple[float, list[float]]]]:
@@ -346,18 +443,26 @@ def in_process_variants(predictor, work: list[bytes], args: argparse.Namespace) 
 
 
 def compare_rounds(served: str, variants: dict[str, Callable[[], tuple[float, list[float]]]], rounds: int, *,
-                   probe: Callable[[], Any], mean_batch: Callable[[Any, Any], float]) -> dict[str, object]:
+                   probe: Callable[[], Any], mean_batch: Callable[[Any, Any], float], floor: str | None = None,
+                   own_pids: Callable[[], list[int]] | None = None) -> dict[str, object]:
     """Run every variant once per round, the order rotating; ``served`` is the server variant, whose
-    dynamic batch size ``mean_batch(probe() before, probe() after)`` gives. Prints each round, then
-    images/s (median, spread), p50/p99 and served / best in-process; flags an unreliable ratio."""
+    dynamic batch size ``mean_batch(probe() before, probe() after)`` gives; ``floor`` (optional) a
+    bare server (not an in-process variant) whose req/s ``served`` is also compared with. Each round's
+    contention is measured (``own_pids()``: the servers' process trees, counted as the benchmark's
+    own). Prints each round, then images/s (median, spread), p50/p99 and served / best in-process;
+    flags an unreliable ratio (other work competed for the cores in a round, or a wide spread)."""
     rates: dict[str, list[float]] = {k: [] for k in variants}
     lats: dict[str, list[float]] = {k: [] for k in variants}
     ratios: list[float] = []
+    floor_ratios: list[float] = []
     batch_means: list[float] = []
+    busy: list[str] = []
+    competing: list[float] = []
     names = list(variants)
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         got = {}
+        start = reliability.sample(own_pids() if own_pids else ())
         for name in order:
             before = probe() if name == served else None
             rate, lat = variants[name]()
@@ -366,26 +471,41 @@ def compare_rounds(served: str, variants: dict[str, Callable[[], tuple[float, li
             lats[name].extend(lat)
             if name == served:
                 batch_means.append(mean_batch(before, probe()))
-        ratios.append(got[served] / max(v for k, v in got.items() if k != served))
+        window = reliability.contention(start, reliability.sample(own_pids() if own_pids else ()))
+        why = reliability.busy_machine_reason(window, None)  # the servers use every core
+        if why:
+            busy.append(f"round {r + 1}: {why}")
+        if window is not None:
+            competing.append(window.competing_cores)
+        ratios.append(got[served] / max(v for k, v in got.items() if k not in (served, floor)))
+        if floor:
+            floor_ratios.append(got[served] / got[floor])
         print(f"  round {r + 1}: " + ", ".join(f"{k} {v:.1f} img/s" for k, v in got.items())
-              + f"; {served}/best in-process {ratios[-1]:.2f}; mean batch {batch_means[-1]:.1f}", flush=True)
+              + f"; {served}/best in-process {ratios[-1]:.2f}"
+              + (f"; {served}/{floor} {floor_ratios[-1]:.2f}" if floor else "")
+              + f"; mean batch {batch_means[-1]:.1f}; contention: "
+              + (window.describe() if window else "unknown (no /proc)"), flush=True)
     print(f"  {'variant':<22} {'img/s (median)':>14}  {'spread over rounds':<24} {'p50 ms':>8} {'p99 ms':>8}")
     for name in names:
         print(f"  {name:<22} {statistics.median(rates[name]):>14.1f}  {spread(rates[name]):<24} "
               f"{pct(lats[name], 50):>8.1f} {pct(lats[name], 99):>8.1f}")
     ratio = statistics.median(ratios)
     print(f"  {served} / best in-process: {ratio:.2f} (spread {spread(ratios)}); mean dynamic batch size "
-          f"{statistics.median(batch_means):.1f} (spread {spread(batch_means)}); load average {loadavg()}")
-    unreliable = os.getloadavg()[0] > (os.cpu_count() or 1) * 1.5 or (max(ratios) - min(ratios)) > 0.15 * ratio
-    if unreliable:
-        print("  ! load average or spread high: this ratio is unreliable on this machine now", flush=True)
-    return {"ratio": ratio, "batch": statistics.median(batch_means), "unreliable": unreliable}
+          f"{statistics.median(batch_means):.1f} (spread {spread(batch_means)}); competing cores per round "
+          + (", ".join(f"{c:.2f}" for c in competing) or "unknown"))
+    if floor:
+        print(f"  {served} / {floor} (req/s): {statistics.median(floor_ratios):.2f} (spread {spread(floor_ratios)})")
+    wide = (max(ratios) - min(ratios)) > 0.15 * ratio
+    for why in busy + ([f"the ratio's spread over rounds is {spread(ratios)}"] if wide else []):
+        print(f"  ! unreliable: {why}", flush=True)
+    return {"ratio": ratio, "batch": statistics.median(batch_means), "unreliable": bool(busy) or wide,
+            "floor_ratio": statistics.median(floor_ratios) if floor else None, "competing_cores": competing}
 
 
 def run_models(served: str, args: argparse.Namespace, versions: str, bench_model: Callable[..., dict]) -> None:
     """Print the machine, then ``bench_model`` on each of ``--models`` (same JPEG photos), then the
     verdict on the ViT-S/16 target."""
-    print(f"cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); {versions}; load average {loadavg()}")
+    print(f"cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); {versions}")
     args.cache.mkdir(parents=True, exist_ok=True)
     images = photos()
     print(f"images: {len(images)} JPEG photos, {min(map(len, images)) // 1024}-{max(map(len, images)) // 1024} KB")
@@ -422,7 +542,16 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=16, help="serve.max_batch_size (and the in-process batch)")
     ap.add_argument("--decode-threads", type=int, default=4, help="serve.decode_threads (its default)")
     ap.add_argument("--concurrent-batches", type=int, default=2, help="serve.concurrent_batches (its default)")
+    ap.add_argument("--server-threads", type=int, default=None,
+                    help="runtime.threads of the server (default: unset, the replica splits --threads cores "
+                         "among its concurrent batches)")
+    ap.add_argument("--no-bare", dest="bare", action="store_false",
+                    help="leave out the bare Ray Serve echo app (Ray Serve's own floor)")
+    ap.add_argument("--echo-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.echo_server:
+        echo_server_main(args.echo_server)
+        return
 
     import onnxruntime
     import ray

@@ -69,6 +69,9 @@ class BackendKind:
     precision: str  # "fp32" | "fp16" | "int8": also the validation threshold set it is judged by
     device: str  # "any": the configured device; "cuda": needs a CUDA GPU
     libraries: tuple[str, ...]  # the modules it imports
+    #: roles it reads when the manifest lists them (ort: the fused model.ort.onnx, else model.onnx);
+    #: whatever ships a folder for this backend (serve's replicas, batch workers) ships them too.
+    optional_roles: tuple[str, ...] = ()
 
 
 #: The backend names, each spelled once (imported wherever a backend is named in code).
@@ -78,7 +81,7 @@ TORCH, ORT, ORT_FP16, ORT_INT8, TORCH_FP16, TRT, TRT_INT8 = (
 #: Every backend, in report order (validate / bench tables).
 BACKENDS: tuple[BackendKind, ...] = (
     BackendKind(TORCH, TORCH, ("weights", "weights-config"), "fp32", "any", ("torch", "safetensors")),
-    BackendKind(ORT, ORT, ("onnx",), "fp32", "any", ("onnxruntime",)),
+    BackendKind(ORT, ORT, ("onnx",), "fp32", "any", ("onnxruntime",), optional_roles=("onnx-ort",)),
     BackendKind(ORT_FP16, ORT_FP16, ("onnx-fp16",), "fp16", "any", ("onnxruntime",)),
     BackendKind(ORT_INT8, ORT_INT8, ("onnx-int8",), "int8", "any", ("onnxruntime",)),
     BackendKind(TORCH_FP16, TORCH, ("weights", "weights-config"), "fp16", "cuda", ("torch", "safetensors")),

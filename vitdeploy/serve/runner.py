@@ -173,8 +173,7 @@ def _deploy(ray: Any, cfg: Any, settings: ServeSettings, options: Any, name: str
     from ray import serve
 
     from ..runtime.artifact_bundle import pack
-    from ..runtime.backends import artifact_roles
-    from ..base.vocab import AUTO
+    from ..runtime.backends import shipped_roles
     from .ray_app import build_app
 
     sv = cfg.serve
@@ -189,12 +188,7 @@ def _deploy(ray: Any, cfg: Any, settings: ServeSettings, options: Any, name: str
                            f"another name with --name (or serve.name)")
     # The artifacts travel with the deployment: packed once here, put in Ray's object store, unpacked
     # once per node and verified (sha256) by each replica, whichever node it lands on.
-    roles = None if settings.backend == AUTO else artifact_roles(settings.backend)
-    if settings.backend == "ort":  # "ort" runs the fused model.ort.onnx when it can: ship it too
-        from ..runtime.backends.ort import uses_ort_graph
-
-        roles = (*roles, "onnx-ort") if uses_ort_graph(artifacts, options) else roles
-    bundle = pack(artifacts, roles)
+    bundle = pack(artifacts, shipped_roles(settings.backend, artifacts))
     progress(f"deploying {name} ({_scale(sv, settings.replicas)}, backend {settings.backend}, "
              f"batch <= {sv.max_batch_size} within {sv.batch_wait_timeout_s * 1000:g} ms, artifacts "
              f"{bundle.nbytes / 1e6:.1f} MB shipped through Ray) ...")

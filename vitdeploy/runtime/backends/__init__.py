@@ -16,7 +16,7 @@ from typing import Any, Callable
 from ...base._deps import available
 from ...base.errors import (ArtifactMismatchError, BackendError, ConfigError, MissingDependencyError, VitDeployError,
                            first_line)
-from ...base.vocab import BACKEND_KINDS, ORT_FP16, ORT_INT8, RUNTIME_BACKENDS, TRT_INT8
+from ...base.vocab import AUTO, BACKEND_KINDS, ORT_FP16, ORT_INT8, RUNTIME_BACKENDS, TRT_INT8
 from ..cuda import cuda_status
 from .base import Backend, BackendBase, BackendOptions
 
@@ -43,7 +43,7 @@ _REGISTRY: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
 
 __all__ = ["CANNOT_RUN_HERE", "Backend", "BackendBase", "BackendOptions", "Opened", "artifact_role", "artifact_roles",
            "backend_unavailable_reason", "cuda_device_count", "ensure_known", "first_line", "open_backend",
-           "open_or_reason", "verify_backend_files"]
+           "open_or_reason", "shipped_roles", "verify_backend_files"]
 
 
 
@@ -62,6 +62,17 @@ def artifact_roles(name: str) -> tuple[str, ...]:
     """Every manifest role backend ``name`` reads (torch: weights + model.json; trt: engine + metadata)."""
     _check_name(name)
     return _REGISTRY[name][2]
+
+
+def shipped_roles(name: str, artifacts: Any) -> tuple[str, ...] | None:
+    """The roles a copy of ``artifacts`` made for backend ``name`` must hold: every role it needs, then
+    the optional roles it reads when present ("ort" runs model.ort.onnx when the manifest lists it).
+    ``name`` "auto": None, meaning every listed role (auto may pick any backend)."""
+    if name == AUTO:
+        return None
+    _check_name(name)
+    kind = BACKEND_KINDS[name]
+    return (*kind.roles, *(role for role in kind.optional_roles if artifacts.has(role)))
 
 
 def verify_backend_files(name: str, artifacts: Any) -> dict[str, Any]:
