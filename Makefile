@@ -43,6 +43,8 @@ demo: $(STAMP)
 	@echo "  (or '. $(BIN)/activate' first, then plain 'vitdeploy ...')"
 
 test: $(STAMP) $(REF_STAMP) $(TRITON_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not serial"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m serial
 

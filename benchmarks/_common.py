@@ -60,16 +60,25 @@ def environment(threads: int) -> dict[str, object]:
     }
 
 
-def ort_session(path: str, *, threads: int, spinning: bool = True, level: str = "all", inter_op: int | None = None,
-                spin_stop: bool = False):
+def ort_session(
+    path: str,
+    *,
+    threads: int,
+    spinning: bool = True,
+    level: str = "all",
+    inter_op: int | None = None,
+    spin_stop: bool = False,
+):
     """An ONNX Runtime CPU session. ``spinning=True, level="all", inter_op=None`` is ORT's default
     apart from the intra-op thread count (what vitdeploy's OrtBackend and a plain user do)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL, "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     }[level]
     so.intra_op_num_threads = threads
     if inter_op is not None:
@@ -97,8 +106,15 @@ class Timings:
         return statistics.fmean(self.samples_ms[name])
 
 
-def interleaved(fns: dict[str, Callable[[], object]], *, warmup: int, iters: int, seed: int = 0,
-                gap_s: float = 0.0, progress: Callable[[int], None] | None = None) -> Timings:
+def interleaved(
+    fns: dict[str, Callable[[], object]],
+    *,
+    warmup: int,
+    iters: int,
+    seed: int = 0,
+    gap_s: float = 0.0,
+    progress: Callable[[int], None] | None = None,
+) -> Timings:
     """Round-robin timing: each round calls every function once, in a fresh random order, so
     background load and thermal drift hit all variants alike. ``warmup`` rounds are discarded."""
     rng = random.Random(seed)
@@ -121,8 +137,11 @@ def interleaved(fns: dict[str, Callable[[], object]], *, warmup: int, iters: int
 
 def drift(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
     diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
-    return {"max_abs_diff": float(diff.max()), "mean_abs_diff": float(diff.mean()),
-            "top1_agreement": float(np.mean(ref.argmax(-1) == got.argmax(-1)))}
+    return {
+        "max_abs_diff": float(diff.max()),
+        "mean_abs_diff": float(diff.mean()),
+        "top1_agreement": float(np.mean(ref.argmax(-1) == got.argmax(-1))),
+    }
 
 
 def _burn(stop) -> None:  # pragma: no cover - runs in a child process

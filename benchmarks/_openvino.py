@@ -20,8 +20,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-INSTALL = ("benchmark-only: `pip install openvino nncf` into a separate venv, never the project's "
-           "(benchmarks/README.md, 'OpenVINO beside ort-int8')")
+INSTALL = (
+    "benchmark-only: `pip install openvino nncf` into a separate venv, never the project's "
+    "(benchmarks/README.md, 'OpenVINO beside ort-int8')"
+)
 NAMES = ("openvino-fp32", "openvino-bf16", "openvino-int8")
 
 
@@ -51,8 +53,14 @@ class OvRunner:
             if not self.compiled_properties:  # what OpenVINO made of the hints
                 self.compiled_properties = {
                     key: _text(compiled.get_property(key))
-                    for key in ("INFERENCE_PRECISION_HINT", "INFERENCE_NUM_THREADS", "NUM_STREAMS", "ENABLE_CPU_PINNING",
-                                "EXECUTION_DEVICES")}
+                    for key in (
+                        "INFERENCE_PRECISION_HINT",
+                        "INFERENCE_NUM_THREADS",
+                        "NUM_STREAMS",
+                        "ENABLE_CPU_PINNING",
+                        "EXECUTION_DEVICES",
+                    )
+                }
             request = self._requests[batch] = compiled.create_infer_request()
         return request
 
@@ -80,11 +88,15 @@ def _quantized(core: Any, model: Any, calibration: np.ndarray, path: Path) -> An
         print(f"  openvino-int8: reusing {path}", flush=True)
         return core.read_model(str(path))
     nncf.set_log_level(logging.WARNING)
-    print(f"  openvino-int8: nncf.quantize (default preset, ModelType.TRANSFORMER) on {len(calibration)} "
-          f"calibration images ...", flush=True)
+    print(
+        f"  openvino-int8: nncf.quantize (default preset, ModelType.TRANSFORMER) on {len(calibration)} "
+        f"calibration images ...",
+        flush=True,
+    )
     samples = [calibration[i : i + 1] for i in range(len(calibration))]
-    quantized = nncf.quantize(model.clone(), nncf.Dataset(samples), model_type=nncf.ModelType.TRANSFORMER,
-                              subset_size=len(samples))
+    quantized = nncf.quantize(
+        model.clone(), nncf.Dataset(samples), model_type=nncf.ModelType.TRANSFORMER, subset_size=len(samples)
+    )
     tmp = path.with_name(path.stem + ".partial.xml")
     ov.save_model(quantized, str(tmp), compress_to_fp16=False)
     tmp.with_suffix(".bin").replace(path.with_suffix(".bin"))
@@ -92,9 +104,14 @@ def _quantized(core: Any, model: Any, calibration: np.ndarray, path: Path) -> An
     return quantized
 
 
-def open_variants(onnx_path: Path, input_shape: tuple[int, ...], threads: int,
-                  calibration: Callable[[], np.ndarray], int8_cache: Path,
-                  pinning: bool | None = None) -> tuple[dict[str, OvRunner], list[str]]:
+def open_variants(
+    onnx_path: Path,
+    input_shape: tuple[int, ...],
+    threads: int,
+    calibration: Callable[[], np.ndarray],
+    int8_cache: Path,
+    pinning: bool | None = None,
+) -> tuple[dict[str, OvRunner], list[str]]:
     """The OpenVINO runners that can run here, and one line for each one that cannot (with why);
     ``pinning`` None leaves ENABLE_CPU_PINNING at OpenVINO's default."""
     import openvino as ov
@@ -103,13 +120,19 @@ def open_variants(onnx_path: Path, input_shape: tuple[int, ...], threads: int,
 
     core = ov.Core()
     capabilities = list(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
-    notes = [f"openvino {ov.get_version()} CPU device '{core.get_property('CPU', 'FULL_DEVICE_NAME')}': "
-             f"OPTIMIZATION_CAPABILITIES {capabilities}"]
+    notes = [
+        f"openvino {ov.get_version()} CPU device '{core.get_property('CPU', 'FULL_DEVICE_NAME')}': "
+        f"OPTIMIZATION_CAPABILITIES {capabilities}"
+    ]
     model = core.read_model(str(onnx_path))
 
     def config(precision: Any) -> dict:
-        out = {hints.performance_mode: hints.PerformanceMode.LATENCY, props.num_streams: 1,
-               props.inference_num_threads: threads, hints.inference_precision: precision}
+        out = {
+            hints.performance_mode: hints.PerformanceMode.LATENCY,
+            props.num_streams: 1,
+            props.inference_num_threads: threads,
+            hints.inference_precision: precision,
+        }
         if pinning is not None:
             out[hints.enable_cpu_pinning] = pinning
         return out
@@ -118,8 +141,10 @@ def open_variants(onnx_path: Path, input_shape: tuple[int, ...], threads: int,
     if "BF16" in capabilities:
         runners["openvino-bf16"] = OvRunner(core, model, "openvino-bf16", config(ov.Type.bf16), input_shape)
     else:
-        notes.append("openvino-bf16 skipped: the CPU device does not report BF16 in OPTIMIZATION_CAPABILITIES "
-                     "(it does on CPUs with AVX512_BF16 or AMX), so a bf16 hint would not run in bf16 here")
+        notes.append(
+            "openvino-bf16 skipped: the CPU device does not report BF16 in OPTIMIZATION_CAPABILITIES "
+            "(it does on CPUs with AVX512_BF16 or AMX), so a bf16 hint would not run in bf16 here"
+        )
     if importlib.util.find_spec("nncf") is None:
         notes.append(f"openvino-int8 skipped: nncf is not installed; {INSTALL}")
     else:

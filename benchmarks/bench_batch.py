@@ -90,29 +90,62 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: P
 
     opt = Artifacts.open(artifacts).batch["opt"]
     work = Path(tempfile.mkdtemp(prefix="bb", dir="/tmp"))
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "VITDEPLOY_ARTIFACT_CACHE": str(work / "cache"),
-           "RAY_TMPDIR": str(work / "ray")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "VITDEPLOY_ARTIFACT_CACHE": str(work / "cache"),
+        "RAY_TMPDIR": str(work / "ray"),
+    }
     variants: dict[str, list[str]] = {}
     for workers in args.workers:
         threads = max(1, args.threads // workers)
         cfg = work / f"w{workers}.yaml"
-        pool = "" if workers == 1 else (  # 1 worker: the defaults; more: the CPUs shared, half a CPU for decoding
-            f"  cpus_per_worker: {max(0.25, ((os.cpu_count() or 2) - 0.5) / workers):.2f}\n  decode_cpus: 0.5\n")
+        pool = (
+            ""
+            if workers == 1
+            # 1 worker: the defaults; more: the CPUs shared, half a CPU for decoding
+            else (f"  cpus_per_worker: {max(0.25, ((os.cpu_count() or 2) - 0.5) / workers):.2f}\n  decode_cpus: 0.5\n")
+        )
         cfg.write_text(f"runtime:\n  threads: {threads}\n  batch_size: {opt}\nbatch:\n  workers: {workers}\n{pool}")
-        variants[f"batch, {workers} worker"] = [VITDEPLOY, "batch-predict", str(images), "-a", str(artifacts), "-b", "ort",
-                                               "-c", str(cfg), "-o", "{out}"]
+        variants[f"batch, {workers} worker"] = [
+            VITDEPLOY,
+            "batch-predict",
+            str(images),
+            "-a",
+            str(artifacts),
+            "-b",
+            "ort",
+            "-c",
+            str(cfg),
+            "-o",
+            "{out}",
+        ]
     pcfg = work / "predict.yaml"
     pcfg.write_text(f"runtime:\n  threads: {args.threads}\n  batch_size: {opt}\n")
-    variants["predict"] = [VITDEPLOY, "predict", str(images), "-a", str(artifacts), "-b", "ort", "-c", str(pcfg), "--json"]
-    print(f"\n{label}: {n} JPEG photos, batch {opt}, {args.threads} ONNX Runtime threads in all; load average {loadavg()}",
-          flush=True)
+    variants["predict"] = [
+        VITDEPLOY,
+        "predict",
+        str(images),
+        "-a",
+        str(artifacts),
+        "-b",
+        "ort",
+        "-c",
+        str(pcfg),
+        "--json",
+    ]
+    print(
+        f"\n{label}: {n} JPEG photos, batch {opt}, {args.threads} ONNX Runtime threads in all; load average "
+        f"{loadavg()}",
+        flush=True,
+    )
     rates: dict[str, list[float]] = {k: [] for k in variants}
     others: dict[str, list[float]] = {k: [] for k in variants}
     ratios: dict[str, list[float]] = {k: [] for k in variants if k != "predict"}
     names = list(variants)
     for r in range(args.rounds):
         got = {}
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             out = work / f"out-{r}-{name.replace(', ', '-').replace(' ', '')}.parquet"
             cmd = [c.replace("{out}", str(out)) for c in variants[name]]
             wall, busy, code, tail = timed(cmd, env)
@@ -123,21 +156,32 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: P
             others[name].append(busy)
         for name in ratios:
             ratios[name].append(got[name] / got["predict"])
-        print(f"  round {r + 1}: " + ", ".join(f"{k} {v:.1f} img/s (others {others[k][-1]:.2f} cores)"
-                                               for k, v in got.items()), flush=True)
-    print(f"  {'variant':<18} {'img/s (median)':>14}  {'spread over rounds':<22} {'per worker':>10} {'others, cores':>14}")
+        print(
+            f"  round {r + 1}: "
+            + ", ".join(f"{k} {v:.1f} img/s (others {others[k][-1]:.2f} cores)" for k, v in got.items()),
+            flush=True,
+        )
+    print(
+        f"  {'variant':<18} {'img/s (median)':>14}  {'spread over rounds':<22} {'per worker':>10} "
+        f"{'others, cores':>14}"
+    )
     for name in names:
         workers = int(name.split(", ")[1].split()[0]) if name != "predict" else 1
         med = statistics.median(rates[name])
-        print(f"  {name:<18} {med:>14.1f}  {spread(rates[name]):<22} {med / workers:>10.1f} "
-              f"{statistics.median(others[name]):>14.2f}")
+        print(
+            f"  {name:<18} {med:>14.1f}  {spread(rates[name]):<22} {med / workers:>10.1f} "
+            f"{statistics.median(others[name]):>14.2f}"
+        )
     result = {}
     for name, values in ratios.items():
         ratio = statistics.median(values)
         busy = max(max(others[name]), max(others["predict"]))
         unreliable = busy > 0.25 * (os.cpu_count() or 1) or (max(values) - min(values)) > 0.15 * ratio
-        print(f"  {name} / predict: {ratio:.2f} (spread {spread(values)}); other processes up to {busy:.2f} cores; "
-              f"load average {loadavg()}" + ("\n  ! contention or spread high: this ratio is unreliable" if unreliable else ""))
+        print(
+            f"  {name} / predict: {ratio:.2f} (spread {spread(values)}); other processes up to {busy:.2f} cores; "
+            f"load average {loadavg()}"
+            + ("\n  ! contention or spread high: this ratio is unreliable" if unreliable else "")
+        )
         result[name] = {"ratio": ratio, "unreliable": unreliable}
     shutil.rmtree(work, ignore_errors=True)
     return result
@@ -147,8 +191,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ONNX Runtime intra-op threads in all")
-    ap.add_argument("--workers", type=lambda s: [int(v) for v in s.split(",")], default=[1, 2],
-                    help="comma-separated worker counts (default 1,2)")
+    ap.add_argument(
+        "--workers",
+        type=lambda s: [int(v) for v in s.split(",")],
+        default=[1, 2],
+        help="comma-separated worker counts (default 1,2)",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
     ap.add_argument("--models", default="vit-s16", help="comma-separated: vit-s16, demo")
@@ -157,8 +205,11 @@ def main() -> None:
     import onnxruntime
     import ray
 
-    print(f"cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); onnxruntime {onnxruntime.__version__}, ray {ray.__version__}; "
-          f"load average {loadavg()}")
+    print(
+        f"cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); onnxruntime {onnxruntime.__version__}, ray "
+        f"{ray.__version__}; "
+        f"load average {loadavg()}"
+    )
     args.cache.mkdir(parents=True, exist_ok=True)
     images = collection(args.cache, args.images)
     results = {}
@@ -168,8 +219,10 @@ def main() -> None:
         results[model] = bench_model(label, art, args, images, args.images)
     if "vit-s16" in results and "batch, 1 worker" in results["vit-s16"]:
         r = results["vit-s16"]["batch, 1 worker"]
-        print(f"\ntarget batch-predict >= {TARGET}x predict for ViT-S/16 on one machine: {r['ratio']:.2f} -> "
-              f"{'MET' if r['ratio'] >= TARGET else 'NOT MET'}" + (" (unreliable: see above)" if r["unreliable"] else ""))
+        print(
+            f"\ntarget batch-predict >= {TARGET}x predict for ViT-S/16 on one machine: {r['ratio']:.2f} -> "
+            f"{'MET' if r['ratio'] >= TARGET else 'NOT MET'}" + (" (unreliable: see above)" if r["unreliable"] else "")
+        )
 
 
 if __name__ == "__main__":

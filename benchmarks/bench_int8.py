@@ -49,8 +49,13 @@ TARGETS = {1: 3.3, 8: 3.0}  # ort-int8 vs ort, ViT-B/16
 OV_SPEED = 0.9  # ort-int8 must run at >= 0.9x openvino-int8's speed (issue 14)
 
 
-PERMISSIVE = {"max_abs_diff": 1e9, "mean_abs_diff": 1e9, "min_cosine": -1.0, "min_top1_agreement": 0.0,
-              "min_top5_overlap": 0.0}
+PERMISSIVE = {
+    "max_abs_diff": 1e9,
+    "mean_abs_diff": 1e9,
+    "min_cosine": -1.0,
+    "min_top1_agreement": 0.0,
+    "min_top5_overlap": 0.0,
+}
 
 
 def _config_data(model: str, cache: Path, purpose: str = "speed") -> dict:
@@ -80,15 +85,19 @@ def export(model: str, cache: Path, purpose: str = "speed") -> Path:
     if model != "demo":
         import torch
 
+        from vitdeploy.base.preprocess_spec import PreprocessSpec
         from vitdeploy.model.checkpoints import save_checkpoint
         from vitdeploy.model.vit import VARIANTS, VisionTransformer
-        from vitdeploy.base.preprocess_spec import PreprocessSpec
 
         torch.manual_seed(0)
         cfg = VARIANTS[model]
-        save_checkpoint(Path(data["model"]["checkpoint"]), VisionTransformer(cfg).eval(),
-                        [f"class_{i}" for i in range(cfg.num_classes)],
-                        PreprocessSpec(style="hf", height=cfg.image_size, width=cfg.image_size), f"{model}-random")
+        save_checkpoint(
+            Path(data["model"]["checkpoint"]),
+            VisionTransformer(cfg).eval(),
+            [f"class_{i}" for i in range(cfg.num_classes)],
+            PreprocessSpec(style="hf", height=cfg.image_size, width=cfg.image_size),
+            f"{model}-random",
+        )
     print(f"exporting {model} into {out} ...", flush=True)
     start = time.perf_counter()
     run_export(parse_config(data, None), out, engine="skip", validation_batch=(1, 8), heartbeat_s=None)
@@ -125,15 +134,23 @@ def export_images(model: str, cache: Path, out: Path, purpose: str = "speed") ->
     from vitdeploy.runtime.preprocess import Preprocessor
 
     cfg, artifacts = parse_config(_config_data(model, cache, purpose), None), Artifacts.open(out)
-    inputs = build_inputs(Preprocessor(artifacts.preprocess), validation_images(cfg), noise_samples=0,
-                          seed=cfg.validation.seed, min_count=1)
+    inputs = build_inputs(
+        Preprocessor(artifacts.preprocess),
+        validation_images(cfg),
+        noise_samples=0,
+        seed=cfg.validation.seed,
+        min_count=1,
+    )
     section = cfg.export.int8
-    calibration = calibration_batch(inputs.batch, inputs.names, max_images=section.calibration_images,
-                                    min_images=section.min_calibration_images)
+    calibration = calibration_batch(
+        inputs.batch, inputs.names, max_images=section.calibration_images, min_images=section.min_calibration_images
+    )
     recorded = artifacts.manifest.get("export", {}).get("int8", {}).get("calibration_images")
     if recorded is not None and recorded != len(calibration):
-        raise SystemExit(f"{out}: the int8 stage calibrated on {recorded} images, the benchmark picked "
-                         f"{len(calibration)}; delete the cached export and run again")
+        raise SystemExit(
+            f"{out}: the int8 stage calibrated on {recorded} images, the benchmark picked "
+            f"{len(calibration)}; delete the cached export and run again"
+        )
     return calibration_batch(inputs.batch, inputs.names, max_images=len(inputs.names), min_images=1), calibration
 
 
@@ -150,10 +167,14 @@ def open_openvino(args: argparse.Namespace, out: Path, backends: dict) -> tuple[
     from vitdeploy.runtime.artifacts import Artifacts
 
     images, calibration = export_images(args.model, args.cache, out)
-    runners, notes = _openvino.open_variants(Artifacts.open(out).path("onnx"), backends["ort"].input_shape,
-                                             args.threads, lambda: calibration,
-                                             out.parent / f"{out.name}-openvino-int8.xml",
-                                             pinning=False if args.openvino_no_pinning else None)
+    runners, notes = _openvino.open_variants(
+        Artifacts.open(out).path("onnx"),
+        backends["ort"].input_shape,
+        args.threads,
+        lambda: calibration,
+        out.parent / f"{out.name}-openvino-int8.xml",
+        pinning=False if args.openvino_no_pinning else None,
+    )
     backends.update(runners)
     for note in notes:
         print(note)
@@ -183,29 +204,45 @@ def openvino_summary(by: dict, acc: dict[str, dict], images: int, batches: list[
     pairs = [(ours["top1_agreement"], theirs["top1_agreement"]), (ours["cosine"], theirs["cosine"])]
     better = all(o >= t for o, t in pairs) and any(o > t for o, t in pairs)
     fast = all(v >= OV_SPEED for v in speed.values())
-    unreliable = bool(busy) or any(by[b, v]["spread"] > SPREAD_LIMIT for b in batches for v in ("ort-int8", "openvino-int8"))
+    unreliable = bool(busy) or any(
+        by[b, v]["spread"] > SPREAD_LIMIT for b in batches for v in ("ort-int8", "openvino-int8")
+    )
     verdict = "PASS" if better and fast else "FAIL"
-    print("\nort-int8 vs openvino-int8: speed " + ", ".join(f"batch {b} {v:.2f}x" for b, v in speed.items())
-          + f" (openvino-int8 p50 / ort-int8 p50, wanted >= {OV_SPEED}x); on {images} validation images vs eager: "
-          f"top-1 {ours['top1_agreement']:.2%} vs {theirs['top1_agreement']:.2%}, min cosine {ours['cosine']:.5f} vs "
-          f"{theirs['cosine']:.5f} -> {verdict}: {'better' if better else 'not better'} accuracy at "
-          f"{'>=' if fast else '<'} {OV_SPEED}x its speed" + (" (*timing unreliable)" if unreliable else ""))
-    return {"speed_vs_openvino_int8": speed, "better_accuracy": better, "fast_enough": fast, "verdict": verdict,
-            "unreliable": unreliable}
+    print(
+        "\nort-int8 vs openvino-int8: speed "
+        + ", ".join(f"batch {b} {v:.2f}x" for b, v in speed.items())
+        + f" (openvino-int8 p50 / ort-int8 p50, wanted >= {OV_SPEED}x); on {images} validation images vs eager: "
+        f"top-1 {ours['top1_agreement']:.2%} vs {theirs['top1_agreement']:.2%}, min cosine {ours['cosine']:.5f} vs "
+        f"{theirs['cosine']:.5f} -> {verdict}: {'better' if better else 'not better'} accuracy at "
+        f"{'>=' if fast else '<'} {OV_SPEED}x its speed" + (" (*timing unreliable)" if unreliable else "")
+    )
+    return {
+        "speed_vs_openvino_int8": speed,
+        "better_accuracy": better,
+        "fast_enough": fast,
+        "verdict": verdict,
+        "unreliable": unreliable,
+    }
 
 
-def openvino_report(backends: dict, images: np.ndarray, calibrated: int, by: dict, batches: list[int],
-                    busy: str | None) -> dict:
+def openvino_report(
+    backends: dict, images: np.ndarray, calibrated: int, by: dict, batches: list[int], busy: str | None
+) -> dict:
     """Print what OpenVINO compiled, every variant's accuracy on the export's validation images, and
     the ort-int8 vs openvino-int8 verdict."""
     compiled = {n: b.compiled_properties for n, b in backends.items() if hasattr(b, "compiled_properties")}
     for name, props in compiled.items():
         print(f"{name} compiled with {props}")
     acc = accuracy(backends, images)
-    print(f"\naccuracy vs eager FP32 on the export's {len(images)} real validation images (the first {calibrated} of "
-          f"them calibrated both INT8 variants):\n{'variant':<17} {'top1':>7} {'flips':>6} {'min cosine':>11} {'max|diff|':>10}")
+    print(
+        f"\naccuracy vs eager FP32 on the export's {len(images)} real validation images (the first {calibrated} of "
+        f"them calibrated both INT8 variants):\n{'variant':<17} {'top1':>7} {'flips':>6} {'min cosine':>11} "
+        f"{'max|diff|':>10}"
+    )
     for name, m in acc.items():
-        print(f"{name:<17} {m['top1_agreement']:>7.2%} {m['flipped']:>6} {m['cosine']:>11.6f} {m['max_abs_diff']:>10.3g}")
+        print(
+            f"{name:<17} {m['top1_agreement']:>7.2%} {m['flipped']:>6} {m['cosine']:>11.6f} {m['max_abs_diff']:>10.3g}"
+        )
     report = {"compiled": compiled, "accuracy": acc, "images": len(images)}
     if "openvino-int8" in acc:
         report["summary"] = openvino_summary(by, acc, len(images), batches, busy)
@@ -228,13 +265,19 @@ def accuracy_report(cache: Path, threads: int) -> dict:
     for b in backends.values():
         b.close()
     steps = record.get("autopilot") or []
-    print(f"\nACCURACY: the trained demo model, exported with the defaults (validation.int8, autopilot): "
-          f"{record['quantized_nodes']} MatMul/Gemm INT8, {len(record['keep_float'])} returned to float "
-          f"({len(steps)} autopilot step(s)); on {len(images)} real validation images vs eager FP32: top-1 "
-          f"{acc['top1_agreement']:.2%} ({acc['flipped']} flipped), min cosine {acc['cosine']:.6f}, max|diff| "
-          f"{acc['max_abs_diff']:.3g}")
-    return {"quantized_nodes": record["quantized_nodes"], "keep_float": record["keep_float"], "images": len(images),
-            **acc}
+    print(
+        f"\nACCURACY: the trained demo model, exported with the defaults (validation.int8, autopilot): "
+        f"{record['quantized_nodes']} MatMul/Gemm INT8, {len(record['keep_float'])} returned to float "
+        f"({len(steps)} autopilot step(s)); on {len(images)} real validation images vs eager FP32: top-1 "
+        f"{acc['top1_agreement']:.2%} ({acc['flipped']} flipped), min cosine {acc['cosine']:.6f}, max|diff| "
+        f"{acc['max_abs_diff']:.3g}"
+    )
+    return {
+        "quantized_nodes": record["quantized_nodes"],
+        "keep_float": record["keep_float"],
+        "images": len(images),
+        **acc,
+    }
 
 
 def main() -> int:
@@ -245,9 +288,14 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--dynamic", action="store_true", help="also time export.int8.mode: dynamic (batch-dependent)")
-    ap.add_argument("--no-openvino", action="store_true", help="leave the OpenVINO variants out where openvino imports")
-    ap.add_argument("--openvino-no-pinning", action="store_true",
-                    help="ENABLE_CPU_PINNING off for OpenVINO (ORT does not pin; OpenVINO's default pins its threads)")
+    ap.add_argument(
+        "--no-openvino", action="store_true", help="leave the OpenVINO variants out where openvino imports"
+    )
+    ap.add_argument(
+        "--openvino-no-pinning",
+        action="store_true",
+        help="ENABLE_CPU_PINNING off for OpenVINO (ORT does not pin; OpenVINO's default pins its threads)",
+    )
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "vitdeploy-bench-int8")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
@@ -279,14 +327,28 @@ def main() -> int:
         timings = interleaved(fns, warmup=args.warmup, iters=args.iters, seed=batch)
         for name, b in backends.items():
             p50, p90 = timings.median(name), timings.p90(name)
-            rows.append({"batch": batch, "variant": name, "p50_ms": p50, "p90_ms": p90, "spread": p90 / p50,
-                         "ms_per_img": p50 / batch, **drift(ref, b.run(x))})
+            rows.append(
+                {
+                    "batch": batch,
+                    "variant": name,
+                    "p50_ms": p50,
+                    "p90_ms": p90,
+                    "spread": p90 / p50,
+                    "ms_per_img": p50 / batch,
+                    **drift(ref, b.run(x)),
+                }
+            )
     window = contention(before, sample(), usable_cores())
     busy = busy_machine_reason(window, args.threads)
     by = {(r["batch"], r["variant"]): r for r in rows}
-    print(f"\ncontention while timed: {window.describe() if window else 'unknown'}" + (f"  -> BUSY: {busy}" if busy else ""))
-    print(f"{'batch':>5} {'variant':<17} {'p50 ms':>9} {'p90/p50':>8} {'ms/img':>8} {'vs ort':>8} {'vs eager':>9} "
-          f"{'max|diff|':>10} {'top1':>6}  flags")
+    print(
+        f"\ncontention while timed: {window.describe() if window else 'unknown'}"
+        + (f"  -> BUSY: {busy}" if busy else "")
+    )
+    print(
+        f"{'batch':>5} {'variant':<17} {'p50 ms':>9} {'p90/p50':>8} {'ms/img':>8} {'vs ort':>8} {'vs eager':>9} "
+        f"{'max|diff|':>10} {'top1':>6}  flags"
+    )
     for r in rows:
         base, eager = by[r["batch"], "ort"], by[r["batch"], "torch"]
         r["vs_ort"], r["vs_eager"] = base["p50_ms"] / r["p50_ms"], eager["p50_ms"] / r["p50_ms"]
@@ -294,18 +356,33 @@ def main() -> int:
         r["unreliable"] = sorted(set(spread)) + ([busy] if busy else [])
         target = TARGETS.get(r["batch"]) if r["variant"] == "ort-int8" else None
         flag = ("*unreliable: " + "; ".join(r["unreliable"])) if r["unreliable"] else ""
-        print(f"{r['batch']:>5} {r['variant']:<17} {r['p50_ms']:>9.3f} {r['spread']:>8.2f} {r['ms_per_img']:>8.3f} "
-              f"{r['vs_ort']:>7.2f}x {r['vs_eager']:>8.2f}x {r['max_abs_diff']:>10.3g} {r['top1_agreement']:>6.2f}  "
-              f"{flag}{'' if target is None else f'  (ViT-B/16 target vs ort: >= {target}x)'}")
-    print("\nvs ort / vs eager: that variant's p50 against our FP32 ort / eager PyTorch at the same batch (higher = faster);"
-          " max|diff|, top1: against eager on the timed (random) batch.")
+        print(
+            f"{r['batch']:>5} {r['variant']:<17} {r['p50_ms']:>9.3f} {r['spread']:>8.2f} {r['ms_per_img']:>8.3f} "
+            f"{r['vs_ort']:>7.2f}x {r['vs_eager']:>8.2f}x {r['max_abs_diff']:>10.3g} {r['top1_agreement']:>6.2f}  "
+            f"{flag}{'' if target is None else f'  (ViT-B/16 target vs ort: >= {target}x)'}"
+        )
+    print(
+        "\nvs ort / vs eager: that variant's p50 against our FP32 ort / eager PyTorch at the same batch (higher = "
+        "faster);"
+        " max|diff|, top1: against eager on the timed (random) batch."
+    )
     if args.model != "vit_base_patch16_224":
-        print(f"note: {args.model} is not the target's model (ViT-B/16): these ratios do not speak to the 3.3x / 3.0x target.")
+        print(
+            f"note: {args.model} is not the target's model (ViT-B/16): these ratios do not speak to the 3.3x / 3.0x "
+            "target."
+        )
     if busy or any(r["unreliable"] for r in rows):
-        print("warning: ratios marked * are unreliable (other work competed for the cores, or a figure's spread is "
-              "high); figures from a shared, loaded machine are not evidence for or against the target.")
-    result = {"env": env, "contention": window.to_dict() if window else None, "busy": busy, "rows": rows,
-              "accuracy": accuracy_report(args.cache, args.threads)}
+        print(
+            "warning: ratios marked * are unreliable (other work competed for the cores, or a figure's spread is "
+            "high); figures from a shared, loaded machine are not evidence for or against the target."
+        )
+    result = {
+        "env": env,
+        "contention": window.to_dict() if window else None,
+        "busy": busy,
+        "rows": rows,
+        "accuracy": accuracy_report(args.cache, args.threads),
+    }
     if openvino is not None:
         result["openvino"] = openvino_report(backends, *openvino, by, batches, busy)
     if args.json:

@@ -10,7 +10,7 @@ Flow (all weights identical, random, seeded; nothing is downloaded):
      optimize_for_ort (model.ort.onnx), plus any extra variants asked for;
   3. every variant timed in ONE process, interleaved round-robin (random order each round), repeated.
 
-    .venv/bin/python benchmarks/bench_ort_speed.py                 # defaults: 2 threads, 30 warm-up + 100 rounds, 2 repeats
+    .venv/bin/python benchmarks/bench_ort_speed.py    # defaults: 2 threads, 30 warm-up + 100 rounds, 2 repeats
     .venv/bin/python benchmarks/bench_ort_speed.py --variants all --iters 40 --repeat 1
 """
 
@@ -33,22 +33,23 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from vitdeploy.evaluate.reliability import sample  # noqa: E402
 from _common import background_load, contention_since, drift, environment, interleaved, ort_session, version  # noqa: E402
+
+from vitdeploy.evaluate.reliability import sample  # noqa: E402
 
 # name -> (graph, ORT settings) ; "eager" is PyTorch. Graphs: see build_graphs().
 VARIANTS: dict[str, tuple[str, dict]] = {
-    "ort": ("onnx", {}),                                   # model.onnx as OrtBackend runs it today
-    "ort-opt": ("ort", {}),                                # model.ort.onnx: fused MHA/SkipLN/BiasGelu, last block cls-only
+    "ort": ("onnx", {}),  # model.onnx as OrtBackend runs it today
+    "ort-opt": ("ort", {}),  # model.ort.onnx: fused MHA/SkipLN/BiasGelu, last block cls-only
     "ort-nospin": ("onnx", {"spinning": False}),
-    "ort-opt-nospin": ("ort", {"spinning": False}),        # model.ort.onnx, idle threads block (no spinning)
-    "ort-opt-spinstop": ("ort", {"spin_stop": True}),      # spin during a run, stop when it returns
-    "optimum": ("optimum", {}),                            # Optimum's export, ORT defaults + intra threads
-    "optimum-nospin": ("optimum", {"spinning": False}),   # same session settings as ours: graph-only comparison
-    "ort-legacy": ("legacy", {}),                          # torch.onnx.export(dynamo=False), unfused
-    "ort-opt-attn": ("ort-attn", {"spinning": False}),    # contrib Attention (does the qkv GEMM itself), all tokens
+    "ort-opt-nospin": ("ort", {"spinning": False}),  # model.ort.onnx, idle threads block (no spinning)
+    "ort-opt-spinstop": ("ort", {"spin_stop": True}),  # spin during a run, stop when it returns
+    "optimum": ("optimum", {}),  # Optimum's export, ORT defaults + intra threads
+    "optimum-nospin": ("optimum", {"spinning": False}),  # same session settings as ours: graph-only comparison
+    "ort-legacy": ("legacy", {}),  # torch.onnx.export(dynamo=False), unfused
+    "ort-opt-attn": ("ort-attn", {"spinning": False}),  # contrib Attention (does the qkv GEMM itself), all tokens
     "ort-opt-allrows": ("ort-allrows", {"spinning": False}),  # as ort-opt-nospin, last block for all 197 tokens
-    "ort-opt-skipln": ("ort-skipln", {"spinning": False}),    # as ort-opt-nospin + SkipLayerNormalization
+    "ort-opt-skipln": ("ort-skipln", {"spinning": False}),  # as ort-opt-nospin + SkipLayerNormalization
     "ort-opt-fastgelu": ("ort-fastgelu", {"spinning": False}),  # tanh GELU approximation: NOT exact
     "ort-extended": ("onnx", {"level": "extended"}),
     "ort-opt-inter1": ("ort", {"spinning": False, "inter_op": 1}),
@@ -64,6 +65,7 @@ def log(msg: str) -> None:
 
 
 # --------------------------------------------------------------------------- step 0/1: bench venv + Optimum
+
 
 def ensure_bench_venv(venv: Path) -> Path:
     py = venv / "bin" / "python"
@@ -91,6 +93,7 @@ def make_optimum(py: Path, work: Path, seed: int) -> dict:
 
 # --------------------------------------------------------------------------- step 2: our graphs
 
+
 def build_graphs(model, cfg, work: Path, needed: set[str], reuse_onnx: bool = False) -> dict[str, Path]:
     from vitdeploy.export.onnx import export_onnx
     from vitdeploy.export.optimize import fused_op_counts, optimize_for_ort
@@ -103,15 +106,26 @@ def build_graphs(model, cfg, work: Path, needed: set[str], reuse_onnx: bool = Fa
         t = time.perf_counter()
         graphs["onnx"] = export_onnx(model, ours / "model.onnx", image_size=cfg.image_size).path
         log(f"  export_onnx (dynamo, opset 18): {time.perf_counter() - t:.1f}s")
-    jobs = {"ort": {}, "ort-attn": {"attention": "Attention"}, "ort-fastgelu": {"gelu_approximation": True},
-            "ort-allrows": {"class_token_only": False}, "ort-skipln": {"skip_layer_norm": True}}
-    names = {"ort": "model.ort.onnx", "ort-attn": "model.ort.attention.onnx", "ort-fastgelu": "model.ort.fastgelu.onnx",
-             "ort-allrows": "model.ort.allrows.onnx", "ort-skipln": "model.ort.skipln.onnx"}
+    jobs = {
+        "ort": {},
+        "ort-attn": {"attention": "Attention"},
+        "ort-fastgelu": {"gelu_approximation": True},
+        "ort-allrows": {"class_token_only": False},
+        "ort-skipln": {"skip_layer_norm": True},
+    }
+    names = {
+        "ort": "model.ort.onnx",
+        "ort-attn": "model.ort.attention.onnx",
+        "ort-fastgelu": "model.ort.fastgelu.onnx",
+        "ort-allrows": "model.ort.allrows.onnx",
+        "ort-skipln": "model.ort.skipln.onnx",
+    }
     for key, kwargs in jobs.items():
         if key in needed:
             t = time.perf_counter()
-            graphs[key] = optimize_for_ort(graphs["onnx"], ours / names[key], num_heads=cfg.heads,
-                                           hidden_size=cfg.width, **kwargs)
+            graphs[key] = optimize_for_ort(
+                graphs["onnx"], ours / names[key], num_heads=cfg.heads, hidden_size=cfg.width, **kwargs
+            )
             log(f"  optimize_for_ort -> {names[key]}: {time.perf_counter() - t:.1f}s {fused_op_counts(graphs[key])}")
     if "legacy" in needed:
         import torch
@@ -120,14 +134,22 @@ def build_graphs(model, cfg, work: Path, needed: set[str], reuse_onnx: bool = Fa
         graphs["legacy"] = ours / "model.legacy.onnx"
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            torch.onnx.export(model, (torch.zeros(1, 3, cfg.image_size, cfg.image_size),), str(graphs["legacy"]),
-                              input_names=["pixel_values"], output_names=["logits"], opset_version=18,
-                              dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}}, dynamo=False)
+            torch.onnx.export(
+                model,
+                (torch.zeros(1, 3, cfg.image_size, cfg.image_size),),
+                str(graphs["legacy"]),
+                input_names=["pixel_values"],
+                output_names=["logits"],
+                opset_version=18,
+                dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}},
+                dynamo=False,
+            )
         log(f"  torch.onnx.export(dynamo=False): {time.perf_counter() - t:.1f}s")
     return graphs
 
 
 # --------------------------------------------------------------------------- step 3: timing
+
 
 def round_ratio(timings, base: str, name: str) -> float:
     """Median over rounds of base/name latency, each round's pair measured back to back."""
@@ -147,25 +169,39 @@ def table(timings, names: list[str], base_eager: str | None, base_opt: str | Non
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bench-venv", type=Path, default=REPO / ".venv-bench",
-                    help="venv with optimum-onnx (created if missing; default: %(default)s)")
+    ap.add_argument(
+        "--bench-venv",
+        type=Path,
+        default=REPO / ".venv-bench",
+        help="venv with optimum-onnx (created if missing; default: %(default)s)",
+    )
     ap.add_argument("--workdir", type=Path, default=None, help="keep graphs here (default: a temp dir, removed)")
     ap.add_argument("--reuse", action="store_true", help="reuse graphs already in --workdir")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=30, help="discarded rounds (default %(default)s)")
     ap.add_argument("--iters", type=int, default=100, help="timed rounds per repeat (default %(default)s)")
     ap.add_argument("--repeat", type=int, default=2, help="whole measurements (default %(default)s)")
-    ap.add_argument("--variants", default=",".join(DEFAULT_VARIANTS),
-                    help=f"comma list or 'all' from: eager, {', '.join(VARIANTS)}")
+    ap.add_argument(
+        "--variants",
+        default=",".join(DEFAULT_VARIANTS),
+        help=f"comma list or 'all' from: eager, {', '.join(VARIANTS)}",
+    )
     ap.add_argument("--ours", default="ort-opt-nospin", help="variant checked against the target")
     ap.add_argument("--gap-ms", type=float, default=0.0, help="sleep before each timed call")
-    ap.add_argument("--background-load", type=int, default=0, metavar="N",
-                    help="run N busy-looping processes while timing (a shared CPU, reproducibly)")
+    ap.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N busy-looping processes while timing (a shared CPU, reproducibly)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="write all results here")
     args = ap.parse_args()
 
-    names = ["eager", *VARIANTS] if args.variants == "all" else [v.strip() for v in args.variants.split(",") if v.strip()]
+    names = (
+        ["eager", *VARIANTS] if args.variants == "all" else [v.strip() for v in args.variants.split(",") if v.strip()]
+    )
     unknown = [n for n in names if n != "eager" and n not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}")
@@ -175,7 +211,8 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     env = environment(args.threads)
     env["torch_threads"] = torch.get_num_threads()
-    log("== environment"); log(json.dumps(env, indent=1))
+    log("== environment")
+    log(json.dumps(env, indent=1))
 
     tmp = None
     work = args.workdir
@@ -206,9 +243,14 @@ def main() -> int:
         needed = {VARIANTS[n][0] for n in names if n != "eager"}
         if args.reuse and all((work / "ours" / f).is_file() for f in ("model.onnx",)):
             graphs = {"optimum": work / "optimum" / "model.onnx", "onnx": work / "ours" / "model.onnx"}
-            extra = {"ort": "model.ort.onnx", "ort-attn": "model.ort.attention.onnx",
-                     "ort-fastgelu": "model.ort.fastgelu.onnx", "ort-allrows": "model.ort.allrows.onnx",
-                     "ort-skipln": "model.ort.skipln.onnx", "legacy": "model.legacy.onnx"}
+            extra = {
+                "ort": "model.ort.onnx",
+                "ort-attn": "model.ort.attention.onnx",
+                "ort-fastgelu": "model.ort.fastgelu.onnx",
+                "ort-allrows": "model.ort.allrows.onnx",
+                "ort-skipln": "model.ort.skipln.onnx",
+                "legacy": "model.legacy.onnx",
+            }
             missing = {k for k in needed if k in extra and not (work / "ours" / extra[k]).is_file()}
             graphs.update({k: work / "ours" / v for k, v in extra.items() if k in needed and k not in missing})
             if missing:
@@ -223,17 +265,19 @@ def main() -> int:
         fns, runners = {}, {}
         for n in names:
             if n == "eager":
+
                 def run_eager(inp, m=model):
                     with torch.inference_mode():
                         return m(torch.from_numpy(inp)).numpy()
+
                 runners[n] = run_eager
-                fns[n] = (lambda: run_eager(x))
+                fns[n] = lambda: run_eager(x)
                 continue
             graph, settings = VARIANTS[n]
             sess = ort_session(str(graphs[graph]), threads=args.threads, **settings)
             iname = sess.get_inputs()[0].name
-            runners[n] = (lambda inp, s=sess, i=iname: s.run(None, {i: inp})[0])
-            fns[n] = (lambda s=sess, i=iname: s.run(None, {i: x}))
+            runners[n] = lambda inp, s=sess, i=iname: s.run(None, {i: inp})[0]
+            fns[n] = lambda s=sess, i=iname: s.run(None, {i: x})
         del xt
 
         checks = [rng.standard_normal((1, 3, cfg.image_size, cfg.image_size)).astype(np.float32) for _ in range(8)]
@@ -245,27 +289,48 @@ def main() -> int:
                 continue
             got = np.concatenate([runners[n](c) for c in checks])
             drifts[n] = drift(ref, got)
-            ok = drifts[n]["max_abs_diff"] <= MAX_ABS and drifts[n]["mean_abs_diff"] <= MEAN_ABS and drifts[n]["top1_agreement"] == 1.0
-            log(f"  {n:18s} max|diff| {drifts[n]['max_abs_diff']:.2e}  mean {drifts[n]['mean_abs_diff']:.2e}  "
-                f"top-1 {drifts[n]['top1_agreement']:.3f}  {'ok' if ok else 'FAILS FP32 thresholds'}")
+            ok = (
+                drifts[n]["max_abs_diff"] <= MAX_ABS
+                and drifts[n]["mean_abs_diff"] <= MEAN_ABS
+                and drifts[n]["top1_agreement"] == 1.0
+            )
+            log(
+                f"  {n:18s} max|diff| {drifts[n]['max_abs_diff']:.2e}  mean {drifts[n]['mean_abs_diff']:.2e}  "
+                f"top-1 {drifts[n]['top1_agreement']:.3f}  {'ok' if ok else 'FAILS FP32 thresholds'}"
+            )
 
         results = []
         for rep in range(args.repeat):
-            log(f"== repeat {rep + 1}/{args.repeat}: {args.warmup} warm-up + {args.iters} timed rounds, "
-                f"{len(fns)} variants, {args.background_load} background busy processes")
+            log(
+                f"== repeat {rep + 1}/{args.repeat}: {args.warmup} warm-up + {args.iters} timed rounds, "
+                f"{len(fns)} variants, {args.background_load} background busy processes"
+            )
             t, before = time.perf_counter(), sample()
             total = args.warmup + args.iters
 
             def progress(r: int, total: int = total) -> None:
                 if r % 10 == 0 or r == total:
-                    print(f"   round {r}/{total} ({'warm-up' if r <= args.warmup else 'timed'})", file=sys.stderr, flush=True)
+                    print(
+                        f"   round {r}/{total} ({'warm-up' if r <= args.warmup else 'timed'})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
 
             with background_load(args.background_load):
-                timings = interleaved(fns, warmup=args.warmup, iters=args.iters, seed=args.seed + rep,
-                                      gap_s=args.gap_ms / 1000, progress=progress)
+                timings = interleaved(
+                    fns,
+                    warmup=args.warmup,
+                    iters=args.iters,
+                    seed=args.seed + rep,
+                    gap_s=args.gap_ms / 1000,
+                    progress=progress,
+                )
             log(f"   ({time.perf_counter() - t:.0f}s; {contention_since(before)})")
             log(table(timings, names, "eager" if "eager" in fns else None, "optimum" if "optimum" in fns else None))
-            rec = {n: {"median_ms": timings.median(n), "p90_ms": timings.p90(n), "mean_ms": timings.mean(n)} for n in names}
+            rec = {
+                n: {"median_ms": timings.median(n), "p90_ms": timings.p90(n), "mean_ms": timings.mean(n)}
+                for n in names
+            }
             for n in names:
                 for base in ("eager", "optimum"):
                     if base in fns:
@@ -273,17 +338,32 @@ def main() -> int:
             if args.ours in fns:
                 if "eager" in fns:
                     r = round_ratio(timings, "eager", args.ours)
-                    log(f"   target {args.ours} vs eager:   {r:.2f}x (need >= {TARGET_VS_EAGER}x) "
-                        f"{'PASS' if r >= TARGET_VS_EAGER else 'FAIL'}")
+                    log(
+                        f"   target {args.ours} vs eager:   {r:.2f}x (need >= {TARGET_VS_EAGER}x) "
+                        f"{'PASS' if r >= TARGET_VS_EAGER else 'FAIL'}"
+                    )
                 if "optimum" in fns:
                     r = round_ratio(timings, "optimum", args.ours)
-                    log(f"   target {args.ours} vs optimum: {r:.3f}x (need >= {TARGET_VS_OPTIMUM}x) "
-                        f"{'PASS' if r >= TARGET_VS_OPTIMUM else 'FAIL'}")
+                    log(
+                        f"   target {args.ours} vs optimum: {r:.3f}x (need >= {TARGET_VS_OPTIMUM}x) "
+                        f"{'PASS' if r >= TARGET_VS_OPTIMUM else 'FAIL'}"
+                    )
             results.append({"timings": rec, "samples_ms": timings.samples_ms})
         if args.json:
-            args.json.write_text(json.dumps({"environment": env, "bench_venv": info, "args": vars(args) | {
-                "bench_venv": str(args.bench_venv), "workdir": str(args.workdir), "json": str(args.json)},
-                "drift": drifts, "repeats": results}, indent=1, default=str))
+            args.json.write_text(
+                json.dumps(
+                    {
+                        "environment": env,
+                        "bench_venv": info,
+                        "args": vars(args)
+                        | {"bench_venv": str(args.bench_venv), "workdir": str(args.workdir), "json": str(args.json)},
+                        "drift": drifts,
+                        "repeats": results,
+                    },
+                    indent=1,
+                    default=str,
+                )
+            )
             log(f"wrote {args.json}")
         return 0
     finally:

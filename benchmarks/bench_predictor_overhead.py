@@ -56,12 +56,15 @@ def print_environment(threads: list[int | None]) -> None:
     import onnxruntime as ort
 
     print("== environment")
-    print(f"cpu          : {cpu_model()} ({os.cpu_count()} logical CPUs, affinity "
-          f"{sorted(os.sched_getaffinity(0))})")
-    print(f"python       : {platform.python_version()}; numpy {np.__version__}; onnxruntime {ort.__version__} "
-          f"({', '.join(ort.get_available_providers())})")
-    print(f"ort threads  : {', '.join('default' if t is None else str(t) for t in threads)} "
-          f"(intra-op; BackendOptions.threads)")
+    print(f"cpu          : {cpu_model()} ({os.cpu_count()} logical CPUs, affinity {sorted(os.sched_getaffinity(0))})")
+    print(
+        f"python       : {platform.python_version()}; numpy {np.__version__}; onnxruntime {ort.__version__} "
+        f"({', '.join(ort.get_available_providers())})"
+    )
+    print(
+        f"ort threads  : {', '.join('default' if t is None else str(t) for t in threads)} "
+        f"(intra-op; BackendOptions.threads)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -96,22 +99,29 @@ def random_vit_artifacts(variant: str, cache: Path) -> Path:
     import torch
 
     from vitdeploy.base.config import parse_config
+    from vitdeploy.base.preprocess_spec import PreprocessSpec
     from vitdeploy.export.pipeline import run_export
     from vitdeploy.model.checkpoints import save_checkpoint
     from vitdeploy.model.vit import VARIANTS, VisionTransformer
-    from vitdeploy.base.preprocess_spec import PreprocessSpec
 
     torch.manual_seed(0)
     cfg = VARIANTS[variant]
     model = VisionTransformer(cfg).eval()
     ckpt = cache / f"{variant}-random-checkpoint"
-    save_checkpoint(ckpt, model, [f"class_{i}" for i in range(cfg.num_classes)],
-                    PreprocessSpec(style="hf", height=cfg.image_size, width=cfg.image_size), f"{variant}-random")
-    config = parse_config({
-        "model": {"checkpoint": str(ckpt)},
-        "export": {"fp16": {"enabled": False}},
-        "validation": {"max_images": 8, "noise_samples": 8},
-    })
+    save_checkpoint(
+        ckpt,
+        model,
+        [f"class_{i}" for i in range(cfg.num_classes)],
+        PreprocessSpec(style="hf", height=cfg.image_size, width=cfg.image_size),
+        f"{variant}-random",
+    )
+    config = parse_config(
+        {
+            "model": {"checkpoint": str(ckpt)},
+            "export": {"fp16": {"enabled": False}},
+            "validation": {"max_images": 8, "noise_samples": 8},
+        }
+    )
     print(f"exporting {variant} (random weights) into {out} ...")
     start = time.perf_counter()
     run_export(config, out, engine="skip", validation_batch=(1, BATCH))
@@ -159,8 +169,9 @@ def quartiles(values: list[float]) -> tuple[float, float]:
     return q[0], q[2]
 
 
-def bench_one(label: str, directory: Path, threads: int | None, rounds: int, heavy_rounds: int,
-              budget_s: float) -> dict[str, float]:
+def bench_one(
+    label: str, directory: Path, threads: int | None, rounds: int, heavy_rounds: int, budget_s: float
+) -> dict[str, float]:
     from vitdeploy.runtime.backends.base import BackendOptions
     from vitdeploy.runtime.predictor import Predictor
 
@@ -193,7 +204,9 @@ def bench_one(label: str, directory: Path, threads: int | None, rounds: int, hea
     base = per["session.run (bare)"]
     print(f"\n{label}: {directory}")
     print(f"  {predictor.describe()}; input {BATCH}x{c}x{h}x{w} float32; {rounds} rounds x {calls} calls")
-    print(f"  {'variant':40s} {'ms/call (median)':>17s} {'overhead vs bare (median, IQR)':>32s} {'added us':>9s}  target")
+    print(
+        f"  {'variant':40s} {'ms/call (median)':>17s} {'overhead vs bare (median, IQR)':>32s} {'added us':>9s}  target"
+    )
     result = {"bare_s": statistics.median(base)}
     for name, secs in per.items():
         ms = statistics.median(secs) * 1e3
@@ -203,7 +216,9 @@ def bench_one(label: str, directory: Path, threads: int | None, rounds: int, hea
             med, (lo, hi) = statistics.median(rel), quartiles(rel)
             added = statistics.median([(s - b) * 1e6 for s, b in zip(secs, base)])
             result[name] = med
-            verdict = ("PASS" if med <= TARGET else "FAIL") + f" vs {TARGET:.0%}" if name == "predict_logits" else "(info)"
+            verdict = (
+                ("PASS" if med <= TARGET else "FAIL") + f" vs {TARGET:.0%}" if name == "predict_logits" else "(info)"
+            )
             line += f" {med:+11.2%} ({lo:+.2%} .. {hi:+.2%}) {added:9.1f}  {verdict}"
         print(line)
     predictor.close()
@@ -239,20 +254,34 @@ def fixed_cost_us(directory: Path) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--artifacts", type=Path, action="append", default=[],
-                    help="an export directory to measure (repeatable); default: the demo export and a random ViT-S/16")
-    ap.add_argument("--demo-dir", type=Path, default=Path("/tmp/bench_demo_art"),
-                    help="where the demo model is (or gets) exported (default /tmp/bench_demo_art)")
+    ap.add_argument(
+        "--artifacts",
+        type=Path,
+        action="append",
+        default=[],
+        help="an export directory to measure (repeatable); default: the demo export and a random ViT-S/16",
+    )
+    ap.add_argument(
+        "--demo-dir",
+        type=Path,
+        default=Path("/tmp/bench_demo_art"),
+        help="where the demo model is (or gets) exported (default /tmp/bench_demo_art)",
+    )
     ap.add_argument("--wait-demo", type=float, default=0.0, help="seconds to wait for vitdeploy/demo/model.json")
     ap.add_argument("--variant", default="vit_small_patch16_224", help="random-weight ViT to export and measure")
     ap.add_argument("--no-variant", action="store_true", help="skip the random-weight ViT")
     ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"export cache (default {DEFAULT_CACHE})")
-    ap.add_argument("--threads", default="1,2", help="ONNX Runtime intra-op threads to try, comma-separated; 0 = default")
+    ap.add_argument(
+        "--threads", default="1,2", help="ONNX Runtime intra-op threads to try, comma-separated; 0 = default"
+    )
     ap.add_argument("--rounds", type=int, default=20, help="interleaved rounds (default 20)")
-    ap.add_argument("--heavy-rounds", type=int, default=10,
-                    help="rounds for a model slower than 0.1 s a call (default 10)")
+    ap.add_argument(
+        "--heavy-rounds", type=int, default=10, help="rounds for a model slower than 0.1 s a call (default 10)"
+    )
     ap.add_argument("--repeats", type=int, default=2, help="independent repeats (default 2)")
-    ap.add_argument("--budget", type=float, default=0.2, help="seconds per variant per round for fast models (default 0.2)")
+    ap.add_argument(
+        "--budget", type=float, default=0.2, help="seconds per variant per round for fast models (default 0.2)"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -271,11 +300,13 @@ def main() -> None:
     fixed: dict[str, dict[str, float]] = {}
     for label, directory in targets:
         fixed[label] = costs = fixed_cost_us(directory)
-        print(f"\n{label}: vitdeploy's own cost per call with a stub session (us): "
-              + ", ".join(f"{k} {v:.1f}" for k, v in costs.items()))
-    from vitdeploy.evaluate.reliability import sample
-
+        print(
+            f"\n{label}: vitdeploy's own cost per call with a stub session (us): "
+            + ", ".join(f"{k} {v:.1f}" for k, v in costs.items())
+        )
     from _common import contention_since
+
+    from vitdeploy.evaluate.reliability import sample
 
     before = sample()
     for rep in range(args.repeats):
@@ -291,8 +322,13 @@ def main() -> None:
     print(f"\n== while timed: {contention_since(before)}")
     print("\n== summary (median overhead over the bare session.run, per repeat)")
     for (name, what), vals in summary.items():
-        verdict = ("PASS" if max(vals) <= TARGET else "FAIL") + f" vs {TARGET:.0%}" if what == "predict_logits" else "(info)"
-        print(f"{name:52s} {what:15s} {', '.join(f'{v:+.2%}' for v in vals)}  spread {max(vals) - min(vals):.2%}  {verdict}")
+        verdict = (
+            ("PASS" if max(vals) <= TARGET else "FAIL") + f" vs {TARGET:.0%}" if what == "predict_logits" else "(info)"
+        )
+        print(
+            f"{name:52s} {what:15s} {', '.join(f'{v:+.2%}' for v in vals)}  spread {max(vals) - min(vals):.2%}  "
+            f"{verdict}"
+        )
     print("\n== the same from the fixed cost (stub session; free of the machine's noise): cost / bare call")
     for key, secs in bare.items():
         label, t = key.split("|")

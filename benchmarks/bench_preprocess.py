@@ -41,21 +41,36 @@ from PIL import Image, features
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vitdeploy.base.preprocess_spec import PreprocessSpec
 from vitdeploy.evaluate.bench import cpu_model
 from vitdeploy.runtime import preprocess as preprocess_mod
 from vitdeploy.runtime.images import load_image
 from vitdeploy.runtime.preprocess import Preprocessor
-from vitdeploy.base.preprocess_spec import PreprocessSpec
 
 TARGET = 0.70
 SIZES = ((500, 375), (375, 500))
 # scikit-image ships these in its wheel; each is a real photograph in colour.
-PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "motorcycle_left", "motorcycle_right",
-          "hubble_deep_field", "immunohistochemistry")
+PHOTOS = (
+    "astronaut",
+    "coffee",
+    "chelsea",
+    "rocket",
+    "motorcycle_left",
+    "motorcycle_right",
+    "hubble_deep_field",
+    "immunohistochemistry",
+)
 
 HF = PreprocessSpec(style="hf", height=224, width=224, interpolation="bilinear")
-TIMM = PreprocessSpec(style="timm", height=224, width=224, crop_pct=0.9, interpolation="bicubic",
-                      mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+TIMM = PreprocessSpec(
+    style="timm",
+    height=224,
+    width=224,
+    crop_pct=0.9,
+    interpolation="bicubic",
+    mean=(0.485, 0.456, 0.406),
+    std=(0.229, 0.224, 0.225),
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,12 +82,16 @@ def print_environment(cpu: int) -> None:
 
     print("== environment")
     print(f"cpu           : {cpu_model()} ({os.cpu_count()} logical CPUs)")
-    print(f"pinned to     : CPU {cpu} (sched_setaffinity -> {sorted(os.sched_getaffinity(0))}); "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+    print(
+        f"pinned to     : CPU {cpu} (sched_setaffinity -> {sorted(os.sched_getaffinity(0))}); "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
+    )
     print(f"python        : {platform.python_version()} ({platform.python_implementation()})")
     jpeg = features.version("libjpeg_turbo") if features.check_feature("libjpeg_turbo") else None
-    print(f"pillow        : {PIL.__version__} (jpeg codec {features.version_codec('jpg')}, "
-          f"libjpeg-turbo {jpeg or 'no'}, SIMD resample: no (stock Pillow))")
+    print(
+        f"pillow        : {PIL.__version__} (jpeg codec {features.version_codec('jpg')}, "
+        f"libjpeg-turbo {jpeg or 'no'}, SIMD resample: no (stock Pillow))"
+    )
     print(f"numpy         : {np.__version__}; scikit-image {skimage.__version__}")
 
 
@@ -111,15 +130,21 @@ def check_exactness(paths: list[Path]) -> None:
         import transformers
 
         cls = getattr(transformers, "ViTImageProcessorPil", None) or transformers.ViTImageProcessor
-        proc = cls(size={"height": 224, "width": 224}, resample=int(Image.Resampling.BILINEAR),
-                   image_mean=list(HF.mean), image_std=list(HF.std))
+        proc = cls(
+            size={"height": 224, "width": 224},
+            resample=int(Image.Resampling.BILINEAR),
+            image_mean=list(HF.mean),
+            image_std=list(HF.std),
+        )
         hf = Preprocessor(HF)
         worst = max(
             float(np.abs(proc(images=Image.open(p), return_tensors="np")["pixel_values"][0] - hf(p)).max())
             for p in paths
         )
-        print(f"hf style vs transformers {transformers.__version__} {cls.__name__}: max |diff| "
-              f"{worst:.2e} (reference tolerance 1e-5)")
+        print(
+            f"hf style vs transformers {transformers.__version__} {cls.__name__}: max |diff| "
+            f"{worst:.2e} (reference tolerance 1e-5)"
+        )
     except ImportError:
         print("hf style vs transformers: skipped (transformers not installed)")
     # Image.draft (JPEG DCT-domain downscale by 1/2, 1/4, 1/8) keeps both sides >= the request.
@@ -128,9 +153,15 @@ def check_exactness(paths: list[Path]) -> None:
         for want in ((224, 224), preprocess_mod.timm_resize_size(size, (224, 224), TIMM.crop_pct)):
             if size[0] // 2 >= want[0] and size[1] // 2 >= want[1]:
                 reducible.append(f"{size} -> {want}")
-    print("Image.draft (JPEG DCT scaling): "
-          + (f"could reduce {reducible}" if reducible else "cannot reduce any of these files (it needs "
-             ">= 2x the resize target on both sides), so it is no lever for ImageNet-size JPEGs"))
+    print(
+        "Image.draft (JPEG DCT scaling): "
+        + (
+            f"could reduce {reducible}"
+            if reducible
+            else "cannot reduce any of these files (it needs "
+            ">= 2x the resize target on both sides), so it is no lever for ImageNet-size JPEGs"
+        )
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,8 +173,9 @@ def bare_decode(path: Path) -> None:
     im.load()
 
 
-def run_round(paths: list[Path], fns: dict[str, Callable[[Path], object]],
-              order: list[str]) -> dict[str, tuple[float, float]]:
+def run_round(
+    paths: list[Path], fns: dict[str, Callable[[Path], object]], order: list[str]
+) -> dict[str, tuple[float, float]]:
     """(wall, CPU) seconds per image of each function over all ``paths``, in ``order``."""
     out = {}
     for name in order:
@@ -155,8 +187,9 @@ def run_round(paths: list[Path], fns: dict[str, Callable[[Path], object]],
     return out
 
 
-def measure(paths: list[Path], fns: dict[str, Callable[[Path], object]],
-            rounds: int) -> dict[str, list[tuple[float, float]]]:
+def measure(
+    paths: list[Path], fns: dict[str, Callable[[Path], object]], rounds: int
+) -> dict[str, list[tuple[float, float]]]:
     names = list(fns)
     run_round(paths, fns, names)  # warm-up: page cache, imports, allocator
     per: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
@@ -178,8 +211,10 @@ def spread(values: list[float]) -> str:
 def report(per: dict[str, list[tuple[float, float]]], ratio_of: dict[str, str]) -> dict[str, tuple[float, float]]:
     """Prints the table; returns name -> (median wall ratio, median CPU-time ratio)."""
     base = per["bare decode"]
-    print(f"{'pipeline':40s} {'wall ms/img':>11s} {'CPU ms/img':>10s} {'img/s':>7s}  "
-          f"{'ratio, wall (IQR)':>20s}  {'ratio, CPU (IQR)':>20s}  target")
+    print(
+        f"{'pipeline':40s} {'wall ms/img':>11s} {'CPU ms/img':>10s} {'img/s':>7s}  "
+        f"{'ratio, wall (IQR)':>20s}  {'ratio, CPU (IQR)':>20s}  target"
+    )
     ratios = {}
     for name, vals in per.items():
         wall_ms = statistics.median(v[0] for v in vals) * 1e3
@@ -191,8 +226,11 @@ def report(per: dict[str, list[tuple[float, float]]], ratio_of: dict[str, str]) 
             rc = [b[1] / v[1] for b, v in zip(base, vals)]
             mw, mc = statistics.median(rw), statistics.median(rc)
             ratios[name] = (mw, mc)
-            verdict = (("PASS" if min(mw, mc) >= TARGET else "FAIL") + f" vs {TARGET:.2f}"
-                       if ratio_of[name] == "target" else "(info)")
+            verdict = (
+                ("PASS" if min(mw, mc) >= TARGET else "FAIL") + f" vs {TARGET:.2f}"
+                if ratio_of[name] == "target"
+                else "(info)"
+            )
             line += f"  {mw:6.3f} ({spread(rw)})  {mc:6.3f} ({spread(rc)})  {verdict}"
         print(line)
     return ratios
@@ -244,10 +282,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vitdeploy-bench-") as tmp:
         paths = make_jpegs(Path(tmp))
         total = sum(p.stat().st_size for p in paths)
-        print(f"data          : {len(paths)} JPEGs q90 from scikit-image photos "
-              f"({', '.join(f'{w}x{h}' for w, h in SIZES)}), {total / len(paths) / 1024:.0f} KiB average")
-        print(f"specs         : hf  = {HF.height}x{HF.width} {HF.interpolation}; timm = shorter side "
-              f"{int(224 / TIMM.crop_pct)} {TIMM.interpolation} (crop_pct {TIMM.crop_pct}), centre crop 224")
+        print(
+            f"data          : {len(paths)} JPEGs q90 from scikit-image photos "
+            f"({', '.join(f'{w}x{h}' for w, h in SIZES)}), {total / len(paths) / 1024:.0f} KiB average"
+        )
+        print(
+            f"specs         : hf  = {HF.height}x{HF.width} {HF.interpolation}; timm = shorter side "
+            f"{int(224 / TIMM.crop_pct)} {TIMM.interpolation} (crop_pct {TIMM.crop_pct}), centre crop 224"
+        )
         check_exactness(paths)
 
         fns: dict[str, Callable[[Path], object]] = {
@@ -256,31 +298,44 @@ def main() -> None:
             "hf   full pipeline": hf,
             "timm full pipeline": timm,
         }
-        ratio_of = {"load_image (decode+orient+convert)": "info", "hf   full pipeline": "target",
-                    "timm full pipeline": "target"}
-        from vitdeploy.evaluate.reliability import sample
-
+        ratio_of = {
+            "load_image (decode+orient+convert)": "info",
+            "hf   full pipeline": "target",
+            "timm full pipeline": "target",
+        }
         from _common import contention_since
+
+        from vitdeploy.evaluate.reliability import sample
 
         results, before = [], sample()
         for rep in range(args.repeats):
-            print(f"\n== repeat {rep + 1}/{args.repeats}: {args.rounds} interleaved rounds x {len(paths)} files, CPU {args.cpu}")
+            print(
+                f"\n== repeat {rep + 1}/{args.repeats}: {args.rounds} interleaved rounds x {len(paths)} files, CPU "
+                f"{args.cpu}"
+            )
             results.append(report(measure(paths, fns, args.rounds), ratio_of))
-        print(f"\n== where the time goes (CPU ms/img, each image through the stages in sequence, "
-              f"preprocessors interleaved, median of {args.rounds} rounds)")
+        print(
+            f"\n== where the time goes (CPU ms/img, each image through the stages in sequence, "
+            f"preprocessors interleaved, median of {args.rounds} rounds)"
+        )
         for label, stages in breakdown(paths, {"hf": hf, "timm": timm}, args.rounds).items():
             print(f"{label:11s} " + "  ".join(f"{k} {v:.3f}" for k, v in stages.items()))
 
         print(f"\n== while timed: {contention_since(before)}")
-    print("\n== summary (throughput of the full pipeline / throughput of a bare decode, one core;"
-          " median of per-round ratios, wall-clock and CPU time)")
+    print(
+        "\n== summary (throughput of the full pipeline / throughput of a bare decode, one core;"
+        " median of per-round ratios, wall-clock and CPU time)"
+    )
     for name, kind in ratio_of.items():
         vals = [r[name] for r in results]
         worst = min(min(v) for v in vals)
         spread_w = max(v[0] for v in vals) - min(v[0] for v in vals)
         verdict = ("PASS" if worst >= TARGET else "FAIL") + f" vs {TARGET:.2f}" if kind == "target" else "(info)"
-        print(f"{name:40s} " + "; ".join(f"repeat {i + 1}: wall {w:.3f} CPU {c:.3f}" for i, (w, c) in enumerate(vals))
-              + f"; spread (wall) {spread_w:.3f}  {verdict}")
+        print(
+            f"{name:40s} "
+            + "; ".join(f"repeat {i + 1}: wall {w:.3f} CPU {c:.3f}" for i, (w, c) in enumerate(vals))
+            + f"; spread (wall) {spread_w:.3f}  {verdict}"
+        )
 
 
 if __name__ == "__main__":

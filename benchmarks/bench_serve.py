@@ -106,12 +106,28 @@ def vit_small_artifacts(cache: Path) -> Path:
 
     ckpt = cache / "vit-s16-hf-random"
     torch.manual_seed(0)
-    config = ViTConfig(hidden_size=384, num_hidden_layers=12, num_attention_heads=6, intermediate_size=1536,
-                       image_size=224, patch_size=16, num_labels=1000)
+    config = ViTConfig(
+        hidden_size=384,
+        num_hidden_layers=12,
+        num_attention_heads=6,
+        intermediate_size=1536,
+        image_size=224,
+        patch_size=16,
+        num_labels=1000,
+    )
     ViTForImageClassification(config).eval().save_pretrained(ckpt)
     print(f"exporting a random-weight ViT-S/16 into {out} ...", flush=True)
-    run_export(parse_config({"model": {"checkpoint": str(ckpt)}, "export": {"fp16": {"enabled": False}},
-                             "validation": {"max_images": 8, "noise_samples": 2}}), out, engine="skip")
+    run_export(
+        parse_config(
+            {
+                "model": {"checkpoint": str(ckpt)},
+                "export": {"fp16": {"enabled": False}},
+                "validation": {"max_images": 8, "noise_samples": 2},
+            }
+        ),
+        out,
+        engine="skip",
+    )
     return out
 
 
@@ -121,8 +137,18 @@ def vit_small_artifacts(cache: Path) -> Path:
 class Server:
     """`vitdeploy serve` in a subprocess, stopped with SIGTERM."""
 
-    def __init__(self, artifacts: Path, threads: int, max_batch: int, wait_ms: float, decode_threads: int,
-                 port: int, metrics_port: int, concurrent_batches: int = 2, server_threads: int | None = None) -> None:
+    def __init__(
+        self,
+        artifacts: Path,
+        threads: int,
+        max_batch: int,
+        wait_ms: float,
+        decode_threads: int,
+        port: int,
+        metrics_port: int,
+        concurrent_batches: int = 2,
+        server_threads: int | None = None,
+    ) -> None:
         self.cfg = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "pipeline.yaml"
         self.cfg.write_text(
             # the replica gets the in-process side's cores (num_cpus_per_replica) and splits them among its
@@ -132,13 +158,30 @@ class Server:
             f"num_cpus_per_replica: {threads}, "
             f"decode_threads: {decode_threads}, concurrent_batches: {concurrent_batches}, "
             f"max_ongoing_requests: {max(64, max_batch * concurrent_batches)}, "
-            f"metrics_port: {metrics_port}}}\n")
+            f"metrics_port: {metrics_port}}}\n"
+        )
         self.url = f"http://127.0.0.1:{port}"
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(artifacts), "-b", "ort",
-                                      "--port", str(port), "-c", str(self.cfg)], stderr=subprocess.PIPE, text=True,
-                                     env=env)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vitdeploy.cli",
+                "serve",
+                "-a",
+                str(artifacts),
+                "-b",
+                "ort",
+                "--port",
+                str(port),
+                "-c",
+                str(self.cfg),
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for line in self.proc.stderr:  # type: ignore[union-attr]
             if line.startswith(("ready:", "error:")):
                 print("  serve " + line.strip(), flush=True)
@@ -165,8 +208,11 @@ class Server:
             text = httpx.get(self.metrics_url, timeout=10).text
         except httpx.HTTPError as exc:
             raise OSError(f"metrics endpoint {self.metrics_url}: {exc}") from exc
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("ray_serve_actual_batch_size_count"))
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("ray_serve_actual_batch_size_count")
+        )
 
     def settled_batches(self, quiet_s: float = 6.0, timeout_s: float = 90.0) -> float:
         """The batch count once Ray's metrics export has caught up (unchanged for ``quiet_s``)."""
@@ -222,8 +268,9 @@ class EchoServer:
     def __init__(self, port: int) -> None:
         self.url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-        self.proc = subprocess.Popen([sys.executable, __file__, "--echo-server", str(port)], stderr=subprocess.PIPE,
-                                     text=True, env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--echo-server", str(port)], stderr=subprocess.PIPE, text=True, env=env
+        )
         lines = []
         for line in self.proc.stderr:  # type: ignore[union-attr]
             lines.append(line)
@@ -249,8 +296,12 @@ def free_port() -> int:
 # --------------------------------------------------------------------------------------------- timing
 
 
-def concurrent(call: Callable[[bytes, object], None], images: list[bytes], clients: int,
-               session: Callable[[], object] | None = None) -> tuple[float, list[float]]:
+def concurrent(
+    call: Callable[[bytes, object], None],
+    images: list[bytes],
+    clients: int,
+    session: Callable[[], object] | None = None,
+) -> tuple[float, list[float]]:
     """Send ``images`` (one per call) from ``clients`` threads; (images/s, per-call latencies s)."""
     latencies: list[float] = []
     lock = threading.Lock()
@@ -286,11 +337,22 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
 
     n = args.requests_demo if "demo" in label else args.requests
     work = [images[i % len(images)] for i in range(n)]
-    print(f"\n== {label}: {n} requests x {args.rounds} rounds, {args.clients} clients, {args.threads} ORT threads",
-          flush=True)
+    print(
+        f"\n== {label}: {n} requests x {args.rounds} rounds, {args.clients} clients, {args.threads} ORT threads",
+        flush=True,
+    )
     predictor = Predictor.from_artifacts(artifacts, backend="ort", options=BackendOptions(threads=args.threads))
-    server = Server(artifacts, args.threads, args.max_batch, args.wait_ms, args.decode_threads, free_port(),
-                    free_port(), args.concurrent_batches, args.server_threads)
+    server = Server(
+        artifacts,
+        args.threads,
+        args.max_batch,
+        args.wait_ms,
+        args.decode_threads,
+        free_port(),
+        free_port(),
+        args.concurrent_batches,
+        args.server_threads,
+    )
     echo = EchoServer(free_port()) if args.bare else None
     try:
         return _measure(server, predictor, work, args, echo)
@@ -345,19 +407,29 @@ def cpu_seconds(pids: list[int]) -> dict[int, tuple[str, float]]:
     return {pid: stats[pid][1:] for pid in keep if pid in stats}
 
 
-def cpu_by_role(root: int, before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+def cpu_by_role(
+    root: int, before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]
+) -> dict[str, float]:
     """CPU seconds spent between two :func:`cpu_seconds` samples, by role (replica, proxy, other Ray)."""
     roles: dict[str, float] = {}
     for pid, (cmd, secs) in after.items():
         spent = secs - before.get(pid, (cmd, 0.0))[1]
-        role = ("replica" if "ServeReplica" in cmd else "proxy" if "ProxyActor" in cmd
-                else "serve CLI" if pid == root else "other Ray")
+        role = (
+            "replica"
+            if "ServeReplica" in cmd
+            else "proxy"
+            if "ProxyActor" in cmd
+            else "serve CLI"
+            if pid == root
+            else "other Ray"
+        )
         roles[role] = roles.get(role, 0.0) + spent
     return roles
 
 
-def _measure(server: Server, predictor, work: list[bytes], args: argparse.Namespace,
-             echo: EchoServer | None = None) -> dict[str, object]:
+def _measure(
+    server: Server, predictor, work: list[bytes], args: argparse.Namespace, echo: EchoServer | None = None
+) -> dict[str, object]:
     failures: list[str] = []
     spent: dict[str, float] = {}
     bare_spent: dict[str, float] = {}
@@ -371,47 +443,68 @@ def _measure(server: Server, predictor, work: list[bytes], args: argparse.Namesp
                 return
             if status != 200:
                 failures.append(f"{status}: {body[:200]!r}")
+
         return call
 
     def over_http(root: int, url: str, path: str, into: dict[str, float]) -> Callable[[], tuple[float, list[float]]]:
         def run() -> tuple[float, list[float]]:
             before, client_before = cpu_seconds([root]), time.process_time()
             out = concurrent(post_to(path), work, args.clients, lambda: Connection(url))
-            for role, secs in {**cpu_by_role(root, before, cpu_seconds([root])),
-                               "clients (this process)": time.process_time() - client_before}.items():
+            for role, secs in {
+                **cpu_by_role(root, before, cpu_seconds([root])),
+                "clients (this process)": time.process_time() - client_before,
+            }.items():
                 into[role] = into.get(role, 0.0) + secs
             return out
+
         return run
 
-    def timed_in_process(variant: Callable[[], tuple[float, list[float]]], name: str) -> Callable[[], tuple[float, list[float]]]:
+    def timed_in_process(
+        variant: Callable[[], tuple[float, list[float]]], name: str
+    ) -> Callable[[], tuple[float, list[float]]]:
         def run() -> tuple[float, list[float]]:
             start = time.process_time()
             out = variant()
             spent[name] = spent.get(name, 0.0) + time.process_time() - start
             return out
+
         return run
 
     variants = {name: timed_in_process(v, name) for name, v in in_process_variants(predictor, work, args).items()}
     variants["serve"] = over_http(server.proc.pid, server.url, "/predict", spent)
-    concurrent(post_to("/predict"), work[:args.clients * 2], args.clients, lambda: Connection(server.url))  # warm-up
+    concurrent(post_to("/predict"), work[: args.clients * 2], args.clients, lambda: Connection(server.url))  # warm-up
     roots = [server.proc.pid]
     if echo is not None:
         variants[BARE] = over_http(echo.proc.pid, echo.url, "/", bare_spent)
-        concurrent(post_to("/"), work[:args.clients * 2], args.clients, lambda: Connection(echo.url))  # warm-up
+        concurrent(post_to("/"), work[: args.clients * 2], args.clients, lambda: Connection(echo.url))  # warm-up
         roots.append(echo.proc.pid)
-    result = compare_rounds("serve", variants, args.rounds, probe=server.settled_batches,
-                            mean_batch=lambda before, after: len(work) / max(after - before, 1.0),
-                            floor=BARE if echo is not None else None, own_pids=lambda: tree_pids(roots))
+    result = compare_rounds(
+        "serve",
+        variants,
+        args.rounds,
+        probe=server.settled_batches,
+        mean_batch=lambda before, after: len(work) / max(after - before, 1.0),
+        floor=BARE if echo is not None else None,
+        own_pids=lambda: tree_pids(roots),
+    )
     per_image = 1000.0 / (len(work) * args.rounds)
-    print("  CPU per image (ms of one core): " + ", ".join(
-        f"{role} {secs * per_image:.1f}" for role, secs in sorted(spent.items(), key=lambda kv: -kv[1])))
+    print(
+        "  CPU per image (ms of one core): "
+        + ", ".join(f"{role} {secs * per_image:.1f}" for role, secs in sorted(spent.items(), key=lambda kv: -kv[1]))
+    )
     if echo is not None:
         ours = sum(v for k, v in spent.items() if k in SERVER_ROLES) * per_image
         floor = sum(v for k, v in bare_spent.items() if k in SERVER_ROLES) * per_image
-        print("  bare Ray Serve, CPU per request (ms of one core): " + ", ".join(
-            f"{role} {secs * per_image:.1f}" for role, secs in sorted(bare_spent.items(), key=lambda kv: -kv[1])))
-        print(f"  server CPU per request: vitdeploy serve {ours:.2f} ms, bare Ray Serve {floor:.2f} ms "
-              f"({ours / floor if floor else float('nan'):.2f}x; vitdeploy adds {ours - floor:.2f} ms)")
+        print(
+            "  bare Ray Serve, CPU per request (ms of one core): "
+            + ", ".join(
+                f"{role} {secs * per_image:.1f}" for role, secs in sorted(bare_spent.items(), key=lambda kv: -kv[1])
+            )
+        )
+        print(
+            f"  server CPU per request: vitdeploy serve {ours:.2f} ms, bare Ray Serve {floor:.2f} ms "
+            f"({ours / floor if floor else float('nan'):.2f}x; vitdeploy adds {ours - floor:.2f} ms)"
+        )
         result["cpu_ms"] = {"serve": ours, "bare": floor}
     print(f"  failed requests {len(failures)}" + (f" (first: {failures[0]})" if failures else ""))
     return result
@@ -421,7 +514,9 @@ BARE = "bare Ray Serve"
 SERVER_ROLES = ("replica", "proxy", "other Ray", "serve CLI")
 
 
-def in_process_variants(predictor, work: list[bytes], args: argparse.Namespace) -> dict[str, Callable[[], tuple[float, list[float]]]]:
+def in_process_variants(
+    predictor, work: list[bytes], args: argparse.Namespace
+) -> dict[str, Callable[[], tuple[float, list[float]]]]:
     """The two in-process baselines (warmed up): one image per call from each client thread, and
     batches of ``--max-batch``; each returns (images/s, per-image latencies in s)."""
 
@@ -433,18 +528,25 @@ def in_process_variants(predictor, work: list[bytes], args: argparse.Namespace) 
         start = time.perf_counter()
         for i in range(0, len(work), args.max_batch):
             t0 = time.perf_counter()
-            chunk = work[i:i + args.max_batch]
+            chunk = work[i : i + args.max_batch]
             predictor.predict(chunk)
             lat.extend([time.perf_counter() - t0] * len(chunk))
         return len(work) / (time.perf_counter() - start), lat
 
-    concurrent(in_process, work[:args.clients], args.clients)  # warm-up
+    concurrent(in_process, work[: args.clients], args.clients)  # warm-up
     return {"in-process, 1/call": lambda: concurrent(in_process, work, args.clients), "in-process, batched": batched}
 
 
-def compare_rounds(served: str, variants: dict[str, Callable[[], tuple[float, list[float]]]], rounds: int, *,
-                   probe: Callable[[], Any], mean_batch: Callable[[Any, Any], float], floor: str | None = None,
-                   own_pids: Callable[[], list[int]] | None = None) -> dict[str, object]:
+def compare_rounds(
+    served: str,
+    variants: dict[str, Callable[[], tuple[float, list[float]]]],
+    rounds: int,
+    *,
+    probe: Callable[[], Any],
+    mean_batch: Callable[[Any, Any], float],
+    floor: str | None = None,
+    own_pids: Callable[[], list[int]] | None = None,
+) -> dict[str, object]:
     """Run every variant once per round, the order rotating; ``served`` is the server variant, whose
     dynamic batch size ``mean_batch(probe() before, probe() after)`` gives; ``floor`` (optional) a
     bare server (not an in-process variant) whose req/s ``served`` is also compared with. Each round's
@@ -460,7 +562,7 @@ def compare_rounds(served: str, variants: dict[str, Callable[[], tuple[float, li
     competing: list[float] = []
     names = list(variants)
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         got = {}
         start = reliability.sample(own_pids() if own_pids else ())
         for name in order:
@@ -480,26 +582,39 @@ def compare_rounds(served: str, variants: dict[str, Callable[[], tuple[float, li
         ratios.append(got[served] / max(v for k, v in got.items() if k not in (served, floor)))
         if floor:
             floor_ratios.append(got[served] / got[floor])
-        print(f"  round {r + 1}: " + ", ".join(f"{k} {v:.1f} img/s" for k, v in got.items())
-              + f"; {served}/best in-process {ratios[-1]:.2f}"
-              + (f"; {served}/{floor} {floor_ratios[-1]:.2f}" if floor else "")
-              + f"; mean batch {batch_means[-1]:.1f}; contention: "
-              + (window.describe() if window else "unknown (no /proc)"), flush=True)
+        print(
+            f"  round {r + 1}: "
+            + ", ".join(f"{k} {v:.1f} img/s" for k, v in got.items())
+            + f"; {served}/best in-process {ratios[-1]:.2f}"
+            + (f"; {served}/{floor} {floor_ratios[-1]:.2f}" if floor else "")
+            + f"; mean batch {batch_means[-1]:.1f}; contention: "
+            + (window.describe() if window else "unknown (no /proc)"),
+            flush=True,
+        )
     print(f"  {'variant':<22} {'img/s (median)':>14}  {'spread over rounds':<24} {'p50 ms':>8} {'p99 ms':>8}")
     for name in names:
-        print(f"  {name:<22} {statistics.median(rates[name]):>14.1f}  {spread(rates[name]):<24} "
-              f"{pct(lats[name], 50):>8.1f} {pct(lats[name], 99):>8.1f}")
+        print(
+            f"  {name:<22} {statistics.median(rates[name]):>14.1f}  {spread(rates[name]):<24} "
+            f"{pct(lats[name], 50):>8.1f} {pct(lats[name], 99):>8.1f}"
+        )
     ratio = statistics.median(ratios)
-    print(f"  {served} / best in-process: {ratio:.2f} (spread {spread(ratios)}); mean dynamic batch size "
-          f"{statistics.median(batch_means):.1f} (spread {spread(batch_means)}); competing cores per round "
-          + (", ".join(f"{c:.2f}" for c in competing) or "unknown"))
+    print(
+        f"  {served} / best in-process: {ratio:.2f} (spread {spread(ratios)}); mean dynamic batch size "
+        f"{statistics.median(batch_means):.1f} (spread {spread(batch_means)}); competing cores per round "
+        + (", ".join(f"{c:.2f}" for c in competing) or "unknown")
+    )
     if floor:
         print(f"  {served} / {floor} (req/s): {statistics.median(floor_ratios):.2f} (spread {spread(floor_ratios)})")
     wide = (max(ratios) - min(ratios)) > 0.15 * ratio
     for why in busy + ([f"the ratio's spread over rounds is {spread(ratios)}"] if wide else []):
         print(f"  ! unreliable: {why}", flush=True)
-    return {"ratio": ratio, "batch": statistics.median(batch_means), "unreliable": bool(busy) or wide,
-            "floor_ratio": statistics.median(floor_ratios) if floor else None, "competing_cores": competing}
+    return {
+        "ratio": ratio,
+        "batch": statistics.median(batch_means),
+        "unreliable": bool(busy) or wide,
+        "floor_ratio": statistics.median(floor_ratios) if floor else None,
+        "competing_cores": competing,
+    }
 
 
 def run_models(served: str, args: argparse.Namespace, versions: str, bench_model: Callable[..., dict]) -> None:
@@ -520,14 +635,18 @@ def run_models(served: str, args: argparse.Namespace, versions: str, bench_model
     if "vit-s16" in results:
         r = results["vit-s16"]
         verdict = "MET" if r["ratio"] >= TARGET else "NOT MET"
-        print(f"\ntarget {served} >= {TARGET}x in-process for ViT-S/16: {r['ratio']:.2f} -> {verdict}"
-              + (" (unreliable: see above)" if r["unreliable"] else ""))
+        print(
+            f"\ntarget {served} >= {TARGET}x in-process for ViT-S/16: {r['ratio']:.2f} -> {verdict}"
+            + (" (unreliable: see above)" if r["unreliable"] else "")
+        )
 
 
 def common_arguments(ap: argparse.ArgumentParser) -> None:
     """The arguments both serving benchmarks take."""
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="ONNX Runtime intra-op threads, both sides")
+    ap.add_argument(
+        "--threads", type=int, default=os.cpu_count() or 1, help="ONNX Runtime intra-op threads, both sides"
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=192, help="requests per round for the ViT-S/16")
     ap.add_argument("--requests-demo", type=int, default=960, help="requests per round for the demo model")
@@ -542,11 +661,19 @@ def main() -> None:
     ap.add_argument("--max-batch", type=int, default=16, help="serve.max_batch_size (and the in-process batch)")
     ap.add_argument("--decode-threads", type=int, default=4, help="serve.decode_threads (its default)")
     ap.add_argument("--concurrent-batches", type=int, default=2, help="serve.concurrent_batches (its default)")
-    ap.add_argument("--server-threads", type=int, default=None,
-                    help="runtime.threads of the server (default: unset, the replica splits --threads cores "
-                         "among its concurrent batches)")
-    ap.add_argument("--no-bare", dest="bare", action="store_false",
-                    help="leave out the bare Ray Serve echo app (Ray Serve's own floor)")
+    ap.add_argument(
+        "--server-threads",
+        type=int,
+        default=None,
+        help="runtime.threads of the server (default: unset, the replica splits --threads cores "
+        "among its concurrent batches)",
+    )
+    ap.add_argument(
+        "--no-bare",
+        dest="bare",
+        action="store_false",
+        help="leave out the bare Ray Serve echo app (Ray Serve's own floor)",
+    )
     ap.add_argument("--echo-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.echo_server:

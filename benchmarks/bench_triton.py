@@ -40,7 +40,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_serve import (  # noqa: E402  (the shared inputs, artifacts and timing of the serving benchmark)
-    common_arguments, compare_rounds, concurrent, in_process_variants, loadavg, run_models,
+    common_arguments,
+    compare_rounds,
+    concurrent,
+    in_process_variants,
+    loadavg,
+    run_models,
 )
 
 
@@ -84,19 +89,29 @@ def stub_cpu_seconds(server_pid: int, model: str) -> float:
 
 def preprocess_cost(server, client, model: str, run, requests: int) -> dict[str, float]:
     """CPU and Triton compute time of the preprocessing model per request over one pass of ``run``."""
+
     def triton_ns() -> tuple[int, int]:
         s = client.get_inference_statistics(model_name=model)["model_stats"][0]["inference_stats"]
-        return int(s["success"]["count"]), sum(int(s[k]["ns"]) for k in ("compute_input", "compute_infer", "compute_output"))
+        return int(s["success"]["count"]), sum(
+            int(s[k]["ns"]) for k in ("compute_input", "compute_infer", "compute_output")
+        )
 
     cpu0, (n0, ns0) = stub_cpu_seconds(server.process.pid, model), triton_ns()
     run()
     cpu1, (n1, ns1) = stub_cpu_seconds(server.process.pid, model), triton_ns()
     cpu_ms = (cpu1 - cpu0) * 1000.0 / max(requests, 1)
-    out = {"preprocess_cpu_ms_per_request": cpu_ms, "preprocess_cores_per_1000_img_s": cpu_ms,
-           "preprocess_triton_compute_ms_per_request": (ns1 - ns0) / 1e6 / max(n1 - n0, 1)}
-    print(f"  {model}: {cpu_ms:.2f} ms CPU per request (decode + preprocess, 1 image each) -> "
-          f"{cpu_ms:.1f} cores per 1,000 images/s; Triton compute time {out['preprocess_triton_compute_ms_per_request']:.2f} "
-          f"ms per request", flush=True)
+    out = {
+        "preprocess_cpu_ms_per_request": cpu_ms,
+        "preprocess_cores_per_1000_img_s": cpu_ms,
+        "preprocess_triton_compute_ms_per_request": (ns1 - ns0) / 1e6 / max(n1 - n0, 1),
+    }
+    print(
+        f"  {model}: {cpu_ms:.2f} ms CPU per request (decode + preprocess, 1 image each) -> "
+        f"{cpu_ms:.1f} cores per 1,000 images/s; Triton compute time "
+        f"{out['preprocess_triton_compute_ms_per_request']:.2f} "
+        f"ms per request",
+        flush=True,
+    )
     return out
 
 
@@ -112,17 +127,32 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
 
     n = args.requests_demo if "demo" in label else args.requests
     work = [images[i % len(images)] for i in range(n)]
-    print(f"\n== {label}: {n} requests x {args.rounds} rounds, {args.clients} clients, {args.threads} ORT threads; "
-          f"load average {loadavg()}", flush=True)
+    print(
+        f"\n== {label}: {n} requests x {args.rounds} rounds, {args.clients} clients, {args.threads} ORT threads; "
+        f"load average {loadavg()}",
+        flush=True,
+    )
     predictor = Predictor.from_artifacts(artifacts, backend="ort", options=BackendOptions(threads=args.threads))
-    cfg = parse_config({"triton": {"inference": "ort_python", "ort_threads": args.threads,
-                                   "max_queue_delay_us": int(args.wait_ms * 1000), "decode_threads": args.decode_threads,
-                                   "preprocess_instances": args.preprocess_instances, "max_queue_size": 0}})
-    repo = build_triton_repo(artifacts, Path(tempfile.mkdtemp(prefix="bench-triton-")) / "repo",
-                             settings_from_config(cfg))
+    cfg = parse_config(
+        {
+            "triton": {
+                "inference": "ort_python",
+                "ort_threads": args.threads,
+                "max_queue_delay_us": int(args.wait_ms * 1000),
+                "decode_threads": args.decode_threads,
+                "preprocess_instances": args.preprocess_instances,
+                "max_queue_size": 0,
+            }
+        }
+    )
+    repo = build_triton_repo(
+        artifacts, Path(tempfile.mkdtemp(prefix="bench-triton-")) / "repo", settings_from_config(cfg)
+    )
     server = BundledTriton(default_venv(), repo.path, load=[repo.name]).start()
-    print(f"  tritonserver {server.version} (nvidia-pytriton), ensemble {repo.name} over {repo.name}_ort_python",
-          flush=True)
+    print(
+        f"  tritonserver {server.version} (nvidia-pytriton), ensemble {repo.name} over {repo.name}_ort_python",
+        flush=True,
+    )
     stats_client = httpclient.InferenceServerClient(server.http_url)
 
     def via_triton(blob: bytes, client) -> None:
@@ -136,11 +166,19 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
 
     try:
         variants = in_process_variants(predictor, work, args)
-        concurrent(via_triton, work[:args.clients * 2], args.clients,  # warm-up
-                   lambda: httpclient.InferenceServerClient(server.http_url))
-        result = compare_rounds("triton", {**variants, "triton": triton}, args.rounds,
-                                probe=lambda: inference_stats(stats_client, f"{repo.name}_ort_python"),
-                                mean_batch=lambda before, after: (after[0] - before[0]) / max(after[1] - before[1], 1))
+        concurrent(
+            via_triton,
+            work[: args.clients * 2],
+            args.clients,  # warm-up
+            lambda: httpclient.InferenceServerClient(server.http_url),
+        )
+        result = compare_rounds(
+            "triton",
+            {**variants, "triton": triton},
+            args.rounds,
+            probe=lambda: inference_stats(stats_client, f"{repo.name}_ort_python"),
+            mean_batch=lambda before, after: (after[0] - before[0]) / max(after[1] - before[1], 1),
+        )
         result.update(preprocess_cost(server, stats_client, f"{repo.name}_preprocess", triton, len(work)))
         return result
     finally:

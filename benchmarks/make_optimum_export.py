@@ -19,9 +19,19 @@ from importlib import metadata
 from pathlib import Path
 
 # ViT-B/16 at 224 (Dosovitskiy et al., Table 1); HF's defaults for the rest (erf GELU, eps 1e-12).
-VIT_B16 = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
-               image_size=224, patch_size=16, num_channels=3, num_labels=1000, hidden_act="gelu",
-               qkv_bias=True, layer_norm_eps=1e-12)
+VIT_B16 = dict(
+    hidden_size=768,
+    num_hidden_layers=12,
+    num_attention_heads=12,
+    intermediate_size=3072,
+    image_size=224,
+    patch_size=16,
+    num_channels=3,
+    num_labels=1000,
+    hidden_act="gelu",
+    qkv_bias=True,
+    layer_norm_eps=1e-12,
+)
 
 
 def _version(dist: str) -> str:
@@ -57,12 +67,21 @@ def main() -> int:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         sys.stderr.write(f"\noptimum-cli failed (exit {proc.returncode}): {' '.join(cmd)}\n")
         return 1
-    print(json.dumps({
-        "hf_dir": str(hf_dir), "optimum_onnx": str(opt_dir / "model.onnx"), "command": " ".join(cmd),
-        "seed": args.seed, "config": VIT_B16,
-        "versions": {d: _version(d) for d in ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime")},
-        "attn_implementation": getattr(model.config, "_attn_implementation", None),
-    }))
+    print(
+        json.dumps(
+            {
+                "hf_dir": str(hf_dir),
+                "optimum_onnx": str(opt_dir / "model.onnx"),
+                "command": " ".join(cmd),
+                "seed": args.seed,
+                "config": VIT_B16,
+                "versions": {
+                    d: _version(d) for d in ("torch", "transformers", "optimum", "optimum-onnx", "onnx", "onnxruntime")
+                },
+                "attn_implementation": getattr(model.config, "_attn_implementation", None),
+            }
+        )
+    )
     return 0
 
 

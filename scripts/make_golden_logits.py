@@ -53,18 +53,25 @@ def versions() -> dict[str, str]:
 
     import vitdeploy
 
-    return {"python": platform.python_version(), "numpy": np.__version__, "pillow": PIL.__version__,
-            "torch": torch.__version__, "vitdeploy": vitdeploy.__version__}
+    return {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "pillow": PIL.__version__,
+        "torch": torch.__version__,
+        "vitdeploy": vitdeploy.__version__,
+    }
 
 
 def compute(count: int = DEFAULT_COUNT) -> dict[str, np.ndarray]:
     """The golden arrays, computed now from the shipped demo model and images."""
     import torch
 
-    from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR, LABELS_CSV as DEMO_LABELS_CSV, DEMO_DIR as DEMO_MODEL_DIR
+    from vitdeploy.base.preprocess_spec import PreprocessSpec
+    from vitdeploy.demo import DEMO_DIR as DEMO_MODEL_DIR
+    from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR
+    from vitdeploy.demo import LABELS_CSV as DEMO_LABELS_CSV
     from vitdeploy.runtime.backends.torch_backend import TorchBackend
     from vitdeploy.runtime.preprocess import Preprocessor
-    from vitdeploy.base.preprocess_spec import PreprocessSpec
 
     torch.set_num_threads(1)
     meta = json.loads((DEMO_MODEL_DIR / "model.json").read_text(encoding="utf-8"))
@@ -78,9 +85,14 @@ def compute(count: int = DEFAULT_COUNT) -> dict[str, np.ndarray]:
     finally:
         backend.close()
     weights = hashlib.sha256((DEMO_MODEL_DIR / "model.safetensors").read_bytes()).hexdigest()
-    return {"paths": np.array([p for p, _ in rows]), "labels": np.array([lab for _, lab in rows]),
-            "inputs": inputs.astype(np.float32), "logits": logits.astype(np.float32),
-            "weights_sha256": np.array(weights), "versions": np.array(json.dumps(versions(), sort_keys=True))}
+    return {
+        "paths": np.array([p for p, _ in rows]),
+        "labels": np.array([lab for _, lab in rows]),
+        "inputs": inputs.astype(np.float32),
+        "logits": logits.astype(np.float32),
+        "weights_sha256": np.array(weights),
+        "versions": np.array(json.dumps(versions(), sort_keys=True)),
+    }
 
 
 def save(arrays: dict[str, np.ndarray], path: Path) -> None:
@@ -110,8 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"inputs max abs diff {d_in:.3g}, logits max abs diff {d_lo:.3g}; stored with {old['versions']}")
         return 0 if d_in <= 1e-6 and d_lo <= 1e-4 else 1
     save(arrays, args.out)
-    print(f"wrote {args.out}: {len(arrays['paths'])} images, inputs {arrays['inputs'].shape}, "
-          f"logits {arrays['logits'].shape}, versions {arrays['versions']}")
+    print(
+        f"wrote {args.out}: {len(arrays['paths'])} images, inputs {arrays['inputs'].shape}, "
+        f"logits {arrays['logits'].shape}, versions {arrays['versions']}"
+    )
     return 0
 
 

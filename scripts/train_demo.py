@@ -46,9 +46,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from vitdeploy.base.preprocess_spec import PreprocessSpec
 from vitdeploy.demo import DEMO_DIR, render_digit
 from vitdeploy.model.vit import VisionTransformer, ViTConfig
-from vitdeploy.base.preprocess_spec import PreprocessSpec
 
 log = logging.getLogger("train_demo")
 
@@ -60,6 +60,7 @@ JPEG_QUALITY = 90
 
 
 # --------------------------------------------------------------------------- preprocessing
+
 
 def make_preprocessor(spec: PreprocessSpec) -> tuple[Callable[[Any], np.ndarray], str]:
     from vitdeploy.runtime.preprocess import Preprocessor
@@ -95,8 +96,9 @@ def augment(image: Image.Image, rng: random.Random) -> Image.Image:
     cx, cy = w / 2.0, h / 2.0
     off = np.array([cx, cy]) - inv @ np.array([cx + tx, cy + ty])
     coeffs = (inv[0, 0], inv[0, 1], off[0], inv[1, 0], inv[1, 1], off[1])
-    out = image.transform((w, h), Image.Transform.AFFINE, coeffs, resample=Image.Resampling.BILINEAR,
-                          fillcolor=(255, 255, 255))
+    out = image.transform(
+        (w, h), Image.Transform.AFFINE, coeffs, resample=Image.Resampling.BILINEAR, fillcolor=(255, 255, 255)
+    )
     if rng.random() < 0.3:
         buf = io.BytesIO()
         out.save(buf, format="JPEG", quality=rng.randint(70, 95))
@@ -122,11 +124,13 @@ def lr_at(step: int, total: int, warmup: int, base: float) -> float:
 @torch.no_grad()
 def accuracy(model: VisionTransformer, x: torch.Tensor, y: torch.Tensor, batch: int = 256) -> float:
     model.eval()
-    preds = torch.cat([model(x[i:i + batch]).argmax(1) for i in range(0, len(x), batch)])
+    preds = torch.cat([model(x[i : i + batch]).argmax(1) for i in range(0, len(x), batch)])
     return float((preds == y).float().mean())
 
 
-def train(args: argparse.Namespace, cfg: ViTConfig, pre: Callable[[Any], np.ndarray]) -> tuple[VisionTransformer, dict]:
+def train(
+    args: argparse.Namespace, cfg: ViTConfig, pre: Callable[[Any], np.ndarray]
+) -> tuple[VisionTransformer, dict]:
     x, y, tr, te = load_split(args.test_size, args.seed)
     clean = [render_digit(im) for im in x]  # rendered once; augmentation works on copies
     x_te = to_batch([clean[i] for i in te], pre)
@@ -135,9 +139,14 @@ def train(args: argparse.Namespace, cfg: ViTConfig, pre: Callable[[Any], np.ndar
     torch.manual_seed(args.seed)
     model = VisionTransformer(cfg)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos_embed" not in n and "cls_token" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "pos_embed" not in n and "cls_token" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.999))
+    no_decay = [
+        p for n, p in model.named_parameters() if not (p.ndim >= 2 and "pos_embed" not in n and "cls_token" not in n)
+    ]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.999),
+    )
     aug_rng = random.Random(args.seed)
     order_rng = np.random.RandomState(args.seed)
     steps_per_epoch = math.ceil(len(tr) / args.batch_size)
@@ -150,7 +159,7 @@ def train(args: argparse.Namespace, cfg: ViTConfig, pre: Callable[[Any], np.ndar
         perm = tr[order_rng.permutation(len(tr))]
         running = 0.0
         for b in range(steps_per_epoch):
-            ids = perm[b * args.batch_size:(b + 1) * args.batch_size]
+            ids = perm[b * args.batch_size : (b + 1) * args.batch_size]
             xb = to_batch([augment(clean[i], aug_rng) for i in ids], pre)
             yb = torch.from_numpy(y[ids])
             for group in opt.param_groups:
@@ -165,11 +174,23 @@ def train(args: argparse.Namespace, cfg: ViTConfig, pre: Callable[[Any], np.ndar
         fastest = min(fastest, time.perf_counter() - epoch_start)
         if (epoch + 1) % args.log_every == 0 or epoch + 1 == args.epochs:
             acc = accuracy(model, x_te, y_te)
-            log.info("epoch %3d/%d  loss %.4f  held-out acc %.4f  (%.0fs)", epoch + 1, args.epochs,
-                     running / len(tr), acc, time.perf_counter() - start)
+            log.info(
+                "epoch %3d/%d  loss %.4f  held-out acc %.4f  (%.0fs)",
+                epoch + 1,
+                args.epochs,
+                running / len(tr),
+                acc,
+                time.perf_counter() - start,
+            )
     seconds = time.perf_counter() - start
-    stats = {"train_seconds": seconds, "load": os.getloadavg()[0], "fastest_epoch": fastest, "heldout_acc": accuracy(model, x_te, y_te),
-             "n_train": len(tr), "n_heldout": len(te)}
+    stats = {
+        "train_seconds": seconds,
+        "load": os.getloadavg()[0],
+        "fastest_epoch": fastest,
+        "heldout_acc": accuracy(model, x_te, y_te),
+        "n_train": len(tr),
+        "n_heldout": len(te),
+    }
     return model, stats
 
 
@@ -259,22 +280,30 @@ def measure(out: Path, args: argparse.Namespace) -> dict:
     x_img = torch.from_numpy(np.stack([pre(str(out / "images" / r["path"])) for r in rows]))
     y_img = torch.tensor([LABELS.index(r["label"]) for r in rows])
     x, y, _, te = load_split(args.test_size, args.seed)
+
     # The full held-out split, each digit written to PNG bytes and read back as a file would be.
     def as_png(i: int) -> Image.Image:
         buf = io.BytesIO()
         render_digit(x[i]).save(buf, format="PNG")
         buf.seek(0)
         return Image.open(buf)
+
     x_te = to_batch([as_png(i) for i in te], pre)
     y_te = torch.from_numpy(y[te])
-    return {"images_acc": accuracy(model, x_img, y_img), "images_n": len(rows),
-            "images_correct": round(accuracy(model, x_img, y_img) * len(rows)),
-            "heldout_acc_saved": accuracy(model, x_te, y_te), "n_heldout": len(te),
-            "heldout_correct": round(accuracy(model, x_te, y_te) * len(te)),
-            "loader": loader, "preprocessor": pre_name,
-            "params": sum(p.numel() for p in model.parameters()),
-            "weights_bytes": (out / "model.safetensors").stat().st_size, "cfg": model.cfg,
-            "weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest()}
+    return {
+        "images_acc": accuracy(model, x_img, y_img),
+        "images_n": len(rows),
+        "images_correct": round(accuracy(model, x_img, y_img) * len(rows)),
+        "heldout_acc_saved": accuracy(model, x_te, y_te),
+        "n_heldout": len(te),
+        "heldout_correct": round(accuracy(model, x_te, y_te) * len(te)),
+        "loader": loader,
+        "preprocessor": pre_name,
+        "params": sum(p.numel() for p in model.parameters()),
+        "weights_bytes": (out / "model.safetensors").stat().st_size,
+        "cfg": model.cfg,
+        "weights_sha256": hashlib.sha256((out / "model.safetensors").read_bytes()).hexdigest(),
+    }
 
 
 CARD = """# Model card: {name}
@@ -368,27 +397,60 @@ off-centre digits. Do not use for anything but demonstrating and testing vitdepl
 """
 
 
-def write_card(out: Path, args: argparse.Namespace, m: dict, train_seconds: float, load: float | None,
-               fastest_epoch: float | None) -> None:
+def write_card(
+    out: Path, args: argparse.Namespace, m: dict, train_seconds: float, load: float | None, fastest_epoch: float | None
+) -> None:
     cfg: ViTConfig = m["cfg"]
-    load_note = "" if load is None else (
-        f"; the 1-minute load average was {load:.1f} when training ended "
-        f"({os.cpu_count()} cores: above ~2, other work shared the CPU and the time is inflated)")
+    load_note = (
+        ""
+        if load is None
+        else (
+            f"; the 1-minute load average was {load:.1f} when training ended "
+            f"({os.cpu_count()} cores: above ~2, other work shared the CPU and the time is inflated)"
+        )
+    )
     if fastest_epoch is not None:
-        load_note += (f". The fastest epochs took about {fastest_epoch:.1f} s each, i.e. about "
-                      f"{fastest_epoch * args.epochs / 60:.0f} min for all {args.epochs} on an idle machine")
+        load_note += (
+            f". The fastest epochs took about {fastest_epoch:.1f} s each, i.e. about "
+            f"{fastest_epoch * args.epochs / 60:.0f} min for all {args.epochs} on an idle machine"
+        )
     text = CARD.format(
-        name=NAME, cfg_json=json.dumps(cfg.to_dict(), indent=2), grid=cfg.grid, tokens=cfg.num_patches,
-        patch=cfg.patch_size, params=m["params"], weights_bytes=m["weights_bytes"], weights_sha256=m["weights_sha256"],
-        spec_json=json.dumps(SPEC.to_dict(), indent=2), test_size=args.test_size, seed=args.seed,
-        n_train=1797 - m["n_heldout"], n_heldout=m["n_heldout"], epochs=args.epochs,
-        batch_size=args.batch_size, lr=args.lr, weight_decay=args.weight_decay,
-        warmup_epochs=args.warmup_epochs, label_smoothing=args.label_smoothing, threads=args.threads,
-        train_seconds=train_seconds, load_note=load_note, torch_version=torch.__version__, command=args.command,
-        loader=m["loader"], preprocessor=m["preprocessor"], heldout_correct=m["heldout_correct"],
-        heldout_pct=100 * m["heldout_acc_saved"], images_n=m["images_n"],
-        images_correct=m["images_correct"], images_pct=100 * m["images_acc"],
-        heldout_acc=m["heldout_acc_saved"], images_acc=m["images_acc"], jpeg_quality=JPEG_QUALITY, per_class=IMAGES_PER_CLASS)
+        name=NAME,
+        cfg_json=json.dumps(cfg.to_dict(), indent=2),
+        grid=cfg.grid,
+        tokens=cfg.num_patches,
+        patch=cfg.patch_size,
+        params=m["params"],
+        weights_bytes=m["weights_bytes"],
+        weights_sha256=m["weights_sha256"],
+        spec_json=json.dumps(SPEC.to_dict(), indent=2),
+        test_size=args.test_size,
+        seed=args.seed,
+        n_train=1797 - m["n_heldout"],
+        n_heldout=m["n_heldout"],
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        weight_decay=args.weight_decay,
+        warmup_epochs=args.warmup_epochs,
+        label_smoothing=args.label_smoothing,
+        threads=args.threads,
+        train_seconds=train_seconds,
+        load_note=load_note,
+        torch_version=torch.__version__,
+        command=args.command,
+        loader=m["loader"],
+        preprocessor=m["preprocessor"],
+        heldout_correct=m["heldout_correct"],
+        heldout_pct=100 * m["heldout_acc_saved"],
+        images_n=m["images_n"],
+        images_correct=m["images_correct"],
+        images_pct=100 * m["images_acc"],
+        heldout_acc=m["heldout_acc_saved"],
+        images_acc=m["images_acc"],
+        jpeg_quality=JPEG_QUALITY,
+        per_class=IMAGES_PER_CLASS,
+    )
     _atomic_write_bytes(out / "MODEL_CARD.md", text.encode())
 
 
@@ -414,14 +476,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--patch-size", type=int, default=4)
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--no-save", action="store_true", help="train and report only; write nothing")
-    p.add_argument("--card-only", action="store_true",
-                   help="skip training: re-measure the saved model and images, rewrite MODEL_CARD.md "
-                        "(--train-seconds gives the training time to state)")
+    p.add_argument(
+        "--card-only",
+        action="store_true",
+        help="skip training: re-measure the saved model and images, rewrite MODEL_CARD.md "
+        "(--train-seconds gives the training time to state)",
+    )
     p.add_argument("--train-seconds", type=float, default=None)
-    p.add_argument("--train-load", type=float, default=None,
-                   help="with --card-only: the 1-minute load average when training finished")
-    p.add_argument("--fastest-epoch", type=float, default=None,
-                   help="with --card-only: seconds of the fastest training epoch")
+    p.add_argument(
+        "--train-load",
+        type=float,
+        default=None,
+        help="with --card-only: the 1-minute load average when training finished",
+    )
+    p.add_argument(
+        "--fastest-epoch", type=float, default=None, help="with --card-only: seconds of the fastest training epoch"
+    )
     args = p.parse_args(argv)
     # The training command, for the card: this invocation without the card-only options.
     given, kept = list(argv if argv is not None else sys.argv[1:]), []
@@ -455,13 +525,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("card rewritten: held-out %.4f, images %.4f", m["heldout_acc_saved"], m["images_acc"])
         return 0
 
-    cfg = ViTConfig(image_size=SPEC.height, patch_size=args.patch_size, in_channels=3, width=args.width,
-                    depth=args.depth, heads=args.heads, mlp_ratio=args.mlp_ratio, num_classes=len(LABELS))
+    cfg = ViTConfig(
+        image_size=SPEC.height,
+        patch_size=args.patch_size,
+        in_channels=3,
+        width=args.width,
+        depth=args.depth,
+        heads=args.heads,
+        mlp_ratio=args.mlp_ratio,
+        num_classes=len(LABELS),
+    )
     pre, pre_name = make_preprocessor(SPEC)
     log.info("config %s; preprocessing via %s", cfg.to_dict(), pre_name)
     model, stats = train(args, cfg, pre)
-    log.info("trained in %.0fs: held-out accuracy %.4f (%d images)", stats["train_seconds"], stats["heldout_acc"],
-             stats["n_heldout"])
+    log.info(
+        "trained in %.0fs: held-out accuracy %.4f (%d images)",
+        stats["train_seconds"],
+        stats["heldout_acc"],
+        stats["n_heldout"],
+    )
     if args.no_save:
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -469,8 +551,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_images(out, args.seed, args.test_size)
     m = measure(out, args)
     write_card(out, args, m, stats["train_seconds"], stats["load"], stats["fastest_epoch"])
-    log.info("saved via %s; measured on saved files (%s, %s): held-out %.4f, shipped images %d/%d",
-             writer, m["loader"], m["preprocessor"], m["heldout_acc_saved"], m["images_correct"], m["images_n"])
+    log.info(
+        "saved via %s; measured on saved files (%s, %s): held-out %.4f, shipped images %d/%d",
+        writer,
+        m["loader"],
+        m["preprocessor"],
+        m["heldout_acc_saved"],
+        m["images_correct"],
+        m["images_n"],
+    )
     return 0
 
 

@@ -52,23 +52,36 @@ def flip_byte(path: Path, at: int | None = None) -> None:
     path.write_bytes(bytes(data))
 
 
-def toy_classifier(path: Path, *, classes: int = 10, side: int = 32, input_name: str = "pixel_values",
-                   output_name: str = "logits", extra_output: bool = False) -> Path:
+def toy_classifier(
+    path: Path,
+    *,
+    classes: int = 10,
+    side: int = 32,
+    input_name: str = "pixel_values",
+    output_name: str = "logits",
+    extra_output: bool = False,
+) -> Path:
     """A valid ONNX classifier [batch, 3, side, side] -> [batch, classes] (pool, flatten, matmul)."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.ones((3, classes), np.float32), "w")
-    nodes = [helper.make_node("GlobalAveragePool", [input_name], ["pooled"]),
-             helper.make_node("Flatten", ["pooled"], ["flat"], axis=1),
-             helper.make_node("MatMul", ["flat", "w"], [output_name])]
+    nodes = [
+        helper.make_node("GlobalAveragePool", [input_name], ["pooled"]),
+        helper.make_node("Flatten", ["pooled"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "w"], [output_name]),
+    ]
     outputs = [helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["batch", classes])]
     if extra_output:
         outputs.append(helper.make_tensor_value_info("flat", TensorProto.FLOAT, ["batch", 3]))
-    graph = helper.make_graph(nodes, "toy", [helper.make_tensor_value_info(input_name, TensorProto.FLOAT,
-                                                                             ["batch", 3, side, side])],
-                              outputs, initializer=[w])
+    graph = helper.make_graph(
+        nodes,
+        "toy",
+        [helper.make_tensor_value_info(input_name, TensorProto.FLOAT, ["batch", 3, side, side])],
+        outputs,
+        initializer=[w],
+    )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
     return path
 
@@ -96,14 +109,25 @@ def without_root_bypass() -> list[str]:
 
 def run_cli(*args: str, unprivileged: bool = False, cwd: Path | None = None) -> subprocess.CompletedProcess:
     prefix = without_root_bypass() if unprivileged else []
-    return subprocess.run([*prefix, sys.executable, "-W", "default", "-m", "vitdeploy.cli", *args],
-                          capture_output=True, text=True, env=cli_env(), cwd=cwd, timeout=300)
+    return subprocess.run(
+        [*prefix, sys.executable, "-W", "default", "-m", "vitdeploy.cli", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def run_python(code: str, *, unprivileged: bool = False) -> subprocess.CompletedProcess:
     prefix = without_root_bypass() if unprivileged else []
-    return subprocess.run([*prefix, sys.executable, "-W", "default", "-c", code], capture_output=True, text=True,
-                          env=cli_env(), timeout=300)
+    return subprocess.run(
+        [*prefix, sys.executable, "-W", "default", "-c", code],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=300,
+    )
 
 
 def assert_one_error_line(stderr: str, *needles: str) -> str:

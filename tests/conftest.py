@@ -20,9 +20,9 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
     """A 32px, 2-block ViT with random weights saved in vitdeploy's own format."""
     import torch
 
-    from vitdeploy.model import ViTConfig, VisionTransformer
-    from vitdeploy.model.checkpoints import save_checkpoint
     from vitdeploy.base.preprocess_spec import PreprocessSpec
+    from vitdeploy.model import VisionTransformer, ViTConfig
+    from vitdeploy.model.checkpoints import save_checkpoint
 
     torch.manual_seed(0)
     cfg = ViTConfig(image_size=32, patch_size=8, width=64, depth=2, heads=4, num_classes=7)

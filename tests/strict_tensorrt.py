@@ -75,8 +75,10 @@ def _bind(overloads: list[list[str]], args: tuple, kwargs: dict, where: str) -> 
         given |= set(kwargs)
         if all(r in given for r in required):
             return {**dict(zip(names, args)), **kwargs}
-    raise TypeError(f"{where}(): incompatible function arguments: args={args!r} kwargs={sorted(kwargs)}; "
-                    f"the real overloads take {[', '.join(p) for p in overloads]}")
+    raise TypeError(
+        f"{where}(): incompatible function arguments: args={args!r} kwargs={sorted(kwargs)}; "
+        f"the real overloads take {[', '.join(p) for p in overloads]}"
+    )
 
 
 def _is_int(value: Any) -> bool:
@@ -129,15 +131,22 @@ ARG_TYPES: dict[tuple[str, str], dict[str, tuple[str, Callable[[Any, Any], bool]
 def _check_types(fake: Any, py_name: str, name: str, bound: dict[str, Any]) -> None:
     for param, (what, ok) in ARG_TYPES.get((py_name, name), {}).items():
         if param in bound and not ok(fake, bound[param]):
-            raise TypeError(f"{py_name}.{name}(): incompatible function arguments: {param} must be {what}, "
-                            f"got {type(bound[param]).__name__} {bound[param]!r}")
+            raise TypeError(
+                f"{py_name}.{name}(): incompatible function arguments: {param} must be {what}, "
+                f"got {type(bound[param]).__name__} {bound[param]!r}"
+            )
 
 
 def _strict_setattr(self: Any, name: str, value: Any) -> None:
     """pybind11 classes have no __dict__: only the version's properties (rw) can be assigned. The fake's
     own state (set in its __init__, or private) is exempt; so are Python subclasses (they have a __dict__)."""
     cls = type(self)
-    if not cls.__dict__.get("_strict_class") or name.startswith("_") or not self.__dict__.get("_sealed") or name in self.__dict__:
+    if (
+        not cls.__dict__.get("_strict_class")
+        or name.startswith("_")
+        or not self.__dict__.get("_sealed")
+        or name in self.__dict__
+    ):
         return object.__setattr__(self, name, value)
     spec = signatures(self._major)["classes"][cls._py_name]
     access = spec["properties"].get(name)
@@ -231,10 +240,20 @@ class StrictTrt:
     Runtime knobs: ``engine`` (what deserialize_cuda_engine returns; see :meth:`make_engine`).
     """
 
-    def __init__(self, version: str = "10.13.3.9", *, cuda_init_fails: bool = False, parse_errors: tuple[str, ...] = (),
-                 build_result: bytes | None = b"serialized-engine-bytes", build_log_error: str | None = None,
-                 build_steps: int = 3, gpu: str = "NVIDIA H100 80GB HBM3", engine: Any = None,
-                 on_step: Callable[[int], None] | None = None, sigint_at_step: int | None = None) -> None:
+    def __init__(
+        self,
+        version: str = "10.13.3.9",
+        *,
+        cuda_init_fails: bool = False,
+        parse_errors: tuple[str, ...] = (),
+        build_result: bytes | None = b"serialized-engine-bytes",
+        build_log_error: str | None = None,
+        build_steps: int = 3,
+        gpu: str = "NVIDIA H100 80GB HBM3",
+        engine: Any = None,
+        on_step: Callable[[int], None] | None = None,
+        sigint_at_step: int | None = None,
+    ) -> None:
         self.__version__ = version
         self.major = int(version.split(".")[0])
         spec = signatures(min(max(self.major, 10), 11))  # a TensorRT older than 10 is refused before any call
@@ -256,7 +275,9 @@ class StrictTrt:
         self.TensorIOMode = enum_of("TensorIOMode", "TensorIOMode")
         self.MemoryPoolType = enum_of("MemoryPoolType", "MemoryPoolType")
         self.NetworkDefinitionCreationFlag = enum_of("NetworkDefinitionCreationFlag", "NetworkDefinitionCreationFlag")
-        self.ExecutionContextAllocationStrategy = enum_of("ExecutionContextAllocationStrategy", "ExecutionContextAllocationStrategy")
+        self.ExecutionContextAllocationStrategy = enum_of(
+            "ExecutionContextAllocationStrategy", "ExecutionContextAllocationStrategy"
+        )
         self.PreviewFeature = enum_of("PreviewFeature", "PreviewFeature")
         Severity = enum_of("ILogger.Severity", "Severity")
 
@@ -272,8 +293,10 @@ class StrictTrt:
 
         def register(logger: Any, who: str) -> None:
             if not isinstance(logger, ILogger) or not getattr(logger, "_base_initialised", False):
-                raise TypeError(f"{who}: logger must be a tensorrt.ILogger whose __init__ ran "
-                                "(pybind11: __init__() must be called when overriding __init__)")
+                raise TypeError(
+                    f"{who}: logger must be a tensorrt.ILogger whose __init__ ran "
+                    "(pybind11: __init__() must be called when overriding __init__)"
+                )
             if fake.process_logger is None:
                 fake.process_logger = logger
             elif logger is not fake.process_logger:
@@ -413,7 +436,10 @@ class StrictTrt:
             def set_timing_cache(self, cache, ignore_mismatch):
                 fake.calls.append(("set_timing_cache", cache.header, cache.body, ignore_mismatch))
                 if cache.header != here and not ignore_mismatch:
-                    emit(1, f"Timing cache was created by {cache.header.decode(errors='replace')}; this is {here.decode()}")
+                    emit(
+                        1,
+                        f"Timing cache was created by {cache.header.decode(errors='replace')}; this is {here.decode()}",  # noqa: E501
+                    )
                     return False
                 self.cache = cache
                 return True
@@ -510,9 +536,24 @@ class StrictTrt:
                 return fake.engine
 
         self.ILogger, self.IProgressMonitor, self.Builder, self.Runtime, self.OnnxParser = (
-            ILogger, IProgressMonitor, Builder, Runtime, OnnxParser)
-        self._classes = [ILogger, IProgressMonitor, ITimingCache, IOptimizationProfile, IBuilderConfig, INetworkDefinition,
-                         Builder, ParserError, OnnxParser, Runtime]
+            ILogger,
+            IProgressMonitor,
+            Builder,
+            Runtime,
+            OnnxParser,
+        )
+        self._classes = [
+            ILogger,
+            IProgressMonitor,
+            ITimingCache,
+            IOptimizationProfile,
+            IBuilderConfig,
+            INetworkDefinition,
+            Builder,
+            ParserError,
+            OnnxParser,
+            Runtime,
+        ]
         self._Base = _Base
 
     def note(self, *call: Any) -> None:
@@ -524,10 +565,16 @@ class StrictTrt:
     def called(self, name: str) -> list[tuple]:
         return [c for c in self.calls if c[0] == name]
 
-    def make_engine(self, *, chw: tuple[int, int, int], profile: tuple[int, int, int], classes: int = 10,
-                    io: list[tuple[str, str, tuple[int, ...]]] | None = None,
-                    compute: Callable[[dict[str, int], dict[str, tuple]], None] | None = None,
-                    dtype: str = "FLOAT") -> Any:
+    def make_engine(
+        self,
+        *,
+        chw: tuple[int, int, int],
+        profile: tuple[int, int, int],
+        classes: int = 10,
+        io: list[tuple[str, str, tuple[int, ...]]] | None = None,
+        compute: Callable[[dict[str, int], dict[str, tuple]], None] | None = None,
+        dtype: str = "FLOAT",
+    ) -> Any:
         """A strict ICudaEngine with one optimisation profile (min, opt, max batch) of input
         'pixel_values' (-1, *chw); ``compute(addresses, shapes)`` runs at execute_async_v3."""
         engine_cls, context_cls = _runtime_classes(self)
@@ -560,7 +607,9 @@ def _runtime_classes(fake: StrictTrt) -> tuple[type, type]:
             self.calls.append(("update_device_memory_size_for_shapes",))
             shape = self.shapes.get(self.engine.input_name)
             if shape is None:
-                fake.emit(1, "IExecutionContext::updateDeviceMemorySizeForShapes: Error Code 3: input shapes not specified")
+                fake.emit(
+                    1, "IExecutionContext::updateDeviceMemorySizeForShapes: Error Code 3: input shapes not specified"
+                )
                 return 0
             self.sized_for = shape
             return self.engine._activation_bytes(shape[0])
@@ -577,8 +626,17 @@ def _runtime_classes(fake: StrictTrt) -> tuple[type, type]:
             shape = tuple(int(d) for d in shape)
             self.calls.append(("set_input_shape", name, shape))
             low, _, high = self.engine.profile
-            if name != self.engine.input_name or len(shape) != 4 or shape[1:] != self.engine.chw or not low <= shape[0] <= high:
-                fake.emit(1, f"IExecutionContext::setInputShape: Error Code 3: API Usage Error (shape {shape} outside the profile)")
+            if (
+                name != self.engine.input_name
+                or len(shape) != 4
+                or shape[1:] != self.engine.chw
+                or not low <= shape[0] <= high
+            ):
+                fake.emit(
+                    1,
+                    f"IExecutionContext::setInputShape: Error Code 3: API Usage Error (shape {shape} outside the "
+                    "profile)",
+                )
                 return False
             self.shapes[name] = shape
             return True
@@ -591,10 +649,17 @@ def _runtime_classes(fake: StrictTrt) -> tuple[type, type]:
 
         def set_tensor_address(self, name, memory):
             if not isinstance(memory, int) or isinstance(memory, bool):
-                raise TypeError(f"set_tensor_address(): incompatible function arguments: memory must be an int, got {type(memory).__name__}")
+                raise TypeError(
+                    "set_tensor_address(): incompatible function arguments: memory must be an int, got "
+                    f"{type(memory).__name__}"
+                )
             self.calls.append(("set_tensor_address", name, memory))
             if memory % 256:
-                fake.emit(1, f"IExecutionContext::setTensorAddress: Error Code 3: address {memory:#x} of '{name}' is not 256-byte aligned")
+                fake.emit(
+                    1,
+                    f"IExecutionContext::setTensorAddress: Error Code 3: address {memory:#x} of '{name}' is not "
+                    "256-byte aligned",
+                )
                 return False
             self.addresses[name] = memory
             return True
@@ -606,14 +671,20 @@ def _runtime_classes(fake: StrictTrt) -> tuple[type, type]:
                 return False
             shape = self.shapes.get(self.engine.input_name)
             if shape is None:
-                fake.emit(1, "IExecutionContext::enqueueV3: Error Code 3: API Usage Error (Parameter check failed, "
-                             "condition: inputShapesSpecified. Not all shapes are specified.)")
+                fake.emit(
+                    1,
+                    "IExecutionContext::enqueueV3: Error Code 3: API Usage Error (Parameter check failed, "
+                    "condition: inputShapesSpecified. Not all shapes are specified.)",
+                )
                 return False
             if self.strategy == fake.ExecutionContextAllocationStrategy.USER_MANAGED:
                 need = self.engine._activation_bytes(shape[0])
                 if self.sized_for != shape or self.device_memory is None or self.device_memory[1] < need:
-                    fake.emit(1, f"IExecutionContext::enqueueV3: Error Code 3: API Usage Error (USER_MANAGED context: "
-                                 f"set_device_memory of at least {need} bytes for shape {shape} is missing)")
+                    fake.emit(
+                        1,
+                        f"IExecutionContext::enqueueV3: Error Code 3: API Usage Error (USER_MANAGED context: "
+                        f"set_device_memory of at least {need} bytes for shape {shape} is missing)",
+                    )
                     return False
             if fake.on_execute is not None:
                 fake.on_execute(self, stream_handle)
@@ -671,7 +742,9 @@ def _runtime_classes(fake: StrictTrt) -> tuple[type, type]:
             return [(batch, *self.chw) for batch in self.profile]
 
         def create_execution_context(self, strategy=None):
-            context = IExecutionContext(self, strategy if strategy is not None else fake.ExecutionContextAllocationStrategy.STATIC)
+            context = IExecutionContext(
+                self, strategy if strategy is not None else fake.ExecutionContextAllocationStrategy.STATIC
+            )
             fake.note("create_execution_context")
             with self._lock:
                 self.created += 1

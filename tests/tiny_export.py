@@ -16,8 +16,16 @@ from vitdeploy.runtime.artifacts import sha256_file
 
 LABELS = ["apple", "banana", "cherry", "date", "elder"]
 TINY = dict(image_size=32, patch_size=8, width=32, depth=2, heads=2, num_classes=len(LABELS))
-PREPROCESS = {"style": "hf", "height": 32, "width": 32, "crop_pct": 0.875, "interpolation": "bilinear",
-              "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "background": [255, 255, 255]}
+PREPROCESS = {
+    "style": "hf",
+    "height": 32,
+    "width": 32,
+    "crop_pct": 0.875,
+    "interpolation": "bilinear",
+    "mean": [0.5, 0.5, 0.5],
+    "std": [0.5, 0.5, 0.5],
+    "background": [255, 255, 255],
+}
 
 
 def file_entry(directory: Path, name: str) -> dict:
@@ -25,17 +33,33 @@ def file_entry(directory: Path, name: str) -> dict:
     return {"path": name, "sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
-def write_manifest(directory: Path, artifacts: dict, *, image_size: int = 32, num_classes: int = 5,
-                   labels: list[str] | None = None, batch: dict | None = None, **extra) -> Path:
+def write_manifest(
+    directory: Path,
+    artifacts: dict,
+    *,
+    image_size: int = 32,
+    num_classes: int = 5,
+    labels: list[str] | None = None,
+    batch: dict | None = None,
+    **extra,
+) -> Path:
     manifest = {
-        "format": "vitdeploy-manifest", "version": 1, "name": "tiny", "created": "2025-01-01T00:00:00+00:00",
+        "format": "vitdeploy-manifest",
+        "version": 1,
+        "name": "tiny",
+        "created": "2025-01-01T00:00:00+00:00",
         "model": {"vit": {**TINY, "image_size": image_size}, "source": {"path": "tiny", "format": "vitdeploy"}},
         "labels": labels if labels is not None else LABELS[:num_classes],
         "preprocess": {**PREPROCESS, "height": image_size, "width": image_size},
-        "io": {"input": {"name": "pixel_values", "dtype": "float32", "shape": ["batch", 3, image_size, image_size]},
-               "output": {"name": "logits", "dtype": "float32", "shape": ["batch", num_classes]}},
+        "io": {
+            "input": {"name": "pixel_values", "dtype": "float32", "shape": ["batch", 3, image_size, image_size]},
+            "output": {"name": "logits", "dtype": "float32", "shape": ["batch", num_classes]},
+        },
         "batch": batch or {"min": 1, "opt": 2, "max": 4},
-        "artifacts": artifacts, "versions": {}, "validation": {}, "stages": [],
+        "artifacts": artifacts,
+        "versions": {},
+        "validation": {},
+        "stages": [],
     }
     manifest.update(extra)
     path = directory / "manifest.json"
@@ -49,7 +73,7 @@ def build_tiny_artifacts(out: Path, *, seed: int = 0, fp16_copy: bool = True) ->
     import torch
     from safetensors.torch import save_file
 
-    from vitdeploy.model.vit import ViTConfig, VisionTransformer
+    from vitdeploy.model.vit import VisionTransformer, ViTConfig
 
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
@@ -60,22 +84,50 @@ def build_tiny_artifacts(out: Path, *, seed: int = 0, fp16_copy: bool = True) ->
             if p.dim() > 1 or (name.endswith("bias") and "norm" not in name):
                 p.normal_(0.0, 0.2)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
-    (out / "model.json").write_text(json.dumps({"format": "vitdeploy", "version": 1, "name": "tiny",
-                                                "vit": cfg.to_dict(), "labels": LABELS, "preprocess": PREPROCESS}))
+    (out / "model.json").write_text(
+        json.dumps(
+            {
+                "format": "vitdeploy",
+                "version": 1,
+                "name": "tiny",
+                "vit": cfg.to_dict(),
+                "labels": LABELS,
+                "preprocess": PREPROCESS,
+            }
+        )
+    )
     x = torch.randn(2, 3, cfg.image_size, cfg.image_size)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            torch.onnx.export(model, (x,), str(out / "model.onnx"), input_names=["pixel_values"],
-                              output_names=["logits"], opset_version=18, dynamo=False,
-                              dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}})
+            torch.onnx.export(
+                model,
+                (x,),
+                str(out / "model.onnx"),
+                input_names=["pixel_values"],
+                output_names=["logits"],
+                opset_version=18,
+                dynamo=False,
+                dynamic_axes={"pixel_values": {0: "batch"}, "logits": {0: "batch"}},
+            )
         except Exception:  # noqa: BLE001 - a torch without the legacy exporter: use torch.export
             batch = torch.export.Dim("batch", min=1, max=64)
-            torch.onnx.export(model, (x,), str(out / "model.onnx"), input_names=["pixel_values"],
-                              output_names=["logits"], opset_version=18, dynamo=True, external_data=False,
-                              dynamic_shapes={"pixel_values": {0: batch}})
-    roles = {"weights": file_entry(out, "model.safetensors"), "weights-config": file_entry(out, "model.json"),
-             "onnx": file_entry(out, "model.onnx")}
+            torch.onnx.export(
+                model,
+                (x,),
+                str(out / "model.onnx"),
+                input_names=["pixel_values"],
+                output_names=["logits"],
+                opset_version=18,
+                dynamo=True,
+                external_data=False,
+                dynamic_shapes={"pixel_values": {0: batch}},
+            )
+    roles = {
+        "weights": file_entry(out, "model.safetensors"),
+        "weights-config": file_entry(out, "model.json"),
+        "onnx": file_entry(out, "model.onnx"),
+    }
     if fp16_copy:
         shutil.copyfile(out / "model.onnx", out / "model.fp16.onnx")
         roles["onnx-fp16"] = file_entry(out, "model.fp16.onnx")

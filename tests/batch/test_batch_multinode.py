@@ -42,8 +42,16 @@ def test_workers_on_both_nodes_produce_rows(cluster, demo_artifacts, tmp_path):
     images = tmp_path / "images"
     for copy in range(4):
         shutil.copytree(IMAGES_DIR, images / f"c{copy}", ignore=shutil.ignore_patterns("*.csv", "*.md"))
-    settings = BatchSettings(inputs=[str(images)], artifacts=str(demo_artifacts), output=str(tmp_path / "out.jsonl"),
-                             backend="ort", workers=2, cpus_per_worker=2, batch_size=4, cache_dir=str(tmp_path / "cache"))
+    settings = BatchSettings(
+        inputs=[str(images)],
+        artifacts=str(demo_artifacts),
+        output=str(tmp_path / "out.jsonl"),
+        backend="ort",
+        workers=2,
+        cpus_per_worker=2,
+        batch_size=4,
+        cache_dir=str(tmp_path / "cache"),
+    )
     summary = run_batch(settings, options=BackendOptions(threads=1), max_pixels=89_478_485)
     assert summary.failed == 0 and summary.images == 160
     assert len(summary.nodes) == 2 and all(n > 0 for n in summary.nodes.values()), summary.nodes
@@ -53,5 +61,7 @@ def test_workers_on_both_nodes_produce_rows(cluster, demo_artifacts, tmp_path):
     with Predictor.from_artifacts(demo_artifacts, "ort") as p:
         want = {r["path"]: r for r in predict_paths(p, [images])}
     assert rows.keys() == want.keys()
-    assert all(rows[k]["label"] == want[k]["label"] and rows[k]["score"] == pytest.approx(want[k]["score"], abs=1e-6)
-               for k in want)
+    assert all(
+        rows[k]["label"] == want[k]["label"] and rows[k]["score"] == pytest.approx(want[k]["score"], abs=1e-6)
+        for k in want
+    )

@@ -74,8 +74,11 @@ def predicted(demo_artifacts, collection) -> dict[str, dict]:
 def read_rows(out: Path) -> list[dict]:
     if out.suffix == ".jsonl":
         return [json.loads(line) for line in out.read_text().splitlines()]
-    return pq.read_table(out).to_pylist() if out.is_file() else pa.concat_tables(
-        [pq.read_table(p) for p in sorted(out.glob("*.parquet"))]).to_pylist()
+    return (
+        pq.read_table(out).to_pylist()
+        if out.is_file()
+        else pa.concat_tables([pq.read_table(p) for p in sorted(out.glob("*.parquet"))]).to_pylist()
+    )
 
 
 def assert_rows_equal_predict(rows: list[dict], predicted: dict[str, dict]) -> None:
@@ -93,8 +96,9 @@ def assert_rows_equal_predict(rows: list[dict], predicted: dict[str, dict]) -> N
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rows.parquet", "rows.jsonl"])
-def test_every_row_is_predicts_answer_and_bad_images_are_error_rows(demo_artifacts, collection, config, predicted,
-                                                                   tmp_path, name):
+def test_every_row_is_predicts_answer_and_bad_images_are_error_rows(
+    demo_artifacts, collection, config, predicted, tmp_path, name
+):
     out = tmp_path / name
     res = batch(config, demo_artifacts, str(collection), "-o", str(out))
     assert res.exit_code == 1, res.output
@@ -107,8 +111,9 @@ def test_every_row_is_predicts_answer_and_bad_images_are_error_rows(demo_artifac
 
 
 @pytest.mark.slow
-def test_resume_answers_only_what_is_missing_and_a_finished_job_does_nothing(demo_artifacts, collection, config,
-                                                                            predicted, tmp_path):
+def test_resume_answers_only_what_is_missing_and_a_finished_job_does_nothing(
+    demo_artifacts, collection, config, predicted, tmp_path
+):
     out = tmp_path / "parts"
     first = sorted(predicted)[:150]  # a job killed after writing part of its output
     full = tmp_path / "full.parquet"
@@ -130,8 +135,15 @@ def test_a_list_file_a_glob_and_a_file_uri(demo_artifacts, collection, config, p
     listing = tmp_path / "list.txt"
     listing.write_text(f"{good[0]}\n{good[1]}\n{collection / 'c0' / 'missing.png'}\n")
     out = tmp_path / "x.jsonl"
-    res = batch(config, demo_artifacts, str(listing), str(collection / "c1" / "digit3_*"),
-                (collection / "c2" / good[2].name).as_uri(), "-o", str(out))
+    res = batch(
+        config,
+        demo_artifacts,
+        str(listing),
+        str(collection / "c1" / "digit3_*"),
+        (collection / "c2" / good[2].name).as_uri(),
+        "-o",
+        str(out),
+    )
     assert res.exit_code == 1, res.output
     rows = {r["path"]: r for r in read_rows(out)}
     assert rows[str(collection / "c0" / "missing.png")]["error"].endswith("missing.png: no such file or directory")
@@ -150,8 +162,8 @@ def test_a_bad_output_name_is_one_line_before_ray_work(demo_artifacts, collectio
 
 
 def test_a_worker_error_reaches_the_user_as_one_line_of_its_own_type():
-    from vitdeploy.batch.job import _unwrap
     from vitdeploy.base.errors import ArtifactIntegrityError
+    from vitdeploy.batch.job import _unwrap
 
     @ray.remote
     def worker():
@@ -165,12 +177,15 @@ def test_a_worker_error_reaches_the_user_as_one_line_of_its_own_type():
 
 
 def test_a_pool_that_leaves_no_cpu_for_decoding_is_refused_before_it_hangs(caplog):
-    from vitdeploy.batch.job import BatchSettings, _check_resources
     from vitdeploy.base.errors import ConfigError
+    from vitdeploy.batch.job import BatchSettings, _check_resources
 
     settings = BatchSettings(inputs=[], artifacts="a", output="o", workers=2, cpus_per_worker=1.0)
-    with pytest.raises(ConfigError, match=r"2 worker\(s\) x batch.cpus_per_worker 1 \+ batch.decode_cpus 1 = 3 CPUs, "
-                                          r"the cluster has 2"):
+    with pytest.raises(
+        ConfigError,
+        match=r"2 worker\(s\) x batch.cpus_per_worker 1 \+ batch.decode_cpus 1 = 3 CPUs, "
+        r"the cluster has 2",
+    ):
         _check_resources({"CPU": 2.0}, settings, strict=True)
     _check_resources({"CPU": 2.0}, settings, strict=False)  # a joined cluster may grow: a warning
     assert "cannot schedule its workers" in caplog.text

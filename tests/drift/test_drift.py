@@ -1,8 +1,8 @@
 """Drift of every backend x precision from eager FP32 PyTorch, on the demo export and demo images.
 
-One module, one parametrised test: torch FP32 on the CPU is the reference; ort (FP32), ort-fp16, ort-int8 (INT8, ``validation.int8``),
-torch FP32 and FP16 on CUDA, and trt (FP16) are each judged against the thresholds of the default
-config (``validation.fp32`` / ``validation.fp16``). A backend that cannot run here skips with a
+One module, one parametrised test: torch FP32 on the CPU is the reference; ort (FP32), ort-fp16,
+ort-int8 (INT8, ``validation.int8``), torch FP32 and FP16 on CUDA, and trt (FP16) are each judged
+against the thresholds of the default config (``validation.fp32`` / ``validation.fp16``). A backend that cannot run here skips with a
 one-line reason; tests/drift/conftest.py prints how many ran. The export is the session's
 demo_artifacts (plus a TensorRT engine where TensorRT and CUDA exist: drift_artifacts).
 """
@@ -87,13 +87,30 @@ def test_backend_drift(setup: Setup, case: str, name: str, device: str, precisio
     finally:
         backend.close()
     tolerance = default_thresholds()[precision]
-    row = judge_backend(case, logits, setup.reference, tolerance, names=setup.names, true_index=setup.true_index,
-                        classes=setup.artifacts.labels, precision=precision)
+    row = judge_backend(
+        case,
+        logits,
+        setup.reference,
+        tolerance,
+        names=setup.names,
+        true_index=setup.true_index,
+        classes=setup.artifacts.labels,
+        precision=precision,
+    )
     flips = "; ".join(f"{f['path']}: {f['reference']} -> {f['candidate']}" for f in row.flipped)
-    assert row.status == "passed", (f"{case} drifted beyond the default {precision} thresholds: "
-                                    f"{'; '.join(row.failures)}; metrics {row.metrics}; flipped: {flips or 'none'}")
-    ref_accuracy = judge_backend("ref", setup.reference, setup.reference, tolerance, names=setup.names,
-                                 true_index=setup.true_index, classes=setup.artifacts.labels).accuracy
+    assert row.status == "passed", (
+        f"{case} drifted beyond the default {precision} thresholds: "
+        f"{'; '.join(row.failures)}; metrics {row.metrics}; flipped: {flips or 'none'}"
+    )
+    ref_accuracy = judge_backend(
+        "ref",
+        setup.reference,
+        setup.reference,
+        tolerance,
+        names=setup.names,
+        true_index=setup.true_index,
+        classes=setup.artifacts.labels,
+    ).accuracy
     assert ref_accuracy is not None and ref_accuracy >= 0.8, f"the demo model classifies only {ref_accuracy} right"
     assert row.accuracy is not None and abs(row.accuracy - ref_accuracy) <= 1 - tolerance["min_top1_agreement"] + 1e-9
 
@@ -106,7 +123,9 @@ def test_validate_on_the_demo_export_passes_and_writes_its_report(drift_artifact
     assert list(rows) == ["torch", "ort", "ort-fp16", "ort-int8", "torch-fp16", "trt", "trt-int8"]
     assert all(b.ran or b.reason for b in report.backends), "a backend that did not run must say why"
     assert report.passed, [(b.name, b.failures or b.reason) for b in report.failed]
-    assert rows["ort"].status == "passed" and rows["ort-fp16"].status == "passed" and rows["ort-int8"].status == "passed"
+    assert (
+        rows["ort"].status == "passed" and rows["ort-fp16"].status == "passed" and rows["ort-int8"].status == "passed"
+    )
     assert report.images["evaluated"] == report.images["labelled"] == report.images["count"]
     saved = json.loads(out.read_text())
     assert saved["passed"] is True and saved["reference"]["accuracy"] == report.reference["accuracy"]

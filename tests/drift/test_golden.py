@@ -19,7 +19,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "data" / "golden" / "demo_logits.npz"
-REGENERATE = "if the change is expected, review it and regenerate with `.venv/bin/python scripts/make_golden_logits.py`"
+REGENERATE = (
+    "if the change is expected, review it and regenerate with `.venv/bin/python scripts/make_golden_logits.py`"
+)
 INPUT_ATOL = 1e-6
 LOGIT_ATOL = 1e-4
 
@@ -57,23 +59,28 @@ def test_golden_file_is_for_the_shipped_demo_weights(golden, demo_model):
     sha = hashlib.sha256((directory / "model.safetensors").read_bytes()).hexdigest()
     assert str(golden["weights_sha256"]) == sha, (
         f"the demo weights changed ({directory / 'model.safetensors'} sha256 {sha[:12]}, golden file made from "
-        f"{str(golden['weights_sha256'])[:12]}); {REGENERATE}")
-    assert len(golden["paths"]) >= 16 and golden["inputs"].shape[0] == golden["logits"].shape[0] == len(golden["paths"])
+        f"{str(golden['weights_sha256'])[:12]}); {REGENERATE}"
+    )
+    assert len(golden["paths"]) >= 16 and golden["inputs"].shape[0] == golden["logits"].shape[0] == len(
+        golden["paths"]
+    )
 
 
 def test_preprocessing_reproduces_the_golden_inputs(golden, demo_model):
+    from vitdeploy.base.preprocess_spec import PreprocessSpec
     from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR
     from vitdeploy.runtime.preprocess import Preprocessor
-    from vitdeploy.base.preprocess_spec import PreprocessSpec
 
     _, meta = demo_model
     now = Preprocessor(PreprocessSpec.from_dict(meta["preprocess"])).batch(
-        [DEMO_IMAGES_DIR / str(p) for p in golden["paths"]])
+        [DEMO_IMAGES_DIR / str(p) for p in golden["paths"]]
+    )
     assert now.shape == golden["inputs"].shape and now.dtype == np.float32
     diff = float(np.abs(now - golden["inputs"]).max())
     assert diff <= INPUT_ATOL, (
         f"preprocessing moved: max abs diff {diff:.3g} > {INPUT_ATOL:g} against {GOLDEN.name} "
-        f"({_versions_note(golden)}); a Pillow/numpy change alters the pixels every backend sees; {REGENERATE}")
+        f"({_versions_note(golden)}); a Pillow/numpy change alters the pixels every backend sees; {REGENERATE}"
+    )
 
 
 def test_eager_torch_reproduces_the_golden_logits(golden, demo_model):
@@ -94,14 +101,15 @@ def test_eager_torch_reproduces_the_golden_logits(golden, demo_model):
     diff = float(np.abs(logits - golden["logits"]).max())
     assert diff <= LOGIT_ATOL, (
         f"eager FP32 logits moved: max abs diff {diff:.3g} > {LOGIT_ATOL:g} against {GOLDEN.name} "
-        f"({_versions_note(golden)}); {REGENERATE}")
+        f"({_versions_note(golden)}); {REGENERATE}"
+    )
     assert (logits.argmax(1) == golden["logits"].argmax(1)).all()
 
 
 def test_the_exported_torch_backend_matches_the_golden_logits(golden, demo_artifacts):
     """Export keeps the demo weights bit-for-bit: its torch backend gives the golden logits."""
-    from vitdeploy.runtime.backends import open_backend
     from vitdeploy.runtime.artifacts import Artifacts
+    from vitdeploy.runtime.backends import open_backend
 
     backend = open_backend("torch", Artifacts.open(demo_artifacts))
     try:

@@ -31,15 +31,25 @@ def built(request, tmp_path_factory):
     if reason:
         pytest.skip(reason)
     pytest.importorskip("torch")
-    from vitdeploy.model.checkpoints import load_checkpoint
     from vitdeploy.demo import DEMO_DIR as DEMO_MODEL_DIR
+    from vitdeploy.model.checkpoints import load_checkpoint
 
     artifacts = request.getfixturevalue("demo_artifacts")  # the shipped demo model, exported (engine skipped)
     model = load_checkpoint(DEMO_MODEL_DIR).model.eval()
     folder = tmp_path_factory.mktemp("trt")
-    plan = plan_engine_build(artifacts / "model.fp16.onnx", folder / "model.engine", input_name="pixel_values", chw=CHW,
-                             min_batch=1, opt_batch=2, max_batch=4, workspace_mb=512, optimization_level=1,
-                             timing_cache_path=folder / "timing.cache", precision="fp16")
+    plan = plan_engine_build(
+        artifacts / "model.fp16.onnx",
+        folder / "model.engine",
+        input_name="pixel_values",
+        chw=CHW,
+        min_batch=1,
+        opt_batch=2,
+        max_batch=4,
+        workspace_mb=512,
+        optimization_level=1,
+        timing_cache_path=folder / "timing.cache",
+        precision="fp16",
+    )
     meta = build_engine(plan)
     return model, plan, meta
 
@@ -110,11 +120,23 @@ def test_batches_beyond_the_profile_are_split_and_threads_share_a_bounded_pool(b
 def test_batch_below_the_profile_min_is_padded(built, tmp_path):
     """An engine whose profile min is 2 still answers a batch of 1 (padded, then sliced)."""
     model, plan, _ = built
-    padded_plan = plan_engine_build(plan.onnx_path, tmp_path / "model.engine", input_name="pixel_values", chw=CHW, min_batch=2,
-                                    opt_batch=2, max_batch=4, workspace_mb=512, optimization_level=1, precision="fp16")
+    padded_plan = plan_engine_build(
+        plan.onnx_path,
+        tmp_path / "model.engine",
+        input_name="pixel_values",
+        chw=CHW,
+        min_batch=2,
+        opt_batch=2,
+        max_batch=4,
+        workspace_mb=512,
+        optimization_level=1,
+        precision="fp16",
+    )
     build_engine(padded_plan)
     batch = np.random.default_rng(3).standard_normal((1, *CHW)).astype(np.float32)
-    with TrtBackend(padded_plan.engine_path, padded_plan.meta_path, CHW, None, BackendOptions(device="cuda")) as backend:
+    with TrtBackend(
+        padded_plan.engine_path, padded_plan.meta_path, CHW, None, BackendOptions(device="cuda")
+    ) as backend:
         got = backend.run(batch)
     assert got.shape == (1, 10)
     assert float(np.abs(got - eager(model, batch)).max()) <= TOLERANCE
@@ -132,12 +154,24 @@ def built_int8(built, request, tmp_path_factory):
     model = built[0]
     artifacts_dir = request.getfixturevalue("demo_artifacts")
     artifacts = Artifacts.open(artifacts_dir)
-    images = Preprocessor(artifacts.preprocess).batch(sorted(p for p in IMAGES_DIR.iterdir() if p.suffix in (".png", ".jpg")))
+    images = Preprocessor(artifacts.preprocess).batch(
+        sorted(p for p in IMAGES_DIR.iterdir() if p.suffix in (".png", ".jpg"))
+    )
     folder = tmp_path_factory.mktemp("trt_int8")
     qdq = folder / "model.int8.trt.onnx"
     quantize_int8(artifacts_dir / "model.onnx", qdq, input_name="pixel_values", calibration=images, placement=TENSORRT)
-    plan = plan_engine_build(qdq, folder / "model.int8.engine", input_name="pixel_values", chw=CHW, min_batch=1, opt_batch=8,
-                             max_batch=64, workspace_mb=512, optimization_level=1, precision="int8")
+    plan = plan_engine_build(
+        qdq,
+        folder / "model.int8.engine",
+        input_name="pixel_values",
+        chw=CHW,
+        min_batch=1,
+        opt_batch=8,
+        max_batch=64,
+        workspace_mb=512,
+        optimization_level=1,
+        precision="int8",
+    )
     meta = build_engine(plan)
     return model, plan, meta, images
 
@@ -147,7 +181,9 @@ def test_int8_engine_from_the_qdq_graph_within_validation_int8(built_int8):
 
     model, plan, meta, images = built_int8
     assert meta.precision.startswith("int8")
-    with TrtBackend(plan.engine_path, plan.meta_path, CHW, None, BackendOptions(device="cuda"), name="trt-int8") as backend:
+    with TrtBackend(
+        plan.engine_path, plan.meta_path, CHW, None, BackendOptions(device="cuda"), name="trt-int8"
+    ) as backend:
         got = backend.run(images)
         alone = np.concatenate([backend.run(images[i : i + 1]) for i in range(4)])
     metrics, flipped = logit_metrics(eager(model, images), got)

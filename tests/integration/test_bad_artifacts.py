@@ -14,18 +14,27 @@ import math
 from pathlib import Path
 
 import pytest
+from bad_input_helpers import (
+    GOOD_IMAGES,
+    assert_one_error_line,
+    copy_export,
+    edit_manifest,
+    flip_byte,
+    rehash,
+    run_cli,
+    toy_classifier,
+)
 from click.testing import CliRunner
 
-from bad_input_helpers import (GOOD_IMAGES, assert_one_error_line, copy_export, edit_manifest, flip_byte, rehash,
-                               run_cli, toy_classifier)
-from vitdeploy.cli import main
 from vitdeploy.base.errors import ArtifactError, ArtifactIntegrityError
+from vitdeploy.cli import main
 from vitdeploy.runtime.predictor import Predictor
 
 
 def predict_cli(artifacts: Path, backend: str = "auto"):
-    return CliRunner().invoke(main, ["predict", str(GOOD_IMAGES[0]), "-a", str(artifacts), "-b", backend, "--json"],
-                              catch_exceptions=False)
+    return CliRunner().invoke(
+        main, ["predict", str(GOOD_IMAGES[0]), "-a", str(artifacts), "-b", backend, "--json"], catch_exceptions=False
+    )
 
 
 def assert_refused(artifacts: Path, *needles: str, backend: str = "auto") -> None:
@@ -46,6 +55,7 @@ def _set(path: str, value):
         for p in parents:
             node = node[p]
         node[last] = value
+
     return edit
 
 
@@ -56,6 +66,7 @@ def _delete(path: str):
         for p in parents:
             node = node[p]
         del node[last]
+
     return edit
 
 
@@ -71,8 +82,10 @@ MANIFEST_CASES = {
     "path traversal": (_set("artifacts.onnx.path", "../other/model.onnx"), "'artifacts.onnx.path'"),
     "path windows drive": (_set("artifacts.onnx.path", "C:\\model.onnx"), "'artifacts.onnx.path'"),
     "unknown entry key": (_set("artifacts.onnx.url", "http://x"), "unknown key 'artifacts.onnx.url'"),
-    "role not a name": (lambda m: m["artifacts"].update({"../x": {"path": "model.onnx", "sha256": "0" * 64, "bytes": 1}}),
-                        "artifact role '../x'"),
+    "role not a name": (
+        lambda m: m["artifacts"].update({"../x": {"path": "model.onnx", "sha256": "0" * 64, "bytes": 1}}),
+        "artifact role '../x'",
+    ),
     "labels ints": (_set("labels", list(range(10))), "'labels[0]' = 0"),
     "labels a string": (_set("labels", "0123456789"), "'labels' = '0123456789'"),
     "3 labels for 10 classes": (_set("labels", ["a", "b", "c"]), "labels has 3 entries"),
@@ -82,7 +95,7 @@ MANIFEST_CASES = {
     "interpolation unknown": (_set("preprocess.interpolation", "cubic"), "'preprocess.interpolation' = 'cubic'"),
     "batch max 0": (_set("batch.max", 0), "'batch.max' = 0"),
     "batch min > max": (_set("batch", {"min": 16, "opt": 8, "max": 4}), "min <= opt <= max"),
-    "batch max huge": (_set("batch.max", 10 ** 9), "'batch.max' = 1000000000"),
+    "batch max huge": (_set("batch.max", 10**9), "'batch.max' = 1000000000"),
     "batch a string": (_set("batch.max", "32"), "'batch.max' = '32'"),
     "input 64x64 vs preprocess 32": (_set("io.input.shape", ["batch", 3, 64, 64]), "differs from the model input"),
     "input rank 3": (_set("io.input.shape", ["batch", 32, 32]), "io.input.shape"),
@@ -91,7 +104,7 @@ MANIFEST_CASES = {
     "io missing": (_delete("io"), "'io' is missing"),
     "format wrong": (_set("format", "onnx"), "not a vitdeploy manifest"),
     "version from the future": (_set("version", 99), "manifest version 99 is not supported"),
-    "empty object": (lambda m: m.clear(), "\"format\" is None"),
+    "empty object": (lambda m: m.clear(), '"format" is None'),
 }
 
 
@@ -105,8 +118,11 @@ def test_malformed_manifest_is_refused_naming_the_key(demo_artifacts, tmp_path, 
 
 def test_manifest_that_is_not_an_object_or_huge_or_deep_is_refused(demo_artifacts, tmp_path):
     d = copy_export(demo_artifacts, tmp_path / "a")
-    for content, needle in (("[1, 2]", "expected a JSON object"), ("[" * 100_000 + "]" * 100_000, "manifest.json"),
-                            ("{\"format\": " + "\"x\"" * 3 + "}", "not valid JSON")):
+    for content, needle in (
+        ("[1, 2]", "expected a JSON object"),
+        ("[" * 100_000 + "]" * 100_000, "manifest.json"),
+        ('{"format": ' + '"x"' * 3 + "}", "not valid JSON"),
+    ):
         (d / "manifest.json").write_text(content)
         assert_refused(d, needle)
 
@@ -132,7 +148,9 @@ def test_manifest_written_by_this_version_validates_with_its_informational_keys(
 
 
 @pytest.mark.parametrize("backend", ["auto", "ort", "torch", "ort-fp16"])
-@pytest.mark.parametrize("name", ["model.onnx", "model.ort.onnx", "model.fp16.onnx", "model.safetensors", "model.json"])
+@pytest.mark.parametrize(
+    "name", ["model.onnx", "model.ort.onnx", "model.fp16.onnx", "model.safetensors", "model.json"]
+)
 def test_one_tampered_artifact_refuses_the_directory_whatever_the_backend(demo_artifacts, tmp_path, name, backend):
     d = copy_export(demo_artifacts, tmp_path / "a")
     flip_byte(d / name)
@@ -167,8 +185,9 @@ GRAPH_CASES = {
 
 
 @pytest.mark.parametrize("case", list(GRAPH_CASES))
-@pytest.mark.parametrize("name,backend", [("model.ort.onnx", "auto"), ("model.ort.onnx", "ort"),
-                                          ("model.fp16.onnx", "ort-fp16")])
+@pytest.mark.parametrize(
+    "name,backend", [("model.ort.onnx", "auto"), ("model.ort.onnx", "ort"), ("model.fp16.onnx", "ort-fp16")]
+)
 def test_valid_graph_that_disagrees_with_the_manifest_is_refused(demo_artifacts, tmp_path, case, name, backend):
     kwargs, needle = GRAPH_CASES[case]
     d = copy_export(demo_artifacts, tmp_path / "a")
@@ -194,8 +213,15 @@ def test_the_toy_graph_itself_is_accepted_when_it_agrees(demo_artifacts, tmp_pat
         assert len(p.predict([str(GOOD_IMAGES[0])])) == 1
 
 
-@pytest.mark.parametrize("key,value,needle", [("num_classes", 12, "12 classes"), ("image_size", 64, "image size 64"),
-                                              ("heads", 0, "'vit.heads' = 0"), ("width", "64", "'vit.width' = '64'")])
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        ("num_classes", 12, "12 classes"),
+        ("image_size", 64, "image size 64"),
+        ("heads", 0, "'vit.heads' = 0"),
+        ("width", "64", "'vit.width' = '64'"),
+    ],
+)
 def test_model_json_that_disagrees_with_the_manifest_is_refused(demo_artifacts, tmp_path, key, value, needle):
     d = copy_export(demo_artifacts, tmp_path / "a")
     cfg = json.loads((d / "model.json").read_text())
@@ -216,9 +242,11 @@ def test_unreadable_artifact_is_a_clean_error_naming_the_file(demo_artifacts, tm
     target.chmod(0)
     try:
         res = run_cli("predict", str(GOOD_IMAGES[0]), "-a", str(d), unprivileged=True)
-        code = ("from vitdeploy.runtime.predictor import Predictor\n"
-                "from vitdeploy.base.errors import ArtifactError\n"
-                f"try:\n    Predictor.from_artifacts({str(d)!r})\nexcept ArtifactError as e:\n    print('REFUSED', e)")
+        code = (
+            "from vitdeploy.runtime.predictor import Predictor\n"
+            "from vitdeploy.base.errors import ArtifactError\n"
+            f"try:\n    Predictor.from_artifacts({str(d)!r})\nexcept ArtifactError as e:\n    print('REFUSED', e)"
+        )
         from bad_input_helpers import run_python
 
         api = run_python(code, unprivileged=True)

@@ -13,15 +13,22 @@ import zlib
 from pathlib import Path
 
 import pytest
+from bad_input_helpers import GOOD_IMAGES, assert_one_error_line, run_cli, run_python
 from click.testing import CliRunner
 
-from bad_input_helpers import GOOD_IMAGES, assert_one_error_line, run_cli, run_python
-from vitdeploy.cli import main
 from vitdeploy.base.errors import ConfigError
 from vitdeploy.base.limits import MAX_BATCH
+from vitdeploy.cli import main
 
-BAD_KINDS = ["missing", "empty dir", "symlink loop", "dangling symlink", "unreadable file", "unreadable dir",
-             "unreadable sub-folder"]
+BAD_KINDS = [
+    "missing",
+    "empty dir",
+    "symlink loop",
+    "dangling symlink",
+    "unreadable file",
+    "unreadable dir",
+    "unreadable sub-folder",
+]
 
 
 def make_bad(root: Path, kind: str) -> tuple[Path, str]:
@@ -75,7 +82,8 @@ def test_each_bad_path_gets_its_own_record_and_the_others_are_predicted(demo_art
             "from vitdeploy.runtime.batch_predict import predict_paths\n"
             f"with Predictor.from_artifacts({str(demo_artifacts)!r}, backend='ort') as p:\n"
             f"    for rec in predict_paths(p, {args!r}, batch_size=2):\n        print(json.dumps(rec))\n",
-            unprivileged=True)
+            unprivileged=True,
+        )
     finally:
         _restore(tmp_path / "in")
     assert res.returncode == 1, res.stderr
@@ -91,8 +99,11 @@ def test_each_bad_path_gets_its_own_record_and_the_others_are_predicted(demo_art
 
 
 def test_only_bad_paths_still_exit_1_with_records(demo_artifacts, tmp_path):
-    res = CliRunner().invoke(main, ["predict", str(tmp_path / "nope.jpg"), str(tmp_path), "-a", str(demo_artifacts),
-                                    "--json"], catch_exceptions=False)
+    res = CliRunner().invoke(
+        main,
+        ["predict", str(tmp_path / "nope.jpg"), str(tmp_path), "-a", str(demo_artifacts), "--json"],
+        catch_exceptions=False,
+    )
     assert res.exit_code == 1
     records = [json.loads(line) for line in res.stdout.splitlines()]
     assert [("error" in r) for r in records] == [True, True]
@@ -103,14 +114,20 @@ def test_only_bad_paths_still_exit_1_with_records(demo_artifacts, tmp_path):
 
 def palette_png(width: int, height: int) -> bytes:
     """A 1-bit palette PNG written by hand: 90 Mpx in about 11 KB, without decoding anything."""
+
     def chunk(tag: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
 
     row = b"\x00" * (1 + (width + 7) // 8)
     comp = zlib.compressobj(9)
     idat = b"".join(comp.compress(row) for _ in range(height)) + comp.flush()
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 3, 0, 0, 0))
-            + chunk(b"PLTE", b"\x00\x00\x00\xff\xff\xff") + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 1, 3, 0, 0, 0))
+        + chunk(b"PLTE", b"\x00\x00\x00\xff\xff\xff")
+        + chunk(b"IDAT", idat)
+        + chunk(b"IEND", b"")
+    )
 
 
 def test_bomb_at_pillows_warning_size_is_a_clean_per_image_error(demo_artifacts, tmp_path):
@@ -120,7 +137,9 @@ def test_bomb_at_pillows_warning_size_is_a_clean_per_image_error(demo_artifacts,
     assert res.returncode == 1
     assert "DecompressionBombWarning" not in res.stderr and "PIL" not in res.stderr, res.stderr
     bad, good = [json.loads(line) for line in res.stdout.splitlines()]
-    assert "90250000 pixels exceeds the limit of 89478485" in bad["error"] and "runtime.max_image_pixels" in bad["error"]
+    assert (
+        "90250000 pixels exceeds the limit of 89478485" in bad["error"] and "runtime.max_image_pixels" in bad["error"]
+    )
     assert good["label"] == "0"
 
 
@@ -150,16 +169,20 @@ def test_bomb_above_pillows_warning_is_accepted_cleanly_when_the_limit_allows(tm
 
 @pytest.mark.parametrize("value", ["1000000000", str(MAX_BATCH + 1)])
 def test_predict_batch_size_is_bounded(demo_artifacts, value):
-    res = CliRunner().invoke(main, ["predict", str(GOOD_IMAGES[0]), "-a", str(demo_artifacts), "--batch-size", value],
-                             catch_exceptions=False)
+    res = CliRunner().invoke(
+        main,
+        ["predict", str(GOOD_IMAGES[0]), "-a", str(demo_artifacts), "--batch-size", value],
+        catch_exceptions=False,
+    )
     assert res.exit_code == 2
     assert_one_error_line(res.stderr, f"batch_size {value} is out of range", f"1..{MAX_BATCH}")
 
 
 @pytest.mark.parametrize("value", ["1000000000", f"1,8,{MAX_BATCH + 1}"])
 def test_bench_batch_sizes_are_bounded(demo_artifacts, value):
-    res = CliRunner().invoke(main, ["bench", "-a", str(demo_artifacts), "--batch-sizes", value, "-b", "ort"],
-                             catch_exceptions=False)
+    res = CliRunner().invoke(
+        main, ["bench", "-a", str(demo_artifacts), "--batch-sizes", value, "-b", "ort"], catch_exceptions=False
+    )
     assert res.exit_code == 2
     assert_one_error_line(res.stderr, "--batch-sizes", "out of range", f"1..{MAX_BATCH}")
 
@@ -170,6 +193,9 @@ def test_api_batch_sizes_are_bounded(demo_artifacts):
     from vitdeploy.runtime.predictor import Predictor
 
     with pytest.raises(ConfigError, match="out of range"):
-        run_bench(demo_artifacts, batch_sizes=[1, 10 ** 9])
-    with Predictor.from_artifacts(demo_artifacts, backend="ort") as p, pytest.raises(ConfigError, match="out of range"):
-        predict_paths(p, [GOOD_IMAGES[0]], batch_size=10 ** 9)
+        run_bench(demo_artifacts, batch_sizes=[1, 10**9])
+    with (
+        Predictor.from_artifacts(demo_artifacts, backend="ort") as p,
+        pytest.raises(ConfigError, match="out of range"),
+    ):
+        predict_paths(p, [GOOD_IMAGES[0]], batch_size=10**9)

@@ -23,9 +23,25 @@ BURN = "import time\nend = time.time() + 120\nwhile time.time() < end:\n    pass
 
 def bench(artifacts) -> str:
     threads = str(usable_cores())  # every core is needed: one taken by other work must show
-    res = CliRunner().invoke(main, ["bench", "-a", str(artifacts), "-b", "torch,ort", "--batch-sizes", "8",
-                                    "--iterations", "60", "--warmup", "5", "--threads", threads],
-                             catch_exceptions=False)
+    res = CliRunner().invoke(
+        main,
+        [
+            "bench",
+            "-a",
+            str(artifacts),
+            "-b",
+            "torch,ort",
+            "--batch-sizes",
+            "8",
+            "--iterations",
+            "60",
+            "--warmup",
+            "5",
+            "--threads",
+            threads,
+        ],
+        catch_exceptions=False,
+    )
     assert res.exit_code == 0, res.output
     return res.output
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from vitdeploy.base.errors import CheckpointError
-from vitdeploy.model import detect_format, load_checkpoint
 from vitdeploy.base.preprocess_spec import PreprocessSpec
+from vitdeploy.model import detect_format, load_checkpoint
 
 transformers = pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -23,9 +23,17 @@ LABELS = [f"label_{c}" for c in "abcdefghij"]
 
 
 def _hf_config(**overrides):
-    kwargs = dict(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  intermediate_size=128, num_labels=10, id2label=dict(enumerate(LABELS)),
-                  label2id={name: i for i, name in enumerate(LABELS)})
+    kwargs = dict(
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=10,
+        id2label=dict(enumerate(LABELS)),
+        label2id={name: i for i, name in enumerate(LABELS)},
+    )
     kwargs.update(overrides)
     return transformers.ViTConfig(**kwargs)
 
@@ -72,8 +80,9 @@ def _quiet_transformers():
 def test_save_pretrained_safetensors_same_logits(tmp_path):
     model = _hf_classifier()
     model.save_pretrained(tmp_path)
-    processor = transformers.ViTImageProcessor(size={"height": 32, "width": 32}, resample=3,
-                                               image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225])
+    processor = transformers.ViTImageProcessor(
+        size={"height": 32, "width": 32}, resample=3, image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225]
+    )
     processor.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").is_file()
 
@@ -81,11 +90,19 @@ def test_save_pretrained_safetensors_same_logits(tmp_path):
     assert ck.source_format == "hf" and detect_format(tmp_path) == "hf" and ck.name == tmp_path.name
     assert ck.labels == tuple(LABELS)
     cfg = ck.config
-    assert (cfg.width, cfg.depth, cfg.heads, cfg.mlp_dim, cfg.image_size, cfg.patch_size, cfg.num_classes) == \
-        (64, 2, 4, 128, 32, 8, 10)
+    assert (cfg.width, cfg.depth, cfg.heads, cfg.mlp_dim, cfg.image_size, cfg.patch_size, cfg.num_classes) == (
+        64,
+        2,
+        4,
+        128,
+        32,
+        8,
+        10,
+    )
     assert cfg.layer_norm_eps == 1e-12
-    assert ck.preprocess == PreprocessSpec(style="hf", height=32, width=32, interpolation="bicubic",
-                                           mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
+    assert ck.preprocess == PreprocessSpec(
+        style="hf", height=32, width=32, interpolation="bicubic", mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)
+    )
     x = _images()
     assert _diff(ck, model, x) <= TOL
     # the weights file inside the directory is recognised through its config.json too
@@ -130,7 +147,10 @@ def test_both_key_namings_same_logits(tmp_path):
     disk_keys = set(safetensors_torch.load_file(str(tmp_path / "disk" / "model.safetensors")))
     memory = {k: v.contiguous() for k, v in model.state_dict().items()}
     assert disk_keys != set(memory), "transformers now writes its in-memory naming; this test needs the other one"
-    hub_style = {"vit.encoder.layer.0.attention.attention.query.weight", "vit.encoder.layer.0.intermediate.dense.weight"}
+    hub_style = {
+        "vit.encoder.layer.0.attention.attention.query.weight",
+        "vit.encoder.layer.0.intermediate.dense.weight",
+    }
     assert hub_style <= disk_keys  # save_pretrained writes the hub naming
     assert hub_style.isdisjoint(set(memory))  # ... while the modules in memory are named differently
 
@@ -146,9 +166,14 @@ def test_both_key_namings_same_logits(tmp_path):
 def test_hub_legacy_naming_written_by_hand_same_logits(tmp_path):
     """The hub naming built from the in-memory modules by hand, independent of save_pretrained."""
     model = _hf_classifier(seed=3)
-    names = {"attention.q_proj": "attention.attention.query", "attention.k_proj": "attention.attention.key",
-             "attention.v_proj": "attention.attention.value", "attention.o_proj": "attention.output.dense",
-             "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
+    names = {
+        "attention.q_proj": "attention.attention.query",
+        "attention.k_proj": "attention.attention.key",
+        "attention.v_proj": "attention.attention.value",
+        "attention.o_proj": "attention.output.dense",
+        "mlp.fc1": "intermediate.dense",
+        "mlp.fc2": "output.dense",
+    }
     legacy = {}
     for key, value in model.state_dict().items():
         new = key.replace("vit.layers.", "vit.encoder.layer.")
@@ -280,7 +305,14 @@ def test_vit_b16_sized_same_logits(tmp_path):
     model.save_pretrained(tmp_path)
     ck = load_checkpoint(tmp_path)
     cfg = ck.config
-    assert (cfg.width, cfg.depth, cfg.heads, cfg.mlp_dim, cfg.image_size, cfg.patch_size, cfg.num_classes) == \
-        (768, 12, 12, 3072, 224, 16, 1000)
+    assert (cfg.width, cfg.depth, cfg.heads, cfg.mlp_dim, cfg.image_size, cfg.patch_size, cfg.num_classes) == (
+        768,
+        12,
+        12,
+        3072,
+        224,
+        16,
+        1000,
+    )
     assert ck.labels[:2] == ("LABEL_0", "LABEL_1")
     assert _diff(ck, model, torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))) <= TOL

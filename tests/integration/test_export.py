@@ -11,8 +11,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from vitdeploy.cli import main
 from vitdeploy.base.errors import ExportError
+from vitdeploy.cli import main
 from vitdeploy.runtime.artifacts import sha256_file
 
 CLI = CliRunner()
@@ -28,6 +28,7 @@ def write_yaml(path: Path, data: dict) -> Path:
 
 
 # --- the demo model ------------------------------------------------------------------------
+
 
 def test_demo_export_writes_every_artifact_with_matching_hashes(demo_artifacts: Path):
     manifest = json.loads((demo_artifacts / "manifest.json").read_text())
@@ -79,7 +80,9 @@ def test_fp16_graph_keeps_layernorm_in_float32_with_float32_io(demo_artifacts: P
     weights = [t for t in model.graph.initializer if len(t.dims) == 2]
     assert weights and all(t.data_type == F16 for t in weights if t.dims[0] > 10)  # matmul weights went FP16
     inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type for v in list(inferred.graph.value_info) + list(inferred.graph.input)}
+    types = {
+        v.name: v.type.tensor_type.elem_type for v in list(inferred.graph.value_info) + list(inferred.graph.input)
+    }
     norms = [n for n in model.graph.node if n.op_type == "LayerNormalization"]
     assert norms and all(types.get(n.input[0]) == F32 for n in norms)
 
@@ -88,9 +91,14 @@ def test_onnx_runs_in_ort_at_batch_1_3_17_and_max_within_fp32_thresholds(tmp_pat
     from vitdeploy.export.pipeline import run_export
 
     events: list[tuple[str, str, float]] = []
-    result = run_export(export_config({"export": {"batch": {"min": 1, "opt": 4, "max": 24}}}), tmp_path, engine="skip",
-                        validation_batch=(1, 3, 17, 24), heartbeat_s=0.05,
-                        on_stage=lambda rec: events.append((rec.name, rec.status, rec.seconds)))
+    result = run_export(
+        export_config({"export": {"batch": {"min": 1, "opt": 4, "max": 24}}}),
+        tmp_path,
+        engine="skip",
+        validation_batch=(1, 3, 17, 24),
+        heartbeat_s=0.05,
+        on_stage=lambda rec: events.append((rec.name, rec.status, rec.seconds)),
+    )
     for stage in ("validate-onnx", "validate-fp16", "validate-int8"):
         per_batch = result.validation[stage]["per_batch"]
         assert sorted(map(int, per_batch)) == [1, 3, 17, 24]
@@ -99,8 +107,18 @@ def test_onnx_runs_in_ort_at_batch_1_3_17_and_max_within_fp32_thresholds(tmp_pat
 
     # Progress: every stage that runs says so at once, then again while it runs with the time
     # elapsed (the heartbeat), and never after it has ended.
-    for name in ("model", "onnx", "reference", "validate-onnx", "ort-optimize", "fp16", "validate-fp16", "int8",
-                 "validate-int8", "manifest"):
+    for name in (
+        "model",
+        "onnx",
+        "reference",
+        "validate-onnx",
+        "ort-optimize",
+        "fp16",
+        "validate-fp16",
+        "int8",
+        "validate-int8",
+        "manifest",
+    ):
         mine = [(status, secs) for n, status, secs in events if n == name]
         assert mine[0] == ("running", 0.0) and mine[-1][0] == "passed", (name, mine)
         assert all(status == "running" for status, _ in mine[:-1]), (name, mine)
@@ -121,9 +139,16 @@ def test_vit_b16_random_weights_exports_end_to_end(tmp_path: Path, export_config
     torch.manual_seed(0)
     cfg = VARIANTS["vit_base_patch16_224"]
     assert (cfg.depth, cfg.width, cfg.mlp_dim, cfg.heads) == (12, 768, 3072, 12)
-    save_checkpoint(tmp_path / "vitb", VisionTransformer(cfg).eval(), [f"class {i}" for i in range(1000)], None, "vit-b16-random")
-    config = export_config({"model": {"checkpoint": str(tmp_path / "vitb")}, "export": {"batch": {"min": 1, "opt": 4, "max": 17}},
-                            "validation": {"noise_samples": 4, "max_images": 13}})
+    save_checkpoint(
+        tmp_path / "vitb", VisionTransformer(cfg).eval(), [f"class {i}" for i in range(1000)], None, "vit-b16-random"
+    )
+    config = export_config(
+        {
+            "model": {"checkpoint": str(tmp_path / "vitb")},
+            "export": {"batch": {"min": 1, "opt": 4, "max": 17}},
+            "validation": {"noise_samples": 4, "max_images": 13},
+        }
+    )
     result = run_export(config, tmp_path / "out", engine="skip", validation_batch=(1, 3, 17))
     manifest = json.loads(result.manifest_path.read_text())
     assert manifest["validation"]["validate-onnx"]["passed"] and manifest["validation"]["validate-fp16"]["passed"]
@@ -133,6 +158,7 @@ def test_vit_b16_random_weights_exports_end_to_end(tmp_path: Path, export_config
 
 
 # --- bad input ------------------------------------------------------------------------------
+
 
 def test_unknown_checkpoint_format_is_one_line_exit_2(tmp_path: Path):
     junk = tmp_path / "weights.bin"
@@ -178,9 +204,20 @@ def test_engine_require_without_tensorrt_exits_4(tmp_path: Path):
 def test_failed_validation_exits_3_with_expected_vs_actual_and_rejects_the_artifact(tmp_path: Path):
     """The validate stage's own failure (the FP16 autopilot, which would judge first and fail in the fp16
     stage with its step table, is off here: tests/integration/test_fp16_autopilot.py covers that path)."""
-    strict = {"max_abs_diff": 0.0, "mean_abs_diff": 0.0, "min_cosine": 1.0, "min_top1_agreement": 1.0, "min_top5_overlap": 1.0}
-    cfg = write_yaml(tmp_path / "p.yaml", {"validation": {"fp16": strict, "noise_samples": 2},
-                                           "export": {"batch": {"max": 4, "opt": 2}, "fp16": {"autopilot": False}}})
+    strict = {
+        "max_abs_diff": 0.0,
+        "mean_abs_diff": 0.0,
+        "min_cosine": 1.0,
+        "min_top1_agreement": 1.0,
+        "min_top5_overlap": 1.0,
+    }
+    cfg = write_yaml(
+        tmp_path / "p.yaml",
+        {
+            "validation": {"fp16": strict, "noise_samples": 2},
+            "export": {"batch": {"max": 4, "opt": 2}, "fp16": {"autopilot": False}},
+        },
+    )
     res = run_cli("export", "-c", str(cfg), "-o", str(tmp_path / "out"), "--engine", "skip")
     assert res.exit_code == 3
     assert "validate-fp16" in res.stderr and "max_abs_diff: expected <= 0, got" in res.stderr
@@ -212,7 +249,11 @@ def test_stage_killed_midway_leaves_no_half_written_artifact(tmp_path: Path, mon
 
     monkeypatch.setattr(onnx, "save_model", save)
     with pytest.raises(KeyboardInterrupt):
-        run_export(export_config({"validation": {"noise_samples": 2}, "export": {"batch": {"max": 4, "opt": 2}}}), tmp_path, engine="skip")
+        run_export(
+            export_config({"validation": {"noise_samples": 2}, "export": {"batch": {"max": 4, "opt": 2}}}),
+            tmp_path,
+            engine="skip",
+        )
     names = sorted(p.name for p in tmp_path.iterdir())
     # Every stage wrote into a staging folder beside tmp_path, dropped on the interrupt: only the report lands.
     assert names == ["export-report.json"], names
@@ -225,8 +266,12 @@ def test_large_model_path_writes_external_data_that_is_hashed_validated_and_guar
     from vitdeploy.export.pipeline import run_export
     from vitdeploy.runtime.artifacts import Artifacts
 
-    cfg = export_config({"export": {"external_data_threshold_mb": 0, "batch": {"max": 4, "opt": 2}},
-                         "validation": {"noise_samples": 2}})
+    cfg = export_config(
+        {
+            "export": {"external_data_threshold_mb": 0, "batch": {"max": 4, "opt": 2}},
+            "validation": {"noise_samples": 2},
+        }
+    )
     result = run_export(cfg, tmp_path, engine="skip")
     manifest = json.loads(result.manifest_path.read_text())
     (ext,) = manifest["artifacts"]["onnx"]["external_data"]
@@ -277,16 +322,26 @@ def test_engine_stage_wiring_with_a_tensorrt_test_double(tmp_path: Path, monkeyp
 
     plan, plan_int8 = plans
     assert (plan_int8.onnx_path.name, plan_int8.engine_path.name, plan_int8.precision) == (
-        "model.int8.trt.onnx", "model.int8.engine", "int8")
-    assert (plan.min_batch, plan.opt_batch, plan.max_batch) == (2, 4, 6) and plan.device == 0 and plan.precision == "fp16"
+        "model.int8.trt.onnx",
+        "model.int8.engine",
+        "int8",
+    )
+    assert (
+        (plan.min_batch, plan.opt_batch, plan.max_batch) == (2, 4, 6) and plan.device == 0 and plan.precision == "fp16"
+    )
     # Built in the staging folder that becomes `out`; the timing cache sits beside the graph, so it lands in `out`.
-    assert plan.onnx_path.name == "model.fp16.onnx" and plan.timing_cache_path == plan.onnx_path.parent / "timing.cache"
+    assert (
+        plan.onnx_path.name == "model.fp16.onnx" and plan.timing_cache_path == plan.onnx_path.parent / "timing.cache"
+    )
     assert plan.onnx_path.parent.name.startswith(".elsewhere.vitdeploy-staging-")
     assert result.artifacts["engine"] == out / "model.engine" and (out / "model.engine").is_file()
     assert min(batches) >= 2 and max(batches) <= 6  # never outside the engine's profile
     manifest = json.loads(result.manifest_path.read_text())
     assert {"engine", "engine-meta", "onnx-int8-trt", "engine-int8", "engine-int8-meta"} <= set(manifest["artifacts"])
-    assert manifest["validation"]["validate-engine"]["passed"] and manifest["validation"]["validate-engine-int8"]["passed"]
+    assert (
+        manifest["validation"]["validate-engine"]["passed"]
+        and manifest["validation"]["validate-engine-int8"]["passed"]
+    )
     assert manifest["validation"]["validate-engine-int8"]["backend"] == "trt-int8"
     assert sorted(map(int, manifest["validation"]["validate-engine"]["per_batch"])) == [2, 3, 6]
 
@@ -301,13 +356,20 @@ def test_tensorrt_failure_in_auto_mode_still_writes_the_manifest(tmp_path: Path,
 
     def failing_build(plan, progress=None):
         plan.engine_path.write_bytes(b"half")  # whatever a failed build left behind must go
-        raise ExportError("TensorRT 10.13.3.9 could not create its Builder on cuda:1 (factory function returned nullptr); "
-                          "TensorRT said: CUDA initialization failure with error: 35")
+        raise ExportError(
+            "TensorRT 10.13.3.9 could not create its Builder on cuda:1 (factory function returned nullptr); "
+            "TensorRT said: CUDA initialization failure with error: 35"
+        )
 
     monkeypatch.setattr(trt_stage, "tensorrt_unavailable_reason", lambda device: None)
     monkeypatch.setattr(trt_stage, "build_engine", failing_build)
-    cfg = export_config({"export": {"batch": {"min": 1, "opt": 2, "max": 4}, "optimize": False},
-                         "validation": {"noise_samples": 2}, "runtime": {"device": "cuda:1"}})
+    cfg = export_config(
+        {
+            "export": {"batch": {"min": 1, "opt": 2, "max": 4}, "optimize": False},
+            "validation": {"noise_samples": 2},
+            "runtime": {"device": "cuda:1"},
+        }
+    )
     if mode == "require":
         with pytest.raises(ExportError, match="could not create its Builder on cuda:1"):
             run_export(cfg, tmp_path, engine="require")
@@ -322,8 +384,9 @@ def test_tensorrt_failure_in_auto_mode_still_writes_the_manifest(tmp_path: Path,
 
 
 @pytest.mark.parametrize("switch", ["auto", True])
-def test_int8_engine_failure_is_fatal_only_when_export_int8_tensorrt_is_true(tmp_path: Path, monkeypatch, export_config,
-                                                                             tiny_checkpoint, switch):
+def test_int8_engine_failure_is_fatal_only_when_export_int8_tensorrt_is_true(
+    tmp_path: Path, monkeypatch, export_config, tiny_checkpoint, switch
+):
     """--engine require: the FP16 engine is required; the INT8 engine only with export.int8.tensorrt: true,
     otherwise its failure is recorded and the export keeps model.int8.trt.onnx and the FP16 engine.
     A test double builds (and fails) the engines: no evidence about TensorRT itself."""
@@ -345,9 +408,17 @@ def test_int8_engine_failure_is_fatal_only_when_export_int8_tensorrt_is_true(tmp
     monkeypatch.setattr(trt_stage, "tensorrt_unavailable_reason", lambda device: None)
     monkeypatch.setattr(trt_stage, "build_engine", build)
     monkeypatch.setattr(trt_backend, "TrtBackend", FakeTrtBackend)
-    cfg = export_config({"model": {"checkpoint": str(tiny_checkpoint)}, "validation": {"noise_samples": 2},
-                         "export": {"batch": {"max": 4, "opt": 2}, "optimize": False,
-                                    "int8": {"enabled": False, "tensorrt": switch}}})
+    cfg = export_config(
+        {
+            "model": {"checkpoint": str(tiny_checkpoint)},
+            "validation": {"noise_samples": 2},
+            "export": {
+                "batch": {"max": 4, "opt": 2},
+                "optimize": False,
+                "int8": {"enabled": False, "tensorrt": switch},
+            },
+        }
+    )
     if switch is True:
         with pytest.raises(ExportError, match="model.int8.trt.onnx"):
             run_export(cfg, tmp_path, engine="require", heartbeat_s=None)

@@ -27,11 +27,19 @@ from vitdeploy.export.pipeline import run_export
 
 FP16_OPS = Path(__file__).resolve().parents[1] / "data" / "tensorrt" / "onnx-tensorrt-fp16-ops.txt"
 LEAN = {"optimize": False, "int8": {"enabled": False}}  # only the stages this file looks at
-GATE = {"max_abs_diff": 0.1, "mean_abs_diff": 0.02, "min_cosine": 0.999, "min_top1_agreement": 0.98, "min_top5_overlap": 0.9}
+GATE = {
+    "max_abs_diff": 0.1,
+    "mean_abs_diff": 0.02,
+    "min_cosine": 0.999,
+    "min_top1_agreement": 0.98,
+    "min_top5_overlap": 0.9,
+}
 
 
 def _export(out: Path, fp16: dict | None = None, gate: dict | None = None):
-    cfg = parse_config({"export": {**LEAN, "fp16": fp16 or {}}, "validation": {"fp16": {**GATE, **(gate or {})}}}, None)
+    cfg = parse_config(
+        {"export": {**LEAN, "fp16": fp16 or {}}, "validation": {"fp16": {**GATE, **(gate or {})}}}, None
+    )
     return run_export(cfg, out, engine="skip", heartbeat_s=None)
 
 
@@ -52,8 +60,14 @@ def test_default_is_todays_graph_recorded_as_one_step(demo_artifacts, tmp_path):
     manifest = json.loads((demo_artifacts / "manifest.json").read_text())
     record = manifest["export"]["fp16"]
     (step,) = record["autopilot"]
-    norms = [n.name for n in onnx.load(str(demo_artifacts / "model.onnx")).graph.node if n.op_type == "LayerNormalization"]
-    assert step["step"] == "all FP16 but the floor" and step["passed"] and step["keep_float"] == norms == record["keep_float"]
+    norms = [
+        n.name for n in onnx.load(str(demo_artifacts / "model.onnx")).graph.node if n.op_type == "LayerNormalization"
+    ]
+    assert (
+        step["step"] == "all FP16 but the floor"
+        and step["passed"]
+        and step["keep_float"] == norms == record["keep_float"]
+    )
     assert record["kept_fp32_op_types"] == ["LayerNormalization"]
     _export(tmp_path, {"autopilot": False})
     without = json.loads((tmp_path / "manifest.json").read_text())["export"]["fp16"]
@@ -77,7 +91,10 @@ def test_a_stricter_gate_returns_op_types_then_blocks_to_float32(demo_artifacts,
     assert steps[0]["metrics"]["max_abs_diff"] > limit >= steps[-1]["metrics"]["max_abs_diff"]
     for before, after in zip(steps, steps[1:]):  # cumulative: what went back to float stays float
         assert set(before["keep_float"]) < set(after["keep_float"])
-    assert manifest["validation"]["validate-fp16"]["passed"] and manifest["validation"]["validate-fp16"]["metrics"]["max_abs_diff"] <= limit
+    assert (
+        manifest["validation"]["validate-fp16"]["passed"]
+        and manifest["validation"]["validate-fp16"]["metrics"]["max_abs_diff"] <= limit
+    )
 
     model = onnx.load(str(tmp_path / "model.fp16.onnx"))
     types, kept = _types(model), set(steps[-1]["keep_float"])
@@ -86,7 +103,9 @@ def test_a_stricter_gate_returns_op_types_then_blocks_to_float32(demo_artifacts,
     for name in kept:  # computed in float32: every float input and output of a kept node is FLOAT
         node = by_name[name]
         if node.op_type in float_ops:
-            assert {types[t] for t in [*node.input, *node.output] if t and types.get(t) in (1, 10)} == {TensorProto.FLOAT}, name
+            assert {types[t] for t in [*node.input, *node.output] if t and types.get(t) in (1, 10)} == {
+                TensorProto.FLOAT
+            }, name
     halves = [n for n in model.graph.node if n.op_type == "MatMul" and n.name not in kept]
     assert halves and all(types[n.output[0]] == TensorProto.FLOAT16 for n in halves)  # the rest is still FP16
     lines = FP16_OPS.read_text(encoding="utf-8").splitlines()
@@ -97,8 +116,13 @@ def test_a_stricter_gate_returns_op_types_then_blocks_to_float32(demo_artifacts,
 
 
 def test_every_node_float32_is_the_fp32_graph_and_an_impossible_gate_fails_with_the_table(demo_artifacts, tmp_path):
-    impossible = {"max_abs_diff": 0.0, "mean_abs_diff": 0.0, "min_cosine": 1.0, "min_top1_agreement": 1.0,
-                  "min_top5_overlap": 1.0}
+    impossible = {
+        "max_abs_diff": 0.0,
+        "mean_abs_diff": 0.0,
+        "min_cosine": 1.0,
+        "min_top1_agreement": 1.0,
+        "min_top5_overlap": 1.0,
+    }
     with pytest.raises(ValidationError, match="validation.fp16 not met even with every node in float32"):
         _export(tmp_path, gate=impossible)
     report = json.loads((tmp_path / "export-report.json").read_text())

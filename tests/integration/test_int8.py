@@ -18,12 +18,12 @@ import pytest
 
 from vitdeploy.base.config import parse_config
 from vitdeploy.base.errors import ConfigError, ExportError, ValidationError
+from vitdeploy.demo import IMAGES_DIR
 from vitdeploy.export.pipeline import run_export
 from vitdeploy.export.quantize import calibration_batch, quantize_int8
 from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.backends import BackendOptions, open_backend
 from vitdeploy.runtime.preprocess import Preprocessor
-from vitdeploy.demo import IMAGES_DIR
 
 CPU1 = BackendOptions(device="cpu", providers=("CPUExecutionProvider",), threads=1)
 
@@ -89,8 +89,11 @@ def _few_images(tmp_path: Path, n: int = 3) -> Path:
 
 
 def test_too_few_calibration_images_required_fails_auto_goes_on(tiny_checkpoint, tmp_path):
-    base = {"model": {"checkpoint": str(tiny_checkpoint)}, "validation": {"images": str(_few_images(tmp_path))},
-            "export": {"fp16": {"enabled": False}}}
+    base = {
+        "model": {"checkpoint": str(tiny_checkpoint)},
+        "validation": {"images": str(_few_images(tmp_path))},
+        "export": {"fp16": {"enabled": False}},
+    }
     required = parse_config({**base, "export": {**base["export"], "int8": {"enabled": True}}}, None)
     with pytest.raises(ConfigError, match="export.int8.min_calibration_images"):
         run_export(required, tmp_path / "req", engine="skip", heartbeat_s=None)
@@ -102,14 +105,22 @@ def test_too_few_calibration_images_required_fails_auto_goes_on(tiny_checkpoint,
     Artifacts.open(tmp_path / "auto")  # the rest of the export is valid
 
 
-IMPOSSIBLE = {"max_abs_diff": 0.0, "mean_abs_diff": 0.0, "min_cosine": 1.0, "min_top1_agreement": 1.0,
-              "min_top5_overlap": 1.0}
+IMPOSSIBLE = {
+    "max_abs_diff": 0.0,
+    "mean_abs_diff": 0.0,
+    "min_cosine": 1.0,
+    "min_top1_agreement": 1.0,
+    "min_top5_overlap": 1.0,
+}
 
 
 @pytest.mark.parametrize("autopilot", [True, False])
 def test_int8_gate_that_cannot_pass(tiny_checkpoint, tmp_path, autopilot):
-    base = {"model": {"checkpoint": str(tiny_checkpoint)}, "validation": {"int8": IMPOSSIBLE},
-            "export": {"fp16": {"enabled": False}, "int8": {"autopilot": autopilot}}}
+    base = {
+        "model": {"checkpoint": str(tiny_checkpoint)},
+        "validation": {"int8": IMPOSSIBLE},
+        "export": {"fp16": {"enabled": False}, "int8": {"autopilot": autopilot}},
+    }
     out = tmp_path / "auto"
     result = run_export(parse_config(base, None), out, engine="skip", heartbeat_s=None)
     stages = {s.name: s for s in result.stages}
@@ -131,7 +142,9 @@ def test_int8_gate_that_cannot_pass(tiny_checkpoint, tmp_path, autopilot):
     artifacts = Artifacts.open(out)  # every other artifact stays valid
     for name in ("ort", "torch"):
         open_backend(name, artifacts, CPU1).close()
-    required = parse_config({**base, "export": {**base["export"], "int8": {"enabled": True, "autopilot": autopilot}}}, None)
+    required = parse_config(
+        {**base, "export": {**base["export"], "int8": {"enabled": True, "autopilot": autopilot}}}, None
+    )
     with pytest.raises(ValidationError, match="int8"):
         run_export(required, out, engine="skip", heartbeat_s=None)
     assert json.loads((out / "manifest.json").read_text()) == manifest  # the previous export is untouched
@@ -150,11 +163,22 @@ def test_autopilot_returns_nodes_to_float_until_the_gate_passes(demo_artifacts, 
     step0 = _step0_cosine(json.loads((demo_artifacts / "manifest.json").read_text()))
     assert step0 < 1.0 - 1e-6, "INT8 that equals float leaves the autopilot nothing to do"
     min_cosine = round(step0 + (1.0 - step0) / 2, 6)
-    gate = {"max_abs_diff": 1.0, "mean_abs_diff": 0.1, "min_cosine": min_cosine, "min_top1_agreement": 0.98,
-            "min_top5_overlap": 0.9}
+    gate = {
+        "max_abs_diff": 1.0,
+        "mean_abs_diff": 0.1,
+        "min_cosine": min_cosine,
+        "min_top1_agreement": 0.98,
+        "min_top5_overlap": 0.9,
+    }
     out = tmp_path / "demo"
-    run_export(parse_config({"export": {"fp16": {"enabled": False}, "int8": {"min_speedup": 0}},
-                             "validation": {"int8": gate}}, None), out, engine="skip", heartbeat_s=None)
+    run_export(
+        parse_config(
+            {"export": {"fp16": {"enabled": False}, "int8": {"min_speedup": 0}}, "validation": {"int8": gate}}, None
+        ),
+        out,
+        engine="skip",
+        heartbeat_s=None,
+    )
     manifest = json.loads((out / "manifest.json").read_text())
     record, steps = manifest["export"]["int8"], manifest["export"]["int8"]["autopilot"]
     assert _step0_cosine(manifest) == step0  # the same graph and calibration measure the same here
@@ -170,8 +194,11 @@ def test_autopilot_returns_nodes_to_float_until_the_gate_passes(demo_artifacts, 
 
     graph = onnx.load(str(out / "model.int8.onnx"))
     float_kept = set(record["keep_float"])
-    quantized_matmuls = {n.name for n in graph.graph.node if n.op_type in ("MatMul", "Gemm")
-                         and any(i.endswith("_DequantizeLinear_Output") for i in n.input)}
+    quantized_matmuls = {
+        n.name
+        for n in graph.graph.node
+        if n.op_type in ("MatMul", "Gemm") and any(i.endswith("_DequantizeLinear_Output") for i in n.input)
+    }
     assert len(quantized_matmuls) == record["quantized_nodes"] and not (quantized_matmuls & float_kept)
 
 
@@ -184,8 +211,9 @@ def test_predict_runs_ort_int8_when_asked_and_auto_never_picks_it(demo_artifacts
     with Predictor.from_artifacts(demo_artifacts) as p:  # auto: INT8 answers are not FP32 answers
         assert p.backend_name == "ort"
     image = sorted(IMAGES_DIR.glob("digit3_*.png"))[0]
-    res = CliRunner().invoke(main, ["predict", "-a", str(demo_artifacts), "-b", "ort-int8", "--json", str(image)],
-                             catch_exceptions=False)
+    res = CliRunner().invoke(
+        main, ["predict", "-a", str(demo_artifacts), "-b", "ort-int8", "--json", str(image)], catch_exceptions=False
+    )
     assert res.exit_code == 0, res.output
     row = json.loads(next(line for line in res.output.splitlines() if line.startswith("{")))
     assert row["label"] == "3" and row["path"] == str(image)
@@ -195,8 +223,10 @@ def test_an_int8_graph_that_does_not_pay_is_not_shipped(tiny_checkpoint, tmp_pat
     """Timed against model.ort.onnx after the gate passes: below export.int8.min_speedup (here one no
     machine reaches) no model.int8.onnx is written, the stage says why in one line, the rest ships;
     required (enabled: true), the export fails naming the key."""
-    base = {"model": {"checkpoint": str(tiny_checkpoint)},
-            "export": {"fp16": {"enabled": False}, "int8": {"min_speedup": 1e9}}}
+    base = {
+        "model": {"checkpoint": str(tiny_checkpoint)},
+        "export": {"fp16": {"enabled": False}, "int8": {"min_speedup": 1e9}},
+    }
     out = tmp_path / "auto"
     result = run_export(parse_config(base, None), out, engine="skip", heartbeat_s=None)
     stages = {s.name: s for s in result.stages}

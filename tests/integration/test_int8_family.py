@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from test_library_fidelity import randomize_  # noqa: F401 (puts tests/reference on sys.path)
+
 from vitdeploy.base.config import parse_config
 from vitdeploy.demo import IMAGES_DIR
 from vitdeploy.export.pipeline import run_export
@@ -29,8 +29,8 @@ def _ours(folder: Path, **family) -> Path:
     """Our ViT with ``family`` fields, random weights (as the library-written ones), vitdeploy format."""
     import torch
 
-    from vitdeploy.model import VisionTransformer, ViTConfig, save_checkpoint
     from vitdeploy.base.preprocess_spec import PreprocessSpec
+    from vitdeploy.model import VisionTransformer, ViTConfig, save_checkpoint
 
     torch.manual_seed(5)
     model = randomize_(VisionTransformer(ViTConfig(**TINY, **family)), 5)
@@ -41,17 +41,33 @@ def _transformers(folder: Path, kind: str) -> Path:
     transformers = pytest.importorskip("transformers", reason="transformers not installed")
     transformers.logging.set_verbosity_error()
     if kind == "deit_distilled":
-        config = transformers.DeiTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, intermediate_size=256, num_labels=10)
+        config = transformers.DeiTConfig(
+            image_size=32,
+            patch_size=8,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=256,
+            num_labels=10,
+        )
         model = transformers.DeiTForImageClassificationWithTeacher(config)
-        processor = transformers.DeiTImageProcessorPil(size={"height": 36, "width": 36},
-                                                       crop_size={"height": 32, "width": 32})
+        processor = transformers.DeiTImageProcessorPil(
+            size={"height": 36, "width": 36}, crop_size={"height": 32, "width": 32}
+        )
     else:
-        config = transformers.Dinov2WithRegistersConfig(image_size=42, patch_size=14, hidden_size=64,
-                                                        num_hidden_layers=2, num_attention_heads=4, num_labels=10,
-                                                        num_register_tokens=4)
+        config = transformers.Dinov2WithRegistersConfig(
+            image_size=42,
+            patch_size=14,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_labels=10,
+            num_register_tokens=4,
+        )
         model = transformers.Dinov2WithRegistersForImageClassification(config)
-        processor = transformers.BitImageProcessorPil(size={"shortest_edge": 48}, crop_size={"height": 42, "width": 42})
+        processor = transformers.BitImageProcessorPil(
+            size={"shortest_edge": 48}, crop_size={"height": 42, "width": 42}
+        )
     randomize_(model, 6).save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
@@ -59,8 +75,10 @@ def _transformers(folder: Path, kind: str) -> Path:
 
 SHAPES = {
     "avg_fc_norm": (lambda d: _ours(d, pool="avg", fc_norm=True), {"pool": "avg", "fc_norm": True}),
-    "registers": (lambda d: _ours(d, reg_tokens=4, pos_embed_prefix=False, layer_scale=True),
-                  {"reg_tokens": 4, "pos_embed_prefix": False}),
+    "registers": (
+        lambda d: _ours(d, reg_tokens=4, pos_embed_prefix=False, layer_scale=True),
+        {"reg_tokens": 4, "pos_embed_prefix": False},
+    ),
     "deit_distilled": (lambda d: _transformers(d, "deit_distilled"), {"distilled": True}),
     "dinov2_registers": (lambda d: _transformers(d, "dinov2_registers"), {"pool": "token_avg", "reg_tokens": 4}),
 }
@@ -72,9 +90,18 @@ def test_int8_required_export_of_each_relative(shape, tmp_path):
     make, expect = SHAPES[shape]
     ckpt = make(tmp_path / "ckpt")
     out = tmp_path / "art"
-    cfg = parse_config({"model": {"checkpoint": str(ckpt)}, "validation": {"noise_samples": 2},
-                        "export": {"fp16": {"enabled": False}, "int8": {"enabled": True, "min_speedup": 0},
-                                   "batch": {"min": 1, "opt": 2, "max": 4}}}, None)
+    cfg = parse_config(
+        {
+            "model": {"checkpoint": str(ckpt)},
+            "validation": {"noise_samples": 2},
+            "export": {
+                "fp16": {"enabled": False},
+                "int8": {"enabled": True, "min_speedup": 0},
+                "batch": {"min": 1, "opt": 2, "max": 4},
+            },
+        },
+        None,
+    )
     run_export(cfg, out, engine="skip", heartbeat_s=None, validation_batch=(1, 4))
     manifest = json.loads((out / "manifest.json").read_text())
     assert {k: manifest["model"]["vit"][k] for k in expect} == expect
@@ -87,7 +114,10 @@ def test_int8_required_export_of_each_relative(shape, tmp_path):
     assert manifest["validation"]["validate-int8"]["passed"] is True  # the drift gate, validation.int8
 
     images = sorted(p for p in IMAGES_DIR.iterdir() if p.suffix in (".png", ".jpg"))
-    with Predictor.from_artifacts(out, backend="ort-int8") as int8, Predictor.from_artifacts(out, backend="torch") as eager:
+    with (
+        Predictor.from_artifacts(out, backend="ort-int8") as int8,
+        Predictor.from_artifacts(out, backend="torch") as eager,
+    ):
         assert int8.backend.name == "ort-int8" and Path(int8.backend.onnx_path).name == "model.int8.onnx"
         pixels = eager.preprocess(images)
         q, ref = int8.predict_logits(pixels), eager.predict_logits(pixels)

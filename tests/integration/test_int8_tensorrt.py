@@ -19,13 +19,13 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from vitdeploy.base.config import parse_config
+from vitdeploy.demo import IMAGES_DIR
 from vitdeploy.export.compare import logit_metrics
 from vitdeploy.export.pipeline import run_export
 from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.backends import BackendOptions, open_backend
 from vitdeploy.runtime.backends.ort import OrtBackend
 from vitdeploy.runtime.preprocess import Preprocessor
-from vitdeploy.demo import IMAGES_DIR
 
 CPU1 = BackendOptions(device="cpu", providers=("CPUExecutionProvider",), threads=1)
 FP16_OPS = Path(__file__).resolve().parents[1] / "data" / "tensorrt" / "onnx-tensorrt-fp16-ops.txt"
@@ -36,8 +36,9 @@ WEIGHTED = ("MatMul", "Gemm", "Conv")
 def trt_export(tmp_path_factory) -> Path:
     """The demo model with only what this file needs: model.onnx and model.int8.trt.onnx."""
     out = tmp_path_factory.mktemp("int8_trt")
-    cfg = parse_config({"export": {"optimize": False, "fp16": {"enabled": False},
-                                   "int8": {"enabled": False, "tensorrt": True}}}, None)
+    cfg = parse_config(
+        {"export": {"optimize": False, "fp16": {"enabled": False}, "int8": {"enabled": False, "tensorrt": True}}}, None
+    )
     run_export(cfg, out, engine="skip", heartbeat_s=None)
     return out
 
@@ -55,7 +56,10 @@ def _images(artifacts: Artifacts) -> np.ndarray:
 def test_written_from_the_plain_graph_calibrated_like_the_ort_int8_graph(trt_export):
     manifest = json.loads((trt_export / "manifest.json").read_text())
     record = manifest["export"]["int8_tensorrt"]
-    assert "onnx-int8-trt" in manifest["artifacts"] and manifest["artifacts"]["onnx-int8-trt"]["path"] == "model.int8.trt.onnx"
+    assert (
+        "onnx-int8-trt" in manifest["artifacts"]
+        and manifest["artifacts"]["onnx-int8-trt"]["path"] == "model.int8.trt.onnx"
+    )
     assert record["source"] == "model.onnx" and record["placement"] == "tensorrt" and record["passed"] is True
     assert record["activations"] == "int8 symmetric" and record["bias"] == "float"
     images = manifest["validation_inputs"]["images"]
@@ -99,7 +103,9 @@ def test_quantization_is_what_tensorrt_explicit_quantization_takes(graph):
             axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
             assert weight.dtype == np.int8 and scale.shape == (weight.shape[axis],), node.name
     weight_dqs = [n for n in qdq if n.op_type == "DequantizeLinear" and n.input[0] in inits]
-    assert len(weight_dqs) == sum(n.op_type in WEIGHTED for n in graph.graph.node) - 8  # 8 attention MatMuls: two activations
+    assert (
+        len(weight_dqs) == sum(n.op_type in WEIGHTED for n in graph.graph.node) - 8
+    )  # 8 attention MatMuls: two activations
 
 
 def test_standard_ops_only_at_an_opset_tensorrt_parses(graph):

@@ -32,14 +32,14 @@ import yaml
 from click.testing import CliRunner
 from PIL import Image
 
-from vitdeploy.cli import main as cli_main
 from vitdeploy.base.config import parse_config
+from vitdeploy.base.preprocess_spec import PreprocessSpec
+from vitdeploy.cli import main as cli_main
 from vitdeploy.export.pipeline import run_export
 from vitdeploy.model import load_checkpoint
 from vitdeploy.runtime.postprocess import softmax
 from vitdeploy.runtime.predictor import Predictor
 from vitdeploy.runtime.preprocess import Preprocessor, resize_plan
-from vitdeploy.base.preprocess_spec import PreprocessSpec
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCE_SCRIPT = REPO / "tests" / "reference" / "library_reference.py"
@@ -51,15 +51,16 @@ skdata = pytest.importorskip("skimage.data", reason="scikit-image not installed 
 sys.path.insert(0, str(REFERENCE_SCRIPT.parent))
 from library_reference import randomize_  # noqa: E402  (the same random weights helper on both sides)
 
-
 # --------------------------------------------------------------------------- photos and the reference run
+
 
 @pytest.fixture(scope="session")
 def photos(tmp_path_factory) -> Path:
     """Real photos as files, square, landscape and portrait, JPEG and PNG (sorted by name = reference order)."""
     out = tmp_path_factory.mktemp("photos")
-    astronaut, chelsea, coffee, rocket = (Image.fromarray(getattr(skdata, n)()) for n in
-                                          ("astronaut", "chelsea", "coffee", "rocket"))
+    astronaut, chelsea, coffee, rocket = (
+        Image.fromarray(getattr(skdata, n)()) for n in ("astronaut", "chelsea", "coffee", "rocket")
+    )
     astronaut.save(out / "a_astronaut_512x512.png")
     chelsea.save(out / "b_chelsea_451x300.jpg", quality=92)
     coffee.save(out / "c_coffee_600x400.jpg", quality=92)
@@ -86,10 +87,19 @@ def run_reference(photos: Path, out: Path, *groups: str) -> dict:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(reason + "; CI must build it")
         pytest.skip(reason)
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": "",
-           "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([str(python), str(REFERENCE_SCRIPT), str(photos), str(out), *groups], capture_output=True,
-                          text=True, env=env, timeout=900)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "PYTHONPATH": "",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    proc = subprocess.run(
+        [str(python), str(REFERENCE_SCRIPT), str(photos), str(out), *groups],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert proc.returncode == 0, f"reference script failed:\n{proc.stderr[-4000:]}"
     cases = json.loads((out / "cases.json").read_text())
     assert cases["photos"] == [p.name for p in photo_files(photos)]
@@ -116,11 +126,15 @@ def checkpoint_of(reference, case: str) -> Path:
 
 # --------------------------------------------------------------------------- ours
 
+
 def export(checkpoint: Path, photos: Path, out: Path, **sections) -> tuple[Path, dict]:
     """vitdeploy export of ``checkpoint`` (small validation run; no TensorRT here) -> (folder, manifest)."""
-    data = {"model": {"checkpoint": str(checkpoint), **sections.pop("model", {})},
-            "validation": {"images": str(photos), "noise_samples": 2},
-            "export": {"batch": {"min": 1, "opt": 2, "max": 4}}, **sections}
+    data = {
+        "model": {"checkpoint": str(checkpoint), **sections.pop("model", {})},
+        "validation": {"images": str(photos), "noise_samples": 2},
+        "export": {"batch": {"min": 1, "opt": 2, "max": 4}},
+        **sections,
+    }
     run_export(parse_config(data, None), out, engine="skip", validation_batch=(1, 4))
     return out, json.loads((out / "manifest.json").read_text())
 
@@ -132,8 +146,9 @@ def predict(artifacts: Path, photos: Path, backend: str = "ort") -> tuple[np.nda
         return pixels, predictor.predict_logits(pixels)
 
 
-def assert_same_predictions(logits: np.ndarray, ref_logits: np.ndarray, logit_tol: float = LOGIT_TOL,
-                            prob_tol: float = PROB_TOL) -> None:
+def assert_same_predictions(
+    logits: np.ndarray, ref_logits: np.ndarray, logit_tol: float = LOGIT_TOL, prob_tol: float = PROB_TOL
+) -> None:
     assert logits.shape == ref_logits.shape
     assert float(np.abs(logits - ref_logits).max()) <= logit_tol
     assert (logits.argmax(1) == ref_logits.argmax(1)).all()
@@ -155,15 +170,21 @@ def eager_logits(loaded, pixels: np.ndarray) -> np.ndarray:
 
 # --------------------------------------------------------------------------- 1. bare timm state dict
 
+
 @pytest.mark.slow
 def test_bare_timm_state_dict_gets_timms_default_and_says_so(reference, photos, tmp_path):
     """Reference: timm (vit_tiny_patch16_224 built by timm, resolve_data_config + create_transform)."""
     ref = ref_arrays(reference, "timm_bare")
     config = tmp_path / "pipeline.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"checkpoint": str(checkpoint_of(reference, "timm_bare"))},
-        "validation": {"images": str(photos), "noise_samples": 2},
-        "export": {"output_dir": str(tmp_path / "art"), "batch": {"min": 1, "opt": 2, "max": 4}}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"checkpoint": str(checkpoint_of(reference, "timm_bare"))},
+                "validation": {"images": str(photos), "noise_samples": 2},
+                "export": {"output_dir": str(tmp_path / "art"), "batch": {"min": 1, "opt": 2, "max": 4}},
+            }
+        )
+    )
     result = CliRunner().invoke(cli_main, ["export", "-c", str(config), "--engine", "skip"])
     assert result.exit_code == 0, result.output
     printed = result.stderr
@@ -173,7 +194,9 @@ def test_bare_timm_state_dict_gets_timms_default_and_says_so(reference, photos, 
     assert "crop_pct" in printed and "library default: timm pretrained_cfg of vit_tiny_patch16_224" in printed
     manifest = json.loads((tmp_path / "art" / "manifest.json").read_text())
     assert manifest["preprocess"]["crop_pct"] == 0.9 and manifest["preprocess"]["interpolation"] == "bicubic"
-    assert set(manifest["preprocess_origins"].values()) == {"library default: timm pretrained_cfg of vit_tiny_patch16_224"}
+    assert set(manifest["preprocess_origins"].values()) == {
+        "library default: timm pretrained_cfg of vit_tiny_patch16_224"
+    }
     assert any("assumed" in n for n in manifest["model"]["source"]["notes"])
 
     pixels, logits = predict(tmp_path / "art", photos)
@@ -195,6 +218,7 @@ def test_bare_deit_state_dict_with_variant_gets_deit_mean_std(reference, photos)
 
 
 # --------------------------------------------------------------------------- 4. head count
+
 
 @pytest.mark.slow
 def test_head_count_of_a_bare_state_dict_is_said_and_settable(reference, photos, tmp_path):
@@ -219,9 +243,13 @@ def test_width_without_a_named_variant_points_at_a_key_that_exists(tmp_path):
     import safetensors.torch
     import torch
 
-    sd = {"patch_embed.proj.weight": torch.zeros(200, 3, 16, 16), "patch_embed.proj.bias": torch.zeros(200),
-          "cls_token": torch.zeros(1, 1, 200), "pos_embed": torch.zeros(1, 5, 200),
-          "blocks.0.mlp.fc1.weight": torch.zeros(800, 200)}
+    sd = {
+        "patch_embed.proj.weight": torch.zeros(200, 3, 16, 16),
+        "patch_embed.proj.bias": torch.zeros(200),
+        "cls_token": torch.zeros(1, 1, 200),
+        "pos_embed": torch.zeros(1, 5, 200),
+        "blocks.0.mlp.fc1.weight": torch.zeros(800, 200),
+    }
     safetensors.torch.save_file(sd, str(tmp_path / "w200.safetensors"))
     from vitdeploy.base.errors import CheckpointError
 
@@ -232,6 +260,7 @@ def test_width_without_a_named_variant_points_at_a_key_that_exists(tmp_path):
 
 
 # --------------------------------------------------------------------------- 5. tanh GELU (timm)
+
 
 @pytest.mark.slow
 def test_timm_gelu_tanh_hub_folder_exports_and_matches(reference, photos, tmp_path):
@@ -252,6 +281,7 @@ def test_timm_gelu_tanh_hub_folder_exports_and_matches(reference, photos, tmp_pa
 
 # --------------------------------------------------------------------------- 6. timm crop modes
 
+
 @pytest.mark.parametrize("case", ["timm_hub_squash", "timm_hub_border"])
 def test_timm_crop_modes_match_timm(reference, photos, case):
     """Reference: timm's create_transform for crop_mode squash / border (saved in pretrained_cfg by save_for_hf)."""
@@ -261,8 +291,11 @@ def test_timm_crop_modes_match_timm(reference, photos, case):
     loaded = load_checkpoint(checkpoint_of(reference, case))
     spec = loaded.preprocess
     # nothing known is dropped: crop mode, interpolation, mean/std all from the checkpoint
-    assert (spec.crop_mode, spec.interpolation, spec.crop_pct) == \
-        (data_config["crop_mode"], data_config["interpolation"], data_config["crop_pct"])
+    assert (spec.crop_mode, spec.interpolation, spec.crop_pct) == (
+        data_config["crop_mode"],
+        data_config["interpolation"],
+        data_config["crop_pct"],
+    )
     assert spec.mean == pytest.approx(data_config["mean"]) and spec.std == pytest.approx(data_config["std"])
     assert set(loaded.preprocess_origins.values()) == {"checkpoint: config.json pretrained_cfg"}
     pixels = Preprocessor(spec).batch(photo_files(photos))
@@ -273,6 +306,7 @@ def test_timm_crop_modes_match_timm(reference, photos, case):
 
 
 # --------------------------------------------------------------------------- 1. torchvision
+
 
 @pytest.mark.slow
 def test_torchvision_state_dict_gets_its_weights_transforms(reference, photos, tmp_path):
@@ -297,8 +331,14 @@ def test_every_torchvision_vit_weights_transform_is_reproduced(reference, photos
     for case, info in cases.items():
         if "width" not in info:
             continue
-        cfg = ViTConfig(image_size=info["image_size"], patch_size=info["patch"], width=info["width"], heads=16,
-                        depth=1, num_classes=0)
+        cfg = ViTConfig(
+            image_size=info["image_size"],
+            patch_size=info["patch"],
+            width=info["width"],
+            heads=16,
+            depth=1,
+            num_classes=0,
+        )
         pre = torchvision_preprocess(cfg, Path("model.pth"))
         assert info["transforms"] in pre.notes[0]
         pixels = Preprocessor(pre.spec).batch(photo_files(photos))
@@ -316,14 +356,26 @@ HF_PROCESSORS = {  # name -> (processor class, kwargs, JSON edits after save_pre
     "deit-hw-256-crop-224": ("DeiTImageProcessorPil", {}, {}),
     "vit-hw-224": ("ViTImageProcessorPil", {"size": {"height": 224, "width": 224}, "resample": 3}, {}),
     "vit-int-224": ("ViTImageProcessorPil", {}, {"size": 224}),
-    "shortest-256-crop-224": ("ViTImageProcessorPil", {"size": {"shortest_edge": 256}, "do_center_crop": True,
-                                                       "crop_size": {"height": 224, "width": 224}}, {}),
-    "shortest-256-longest-300-crop-224": ("ViTImageProcessorPil", {
-        "size": {"shortest_edge": 256, "longest_edge": 300}, "do_center_crop": True,
-        "crop_size": {"height": 224, "width": 224}}, {}),
+    "shortest-256-crop-224": (
+        "ViTImageProcessorPil",
+        {"size": {"shortest_edge": 256}, "do_center_crop": True, "crop_size": {"height": 224, "width": 224}},
+        {},
+    ),
+    "shortest-256-longest-300-crop-224": (
+        "ViTImageProcessorPil",
+        {
+            "size": {"shortest_edge": 256, "longest_edge": 300},
+            "do_center_crop": True,
+            "crop_size": {"height": 224, "width": 224},
+        },
+        {},
+    ),
     "shortest-224-no-crop": ("ViTImageProcessorPil", {"size": {"shortest_edge": 224}}, {}),
-    "shortest-224-longest-300-no-crop": ("ViTImageProcessorPil", {"size": {"shortest_edge": 224, "longest_edge": 300}},
-                                         {}),
+    "shortest-224-longest-300-no-crop": (
+        "ViTImageProcessorPil",
+        {"size": {"shortest_edge": 224, "longest_edge": 300}},
+        {},
+    ),
 }
 
 
@@ -332,8 +384,16 @@ def hf_folder(folder: Path, processor: str, hidden_act: str = "gelu", seed: int 
     import torch
 
     cls_name, kwargs, edits = HF_PROCESSORS[processor]
-    config = transformers.ViTConfig(image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=2,
-                                    num_attention_heads=3, intermediate_size=768, num_labels=10, hidden_act=hidden_act)
+    config = transformers.ViTConfig(
+        image_size=224,
+        patch_size=16,
+        hidden_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=768,
+        num_labels=10,
+        hidden_act=hidden_act,
+    )
     torch.manual_seed(seed)
     model = randomize_(transformers.ViTForImageClassification(config), seed)
     model.save_pretrained(folder)
@@ -346,8 +406,10 @@ def hf_folder(folder: Path, processor: str, hidden_act: str = "gelu", seed: int 
 
 
 def hf_pixels(processor, photos: Path) -> list[np.ndarray]:
-    return [processor(images=Image.open(p).convert("RGB"), return_tensors="np")["pixel_values"][0]
-            for p in photo_files(photos)]
+    return [
+        processor(images=Image.open(p).convert("RGB"), return_tensors="np")["pixel_values"][0]
+        for p in photo_files(photos)
+    ]
 
 
 @pytest.fixture(autouse=True)

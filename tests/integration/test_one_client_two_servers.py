@@ -26,8 +26,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient not installed (pip install 'tritonclient[http]')")
-grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[grpc]')")
+httpclient = pytest.importorskip(
+    "tritonclient.http", reason="tritonclient not installed (pip install 'tritonclient[http]')"
+)
+grpcclient = pytest.importorskip(
+    "tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[grpc]')"
+)
 pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
@@ -84,8 +88,12 @@ def repo(demo_artifacts: Path, tmp_path_factory) -> Path:
     from vitdeploy.base.config import parse_config
     from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
 
-    cfg = parse_config({"runtime": {"max_image_pixels": MAX_PIXELS},
-                        "triton": {"inference": "ort_python", "max_queue_delay_us": 2000, "decode_threads": 2}})
+    cfg = parse_config(
+        {
+            "runtime": {"max_image_pixels": MAX_PIXELS},
+            "triton": {"inference": "ort_python", "max_queue_delay_us": 2000, "decode_threads": 2},
+        }
+    )
     return build_triton_repo(demo_artifacts, tmp_path_factory.mktemp("x") / "repo", settings_from_config(cfg)).path
 
 
@@ -114,14 +122,33 @@ def triton(repo: Path, shipped_env: Path):
 def serve(demo_artifacts: Path, tmp_path_factory):
     port, grpc_port = free_port(), free_port()
     cfg = tmp_path_factory.mktemp("serve_cfg") / "pipeline.yaml"
-    cfg.write_text("runtime: {threads: 1, max_image_pixels: %d}\n"
-                   "serve: {max_batch_size: 8, batch_wait_timeout_s: 0.005, decode_threads: 2, metrics_port: %d,\n"
-                   "        max_images_per_request: %d, num_cpus_per_replica: 1, grpc_port: %d}\n"
-                   % (MAX_PIXELS, free_port(), MAX_BATCH, grpc_port))
+    cfg.write_text(
+        "runtime: {threads: 1, max_image_pixels: %d}\n"
+        "serve: {max_batch_size: 8, batch_wait_timeout_s: 0.005, decode_threads: 2, metrics_port: %d,\n"
+        "        max_images_per_request: %d, num_cpus_per_replica: 1, grpc_port: %d}\n"
+        % (MAX_PIXELS, free_port(), MAX_BATCH, grpc_port)
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(demo_artifacts), "-b", "ort",
-                             "--port", str(port), "-c", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vitdeploy.cli",
+            "serve",
+            "-a",
+            str(demo_artifacts),
+            "-b",
+            "ort",
+            "--port",
+            str(port),
+            "-c",
+            str(cfg),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     lines: list[str] = []
     ready = threading.Event()
 
@@ -177,8 +204,11 @@ def _infer(url: str, blobs: list[bytes], shape: list[int] | None = None, **kwarg
 def _expected(predictor, blobs: list[bytes]):
     logits = predictor.predict_logits(predictor.preprocess(blobs))
     preds = predictor.predictions_from_logits(logits, top_k=5)
-    return (logits, [[label for label, _, _ in p.top_k] for p in preds],
-            np.array([[s for _, _, s in p.top_k] for p in preds], dtype=np.float32))
+    return (
+        logits,
+        [[label for label, _, _ in p.top_k] for p in preds],
+        np.array([[s for _, _, s in p.top_k] for p in preds], dtype=np.float32),
+    )
 
 
 def _assert_answer(result, want, what: str) -> None:
@@ -195,8 +225,14 @@ def _assert_answer(result, want, what: str) -> None:
 
 def test_the_python_models_run_from_the_repositorys_wheel_and_pins_alone(triton, shipped_env: Path, repo: Path):
     code = "import vitdeploy, numpy; print(vitdeploy.__file__); print(numpy.__version__)"
-    out = subprocess.run([str(_venv_python(shipped_env)), "-c", code], capture_output=True, text=True, check=True,
-                         cwd=shipped_env, env={"PATH": os.environ["PATH"]}).stdout.split()
+    out = subprocess.run(
+        [str(_venv_python(shipped_env)), "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=shipped_env,
+        env={"PATH": os.environ["PATH"]},
+    ).stdout.split()
     assert Path(out[0]).is_relative_to(shipped_env) and not Path(out[0]).is_relative_to(ROOT)
     assert out[1].startswith("1.")  # numpy < 2, as the python stub needs
     direct = next(shipped_env.glob("lib/python*/site-packages/vitdeploy-*.dist-info/direct_url.json"))
@@ -217,26 +253,39 @@ def test_answers_equal_the_predictor_on_each_server(url, predictor, images):
     names = sorted(images)
     for name in names:
         _assert_answer(_infer(url, [images[name]]), _expected(predictor, [images[name]]), f"{url} {name}")
-    _assert_answer(_infer(url, [images[n] for n in names]), _expected(predictor, [images[n] for n in names]),
-                   f"{url} batch of {len(names)}")
+    _assert_answer(
+        _infer(url, [images[n] for n in names]),
+        _expected(predictor, [images[n] for n in names]),
+        f"{url} batch of {len(names)}",
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_compressed_requests_are_answered_the_same(url, predictor, images, algorithm):
     blob = images["chelsea.jpg"]
-    _assert_answer(_infer(url, [blob], request_compression_algorithm=algorithm), _expected(predictor, [blob]),
-                   f"{url} {algorithm}")
+    _assert_answer(
+        _infer(url, [blob], request_compression_algorithm=algorithm),
+        _expected(predictor, [blob]),
+        f"{url} {algorithm}",
+    )
 
 
 def test_metadata_and_config_are_the_same_on_both(both):
     meta = {s: _client(u).get_model_metadata(NAME) for s, u in both.items()}
-    assert meta["serve"]["inputs"] == meta["triton"]["inputs"] == [{"name": "IMAGES", "datatype": "BYTES", "shape": [-1, 1]}]
+    assert (
+        meta["serve"]["inputs"]
+        == meta["triton"]["inputs"]
+        == [{"name": "IMAGES", "datatype": "BYTES", "shape": [-1, 1]}]
+    )
     assert meta["serve"]["outputs"] == meta["triton"]["outputs"]
     tensors = {}
     for server, u in both.items():
         cfg = _client(u).get_model_config(NAME)
-        tensors[server] = (cfg["max_batch_size"], [(t["name"], t["data_type"], t["dims"]) for t in cfg["input"]],
-                           [(t["name"], t["data_type"], t["dims"]) for t in cfg["output"]])
+        tensors[server] = (
+            cfg["max_batch_size"],
+            [(t["name"], t["data_type"], t["dims"]) for t in cfg["input"]],
+            [(t["name"], t["data_type"], t["dims"]) for t in cfg["output"]],
+        )
     assert tensors["serve"] == tensors["triton"]
     assert tensors["serve"][1] == [("IMAGES", "TYPE_STRING", [1])]
 
@@ -290,7 +339,9 @@ def _bad_calls(images: dict[str, bytes]) -> dict[str, object]:
         "another input name": wrong_name,
         "class_count on LOGITS": class_count,
         "more images than the batch limit": lambda u: _infer(u, [images["coffee.jpg"]] * (MAX_BATCH + 1)),
-        "unknown model": lambda u: _client(u).infer("no-such-model", [httpclient.InferInput("IMAGES", [1, 1], "BYTES")]),
+        "unknown model": lambda u: _client(u).infer(
+            "no-such-model", [httpclient.InferInput("IMAGES", [1, 1], "BYTES")]
+        ),
     }
 
 
@@ -368,7 +419,9 @@ def test_grpc_refusals_have_the_same_codes_on_both(both_grpc, images):
         "not an image": lambda u: _grpc_infer(u, [b"hello, not a picture"]),
         "truncated": lambda u: _grpc_infer(u, [jpeg[: len(jpeg) // 3]]),
         "two images in one row": lambda u: _grpc_infer(u, [jpeg, jpeg], shape=[1, 2]),
-        "class_count on LOGITS": lambda u: _grpc_infer(u, [jpeg], outputs=[grpcclient.InferRequestedOutput("LOGITS", class_count=3)]),
+        "class_count on LOGITS": lambda u: _grpc_infer(
+            u, [jpeg], outputs=[grpcclient.InferRequestedOutput("LOGITS", class_count=3)]
+        ),
         "unknown model": lambda u: grpcclient.InferenceServerClient(u).get_model_metadata("no-such-model"),
     }
     got: dict[str, dict[str, str]] = {}

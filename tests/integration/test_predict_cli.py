@@ -13,7 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from vitdeploy.cli import main
-from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR, LABELS_CSV as DEMO_LABELS_CSV, DEMO_DIR as DEMO_MODEL_DIR
+from vitdeploy.demo import DEMO_DIR as DEMO_MODEL_DIR
+from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR
+from vitdeploy.demo import LABELS_CSV as DEMO_LABELS_CSV
 
 
 def run(*args: str):
@@ -107,8 +109,15 @@ def test_directory_without_images_is_an_error_record_and_exit_1(demo_artifacts: 
     assert res.exit_code == 1 and "no images" in res.stdout.lower()
 
 
-@pytest.mark.parametrize("backend, file", [("ort", "model.ort.onnx"), ("ort-fp16", "model.fp16.onnx"),
-                                           ("torch", "model.safetensors"), ("torch", "model.json")])
+@pytest.mark.parametrize(
+    "backend, file",
+    [
+        ("ort", "model.ort.onnx"),
+        ("ort-fp16", "model.fp16.onnx"),
+        ("torch", "model.safetensors"),
+        ("torch", "model.json"),
+    ],
+)
 def test_tampered_model_is_refused(demo_artifacts: Path, tmp_path: Path, backend: str, file: str):
     copy = tmp_path / "art"
     shutil.copytree(demo_artifacts, copy)

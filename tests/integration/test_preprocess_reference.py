@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from vitdeploy.runtime.preprocess import Preprocessor
 from vitdeploy.base.preprocess_spec import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -32,10 +31,9 @@ from vitdeploy.base.preprocess_spec import (
     INCEPTION_STD,
     PreprocessSpec,
 )
+from vitdeploy.runtime.preprocess import Preprocessor
 
-skdata = pytest.importorskip(
-    "skimage.data", reason="scikit-image not installed (pip install scikit-image)"
-)
+skdata = pytest.importorskip("skimage.data", reason="scikit-image not installed (pip install scikit-image)")
 
 TOL = 1e-5
 RESAMPLE = {
@@ -113,16 +111,14 @@ def test_hf_style_matches_transformers(hf_processor_cls, case) -> None:
         do_rescale=True,
         do_normalize=True,
     )
-    spec = PreprocessSpec(
-        style="hf", height=height, width=width, interpolation=interp, mean=mean, std=std
-    )
+    spec = PreprocessSpec(style="hf", height=height, width=width, interpolation=interp, mean=mean, std=std)
     pre = Preprocessor(spec)
     names = list(PHOTOS)
     ours = pre.batch([PHOTOS[n] for n in names])
     for i, name in enumerate(names):
-        reference = processor(
-            images=Image.open(io.BytesIO(PHOTOS[name])), return_tensors="np", do_convert_rgb=True
-        )["pixel_values"][0]
+        reference = processor(images=Image.open(io.BytesIO(PHOTOS[name])), return_tensors="np", do_convert_rgb=True)[
+            "pixel_values"
+        ][0]
         assert reference.shape == ours[i].shape == (3, height, width), name
         diff = float(np.abs(reference - ours[i]).max())
         assert diff <= TOL, f"{name}: max abs diff {diff}"
@@ -132,15 +128,11 @@ def test_hf_style_matches_transformers_on_exif_rotated_jpeg(hf_processor_cls) ->
     exif = Image.Exif()
     exif[0x0112] = 6
     data = _encode(Image.fromarray(skdata.chelsea()), "JPEG", quality=90, exif=exif.tobytes())
-    processor = hf_processor_cls(
-        size={"height": 224, "width": 224}, resample=int(Image.Resampling.BILINEAR)
-    )
+    processor = hf_processor_cls(size={"height": 224, "width": 224}, resample=int(Image.Resampling.BILINEAR))
     upright = ImageOps.exif_transpose(Image.open(io.BytesIO(data)))
     assert upright.size == (300, 451)  # really rotated
     reference = processor(images=upright, return_tensors="np")["pixel_values"][0]
-    spec = PreprocessSpec(
-        style="hf", mean=tuple(processor.image_mean), std=tuple(processor.image_std)
-    )
+    spec = PreprocessSpec(style="hf", mean=tuple(processor.image_mean), std=tuple(processor.image_std))
     ours = Preprocessor(spec)(data)
     assert float(np.abs(reference - ours).max()) <= TOL
 
@@ -149,9 +141,7 @@ def test_hf_style_matches_transformers_on_exif_rotated_jpeg(hf_processor_cls) ->
 # timm style vs an independent straightforward implementation
 
 
-def _timm_reference(
-    data: bytes, height: int, width: int, crop_pct: float, interp: str, mean, std
-) -> np.ndarray:
+def _timm_reference(data: bytes, height: int, width: int, crop_pct: float, interp: str, mean, std) -> np.ndarray:
     img = Image.open(io.BytesIO(data))
     img = ImageOps.exif_transpose(img)
     if img.mode in ("RGBA", "LA", "P") and (img.mode != "P" or "transparency" in img.info):
@@ -190,14 +180,17 @@ TIMM_CASES = [
 def test_timm_style_matches_reference_implementation(case) -> None:
     (height, width), crop_pct, interp = case
     spec = PreprocessSpec(
-        style="timm", height=height, width=width, crop_pct=crop_pct, interpolation=interp,
-        mean=IMAGENET_MEAN, std=IMAGENET_STD,
+        style="timm",
+        height=height,
+        width=width,
+        crop_pct=crop_pct,
+        interpolation=interp,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
     )
     pre = Preprocessor(spec)
     for name, data in PHOTOS.items():
-        reference = _timm_reference(
-            data, height, width, crop_pct, interp, IMAGENET_MEAN, IMAGENET_STD
-        )
+        reference = _timm_reference(data, height, width, crop_pct, interp, IMAGENET_MEAN, IMAGENET_STD)
         ours = pre(data)
         assert ours.shape == reference.shape, name
         diff = float(np.abs(reference - ours).max())

@@ -10,11 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from bad_input_helpers import GOOD_IMAGES, assert_one_error_line, copy_export, edit_manifest, flip_byte, rehash
 from click.testing import CliRunner
 
-from bad_input_helpers import GOOD_IMAGES, assert_one_error_line, copy_export, edit_manifest, flip_byte, rehash
-from vitdeploy.cli import main
 from vitdeploy.base.errors import ArtifactError, ArtifactIntegrityError
+from vitdeploy.cli import main
 from vitdeploy.runtime.predictor import Predictor
 
 
@@ -55,9 +55,15 @@ def empty_artifacts(d: Path) -> None:
 
 CASES = {
     "external data outside the folder (ort opens model.onnx)": (
-        lambda d: escaping_external_data(d, keep_ort_graph=False), ArtifactIntegrityError, "outside the artifact directory"),
+        lambda d: escaping_external_data(d, keep_ort_graph=False),
+        ArtifactIntegrityError,
+        "outside the artifact directory",
+    ),
     "external data outside the folder (in a graph no CPU backend opens)": (
-        lambda d: escaping_external_data(d, keep_ort_graph=True), ArtifactIntegrityError, "outside the artifact directory"),
+        lambda d: escaping_external_data(d, keep_ort_graph=True),
+        ArtifactIntegrityError,
+        "outside the artifact directory",
+    ),
     "sha256 mismatch": (sha256_mismatch, ArtifactIntegrityError, "sha256 expected"),
     "manifest breaks its schema": (schema_break, ArtifactError, "'artifacts.onnx.bytes' = 'many'"),
     "empty artifacts map": (empty_artifacts, ArtifactError, "lists no artifact"),

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from bad_input_helpers import GOOD_IMAGES, cli_env, copy_export
+
 from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.predictor import Predictor
 
@@ -40,8 +41,13 @@ def test_kill_9_mid_reexport_keeps_the_previous_export_and_the_next_export_clean
     (out / ".model.onnx.ab12cd34.tmp").write_bytes(b"half an onnx")  # a killed atomic write of an older run
     (out / ".model.fp16.onnx.zz99yy88").mkdir()  # a killed ONNX staging folder
 
-    proc = subprocess.Popen([sys.executable, "-m", "vitdeploy.cli", "export", "-o", str(out), "--engine", "skip"],
-                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=cli_env())
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vitdeploy.cli", "export", "-o", str(out), "--engine", "skip"],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=cli_env(),
+    )
     try:
         for line in proc.stderr:  # stage lines: "  onnx   ..." when the ONNX stage starts
             if re.match(r"^\s+onnx\s+\.\.\.", line):
@@ -77,12 +83,20 @@ def test_failed_reexport_keeps_the_previous_export_with_the_report_beside_it(dem
     out = copy_export(demo_artifacts, tmp_path / "artifacts")
     manifest_before = (out / "manifest.json").read_bytes()
     cfg = tmp_path / "strict.yaml"
-    cfg.write_text(f"export: {{output_dir: {out}, fp16: {{enabled: false}}, optimize: false, "
-                   "batch: {max: 4, opt: 2}}\n"
-                   "validation: {noise_samples: 2, fp32: {max_abs_diff: 0, mean_abs_diff: 0, min_cosine: 1, min_top1_agreement: 1, "
-                   "min_top5_overlap: 1}}\n")
-    res = subprocess.run([sys.executable, "-m", "vitdeploy.cli", "export", "-c", str(cfg), "--engine", "skip"],
-                         capture_output=True, text=True, env=cli_env(), timeout=600)
+    cfg.write_text(
+        f"export: {{output_dir: {out}, fp16: {{enabled: false}}, optimize: false, "
+        "batch: {max: 4, opt: 2}}\n"
+        "validation: {noise_samples: 2, fp32: {max_abs_diff: 0, mean_abs_diff: 0, min_cosine: 1, min_top1_agreement: "
+        "1, "
+        "min_top5_overlap: 1}}\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-m", "vitdeploy.cli", "export", "-c", str(cfg), "--engine", "skip"],
+        capture_output=True,
+        text=True,
+        env=cli_env(),
+        timeout=600,
+    )
     assert res.returncode == 3, res.stderr
     assert (out / "manifest.json").read_bytes() == manifest_before
     Artifacts.open(out)

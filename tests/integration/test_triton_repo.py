@@ -14,7 +14,9 @@ from click.testing import CliRunner
 from vitdeploy.cli import main
 from vitdeploy.runtime.artifacts import sha256_file
 
-pb = pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="tritonclient not installed (pip install 'tritonclient[grpc]')")
+pb = pytest.importorskip(
+    "tritonclient.grpc.model_config_pb2", reason="tritonclient not installed (pip install 'tritonclient[grpc]')"
+)
 from google.protobuf import text_format  # noqa: E402  (protobuf comes with tritonclient[grpc])
 
 NAME = "vit-demo-digits"
@@ -47,13 +49,26 @@ def with_engine(demo_artifacts: Path, tmp_path_factory) -> Path:
     shutil.copytree(demo_artifacts, out)
     manifest = json.loads((out / "manifest.json").read_text())
     (out / "model.engine").write_bytes(b"stand-in plan bytes")
-    meta = {"tensorrt_version": FAKE_TRT, "gpu_name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0",
-            "profile": {"min": 1, "opt": 8, "max": 16}, "input": "pixel_values", "chw": [3, 32, 32],
-            "precision": "fp16", "onnx_sha256": "0" * 64, "workspace_mb": 4096, "optimization_level": 3,
-            "built": "2026-01-01T00:00:00+00:00"}
+    meta = {
+        "tensorrt_version": FAKE_TRT,
+        "gpu_name": "NVIDIA H100 80GB HBM3",
+        "compute_capability": "9.0",
+        "profile": {"min": 1, "opt": 8, "max": 16},
+        "input": "pixel_values",
+        "chw": [3, 32, 32],
+        "precision": "fp16",
+        "onnx_sha256": "0" * 64,
+        "workspace_mb": 4096,
+        "optimization_level": 3,
+        "built": "2026-01-01T00:00:00+00:00",
+    }
     (out / "model.engine.json").write_text(json.dumps(meta))
     for role, name in (("engine", "model.engine"), ("engine-meta", "model.engine.json")):
-        manifest["artifacts"][role] = {"path": name, "sha256": sha256_file(out / name), "bytes": (out / name).stat().st_size}
+        manifest["artifacts"][role] = {
+            "path": name,
+            "sha256": sha256_file(out / name),
+            "bytes": (out / name).stat().st_size,
+        }
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out
 
@@ -61,8 +76,15 @@ def with_engine(demo_artifacts: Path, tmp_path_factory) -> Path:
 def test_every_config_parses_into_tritons_model_config_with_the_manifests_values(demo_artifacts: Path, tmp_path: Path):
     manifest = json.loads((demo_artifacts / "manifest.json").read_text())
     batch = manifest["batch"]
-    res = run("triton-repo", "-a", str(demo_artifacts), "-o", str(tmp_path / "repo"), "-c",
-              str(write_yaml(tmp_path, "triton: {instances: 2, kind: cpu, max_queue_size: 7}\n")))
+    res = run(
+        "triton-repo",
+        "-a",
+        str(demo_artifacts),
+        "-o",
+        str(tmp_path / "repo"),
+        "-c",
+        str(write_yaml(tmp_path, "triton: {instances: 2, kind: cpu, max_queue_size: 7}\n")),
+    )
     assert res.exit_code == 0, res.output
     cfg = configs(tmp_path / "repo")
     assert set(cfg) == {NAME, f"{NAME}_preprocess", f"{NAME}_postprocess", f"{NAME}_onnx", f"{NAME}_ort_python"}
@@ -76,8 +98,9 @@ def test_every_config_parses_into_tritons_model_config_with_the_manifests_values
     onnx = cfg[f"{NAME}_onnx"]
     assert onnx.platform == "onnxruntime_onnx"
     assert [(i.name, i.data_type, list(i.dims)) for i in onnx.input] == [("pixel_values", pb.TYPE_FP32, chw)]
-    assert [(o.name, o.data_type, list(o.dims), o.label_filename) for o in onnx.output] == \
-        [("logits", pb.TYPE_FP32, [classes], "labels.txt")]
+    assert [(o.name, o.data_type, list(o.dims), o.label_filename) for o in onnx.output] == [
+        ("logits", pb.TYPE_FP32, [classes], "labels.txt")
+    ]
     assert list(onnx.dynamic_batching.preferred_batch_size) == sorted({batch["opt"], batch["max"]})
     assert onnx.dynamic_batching.max_queue_delay_microseconds == 2000
     assert onnx.dynamic_batching.default_queue_policy.max_queue_size == 7
@@ -109,13 +132,19 @@ def test_every_config_parses_into_tritons_model_config_with_the_manifests_values
     assert pre.dynamic_batching.default_queue_policy.max_queue_size == 7
 
     post = cfg[f"{NAME}_postprocess"]
-    assert [(o.name, o.data_type, list(o.dims)) for o in post.output] == \
-        [("TOPK_LABELS", pb.TYPE_STRING, [5]), ("TOPK_SCORES", pb.TYPE_FP32, [5])]
+    assert [(o.name, o.data_type, list(o.dims)) for o in post.output] == [
+        ("TOPK_LABELS", pb.TYPE_STRING, [5]),
+        ("TOPK_SCORES", pb.TYPE_FP32, [5]),
+    ]
 
     ens = cfg[NAME]
     assert ens.platform == "ensemble"
     assert [(i.name, i.data_type, list(i.dims)) for i in ens.input] == [("IMAGES", pb.TYPE_STRING, [1])]
-    assert [(o.name, list(o.dims)) for o in ens.output] == [("LOGITS", [classes]), ("TOPK_LABELS", [5]), ("TOPK_SCORES", [5])]
+    assert [(o.name, list(o.dims)) for o in ens.output] == [
+        ("LOGITS", [classes]),
+        ("TOPK_LABELS", [5]),
+        ("TOPK_SCORES", [5]),
+    ]
     steps = [(s.model_name, dict(s.input_map), dict(s.output_map)) for s in ens.ensemble_scheduling.step]
     assert steps == [
         (f"{NAME}_preprocess", {"IMAGES": "IMAGES"}, {"PIXEL_VALUES": "pixel_values"}),
@@ -138,18 +167,29 @@ def test_every_config_parses_into_tritons_model_config_with_the_manifests_values
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_the_onnx_model_serves_the_graph_the_export_validated_as_chosen(demo_artifacts: Path, tmp_path: Path,
-                                                                         precision: str):
+def test_the_onnx_model_serves_the_graph_the_export_validated_as_chosen(
+    demo_artifacts: Path, tmp_path: Path, precision: str
+):
     manifest = json.loads((demo_artifacts / "manifest.json").read_text())
-    res = run("triton-repo", "-a", str(demo_artifacts), "-o", str(tmp_path / "repo"), "-c",
-              str(write_yaml(tmp_path, f"triton: {{onnx_precision: {precision}, repository_mount: /srv/m}}\n")))
+    res = run(
+        "triton-repo",
+        "-a",
+        str(demo_artifacts),
+        "-o",
+        str(tmp_path / "repo"),
+        "-c",
+        str(write_yaml(tmp_path, f"triton: {{onnx_precision: {precision}, repository_mount: /srv/m}}\n")),
+    )
     assert res.exit_code == 0, res.output
     onnx = configs(tmp_path / "repo")[f"{NAME}_onnx"]
     files = sorted(p.name for p in (tmp_path / "repo" / f"{NAME}_onnx" / "1").iterdir())
     if precision == "fp32":  # model.onnx on the CUDA EP (Triton's onnxruntime default on a GPU): no accelerator
         assert files == ["model.onnx"] and onnx.default_model_filename == "model.onnx"
         assert not onnx.optimization.execution_accelerators.gpu_execution_accelerator
-        assert sha256_file(tmp_path / "repo" / f"{NAME}_onnx" / "1" / "model.onnx") == manifest["artifacts"]["onnx"]["sha256"]
+        assert (
+            sha256_file(tmp_path / "repo" / f"{NAME}_onnx" / "1" / "model.onnx")
+            == manifest["artifacts"]["onnx"]["sha256"]
+        )
     else:
         assert files == ["model.fp16.onnx"]
         (ep,) = onnx.optimization.execution_accelerators.gpu_execution_accelerator
@@ -163,8 +203,15 @@ def test_fp16_is_refused_when_the_export_did_not_validate_it(demo_artifacts: Pat
     manifest = json.loads((bad / "manifest.json").read_text())
     manifest["validation"]["validate-fp16"]["passed"] = False
     (bad / "manifest.json").write_text(json.dumps(manifest))
-    res = run("triton-repo", "-a", str(bad), "-o", str(tmp_path / "repo"), "-c",
-              str(write_yaml(tmp_path, "triton: {onnx_precision: fp16}\n")))
+    res = run(
+        "triton-repo",
+        "-a",
+        str(bad),
+        "-o",
+        str(tmp_path / "repo"),
+        "-c",
+        str(write_yaml(tmp_path, "triton: {onnx_precision: fp16}\n")),
+    )
     assert res.exit_code == 2 and "validate-fp16" in res.output and not (tmp_path / "repo").exists()
     res = run("triton-repo", "-a", str(bad), "-o", str(tmp_path / "repo"))  # auto falls back to the FP32 graph
     assert res.exit_code == 0, res.output
@@ -190,8 +237,11 @@ def test_the_repository_ships_a_dockerfile_its_wheel_and_pinned_requirements(dem
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
         assert zf.testzip() is None
-        assert {"vitdeploy/serve/triton/models.py", "vitdeploy/runtime/preprocess.py",
-                f"vitdeploy-{__version__}.dist-info/RECORD"} <= names
+        assert {
+            "vitdeploy/serve/triton/models.py",
+            "vitdeploy/runtime/preprocess.py",
+            f"vitdeploy-{__version__}.dist-info/RECORD",
+        } <= names
         assert not any("__pycache__" in n for n in names)
         assert f"Version: {__version__}" in zf.read(f"vitdeploy-{__version__}.dist-info/METADATA").decode()
     reqs = [r for r in (repo / "requirements.txt").read_text().splitlines() if r and not r.startswith("#")]
@@ -206,10 +256,22 @@ def test_the_repository_ships_a_dockerfile_its_wheel_and_pinned_requirements(dem
     assert (tmp_path / "again" / "wheels" / wheel.name).read_bytes() == wheel.read_bytes()
 
 
-def test_with_an_engine_the_trt_model_is_the_ensembles_and_the_readme_names_the_matching_triton(with_engine: Path,
-                                                                                               tmp_path: Path):
-    res = run("triton-repo", "-a", str(with_engine), "-o", str(tmp_path / "repo"), "--gpus", "0,1", "--kind", "gpu",
-              "-k", "3")
+def test_with_an_engine_the_trt_model_is_the_ensembles_and_the_readme_names_the_matching_triton(
+    with_engine: Path, tmp_path: Path
+):
+    res = run(
+        "triton-repo",
+        "-a",
+        str(with_engine),
+        "-o",
+        str(tmp_path / "repo"),
+        "--gpus",
+        "0,1",
+        "--kind",
+        "gpu",
+        "-k",
+        "3",
+    )
     assert res.exit_code == 0, res.output
     cfg = configs(tmp_path / "repo")
     trt = cfg[f"{NAME}_trt"]
@@ -249,7 +311,9 @@ def test_an_existing_repository_is_replaced_only_with_force(demo_artifacts: Path
     res = run("triton-repo", "-a", str(demo_artifacts), "-o", str(repo), "--force", "--inference", "ort_python")
     assert res.exit_code == 0, res.output
     assert not (repo / "stale.txt").exists()
-    assert [s.model_name for s in parse(repo / NAME / "config.pbtxt").ensemble_scheduling.step][1] == f"{NAME}_ort_python"
+    assert [s.model_name for s in parse(repo / NAME / "config.pbtxt").ensemble_scheduling.step][
+        1
+    ] == f"{NAME}_ort_python"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
 
 

@@ -22,8 +22,12 @@ import pytest
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from vitdeploy.serve.triton.local import BundledTriton, default_venv
 
-httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient not installed (pip install 'tritonclient[http,grpc]')")
-grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[http,grpc]')")
+httpclient = pytest.importorskip(
+    "tritonclient.http", reason="tritonclient not installed (pip install 'tritonclient[http,grpc]')"
+)
+grpcclient = pytest.importorskip(
+    "tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[http,grpc]')"
+)
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 NAME = "vit-demo-digits"
@@ -81,8 +85,12 @@ def server(demo_artifacts: Path, tmp_path_factory):
     from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
 
     root = tmp_path_factory.mktemp("triton")
-    cfg = parse_config({"runtime": {"max_image_pixels": MAX_PIXELS},
-                        "triton": {"inference": "ort_python", "max_queue_delay_us": 5000, "decode_threads": 2}})
+    cfg = parse_config(
+        {
+            "runtime": {"max_image_pixels": MAX_PIXELS},
+            "triton": {"inference": "ort_python", "max_queue_delay_us": 5000, "decode_threads": 2},
+        }
+    )
     repo = build_triton_repo(demo_artifacts, root / "repo", settings_from_config(cfg)).path
     # A second copy of the model under another name, with a queue of one request, in its own repository.
     renamed = root / "renamed"
@@ -217,7 +225,11 @@ def test_bad_images_fail_only_their_own_request_while_good_traffic_goes_on(serve
         assert isinstance(res, InferenceServerException), f"{name} was answered"
         message = res.message()
         assert bad[name][1] in message, f"{name}: {message}"
-        assert "\n" not in message and "Traceback" not in message and all(str(r) not in message for r in server.repositories)
+        assert (
+            "\n" not in message
+            and "Traceback" not in message
+            and all(str(r) not in message for r in server.repositories)
+        )
         assert "/tmp" not in message and "site-packages" not in message
         assert _status(res) in ("400", "StatusCode.INVALID_ARGUMENT"), f"{name}: {_status(res)} {message}"
 

@@ -19,13 +19,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from test_library_fidelity import (
+    LOGIT_TOL,
+    PROB_TOL,
+    assert_pixels,
+    assert_same_predictions,
+    export,
+    photo_files,
+    photos,  # noqa: F401 (the fixture)
+    predict,
+    run_reference,
+)
 
-from test_library_fidelity import (LOGIT_TOL, PROB_TOL, assert_pixels, assert_same_predictions, export, photo_files,
-                                   photos, predict, run_reference)  # noqa: F401 (photos: the fixture)
-from library_reference import randomize_  # noqa: E402 (tests/reference: on sys.path via test_library_fidelity)
 from vitdeploy.base.errors import CheckpointError
 from vitdeploy.export.optimize import METADATA_KEY
 from vitdeploy.model import load_checkpoint
+
+# isort: split
+from library_reference import randomize_  # noqa: E402 (tests/reference: on sys.path via test_library_fidelity)
 
 FP16_LOGIT_TOL, FP16_PROB_TOL = 3e-2, 1e-2
 
@@ -61,6 +72,7 @@ def _export_and_compare(ckpt: Path, ref: dict, photos: Path, out: Path, **sectio
 
 # --------------------------------------------------------------------------- class-token pooling
 
+
 @pytest.mark.slow
 def test_registers_layer_scale_and_no_prefix_positions(family, photos, tmp_path):
     """timm vit_tiny (2 blocks) with reg_tokens=4, no_embed_class=True, init_values=1e-5 (DINOv2-style),
@@ -69,7 +81,9 @@ def test_registers_layer_scale_and_no_prefix_positions(family, photos, tmp_path)
     art, manifest = _export_and_compare(ckpt, ref, photos, tmp_path / "art")
     vit = manifest["model"]["vit"]
     assert (vit["reg_tokens"], vit["pos_embed_prefix"], vit["layer_scale"], vit["pool"]) == (4, False, True, "token")
-    assert any("assumed class-token pooling" in n and "model.pool: avg" in n for n in manifest["model"]["source"]["notes"])
+    assert any(
+        "assumed class-token pooling" in n and "model.pool: avg" in n for n in manifest["model"]["source"]["notes"]
+    )
     # class-token pooling with registers: the last block still computes the class token's row only, exactly
     meta = _ort_metadata(art)
     assert meta["last_block_class_token_only"] is True and meta["fused"].get("MultiHeadAttention") == 2
@@ -88,6 +102,7 @@ def test_deit_distilled_averages_both_heads(family, photos, tmp_path):
 
 
 # --------------------------------------------------------------------------- average pooling
+
 
 @pytest.mark.slow
 def test_no_class_token_avg_pool_fc_norm_qk_norm(family, photos, tmp_path):
@@ -126,8 +141,14 @@ def test_avg_pool_without_fc_norm_from_config_or_model_pool(family, photos, tmp_
     guessed = load_checkpoint(bare)
     assert guessed.config.pool == "token"
     assert any("set model.pool: avg in pipeline.yaml" in n for n in guessed.notes)
-    _, manifest = _export_and_compare(bare, ref, photos, tmp_path / "bare", model={"pool": "avg"},
-                                      preprocess={"interpolation": "bicubic", "crop_pct": 0.9})
+    _, manifest = _export_and_compare(
+        bare,
+        ref,
+        photos,
+        tmp_path / "bare",
+        model={"pool": "avg"},
+        preprocess={"interpolation": "bicubic", "crop_pct": 0.9},
+    )
     assert manifest["model"]["vit"]["pool"] == "avg"
     with pytest.raises(CheckpointError, match="config.json says global_pool 'avg' but model.pool is 'token'"):
         load_checkpoint(ckpt, pool="token")
@@ -135,9 +156,11 @@ def test_avg_pool_without_fc_norm_from_config_or_model_pool(family, photos, tmp_
 
 # --------------------------------------------------------------------------- transformers DeiT (in-process)
 
+
 @pytest.mark.slow
-@pytest.mark.parametrize("cls_name, distilled", [("DeiTForImageClassification", False),
-                                                 ("DeiTForImageClassificationWithTeacher", True)])
+@pytest.mark.parametrize(
+    "cls_name, distilled", [("DeiTForImageClassification", False), ("DeiTForImageClassificationWithTeacher", True)]
+)
 def test_transformers_deit_exports_and_matches(cls_name, distilled, photos, tmp_path):
     """Reference: transformers' DeiT (random weights, 2 layers, 224 px) and its DeiTImageProcessor (PIL).
     WithTeacher averages its class and distillation heads; the plain classifier reads the class token
@@ -146,16 +169,27 @@ def test_transformers_deit_exports_and_matches(cls_name, distilled, photos, tmp_
     import torch
 
     transformers.logging.set_verbosity_error()
-    config = transformers.DeiTConfig(image_size=224, patch_size=16, hidden_size=192, num_hidden_layers=2,
-                                     num_attention_heads=3, intermediate_size=768, num_labels=10)
+    config = transformers.DeiTConfig(
+        image_size=224,
+        patch_size=16,
+        hidden_size=192,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        intermediate_size=768,
+        num_labels=10,
+    )
     torch.manual_seed(20)
     model = randomize_(getattr(transformers, cls_name)(config), 20 + distilled)
     folder = tmp_path / "deit"
     model.save_pretrained(folder)
     transformers.DeiTImageProcessorPil().save_pretrained(folder)
     processor = transformers.AutoImageProcessor.from_pretrained(folder)
-    pixels = np.stack([processor(images=Image.open(p).convert("RGB"), return_tensors="np")["pixel_values"][0]
-                       for p in photo_files(photos)])
+    pixels = np.stack(
+        [
+            processor(images=Image.open(p).convert("RGB"), return_tensors="np")["pixel_values"][0]
+            for p in photo_files(photos)
+        ]
+    )
     with torch.no_grad():
         logits = model(pixel_values=torch.from_numpy(pixels)).logits.numpy()
     art, manifest = _export_and_compare(folder, {"pixels": pixels, "logits": logits}, photos, tmp_path / "art")
@@ -166,6 +200,7 @@ def test_transformers_deit_exports_and_matches(cls_name, distilled, photos, tmp_
 
 # --------------------------------------------------------------------------- transformers DINOv2 (in-process)
 
+
 def _hf_dinov2(folder: Path, registers: int, image_size: int, crop: int, seed: int):
     """A small transformers DINOv2 classifier (random weights, patch 14, 2 layers) written by save_pretrained,
     with a BitImageProcessor as the hub's (shorter side, centre crop, bicubic, ImageNet mean/std): the model
@@ -174,18 +209,29 @@ def _hf_dinov2(folder: Path, registers: int, image_size: int, crop: int, seed: i
     import torch
 
     transformers.logging.set_verbosity_error()
-    common = dict(image_size=image_size, patch_size=14, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
-                  num_labels=10, layerscale_value=0.5)
+    common = dict(
+        image_size=image_size,
+        patch_size=14,
+        hidden_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_labels=10,
+        layerscale_value=0.5,
+    )
     if registers:
         model = transformers.Dinov2WithRegistersForImageClassification(
-            transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, **common))
+            transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, **common)
+        )
     else:
         model = transformers.Dinov2ForImageClassification(transformers.Dinov2Config(**common))
     torch.manual_seed(seed)
     randomize_(model, seed).save_pretrained(folder)
-    transformers.BitImageProcessorPil(size={"shortest_edge": crop + crop // 7}, crop_size={"height": crop, "width": crop},
-                                      image_mean=[0.485, 0.456, 0.406], image_std=[0.229, 0.224, 0.225]
-                                      ).save_pretrained(folder)
+    transformers.BitImageProcessorPil(
+        size={"shortest_edge": crop + crop // 7},
+        crop_size={"height": crop, "width": crop},
+        image_mean=[0.485, 0.456, 0.406],
+        image_std=[0.229, 0.224, 0.225],
+    ).save_pretrained(folder)
     processor = transformers.AutoImageProcessor.from_pretrained(folder)
     assert processor.backend == "pil"
     return model, processor
@@ -194,15 +240,22 @@ def _hf_dinov2(folder: Path, registers: int, image_size: int, crop: int, seed: i
 def _hf_reference(model, processor, photos: Path) -> dict[str, np.ndarray]:
     import torch
 
-    pixels = np.stack([processor(images=Image.open(p).convert("RGB"), return_tensors="np")["pixel_values"][0]
-                       for p in photo_files(photos)])
+    pixels = np.stack(
+        [
+            processor(images=Image.open(p).convert("RGB"), return_tensors="np")["pixel_values"][0]
+            for p in photo_files(photos)
+        ]
+    )
     with torch.no_grad():
         return {"pixels": pixels, "logits": model(pixel_values=torch.from_numpy(pixels)).logits.numpy()}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("registers, image_size, crop", [(4, 42, 42), (4, 70, 42), (0, 70, 42)],
-                         ids=["registers-native", "registers-crop-below-config", "plain-crop-below-config"])
+@pytest.mark.parametrize(
+    "registers, image_size, crop",
+    [(4, 42, 42), (4, 70, 42), (0, 70, 42)],
+    ids=["registers-native", "registers-crop-below-config", "plain-crop-below-config"],
+)
 def test_transformers_dinov2_exports_and_matches(registers, image_size, crop, photos, tmp_path):
     """Reference: transformers' Dinov2(WithRegisters)ForImageClassification and its BitImageProcessor (PIL).
     The head reads the class token and the mean patch token (registers left out) side by side. When the
@@ -212,9 +265,17 @@ def test_transformers_dinov2_exports_and_matches(registers, image_size, crop, ph
     ref = _hf_reference(model, processor, photos)
     art, manifest = _export_and_compare(tmp_path / "dinov2", ref, photos, tmp_path / "art")
     vit = manifest["model"]["vit"]
-    assert (vit["pool"], vit["reg_tokens"], vit["layer_scale"], vit["image_size"]) == ("token_avg", registers, True, crop)
+    assert (vit["pool"], vit["reg_tokens"], vit["layer_scale"], vit["image_size"]) == (
+        "token_avg",
+        registers,
+        True,
+        crop,
+    )
     assert vit["pos_embed_prefix"] is (registers == 0)  # with registers the class position row is in cls_token
-    assert manifest["preprocess"]["interpolation"] == "bicubic" and manifest["preprocess"]["shortest_edge"] == crop + crop // 7
+    assert (
+        manifest["preprocess"]["interpolation"] == "bicubic"
+        and manifest["preprocess"]["shortest_edge"] == crop + crop // 7
+    )
     if image_size != crop:
         assert any(f"processor's {crop}x{crop} crop" in n for n in manifest["model"]["source"]["notes"])
     # the head reads every patch row: no class-token-only last block; attention fused with the registers
@@ -245,8 +306,9 @@ def test_transformers_dinov2_model_without_head_gives_the_pooler_output(tmp_path
     import torch
 
     transformers.logging.set_verbosity_error()
-    config = transformers.Dinov2WithRegistersConfig(image_size=28, patch_size=14, hidden_size=32, num_hidden_layers=1,
-                                                    num_attention_heads=2, num_register_tokens=2)
+    config = transformers.Dinov2WithRegistersConfig(
+        image_size=28, patch_size=14, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_register_tokens=2
+    )
     model = randomize_(transformers.Dinov2WithRegistersModel(config), 7)
     model.save_pretrained(tmp_path)
     loaded = load_checkpoint(tmp_path)
@@ -259,8 +321,15 @@ def test_transformers_dinov2_model_without_head_gives_the_pooler_output(tmp_path
 def test_hf_dinov2_swiglu_is_refused_by_name(tmp_path):
     transformers = pytest.importorskip("transformers", reason="transformers not installed")
     transformers.logging.set_verbosity_error()
-    config = transformers.Dinov2Config(image_size=28, patch_size=14, hidden_size=32, num_hidden_layers=1,
-                                       num_attention_heads=2, num_labels=3, use_swiglu_ffn=True)
+    config = transformers.Dinov2Config(
+        image_size=28,
+        patch_size=14,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_labels=3,
+        use_swiglu_ffn=True,
+    )
     transformers.Dinov2ForImageClassification(config).save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match="use_swiglu_ffn=True .* is not supported"):
         load_checkpoint(tmp_path)
@@ -277,8 +346,9 @@ def test_hf_dinov2_non_square_processor_crop_is_refused(tmp_path):
 
 
 def test_hf_model_types_outside_the_family_are_refused_by_name(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "beit", "hidden_size": 32,
-                                                      "num_attention_heads": 2, "architectures": ["x"]}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"model_type": "beit", "hidden_size": 32, "num_attention_heads": 2, "architectures": ["x"]})
+    )
     safetensors_torch = pytest.importorskip("safetensors.torch")
     import torch
 

@@ -95,8 +95,24 @@ def reference(demo_artifacts, photos, tmp_path_factory) -> dict[str, dict]:
     for name, blob in photos.items():
         (folder / name).write_bytes(blob)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "vitdeploy.cli", "predict", str(folder), "-a", str(demo_artifacts),
-                          "-b", "ort", "--json"], capture_output=True, text=True, env=env, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vitdeploy.cli",
+            "predict",
+            str(folder),
+            "-a",
+            str(demo_artifacts),
+            "-b",
+            "ort",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     records = [json.loads(line) for line in res.stdout.splitlines()]
     return {Path(r["path"]).name: r for r in records}
@@ -110,11 +126,29 @@ def server(demo_artifacts, tmp_path_factory) -> Server:
         "runtime: {threads: 1, max_image_pixels: %d}\n"
         "serve: {max_batch_size: 8, batch_wait_timeout_s: 0.005, decode_threads: 2, max_images_per_request: %d,\n"
         "        max_request_mb: 2, max_ongoing_requests: 16, max_queued_requests: 16, metrics_port: %d,\n"
-        "        num_cpus_per_replica: 1, graceful_shutdown_timeout_s: 30}\n" % (MAX_PIXELS, MAX_IMAGES, metrics_port))
+        "        num_cpus_per_replica: 1, graceful_shutdown_timeout_s: 30}\n" % (MAX_PIXELS, MAX_IMAGES, metrics_port)
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen([sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(demo_artifacts), "-b", "ort",
-                             "--port", str(port), "-c", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vitdeploy.cli",
+            "serve",
+            "-a",
+            str(demo_artifacts),
+            "-b",
+            "ort",
+            "--port",
+            str(port),
+            "-c",
+            str(cfg),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     lines: list[str] = []
     ready = threading.Event()
 
@@ -224,11 +258,15 @@ def test_the_replica_and_proxy_run_at_the_servers_own_priority(server):
     """Ray starts its workers at nice 15 by default: a server's requests would then wait behind any
     other busy process on the machine. `vitdeploy serve` starts them at its own priority."""
     mine = os.getpriority(os.PRIO_PROCESS, 0)
-    workers = {pid: name for pid, name in _descendants(server.proc.pid).items()
-               if name.startswith(("ray::ServeRepl", "ray::ProxyActor"))}
+    workers = {
+        pid: name
+        for pid, name in _descendants(server.proc.pid).items()
+        if name.startswith(("ray::ServeRepl", "ray::ProxyActor"))
+    }
     assert len(workers) >= 2, f"replica and proxy not found among {sorted(_descendants(server.proc.pid).values())}"
-    assert {name: os.getpriority(os.PRIO_PROCESS, pid) for pid, name in workers.items()} == \
-        {name: mine for name in workers.values()}
+    assert {name: os.getpriority(os.PRIO_PROCESS, pid) for pid, name in workers.items()} == {
+        name: mine for name in workers.values()
+    }
 
 
 # ------------------------------------------------------------------------------------------ bad input
@@ -238,14 +276,31 @@ def _png_header_only(width: int, height: int) -> bytes:
     """A PNG whose header claims width x height: a decompression bomb, refused from the header alone."""
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     chunk = b"IHDR" + ihdr
-    return (b"\x89PNG\r\n\x1a\n" + struct.pack(">I", len(ihdr)) + chunk + struct.pack(">I", zlib.crc32(chunk))
-            + struct.pack(">I", 0) + b"IEND" + struct.pack(">I", zlib.crc32(b"IEND")))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + struct.pack(">I", len(ihdr))
+        + chunk
+        + struct.pack(">I", zlib.crc32(chunk))
+        + struct.pack(">I", 0)
+        + b"IEND"
+        + struct.pack(">I", zlib.crc32(b"IEND"))
+    )
 
 
 def _v2_request(blobs: list[bytes], shape: list[int] | None = None) -> tuple[bytes, dict]:
     raw = protocol.serialize_bytes(blobs)
-    head = json.dumps({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": shape or [len(blobs)],
-                                   "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "IMAGES",
+                    "datatype": "BYTES",
+                    "shape": shape or [len(blobs)],
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ]
+        }
+    ).encode()
     return head + raw, {protocol.HEADER_LENGTH: str(len(head))}
 
 
@@ -272,14 +327,31 @@ def test_bad_inputs_get_4xx_and_one_line_while_good_traffic_is_unchanged(server,
         ("bomb pixels", lambda: _post_image(url, big), 400, "refused before decoding"),
         ("content type", lambda: _post_image(url, jpeg, "text/plain"), 415, "content type 'text/plain'"),
         ("json to /predict", lambda: httpx.post(f"{url}/predict", json={"image": "x"}), 415, "application/json"),
-        ("too many files", lambda: httpx.post(f"{url}/predict", files=[("f", (f"{i}.jpg", jpeg))
-                                                                        for i in range(MAX_IMAGES + 1)]),
-         413, "too many"),
+        (
+            "too many files",
+            lambda: httpx.post(f"{url}/predict", files=[("f", (f"{i}.jpg", jpeg)) for i in range(MAX_IMAGES + 1)]),
+            413,
+            "too many",
+        ),
         ("body too large", lambda: _post_image(url, b"\xff\xd8\xff" + bytes(3 * 1024 * 1024)), 413, "over the limit"),
-        ("v2 too many", lambda: httpx.post(v2, content=_v2_request([jpeg] * (MAX_IMAGES + 1))[0],
-                                           headers=_v2_request([jpeg] * (MAX_IMAGES + 1))[1]), 400, "too many images"),
-        ("v2 one bad image", lambda: httpx.post(v2, content=_v2_request([jpeg, b"junk", jpeg])[0],
-                                                headers=_v2_request([jpeg, b"junk", jpeg])[1]), 400, "IMAGES[1]:"),
+        (
+            "v2 too many",
+            lambda: httpx.post(
+                v2,
+                content=_v2_request([jpeg] * (MAX_IMAGES + 1))[0],
+                headers=_v2_request([jpeg] * (MAX_IMAGES + 1))[1],
+            ),
+            400,
+            "too many images",
+        ),
+        (
+            "v2 one bad image",
+            lambda: httpx.post(
+                v2, content=_v2_request([jpeg, b"junk", jpeg])[0], headers=_v2_request([jpeg, b"junk", jpeg])[1]
+            ),
+            400,
+            "IMAGES[1]:",
+        ),
         ("v2 not json", lambda: httpx.post(v2, content=jpeg), 400, "not valid JSON"),
         ("v2 unknown model", lambda: httpx.post(f"{url}/v2/models/other/infer", content=b"{}"), 404, "unknown model"),
     ]
@@ -302,12 +374,17 @@ def test_bad_inputs_get_4xx_and_one_line_while_good_traffic_is_unchanged(server,
 
 
 def test_one_bad_file_in_a_multipart_request_gets_its_own_error(server, photos, reference):
-    files = [("f", ("a.jpg", photos["camera.jpg"])), ("f", ("broken.jpg", b"\xff\xd8\xff\xe0garbage")),
-             ("f", ("b.png", photos["digit0_0276.png"]))]
+    files = [
+        ("f", ("a.jpg", photos["camera.jpg"])),
+        ("f", ("broken.jpg", b"\xff\xd8\xff\xe0garbage")),
+        ("f", ("b.png", photos["digit0_0276.png"])),
+    ]
     r = httpx.post(f"{server.url}/predict", files=files, timeout=60)
     assert r.status_code == 200, r.text
     first, broken, last = r.json()
-    assert first == _expected(reference, "camera.jpg", "a.jpg") and last == _expected(reference, "digit0_0276.png", "b.png")
+    assert first == _expected(reference, "camera.jpg", "a.jpg") and last == _expected(
+        reference, "digit0_0276.png", "b.png"
+    )
     assert set(broken) == {"path", "error"} and broken["error"].startswith("broken.jpg: ")
 
 
@@ -336,8 +413,12 @@ def test_beyond_the_queue_is_503_not_a_hang(server, photos, reference):
 
 
 def test_missing_artifacts_is_one_line_before_ray_starts(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(tmp_path / "nope")],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 2 and res.stderr.startswith("error: ") and len(res.stderr.strip().splitlines()) == 1
     assert "starting Ray" not in res.stderr
 
@@ -369,6 +450,10 @@ def test_sigterm_drains_in_flight_requests_and_leaves_no_process(server, photos,
         assert status == 200 and body == [_expected(reference, name, "body")], (name, status, body)
     assert "stopped" in server.lines
     time.sleep(1)
-    alive = {pid: name for pid, name in processes.items() if Path(f"/proc/{pid}").exists()
-             and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:1]}
+    alive = {
+        pid: name
+        for pid, name in processes.items()
+        if Path(f"/proc/{pid}").exists()
+        and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:1]
+    }
     assert not alive, f"processes of the serve session still running: {alive}"

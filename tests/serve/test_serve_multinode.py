@@ -44,15 +44,20 @@ def _config(folder: Path, name: str) -> Path:
         "runtime: {threads: 1}\n"
         "serve: {max_batch_size: 4, batch_wait_timeout_s: 0.005, decode_threads: 1, num_cpus_per_replica: 0.25,\n"
         "        graceful_shutdown_timeout_s: 5, metrics_port: %d, resources_per_replica: {%s: 1}}\n"
-        % (_free_port(), NODE2))
+        % (_free_port(), NODE2)
+    )
     return path
 
 
 def _answers(url: str, name: str = NAME) -> list[dict]:
     out = []
     for path in _images():
-        r = httpx.post(f"{url}/v2/models/{name}/predict", content=path.read_bytes(),
-                       headers={"content-type": f"image/{path.suffix.lstrip('.').replace('jpg', 'jpeg')}"}, timeout=60)
+        r = httpx.post(
+            f"{url}/v2/models/{name}/predict",
+            content=path.read_bytes(),
+            headers={"content-type": f"image/{path.suffix.lstrip('.').replace('jpg', 'jpeg')}"},
+            timeout=60,
+        )
         assert r.status_code == 200, r.text
         [record] = r.json()
         out.append(record)
@@ -61,8 +66,11 @@ def _answers(url: str, name: str = NAME) -> list[dict]:
 
 def _replicas(ray) -> list[str]:
     """The names of the live replica actors of model-mn (Serve names them SERVE_REPLICA::<app>#...)."""
-    return sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                  if a["name"].startswith(f"SERVE_REPLICA::{NAME}#"))
+    return sorted(
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith(f"SERVE_REPLICA::{NAME}#")
+    )
 
 
 def _node_of(actor_name: str) -> str:
@@ -83,28 +91,68 @@ def mn(demo_artifacts, tmp_path_factory):
     art = folder / "export"
     shutil.copytree(demo_artifacts, art)  # renamed away by a test: never the session's folder
     ray_tmp = tempfile.mkdtemp(prefix="vdmn", dir="/tmp")  # short: Ray's socket paths have a length limit
-    env = {"RAY_TMPDIR": ray_tmp, CACHE_ENV: str(folder / "node-cache"), "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1"}
+    env = {
+        "RAY_TMPDIR": ray_tmp,
+        CACHE_ENV: str(folder / "node-cache"),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "disabled",
+        "OMP_NUM_THREADS": "1",
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the raylets, hence every worker, and the CLI below inherit them
     os.makedirs(os.path.join(ray_tmp, "ray"))  # Ray's temp dir under RAY_TMPDIR
     dashboard_port = _free_port()
     proc = cluster = None
     try:
-        cluster = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": 1, "include_dashboard": True, "dashboard_host": "127.0.0.1",
-            "dashboard_port": dashboard_port, "temp_dir": os.path.join(ray_tmp, "ray"),
-            # Ray's fixed default ports, taken by whichever Ray on this machine started first: pick free ones
-            "dashboard_agent_listen_port": _free_port(), "metrics_export_port": _free_port()})
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "include_dashboard": True,
+                "dashboard_host": "127.0.0.1",
+                "dashboard_port": dashboard_port,
+                "temp_dir": os.path.join(ray_tmp, "ray"),
+                # Ray's fixed default ports, taken by whichever Ray on this machine started first: pick free ones
+                "dashboard_agent_listen_port": _free_port(),
+                "metrics_export_port": _free_port(),
+            },
+        )
         node2 = cluster.add_node(num_cpus=1, resources={NODE2: 2})
         port = _free_port()
-        proc = Proc([sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(art), "-b", "ort", "--port", str(port),
-                     "--address", cluster.address, "--name", NAME, "-c", str(_config(folder, "mn"))])
+        proc = Proc(
+            [
+                sys.executable,
+                "-m",
+                "vitdeploy.cli",
+                "serve",
+                "-a",
+                str(art),
+                "-b",
+                "ort",
+                "--port",
+                str(port),
+                "--address",
+                cluster.address,
+                "--name",
+                NAME,
+                "-c",
+                str(_config(folder, "mn")),
+            ]
+        )
         ray.init(address=cluster.address, logging_level="WARNING")
         url = f"http://127.0.0.1:{port}"
-        yield {"url": url, "port": port, "art": art, "folder": folder, "cluster": cluster, "node2": node2.node_id,
-               "dashboard": f"http://127.0.0.1:{dashboard_port}", "before": _answers(url), "ray": ray,
-               "cache": folder / "node-cache"}
+        yield {
+            "url": url,
+            "port": port,
+            "art": art,
+            "folder": folder,
+            "cluster": cluster,
+            "node2": node2.node_id,
+            "dashboard": f"http://127.0.0.1:{dashboard_port}",
+            "before": _answers(url),
+            "ray": ray,
+            "cache": folder / "node-cache",
+        }
     finally:
         if proc is not None:
             assert proc.stop() == 0, "\n".join(proc.lines[-20:])
@@ -167,19 +215,41 @@ def _running(ray) -> bool:
 def test_the_written_config_deploys_with_serve_deploy_and_answers(mn, demo_artifacts):
     out = mn["folder"] / "serve.yaml"
     cfg = _config(mn["folder"], "deploy")
-    res = subprocess.run([sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(demo_artifacts), "-b", "ort",
-                          "--port", str(mn["port"]), "--name", "from-deploy", "-c", str(cfg), "--write-config", str(out)],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vitdeploy.cli",
+            "serve",
+            "-a",
+            str(demo_artifacts),
+            "-b",
+            "ort",
+            "--port",
+            str(mn["port"]),
+            "--name",
+            "from-deploy",
+            "-c",
+            str(cfg),
+            "--write-config",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     serve_cli = str(Path(sys.executable).with_name("serve"))
-    dep = subprocess.run([serve_cli, "deploy", str(out), "--address", mn["dashboard"]], capture_output=True, text=True,
-                         timeout=120)
+    dep = subprocess.run(
+        [serve_cli, "deploy", str(out), "--address", mn["dashboard"]], capture_output=True, text=True, timeout=120
+    )
     assert dep.returncode == 0, dep.stdout[-2000:] + dep.stderr[-2000:]
     deadline = time.monotonic() + 150
     status = ""
     while time.monotonic() < deadline:
-        st = subprocess.run([serve_cli, "status", "--address", mn["dashboard"]], capture_output=True, text=True,
-                            timeout=60)
+        st = subprocess.run(
+            [serve_cli, "status", "--address", mn["dashboard"]], capture_output=True, text=True, timeout=60
+        )
         status = st.stdout
         if "from-deploy" in status and "DEPLOY_FAILED" in status:
             break

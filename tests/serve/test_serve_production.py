@@ -72,7 +72,8 @@ def _config(folder: Path, name: str, extra: str = "") -> Path:
         "serve: {max_batch_size: %s, batch_wait_timeout_s: 0.005, decode_threads: 1, max_request_mb: %d,\n"
         "        body_timeout_s: %d, request_timeout_s: 60, num_cpus_per_replica: 0.5,\n"
         "        graceful_shutdown_timeout_s: 10, metrics_port: %d%s}\n"
-        % ("1, concurrent_batches: 1" if extra else "4", MAX_MB, BODY_TIMEOUT_S, _free_port(), extra))
+        % ("1, concurrent_batches: 1" if extra else "4", MAX_MB, BODY_TIMEOUT_S, _free_port(), extra)
+    )
     return path
 
 
@@ -81,16 +82,56 @@ def cluster(demo_artifacts, tmp_path_factory):
     """Model A owns the local Ray; model B (one request at a time, no queue) joins it."""
     folder = tmp_path_factory.mktemp("prod")
     port = _free_port()
-    a = Proc([sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(demo_artifacts), "-b", "ort",
-              "--port", str(port), "-c", str(_config(folder, "a")), "--name", "model-a"])
+    a = Proc(
+        [
+            sys.executable,
+            "-m",
+            "vitdeploy.cli",
+            "serve",
+            "-a",
+            str(demo_artifacts),
+            "-b",
+            "ort",
+            "--port",
+            str(port),
+            "-c",
+            str(_config(folder, "a")),
+            "--name",
+            "model-a",
+        ]
+    )
     b = None
     try:
         gcs = next(line.split()[2].rstrip(":") for line in a.lines if line.startswith("Ray at "))
-        b = Proc([sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(demo_artifacts), "-b", "ort",
-                  "--port", str(port), "--address", gcs, "--name", "model-b",
-                  "-c", str(_config(folder, "b", ", max_ongoing_requests: 1, max_queued_requests: 1"))])
-        yield {"url": f"http://127.0.0.1:{port}", "port": port, "gcs": gcs, "a": a, "b": b, "folder": folder,
-               "artifacts": demo_artifacts}
+        b = Proc(
+            [
+                sys.executable,
+                "-m",
+                "vitdeploy.cli",
+                "serve",
+                "-a",
+                str(demo_artifacts),
+                "-b",
+                "ort",
+                "--port",
+                str(port),
+                "--address",
+                gcs,
+                "--name",
+                "model-b",
+                "-c",
+                str(_config(folder, "b", ", max_ongoing_requests: 1, max_queued_requests: 1")),
+            ]
+        )
+        yield {
+            "url": f"http://127.0.0.1:{port}",
+            "port": port,
+            "gcs": gcs,
+            "a": a,
+            "b": b,
+            "folder": folder,
+            "artifacts": demo_artifacts,
+        }
     finally:
         if b is not None:
             b.stop()
@@ -116,8 +157,10 @@ def test_health_answers_while_64_uploads_stall_and_they_are_closed_after_the_dea
     stalled = []
     for _ in range(66):
         s = socket.create_connection(("127.0.0.1", cluster["port"]), timeout=30)
-        s.sendall(b"POST /v2/models/model-a/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: 100000\r\n\r\n{\"")
+        s.sendall(
+            b"POST /v2/models/model-a/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100000\r\n\r\n{"'
+        )
         stalled.append(s)
     opened = time.monotonic()
     try:
@@ -144,9 +187,11 @@ def test_health_answers_while_64_uploads_stall_and_they_are_closed_after_the_dea
 def test_a_70_mib_chunked_multipart_upload_gets_413_without_being_read_in_full(cluster):
     boundary = b"vitdeploy-boundary"
     s = socket.create_connection(("127.0.0.1", cluster["port"]), timeout=30)
-    s.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
-              b"Content-Type: multipart/form-data; boundary=" + boundary + b"\r\n\r\n")
-    head = b"--" + boundary + b"\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a.jpg\"\r\n\r\n"
+    s.sendall(
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: multipart/form-data; boundary=" + boundary + b"\r\n\r\n"
+    )
+    head = b"--" + boundary + b'\r\nContent-Disposition: form-data; name="f"; filename="a.jpg"\r\n\r\n'
     piece = bytes(1 << 20)
     sent, answer = 0, b""
     try:
@@ -181,16 +226,34 @@ def test_framework_and_proxy_refusals_are_json_errors(cluster, image):
     _assert_error(httpx.get(f"{url}/v2/models/nope"), 404, "unknown model 'nope'")
     _assert_error(httpx.delete(f"{url}/v2/models/model-a/infer"), 405, "Method Not Allowed")
     _assert_error(httpx.get(f"{url}/v2/models/model-a/versions/9"), 404, "no version '9'")
-    _assert_error(httpx.post(f"{url}/predict", content=image, headers={"content-type": "image/png"}), 404,
-                  "several models")
-    _assert_error(httpx.post(f"{url}/v2/models/model-a/predict", content=image,
-                             headers={"content-type": "image/png", "content-encoding": "br"}), 415, "Content-Encoding")
-    _assert_error(httpx.post(f"{url}/v2/models/model-a/predict", content=image,  # said gzip, is not
-                             headers={"content-type": "image/png", "content-encoding": "gzip"}), 400, "gzip")
+    _assert_error(
+        httpx.post(f"{url}/predict", content=image, headers={"content-type": "image/png"}), 404, "several models"
+    )
+    _assert_error(
+        httpx.post(
+            f"{url}/v2/models/model-a/predict",
+            content=image,
+            headers={"content-type": "image/png", "content-encoding": "br"},
+        ),
+        415,
+        "Content-Encoding",
+    )
+    _assert_error(
+        httpx.post(
+            f"{url}/v2/models/model-a/predict",
+            content=image,  # said gzip, is not
+            headers={"content-type": "image/png", "content-encoding": "gzip"},
+        ),
+        400,
+        "gzip",
+    )
     import gzip
 
-    zipped = httpx.post(f"{url}/v2/models/model-a/predict", content=gzip.compress(image),
-                        headers={"content-type": "image/png", "content-encoding": "gzip"})
+    zipped = httpx.post(
+        f"{url}/v2/models/model-a/predict",
+        content=gzip.compress(image),
+        headers={"content-type": "image/png", "content-encoding": "gzip"},
+    )
     plain = httpx.post(f"{url}/v2/models/model-a/predict", content=image, headers={"content-type": "image/png"})
     assert zipped.status_code == plain.status_code == 200 and zipped.json()[0]["label"] == plain.json()[0]["label"]
     big = httpx.post(f"{url}/v2/models/model-a/predict", content=bytes(3 << 20), headers={"content-type": "image/png"})
@@ -202,8 +265,12 @@ def test_beyond_the_queue_is_a_json_503_that_tritonclient_parses(cluster, image)
     from tritonclient.utils import InferenceServerException
 
     def one(_: int) -> "httpx.Response":
-        return httpx.post(f"{cluster['url']}/v2/models/model-b/predict", content=image,
-                          headers={"content-type": "image/png"}, timeout=60)
+        return httpx.post(
+            f"{cluster['url']}/v2/models/model-b/predict",
+            content=image,
+            headers={"content-type": "image/png"},
+            timeout=60,
+        )
 
     with ThreadPoolExecutor(12) as pool:
         answers = list(pool.map(one, range(24)))
@@ -237,8 +304,12 @@ def test_beyond_the_queue_is_a_json_503_that_tritonclient_parses(cluster, image)
 
 def test_two_models_answer_by_their_own_name(cluster, image):
     for name in ("model-a", "model-b"):
-        r = httpx.post(f"{cluster['url']}/v2/models/{name}/predict", content=image,
-                       headers={"content-type": "image/png"}, timeout=60)
+        r = httpx.post(
+            f"{cluster['url']}/v2/models/{name}/predict",
+            content=image,
+            headers={"content-type": "image/png"},
+            timeout=60,
+        )
         assert r.status_code == 200 and r.json()[0]["label"] == "0", (name, r.text)
         assert httpx.get(f"{cluster['url']}/v2/models/{name}").json()["name"] == name
     assert set(httpx.get(f"{cluster['url']}/v2").json()["models"]) >= {"model-a", "model-b"}
@@ -247,33 +318,68 @@ def test_two_models_answer_by_their_own_name(cluster, image):
 def test_the_written_config_runs_on_ray_as_a_third_model(cluster, image):
     folder = cluster["folder"]
     out = folder / "serve.yaml"
-    res = subprocess.run([sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(cluster["artifacts"]), "-b", "ort",
-                          "--port", str(cluster["port"]), "--name", "from-config", "-c", str(_config(folder, "c")),
-                          "--write-config", str(out), "--write-rayservice", str(folder / "rayservice.yaml")],
-                         capture_output=True, text=True, env=ENV, timeout=120)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vitdeploy.cli",
+            "serve",
+            "-a",
+            str(cluster["artifacts"]),
+            "-b",
+            "ort",
+            "--port",
+            str(cluster["port"]),
+            "--name",
+            "from-config",
+            "-c",
+            str(_config(folder, "c")),
+            "--write-config",
+            str(out),
+            "--write-rayservice",
+            str(folder / "rayservice.yaml"),
+        ],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stderr
     import yaml
 
     doc = yaml.safe_load(out.read_text())
     app = doc["applications"][0]
-    assert app["import_path"] == "vitdeploy.serve.deploy_config:build" and app["route_prefix"] == "/v2/models/from-config"
+    assert (
+        app["import_path"] == "vitdeploy.serve.deploy_config:build" and app["route_prefix"] == "/v2/models/from-config"
+    )
     assert app["args"]["artifacts"].startswith("file://")
     kube = yaml.safe_load((folder / "rayservice.yaml").read_text())
     assert kube["kind"] == "RayService"
     assert yaml.safe_load(kube["spec"]["serveConfigV2"])["applications"][0]["import_path"] == app["import_path"]
-    env = {e["name"]: e["value"] for e in kube["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
-           ["containers"][0]["env"]}
+    env = {
+        e["name"]: e["value"]
+        for e in kube["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    }
     assert env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "vitdeploy.serve.proxy_guard.middlewares"
     # Ray itself builds the application from the file (the controller imports the builder); `serve deploy`
     # posts the same file to a dashboard this test cluster does not run, `serve run` hands it over directly.
-    run = subprocess.run([str(Path(sys.executable).with_name("serve")), "run", str(out), "--address", cluster["gcs"],
-                          "--non-blocking"], capture_output=True, text=True, env=ENV, timeout=180)
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("serve")), "run", str(out), "--address", cluster["gcs"], "--non-blocking"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=180,
+    )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     deadline = time.monotonic() + 120
     r = None
     while time.monotonic() < deadline:
-        r = httpx.post(f"{cluster['url']}/v2/models/from-config/predict", content=image,
-                       headers={"content-type": "image/png"}, timeout=60)
+        r = httpx.post(
+            f"{cluster['url']}/v2/models/from-config/predict",
+            content=image,
+            headers={"content-type": "image/png"},
+            timeout=60,
+        )
         if r.status_code == 200:
             break
         time.sleep(1)
@@ -282,10 +388,13 @@ def test_the_written_config_runs_on_ray_as_a_third_model(cluster, image):
 
 def test_stopping_one_model_leaves_the_other(cluster, image):
     assert cluster["b"].stop() == 0
-    gone = httpx.post(f"{cluster['url']}/v2/models/model-b/predict", content=image, headers={"content-type": "image/png"})
+    gone = httpx.post(
+        f"{cluster['url']}/v2/models/model-b/predict", content=image, headers={"content-type": "image/png"}
+    )
     _assert_error(gone, 503, "not available")  # retryable: a model that was served here and is gone
     r = httpx.post(f"{cluster['url']}/predict", content=image, headers={"content-type": "image/png"}, timeout=60)
     assert r.status_code in (200, 404), r.text  # model-a and from-config remain: /predict needs a name
-    r = httpx.post(f"{cluster['url']}/v2/models/model-a/predict", content=image, headers={"content-type": "image/png"},
-                   timeout=60)
+    r = httpx.post(
+        f"{cluster['url']}/v2/models/model-a/predict", content=image, headers={"content-type": "image/png"}, timeout=60
+    )
     assert r.status_code == 200 and r.json()[0]["label"] == "0", r.text

@@ -41,8 +41,16 @@ EXCEPTIONS = {("vitdeploy.runtime.backends.torch_backend", "vitdeploy.model.vit"
 #: (one interface, looked up by name in runtime/backends/__init__.py's registry).
 SHARED_INTERFACE = {"open_from_artifacts", "open_fp16_from_artifacts", "open_int8_from_artifacts"}
 #: Strings that name an idea the vocabulary defines: spelled in base/vocab.py only, imported elsewhere.
-VOCABULARY_WORDS = {vocab.ORT_FP16, vocab.ORT_INT8, vocab.TRT_INT8, vocab.TORCH_FP16, vocab.TIMING_CACHE_NAME,
-                    vocab.EXPORT_REPORT_NAME, vocab.DRIFT_REPORT_NAME, vocab.MANIFEST_NAME}
+VOCABULARY_WORDS = {
+    vocab.ORT_FP16,
+    vocab.ORT_INT8,
+    vocab.TRT_INT8,
+    vocab.TORCH_FP16,
+    vocab.TIMING_CACHE_NAME,
+    vocab.EXPORT_REPORT_NAME,
+    vocab.DRIFT_REPORT_NAME,
+    vocab.MANIFEST_NAME,
+}
 
 
 def room(module: str) -> str:
@@ -89,8 +97,9 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
     for line, target in imported_modules(module, source, is_package):
         if room(target) in MAY_IMPORT[here] or (module, target) in EXCEPTIONS:
             continue
-        bad.append(f"{module} (line {line}) imports {target}: {here} may import only "
-                   f"{', '.join(sorted(MAY_IMPORT[here]))}")
+        bad.append(
+            f"{module} (line {line}) imports {target}: {here} may import only {', '.join(sorted(MAY_IMPORT[here]))}"
+        )
     return bad
 
 
@@ -105,19 +114,26 @@ def test_imports_run_one_way():
     assert not bad, "imports against the architecture (README, Architecture):\n" + "\n".join(bad)
 
 
-@pytest.mark.parametrize("module, source, offending", [
-    ("vitdeploy.runtime.predictor", "from ..evaluate.drift import run_drift", "vitdeploy.evaluate.drift"),
-    ("vitdeploy.runtime.backends.ort", "def f():\n    from ...export import onnx", "vitdeploy.export.onnx"),
-    ("vitdeploy.model.vit", "import vitdeploy.runtime.preprocess", "vitdeploy.runtime.preprocess"),
-    ("vitdeploy.runtime.preprocess", "from ..model.checkpoints import load_checkpoint", "vitdeploy.model.checkpoints"),
-    ("vitdeploy.serve.app", "from ..evaluate.bench import run_bench", "vitdeploy.evaluate.bench"),
-    ("vitdeploy.base.config", "from ..runtime.backends import BackendOptions", "vitdeploy.runtime.backends"),
-    ("vitdeploy.batch.pipeline", "from ..serve.protocol import decode_image", "vitdeploy.serve.protocol"),
-    ("vitdeploy.serve.runner", "from ..batch import run", "vitdeploy.batch"),
-    ("vitdeploy.export.pipeline", "from ..evaluate import drift", "vitdeploy.evaluate.drift"),
-    ("vitdeploy.batch.job", "from ..serve.runner import run_server", "vitdeploy.serve.runner"),
-    ("vitdeploy.runtime.predictor", "from ..batch.job import run_batch", "vitdeploy.batch.job"),
-])
+@pytest.mark.parametrize(
+    "module, source, offending",
+    [
+        ("vitdeploy.runtime.predictor", "from ..evaluate.drift import run_drift", "vitdeploy.evaluate.drift"),
+        ("vitdeploy.runtime.backends.ort", "def f():\n    from ...export import onnx", "vitdeploy.export.onnx"),
+        ("vitdeploy.model.vit", "import vitdeploy.runtime.preprocess", "vitdeploy.runtime.preprocess"),
+        (
+            "vitdeploy.runtime.preprocess",
+            "from ..model.checkpoints import load_checkpoint",
+            "vitdeploy.model.checkpoints",
+        ),
+        ("vitdeploy.serve.app", "from ..evaluate.bench import run_bench", "vitdeploy.evaluate.bench"),
+        ("vitdeploy.base.config", "from ..runtime.backends import BackendOptions", "vitdeploy.runtime.backends"),
+        ("vitdeploy.batch.pipeline", "from ..serve.protocol import decode_image", "vitdeploy.serve.protocol"),
+        ("vitdeploy.serve.runner", "from ..batch import run", "vitdeploy.batch"),
+        ("vitdeploy.export.pipeline", "from ..evaluate import drift", "vitdeploy.evaluate.drift"),
+        ("vitdeploy.batch.job", "from ..serve.runner import run_server", "vitdeploy.serve.runner"),
+        ("vitdeploy.runtime.predictor", "from ..batch.job import run_batch", "vitdeploy.batch.job"),
+    ],
+)
 def test_the_checker_names_the_offending_import(module, source, offending):
     (message,) = violations(module, source)
     assert message.startswith(f"{module} (line ") and f"imports {offending}:" in message
@@ -125,14 +141,19 @@ def test_the_checker_names_the_offending_import(module, source, offending):
 
 def test_the_checker_allows_the_documented_directions():
     assert not violations("vitdeploy.runtime.backends.torch_backend", "from ...model.vit import ViTConfig")
-    assert not violations("vitdeploy.evaluate.drift", "from ..export.compare import compare\nfrom ..base.vocab import BACKENDS")
-    assert not violations("vitdeploy.model", "from .checkpoints import load_checkpoint\nfrom ..base import errors", True)
+    assert not violations(
+        "vitdeploy.evaluate.drift", "from ..export.compare import compare\nfrom ..base.vocab import BACKENDS"
+    )
+    assert not violations(
+        "vitdeploy.model", "from .checkpoints import load_checkpoint\nfrom ..base import errors", True
+    )
     assert not violations("vitdeploy.cli", "from ..serve import app\nfrom ..evaluate.bench import run_bench", True)
 
 
 def test_no_module_over_500_lines():
-    sizes = {str(p.relative_to(PACKAGE.parent)): len(p.read_text(encoding="utf-8").splitlines())
-             for p in package_modules()}
+    sizes = {
+        str(p.relative_to(PACKAGE.parent)): len(p.read_text(encoding="utf-8").splitlines()) for p in package_modules()
+    }
     over = {name: n for name, n in sizes.items() if n > MAX_LINES}
     assert not over, f"modules over {MAX_LINES} lines (split them by job): {over}"
 
@@ -149,9 +170,12 @@ def _functions(tree: ast.AST):
 
 
 def test_no_function_over_80_lines():
-    long = [f"{p.relative_to(PACKAGE.parent)}:{fn.lineno} {fn.name} ({fn.end_lineno - fn.lineno + 1} lines)"
-            for p in package_modules() for fn in _functions(ast.parse(p.read_text(encoding="utf-8")))
-            if fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES]
+    long = [
+        f"{p.relative_to(PACKAGE.parent)}:{fn.lineno} {fn.name} ({fn.end_lineno - fn.lineno + 1} lines)"
+        for p in package_modules()
+        for fn in _functions(ast.parse(p.read_text(encoding="utf-8")))
+        if fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES
+    ]
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them by step): {long}"
 
 
@@ -159,16 +183,23 @@ def test_each_public_name_is_defined_in_one_module():
     where = defaultdict(list)
     for p in package_modules():
         for node in ast.parse(p.read_text(encoding="utf-8")).body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith(
+                "_"
+            ):
                 where[node.name].append(str(p.relative_to(PACKAGE.parent)))
     twice = {name: mods for name, mods in where.items() if len(mods) > 1 and name not in SHARED_INTERFACE}
     assert not twice, f"defined in more than one module (import the one definition): {twice}"
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
-    return {id(node.body[0].value) for node in ast.walk(tree)
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
 
 
 def test_vocabulary_words_are_spelled_only_in_vocab():
@@ -179,15 +210,20 @@ def test_vocabulary_words_are_spelled_only_in_vocab():
             continue
         tree = ast.parse(p.read_text(encoding="utf-8"))
         docs = _docstrings(tree)
-        found += [f"{p.relative_to(PACKAGE.parent)}:{n.lineno} {n.value!r}" for n in ast.walk(tree)
-                  if isinstance(n, ast.Constant) and n.value in VOCABULARY_WORDS and id(n) not in docs]
+        found += [
+            f"{p.relative_to(PACKAGE.parent)}:{n.lineno} {n.value!r}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in VOCABULARY_WORDS and id(n) not in docs
+        ]
     assert not found, f"spell these through vitdeploy.base.vocab: {found}"
 
 
 def test_one_strict_pydantic_base():
     """``extra="forbid"`` on a pydantic model is written once (base/_schema.py StrictSection); the dataclass
     schemas (ViTConfig, PreprocessSpec) carry their own ``__pydantic_config__``."""
-    writers = [str(p.relative_to(PACKAGE.parent)) for p in package_modules()
-               if "model_config = ConfigDict(extra=\"forbid\"" in p.read_text(encoding="utf-8")]
+    writers = [
+        str(p.relative_to(PACKAGE.parent))
+        for p in package_modules()
+        if 'model_config = ConfigDict(extra="forbid"' in p.read_text(encoding="utf-8")
+    ]
     assert writers == ["vitdeploy/base/_schema.py"], writers
-

@@ -48,6 +48,7 @@ def tiny_with_ort_graph(tiny_artifacts, tmp_path_factory):
 
     from bad_input_helpers import edit_manifest
     from tiny_export import TINY, file_entry
+
     from vitdeploy.export.optimize import optimize_for_ort
 
     d = tmp_path_factory.mktemp("tiny_ort") / "export"

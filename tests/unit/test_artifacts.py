@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from vitdeploy.base.errors import ArtifactError, ArtifactIntegrityError
+from vitdeploy.base.preprocess_spec import PreprocessSpec
 from vitdeploy.runtime import artifacts as artifacts_mod
 from vitdeploy.runtime.artifacts import Artifacts, check_onnx_external_data, sha256_file
-from vitdeploy.base.preprocess_spec import PreprocessSpec
 
 
 def entry(directory: Path, name: str) -> dict:
@@ -22,13 +22,26 @@ def entry(directory: Path, name: str) -> dict:
 
 def manifest(artifacts: dict, **overrides) -> dict:
     data = {
-        "format": "vitdeploy-manifest", "version": 1, "name": "tiny", "created": "2025-01-01T00:00:00+00:00",
+        "format": "vitdeploy-manifest",
+        "version": 1,
+        "name": "tiny",
+        "created": "2025-01-01T00:00:00+00:00",
         "model": {"vit": {}, "source": {"path": "x", "format": "vitdeploy"}},
         "labels": ["cat", "dog"],
-        "preprocess": {"style": "timm", "height": 48, "width": 48, "crop_pct": 0.9, "interpolation": "bicubic",
-                       "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "background": [0, 0, 0]},
-        "io": {"input": {"name": "pixel_values", "dtype": "float32", "shape": ["batch", 3, 48, 48]},
-               "output": {"name": "logits", "dtype": "float32", "shape": ["batch", 2]}},
+        "preprocess": {
+            "style": "timm",
+            "height": 48,
+            "width": 48,
+            "crop_pct": 0.9,
+            "interpolation": "bicubic",
+            "mean": [0.485, 0.456, 0.406],
+            "std": [0.229, 0.224, 0.225],
+            "background": [0, 0, 0],
+        },
+        "io": {
+            "input": {"name": "pixel_values", "dtype": "float32", "shape": ["batch", 3, 48, 48]},
+            "output": {"name": "logits", "dtype": "float32", "shape": ["batch", 2]},
+        },
         "batch": {"min": 1, "opt": 4, "max": 16},
         "artifacts": artifacts,
     }
@@ -59,7 +72,9 @@ def export_dir(tmp_path) -> Path:
     (d / "model.safetensors").write_bytes(os.urandom(2048))
     onnx_entry = entry(d, "model.onnx")
     onnx_entry["external_data"] = [entry(d, "model.onnx.data")]
-    (d / "manifest.json").write_text(json.dumps(manifest({"onnx": onnx_entry, "weights": entry(d, "model.safetensors")})))
+    (d / "manifest.json").write_text(
+        json.dumps(manifest({"onnx": onnx_entry, "weights": entry(d, "model.safetensors")}))
+    )
     return d
 
 
@@ -109,7 +124,10 @@ def test_bad_preprocess_or_io_is_an_artifact_error(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps(manifest({}, preprocess={"style": "keras"})))
     with pytest.raises(ArtifactError, match="preprocess"):
         Artifacts.open(tmp_path)
-    bad_io = {"input": {"name": "pixel_values", "shape": ["batch", 3]}, "output": {"name": "logits", "shape": ["batch", 2]}}
+    bad_io = {
+        "input": {"name": "pixel_values", "shape": ["batch", 3]},
+        "output": {"name": "logits", "shape": ["batch", 2]},
+    }
     (tmp_path / "manifest.json").write_text(json.dumps(manifest({}, io=bad_io)))
     with pytest.raises(ArtifactError, match="io.input.shape"):
         Artifacts.open(tmp_path)
@@ -122,8 +140,16 @@ def test_properties(export_dir):
     assert art.labels == ["cat", "dog"]
     assert art.input_shape == (3, 48, 48)
     assert art.batch == {"min": 1, "opt": 4, "max": 16}
-    assert art.preprocess == PreprocessSpec(style="timm", height=48, width=48, crop_pct=0.9, interpolation="bicubic",
-                                            mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), background=(0, 0, 0))
+    assert art.preprocess == PreprocessSpec(
+        style="timm",
+        height=48,
+        width=48,
+        crop_pct=0.9,
+        interpolation="bicubic",
+        mean=(0.485, 0.456, 0.406),
+        std=(0.229, 0.224, 0.225),
+        background=(0, 0, 0),
+    )
     assert art.has("onnx") and art.has("weights") and not art.has("engine")
     assert art.manifest["format"] == "vitdeploy-manifest"
     assert Artifacts.open(export_dir / "manifest.json").directory == export_dir  # the file itself is accepted
@@ -241,9 +267,13 @@ def _onnx_with_external(directory: Path, location: str) -> Path:
     weight.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", "0"), ("length", "16")):
         weight.external_data.add(key=key, value=value)
-    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], initializer=[weight])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        initializer=[weight],
+    )
     path = directory / "model.onnx"
     onnx.save(helper.make_model(graph), str(path))
     return path
@@ -251,7 +281,9 @@ def _onnx_with_external(directory: Path, location: str) -> Path:
 
 def test_onnx_external_data_inside_is_accepted(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
-    assert check_onnx_external_data(_onnx_with_external(tmp_path, "weights.bin")) == [(tmp_path / "weights.bin").resolve()]
+    assert check_onnx_external_data(_onnx_with_external(tmp_path, "weights.bin")) == [
+        (tmp_path / "weights.bin").resolve()
+    ]
 
 
 @pytest.mark.parametrize("location", ["../evil.bin", "/etc/passwd"])

@@ -13,15 +13,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from vitdeploy.base.errors import ArtifactError, BackendError, ConfigError, InputError
-from vitdeploy.runtime.artifacts import Artifacts
-from vitdeploy.base.vocab import RUNTIME_BACKENDS
-from vitdeploy.runtime.backends import (BackendOptions, backend_unavailable_reason, open_backend)
-
 from tiny_export import LABELS, file_entry, write_manifest  # tests/: on sys.path beside conftest.py
 
+from vitdeploy.base.errors import ArtifactError, BackendError, ConfigError, InputError
+from vitdeploy.base.vocab import RUNTIME_BACKENDS
+from vitdeploy.runtime.artifacts import Artifacts
+from vitdeploy.runtime.backends import BackendOptions, backend_unavailable_reason, open_backend
+
 REPO = Path(__file__).resolve().parents[2]
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tiny_artifacts) -> Path:
     return tiny_artifacts(seed=0)
@@ -63,10 +64,18 @@ def test_registry_lists_the_backends_and_rejects_unknown_names(artifacts):
 
 
 def test_importing_registry_and_predictor_loads_no_heavy_library():
-    code = ("import sys, vitdeploy.runtime.backends, vitdeploy.runtime.predictor, vitdeploy.runtime.batch_predict; "
-            "print(sorted(m for m in ('torch', 'onnxruntime', 'tensorrt', 'onnx') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
-                         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    code = (
+        "import sys, vitdeploy.runtime.backends, vitdeploy.runtime.predictor, vitdeploy.runtime.batch_predict; "
+        "print(sorted(m for m in ('torch', 'onnxruntime', 'tensorrt', 'onnx') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -95,8 +104,10 @@ def test_trt_unavailable_with_an_engine_names_the_missing_tensorrt(tmp_path):
         pytest.skip("tensorrt is installed here: its absence cannot be reported")
     for name in ("model.engine", "model.engine.json"):
         (tmp_path / name).write_bytes(b"{}")
-    write_manifest(tmp_path, {"engine": file_entry(tmp_path, "model.engine"),
-                              "engine-meta": file_entry(tmp_path, "model.engine.json")})
+    write_manifest(
+        tmp_path,
+        {"engine": file_entry(tmp_path, "model.engine"), "engine-meta": file_entry(tmp_path, "model.engine.json")},
+    )
     assert backend_unavailable_reason("trt", Artifacts.open(tmp_path, verify=False)) == "tensorrt not installed"
 
 
@@ -207,10 +218,13 @@ def test_ort_refuses_onnx_whose_external_data_escapes(tmp_path):
     weight.data_location = TensorProto.EXTERNAL
     for key, value in (("location", "../evil.bin"), ("offset", "0"), ("length", str(3 * 32 * 32 * 4))):
         weight.external_data.add(key=key, value=value)
-    graph = helper.make_graph([helper.make_node("Add", ["pixel_values", "w"], ["logits"])], "g",
-                              [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 32, 32])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3, 32, 32])],
-                              initializer=[weight])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["pixel_values", "w"], ["logits"])],
+        "g",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        initializer=[weight],
+    )
     path = model_dir / "model.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
     with pytest.raises(ArtifactError, match=r"\.\./evil\.bin.*outside"):
@@ -245,8 +259,9 @@ def test_torch_backend_needs_a_verified_weights_config(tiny_dir, tmp_path):
     from vitdeploy.runtime.backends import artifact_roles
 
     assert artifact_roles("torch") == ("weights", "weights-config")
-    no_config = Artifacts.open(_copy_with_manifest(tiny_dir, tmp_path / "a",
-                                                   lambda m: m["artifacts"].pop("weights-config")))
+    no_config = Artifacts.open(
+        _copy_with_manifest(tiny_dir, tmp_path / "a", lambda m: m["artifacts"].pop("weights-config"))
+    )
     assert backend_unavailable_reason("torch", no_config) == "manifest has no 'weights-config' artifact"
     with pytest.raises(ArtifactError, match="'weights-config'"):
         open_backend("torch", no_config)
@@ -263,10 +278,13 @@ def test_tampered_weights_config_is_refused_by_every_verifier(tiny_dir, tmp_path
     (copy / "model.json").write_text(json.dumps(config))
     with pytest.raises(ArtifactError, match=r"tampered or corrupt: .*model\.json"):
         Artifacts.open(copy)  # at open: the whole directory is refused
-    for check in (lambda a: verify_backend_files("torch", a), lambda a: open_backend("torch", a),
-                  lambda a: verify_spec_files(backend_specs(["torch"])[0], a),
-                  lambda a: Predictor.from_artifacts(a, backend="torch"),
-                  lambda a: Predictor.from_artifacts(a, backend="ort")):
+    for check in (
+        lambda a: verify_backend_files("torch", a),
+        lambda a: open_backend("torch", a),
+        lambda a: verify_spec_files(backend_specs(["torch"])[0], a),
+        lambda a: Predictor.from_artifacts(a, backend="torch"),
+        lambda a: Predictor.from_artifacts(a, backend="ort"),
+    ):
         with pytest.raises(ArtifactError, match=r"tampered or corrupt: .*model\.json"):
             check(Artifacts.open(copy, verify=False))
     assert set(verify_backend_files("ort", Artifacts.open(copy, verify=False))) == {"onnx"}
@@ -296,11 +314,16 @@ def _onnx_with_external_weight(directory: Path, location: str = "weights.bin") -
     weight.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", "0"), ("length", str(3 * 32 * 32 * 5 * 4))):
         weight.external_data.add(key=key, value=value)
-    graph = helper.make_graph([helper.make_node("Flatten", ["pixel_values"], ["flat"], axis=1),
-                               helper.make_node("MatMul", ["flat", "w"], ["logits"])], "g",
-                              [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 32, 32])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 5])],
-                              initializer=[weight])
+    graph = helper.make_graph(
+        [
+            helper.make_node("Flatten", ["pixel_values"], ["flat"], axis=1),
+            helper.make_node("MatMul", ["flat", "w"], ["logits"]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("pixel_values", TensorProto.FLOAT, ["batch", 3, 32, 32])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 5])],
+        initializer=[weight],
+    )
     path = directory / "model.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
     return path
@@ -377,16 +400,32 @@ def test_one_first_line_helper_for_every_report():
 def test_backend_options_from_the_runtime_section_carry_every_key():
     from vitdeploy.base.config import parse_config
 
-    runtime = parse_config({"runtime": {"providers": ["CUDAExecutionProvider", "CPUExecutionProvider"], "threads": 3,
-                                        "allow_cpu_fallback": True, "ort_allow_spinning": False}}, None).runtime
+    runtime = parse_config(
+        {
+            "runtime": {
+                "providers": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+                "threads": 3,
+                "allow_cpu_fallback": True,
+                "ort_allow_spinning": False,
+            }
+        },
+        None,
+    ).runtime
     assert BackendOptions.from_runtime(runtime) == BackendOptions(
-        device="cpu", providers=("CUDAExecutionProvider", "CPUExecutionProvider"), allow_cpu_fallback=True, threads=3,
-        ort_allow_spinning=False, trt_contexts=2)
+        device="cpu",
+        providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
+        allow_cpu_fallback=True,
+        threads=3,
+        ort_allow_spinning=False,
+        trt_contexts=2,
+    )
     assert BackendOptions.from_runtime(parse_config({}, None).runtime) == BackendOptions()
 
 
-@pytest.mark.parametrize("setting, threads, expected", [(True, None, True), (False, None, False),
-                                                        ("auto", 10_000, False), ("auto", 1, None)])
+@pytest.mark.parametrize(
+    "setting, threads, expected",
+    [(True, None, True), (False, None, False), ("auto", 10_000, False), ("auto", 1, None)],
+)
 def test_ort_allow_spinning_decides_whether_idle_threads_spin(setting, threads, expected):
     from vitdeploy.runtime.backends.ort import _allow_spinning, _usable_cores
 

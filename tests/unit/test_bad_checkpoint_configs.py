@@ -14,24 +14,71 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from bad_input_helpers import assert_one_error_line
 from click.testing import CliRunner
 
-from bad_input_helpers import assert_one_error_line
-from vitdeploy.cli import main
 from vitdeploy.base.errors import CheckpointError
+from vitdeploy.cli import main
 from vitdeploy.model.checkpoints import load_checkpoint
 
-HF = {"model_type": "vit", "architectures": ["ViTForImageClassification"], "hidden_size": 64, "num_hidden_layers": 2,
-      "num_attention_heads": 4, "intermediate_size": 128, "image_size": 32, "patch_size": 8, "num_channels": 3,
-      "layer_norm_eps": 1e-12, "qkv_bias": True, "hidden_act": "gelu", "id2label": {"0": "a", "1": "b"}}
-HF_PP = {"do_resize": True, "size": {"height": 32, "width": 32}, "resample": 2, "do_rescale": True,
-         "rescale_factor": 1 / 255, "do_normalize": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
-OURS = {"format": "vitdeploy", "version": 1, "name": "t", "labels": ["a", "b"], "preprocess": None,
-        "vit": {"image_size": 32, "patch_size": 8, "in_channels": 3, "width": 64, "depth": 2, "heads": 4,
-                "mlp_ratio": 2.0, "qkv_bias": True, "layer_norm_eps": 1e-6, "num_classes": 2, "pos_embed": "learned"}}
-TIMM = {"architecture": "vit_tiny_patch16_224", "num_classes": 2, "label_names": ["a", "b"],
-        "pretrained_cfg": {"input_size": [3, 32, 32], "crop_pct": 0.9, "interpolation": "bicubic",
-                           "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}, "model_args": {"num_heads": 4}}
+HF = {
+    "model_type": "vit",
+    "architectures": ["ViTForImageClassification"],
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 128,
+    "image_size": 32,
+    "patch_size": 8,
+    "num_channels": 3,
+    "layer_norm_eps": 1e-12,
+    "qkv_bias": True,
+    "hidden_act": "gelu",
+    "id2label": {"0": "a", "1": "b"},
+}
+HF_PP = {
+    "do_resize": True,
+    "size": {"height": 32, "width": 32},
+    "resample": 2,
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
+OURS = {
+    "format": "vitdeploy",
+    "version": 1,
+    "name": "t",
+    "labels": ["a", "b"],
+    "preprocess": None,
+    "vit": {
+        "image_size": 32,
+        "patch_size": 8,
+        "in_channels": 3,
+        "width": 64,
+        "depth": 2,
+        "heads": 4,
+        "mlp_ratio": 2.0,
+        "qkv_bias": True,
+        "layer_norm_eps": 1e-6,
+        "num_classes": 2,
+        "pos_embed": "learned",
+    },
+}
+TIMM = {
+    "architecture": "vit_tiny_patch16_224",
+    "num_classes": 2,
+    "label_names": ["a", "b"],
+    "pretrained_cfg": {
+        "input_size": [3, 32, 32],
+        "crop_pct": 0.9,
+        "interpolation": "bicubic",
+        "mean": [0.5, 0.5, 0.5],
+        "std": [0.5, 0.5, 0.5],
+    },
+    "model_args": {"num_heads": 4},
+}
 
 
 def _put(data: dict, key: str, value) -> dict:
@@ -56,7 +103,7 @@ CASES = [
     ("hf", "config.json", "hidden_size", "768", "'hidden_size' = '768'"),
     ("hf", "config.json", "hidden_size", None, "'hidden_size' = None"),
     ("hf", "config.json", "hidden_size", 66, "hidden_size 66 is not divisible by num_attention_heads 4"),
-    ("hf", "config.json", "num_hidden_layers", 10 ** 9, "'num_hidden_layers' = 1000000000"),
+    ("hf", "config.json", "num_hidden_layers", 10**9, "'num_hidden_layers' = 1000000000"),
     ("hf", "config.json", "num_hidden_layers", 2.0, "'num_hidden_layers' = 2.0"),
     ("hf", "config.json", "intermediate_size", -5, "'intermediate_size' = -5"),
     ("hf", "config.json", "num_channels", True, "'num_channels' = True"),
@@ -107,7 +154,9 @@ def make_checkpoint(root: Path, fmt: str, file: str, key: str, value) -> Path:
     d.mkdir()
     if fmt == "hf":
         (d / "config.json").write_text(json.dumps(_put(HF, key, value) if file == "config.json" else HF))
-        (d / "preprocessor_config.json").write_text(json.dumps(_put(HF_PP, key, value) if file != "config.json" else HF_PP))
+        (d / "preprocessor_config.json").write_text(
+            json.dumps(_put(HF_PP, key, value) if file != "config.json" else HF_PP)
+        )
         (d / "model.safetensors").write_bytes(b"placeholder: never read")
     elif fmt == "vitdeploy":
         (d / "model.json").write_text(json.dumps(_put(OURS, key, value)))

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from vitdeploy.cli import main
 from vitdeploy.base.config import load_config
 from vitdeploy.base.errors import ConfigError
 from vitdeploy.base.limits import MAX_BATCH
+from vitdeploy.cli import main
 
 
 def laughs(levels: int, width: int = 9) -> str:
@@ -40,8 +40,11 @@ CASES = {
     "batch opt 5000": ("export: {batch: {opt: 5000, max: 5000}}\n", "'export.batch.opt' = 5000"),
     "runtime batch_size 1e9": ("runtime: {batch_size: 1000000000}\n", "'runtime.batch_size' = 1000000000"),
     "NaN mean": ("preprocess: {mean: [.nan, 0.5, 0.5]}\n", "'preprocess.mean[0]' = nan"),
-    "infinite tolerance": ("validation: {fp32: {max_abs_diff: .inf, mean_abs_diff: 0, min_cosine: 1, "
-                           "min_top1_agreement: 1, min_top5_overlap: 1}}\n", "'validation.fp32.max_abs_diff' = inf"),
+    "infinite tolerance": (
+        "validation: {fp32: {max_abs_diff: .inf, mean_abs_diff: 0, min_cosine: 1, "
+        "min_top1_agreement: 1, min_top5_overlap: 1}}\n",
+        "'validation.fp32.max_abs_diff' = inf",
+    ),
     "not UTF-8": (b"model: {name: \xff\xfe}\n", "not UTF-8"),
     "a list at the top": ("- model\n- export\n", "top level must be a mapping"),
     "two documents": ("model: {}\n---\nexport: {}\n", "invalid YAML"),
@@ -76,8 +79,10 @@ def test_file_too_large_is_refused_before_parsing(tmp_path: Path):
 
 def test_small_aliases_are_still_allowed(tmp_path: Path):
     path = tmp_path / "pipeline.yaml"
-    path.write_text("validation:\n  fp16: &tol {max_abs_diff: 0.1, mean_abs_diff: 0.02, min_cosine: 0.999,\n"
-                    "    min_top1_agreement: 0.98, min_top5_overlap: 0.9}\n  fp32: *tol\n")
+    path.write_text(
+        "validation:\n  fp16: &tol {max_abs_diff: 0.1, mean_abs_diff: 0.02, min_cosine: 0.999,\n"
+        "    min_top1_agreement: 0.98, min_top5_overlap: 0.9}\n  fp32: *tol\n"
+    )
     cfg = load_config(path)
     assert cfg.validation.fp32 == cfg.validation.fp16
 
@@ -87,8 +92,9 @@ def test_config_naming_a_directory_is_one_clean_line(tmp_path: Path, command: li
     res = CliRunner().invoke(main, [*command, "-c", str(tmp_path)], catch_exceptions=False)
     assert res.exit_code == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert lines == [f"error: {tmp_path} is a directory; -c/--config takes a pipeline YAML file "
-                     f"(e.g. {tmp_path / 'pipeline.yaml'})"]
+    assert lines == [
+        f"error: {tmp_path} is a directory; -c/--config takes a pipeline YAML file (e.g. {tmp_path / 'pipeline.yaml'})"
+    ]
     with pytest.raises(ConfigError, match="is a directory"):
         load_config(tmp_path)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from vitdeploy.base.errors import InputError
 from vitdeploy.batch.inputs import expand_inputs, read_key
 from vitdeploy.demo import IMAGES_DIR
-from vitdeploy.base.errors import InputError
 from vitdeploy.runtime.image_paths import expand_image_paths
 
 
@@ -66,8 +66,11 @@ def test_a_glob_matches_like_a_shell_and_an_empty_glob_is_an_error_row(photos):
 def test_file_uris_walk_folders_match_globs_and_report_missing_paths(photos):
     uri = photos.resolve().as_uri()
     folder = expand_inputs([uri])
-    assert [it.path for it in folder] == sorted(f"file://{p.resolve()}" for p in photos.rglob("*")
-                                                if p.suffix in (".png", ".jpg") and not p.name.startswith("."))
+    assert [it.path for it in folder] == sorted(
+        f"file://{p.resolve()}"
+        for p in photos.rglob("*")
+        if p.suffix in (".png", ".jpg") and not p.name.startswith(".")
+    )
     assert all(read_key(it.read) == it.read and Path(it.read).is_file() for it in folder)
     (one,) = expand_inputs([f"{uri}/sub/deep.png"])
     assert one.path == f"{uri}/sub/deep.png" and one.error is None

@@ -9,16 +9,24 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from vitdeploy.batch.output import Output, row_schema
 from vitdeploy.base.errors import InputError
+from vitdeploy.batch.output import Output, row_schema
 
 
 def rows(paths, error=None):
     n = len(paths)
     top = [[{"label": "a", "index": 0, "score": 0.5}]] * n
-    return pa.Table.from_pydict({"path": list(paths), "label": ["a"] * n, "index": [0] * n, "score": [0.5] * n,
-                                 "top_k": top if error is None else [None] * n, "error": [error] * n},
-                                schema=row_schema())
+    return pa.Table.from_pydict(
+        {
+            "path": list(paths),
+            "label": ["a"] * n,
+            "index": [0] * n,
+            "score": [0.5] * n,
+            "top_k": top if error is None else [None] * n,
+            "error": [error] * n,
+        },
+        schema=row_schema(),
+    )
 
 
 @pytest.mark.parametrize("name", ["out", "out.parquet", "out.jsonl"])
@@ -26,7 +34,7 @@ def test_a_killed_job_leaves_what_it_flushed_and_resume_completes_it(tmp_path, n
     out = Output.at(tmp_path / name)
     w = out.writer(resume=False, rows_per_file=2)
     w.write(rows(["a", "b"]))  # flushed: 2 rows
-    w.write(rows(["c"]))       # pending when the job dies
+    w.write(rows(["c"]))  # pending when the job dies
     # killed here: no close()
     again = Output.at(tmp_path / name)
     assert set(again.answered()) == {"a", "b"}

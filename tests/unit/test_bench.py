@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from vitdeploy.evaluate.bench import (BASELINE, BenchReport, BenchResult, attach_ratios, cpu_model, format_bench_table,
-                                      parse_batch_sizes, percentile, summarize)
+from vitdeploy.base.errors import BackendError
+from vitdeploy.evaluate.bench import (
+    BASELINE,
+    BenchReport,
+    BenchResult,
+    attach_ratios,
+    format_bench_table,
+    percentile,
+    summarize,
+)
 from vitdeploy.evaluate.reliability import SPREAD_LIMIT, Contention, busy_machine_reason, mark_unreliable
 from vitdeploy.evaluate.timing import interleaved, measure
-from vitdeploy.base.errors import BackendError, ConfigError
-
-
 
 # ----------------------------------------------------------------------------- statistics
 
@@ -48,9 +50,15 @@ def test_summary_in_milliseconds_and_throughput():
 
 def test_interleaved_order_rotates_the_first_backend():
     assert list(interleaved(["a", "b", "c"], 3)) == [
-        (0, "a"), (0, "b"), (0, "c"),
-        (1, "b"), (1, "c"), (1, "a"),
-        (2, "c"), (2, "a"), (2, "b"),
+        (0, "a"),
+        (0, "b"),
+        (0, "c"),
+        (1, "b"),
+        (1, "c"),
+        (1, "a"),
+        (2, "c"),
+        (2, "a"),
+        (2, "b"),
     ]
 
 
@@ -62,11 +70,17 @@ def test_measure_runs_backends_round_robin_after_warmup_and_drops_a_failing_one(
             calls.append(name)
             if name == "bad" and len([c for c in calls if c == "bad"]) == 3:
                 raise BackendError("boom")
+
         return run
 
     errors = {}
-    times = measure({n: runner(n) for n in ("x", "y", "bad")}, iterations=3, warmup=1,
-                    timers={"x": lambda fn: (fn(), 0.5)[1]}, on_error=lambda n, e: errors.setdefault(n, str(e)))
+    times = measure(
+        {n: runner(n) for n in ("x", "y", "bad")},
+        iterations=3,
+        warmup=1,
+        timers={"x": lambda fn: (fn(), 0.5)[1]},
+        on_error=lambda n, e: errors.setdefault(n, str(e)),
+    )
     # warm-up: x y bad; then rotating: x y bad | y bad(fails, dropped) x | x y   (bad's turn skipped)
     assert calls == ["x", "y", "bad", "x", "y", "bad", "y", "bad", "x", "x", "y"]
     assert errors == {"bad": "boom"}
@@ -78,20 +92,28 @@ def test_measure_runs_backends_round_robin_after_warmup_and_drops_a_failing_one(
 
 
 def _report(results: list[BenchResult]) -> BenchReport:
-    return BenchReport(artifacts="a", model="m", mode="inference",
-                       settings={"batch_sizes": [1, 8], "iterations": 2, "warmup": 0},
-                       environment={"cpu": "Test CPU", "cpu_count": 2, "versions": {"torch": "x"}},
-                       backends=[{"name": "torch", "status": "ran", "reason": ""},
-                                 {"name": "ort", "status": "ran", "reason": ""},
-                                 {"name": "trt", "status": "unavailable", "reason": "no CUDA GPU: test"}],
-                       results=results)
+    return BenchReport(
+        artifacts="a",
+        model="m",
+        mode="inference",
+        settings={"batch_sizes": [1, 8], "iterations": 2, "warmup": 0},
+        environment={"cpu": "Test CPU", "cpu_count": 2, "versions": {"torch": "x"}},
+        backends=[
+            {"name": "torch", "status": "ran", "reason": ""},
+            {"name": "ort", "status": "ran", "reason": ""},
+            {"name": "trt", "status": "unavailable", "reason": "no CUDA GPU: test"},
+        ],
+        results=results,
+    )
 
 
 def test_ratio_column_is_speed_relative_to_eager_torch_at_the_same_batch_size():
-    results = [BenchResult("torch", 1, summarize([0.010] * 3, 1), "perf_counter"),
-               BenchResult("ort", 1, summarize([0.004] * 3, 1), "perf_counter"),
-               BenchResult("torch", 8, summarize([0.040] * 3, 8), "perf_counter"),
-               BenchResult("ort", 8, summarize([0.080] * 3, 8), "perf_counter")]
+    results = [
+        BenchResult("torch", 1, summarize([0.010] * 3, 1), "perf_counter"),
+        BenchResult("ort", 1, summarize([0.004] * 3, 1), "perf_counter"),
+        BenchResult("torch", 8, summarize([0.040] * 3, 8), "perf_counter"),
+        BenchResult("ort", 8, summarize([0.080] * 3, 8), "perf_counter"),
+    ]
     attach_ratios(results)
     assert [r.speedup for r in results] == pytest.approx([1.0, 2.5, 1.0, 0.5])
     lines = format_bench_table(_report(results))
@@ -119,8 +141,10 @@ def _collapsing(fast_ms: float, slow_ms: float, n: int = 20, slow_share: float =
 
 
 def _results(torch_secs: list[float], ort_secs: list[float]) -> list[BenchResult]:
-    results = [BenchResult("torch", 1, summarize(torch_secs, 1), "perf_counter"),
-               BenchResult("ort", 1, summarize(ort_secs, 1), "perf_counter")]
+    results = [
+        BenchResult("torch", 1, summarize(torch_secs, 1), "perf_counter"),
+        BenchResult("ort", 1, summarize(ort_secs, 1), "perf_counter"),
+    ]
     attach_ratios(results)
     return results
 
@@ -166,16 +190,19 @@ def test_a_busy_machine_marks_every_ratio_even_with_steady_figures():
     assert "2.4" in ort1 and "x*" in ort1 and "other work took 1.60 of 2 cores" in ort1
 
 
-@pytest.mark.parametrize("competing, steal_share, cores, threads, busy", [
-    (0.05, 0.0, 2, 2, False),   # idle: a few daemons
-    (1.0, 0.0, 2, 2, True),     # one core taken: 2 threads need 2
-    (1.0, 0.0, 2, 1, False),    # one core taken, one thread: fits
-    (1.8, 0.0, 2, 1, True),
-    (1.0, 1.0, 2, 2, True),     # the hypervisor stole a core's worth
-    (0.4, 0.5, 2, 2, False),    # within the slack
-    (6.0, 0.0, 16, None, True),  # threads default to one per core: 6 + 16 > 16.5
-    (6.0, 0.0, 16, 8, False),    # 8 threads fit beside 6 busy cores
-])
+@pytest.mark.parametrize(
+    "competing, steal_share, cores, threads, busy",
+    [
+        (0.05, 0.0, 2, 2, False),  # idle: a few daemons
+        (1.0, 0.0, 2, 2, True),  # one core taken: 2 threads need 2
+        (1.0, 0.0, 2, 1, False),  # one core taken, one thread: fits
+        (1.8, 0.0, 2, 1, True),
+        (1.0, 1.0, 2, 2, True),  # the hypervisor stole a core's worth
+        (0.4, 0.5, 2, 2, False),  # within the slack
+        (6.0, 0.0, 16, None, True),  # threads default to one per core: 6 + 16 > 16.5
+        (6.0, 0.0, 16, 8, False),  # 8 threads fit beside 6 busy cores
+    ],
+)
 def test_contention_rule(competing, steal_share, cores, threads, busy):
     reason = busy_machine_reason(_window(competing, cores, steal_share), threads=threads)
     assert (reason is not None) == busy, reason

@@ -14,10 +14,17 @@ import torch
 import torch.nn.functional as F
 
 from vitdeploy.base.errors import CheckpointError
-from vitdeploy.model import (LoadedCheckpoint, VisionTransformer, ViTConfig, detect_format, load_checkpoint,
-                             resample_pos_embed, save_checkpoint)
-from vitdeploy.model.convert_hf import hf_preprocess
 from vitdeploy.base.preprocess_spec import PreprocessSpec
+from vitdeploy.model import (
+    LoadedCheckpoint,
+    VisionTransformer,
+    ViTConfig,
+    detect_format,
+    load_checkpoint,
+    resample_pos_embed,
+    save_checkpoint,
+)
+from vitdeploy.model.convert_hf import hf_preprocess
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -33,6 +40,7 @@ class NotATensor:
 
 # --------------------------------------------------------------------------- random checkpoints
 
+
 def _rand(gen: torch.Generator, *shape: int, std: float = 0.2) -> torch.Tensor:
     return torch.randn(*shape, generator=gen) * std
 
@@ -45,9 +53,12 @@ def make_timm_state(width=128, depth=2, patch=8, image=32, mlp=256, classes=5, q
     """A timm vision_transformer state dict with random weights (large enough that attention matters)."""
     g = torch.Generator().manual_seed(seed)
     tokens = (image // patch) ** 2 + 1
-    sd = {"patch_embed.proj.weight": _rand(g, width, 3, patch, patch, std=0.1),
-          "patch_embed.proj.bias": _rand(g, width), "cls_token": _rand(g, 1, 1, width, std=0.5),
-          "pos_embed": _rand(g, 1, tokens, width, std=0.5)}
+    sd = {
+        "patch_embed.proj.weight": _rand(g, width, 3, patch, patch, std=0.1),
+        "patch_embed.proj.bias": _rand(g, width),
+        "cls_token": _rand(g, 1, 1, width, std=0.5),
+        "pos_embed": _rand(g, 1, tokens, width, std=0.5),
+    }
     for i in range(depth):
         p = f"blocks.{i}."
         sd[p + "norm1.weight"], sd[p + "norm1.bias"] = _norm(g, width)
@@ -69,8 +80,12 @@ def make_torchvision_state(width=128, depth=2, patch=8, image=32, mlp=256, class
     g = torch.Generator().manual_seed(seed)
     tokens = (image // patch) ** 2 + 1
     fc1, fc2 = ("linear_1", "linear_2") if old_mlp_names else ("0", "3")
-    sd = {"class_token": _rand(g, 1, 1, width, std=0.5), "conv_proj.weight": _rand(g, width, 3, patch, patch, std=0.1),
-          "conv_proj.bias": _rand(g, width), "encoder.pos_embedding": _rand(g, 1, tokens, width, std=0.5)}
+    sd = {
+        "class_token": _rand(g, 1, 1, width, std=0.5),
+        "conv_proj.weight": _rand(g, width, 3, patch, patch, std=0.1),
+        "conv_proj.bias": _rand(g, width),
+        "encoder.pos_embedding": _rand(g, 1, tokens, width, std=0.5),
+    }
     for i in range(depth):
         p = f"encoder.layers.encoder_layer_{i}."
         sd[p + "ln_1.weight"], sd[p + "ln_1.bias"] = _norm(g, width)
@@ -88,6 +103,7 @@ def make_torchvision_state(width=128, depth=2, patch=8, image=32, mlp=256, class
 
 # --------------------------------------------------------------------------- reference forwards
 
+
 def timm_reference(sd: dict, x: torch.Tensor, heads: int, eps: float = 1e-6) -> torch.Tensor:
     """timm's vision_transformer forward, straight from the state dict's tensors."""
     w = sd["patch_embed.proj.weight"]
@@ -101,8 +117,11 @@ def timm_reference(sd: dict, x: torch.Tensor, heads: int, eps: float = 1e-6) -> 
         q, k, v = F.linear(y, sd[p + "attn.qkv.weight"], sd.get(p + "attn.qkv.bias")).split(width, dim=-1)
         h = h + F.linear(_mha(q, k, v, heads), sd[p + "attn.proj.weight"], sd[p + "attn.proj.bias"])
         y = F.layer_norm(h, (width,), sd[p + "norm2.weight"], sd[p + "norm2.bias"], eps)
-        y = F.linear(F.gelu(F.linear(y, sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"])),
-                     sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"])
+        y = F.linear(
+            F.gelu(F.linear(y, sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"])),
+            sd[p + "mlp.fc2.weight"],
+            sd[p + "mlp.fc2.bias"],
+        )
         h = h + y
     pooled = F.layer_norm(h, (width,), sd["norm.weight"], sd["norm.bias"], eps)[:, 0]
     return F.linear(pooled, sd["head.weight"], sd["head.bias"]) if "head.weight" in sd else pooled
@@ -127,15 +146,31 @@ def torchvision_reference(sd: dict, x: torch.Tensor, heads: int, eps: float = 1e
         p = f"encoder.layers.encoder_layer_{i}."
         y = F.layer_norm(h, (width,), sd[p + "ln_1.weight"], sd[p + "ln_1.bias"], eps).transpose(0, 1)
         y, _ = F.multi_head_attention_forward(
-            y, y, y, width, heads, sd[p + "self_attention.in_proj_weight"], sd[p + "self_attention.in_proj_bias"],
-            None, None, False, 0.0, sd[p + "self_attention.out_proj.weight"], sd[p + "self_attention.out_proj.bias"],
-            training=False, need_weights=False)
+            y,
+            y,
+            y,
+            width,
+            heads,
+            sd[p + "self_attention.in_proj_weight"],
+            sd[p + "self_attention.in_proj_bias"],
+            None,
+            None,
+            False,
+            0.0,
+            sd[p + "self_attention.out_proj.weight"],
+            sd[p + "self_attention.out_proj.bias"],
+            training=False,
+            need_weights=False,
+        )
         h = h + y.transpose(0, 1)
         y = F.layer_norm(h, (width,), sd[p + "ln_2.weight"], sd[p + "ln_2.bias"], eps)
         fc1 = "mlp.0" if p + "mlp.0.weight" in sd else "mlp.linear_1"
         fc2 = "mlp.3" if p + "mlp.3.weight" in sd else "mlp.linear_2"
-        y = F.linear(F.gelu(F.linear(y, sd[p + fc1 + ".weight"], sd[p + fc1 + ".bias"])),
-                     sd[p + fc2 + ".weight"], sd[p + fc2 + ".bias"])
+        y = F.linear(
+            F.gelu(F.linear(y, sd[p + fc1 + ".weight"], sd[p + fc1 + ".bias"])),
+            sd[p + fc2 + ".weight"],
+            sd[p + fc2 + ".bias"],
+        )
         h = h + y
     pooled = F.layer_norm(h, (width,), sd["encoder.ln.weight"], sd["encoder.ln.bias"], eps)[:, 0]
     return F.linear(pooled, sd["heads.head.weight"], sd["heads.head.bias"])
@@ -156,6 +191,7 @@ def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 # --------------------------------------------------------------------------- timm
 
+
 def test_reference_forward_is_sensitive_to_heads():
     """Guard for the tests below: a wrong head count would change the logits well beyond TOL."""
     sd, x = make_timm_state(), _images()
@@ -169,14 +205,29 @@ def test_timm_safetensors_matches_reference(tmp_path):
     ck = load_checkpoint(path, num_heads=2)
     assert ck.source_format == "timm" and detect_format(path) == "timm"
     cfg = ck.config
-    assert (cfg.width, cfg.depth, cfg.heads, cfg.patch_size, cfg.image_size, cfg.mlp_dim, cfg.num_classes) == \
-        (128, 2, 2, 8, 32, 256, 5)
+    assert (cfg.width, cfg.depth, cfg.heads, cfg.patch_size, cfg.image_size, cfg.mlp_dim, cfg.num_classes) == (
+        128,
+        2,
+        2,
+        8,
+        32,
+        256,
+        5,
+    )
     assert cfg.layer_norm_eps == 1e-6 and cfg.qkv_bias
     assert ck.labels == tuple(f"class_{i}" for i in range(5))
     assert ck.name == "vit_tiny_test"
     # no preprocessing in a bare state dict: timm's default pretrained_cfg for a ViT, said to be an assumption
-    assert ck.preprocess == PreprocessSpec(style="timm", height=32, width=32, crop_pct=0.9, interpolation="bicubic",
-                                           crop_mode="center", mean=(0.5,) * 3, std=(0.5,) * 3)
+    assert ck.preprocess == PreprocessSpec(
+        style="timm",
+        height=32,
+        width=32,
+        crop_pct=0.9,
+        interpolation="bicubic",
+        crop_mode="center",
+        mean=(0.5,) * 3,
+        std=(0.5,) * 3,
+    )
     assert any("assumed timm's default" in n and "preprocess:" in n for n in ck.notes)
     assert not ck.model.training and all(p.dtype == torch.float32 for p in ck.model.parameters())
     x = _images()
@@ -187,7 +238,11 @@ def test_timm_safetensors_matches_reference(tmp_path):
 def test_timm_torch_pickle_with_wrappers_and_fp16(tmp_path, wrapper):
     sd = make_timm_state(qkv_bias=False, seed=3)
     half = {k: v.half() for k, v in sd.items()}
-    obj = {wrapper: half, "epoch": 3, "arch": "vit"} if wrapper else {f"module._orig_mod.{k}": v for k, v in half.items()}
+    obj = (
+        {wrapper: half, "epoch": 3, "arch": "vit"}
+        if wrapper
+        else {f"module._orig_mod.{k}": v for k, v in half.items()}
+    )
     path = tmp_path / "checkpoint.pth"
     torch.save(obj, path)
     ck = load_checkpoint(path, num_heads=2)
@@ -213,7 +268,9 @@ def test_timm_heads_from_standard_table_and_variant(tmp_path):
     safetensors_torch.save_file(sd, str(path))
     ck = load_checkpoint(path)
     assert ck.config.heads == 6 and ck.heads_origin.startswith("library default (assumed)")
-    assert any("assumed 6 attention heads" in n and "model.num_heads" in n for n in ck.notes)  # said, with its override
+    assert any(
+        "assumed 6 attention heads" in n and "model.num_heads" in n for n in ck.notes
+    )  # said, with its override
     x = _images(2)
     assert _max_diff(_logits(ck, x), timm_reference(sd, x, heads=6)) <= TOL
     with pytest.raises(CheckpointError, match=r"does not match variant 'vit_base_patch16_224'.*width 384"):
@@ -226,7 +283,9 @@ def test_timm_nonstandard_width_needs_num_heads(tmp_path):
     sd = make_timm_state(width=256, depth=1, mlp=512, seed=5)
     path = tmp_path / "w256.safetensors"
     safetensors_torch.save_file(sd, str(path))
-    with pytest.raises(CheckpointError, match=r"width 256 is not a standard variant's .*set model.num_heads in pipeline.yaml"):
+    with pytest.raises(
+        CheckpointError, match=r"width 256 is not a standard variant's .*set model.num_heads in pipeline.yaml"
+    ):
         load_checkpoint(path)
     ck = load_checkpoint(path, num_heads=4)
     assert ck.config.heads == 4 and ck.heads_origin == "pipeline.yaml: model.num_heads"
@@ -237,20 +296,36 @@ def test_timm_nonstandard_width_needs_num_heads(tmp_path):
 def test_timm_hub_directory_gives_preprocess_and_labels(tmp_path):
     sd = make_timm_state(classes=3)
     safetensors_torch.save_file(sd, str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architecture": "vit_test", "num_classes": 3, "global_pool": "token", "model_args": {"num_heads": 2},
-        "label_names": ["cat", "dog", "eel"],
-        "pretrained_cfg": {"input_size": [3, 32, 32], "interpolation": "bicubic", "crop_pct": 0.9,
-                           "crop_mode": "center", "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architecture": "vit_test",
+                "num_classes": 3,
+                "global_pool": "token",
+                "model_args": {"num_heads": 2},
+                "label_names": ["cat", "dog", "eel"],
+                "pretrained_cfg": {
+                    "input_size": [3, 32, 32],
+                    "interpolation": "bicubic",
+                    "crop_pct": 0.9,
+                    "crop_mode": "center",
+                    "mean": [0.5, 0.5, 0.5],
+                    "std": [0.5, 0.5, 0.5],
+                },
+            }
+        )
+    )
     ck = load_checkpoint(tmp_path)
     assert ck.source_format == "timm" and ck.labels == ("cat", "dog", "eel") and ck.name == "vit_test"
-    assert ck.preprocess == PreprocessSpec(style="timm", height=32, width=32, crop_pct=0.9,
-                                           interpolation="bicubic", mean=(0.5,) * 3, std=(0.5,) * 3)
+    assert ck.preprocess == PreprocessSpec(
+        style="timm", height=32, width=32, crop_pct=0.9, interpolation="bicubic", mean=(0.5,) * 3, std=(0.5,) * 3
+    )
     x = _images(2)
     assert _max_diff(_logits(ck, x), timm_reference(sd, x, heads=2)) <= TOL
 
 
 # --------------------------------------------------------------------------- torchvision
+
 
 @pytest.mark.parametrize("old_mlp_names", [False, True])
 def test_torchvision_matches_reference(tmp_path, old_mlp_names):
@@ -271,16 +346,26 @@ def test_torchvision_224_preprocess_is_imagenet_v1_recipe(tmp_path):
     path = tmp_path / "tv.safetensors"
     safetensors_torch.save_file(sd, str(path))
     ck = load_checkpoint(path, num_heads=1)
-    assert ck.preprocess == PreprocessSpec(style="torchvision", height=224, width=224, shortest_edge=256,
-                                           interpolation="bilinear", mean=(0.485, 0.456, 0.406),
-                                           std=(0.229, 0.224, 0.225))
+    assert ck.preprocess == PreprocessSpec(
+        style="torchvision",
+        height=224,
+        width=224,
+        shortest_edge=256,
+        interpolation="bilinear",
+        mean=(0.485, 0.456, 0.406),
+        std=(0.229, 0.224, 0.225),
+    )
     assert set(ck.preprocess_origins.values()) == {
-        "library default: torchvision ViT_B_16_Weights.IMAGENET1K_V1.transforms()"}
-    assert any("assumed the convention of torchvision's ViT_B_16_Weights.IMAGENET1K_V1" in n and "preprocess:" in n
-               for n in ck.notes)
+        "library default: torchvision ViT_B_16_Weights.IMAGENET1K_V1.transforms()"
+    }
+    assert any(
+        "assumed the convention of torchvision's ViT_B_16_Weights.IMAGENET1K_V1" in n and "preprocess:" in n
+        for n in ck.notes
+    )
 
 
 # --------------------------------------------------------------------------- position embeddings
+
 
 def test_resample_pos_embed_to_same_grid_is_identity():
     pos = make_timm_state()["pos_embed"]
@@ -324,6 +409,7 @@ def test_image_size_not_multiple_of_patch_is_refused(tmp_path):
 
 # --------------------------------------------------------------------------- strictness
 
+
 def _save(tmp_path: Path, sd: dict, name: str = "m.safetensors") -> Path:
     path = tmp_path / name
     safetensors_torch.save_file(sd, str(path))
@@ -336,7 +422,9 @@ def test_extra_key_is_listed(tmp_path):
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(_save(tmp_path, sd), num_heads=2)
     msg = str(err.value)
-    assert "unexpected keys (1)" in msg and "blocks.0.attn.gate.weight" in msg and str(tmp_path / "m.safetensors") in msg
+    assert (
+        "unexpected keys (1)" in msg and "blocks.0.attn.gate.weight" in msg and str(tmp_path / "m.safetensors") in msg
+    )
     assert "parts vitdeploy's ViT does not: gated attention" in msg  # the feature named
 
 
@@ -357,7 +445,10 @@ def test_missing_key_in_torchvision_naming_is_listed(tmp_path):
 def test_wrong_shape_is_listed(tmp_path):
     sd = make_timm_state()
     sd["blocks.0.mlp.fc2.bias"] = torch.zeros(64)
-    with pytest.raises(CheckpointError, match=r"shape mismatches \(1\): blocks\.0\.mlp\.fc2\.bias: checkpoint \(64,\) vs model \(128,\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"shape mismatches \(1\): blocks\.0\.mlp\.fc2\.bias: checkpoint \(64,\) vs model \(128,\)",
+    ):
         load_checkpoint(_save(tmp_path, sd), num_heads=2)
 
 
@@ -432,13 +523,17 @@ def test_missing_path_is_named(tmp_path):
 
 
 def test_unknown_keys_are_an_unknown_format(tmp_path):
-    path = _save(tmp_path, {"conv1.weight": torch.zeros(4, 3, 7, 7), "fc.weight": torch.zeros(10, 4)}, "resnet.safetensors")
+    path = _save(
+        tmp_path, {"conv1.weight": torch.zeros(4, 3, 7, 7), "fc.weight": torch.zeros(10, 4)}, "resnet.safetensors"
+    )
     with pytest.raises(CheckpointError, match=re.escape(str(path)) + ": unknown checkpoint format.*conv1.weight"):
         detect_format(path)
 
 
 def test_hf_state_dict_without_config_is_refused(tmp_path):
-    path = _save(tmp_path, {"vit.embeddings.patch_embeddings.projection.weight": torch.zeros(8, 3, 4, 4)}, "w.safetensors")
+    path = _save(
+        tmp_path, {"vit.embeddings.patch_embeddings.projection.weight": torch.zeros(8, 3, 4, 4)}, "w.safetensors"
+    )
     with pytest.raises(CheckpointError, match="without its config.json"):
         load_checkpoint(path)
 
@@ -459,18 +554,46 @@ def test_directory_without_checkpoint_is_refused(tmp_path):
 
 # --------------------------------------------------------------------------- HF preprocessing
 
+
 def test_hf_preprocessor_config_mapping():
     where = Path("preprocessor_config.json")
-    spec = hf_preprocess({"do_resize": True, "size": {"height": 384, "width": 384}, "resample": 3,
-                          "do_normalize": True, "image_mean": [0.1, 0.2, 0.3], "image_std": [0.4, 0.5, 0.6]}, 224,
-                         where).spec
-    assert spec == PreprocessSpec(style="hf", height=384, width=384, interpolation="bicubic",
-                                  mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6))
-    off = hf_preprocess({"size": {"height": 32, "width": 32}, "resample": 0, "do_normalize": False,
-                         "image_mean": [0.5] * 3, "image_std": [0.5] * 3}, 32, where).spec
+    spec = hf_preprocess(
+        {
+            "do_resize": True,
+            "size": {"height": 384, "width": 384},
+            "resample": 3,
+            "do_normalize": True,
+            "image_mean": [0.1, 0.2, 0.3],
+            "image_std": [0.4, 0.5, 0.6],
+        },
+        224,
+        where,
+    ).spec
+    assert spec == PreprocessSpec(
+        style="hf", height=384, width=384, interpolation="bicubic", mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6)
+    )
+    off = hf_preprocess(
+        {
+            "size": {"height": 32, "width": 32},
+            "resample": 0,
+            "do_normalize": False,
+            "image_mean": [0.5] * 3,
+            "image_std": [0.5] * 3,
+        },
+        32,
+        where,
+    ).spec
     assert off.interpolation == "nearest" and off.mean == (0.0, 0.0, 0.0) and off.std == (1.0, 1.0, 1.0)
-    crop = hf_preprocess({"size": {"shortest_edge": 256}, "do_center_crop": True, "crop_size": {"height": 224, "width": 224},
-                          "resample": 2}, 224, where)
+    crop = hf_preprocess(
+        {
+            "size": {"shortest_edge": 256},
+            "do_center_crop": True,
+            "crop_size": {"height": 224, "width": 224},
+            "resample": 2,
+        },
+        224,
+        where,
+    )
     assert crop.spec == PreprocessSpec(style="hf", height=224, width=224, shortest_edge=256, interpolation="bilinear")
     assert crop.origins["mean"] == "library default: transformers image processor"
     assert crop.origins["shortest_edge"] == "checkpoint: preprocessor_config.json"
@@ -480,10 +603,21 @@ def test_hf_preprocessor_config_mapping():
 
 # --------------------------------------------------------------------------- our format
 
+
 def _tiny_model(pos_embed: str = "learned", classes: int = 3) -> VisionTransformer:
     torch.manual_seed(0)
-    return VisionTransformer(ViTConfig(image_size=32, patch_size=8, width=64, depth=2, heads=4, mlp_ratio=2.0,
-                                       num_classes=classes, pos_embed=pos_embed)).eval()
+    return VisionTransformer(
+        ViTConfig(
+            image_size=32,
+            patch_size=8,
+            width=64,
+            depth=2,
+            heads=4,
+            mlp_ratio=2.0,
+            num_classes=classes,
+            pos_embed=pos_embed,
+        )
+    ).eval()
 
 
 @pytest.mark.parametrize("pos_embed", ["learned", "sincos"])
@@ -494,8 +628,14 @@ def test_save_then_load_round_trip(tmp_path, pos_embed):
     assert out == tmp_path / "art"
     assert sorted(p.name for p in out.iterdir()) == ["model.json", "model.safetensors"]  # no temp files left
     meta = json.loads((out / "model.json").read_text())
-    assert meta == {"format": "vitdeploy", "version": 1, "name": "tiny", "vit": model.cfg.to_dict(),
-                    "labels": ["a", "b", "c"], "preprocess": spec.to_dict()}
+    assert meta == {
+        "format": "vitdeploy",
+        "version": 1,
+        "name": "tiny",
+        "vit": model.cfg.to_dict(),
+        "labels": ["a", "b", "c"],
+        "preprocess": spec.to_dict(),
+    }
     for target in (out, out / "model.json", out / "model.safetensors"):
         ck = load_checkpoint(target)
         assert ck.source_format == "vitdeploy" and detect_format(target) == "vitdeploy"
@@ -546,12 +686,20 @@ def test_our_format_weights_must_match_config(tmp_path):
 
 # --------------------------------------------------------------------------- what a checkpoint says, kept or refused
 
+
 def _hub(tmp_path: Path, model_args: dict, pretrained_cfg: dict | None = None) -> Path:
     tmp_path.mkdir(parents=True, exist_ok=True)
     safetensors_torch.save_file(make_timm_state(classes=3), str(tmp_path / "model.safetensors"))
-    (tmp_path / "config.json").write_text(json.dumps({
-        "architecture": "vit_test", "num_classes": 3, "model_args": {"num_heads": 2, **model_args},
-        **({"pretrained_cfg": pretrained_cfg} if pretrained_cfg is not None else {})}))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "architecture": "vit_test",
+                "num_classes": 3,
+                "model_args": {"num_heads": 2, **model_args},
+                **({"pretrained_cfg": pretrained_cfg} if pretrained_cfg is not None else {}),
+            }
+        )
+    )
     return tmp_path
 
 
@@ -565,11 +713,25 @@ def test_timm_hub_act_layer_is_used_or_refused(tmp_path):
 
 
 def test_timm_crop_mode_kept_with_everything_else_and_unknown_refused(tmp_path):
-    pcfg = {"input_size": [3, 32, 32], "interpolation": "bilinear", "crop_pct": 0.95, "crop_mode": "border",
-            "mean": [0.1, 0.2, 0.3], "std": [0.4, 0.5, 0.6]}
+    pcfg = {
+        "input_size": [3, 32, 32],
+        "interpolation": "bilinear",
+        "crop_pct": 0.95,
+        "crop_mode": "border",
+        "mean": [0.1, 0.2, 0.3],
+        "std": [0.4, 0.5, 0.6],
+    }
     ck = load_checkpoint(_hub(tmp_path / "border", {}, pcfg))
-    assert ck.preprocess == PreprocessSpec(style="timm", height=32, width=32, crop_pct=0.95, crop_mode="border",
-                                           interpolation="bilinear", mean=(0.1, 0.2, 0.3), std=(0.4, 0.5, 0.6))
+    assert ck.preprocess == PreprocessSpec(
+        style="timm",
+        height=32,
+        width=32,
+        crop_pct=0.95,
+        crop_mode="border",
+        interpolation="bilinear",
+        mean=(0.1, 0.2, 0.3),
+        std=(0.4, 0.5, 0.6),
+    )
     with pytest.raises(CheckpointError, match="crop_mode 'random' is not one of center, squash, border"):
         load_checkpoint(_hub(tmp_path / "bad", {}, {**pcfg, "crop_mode": "random"}))
 
@@ -582,5 +744,8 @@ def test_stored_values_contradicted_by_pipeline_keys_are_refused(tmp_path):
 
 def test_hf_processor_resizing_by_crop_pct_is_refused():
     with pytest.raises(CheckpointError, match="resizes by crop_pct"):
-        hf_preprocess({"image_processor_type": "ConvNextImageProcessor", "size": {"shortest_edge": 224},
-                       "crop_pct": 0.875}, 224, Path("preprocessor_config.json"))
+        hf_preprocess(
+            {"image_processor_type": "ConvNextImageProcessor", "size": {"shortest_edge": 224}, "crop_pct": 0.875},
+            224,
+            Path("preprocessor_config.json"),
+        )

@@ -8,9 +8,9 @@ import pydantic
 import pytest
 from click.testing import CliRunner
 
-from vitdeploy.cli import main
 from vitdeploy.base.config import load_config, parse_config
 from vitdeploy.base.errors import ConfigError
+from vitdeploy.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,9 +54,15 @@ def test_config_objects_are_frozen():
         ("exporter: {}\n", ["unknown key 'exporter'", "export"]),
         ("runtime: {threads: two}\n", ["'runtime.threads' = 'two'", "integer"]),
         ("export: {batch: {min: 8, opt: 4, max: 2}}\n", ["'export.batch'", "min <= opt <= max"]),
-        ("validation: {fp16: {max_abs_diff: -1, mean_abs_diff: 0, min_cosine: 1, min_top1_agreement: 1, min_top5_overlap: 1}}\n",
-         ["'validation.fp16.max_abs_diff' = -1"]),
-        ("model: {checkpoint: missing/vit.safetensors}\n", ["'model.checkpoint' = 'missing/vit.safetensors'", "no such file"]),
+        (
+            "validation: {fp16: {max_abs_diff: -1, mean_abs_diff: 0, min_cosine: 1, min_top1_agreement: 1, "
+            "min_top5_overlap: 1}}\n",
+            ["'validation.fp16.max_abs_diff' = -1"],
+        ),
+        (
+            "model: {checkpoint: missing/vit.safetensors}\n",
+            ["'model.checkpoint' = 'missing/vit.safetensors'", "no such file"],
+        ),
         ("runtime: {device: gpu0}\n", ["'runtime.device' = 'gpu0'"]),
         ("serve: {max_batch_size: 0}\n", ["'serve.max_batch_size' = 0"]),
         ("serve: {max_batch_size: 32, max_ongoing_requests: 8}\n", ["'serve'", "max_ongoing_requests (8)"]),
@@ -98,13 +104,16 @@ def test_config_check_shows_the_effective_preprocessing_with_origins(tmp_path: P
 
     result = check(tmp_path, "preprocess:\n  style: timm\n  crop_pct: 0.9\n")
     assert result.exit_code == 0, result.output
-    dump = json.loads(result.output[result.output.index("{"):result.output.rindex("}") + 1])
+    dump = json.loads(result.output[result.output.index("{") : result.output.rindex("}") + 1])
     # the configured checkpoint's values, not nulls: the demo model's own preprocessing with the two overrides
     assert dump["preprocess"]["style"] == "timm" and dump["preprocess"]["crop_pct"] == 0.9
     assert None not in dump["preprocess"].values()
     assert dump["preprocess"]["height"] == 32 and dump["preprocess"]["interpolation"] == "bilinear"
     origins = dump["preprocess_origins"]
-    assert origins["crop_pct"] == "pipeline.yaml: preprocess.crop_pct" and origins["style"] == "pipeline.yaml: preprocess.style"
+    assert (
+        origins["crop_pct"] == "pipeline.yaml: preprocess.crop_pct"
+        and origins["style"] == "pipeline.yaml: preprocess.style"
+    )
     assert origins["mean"] == "checkpoint: model.json" and origins["crop_mode"].startswith("library default")
     assert "model: vitdeploy checkpoint from the built-in demo model" in result.output
     assert "width 64, depth 4, 4 heads" in result.output

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vitdeploy.export.heartbeat import heartbeat
 from vitdeploy.cli.console import Console, StageReporter
+from vitdeploy.export.heartbeat import heartbeat
 
 
 def test_heartbeat_beats_while_the_block_runs_and_never_after():
@@ -42,8 +42,14 @@ def test_a_slow_stage_reports_running_with_elapsed_seconds_then_its_result(tmp_p
     from vitdeploy.export.context import ExportContext
 
     seen: list[tuple[str, float]] = []
-    export = ExportContext(parse_config({}, None), tmp_path, "skip", lambda rec: seen.append((rec.status, rec.seconds)),
-                           None, heartbeat_s=0.02)
+    export = ExportContext(
+        parse_config({}, None),
+        tmp_path,
+        "skip",
+        lambda rec: seen.append((rec.status, rec.seconds)),
+        None,
+        heartbeat_s=0.02,
+    )
     with export.stage("slow"):
         time.sleep(0.25)
     assert seen[0] == ("running", 0.0) and seen[-1][0] == "passed"
@@ -62,8 +68,12 @@ def test_stage_lines_off_a_terminal_print_every_few_seconds(capsys):
         report(_rec("onnx", "running", secs))
     report(_rec("onnx", "passed", 12.3, "done"))
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["  onnx                   ...", "  onnx                   ...     5s",
-                     "  onnx                   ...    10s", "  onnx                   passed      12.3s  done"]
+    assert lines == [
+        "  onnx                   ...",
+        "  onnx                   ...     5s",
+        "  onnx                   ...    10s",
+        "  onnx                   passed      12.3s  done",
+    ]
 
 
 def test_on_a_terminal_the_status_line_is_rewritten_in_place_and_a_failure_carries_no_message(monkeypatch, capsys):
@@ -81,10 +91,13 @@ def test_on_a_terminal_the_status_line_is_rewritten_in_place_and_a_failure_carri
     assert "\r\x1b[K  fp16                   ...     1s\n" in err
 
 
-@pytest.mark.parametrize("argv0, on_path, expect", [
-    (".venv/bin/vitdeploy", None, ".venv/bin/vitdeploy"),   # make demo: not on PATH, run from the checkout
-    (".venv/bin/vitdeploy", ".venv/bin/vitdeploy", "vitdeploy"),  # activated venv
-])
+@pytest.mark.parametrize(
+    "argv0, on_path, expect",
+    [
+        (".venv/bin/vitdeploy", None, ".venv/bin/vitdeploy"),  # make demo: not on PATH, run from the checkout
+        (".venv/bin/vitdeploy", ".venv/bin/vitdeploy", "vitdeploy"),  # activated venv
+    ],
+)
 def test_next_command_runs_as_printed_from_the_current_directory(tmp_path, monkeypatch, argv0, on_path, expect):
     from vitdeploy import cli
     from vitdeploy.base.config import parse_config
@@ -102,9 +115,12 @@ def test_next_command_runs_as_printed_from_the_current_directory(tmp_path, monke
     mine = parse_config({"model": {"checkpoint": "vit.safetensors"}}, tmp_path / "p.yaml")
     assert cli.next_predict_command(mine, tmp_path / "out dir") == f"{expect} predict path/to/your/images -a 'out dir'"
     (tmp_path / "photos").mkdir()
-    with_images = parse_config({"model": {"checkpoint": "vit.safetensors"}, "validation": {"images": "photos"}},
-                               tmp_path / "p.yaml")
-    assert cli.next_predict_command(with_images, Path("/elsewhere/art")) == f"{expect} predict photos -a /elsewhere/art"
+    with_images = parse_config(
+        {"model": {"checkpoint": "vit.safetensors"}, "validation": {"images": "photos"}}, tmp_path / "p.yaml"
+    )
+    assert (
+        cli.next_predict_command(with_images, Path("/elsewhere/art")) == f"{expect} predict photos -a /elsewhere/art"
+    )
 
 
 def _rel_demo_images() -> str:
@@ -116,12 +132,15 @@ def _rel_demo_images() -> str:
     return rel if not rel.startswith("..") else str(DEMO_IMAGES_DIR)
 
 
-@pytest.mark.parametrize("path", [
-    "/home/someone/a very long directory name for photos/from the summer holiday 2025/camera roll/one.png",
-    "/data/photos/2025/08/12/IMG_20250812_142233_my_favourite_digit_three.png",
-    "/d/" + "x" * 80 + ".jpeg",  # a file name longer than the column
-    "short/name.jpg",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/home/someone/a very long directory name for photos/from the summer holiday 2025/camera roll/one.png",
+        "/data/photos/2025/08/12/IMG_20250812_142233_my_favourite_digit_three.png",
+        "/d/" + "x" * 80 + ".jpeg",  # a file name longer than the column
+        "short/name.jpg",
+    ],
+)
 def test_fit_path_keeps_the_file_name_and_cuts_the_middle(path):
     from vitdeploy.cli.console import fit_path
 

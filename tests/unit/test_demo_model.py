@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vitdeploy.base.preprocess_spec import PreprocessSpec
 from vitdeploy.demo import (
     CONFIG_PATH,
     DEMO_DIR,
@@ -21,11 +22,10 @@ from vitdeploy.demo import (
     render_digit,
 )
 from vitdeploy.runtime.preprocess import Preprocessor
-from vitdeploy.base.preprocess_spec import PreprocessSpec
 
 torch = pytest.importorskip("torch", reason="the demo model's torch checks need torch")
 
-from vitdeploy.model.checkpoints import load_checkpoint
+from vitdeploy.model.checkpoints import load_checkpoint  # noqa: E402 (after the torch skip)
 
 LABELS = tuple(str(i) for i in range(10))
 SPEC = PreprocessSpec(style="hf", height=32, width=32, interpolation="bilinear", mean=(0.5,) * 3, std=(0.5,) * 3)

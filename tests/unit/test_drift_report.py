@@ -7,22 +7,25 @@ the demo model, so they stay fast.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from tiny_export import LABELS  # tests/: on sys.path beside conftest.py
 
+from vitdeploy.base.errors import ConfigError, InputError, MissingDependencyError, ValidationError
 from vitdeploy.evaluate.dataset import label_indices, load_validation_set, read_labels_csv
 from vitdeploy.evaluate.drift import DriftReport, accuracy, format_drift_table, judge_backend, run_drift
 from vitdeploy.evaluate.specs import backend_specs, parse_backend_names
-from vitdeploy.base.errors import ConfigError, InputError, MissingDependencyError, ValidationError
 
-from tiny_export import LABELS  # tests/: on sys.path beside conftest.py
-
-FP32 = {"max_abs_diff": 1e-3, "mean_abs_diff": 1e-4, "min_cosine": 0.99999, "min_top1_agreement": 1.0,
-        "min_top5_overlap": 1.0}
+FP32 = {
+    "max_abs_diff": 1e-3,
+    "mean_abs_diff": 1e-4,
+    "min_cosine": 0.99999,
+    "min_top1_agreement": 1.0,
+    "min_top5_overlap": 1.0,
+}
 CLASSES = ["cat", "dog", "eel", "fox", "gnu", "hen"]
 
 
@@ -80,8 +83,10 @@ def test_identical_logits_pass_and_each_threshold_is_judged():
     assert failed == {"max_abs_diff", "mean_abs_diff"}
     assert row.thresholds == FP32
     loose = dict(FP32, max_abs_diff=0.05, mean_abs_diff=0.05)
-    assert judge_backend("ort", noisy, ref, loose, names=["a"] * 6, true_index=[None] * 6,
-                         classes=CLASSES).status == "passed"
+    assert (
+        judge_backend("ort", noisy, ref, loose, names=["a"] * 6, true_index=[None] * 6, classes=CLASSES).status
+        == "passed"
+    )
 
 
 def test_accuracy_counts_only_labelled_rows():
@@ -147,11 +152,19 @@ def test_unknown_backend_names_are_a_config_error():
 def test_threshold_sets_per_backend():
     specs = {s.name: s for s in backend_specs()}
     assert specs["torch"].is_reference
-    assert {n: s.precision for n, s in specs.items()} == {"torch": "fp32", "ort": "fp32", "ort-fp16": "fp16",
-                                                          "ort-int8": "int8", "torch-fp16": "fp16", "trt": "fp16",
-                                                          "trt-int8": "int8"}
+    assert {n: s.precision for n, s in specs.items()} == {
+        "torch": "fp32",
+        "ort": "fp32",
+        "ort-fp16": "fp16",
+        "ort-int8": "int8",
+        "torch-fp16": "fp16",
+        "trt": "fp16",
+        "trt-int8": "int8",
+    }
     assert specs["torch-fp16"].options.device == "cuda" and specs["torch-fp16"].options.precision == "fp16"
-    assert specs["trt-int8"].options.device == "cuda" and specs["trt-int8"].uses_cuda and not specs["ort-int8"].uses_cuda
+    assert (
+        specs["trt-int8"].options.device == "cuda" and specs["trt-int8"].uses_cuda and not specs["ort-int8"].uses_cuda
+    )
     from vitdeploy.runtime.backends import BackendOptions
 
     on_gpu = {s.name: s for s in backend_specs(None, BackendOptions(device="cuda:1"))}
@@ -205,8 +218,9 @@ def test_cli_exits_3_when_a_threshold_is_0(tiny_dir, image_tree, tmp_path):
     from vitdeploy.cli import main
 
     cfg = _write_config(tmp_path / "strict.yaml", max_abs_diff=0, mean_abs_diff=0)
-    result = CliRunner().invoke(main, ["validate", "-a", str(tiny_dir), "--images", str(image_tree), "-b", "ort",
-                                       "-c", str(cfg)])
+    result = CliRunner().invoke(
+        main, ["validate", "-a", str(tiny_dir), "--images", str(image_tree), "-b", "ort", "-c", str(cfg)]
+    )
     assert result.exit_code == 3, result.output
     assert "FAIL" in result.output and "max_abs_diff: expected <= 0" in result.output
     saved = json.loads((tiny_dir / "drift-report.json").read_text())  # written before exiting
@@ -217,8 +231,9 @@ def test_cli_exits_3_when_a_threshold_is_0(tiny_dir, image_tree, tmp_path):
 def test_cli_passes_and_prints_json(tiny_dir, image_tree):
     from vitdeploy.cli import main
 
-    result = CliRunner().invoke(main, ["validate", "-a", str(tiny_dir), "--images", str(image_tree), "-b", "ort",
-                                       "--json"])
+    result = CliRunner().invoke(
+        main, ["validate", "-a", str(tiny_dir), "--images", str(image_tree), "-b", "ort", "--json"]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["passed"] is True and [b["name"] for b in data["backends"]] == ["ort"]
@@ -236,8 +251,14 @@ def test_a_requested_backend_that_cannot_run_is_listed_and_exits_4(tiny_dir, ima
 def test_a_failed_report_raises_validation_error():
     from vitdeploy.evaluate.drift import BackendDrift
 
-    report = DriftReport(artifacts="x", model="m", images={}, reference={}, thresholds={},
-                         backends=[BackendDrift("ort", "failed", failures=["cosine: expected >= 1, got 0.9"])])
+    report = DriftReport(
+        artifacts="x",
+        model="m",
+        images={},
+        reference={},
+        thresholds={},
+        backends=[BackendDrift("ort", "failed", failures=["cosine: expected >= 1, got 0.9"])],
+    )
     with pytest.raises(ValidationError, match="ort: cosine"):
         report.raise_for_failures()
 
@@ -246,8 +267,16 @@ def test_nan_logits_fail_every_image_and_the_report_stays_strict_json():
     ref = synthetic()
     cand = ref.copy()
     cand[1, :] = np.nan  # e.g. an FP16 overflow
-    row = judge_backend("ort-fp16", cand, ref, FP32, names=[f"i{i}" for i in range(6)], true_index=[None] * 6,
-                        classes=CLASSES, precision="fp16")
+    row = judge_backend(
+        "ort-fp16",
+        cand,
+        ref,
+        FP32,
+        names=[f"i{i}" for i in range(6)],
+        true_index=[None] * 6,
+        classes=CLASSES,
+        precision="fp16",
+    )
     assert row.status == "failed" and row.metrics["max_abs_diff"] == float("inf")
     report = DriftReport(artifacts="x", model="m", images={}, reference={}, thresholds={}, backends=[row])
     text = json.dumps(report.to_dict(), allow_nan=False)  # no bare NaN / Infinity tokens

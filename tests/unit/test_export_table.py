@@ -63,24 +63,47 @@ def _row(shift: float = 0.0, fail: Exception | None = None, **kwargs) -> Stage:
 
 def _context(tmp_path, **kwargs) -> tuple[ExportContext, list]:
     seen: list = []
-    ctx = ExportContext(parse_config({}, None), tmp_path, "skip",
-                        lambda rec: seen.append((rec.name, rec.status)), **kwargs)
+    ctx = ExportContext(
+        parse_config({}, None), tmp_path, "skip", lambda rec: seen.append((rec.name, rec.status)), **kwargs
+    )
     return ctx, seen
 
 
 def test_the_table_runs_the_stages_users_see_in_order():
-    assert [s.name for s in STAGES] == ["model", "onnx", "reference", "ort-optimize", "fp16", "int8", "int8-trt",
-                                        "engine", "engine-int8", "manifest"]
+    assert [s.name for s in STAGES] == [
+        "model",
+        "onnx",
+        "reference",
+        "ort-optimize",
+        "fp16",
+        "int8",
+        "int8-trt",
+        "engine",
+        "engine-int8",
+        "manifest",
+    ]
     assert {s.gate.name for s in STAGES if s.gate} == {
-        "validate-onnx", "validate-ort-optimized", "validate-fp16", "validate-int8", "validate-int8-trt",
-        "validate-engine", "validate-engine-int8"}
+        "validate-onnx",
+        "validate-ort-optimized",
+        "validate-fp16",
+        "validate-int8",
+        "validate-int8-trt",
+        "validate-engine",
+        "validate-engine-int8",
+    }
 
 
 def test_an_added_row_is_timed_validated_and_recorded_in_the_manifest_entries(tmp_path):
     ctx, seen = _context(tmp_path)
     run_stages(ctx, [Stage("reference", _reference), _row(shift=1e-4)])
-    assert seen == [("reference", "running"), ("reference", "passed"), ("made-up", "running"), ("made-up", "passed"),
-                    ("validate-made-up", "running"), ("validate-made-up", "passed")]
+    assert seen == [
+        ("reference", "running"),
+        ("reference", "passed"),
+        ("made-up", "running"),
+        ("made-up", "passed"),
+        ("validate-made-up", "running"),
+        ("validate-made-up", "passed"),
+    ]
     assert ctx.stages[1].outputs == [tmp_path / "model.fp16.onnx"] and ctx.stages[1].reason == "written"
     assert ctx.stages[2].reason.startswith("4 inputs at batch 1, 3; worst max|diff| 0.0001")
     assert ctx.artifacts == {ROLE: tmp_path / "model.fp16.onnx"} and ctx.entries[ROLE]["bytes"] == 5
@@ -108,8 +131,12 @@ def test_a_drifting_artifact_is_renamed_rejected_reported_and_fails_the_export(t
 @pytest.mark.parametrize("required", [False, True])
 def test_an_optional_row_that_fails_is_dropped_unless_required(tmp_path, required, caplog):
     ctx, seen = _context(tmp_path)
-    row = _row(shift=5.0, fallible=(ValidationError,), required=lambda ctx: required,
-               dropped=lambda ctx, exc: logging.getLogger("made-up").warning("made-up not written: %s", exc))
+    row = _row(
+        shift=5.0,
+        fallible=(ValidationError,),
+        required=lambda ctx: required,
+        dropped=lambda ctx, exc: logging.getLogger("made-up").warning("made-up not written: %s", exc),
+    )
     table = [Stage("reference", _reference), row, Stage("after", lambda ctx, rec: ())]
     if required:
         with pytest.raises(ValidationError):
@@ -123,8 +150,14 @@ def test_an_optional_row_that_fails_is_dropped_unless_required(tmp_path, require
 
 def test_a_skipped_row_leaves_one_record_and_a_row_that_does_not_apply_none(tmp_path):
     ctx, seen = _context(tmp_path)
-    run_stages(ctx, [Stage("reference", _reference), _row(skip=lambda ctx: "export.made_up is false"),
-                     _row(applies=lambda ctx: False, fail=ExportError("never run"))])
+    run_stages(
+        ctx,
+        [
+            Stage("reference", _reference),
+            _row(skip=lambda ctx: "export.made_up is false"),
+            _row(applies=lambda ctx: False, fail=ExportError("never run")),
+        ],
+    )
     assert seen[2:] == [("made-up", "skipped")] and ctx.stages[-1].reason == "export.made_up is false"
     assert not ctx.artifacts
 

@@ -67,8 +67,11 @@ def test_opset_in_the_range_tensorrt_parses(graph):
 def test_no_double_tensors(graph):
     model, inferred, _ = graph
     doubles = [name for name, t in _types(inferred).items() if t == TensorProto.DOUBLE]
-    casts = [n.name for n in model.graph.node if n.op_type == "Cast"
-             and any(a.name == "to" and a.i == TensorProto.DOUBLE for a in n.attribute)]
+    casts = [
+        n.name
+        for n in model.graph.node
+        if n.op_type == "Cast" and any(a.name == "to" and a.i == TensorProto.DOUBLE for a in n.attribute)
+    ]
     assert doubles == [] and casts == []
 
 

@@ -473,9 +473,20 @@ def test_tiny_and_extreme_aspect_images_load() -> None:
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("a.jpg", True), ("a.JPEG", True), ("a.Png", True), ("x/y.webp", True), ("a.tif", True),
-        ("a.tiff", True), ("a.bmp", True), ("a.gif", True), ("a.jfif", True), ("a.txt", False),
-        ("a.heic", False), ("jpg", False), ("a.jpg.txt", False), ("a.svg", False),
+        ("a.jpg", True),
+        ("a.JPEG", True),
+        ("a.Png", True),
+        ("x/y.webp", True),
+        ("a.tif", True),
+        ("a.tiff", True),
+        ("a.bmp", True),
+        ("a.gif", True),
+        ("a.jfif", True),
+        ("a.txt", False),
+        ("a.heic", False),
+        ("jpg", False),
+        ("a.jpg.txt", False),
+        ("a.svg", False),
     ],
 )
 def test_is_image_path(name: str, expected: bool) -> None:

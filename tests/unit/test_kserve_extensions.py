@@ -20,21 +20,26 @@ from vitdeploy.serve.kserve_model import InferenceStats, model_config
 def _read(body: bytes, encoding: str | None, limit: int, chunk: int = 1000) -> bytes:
     async def chunks():
         for i in range(0, len(body), chunk):
-            yield body[i:i + chunk]
+            yield body[i : i + chunk]
 
     return asyncio.run(read_body(chunks(), encoding, limit))
 
 
-PAYLOAD = json.dumps({"inputs": [{"name": "IMAGES", "shape": [1], "datatype": "BYTES", "data": ["x" * 5000]}]}).encode()
+PAYLOAD = json.dumps(
+    {"inputs": [{"name": "IMAGES", "shape": [1], "datatype": "BYTES", "data": ["x" * 5000]}]}
+).encode()
 
 
-@pytest.mark.parametrize("encoding, pack", [
-    ("gzip", gzip.compress),
-    ("deflate", zlib.compress),  # what tritonclient sends for "deflate": the zlib format
-    ("deflate", lambda b: zlib.compress(b)[2:-4]),  # a raw deflate stream, as some clients send it
-    ("identity", lambda b: b),
-    (None, lambda b: b),
-])
+@pytest.mark.parametrize(
+    "encoding, pack",
+    [
+        ("gzip", gzip.compress),
+        ("deflate", zlib.compress),  # what tritonclient sends for "deflate": the zlib format
+        ("deflate", lambda b: zlib.compress(b)[2:-4]),  # a raw deflate stream, as some clients send it
+        ("identity", lambda b: b),
+        (None, lambda b: b),
+    ],
+)
 def test_compressed_bodies_are_inflated(encoding, pack):
     assert _read(pack(PAYLOAD), encoding, limit=1 << 20) == PAYLOAD
 
@@ -44,17 +49,22 @@ def test_the_limit_applies_to_the_inflated_size_without_inflating_a_bomb_in_full
     assert len(bomb) < 100_000
     with pytest.raises(P.RequestError) as err:
         _read(bomb, "gzip", limit=1 << 20)
-    assert status_of(err.value) == 413 and "once inflated" in str(err.value) and "serve.max_request_mb" in str(err.value)
+    assert (
+        status_of(err.value) == 413 and "once inflated" in str(err.value) and "serve.max_request_mb" in str(err.value)
+    )
     with pytest.raises(P.RequestError) as err:  # the wire size is capped too
         _read(b"x" * 5000, None, limit=4000)
     assert status_of(err.value) == 413
 
 
-@pytest.mark.parametrize("encoding, body, status, words", [
-    ("br", b"abc", 415, "Content-Encoding 'br'"),
-    ("gzip", b"not gzip at all", 400, "corrupt"),
-    ("gzip", gzip.compress(PAYLOAD)[:-20], 400, "truncated"),
-])
+@pytest.mark.parametrize(
+    "encoding, body, status, words",
+    [
+        ("br", b"abc", 415, "Content-Encoding 'br'"),
+        ("gzip", b"not gzip at all", 400, "corrupt"),
+        ("gzip", gzip.compress(PAYLOAD)[:-20], 400, "truncated"),
+    ],
+)
 def test_bad_encodings_are_one_line_4xx(encoding, body, status, words):
     with pytest.raises(P.RequestError) as err:
         _read(body, encoding, limit=1 << 20)
@@ -70,7 +80,10 @@ def test_the_model_config_is_tritons_model_config_json():
     assert parsed.max_batch_size == 32
     assert [(i.name, i.data_type, list(i.dims)) for i in parsed.input] == [("IMAGES", pb.TYPE_STRING, [1])]
     assert [(o.name, o.data_type, list(o.dims)) for o in parsed.output] == [
-        ("LOGITS", pb.TYPE_FP32, [10]), ("TOPK_LABELS", pb.TYPE_STRING, [5]), ("TOPK_SCORES", pb.TYPE_FP32, [5])]
+        ("LOGITS", pb.TYPE_FP32, [10]),
+        ("TOPK_LABELS", pb.TYPE_STRING, [5]),
+        ("TOPK_SCORES", pb.TYPE_FP32, [5]),
+    ]
 
 
 def test_statistics_count_successes_failures_and_times():
@@ -88,8 +101,10 @@ def test_statistics_count_successes_failures_and_times():
 
 
 def test_class_count_is_refused_with_400_never_ignored():
-    doc = {"inputs": [{"name": "IMAGES", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}],
-           "outputs": [{"name": "LOGITS", "parameters": {"classification": 3}}]}
+    doc = {
+        "inputs": [{"name": "IMAGES", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}],
+        "outputs": [{"name": "LOGITS", "parameters": {"classification": 3}}],
+    }
     with pytest.raises(P.RequestError) as err:
         P.parse_infer_request(json.dumps(doc).encode(), None, max_images=4)
     assert status_of(err.value) == 400 and "class_count" in str(err.value)

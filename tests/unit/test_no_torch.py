@@ -19,7 +19,6 @@ import pytest
 
 from vitdeploy.runtime.predictor import Predictor
 
-
 REPO = Path(__file__).resolve().parents[2]
 
 HIDE_TORCH = '''
@@ -36,7 +35,7 @@ class _HideTorch:
 sys.meta_path.insert(0, _HideTorch())
 '''
 
-CHILD = '''
+CHILD = """
 import json, sys
 
 try:
@@ -62,7 +61,7 @@ except MissingDependencyError as exc:
 print(json.dumps({"preds": preds, "auto": auto_name, "why": auto_why, "torch_error": torch_error,
                   "torch_loaded": "torch" in sys.modules,
                   "model_loaded": "vitdeploy.model" in sys.modules}))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +82,14 @@ def prepared(tmp_path_factory, tiny_artifacts):
 def test_ort_predictor_runs_without_torch(prepared):
     directory, image, hide, child = prepared
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(REPO)])}
-    out = subprocess.run([sys.executable, str(child), str(directory), str(image)], env=env, cwd=hide,
-                         capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [sys.executable, str(child), str(directory), str(image)],
+        env=env,
+        cwd=hide,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
 

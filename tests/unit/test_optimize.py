@@ -20,11 +20,12 @@ def tiny_onnx(tmp_path_factory) -> Path:
     import torch
 
     from vitdeploy.export.onnx import export_onnx
-    from vitdeploy.model import ViTConfig, VisionTransformer
+    from vitdeploy.model import VisionTransformer, ViTConfig
 
     torch.manual_seed(0)
-    model = VisionTransformer(ViTConfig(image_size=32, patch_size=8, width=WIDTH, depth=DEPTH, heads=HEADS,
-                                        num_classes=7)).eval()
+    model = VisionTransformer(
+        ViTConfig(image_size=32, patch_size=8, width=WIDTH, depth=DEPTH, heads=HEADS, num_classes=7)
+    ).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.2)  # non-zero biases: a fusion that drops or swaps one would show
@@ -68,8 +69,9 @@ def _inputs(batch: int) -> np.ndarray:
 def test_fused_graph_has_contrib_ops_and_same_logits(tiny_onnx, tmp_path, attention):
     from vitdeploy.export.optimize import fused_op_counts, optimize_for_ort
 
-    out = optimize_for_ort(tiny_onnx, tmp_path / "model.ort.onnx", num_heads=HEADS, hidden_size=WIDTH,
-                           attention=attention)
+    out = optimize_for_ort(
+        tiny_onnx, tmp_path / "model.ort.onnx", num_heads=HEADS, hidden_size=WIDTH, attention=attention
+    )
     assert out == tmp_path / "model.ort.onnx" and out.is_file()
     counts = fused_op_counts(out)
     assert counts.get(attention) == DEPTH
@@ -137,8 +139,9 @@ def test_class_token_pruning_refused_when_all_tokens_are_read(tiny_onnx, tmp_pat
 def test_gelu_approximation_is_opt_in(tiny_onnx, tmp_path):
     from vitdeploy.export.optimize import fused_op_counts, optimize_for_ort
 
-    out = optimize_for_ort(tiny_onnx, tmp_path / "fast.onnx", num_heads=HEADS, hidden_size=WIDTH,
-                           gelu_approximation=True)
+    out = optimize_for_ort(
+        tiny_onnx, tmp_path / "fast.onnx", num_heads=HEADS, hidden_size=WIDTH, gelu_approximation=True
+    )
     counts = fused_op_counts(out)
     assert counts.get("FastGelu") == DEPTH and "BiasGelu" not in counts
 
@@ -146,8 +149,7 @@ def test_gelu_approximation_is_opt_in(tiny_onnx, tmp_path):
 def test_skip_layer_norm_fusion_on_request(tiny_onnx, tmp_path):
     from vitdeploy.export.optimize import fused_op_counts, optimize_for_ort
 
-    out = optimize_for_ort(tiny_onnx, tmp_path / "skip.onnx", num_heads=HEADS, hidden_size=WIDTH,
-                           skip_layer_norm=True)
+    out = optimize_for_ort(tiny_onnx, tmp_path / "skip.onnx", num_heads=HEADS, hidden_size=WIDTH, skip_layer_norm=True)
     # every residual Add + LayerNorm but the first block's pre-norm (its "residual" is the embedding)
     assert fused_op_counts(out).get("SkipLayerNormalization") == 2 * DEPTH
     x = _inputs(2)
@@ -187,8 +189,9 @@ def test_failed_write_leaves_no_file(tiny_onnx, tmp_path, monkeypatch):
 def test_external_data_written_beside_the_graph(tiny_onnx, tmp_path):
     from vitdeploy.export.optimize import optimize_for_ort
 
-    out = optimize_for_ort(tiny_onnx, tmp_path / "model.ort.onnx", num_heads=HEADS, hidden_size=WIDTH,
-                           external_data_threshold_mb=0)
+    out = optimize_for_ort(
+        tiny_onnx, tmp_path / "model.ort.onnx", num_heads=HEADS, hidden_size=WIDTH, external_data_threshold_mb=0
+    )
     data = tmp_path / "model.ort.onnx.data"
     assert data.is_file() and data.stat().st_size > out.stat().st_size
     x = _inputs(1)
@@ -207,11 +210,12 @@ def test_tanh_gelu_is_fused_as_fast_gelu_never_as_erf_bias_gelu(tmp_path, opset)
 
     from vitdeploy.export.onnx import export_onnx
     from vitdeploy.export.optimize import optimize_for_ort
-    from vitdeploy.model import ViTConfig, VisionTransformer
+    from vitdeploy.model import VisionTransformer, ViTConfig
 
     torch.manual_seed(0)
-    model = VisionTransformer(ViTConfig(image_size=32, patch_size=8, width=WIDTH, depth=DEPTH, heads=HEADS,
-                                        num_classes=7, act="gelu_tanh")).eval()
+    model = VisionTransformer(
+        ViTConfig(image_size=32, patch_size=8, width=WIDTH, depth=DEPTH, heads=HEADS, num_classes=7, act="gelu_tanh")
+    ).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.5)  # wide activations: erf and tanh GELU differ visibly

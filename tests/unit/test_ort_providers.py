@@ -22,8 +22,17 @@ BATCH = {"min": 1, "opt": 8, "max": 32}
 
 
 def entries(requested, device="cuda:1", fp16_graph=False, cache_dir=Path("/art/ort-trt-cache")):
-    return dict(provider_entries(requested, device=device, input_name="pixel_values", chw=(3, 224, 224), batch=BATCH,
-                                 fp16_graph=fp16_graph, cache_dir=cache_dir))
+    return dict(
+        provider_entries(
+            requested,
+            device=device,
+            input_name="pixel_values",
+            chw=(3, 224, 224),
+            batch=BATCH,
+            fp16_graph=fp16_graph,
+            cache_dir=cache_dir,
+        )
+    )
 
 
 def test_device_index_goes_to_cuda_and_tensorrt_providers_only():
@@ -38,9 +47,12 @@ def test_device_index_goes_to_cuda_and_tensorrt_providers_only():
 def test_tensorrt_ep_defaults_caches_profile_and_fp16_for_the_fp16_graph():
     trt = entries(["TensorrtExecutionProvider"], fp16_graph=True)["TensorrtExecutionProvider"]
     assert trt == {
-        "device_id": 1, "trt_fp16_enable": True,
-        "trt_engine_cache_enable": True, "trt_engine_cache_path": "/art/ort-trt-cache",
-        "trt_timing_cache_enable": True, "trt_timing_cache_path": "/art/ort-trt-cache",
+        "device_id": 1,
+        "trt_fp16_enable": True,
+        "trt_engine_cache_enable": True,
+        "trt_engine_cache_path": "/art/ort-trt-cache",
+        "trt_timing_cache_enable": True,
+        "trt_timing_cache_path": "/art/ort-trt-cache",
         "trt_profile_min_shapes": "pixel_values:1x3x224x224",
         "trt_profile_opt_shapes": "pixel_values:8x3x224x224",
         "trt_profile_max_shapes": "pixel_values:32x3x224x224",
@@ -50,9 +62,20 @@ def test_tensorrt_ep_defaults_caches_profile_and_fp16_for_the_fp16_graph():
 
 
 def test_options_from_pipeline_yaml_override_the_defaults():
-    cfg = parse_config({"runtime": {"device": "cuda:2", "providers": [
-        ["TensorrtExecutionProvider", {"trt_fp16_enable": True, "trt_engine_cache_path": "/fast/cache", "device_id": 3}],
-        "CUDAExecutionProvider"]}})
+    cfg = parse_config(
+        {
+            "runtime": {
+                "device": "cuda:2",
+                "providers": [
+                    [
+                        "TensorrtExecutionProvider",
+                        {"trt_fp16_enable": True, "trt_engine_cache_path": "/fast/cache", "device_id": 3},
+                    ],
+                    "CUDAExecutionProvider",
+                ],
+            }
+        }
+    )
     got = entries(cfg.runtime.providers, device=cfg.runtime.device)
     assert got["TensorrtExecutionProvider"]["trt_fp16_enable"] is True
     assert got["TensorrtExecutionProvider"]["trt_engine_cache_path"] == "/fast/cache"
@@ -94,8 +117,17 @@ def test_requested_provider_that_did_not_load_is_logged(demo_artifacts, monkeypa
     monkeypatch.setattr(ort, "InferenceSession", Session)
     monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
     with caplog.at_level(logging.WARNING, logger=ort_backend.__name__):
-        backend = ort_backend.OrtBackend(demo_artifacts / "model.onnx", (3, 32, 32), None, BackendOptions(
-            providers=(("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"), allow_cpu_fallback=True))
+        backend = ort_backend.OrtBackend(
+            demo_artifacts / "model.onnx",
+            (3, 32, 32),
+            None,
+            BackendOptions(
+                providers=(("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"),
+                allow_cpu_fallback=True,
+            ),
+        )
     backend.close()
-    assert any("['CUDAExecutionProvider'] are in this onnxruntime build but did not load" in r.getMessage()
-               for r in caplog.records)
+    assert any(
+        "['CUDAExecutionProvider'] are in this onnxruntime build but did not load" in r.getMessage()
+        for r in caplog.records
+    )

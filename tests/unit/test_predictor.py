@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tiny_export import LABELS  # tests/: on sys.path beside conftest.py
 
 from vitdeploy.base.errors import ArtifactError, BackendError, ConfigError, InputError
 from vitdeploy.runtime.postprocess import softmax, top_k
 from vitdeploy.runtime.predictor import Prediction, Predictor
-
-from tiny_export import LABELS  # tests/: on sys.path beside conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -193,8 +191,11 @@ def test_predict_paths_keeps_going_past_a_bad_image(ort_predictor, images):
     from vitdeploy.runtime.batch_predict import predict_paths
 
     progress = []
-    rows = list(predict_paths(ort_predictor, [images], batch_size=4, top_k=2,
-                              progress=lambda done, total: progress.append((done, total))))
+    rows = list(
+        predict_paths(
+            ort_predictor, [images], batch_size=4, top_k=2, progress=lambda done, total: progress.append((done, total))
+        )
+    )
     by_name = {Path(r["path"]).name: r for r in rows}
     assert set(by_name) == {"img0.png", "img1.png", "img2.png", "img3.png", "img4.png", "img5.png", "broken.jpg"}
     assert "error" in by_name["broken.jpg"] and "label" not in by_name["broken.jpg"]

@@ -13,13 +13,11 @@ from PIL import Image
 
 import vitdeploy.runtime.preprocess as preprocess_mod
 from vitdeploy.base.errors import InputError
-from vitdeploy.runtime.preprocess import Preprocessor, timm_resize_size
 from vitdeploy.base.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
+from vitdeploy.runtime.preprocess import Preprocessor, timm_resize_size
 
 HF = PreprocessSpec(style="hf", height=32, width=48, mean=IMAGENET_MEAN, std=IMAGENET_STD)
-TIMM = PreprocessSpec(
-    style="timm", height=32, width=32, crop_pct=0.875, mean=IMAGENET_MEAN, std=IMAGENET_STD
-)
+TIMM = PreprocessSpec(style="timm", height=32, width=32, crop_pct=0.875, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def png(arr: np.ndarray) -> bytes:
@@ -96,8 +94,7 @@ def test_every_input_kind_gives_identical_tensors(tmp_path: Path) -> None:
     for spec in (HF, TIMM):
         pre = Preprocessor(spec)
         ref = pre(path)
-        sources = (str(path), data, bytearray(data), memoryview(data), Image.open(path),
-                   Image.fromarray(arr), arr)
+        sources = (str(path), data, bytearray(data), memoryview(data), Image.open(path), Image.fromarray(arr), arr)
         for source in sources:
             np.testing.assert_array_equal(pre(source), ref)
 
@@ -123,8 +120,11 @@ def test_hf_resizes_straight_without_keeping_aspect() -> None:
 
 def test_hf_result_equals_plain_pil_resize() -> None:
     arr = noise(37, 53)
-    filters = [("bilinear", Image.Resampling.BILINEAR), ("bicubic", Image.Resampling.BICUBIC),
-               ("lanczos", Image.Resampling.LANCZOS)]
+    filters = [
+        ("bilinear", Image.Resampling.BILINEAR),
+        ("bicubic", Image.Resampling.BICUBIC),
+        ("lanczos", Image.Resampling.LANCZOS),
+    ]
     for interp, resample in filters:
         spec = PreprocessSpec(style="hf", height=24, width=20, interpolation=interp)
         resized = np.asarray(Image.fromarray(arr).resize((20, 24), resample), np.float64)
@@ -154,9 +154,7 @@ def test_timm_resize_size(size, target, crop_pct, expected) -> None:
 
 def test_timm_centre_crop_rounds_half_to_even_like_torchvision() -> None:
     # 257 wide, 224 high, crop_pct 1 -> no resize; left = round(33 / 2) = round(16.5) = 16.
-    spec = PreprocessSpec(
-        style="timm", height=224, width=224, crop_pct=1.0, interpolation="nearest"
-    )
+    spec = PreprocessSpec(style="timm", height=224, width=224, crop_pct=1.0, interpolation="nearest")
     cols = np.broadcast_to(np.arange(257, dtype=np.uint8)[None, :, None], (224, 257, 3)).copy()
     out = Preprocessor(spec)(cols)
     first = round(float(out[0, 0, 0]) * 0.5 * 255 + 0.5 * 255)
@@ -178,9 +176,7 @@ def test_timm_keeps_aspect_and_crops_centre() -> None:
     assert (out > 0.99).all()
 
 
-@pytest.mark.parametrize(
-    "spec", [HF, TIMM, TIMM.replace(height=24, width=40)], ids=["hf", "timm", "timm-rect"]
-)
+@pytest.mark.parametrize("spec", [HF, TIMM, TIMM.replace(height=24, width=40)], ids=["hf", "timm", "timm-rect"])
 @pytest.mark.parametrize("shape", [(1, 1), (1, 10000), (10000, 1), (3, 7000), (2, 2)])
 def test_degenerate_sizes_preprocess(spec: PreprocessSpec, shape) -> None:
     h, w = shape
@@ -355,15 +351,17 @@ def test_timm_squash_and_border() -> None:
 
     squash = PreprocessSpec(style="timm", height=224, width=224, crop_pct=0.9, crop_mode="squash")
     assert resize_plan((640, 427), squash) == ((248, 248), 12, 12, (0, 0, 0))
-    border = PreprocessSpec(style="timm", height=224, width=224, crop_pct=0.875, crop_mode="border",
-                            mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    border = PreprocessSpec(
+        style="timm", height=224, width=224, crop_pct=0.875, crop_mode="border", mean=IMAGENET_MEAN, std=IMAGENET_STD
+    )
     # the longer side to 256: 256x171; width cropped at round(16), height padded (224-171)//2 = 26 above
     assert resize_plan((640, 427), border) == ((256, 171), 16, -26, (124, 116, 104))
 
 
 def test_border_padding_of_a_grey_image_uses_the_mean_colour() -> None:
-    border = PreprocessSpec(style="timm", height=32, width=32, crop_pct=1.0, crop_mode="border",
-                            mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    border = PreprocessSpec(
+        style="timm", height=32, width=32, crop_pct=1.0, crop_mode="border", mean=IMAGENET_MEAN, std=IMAGENET_STD
+    )
     grey = np.full((16, 64), 90, np.uint8)
     out = Preprocessor(border)(png(grey))
     as_rgb = Preprocessor(border)(png(np.stack([grey] * 3, axis=-1)))

@@ -25,8 +25,9 @@ def test_unknown_interpolation_is_refused_naming_the_choices(interpolation):
     assert "interpolation" in msg and repr(interpolation) in msg and "bicubic" in msg and "hamming" in msg
 
 
-@pytest.mark.parametrize("background", [(0, 0, 256), (-1, 0, 0), (0, 0), (0, 0, 0, 0), (0.5, 0, 0), ("255", 0, 0),
-                                        (True, 0, 0), 255, None])
+@pytest.mark.parametrize(
+    "background", [(0, 0, 256), (-1, 0, 0), (0, 0), (0, 0, 0, 0), (0.5, 0, 0), ("255", 0, 0), (True, 0, 0), 255, None]
+)
 def test_background_must_be_three_ints_0_to_255(background):
     with pytest.raises(ValueError, match=r"background must be 3 integers in 0\.\.255"):
         PreprocessSpec(background=background)
@@ -58,11 +59,17 @@ def test_predict_on_a_manifest_with_a_bad_interpolation_exits_2_with_one_line(tm
     out = tmp_path / "out"
     out.mkdir()
     manifest = {
-        "format": "vitdeploy-manifest", "version": 1, "name": "bad",
+        "format": "vitdeploy-manifest",
+        "version": 1,
+        "name": "bad",
         "preprocess": {"style": "hf", "height": 32, "width": 32, "interpolation": "cubic"},
-        "io": {"input": {"name": "pixel_values", "dtype": "float32", "shape": ["batch", 3, 32, 32]},
-               "output": {"name": "logits", "dtype": "float32", "shape": ["batch", 2]}},
-        "batch": {"min": 1, "opt": 1, "max": 1}, "labels": ["a", "b"], "artifacts": {},
+        "io": {
+            "input": {"name": "pixel_values", "dtype": "float32", "shape": ["batch", 3, 32, 32]},
+            "output": {"name": "logits", "dtype": "float32", "shape": ["batch", 2]},
+        },
+        "batch": {"min": 1, "opt": 1, "max": 1},
+        "labels": ["a", "b"],
+        "artifacts": {},
     }
     (out / "manifest.json").write_text(json.dumps(manifest))
     image = tmp_path / "img.png"

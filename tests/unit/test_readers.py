@@ -12,12 +12,12 @@ import torch
 
 from vitdeploy.base.config import PreprocessSection, parse_config
 from vitdeploy.base.errors import ArtifactError, CheckpointError, ConfigError
+from vitdeploy.base.preprocess_spec import PreprocessSpec
+from vitdeploy.base.vit_schema import HEADS_BY_WIDTH, SIZE_BY_WIDTH, VARIANTS, parse_vit_config
 from vitdeploy.model import VisionTransformer, ViTConfig, load_checkpoint
 from vitdeploy.model.readers import FORMATS, READERS, Reader, reader_for
 from vitdeploy.model.readers.timm import TimmReader
-from vitdeploy.base.preprocess_spec import PreprocessSpec
 from vitdeploy.runtime.manifest_schema import parse_manifest
-from vitdeploy.base.vit_schema import HEADS_BY_WIDTH, SIZE_BY_WIDTH, VARIANTS, parse_vit_config
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -99,11 +99,17 @@ def test_pipeline_preprocess_keys_are_the_spec_fields_but_the_size():
 
 
 def _manifest(preprocess: dict) -> dict:
-    return {"format": "vitdeploy-manifest", "version": 1, "labels": ["a", "b"],
-            "preprocess": {"height": 32, "width": 32, **preprocess},
-            "io": {"input": {"name": "pixel_values", "shape": ["batch", 3, 32, 32]},
-                   "output": {"name": "logits", "shape": ["batch", 2]}},
-            "artifacts": {"onnx": {"path": "model.onnx", "sha256": "0" * 64, "bytes": 1}}}
+    return {
+        "format": "vitdeploy-manifest",
+        "version": 1,
+        "labels": ["a", "b"],
+        "preprocess": {"height": 32, "width": 32, **preprocess},
+        "io": {
+            "input": {"name": "pixel_values", "shape": ["batch", 3, 32, 32]},
+            "output": {"name": "logits", "shape": ["batch", 2]},
+        },
+        "artifacts": {"onnx": {"path": "model.onnx", "sha256": "0" * 64, "bytes": 1}},
+    }
 
 
 def test_manifest_preprocess_is_the_spec_checked_as_in_python():

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vitdeploy.base import errors as E
 from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.predictor import Predictor
-from vitdeploy.base import errors as E
 from vitdeploy.serve import protocol as P
 from vitdeploy.serve.http_errors import error_body, status_of
 
@@ -22,8 +22,16 @@ def _png(size=(40, 30), colour=(200, 30, 10)) -> bytes:
     return buf.getvalue()
 
 
-@pytest.mark.parametrize("raw, expected", [("vit-demo-digits", "vit-demo-digits"), ("my model.v2", "my_model_v2"),
-                                           ("ViT/S 16 (in1k)", "ViT_S_16_in1k"), ("", "model"), ("...", "model")])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("vit-demo-digits", "vit-demo-digits"),
+        ("my model.v2", "my_model_v2"),
+        ("ViT/S 16 (in1k)", "ViT_S_16_in1k"),
+        ("", "model"),
+        ("...", "model"),
+    ],
+)
 def test_model_name_keeps_only_the_wire_safe_characters(raw, expected):
     assert P.model_name(raw) == expected
 
@@ -59,27 +67,45 @@ def test_tritonclient_request_is_parsed_and_the_response_read_back_by_tritonclie
 
 
 def test_json_tensors_in_and_out():
-    body = json.dumps({"inputs": [{"name": P.INPUT, "datatype": "BYTES", "shape": [1, 1], "data": [["abc"]]}],
-                       "outputs": [{"name": P.TOPK_LABELS}]}).encode()
+    body = json.dumps(
+        {
+            "inputs": [{"name": P.INPUT, "datatype": "BYTES", "shape": [1, 1], "data": [["abc"]]}],
+            "outputs": [{"name": P.TOPK_LABELS}],
+        }
+    ).encode()
     req = P.parse_infer_request(body, None, max_images=4)
     assert req.images == [b"abc"] and req.outputs == {P.TOPK_LABELS: False}
     out, headers = P.encode_infer_response("m", req, np.array([[1.0, 0.0]], np.float32), ["x", "y"], k=5)
     assert P.HEADER_LENGTH not in headers
-    assert json.loads(out)["outputs"] == [{"name": P.TOPK_LABELS, "datatype": "BYTES", "shape": [1, 2],
-                                           "data": ["x", "y"]}]
+    assert json.loads(out)["outputs"] == [
+        {"name": P.TOPK_LABELS, "datatype": "BYTES", "shape": [1, 2], "data": ["x", "y"]}
+    ]
 
 
-@pytest.mark.parametrize("doc, status, fragment", [
-    ({"inputs": []}, 400, "exactly one input"),
-    ({"inputs": [{"name": "X", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}, 400, "exactly one input"),
-    ({"inputs": [{"name": "IMAGES", "datatype": "FP32", "shape": [1], "data": [1.0]}]}, 400, "datatype BYTES"),
-    ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [1, 2], "data": ["a", "b"]}]}, 400, "shape"),
-    ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [0], "data": []}]}, 400, "no image"),
-    ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [9], "data": ["a"] * 9}]}, 400, "too many images"),
-    ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [2], "data": ["a"]}]}, 400, "data holds 1"),
-    ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
-      "outputs": [{"name": "PROBS"}]}, 400, "unknown output 'PROBS'"),
-])
+@pytest.mark.parametrize(
+    "doc, status, fragment",
+    [
+        ({"inputs": []}, 400, "exactly one input"),
+        ({"inputs": [{"name": "X", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}, 400, "exactly one input"),
+        ({"inputs": [{"name": "IMAGES", "datatype": "FP32", "shape": [1], "data": [1.0]}]}, 400, "datatype BYTES"),
+        ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [1, 2], "data": ["a", "b"]}]}, 400, "shape"),
+        ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [0], "data": []}]}, 400, "no image"),
+        (
+            {"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [9], "data": ["a"] * 9}]},
+            400,
+            "too many images",
+        ),
+        ({"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [2], "data": ["a"]}]}, 400, "data holds 1"),
+        (
+            {
+                "inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+                "outputs": [{"name": "PROBS"}],
+            },
+            400,
+            "unknown output 'PROBS'",
+        ),
+    ],
+)
 def test_malformed_requests_get_a_status_and_one_line(doc, status, fragment):
     with pytest.raises(P.RequestError) as info:
         P.parse_infer_request(json.dumps(doc).encode(), None, max_images=8)
@@ -126,8 +152,10 @@ def test_vitdeploy_imports_without_ray():
     import subprocess
     import sys
 
-    code = ("import sys; import vitdeploy.cli, vitdeploy.serve.protocol, vitdeploy.serve.runner; "
-            "print(sorted(m for m in ('ray', 'fastapi', 'torch') if m in sys.modules))")
+    code = (
+        "import sys; import vitdeploy.cli, vitdeploy.serve.protocol, vitdeploy.serve.runner; "
+        "print(sorted(m for m in ('ray', 'fastapi', 'torch') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -135,34 +163,58 @@ def test_vitdeploy_imports_without_ray():
 
 def test_json_bytes_are_base64_decoded_and_text_stays_utf8():
     png = _png()
-    doc = {"inputs": [{"name": P.INPUT, "datatype": "BYTES", "shape": [2],
-                       "data": [__import__("base64").b64encode(png).decode(), "plain text"]}]}
+    doc = {
+        "inputs": [
+            {
+                "name": P.INPUT,
+                "datatype": "BYTES",
+                "shape": [2],
+                "data": [__import__("base64").b64encode(png).decode(), "plain text"],
+            }
+        ]
+    }
     req = P.parse_infer_request(json.dumps(doc).encode(), None, max_images=4)
     assert req.images == [png, b"plain text"]
 
 
-@pytest.mark.parametrize("flag, binary", [("false", False), ("FALSE", False), ("true", True), (False, False),
-                                          (True, True)])
+@pytest.mark.parametrize(
+    "flag, binary", [("false", False), ("FALSE", False), ("true", True), (False, False), (True, True)]
+)
 def test_binary_data_flags_read_strings_as_booleans(flag, binary):
-    doc = {"inputs": [{"name": P.INPUT, "datatype": "BYTES", "shape": [1], "data": ["a"]}],
-           "outputs": [{"name": P.LOGITS, "parameters": {"binary_data": flag}}]}
+    doc = {
+        "inputs": [{"name": P.INPUT, "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+        "outputs": [{"name": P.LOGITS, "parameters": {"binary_data": flag}}],
+    }
     assert P.parse_infer_request(json.dumps(doc).encode(), None, 4).outputs == {P.LOGITS: binary}
 
 
 def test_a_binary_data_flag_that_is_not_a_boolean_is_400():
-    doc = {"inputs": [{"name": P.INPUT, "datatype": "BYTES", "shape": [1], "data": ["a"]}],
-           "parameters": {"binary_data_output": "yes"}}
+    doc = {
+        "inputs": [{"name": P.INPUT, "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+        "parameters": {"binary_data_output": "yes"},
+    }
     with pytest.raises(P.RequestError, match="binary_data_output must be true or false") as info:
         P.parse_infer_request(json.dumps(doc).encode(), None, 4)
     assert status_of(info.value) == 400
 
 
-@pytest.mark.parametrize("error, status", [
-    (E.NotAnImageError, 400), (E.ImageTooLargeError, 400), (E.EmptyRequestError, 400), (E.NotFoundError, 404),
-    (E.MethodNotAllowedError, 405), (E.RequestTimeoutError, 408), (E.BodyTooLargeError, 413),
-    (E.TooManyImagesError, 413), (E.UnsupportedMediaError, 415), (E.UnavailableError, 503),
-    (E.BackendError, 500), (RuntimeError, 500),
-])
+@pytest.mark.parametrize(
+    "error, status",
+    [
+        (E.NotAnImageError, 400),
+        (E.ImageTooLargeError, 400),
+        (E.EmptyRequestError, 400),
+        (E.NotFoundError, 404),
+        (E.MethodNotAllowedError, 405),
+        (E.RequestTimeoutError, 408),
+        (E.BodyTooLargeError, 413),
+        (E.TooManyImagesError, 413),
+        (E.UnsupportedMediaError, 415),
+        (E.UnavailableError, 503),
+        (E.BackendError, 500),
+        (RuntimeError, 500),
+    ],
+)
 def test_the_status_comes_from_the_error_type_whatever_the_message_says(error, status):
     # the wording is irrelevant: a message mentioning another fault does not change the status
     assert status_of(error("decompression-bomb? not a recognised image, empty file, too many")) == status

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vitdeploy.export import staging
 from vitdeploy.base.vocab import EXPORT_REPORT_NAME
+from vitdeploy.export import staging
 from vitdeploy.export.pipeline import _OUR_NAMES
 
 
@@ -33,8 +33,13 @@ def test_commit_replaces_our_files_and_keeps_the_users(tmp_path, monkeypatch, ex
         assert beside and stage.parent == tmp_path
         make_export(stage, "new")
         staging.commit(stage, final, beside, _OUR_NAMES)
-    assert sorted(p.name for p in final.iterdir()) == ["manifest.json", "mine.txt", "model.onnx", "model.safetensors",
-                                                       "sub"]
+    assert sorted(p.name for p in final.iterdir()) == [
+        "manifest.json",
+        "mine.txt",
+        "model.onnx",
+        "model.safetensors",
+        "sub",
+    ]
     assert (final / "model.onnx").read_text() == "new model.onnx"
     assert (final / "mine.txt").read_text() == "user" and (final / "sub" / "deep.txt").read_text() == "user deep"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]

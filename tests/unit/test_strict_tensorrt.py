@@ -37,7 +37,9 @@ def builder_config(fake):
 
 def context(fake, strategy=None):
     engine = fake.make_engine(chw=(3, 8, 8), profile=(1, 2, 4))
-    return engine.create_execution_context() if strategy is None else engine.create_execution_context(strategy=strategy)
+    return (
+        engine.create_execution_context() if strategy is None else engine.create_execution_context(strategy=strategy)
+    )
 
 
 @pytest.mark.parametrize("version", VERSIONS)

@@ -27,8 +27,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "tensorrt"
 LIST_FILES = {"10.13": DATA / "python-api-names-10.13.txt", "11.4": DATA / "python-api-names-11.4.txt"}
-OUR_TRT_MODULES = [ROOT / "vitdeploy" / "export" / "tensorrt.py",
-                   *sorted((ROOT / "vitdeploy" / "runtime" / "backends" / "trt").glob("*.py"))]
+OUR_TRT_MODULES = [
+    ROOT / "vitdeploy" / "export" / "tensorrt.py",
+    *sorted((ROOT / "vitdeploy" / "runtime" / "backends" / "trt").glob("*.py")),
+]
 
 # Variables with these names (or attributes ending in them, e.g. self._engine) hold TensorRT
 # objects in our code; their attribute names are checked even where data flow is not tracked.
@@ -47,7 +49,7 @@ TAIL_MERGED = {
 }
 PYTHON_LEVEL = {
     "__version__": "set by the tensorrt package in Python (10.x bindings lack the string); "
-                   "the install guide verifies installs with `python3 -c 'import tensorrt; print(tensorrt.__version__)'`",
+    "the install guide verifies installs with `python3 -c 'import tensorrt; print(tensorrt.__version__)'`",
 }
 
 
@@ -157,7 +159,8 @@ class TrtNameCollector:
                         self.roots.add("trt")
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
                 imports_trt = any(
-                    isinstance(sub, ast.Call) and any(isinstance(a, ast.Constant) and a.value == "tensorrt" for a in sub.args)
+                    isinstance(sub, ast.Call)
+                    and any(isinstance(a, ast.Constant) and a.value == "tensorrt" for a in sub.args)
                     for sub in ast.walk(node.value)
                 )
                 if imports_trt:
@@ -192,7 +195,11 @@ class TrtNameCollector:
                 elif isinstance(node, (ast.For, ast.AsyncFor)):
                     pairs = [(t, node.iter) for t in self._targets(node)]
                 elif isinstance(node, (ast.With, ast.AsyncWith)):
-                    pairs = [(item.optional_vars, item.context_expr) for item in node.items if item.optional_vars is not None]
+                    pairs = [
+                        (item.optional_vars, item.context_expr)
+                        for item in node.items
+                        if item.optional_vars is not None
+                    ]
                 for target, value in pairs:
                     name = _dotted(target)
                     if name and name not in self.derived and name not in self.roots and self.is_derived(value):
@@ -206,8 +213,13 @@ class TrtNameCollector:
             word = sub.id if isinstance(sub, ast.Name) else sub.attr if isinstance(sub, ast.Attribute) else None
             if word and any(w in word.lower() for w in VERSION_WORDS):
                 return True
-            if (isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id in ("hasattr", "getattr")
-                    and sub.args and self.is_derived(sub.args[0])):
+            if (
+                isinstance(sub, ast.Call)
+                and isinstance(sub.func, ast.Name)
+                and sub.func.id in ("hasattr", "getattr")
+                and sub.args
+                and self.is_derived(sub.args[0])
+            ):
                 return True
         return False
 
@@ -227,8 +239,14 @@ class TrtNameCollector:
             self._record(node.attr, node, guarded)
         if isinstance(node, ast.Call):
             func = node.func
-            if (isinstance(func, ast.Name) and func.id in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2
-                    and self.is_derived(node.args[0]) and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            if (
+                isinstance(func, ast.Name)
+                and func.id in ("getattr", "hasattr", "setattr", "delattr")
+                and len(node.args) >= 2
+                and self.is_derived(node.args[0])
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+            ):
                 safe = func.id == "hasattr" or (func.id == "getattr" and len(node.args) >= 3)
                 self._record(node.args[1].value, node, guarded or safe)
             if self.is_derived(func):
@@ -237,7 +255,9 @@ class TrtNameCollector:
                         self._record(keyword.arg, node, guarded)
         if isinstance(node, ast.ClassDef) and any(self.is_derived(base) for base in node.bases):
             for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and not (item.name.startswith("__") and item.name.endswith("__")):
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and not (
+                    item.name.startswith("__") and item.name.endswith("__")
+                ):
                     self._record(item.name, item, guarded)
         for child in ast.iter_child_nodes(node):
             self._visit(child, guarded)
@@ -274,9 +294,9 @@ def test_flags_removed_names_on_objects_derived_from_trt(name_lists):
         "def run(trt, data, logger):\n"
         "    rt = trt.Runtime(logger)\n"
         "    eng = rt.deserialize_cuda_engine(data)\n"
-        "    shape = eng.get_binding_shape(0)\n"      # removed in 10.0: tracked through rt -> eng
-        "    context.execute_async_v2([], 0)\n"       # removed in 10.0: a context variable
-        "    builder.platform_has_fast_fp16\n"        # removed in 11.0
+        "    shape = eng.get_binding_shape(0)\n"  # removed in 10.0: tracked through rt -> eng
+        "    context.execute_async_v2([], 0)\n"  # removed in 10.0: a context variable
+        "    builder.platform_has_fast_fp16\n"  # removed in 11.0
     )
     found = problems(snippet, name_lists)
     assert "<snippet>:4: 'get_binding_shape' (missing in TensorRT 10.13, 11.4)" in found
@@ -358,14 +378,57 @@ def test_collector_sees_our_tensorrt_calls():
     """Guards against a vacuous pass: the collector must see the calls we know are there."""
     build = used_names(OUR_TRT_MODULES[0].read_text(encoding="utf-8"))
     run = set().union(*(used_names(p.read_text(encoding="utf-8")) for p in OUR_TRT_MODULES[1:]))
-    assert {"OnnxParser", "IProgressMonitor", "progress_monitor", "phase_start", "step_complete", "phase_finish", "parse_from_file", "get_error", "num_errors", "STRONGLY_TYPED", "MemoryPoolType",
-            "WORKSPACE", "set_memory_pool_limit", "builder_optimization_level", "set_shape", "add_optimization_profile",
-            "create_timing_cache", "set_timing_cache", "ignore_mismatch", "get_timing_cache", "serialize",
-            "build_serialized_network", "__version__", "set_preview_feature", "PreviewFeature",
-            "RUNTIME_ACTIVATION_RESIZE_10_10"} <= build
-    assert {"Builder", "Runtime", "get_tensor_profile_shape", "deserialize_cuda_engine", "num_io_tensors", "get_tensor_name", "get_tensor_mode", "TensorIOMode",
-            "get_tensor_dtype", "create_execution_context", "set_input_shape", "set_tensor_address", "get_tensor_shape",
-            "execute_async_v3", "ILogger", "log", "ExecutionContextAllocationStrategy", "USER_MANAGED",
-            "update_device_memory_size_for_shapes", "set_device_memory"} <= run
+    assert {
+        "OnnxParser",
+        "IProgressMonitor",
+        "progress_monitor",
+        "phase_start",
+        "step_complete",
+        "phase_finish",
+        "parse_from_file",
+        "get_error",
+        "num_errors",
+        "STRONGLY_TYPED",
+        "MemoryPoolType",
+        "WORKSPACE",
+        "set_memory_pool_limit",
+        "builder_optimization_level",
+        "set_shape",
+        "add_optimization_profile",
+        "create_timing_cache",
+        "set_timing_cache",
+        "ignore_mismatch",
+        "get_timing_cache",
+        "serialize",
+        "build_serialized_network",
+        "__version__",
+        "set_preview_feature",
+        "PreviewFeature",
+        "RUNTIME_ACTIVATION_RESIZE_10_10",
+    } <= build
+    assert {
+        "Builder",
+        "Runtime",
+        "get_tensor_profile_shape",
+        "deserialize_cuda_engine",
+        "num_io_tensors",
+        "get_tensor_name",
+        "get_tensor_mode",
+        "TensorIOMode",
+        "get_tensor_dtype",
+        "create_execution_context",
+        "set_input_shape",
+        "set_tensor_address",
+        "get_tensor_shape",
+        "execute_async_v3",
+        "ILogger",
+        "log",
+        "ExecutionContextAllocationStrategy",
+        "USER_MANAGED",
+        "update_device_memory_size_for_shapes",
+        "set_device_memory",
+    } <= run
     assert "FP16" not in build | run, "FP16 precision must come from the ONNX graph, never from BuilderFlag.FP16"
-    assert not {"INT8", "set_flag", "int8_calibrator"} & (build | run), "INT8 comes from the graph's Q/DQ (explicit quantization)"
+    assert not {"INT8", "set_flag", "int8_calibrator"} & (build | run), (
+        "INT8 comes from the graph's Q/DQ (explicit quantization)"
+    )

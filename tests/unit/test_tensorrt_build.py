@@ -26,15 +26,14 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from strict_tensorrt import StrictTrt
 
 from vitdeploy.base.errors import ArtifactError, ConfigError, ExportError
 from vitdeploy.export.tensorrt import EngineBuildPlan, build_engine, plan_engine_build, tensorrt_unavailable_reason
-from vitdeploy.runtime.backends.base import BackendOptions
 from vitdeploy.runtime.backends import trt as trt_backend
+from vitdeploy.runtime.backends.base import BackendOptions
 from vitdeploy.runtime.backends.trt import EngineMetadata, MachineIdentity, open_from_artifacts
 from vitdeploy.runtime.cuda import GpuIdentity, cuda_index, cuda_status
-
-from strict_tensorrt import StrictTrt
 
 MIB = 1024 * 1024
 H100 = GpuIdentity(0, "NVIDIA H100 80GB HBM3", "9.0")
@@ -84,8 +83,16 @@ def onnx_file(tmp_path: Path) -> Path:
 
 
 def make_plan(onnx_file: Path, **overrides) -> EngineBuildPlan:
-    settings = dict(input_name="pixel_values", chw=(3, 32, 32), min_batch=1, opt_batch=2, max_batch=4, workspace_mb=256,
-                    optimization_level=2, timing_cache_path=onnx_file.parent / "cache" / "timing.cache")
+    settings = dict(
+        input_name="pixel_values",
+        chw=(3, 32, 32),
+        min_batch=1,
+        opt_batch=2,
+        max_batch=4,
+        workspace_mb=256,
+        optimization_level=2,
+        timing_cache_path=onnx_file.parent / "cache" / "timing.cache",
+    )
     settings.update(overrides)
     return plan_engine_build(onnx_file, onnx_file.parent / "model.engine", **settings)
 
@@ -107,15 +114,21 @@ def test_profile_workspace_level_and_parse_from_file(onnx_file):
     build(make_plan(onnx_file), fake)
     assert fake.called("set_shape") == [("set_shape", "pixel_values", (1, 3, 32, 32), (2, 3, 32, 32), (4, 3, 32, 32))]
     assert fake.called("add_optimization_profile")
-    assert fake.called("set_memory_pool_limit") == [("set_memory_pool_limit", fake.MemoryPoolType.WORKSPACE, 256 * MIB)]
+    assert fake.called("set_memory_pool_limit") == [
+        ("set_memory_pool_limit", fake.MemoryPoolType.WORKSPACE, 256 * MIB)
+    ]
     assert fake.config.builder_optimization_level == 2
-    assert fake.called("parse_from_file") == [("parse_from_file", str(onnx_file))]  # the path, so external data resolves
+    assert fake.called("parse_from_file") == [
+        ("parse_from_file", str(onnx_file))
+    ]  # the path, so external data resolves
 
 
 def test_strongly_typed_flag_requested_on_10x(onnx_file):
     fake = FakeTrt("10.13.3.9")
     build(make_plan(onnx_file), fake)
-    assert fake.called("create_network") == [("create_network", 1 << 1)]  # 1 << int(STRONGLY_TYPED), STRONGLY_TYPED = 1 in 10.13
+    assert fake.called("create_network") == [
+        ("create_network", 1 << 1)
+    ]  # 1 << int(STRONGLY_TYPED), STRONGLY_TYPED = 1 in 10.13
 
 
 @pytest.mark.parametrize("has_flag", [False, True], ids=["flag-absent", "flag-deprecated"])
@@ -170,8 +183,10 @@ def test_foreign_timing_cache_is_refused_and_replaced_by_a_fresh_one(onnx_file):
     plan.timing_cache_path.write_bytes(foreign_cache())
     fake = FakeTrt()
     build(plan, fake)
-    assert [c[1] for c in fake.called("set_timing_cache")] == [b"fake-timing-cache/10.13.3.9/NVIDIA A10G",
-                                                               b"fake-timing-cache/10.13.3.9/NVIDIA H100 80GB HBM3"]
+    assert [c[1] for c in fake.called("set_timing_cache")] == [
+        b"fake-timing-cache/10.13.3.9/NVIDIA A10G",
+        b"fake-timing-cache/10.13.3.9/NVIDIA H100 80GB HBM3",
+    ]
     assert plan.timing_cache_path.read_bytes() == b"fake-timing-cache/10.13.3.9/NVIDIA H100 80GB HBM3\n+tuned"
 
 
@@ -182,7 +197,12 @@ def test_no_timing_cache_when_path_is_none(onnx_file):
 
 
 def test_parser_errors_collected_into_one_export_error(onnx_file):
-    fake = FakeTrt(parse_errors=("In node 3 (Foo): UNSUPPORTED_NODE: no importer for Foo", "In node 7 (Bar): INVALID_NODE: bad attr"))
+    fake = FakeTrt(
+        parse_errors=(
+            "In node 3 (Foo): UNSUPPORTED_NODE: no importer for Foo",
+            "In node 7 (Bar): INVALID_NODE: bad attr",
+        )
+    )
     with pytest.raises(ExportError) as info:
         build(make_plan(onnx_file), fake)
     text = str(info.value)
@@ -208,8 +228,19 @@ def test_engine_and_metadata_json(onnx_file):
     meta = build(plan, FakeTrt("10.13.3.9"))
     assert (onnx_file.parent / "model.engine").read_bytes() == ENGINE_BYTES
     data = json.loads((onnx_file.parent / "model.engine.json").read_text())
-    assert set(data) == {"tensorrt_version", "gpu_name", "compute_capability", "profile", "input", "chw", "precision",
-                         "onnx_sha256", "workspace_mb", "optimization_level", "built"}
+    assert set(data) == {
+        "tensorrt_version",
+        "gpu_name",
+        "compute_capability",
+        "profile",
+        "input",
+        "chw",
+        "precision",
+        "onnx_sha256",
+        "workspace_mb",
+        "optimization_level",
+        "built",
+    }
     assert data["tensorrt_version"] == "10.13.3.9"
     assert data["gpu_name"] == "NVIDIA H100 80GB HBM3" and data["compute_capability"] == "9.0"
     assert data["profile"] == {"min": 1, "opt": 2, "max": 4}
@@ -228,8 +259,18 @@ def test_int8_engine_from_the_qdq_graph_takes_the_same_strongly_typed_path(tmp_p
     (STRONGLY_TYPED on 10.x, no flag on 11.x) and no builder flag is ever set."""
     qdq = tmp_path / "model.int8.trt.onnx"
     qdq.write_bytes(b"a Q/DQ graph, not read by the fake parser")
-    plan = plan_engine_build(qdq, tmp_path / "model.int8.engine", chw=(3, 32, 32), min_batch=1, opt_batch=2, max_batch=4,
-                             workspace_mb=256, optimization_level=2, timing_cache_path=None, precision="int8")
+    plan = plan_engine_build(
+        qdq,
+        tmp_path / "model.int8.engine",
+        chw=(3, 32, 32),
+        min_batch=1,
+        opt_batch=2,
+        max_batch=4,
+        workspace_mb=256,
+        optimization_level=2,
+        timing_cache_path=None,
+        precision="int8",
+    )
     fake = FakeTrt(version)
     meta = build(plan, fake)
     assert fake.called("create_network") == [("create_network", flags)]
@@ -291,7 +332,10 @@ def test_plan_values(onnx_file):
 def test_unavailable_reason_when_tensorrt_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # `import tensorrt` fails as if not installed
     assert tensorrt_unavailable_reason() == f"tensorrt is not installed ({trt_backend.INSTALL_HINT})"
-    assert "vitdeploy[tensorrt-cu12]" in trt_backend.INSTALL_HINT and "vitdeploy[tensorrt-cu13]" in trt_backend.INSTALL_HINT
+    assert (
+        "vitdeploy[tensorrt-cu12]" in trt_backend.INSTALL_HINT
+        and "vitdeploy[tensorrt-cu13]" in trt_backend.INSTALL_HINT
+    )
 
 
 def test_unavailable_reason_when_tensorrt_does_not_import(monkeypatch):
@@ -300,7 +344,10 @@ def test_unavailable_reason_when_tensorrt_does_not_import(monkeypatch):
 
     monkeypatch.setattr(trt_backend, "importlib", SimpleNamespace(import_module=broken))
     reason = tensorrt_unavailable_reason()
-    assert reason == "tensorrt is installed but does not import (ImportError: libnvinfer.so.10: cannot open shared object file)"
+    assert (
+        reason
+        == "tensorrt is installed but does not import (ImportError: libnvinfer.so.10: cannot open shared object file)"
+    )
 
 
 def test_unavailable_reason_without_cuda_and_one_implementation(monkeypatch):
@@ -309,7 +356,10 @@ def test_unavailable_reason_without_cuda_and_one_implementation(monkeypatch):
     monkeypatch.setattr(trt_backend, "cuda_status", lambda *a: (False, "torch 2.13.0 is a CPU-only build"))
     assert tensorrt_unavailable_reason() == "no CUDA GPU: torch 2.13.0 is a CPU-only build"
     # the registry's check is the same function
-    assert trt_backend.unavailable_reason(None, BackendOptions(device="cuda")) == "no CUDA GPU: torch 2.13.0 is a CPU-only build"
+    assert (
+        trt_backend.unavailable_reason(None, BackendOptions(device="cuda"))
+        == "no CUDA GPU: torch 2.13.0 is a CPU-only build"
+    )
     monkeypatch.setattr(trt_backend, "cuda_status", lambda *a: (True, "cuda:0 NVIDIA H100"))
     monkeypatch.setattr(trt_backend, "_TorchCuda", RecordingCuda)
     monkeypatch.setattr(trt_backend, "_RUNTIME_PROBES", {})
@@ -343,7 +393,6 @@ def test_cuda_status_explains_why_not_in_one_line():
 
 def probe_as(version="10.13.3.9", gpu="NVIDIA H100 80GB HBM3", cc="9.0"):
     return lambda trt, index: MachineIdentity(version, gpu, cc)
-
 
 
 def test_json_from_build_engine_opens_here_and_is_refused_elsewhere(onnx_file, monkeypatch):
@@ -504,4 +553,6 @@ def test_build_lets_the_runtime_size_activation_memory_per_shape(onnx_file, vers
     contexts get only what their batch needs from update_device_memory_size_for_shapes()."""
     fake = FakeTrt(version)
     build(make_plan(onnx_file), fake)
-    assert fake.called("set_preview_feature") == [("set_preview_feature", fake.PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10, True)]
+    assert fake.called("set_preview_feature") == [
+        ("set_preview_feature", fake.PreviewFeature.RUNTIME_ACTIVATION_RESIZE_10_10, True)
+    ]

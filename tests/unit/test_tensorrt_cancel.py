@@ -45,8 +45,16 @@ def build(plan, fake, **kwargs):
 def plan(tmp_path: Path):
     onnx = tmp_path / "model.fp16.onnx"
     onnx.write_bytes(b"onnx")
-    return plan_engine_build(onnx, tmp_path / "model.engine", chw=(3, 8, 8), min_batch=1, opt_batch=2, max_batch=4,
-                             workspace_mb=64, timing_cache_path=tmp_path / "timing.cache")
+    return plan_engine_build(
+        onnx,
+        tmp_path / "model.engine",
+        chw=(3, 8, 8),
+        min_batch=1,
+        opt_batch=2,
+        max_batch=4,
+        workspace_mb=64,
+        timing_cache_path=tmp_path / "timing.cache",
+    )
 
 
 def test_this_python_raises_a_pending_ctrl_c_before_a_callbacks_first_line():
@@ -77,7 +85,9 @@ def test_real_sigint_during_the_build_raises_keyboard_interrupt_after_it_and_wri
     assert fake.steps_run == [0, 1, 2]  # the monitor cancelled at the step the Ctrl-C came
     assert fake.swallowed == []  # nothing was lost in TensorRT's trampolines
     assert signal.getsignal(signal.SIGINT) is before  # the user's handler is back
-    assert sorted(p.name for p in plan.onnx_path.parent.iterdir()) == ["model.fp16.onnx"]  # no engine, json, temp or cache
+    assert sorted(p.name for p in plan.onnx_path.parent.iterdir()) == [
+        "model.fp16.onnx"
+    ]  # no engine, json, temp or cache
 
 
 def test_without_the_sigint_handler_the_same_ctrl_c_is_lost(plan, monkeypatch):
@@ -103,11 +113,21 @@ def test_cli_export_interrupted_during_the_engine_build_exits_130_leaving_no_art
 
     fake = StrictTrt(build_steps=4, sigint_at_step=1)
     monkeypatch.setattr(trt_stage, "tensorrt_unavailable_reason", lambda device: None)
-    monkeypatch.setattr(trt_stage, "build_engine", functools.partial(build_engine, trt=fake, device_probe=lambda i: H100,
-                                                                     cuda=NoCuda()))
+    monkeypatch.setattr(
+        trt_stage,
+        "build_engine",
+        functools.partial(build_engine, trt=fake, device_probe=lambda i: H100, cuda=NoCuda()),
+    )
     cfg = tmp_path / "pipeline.yaml"
-    cfg.write_text(yaml.safe_dump({"model": {"checkpoint": str(DEMO_DIR)}, "export": {"batch": {"max": 4, "opt": 2}},
-                                   "validation": {"noise_samples": 2}}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"checkpoint": str(DEMO_DIR)},
+                "export": {"batch": {"max": 4, "opt": 2}},
+                "validation": {"noise_samples": 2},
+            }
+        )
+    )
     out = tmp_path / "out"
     # --engine auto (the default) turns a failed build into a warning; a Ctrl-C must still stop the export
     res = CliRunner().invoke(main, ["export", "-c", str(cfg), "-o", str(out)], catch_exceptions=False)

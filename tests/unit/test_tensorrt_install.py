@@ -18,9 +18,9 @@ import pytest
 import tomllib
 from packaging.requirements import Requirement
 
+from vitdeploy.base.vocab import TENSORRT_TORCH, tensorrt_install_command, torch_fix_command
 from vitdeploy.runtime.backends import trt as trt_backend
 from vitdeploy.runtime.backends.trt.log import cuda_major_mismatch
-from vitdeploy.base.vocab import TENSORRT_TORCH, tensorrt_install_command, torch_fix_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -56,10 +56,15 @@ def test_readme_shows_the_one_command_per_extra():
         assert tensorrt_install_command(major) in readme, f"README lacks the install line of tensorrt-cu{major}"
 
 
-@pytest.mark.parametrize("trt_major, torch_cuda, torch_version", [(12, "13.0", "2.13.0"), (13, "12.8", "2.13.0+cu128")])
+@pytest.mark.parametrize(
+    "trt_major, torch_cuda, torch_version", [(12, "13.0", "2.13.0"), (13, "12.8", "2.13.0+cu128")]
+)
 def test_mismatch_names_the_command_that_fixes_it(trt_major, torch_cuda, torch_version):
     why = cuda_major_mismatch(trt_major, torch_cuda, torch_version)
-    assert f"CUDA {trt_major} (tensorrt-cu{trt_major})" in why and f"torch {torch_version} is built for CUDA {torch_cuda}" in why
+    assert (
+        f"CUDA {trt_major} (tensorrt-cu{trt_major})" in why
+        and f"torch {torch_version} is built for CUDA {torch_cuda}" in why
+    )
     assert f"Fix: {torch_fix_command(trt_major)}" in why
     fixed_torch = TENSORRT_TORCH[trt_major][0]
     assert f'"torch=={fixed_torch}"' in torch_fix_command(trt_major)  # ... which installs the build the check accepts

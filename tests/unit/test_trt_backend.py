@@ -20,17 +20,15 @@ import logging
 import sys
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from strict_tensorrt import StrictTrt
 
 from vitdeploy.base.errors import ArtifactError, BackendError, ConfigError, MissingDependencyError
 from vitdeploy.runtime.backends import trt as trt_backend
 from vitdeploy.runtime.backends.base import BackendOptions
 from vitdeploy.runtime.backends.trt import MachineIdentity, TrtBackend, open_from_artifacts
-
-from strict_tensorrt import StrictTrt
 
 CHW = (3, 8, 8)
 CLASSES = 10
@@ -120,8 +118,10 @@ class FakeCuda:
         for name, buffer in used.items():
             made_on = buffer.stream.handle if buffer.stream is not None else 0
             if made_on != stream_handle:
-                raise AssertionError(f"stream mismatch: {name} was copied/allocated on stream {made_on:#x}, "
-                                     f"execute_async_v3 ran on {stream_handle:#x}")
+                raise AssertionError(
+                    f"stream mismatch: {name} was copied/allocated on stream {made_on:#x}, "
+                    f"execute_async_v3 ran on {stream_handle:#x}"
+                )
 
     def upload(self, batch: np.ndarray, index: int, dtype: str) -> FakeBuffer:
         return self._alloc(batch.astype(dtype).copy(), index)
@@ -135,8 +135,10 @@ class FakeCuda:
     def download(self, buffer: FakeBuffer, stream: FakeStream) -> np.ndarray:
         current = getattr(self._tls, "stream", None)
         if buffer.stream is not stream or current is not stream:
-            raise AssertionError(f"stream mismatch: copying back {buffer.address:#x} (written on {buffer.stream}) "
-                                 f"on {stream}, current {current}")
+            raise AssertionError(
+                f"stream mismatch: copying back {buffer.address:#x} (written on {buffer.stream}) "
+                f"on {stream}, current {current}"
+            )
         return buffer.array.astype(np.float32)
 
 
@@ -144,7 +146,9 @@ class FakeCuda:
 # the strict tensorrt stand-in (tests/strict_tensorrt.py), computing with the fake CUDA memory
 
 
-def make_fake(cuda: FakeCuda, *, profile=(1, 4), io=None, version: str = H100_SXM[0], engine: bool = True, **knobs) -> StrictTrt:
+def make_fake(
+    cuda: FakeCuda, *, profile=(1, 4), io=None, version: str = H100_SXM[0], engine: bool = True, **knobs
+) -> StrictTrt:
     """A strict fake tensorrt whose engine 'computes' expected_logits from FakeCuda buffers and
     notes the current CUDA device at Runtime / deserialize / context creation."""
     fake = StrictTrt(version, **knobs)
@@ -159,7 +163,9 @@ def make_fake(cuda: FakeCuda, *, profile=(1, 4), io=None, version: str = H100_SX
                 out[...] = expected_logits(x)[:, : out.shape[1]]
 
     io = [(n, {"mode:input": "INPUT", "mode:output": "OUTPUT"}.get(m, m), shape) for n, m, shape in io] if io else None
-    profile = profile if len(profile) == 3 else (profile[0], profile[0], profile[1])  # (min, max): opt = min, as Rig writes
+    profile = (
+        profile if len(profile) == 3 else (profile[0], profile[0], profile[1])
+    )  # (min, max): opt = min, as Rig writes
     fake.make_engine(chw=CHW, profile=profile, classes=CLASSES, io=io, compute=compute)
     if not engine:
         fake.engine = None
@@ -171,10 +177,19 @@ def make_fake(cuda: FakeCuda, *, profile=(1, 4), io=None, version: str = H100_SX
 
 
 def write_meta(folder: Path, **overrides) -> Path:
-    data = {"tensorrt_version": H100_SXM[0], "gpu_name": H100_SXM[1], "compute_capability": H100_SXM[2],
-            "profile": {"min": 1, "opt": 2, "max": 4}, "input": "pixel_values", "chw": list(CHW),
-            "precision": "fp16 (strongly typed from the FP16 ONNX graph)", "onnx_sha256": ONNX_SHA, "workspace_mb": 256,
-            "optimization_level": 2, "built": "2025-01-01T00:00:00+00:00"}
+    data = {
+        "tensorrt_version": H100_SXM[0],
+        "gpu_name": H100_SXM[1],
+        "compute_capability": H100_SXM[2],
+        "profile": {"min": 1, "opt": 2, "max": 4},
+        "input": "pixel_values",
+        "chw": list(CHW),
+        "precision": "fp16 (strongly typed from the FP16 ONNX graph)",
+        "onnx_sha256": ONNX_SHA,
+        "workspace_mb": 256,
+        "optimization_level": 2,
+        "built": "2025-01-01T00:00:00+00:00",
+    }
     data.update(overrides)
     path = folder / "model.engine.json"
     path.write_text(json.dumps(data))
@@ -194,15 +209,37 @@ def probe_as(version=H100_SXM[0], gpu=H100_SXM[1], cc=H100_SXM[2], seen: list | 
 class Rig:
     """A backend over fakes, with the fakes at hand."""
 
-    def __init__(self, folder: Path, *, profile=(1, 4), io=None, device="cuda", probe=None, input_shape=CHW,
-                 max_batch=None, onnx_sha256=None, engine_missing=False, contexts=None, **meta) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        profile=(1, 4),
+        io=None,
+        device="cuda",
+        probe=None,
+        input_shape=CHW,
+        max_batch=None,
+        onnx_sha256=None,
+        engine_missing=False,
+        contexts=None,
+        **meta,
+    ) -> None:
         write_meta(folder, profile={"min": profile[0], "opt": profile[0], "max": profile[1]}, **meta)
         self.cuda = FakeCuda()
         self.trt = make_fake(self.cuda, profile=profile, io=io, engine=not engine_missing)
         self.engine = self.trt.engine
-        self.backend = TrtBackend(folder / "model.engine", folder / "model.engine.json", input_shape, max_batch,
-                                  BackendOptions(device=device), onnx_sha256=onnx_sha256, contexts=contexts, trt=self.trt,
-                                  probe=probe or probe_as(), cuda=self.cuda)
+        self.backend = TrtBackend(
+            folder / "model.engine",
+            folder / "model.engine.json",
+            input_shape,
+            max_batch,
+            BackendOptions(device=device),
+            onnx_sha256=onnx_sha256,
+            contexts=contexts,
+            trt=self.trt,
+            probe=probe or probe_as(),
+            cuda=self.cuda,
+        )
 
 
 def batch_of(n: int, seed: int = 0) -> np.ndarray:
@@ -222,7 +259,9 @@ def test_call_sequence_of_one_run(tmp_path):
     (ctx,) = rig.engine.contexts
     names = [c[0] for c in ctx.calls]
     assert ctx.calls[0] == ("set_input_shape", "pixel_values", (3, *CHW))
-    assert names.index("set_input_shape") < names.index("get_tensor_shape")  # output shape read after the input shape is set
+    assert names.index("set_input_shape") < names.index(
+        "get_tensor_shape"
+    )  # output shape read after the input shape is set
     assert {c[1] for c in ctx.calls if c[0] == "set_tensor_address"} == {"pixel_values", "logits"}
     assert names[-1] == "execute_async_v3"
     (stream,) = rig.cuda.streams
@@ -230,7 +269,11 @@ def test_call_sequence_of_one_run(tmp_path):
 
 
 def test_every_io_tensor_gets_an_address_and_logits_is_returned(tmp_path):
-    io = [("pixel_values", "mode:input", (-1, *CHW)), ("features", "mode:output", (-1, 4)), ("logits", "mode:output", (-1, CLASSES))]
+    io = [
+        ("pixel_values", "mode:input", (-1, *CHW)),
+        ("features", "mode:output", (-1, 4)),
+        ("logits", "mode:output", (-1, CLASSES)),
+    ]
     rig = Rig(tmp_path, io=io)
     batch = batch_of(2)
     got = rig.backend.run(batch)
@@ -377,7 +420,9 @@ def test_refuses_engine_from_another_tensorrt_version(tmp_path):
 
 
 def test_refuses_engine_for_another_compute_capability(tmp_path):
-    with pytest.raises(ArtifactError, match=r"NVIDIA A10G .*compute capability 8\.6.*differs in compute_capability.*rebuild"):
+    with pytest.raises(
+        ArtifactError, match=r"NVIDIA A10G .*compute capability 8\.6.*differs in compute_capability.*rebuild"
+    ):
         Rig(tmp_path, probe=probe_as(gpu="NVIDIA A10G", cc="8.6"))
 
 
@@ -400,8 +445,16 @@ def test_refused_engine_is_never_deserialized(tmp_path):
     cuda = FakeCuda()
     fake = make_fake(cuda, profile=(1, 2, 4))
     with pytest.raises(ArtifactError):
-        TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(),
-                   trt=fake, probe=probe_as(), cuda=cuda)
+        TrtBackend(
+            tmp_path / "model.engine",
+            tmp_path / "model.engine.json",
+            CHW,
+            None,
+            BackendOptions(),
+            trt=fake,
+            probe=probe_as(),
+            cuda=cuda,
+        )
     assert fake.calls == []
 
 
@@ -462,7 +515,9 @@ def test_trt_int8_opens_model_int8_engine_built_from_the_qdq_graph(registry_fake
 
     for name in ("model.engine", "model.engine.json"):  # the INT8 pair only
         (registry_fakes / name).rename(registry_fakes / name.replace("model.", "model.int8.", 1))
-    backend = open_backend("trt-int8", FakeArtifacts(registry_fakes, ONNX_SHA, int8=True), BackendOptions(device="cuda"))
+    backend = open_backend(
+        "trt-int8", FakeArtifacts(registry_fakes, ONNX_SHA, int8=True), BackendOptions(device="cuda")
+    )
     assert backend.name == "trt-int8" and backend.engine_path.name == "model.int8.engine" and backend.max_batch == 4
     with pytest.raises(ArtifactError, match="onnx-int8-trt graph .*built from another graph"):
         open_backend("trt-int8", FakeArtifacts(registry_fakes, "ef" * 32, int8=True), BackendOptions(device="cuda"))
@@ -502,8 +557,16 @@ def test_rejects_other_input_shape(tmp_path):
 def test_missing_or_broken_json(tmp_path):
     cuda = FakeCuda()
     with pytest.raises(ArtifactError, match="model.engine.json is missing"):
-        TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(),
-                   trt=make_fake(cuda, engine=False), probe=probe_as(), cuda=cuda)
+        TrtBackend(
+            tmp_path / "model.engine",
+            tmp_path / "model.engine.json",
+            CHW,
+            None,
+            BackendOptions(),
+            trt=make_fake(cuda, engine=False),
+            probe=probe_as(),
+            cuda=cuda,
+        )
     with pytest.raises(ArtifactError, match="'profile'"):
         Rig(tmp_path, profile=(8, 4))
 
@@ -522,8 +585,16 @@ def test_runtime_cuda_init_failure_is_a_backend_error_quoting_tensorrt(tmp_path)
     with pytest.raises(BackendError) as info:
         write_meta(tmp_path)
         cuda = FakeCuda()
-        TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(device="cuda"),
-                   trt=make_fake(cuda, profile=(1, 2, 4), cuda_init_fails=True), probe=probe_as(), cuda=cuda)
+        TrtBackend(
+            tmp_path / "model.engine",
+            tmp_path / "model.engine.json",
+            CHW,
+            None,
+            BackendOptions(device="cuda"),
+            trt=make_fake(cuda, profile=(1, 2, 4), cuda_init_fails=True),
+            probe=probe_as(),
+            cuda=cuda,
+        )
     text = str(info.value)
     assert "could not create its Runtime on cuda:0" in text and "factory function returned nullptr" in text
     assert "CUDA initialization failure" in text
@@ -553,10 +624,26 @@ def test_one_logger_per_process_so_a_second_backend_still_quotes_tensorrt(tmp_pa
     write_meta(tmp_path)
     cuda = FakeCuda()
     fake = make_fake(cuda, profile=(1, 2, 4))
-    first = TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(device="cuda"),
-                       trt=fake, probe=probe_as(), cuda=cuda)
-    second = TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(device="cuda"),
-                        trt=fake, probe=probe_as(), cuda=cuda)
+    first = TrtBackend(
+        tmp_path / "model.engine",
+        tmp_path / "model.engine.json",
+        CHW,
+        None,
+        BackendOptions(device="cuda"),
+        trt=fake,
+        probe=probe_as(),
+        cuda=cuda,
+    )
+    second = TrtBackend(
+        tmp_path / "model.engine",
+        tmp_path / "model.engine.json",
+        CHW,
+        None,
+        BackendOptions(device="cuda"),
+        trt=fake,
+        probe=probe_as(),
+        cuda=cuda,
+    )
     assert fake.called("logger-ignored") == []  # both Runtimes were given the one process logger
     with pytest.raises(BackendError, match=r"rejected input shape .*TensorRT said: IExecutionContext::setInputShape"):
         second._run_on(second._new_state(), batch_of(9))  # beyond the profile: TensorRT logs why
@@ -569,8 +656,16 @@ def test_engine_profile_must_match_its_json(tmp_path):
     write_meta(tmp_path, profile={"min": 1, "opt": 2, "max": 4})
     fake = make_fake(cuda, profile=(1, 2, 8))  # the engine was built for max batch 8
     with pytest.raises(ArtifactError) as info:
-        TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(device="cuda"),
-                   trt=fake, probe=probe_as(), cuda=cuda)
+        TrtBackend(
+            tmp_path / "model.engine",
+            tmp_path / "model.engine.json",
+            CHW,
+            None,
+            BackendOptions(device="cuda"),
+            trt=fake,
+            probe=probe_as(),
+            cuda=cuda,
+        )
     text = str(info.value)
     assert "(8, 3, 8, 8)" in text and "(4, 3, 8, 8)" in text and "model.engine.json" in text
 
@@ -588,9 +683,19 @@ def test_torch_of_another_cuda_major_is_refused_at_open(tmp_path, monkeypatch):
     cuda = FakeCuda()
     cuda.cuda_version, cuda.torch_version = "12.8", "2.13.0+cu128"
     fake = make_fake(cuda, profile=(1, 2, 4))
-    with pytest.raises(BackendError, match=r"CUDA 13 \(tensorrt-cu13\) but torch 2.13.0\+cu128 is built for CUDA 12.8"):
-        TrtBackend(tmp_path / "model.engine", tmp_path / "model.engine.json", CHW, None, BackendOptions(device="cuda"),
-                   trt=fake, probe=probe_as(), cuda=cuda)
+    with pytest.raises(
+        BackendError, match=r"CUDA 13 \(tensorrt-cu13\) but torch 2.13.0\+cu128 is built for CUDA 12.8"
+    ):
+        TrtBackend(
+            tmp_path / "model.engine",
+            tmp_path / "model.engine.json",
+            CHW,
+            None,
+            BackendOptions(device="cuda"),
+            trt=fake,
+            probe=probe_as(),
+            cuda=cuda,
+        )
     assert fake.calls == []
 
 
@@ -600,7 +705,11 @@ def test_strict_fake_matches_the_real_bindings():
     for version in ("10.13.3.9", "11.4.0.106"):
         fake = make_fake(FakeCuda(), version=version)
         assert check_fake_against_bindings(fake) == []
-        assert int(fake.ILogger.Severity.ERROR) == 1 and int(fake.DataType.HALF) == 1 and int(fake.TensorIOMode.INPUT) == 1
+        assert (
+            int(fake.ILogger.Severity.ERROR) == 1
+            and int(fake.DataType.HALF) == 1
+            and int(fake.TensorIOMode.INPUT) == 1
+        )
     assert int(StrictTrt("10.13.3.9").NetworkDefinitionCreationFlag.STRONGLY_TYPED) == 1
     assert int(StrictTrt("11.4.0.106").NetworkDefinitionCreationFlag.STRONGLY_TYPED) == 0
 
@@ -646,8 +755,12 @@ def test_contexts_get_the_activation_memory_of_their_batch_not_the_profile_max(t
     per_row = rig.engine.bytes_per_sample
     assert ctx.activation_bytes == per_row  # STATIC would hold 32 rows' worth for the context's life
     names = [c[0] for c in ctx.calls]
-    assert names.index("set_input_shape") < names.index("update_device_memory_size_for_shapes") \
-        < names.index("set_device_memory") < names.index("execute_async_v3")
+    assert (
+        names.index("set_input_shape")
+        < names.index("update_device_memory_size_for_shapes")
+        < names.index("set_device_memory")
+        < names.index("execute_async_v3")
+    )
     rig.backend.run(batch_of(5))
     assert ctx.activation_bytes == 5 * per_row  # grown for the larger batch
     allocations = len(rig.cuda.memory)
@@ -667,7 +780,9 @@ def test_cuda_error_at_the_copy_back_is_a_backend_error_and_the_context_is_dropp
         return real_download(buffer, stream)
 
     rig.cuda.download = download
-    with pytest.raises(BackendError, match="CUDA failed while running model.engine on cuda:0.*illegal memory access") as info:
+    with pytest.raises(
+        BackendError, match="CUDA failed while running model.engine on cuda:0.*illegal memory access"
+    ) as info:
         rig.backend.run(batch_of(2))
     assert "\n" not in str(info.value) and isinstance(info.value.__cause__, RuntimeError)
     assert rig.backend.live_contexts == 0 and rig.engine.created == 1  # the failed context is gone

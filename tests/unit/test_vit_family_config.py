@@ -11,24 +11,27 @@ import torch
 
 from vitdeploy.base.config import parse_config
 from vitdeploy.base.errors import CheckpointError, ConfigError, VitDeployError
-from vitdeploy.model import VisionTransformer, ViTConfig, load_checkpoint, save_checkpoint
 from vitdeploy.base.vit_schema import validate_vit_config
+from vitdeploy.model import VisionTransformer, ViTConfig, load_checkpoint, save_checkpoint
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 TINY = dict(image_size=32, patch_size=8, width=32, depth=2, heads=2, num_classes=3)
 
 
-@pytest.mark.parametrize("bad, why", [
-    (dict(class_token=False), "pool 'token' needs class_token"),
-    (dict(distilled=True, pool="avg"), "distilled needs"),
-    (dict(distilled=True, reg_tokens=2), "distilled needs"),
-    (dict(pool="max"), "pool must be one of token, avg, token_avg"),
-    (dict(pool="token_avg", class_token=False), "pool 'token_avg' needs class_token"),
-    (dict(pool="token_avg", fc_norm=True), "pool 'token_avg' has no fc_norm"),
-    (dict(distilled=True, pool="token_avg"), "distilled needs"),
-    (dict(reg_tokens=-1), "reg_tokens must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "bad, why",
+    [
+        (dict(class_token=False), "pool 'token' needs class_token"),
+        (dict(distilled=True, pool="avg"), "distilled needs"),
+        (dict(distilled=True, reg_tokens=2), "distilled needs"),
+        (dict(pool="max"), "pool must be one of token, avg, token_avg"),
+        (dict(pool="token_avg", class_token=False), "pool 'token_avg' needs class_token"),
+        (dict(pool="token_avg", fc_norm=True), "pool 'token_avg' has no fc_norm"),
+        (dict(distilled=True, pool="token_avg"), "distilled needs"),
+        (dict(reg_tokens=-1), "reg_tokens must be an integer >= 0"),
+    ],
+)
 def test_impossible_combinations_are_refused_by_config_and_schema(bad, why):
     with pytest.raises(ValueError, match=why):
         ViTConfig(**TINY, **bad)
@@ -71,8 +74,9 @@ def test_our_format_keeps_every_family_field(name, tmp_path):
     cfg = ViTConfig(**TINY, **FAMILY[name])
     model = _random(cfg)
     save_checkpoint(tmp_path, model, ["a", "b", "c"], None, name)
-    assert {k: v for k, v in json.loads((tmp_path / "model.json").read_text())["vit"].items()
-            if k in FAMILY[name]} == FAMILY[name]
+    assert {
+        k: v for k, v in json.loads((tmp_path / "model.json").read_text())["vit"].items() if k in FAMILY[name]
+    } == FAMILY[name]
     loaded = load_checkpoint(tmp_path)
     assert loaded.config == cfg
     x = torch.randn(2, 3, 32, 32)
@@ -114,11 +118,14 @@ def test_timm_pool_from_config_json_and_model_pool_checked(tmp_path):
         load_checkpoint(ckpt, pool="token")
 
 
-@pytest.mark.parametrize("config, feature", [
-    ({"global_pool": "map"}, "global_pool 'map' is not supported"),
-    ({"model_args": {"global_pool": "avgmax", "num_heads": 2}}, "global_pool 'avgmax' is not supported"),
-    ({"model_args": {"pool_include_prefix": True, "num_heads": 2}}, "pool_include_prefix=True"),
-])
+@pytest.mark.parametrize(
+    "config, feature",
+    [
+        ({"global_pool": "map"}, "global_pool 'map' is not supported"),
+        ({"model_args": {"global_pool": "avgmax", "num_heads": 2}}, "global_pool 'avgmax' is not supported"),
+        ({"model_args": {"pool_include_prefix": True, "num_heads": 2}}, "pool_include_prefix=True"),
+    ],
+)
 def test_timm_poolings_the_network_cannot_run_are_refused_by_name(tmp_path, config, feature):
     with pytest.raises(CheckpointError, match=feature):
         load_checkpoint(_timm_file(tmp_path, ViTConfig(**TINY), config))

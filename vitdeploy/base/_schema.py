@@ -37,18 +37,24 @@ def key_of(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def format_validation_error(exc: ValidationError, label: str,
-                            allowed_keys: Optional[Callable[[tuple[Any, ...]], Optional[str]]] = None,
-                            limit: int = 5, prefix: tuple[Any, ...] = ()) -> str:
+def format_validation_error(
+    exc: ValidationError,
+    label: str,
+    allowed_keys: Optional[Callable[[tuple[Any, ...]], Optional[str]]] = None,
+    limit: int = 5,
+    prefix: tuple[Any, ...] = (),
+) -> str:
     """One line naming every bad key (at most ``limit``) with its value clipped to 200 characters.
     ``prefix``: the keys above the validated object (e.g. ("vit",) for model.json's "vit")."""
     parts = []
     errors = exc.errors()
     for err in errors[:limit]:
-        loc = prefix + tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
+        loc = prefix + tuple(
+            p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-")))
+        )
         key = key_of(loc)
         if err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):  # a model's / a dataclass's
-            allowed = allowed_keys(loc[len(prefix):-1]) if allowed_keys else None
+            allowed = allowed_keys(loc[len(prefix) : -1]) if allowed_keys else None
             parts.append(f"unknown key '{key}'" + (f" (allowed here: {allowed})" if allowed else ""))
         elif err["type"] == "missing":
             parts.append(f"'{key}' is missing")

@@ -8,9 +8,7 @@ the value and what is allowed. Relative paths resolve against the YAML file's fo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
-
-from typing import Annotated
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -29,25 +27,34 @@ _Section = StrictSection  # the one strict base (_schema.StrictSection); this na
 
 
 class ModelSection(_Section):
-    checkpoint: Optional[Path] = Field(None, description="file or Hugging Face directory; absent = the embedded demo model")
-    variant: Optional[str] = Field(None, description="named variant (e.g. vit_base_patch16_224) when shapes are ambiguous")
+    checkpoint: Optional[Path] = Field(
+        None, description="file or Hugging Face directory; absent = the embedded demo model"
+    )
+    variant: Optional[str] = Field(
+        None, description="named variant (e.g. vit_base_patch16_224) when shapes are ambiguous"
+    )
     image_size: Optional[int] = Field(None, gt=0, description="resample position embeddings to this size")
     name: Optional[str] = Field(None, description="model name in the manifest (default: the checkpoint's)")
     # What a bare state dict (timm / torchvision .safetensors or .pth) cannot say; checked against
     # checkpoints that store it (Hugging Face config.json, timm hub config.json, vitdeploy model.json).
     num_heads: Optional[int] = Field(None, gt=0, description="attention heads (bare state dicts do not store them)")
     activation: Optional[Activation] = Field(
-        None, description="MLP activation: gelu (exact, erf) or gelu_tanh (timm gelu_tanh / HF gelu_pytorch_tanh)")
+        None, description="MLP activation: gelu (exact, erf) or gelu_tanh (timm gelu_tanh / HF gelu_pytorch_tanh)"
+    )
     layer_norm_eps: Optional[PositiveFloat] = Field(None, description="LayerNorm epsilon (timm/torchvision: 1e-6)")
     pool: Optional[Pool] = Field(
-        None, description="pooling: token (class token), avg (mean patch token; timm global_pool='avg' without fc_norm "
-                          "cannot be told from the weights) or token_avg (both side by side: transformers' DINOv2 "
-                          "classifiers, whose config states it)")
+        None,
+        description="pooling: token (class token), avg (mean patch token; timm global_pool='avg' without fc_norm "
+        "cannot be told from the weights) or token_avg (both side by side: transformers' DINOv2 "
+        "classifiers, whose config states it)",
+    )
 
 
 PreprocessSection = overrides_model(
-    _Section, doc="Overrides of the preprocessing the checkpoint carries; None keeps the checkpoint's (or, when it "
-                  "carries none, its library's convention). The fields are PreprocessSpec's (preprocess_spec.py).")
+    _Section,
+    doc="Overrides of the preprocessing the checkpoint carries; None keeps the checkpoint's (or, when it "
+    "carries none, its library's convention). The fields are PreprocessSpec's (preprocess_spec.py).",
+)
 
 
 class BatchProfile(_Section):
@@ -61,44 +68,67 @@ class BatchProfile(_Section):
     @model_validator(mode="after")
     def _ordered(self) -> "BatchProfile":
         if not self.min <= self.opt <= self.max:
-            raise ValueError(f"batch sizes must satisfy min <= opt <= max, got min={self.min}, opt={self.opt}, max={self.max}")
+            raise ValueError(
+                f"batch sizes must satisfy min <= opt <= max, got min={self.min}, opt={self.opt}, max={self.max}"
+            )
         return self
 
 
 class Fp16Section(_Section):
     enabled: bool = Field(True, description="write and validate model.fp16.onnx (the graph TensorRT compiles)")
-    keep_fp32_ops: tuple[str, ...] = Field(("LayerNormalization",), description="op types kept float32 in the FP16 graph")
-    max_abs_activation: FiniteFloat = Field(
-        4096.0, gt=0, description="nodes whose outputs exceed this on calibration images stay float32 (FP16 max is 65504)"
+    keep_fp32_ops: tuple[str, ...] = Field(
+        ("LayerNormalization",), description="op types kept float32 in the FP16 graph"
     )
-    autopilot: bool = Field(True, description="when validation.fp16 fails with only keep_fp32_ops and the hot nodes in "
-                                              "float32, return Softmax-like ops, the head, then block by block to float32 "
-                                              "until it passes (every step recorded in the manifest)")
+    max_abs_activation: FiniteFloat = Field(
+        4096.0,
+        gt=0,
+        description="nodes whose outputs exceed this on calibration images stay float32 (FP16 max is 65504)",
+    )
+    autopilot: bool = Field(
+        True,
+        description="when validation.fp16 fails with only keep_fp32_ops and the hot nodes in "
+        "float32, return Softmax-like ops, the head, then block by block to float32 "
+        "until it passes (every step recorded in the manifest)",
+    )
 
 
 class Int8Section(_Section):
     """``model.int8.onnx``: INT8 quantization of the fused graph (export/quantize.py)."""
 
     enabled: Union[Literal["auto"], bool] = Field(
-        "auto", description="auto = build it and go on without it when it cannot be built or fails validation.int8; "
-                            "true = required (failure fails the export); false = skip")
+        "auto",
+        description="auto = build it and go on without it when it cannot be built or fails validation.int8; "
+        "true = required (failure fails the export); false = skip",
+    )
     mode: Literal["static", "dynamic"] = Field(
-        "static", description="static: calibrated QDQ, an image's answer does not depend on its batch; dynamic: "
-                              "activation ranges per batch (no calibration, but batch-dependent answers)")
+        "static",
+        description="static: calibrated QDQ, an image's answer does not depend on its batch; dynamic: "
+        "activation ranges per batch (no calibration, but batch-dependent answers)",
+    )
     calibration_method: Literal["minmax", "entropy", "percentile"] = Field(
-        "minmax", description="ONNX Runtime's calibrator for the static INT8 graph")
+        "minmax", description="ONNX Runtime's calibrator for the static INT8 graph"
+    )
     calibration_images: int = Field(64, ge=1, description="real validation images used to calibrate (at most)")
     min_calibration_images: int = Field(16, ge=1, description="fewer real validation images than this: no static INT8")
-    autopilot: bool = Field(True, description="when validation.int8 fails, return Gemm, then block by block MatMuls "
-                                              "to float until it passes (every step recorded in the manifest)")
-    min_speedup: float = Field(1.3, ge=0, description="model.int8.onnx is shipped only when it runs at least this many "
-                                                      "times as fast as model.ort.onnx here (timed on the calibration "
-                                                      "batch after validation passes); 0 = always ship")
+    autopilot: bool = Field(
+        True,
+        description="when validation.int8 fails, return Gemm, then block by block MatMuls "
+        "to float until it passes (every step recorded in the manifest)",
+    )
+    min_speedup: float = Field(
+        1.3,
+        ge=0,
+        description="model.int8.onnx is shipped only when it runs at least this many "
+        "times as fast as model.ort.onnx here (timed on the calibration "
+        "batch after validation passes); 0 = always ship",
+    )
     tensorrt: Union[Literal["auto"], bool] = Field(
-        "auto", description="model.int8.trt.onnx (S8 symmetric Q/DQ from model.onnx) and the INT8 TensorRT engine "
-                            "model.int8.engine built from it: auto = when the engine stage runs (TensorRT and a CUDA GPU "
-                            "here), going on without them on failure; true = always write and validate the graph (a "
-                            "failure fails the export), and build the engine where TensorRT exists; false = never")
+        "auto",
+        description="model.int8.trt.onnx (S8 symmetric Q/DQ from model.onnx) and the INT8 TensorRT engine "
+        "model.int8.engine built from it: auto = when the engine stage runs (TensorRT and a CUDA GPU "
+        "here), going on without them on failure; true = always write and validate the graph (a "
+        "failure fails the export), and build the engine where TensorRT exists; false = never",
+    )
 
 
 class ExportSection(_Section):
@@ -107,7 +137,9 @@ class ExportSection(_Section):
     batch: BatchProfile = BatchProfile()
     fp16: Fp16Section = Fp16Section()
     int8: Int8Section = Int8Section()
-    external_data_threshold_mb: int = Field(1536, ge=0, description="write weights as external data above this size (protobuf limit: 2 GB; 0 = always)")
+    external_data_threshold_mb: int = Field(
+        1536, ge=0, description="write weights as external data above this size (protobuf limit: 2 GB; 0 = always)"
+    )
     optimize: bool = Field(True, description="save ONNX Runtime's transformer-fused graph when the drift checks pass")
 
 
@@ -115,7 +147,9 @@ class Tolerance(_Section):
     max_abs_diff: FiniteFloat = Field(..., ge=0, description="largest |logit difference| against eager FP32 PyTorch")
     mean_abs_diff: FiniteFloat = Field(..., ge=0, description="mean |logit difference| against eager FP32 PyTorch")
     min_cosine: FiniteFloat = Field(..., ge=-1, le=1, description="lowest cosine similarity of a row of logits")
-    min_top1_agreement: FiniteFloat = Field(..., ge=0, le=1, description="share of inputs whose top-1 class is eager's")
+    min_top1_agreement: FiniteFloat = Field(
+        ..., ge=0, le=1, description="share of inputs whose top-1 class is eager's"
+    )
     min_top5_overlap: FiniteFloat = Field(..., ge=0, le=1, description="mean share of eager's top-5 in the top-5")
 
 
@@ -145,7 +179,8 @@ class TritonSection(_Section):
     """`vitdeploy triton-repo`: how the generated Triton repository serves the model (CLI flags override)."""
 
     inference: Literal["auto", "onnx", "trt", "ort_python"] = Field(
-        "auto", description="model the ensemble calls; auto = trt when an engine was built, else onnx")
+        "auto", description="model the ensemble calls; auto = trt when an engine was built, else onnx"
+    )
     instances: int = Field(1, ge=1, description="instances of the inference model (per GPU with KIND_GPU)")
     kind: Literal["auto", "gpu", "cpu"] = Field("auto", description="auto = Triton's default: every GPU, else the CPU")
     gpus: tuple[int, ...] = Field((), description="GPU ids for the inference model; empty = all visible")
@@ -154,28 +189,42 @@ class TritonSection(_Section):
     max_queue_delay_us: int = Field(2000, ge=0, description="dynamic batching: how long a batch waits to fill")
     max_queue_size: int = Field(128, ge=0, description="queued requests beyond this get 503 at once (0 = unbounded)")
     onnx_precision: Literal["auto", "fp32", "fp16"] = Field(
-        "auto", description="graph of the _onnx model: fp32 = model.onnx (CUDA EP), fp16 = model.fp16.onnx with its "
-        "validated keep-float list (TensorRT EP, no re-cast); auto = fp16 when the export validated it, else fp32")
-    repository_mount: str = Field("/models", pattern=r"^/", description="where the repository is mounted inside the "
-                                  "container; the TensorRT EP caches its engines in <mount>/<name>_onnx/trt_cache")
+        "auto",
+        description="graph of the _onnx model: fp32 = model.onnx (CUDA EP), fp16 = model.fp16.onnx with its "
+        "validated keep-float list (TensorRT EP, no re-cast); auto = fp16 when the export validated it, else fp32",
+    )
+    repository_mount: str = Field(
+        "/models",
+        pattern=r"^/",
+        description="where the repository is mounted inside the "
+        "container; the TensorRT EP caches its engines in <mount>/<name>_onnx/trt_cache",
+    )
     ort_threads: Optional[int] = Field(None, ge=1, description="_ort_python: ONNX Runtime intra-op threads")
 
 
 class RuntimeSection(_Section):
-    backend: BackendChoice = Field("auto", description="auto = trt if usable, else ort-fp16 on CUDA, else ort, else torch; "
-                                                       "auto skips a backend that cannot run here, never a refused artifact")
+    backend: BackendChoice = Field(
+        "auto",
+        description="auto = trt if usable, else ort-fp16 on CUDA, else ort, else torch; "
+        "auto skips a backend that cannot run here, never a refused artifact",
+    )
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="cpu, cuda or cuda:N")
     providers: tuple[Union[str, tuple[str, dict[str, Union[str, int, float, bool]]]], ...] = Field(
-        ("CPUExecutionProvider",), description="ONNX Runtime providers: a name, or [name, {option: value}]")
+        ("CPUExecutionProvider",), description="ONNX Runtime providers: a name, or [name, {option: value}]"
+    )
     allow_cpu_fallback: bool = Field(False, description="accept an ONNX Runtime session that fell back to the CPU")
     threads: Optional[int] = Field(None, ge=1, description="intra-op threads (default: the library's)")
     ort_allow_spinning: Union[Literal["auto"], bool] = Field(
-        "auto", description="ONNX Runtime idle threads busy-wait; auto = only when they leave a core free")
+        "auto", description="ONNX Runtime idle threads busy-wait; auto = only when they leave a core free"
+    )
     batch_size: BatchSize = 32
-    trt_contexts: int = Field(2, ge=1, description="trt backend: execution contexts (GPU memory each) shared by all threads")
+    trt_contexts: int = Field(
+        2, ge=1, description="trt backend: execution contexts (GPU memory each) shared by all threads"
+    )
     top_k: int = Field(5, ge=1, description="K of predict's top-k")
-    max_image_pixels: int = Field(89_478_485, ge=1, description="images whose header claims more pixels are "
-                                                                 "refused before decoding")
+    max_image_pixels: int = Field(
+        89_478_485, ge=1, description="images whose header claims more pixels are refused before decoding"
+    )
 
 
 class AutoscalingSection(_Section):
@@ -195,42 +244,80 @@ class AutoscalingSection(_Section):
 class ServeSection(_Section):
     """`vitdeploy serve` (Ray Serve) and the Triton repository: batching, limits, scale."""
 
-    host: str = Field("127.0.0.1", min_length=1, description="address to listen on (0.0.0.0 exposes it to the network)")
+    host: str = Field(
+        "127.0.0.1", min_length=1, description="address to listen on (0.0.0.0 exposes it to the network)"
+    )
     port: int = Field(8000, ge=1, le=65535, description="HTTP port")
     metrics_port: int = Field(8080, ge=1, le=65535, description="Prometheus metrics of the local Ray node (/metrics)")
-    grpc_port: Optional[int] = Field(None, ge=1, le=65535, description="KServe v2 gRPC (tritonclient.grpc) through "
-                                     "Ray Serve's gRPC proxy on this port; null = off (needs tritonclient[grpc])")
-    top_k: int = Field(5, ge=1, description="K of TOPK_LABELS/TOPK_SCORES and of POST /predict (clipped to the classes)")
+    grpc_port: Optional[int] = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="KServe v2 gRPC (tritonclient.grpc) through "
+        "Ray Serve's gRPC proxy on this port; null = off (needs tritonclient[grpc])",
+    )
+    top_k: int = Field(
+        5, ge=1, description="K of TOPK_LABELS/TOPK_SCORES and of POST /predict (clipped to the classes)"
+    )
     max_batch_size: int = Field(16, ge=1, description="images per model call (@serve.batch max_batch_size)")
     batch_wait_timeout_s: float = Field(0.01, ge=0, le=10, description="how long a batch waits to fill (@serve.batch)")
     decode_threads: int = Field(4, ge=1, le=256, description="threads per replica decoding images before batching")
-    concurrent_batches: int = Field(2, ge=1, le=64, description=(
-        "model calls a replica runs at once (@serve.batch max_concurrent_batches): the next batch runs while "
-        "the last one's answers go out, so the cores or the GPU never wait on Ray"))
-    max_images_per_request: int = Field(32, ge=1, description="more images in one request -> 413 (POST /predict), "
-                                        "400 (v2, as Triton)")
+    concurrent_batches: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description=(
+            "model calls a replica runs at once (@serve.batch max_concurrent_batches): the next batch runs while "
+            "the last one's answers go out, so the cores or the GPU never wait on Ray"
+        ),
+    )
+    max_images_per_request: int = Field(
+        32, ge=1, description="more images in one request -> 413 (POST /predict), 400 (v2, as Triton)"
+    )
     max_request_mb: float = Field(64.0, gt=0, description="larger request bodies -> 413")
     replicas: int = Field(1, ge=1, description="replicas when serve.autoscaling is not set (--replicas overrides)")
-    num_cpus_per_replica: float = Field(1.0, ge=0, description="Ray CPUs per replica; ONNX Runtime and decode "
-                                                                 "threads follow it unless runtime.threads is set")
+    num_cpus_per_replica: float = Field(
+        1.0,
+        ge=0,
+        description="Ray CPUs per replica; ONNX Runtime and decode threads follow it unless runtime.threads is set",
+    )
     num_gpus_per_replica: float = Field(0.0, ge=0, description="Ray GPUs per replica (e.g. 1, or 0.5 to share one)")
-    max_ongoing_requests: int = Field(64, ge=1, description="requests a replica works on at once (>= max_batch_size x concurrent_batches)")
+    max_ongoing_requests: int = Field(
+        64, ge=1, description="requests a replica works on at once (>= max_batch_size x concurrent_batches)"
+    )
     max_queued_requests: int = Field(256, ge=1, description="requests waiting for a replica; beyond -> 503")
     graceful_shutdown_timeout_s: float = Field(20.0, gt=0, description="how long SIGTERM waits for in-flight requests")
-    request_timeout_s: float = Field(60.0, gt=0, description="end-to-end limit of one request (Ray Serve's request_timeout_s)")
-    body_timeout_s: float = Field(10.0, gt=0, description="deadline for reading a request body: a slow or stalled upload gets 408")
-    name: Optional[str] = Field(None, min_length=1, description=(
-        "the model's name on the wire, its Serve application and its route /v2/models/<name> (default: the manifest's)"))
+    request_timeout_s: float = Field(
+        60.0, gt=0, description="end-to-end limit of one request (Ray Serve's request_timeout_s)"
+    )
+    body_timeout_s: float = Field(
+        10.0, gt=0, description="deadline for reading a request body: a slow or stalled upload gets 408"
+    )
+    name: Optional[str] = Field(
+        None,
+        min_length=1,
+        description=(
+            "the model's name on the wire, its Serve application and its route /v2/models/<name> (default: the "
+            "manifest's)"
+        ),
+    )
     autoscaling: Optional[AutoscalingSection] = Field(None, description="replaces the fixed replica count when set")
-    resources_per_replica: dict[str, float] = Field(default_factory=dict, description=(
-        "Ray custom resources each replica needs, e.g. {model_node: 1} to place replicas on the nodes that have them"))
+    resources_per_replica: dict[str, float] = Field(
+        default_factory=dict,
+        description=(
+            "Ray custom resources each replica needs, e.g. {model_node: 1} to place replicas on the nodes that have "
+            "them"
+        ),
+    )
 
     @model_validator(mode="after")
     def _batch_fits(self) -> "ServeSection":
         if self.max_ongoing_requests < self.max_batch_size * self.concurrent_batches:
-            raise ValueError(f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= max_batch_size x "
-                             f"concurrent_batches ({self.max_batch_size} x {self.concurrent_batches}), or a replica "
-                             f"can never fill its batches")
+            raise ValueError(
+                f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= max_batch_size x "
+                f"concurrent_batches ({self.max_batch_size} x {self.concurrent_batches}), or a replica "
+                f"can never fill its batches"
+            )
         return self
 
 
@@ -238,17 +325,27 @@ class BatchSection(_Section):
     """`vitdeploy batch-predict` (Ray Data): the worker pool and the output (CLI flags override)."""
 
     workers: int = Field(1, ge=1, description="inference actors (one Predictor each)")
-    cpus_per_worker: float = Field(1.0, ge=0, description="Ray CPUs per inference actor; also its intra-op threads "
-                                                          "when runtime.threads is unset")
+    cpus_per_worker: float = Field(
+        1.0, ge=0, description="Ray CPUs per inference actor; also its intra-op threads when runtime.threads is unset"
+    )
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs per inference actor (e.g. 1, or 0.5 to share one)")
-    decode_cpus: float = Field(1.0, gt=0, description="Ray CPUs per reading or decoding task (Ray runs as many as fit)")
-    batch_size: Optional[BatchSize] = Field(None, description="images per model call; absent = the export's "
-                                                              "batch profile opt (export.batch.opt)")
+    decode_cpus: float = Field(
+        1.0, gt=0, description="Ray CPUs per reading or decoding task (Ray runs as many as fit)"
+    )
+    batch_size: Optional[BatchSize] = Field(
+        None, description="images per model call; absent = the export's batch profile opt (export.batch.opt)"
+    )
     rows_per_file: int = Field(10_000, ge=1, description="output rows per Parquet part file (and per flush)")
-    flush_seconds: float = Field(30.0, gt=0, description="rows are written at least this often, so a killed job "
-                                                         "loses at most this much work (--resume)")
-    cache_dir: Optional[Path] = Field(None, description="per-node cache of the artifacts shipped to workers; absent = "
-                                                        "$VITDEPLOY_ARTIFACT_CACHE, else ~/.cache/vitdeploy/artifacts")
+    flush_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="rows are written at least this often, so a killed job loses at most this much work (--resume)",
+    )
+    cache_dir: Optional[Path] = Field(
+        None,
+        description="per-node cache of the artifacts shipped to workers; absent = "
+        "$VITDEPLOY_ARTIFACT_CACHE, else ~/.cache/vitdeploy/artifacts",
+    )
 
 
 class PipelineConfig(_Section):
@@ -276,7 +373,6 @@ class PipelineConfig(_Section):
     @property
     def output_dir(self) -> Path:
         return self.resolve(self.export.output_dir)  # type: ignore[return-value]
-
 
 
 # The top-level sections, derived from the model (never typed twice): model, preprocess, export, ...
@@ -307,8 +403,9 @@ def parse_config(data: Any, source: Optional[Path] = None) -> PipelineConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{label}: the top level must be a mapping of sections ({', '.join(SECTIONS)}), got "
-                          f"{type(data).__name__}")
+        raise ConfigError(
+            f"{label}: the top level must be a mapping of sections ({', '.join(SECTIONS)}), got {type(data).__name__}"
+        )
     if "source" in data:
         raise ConfigError(f"{label}: unknown key 'source' (allowed: {', '.join(SECTIONS)})")
     try:
@@ -323,7 +420,9 @@ def _check_paths(cfg: PipelineConfig, label: str) -> None:
     for key, path in (("model.checkpoint", cfg.model.checkpoint), ("validation.images", cfg.validation.images)):
         resolved = cfg.resolve(path)
         if resolved is not None and not resolved.exists():
-            raise ConfigError(f"{label}: '{key}' = {clip(str(path))}: no such file or directory ({clip(str(resolved))})")
+            raise ConfigError(
+                f"{label}: '{key}' = {clip(str(path))}: no such file or directory ({clip(str(resolved))})"
+            )
 
 
 def load_config(path: Optional[Path | str] = None) -> PipelineConfig:
@@ -339,7 +438,9 @@ def load_config(path: Optional[Path | str] = None) -> PipelineConfig:
         path = candidate
     path = Path(path)
     if path.is_dir():
-        raise ConfigError(f"{path} is a directory; -c/--config takes a pipeline YAML file (e.g. {path / DEFAULT_CONFIG_NAME})")
+        raise ConfigError(
+            f"{path} is a directory; -c/--config takes a pipeline YAML file (e.g. {path / DEFAULT_CONFIG_NAME})"
+        )
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     return parse_config(load_yaml_file(path), path)

@@ -38,7 +38,9 @@ def _type_name(ann: Any) -> str:
         return " \\| ".join(str(v).lower() if isinstance(v, bool) else str(v) for v in typing.get_args(ann))
     if origin in (Union, types.UnionType):
         parts = [a for a in typing.get_args(ann) if a is not type(None)]
-        return " \\| ".join(_type_name(a) for a in parts) + (" \\| null" if len(parts) < len(typing.get_args(ann)) else "")
+        return " \\| ".join(_type_name(a) for a in parts) + (
+            " \\| null" if len(parts) < len(typing.get_args(ann)) else ""
+        )
     if origin in (list, tuple, set, frozenset):
         inner = [a for a in typing.get_args(ann) if a is not Ellipsis]
         return f"list[{_type_name(inner[0])}]" if inner else "list"
@@ -113,8 +115,12 @@ def reference_markdown() -> str:
 
 def undocumented_keys() -> list[str]:
     """Keys whose field has no description (the reference would leave their meaning blank)."""
-    return [key for name, section, instance in _sections() for key, _, _, text in _rows(section, name, instance)
-            if not text]
+    return [
+        key
+        for name, section, instance in _sections()
+        for key, _, _, text in _rows(section, name, instance)
+        if not text
+    ]
 
 
 __all__ = ["reference_markdown", "undocumented_keys"]

@@ -82,6 +82,8 @@ def check_batch_size(value: Any, what: str = "batch size") -> int:
     except (TypeError, ValueError):
         raise ConfigError(f"{what} must be an integer 1..{MAX_BATCH}, got {clip(value)}") from None
     if not 1 <= n <= MAX_BATCH:
-        raise ConfigError(f"{what} {clip(value)} is out of range: batch sizes are 1..{MAX_BATCH} (a ViT batch of "
-                          f"{MAX_BATCH} at 224 px is already 2.5 GB of input)")
+        raise ConfigError(
+            f"{what} {clip(value)} is out of range: batch sizes are 1..{MAX_BATCH} (a ViT batch of "
+            f"{MAX_BATCH} at 224 px is already 2.5 GB of input)"
+        )
     return n

@@ -70,18 +70,23 @@ class PreprocessSpec:
     width: Side = 224
     crop_pct: Annotated[FiniteFloat, Field(gt=0, le=1, description="timm style: crop / resize size")] = 0.875
     interpolation: Annotated[Interpolation, Field(description="Pillow resampling filter of the resize")] = "bilinear"
-    mean: Annotated[tuple[FiniteFloat, FiniteFloat, FiniteFloat],
-                    Field(description="per-channel mean (RGB, 0-1 scale)")] = INCEPTION_MEAN
-    std: Annotated[tuple[Std, Std, Std],
-                   Field(description="per-channel standard deviation (RGB, > 0)")] = INCEPTION_STD
-    background: Annotated[tuple[Byte, Byte, Byte], Field(
-        description="RGB 0-255 colour transparent pixels are composited over")] = field(default=(255, 255, 255))
+    mean: Annotated[
+        tuple[FiniteFloat, FiniteFloat, FiniteFloat], Field(description="per-channel mean (RGB, 0-1 scale)")
+    ] = INCEPTION_MEAN
+    std: Annotated[tuple[Std, Std, Std], Field(description="per-channel standard deviation (RGB, > 0)")] = (
+        INCEPTION_STD
+    )
+    background: Annotated[
+        tuple[Byte, Byte, Byte], Field(description="RGB 0-255 colour transparent pixels are composited over")
+    ] = field(default=(255, 255, 255))
     crop_mode: Annotated[CropMode, Field(description="timm style only")] = "center"
-    resize_height: Annotated[Optional[Side], Field(
-        description="hf style: resize to this height before the crop")] = None
+    resize_height: Annotated[Optional[Side], Field(description="hf style: resize to this height before the crop")] = (
+        None
+    )
     resize_width: Annotated[Optional[Side], Field(description="hf style: resize to this width before the crop")] = None
-    shortest_edge: Annotated[Optional[Side], Field(
-        description="hf / torchvision style: shorter side before the crop")] = None
+    shortest_edge: Annotated[
+        Optional[Side], Field(description="hf / torchvision style: shorter side before the crop")
+    ] = None
     longest_edge: Annotated[Optional[Side], Field(description="hf style: cap on the longer side")] = None
 
     def __post_init__(self) -> None:
@@ -96,18 +101,26 @@ class PreprocessSpec:
         if len(self.mean) != 3 or len(self.std) != 3 or any(s <= 0 for s in self.std):
             raise ValueError(f"mean/std must be 3 values with std > 0, got {self.mean} / {self.std}")
         if self.interpolation not in INTERPOLATIONS:
-            raise ValueError(f"preprocess interpolation must be one of {', '.join(INTERPOLATIONS)}, "
-                             f"got {self.interpolation!r}")
+            raise ValueError(
+                f"preprocess interpolation must be one of {', '.join(INTERPOLATIONS)}, got {self.interpolation!r}"
+            )
         bg = self.background
-        if (not isinstance(bg, (tuple, list)) or len(bg) != 3
-                or any(isinstance(v, bool) or not isinstance(v, Integral) or not 0 <= v <= 255 for v in bg)):
+        if (
+            not isinstance(bg, (tuple, list))
+            or len(bg) != 3
+            or any(isinstance(v, bool) or not isinstance(v, Integral) or not 0 <= v <= 255 for v in bg)
+        ):
             raise ValueError(f"preprocess background must be 3 integers in 0..255 (an RGB colour), got {bg!r}")
         object.__setattr__(self, "background", tuple(int(v) for v in bg))  # a list or numpy ints -> plain tuple
         self._check_resize()
 
     def _check_resize(self) -> None:
-        sizes = {"resize_height": self.resize_height, "resize_width": self.resize_width,
-                 "shortest_edge": self.shortest_edge, "longest_edge": self.longest_edge}
+        sizes = {
+            "resize_height": self.resize_height,
+            "resize_width": self.resize_width,
+            "shortest_edge": self.shortest_edge,
+            "longest_edge": self.longest_edge,
+        }
         for key, value in sizes.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, Integral) or value <= 0):
                 raise ValueError(f"preprocess {key} must be a positive integer, got {value!r}")
@@ -122,11 +135,14 @@ class PreprocessSpec:
             if self.shortest_edge is None:
                 raise ValueError("preprocess style 'torchvision' needs shortest_edge (torchvision's resize_size)")
             if exact[0] is not None or self.longest_edge is not None:
-                raise ValueError("preprocess style 'torchvision' takes shortest_edge only (no resize_height/width, "
-                                 "longest_edge)")
+                raise ValueError(
+                    "preprocess style 'torchvision' takes shortest_edge only (no resize_height/width, longest_edge)"
+                )
         if self.style == "timm" and any(v is not None for v in sizes.values()):
-            raise ValueError("preprocess style 'timm' derives its resize from crop_pct; unset resize_height, "
-                             "resize_width, shortest_edge and longest_edge")
+            raise ValueError(
+                "preprocess style 'timm' derives its resize from crop_pct; unset resize_height, "
+                "resize_width, shortest_edge and longest_edge"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -153,8 +169,9 @@ class PreprocessSpec:
 
 #: pipeline.yaml keys that override the preprocessing (all under ``preprocess:``) and change the geometry
 #: or the normalisation: every field but the size and the background.
-OVERRIDE_KEYS: tuple[str, ...] = tuple(f.name for f in fields(PreprocessSpec)
-                                       if f.name not in (*_NOT_OVERRIDES, "background"))
+OVERRIDE_KEYS: tuple[str, ...] = tuple(
+    f.name for f in fields(PreprocessSpec) if f.name not in (*_NOT_OVERRIDES, "background")
+)
 
 
 def overrides_model(base: type[BaseModel], name: str = "PreprocessSection", doc: str = "") -> type[BaseModel]:

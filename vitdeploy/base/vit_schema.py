@@ -106,8 +106,13 @@ class ViTConfig:
         if self.pool not in POOLS:
             problems.append(f"pool must be one of {', '.join(POOLS)}, got {self.pool!r}")
         else:
-            problems += family_problems(class_token=self.class_token, distilled=self.distilled,
-                                        reg_tokens=self.reg_tokens, pool=self.pool, fc_norm=self.fc_norm)
+            problems += family_problems(
+                class_token=self.class_token,
+                distilled=self.distilled,
+                reg_tokens=self.reg_tokens,
+                pool=self.pool,
+                fc_norm=self.fc_norm,
+            )
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
         if problems:
@@ -161,8 +166,15 @@ class ViTConfig:
             parts.append("average pooling" + (" + fc_norm" if self.fc_norm else ""))
         elif self.fc_norm:
             parts.append("fc_norm")
-        parts += [name for name, on in (("layer scale", self.layer_scale), ("qk-norm", self.qk_norm),
-                                        ("no prefix positions", not self.pos_embed_prefix)) if on]
+        parts += [
+            name
+            for name, on in (
+                ("layer scale", self.layer_scale),
+                ("qk-norm", self.qk_norm),
+                ("no prefix positions", not self.pos_embed_prefix),
+            )
+            if on
+        ]
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -186,8 +198,12 @@ ViTFields = ViTConfig
 
 # The standard sizes, once: the paper's Table 1 (B/L/H) plus DeiT's Ti/S -> (width, depth, heads, mlp dim).
 VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
-    "tiny": (192, 12, 3, 768), "small": (384, 12, 6, 1536), "base": (768, 12, 12, 3072),
-    "large": (1024, 24, 16, 4096), "huge": (1280, 32, 16, 5120)}
+    "tiny": (192, 12, 3, 768),
+    "small": (384, 12, 6, 1536),
+    "base": (768, 12, 12, 3072),
+    "large": (1024, 24, 16, 4096),
+    "huge": (1280, 32, 16, 5120),
+}
 #: width -> heads / size name of the standard sizes (any other width needs model.num_heads).
 HEADS_BY_WIDTH: dict[int, int] = {width: heads for width, _, heads, _ in VIT_SIZES.values()}
 SIZE_BY_WIDTH: dict[int, str] = {dims[0]: size for size, dims in VIT_SIZES.items()}
@@ -208,8 +224,9 @@ VARIANTS: dict[str, ViTConfig] = {
 _ADAPTER: TypeAdapter[ViTConfig] = TypeAdapter(ViTConfig)
 
 
-def parse_vit_config(data: Any, path: Path | str, *, key_prefix: str = "",
-                     error: type[VitDeployError] = VitDeployError) -> ViTConfig:
+def parse_vit_config(
+    data: Any, path: Path | str, *, key_prefix: str = "", error: type[VitDeployError] = VitDeployError
+) -> ViTConfig:
     """``data`` (a file's "vit" object) read strictly into a ViTConfig; ``error`` naming ``path`` and the key
     otherwise."""
     if not isinstance(data, dict):
@@ -221,7 +238,8 @@ def parse_vit_config(data: Any, path: Path | str, *, key_prefix: str = "",
         raise error(format_validation_error(exc, str(path), prefix=prefix)) from None
 
 
-def validate_vit_config(data: Any, path: Path | str, *, key_prefix: str = "",
-                        error: type[VitDeployError] = VitDeployError) -> dict[str, Any]:
+def validate_vit_config(
+    data: Any, path: Path | str, *, key_prefix: str = "", error: type[VitDeployError] = VitDeployError
+) -> dict[str, Any]:
     """:func:`parse_vit_config` as a dict of every field (what the manifest checks read)."""
     return parse_vit_config(data, path, key_prefix=key_prefix, error=error).to_dict()

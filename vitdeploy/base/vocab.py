@@ -41,19 +41,22 @@ EXPORT_REPORT_NAME = "export-report.json"  # what a failed export leaves (stages
 TIMING_CACHE_NAME = "timing.cache"  # TensorRT's timing cache, reused across builds (tensorrt.timing_cache)
 #: vitdeploy's own checkpoint format; an export directory is one (the torch backend reads it).
 CHECKPOINT_WEIGHTS, CHECKPOINT_CONFIG = "model.safetensors", "model.json"
-ARTIFACT_FILES: Mapping[str, str] = MappingProxyType({
-    "weights": CHECKPOINT_WEIGHTS,
-    "weights-config": CHECKPOINT_CONFIG,
-    "onnx": "model.onnx",
-    "onnx-ort": "model.ort.onnx",  # ONNX Runtime-only fused FP32 graph (export/optimize.py)
-    "onnx-fp16": "model.fp16.onnx",
-    "onnx-int8": "model.int8.onnx",  # INT8 QDQ graph quantized from model.ort.onnx (export/quantize.py)
-    "onnx-int8-trt": "model.int8.trt.onnx",  # INT8 QDQ graph for TensorRT, quantized from model.onnx (export/quantize.py)
-    "engine": "model.engine",
-    "engine-meta": "model.engine.json",
-    "engine-int8": "model.int8.engine",  # TensorRT INT8 engine built from model.int8.trt.onnx
-    "engine-int8-meta": "model.int8.engine.json",
-})
+ARTIFACT_FILES: Mapping[str, str] = MappingProxyType(
+    {
+        "weights": CHECKPOINT_WEIGHTS,
+        "weights-config": CHECKPOINT_CONFIG,
+        "onnx": "model.onnx",
+        "onnx-ort": "model.ort.onnx",  # ONNX Runtime-only fused FP32 graph (export/optimize.py)
+        "onnx-fp16": "model.fp16.onnx",
+        "onnx-int8": "model.int8.onnx",  # INT8 QDQ graph quantized from model.ort.onnx (export/quantize.py)
+        # INT8 QDQ graph for TensorRT, quantized from model.onnx (export/quantize.py)
+        "onnx-int8-trt": "model.int8.trt.onnx",
+        "engine": "model.engine",
+        "engine-meta": "model.engine.json",
+        "engine-int8": "model.int8.engine",  # TensorRT INT8 engine built from model.int8.trt.onnx
+        "engine-int8-meta": "model.int8.engine.json",
+    }
+)
 
 # ------------------------------------------------------------------------------------------------
 # backends
@@ -76,7 +79,14 @@ class BackendKind:
 
 #: The backend names, each spelled once (imported wherever a backend is named in code).
 TORCH, ORT, ORT_FP16, ORT_INT8, TORCH_FP16, TRT, TRT_INT8 = (
-    "torch", "ort", "ort-fp16", "ort-int8", "torch-fp16", "trt", "trt-int8")
+    "torch",
+    "ort",
+    "ort-fp16",
+    "ort-int8",
+    "torch-fp16",
+    "trt",
+    "trt-int8",
+)
 
 #: Every backend, in report order (validate / bench tables).
 BACKENDS: tuple[BackendKind, ...] = (
@@ -103,10 +113,12 @@ BackendChoice = Literal[(AUTO, *RUNTIME_BACKENDS)]  # type: ignore[valid-type]
 #: whose CUDA major must be TensorRT's. PyPI's torch 2.13.0 (Linux) is a CUDA 13 build; a CUDA 12
 #: build of the same version comes from PyTorch's own index. Per major: (torch to install, extra index
 #: or None): the README's install lines and the mismatch check's fixing commands are built from this.
-TENSORRT_TORCH: Mapping[int, tuple[str, str | None]] = MappingProxyType({
-    12: ("2.13.0+cu128", "https://download.pytorch.org/whl/cu128"),
-    13: ("2.13.0", None),
-})
+TENSORRT_TORCH: Mapping[int, tuple[str, str | None]] = MappingProxyType(
+    {
+        12: ("2.13.0+cu128", "https://download.pytorch.org/whl/cu128"),
+        13: ("2.13.0", None),
+    }
+)
 
 
 def tensorrt_install_command(cuda_major: int) -> str:
@@ -124,7 +136,42 @@ def torch_fix_command(cuda_major: int) -> str:
         return f'pip install --force-reinstall "torch=={torch}" --index-url https://pypi.org/simple'
     return f'pip install "torch=={torch}" --extra-index-url {index}'
 
-__all__ = ["ORT", "ORT_FP16", "ORT_INT8", "TORCH", "TORCH_FP16", "TRT", "TRT_INT8", "EXPORT_REPORT_NAME", "TIMING_CACHE_NAME", "ACTIVATIONS", "Activation", "POOLS", "Pool", "ARTIFACT_FILES", "AUTO", "BACKENDS", "BACKEND_KINDS", "BackendChoice", "BackendKind", "BackendName",
-           "CHECKPOINT_CONFIG", "CHECKPOINT_WEIGHTS", "CROP_MODES", "CropMode", "DRIFT_REPORT_NAME", "EVALUATED_BACKENDS", "INTERPOLATIONS",
-           "Interpolation", "MANIFEST_NAME", "PRECISIONS", "PREPROCESS_STYLES", "PreprocessStyle", "RUNTIME_BACKENDS",
-           "TENSORRT_TORCH", "tensorrt_install_command", "torch_fix_command"]
+
+__all__ = [
+    "ORT",
+    "ORT_FP16",
+    "ORT_INT8",
+    "TORCH",
+    "TORCH_FP16",
+    "TRT",
+    "TRT_INT8",
+    "EXPORT_REPORT_NAME",
+    "TIMING_CACHE_NAME",
+    "ACTIVATIONS",
+    "Activation",
+    "POOLS",
+    "Pool",
+    "ARTIFACT_FILES",
+    "AUTO",
+    "BACKENDS",
+    "BACKEND_KINDS",
+    "BackendChoice",
+    "BackendKind",
+    "BackendName",
+    "CHECKPOINT_CONFIG",
+    "CHECKPOINT_WEIGHTS",
+    "CROP_MODES",
+    "CropMode",
+    "DRIFT_REPORT_NAME",
+    "EVALUATED_BACKENDS",
+    "INTERPOLATIONS",
+    "Interpolation",
+    "MANIFEST_NAME",
+    "PRECISIONS",
+    "PREPROCESS_STYLES",
+    "PreprocessStyle",
+    "RUNTIME_BACKENDS",
+    "TENSORRT_TORCH",
+    "tensorrt_install_command",
+    "torch_fix_command",
+]

@@ -24,8 +24,10 @@ def load_yaml_file(path: Path) -> Any:
     try:
         size = path.stat().st_size
         if size > MAX_YAML_BYTES:
-            raise ConfigError(f"{path}: {size} bytes is larger than the {MAX_YAML_BYTES} bytes a pipeline YAML may be; "
-                              f"is this the right file?")
+            raise ConfigError(
+                f"{path}: {size} bytes is larger than the {MAX_YAML_BYTES} bytes a pipeline YAML may be; "
+                f"is this the right file?"
+            )
         with open(path, "rb") as fh:
             raw = fh.read(MAX_YAML_BYTES + 1)
     except OSError as exc:
@@ -68,8 +70,10 @@ def _check_depth(text: str, path: Path) -> None:
             depth += 1
             if depth > MAX_YAML_DEPTH:
                 mark = event.start_mark
-                raise ConfigError(f"{path}: nested more than {MAX_YAML_DEPTH} levels deep (at line {mark.line + 1}, "
-                                  f"column {mark.column + 1}); a pipeline YAML is a few levels of sections and keys")
+                raise ConfigError(
+                    f"{path}: nested more than {MAX_YAML_DEPTH} levels deep (at line {mark.line + 1}, "
+                    f"column {mark.column + 1}); a pipeline YAML is a few levels of sections and keys"
+                )
         elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
 
@@ -102,5 +106,7 @@ def _check_expansion(root: Any, path: Path) -> None:
         total = 1 + sum(sizes.get(id(c), 0) for c in children)
         sizes[id(node)] = total
         if total > MAX_YAML_NODES:
-            raise ConfigError(f"{path}: expands to more than {MAX_YAML_NODES} values once its anchors and aliases "
-                              f"(&name / *name) are followed; refusing it (a pipeline YAML has a few hundred)")
+            raise ConfigError(
+                f"{path}: expands to more than {MAX_YAML_NODES} values once its anchors and aliases "
+                f"(&name / *name) are followed; refusing it (a pipeline YAML has a few hundred)"
+            )

@@ -102,8 +102,10 @@ def _filesystem(uri: str) -> tuple[Any, str]:
     try:
         return fs_mod.FileSystem.from_uri(uri)
     except (OSError, ValueError) as exc:
-        raise InputError(f"{uri}: cannot open this URI ({str(exc).splitlines()[0]}); supported: file://, s3://, "
-                         "gs:// and the other schemes pyarrow.fs opens") from None
+        raise InputError(
+            f"{uri}: cannot open this URI ({str(exc).splitlines()[0]}); supported: file://, s3://, "
+            "gs:// and the other schemes pyarrow.fs opens"
+        ) from None
 
 
 def _shown(scheme: str, fs_path: str) -> str:
@@ -133,8 +135,14 @@ def _expand_uri(uri: str) -> list[Item]:
     if isinstance(found, Item):
         return [found]
     if not found:
-        return [Item(uri, uri, f"{uri}: directory holds no images (looked recursively for "
-                               f"{', '.join(sorted(IMAGE_EXTENSIONS))}; hidden entries skipped)")]
+        return [
+            Item(
+                uri,
+                uri,
+                f"{uri}: directory holds no images (looked recursively for "
+                f"{', '.join(sorted(IMAGE_EXTENSIONS))}; hidden entries skipped)",
+            )
+        ]
     return [_uri_item(scheme, p) for p in found]
 
 
@@ -146,9 +154,12 @@ def _walk_uri(fs: Any, fs_mod: Any, uri: str, base: str) -> list[str] | Item:
     root = base.rstrip("/")
     found = []
     for info in infos:
-        rel = info.path[len(root):].lstrip("/")
-        if info.type == fs_mod.FileType.File and is_image_path(rel) and not any(
-                part.startswith(".") for part in rel.split("/")):
+        rel = info.path[len(root) :].lstrip("/")
+        if (
+            info.type == fs_mod.FileType.File
+            and is_image_path(rel)
+            and not any(part.startswith(".") for part in rel.split("/"))
+        ):
             found.append(info.path)
     return sorted(found)
 
@@ -161,9 +172,13 @@ def _glob_uri(fs: Any, fs_mod: Any, scheme: str, uri: str, pattern: str) -> list
         infos = fs.get_file_info(fs_mod.FileSelector(base, recursive=True, allow_not_found=True))
     except OSError as exc:
         return [Item(uri, uri, f"{uri}: cannot list {base} ({str(exc).splitlines()[0]})")]
-    out = [_uri_item(scheme, info.path) for info in sorted(infos, key=lambda i: i.path)
-           if info.type == fs_mod.FileType.File and fnmatchcase(info.path, pattern)
-           and not posixpath.basename(info.path).startswith(".")]
+    out = [
+        _uri_item(scheme, info.path)
+        for info in sorted(infos, key=lambda i: i.path)
+        if info.type == fs_mod.FileType.File
+        and fnmatchcase(info.path, pattern)
+        and not posixpath.basename(info.path).startswith(".")
+    ]
     return out or [Item(uri, uri, f"{uri}: no file matches the pattern")]
 
 
@@ -203,20 +218,31 @@ def _read_list(text: str) -> list[str]:
         try:
             decoded = data.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
-            raise InputError(f"{text}: not UTF-8 text ({exc.reason} at byte {exc.start}); a list file holds one "
-                             "path a line (.txt) or a 'path' column (.csv, .parquet)") from None
-        entries = _csv_paths(text, decoded) if suffix == "csv" else [
-            line.strip() for line in decoded.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+            raise InputError(
+                f"{text}: not UTF-8 text ({exc.reason} at byte {exc.start}); a list file holds one "
+                "path a line (.txt) or a 'path' column (.csv, .parquet)"
+            ) from None
+        entries = (
+            _csv_paths(text, decoded)
+            if suffix == "csv"
+            else [line.strip() for line in decoded.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        )
     folder = text.rsplit("/", 1)[0] if is_uri(text) else os.path.dirname(text)
-    return [e if is_uri(e) or os.path.isabs(e) or not folder else
-            (f"{folder}/{e}" if is_uri(text) else os.path.join(folder, e)) for e in entries]
+    return [
+        e
+        if is_uri(e) or os.path.isabs(e) or not folder
+        else (f"{folder}/{e}" if is_uri(text) else os.path.join(folder, e))
+        for e in entries
+    ]
 
 
 def _csv_paths(text: str, decoded: str) -> list[str]:
     reader = csv.DictReader(io.StringIO(decoded))
     if "path" not in (reader.fieldnames or []):
-        raise InputError(f"{text}: no 'path' column (columns: {', '.join(reader.fieldnames or []) or 'none'}); "
-                         "a CSV list file needs a header row with a 'path' column")
+        raise InputError(
+            f"{text}: no 'path' column (columns: {', '.join(reader.fieldnames or []) or 'none'}); "
+            "a CSV list file needs a header row with a 'path' column"
+        )
     return [row["path"].strip() for row in reader if (row.get("path") or "").strip()]
 
 

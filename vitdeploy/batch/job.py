@@ -32,6 +32,7 @@ from .workers import BYTES_NAME, DecodeSpec, Infer, InferSpec, decode_batch
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class BatchSettings:
     """Everything `vitdeploy batch-predict` was asked for, after the command line overrode the config."""
@@ -77,14 +78,20 @@ class BatchSummary:
 
     def line(self) -> str:
         if self.images == 0 and self.skipped:
-            return (f"nothing to do: all {self.skipped} inputs already answered in {self.output} "
-                    f"({self.skipped_errors} errors)")
+            return (
+                f"nothing to do: all {self.skipped} inputs already answered in {self.output} "
+                f"({self.skipped_errors} errors)"
+            )
         done = f", {self.skipped} already answered" if self.skipped else ""
-        return (f"{self.images} images, {self.errors} errors{done}, {self.images_per_s:.1f} images/s, "
-                f"{self.wall_s:.1f} s wall -> {self.output}")
+        return (
+            f"{self.images} images, {self.errors} errors{done}, {self.images_per_s:.1f} images/s, "
+            f"{self.wall_s:.1f} s wall -> {self.output}"
+        )
 
 
-def run_batch(settings: BatchSettings, *, options: Any, max_pixels: int, progress: Callable[[str], None] | None = None) -> BatchSummary:
+def run_batch(
+    settings: BatchSettings, *, options: Any, max_pixels: int, progress: Callable[[str], None] | None = None
+) -> BatchSummary:
     """Run the job; returns its summary (``summary.failed`` > 0: some inputs could not be read)."""
     say = progress or (lambda line: None)
     start = time.perf_counter()
@@ -102,12 +109,16 @@ def run_batch(settings: BatchSettings, *, options: Any, max_pixels: int, progres
         return summary
     bad = [it for it in todo if it.error is not None]
     good = [it for it in todo if it.error is None]
-    say(f"{len(todo)} inputs to answer" + (f" ({summary.skipped} already in {output.path})" if summary.skipped else "")
+    say(
+        f"{len(todo)} inputs to answer"
+        + (f" ({summary.skipped} already in {output.path})" if summary.skipped else "")
         + f": backend {settings.backend}, {settings.workers} worker(s), batches of "
-        f"{settings.batch_size or artifacts.batch['opt']}, " + (f"Ray at {settings.address}" if settings.address
-                                                                else "a local Ray"))
-    writer = output.writer(resume=settings.resume, rows_per_file=settings.rows_per_file,
-                           flush_seconds=settings.flush_seconds)
+        f"{settings.batch_size or artifacts.batch['opt']}, "
+        + (f"Ray at {settings.address}" if settings.address else "a local Ray")
+    )
+    writer = output.writer(
+        resume=settings.resume, rows_per_file=settings.rows_per_file, flush_seconds=settings.flush_seconds
+    )
     try:
         if bad:
             writer.write(_error_rows([(it.path, it.error) for it in bad]))
@@ -144,22 +155,37 @@ def _roles(backend: str) -> tuple[str, ...] | None:
 def _error_rows(pairs: list[tuple[str, str]]) -> Any:
     pa = require("pyarrow", "batch-predict output")
     n = len(pairs)
-    return pa.Table.from_pydict({"path": [p for p, _ in pairs], "label": [None] * n, "index": [None] * n,
-                                 "score": [None] * n, "top_k": [None] * n, "error": [e for _, e in pairs]},
-                                schema=row_schema())
+    return pa.Table.from_pydict(
+        {
+            "path": [p for p, _ in pairs],
+            "label": [None] * n,
+            "index": [None] * n,
+            "score": [None] * n,
+            "top_k": [None] * n,
+            "error": [e for _, e in pairs],
+        },
+        schema=row_schema(),
+    )
 
 
 def _connect(ray: Any, settings: BatchSettings) -> bool:
     """Start (or join) Ray unless this process already did; True when this job must shut it down."""
     if ray.is_initialized():
         return False
-    ray.init(address=settings.address, include_dashboard=False, logging_level=logging.WARNING,
-             log_to_driver=False)
+    ray.init(address=settings.address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     return True
 
 
-def _run_pipeline(settings: BatchSettings, artifacts: Any, items: list[Item], writer: Any, summary: BatchSummary,
-                  options: Any, max_pixels: int, say: Callable[[str], None]) -> None:
+def _run_pipeline(
+    settings: BatchSettings,
+    artifacts: Any,
+    items: list[Item],
+    writer: Any,
+    summary: BatchSummary,
+    options: Any,
+    max_pixels: int,
+    say: Callable[[str], None],
+) -> None:
     ray = require("ray", "vitdeploy batch-predict (pip install 'vitdeploy[batch]')")
     require("ray.data", "vitdeploy batch-predict (pip install 'vitdeploy[batch]')")
     owned = _connect(ray, settings)
@@ -195,23 +221,31 @@ def _check_resources(have: dict[str, float], settings: BatchSettings, *, strict:
     need_gpu = settings.workers * settings.gpus_per_worker
     problems = []
     if need_cpu > cpus:
-        problems.append(f"{settings.workers} worker(s) x batch.cpus_per_worker {settings.cpus_per_worker:g} + "
-                        f"batch.decode_cpus {settings.decode_cpus:g} = {need_cpu:g} CPUs, the cluster has {cpus:g}")
+        problems.append(
+            f"{settings.workers} worker(s) x batch.cpus_per_worker {settings.cpus_per_worker:g} + "
+            f"batch.decode_cpus {settings.decode_cpus:g} = {need_cpu:g} CPUs, the cluster has {cpus:g}"
+        )
     if need_gpu > gpus:
-        problems.append(f"{settings.workers} worker(s) x batch.gpus_per_worker {settings.gpus_per_worker:g} = "
-                        f"{need_gpu:g} GPUs, the cluster has {gpus:g}")
+        problems.append(
+            f"{settings.workers} worker(s) x batch.gpus_per_worker {settings.gpus_per_worker:g} = "
+            f"{need_gpu:g} GPUs, the cluster has {gpus:g}"
+        )
     if not problems:
         return
-    message = ("batch-predict cannot schedule its workers: " + "; ".join(problems)
-               + "; lower --workers, batch.cpus_per_worker or batch.decode_cpus (fractions are fine), "
-               "or run on a larger cluster (--address)")
+    message = (
+        "batch-predict cannot schedule its workers: "
+        + "; ".join(problems)
+        + "; lower --workers, batch.cpus_per_worker or batch.decode_cpus (fractions are fine), "
+        "or run on a larger cluster (--address)"
+    )
     if strict:
         raise ConfigError(message)
     log.warning("%s (waiting for the cluster to grow)", message)
 
 
-def _dataset(ray: Any, settings: BatchSettings, artifacts: Any, items: list[Item], options: Any,
-             max_pixels: int) -> Any:
+def _dataset(
+    ray: Any, settings: BatchSettings, artifacts: Any, items: list[Item], options: Any, max_pixels: int
+) -> Any:
     import ray.data as rd
 
     ctx = rd.DataContext.get_current()
@@ -229,16 +263,30 @@ def _dataset(ray: Any, settings: BatchSettings, artifacts: Any, items: list[Item
     for it in items:
         by_scheme.setdefault(it.read.partition("://")[0] if is_uri(it.read) else "", []).append(it.read)
     # Reading bytes gets the decoding tasks' CPUs (Ray Data's default, 1, would deadlock beside a full actor pool).
-    parts = [rd.read_binary_files(reads, include_paths=True, ignore_missing_paths=True, num_cpus=settings.decode_cpus)
-             for reads in by_scheme.values()]
+    parts = [
+        rd.read_binary_files(reads, include_paths=True, ignore_missing_paths=True, num_cpus=settings.decode_cpus)
+        for reads in by_scheme.values()
+    ]
     ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
-    ds = ds.map_batches(decode_batch, fn_kwargs={"spec": DecodeSpec(artifacts.preprocess, max_pixels)},
-                        batch_size=batch_size, num_cpus=settings.decode_cpus, batch_format="numpy",
-                        compute=rd.TaskPoolStrategy(), memory=_decode_memory(batch_size, artifacts.input_shape))
+    ds = ds.map_batches(
+        decode_batch,
+        fn_kwargs={"spec": DecodeSpec(artifacts.preprocess, max_pixels)},
+        batch_size=batch_size,
+        num_cpus=settings.decode_cpus,
+        batch_format="numpy",
+        compute=rd.TaskPoolStrategy(),
+        memory=_decode_memory(batch_size, artifacts.input_shape),
+    )
     spec = InferSpec(source, settings.backend, options, settings.top_k, settings.cache_dir)
-    return ds.map_batches(Infer, fn_constructor_args=(spec,), batch_size=batch_size, batch_format="numpy",
-                          compute=rd.ActorPoolStrategy(size=settings.workers), num_cpus=settings.cpus_per_worker,
-                          num_gpus=settings.gpus_per_worker or None)
+    return ds.map_batches(
+        Infer,
+        fn_constructor_args=(spec,),
+        batch_size=batch_size,
+        batch_format="numpy",
+        compute=rd.ActorPoolStrategy(size=settings.workers),
+        num_cpus=settings.cpus_per_worker,
+        num_gpus=settings.gpus_per_worker or None,
+    )
 
 
 def _decode_memory(batch_size: int, chw: Sequence[int]) -> int:
@@ -256,8 +304,10 @@ def _collect(table: Any, shown: dict[str, str], seen: set[str], writer: Any, sum
         summary.nodes[node] = summary.nodes.get(node, 0) + count
     keys = table.column("path").to_pylist()
     paths = [shown.get(k, k) for k in keys]
-    errors = [e if e is None or not e.startswith(BYTES_NAME) else p + e[len(BYTES_NAME):]
-              for p, e in zip(paths, table.column("error").to_pylist())]
+    errors = [
+        e if e is None or not e.startswith(BYTES_NAME) else p + e[len(BYTES_NAME) :]
+        for p, e in zip(paths, table.column("error").to_pylist())
+    ]
     keep = [i for i, p in enumerate(paths) if p not in seen]  # a retried block never gives a second row
     seen.update(paths)
     out = table.drop_columns(["node"]).set_column(0, "path", pa.array(paths, pa.string()))
@@ -286,17 +336,28 @@ def _unwrap(exc: BaseException) -> VitDeployError:
     return BackendError(f"batch job failed on a Ray worker: {first_line(exc)}")
 
 
-def batch_settings_from_config(cfg: Any, inputs: Sequence[str], *, artifacts: str | None, output: str,
-                         **overrides: Any) -> BatchSettings:
+def batch_settings_from_config(
+    cfg: Any, inputs: Sequence[str], *, artifacts: str | None, output: str, **overrides: Any
+) -> BatchSettings:
     """The job's settings: pipeline.yaml's ``batch`` and ``runtime`` sections, then the command line's
     ``overrides`` (a None value keeps the config's)."""
     bt, rt = cfg.batch, cfg.runtime
     cache = cfg.resolve(bt.cache_dir)
-    base = BatchSettings(inputs=list(inputs), artifacts=artifacts or os.fspath(cfg.output_dir), output=output,
-                         backend=rt.backend, workers=bt.workers, cpus_per_worker=bt.cpus_per_worker,
-                         gpus_per_worker=bt.gpus_per_worker, decode_cpus=bt.decode_cpus, batch_size=bt.batch_size,
-                         top_k=rt.top_k, rows_per_file=bt.rows_per_file, flush_seconds=bt.flush_seconds,
-                         cache_dir=os.fspath(cache) if cache is not None else None)
+    base = BatchSettings(
+        inputs=list(inputs),
+        artifacts=artifacts or os.fspath(cfg.output_dir),
+        output=output,
+        backend=rt.backend,
+        workers=bt.workers,
+        cpus_per_worker=bt.cpus_per_worker,
+        gpus_per_worker=bt.gpus_per_worker,
+        decode_cpus=bt.decode_cpus,
+        batch_size=bt.batch_size,
+        top_k=rt.top_k,
+        rows_per_file=bt.rows_per_file,
+        flush_seconds=bt.flush_seconds,
+        cache_dir=os.fspath(cache) if cache is not None else None,
+    )
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 

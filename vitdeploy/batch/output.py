@@ -37,8 +37,16 @@ def row_schema() -> Any:
     """The output's Arrow schema: one row per input; ``error`` null, or the one-line reason."""
     pa = require("pyarrow", "batch-predict output")
     top = pa.struct([("label", pa.string()), ("index", pa.int64()), ("score", pa.float64())])
-    return pa.schema([("path", pa.string()), ("label", pa.string()), ("index", pa.int64()),
-                      ("score", pa.float64()), ("top_k", pa.list_(top)), ("error", pa.string())])
+    return pa.schema(
+        [
+            ("path", pa.string()),
+            ("label", pa.string()),
+            ("index", pa.int64()),
+            ("score", pa.float64()),
+            ("top_k", pa.list_(top)),
+            ("error", pa.string()),
+        ]
+    )
 
 
 def _tmp_name(path: Path) -> Path:
@@ -63,11 +71,15 @@ class Output:
         elif suffix in ("", ".d") or p.is_dir():
             kind = "parquet-dir"
         else:
-            raise InputError(f"-o {p}: unknown output format {suffix!r}; use a folder (Parquet part files), "
-                             "x.parquet (one Parquet file) or x.jsonl (JSON Lines)")
+            raise InputError(
+                f"-o {p}: unknown output format {suffix!r}; use a folder (Parquet part files), "
+                "x.parquet (one Parquet file) or x.jsonl (JSON Lines)"
+            )
         if p.exists() and (p.is_dir() != (kind == "parquet-dir")):
-            raise InputError(f"-o {p}: exists and is {'a folder' if p.is_dir() else 'a file'}, but {kind} output "
-                             f"needs {'a folder' if kind == 'parquet-dir' else 'a file'}")
+            raise InputError(
+                f"-o {p}: exists and is {'a folder' if p.is_dir() else 'a file'}, but {kind} output "
+                f"needs {'a folder' if kind == 'parquet-dir' else 'a file'}"
+            )
         return cls(p, kind)
 
     # ------------------------------------------------------------------ what is there already
@@ -103,14 +115,16 @@ class Output:
         """{path: error or None} of every row already written (complete parts and lines only)."""
         done: dict[str, str | None] = {}
         for file in self._files():
-            for path, error in (_jsonl_rows(file) if self.kind == "jsonl" else _parquet_rows(file)):
+            for path, error in _jsonl_rows(file) if self.kind == "jsonl" else _parquet_rows(file):
                 done[path] = error
         return done
 
     def writer(self, *, resume: bool, rows_per_file: int = 10_000, flush_seconds: float = 30.0) -> "RowWriter":
         if self.exists() and not resume:
-            raise InputError(f"-o {self.path}: output exists; pass --resume to continue it (inputs already answered "
-                             "are skipped), or remove it")
+            raise InputError(
+                f"-o {self.path}: output exists; pass --resume to continue it (inputs already answered "
+                "are skipped), or remove it"
+            )
         return RowWriter(self, rows_per_file, flush_seconds)
 
 
@@ -119,8 +133,10 @@ def _parquet_rows(file: Path) -> list[tuple[str, str | None]]:
     try:
         table = pq.read_table(file, columns=["path", "error"])
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
-        raise InputError(f"{file}: cannot read this output file ({str(exc).splitlines()[0]}); it was not written "
-                         "by batch-predict, or it was damaged: move it away and run again with --resume") from None
+        raise InputError(
+            f"{file}: cannot read this output file ({str(exc).splitlines()[0]}); it was not written "
+            "by batch-predict, or it was damaged: move it away and run again with --resume"
+        ) from None
     return list(zip(table.column("path").to_pylist(), table.column("error").to_pylist()))
 
 
@@ -135,8 +151,10 @@ def _jsonl_rows(file: Path) -> list[tuple[str, str | None]]:
             rec = json.loads(line)
             rows.append((str(rec["path"]), rec.get("error")))
         except (ValueError, KeyError, TypeError):
-            raise InputError(f"{file}:{number}: not a batch-predict row (expected a JSON object with a 'path'); "
-                             "move the file away or fix that line") from None
+            raise InputError(
+                f"{file}:{number}: not a batch-predict row (expected a JSON object with a 'path'); "
+                "move the file away or fix that line"
+            ) from None
     return rows
 
 

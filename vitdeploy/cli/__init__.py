@@ -18,9 +18,9 @@ from typing import Any, Callable
 import click
 
 from .. import __version__
-from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path
 from ..base.errors import VitDeployError, first_line
 from ..base.vocab import AUTO, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
+from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path
 
 _CONSOLE = Console()
 
@@ -45,7 +45,6 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-
 MAX_ERROR_LINE = 2000  # values inside a message are already cut at 200; the last guard against a hostile file
 
 
@@ -56,8 +55,14 @@ def _setup_logging(verbose: int) -> None:
     logging.basicConfig(level=max(level, logging.DEBUG), handlers=[handler])
 
 
-config_option = click.option("-c", "--config", "config_path", type=click.Path(path_type=Path), default=None,
-                             help="pipeline YAML (default: ./pipeline.yaml if present, else built-in defaults)")
+config_option = click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="pipeline YAML (default: ./pipeline.yaml if present, else built-in defaults)",
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -90,7 +95,6 @@ def config_group() -> None:
 def config_check(config_path: Path | None) -> None:
     """Validate a pipeline YAML and print the effective configuration."""
     from ..base.config import load_config
-
     from ..export.effective import describe, resolve
 
     cfg = load_config(config_path)
@@ -112,10 +116,21 @@ def config_reference() -> None:
 
 @main.command()
 @config_option
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="output directory (default: export.output_dir from the config)")
-@click.option("--engine", type=click.Choice(["auto", "require", "skip"]), default="auto", show_default=True,
-              help="TensorRT engine: build when TensorRT and a CUDA GPU exist (auto), fail without them (require), never (skip)")
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="output directory (default: export.output_dir from the config)",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(["auto", "require", "skip"]),
+    default="auto",
+    show_default=True,
+    help="TensorRT engine: build when TensorRT and a CUDA GPU exist (auto), fail without them (require), never (skip)",
+)
 @handle_errors
 def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
     """Export the configured checkpoint: ONNX, FP16 ONNX, TensorRT engine, validation, manifest."""
@@ -174,18 +189,38 @@ def _self_command() -> str:
 
 
 @main.command()
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False))  # each bad path: its own record
-@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path, readable=False), default=None,
-              help="directory written by `vitdeploy export` (default: export.output_dir from the config)")
-@click.option("-b", "--backend", type=click.Choice([AUTO, *RUNTIME_BACKENDS]), default=None,
-              help="backend (default: runtime.backend from the config, i.e. auto)")
+@click.argument(
+    "inputs", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False)
+)  # each bad path: its own record
+@click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    type=click.Path(path_type=Path, readable=False),
+    default=None,
+    help="directory written by `vitdeploy export` (default: export.output_dir from the config)",
+)
+@click.option(
+    "-b",
+    "--backend",
+    type=click.Choice([AUTO, *RUNTIME_BACKENDS]),
+    default=None,
+    help="backend (default: runtime.backend from the config, i.e. auto)",
+)
 @click.option("-k", "--top-k", type=click.IntRange(min=1), default=None, help="default: runtime.top_k (5)")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="default: runtime.batch_size (32)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line per input on stdout")
 @config_option
 @handle_errors
-def predict(inputs: tuple[Path, ...], artifacts_dir: Path | None, backend: str | None, top_k: int | None,
-            batch_size: int | None, as_json: bool, config_path: Path | None) -> None:
+def predict(
+    inputs: tuple[Path, ...],
+    artifacts_dir: Path | None,
+    backend: str | None,
+    top_k: int | None,
+    batch_size: int | None,
+    as_json: bool,
+    config_path: Path | None,
+) -> None:
     """Classify images (files or directories) with the exported model."""
     from ..base.config import load_config
     from ..runtime.batch_predict import predict_paths
@@ -194,8 +229,12 @@ def predict(inputs: tuple[Path, ...], artifacts_dir: Path | None, backend: str |
     cfg = load_config(config_path)
     rt = cfg.runtime
     top_k = top_k or rt.top_k
-    predictor = Predictor.from_artifacts(artifacts_dir or cfg.output_dir, backend=backend or rt.backend,
-                                         options=runtime_options(cfg), max_pixels=rt.max_image_pixels)
+    predictor = Predictor.from_artifacts(
+        artifacts_dir or cfg.output_dir,
+        backend=backend or rt.backend,
+        options=runtime_options(cfg),
+        max_pixels=rt.max_image_pixels,
+    )
     click.echo(f"backend: {predictor.backend_name} ({predictor.why})", err=True)
     failed = 0
     show_progress = not as_json and sys.stderr.isatty()
@@ -207,8 +246,9 @@ def predict(inputs: tuple[Path, ...], artifacts_dir: Path | None, backend: str |
     if not as_json:
         click.echo(f"{'path':<48} {'label':<16} {'score':>7}  top-{top_k}")
     with predictor:
-        for rec in predict_paths(predictor, list(inputs), batch_size=batch_size or rt.batch_size, top_k=top_k,
-                                 progress=progress):
+        for rec in predict_paths(
+            predictor, list(inputs), batch_size=batch_size or rt.batch_size, top_k=top_k, progress=progress
+        ):
             failed += "error" in rec
             if as_json:
                 click.echo(json.dumps(rec))
@@ -224,33 +264,75 @@ def predict(inputs: tuple[Path, ...], artifacts_dir: Path | None, backend: str |
 
 @main.command("batch-predict")
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("-a", "--artifacts", "artifacts_dir", default=None,
-              help="export directory or URI (file://, s3://, gs://) (default: export.output_dir from the config)")
-@click.option("-o", "--output", required=True,
-              help="a folder (Parquet part files), x.parquet (one file) or x.jsonl (JSON Lines)")
-@click.option("--address", default=None, help="Ray cluster to run on (e.g. auto, ray://head:10001); default: a local Ray")
-@click.option("-b", "--backend", type=click.Choice([AUTO, *RUNTIME_BACKENDS]), default=None,
-              help="backend (default: runtime.backend from the config, i.e. auto)")
-@click.option("--workers", type=click.IntRange(min=1), default=None, help="inference actors (default: batch.workers, 1)")
-@click.option("--batch-size", type=click.IntRange(min=1), default=None,
-              help="images per model call (default: batch.batch_size, else the export's batch profile opt)")
+@click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    default=None,
+    help="export directory or URI (file://, s3://, gs://) (default: export.output_dir from the config)",
+)
+@click.option(
+    "-o", "--output", required=True, help="a folder (Parquet part files), x.parquet (one file) or x.jsonl (JSON Lines)"
+)
+@click.option(
+    "--address", default=None, help="Ray cluster to run on (e.g. auto, ray://head:10001); default: a local Ray"
+)
+@click.option(
+    "-b",
+    "--backend",
+    type=click.Choice([AUTO, *RUNTIME_BACKENDS]),
+    default=None,
+    help="backend (default: runtime.backend from the config, i.e. auto)",
+)
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None, help="inference actors (default: batch.workers, 1)"
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="images per model call (default: batch.batch_size, else the export's batch profile opt)",
+)
 @click.option("-k", "--top-k", type=click.IntRange(min=1), default=None, help="default: runtime.top_k (5)")
 @click.option("--resume", is_flag=True, help="continue an existing output: inputs already answered are skipped")
 @config_option
 @handle_errors
-def batch_predict(inputs: tuple[str, ...], artifacts_dir: str | None, output: str, address: str | None,
-                  backend: str | None, workers: int | None, batch_size: int | None, top_k: int | None, resume: bool,
-                  config_path: Path | None) -> None:
+def batch_predict(
+    inputs: tuple[str, ...],
+    artifacts_dir: str | None,
+    output: str,
+    address: str | None,
+    backend: str | None,
+    workers: int | None,
+    batch_size: int | None,
+    top_k: int | None,
+    resume: bool,
+    config_path: Path | None,
+) -> None:
     """Classify image collections on Ray Data: files, folders, globs, list files (.txt/.csv/.parquet), URIs."""
-    from ..batch.job import batch_settings_from_config, run_batch
     from ..base.config import load_config
+    from ..batch.job import batch_settings_from_config, run_batch
 
     cfg = load_config(config_path)
-    settings = batch_settings_from_config(cfg, inputs, artifacts=artifacts_dir, output=output, address=address,
-                                    backend=backend, workers=workers, batch_size=batch_size, top_k=top_k,
-                                    resume=resume, progress_bars=sys.stderr.isatty())
-    summary = run_batch(settings, options=runtime_options(cfg), max_pixels=cfg.runtime.max_image_pixels,
-                        progress=lambda line: click.echo(line, err=True))
+    settings = batch_settings_from_config(
+        cfg,
+        inputs,
+        artifacts=artifacts_dir,
+        output=output,
+        address=address,
+        backend=backend,
+        workers=workers,
+        batch_size=batch_size,
+        top_k=top_k,
+        resume=resume,
+        progress_bars=sys.stderr.isatty(),
+    )
+    summary = run_batch(
+        settings,
+        options=runtime_options(cfg),
+        max_pixels=cfg.runtime.max_image_pixels,
+        progress=lambda line: click.echo(line, err=True),
+    )
     click.echo(summary.line(), err=True)
     if summary.failed:
         click.echo(f"{summary.failed} input(s) could not be read (their rows hold the reason)", err=True)
@@ -264,21 +346,47 @@ def runtime_options(cfg: Any) -> Any:
 
 
 @main.command()
-@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path, readable=False), default=Path("artifacts"), show_default=True,
-              help="directory written by `vitdeploy export`")
-@click.option("--images", type=click.Path(path_type=Path), default=None,
-              help="folder of validation images (default: validation.images from the config, else the demo images)")
-@click.option("--labels", "labels_file", type=click.Path(path_type=Path), default=None,
-              help="CSV 'path,label' (paths relative to the CSV or the images folder); default: IMAGES/labels.csv, "
-                   "else sub-folder names")
-@click.option("-b", "--backends", default=None,
-              help=f"comma-separated backends: {','.join(EVALUATED_BACKENDS)} (default: all; those that cannot run "
-                   "here are listed with the reason)")
+@click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    type=click.Path(path_type=Path, readable=False),
+    default=Path("artifacts"),
+    show_default=True,
+    help="directory written by `vitdeploy export`",
+)
+@click.option(
+    "--images",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="folder of validation images (default: validation.images from the config, else the demo images)",
+)
+@click.option(
+    "--labels",
+    "labels_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="CSV 'path,label' (paths relative to the CSV or the images folder); default: IMAGES/labels.csv, "
+    "else sub-folder names",
+)
+@click.option(
+    "-b",
+    "--backends",
+    default=None,
+    help=f"comma-separated backends: {','.join(EVALUATED_BACKENDS)} (default: all; those that cannot run "
+    "here are listed with the reason)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout instead of the table")
 @config_option
 @handle_errors
-def validate(artifacts_dir: Path, images: Path | None, labels_file: Path | None, backends: str | None, as_json: bool,
-             config_path: Path | None) -> None:
+def validate(
+    artifacts_dir: Path,
+    images: Path | None,
+    labels_file: Path | None,
+    backends: str | None,
+    as_json: bool,
+    config_path: Path | None,
+) -> None:
     """Measure each backend's drift from eager FP32 PyTorch on real images; exit 3 if any fails."""
     from ..base.config import load_config
     from ..evaluate.drift import format_drift_table, run_drift
@@ -286,9 +394,15 @@ def validate(artifacts_dir: Path, images: Path | None, labels_file: Path | None,
     cfg = load_config(config_path)
     if images is None and labels_file is None:
         images = cfg.resolve(cfg.validation.images)
-    report = run_drift(artifacts_dir, images=images, labels_file=labels_file, backends=backends,
-                       thresholds={key: getattr(cfg.validation, key) for key in PRECISIONS},
-                       options=runtime_options(cfg), max_pixels=cfg.runtime.max_image_pixels)
+    report = run_drift(
+        artifacts_dir,
+        images=images,
+        labels_file=labels_file,
+        backends=backends,
+        thresholds={key: getattr(cfg.validation, key) for key in PRECISIONS},
+        options=runtime_options(cfg),
+        max_pixels=cfg.runtime.max_image_pixels,
+    )
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
@@ -298,29 +412,77 @@ def validate(artifacts_dir: Path, images: Path | None, labels_file: Path | None,
 
 
 @main.command()
-@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path, readable=False), default=Path("artifacts"), show_default=True,
-              help="directory written by `vitdeploy export`")
-@click.option("-b", "--backends", default=None,
-              help=f"comma-separated backends: {','.join(EVALUATED_BACKENDS)} (default: all that can run here; "
-                   "eager torch on the CPU always runs as the baseline)")
+@click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    type=click.Path(path_type=Path, readable=False),
+    default=Path("artifacts"),
+    show_default=True,
+    help="directory written by `vitdeploy export`",
+)
+@click.option(
+    "-b",
+    "--backends",
+    default=None,
+    help=f"comma-separated backends: {','.join(EVALUATED_BACKENDS)} (default: all that can run here; "
+    "eager torch on the CPU always runs as the baseline)",
+)
 @click.option("--batch-sizes", default="1,8,32", show_default=True, help="comma-separated batch sizes")
-@click.option("--iterations", type=click.IntRange(min=1), default=20, show_default=True, help="timed calls per backend and batch size")
+@click.option(
+    "--iterations",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="timed calls per backend and batch size",
+)
 @click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="untimed calls first")
-@click.option("--threads", type=click.IntRange(min=1), default=None, help="intra-op threads (default: runtime.threads, else the libraries' default)")
-@click.option("--end-to-end", is_flag=True, help="time image files through the Predictor: preprocess + inference + postprocess")
-@click.option("--images", type=click.Path(path_type=Path), default=None, help="images for --end-to-end (default: the demo images)")
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    default=None,
+    help="intra-op threads (default: runtime.threads, else the libraries' default)",
+)
+@click.option(
+    "--end-to-end", is_flag=True, help="time image files through the Predictor: preprocess + inference + postprocess"
+)
+@click.option(
+    "--images",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="images for --end-to-end (default: the demo images)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout instead of the table")
 @config_option
 @handle_errors
-def bench(artifacts_dir: Path, backends: str | None, batch_sizes: str, iterations: int, warmup: int, threads: int | None,
-          end_to_end: bool, images: Path | None, as_json: bool, config_path: Path | None) -> None:
+def bench(
+    artifacts_dir: Path,
+    backends: str | None,
+    batch_sizes: str,
+    iterations: int,
+    warmup: int,
+    threads: int | None,
+    end_to_end: bool,
+    images: Path | None,
+    as_json: bool,
+    config_path: Path | None,
+) -> None:
     """Latency p50/p90/p99 and images/s per backend and batch size, as ratios to eager PyTorch."""
-    from ..evaluate.bench import format_bench_table, run_bench
     from ..base.config import load_config
+    from ..evaluate.bench import format_bench_table, run_bench
 
     cfg = load_config(config_path)
-    report = run_bench(artifacts_dir, backends=backends, batch_sizes=batch_sizes, iterations=iterations, warmup=warmup,
-                       threads=threads, end_to_end=end_to_end, images=images, options=runtime_options(cfg))
+    report = run_bench(
+        artifacts_dir,
+        backends=backends,
+        batch_sizes=batch_sizes,
+        iterations=iterations,
+        warmup=warmup,
+        threads=threads,
+        end_to_end=end_to_end,
+        images=images,
+        options=runtime_options(cfg),
+    )
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
@@ -329,29 +491,65 @@ def bench(artifacts_dir: Path, backends: str | None, batch_sizes: str, iteration
 
 
 @main.command()
-@click.option("-a", "--artifacts", "artifacts_dir", default=None,
-              help="directory written by `vitdeploy export` (default: export.output_dir from the config); with "
-                   "--write-config also a file:// s3:// or gs:// URI")
-@click.option("-b", "--backend", type=click.Choice([AUTO, *RUNTIME_BACKENDS]), default=None,
-              help="backend (default: runtime.backend from the config, i.e. auto)")
+@click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    default=None,
+    help="directory written by `vitdeploy export` (default: export.output_dir from the config); with "
+    "--write-config also a file:// s3:// or gs:// URI",
+)
+@click.option(
+    "-b",
+    "--backend",
+    type=click.Choice([AUTO, *RUNTIME_BACKENDS]),
+    default=None,
+    help="backend (default: runtime.backend from the config, i.e. auto)",
+)
 @click.option("--host", default=None, help="address to listen on (default: serve.host, 127.0.0.1)")
 @click.option("--port", type=click.IntRange(1, 65535), default=None, help="HTTP port (default: serve.port, 8000)")
 @click.option("--replicas", type=click.IntRange(min=1), default=None, help="replicas (default: serve.replicas, 1)")
-@click.option("--address", default=None,
-              help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting a local Ray")
+@click.option(
+    "--address",
+    default=None,
+    help="join this Ray cluster (e.g. auto, or ray://head:10001) instead of starting a local Ray",
+)
 @click.option("--access-log", is_flag=True, help="log every request (Ray Serve's access log)")
-@click.option("--name", default=None, help="the model's name and route /v2/models/<name> (default: serve.name, "
-              "else the manifest's name); several models can be served on one cluster under their names")
-@click.option("--write-config", "write_config", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="write a Ray Serve config for `serve deploy` (artifacts from -a: a path or file:// s3:// gs:// URI) "
-                   "and exit")
-@click.option("--write-rayservice", "write_rayservice", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="write a KubeRay RayService manifest with that config and exit")
+@click.option(
+    "--name",
+    default=None,
+    help="the model's name and route /v2/models/<name> (default: serve.name, "
+    "else the manifest's name); several models can be served on one cluster under their names",
+)
+@click.option(
+    "--write-config",
+    "write_config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="write a Ray Serve config for `serve deploy` (artifacts from -a: a path or file:// s3:// gs:// URI) and exit",
+)
+@click.option(
+    "--write-rayservice",
+    "write_rayservice",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="write a KubeRay RayService manifest with that config and exit",
+)
 @config_option
 @handle_errors
-def serve(artifacts_dir: str | None, backend: str | None, host: str | None, port: int | None, replicas: int | None,
-          address: str | None, access_log: bool, name: str | None, write_config: Path | None,
-          write_rayservice: Path | None, config_path: Path | None) -> None:
+def serve(
+    artifacts_dir: str | None,
+    backend: str | None,
+    host: str | None,
+    port: int | None,
+    replicas: int | None,
+    address: str | None,
+    access_log: bool,
+    name: str | None,
+    write_config: Path | None,
+    write_rayservice: Path | None,
+    config_path: Path | None,
+) -> None:
     """Serve the model over HTTP on Ray Serve: POST /predict, the KServe v2 protocol, dynamic batching."""
     from ..base.config import load_config
     from ..serve.runner import ServeSettings, run_server
@@ -359,9 +557,16 @@ def serve(artifacts_dir: str | None, backend: str | None, host: str | None, port
     cfg = load_config(config_path)
     sv = cfg.serve
     source = artifacts_dir if artifacts_dir and "://" in artifacts_dir else Path(artifacts_dir or cfg.output_dir)
-    settings = ServeSettings(artifacts=source, backend=backend or cfg.runtime.backend,
-                             host=host or sv.host, port=port or sv.port, replicas=replicas or sv.replicas,
-                             address=address, access_log=access_log, name=name)
+    settings = ServeSettings(
+        artifacts=source,
+        backend=backend or cfg.runtime.backend,
+        host=host or sv.host,
+        port=port or sv.port,
+        replicas=replicas or sv.replicas,
+        address=address,
+        access_log=access_log,
+        name=name,
+    )
     if write_config or write_rayservice:
         from ..serve.deploy_config import write_deploy_files
 
@@ -372,34 +577,90 @@ def serve(artifacts_dir: str | None, backend: str | None, host: str | None, port
 
 
 @main.command("triton-repo")
-@click.option("-a", "--artifacts", "artifacts_dir", type=click.Path(path_type=Path), default=None,
-              help="directory written by `vitdeploy export` (default: export.output_dir from the config)")
-@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="the model repository to write (replaced only with --force, once the new one is complete)")
-@click.option("--inference", type=click.Choice(["auto", "onnx", "trt", "ort_python"]), default=None,
-              help="model the ensemble calls (default: triton.inference, i.e. auto: trt with an engine, else onnx)")
-@click.option("--instances", type=click.IntRange(min=1), default=None, help="inference model instances (triton.instances)")
-@click.option("--kind", type=click.Choice(["auto", "gpu", "cpu"]), default=None, help="inference model instance kind (triton.kind)")
+@click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="directory written by `vitdeploy export` (default: export.output_dir from the config)",
+)
+@click.option(
+    "-o",
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="the model repository to write (replaced only with --force, once the new one is complete)",
+)
+@click.option(
+    "--inference",
+    type=click.Choice(["auto", "onnx", "trt", "ort_python"]),
+    default=None,
+    help="model the ensemble calls (default: triton.inference, i.e. auto: trt with an engine, else onnx)",
+)
+@click.option(
+    "--instances", type=click.IntRange(min=1), default=None, help="inference model instances (triton.instances)"
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["auto", "gpu", "cpu"]),
+    default=None,
+    help="inference model instance kind (triton.kind)",
+)
 @click.option("--gpus", default=None, help="comma-separated GPU ids for the inference model (triton.gpus)")
-@click.option("--preprocess-instances", type=click.IntRange(min=1), default=None, help="decoding instances (triton.preprocess_instances)")
-@click.option("-k", "--top-k", type=click.IntRange(min=1), default=None, help="K of TOPK_LABELS/TOPK_SCORES (default: serve.top_k, 5)")
+@click.option(
+    "--preprocess-instances",
+    type=click.IntRange(min=1),
+    default=None,
+    help="decoding instances (triton.preprocess_instances)",
+)
+@click.option(
+    "-k",
+    "--top-k",
+    type=click.IntRange(min=1),
+    default=None,
+    help="K of TOPK_LABELS/TOPK_SCORES (default: serve.top_k, 5)",
+)
 @click.option("--force", is_flag=True, help="replace OUT if it exists")
 @config_option
 @handle_errors
-def triton_repo(artifacts_dir: Path | None, out_dir: Path, inference: str | None, instances: int | None,
-                kind: str | None, gpus: str | None, preprocess_instances: int | None, top_k: int | None, force: bool,
-                config_path: Path | None) -> None:
+def triton_repo(
+    artifacts_dir: Path | None,
+    out_dir: Path,
+    inference: str | None,
+    instances: int | None,
+    kind: str | None,
+    gpus: str | None,
+    preprocess_instances: int | None,
+    top_k: int | None,
+    force: bool,
+    config_path: Path | None,
+) -> None:
     """Generate a Triton model repository (ensemble: image bytes -> logits + top-k) from an export."""
     from ..base.config import load_config
     from ..serve.triton.repo import build_triton_repo, settings_from_config
 
     cfg = load_config(config_path)
-    overrides = {"inference": inference, "instances": instances, "kind": kind, "preprocess_instances": preprocess_instances,
-                 "gpus": _int_list(gpus, "--gpus") if gpus is not None else None}
+    overrides = {
+        "inference": inference,
+        "instances": instances,
+        "kind": kind,
+        "preprocess_instances": preprocess_instances,
+        "gpus": _int_list(gpus, "--gpus") if gpus is not None else None,
+    }
     settings = settings_from_config(cfg, {k: v for k, v in overrides.items() if v is not None}, top_k=top_k)
-    result = build_triton_repo(artifacts_dir or cfg.output_dir, out_dir, settings, force=force,
-                               on_step=lambda msg: click.echo(f"  {msg} ...", err=True))
-    click.echo(f"wrote {result.path}: {', '.join(result.models)} (ensemble '{result.name}' over {result.name}_{result.inference})")
+    result = build_triton_repo(
+        artifacts_dir or cfg.output_dir,
+        out_dir,
+        settings,
+        force=force,
+        on_step=lambda msg: click.echo(f"  {msg} ...", err=True),
+    )
+    click.echo(
+        f"wrote {result.path}: {', '.join(result.models)} (ensemble '{result.name}' over "
+        f"{result.name}_{result.inference})"
+    )
     click.echo(f"next: see {result.path / 'README.md'} for the docker run line and a tritonclient example")
 
 

@@ -117,8 +117,8 @@ def fit_path(path: str, width: int) -> str:
     budget = width - 1  # one character for the ellipsis
     name = path.rpartition(os.sep)[2]
     if len(name) + 1 <= budget - 4:  # room for the separator and a few characters of the folders
-        tail = path[-max(len(name) + 1, budget // 2):]
-        tail = tail[tail.index(os.sep):]  # whole folder names only
+        tail = path[-max(len(name) + 1, budget // 2) :]
+        tail = tail[tail.index(os.sep) :]  # whole folder names only
         return path[: budget - len(tail)] + "…" + tail
     keep = budget // 2
-    return name[:keep] + "…" + name[-(budget - keep):]
+    return name[:keep] + "…" + name[-(budget - keep) :]

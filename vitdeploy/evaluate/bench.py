@@ -35,8 +35,8 @@ from ..base.errors import ConfigError, InputError
 from ..base.limits import check_batch_size, clip
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
-from .specs import BackendSpec, backend_specs, parse_backend_names, reference_options, try_open_spec
 from .reliability import SPREAD_LIMIT, busy_machine_reason, contention, mark_unreliable, sample, usable_cores
+from .specs import BackendSpec, backend_specs, parse_backend_names, reference_options, try_open_spec
 from .timing import LatencyStats, cuda_event_timer, measure, percentile, speed_ratio, summarize  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -62,9 +62,14 @@ def cpu_model(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str:
 
 def environment(threads: int | None = None) -> dict[str, Any]:
     """What the numbers depend on: CPU, threads, GPU, library versions."""
-    env: dict[str, Any] = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
-                           "python": platform.python_version(), "threads_requested": threads,
-                           "cpu_affinity": usable_cores()}
+    env: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "threads_requested": threads,
+        "cpu_affinity": usable_cores(),
+    }
     env["gpus"] = []
     try:
         import torch
@@ -89,14 +94,16 @@ def environment(threads: int | None = None) -> dict[str, Any]:
 def format_environment(env: Mapping[str, Any]) -> list[str]:
     threads = env.get("threads_requested")
     affinity = f", {env['cpu_affinity']} usable" if "cpu_affinity" in env else ""
-    lines = [f"cpu: {env.get('cpu')} ({env.get('cpu_count')} logical cores{affinity})",
-             f"threads: {threads if threads else 'library defaults'}"
-             + (f" (torch intra-op threads {env['torch_threads']})" if "torch_threads" in env else ""),
-             _format_load(env),
-             f"gpu: {', '.join(env.get('gpus') or []) or 'none'}",
-             f"onnxruntime providers: {', '.join(env.get('onnxruntime_providers') or []) or 'none'}",
-             "versions: " + ", ".join(f"{k} {v or 'missing'}" for k, v in (env.get("versions") or {}).items()),
-             f"platform: {env.get('platform')}, Python {env.get('python')}"]
+    lines = [
+        f"cpu: {env.get('cpu')} ({env.get('cpu_count')} logical cores{affinity})",
+        f"threads: {threads if threads else 'library defaults'}"
+        + (f" (torch intra-op threads {env['torch_threads']})" if "torch_threads" in env else ""),
+        _format_load(env),
+        f"gpu: {', '.join(env.get('gpus') or []) or 'none'}",
+        f"onnxruntime providers: {', '.join(env.get('onnxruntime_providers') or []) or 'none'}",
+        "versions: " + ", ".join(f"{k} {v or 'missing'}" for k, v in (env.get("versions") or {}).items()),
+        f"platform: {env.get('platform')}, Python {env.get('python')}",
+    ]
     return lines
 
 
@@ -104,9 +111,11 @@ def _format_load(env: Mapping[str, Any]) -> str:
     window = env.get("contention")
     if not window:
         return "contention: unknown (no /proc/stat here)"
-    return (f"contention while timed: other processes took {window['others_cpu_s']:.2f} CPU-s, steal "
-            f"{window['steal_cpu_s']:.2f} CPU-s in {window['wall_s']:.1f} s ({window['competing_cores']:.2f} of "
-            f"{window['cores']} cores)")
+    return (
+        f"contention while timed: other processes took {window['others_cpu_s']:.2f} CPU-s, steal "
+        f"{window['steal_cpu_s']:.2f} CPU-s in {window['wall_s']:.1f} s ({window['competing_cores']:.2f} of "
+        f"{window['cores']} cores)"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -125,8 +134,14 @@ class BenchResult:
     unreliable: list[str] = field(default_factory=list)  # why the ratio cannot be trusted (empty: it can)
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"backend": self.backend, "batch_size": self.batch_size, **self.stats.to_dict(), "timer": self.timer,
-               "speedup_vs_torch_cpu": self.speedup, "speedup_unreliable": self.unreliable}
+        out = {
+            "backend": self.backend,
+            "batch_size": self.batch_size,
+            **self.stats.to_dict(),
+            "timer": self.timer,
+            "speedup_vs_torch_cpu": self.speedup,
+            "speedup_unreliable": self.unreliable,
+        }
         if self.phases_ms is not None:
             out["phases_ms"] = self.phases_ms
             out["phase_share"] = self.phase_share
@@ -151,10 +166,19 @@ class BenchReport:
         raise KeyError((backend, batch_size))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": "vitdeploy-bench-report", "version": 1, "created": self.created,
-                "artifacts": self.artifacts, "model": self.model, "mode": self.mode, "settings": self.settings,
-                "baseline": BASELINE + " (eager PyTorch fp32 on cpu)", "environment": self.environment,
-                "backends": self.backends, "results": [r.to_dict() for r in self.results]}
+        return {
+            "format": "vitdeploy-bench-report",
+            "version": 1,
+            "created": self.created,
+            "artifacts": self.artifacts,
+            "model": self.model,
+            "mode": self.mode,
+            "settings": self.settings,
+            "baseline": BASELINE + " (eager PyTorch fp32 on cpu)",
+            "environment": self.environment,
+            "backends": self.backends,
+            "results": [r.to_dict() for r in self.results],
+        }
 
 
 def attach_ratios(results: list[BenchResult], baseline: str = BASELINE) -> None:
@@ -172,18 +196,25 @@ def format_bench_table(report: BenchReport) -> list[str]:
     """Settings, environment, the results table (speed as a ratio to eager PyTorch) and the
     backends that did not run, with why."""
     s = report.settings
-    lines = [f"{report.model}: {report.mode} benchmark, batch sizes {', '.join(map(str, s['batch_sizes']))}, "
-             f"{s['iterations']} iterations after {s['warmup']} warm-up, backends interleaved",
-             *format_environment(report.environment), ""]
+    lines = [
+        f"{report.model}: {report.mode} benchmark, batch sizes {', '.join(map(str, s['batch_sizes']))}, "
+        f"{s['iterations']} iterations after {s['warmup']} warm-up, backends interleaved",
+        *format_environment(report.environment),
+        "",
+    ]
     e2e = report.mode == "end-to-end"
-    head = (f"{'backend':<11} {'batch':>5} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'p90/p50':>7} {'img/s':>9} "
-            f"{'vs torch':>9}")
+    head = (
+        f"{'backend':<11} {'batch':>5} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'p90/p50':>7} {'img/s':>9} "
+        f"{'vs torch':>9}"
+    )
     head += f" {'pre':>5} {'infer':>5} {'post':>5}" if e2e else "  timer       "
     lines += [head, "-" * len(head)]
     for r in sorted(report.results, key=lambda r: (r.batch_size, _order(report, r.backend))):
         st = r.stats
-        row = (f"{r.backend:<11} {r.batch_size:>5} {st.p50_ms:>9.3f} {st.p90_ms:>9.3f} {st.p99_ms:>9.3f} "
-               f"{st.spread:>7.2f} {st.images_per_s:>9.1f} {_ratio(r.speedup, r.unreliable):>9}")
+        row = (
+            f"{r.backend:<11} {r.batch_size:>5} {st.p50_ms:>9.3f} {st.p90_ms:>9.3f} {st.p99_ms:>9.3f} "
+            f"{st.spread:>7.2f} {st.images_per_s:>9.1f} {_ratio(r.speedup, r.unreliable):>9}"
+        )
         if e2e and r.phase_share:
             row += "".join(f" {100 * r.phase_share[p]:>4.0f}%" for p in _PHASES)
         elif not e2e:
@@ -197,14 +228,20 @@ def format_bench_table(report: BenchReport) -> list[str]:
         for b in notes:
             lines.append(f"  {b['name']:<11} {b['status']}: {b['reason']}")
     lines.append("")
-    lines.append("vs torch: eager PyTorch fp32 on the CPU p50 / this p50 at the same batch size (higher is faster)"
-                 + ("; pre/infer/post: share of the end-to-end time" if e2e else ""))
-    lines.append(f"p90/p50: the spread of each figure; above {SPREAD_LIMIT} (or when other processes took CPU the "
-                 "threads needed while timed, see contention above) a ratio is marked * unreliable")
+    lines.append(
+        "vs torch: eager PyTorch fp32 on the CPU p50 / this p50 at the same batch size (higher is faster)"
+        + ("; pre/infer/post: share of the end-to-end time" if e2e else "")
+    )
+    lines.append(
+        f"p90/p50: the spread of each figure; above {SPREAD_LIMIT} (or when other processes took CPU the "
+        "threads needed while timed, see contention above) a ratio is marked * unreliable"
+    )
     if any(r.unreliable and r.speedup is not None for r in report.results):
-        lines.append("warning: ratios marked * are unreliable: their figures were disturbed while measured (most "
-                     "often by other work competing for the cores: torch's OpenMP threads collapse under "
-                     "contention); rerun on a quiet machine, or with fewer --threads")
+        lines.append(
+            "warning: ratios marked * are unreliable: their figures were disturbed while measured (most "
+            "often by other work competing for the cores: torch's OpenMP threads collapse under "
+            "contention); rerun on a quiet machine, or with fewer --threads"
+        )
     return lines
 
 
@@ -218,7 +255,7 @@ def _order(report: BenchReport, name: str) -> int:
 
 
 def parse_batch_sizes(value: str | Sequence[int]) -> tuple[int, ...]:
-    """"1,8,32" -> (1, 8, 32); ConfigError for anything but positive integers."""
+    """ "1,8,32" -> (1, 8, 32); ConfigError for anything but positive integers."""
     items = value.split(",") if isinstance(value, str) else list(value)
     out = []
     for item in items:
@@ -242,17 +279,27 @@ def _bench_specs(requested: tuple[str, ...] | None, options: Any) -> list[Backen
     specs = backend_specs(requested, options)
     if not any(s.is_reference for s in specs):
         base = BackendSpec(BASELINE, "torch", reference_options(options), "fp32")
-        specs = [base] + [dataclasses.replace(s, name=f"{s.name}-{s.options.device}") if s.name == BASELINE else s
-                          for s in specs]
+        specs = [base] + [
+            dataclasses.replace(s, name=f"{s.name}-{s.options.device}") if s.name == BASELINE else s for s in specs
+        ]
     else:
         specs.sort(key=lambda s: not s.is_reference)
     return specs
 
 
-def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Sequence[str] | None = None,
-              batch_sizes: str | Sequence[int] = DEFAULT_BATCH_SIZES, iterations: int = 20, warmup: int = 3,
-              threads: int | None = None, end_to_end: bool = False, images: str | os.PathLike[str] | None = None,
-              options: Any = None, seed: int = 0) -> BenchReport:
+def run_bench(
+    artifacts_dir: str | os.PathLike[str] | Any,
+    *,
+    backends: str | Sequence[str] | None = None,
+    batch_sizes: str | Sequence[int] = DEFAULT_BATCH_SIZES,
+    iterations: int = 20,
+    warmup: int = 3,
+    threads: int | None = None,
+    end_to_end: bool = False,
+    images: str | os.PathLike[str] | None = None,
+    options: Any = None,
+    seed: int = 0,
+) -> BenchReport:
     """Benchmark the backends that can run here (or those named) at each batch size.
 
     ``options``: BackendOptions (device, providers); ``threads`` overrides its intra-op thread
@@ -273,8 +320,9 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
     sizes = parse_batch_sizes(batch_sizes)
     options = options or BackendOptions()
     # Every backend gets the same intra-op thread count, so a ratio compares runtimes, not threads.
-    options = dataclasses.replace(options, threads=int(threads) if threads is not None
-                                  else options.threads or _default_threads())
+    options = dataclasses.replace(
+        options, threads=int(threads) if threads is not None else options.threads or _default_threads()
+    )
     requested = parse_backend_names(backends)
     artifacts = Artifacts.open(artifacts_dir)
     specs = _bench_specs(requested, options)
@@ -290,38 +338,64 @@ def run_bench(artifacts_dir: str | os.PathLike[str] | Any, *, backends: str | Se
     results: list[BenchResult] = []
     before = sample()  # the timed window starts once every backend is open
     try:
-        timers = {name: cuda_event_timer(spec_of[name].options.device) for name in opened
-                  if spec_of[name].uses_cuda} if not end_to_end else {}
+        timers = (
+            {name: cuda_event_timer(spec_of[name].options.device) for name in opened if spec_of[name].uses_cuda}
+            if not end_to_end
+            else {}
+        )
         if end_to_end:
             results = _bench_end_to_end(artifacts, opened, sizes, int(iterations), int(warmup), images, on_error)
         else:
-            results = _bench_inference(artifacts, opened, rows, sizes, int(iterations), int(warmup), timers, on_error,
-                                       seed)
+            results = _bench_inference(
+                artifacts, opened, rows, sizes, int(iterations), int(warmup), timers, on_error, seed
+            )
     finally:
         for backend in opened.values():
             backend.close()
     window = contention(before, sample(), usable_cores())
     attach_ratios(results)
     mark_unreliable(results, busy_machine_reason(window, options.threads), BASELINE)
-    settings = {"batch_sizes": list(sizes), "iterations": int(iterations), "warmup": int(warmup),
-                "threads": options.threads, "device": options.device, "providers": list(options.providers),
-                "requested": list(requested) if requested else None, "interleaved": True, "seed": seed}
+    settings = {
+        "batch_sizes": list(sizes),
+        "iterations": int(iterations),
+        "warmup": int(warmup),
+        "threads": options.threads,
+        "device": options.device,
+        "providers": list(options.providers),
+        "requested": list(requested) if requested else None,
+        "interleaved": True,
+        "seed": seed,
+    }
     env = {**environment(options.threads), "contention": window.to_dict() if window else None}
-    return BenchReport(artifacts=str(artifacts.directory), model=artifacts.name,
-                       mode="end-to-end" if end_to_end else "inference", settings=settings,
-                       environment=env, backends=rows, results=results,
-                       created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    return BenchReport(
+        artifacts=str(artifacts.directory),
+        model=artifacts.name,
+        mode="end-to-end" if end_to_end else "inference",
+        settings=settings,
+        environment=env,
+        backends=rows,
+        results=results,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
 
 
-def _open_backends(specs: Sequence[BackendSpec], artifacts: Any) -> tuple[list[dict[str, Any]], dict[str, Any],
-                                                                       dict[str, BackendSpec]]:
+def _open_backends(
+    specs: Sequence[BackendSpec], artifacts: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, BackendSpec]]:
     """(one report row per spec, the backends that opened by name, their specs by name)."""
     rows: list[dict[str, Any]] = []
     opened: dict[str, Any] = {}
     spec_of: dict[str, BackendSpec] = {}
     for spec in specs:
-        row = {"name": spec.name, "precision": spec.precision, "device": spec.options.device,
-               "baseline": spec.is_reference, "status": "ran", "reason": "", "describe": ""}
+        row = {
+            "name": spec.name,
+            "precision": spec.precision,
+            "device": spec.options.device,
+            "baseline": spec.is_reference,
+            "status": "ran",
+            "reason": "",
+            "describe": "",
+        }
         rows.append(row)
         attempt = try_open_spec(spec, artifacts)  # a tampered file is an error, never a skip
         if attempt.status == "unavailable":
@@ -336,8 +410,17 @@ def _open_backends(specs: Sequence[BackendSpec], artifacts: Any) -> tuple[list[d
     return rows, opened, spec_of
 
 
-def _bench_inference(artifacts: Any, opened: dict[str, Any], rows: list[dict[str, Any]], sizes: Sequence[int],
-                     iterations: int, warmup: int, timers: dict[str, Any], on_error: Any, seed: int) -> list[BenchResult]:
+def _bench_inference(
+    artifacts: Any,
+    opened: dict[str, Any],
+    rows: list[dict[str, Any]],
+    sizes: Sequence[int],
+    iterations: int,
+    warmup: int,
+    timers: dict[str, Any],
+    on_error: Any,
+    seed: int,
+) -> list[BenchResult]:
     """Every open backend on the same seeded random batch at each size, interleaved."""
     results: list[BenchResult] = []
     rng = np.random.default_rng(seed)
@@ -377,9 +460,15 @@ def _image_files(images: str | os.PathLike[str] | None) -> list[Path]:
     return iter_image_paths([root])
 
 
-def _bench_end_to_end(artifacts: Any, opened: Mapping[str, Any], sizes: Sequence[int], iterations: int, warmup: int,
-                      images: str | os.PathLike[str] | None,
-                      on_error: Callable[[str, BaseException], None]) -> list[BenchResult]:
+def _bench_end_to_end(
+    artifacts: Any,
+    opened: Mapping[str, Any],
+    sizes: Sequence[int],
+    iterations: int,
+    warmup: int,
+    images: str | os.PathLike[str] | None,
+    on_error: Callable[[str, BaseException], None],
+) -> list[BenchResult]:
     """Time preprocess + inference + postprocess through a Predictor per backend, interleaved."""
     from ..runtime.predictor import Predictor
 
@@ -390,7 +479,9 @@ def _bench_end_to_end(artifacts: Any, opened: Mapping[str, Any], sizes: Sequence
     any_pred = next(iter(predictors.values()))
     _, good, errors = any_pred.preprocessor.batch_tolerant(files)
     if errors:
-        log.warning("end-to-end: %d unreadable image(s) left out (first: %s)", len(errors), next(iter(errors.values())))
+        log.warning(
+            "end-to-end: %d unreadable image(s) left out (first: %s)", len(errors), next(iter(errors.values()))
+        )
     files = [files[i] for i in good]
     if not files:
         raise InputError("end-to-end benchmark: no readable image among the inputs")
@@ -429,13 +520,33 @@ def _bench_end_to_end(artifacts: Any, opened: Mapping[str, Any], sizes: Sequence
             if not secs or len(rec["preprocess"]) != len(secs):
                 continue
             total = sum(sum(rec[p]) for p in _PHASES) or 1e-12
-            results.append(BenchResult(
-                name, size, summarize(secs, size), "perf_counter",
-                phases_ms={p: 1000.0 * sum(rec[p]) / len(rec[p]) for p in _PHASES},
-                phase_share={p: sum(rec[p]) / total for p in _PHASES}))
+            results.append(
+                BenchResult(
+                    name,
+                    size,
+                    summarize(secs, size),
+                    "perf_counter",
+                    phases_ms={p: 1000.0 * sum(rec[p]) / len(rec[p]) for p in _PHASES},
+                    phase_share={p: sum(rec[p]) / total for p in _PHASES},
+                )
+            )
     return results
 
 
-__all__ = ["BASELINE", "DEFAULT_BATCH_SIZES", "BenchReport", "BenchResult", "LatencyStats", "attach_ratios",
-           "cpu_model", "environment", "format_bench_table", "format_environment", "parse_batch_sizes", "percentile",
-           "run_bench", "speed_ratio", "summarize"]
+__all__ = [
+    "BASELINE",
+    "DEFAULT_BATCH_SIZES",
+    "BenchReport",
+    "BenchResult",
+    "LatencyStats",
+    "attach_ratios",
+    "cpu_model",
+    "environment",
+    "format_bench_table",
+    "format_environment",
+    "parse_batch_sizes",
+    "percentile",
+    "run_bench",
+    "speed_ratio",
+    "summarize",
+]

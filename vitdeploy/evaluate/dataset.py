@@ -44,9 +44,11 @@ def read_labels_csv(path: str | os.PathLike[str]) -> list[tuple[str, str, int]]:
     path = Path(path)
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "not found"
-        raise InputError(f"labels file {path} {what}; expected a CSV file with a header 'path,label' and one row per "
-                         f"image (path relative to the CSV's folder or the images folder), or leave --labels out to "
-                         f"take labels from sub-folder names")
+        raise InputError(
+            f"labels file {path} {what}; expected a CSV file with a header 'path,label' and one row per "
+            f"image (path relative to the CSV's folder or the images folder), or leave --labels out to "
+            f"take labels from sub-folder names"
+        )
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:
@@ -61,8 +63,10 @@ def read_labels_csv(path: str | os.PathLike[str]) -> list[tuple[str, str, int]]:
         path_col, label_col = header.index("path"), header.index("label")
         numbered = numbered[1:]
     elif any(c in header for c in _LABEL_HEADER):
-        raise InputError(f"labels file {path} line {numbered[0][0]}: header {numbered[0][1]} must name both a 'path' "
-                         f"and a 'label' column")
+        raise InputError(
+            f"labels file {path} line {numbered[0][0]}: header {numbered[0][1]} must name both a 'path' "
+            f"and a 'label' column"
+        )
     out = []
     for line, row in numbered:
         if len(row) <= max(path_col, label_col) or not row[path_col] or not row[label_col]:
@@ -75,8 +79,9 @@ def _key(path: Path) -> str:
     return os.path.normcase(str(path.resolve()))
 
 
-def load_validation_set(images: str | os.PathLike[str] | None = None,
-                        labels_file: str | os.PathLike[str] | None = None) -> ValidationSet:
+def load_validation_set(
+    images: str | os.PathLike[str] | None = None, labels_file: str | os.PathLike[str] | None = None
+) -> ValidationSet:
     """Which images to validate on and their labels.
 
     * nothing given: the shipped demo images with their labels.csv;
@@ -94,7 +99,9 @@ def load_validation_set(images: str | os.PathLike[str] | None = None,
 
     if images is None and labels_file is None:
         if not DEMO_IMAGES_DIR.is_dir():
-            raise InputError(f"the demo images are missing ({DEMO_IMAGES_DIR}); reinstall vitdeploy or pass --images DIR")
+            raise InputError(
+                f"the demo images are missing ({DEMO_IMAGES_DIR}); reinstall vitdeploy or pass --images DIR"
+            )
         images = DEMO_IMAGES_DIR
         labels_file = DEMO_LABELS_CSV if DEMO_LABELS_CSV.is_file() else None
 
@@ -125,10 +132,14 @@ def load_validation_set(images: str | os.PathLike[str] | None = None,
                 continue
             labels[hit] = label
         if unmatched:
-            log.warning("%s: %d row(s) name no image under %s (first: %s)", csv_path, len(unmatched), root, unmatched[0])
+            log.warning(
+                "%s: %d row(s) name no image under %s (first: %s)", csv_path, len(unmatched), root, unmatched[0]
+            )
         if rows and len(unmatched) == len(rows):
-            raise InputError(f"labels file {csv_path}: none of its {len(rows)} paths (e.g. {rows[0][0]!r}) is an image "
-                             f"under {root}; paths must be relative to the CSV's folder or to the images folder")
+            raise InputError(
+                f"labels file {csv_path}: none of its {len(rows)} paths (e.g. {rows[0][0]!r}) is an image "
+                f"under {root}; paths must be relative to the CSV's folder or to the images folder"
+            )
         return ValidationSet(paths, tuple(labels), str(root), f"csv:{csv_path}", tuple(unmatched))
 
     if root.is_dir():

@@ -31,12 +31,19 @@ import numpy as np
 
 from ..base._files import write_json_atomic
 from ..base.errors import BackendError, ConfigError, InputError, MissingDependencyError, ValidationError
+from ..base.vocab import DRIFT_REPORT_NAME, PRECISIONS
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
-from ..base.vocab import DRIFT_REPORT_NAME, PRECISIONS
 from .dataset import label_indices, load_validation_set
-from .specs import (BackendSpec, backend_specs, open_spec, parse_backend_names, reference_options,
-                    spec_unavailable_reason, try_open_spec)
+from .specs import (
+    BackendSpec,
+    backend_specs,
+    open_spec,
+    parse_backend_names,
+    reference_options,
+    spec_unavailable_reason,
+    try_open_spec,
+)
 
 log = logging.getLogger(__name__)
 
@@ -114,10 +121,22 @@ class DriftReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Strict JSON: non-finite metrics (NaN/inf logits) become the strings "nan" / "inf"."""
-        return _json_safe({"format": REPORT_FORMAT, "version": 1, "created": self.created, "passed": self.passed,
-                           "artifacts": self.artifacts, "model": self.model, "images": self.images,
-                           "reference": self.reference, "thresholds": self.thresholds, "requested": self.requested,
-                           "backends": [b.to_dict() for b in self.backends], "versions": self.versions})
+        return _json_safe(
+            {
+                "format": REPORT_FORMAT,
+                "version": 1,
+                "created": self.created,
+                "passed": self.passed,
+                "artifacts": self.artifacts,
+                "model": self.model,
+                "images": self.images,
+                "reference": self.reference,
+                "thresholds": self.thresholds,
+                "requested": self.requested,
+                "backends": [b.to_dict() for b in self.backends],
+                "versions": self.versions,
+            }
+        )
 
     def raise_for_failures(self) -> None:
         """ValidationError (exit 3) when a backend failed its thresholds or could not run although
@@ -128,8 +147,9 @@ class DriftReport:
             raise ValidationError(f"drift check failed for {len(self.failed)} backend(s): {' | '.join(parts)}{where}")
         missing = self.missing_requested
         if missing:
-            raise MissingDependencyError("requested backend(s) cannot run here: "
-                                         + "; ".join(f"{b.name} ({b.reason})" for b in missing))
+            raise MissingDependencyError(
+                "requested backend(s) cannot run here: " + "; ".join(f"{b.name} ({b.reason})" for b in missing)
+            )
 
 
 def _json_safe(obj: Any) -> Any:
@@ -142,9 +162,18 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
-def judge_backend(name: str, logits: np.ndarray, reference: np.ndarray, tolerance: Mapping[str, float], *,
-                  names: Sequence[str], true_index: Sequence[int | None], classes: Sequence[str],
-                  precision: str = "fp32", threshold_set: str | None = None) -> BackendDrift:
+def judge_backend(
+    name: str,
+    logits: np.ndarray,
+    reference: np.ndarray,
+    tolerance: Mapping[str, float],
+    *,
+    names: Sequence[str],
+    true_index: Sequence[int | None],
+    classes: Sequence[str],
+    precision: str = "fp32",
+    threshold_set: str | None = None,
+) -> BackendDrift:
     """Compare ``logits`` with the ``reference`` (both (N, K)) and build the backend's row.
 
     ``names[i]`` is the path of row i (listed when its top-1 flips); ``true_index[i]`` its true
@@ -158,12 +187,26 @@ def judge_backend(name: str, logits: np.ndarray, reference: np.ndarray, toleranc
     def label(i: int) -> str:
         return classes[i] if 0 <= i < len(classes) else str(i)
 
-    flipped = [{"path": str(names[i]), "reference": label(int(ref_top[i])), "candidate": label(int(cand_top[i])),
-                "label": label(true_index[i]) if true_index[i] is not None else None} for i in cmp.flipped]
-    return BackendDrift(name=name, status="passed" if cmp.passed else "failed", precision=precision,
-                        threshold_set=threshold_set or precision, metrics=dict(cmp.metrics),
-                        thresholds=dict(cmp.thresholds), failures=list(cmp.failures), flipped=flipped,
-                        accuracy=accuracy(logits, true_index))
+    flipped = [
+        {
+            "path": str(names[i]),
+            "reference": label(int(ref_top[i])),
+            "candidate": label(int(cand_top[i])),
+            "label": label(true_index[i]) if true_index[i] is not None else None,
+        }
+        for i in cmp.flipped
+    ]
+    return BackendDrift(
+        name=name,
+        status="passed" if cmp.passed else "failed",
+        precision=precision,
+        threshold_set=threshold_set or precision,
+        metrics=dict(cmp.metrics),
+        thresholds=dict(cmp.thresholds),
+        failures=list(cmp.failures),
+        flipped=flipped,
+        accuracy=accuracy(logits, true_index),
+    )
 
 
 def accuracy(logits: np.ndarray, true_index: Sequence[int | None]) -> float | None:
@@ -191,11 +234,18 @@ def _as_dict(tolerance: Any) -> dict[str, float]:
     return {str(k): float(v) for k, v in data.items()}
 
 
-def run_drift(artifacts_dir: str | os.PathLike[str] | Any, *, images: str | os.PathLike[str] | None = None,
-              labels_file: str | os.PathLike[str] | None = None, backends: str | Sequence[str] | None = None,
-              thresholds: Mapping[str, Any] | None = None, options: Any = None,
-              max_pixels: int | None = None, write_report: bool = True,
-              report_path: str | os.PathLike[str] | None = None) -> DriftReport:
+def run_drift(
+    artifacts_dir: str | os.PathLike[str] | Any,
+    *,
+    images: str | os.PathLike[str] | None = None,
+    labels_file: str | os.PathLike[str] | None = None,
+    backends: str | Sequence[str] | None = None,
+    thresholds: Mapping[str, Any] | None = None,
+    options: Any = None,
+    max_pixels: int | None = None,
+    write_report: bool = True,
+    report_path: str | os.PathLike[str] | None = None,
+) -> DriftReport:
     """Run every backend that can run here (or those in ``backends``) over the validation set and
     judge each against eager FP32 PyTorch on the CPU. Never raises for drift: inspect
     ``report.passed`` or call ``report.raise_for_failures()``.
@@ -227,19 +277,39 @@ def run_drift(artifacts_dir: str | os.PathLike[str] | Any, *, images: str | os.P
     # 3. every backend, on the same batch
     rows: list[BackendDrift] = []
     for spec in specs:
-        rows.append(_run_spec(spec, artifacts, batch, reference, limits, names, true_index, ref_describe,
-                              ref_accuracy, ref_seconds))
+        rows.append(
+            _run_spec(
+                spec, artifacts, batch, reference, limits, names, true_index, ref_describe, ref_accuracy, ref_seconds
+            )
+        )
 
     report = DriftReport(
-        artifacts=str(artifacts.directory), model=artifacts.name,
-        images={"source": vset.source, "count": len(vset.paths), "evaluated": len(good),
-                "labelled": sum(t is not None for t in true_index), "label_source": vset.label_source,
-                "unknown_labels": sorted(set(unknown)), "unmatched_label_rows": list(vset.unmatched_labels),
-                "unreadable": [{"path": str(vset.paths[i]), "error": msg} for i, msg in sorted(errors.items())]},
-        reference={"backend": "torch", "device": "cpu", "precision": "fp32", "describe": ref_describe,
-                   "accuracy": ref_accuracy, "seconds": round(ref_seconds, 4)},
-        thresholds=limits, backends=rows, requested=list(requested) if requested else None,
-        versions=library_versions(), created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        artifacts=str(artifacts.directory),
+        model=artifacts.name,
+        images={
+            "source": vset.source,
+            "count": len(vset.paths),
+            "evaluated": len(good),
+            "labelled": sum(t is not None for t in true_index),
+            "label_source": vset.label_source,
+            "unknown_labels": sorted(set(unknown)),
+            "unmatched_label_rows": list(vset.unmatched_labels),
+            "unreadable": [{"path": str(vset.paths[i]), "error": msg} for i, msg in sorted(errors.items())],
+        },
+        reference={
+            "backend": "torch",
+            "device": "cpu",
+            "precision": "fp32",
+            "describe": ref_describe,
+            "accuracy": ref_accuracy,
+            "seconds": round(ref_seconds, 4),
+        },
+        thresholds=limits,
+        backends=rows,
+        requested=list(requested) if requested else None,
+        versions=library_versions(),
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
     if write_report:
         target = Path(report_path) if report_path else artifacts.directory / DRIFT_REPORT_NAME
         try:
@@ -250,8 +320,9 @@ def run_drift(artifacts_dir: str | os.PathLike[str] | Any, *, images: str | os.P
     return report
 
 
-def _validation_batch(artifacts: Any, images: Any, labels_file: Any, max_pixels: int | None) -> tuple[Any, np.ndarray,
-                                                                                                   list[int], dict, list, list]:
+def _validation_batch(
+    artifacts: Any, images: Any, labels_file: Any, max_pixels: int | None
+) -> tuple[Any, np.ndarray, list[int], dict, list, list]:
     """The validation images, preprocessed once: (set, batch, readable indices, {index: error}, true class
     index per readable image (None: unlabelled), labels that are no class of the model)."""
     from ..runtime.images import MAX_IMAGE_PIXELS
@@ -266,13 +337,23 @@ def _validation_batch(artifacts: Any, images: Any, labels_file: Any, max_pixels:
         raise InputError(f"no readable image among the {len(vset.paths)} in {vset.source} (first error: {first})")
     true_index, unknown = label_indices([vset.labels[i] for i in good], artifacts.labels)
     if unknown and all(t is None for t in true_index):
-        raise InputError(f"none of the true labels ({vset.label_source}) is a class of the model, e.g. {unknown[0]!r}; "
-                         f"the model's classes are {artifacts.labels[:10]}{' ...' if len(artifacts.labels) > 10 else ''}")
+        raise InputError(
+            f"none of the true labels ({vset.label_source}) is a class of the model, e.g. {unknown[0]!r}; "
+            f"the model's classes are {artifacts.labels[:10]}{' ...' if len(artifacts.labels) > 10 else ''}"
+        )
     if unknown:
-        log.warning("%d image(s) have labels that are no class of the model (e.g. %r); left out of accuracy",
-                    len(unknown), unknown[0])
-    log.info("validation set: %d image(s) from %s preprocessed in %.2fs (%d unreadable)", len(good), vset.source,
-             time.perf_counter() - started, len(errors))
+        log.warning(
+            "%d image(s) have labels that are no class of the model (e.g. %r); left out of accuracy",
+            len(unknown),
+            unknown[0],
+        )
+    log.info(
+        "validation set: %d image(s) from %s preprocessed in %.2fs (%d unreadable)",
+        len(good),
+        vset.source,
+        time.perf_counter() - started,
+        len(errors),
+    )
     return vset, batch, good, errors, true_index, unknown
 
 
@@ -281,8 +362,10 @@ def _reference(artifacts: Any, options: Any, batch: np.ndarray) -> tuple[np.ndar
     ref_spec = BackendSpec("torch", "torch", reference_options(options), "fp32")
     reason = spec_unavailable_reason(ref_spec, artifacts)
     if reason:
-        raise MissingDependencyError(f"validate needs eager PyTorch on the CPU as its reference, which cannot run "
-                                     f"here: {reason} (pip install torch==2.13.0 safetensors)")
+        raise MissingDependencyError(
+            f"validate needs eager PyTorch on the CPU as its reference, which cannot run "
+            f"here: {reason} (pip install torch==2.13.0 safetensors)"
+        )
     ref_backend = open_spec(ref_spec, artifacts)
     try:
         t0 = time.perf_counter()
@@ -292,21 +375,44 @@ def _reference(artifacts: Any, options: Any, batch: np.ndarray) -> tuple[np.ndar
         ref_backend.close()
 
 
-def _run_spec(spec: BackendSpec, artifacts: Any, batch: np.ndarray, reference: np.ndarray,
-              limits: Mapping[str, Mapping[str, float]], names: Sequence[str], true_index: Sequence[int | None],
-              ref_describe: str, ref_accuracy: float | None, ref_seconds: float) -> BackendDrift:
+def _run_spec(
+    spec: BackendSpec,
+    artifacts: Any,
+    batch: np.ndarray,
+    reference: np.ndarray,
+    limits: Mapping[str, Mapping[str, float]],
+    names: Sequence[str],
+    true_index: Sequence[int | None],
+    ref_describe: str,
+    ref_accuracy: float | None,
+    ref_seconds: float,
+) -> BackendDrift:
     device = spec.options.device if spec.uses_cuda or spec.registry == "torch" else ", ".join(spec.options.providers)
     if spec.is_reference:
         metrics, _ = _self_metrics(reference)
-        return BackendDrift(name=spec.name, status="reference", precision="fp32", device="cpu", describe=ref_describe,
-                            reason="eager FP32 PyTorch on the CPU: the reference", metrics=metrics,
-                            accuracy=ref_accuracy, seconds=round(ref_seconds, 4))
+        return BackendDrift(
+            name=spec.name,
+            status="reference",
+            precision="fp32",
+            device="cpu",
+            describe=ref_describe,
+            reason="eager FP32 PyTorch on the CPU: the reference",
+            metrics=metrics,
+            accuracy=ref_accuracy,
+            seconds=round(ref_seconds, 4),
+        )
     attempt = try_open_spec(spec, artifacts)  # tampered files raise ArtifactError here, before any fallback
     if attempt.status == "unavailable":
         log.info("%s: unavailable (%s)", spec.name, attempt.reason)
-        return BackendDrift(name=spec.name, status="unavailable", precision=spec.precision,
-                            threshold_set=spec.precision, device=device, reason=attempt.reason,
-                            thresholds=dict(limits[spec.precision]))
+        return BackendDrift(
+            name=spec.name,
+            status="unavailable",
+            precision=spec.precision,
+            threshold_set=spec.precision,
+            device=device,
+            reason=attempt.reason,
+            thresholds=dict(limits[spec.precision]),
+        )
     if attempt.backend is None:  # e.g. an engine built for another GPU
         return _error_row(spec, device, limits, f"cannot open: {attempt.reason}")
     backend = attempt.backend
@@ -320,10 +426,23 @@ def _run_spec(spec: BackendSpec, artifacts: Any, batch: np.ndarray, reference: n
     finally:
         backend.close()
     if np.shape(logits) != np.shape(reference):
-        return _error_row(spec, device, limits, f"returned logits of shape {np.shape(logits)}, the reference "
-                                                f"{np.shape(reference)}; re-run `vitdeploy export`")
-    row = judge_backend(spec.name, logits, reference, limits[spec.precision], names=names, true_index=true_index,
-                        classes=artifacts.labels, precision=spec.precision)
+        return _error_row(
+            spec,
+            device,
+            limits,
+            f"returned logits of shape {np.shape(logits)}, the reference "
+            f"{np.shape(reference)}; re-run `vitdeploy export`",
+        )
+    row = judge_backend(
+        spec.name,
+        logits,
+        reference,
+        limits[spec.precision],
+        names=names,
+        true_index=true_index,
+        classes=artifacts.labels,
+        precision=spec.precision,
+    )
     row.device, row.describe, row.seconds = device, describe, round(seconds, 4)
     log.info("%s: %s (%s)", spec.name, row.status, "; ".join(row.failures) or "within thresholds")
     return row
@@ -331,8 +450,15 @@ def _run_spec(spec: BackendSpec, artifacts: Any, batch: np.ndarray, reference: n
 
 def _error_row(spec: BackendSpec, device: str, limits: Mapping[str, Mapping[str, float]], reason: str) -> BackendDrift:
     log.warning("%s: %s", spec.name, reason)
-    return BackendDrift(name=spec.name, status="error", precision=spec.precision, threshold_set=spec.precision,
-                        device=device, reason=reason, thresholds=dict(limits[spec.precision]))
+    return BackendDrift(
+        name=spec.name,
+        status="error",
+        precision=spec.precision,
+        threshold_set=spec.precision,
+        device=device,
+        reason=reason,
+        thresholds=dict(limits[spec.precision]),
+    )
 
 
 def _self_metrics(reference: np.ndarray) -> tuple[dict[str, float], tuple[int, ...]]:
@@ -365,33 +491,44 @@ def format_drift_table(report: DriftReport) -> list[str]:
     """The human-readable report: the set, the reference, one row per backend, then details."""
     img = report.images
     labels = {"none": "no labels", "sub-folders": "labels from sub-folder names"}.get(
-        img["label_source"], f"labels from {img['label_source'].removeprefix('csv:')}")
-    lines = [f"validation set: {img['evaluated']} image(s) from {img['source']} ({labels}, {img['labelled']} labelled, "
-             f"{len(img['unreadable'])} unreadable)",
-             f"reference: eager PyTorch fp32 on cpu ({report.reference['describe']}), accuracy "
-             f"{_pct(report.reference['accuracy'])}", ""]
-    head = (f"{'backend':<11} {'prec':<5} {'max|diff|':>9} {'mean|diff|':>10} {'cosine':>10} {'top1':>7} {'top5':>7} "
-            f"{'flipped':>7} {'accuracy':>8}  result")
+        img["label_source"], f"labels from {img['label_source'].removeprefix('csv:')}"
+    )
+    lines = [
+        f"validation set: {img['evaluated']} image(s) from {img['source']} ({labels}, {img['labelled']} labelled, "
+        f"{len(img['unreadable'])} unreadable)",
+        f"reference: eager PyTorch fp32 on cpu ({report.reference['describe']}), accuracy "
+        f"{_pct(report.reference['accuracy'])}",
+        "",
+    ]
+    head = (
+        f"{'backend':<11} {'prec':<5} {'max|diff|':>9} {'mean|diff|':>10} {'cosine':>10} {'top1':>7} {'top5':>7} "
+        f"{'flipped':>7} {'accuracy':>8}  result"
+    )
     lines += [head, "-" * len(head)]
     for b in report.backends:
         if not b.ran:
-            lines.append(f"{b.name:<11} {b.precision:<5} {b.status.upper() if b.status == 'error' else b.status}: "
-                         f"{b.reason}")
+            lines.append(
+                f"{b.name:<11} {b.precision:<5} {b.status.upper() if b.status == 'error' else b.status}: {b.reason}"
+            )
             continue
         m = b.metrics
         result = "reference" if b.status == "reference" else ("PASS" if b.status == "passed" else "FAIL")
         if b.threshold_set and b.status != "reference":
             result += f" ({b.threshold_set} thresholds)"
-        lines.append(f"{b.name:<11} {b.precision:<5} {_num(m.get('max_abs_diff')):>9} {_num(m.get('mean_abs_diff')):>10} "
-                     f"{_cos(m.get('cosine')):>10} {_pct(m.get('top1_agreement')):>7} {_pct(m.get('top5_overlap')):>7} "
-                     f"{len(b.flipped):>7} {_pct(b.accuracy):>8}  {result}")
+        lines.append(
+            f"{b.name:<11} {b.precision:<5} {_num(m.get('max_abs_diff')):>9} {_num(m.get('mean_abs_diff')):>10} "
+            f"{_cos(m.get('cosine')):>10} {_pct(m.get('top1_agreement')):>7} {_pct(m.get('top5_overlap')):>7} "
+            f"{len(b.flipped):>7} {_pct(b.accuracy):>8}  {result}"
+        )
     details = []
     for b in report.backends:
         for failure in b.failures:
             details.append(f"  {b.name} FAIL {failure}")
         for flip in b.flipped:
             truth = f", true {flip['label']}" if flip["label"] is not None else ""
-            details.append(f"  {b.name} top-1 flipped: {flip['path']} ({flip['reference']} -> {flip['candidate']}{truth})")
+            details.append(
+                f"  {b.name} top-1 flipped: {flip['path']} ({flip['reference']} -> {flip['candidate']}{truth})"
+            )
     for bad in img["unreadable"]:
         details.append(f"  unreadable: {bad['error']}")
     if img.get("unknown_labels"):
@@ -401,10 +538,20 @@ def format_drift_table(report: DriftReport) -> list[str]:
     lines.append("")
     ran = [b for b in report.backends if b.ran]
     verdict = "PASSED" if report.passed else f"FAILED ({', '.join(b.name for b in report.failed)})"
-    lines.append(f"{verdict}: {len(ran)} backend(s) ran, {len(report.unavailable)} unavailable here"
-                 + (f"; report: {report.report_path}" if report.report_path else ""))
+    lines.append(
+        f"{verdict}: {len(ran)} backend(s) ran, {len(report.unavailable)} unavailable here"
+        + (f"; report: {report.report_path}" if report.report_path else "")
+    )
     return lines
 
 
-__all__ = ["BackendDrift", "DriftReport", "accuracy", "default_thresholds", "format_drift_table",
-           "judge_backend", "library_versions", "run_drift"]
+__all__ = [
+    "BackendDrift",
+    "DriftReport",
+    "accuracy",
+    "default_thresholds",
+    "format_drift_table",
+    "judge_backend",
+    "library_versions",
+    "run_drift",
+]

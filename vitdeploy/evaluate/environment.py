@@ -41,8 +41,9 @@ def _backend_rows() -> list[tuple[str, str]]:
         if why is not None:
             rows.append((name, f"cannot run: {why}"))
         elif name == ORT_FP16 and not cuda_provider_available():
-            rows.append((name, "can run on the CPU, to check the FP16 graph: slower than ort "
-                               "(predict's auto picks ort here)"))
+            rows.append(
+                (name, "can run on the CPU, to check the FP16 graph: slower than ort (predict's auto picks ort here)")
+            )
         elif name == ORT_FP16:
             rows.append((name, "can run (ONNX Runtime CUDA: FP16 graph; auto picks it when there is no engine)"))
         else:

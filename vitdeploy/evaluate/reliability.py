@@ -117,13 +117,19 @@ class Contention:
         return (self.others_s + self.steal_s) / self.wall_s if self.wall_s > 0 else 0.0
 
     def describe(self) -> str:
-        return (f"other processes took {self.others_s:.2f} CPU-s and steal {self.steal_s:.2f} CPU-s in "
-                f"{self.wall_s:.1f} s ({self.competing_cores:.2f} of {self.cores} cores)")
+        return (
+            f"other processes took {self.others_s:.2f} CPU-s and steal {self.steal_s:.2f} CPU-s in "
+            f"{self.wall_s:.1f} s ({self.competing_cores:.2f} of {self.cores} cores)"
+        )
 
     def to_dict(self) -> dict[str, float]:
-        return {"wall_s": round(self.wall_s, 3), "others_cpu_s": round(self.others_s, 3),
-                "steal_cpu_s": round(self.steal_s, 3), "competing_cores": round(self.competing_cores, 3),
-                "cores": self.cores}
+        return {
+            "wall_s": round(self.wall_s, 3),
+            "others_cpu_s": round(self.others_s, 3),
+            "steal_cpu_s": round(self.steal_s, 3),
+            "competing_cores": round(self.competing_cores, 3),
+            "cores": self.cores,
+        }
 
 
 def contention(before: CpuSample, after: CpuSample, cores: int | None = None) -> Contention | None:
@@ -135,8 +141,12 @@ def contention(before: CpuSample, after: CpuSample, cores: int | None = None) ->
         return None
     busy = after.machine[0] - before.machine[0]
     own = sum(after.own[pid] - before.own[pid] for pid in before.own if pid in after.own)
-    return Contention(after.wall - before.wall, max(0.0, busy - own), max(0.0, after.machine[1] - before.machine[1]),
-                      cores or usable_cores())
+    return Contention(
+        after.wall - before.wall,
+        max(0.0, busy - own),
+        max(0.0, after.machine[1] - before.machine[1]),
+        cores or usable_cores(),
+    )
 
 
 def busy_machine_reason(window: Contention | None, threads: int | None) -> str | None:
@@ -147,8 +157,10 @@ def busy_machine_reason(window: Contention | None, threads: int | None) -> str |
         return None
     needed = min(threads or window.cores, window.cores)
     if window.competing_cores + needed > window.cores + CORE_SLACK:
-        return (f"other work took {window.competing_cores:.2f} of {window.cores} cores while "
-                f"{needed} thread(s) needed {needed}")
+        return (
+            f"other work took {window.competing_cores:.2f} of {window.cores} cores while "
+            f"{needed} thread(s) needed {needed}"
+        )
     return None
 
 
@@ -171,5 +183,16 @@ def mark_unreliable(results: list[BenchResult], busy: str | None, baseline: str)
         r.unreliable = unreliable_reasons(r, base.get(r.batch_size), busy)
 
 
-__all__ = ["CORE_SLACK", "Contention", "CpuSample", "SPREAD_LIMIT", "busy_machine_reason", "contention",
-           "mark_unreliable", "process_seconds", "sample", "unreliable_reasons", "usable_cores"]
+__all__ = [
+    "CORE_SLACK",
+    "Contention",
+    "CpuSample",
+    "SPREAD_LIMIT",
+    "busy_machine_reason",
+    "contention",
+    "mark_unreliable",
+    "process_seconds",
+    "sample",
+    "unreliable_reasons",
+    "usable_cores",
+]

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..base.errors import ConfigError
+from ..base.vocab import BACKEND_KINDS, BACKENDS, EVALUATED_BACKENDS, TORCH_FP16
 from ..runtime.backends import verify_backend_files
-from ..base.vocab import BACKENDS, BACKEND_KINDS, EVALUATED_BACKENDS, TORCH_FP16
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..runtime.backends import Opened
@@ -40,7 +40,9 @@ class BackendSpec:
 
     @property
     def uses_cuda(self) -> bool:
-        return BACKEND_KINDS[self.registry].device == "cuda" or (self.registry == "torch" and _device_type(self.options.device) == "cuda")
+        return BACKEND_KINDS[self.registry].device == "cuda" or (
+            self.registry == "torch" and _device_type(self.options.device) == "cuda"
+        )
 
     def label(self) -> str:
         if self.registry == "torch":
@@ -53,7 +55,7 @@ def _device_type(device: str) -> str:
 
 
 def parse_backend_names(value: str | Sequence[str] | None) -> tuple[str, ...] | None:
-    """"ort, ort-fp16" or ["ort"] -> ("ort", "ort-fp16"); None/""/"all" -> None (every backend).
+    """ "ort, ort-fp16" or ["ort"] -> ("ort", "ort-fp16"); None/""/"all" -> None (every backend).
 
     ConfigError naming the unknown name and the choices.
     """
@@ -65,8 +67,10 @@ def parse_backend_names(value: str | Sequence[str] | None) -> tuple[str, ...] | 
         return None
     unknown = [n for n in names if n not in EVALUATED_BACKENDS]
     if unknown:
-        raise ConfigError(f"unknown backend(s) {', '.join(map(repr, unknown))}; choose from "
-                          f"{', '.join(EVALUATED_BACKENDS)} (comma-separated), or leave the option out for all")
+        raise ConfigError(
+            f"unknown backend(s) {', '.join(map(repr, unknown))}; choose from "
+            f"{', '.join(EVALUATED_BACKENDS)} (comma-separated), or leave the option out for all"
+        )
     return tuple(dict.fromkeys(names))
 
 
@@ -138,5 +142,13 @@ def try_open_spec(spec: BackendSpec, artifacts: Any) -> Opened:
     return opened
 
 
-__all__ = ["BackendSpec", "backend_specs", "open_spec", "parse_backend_names", "reference_options",
-           "spec_unavailable_reason", "try_open_spec", "verify_spec_files"]
+__all__ = [
+    "BackendSpec",
+    "backend_specs",
+    "open_spec",
+    "parse_backend_names",
+    "reference_options",
+    "spec_unavailable_reason",
+    "try_open_spec",
+    "verify_spec_files",
+]

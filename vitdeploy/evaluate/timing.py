@@ -6,9 +6,9 @@ ratios hold. CPU work is timed with ``time.perf_counter``; work on a CUDA GPU wi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -59,9 +59,14 @@ def cuda_event_timer(device: str = "cuda") -> Timer:
     return timer
 
 
-def measure(runners: Mapping[str, Callable[[], Any]], *, iterations: int, warmup: int,
-            timers: Mapping[str, Timer] | None = None,
-            on_error: Callable[[str, BaseException], None] | None = None) -> dict[str, list[float]]:
+def measure(
+    runners: Mapping[str, Callable[[], Any]],
+    *,
+    iterations: int,
+    warmup: int,
+    timers: Mapping[str, Timer] | None = None,
+    on_error: Callable[[str, BaseException], None] | None = None,
+) -> dict[str, list[float]]:
     """Warm up, then time every runner ``iterations`` times, interleaved (:func:`interleaved`).
 
     Returns seconds per call for each runner. A runner raising a VitDeployError is dropped from
@@ -92,8 +97,6 @@ def measure(runners: Mapping[str, Callable[[], Any]], *, iterations: int, warmup
         if name in alive:
             call(name, True)
     return times
-
-
 
 
 # ------------------------------------------------------------------------------------------------
@@ -141,9 +144,15 @@ def summarize(seconds: Sequence[float], batch_size: int) -> LatencyStats:
         raise ValueError("no timings to summarise")
     ms = [1000.0 * s for s in seconds]
     total = float(sum(seconds))
-    return LatencyStats(samples=len(ms), p50_ms=percentile(ms, 50), p90_ms=percentile(ms, 90),
-                        p99_ms=percentile(ms, 99), mean_ms=total * 1000.0 / len(ms), min_ms=min(ms),
-                        images_per_s=batch_size * len(ms) / total if total > 0 else float("inf"))
+    return LatencyStats(
+        samples=len(ms),
+        p50_ms=percentile(ms, 50),
+        p90_ms=percentile(ms, 90),
+        p99_ms=percentile(ms, 99),
+        mean_ms=total * 1000.0 / len(ms),
+        min_ms=min(ms),
+        images_per_s=batch_size * len(ms) / total if total > 0 else float("inf"),
+    )
 
 
 def speed_ratio(baseline_p50_ms: float | None, p50_ms: float | None) -> float | None:
@@ -157,5 +166,14 @@ def speed_ratio(baseline_p50_ms: float | None, p50_ms: float | None) -> float | 
 # environment
 
 
-__all__ = ["LatencyStats", "Timer", "cuda_event_timer", "interleaved", "measure", "percentile", "speed_ratio",
-           "summarize", "wall_timer"]
+__all__ = [
+    "LatencyStats",
+    "Timer",
+    "cuda_event_timer",
+    "interleaved",
+    "measure",
+    "percentile",
+    "speed_ratio",
+    "summarize",
+    "wall_timer",
+]

@@ -55,14 +55,21 @@ class Step:
     failures: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"step": self.name, "keep_float": list(self.keep_float), "passed": self.passed,
-                "metrics": {k: round(float(v), 6) for k, v in self.metrics.items()}, "failures": list(self.failures)}
+        return {
+            "step": self.name,
+            "keep_float": list(self.keep_float),
+            "passed": self.passed,
+            "metrics": {k: round(float(v), 6) for k, v in self.metrics.items()},
+            "failures": list(self.failures),
+        }
 
     def line(self) -> str:
         m = self.metrics
-        return (f"{self.name:<28} float {len(self.keep_float):>3}  max|diff| {m.get('max_abs_diff', float('nan')):.4g}  "
-                f"cosine {m.get('cosine', float('nan')):.6f}  top1 {m.get('top1_agreement', float('nan')):.4f}  "
-                f"{'PASS' if self.passed else 'FAIL'}")
+        return (
+            f"{self.name:<28} float {len(self.keep_float):>3}  max|diff| {m.get('max_abs_diff', float('nan')):.4g}  "
+            f"cosine {m.get('cosine', float('nan')):.6f}  top1 {m.get('top1_agreement', float('nan')):.4f}  "
+            f"{'PASS' if self.passed else 'FAIL'}"
+        )
 
 
 class GateError(ValidationError):
@@ -120,8 +127,14 @@ def widest_first(model: Any, groups: Sequence[Sequence[str]], peaks: Mapping[str
     return sorted(range(len(groups)), key=lambda i: -scores[i])
 
 
-def ladder(model: Any, *, first: str, float_first: Sequence[str], groups: Callable[[], Iterable[tuple[str, Sequence[str]]]],
-           start: Sequence[str] = ()) -> Iterator[tuple[str, tuple[str, ...]]]:
+def ladder(
+    model: Any,
+    *,
+    first: str,
+    float_first: Sequence[str],
+    groups: Callable[[], Iterable[tuple[str, Sequence[str]]]],
+    start: Sequence[str] = (),
+) -> Iterator[tuple[str, tuple[str, ...]]]:
     """The steps (name, cumulative keep-float node names): ``start``, then each op type of
     ``float_first`` present, then each of ``groups()`` (called only when the steps get there)."""
     keep = tuple(start)
@@ -138,8 +151,15 @@ def ladder(model: Any, *, first: str, float_first: Sequence[str], groups: Callab
             yield name, keep
 
 
-def climb(steps: Iterable[tuple[str, tuple[str, ...]]], make: Callable[[tuple[str, ...]], Any],
-          judge: Callable[[Path], Any], dst: Path, *, label: str, unmet: str) -> AutopilotResult:
+def climb(
+    steps: Iterable[tuple[str, tuple[str, ...]]],
+    make: Callable[[tuple[str, ...]], Any],
+    judge: Callable[[Path], Any],
+    dst: Path,
+    *,
+    label: str,
+    unmet: str,
+) -> AutopilotResult:
     """Write ``dst`` with ``make(keep_float)`` for each step and ``judge(dst)`` it (a
     :class:`~vitdeploy.export.compare.Comparison`); the first step that passes wins. GateError
     (``unmet`` and the table) when none does, ``dst`` removed."""
@@ -156,8 +176,9 @@ def climb(steps: Iterable[tuple[str, tuple[str, ...]]], make: Callable[[tuple[st
     raise GateError(f"{unmet} ({len(done)} steps: {table})", done)
 
 
-def _block_groups(model: Any, spans: list[list[str]], depth: int, peaks: Mapping[str, float] | None,
-                  other: str) -> list[tuple[str, list[str]]]:
+def _block_groups(
+    model: Any, spans: list[list[str]], depth: int, peaks: Mapping[str, float] | None, other: str
+) -> list[tuple[str, list[str]]]:
     order = widest_first(model, spans, peaks)
     return [(f"block {i} float" if i < depth else other, spans[i]) for i in order if spans[i]]
 
@@ -166,9 +187,18 @@ def _block_groups(model: Any, spans: list[list[str]], depth: int, peaks: Mapping
 # INT8 and FP16
 
 
-def run_autopilot(pre: Path, dst: Path, *, judge: Callable[[Path], Any], depth: int, input_name: str,
-                  calibration: np.ndarray | None, placement: Placement = ORT_CPU, stage: str = "validate-int8",
-                  **quantize: Any) -> AutopilotResult:
+def run_autopilot(
+    pre: Path,
+    dst: Path,
+    *,
+    judge: Callable[[Path], Any],
+    depth: int,
+    input_name: str,
+    calibration: np.ndarray | None,
+    placement: Placement = ORT_CPU,
+    stage: str = "validate-int8",
+    **quantize: Any,
+) -> AutopilotResult:
     """Quantize ``pre`` into ``dst`` with the fewest nodes in float that pass ``judge``; GateError when none does."""
     from .precision import activation_peaks
 
@@ -182,14 +212,36 @@ def run_autopilot(pre: Path, dst: Path, *, judge: Callable[[Path], Any], depth: 
 
     names = "/".join(ops)
     steps = ladder(model, first=f"all {names} quantized", float_first=placement.float_first, groups=groups)
-    make = lambda keep: quantize_prepared(pre, dst, input_name=input_name, calibration=calibration, keep_float=keep,  # noqa: E731
-                                          placement=placement, **quantize)
-    return climb(steps, make, judge, dst, label="int8",
-                 unmet=f"{stage}: validation.int8 not met even with every {names} in float")
+    make = lambda keep: quantize_prepared(  # noqa: E731
+        pre,
+        dst,
+        input_name=input_name,
+        calibration=calibration,
+        keep_float=keep,  # noqa: E731
+        placement=placement,
+        **quantize,
+    )
+    return climb(
+        steps,
+        make,
+        judge,
+        dst,
+        label="int8",
+        unmet=f"{stage}: validation.int8 not met even with every {names} in float",
+    )
 
 
-def run_fp16_autopilot(src: Path, dst: Path, *, judge: Callable[[Path], Any], depth: int, input_name: str,
-                       calibration: np.ndarray, keep_fp32_ops: Sequence[str], max_abs_activation: float) -> AutopilotResult:
+def run_fp16_autopilot(
+    src: Path,
+    dst: Path,
+    *,
+    judge: Callable[[Path], Any],
+    depth: int,
+    input_name: str,
+    calibration: np.ndarray,
+    keep_fp32_ops: Sequence[str],
+    max_abs_activation: float,
+) -> AutopilotResult:
     """Convert ``src`` into the FP16 graph ``dst`` with the fewest nodes in float32 that pass ``judge``
     (never fewer than the floor); GateError when none does."""
     from .precision import activation_peaks, convert_fp16, hot_nodes
@@ -203,11 +255,35 @@ def run_fp16_autopilot(src: Path, dst: Path, *, judge: Callable[[Path], Any], de
         return _block_groups(model, block_spans(model, depth), depth, peaks, "other nodes float")
 
     steps = ladder(model, first="all FP16 but the floor", float_first=FP16_FLOAT_FIRST, groups=groups, start=floor)
-    make = lambda keep: convert_fp16(src, dst, calibration=calibration, input_name=input_name, peaks=peaks,  # noqa: E731
-                                     keep_fp32_ops=keep_fp32_ops, keep_fp32_nodes=keep, max_abs_activation=max_abs_activation)
-    return climb(steps, make, judge, dst, label="fp16",
-                 unmet="validate-fp16: validation.fp16 not met even with every node in float32")
+    make = lambda keep: convert_fp16(  # noqa: E731
+        src,
+        dst,
+        calibration=calibration,
+        input_name=input_name,
+        peaks=peaks,  # noqa: E731
+        keep_fp32_ops=keep_fp32_ops,
+        keep_fp32_nodes=keep,
+        max_abs_activation=max_abs_activation,
+    )
+    return climb(
+        steps,
+        make,
+        judge,
+        dst,
+        label="fp16",
+        unmet="validate-fp16: validation.fp16 not met even with every node in float32",
+    )
 
 
-__all__ = ["AutopilotResult", "FP16_FLOAT_FIRST", "GateError", "Step", "block_spans", "climb", "ladder", "run_autopilot",
-           "run_fp16_autopilot", "widest_first"]
+__all__ = [
+    "AutopilotResult",
+    "FP16_FLOAT_FIRST",
+    "GateError",
+    "Step",
+    "block_spans",
+    "climb",
+    "ladder",
+    "run_autopilot",
+    "run_fp16_autopilot",
+    "widest_first",
+]

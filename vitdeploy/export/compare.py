@@ -46,8 +46,13 @@ def logit_metrics(reference: np.ndarray, candidate: np.ndarray) -> tuple[dict[st
         raise ValueError(f"reference shape {ref.shape} != candidate shape {cand.shape}")
     diff = np.abs(ref - cand)
     if not np.all(np.isfinite(cand)):
-        return {"max_abs_diff": float("inf"), "mean_abs_diff": float("inf"), "cosine": -1.0,
-                "top1_agreement": 0.0, "top5_overlap": 0.0}, tuple(range(len(ref)))
+        return {
+            "max_abs_diff": float("inf"),
+            "mean_abs_diff": float("inf"),
+            "cosine": -1.0,
+            "top1_agreement": 0.0,
+            "top5_overlap": 0.0,
+        }, tuple(range(len(ref)))
     norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
     cosine = np.where(norms > 0, np.sum(ref * cand, axis=1) / np.maximum(norms, 1e-300), 1.0)
     top1_ref, top1_cand = ref.argmax(axis=1), cand.argmax(axis=1)

@@ -20,12 +20,12 @@ from typing import Any, Callable, Iterator, Literal
 import numpy as np
 
 from ..base._files import write_json_atomic
-from .heartbeat import heartbeat
 from ..base.config import PipelineConfig
+from ..base.vocab import ARTIFACT_FILES, EXPORT_REPORT_NAME
 from ..runtime.backends import first_line
 from ..runtime.backends.base import BackendOptions
-from ..base.vocab import ARTIFACT_FILES, EXPORT_REPORT_NAME
 from . import manifest as manifest_mod
+from .heartbeat import heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,13 @@ class StageRecord:
     details: list[str] = field(default_factory=list)  # lines to show a person (the model stage: what was understood)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "seconds": round(self.seconds, 3), "reason": self.reason,
-                "outputs": [p.name for p in self.outputs]}
+        return {
+            "name": self.name,
+            "status": self.status,
+            "seconds": round(self.seconds, 3),
+            "reason": self.reason,
+            "outputs": [p.name for p in self.outputs],
+        }
 
 
 StageCallback = Callable[[StageRecord], None]

@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 
 from ..base.config import PipelineConfig
-from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from ..base.errors import ExportError, MissingDependencyError
+from ..base.vocab import EXPORT_REPORT_NAME
+from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from ..runtime.backends import first_line
 from . import manifest as manifest_mod
-from ..base.vocab import EXPORT_REPORT_NAME
 from .context import ExportContext, StageRecord
 from .onnx import INPUT_NAME, OUTPUT_NAME
 from .rows import Artifact, Made, Stage, ort_gate
@@ -62,11 +62,21 @@ def _onnx(ctx: ExportContext, rec: StageRecord) -> Made:
     from .onnx import export_onnx
 
     vit, cfg = ctx.loaded.config, ctx.cfg
-    metadata = {"vitdeploy.name": ctx.name, "vitdeploy.labels": list(ctx.loaded.labels),
-                "vitdeploy.preprocess": ctx.spec.to_dict(), "vitdeploy.vit": vit.to_dict()}
-    onnx_art = export_onnx(ctx.loaded.model, ctx.path("onnx"), image_size=vit.image_size,
-                           in_channels=vit.in_channels, opset=cfg.export.opset, metadata=metadata,
-                           external_data_threshold_mb=cfg.export.external_data_threshold_mb)
+    metadata = {
+        "vitdeploy.name": ctx.name,
+        "vitdeploy.labels": list(ctx.loaded.labels),
+        "vitdeploy.preprocess": ctx.spec.to_dict(),
+        "vitdeploy.vit": vit.to_dict(),
+    }
+    onnx_art = export_onnx(
+        ctx.loaded.model,
+        ctx.path("onnx"),
+        image_size=vit.image_size,
+        in_channels=vit.in_channels,
+        opset=cfg.export.opset,
+        metadata=metadata,
+        external_data_threshold_mb=cfg.export.external_data_threshold_mb,
+    )
     return (Artifact("onnx", onnx_art.path, tuple(onnx_art.external_data)),)
 
 
@@ -76,9 +86,13 @@ def _reference(ctx: ExportContext, rec: StageRecord) -> Made:
 
     cfg = ctx.cfg
     ctx.sizes = ctx.validation_batch or validation_batch_sizes(cfg.export.batch.max)
-    ctx.inputs = build_inputs(Preprocessor(ctx.spec), validation_images(cfg),
-                              noise_samples=cfg.validation.noise_samples, seed=cfg.validation.seed,
-                              min_count=max(ctx.sizes))
+    ctx.inputs = build_inputs(
+        Preprocessor(ctx.spec),
+        validation_images(cfg),
+        noise_samples=cfg.validation.noise_samples,
+        seed=cfg.validation.seed,
+        min_count=max(ctx.sizes),
+    )
     ctx.reference = reference_logits(ctx.loaded.model, ctx.inputs.batch)
     n, n_images = len(ctx.inputs.names), ctx.inputs.image_count
     rec.reason = f"eager PyTorch logits for {n} inputs ({n_images} images, {n - n_images} noise)"
@@ -98,12 +112,19 @@ def _ort_optimize(ctx: ExportContext, rec: StageRecord) -> Made:
         # the class-token-only last block is sound only when the classifier reads the class token alone;
         # MultiHeadAttention takes projected q/k/v, with no place for qk-norm's LayerNorms between
         if vit.qk_norm:
-            log.info("attention fusion skipped: qk-norm normalises q and k between the projection and the "
-                     "attention, which the fused MultiHeadAttention op cannot express")
-        optimize_for_ort(ctx.path("onnx"), path, num_heads=vit.heads, hidden_size=vit.width,
-                         external_data_threshold_mb=cfg.export.external_data_threshold_mb,
-                         attention="none" if vit.qk_norm else "MultiHeadAttention",
-                         class_token_only=vit.reads_class_token_only)
+            log.info(
+                "attention fusion skipped: qk-norm normalises q and k between the projection and the "
+                "attention, which the fused MultiHeadAttention op cannot express"
+            )
+        optimize_for_ort(
+            ctx.path("onnx"),
+            path,
+            num_heads=vit.heads,
+            hidden_size=vit.width,
+            external_data_threshold_mb=cfg.export.external_data_threshold_mb,
+            attention="none" if vit.qk_norm else "MultiHeadAttention",
+            class_token_only=vit.reads_class_token_only,
+        )
     except (ExportError, MissingDependencyError) as exc:
         # Said once, on the stage's line (not also as a warning).
         ctx.drop(("onnx-ort",))
@@ -122,14 +143,27 @@ def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
         ctx.add(role, ctx.path(role))
     names = ctx.inputs.names
     manifest = manifest_mod.build_manifest(
-        name=ctx.name, vit=ctx.loaded.config.to_dict(),
+        name=ctx.name,
+        vit=ctx.loaded.config.to_dict(),
         source=ctx.effective.model_record(cfg),
-        labels=ctx.loaded.labels, preprocess=ctx.spec.to_dict(), input_name=INPUT_NAME,
-        output_name=OUTPUT_NAME, chw=ctx.chw, batch=cfg.export.batch.model_dump(), artifacts=ctx.entries,
-        validation=ctx.validation, stages=[s.to_dict() for s in ctx.stages if s.name != "manifest"],
-        extra={"preprocess_origins": ctx.effective.origins, "export": ctx.extra, "validation_inputs": {
-            "count": len(names), "images": ctx.inputs.image_count,
-            "batch_sizes": list(ctx.sizes)}},
+        labels=ctx.loaded.labels,
+        preprocess=ctx.spec.to_dict(),
+        input_name=INPUT_NAME,
+        output_name=OUTPUT_NAME,
+        chw=ctx.chw,
+        batch=cfg.export.batch.model_dump(),
+        artifacts=ctx.entries,
+        validation=ctx.validation,
+        stages=[s.to_dict() for s in ctx.stages if s.name != "manifest"],
+        extra={
+            "preprocess_origins": ctx.effective.origins,
+            "export": ctx.extra,
+            "validation_inputs": {
+                "count": len(names),
+                "images": ctx.inputs.image_count,
+                "batch_sizes": list(ctx.sizes),
+            },
+        },
     )
     path = manifest_mod.write_manifest(out, manifest)
     (out / EXPORT_REPORT_NAME).unlink(missing_ok=True)
@@ -140,7 +174,11 @@ def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
 MODEL = Stage("model", _model)
 ONNX = Stage("onnx", _onnx, roles=("onnx",), gate=ort_gate("validate-onnx", "fp32", "ort"))
 REFERENCE = Stage("reference", _reference)
-ORT_OPTIMIZE = Stage("ort-optimize", _ort_optimize, roles=("onnx-ort",),
-                     skip=lambda ctx: None if ctx.cfg.export.optimize else "export.optimize is false",
-                     gate=ort_gate("validate-ort-optimized", "fp32", "ort"))
+ORT_OPTIMIZE = Stage(
+    "ort-optimize",
+    _ort_optimize,
+    roles=("onnx-ort",),
+    skip=lambda ctx: None if ctx.cfg.export.optimize else "export.optimize is false",
+    gate=ort_gate("validate-ort-optimized", "fp32", "ort"),
+)
 MANIFEST = Stage("manifest", _manifest)

@@ -12,8 +12,8 @@ from typing import Any
 
 from ..base.config import PipelineConfig
 from ..base.errors import ConfigError
-from ..demo import DEMO_DIR as DEMO_MODEL_DIR
 from ..base.preprocess_spec import PreprocessSpec
+from ..demo import DEMO_DIR as DEMO_MODEL_DIR
 
 _STYLE_SIZES = ("resize_height", "resize_width", "shortest_edge", "longest_edge")
 
@@ -40,10 +40,14 @@ class Effective:
     def model_record(self, cfg: PipelineConfig) -> dict[str, Any]:
         """The ``model.source`` entry of manifest.json."""
         ld, vit = self.loaded, self.loaded.config
-        return {"path": str(cfg.resolve(cfg.model.checkpoint) or "demo"), "format": ld.source_format,
-                "heads_origin": ld.heads_origin, "native_image_size": ld.native_image_size or vit.image_size,
-                "resampled_pos_embed": bool(ld.native_image_size and ld.native_image_size != vit.image_size),
-                "notes": list(ld.notes)}
+        return {
+            "path": str(cfg.resolve(cfg.model.checkpoint) or "demo"),
+            "format": ld.source_format,
+            "heads_origin": ld.heads_origin,
+            "native_image_size": ld.native_image_size or vit.image_size,
+            "resampled_pos_embed": bool(ld.native_image_size and ld.native_image_size != vit.image_size),
+            "notes": list(ld.notes),
+        }
 
 
 def load_model(cfg: PipelineConfig) -> Any:
@@ -52,8 +56,15 @@ def load_model(cfg: PipelineConfig) -> Any:
 
     m = cfg.model
     path = cfg.resolve(m.checkpoint) or DEMO_MODEL_DIR
-    return load_checkpoint(path, image_size=m.image_size, variant=m.variant, num_heads=m.num_heads,
-                           act=m.activation, layer_norm_eps=m.layer_norm_eps, pool=m.pool)
+    return load_checkpoint(
+        path,
+        image_size=m.image_size,
+        variant=m.variant,
+        num_heads=m.num_heads,
+        act=m.activation,
+        layer_norm_eps=m.layer_norm_eps,
+        pool=m.pool,
+    )
 
 
 def resolve_preprocess(cfg: PipelineConfig, loaded: Any) -> tuple[PreprocessSpec, dict[str, str]]:
@@ -97,13 +108,19 @@ def describe(eff: Effective, cfg: PipelineConfig) -> list[str]:
 
     ld, vit = eff.loaded, eff.loaded.config
     source = cfg.resolve(cfg.model.checkpoint) or "the built-in demo model"
-    kind = {"vitdeploy": "vitdeploy checkpoint", "hf": "Hugging Face ViT", "timm": "timm ViT",
-            "torchvision": "torchvision ViT"}.get(ld.source_format, ld.source_format)
+    kind = {
+        "vitdeploy": "vitdeploy checkpoint",
+        "hf": "Hugging Face ViT",
+        "timm": "timm ViT",
+        "torchvision": "torchvision ViT",
+    }.get(ld.source_format, ld.source_format)
     size = SIZE_BY_WIDTH.get(vit.width)
     standard = f"vit_{size}_patch{vit.patch_size} dims, " if size and vit.depth in (12, 24, 32) else ""
-    lines = [f"model: {kind} from {source}",
-             f"  {standard}width {vit.width}, depth {vit.depth}, {vit.heads} heads, MLP {vit.mlp_dim}, "
-             f"activation {vit.act}, image {vit.image_size}, patch {vit.patch_size}, {vit.num_classes} classes"]
+    lines = [
+        f"model: {kind} from {source}",
+        f"  {standard}width {vit.width}, depth {vit.depth}, {vit.heads} heads, MLP {vit.mlp_dim}, "
+        f"activation {vit.act}, image {vit.image_size}, patch {vit.patch_size}, {vit.num_classes} classes",
+    ]
     family = vit.family_summary()
     if family:
         lines.append(f"  {family}")

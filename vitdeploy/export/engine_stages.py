@@ -14,8 +14,8 @@ import logging
 import time
 from typing import Any
 
-from ..base.vocab import TIMING_CACHE_NAME, TRT_INT8
 from ..base.errors import ArtifactError, BackendError, ExportError, MissingDependencyError, ValidationError
+from ..base.vocab import TIMING_CACHE_NAME, TRT_INT8
 from ..runtime.backends.base import BackendOptions
 from .context import ExportContext, StageRecord
 from .onnx import INPUT_NAME
@@ -27,8 +27,11 @@ _ENGINE_ERRORS = (ExportError, BackendError, ArtifactError, MissingDependencyErr
 
 
 def _engine_unavailable(ctx: ExportContext) -> str | None:
-    return ("the engine is compiled from model.fp16.onnx and export.fp16.enabled is false"
-            if "onnx-fp16" not in ctx.artifacts else ctx.tensorrt_unavailable())
+    return (
+        "the engine is compiled from model.fp16.onnx and export.fp16.enabled is false"
+        if "onnx-fp16" not in ctx.artifacts
+        else ctx.tensorrt_unavailable()
+    )
 
 
 def _skip_engine(ctx: ExportContext) -> str | None:
@@ -51,10 +54,19 @@ def _engine_from(ctx: ExportContext, rec: StageRecord, role: str, source: str, p
     cfg, profile, device = ctx.cfg, ctx.cfg.export.batch, ctx.tensorrt_device()
     engine_path, meta_path = ctx.path(role), ctx.path(f"{role}-meta")
     plan = trt_stage.plan_engine_build(
-        ctx.artifacts[source], engine_path, input_name=INPUT_NAME, chw=ctx.chw, min_batch=profile.min,
-        opt_batch=profile.opt, max_batch=profile.max, workspace_mb=cfg.tensorrt.workspace_mb,
-        optimization_level=cfg.tensorrt.optimization_level, device=device, precision=precision,
-        timing_cache_path=cfg.resolve(cfg.tensorrt.timing_cache) or ctx.out_dir / TIMING_CACHE_NAME)
+        ctx.artifacts[source],
+        engine_path,
+        input_name=INPUT_NAME,
+        chw=ctx.chw,
+        min_batch=profile.min,
+        opt_batch=profile.opt,
+        max_batch=profile.max,
+        workspace_mb=cfg.tensorrt.workspace_mb,
+        optimization_level=cfg.tensorrt.optimization_level,
+        device=device,
+        precision=precision,
+        timing_cache_path=cfg.resolve(cfg.tensorrt.timing_cache) or ctx.out_dir / TIMING_CACHE_NAME,
+    )
 
     shown = [0.0]
 
@@ -96,13 +108,24 @@ def _dropped(role: str) -> Any:
     return dropped
 
 
-ENGINE = Stage("engine", _engine, skip=_skip_engine, roles=("engine", "engine-meta"),
-               gate=_trt_gate("validate-engine", "fp16", "trt"),
-               fallible=_ENGINE_ERRORS, required=lambda ctx: ctx.engine_mode == "require", dropped=_dropped("engine"))
+ENGINE = Stage(
+    "engine",
+    _engine,
+    skip=_skip_engine,
+    roles=("engine", "engine-meta"),
+    gate=_trt_gate("validate-engine", "fp16", "trt"),
+    fallible=_ENGINE_ERRORS,
+    required=lambda ctx: ctx.engine_mode == "require",
+    dropped=_dropped("engine"),
+)
 ENGINE_INT8 = Stage(
-    "engine-int8", lambda ctx, rec: _engine_from(ctx, rec, "engine-int8", "onnx-int8-trt", "int8"),
+    "engine-int8",
+    lambda ctx, rec: _engine_from(ctx, rec, "engine-int8", "onnx-int8-trt", "int8"),
     applies=lambda ctx: ctx.engine_mode != "skip" and "onnx-int8-trt" in ctx.artifacts,  # its graph was written
-    skip=lambda ctx: ctx.tensorrt_unavailable(), roles=("engine-int8", "engine-int8-meta"),
-    gate=_trt_gate("validate-engine-int8", "int8", TRT_INT8), fallible=(*_ENGINE_ERRORS, ValidationError),
+    skip=lambda ctx: ctx.tensorrt_unavailable(),
+    roles=("engine-int8", "engine-int8-meta"),
+    gate=_trt_gate("validate-engine-int8", "int8", TRT_INT8),
+    fallible=(*_ENGINE_ERRORS, ValidationError),
     required=lambda ctx: ctx.engine_mode == "require" and ctx.cfg.export.int8.tensorrt is True,
-    dropped=_dropped("engine-int8"))
+    dropped=_dropped("engine-int8"),
+)

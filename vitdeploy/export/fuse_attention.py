@@ -16,6 +16,7 @@ log = logging.getLogger("vitdeploy.export.optimize")  # part of the ORT optimisa
 MS_DOMAIN = "com.microsoft"
 AttentionOp = Literal["MultiHeadAttention", "Attention", "none"]
 
+
 class _Graph:
     """Producer/consumer/constant lookups over a GraphProto (rebuilt after each rewrite)."""
 
@@ -172,8 +173,14 @@ def _match_attention(g: _Graph, softmax: Any, num_heads: int, hidden_size: int) 
         return None
     if len(g.consumers[qkv.output[0]]) != 1 or len(g.consumers[bias_add.output[0]]) != 1:
         return None
-    return {"x": qkv.input[0], "weight": qkv.input[1], "bias": b_name,
-            "out": merge_r.output[0], "replace": merge_r, "scale": q[1] * k[1]}
+    return {
+        "x": qkv.input[0],
+        "weight": qkv.input[1],
+        "bias": b_name,
+        "out": merge_r.output[0],
+        "replace": merge_r,
+        "scale": q[1] * k[1],
+    }
 
 
 def fuse_attention(proto: Any, *, num_heads: int, hidden_size: int, op: AttentionOp = "MultiHeadAttention") -> int:
@@ -182,18 +189,33 @@ def fuse_attention(proto: Any, *, num_heads: int, hidden_size: int, op: Attentio
     from onnx import helper, numpy_helper
 
     g = _Graph(proto.graph, numpy_helper)
-    matches = [m for m in (_match_attention(g, s, num_heads, hidden_size)
-                           for s in proto.graph.node if s.op_type == "Softmax") if m]
+    matches = [
+        m
+        for m in (_match_attention(g, s, num_heads, hidden_size) for s in proto.graph.node if s.op_type == "Softmax")
+        if m
+    ]
     if not matches:
-        log.warning("attention pattern not found (num_heads=%d, hidden_size=%d); leaving attention unfused",
-                    num_heads, hidden_size)
+        log.warning(
+            "attention pattern not found (num_heads=%d, hidden_size=%d); leaving attention unfused",
+            num_heads,
+            hidden_size,
+        )
         return 0
     replacements: dict[int, list[Any]] = {}
     for i, m in enumerate(matches):
         name = f"vitdeploy_attention_{i}"
         if op == "Attention":
-            new = [helper.make_node("Attention", [m["x"], m["weight"], m["bias"]], [m["out"]], name=name,
-                                    domain=MS_DOMAIN, num_heads=num_heads, scale=m["scale"])]
+            new = [
+                helper.make_node(
+                    "Attention",
+                    [m["x"], m["weight"], m["bias"]],
+                    [m["out"]],
+                    name=name,
+                    domain=MS_DOMAIN,
+                    num_heads=num_heads,
+                    scale=m["scale"],
+                )
+            ]
         else:
             # one projection per q / k / v (columns of the packed weight): no Split copy, and the
             # class-token pass can then project the query of one row only
@@ -202,10 +224,24 @@ def fuse_attention(proto: Any, *, num_heads: int, hidden_size: int, op: Attentio
             for j, part in enumerate("qkv"):
                 w_name = f"{name}_{part}_weight"
                 proto.graph.initializer.append(
-                    numpy_helper.from_array(np.ascontiguousarray(w[:, j * hidden_size:(j + 1) * hidden_size]), w_name))
-                new.append(helper.make_node("MatMul", [m["x"], w_name], [f"{name}_{part}"], name=f"{name}_{part}_proj"))
-            new.append(helper.make_node("MultiHeadAttention", [f"{name}_{p}" for p in "qkv"] + [m["bias"]], [m["out"]],
-                                        name=name, domain=MS_DOMAIN, num_heads=num_heads, scale=m["scale"]))
+                    numpy_helper.from_array(
+                        np.ascontiguousarray(w[:, j * hidden_size : (j + 1) * hidden_size]), w_name
+                    )
+                )
+                new.append(
+                    helper.make_node("MatMul", [m["x"], w_name], [f"{name}_{part}"], name=f"{name}_{part}_proj")
+                )
+            new.append(
+                helper.make_node(
+                    "MultiHeadAttention",
+                    [f"{name}_{p}" for p in "qkv"] + [m["bias"]],
+                    [m["out"]],
+                    name=name,
+                    domain=MS_DOMAIN,
+                    num_heads=num_heads,
+                    scale=m["scale"],
+                )
+            )
         replacements[id(m["replace"])] = new
     nodes: list[Any] = []
     for node in proto.graph.node:

@@ -35,12 +35,20 @@ class SpeedCheck:
         return self.speedup >= self.min_speedup
 
     def describe(self, baseline: str) -> str:
-        return (f"{self.speedup:.2f}x {baseline} at batch {self.batch} ({self.int8_s * 1e3:.1f} ms vs "
-                f"{self.baseline_s * 1e3:.1f} ms, median of {self.calls} interleaved calls)")
+        return (
+            f"{self.speedup:.2f}x {baseline} at batch {self.batch} ({self.int8_s * 1e3:.1f} ms vs "
+            f"{self.baseline_s * 1e3:.1f} ms, median of {self.calls} interleaved calls)"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"speedup": round(self.speedup, 3), "min_speedup": self.min_speedup, "batch": self.batch,
-                "calls": self.calls, "int8_ms": round(self.int8_s * 1e3, 3), "baseline_ms": round(self.baseline_s * 1e3, 3)}
+        return {
+            "speedup": round(self.speedup, 3),
+            "min_speedup": self.min_speedup,
+            "batch": self.batch,
+            "calls": self.calls,
+            "int8_ms": round(self.int8_s * 1e3, 3),
+            "baseline_ms": round(self.baseline_s * 1e3, 3),
+        }
 
 
 def time_against(int8: Any, baseline: Any, batch: np.ndarray, min_speedup: float, calls: int = 3) -> SpeedCheck:
@@ -51,7 +59,7 @@ def time_against(int8: Any, baseline: Any, batch: np.ndarray, min_speedup: float
     times: dict[int, list[float]] = {0: [], 1: []}
     runners = (int8, baseline)
     for i in range(calls):
-        for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+        for which in (0, 1) if i % 2 == 0 else (1, 0):
             start = time.perf_counter()
             runners[which].run(batch)
             times[which].append(time.perf_counter() - start)

@@ -14,10 +14,15 @@ from ..runtime.artifacts import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION
 
 
 def file_entry(path: Path, root: Path, external: Sequence[Path] = ()) -> dict[str, Any]:
-    entry: dict[str, Any] = {"path": path.relative_to(root).as_posix(), "sha256": sha256_file(path), "bytes": path.stat().st_size}
+    entry: dict[str, Any] = {
+        "path": path.relative_to(root).as_posix(),
+        "sha256": sha256_file(path),
+        "bytes": path.stat().st_size,
+    }
     if external:
         entry["external_data"] = [
-            {"path": p.relative_to(root).as_posix(), "sha256": sha256_file(p), "bytes": p.stat().st_size} for p in external
+            {"path": p.relative_to(root).as_posix(), "sha256": sha256_file(p), "bytes": p.stat().st_size}
+            for p in external
         ]
     return entry
 

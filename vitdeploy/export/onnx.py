@@ -78,7 +78,10 @@ def export_onnx(
             )
     except Exception as exc:  # noqa: BLE001 - the exporter raises many types
         log.debug("exporter output:\n%s", sink.getvalue())
-        raise ExportError(f"torch.onnx.export failed for {path.name}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        raise ExportError(
+            f"torch.onnx.export failed for {path.name}: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}"
+        ) from exc
     proto = program.model_proto
     _name_batch_axes(proto)
     set_metadata(proto, metadata or {})
@@ -101,8 +104,14 @@ def save_onnx_atomic(proto: Any, path: Path, *, external: bool, check: bool = Tr
         staged = workdir / path.name
         try:
             if external:
-                onnx.save_model(proto, str(staged), save_as_external_data=True, all_tensors_to_one_file=True,
-                                location=data_name, size_threshold=1024)
+                onnx.save_model(
+                    proto,
+                    str(staged),
+                    save_as_external_data=True,
+                    all_tensors_to_one_file=True,
+                    location=data_name,
+                    size_threshold=1024,
+                )
             else:
                 onnx.save_model(proto, str(staged))
         except (OSError, ValueError) as exc:

@@ -76,14 +76,18 @@ def optimize_for_ort(
     require("onnxruntime", "ONNX Runtime graph optimisation (onnxruntime.transformers)")
     src, out = Path(onnx_path), Path(out_path)
     if src.resolve() == out.resolve():
-        raise ExportError(f"optimize_for_ort: output {out} would overwrite its source graph; choose another name "
-                          "(e.g. model.ort.onnx)")
+        raise ExportError(
+            f"optimize_for_ort: output {out} would overwrite its source graph; choose another name "
+            "(e.g. model.ort.onnx)"
+        )
     if attention not in ("MultiHeadAttention", "Attention", "none"):
-        raise ExportError(f"optimize_for_ort: attention must be 'MultiHeadAttention', 'Attention' or 'none', "
-                          f"got {attention!r}")
+        raise ExportError(
+            f"optimize_for_ort: attention must be 'MultiHeadAttention', 'Attention' or 'none', got {attention!r}"
+        )
     if num_heads <= 0 or hidden_size <= 0 or hidden_size % num_heads:
-        raise ExportError(f"optimize_for_ort: hidden_size {hidden_size} must be a positive multiple of "
-                          f"num_heads {num_heads}")
+        raise ExportError(
+            f"optimize_for_ort: hidden_size {hidden_size} must be a positive multiple of num_heads {num_heads}"
+        )
     try:
         proto = onnx.load(str(src))
     except Exception as exc:  # noqa: BLE001 - onnx raises several types for unreadable files
@@ -93,21 +97,44 @@ def optimize_for_ort(
     if attention != "none":
         n_attention = fuse_attention(proto, num_heads=num_heads, hidden_size=hidden_size, op=attention)
     if not class_token_only:
-        log.info("class-token pruning off: the classifier reads more than the class token (average pooling or "
-                 "a distillation head)")
+        log.info(
+            "class-token pruning off: the classifier reads more than the class token (average pooling or "
+            "a distillation head)"
+        )
     pruned = prune_last_block_to_class_token(proto) if class_token_only and n_attention else False
     tanh_gelu_to_fast_gelu(proto)
-    proto = _ort_fusions(proto, num_heads=num_heads, hidden_size=hidden_size, gelu_approximation=gelu_approximation,
-                         skip_layer_norm=skip_layer_norm)
+    proto = _ort_fusions(
+        proto,
+        num_heads=num_heads,
+        hidden_size=hidden_size,
+        gelu_approximation=gelu_approximation,
+        skip_layer_norm=skip_layer_norm,
+    )
     _ensure_ms_opset(proto, onnx)
     counts = _count(proto.graph.node)
-    set_metadata(proto, {METADATA_KEY: json.dumps({"source": src.name, "fused": counts, "attention": attention,
-                                                    "last_block_class_token_only": pruned,
-                                                    "gelu_approximation": gelu_approximation})})
+    set_metadata(
+        proto,
+        {
+            METADATA_KEY: json.dumps(
+                {
+                    "source": src.name,
+                    "fused": counts,
+                    "attention": attention,
+                    "last_block_class_token_only": pruned,
+                    "gelu_approximation": gelu_approximation,
+                }
+            )
+        },
+    )
     external = _initializer_bytes(proto) > external_data_threshold_mb * 2**20
     save_onnx_atomic(proto, out, external=external, check=False)  # contrib ops: the checker does not know them
-    log.info("wrote %s: %d attention blocks fused, last block class-token only: %s, contrib ops %s",
-             out, n_attention, pruned, counts)
+    log.info(
+        "wrote %s: %d attention blocks fused, last block class-token only: %s, contrib ops %s",
+        out,
+        n_attention,
+        pruned,
+        counts,
+    )
     return out
 
 
@@ -140,11 +167,20 @@ def prune_last_block_to_class_token(proto: Any) -> bool:
     from onnx import TensorProto, helper, numpy_helper
 
     g = _Graph(proto.graph, numpy_helper)
-    selects = [n for n in proto.graph.node if n.op_type == "Gather" and _attr(n, "axis", 0) == 1
-               and (idx := g.const(n.input[1])) is not None and idx.ndim == 0 and int(idx) == 0]
+    selects = [
+        n
+        for n in proto.graph.node
+        if n.op_type == "Gather"
+        and _attr(n, "axis", 0) == 1
+        and (idx := g.const(n.input[1])) is not None
+        and idx.ndim == 0
+        and int(idx) == 0
+    ]
     mhas = [n for n in proto.graph.node if n.op_type == "MultiHeadAttention" and n.domain == MS_DOMAIN]
     if len(selects) != 1 or not mhas:
-        log.info("class-token pruning skipped: %d class-token selects, %d MultiHeadAttention nodes", len(selects), len(mhas))
+        log.info(
+            "class-token pruning skipped: %d class-token selects, %d MultiHeadAttention nodes", len(selects), len(mhas)
+        )
         return False
     select, last = selects[0], mhas[-1]
     region, side = _token_wise_region(g, last.output[0], select)
@@ -162,8 +198,10 @@ def prune_last_block_to_class_token(proto: Any) -> bool:
     for key, value in (("starts", 0), ("ends", 1), ("axes", 1)):
         proto.graph.initializer.append(helper.make_tensor(names[key], TensorProto.INT64, [1], [value]))
     bounds = [names["starts"], names["ends"], names["axes"]]
-    slices = [helper.make_node("Slice", [norm.output[0], *bounds], [names["normed"]], name="vitdeploy_cls_query_slice"),
-              helper.make_node("Slice", [residual, *bounds], [names["residual"]], name="vitdeploy_cls_residual_slice")]
+    slices = [
+        helper.make_node("Slice", [norm.output[0], *bounds], [names["normed"]], name="vitdeploy_cls_query_slice"),
+        helper.make_node("Slice", [residual, *bounds], [names["residual"]], name="vitdeploy_cls_residual_slice"),
+    ]
     q_proj.input[0] = names["normed"]  # keys and values still see every token
     in_region = {id(g.producer[t]) for t in region if t in g.producer} - {id(last)}
     for node in proto.graph.node:
@@ -235,6 +273,7 @@ def _is_token_wise(g: _Graph, node: Any, region: set[str], side: set[str]) -> bo
 
 # --------------------------------------------------------------------------- GELU forms
 
+
 def tanh_gelu_to_fast_gelu(proto: Any) -> int:
     """ONNX ``Gelu(approximate="tanh")`` (opset >= 20) -> ``com.microsoft.FastGelu``, the same tanh formula.
 
@@ -246,9 +285,14 @@ def tanh_gelu_to_fast_gelu(proto: Any) -> int:
 
     count = 0
     for i, node in enumerate(proto.graph.node):
-        if node.op_type == "Gelu" and node.domain in ("", "ai.onnx") and _attr(node, "approximate", b"none") in (b"tanh", "tanh"):
-            fast = helper.make_node("FastGelu", list(node.input), list(node.output), name=node.name or f"FastGelu_{i}",
-                                    domain=MS_DOMAIN)
+        if (
+            node.op_type == "Gelu"
+            and node.domain in ("", "ai.onnx")
+            and _attr(node, "approximate", b"none") in (b"tanh", "tanh")
+        ):
+            fast = helper.make_node(
+                "FastGelu", list(node.input), list(node.output), name=node.name or f"FastGelu_{i}", domain=MS_DOMAIN
+            )
             proto.graph.node[i].CopyFrom(fast)
             count += 1
     return count
@@ -256,8 +300,10 @@ def tanh_gelu_to_fast_gelu(proto: Any) -> int:
 
 # --------------------------------------------------------------------------- ORT's own fusions
 
-def _ort_fusions(proto: Any, *, num_heads: int, hidden_size: int, gelu_approximation: bool,
-                 skip_layer_norm: bool) -> Any:
+
+def _ort_fusions(
+    proto: Any, *, num_heads: int, hidden_size: int, gelu_approximation: bool, skip_layer_norm: bool
+) -> Any:
     """BiasGelu (/ FastGelu, SkipLayerNormalization) via onnxruntime.transformers, python only."""
     from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
@@ -269,16 +315,27 @@ def _ort_fusions(proto: Any, *, num_heads: int, hidden_size: int, gelu_approxima
     options.enable_skip_layer_norm = options.enable_bias_skip_layer_norm = bool(skip_layer_norm)
     with quiet_loggers("onnxruntime.transformers", "onnx_model", "fusion_base", "optimizer"):
         try:
-            model = optimize_model(proto, model_type="vit", num_heads=num_heads, hidden_size=hidden_size,
-                                   optimization_options=options, opt_level=0, use_gpu=False)
+            model = optimize_model(
+                proto,
+                model_type="vit",
+                num_heads=num_heads,
+                hidden_size=hidden_size,
+                optimization_options=options,
+                opt_level=0,
+                use_gpu=False,
+            )
         except Exception as exc:  # noqa: BLE001 - a fusion bug must not pass silently
-            raise ExportError(f"ONNX Runtime transformer optimiser failed: {type(exc).__name__}: {exc}; "
-                              "export without the ORT-optimised graph (export.ort_optimize: false)") from exc
+            raise ExportError(
+                f"ONNX Runtime transformer optimiser failed: {type(exc).__name__}: {exc}; "
+                "export without the ORT-optimised graph (export.ort_optimize: false)"
+            ) from exc
     return model.model
 
 
 def _ensure_ms_opset(proto: Any, onnx: Any) -> None:
-    if any(n.domain == MS_DOMAIN for n in proto.graph.node) and not any(o.domain == MS_DOMAIN for o in proto.opset_import):
+    if any(n.domain == MS_DOMAIN for n in proto.graph.node) and not any(
+        o.domain == MS_DOMAIN for o in proto.opset_import
+    ):
         proto.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
 
 

@@ -39,10 +39,26 @@ log = logging.getLogger(__name__)
 
 #: The export, in order. Validation waits for the reference logits: model.onnx, written before them,
 #: is validated right after the ``reference`` stage.
-STAGES: tuple[Stage, ...] = (MODEL, ONNX, REFERENCE, ORT_OPTIMIZE, FP16, INT8, INT8_TENSORRT, ENGINE, ENGINE_INT8,
-                             MANIFEST)
+STAGES: tuple[Stage, ...] = (
+    MODEL,
+    ONNX,
+    REFERENCE,
+    ORT_OPTIMIZE,
+    FP16,
+    INT8,
+    INT8_TENSORRT,
+    ENGINE,
+    ENGINE_INT8,
+    MANIFEST,
+)
 
-_OUR_NAMES = {*ARTIFACT_FILES.values(), MANIFEST_NAME, EXPORT_REPORT_NAME, TIMING_CACHE_NAME, *(f"{n}.data" for n in ARTIFACT_FILES.values())}
+_OUR_NAMES = {
+    *ARTIFACT_FILES.values(),
+    MANIFEST_NAME,
+    EXPORT_REPORT_NAME,
+    TIMING_CACHE_NAME,
+    *(f"{n}.data" for n in ARTIFACT_FILES.values()),
+}
 
 
 @dataclass
@@ -55,6 +71,7 @@ class ExportResult:
 
 
 # -- the loop ---------------------------------------------------------------------------------
+
 
 def run_stages(ctx: ExportContext, table: Sequence[Stage] = STAGES) -> None:
     """Run every row of ``table`` that applies, in order (see the module docstring)."""
@@ -113,8 +130,14 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
     with ctx.stage(gate.name) as rec:
         backend = gate.open(ctx, made)
         try:
-            result = validate_artifact(gate.name, backend, ctx.inputs, ctx.reference,
-                                       getattr(ctx.cfg.validation, gate.tolerance).model_dump(), sizes)
+            result = validate_artifact(
+                gate.name,
+                backend,
+                ctx.inputs,
+                ctx.reference,
+                getattr(ctx.cfg.validation, gate.tolerance).model_dump(),
+                sizes,
+            )
         finally:
             backend.close()
         ctx.validation[gate.name] = result.to_dict()
@@ -123,9 +146,12 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
             rec.reason = "; ".join(result.failures[:6])
             raise ValidationError(
                 f"{gate.name}: {result.backend} output drifted beyond validation thresholds: {rec.reason} "
-                f"(artifact renamed *.rejected; full report: {ctx.final_dir / EXPORT_REPORT_NAME})")
-        rec.reason = (f"{len(ctx.inputs.names)} inputs at batch {', '.join(map(str, sizes))}; "
-                      f"worst max|diff| {result.worst_metrics()['max_abs_diff']:.3g}")
+                f"(artifact renamed *.rejected; full report: {ctx.final_dir / EXPORT_REPORT_NAME})"
+            )
+        rec.reason = (
+            f"{len(ctx.inputs.names)} inputs at batch {', '.join(map(str, sizes))}; "
+            f"worst max|diff| {result.worst_metrics()['max_abs_diff']:.3g}"
+        )
 
 
 def _reject(paths: list[Path]) -> None:
@@ -135,6 +161,7 @@ def _reject(paths: list[Path]) -> None:
 
 
 # -- the entry point --------------------------------------------------------------------------
+
 
 def _prepare_out_dir(out_dir: Path) -> Path:
     """The folder to export into (symlinks resolved), created, writable, stale temporaries gone."""
@@ -176,9 +203,24 @@ def run_export(
         ctx = ExportContext(cfg, stage, engine, on_stage, validation_batch, heartbeat_s, final_dir=out)
         run_stages(ctx)
         commit(stage, final, beside, _OUR_NAMES)
-    return ExportResult(out, ctx.stages, {role: out / p.relative_to(stage) for role, p in ctx.artifacts.items()},
-                        ctx.validation, out / MANIFEST_NAME)
+    return ExportResult(
+        out,
+        ctx.stages,
+        {role: out / p.relative_to(stage) for role, p in ctx.artifacts.items()},
+        ctx.validation,
+        out / MANIFEST_NAME,
+    )
 
 
-__all__ = ["STAGES", "ExportContext", "ExportResult", "StageRecord", "load_model", "reference_logits",
-           "resolve_preprocess", "run_export", "run_stages", "validation_images"]
+__all__ = [
+    "STAGES",
+    "ExportContext",
+    "ExportResult",
+    "StageRecord",
+    "load_model",
+    "reference_logits",
+    "resolve_preprocess",
+    "run_export",
+    "run_stages",
+    "validation_images",
+]

@@ -72,7 +72,8 @@ def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str) 
     producers: dict[str, str] = {}
     inferred = onnx.shape_inference.infer_shapes(model)
     float_values = {
-        v.name for v in list(inferred.graph.value_info) + list(inferred.graph.output)
+        v.name
+        for v in list(inferred.graph.value_info) + list(inferred.graph.output)
         if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     }
     for node in model.graph.node:
@@ -124,7 +125,12 @@ def convert_fp16(
     hot = hot_nodes(peaks, max_abs_activation)
     blocked = sorted(set(hot) | set(keep_fp32_nodes))
     if hot:
-        log.info("keeping %d hot nodes in float32 (|activation| > %g): %s", len(hot), max_abs_activation, ", ".join(hot[:10]))
+        log.info(
+            "keeping %d hot nodes in float32 (|activation| > %g): %s",
+            len(hot),
+            max_abs_activation,
+            ", ".join(hot[:10]),
+        )
     model = onnx.load(str(onnx_path))
     _drop_initializer_value_info(model.graph)
     _unshare_initializers(model.graph, lambda n: n.op_type in set(keep_fp32_ops) or n.name in set(blocked))
@@ -143,8 +149,15 @@ def convert_fp16(
     except Exception as exc:  # noqa: BLE001
         raise ExportError(f"FP16 conversion of {onnx_path.name} failed: {type(exc).__name__}: {exc}") from exc
     _drop_fp16_round_trips(converted.graph, onnx.TensorProto)
-    _float_outputs(converted.graph, {o.name for o in onnx.load(str(onnx_path), load_external_data=False).graph.output
-                                     if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}, onnx.TensorProto)
+    _float_outputs(
+        converted.graph,
+        {
+            o.name
+            for o in onnx.load(str(onnx_path), load_external_data=False).graph.output
+            if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+        },
+        onnx.TensorProto,
+    )
     with atomic_path(out_path) as tmp:
         onnx.save_model(converted, str(tmp))
         try:
@@ -176,8 +189,11 @@ def _unshare_initializers(graph: Any, kept: Any) -> None:
         if float_nodes and len(float_nodes) < len(nodes):
             copy = graph.initializer.add()
             copy.CopyFrom(inits[name])
-            copy.name = next(f"{name}.fp32{'' if i == 0 else i}" for i in range(len(inits) + 1)
-                             if f"{name}.fp32{'' if i == 0 else i}" not in inits)
+            copy.name = next(
+                f"{name}.fp32{'' if i == 0 else i}"
+                for i in range(len(inits) + 1)
+                if f"{name}.fp32{'' if i == 0 else i}" not in inits
+            )
             for node in float_nodes:
                 node.input[:] = [copy.name if i == name else i for i in node.input]
 
@@ -208,6 +224,10 @@ def _float_outputs(graph: Any, float_names: set[str], types: Any) -> None:
     producer = {out: n for n in graph.node for out in n.output}
     for output in graph.output:
         node = producer.get(output.name)
-        if output.name in float_names and output.type.tensor_type.elem_type == types.FLOAT16 and _cast_to(node) == types.FLOAT16:
+        if (
+            output.name in float_names
+            and output.type.tensor_type.elem_type == types.FLOAT16
+            and _cast_to(node) == types.FLOAT16
+        ):
             next(a for a in node.attribute if a.name == "to").i = types.FLOAT
             output.type.tensor_type.elem_type = types.FLOAT

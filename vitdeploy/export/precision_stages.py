@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..base.vocab import ORT_FP16, ORT_INT8
 from ..base.errors import BackendError, ConfigError, ExportError, ValidationError
+from ..base.vocab import ORT_FP16, ORT_INT8
 from ..runtime.backends import first_line
 from .context import CPU, ExportContext, StageRecord
 from .onnx import INPUT_NAME
@@ -44,6 +44,7 @@ def _judge(ctx: ExportContext, path: Path, label: str, tolerance: Any) -> Any:
 
 # -- FP16 ---------------------------------------------------------------------------------------
 
+
 def _fp16(ctx: ExportContext, rec: StageRecord) -> Made:
     """model.fp16.onnx (export/precision.py); with ``export.fp16.autopilot`` the keep-float list is
     chosen by export/autopilot.py, starting from everything FP16 but the floor."""
@@ -51,34 +52,48 @@ def _fp16(ctx: ExportContext, rec: StageRecord) -> Made:
 
     section, path, gate = ctx.cfg.export.fp16, ctx.path("onnx-fp16"), ctx.cfg.validation.fp16
     onnx_path = ctx.path("onnx")
-    args = dict(calibration=ctx.inputs.batch, input_name=INPUT_NAME, keep_fp32_ops=section.keep_fp32_ops,
-                max_abs_activation=section.max_abs_activation)
+    args = dict(
+        calibration=ctx.inputs.batch,
+        input_name=INPUT_NAME,
+        keep_fp32_ops=section.keep_fp32_ops,
+        max_abs_activation=section.max_abs_activation,
+    )
     steps: tuple = ()
     if section.autopilot:
         from .autopilot import GateError, run_fp16_autopilot
 
         try:
-            pilot = run_fp16_autopilot(onnx_path, path, judge=lambda p: _judge(ctx, p, ORT_FP16, gate),
-                                       depth=ctx.loaded.config.depth, **args)
+            pilot = run_fp16_autopilot(
+                onnx_path, path, judge=lambda p: _judge(ctx, p, ORT_FP16, gate), depth=ctx.loaded.config.depth, **args
+            )
         except GateError as exc:  # the table goes into export-report.json
-            ctx.validation["validate-fp16"] = {"passed": False, "failures": list(exc.steps[-1].failures),
-                                               "autopilot": [s.to_dict() for s in exc.steps]}
+            ctx.validation["validate-fp16"] = {
+                "passed": False,
+                "failures": list(exc.steps[-1].failures),
+                "autopilot": [s.to_dict() for s in exc.steps],
+            }
             raise
         res, steps = pilot.result, pilot.steps
     else:
         res = convert_fp16(onnx_path, path, **args)
     ctx.extra["fp16"] = {**res.summary(), **({"autopilot": [s.to_dict() for s in steps]} if steps else {})}
     rec.reason = f"{len(res.kept_hot_nodes)} hot node(s) kept float32" + (
-        f"; autopilot: {steps[-1].name} ({len(steps)} step(s), {len(res.keep_float)} node(s) float32)"
-        if steps else "")
+        f"; autopilot: {steps[-1].name} ({len(steps)} step(s), {len(res.keep_float)} node(s) float32)" if steps else ""
+    )
     return (Artifact("onnx-fp16", path),)
 
 
-FP16 = Stage("fp16", _fp16, roles=("onnx-fp16",), gate=ort_gate("validate-fp16", "fp16", ORT_FP16),
-             skip=lambda ctx: None if ctx.cfg.export.fp16.enabled else "export.fp16.enabled is false")
+FP16 = Stage(
+    "fp16",
+    _fp16,
+    roles=("onnx-fp16",),
+    gate=ort_gate("validate-fp16", "fp16", ORT_FP16),
+    skip=lambda ctx: None if ctx.cfg.export.fp16.enabled else "export.fp16.enabled is false",
+)
 
 
 # -- INT8 ---------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class _Int8Target:
@@ -106,15 +121,27 @@ def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made
     with tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=out) as tmp:
         calib = _calibration(ctx) if mode == "static" else None
         pre = quantize.prepare(src, Path(tmp) / "pre.onnx", external_data=external, placement=placement)
-        kwargs = dict(input_name=INPUT_NAME, mode=mode, method=section.calibration_method, calibration=calib,
-                      external_data=external, placement=placement)
+        kwargs = dict(
+            input_name=INPUT_NAME,
+            mode=mode,
+            method=section.calibration_method,
+            calibration=calib,
+            external_data=external,
+            placement=placement,
+        )
         steps: tuple = ()
         if section.autopilot:
             from .autopilot import GateError, run_autopilot
 
             try:
-                pilot = run_autopilot(pre, path, judge=lambda p: _judge(ctx, p, target.label, gate),
-                                      depth=ctx.loaded.config.depth, stage=f"validate-{target.stage}", **kwargs)
+                pilot = run_autopilot(
+                    pre,
+                    path,
+                    judge=lambda p: _judge(ctx, p, target.label, gate),
+                    depth=ctx.loaded.config.depth,
+                    stage=f"validate-{target.stage}",
+                    **kwargs,
+                )
             except GateError as exc:
                 record["autopilot"] = [s.to_dict() for s in exc.steps]
                 raise
@@ -125,12 +152,19 @@ def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made
         record.update(res.summary())
         ops = "/".join(placement.op_types)
         if not res.quantized_nodes:
-            log.warning("%s passes validation.int8 only with every %s in float: it runs at FP32 speed (loosen "
-                        "validation.int8, or set %s: false)", path.name, ops, target.switch)
-        rec.reason = (f"{len(res.quantized_nodes)} {ops} INT8, {len(res.keep_float)} float"
-                      + (f" (autopilot, {len(steps)} step(s))" if steps else "") + f", {mode}"
-                      + (f", {res.method} on {res.calibration_images} images" if res.method else
-                         f"; {quantize.DYNAMIC_CAVEAT}"))
+            log.warning(
+                "%s passes validation.int8 only with every %s in float: it runs at FP32 speed (loosen "
+                "validation.int8, or set %s: false)",
+                path.name,
+                ops,
+                target.switch,
+            )
+        rec.reason = (
+            f"{len(res.quantized_nodes)} {ops} INT8, {len(res.keep_float)} float"
+            + (f" (autopilot, {len(steps)} step(s))" if steps else "")
+            + f", {mode}"
+            + (f", {res.method} on {res.calibration_images} images" if res.method else f"; {quantize.DYNAMIC_CAVEAT}")
+        )
     return (Artifact(target.role, path, tuple(res.external_data)),)
 
 
@@ -139,8 +173,12 @@ def _calibration(ctx: ExportContext) -> np.ndarray:
     from .quantize import calibration_batch
 
     section = ctx.cfg.export.int8
-    return calibration_batch(ctx.inputs.batch, ctx.inputs.names, max_images=section.calibration_images,
-                             min_images=section.min_calibration_images)
+    return calibration_batch(
+        ctx.inputs.batch,
+        ctx.inputs.names,
+        max_images=section.calibration_images,
+        min_images=section.min_calibration_images,
+    )
 
 
 def _validated(target: _Int8Target) -> Callable[[ExportContext, Made], bool]:
@@ -179,8 +217,10 @@ def _worth_running(target: _Int8Target) -> Callable[[ExportContext, Made], bool]
             if check.worth_it:
                 rec.reason = verdict
                 return True
-            why = (f"{path.name} not shipped: {verdict}, below export.int8.min_speedup {minimum:g}; INT8 does not pay "
-                   f"for this model on this machine (set export.int8.min_speedup: 0 to ship it anyway)")
+            why = (
+                f"{path.name} not shipped: {verdict}, below export.int8.min_speedup {minimum:g}; INT8 does not pay "
+                f"for this model on this machine (set export.int8.min_speedup: 0 to ship it anyway)"
+            )
             if _int8_required(target)(ctx):
                 raise ExportError(why)
             rec.status, rec.reason = "skipped", why
@@ -201,14 +241,24 @@ def _int8_row(target: _Int8Target, skip: Callable[[ExportContext], str | None], 
     not met, too slow) is fatal when its switch is true; otherwise the export goes on without it."""
 
     def dropped(ctx: ExportContext, exc: BaseException) -> None:
-        log.warning("%s not written (%s: auto; the export goes on without it): %s", ctx.path(target.role).name,
-                    target.switch, first_line(exc))
+        log.warning(
+            "%s not written (%s: auto; the export goes on without it): %s",
+            ctx.path(target.role).name,
+            target.switch,
+            first_line(exc),
+        )
 
-    return Stage(target.stage, lambda ctx, rec: _quantize(ctx, rec, target), skip=skip, roles=(target.role,),
-                 gate=ort_gate(f"validate-{target.stage}", "int8", target.label),
-                 ships=(_worth_running if timed else _validated)(target),
-                 fallible=(ConfigError, ExportError, BackendError, ValidationError), required=_int8_required(target),
-                 dropped=dropped)
+    return Stage(
+        target.stage,
+        lambda ctx, rec: _quantize(ctx, rec, target),
+        skip=skip,
+        roles=(target.role,),
+        gate=ort_gate(f"validate-{target.stage}", "int8", target.label),
+        ships=(_worth_running if timed else _validated)(target),
+        fallible=(ConfigError, ExportError, BackendError, ValidationError),
+        required=_int8_required(target),
+        dropped=dropped,
+    )
 
 
 def _skip_int8_tensorrt(ctx: ExportContext) -> str | None:
@@ -222,13 +272,32 @@ def _skip_int8_tensorrt(ctx: ExportContext) -> str | None:
 
 #: model.int8.onnx from the fused graph (model.onnx without it), for ONNX Runtime on the CPU
 INT8 = _int8_row(
-    _Int8Target("int8", "onnx-int8", "int8", ORT_CPU, "export.int8.enabled", ORT_INT8,
-                source=lambda ctx: ctx.artifacts.get("onnx-ort", ctx.artifacts["onnx"]),
-                mode=lambda ctx: ctx.cfg.export.int8.mode),
-    skip=lambda ctx: "export.int8.enabled is false" if ctx.cfg.export.int8.enabled is False else None, timed=True)
+    _Int8Target(
+        "int8",
+        "onnx-int8",
+        "int8",
+        ORT_CPU,
+        "export.int8.enabled",
+        ORT_INT8,
+        source=lambda ctx: ctx.artifacts.get("onnx-ort", ctx.artifacts["onnx"]),
+        mode=lambda ctx: ctx.cfg.export.int8.mode,
+    ),
+    skip=lambda ctx: "export.int8.enabled is false" if ctx.cfg.export.int8.enabled is False else None,
+    timed=True,
+)
 #: model.int8.trt.onnx (placement TENSORRT) from the plain graph: the graph the INT8 TensorRT engine is
 #: built from, judged here by ONNX Runtime on the CPU
 INT8_TENSORRT = _int8_row(
-    _Int8Target("int8-trt", "onnx-int8-trt", "int8_tensorrt", TENSORRT, "export.int8.tensorrt",
-                "ort (model.int8.trt.onnx)", source=lambda ctx: ctx.artifacts["onnx"], mode=lambda ctx: "static"),
-    skip=_skip_int8_tensorrt, timed=False)
+    _Int8Target(
+        "int8-trt",
+        "onnx-int8-trt",
+        "int8_tensorrt",
+        TENSORRT,
+        "export.int8.tensorrt",
+        "ort (model.int8.trt.onnx)",
+        source=lambda ctx: ctx.artifacts["onnx"],
+        mode=lambda ctx: "static",
+    ),
+    skip=_skip_int8_tensorrt,
+    timed=False,
+)

@@ -62,9 +62,13 @@ class Placement:
     float_first: tuple[str, ...]  # op types the autopilot returns to float before going block by block
 
     def describe(self) -> dict[str, Any]:
-        return {"placement": self.name, "quantized_ops": list(self.op_types),
-                "activations": f"{self.activations} {'symmetric' if self.symmetric_activations else 'asymmetric'}",
-                "weights": "int8 symmetric per channel", "bias": "int32" if self.quantize_bias else "float"}
+        return {
+            "placement": self.name,
+            "quantized_ops": list(self.op_types),
+            "activations": f"{self.activations} {'symmetric' if self.symmetric_activations else 'asymmetric'}",
+            "weights": "int8 symmetric per channel",
+            "bias": "int32" if self.quantize_bias else "float",
+        }
 
 
 #: model.int8.onnx for ONNX Runtime on x86 (see the module docstring for each choice).
@@ -72,9 +76,11 @@ ORT_CPU = Placement("onnxruntime-cpu", QUANTIZED_OPS, "uint8", False, True, True
 #: model.int8.trt.onnx for TensorRT's explicit quantization (the classifier head and the patch
 #: embedding, the layers nearest the output and the input, are the first returned to float).
 TENSORRT = Placement("tensorrt", ("MatMul", "Gemm", "Conv"), "int8", True, False, False, ("Gemm", "Conv"))
-DYNAMIC_CAVEAT = ("export.int8.mode is dynamic: activation ranges are computed per batch, so an image's answer "
-                  "depends on the other images in its batch (under `serve`'s dynamic batching, on other users' "
-                  "requests); use mode: static for batch-invariant answers")
+DYNAMIC_CAVEAT = (
+    "export.int8.mode is dynamic: activation ranges are computed per batch, so an image's answer "
+    "depends on the other images in its batch (under `serve`'s dynamic batching, on other users' "
+    "requests); use mode: static for batch-invariant answers"
+)
 _METHODS = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile"}
 
 
@@ -93,8 +99,14 @@ class Int8Result:
         described = self.placement.describe()
         if self.mode != "static":
             described["activations"] += " (per batch)"
-        return {"mode": self.mode, "calibration_method": self.method, "calibration_images": self.calibration_images,
-                **described, "quantized_nodes": len(self.quantized_nodes), "keep_float": list(self.keep_float)}
+        return {
+            "mode": self.mode,
+            "calibration_method": self.method,
+            "calibration_images": self.calibration_images,
+            **described,
+            "quantized_nodes": len(self.quantized_nodes),
+            "keep_float": list(self.keep_float),
+        }
 
 
 def calibration_batch(batch: np.ndarray, names: Sequence[str], *, max_images: int, min_images: int) -> np.ndarray:
@@ -104,9 +116,11 @@ def calibration_batch(batch: np.ndarray, names: Sequence[str], *, max_images: in
     rows = [i for i, n in enumerate(names) if not n.startswith("noise:")][:max_images]
     if len(rows) < min_images:
         raise ConfigError(
-            f"export.int8: {len(rows)} readable validation image(s) to calibrate on, export.int8.min_calibration_images "
+            f"export.int8: {len(rows)} readable validation image(s) to calibrate on, "
+            "export.int8.min_calibration_images "
             f"is {min_images}; point validation.images at a folder with more real images (or lower "
-            f"export.int8.min_calibration_images, or set export.int8.mode: dynamic, or export.int8.enabled: false)")
+            f"export.int8.min_calibration_images, or set export.int8.mode: dynamic, or export.int8.enabled: false)"
+        )
     return np.ascontiguousarray(batch[rows], dtype=np.float32)
 
 
@@ -137,16 +151,30 @@ def prepare(src: Path, dst: Path, *, external_data: bool = False, placement: Pla
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     try:
-        quant_pre_process(str(src), str(dst), skip_optimization=not placement.optimize_first,
-                          save_as_external_data=external_data, external_data_location=f"{dst.name}.data")
+        quant_pre_process(
+            str(src),
+            str(dst),
+            skip_optimization=not placement.optimize_first,
+            save_as_external_data=external_data,
+            external_data_location=f"{dst.name}.data",
+        )
     except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
         raise ExportError(f"INT8 pre-processing of {src.name} failed: {first_line(exc)}") from exc
     return dst
 
 
-def quantize_prepared(pre: Path, dst: Path, *, input_name: str, mode: str = "static", method: str = "minmax",
-                      calibration: np.ndarray | None = None, keep_float: Sequence[str] = (),
-                      external_data: bool = False, placement: Placement = ORT_CPU) -> Int8Result:
+def quantize_prepared(
+    pre: Path,
+    dst: Path,
+    *,
+    input_name: str,
+    mode: str = "static",
+    method: str = "minmax",
+    calibration: np.ndarray | None = None,
+    keep_float: Sequence[str] = (),
+    external_data: bool = False,
+    placement: Placement = ORT_CPU,
+) -> Int8Result:
     """Quantize the pre-processed graph ``pre`` into ``dst`` (atomically); ``keep_float``: nodes left in float.
 
     ``calibration`` (N, C, H, W) float32 is required in static mode (the only mode of a placement
@@ -155,15 +183,22 @@ def quantize_prepared(pre: Path, dst: Path, *, input_name: str, mode: str = "sta
     if mode == "static" and (calibration is None or not len(calibration)):
         raise ConfigError("export.int8: static quantization needs calibration images (validation.images)")
     if mode != "static" and placement != ORT_CPU:
-        raise ConfigError(f"export.int8: the {placement.name} INT8 graph is static only (calibrated activation ranges)")
+        raise ConfigError(
+            f"export.int8: the {placement.name} INT8 graph is static only (calibrated activation ranges)"
+        )
     if method not in _METHODS:
         raise ConfigError(f"export.int8.calibration_method {method!r}: choose one of {', '.join(_METHODS)}")
     ops = list(placement.op_types)
     nodes = [n for n in quantizable_nodes(pre, ops) if n not in set(keep_float)]
     with tempfile.TemporaryDirectory(prefix=".int8-", dir=dst.parent) as tmp:
         out = Path(tmp) / dst.name
-        common = dict(op_types_to_quantize=ops, nodes_to_exclude=list(keep_float), per_channel=True,
-                      weight_type=quant.QuantType.QInt8, use_external_data_format=external_data)
+        common = dict(
+            op_types_to_quantize=ops,
+            nodes_to_exclude=list(keep_float),
+            per_channel=True,
+            weight_type=quant.QuantType.QInt8,
+            use_external_data_format=external_data,
+        )
         try:
             if mode == "dynamic":
                 log.warning(DYNAMIC_CAVEAT)
@@ -171,11 +206,20 @@ def quantize_prepared(pre: Path, dst: Path, *, input_name: str, mode: str = "sta
             else:
                 activations = quant.QuantType.QInt8 if placement.activations == "int8" else quant.QuantType.QUInt8
                 quant.quantize_static(
-                    str(pre), str(out), _reader(calibration, input_name), quant_format=quant.QuantFormat.QDQ,
-                    activation_type=activations, calibrate_method=getattr(quant.CalibrationMethod, _METHODS[method]),
-                    extra_options={"WeightSymmetric": True, "ActivationSymmetric": placement.symmetric_activations,
-                                   "QuantizeBias": placement.quantize_bias,
-                                   "OpTypesToExcludeOutputQuantization": ops}, **common)
+                    str(pre),
+                    str(out),
+                    _reader(calibration, input_name),
+                    quant_format=quant.QuantFormat.QDQ,
+                    activation_type=activations,
+                    calibrate_method=getattr(quant.CalibrationMethod, _METHODS[method]),
+                    extra_options={
+                        "WeightSymmetric": True,
+                        "ActivationSymmetric": placement.symmetric_activations,
+                        "QuantizeBias": placement.quantize_bias,
+                        "OpTypesToExcludeOutputQuantization": ops,
+                    },
+                    **common,
+                )
         except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
             raise ExportError(f"INT8 quantization of {pre.name} failed: {first_line(exc)}") from exc
         extra: list[Path] = []
@@ -186,12 +230,21 @@ def quantize_prepared(pre: Path, dst: Path, *, input_name: str, mode: str = "sta
         with atomic_path(dst) as final_tmp:
             os.replace(out, final_tmp)
     static = mode == "static"
-    return Int8Result(dst, mode, method if static else None, len(calibration) if static and calibration is not None else 0,
-                      tuple(nodes), tuple(keep_float), tuple(extra), placement)
+    return Int8Result(
+        dst,
+        mode,
+        method if static else None,
+        len(calibration) if static and calibration is not None else 0,
+        tuple(nodes),
+        tuple(keep_float),
+        tuple(extra),
+        placement,
+    )
 
 
-def quantize_int8(src: Path, dst: Path, *, external_data: bool = False, placement: Placement = ORT_CPU,
-                  **kwargs: Any) -> Int8Result:
+def quantize_int8(
+    src: Path, dst: Path, *, external_data: bool = False, placement: Placement = ORT_CPU, **kwargs: Any
+) -> Int8Result:
     """Write ``dst``, the INT8 graph of the FP32 graph ``src``: :func:`prepare`, then
     :func:`quantize_prepared` (same keyword arguments). ``placement=TENSORRT`` with ``src``
     model.onnx writes the graph TensorRT builds its INT8 engine from."""
@@ -200,6 +253,16 @@ def quantize_int8(src: Path, dst: Path, *, external_data: bool = False, placemen
         return quantize_prepared(pre, dst, external_data=external_data, placement=placement, **kwargs)
 
 
-
-__all__ = ["DYNAMIC_CAVEAT", "Int8Result", "ORT_CPU", "Placement", "QUANTIZED_OPS", "TENSORRT", "calibration_batch", "prepare", "quantizable_nodes", "quantize_int8",
-           "quantize_prepared"]
+__all__ = [
+    "DYNAMIC_CAVEAT",
+    "Int8Result",
+    "ORT_CPU",
+    "Placement",
+    "QUANTIZED_OPS",
+    "TENSORRT",
+    "calibration_batch",
+    "prepare",
+    "quantizable_nodes",
+    "quantize_int8",
+    "quantize_prepared",
+]

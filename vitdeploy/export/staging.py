@@ -31,9 +31,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from ..base.vocab import TIMING_CACHE_NAME
 from ..base._files import folder_mode
 from ..base.errors import ExportError
+from ..base.vocab import TIMING_CACHE_NAME
 from ..runtime.artifacts import MANIFEST_NAME
 
 log = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ def is_ours(name: str, names: set[str]) -> bool:
 
 
 # ------------------------------------------------------------------------------------------ cleaning
+
 
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
@@ -99,6 +100,7 @@ def clean_stale(final: Path, names: set[str]) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------------ staging
+
 
 def make_staging(final: Path) -> tuple[Path, bool]:
     """(staging folder, beside): beside the output folder when its parent is writable, else inside it."""

@@ -31,13 +31,23 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..base._files import atomic_path
 from ..base._deps import require
+from ..base._files import atomic_path
 from ..base.errors import ConfigError, ExportError
 from ..runtime.artifacts import sha256_file
-from ..runtime.backends.trt import (CANCEL, INSTALL_HINT, EngineMetadata, _TorchCuda, capture_errors, cuda_major_mismatch,
-                                    quote_errors, start_tensorrt, tensorrt_cuda_major, trt_logger,
-                                    unavailable_reason)
+from ..runtime.backends.trt import (
+    CANCEL,
+    INSTALL_HINT,
+    EngineMetadata,
+    _TorchCuda,
+    capture_errors,
+    cuda_major_mismatch,
+    quote_errors,
+    start_tensorrt,
+    tensorrt_cuda_major,
+    trt_logger,
+    unavailable_reason,
+)
 from ..runtime.cuda import GpuIdentity, cuda_index, gpu_identity
 
 log = logging.getLogger(__name__)
@@ -86,33 +96,62 @@ def _int_setting(key: str, value: Any, low: int, high: int | None = None) -> int
     return value
 
 
-def plan_engine_build(onnx_path: str | Path, engine_path: str | Path, *, input_name: str = "pixel_values",
-                      chw: tuple[int, int, int], min_batch: int = 1, opt_batch: int = 8, max_batch: int = 32,
-                      workspace_mb: int = 4096, optimization_level: int = 3,
-                      timing_cache_path: str | Path | None = None, precision: str = "fp16",
-                      device: str | int | None = None) -> EngineBuildPlan:
+def plan_engine_build(
+    onnx_path: str | Path,
+    engine_path: str | Path,
+    *,
+    input_name: str = "pixel_values",
+    chw: tuple[int, int, int],
+    min_batch: int = 1,
+    opt_batch: int = 8,
+    max_batch: int = 32,
+    workspace_mb: int = 4096,
+    optimization_level: int = 3,
+    timing_cache_path: str | Path | None = None,
+    precision: str = "fp16",
+    device: str | int | None = None,
+) -> EngineBuildPlan:
     """Validate the build settings; ConfigError naming the offending key otherwise."""
     for key, value in (("min_batch", min_batch), ("opt_batch", opt_batch), ("max_batch", max_batch)):
         _int_setting(key, value, 1)
     if min_batch > opt_batch:
-        raise ConfigError(f"TensorRT build setting min_batch={min_batch} is larger than opt_batch={opt_batch}: need min_batch <= opt_batch <= max_batch")
+        raise ConfigError(
+            f"TensorRT build setting min_batch={min_batch} is larger than opt_batch={opt_batch}: need min_batch <= "
+            "opt_batch <= max_batch"
+        )
     if opt_batch > max_batch:
-        raise ConfigError(f"TensorRT build setting opt_batch={opt_batch} is larger than max_batch={max_batch}: need min_batch <= opt_batch <= max_batch")
+        raise ConfigError(
+            f"TensorRT build setting opt_batch={opt_batch} is larger than max_batch={max_batch}: need min_batch <= "
+            "opt_batch <= max_batch"
+        )
     _int_setting("workspace_mb", workspace_mb, 1)
     _int_setting("optimization_level", optimization_level, 0, 5)
     if not isinstance(input_name, str) or not input_name:
-        raise ConfigError(f"TensorRT build setting input_name={input_name!r}: expected a non-empty string (the ONNX input, e.g. 'pixel_values')")
+        raise ConfigError(
+            f"TensorRT build setting input_name={input_name!r}: expected a non-empty string (the ONNX input, e.g. "
+            "'pixel_values')"
+        )
     if not isinstance(chw, (tuple, list)) or len(chw) != 3:
         raise ConfigError(f"TensorRT build setting chw={chw!r}: expected (channels, height, width)")
     for axis, value in zip(("chw[0] (channels)", "chw[1] (height)", "chw[2] (width)"), chw):
         _int_setting(axis, value, 1)
     if precision not in _PRECISIONS:
-        raise ConfigError(f"TensorRT build setting precision={precision!r}: expected one of {_PRECISIONS} (the ONNX graph's precision)")
+        raise ConfigError(
+            f"TensorRT build setting precision={precision!r}: expected one of {_PRECISIONS} (the ONNX graph's "
+            "precision)"
+        )
     return EngineBuildPlan(
-        onnx_path=Path(onnx_path), engine_path=Path(engine_path), input_name=input_name,
-        chw=(int(chw[0]), int(chw[1]), int(chw[2])), min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
-        workspace_bytes=workspace_mb * _MIB, optimization_level=optimization_level,
-        timing_cache_path=Path(timing_cache_path) if timing_cache_path is not None else None, precision=precision,
+        onnx_path=Path(onnx_path),
+        engine_path=Path(engine_path),
+        input_name=input_name,
+        chw=(int(chw[0]), int(chw[1]), int(chw[2])),
+        min_batch=min_batch,
+        opt_batch=opt_batch,
+        max_batch=max_batch,
+        workspace_bytes=workspace_mb * _MIB,
+        optimization_level=optimization_level,
+        timing_cache_path=Path(timing_cache_path) if timing_cache_path is not None else None,
+        precision=precision,
         device=cuda_index("cuda:0" if device == "cpu" else device),
     )
 
@@ -150,8 +189,10 @@ def _network_flags(trt: Any, major: int) -> int:
         return 0
     flag = getattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED", None)
     if flag is None:
-        raise ExportError(f"this TensorRT ({major}.x) has no NetworkDefinitionCreationFlag.STRONGLY_TYPED: "
-                          f"vitdeploy needs TensorRT >= 10.0 ({INSTALL_HINT})")
+        raise ExportError(
+            f"this TensorRT ({major}.x) has no NetworkDefinitionCreationFlag.STRONGLY_TYPED: "
+            f"vitdeploy needs TensorRT >= 10.0 ({INSTALL_HINT})"
+        )
     return 1 << int(flag)
 
 
@@ -212,7 +253,11 @@ def _attach_timing_cache(config: Any, path: Path | None) -> None:
         if cache is not None and config.set_timing_cache(cache, ignore_mismatch=False):
             log.info("TensorRT timing cache: reusing %s (%d bytes)", path, len(data))
             return
-        log.warning("TensorRT timing cache %s was made by another TensorRT version or GPU; starting an empty one (the file will be replaced)", path)
+        log.warning(
+            "TensorRT timing cache %s was made by another TensorRT version or GPU; starting an empty one (the file "
+            "will be replaced)",
+            path,
+        )
     cache = config.create_timing_cache(b"")
     if cache is None or not config.set_timing_cache(cache, ignore_mismatch=False):
         raise ExportError(f"TensorRT could not create a timing cache for {path}")
@@ -231,8 +276,12 @@ def _save_timing_cache(config: Any, path: Path | None) -> None:
         with atomic_path(path) as tmp, open(tmp, "wb") as handle:
             handle.write(memoryview(cache.serialize()))
     except Exception as exc:  # noqa: BLE001 - the cache only speeds up the next build
-        log.warning("TensorRT timing cache not saved to %s (%s); the engine is fine, the next build just starts "
-                    "without it. Set tensorrt.timing_cache to a writable file to keep it", path, exc)
+        log.warning(
+            "TensorRT timing cache not saved to %s (%s); the engine is fine, the next build just starts "
+            "without it. Set tensorrt.timing_cache to a writable file to keep it",
+            path,
+            exc,
+        )
         return
     log.info("TensorRT timing cache: saved %s", path)
 
@@ -318,8 +367,14 @@ def _progress_monitor(trt: Any, report: Callable[[str], None] | None) -> Any:
 # the build
 
 
-def build_engine(plan: EngineBuildPlan, trt: Any = None, *, device_probe: Callable[[int], GpuIdentity] | None = None,
-                 cuda: Any = None, progress: Callable[[str], None] | None = None) -> EngineMetadata:
+def build_engine(
+    plan: EngineBuildPlan,
+    trt: Any = None,
+    *,
+    device_probe: Callable[[int], GpuIdentity] | None = None,
+    cuda: Any = None,
+    progress: Callable[[str], None] | None = None,
+) -> EngineMetadata:
     """Build ``plan.engine_path`` (+ its .json) from ``plan.onnx_path`` on cuda:``plan.device``.
 
     ``trt``: the tensorrt module (imported when None). ``device_probe(index)``: the GPU the engine
@@ -338,7 +393,9 @@ def build_engine(plan: EngineBuildPlan, trt: Any = None, *, device_probe: Callab
     if major < 10:
         raise ExportError(f"TensorRT {version} is too old: vitdeploy needs TensorRT 10.x or 11.x ({INSTALL_HINT})")
     cuda = cuda if cuda is not None else _TorchCuda()
-    mismatch = cuda_major_mismatch(tensorrt_cuda_major(), getattr(cuda, "cuda_version", None), getattr(cuda, "torch_version", ""))
+    mismatch = cuda_major_mismatch(
+        tensorrt_cuda_major(), getattr(cuda, "cuda_version", None), getattr(cuda, "torch_version", "")
+    )
     if mismatch:
         raise ExportError(mismatch)
     gpu = (device_probe or gpu_identity)(plan.device)
@@ -353,18 +410,27 @@ def build_engine(plan: EngineBuildPlan, trt: Any = None, *, device_probe: Callab
     if CANCEL.is_set():
         raise KeyboardInterrupt("TensorRT engine build cancelled")
     if serialized is None:
-        raise ExportError(f"TensorRT {version} failed to build an engine from {plan.onnx_path} on cuda:{plan.device} "
-                          f"{gpu.describe()}{quote_errors(errors)}; check that input '{plan.input_name}' exists with shape "
-                          f"(batch, {', '.join(map(str, plan.chw))}) and try a larger workspace_mb (now {plan.workspace_mb})")
+        raise ExportError(
+            f"TensorRT {version} failed to build an engine from {plan.onnx_path} on cuda:{plan.device} "
+            f"{gpu.describe()}{quote_errors(errors)}; check that input '{plan.input_name}' exists with shape "
+            f"(batch, {', '.join(map(str, plan.chw))}) and try a larger workspace_mb (now {plan.workspace_mb})"
+        )
 
     precision_text = f"{plan.precision} (strongly typed from the {plan.precision.upper()} ONNX graph)"
     if plan.precision == "int8":
         precision_text = "int8 (explicit quantization: strongly typed from the Q/DQ ONNX graph, the rest float32)"
     meta = EngineMetadata(
-        tensorrt_version=version, gpu_name=gpu.name, compute_capability=gpu.compute_capability,
-        profile={"min": plan.min_batch, "opt": plan.opt_batch, "max": plan.max_batch}, input=plan.input_name,
-        chw=plan.chw, precision=precision_text, onnx_sha256=sha256_file(plan.onnx_path), workspace_mb=plan.workspace_mb,
-        optimization_level=plan.optimization_level, built=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        tensorrt_version=version,
+        gpu_name=gpu.name,
+        compute_capability=gpu.compute_capability,
+        profile={"min": plan.min_batch, "opt": plan.opt_batch, "max": plan.max_batch},
+        input=plan.input_name,
+        chw=plan.chw,
+        precision=precision_text,
+        onnx_sha256=sha256_file(plan.onnx_path),
+        workspace_mb=plan.workspace_mb,
+        optimization_level=plan.optimization_level,
+        built=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
     _write_engine_pair(plan, memoryview(serialized), meta)
     log.info("wrote %s and %s", plan.engine_path, plan.meta_path)
@@ -372,8 +438,14 @@ def build_engine(plan: EngineBuildPlan, trt: Any = None, *, device_probe: Callab
     return meta
 
 
-def _build(plan: EngineBuildPlan, trt: Any, major: int, gpu: GpuIdentity, errors: list[str],
-           progress: Callable[[str], None] | None) -> tuple[Any, Any]:
+def _build(
+    plan: EngineBuildPlan,
+    trt: Any,
+    major: int,
+    gpu: GpuIdentity,
+    errors: list[str],
+    progress: Callable[[str], None] | None,
+) -> tuple[Any, Any]:
     """Parse and build with the plan's GPU current; (serialized engine or None, builder config)."""
     version = str(trt.__version__)
     builder = start_tensorrt(trt, "Builder", plan.device, ExportError)
@@ -383,9 +455,14 @@ def _build(plan: EngineBuildPlan, trt: Any, major: int, gpu: GpuIdentity, errors
     # parse_from_file (not parse(bytes)) so external data files beside the ONNX graph resolve.
     if not parser.parse_from_file(str(plan.onnx_path)):
         found = [str(parser.get_error(i)) for i in range(int(parser.num_errors))]
-        listing = "\n".join(f"  {i + 1}. {text}" for i, text in enumerate(found)) or "  (the parser reported no details)"
-        raise ExportError(f"TensorRT {version} could not parse {plan.onnx_path} ({len(found)} error(s)):\n{listing}\n"
-                          "Check the graph with onnx.checker and ONNX Runtime, or use a TensorRT version that supports these operators.")
+        listing = (
+            "\n".join(f"  {i + 1}. {text}" for i, text in enumerate(found)) or "  (the parser reported no details)"
+        )
+        raise ExportError(
+            f"TensorRT {version} could not parse {plan.onnx_path} ({len(found)} error(s)):\n{listing}\n"
+            "Check the graph with onnx.checker and ONNX Runtime, or use a TensorRT version that supports these "
+            "operators."
+        )
 
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, plan.workspace_bytes)
@@ -401,14 +478,27 @@ def _build(plan: EngineBuildPlan, trt: Any, major: int, gpu: GpuIdentity, errors
     try:
         profile.set_shape(plan.input_name, shape_min, shape_opt, shape_max)
     except RuntimeError as exc:
-        raise ExportError(f"TensorRT rejected the optimisation profile {shape_min}/{shape_opt}/{shape_max} for input "
-                          f"'{plan.input_name}' ({exc}){quote_errors(errors)}") from exc
+        raise ExportError(
+            f"TensorRT rejected the optimisation profile {shape_min}/{shape_opt}/{shape_max} for input "
+            f"'{plan.input_name}' ({exc}){quote_errors(errors)}"
+        ) from exc
     if config.add_optimization_profile(profile) < 0:
-        raise ExportError(f"TensorRT rejected the optimisation profile {shape_min}/{shape_opt}/{shape_max} for input "
-                          f"'{plan.input_name}' of {plan.onnx_path}{quote_errors(errors)}")
+        raise ExportError(
+            f"TensorRT rejected the optimisation profile {shape_min}/{shape_opt}/{shape_max} for input "
+            f"'{plan.input_name}' of {plan.onnx_path}{quote_errors(errors)}"
+        )
     _attach_timing_cache(config, plan.timing_cache_path)
 
-    log.info("building TensorRT %s engine from %s on cuda:%d %s (batch %d/%d/%d, workspace %d MiB, level %d)", version,
-             plan.onnx_path, plan.device, gpu.describe(), plan.min_batch, plan.opt_batch, plan.max_batch, plan.workspace_mb,
-             plan.optimization_level)
+    log.info(
+        "building TensorRT %s engine from %s on cuda:%d %s (batch %d/%d/%d, workspace %d MiB, level %d)",
+        version,
+        plan.onnx_path,
+        plan.device,
+        gpu.describe(),
+        plan.min_batch,
+        plan.opt_batch,
+        plan.max_batch,
+        plan.workspace_mb,
+        plan.optimization_level,
+    )
     return builder.build_serialized_network(network, config), config

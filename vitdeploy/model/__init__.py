@@ -1,7 +1,7 @@
 """The ViT network and its checkpoint loaders. Needs torch."""
 
 from .checkpoints import LoadedCheckpoint, detect_format, load_checkpoint, save_checkpoint
-from .vit import VARIANTS, ViTConfig, VisionTransformer, resample_pos_embed
+from .vit import VARIANTS, VisionTransformer, ViTConfig, resample_pos_embed
 
 __all__ = [
     "VARIANTS",

@@ -34,10 +34,11 @@ from .formats import read_state_dict, shorten, to_float32
 from .provenance import CONFIG, Preprocessing
 from .readers import LoadOptions, Source, reader_for
 from .readers.resolve import resolve_source
-from .readers.vitdeploy import FORMAT as OUR_FORMAT, VERSION as OUR_VERSION
+from .readers.vitdeploy import FORMAT as OUR_FORMAT
+from .readers.vitdeploy import VERSION as OUR_VERSION
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .vit import ViTConfig, VisionTransformer
+    from .vit import VisionTransformer, ViTConfig
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +62,21 @@ class LoadedCheckpoint:
 
 
 def detect_format(path: str | os.PathLike) -> str:
-    """"vitdeploy", "timm", "hf" or "torchvision", from the contents; CheckpointError otherwise."""
+    """ "vitdeploy", "timm", "hf" or "torchvision", from the contents; CheckpointError otherwise."""
     return resolve_source(Path(path)).format
 
 
-def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, num_classes: int | None = None,
-                    variant: str | None = None, num_heads: int | None = None, act: str | None = None,
-                    layer_norm_eps: float | None = None, pool: str | None = None) -> LoadedCheckpoint:
+def load_checkpoint(
+    path: str | os.PathLike,
+    *,
+    image_size: int | None = None,
+    num_classes: int | None = None,
+    variant: str | None = None,
+    num_heads: int | None = None,
+    act: str | None = None,
+    layer_norm_eps: float | None = None,
+    pool: str | None = None,
+) -> LoadedCheckpoint:
     """Load ``path`` strictly into a float32 VisionTransformer in eval mode.
 
     image_size: build the model for this input size; learned position embeddings are resampled
@@ -109,9 +118,11 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     notes = list(pre.notes if pre else ()) + list(read.notes)
     if follow is not None:  # the size the source library runs at, not its config's
         cfg, state, _ = _resize(cfg, state, None, follow, where, antialias=antialias)
-        notes.append(f"{where.name}: runs at the processor's {follow}x{follow} crop, not config.json's image_size "
-                     f"{native}: the position table is resampled once (bicubic{', antialiased' if antialias else ''}) "
-                     "as transformers resamples it at every call; model.image_size sets another size")
+        notes.append(
+            f"{where.name}: runs at the processor's {follow}x{follow} crop, not config.json's image_size "
+            f"{native}: the position table is resampled once (bicubic{', antialiased' if antialias else ''}) "
+            "as transformers resamples it at every call; model.image_size sets another size"
+        )
     elif image_size is not None and image_size != cfg.image_size:
         cfg, state, pre = _resize(cfg, state, pre, image_size, where, antialias=antialias)
 
@@ -121,21 +132,35 @@ def load_checkpoint(path: str | os.PathLike, *, image_size: int | None = None, n
     if read.heads_origin.startswith("library default (assumed)"):
         notes.insert(0, f"{where.name}: assumed {cfg.heads} attention heads: {read.heads_origin.split(': ', 1)[1]}")
     logger.info("loaded %s checkpoint %s: %s", src.format, where, cfg)
-    return LoadedCheckpoint(model=model, config=cfg, labels=labels, preprocess=pre.spec if pre else None,
-                            source_format=src.format, name=src.name,
-                            preprocess_origins=dict(pre.origins) if pre else {}, heads_origin=read.heads_origin,
-                            native_image_size=native, notes=tuple(notes))
+    return LoadedCheckpoint(
+        model=model,
+        config=cfg,
+        labels=labels,
+        preprocess=pre.spec if pre else None,
+        source_format=src.format,
+        name=src.name,
+        preprocess_origins=dict(pre.origins) if pre else {},
+        heads_origin=read.heads_origin,
+        native_image_size=native,
+        notes=tuple(notes),
+    )
 
 
 def _check_stored(cfg: "ViTConfig", where: Path, **given: Any) -> None:
     """A value given for what the checkpoint stores must agree with it."""
     stored = {"num_heads": cfg.heads, "act": cfg.act, "layer_norm_eps": cfg.layer_norm_eps, "pool": cfg.pool}
-    keys = {"num_heads": "model.num_heads", "act": "model.activation", "layer_norm_eps": "model.layer_norm_eps",
-            "pool": "model.pool"}
+    keys = {
+        "num_heads": "model.num_heads",
+        "act": "model.activation",
+        "layer_norm_eps": "model.layer_norm_eps",
+        "pool": "model.pool",
+    }
     for name, value in given.items():
         if value is not None and value != stored[name]:
-            raise CheckpointError(f"{where}: {keys[name]} is {value!r} but the checkpoint stores {stored[name]!r}; "
-                                  f"drop {keys[name]} (it is only needed for checkpoints that do not store it)")
+            raise CheckpointError(
+                f"{where}: {keys[name]} is {value!r} but the checkpoint stores {stored[name]!r}; "
+                f"drop {keys[name]} (it is only needed for checkpoints that do not store it)"
+            )
 
 
 def _read_all(files: Iterable[Path]) -> dict[str, Any]:
@@ -149,24 +174,43 @@ def _read_all(files: Iterable[Path]) -> dict[str, Any]:
     return state
 
 
-def _resize(cfg: "ViTConfig", state: dict[str, Any], pre: Preprocessing | None, image_size: int,
-            where: Path, antialias: bool = True) -> tuple["ViTConfig", dict[str, Any], Preprocessing | None]:
+def _resize(
+    cfg: "ViTConfig",
+    state: dict[str, Any],
+    pre: Preprocessing | None,
+    image_size: int,
+    where: Path,
+    antialias: bool = True,
+) -> tuple["ViTConfig", dict[str, Any], Preprocessing | None]:
     from .vit import resample_pos_embed
 
     if image_size <= 0 or image_size % cfg.patch_size:
-        raise CheckpointError(f"{where}: image_size {image_size} is not a positive multiple of the patch size {cfg.patch_size}")
+        raise CheckpointError(
+            f"{where}: image_size {image_size} is not a positive multiple of the patch size {cfg.patch_size}"
+        )
     new_cfg = cfg.replace(image_size=image_size)
     pos = state.get("pos_embed")
     if cfg.pos_embed == "learned" and pos is not None and pos.ndim == 3 and pos.shape[1] == cfg.pos_len:
-        state = {**state, "pos_embed": resample_pos_embed(pos, new_cfg.grid, cfg.pos_len - cfg.num_patches,
-                                                          antialias=antialias)}
-        logger.info("%s: resampled position embeddings from %dx%d to %dx%d", where, cfg.grid, cfg.grid,
-                    new_cfg.grid, new_cfg.grid)
+        state = {
+            **state,
+            "pos_embed": resample_pos_embed(pos, new_cfg.grid, cfg.pos_len - cfg.num_patches, antialias=antialias),
+        }
+        logger.info(
+            "%s: resampled position embeddings from %dx%d to %dx%d",
+            where,
+            cfg.grid,
+            cfg.grid,
+            new_cfg.grid,
+            new_cfg.grid,
+        )
     if pre is not None:
         spec, scale = pre.spec, image_size / pre.spec.height
         # Sizes before the crop keep their ratio to the crop (timm's crop_pct does that by itself).
-        scaled = {k: int(round(getattr(spec, k) * scale)) for k in ("resize_height", "resize_width", "shortest_edge",
-                                                                     "longest_edge") if getattr(spec, k) is not None}
+        scaled = {
+            k: int(round(getattr(spec, k) * scale))
+            for k in ("resize_height", "resize_width", "shortest_edge", "longest_edge")
+            if getattr(spec, k) is not None
+        }
         changes = {"height": image_size, "width": image_size, **scaled}
         origins = {**pre.origins, **{k: f"{CONFIG}: model.image_size" for k in changes}}
         pre = Preprocessing(spec.replace(**changes), origins, pre.notes)
@@ -198,13 +242,18 @@ def _build_and_load(cfg: "ViTConfig", state: dict[str, Any], where: Path, fmt: s
 
 
 #: Parameter-name fragments (vitdeploy / timm naming) of parts vitdeploy's ViT does not have -> what they are.
-_UNSUPPORTED_PARTS = {"norm_pre.": "a norm before the blocks (timm pre_norm / CLIP)",
-                      "attn_pool.": "attention pooling (timm global_pool='map')",
-                      "head.fc.": "a pre-logits layer", "pre_logits.": "a pre-logits layer",
-                      ".attn.norm.": "a norm on the attention output (timm scale_attn_norm)",
-                      ".mlp.norm.": "a norm inside the MLP (timm scale_mlp_norm)",
-                      ".attn.gate.": "gated attention", "mask_token": "a mask token",
-                      ".mlp.fc1_g.": "a gated MLP (SwiGLU)", ".mlp.w12.": "a gated MLP (SwiGLU)"}
+_UNSUPPORTED_PARTS = {
+    "norm_pre.": "a norm before the blocks (timm pre_norm / CLIP)",
+    "attn_pool.": "attention pooling (timm global_pool='map')",
+    "head.fc.": "a pre-logits layer",
+    "pre_logits.": "a pre-logits layer",
+    ".attn.norm.": "a norm on the attention output (timm scale_attn_norm)",
+    ".mlp.norm.": "a norm inside the MLP (timm scale_mlp_norm)",
+    ".attn.gate.": "gated attention",
+    "mask_token": "a mask token",
+    ".mlp.fc1_g.": "a gated MLP (SwiGLU)",
+    ".mlp.w12.": "a gated MLP (SwiGLU)",
+}
 
 
 def _unsupported_parts(unexpected: list[str]) -> str:
@@ -212,17 +261,22 @@ def _unsupported_parts(unexpected: list[str]) -> str:
     found = sorted({what for key in unexpected for frag, what in _UNSUPPORTED_PARTS.items() if frag in key})
     if found:
         return "The model has parts vitdeploy's ViT does not: " + ", ".join(found)
-    return ("The file is incomplete or edited, or the model has parts vitdeploy's ViT does not (supported: class, "
-            "distillation and register tokens, class-token, average or class-token + average pooling, fc_norm, layer "
-            "scale, qk-norm)")
+    return (
+        "The file is incomplete or edited, or the model has parts vitdeploy's ViT does not (supported: class, "
+        "distillation and register tokens, class-token, average or class-token + average pooling, fc_norm, layer "
+        "scale, qk-norm)"
+    )
 
 
 def _check_strict(model: "VisionTransformer", state: dict[str, Any], where: Path, fmt: str) -> None:
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    mismatched = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {expected[k]}"
-                  for k in sorted(set(expected) & set(state)) if tuple(state[k].shape) != expected[k]]
+    mismatched = [
+        f"{k}: checkpoint {tuple(state[k].shape)} vs model {expected[k]}"
+        for k in sorted(set(expected) & set(state))
+        if tuple(state[k].shape) != expected[k]
+    ]
     if missing or unexpected or mismatched:
         parts = []
         if missing:
@@ -233,15 +287,23 @@ def _check_strict(model: "VisionTransformer", state: dict[str, Any], where: Path
             parts.append(f"shape mismatches ({len(mismatched)}): {shorten(mismatched, 5)}")
         raise CheckpointError(
             f"{where}: the {fmt} checkpoint does not fit a standard ViT (width {model.cfg.width}, depth "
-            f"{model.cfg.depth}, heads {model.cfg.heads}, image {model.cfg.image_size}): " + "; ".join(parts)
-            + ". " + _unsupported_parts(unexpected)
+            f"{model.cfg.depth}, heads {model.cfg.heads}, image {model.cfg.image_size}): "
+            + "; ".join(parts)
+            + ". "
+            + _unsupported_parts(unexpected)
         )
 
 
 # --------------------------------------------------------------------------- saving
 
-def save_checkpoint(directory: str | os.PathLike, model: "VisionTransformer", labels: Iterable[str],
-                    preprocess: PreprocessSpec | None, name: str) -> Path:
+
+def save_checkpoint(
+    directory: str | os.PathLike,
+    model: "VisionTransformer",
+    labels: Iterable[str],
+    preprocess: PreprocessSpec | None,
+    name: str,
+) -> Path:
     """Write ``directory/model.safetensors`` then ``directory/model.json`` (each to a temp file in the
     same folder, then os.replace); returns the directory. ``load_checkpoint(directory)`` reads it back."""
     torch = require("torch", "saving checkpoints")
@@ -249,12 +311,21 @@ def save_checkpoint(directory: str | os.PathLike, model: "VisionTransformer", la
     cfg = model.cfg
     labels = tuple(str(x) for x in labels)
     if len(labels) != cfg.num_classes:
-        raise CheckpointError(f"save_checkpoint: {len(labels)} labels for a head with {cfg.num_classes} classes; give one label per class")
+        raise CheckpointError(
+            f"save_checkpoint: {len(labels)} labels for a head with {cfg.num_classes} classes; give one label per "
+            "class"
+        )
     out = Path(directory).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous().clone() for k, v in model.state_dict().items()}
-    meta = {"format": OUR_FORMAT, "version": OUR_VERSION, "name": name, "vit": cfg.to_dict(), "labels": list(labels),
-            "preprocess": preprocess.to_dict() if preprocess is not None else None}
+    meta = {
+        "format": OUR_FORMAT,
+        "version": OUR_VERSION,
+        "name": name,
+        "vit": cfg.to_dict(),
+        "labels": list(labels),
+        "preprocess": preprocess.to_dict() if preprocess is not None else None,
+    }
     _atomic(out / OUR_WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     _atomic(out / OUR_META, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8"))
     logger.info("saved vitdeploy checkpoint %s to %s", name, out)

@@ -16,7 +16,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ..base._schema import FiniteFloat, NonNegativeInt, PositiveInt, format_validation_error
 from ..base.errors import CheckpointError
@@ -69,8 +78,13 @@ class HFConfig(_Open):
     def _fit(self) -> "HFConfig":
         image = self.image_size if isinstance(self.image_size, int) else self.image_size[0]
         patch = self.patch_size if isinstance(self.patch_size, int) else self.patch_size[0]
-        check_fit(width=self.hidden_size, heads=self.num_attention_heads, image=image, patch=patch,
-                  names=("hidden_size", "num_attention_heads", "image_size", "patch_size"))
+        check_fit(
+            width=self.hidden_size,
+            heads=self.num_attention_heads,
+            image=image,
+            patch=patch,
+            names=("hidden_size", "num_attention_heads", "image_size", "patch_size"),
+        )
         return self
 
 
@@ -100,7 +114,9 @@ class HFPreprocessorConfig(_Open):
         items = v if isinstance(v, (list, tuple)) else [v]
         ok = len(items) in (1, 3) and all(type(x) in (int, float) and x == x and abs(x) != float("inf") for x in items)
         if not ok or (info.field_name == "image_std" and any(x <= 0 for x in items)):
-            raise ValueError("must be one finite number or three" + (" (each > 0)" if info.field_name == "image_std" else ""))
+            raise ValueError(
+                "must be one finite number or three" + (" (each > 0)" if info.field_name == "image_std" else "")
+            )
         return v
 
     @field_validator("size", "crop_size")
@@ -166,7 +182,9 @@ def _validate(schema: type[BaseModel], data: Any, path: Path) -> BaseModel:
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        raise CheckpointError(format_validation_error(exc, str(path)) + "; fix the file or re-save the checkpoint") from None
+        raise CheckpointError(
+            format_validation_error(exc, str(path)) + "; fix the file or re-save the checkpoint"
+        ) from None
 
 
 def check_checkpoint_config(fmt: str, meta: dict[str, Any], meta_dir: Path | None) -> None:
@@ -180,8 +198,10 @@ def check_checkpoint_config(fmt: str, meta: dict[str, Any], meta_dir: Path | Non
         vit = validate_vit_config(ours.vit, path, key_prefix="vit", error=CheckpointError)  # type: ignore[attr-defined]
         labels = ours.labels  # type: ignore[attr-defined]
         if len(labels) != vit["num_classes"]:
-            raise CheckpointError(f"{path}: 'labels' has {len(labels)} entries but 'vit.num_classes' is "
-                                  f"{vit['num_classes']}; one label per class")
+            raise CheckpointError(
+                f"{path}: 'labels' has {len(labels)} entries but 'vit.num_classes' is "
+                f"{vit['num_classes']}; one label per class"
+            )
     elif fmt == "hf":
         _validate(HFConfig, meta, meta_dir / "config.json")
         pp = meta_dir / "preprocessor_config.json"

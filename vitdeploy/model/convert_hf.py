@@ -78,15 +78,24 @@ _DEFAULTS = {"dinov2": {"patch_size": 14, "layer_norm_eps": 1e-6}, "dinov2_with_
 _DROPPED = ("pooler.", "embeddings.mask_token")
 # Per-layer module names, both namings -> ours ("q"/"k"/"v" are gathered into qkv).
 _LAYER = {
-    "layernorm_before": "norm1", "norm1": "norm1",
-    "layernorm_after": "norm2", "norm2": "norm2",
-    "layer_scale1": "ls1", "layer_scale2": "ls2",
-    "attention.attention.query": "q", "attention.q_proj": "q",
-    "attention.attention.key": "k", "attention.k_proj": "k",
-    "attention.attention.value": "v", "attention.v_proj": "v",
-    "attention.output.dense": "attn.proj", "attention.o_proj": "attn.proj",
-    "intermediate.dense": "mlp.fc1", "mlp.fc1": "mlp.fc1",
-    "output.dense": "mlp.fc2", "mlp.fc2": "mlp.fc2",
+    "layernorm_before": "norm1",
+    "norm1": "norm1",
+    "layernorm_after": "norm2",
+    "norm2": "norm2",
+    "layer_scale1": "ls1",
+    "layer_scale2": "ls2",
+    "attention.attention.query": "q",
+    "attention.q_proj": "q",
+    "attention.attention.key": "k",
+    "attention.k_proj": "k",
+    "attention.attention.value": "v",
+    "attention.v_proj": "v",
+    "attention.output.dense": "attn.proj",
+    "attention.o_proj": "attn.proj",
+    "intermediate.dense": "mlp.fc1",
+    "mlp.fc1": "mlp.fc1",
+    "output.dense": "mlp.fc2",
+    "mlp.fc2": "mlp.fc2",
 }
 _LAYER_RE = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias|lambda1)$")
 _PARAM = {"weight": "weight", "bias": "bias", "lambda1": "gamma"}
@@ -97,8 +106,12 @@ HF_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_t
 # every other processor (ViT, DeiT, BEiT ...) reads an int as a square (height = width = size).
 _INT_SIZE_IS_SHORTEST_EDGE = {"CLIPImageProcessor", "BitImageProcessor", "ChineseCLIPImageProcessor"}
 # Class default of ``resample`` where it is not bilinear (used when the JSON leaves it out).
-_DEFAULT_RESAMPLE = {"DeiTImageProcessor": 3, "CLIPImageProcessor": 3, "BitImageProcessor": 3,
-                     "ChineseCLIPImageProcessor": 3}
+_DEFAULT_RESAMPLE = {
+    "DeiTImageProcessor": 3,
+    "CLIPImageProcessor": 3,
+    "BitImageProcessor": 3,
+    "ChineseCLIPImageProcessor": 3,
+}
 
 # PIL resampling codes as stored in preprocessor_config.json.
 PIL_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
@@ -118,7 +131,7 @@ def convert_hf_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.
     teacher = any(k.startswith("distillation_classifier.") for k in state)
     registers = False
     for key, value in state.items():
-        name = next((key[len(p):] for p in MODEL_TYPES.values() if key.startswith(p)), key)
+        name = next((key[len(p) :] for p in MODEL_TYPES.values() if key.startswith(p)), key)
         if name == "embeddings.distillation_token":  # read by a head (WithTeacher) or by nothing
             out["dist_token" if teacher else "reg_token"] = value
             continue
@@ -170,8 +183,9 @@ def _square(value: Any, what: str, where: Path) -> int:
     return value
 
 
-def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path,
-                  state: dict[str, Any] | None = None) -> "ViTConfig":
+def hf_vit_config(
+    config: dict[str, Any], num_classes: int, where: Path, state: dict[str, Any] | None = None
+) -> "ViTConfig":
     """ViTConfig from a HF config.json (HF's ViTConfig defaults for absent keys); ``state``: the
     converted tensors, whose prefix tokens (DeiT's distillation token) the config does not state."""
     from .vit import ViTConfig
@@ -185,8 +199,10 @@ def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path,
             "Dinov2WithRegistersForImageClassification, their Model) checkpoints load"
         )
     if config.get("use_swiglu_ffn"):
-        raise CheckpointError(f"{where}: use_swiglu_ffn=True (a SwiGLU MLP, as in DINOv2 giant) is not supported; "
-                              "vitdeploy's ViT runs a GELU MLP (fc1, GELU, fc2)")
+        raise CheckpointError(
+            f"{where}: use_swiglu_ffn=True (a SwiGLU MLP, as in DINOv2 giant) is not supported; "
+            "vitdeploy's ViT runs a GELU MLP (fc1, GELU, fc2)"
+        )
     config = {**_DEFAULTS.get(model_type, {}), **config}
     state = state or {}
     hidden_act = config.get("hidden_act", "gelu")
@@ -221,8 +237,9 @@ def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path,
             pool="token_avg" if dinov2 and "head.weight" in state else "token",
             layer_scale=any(k.endswith(".ls1.gamma") for k in state),
             # with registers the table has the patch rows only (the class row is in cls_token)
-            pos_embed_prefix=not (reg is not None and pos is not None and pos.ndim == 3
-                                  and pos.shape[1] == _grid_cells(config, where)),
+            pos_embed_prefix=not (
+                reg is not None and pos is not None and pos.ndim == 3 and pos.shape[1] == _grid_cells(config, where)
+            ),
         )
     except ValueError as exc:
         raise CheckpointError(f"{where}: config.json describes an invalid ViT: {exc}") from exc
@@ -232,8 +249,9 @@ def hf_vit_config(config: dict[str, Any], num_classes: int, where: Path,
 
 
 def _grid_cells(config: dict[str, Any], where: Path) -> int:
-    side = _square(config.get("image_size", 224), "image_size", where) // _square(config.get("patch_size", 16),
-                                                                                   "patch_size", where)
+    side = _square(config.get("image_size", 224), "image_size", where) // _square(
+        config.get("patch_size", 16), "patch_size", where
+    )
     return side * side
 
 
@@ -244,12 +262,16 @@ def dinov2_input_size(config: dict[str, Any], cfg: "ViTConfig", spec: Preprocess
     if config.get("model_type") not in DINOV2_RESAMPLE_ANTIALIAS or (spec.height, spec.width) == (cfg.image_size,) * 2:
         return None
     if spec.height != spec.width:
-        raise CheckpointError(f"{where}: the processor's {spec.height}x{spec.width} crop would make transformers "
-                              "resample the position table to a non-square grid; vitdeploy's ViT is square: set "
-                              "preprocess height/width or model.image_size")
+        raise CheckpointError(
+            f"{where}: the processor's {spec.height}x{spec.width} crop would make transformers "
+            "resample the position table to a non-square grid; vitdeploy's ViT is square: set "
+            "preprocess height/width or model.image_size"
+        )
     if spec.height % cfg.patch_size:
-        raise CheckpointError(f"{where}: the processor's {spec.height} px crop is not a multiple of the patch size "
-                              f"{cfg.patch_size}; set model.image_size")
+        raise CheckpointError(
+            f"{where}: the processor's {spec.height} px crop is not a multiple of the patch size "
+            f"{cfg.patch_size}; set model.image_size"
+        )
     return spec.height
 
 
@@ -302,9 +324,11 @@ def hf_preprocess(data: dict[str, Any], image_size: int, where: Path) -> Preproc
     notes: list[str] = []
     kind = str(data.get("image_processor_type") or "").removesuffix("Fast").removesuffix("Pil")
     if "crop_pct" in data:
-        raise CheckpointError(f"{where}: {kind or 'this image processor'} resizes by crop_pct, which vitdeploy does "
-                              "not reproduce for Hugging Face processors; set the preprocessing in pipeline.yaml "
-                              "(preprocess: style: timm, crop_pct: ...)")
+        raise CheckpointError(
+            f"{where}: {kind or 'this image processor'} resizes by crop_pct, which vitdeploy does "
+            "not reproduce for Hugging Face processors; set the preprocessing in pipeline.yaml "
+            "(preprocess: style: timm, crop_pct: ...)"
+        )
     resample = data.get("resample", _DEFAULT_RESAMPLE.get(kind, 2))
     if "resample" not in data:
         missing["interpolation"] = default
@@ -337,10 +361,14 @@ def hf_preprocess(data: dict[str, Any], image_size: int, where: Path) -> Preproc
     if isinstance(size, int) and not isinstance(size, bool):
         size = {"shortest_edge": size} if kind in _INT_SIZE_IS_SHORTEST_EDGE else {"height": size, "width": size}
     if not data.get("do_resize", True) or size is None:
-        notes.append(f"{where.name}: {'do_resize is false' if size is not None else 'no size'}; images are resized "
-                     f"to the model's {image_size}x{image_size} (transformers would pass them through at their own "
-                     "size, which the model cannot take)")
-        missing.update(height=f"{LIBRARY} (assumed): the model's image size", width=f"{LIBRARY} (assumed): the model's image size")
+        notes.append(
+            f"{where.name}: {'do_resize is false' if size is not None else 'no size'}; images are resized "
+            f"to the model's {image_size}x{image_size} (transformers would pass them through at their own "
+            "size, which the model cannot take)"
+        )
+        missing.update(
+            height=f"{LIBRARY} (assumed): the model's image size", width=f"{LIBRARY} (assumed): the model's image size"
+        )
     elif isinstance(size, dict) and "height" in size and "width" in size:
         rh, rw = int(size["height"]), int(size["width"])
         if crop is None:
@@ -352,17 +380,24 @@ def hf_preprocess(data: dict[str, Any], image_size: int, where: Path) -> Preproc
         if size.get("longest_edge") is not None:
             geometry["longest_edge"] = int(size["longest_edge"])
         if crop is None:
-            notes.append(f"{where.name}: size {size} without a centre crop gives transformers a tensor of the photo's "
-                         f"aspect ratio, which the model cannot take unless the photo is square; vitdeploy "
-                         f"centre-crops {image_size}x{image_size} as transformers' crop would (floored offset)")
-            missing.update(height=f"{LIBRARY} (assumed): the model's image size",
-                           width=f"{LIBRARY} (assumed): the model's image size")
+            notes.append(
+                f"{where.name}: size {size} without a centre crop gives transformers a tensor of the photo's "
+                f"aspect ratio, which the model cannot take unless the photo is square; vitdeploy "
+                f"centre-crops {image_size}x{image_size} as transformers' crop would (floored offset)"
+            )
+            missing.update(
+                height=f"{LIBRARY} (assumed): the model's image size",
+                width=f"{LIBRARY} (assumed): the model's image size",
+            )
     else:
-        raise CheckpointError(f"{where}: unsupported size {size!r}; expected an int, {{height, width}}, "
-                              "{shortest_edge} or {shortest_edge, longest_edge}")
+        raise CheckpointError(
+            f"{where}: unsupported size {size!r}; expected an int, {{height, width}}, "
+            "{shortest_edge} or {shortest_edge, longest_edge}"
+        )
     try:
-        spec = PreprocessSpec(style="hf", height=height, width=width, interpolation=interpolation,
-                              mean=mean, std=std, **geometry)
+        spec = PreprocessSpec(
+            style="hf", height=height, width=width, interpolation=interpolation, mean=mean, std=std, **geometry
+        )
     except ValueError as exc:
         raise CheckpointError(f"{where}: unusable preprocessing: {exc}") from exc
     return Preprocessing.from_source(spec, origin, missing, tuple(notes))

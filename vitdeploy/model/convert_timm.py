@@ -53,10 +53,20 @@ def _need(state: dict[str, Any], key: str, where: Path, fmt: str) -> "torch.Tens
     return state[key]
 
 
-def infer_config(state: dict[str, "torch.Tensor"], *, prefix_keys: dict[str, str], block_pattern: str,
-                 where: Path, fmt: str, variant: str | None, heads: int | None = None,
-                 heads_origin: str = "", act: str = "gelu", layer_norm_eps: float = 1e-6,
-                 family: dict[str, Any] | None = None) -> tuple["ViTConfig", str]:
+def infer_config(
+    state: dict[str, "torch.Tensor"],
+    *,
+    prefix_keys: dict[str, str],
+    block_pattern: str,
+    where: Path,
+    fmt: str,
+    variant: str | None,
+    heads: int | None = None,
+    heads_origin: str = "",
+    act: str = "gelu",
+    layer_norm_eps: float = 1e-6,
+    family: dict[str, Any] | None = None,
+) -> tuple["ViTConfig", str]:
     """(ViTConfig, where the head count came from) from tensor shapes. ``prefix_keys`` names where the
     tensors are (``patch``, ``pos``, ``fc1``, ``head``: keys; ``qkv_bias``: a regex, qkv biases exist
     when any key matches it). ``heads``: known head count (else :func:`resolve_heads`). ``family``:
@@ -66,7 +76,9 @@ def infer_config(state: dict[str, "torch.Tensor"], *, prefix_keys: dict[str, str
 
     proj = _need(state, prefix_keys["patch"], where, fmt)
     if proj.ndim != 4 or proj.shape[2] != proj.shape[3]:
-        raise CheckpointError(f"{where}: {prefix_keys['patch']} has shape {tuple(proj.shape)}; expected (width, C, p, p)")
+        raise CheckpointError(
+            f"{where}: {prefix_keys['patch']} has shape {tuple(proj.shape)}; expected (width, C, p, p)"
+        )
     width, channels, patch = int(proj.shape[0]), int(proj.shape[1]), int(proj.shape[2])
     depth = layer_count(state, block_pattern)
     if depth == 0:
@@ -91,11 +103,20 @@ def infer_config(state: dict[str, "torch.Tensor"], *, prefix_keys: dict[str, str
     if heads is None:
         heads, heads_origin = resolve_heads(width, depth, patch, variant, where)
     try:
-        cfg = ViTConfig(image_size=grid * patch, patch_size=patch, in_channels=channels, width=width, depth=depth,
-                        heads=heads, mlp_ratio=mlp / width,
-                        qkv_bias=any(re.match(prefix_keys["qkv_bias"], k) for k in state),
-                        layer_norm_eps=layer_norm_eps, num_classes=int(head.shape[0]) if head is not None else 0,
-                        act=act, **family)
+        cfg = ViTConfig(
+            image_size=grid * patch,
+            patch_size=patch,
+            in_channels=channels,
+            width=width,
+            depth=depth,
+            heads=heads,
+            mlp_ratio=mlp / width,
+            qkv_bias=any(re.match(prefix_keys["qkv_bias"], k) for k in state),
+            layer_norm_eps=layer_norm_eps,
+            num_classes=int(head.shape[0]) if head is not None else 0,
+            act=act,
+            **family,
+        )
     except ValueError as exc:
         raise CheckpointError(f"{where}: inferred an invalid ViT from the tensors: {exc}") from exc
     if cfg.mlp_dim != mlp:
@@ -108,25 +129,59 @@ def _is_square(n: int) -> bool:
     return n > 0 and math.isqrt(n) ** 2 == n
 
 
-TIMM_KEYS = {"patch": "patch_embed.proj.weight", "pos": "pos_embed", "fc1": "blocks.0.mlp.fc1.weight",
-             "qkv_bias": r"^blocks\.\d+\.attn\.qkv\.bias$", "head": "head.weight"}
+TIMM_KEYS = {
+    "patch": "patch_embed.proj.weight",
+    "pos": "pos_embed",
+    "fc1": "blocks.0.mlp.fc1.weight",
+    "qkv_bias": r"^blocks\.\d+\.attn\.qkv\.bias$",
+    "head": "head.weight",
+}
 
 
 #: timm ``act_layer`` names -> ours (timm's GELUTanh is ``nn.GELU(approximate="tanh")``).
 TIMM_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh"}
 # model_args that do not change the tensors' meaning for vitdeploy's ViT.
-_HARMLESS_ARGS = {"num_heads", "act_layer", "global_pool", "img_size", "num_classes", "drop_rate", "pos_drop_rate",
-                  "attn_drop_rate", "proj_drop_rate", "drop_path_rate", "patch_size", "embed_dim", "depth",
-                  "mlp_ratio", "qkv_bias", "class_token", "dynamic_img_size", "dynamic_img_pad", "in_chans",
-                  "reg_tokens", "no_embed_class", "fc_norm", "init_values", "qk_norm"}
+_HARMLESS_ARGS = {
+    "num_heads",
+    "act_layer",
+    "global_pool",
+    "img_size",
+    "num_classes",
+    "drop_rate",
+    "pos_drop_rate",
+    "attn_drop_rate",
+    "proj_drop_rate",
+    "drop_path_rate",
+    "patch_size",
+    "embed_dim",
+    "depth",
+    "mlp_ratio",
+    "qkv_bias",
+    "class_token",
+    "dynamic_img_size",
+    "dynamic_img_pad",
+    "in_chans",
+    "reg_tokens",
+    "no_embed_class",
+    "fc_norm",
+    "init_values",
+    "qk_norm",
+}
 #: timm global_pool values -> ours ("" / None: no pooling, refused; "map", "max", "avgmax": refused).
 TIMM_POOLS = {"token": "token", "avg": "avg"}
 
 
-def timm_vit_config(state: dict[str, "torch.Tensor"], where: Path, variant: str | None,
-                    hub_config: dict[str, Any] | None = None, *, num_heads: int | None = None,
-                    act: str | None = None, layer_norm_eps: float | None = None,
-                    pool: str | None = None) -> tuple["ViTConfig", str, tuple[str, ...]]:
+def timm_vit_config(
+    state: dict[str, "torch.Tensor"],
+    where: Path,
+    variant: str | None,
+    hub_config: dict[str, Any] | None = None,
+    *,
+    num_heads: int | None = None,
+    act: str | None = None,
+    layer_norm_eps: float | None = None,
+    pool: str | None = None,
+) -> tuple["ViTConfig", str, tuple[str, ...]]:
     """(ViTConfig, heads origin, notes). ``num_heads`` / ``act`` / ``layer_norm_eps`` / ``pool``: what the
     caller knows (pipeline.yaml); checked against the hub config when it says otherwise."""
     hub_config = hub_config or {}
@@ -134,31 +189,57 @@ def timm_vit_config(state: dict[str, "torch.Tensor"], where: Path, variant: str 
     family, notes = timm_family(state, where, hub_config, pool)
     hub_act = model_args.get("act_layer")
     if hub_act is not None and hub_act not in TIMM_ACTS:
-        raise CheckpointError(f"{where}: model_args.act_layer {hub_act!r} is not supported; vitdeploy's ViT runs "
-                              f"{' or '.join(TIMM_ACTS)} (exporting anyway would change the outputs)")
+        raise CheckpointError(
+            f"{where}: model_args.act_layer {hub_act!r} is not supported; vitdeploy's ViT runs "
+            f"{' or '.join(TIMM_ACTS)} (exporting anyway would change the outputs)"
+        )
     if hub_act is not None and act is not None and TIMM_ACTS[hub_act] != act:
-        raise CheckpointError(f"{where}: config.json says act_layer {hub_act!r} but model.activation is {act!r}; "
-                              "drop model.activation or fix config.json")
+        raise CheckpointError(
+            f"{where}: config.json says act_layer {hub_act!r} but model.activation is {act!r}; "
+            "drop model.activation or fix config.json"
+        )
     act = TIMM_ACTS[hub_act] if hub_act is not None else (act or "gelu")
     eps = 1e-6 if layer_norm_eps is None else layer_norm_eps  # timm's ViT: LayerNorm(eps=1e-6)
     hub_heads = model_args.get("num_heads")
     if hub_heads is not None and num_heads is not None and int(hub_heads) != num_heads:
-        raise CheckpointError(f"{where}: config.json says num_heads {hub_heads} but model.num_heads is {num_heads}; "
-                              "drop model.num_heads or fix config.json")
-    common = dict(prefix_keys=TIMM_KEYS, block_pattern=r"^blocks\.(\d+)\.", where=where, fmt="timm", act=act,
-                  layer_norm_eps=eps, family=family)
+        raise CheckpointError(
+            f"{where}: config.json says num_heads {hub_heads} but model.num_heads is {num_heads}; "
+            "drop model.num_heads or fix config.json"
+        )
+    common = dict(
+        prefix_keys=TIMM_KEYS,
+        block_pattern=r"^blocks\.(\d+)\.",
+        where=where,
+        fmt="timm",
+        act=act,
+        layer_norm_eps=eps,
+        family=family,
+    )
     cfg, origin = _timm_heads(state, where, variant, hub_config, num_heads, hub_heads, common)
     return cfg, origin, notes
 
 
-def _timm_heads(state: dict[str, Any], where: Path, variant: str | None, hub_config: dict[str, Any],
-                num_heads: int | None, hub_heads: Any, common: dict[str, Any]) -> tuple["ViTConfig", str]:
+def _timm_heads(
+    state: dict[str, Any],
+    where: Path,
+    variant: str | None,
+    hub_config: dict[str, Any],
+    num_heads: int | None,
+    hub_heads: Any,
+    common: dict[str, Any],
+) -> tuple["ViTConfig", str]:
     if num_heads is not None:
-        return infer_config(state, variant=variant, heads=num_heads, heads_origin="pipeline.yaml: model.num_heads",
-                            **common)
+        return infer_config(
+            state, variant=variant, heads=num_heads, heads_origin="pipeline.yaml: model.num_heads", **common
+        )
     if hub_heads is not None:
-        return infer_config(state, variant=variant, heads=int(hub_heads),
-                            heads_origin=f"{CHECKPOINT}: config.json model_args.num_heads", **common)
+        return infer_config(
+            state,
+            variant=variant,
+            heads=int(hub_heads),
+            heads_origin=f"{CHECKPOINT}: config.json model_args.num_heads",
+            **common,
+        )
     if variant is None and hub_config.get("architecture"):
         arch = str(hub_config["architecture"])
         try:
@@ -166,52 +247,72 @@ def _timm_heads(state: dict[str, Any], where: Path, variant: str | None, hub_con
         except CheckpointError as exc:
             logger.info("%s: architecture %r is not a known variant (%s)", where, arch, exc)
         else:  # timm builds the architecture with its own head count unless model_args say otherwise
-            return infer_config(state, variant=None, heads=tmpl.heads,
-                                heads_origin=f"{CHECKPOINT}: config.json architecture {arch}", **common)
+            return infer_config(
+                state,
+                variant=None,
+                heads=tmpl.heads,
+                heads_origin=f"{CHECKPOINT}: config.json architecture {arch}",
+                **common,
+            )
     return infer_config(state, variant=variant, **common)
 
 
-def timm_family(state: dict[str, Any], where: Path, hub_config: dict[str, Any],
-                pool: str | None) -> tuple[dict[str, Any], tuple[str, ...]]:
+def timm_family(
+    state: dict[str, Any], where: Path, hub_config: dict[str, Any], pool: str | None
+) -> tuple[dict[str, Any], tuple[str, ...]]:
     """The close-relative fields of a timm ViT (prefix tokens, pooling, fc_norm, layer scale, qk-norm)
     from its tensors, and its pooling from config.json (``global_pool``) or ``pool`` (pipeline.yaml
     model.pool); what had to be assumed comes back as notes."""
     args = hub_config.get("model_args") or {}
     if args.get("pool_include_prefix"):
-        raise CheckpointError(f"{where}: model_args pool_include_prefix=True (pooling over the prefix tokens too) "
-                              "is not supported; vitdeploy averages the patch tokens only")
+        raise CheckpointError(
+            f"{where}: model_args pool_include_prefix=True (pooling over the prefix tokens too) "
+            "is not supported; vitdeploy averages the patch tokens only"
+        )
     if pool is not None and pool not in TIMM_POOLS.values():
-        raise CheckpointError(f"{where}: model.pool {pool!r} is not a timm pooling; a timm ViT pools the class token "
-                              "('token') or the mean of the patch tokens ('avg')")
+        raise CheckpointError(
+            f"{where}: model.pool {pool!r} is not a timm pooling; a timm ViT pools the class token "
+            "('token') or the mean of the patch tokens ('avg')"
+        )
     reg = state.get("reg_token")
     family: dict[str, Any] = {
-        "class_token": "cls_token" in state, "distilled": "dist_token" in state,
+        "class_token": "cls_token" in state,
+        "distilled": "dist_token" in state,
         "reg_tokens": int(reg.shape[1]) if reg is not None and reg.ndim == 3 else 0,
         "layer_scale": any(k.endswith(".ls1.gamma") for k in state),
         "qk_norm": any(k.endswith(".attn.q_norm.weight") for k in state),
-        "fc_norm": "fc_norm.weight" in state}
+        "fc_norm": "fc_norm.weight" in state,
+    }
     if "no_embed_class" in args:
         family["pos_embed_prefix"] = not args["no_embed_class"]
     hub_pool = hub_config.get("global_pool", args.get("global_pool"))
     if hub_pool is not None and hub_pool not in TIMM_POOLS:
-        raise CheckpointError(f"{where}: global_pool {hub_pool!r} is not supported; vitdeploy pools the class token "
-                              "('token') or the mean of the patch tokens ('avg')")
+        raise CheckpointError(
+            f"{where}: global_pool {hub_pool!r} is not supported; vitdeploy pools the class token "
+            "('token') or the mean of the patch tokens ('avg')"
+        )
     if hub_pool is not None and pool is not None and TIMM_POOLS[hub_pool] != pool:
-        raise CheckpointError(f"{where}: config.json says global_pool {hub_pool!r} but model.pool is {pool!r}; "
-                              "drop model.pool or fix config.json")
+        raise CheckpointError(
+            f"{where}: config.json says global_pool {hub_pool!r} but model.pool is {pool!r}; "
+            "drop model.pool or fix config.json"
+        )
     notes: tuple[str, ...] = ()
     if hub_pool is not None or pool is not None:
         family["pool"] = TIMM_POOLS[hub_pool] if hub_pool is not None else pool
     elif not family["class_token"] or family["fc_norm"]:
         family["pool"] = "avg"  # timm pairs fc_norm with global_pool='avg'; without a class token nothing else fits
-        notes = (f"{where.name}: assumed average pooling (timm global_pool='avg'): the checkpoint has "
-                 f"{'fc_norm' if family['fc_norm'] else 'no class token'} and no config.json; set model.pool in "
-                 "pipeline.yaml if it was trained otherwise",)
+        notes = (
+            f"{where.name}: assumed average pooling (timm global_pool='avg'): the checkpoint has "
+            f"{'fc_norm' if family['fc_norm'] else 'no class token'} and no config.json; set model.pool in "
+            "pipeline.yaml if it was trained otherwise",
+        )
     else:
         family["pool"] = "token"
-        notes = (f"{where.name}: assumed class-token pooling: a timm ViT trained with global_pool='avg' and no "
-                 "fc_norm has the same tensors and no config.json says which; set model.pool: avg in pipeline.yaml "
-                 "if it was trained that way",)
+        notes = (
+            f"{where.name}: assumed class-token pooling: a timm ViT trained with global_pool='avg' and no "
+            "fc_norm has the same tensors and no config.json says which; set model.pool: avg in pipeline.yaml "
+            "if it was trained that way",
+        )
     return family, notes
 
 
@@ -238,14 +339,21 @@ def timm_default_preprocess(arch: str, image_size: int) -> PreprocessSpec:
     bicubic, centre crop, crop_pct 0.9 (1.0 from 384 px up), mean/std 0.5 for ``vit_*`` and
     ImageNet's for ``deit_*`` and the DINO ``vit_small_patch8_224``."""
     imagenet = arch.startswith("deit") or arch == "vit_small_patch8_224"
-    return PreprocessSpec(style="timm", height=image_size, width=image_size,
-                          crop_pct=1.0 if image_size >= 384 else 0.9, interpolation="bicubic", crop_mode="center",
-                          mean=IMAGENET_MEAN if imagenet else INCEPTION_MEAN,
-                          std=IMAGENET_STD if imagenet else INCEPTION_STD)
+    return PreprocessSpec(
+        style="timm",
+        height=image_size,
+        width=image_size,
+        crop_pct=1.0 if image_size >= 384 else 0.9,
+        interpolation="bicubic",
+        crop_mode="center",
+        mean=IMAGENET_MEAN if imagenet else INCEPTION_MEAN,
+        std=IMAGENET_STD if imagenet else INCEPTION_STD,
+    )
 
 
-def timm_preprocess(hub_config: dict[str, Any] | None, cfg: "ViTConfig", where: Path,
-                    variant: str | None = None) -> Preprocessing:
+def timm_preprocess(
+    hub_config: dict[str, Any] | None, cfg: "ViTConfig", where: Path, variant: str | None = None
+) -> Preprocessing:
     """Preprocessing from a timm hub config's ``pretrained_cfg`` (absent keys: timm's ``PretrainedCfg``
     defaults); without one, timm's default pretrained_cfg of the architecture, noted as an assumption."""
     pcfg = (hub_config or {}).get("pretrained_cfg")
@@ -253,26 +361,42 @@ def timm_preprocess(hub_config: dict[str, Any] | None, cfg: "ViTConfig", where: 
         arch = timm_arch_name(cfg, variant, hub_config)
         spec = timm_default_preprocess(arch, cfg.image_size)
         origin = f"{LIBRARY}: timm pretrained_cfg of {arch}"
-        note = (f"{where.name}: no preprocessing in the checkpoint; assumed timm's default for {arch} "
-                f"({describe_spec(spec)}); {override_hint()}")
+        note = (
+            f"{where.name}: no preprocessing in the checkpoint; assumed timm's default for {arch} "
+            f"({describe_spec(spec)}); {override_hint()}"
+        )
         return Preprocessing.from_source(spec, origin, notes=(note,))
     crop_mode = pcfg.get("crop_mode") or "center"
     if crop_mode not in CROP_MODES:
         raise CheckpointError(f"{where}: pretrained_cfg crop_mode {crop_mode!r} is not one of {', '.join(CROP_MODES)}")
     interpolation = pcfg.get("interpolation") or "bicubic"
     if interpolation not in INTERPOLATIONS:
-        raise CheckpointError(f"{where}: pretrained_cfg interpolation {interpolation!r} is not one of {INTERPOLATIONS}")
+        raise CheckpointError(
+            f"{where}: pretrained_cfg interpolation {interpolation!r} is not one of {INTERPOLATIONS}"
+        )
     size = pcfg.get("input_size") or (3, cfg.image_size, cfg.image_size)
     try:
-        spec = PreprocessSpec(style="timm", height=int(size[-2]), width=int(size[-1]),
-                              crop_pct=float(pcfg.get("crop_pct") or 0.875), interpolation=interpolation,
-                              crop_mode=crop_mode,
-                              mean=tuple(float(v) for v in (pcfg.get("mean") or IMAGENET_MEAN)),
-                              std=tuple(float(v) for v in (pcfg.get("std") or IMAGENET_STD)))
+        spec = PreprocessSpec(
+            style="timm",
+            height=int(size[-2]),
+            width=int(size[-1]),
+            crop_pct=float(pcfg.get("crop_pct") or 0.875),
+            interpolation=interpolation,
+            crop_mode=crop_mode,
+            mean=tuple(float(v) for v in (pcfg.get("mean") or IMAGENET_MEAN)),
+            std=tuple(float(v) for v in (pcfg.get("std") or IMAGENET_STD)),
+        )
     except (ValueError, TypeError, IndexError) as exc:
         raise CheckpointError(f"{where}: unusable pretrained_cfg preprocessing: {exc}") from exc
-    keys = {"crop_pct": "crop_pct", "interpolation": "interpolation", "crop_mode": "crop_mode", "mean": "mean",
-            "std": "std", "height": "input_size", "width": "input_size"}
+    keys = {
+        "crop_pct": "crop_pct",
+        "interpolation": "interpolation",
+        "crop_mode": "crop_mode",
+        "mean": "mean",
+        "std": "std",
+        "height": "input_size",
+        "width": "input_size",
+    }
     defaults = {f: f"{LIBRARY}: timm PretrainedCfg" for f, k in keys.items() if not pcfg.get(k)}
     return Preprocessing.from_source(spec, f"{CHECKPOINT}: config.json pretrained_cfg", defaults)
 

@@ -31,14 +31,22 @@ _TOP = {
     "heads.head.bias": "head.bias",
 }
 _LAYER = {
-    "ln_1.weight": "norm1.weight", "ln_1.bias": "norm1.bias",
-    "self_attention.in_proj_weight": "attn.qkv.weight", "self_attention.in_proj_bias": "attn.qkv.bias",
-    "self_attention.out_proj.weight": "attn.proj.weight", "self_attention.out_proj.bias": "attn.proj.bias",
-    "ln_2.weight": "norm2.weight", "ln_2.bias": "norm2.bias",
-    "mlp.0.weight": "mlp.fc1.weight", "mlp.0.bias": "mlp.fc1.bias",
-    "mlp.3.weight": "mlp.fc2.weight", "mlp.3.bias": "mlp.fc2.bias",
-    "mlp.linear_1.weight": "mlp.fc1.weight", "mlp.linear_1.bias": "mlp.fc1.bias",
-    "mlp.linear_2.weight": "mlp.fc2.weight", "mlp.linear_2.bias": "mlp.fc2.bias",
+    "ln_1.weight": "norm1.weight",
+    "ln_1.bias": "norm1.bias",
+    "self_attention.in_proj_weight": "attn.qkv.weight",
+    "self_attention.in_proj_bias": "attn.qkv.bias",
+    "self_attention.out_proj.weight": "attn.proj.weight",
+    "self_attention.out_proj.bias": "attn.proj.bias",
+    "ln_2.weight": "norm2.weight",
+    "ln_2.bias": "norm2.bias",
+    "mlp.0.weight": "mlp.fc1.weight",
+    "mlp.0.bias": "mlp.fc1.bias",
+    "mlp.3.weight": "mlp.fc2.weight",
+    "mlp.3.bias": "mlp.fc2.bias",
+    "mlp.linear_1.weight": "mlp.fc1.weight",
+    "mlp.linear_1.bias": "mlp.fc1.bias",
+    "mlp.linear_2.weight": "mlp.fc2.weight",
+    "mlp.linear_2.bias": "mlp.fc2.bias",
 }
 _LAYER_RE = re.compile(r"^encoder\.layers\.encoder_layer_(\d+)\.(.+)$")
 
@@ -63,29 +71,56 @@ def convert_torchvision_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str
     return out
 
 
-def torchvision_vit_config(converted: dict[str, "torch.Tensor"], where: Path, variant: str | None, *,
-                           num_heads: int | None = None, act: str | None = None,
-                           layer_norm_eps: float | None = None) -> tuple["ViTConfig", str]:
+def torchvision_vit_config(
+    converted: dict[str, "torch.Tensor"],
+    where: Path,
+    variant: str | None,
+    *,
+    num_heads: int | None = None,
+    act: str | None = None,
+    layer_norm_eps: float | None = None,
+) -> tuple["ViTConfig", str]:
     """(ViTConfig, heads origin) from the (already converted) tensors; eps 1e-6 and exact GELU as
     torchvision's ViT uses, unless pipeline.yaml says otherwise."""
-    keys = {"patch": "patch_embed.proj.weight", "pos": "pos_embed", "fc1": "blocks.0.mlp.fc1.weight",
-            "qkv_bias": r"^blocks\.\d+\.attn\.qkv\.bias$", "head": "head.weight"}
-    return infer_config(converted, prefix_keys=keys, block_pattern=r"^blocks\.(\d+)\.", where=where,
-                        fmt="torchvision", variant=variant, heads=num_heads,
-                        heads_origin="pipeline.yaml: model.num_heads" if num_heads is not None else "",
-                        act=act or "gelu", layer_norm_eps=1e-6 if layer_norm_eps is None else layer_norm_eps)
+    keys = {
+        "patch": "patch_embed.proj.weight",
+        "pos": "pos_embed",
+        "fc1": "blocks.0.mlp.fc1.weight",
+        "qkv_bias": r"^blocks\.\d+\.attn\.qkv\.bias$",
+        "head": "head.weight",
+    }
+    return infer_config(
+        converted,
+        prefix_keys=keys,
+        block_pattern=r"^blocks\.(\d+)\.",
+        where=where,
+        fmt="torchvision",
+        variant=variant,
+        heads=num_heads,
+        heads_origin="pipeline.yaml: model.num_heads" if num_heads is not None else "",
+        act=act or "gelu",
+        layer_norm_eps=1e-6 if layer_norm_eps is None else layer_norm_eps,
+    )
 
 
 # The documented transforms of torchvision's ViT weights (torchvision.models.ViT_*_Weights: every one is
 # ImageClassification(crop_size, resize_size, ImageNet mean/std, interpolation)).
 # (width, patch) -> (builder, {image size: (weights, resize_size, interpolation)}).
 TORCHVISION_WEIGHTS = {
-    (768, 16): ("vit_b_16", {224: ("IMAGENET1K_V1", 256, "bilinear"), 384: ("IMAGENET1K_SWAG_E2E_V1", 384, "bicubic")}),
+    (768, 16): (
+        "vit_b_16",
+        {224: ("IMAGENET1K_V1", 256, "bilinear"), 384: ("IMAGENET1K_SWAG_E2E_V1", 384, "bicubic")},
+    ),
     (768, 32): ("vit_b_32", {224: ("IMAGENET1K_V1", 256, "bilinear")}),
-    (1024, 16): ("vit_l_16", {224: ("IMAGENET1K_V1", 242, "bilinear"), 512: ("IMAGENET1K_SWAG_E2E_V1", 512, "bicubic")}),
+    (1024, 16): (
+        "vit_l_16",
+        {224: ("IMAGENET1K_V1", 242, "bilinear"), 512: ("IMAGENET1K_SWAG_E2E_V1", 512, "bicubic")},
+    ),
     (1024, 32): ("vit_l_32", {224: ("IMAGENET1K_V1", 256, "bilinear")}),
-    (1280, 14): ("vit_h_14", {224: ("IMAGENET1K_SWAG_LINEAR_V1", 224, "bicubic"),
-                              518: ("IMAGENET1K_SWAG_E2E_V1", 518, "bicubic")}),
+    (1280, 14): (
+        "vit_h_14",
+        {224: ("IMAGENET1K_SWAG_LINEAR_V1", 224, "bicubic"), 518: ("IMAGENET1K_SWAG_E2E_V1", 518, "bicubic")},
+    ),
 }
 
 
@@ -112,10 +147,21 @@ def torchvision_preprocess(cfg: "ViTConfig", where: Path) -> Preprocessing:
     noted so the user sees it)."""
     weights, resize, interp, shipped = torchvision_weights_for(cfg)
     size = cfg.image_size
-    spec = PreprocessSpec(style="torchvision", height=size, width=size, shortest_edge=resize, interpolation=interp,
-                          mean=IMAGENET_MEAN, std=IMAGENET_STD)
-    which = (f"the documented transforms of torchvision's {weights}" if shipped else
-             f"the convention of torchvision's {weights} (torchvision ships no ViT weights of this shape)")
-    note = (f"{where.name}: no preprocessing in the checkpoint; assumed {which} ({describe_spec(spec)}); "
-            f"{override_hint()}")
+    spec = PreprocessSpec(
+        style="torchvision",
+        height=size,
+        width=size,
+        shortest_edge=resize,
+        interpolation=interp,
+        mean=IMAGENET_MEAN,
+        std=IMAGENET_STD,
+    )
+    which = (
+        f"the documented transforms of torchvision's {weights}"
+        if shipped
+        else f"the convention of torchvision's {weights} (torchvision ships no ViT weights of this shape)"
+    )
+    note = (
+        f"{where.name}: no preprocessing in the checkpoint; assumed {which} ({describe_spec(spec)}); {override_hint()}"
+    )
     return Preprocessing.from_source(spec, f"{LIBRARY}: torchvision {weights}.transforms()", notes=(note,))

@@ -24,8 +24,18 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-_SIZE_WORDS = {"tiny": "tiny", "ti": "tiny", "small": "small", "s": "small", "base": "base", "b": "base",
-               "large": "large", "l": "large", "huge": "huge", "h": "huge"}
+_SIZE_WORDS = {
+    "tiny": "tiny",
+    "ti": "tiny",
+    "small": "small",
+    "s": "small",
+    "base": "base",
+    "b": "base",
+    "large": "large",
+    "l": "large",
+    "huge": "huge",
+    "h": "huge",
+}
 # The wrappers training scripts put around a state dict, tried in this order.
 _WRAPPER_KEYS = ("state_dict", "model", "model_state_dict")
 
@@ -50,6 +60,7 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- file kinds
+
 
 def sniff(path: Path) -> str:
     """'safetensors', 'torch-zip' or 'torch-pickle' from the file's first bytes, not its name."""
@@ -108,8 +119,10 @@ def _torch_load(path: Path) -> Any:
     try:
         return torch.load(str(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        reason = next((ln.strip() for ln in str(exc).splitlines() if "Unsupported" in ln or "WeightsUnpickler" in ln),
-                      str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        reason = next(
+            (ln.strip() for ln in str(exc).splitlines() if "Unsupported" in ln or "WeightsUnpickler" in ln),
+            str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+        )
         raise CheckpointError(
             f"{path}: refused as unsafe: this PyTorch pickle needs more than tensors to load ({reason}), and "
             "vitdeploy only loads checkpoints with torch.load(weights_only=True) because a pickle can run "
@@ -120,7 +133,9 @@ def _torch_load(path: Path) -> Any:
         ) from exc
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/EOFError/... for broken files
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise CheckpointError(f"{path}: corrupt or unreadable PyTorch checkpoint ({first}); re-download or re-save it") from exc
+        raise CheckpointError(
+            f"{path}: corrupt or unreadable PyTorch checkpoint ({first}); re-download or re-save it"
+        ) from exc
 
 
 def _flatten(obj: Any, path: Path) -> dict[str, "torch.Tensor"]:
@@ -139,7 +154,8 @@ def _flatten(obj: Any, path: Path) -> dict[str, "torch.Tensor"]:
     non_tensors = [k for k, v in obj.items() if not isinstance(v, torch.Tensor)]
     if non_tensors:
         raise CheckpointError(
-            f"{path}: expected a state dict of tensors, but these entries are not tensors: {shorten(map(str, non_tensors))}; "
+            f"{path}: expected a state dict of tensors, but these entries are not tensors: "
+            f"{shorten(map(str, non_tensors))}; "
             "save model.state_dict() (or wrap it as {'state_dict': ...})"
         )
     return strip_prefixes(dict(obj))
@@ -156,7 +172,7 @@ def strip_prefixes(state: dict[str, Any]) -> dict[str, Any]:
         changed = False
         for prefix in _COMMON_PREFIXES:
             if all(k.startswith(prefix) for k in state):
-                state = {k[len(prefix):]: v for k, v in state.items()}
+                state = {k[len(prefix) :]: v for k, v in state.items()}
                 changed = True
     return state
 
@@ -167,6 +183,7 @@ def to_float32(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
 
 
 # --------------------------------------------------------------------------- architecture helpers
+
 
 def layer_count(keys: Iterable[str], prefix_pattern: str) -> int:
     """Number of layers from keys like ``blocks.3.x`` (prefix_pattern has one ``(\\d+)`` group)."""
@@ -193,19 +210,26 @@ def variant_template(variant: str):
     m = re.match(r"^(?:vit|deit)_(tiny|small|base|large|huge)_patch(\d+)", base)
     if m:
         size, patch = m.group(1), int(m.group(2))
-    elif (m := re.match(r"^vit_([tsblh])_(\d+)$", base)):  # torchvision names
+    elif m := re.match(r"^vit_([tsblh])_(\d+)$", base):  # torchvision names
         size, patch = _SIZE_WORDS[m.group(1)], int(m.group(2))
-    elif (m := re.match(r"^(ti|tiny|s|small|b|base|l|large|h|huge)(?:[/-](\d+))?$", base)):
+    elif m := re.match(r"^(ti|tiny|s|small|b|base|l|large|h|huge)(?:[/-](\d+))?$", base):
         size, patch = _SIZE_WORDS[m.group(1)], int(m.group(2)) if m.group(2) else None
     if size is None:
         sizes = sorted({k.split("_")[1] for k in VARIANTS})
-        raise CheckpointError(
-            f"unknown variant {variant!r}; use one of {sorted(VARIANTS)} or a size name {sizes}"
-        )
+        raise CheckpointError(f"unknown variant {variant!r}; use one of {sorted(VARIANTS)} or a size name {sizes}")
     template = next(cfg for key, cfg in VARIANTS.items() if key.startswith(f"vit_{size}_"))
-    return template if patch is None else ViTConfig(
-        image_size=patch * 14, patch_size=patch, width=template.width, depth=template.depth,
-        heads=template.heads, mlp_ratio=template.mlp_ratio)
+    return (
+        template
+        if patch is None
+        else ViTConfig(
+            image_size=patch * 14,
+            patch_size=patch,
+            width=template.width,
+            depth=template.depth,
+            heads=template.heads,
+            mlp_ratio=template.mlp_ratio,
+        )
+    )
 
 
 def resolve_heads(width: int, depth: int, patch: int, variant: str | None, where: Path) -> tuple[int, str]:
@@ -220,8 +244,10 @@ def resolve_heads(width: int, depth: int, patch: int, variant: str | None, where
         heads = HEADS_BY_WIDTH[width]
         name = f"vit_{SIZE_BY_WIDTH[width]}"
         logger.info("%s: no head count stored; assuming %d heads (%s)", where, heads, name)
-        return heads, (f"library default (assumed): width {width} is {name}'s, which has {heads} heads; the checkpoint "
-                       "does not store it (set model.num_heads in pipeline.yaml if yours differs)")
+        return heads, (
+            f"library default (assumed): width {width} is {name}'s, which has {heads} heads; the checkpoint "
+            "does not store it (set model.num_heads in pipeline.yaml if yours differs)"
+        )
     standard = ", ".join(f"{w} ({SIZE_BY_WIDTH[w]})" for w in HEADS_BY_WIDTH)
     raise CheckpointError(
         f"{where}: the checkpoint does not store its number of attention heads and width {width} is not a "
@@ -229,7 +255,9 @@ def resolve_heads(width: int, depth: int, patch: int, variant: str | None, where
     )
 
 
-def check_variant(tmpl, variant: str, *, width: int, depth: int, patch: int, where: Path, heads: int | None = None) -> None:
+def check_variant(
+    tmpl, variant: str, *, width: int, depth: int, patch: int, where: Path, heads: int | None = None
+) -> None:
     """Raise when the checkpoint contradicts the variant the caller named."""
     problems = []
     if tmpl.width != width:

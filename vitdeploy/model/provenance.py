@@ -40,8 +40,9 @@ class Preprocessing:
     notes: tuple[str, ...] = ()
 
     @classmethod
-    def from_source(cls, spec: PreprocessSpec, origin: str, exceptions: dict[str, str] | None = None,
-                    notes: tuple[str, ...] = ()) -> "Preprocessing":
+    def from_source(
+        cls, spec: PreprocessSpec, origin: str, exceptions: dict[str, str] | None = None, notes: tuple[str, ...] = ()
+    ) -> "Preprocessing":
         """Every relevant field from ``origin`` except those in ``exceptions`` (field -> origin)."""
         exceptions = exceptions or {}
         origins = {f: exceptions.get(f, origin) for f in relevant_fields(spec)}
@@ -58,18 +59,26 @@ def describe_spec(spec: PreprocessSpec) -> str:
     if spec.style == "hf":
         if spec.shortest_edge is not None:
             resize = f"shorter side to {spec.shortest_edge}" + (
-                f" (longer at most {spec.longest_edge})" if spec.longest_edge else "")
+                f" (longer at most {spec.longest_edge})" if spec.longest_edge else ""
+            )
         elif spec.resize_height is not None:
             resize = f"resize to {spec.resize_height}x{spec.resize_width} (aspect ratio not kept)"
         else:
             resize = f"resize to {spec.height}x{spec.width} (aspect ratio not kept)"
-        crop = "" if (spec.resize_height is None and spec.shortest_edge is None) else f", centre crop {size} (floored offset)"
+        crop = (
+            ""
+            if (spec.resize_height is None and spec.shortest_edge is None)
+            else f", centre crop {size} (floored offset)"
+        )
     elif spec.style == "torchvision":
         resize, crop = f"shorter side to {spec.shortest_edge}", f", centre crop {size}"
     else:
         scale = int(spec.height / spec.crop_pct) if spec.height == spec.width else f"{spec.height}/{spec.crop_pct:g}"
-        resize = {"center": f"shorter side to {scale}", "squash": f"resize to {scale}x{scale} (aspect ratio not kept)",
-                  "border": f"longer side to {scale}, pad with the mean colour"}[spec.crop_mode]
+        resize = {
+            "center": f"shorter side to {scale}",
+            "squash": f"resize to {scale}x{scale} (aspect ratio not kept)",
+            "border": f"longer side to {scale}, pad with the mean colour",
+        }[spec.crop_mode]
         crop = f", centre crop {size} (crop_pct {spec.crop_pct:g}, crop_mode {spec.crop_mode})"
     mean = ", ".join(f"{v:g}" for v in spec.mean)
     std = ", ".join(f"{v:g}" for v in spec.std)

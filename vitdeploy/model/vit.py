@@ -16,13 +16,13 @@ Parameter names are timm's, so a timm state dict loads as it is.
 from __future__ import annotations
 
 import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..base.vit_schema import VARIANTS, ViTConfig  # noqa: F401 - the one definition (torch-free), re-exported here
 from ..base.vocab import ACTIVATIONS  # noqa: F401 - re-exported (GELU_APPROXIMATE has one entry per name)
-
 
 #: MLP activations: our name (vocab.ACTIVATIONS) -> torch.nn.functional.gelu's ``approximate`` argument.
 GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}
@@ -32,7 +32,9 @@ def sincos_position_embedding(grid: int, width: int, temperature: float = 10000.
     """Fixed 2-D sine-cosine position embedding, (1, grid*grid, width)."""
     if width % 4:
         raise ValueError(f"sincos position embedding needs width divisible by 4, got {width}")
-    ys, xs = torch.meshgrid(torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32), indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(grid, dtype=torch.float32), torch.arange(grid, dtype=torch.float32), indexing="ij"
+    )
     omega = 1.0 / temperature ** (torch.arange(width // 4, dtype=torch.float32) / (width // 4 - 1 if width > 4 else 1))
     y = ys.flatten()[:, None] * omega[None, :]
     x = xs.flatten()[:, None] * omega[None, :]
@@ -125,14 +127,18 @@ class VisionTransformer(nn.Module):
             self.pos_embed = nn.Parameter(torch.zeros(1, cfg.pos_len, cfg.width))
         else:
             prefix = cfg.pos_len - cfg.num_patches
-            table = torch.cat([torch.zeros(1, prefix, cfg.width), sincos_position_embedding(cfg.grid, cfg.width)], dim=1)
+            table = torch.cat(
+                [torch.zeros(1, prefix, cfg.width), sincos_position_embedding(cfg.grid, cfg.width)], dim=1
+            )
             self.register_buffer("pos_embed", table, persistent=False)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         norm = lambda: nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)  # noqa: E731
         self.norm = nn.Identity() if cfg.fc_norm else norm()
         self.fc_norm = norm() if cfg.fc_norm else nn.Identity()
         self.head = nn.Linear(cfg.pooled_width, cfg.num_classes) if cfg.num_classes else nn.Identity()
-        self.head_dist = (nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()) if cfg.distilled else None
+        self.head_dist = (
+            (nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()) if cfg.distilled else None
+        )
         self.reset_parameters()
 
     @torch.no_grad()
@@ -155,7 +161,9 @@ class VisionTransformer(nn.Module):
     def forward_tokens(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, prefix + patches, width): every token after the last block and ``norm``."""
         x = self.patch_embed(pixel_values)
-        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        prefix = [
+            t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None
+        ]
         if self.cfg.pos_embed_prefix:
             x = torch.cat([*prefix, x], dim=1) + self.pos_embed  # (1)
         else:  # the table covers the patches only; the prefix tokens carry no position
@@ -171,9 +179,9 @@ class VisionTransformer(nn.Module):
 
     def _pool(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.pool == "avg":
-            return self.fc_norm(x[:, self.cfg.num_prefix_tokens:].mean(dim=1))
+            return self.fc_norm(x[:, self.cfg.num_prefix_tokens :].mean(dim=1))
         if self.cfg.pool == "token_avg":
-            return torch.cat([x[:, 0], x[:, self.cfg.num_prefix_tokens:].mean(dim=1)], dim=1)
+            return torch.cat([x[:, 0], x[:, self.cfg.num_prefix_tokens :].mean(dim=1)], dim=1)
         return self.fc_norm(x[:, 0])
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
@@ -184,8 +192,9 @@ class VisionTransformer(nn.Module):
         return logits
 
 
-def resample_pos_embed(pos_embed: torch.Tensor, new_grid: int, num_prefix_tokens: int = 1,
-                       antialias: bool = True) -> torch.Tensor:
+def resample_pos_embed(
+    pos_embed: torch.Tensor, new_grid: int, num_prefix_tokens: int = 1, antialias: bool = True
+) -> torch.Tensor:
     """Bicubically resample a (1, prefix + g*g, D) learned position table to a new grid (``antialias``:
     PyTorch's antialiased bicubic, as timm and transformers' DINOv2-with-registers use; plain bicubic
     otherwise, as transformers' DINOv2 does)."""

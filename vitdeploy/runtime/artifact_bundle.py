@@ -85,8 +85,13 @@ def pack(directory: str | os.PathLike[str] | Artifacts, roles: Iterable[str] | N
     for rel in _role_files(artifacts, chosen):
         files[rel] = resolve_inside(artifacts.directory, rel, "artifact").read_bytes()
     bundle = ArtifactBundle(_cache_key(manifest_bytes, chosen, artifacts.roles), artifacts.name, chosen, files)
-    log.info("packed %s: %d files, %.1f MB (roles %s)", artifacts.directory, len(files), bundle.nbytes / 1e6,
-             ", ".join(chosen))
+    log.info(
+        "packed %s: %d files, %.1f MB (roles %s)",
+        artifacts.directory,
+        len(files),
+        bundle.nbytes / 1e6,
+        ", ".join(chosen),
+    )
     return bundle
 
 
@@ -140,21 +145,25 @@ def materialize(bundle: ArtifactBundle, cache_root: str | os.PathLike[str] | Non
     return open_cached(final, bundle.roles)
 
 
-def fetch_uri(uri: str, roles: Iterable[str] | None = None,
-              cache_root: str | os.PathLike[str] | None = None) -> Artifacts:
+def fetch_uri(
+    uri: str, roles: Iterable[str] | None = None, cache_root: str | os.PathLike[str] | None = None
+) -> Artifacts:
     """Download the export folder at ``uri`` (``file://``, ``s3://``, ``gs://``, a local path) into the
     node's cache, once per manifest, and open it verified. ``roles``: the roles to fetch (default all)."""
     import json
 
     fs_mod = require("pyarrow.fs", f"reading artifacts from {uri}")
     try:
-        fs, base = fs_mod.FileSystem.from_uri(uri) if "://" in uri else (fs_mod.LocalFileSystem(),
-                                                                          str(Path(uri).resolve()))
+        fs, base = (
+            fs_mod.FileSystem.from_uri(uri) if "://" in uri else (fs_mod.LocalFileSystem(), str(Path(uri).resolve()))
+        )
         with fs.open_input_stream(f"{base.rstrip('/')}/{MANIFEST_NAME}") as fh:
             manifest_bytes = fh.read()
     except (OSError, ValueError) as exc:
-        raise ArtifactError(f"cannot read {uri.rstrip('/')}/{MANIFEST_NAME}: {str(exc).splitlines()[0]}; "
-                            "check the URI and the credentials of this node") from None
+        raise ArtifactError(
+            f"cannot read {uri.rstrip('/')}/{MANIFEST_NAME}: {str(exc).splitlines()[0]}; "
+            "check the URI and the credentials of this node"
+        ) from None
     try:
         data = json.loads(manifest_bytes)
     except ValueError as exc:
@@ -184,5 +193,6 @@ def fetch_uri(uri: str, roles: Iterable[str] | None = None,
             raise
         log.info("downloaded %s into %s", uri, final)
     return open_cached(final, chosen)
+
 
 __all__ = ["ArtifactBundle", "CACHE_ENV", "default_cache_root", "fetch_uri", "materialize", "open_cached", "pack"]

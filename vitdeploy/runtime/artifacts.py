@@ -19,8 +19,15 @@ from ..base.errors import ArtifactError, ArtifactIntegrityError
 from ..base.limits import clip_text
 from ..base.preprocess_spec import PreprocessSpec
 from ..base.vocab import ARTIFACT_FILES, MANIFEST_NAME
-from .manifest_schema import (MANIFEST_FORMAT, MANIFEST_VERSION, Manifest, check_engine_meta, check_model_config,  # noqa: F401 - re-exported
-                              parse_manifest, read_json_bounded)
+from .manifest_schema import (
+    MANIFEST_FORMAT,  # noqa: F401
+    MANIFEST_VERSION,  # noqa: F401
+    Manifest,
+    check_engine_meta,
+    check_model_config,  # noqa: F401 - re-exported
+    parse_manifest,
+    read_json_bounded,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +51,18 @@ def resolve_inside(directory: str | os.PathLike[str], relative: str, what: str) 
     if not isinstance(relative, str) or not relative:
         raise ArtifactIntegrityError(f"{what}: expected a relative file name, got {relative!r}")
     if os.path.isabs(relative) or Path(relative).is_absolute() or relative.startswith(("/", "\\")):
-        raise ArtifactIntegrityError(f"{what}: path {relative!r} is absolute; artifact paths must stay inside {root} "
-                            f"(refusing it: a tampered manifest or model could point anywhere)")
+        raise ArtifactIntegrityError(
+            f"{what}: path {relative!r} is absolute; artifact paths must stay inside {root} "
+            f"(refusing it: a tampered manifest or model could point anywhere)"
+        )
     target = (root / relative).resolve()
     try:
         target.relative_to(root)
     except ValueError:
-        raise ArtifactIntegrityError(f"{what}: path {relative!r} resolves to {target}, outside the artifact directory "
-                            f"{root} (via '..' or a symlink); refusing it") from None
+        raise ArtifactIntegrityError(
+            f"{what}: path {relative!r} resolves to {target}, outside the artifact directory "
+            f"{root} (via '..' or a symlink); refusing it"
+        ) from None
     return target
 
 
@@ -89,8 +100,9 @@ def check_onnx_external_data(onnx_path: str | os.PathLike[str]) -> list[Path]:
     try:
         model = onnx.load(str(onnx_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf raises several types on corrupt input
-        raise ArtifactIntegrityError(f"cannot read ONNX model {onnx_path}: {clip_text(str(exc))}; the file is not a "
-                                     f"valid ONNX graph; {_FIX}") from exc
+        raise ArtifactIntegrityError(
+            f"cannot read ONNX model {onnx_path}: {clip_text(str(exc))}; the file is not a valid ONNX graph; {_FIX}"
+        ) from exc
     files: dict[Path, None] = {}
     external = onnx.TensorProto.EXTERNAL
     for tensor in _iter_tensors(model.graph):
@@ -103,7 +115,9 @@ def check_onnx_external_data(onnx_path: str | os.PathLike[str]) -> list[Path]:
             raise ArtifactIntegrityError(f"{what} has no 'location'; the model is corrupt; {_FIX}")
         target = resolve_inside(onnx_path.parent, location, what)
         if not target.is_file():
-            raise ArtifactIntegrityError(f"{what} file {target} is missing; copy it next to {onnx_path.name} or {_FIX}")
+            raise ArtifactIntegrityError(
+                f"{what} file {target} is missing; copy it next to {onnx_path.name} or {_FIX}"
+            )
         files[target] = None
     return list(files)
 
@@ -148,10 +162,14 @@ class Artifacts:
             raise ArtifactError(f"{path} is not a directory; pass the folder `vitdeploy export` wrote ({_FIX})")
         manifest_path = path / MANIFEST_NAME
         if not os.access(path, os.R_OK | os.X_OK):
-            raise ArtifactError(f"{path}: cannot read the artifact directory (permission denied); make it readable "
-                                f"by this user (e.g. chmod a+rx)")
+            raise ArtifactError(
+                f"{path}: cannot read the artifact directory (permission denied); make it readable "
+                f"by this user (e.g. chmod a+rx)"
+            )
         if not manifest_path.is_file():
-            raise ArtifactError(f"{manifest_path} not found: {path} is not an export directory; {_FIX} with --out {path}")
+            raise ArtifactError(
+                f"{manifest_path} not found: {path} is not an export directory; {_FIX} with --out {path}"
+            )
         data = read_json_bounded(manifest_path, "manifest")
         artifacts = cls(path, data, parse_manifest(data, manifest_path))
         if verify:
@@ -224,8 +242,9 @@ class Artifacts:
         only the files one backend reads). The manifest is unchanged; the other roles are absent."""
         keep = {role: self._schema.artifacts[role] for role in dict.fromkeys(roles) if role in self._schema.artifacts}
         if not keep:
-            raise ArtifactError(f"{self._where('artifacts')} lists none of the roles {list(roles)} "
-                                f"(present: {self.roles or 'none'})")
+            raise ArtifactError(
+                f"{self._where('artifacts')} lists none of the roles {list(roles)} (present: {self.roles or 'none'})"
+            )
         view = Artifacts(self._directory, self._manifest, self._schema.model_copy(update={"artifacts": keep}))
         return view
 
@@ -235,8 +254,10 @@ class Artifacts:
     def entry(self, role: str) -> dict[str, Any]:
         entry = self._schema.artifacts.get(role)
         if entry is None:
-            raise ArtifactError(f"{self._where('artifacts')} has no {role!r} artifact (present: {self.roles or 'none'}); "
-                                f"re-run `vitdeploy export` with that stage enabled")
+            raise ArtifactError(
+                f"{self._where('artifacts')} has no {role!r} artifact (present: {self.roles or 'none'}); "
+                f"re-run `vitdeploy export` with that stage enabled"
+            )
         return entry.model_dump()
 
     # ------------------------------------------------------------- verification
@@ -267,14 +288,18 @@ class Artifacts:
         path = self.path(role)  # verifies the graph and the external data the manifest lists
         if role in self._onnx_checked:
             return path
-        listed = {resolve_inside(self._directory, sub["path"], f"artifact {role!r} external data")
-                  for sub in self.entry(role).get("external_data") or []}
+        listed = {
+            resolve_inside(self._directory, sub["path"], f"artifact {role!r} external data")
+            for sub in self.entry(role).get("external_data") or []
+        }
         unlisted = [p for p in check_onnx_external_data(path) if p not in listed]
         if unlisted:
             names = ", ".join(str(p.relative_to(self._directory.resolve())) for p in unlisted)
-            raise ArtifactIntegrityError(f"artifact {role!r}: {path.name} loads external data {names} that "
-                                         f"{MANIFEST_NAME} does not list under artifacts.{role}.external_data, so its "
-                                         f"sha256 cannot be checked; refusing it; {_FIX}")
+            raise ArtifactIntegrityError(
+                f"artifact {role!r}: {path.name} loads external data {names} that "
+                f"{MANIFEST_NAME} does not list under artifacts.{role}.external_data, so its "
+                f"sha256 cannot be checked; refusing it; {_FIX}"
+            )
         self._onnx_checked.add(role)
         return path
 
@@ -295,8 +320,9 @@ class Artifacts:
         for role in ("engine-meta", "engine-int8-meta"):
             if role in paths:
                 meta_path = paths[role]
-                check_engine_meta(self._schema, read_json_bounded(meta_path, "engine description"), meta_path,
-                                  self.manifest_path)
+                check_engine_meta(
+                    self._schema, read_json_bounded(meta_path, "engine description"), meta_path, self.manifest_path
+                )
         return paths
 
     def _verify_file(self, path: Path, entry: Any, what: str) -> None:
@@ -309,18 +335,24 @@ class Artifacts:
         if not path.is_file():
             raise ArtifactIntegrityError(f"{what}: {path} is not a regular file; {_FIX}")
         if entry.bytes != actual_size:
-            raise ArtifactIntegrityError(f"{what}: tampered or corrupt: {path} size expected {entry.bytes} bytes got "
-                                         f"{actual_size}; the whole directory is refused; {_FIX}")
+            raise ArtifactIntegrityError(
+                f"{what}: tampered or corrupt: {path} size expected {entry.bytes} bytes got "
+                f"{actual_size}; the whole directory is refused; {_FIX}"
+            )
         try:
             actual_hash = sha256_file(path)
         except PermissionError as exc:
-            raise ArtifactError(f"{what}: cannot read {path} ({exc.strerror}); make it readable by this user "
-                                f"(e.g. chmod a+r {path.name})") from None
+            raise ArtifactError(
+                f"{what}: cannot read {path} ({exc.strerror}); make it readable by this user "
+                f"(e.g. chmod a+r {path.name})"
+            ) from None
         except OSError as exc:
             raise ArtifactError(f"{what}: cannot read {path} ({exc.strerror or exc}); {_FIX}") from None
         if actual_hash != entry.sha256:
-            raise ArtifactIntegrityError(f"{what}: tampered or corrupt: {path} sha256 expected {entry.sha256} got "
-                                         f"{actual_hash}; the whole directory is refused; {_FIX}")
+            raise ArtifactIntegrityError(
+                f"{what}: tampered or corrupt: {path} sha256 expected {entry.sha256} got "
+                f"{actual_hash}; the whole directory is refused; {_FIX}"
+            )
         log.debug("verified %s (%d bytes, sha256 %s)", path, actual_size, actual_hash[:12])
 
     def __repr__(self) -> str:

@@ -1,7 +1,7 @@
 """Classify many image files in batches; an unreadable image becomes an error record, never a stop.
 
-    for rec in predict_paths(predictor, ["photos/", "extra.jpg"], batch_size=32):
-        print(json.dumps(rec))   # {"path", "label", "index", "score", "top_k": [...]} or {"path", "error"}
+for rec in predict_paths(predictor, ["photos/", "extra.jpg"], batch_size=32):
+    print(json.dumps(rec))   # {"path", "label", "index", "score", "top_k": [...]} or {"path", "error"}
 """
 
 from __future__ import annotations
@@ -19,8 +19,14 @@ log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 
 
-def predict_paths(predictor: Any, paths: Iterable[str | os.PathLike[str]], *, batch_size: int = 32, top_k: int = 5,
-                  progress: Progress | None = None) -> Iterator[dict[str, Any]]:
+def predict_paths(
+    predictor: Any,
+    paths: Iterable[str | os.PathLike[str]],
+    *,
+    batch_size: int = 32,
+    top_k: int = 5,
+    progress: Progress | None = None,
+) -> Iterator[dict[str, Any]]:
     """One record per image file under ``paths`` (files as given, directories walked), in order.
 
     Paths are expanded before this returns; a path that cannot be used (missing, a symlink loop,
@@ -36,8 +42,9 @@ def predict_paths(predictor: Any, paths: Iterable[str | os.PathLike[str]], *, ba
     return _records(predictor, expand_image_paths(paths), int(batch_size), int(top_k), progress)
 
 
-def _records(predictor: Any, entries: list[tuple[Path, str | None]], batch_size: int, top_k: int,
-             progress: Progress | None) -> Iterator[dict[str, Any]]:
+def _records(
+    predictor: Any, entries: list[tuple[Path, str | None]], batch_size: int, top_k: int, progress: Progress | None
+) -> Iterator[dict[str, Any]]:
     total, done = len(entries), 0
     preprocessor = predictor.preprocessor
     start = 0

@@ -69,8 +69,10 @@ def cuda_status(device: str | int | None = None) -> tuple[bool, str]:
         built = getattr(torch.version, "cuda", None)
         if not built:
             return False, f"torch {torch.__version__} is a CPU-only build (install a CUDA build of torch)"
-        return False, (f"torch {torch.__version__} (built for CUDA {built}) finds no usable CUDA device "
-                       "(no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides every GPU)")
+        return False, (
+            f"torch {torch.__version__} (built for CUDA {built}) finds no usable CUDA device "
+            "(no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides every GPU)"
+        )
     count = int(torch.cuda.device_count())
     if index >= count:
         return False, f"cuda:{index} was requested but only {count} CUDA device(s) are visible"

@@ -17,9 +17,9 @@ from typing import Any
 from ..base.errors import InputError
 
 IMAGE_EXTENSIONS: frozenset[str] = frozenset(
-    {".png", ".apng", ".jpg", ".jpeg", ".jpe", ".jfif", ".bmp", ".dib", ".gif", ".webp",
-     ".tif", ".tiff"}
+    {".png", ".apng", ".jpg", ".jpeg", ".jpe", ".jfif", ".bmp", ".dib", ".gif", ".webp", ".tif", ".tiff"}
 )
+
 
 def is_image_path(path: str | os.PathLike) -> bool:
     """True when ``path``'s extension is one of :data:`IMAGE_EXTENSIONS` (case-insensitive).
@@ -76,11 +76,21 @@ def expand_image_paths(paths: Iterable[str | os.PathLike]) -> list[tuple[Path, s
             out.append((path, f"{exc.filename or path}: cannot read the directory ({exc.strerror or exc})"))
             continue
         out.extend((f, None) for f in found)
-        out.extend((Path(e.filename or path), f"{e.filename or path}: cannot read the directory "
-                                               f"({e.strerror or e}); its images were skipped") for e in unreadable)
+        out.extend(
+            (
+                Path(e.filename or path),
+                f"{e.filename or path}: cannot read the directory ({e.strerror or e}); its images were skipped",
+            )
+            for e in unreadable
+        )
         if not found and not unreadable:
-            out.append((path, f"{path}: directory holds no images (looked recursively for "
-                              f"{', '.join(sorted(IMAGE_EXTENSIONS))}; hidden entries skipped)"))
+            out.append(
+                (
+                    path,
+                    f"{path}: directory holds no images (looked recursively for "
+                    f"{', '.join(sorted(IMAGE_EXTENSIONS))}; hidden entries skipped)",
+                )
+            )
     return out
 
 

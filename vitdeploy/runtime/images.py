@@ -241,9 +241,7 @@ def _orient(img: Image.Image, name: str) -> Image.Image:
         try:
             return ImageOps.exif_transpose(img)
         except Exception as exc:  # noqa: BLE001
-            raise InputError(
-                f"{name}: cannot apply EXIF orientation {orientation}: {exc}"
-            ) from None
+            raise InputError(f"{name}: cannot apply EXIF orientation {orientation}: {exc}") from None
     return img
 
 
@@ -285,9 +283,7 @@ def _lab_to_rgb(img: Image.Image, name: str) -> Image.Image:
             ImageCms.createProfile("LAB"), ImageCms.createProfile("sRGB"), "LAB", "RGB"
         )
     except Exception as exc:  # noqa: BLE001 - Pillow built without littlecms
-        raise InputError(
-            f"{name}: L*a*b* image needs Pillow's littlecms support (PIL.ImageCms): {exc}"
-        ) from None
+        raise InputError(f"{name}: L*a*b* image needs Pillow's littlecms support (PIL.ImageCms): {exc}") from None
     return ImageCms.applyTransform(img, transform)
 
 

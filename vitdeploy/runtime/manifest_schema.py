@@ -47,7 +47,9 @@ def _relative_path(value: Any) -> str:
     if PurePosixPath(value).is_absolute() or PureWindowsPath(value).is_absolute() or PureWindowsPath(value).drive:
         raise ValueError("is absolute; artifact paths must stay inside the artifact directory")
     if any(part in ("..", ".", "") for part in value.split("/")):
-        raise ValueError("must not contain '..', '.' or empty components; artifact paths must stay inside the directory")
+        raise ValueError(
+            "must not contain '..', '.' or empty components; artifact paths must stay inside the directory"
+        )
     return value
 
 
@@ -89,7 +91,7 @@ class TensorSpec(StrictSection):
             raise ValueError("must list the dimensions")
         first, rest = v[0], v[1:]
         if not (isinstance(first, str) and first) and not (type(first) is int and first >= 1):
-            raise ValueError("the first dimension must be the batch: a name like \"batch\" (or a positive integer)")
+            raise ValueError('the first dimension must be the batch: a name like "batch" (or a positive integer)')
         if any(type(d) is not int or d < 1 for d in rest):
             raise ValueError("dimensions after the batch must be positive integers")
         return v
@@ -103,13 +105,15 @@ class IOSpec(StrictSection):
     @model_validator(mode="after")
     def _ranks(self) -> "IOSpec":
         if len(self.input.shape) != 4:
-            raise ValueError(f"io.input.shape must be [\"batch\", C, H, W], got {clip(list(self.input.shape))}")
+            raise ValueError(f'io.input.shape must be ["batch", C, H, W], got {clip(list(self.input.shape))}')
         if self.input.shape[1] != 3:
             raise ValueError(f"io.input.shape has {self.input.shape[1]} channels; the preprocessing produces RGB (3)")
         if any(s > MAX_IMAGE_SIDE for s in self.input.shape[2:]):
-            raise ValueError(f"io.input.shape {clip(list(self.input.shape))} is larger than {MAX_IMAGE_SIDE} px a side")
+            raise ValueError(
+                f"io.input.shape {clip(list(self.input.shape))} is larger than {MAX_IMAGE_SIDE} px a side"
+            )
         if len(self.output.shape) != 2:
-            raise ValueError(f"io.output.shape must be [\"batch\", classes], got {clip(list(self.output.shape))}")
+            raise ValueError(f'io.output.shape must be ["batch", classes], got {clip(list(self.output.shape))}')
         names = [self.input.name, self.output.name] + ([self.features.name] if self.features else [])
         if len(set(names)) != len(names):
             raise ValueError(f"io tensor names must differ, got {clip(names)}")
@@ -131,8 +135,9 @@ class BatchSpec(StrictSection):
     @model_validator(mode="after")
     def _ordered(self) -> "BatchSpec":
         if not self.min <= self.opt <= self.max:
-            raise ValueError(f"batch sizes must satisfy 1 <= min <= opt <= max, got min={self.min}, opt={self.opt}, "
-                             f"max={self.max}")
+            raise ValueError(
+                f"batch sizes must satisfy 1 <= min <= opt <= max, got min={self.min}, opt={self.opt}, max={self.max}"
+            )
         return self
 
 
@@ -183,12 +188,16 @@ class Manifest(BaseModel):
     def _consistent(self) -> "Manifest":
         classes = self.io.output.shape[1]
         if len(self.labels) != classes:
-            raise ValueError(f"labels has {len(self.labels)} entries but io.output.shape says {classes} classes; "
-                             "one label per class")
+            raise ValueError(
+                f"labels has {len(self.labels)} entries but io.output.shape says {classes} classes; "
+                "one label per class"
+            )
         _, _, h, w = self.io.input.shape
         if (self.preprocess.height, self.preprocess.width) != (h, w):
-            raise ValueError(f"preprocess size {self.preprocess.height}x{self.preprocess.width} differs from the "
-                             f"model input {h}x{w} (io.input.shape)")
+            raise ValueError(
+                f"preprocess size {self.preprocess.height}x{self.preprocess.width} differs from the "
+                f"model input {h}x{w} (io.input.shape)"
+            )
         return self
 
     # convenience
@@ -210,8 +219,9 @@ def read_json_bounded(path: Path, what: str) -> Any:
         with open(path, "rb") as fh:
             raw = fh.read(MAX_JSON_BYTES + 1)
     except PermissionError as exc:
-        raise ArtifactError(f"{path}: cannot read the {what} ({exc.strerror}); make it readable by this user "
-                            f"(e.g. chmod a+r)") from None
+        raise ArtifactError(
+            f"{path}: cannot read the {what} ({exc.strerror}); make it readable by this user (e.g. chmod a+r)"
+        ) from None
     except OSError as exc:
         raise ArtifactError(f"{path}: cannot read the {what} ({exc.strerror or exc}); {FIX}") from None
     try:
@@ -228,12 +238,15 @@ def parse_manifest(data: Any, source: Path) -> Manifest:
         raise ArtifactError(f"{source}: expected a JSON object, got {type(data).__name__}; {FIX}")
     fmt = data.get("format")
     if fmt != MANIFEST_FORMAT:
-        raise ArtifactError(f"{source}: \"format\" is {clip(fmt)}, expected {MANIFEST_FORMAT!r}; "
-                            f"this is not a vitdeploy manifest; {FIX}")
+        raise ArtifactError(
+            f'{source}: "format" is {clip(fmt)}, expected {MANIFEST_FORMAT!r}; this is not a vitdeploy manifest; {FIX}'
+        )
     version = data.get("version")
     if type(version) is not int or version < 1 or version > MANIFEST_VERSION:
-        raise ArtifactError(f"{source}: manifest version {clip(version)} is not supported (this vitdeploy "
-                            f"reads version {MANIFEST_VERSION}); upgrade vitdeploy or {FIX}")
+        raise ArtifactError(
+            f"{source}: manifest version {clip(version)} is not supported (this vitdeploy "
+            f"reads version {MANIFEST_VERSION}); upgrade vitdeploy or {FIX}"
+        )
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
@@ -245,8 +258,10 @@ def parse_manifest(data: Any, source: Path) -> Manifest:
 
 def _refuse(what: str, problems: Sequence[str], manifest_path: Path) -> None:
     if problems:
-        raise ArtifactIntegrityError(f"{what} disagrees with {manifest_path}: {'; '.join(problems)}; the directory "
-                                     f"mixes files of different exports or was edited; {FIX}")
+        raise ArtifactIntegrityError(
+            f"{what} disagrees with {manifest_path}: {'; '.join(problems)}; the directory "
+            f"mixes files of different exports or was edited; {FIX}"
+        )
 
 
 def check_model_config(manifest: Manifest, config: Any, config_path: Path, manifest_path: Path) -> None:
@@ -254,8 +269,9 @@ def check_model_config(manifest: Manifest, config: Any, config_path: Path, manif
     from ..base.vit_schema import validate_vit_config
 
     if not isinstance(config, dict) or config.get("format") != "vitdeploy" or not isinstance(config.get("vit"), dict):
-        raise ArtifactIntegrityError(f"{config_path} is not a vitdeploy model config (expected \"format\": "
-                                     f"\"vitdeploy\" and a \"vit\" object); {FIX}")
+        raise ArtifactIntegrityError(
+            f'{config_path} is not a vitdeploy model config (expected "format": "vitdeploy" and a "vit" object); {FIX}'
+        )
     vit = validate_vit_config(config["vit"], config_path, key_prefix="vit", error=ArtifactIntegrityError)
     c, h, w = manifest.chw
     problems = []
@@ -284,8 +300,15 @@ def check_engine_meta(manifest: Manifest, meta: Any, meta_path: Path, manifest_p
 Tensor = tuple[str, str, Sequence[Any]]  # (name, dtype "float32"/"float16"/other, shape: ints, names or None)
 
 
-def check_graph_io(manifest: Manifest, graph_path: Path, inputs: Sequence[Tensor], outputs: Sequence[Tensor],
-                   manifest_path: Path, *, fp16_io_ok: bool = False) -> None:
+def check_graph_io(
+    manifest: Manifest,
+    graph_path: Path,
+    inputs: Sequence[Tensor],
+    outputs: Sequence[Tensor],
+    manifest_path: Path,
+    *,
+    fp16_io_ok: bool = False,
+) -> None:
     """A loaded graph's inputs/outputs against the manifest's io spec and label count.
 
     Exactly one input, named and typed as io.input, shape [batch, C, H, W] with C, H, W static and
@@ -296,8 +319,9 @@ def check_graph_io(manifest: Manifest, graph_path: Path, inputs: Sequence[Tensor
     ok_dtypes = {io.input.dtype, *(("float16",) if fp16_io_ok else ())}
     problems: list[str] = []
     if len(inputs) != 1:
-        problems.append(f"graph has {len(inputs)} inputs {clip([i[0] for i in inputs])}, expected one "
-                        f"({io.input.name!r})")
+        problems.append(
+            f"graph has {len(inputs)} inputs {clip([i[0] for i in inputs])}, expected one ({io.input.name!r})"
+        )
     else:
         name, dtype, shape = inputs[0]
         if name != io.input.name:
@@ -319,8 +343,9 @@ def check_graph_io(manifest: Manifest, graph_path: Path, inputs: Sequence[Tensor
         if dtype not in ({io.output.dtype, "float16"} if fp16_io_ok else {io.output.dtype}):
             problems.append(f"output dtype {dtype} vs {io.output.dtype}")
         if len(shape) != 2 or shape[1] != manifest.num_classes or not _batch_dim_ok(shape[0], manifest):
-            problems.append(f"output shape {clip(_dims(shape))} vs [batch, {manifest.num_classes}] "
-                            f"({len(manifest.labels)} labels)")
+            problems.append(
+                f"output shape {clip(_dims(shape))} vs [batch, {manifest.num_classes}] ({len(manifest.labels)} labels)"
+            )
     _refuse(f"graph {graph_path}", problems, manifest_path)
 
 
@@ -336,8 +361,20 @@ def _dims(shape: Sequence[Any]) -> list[Any]:
 
 def onnx_dtype_name(ort_type: str) -> str:
     """ONNX Runtime's 'tensor(float)' -> 'float32' (others pass through)."""
-    return {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64"}.get(ort_type, ort_type)
+    return {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64"}.get(
+        ort_type, ort_type
+    )
 
 
-__all__ = ["FIX", "MANIFEST_FORMAT", "MANIFEST_VERSION", "Manifest", "check_engine_meta", "check_graph_io",
-           "check_model_config", "onnx_dtype_name", "parse_manifest", "read_json_bounded"]
+__all__ = [
+    "FIX",
+    "MANIFEST_FORMAT",
+    "MANIFEST_VERSION",
+    "Manifest",
+    "check_engine_meta",
+    "check_graph_io",
+    "check_model_config",
+    "onnx_dtype_name",
+    "parse_manifest",
+    "read_json_bounded",
+]

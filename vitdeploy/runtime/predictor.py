@@ -23,10 +23,17 @@ import numpy as np
 from ..base.errors import ArtifactError, ArtifactIntegrityError, BackendError, InputError
 from ..base.vocab import MANIFEST_NAME, ORT_FP16
 from .artifacts import Artifacts
+from .backends import (
+    Backend,
+    BackendOptions,
+    ensure_known,
+    first_line,  # noqa: F401 - the one helper; tests check no module defines its own
+    open_backend,
+    open_or_reason,
+)
 from .backends.base import provider_name
-from .backends import Backend, BackendOptions, ensure_known, open_backend, open_or_reason
-from .backends import first_line  # noqa: F401 - the one helper; tests check no module defines its own
-from .postprocess import softmax, top_k as _top_k
+from .postprocess import softmax
+from .postprocess import top_k as _top_k
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +51,12 @@ class Prediction:
     top_k: list[tuple[str, int, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "index": self.index, "score": self.score,
-                "top_k": [{"label": lab, "index": idx, "score": sc} for lab, idx, sc in self.top_k]}
+        return {
+            "label": self.label,
+            "index": self.index,
+            "score": self.score,
+            "top_k": [{"label": lab, "index": idx, "score": sc} for lab, idx, sc in self.top_k],
+        }
 
 
 def cuda_provider_available() -> bool:
@@ -80,8 +91,9 @@ def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backe
     """
     notes: list[str] = []
     for name in AUTO_ORDER:
-        attempt = open_or_reason(name, artifacts, _auto_options(name, options),
-                                 refuse=_refuse_without_cuda if name == ORT_FP16 else None)
+        attempt = open_or_reason(
+            name, artifacts, _auto_options(name, options), refuse=_refuse_without_cuda if name == ORT_FP16 else None
+        )
         if attempt.status == "unavailable":
             notes.append(f"{name} unavailable ({attempt.reason})")
             continue
@@ -94,8 +106,11 @@ def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backe
             continue
         why = "auto: " + "; ".join([*notes, f"chose {name}"])
         return attempt.backend, name, why
-    raise BackendError(f"no backend can run the artifacts in {artifacts.directory}: " + "; ".join(notes)
-                       + "; install onnxruntime (pip install onnxruntime) or re-run `vitdeploy export`")
+    raise BackendError(
+        f"no backend can run the artifacts in {artifacts.directory}: "
+        + "; ".join(notes)
+        + "; install onnxruntime (pip install onnxruntime) or re-run `vitdeploy export`"
+    )
 
 
 def _is_single(inputs: Any) -> bool:
@@ -109,8 +124,16 @@ def _is_single(inputs: Any) -> bool:
 class Predictor:
     """Classify images (or preprocessed batches) with the artifacts' labels and preprocessing."""
 
-    def __init__(self, artifacts: Artifacts, backend: Backend, *, backend_name: str | None = None, why: str = "",
-                 preprocessor: Any = None, max_pixels: int | None = None) -> None:
+    def __init__(
+        self,
+        artifacts: Artifacts,
+        backend: Backend,
+        *,
+        backend_name: str | None = None,
+        why: str = "",
+        preprocessor: Any = None,
+        max_pixels: int | None = None,
+    ) -> None:
         self.artifacts = artifacts
         self.backend = backend
         self.backend_name = backend_name or getattr(backend, "name", "?")
@@ -121,8 +144,13 @@ class Predictor:
         self.input_shape = artifacts.input_shape
 
     @classmethod
-    def from_artifacts(cls, path: str | os.PathLike[str] | Artifacts, backend: str = "auto",
-                       options: BackendOptions | None = None, max_pixels: int | None = None) -> "Predictor":
+    def from_artifacts(
+        cls,
+        path: str | os.PathLike[str] | Artifacts,
+        backend: str = "auto",
+        options: BackendOptions | None = None,
+        max_pixels: int | None = None,
+    ) -> "Predictor":
         """Open the export directory ``path`` on ``backend`` ("auto" or one of vocab.RUNTIME_BACKENDS).
 
         ``max_pixels``: images whose header claims more pixels are refused before decoding
@@ -156,9 +184,11 @@ class Predictor:
         """
         batch = np.asarray(self.preprocessor.batch(list(images)), dtype=np.float32)
         if batch.ndim != 4 or batch.shape[1:] != tuple(self.input_shape):
-            raise ArtifactError(f"{self.artifacts.directory / MANIFEST_NAME}: preprocessing produced shape "
-                                f"{batch.shape}, the model expects (N, {', '.join(map(str, self.input_shape))}); "
-                                f"the manifest's preprocess and io sections disagree; re-run `vitdeploy export`")
+            raise ArtifactError(
+                f"{self.artifacts.directory / MANIFEST_NAME}: preprocessing produced shape "
+                f"{batch.shape}, the model expects (N, {', '.join(map(str, self.input_shape))}); "
+                f"the manifest's preprocess and io sections disagree; re-run `vitdeploy export`"
+            )
         return batch
 
     def _to_batch(self, inputs: Any) -> tuple[np.ndarray, bool]:
@@ -175,9 +205,11 @@ class Predictor:
         """float32 (N, C, H, W) -> float32 (N, num_classes). InputError names expected vs actual."""
         logits = self._backend().run(batch)  # BackendBase.run checks dtype/shape, splits by max_batch
         if logits.ndim != 2 or logits.shape[1] != len(self.labels):
-            raise ArtifactIntegrityError(f"{self.backend_name} returned logits of shape {logits.shape} but "
-                                         f"{self.artifacts.manifest_path} has {len(self.labels)} labels; re-run "
-                                         f"`vitdeploy export`")
+            raise ArtifactIntegrityError(
+                f"{self.backend_name} returned logits of shape {logits.shape} but "
+                f"{self.artifacts.manifest_path} has {len(self.labels)} labels; re-run "
+                f"`vitdeploy export`"
+            )
         return logits
 
     def _backend(self) -> Backend:

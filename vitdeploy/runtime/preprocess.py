@@ -53,8 +53,8 @@ import numpy as np
 from PIL import Image
 
 from ..base.errors import InputError
-from .images import MAX_IMAGE_PIXELS, ImageSource, load_image
 from ..base.preprocess_spec import PreprocessSpec
+from .images import MAX_IMAGE_PIXELS, ImageSource, load_image
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +80,7 @@ class Preprocessor:
 
     def __init__(self, spec: PreprocessSpec, max_pixels: int | None = MAX_IMAGE_PIXELS) -> None:
         if spec.interpolation not in _RESAMPLE:
-            raise ValueError(
-                f"unknown interpolation {spec.interpolation!r}; expected one of {sorted(_RESAMPLE)}"
-            )
+            raise ValueError(f"unknown interpolation {spec.interpolation!r}; expected one of {sorted(_RESAMPLE)}")
         self.spec = spec
         self.max_pixels = max_pixels
         self._resample = _RESAMPLE[spec.interpolation]
@@ -114,9 +112,7 @@ class Preprocessor:
                 raise InputError(f"batch item {i}: {exc}") from exc
         return out
 
-    def batch_tolerant(
-        self, sources: Iterable[ImageSource]
-    ) -> tuple[np.ndarray, list[int], dict[int, str]]:
+    def batch_tolerant(self, sources: Iterable[ImageSource]) -> tuple[np.ndarray, list[int], dict[int, str]]:
         """Like :meth:`batch`, but one bad image never sinks the others.
 
         Returns ``(pixels, good, errors)``: ``pixels`` is (len(good), 3, H, W) float32 for the
@@ -169,9 +165,7 @@ class Preprocessor:
 
     def _into(self, source: ImageSource, out: np.ndarray) -> None:
         # Greyscale stays one channel through the resize (bit-identical, a third of the work).
-        img = load_image(
-            source, background=self.spec.background, max_pixels=self.max_pixels, keep_grey=True
-        )
+        img = load_image(source, background=self.spec.background, max_pixels=self.max_pixels, keep_grey=True)
         img = self.resize_crop(img)
         pixels = np.asarray(img)
         # (x - mean) / std with x in 0..255 as one multiply-add. Reading HWC through a CHW view
@@ -253,9 +247,7 @@ def hf_resize_size(size: tuple[int, int], spec: PreprocessSpec) -> tuple[int, in
     return int((raw if raw is not None else short) * w / h), short
 
 
-def timm_resize_size(
-    size: tuple[int, int], target: tuple[int, int], crop_pct: float
-) -> tuple[int, int]:
+def timm_resize_size(size: tuple[int, int], target: tuple[int, int], crop_pct: float) -> tuple[int, int]:
     """(new_width, new_height) of timm's eval resize for an image of ``size`` = (w, h) and a
     ``target`` = (height, width), before the centre crop. Both results are >= the target."""
     w, h = size
@@ -275,7 +267,13 @@ def timm_resize_size(
 
 
 def _resize_crop_large(
-    img: Image.Image, new_w: int, new_h: int, left: int, top: int, tw: int, th: int,
+    img: Image.Image,
+    new_w: int,
+    new_h: int,
+    left: int,
+    top: int,
+    tw: int,
+    th: int,
     resample: Image.Resampling,
 ) -> Image.Image:
     """Resize-then-crop when the full resize would be huge: two 1-D passes (horizontal, then
@@ -292,4 +290,11 @@ def _resize_crop_large(
     return img
 
 
-__all__ = ["MAX_INTERMEDIATE_PIXELS", "Preprocessor", "ResizePlan", "hf_resize_size", "resize_plan", "timm_resize_size"]
+__all__ = [
+    "MAX_INTERMEDIATE_PIXELS",
+    "Preprocessor",
+    "ResizePlan",
+    "hf_resize_size",
+    "resize_plan",
+    "timm_resize_size",
+]

@@ -28,8 +28,9 @@ def check_encoding(encoding: str | None) -> str:
     enc = (encoding or "").strip().lower()
     if enc in IDENTITY or enc in ENCODINGS:
         return enc
-    raise UnsupportedMediaError(f"Content-Encoding {encoding!r} is not accepted; send the body uncompressed, gzip "
-                                f"or deflate")
+    raise UnsupportedMediaError(
+        f"Content-Encoding {encoding!r} is not accepted; send the body uncompressed, gzip or deflate"
+    )
 
 
 class _Inflater:

@@ -32,8 +32,13 @@ def artifacts_uri(source: str | Path) -> str:
 def app_args(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
     """The builder's ``args``: plain YAML data."""
     sections = cfg.model_dump(mode="json", include={"runtime", "serve"})
-    return {"artifacts": artifacts_uri(settings.artifacts), "backend": settings.backend, "name": name,
-            "replicas": settings.replicas, "pipeline": sections}
+    return {
+        "artifacts": artifacts_uri(settings.artifacts),
+        "backend": settings.backend,
+        "name": name,
+        "replicas": settings.replicas,
+        "pipeline": sections,
+    }
 
 
 def build(args: dict[str, Any]) -> Any:
@@ -45,14 +50,22 @@ def build(args: dict[str, Any]) -> Any:
 
     missing = [k for k in ("artifacts", "backend", "name") if k not in args]
     if missing:
-        raise ConfigError(f"vitdeploy application args: missing {', '.join(missing)} (write them with "
-                          f"`vitdeploy serve --write-config`)")
+        raise ConfigError(
+            f"vitdeploy application args: missing {', '.join(missing)} (write them with "
+            f"`vitdeploy serve --write-config`)"
+        )
     cfg = parse_config(args.get("pipeline") or {})
-    settings = ServeSettings(artifacts=Path("."), backend=str(args["backend"]), host=cfg.serve.host,
-                             port=cfg.serve.port, replicas=int(args.get("replicas", cfg.serve.replicas)),
-                             name=str(args["name"]))
-    spec = replica_spec(cfg, settings, BackendOptions.from_runtime(cfg.runtime), source=str(args["artifacts"]),
-                        name=str(args["name"]))
+    settings = ServeSettings(
+        artifacts=Path("."),
+        backend=str(args["backend"]),
+        host=cfg.serve.host,
+        port=cfg.serve.port,
+        replicas=int(args.get("replicas", cfg.serve.replicas)),
+        name=str(args["name"]),
+    )
+    spec = replica_spec(
+        cfg, settings, BackendOptions.from_runtime(cfg.runtime), source=str(args["artifacts"]), name=str(args["name"])
+    )
     return build_app(spec, cfg.serve, settings.replicas)
 
 
@@ -63,15 +76,20 @@ def serve_config(cfg: Any, settings: Any, name: str, host: str | None = None) ->
     sv = cfg.serve
     return {
         "proxy_location": "EveryNode",
-        "http_options": {"host": host or settings.host, "port": settings.port,
-                         "request_timeout_s": sv.request_timeout_s},
+        "http_options": {
+            "host": host or settings.host,
+            "port": settings.port,
+            "request_timeout_s": sv.request_timeout_s,
+        },
         "logging_config": {"log_level": "WARNING", "enable_access_log": bool(settings.access_log)},
-        "applications": [{
-            "name": name,
-            "route_prefix": route_prefix(name),
-            "import_path": BUILDER,
-            "args": app_args(cfg, settings, name),
-        }],
+        "applications": [
+            {
+                "name": name,
+                "route_prefix": route_prefix(name),
+                "import_path": BUILDER,
+                "args": app_args(cfg, settings, name),
+            }
+        ],
     }
 
 
@@ -81,10 +99,14 @@ def rayservice(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
     from .proxy_guard import env_for
 
     sv = cfg.serve
-    env = [{"name": k, "value": v} for k, v in env_for(int(sv.max_request_mb * 1024 * 1024),
-                                                         sv.body_timeout_s).items()]
-    container = {"image": IMAGE, "env": env,
-                 "resources": {"limits": {"cpu": "2", "memory": "4Gi"}, "requests": {"cpu": "2", "memory": "4Gi"}}}
+    env = [
+        {"name": k, "value": v} for k, v in env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s).items()
+    ]
+    container = {
+        "image": IMAGE,
+        "env": env,
+        "resources": {"limits": {"cpu": "2", "memory": "4Gi"}, "requests": {"cpu": "2", "memory": "4Gi"}},
+    }
     import yaml
 
     config = serve_config(cfg, settings, name, host="0.0.0.0")
@@ -95,16 +117,26 @@ def rayservice(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
         "spec": {
             "serveConfigV2": yaml.safe_dump(config, sort_keys=False),
             "rayClusterConfig": {
-                "headGroupSpec": {"rayStartParams": {"num-cpus": "0"},
-                                  "template": {"spec": {"containers": [{"name": "ray-head", **container,
-                                                                        "ports": [{"containerPort": 8000,
-                                                                                   "name": "serve"}]}]}}},
-                "workerGroupSpecs": [{
-                    "groupName": "replicas", "replicas": 1, "minReplicas": 1,
-                    "maxReplicas": max(1, sv.autoscaling.max_replicas if sv.autoscaling else settings.replicas),
-                    "rayStartParams": {},
-                    "template": {"spec": {"containers": [{"name": "ray-worker", **container}]}},
-                }],
+                "headGroupSpec": {
+                    "rayStartParams": {"num-cpus": "0"},
+                    "template": {
+                        "spec": {
+                            "containers": [
+                                {"name": "ray-head", **container, "ports": [{"containerPort": 8000, "name": "serve"}]}
+                            ]
+                        }
+                    },
+                },
+                "workerGroupSpecs": [
+                    {
+                        "groupName": "replicas",
+                        "replicas": 1,
+                        "minReplicas": 1,
+                        "maxReplicas": max(1, sv.autoscaling.max_replicas if sv.autoscaling else settings.replicas),
+                        "rayStartParams": {},
+                        "template": {"spec": {"containers": [{"name": "ray-worker", **container}]}},
+                    }
+                ],
             },
         },
     }
@@ -116,14 +148,17 @@ def guard_comment(cfg: Any) -> str:
 
     sv = cfg.serve
     env = " ".join(f"{k}={v}" for k, v in env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s).items())
-    return ("# Ray Serve config written by `vitdeploy serve --write-config`: `serve deploy` this file.\n"
-            "# Start each node's Ray with the proxy's guard (body deadline and byte limit, health routes,\n"
-            "# JSON errors) in its environment:\n"
-            f"#   {env} ray start ...\n")
+    return (
+        "# Ray Serve config written by `vitdeploy serve --write-config`: `serve deploy` this file.\n"
+        "# Start each node's Ray with the proxy's guard (body deadline and byte limit, health routes,\n"
+        "# JSON errors) in its environment:\n"
+        f"#   {env} ray start ...\n"
+    )
 
 
-def write_deploy_files(cfg: Any, settings: Any, config_path: Path | None = None,
-                       rayservice_path: Path | None = None) -> list[Path]:
+def write_deploy_files(
+    cfg: Any, settings: Any, config_path: Path | None = None, rayservice_path: Path | None = None
+) -> list[Path]:
     """Write the files asked for (atomically); the artifacts are checked first when they are local."""
     import yaml
 
@@ -147,5 +182,6 @@ def write_deploy_files(cfg: Any, settings: Any, config_path: Path | None = None,
         text = yaml.safe_dump(rayservice(cfg, settings, name), sort_keys=False)
         written.append(write_bytes_atomic(rayservice_path, text.encode()))
     return written
+
 
 __all__ = ["BUILDER", "app_args", "artifacts_uri", "build", "rayservice", "serve_config", "write_deploy_files"]

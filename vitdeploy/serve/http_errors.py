@@ -10,9 +10,19 @@ from __future__ import annotations
 
 import json
 
-from ..base.errors import (BodyTooLargeError, ImageTooLargeError, InputError, MethodNotAllowedError, NotFoundError,
-                      RequestTimeoutError, TooManyImagesError, UnavailableError, UnsupportedMediaError,
-                      VitDeployError, first_line)
+from ..base.errors import (
+    BodyTooLargeError,
+    ImageTooLargeError,
+    InputError,
+    MethodNotAllowedError,
+    NotFoundError,
+    RequestTimeoutError,
+    TooManyImagesError,
+    UnavailableError,
+    UnsupportedMediaError,
+    VitDeployError,
+    first_line,
+)
 
 #: Most specific first: the first class the error is an instance of gives the status.
 STATUSES: tuple[tuple[type[BaseException], int], ...] = (
@@ -37,7 +47,6 @@ def status_of(exc: BaseException) -> int:
         if isinstance(exc, cls):
             return status
     return 500
-
 
 
 def error_body(exc: BaseException | str) -> bytes:

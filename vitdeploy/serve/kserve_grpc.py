@@ -66,8 +66,9 @@ def add_servicer(servicer: Any, server: Any) -> None:
 def _status(grpc_context: Any, error: protocol.RequestError) -> None:
     import grpc
 
-    code = {404: grpc.StatusCode.NOT_FOUND, 503: grpc.StatusCode.UNAVAILABLE}.get(status_of(error),
-                                                                                  grpc.StatusCode.INVALID_ARGUMENT)
+    code = {404: grpc.StatusCode.NOT_FOUND, 503: grpc.StatusCode.UNAVAILABLE}.get(
+        status_of(error), grpc.StatusCode.INVALID_ARGUMENT
+    )
     if grpc_context is not None:
         grpc_context.set_code(code)
         grpc_context.set_details(str(error))
@@ -78,7 +79,11 @@ def http_form(request: Any) -> tuple[bytes, int]:
     inputs = []
     raw = b""
     for i, tensor in enumerate(request.inputs):
-        item: dict[str, Any] = {"name": tensor.name, "datatype": tensor.datatype, "shape": [int(d) for d in tensor.shape]}
+        item: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": [int(d) for d in tensor.shape],
+        }
         if i < len(request.raw_input_contents):
             data = bytes(request.raw_input_contents[i])
         else:
@@ -139,8 +144,11 @@ class KServeGrpcMethods:
     async def ServerMetadata(self, request: Any) -> Any:  # noqa: N802
         from .. import __version__
 
-        return _pb().ServerMetadataResponse(name="vitdeploy", version=__version__,
-                                            extensions=["binary_tensor_data", "model_configuration", "statistics"])
+        return _pb().ServerMetadataResponse(
+            name="vitdeploy",
+            version=__version__,
+            extensions=["binary_tensor_data", "model_configuration", "statistics"],
+        )
 
     def _checked(self, request: Any, grpc_context: Any) -> bool:
         try:
@@ -160,9 +168,12 @@ class KServeGrpcMethods:
         meta = protocol.model_metadata(self.name, self.num_classes, self.top_k, platform="ray_serve")
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
-            name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+            name=meta["name"],
+            versions=meta["versions"],
+            platform=meta["platform"],
             inputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in meta["inputs"]],
-            outputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in meta["outputs"]])
+            outputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"]) for t in meta["outputs"]],
+        )
 
     async def ModelConfig(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
         from google.protobuf import json_format
@@ -188,8 +199,9 @@ class KServeGrpcMethods:
             self._known(request.model_version or None, model=request.model_name)
             body, head = http_form(request)
             if len(body) - head > self.spec.max_request_bytes:
-                raise BodyTooLargeError(f"request body is over the limit of {self.spec.max_request_bytes} bytes "
-                                        f"(serve.max_request_mb)")
+                raise BodyTooLargeError(
+                    f"request body is over the limit of {self.spec.max_request_bytes} bytes (serve.max_request_mb)"
+                )
             req = protocol.parse_infer_request(body, head, self.spec.max_images_per_request)
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
             logits, errors = await self._classify(list(zip(names, req.images)), times)
@@ -202,9 +214,22 @@ class KServeGrpcMethods:
         t_out = time.perf_counter_ns()
         response = infer_response(self.name, req, np.stack(logits), self.predictor.labels, self.top_k)
         end = time.perf_counter_ns()
-        self.stats.success(len(req.images), end - start, times.get("queue", 0), times.get("compute_input", 0),
-                           times.get("compute_infer", 0), end - t_out)
+        self.stats.success(
+            len(req.images),
+            end - start,
+            times.get("queue", 0),
+            times.get("compute_input", 0),
+            times.get("compute_infer", 0),
+            end - t_out,
+        )
         return response
 
 
-__all__ = ["KServeGrpcMethods", "SERVICER_FUNCTION", "add_servicer", "http_form", "infer_response", "register_proto_modules"]
+__all__ = [
+    "KServeGrpcMethods",
+    "SERVICER_FUNCTION",
+    "add_servicer",
+    "http_form",
+    "infer_response",
+    "register_proto_modules",
+]

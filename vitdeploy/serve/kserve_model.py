@@ -33,7 +33,9 @@ def _input(name: str, dtype: str, dims: list[int]) -> dict[str, Any]:
     return {**_tensor(name, dtype, dims), "format": "FORMAT_NONE", "allow_ragged_batch": False, "optional": False}
 
 
-def model_config(model: str, num_classes: int, k: int, max_batch_size: int, platform: str = "ray_serve") -> dict[str, Any]:
+def model_config(
+    model: str, num_classes: int, k: int, max_batch_size: int, platform: str = "ray_serve"
+) -> dict[str, Any]:
     """The model's configuration as Triton's ``/config`` JSON (the ensemble's tensors)."""
     kk = max(1, min(int(k), int(num_classes)))
     return {
@@ -64,8 +66,13 @@ class InferenceStats:
 
     def success(self, images: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         with self._lock:
-            for key, ns in (("success", total_ns), ("queue", queue_ns), ("compute_input", input_ns),
-                            ("compute_infer", infer_ns), ("compute_output", output_ns)):
+            for key, ns in (
+                ("success", total_ns),
+                ("queue", queue_ns),
+                ("compute_input", input_ns),
+                ("compute_infer", infer_ns),
+                ("compute_output", output_ns),
+            ):
                 self._stats[key][0] += 1
                 self._stats[key][1] += max(0, int(ns))
             self.inference_count += int(images)
@@ -81,9 +88,15 @@ class InferenceStats:
     def to_json(self, model: str) -> dict[str, Any]:
         with self._lock:
             stats = {key: {"count": c, "ns": ns} for key, (c, ns) in self._stats.items()}
-            entry = {"name": model, "version": MODEL_VERSION, "last_inference": self.last_inference_ms,
-                     "inference_count": self.inference_count, "execution_count": self.execution_count,
-                     "inference_stats": stats, "batch_stats": []}
+            entry = {
+                "name": model,
+                "version": MODEL_VERSION,
+                "last_inference": self.last_inference_ms,
+                "inference_count": self.inference_count,
+                "execution_count": self.execution_count,
+                "inference_stats": stats,
+                "batch_stats": [],
+            }
         return {"model_stats": [entry]}
 
 

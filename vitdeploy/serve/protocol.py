@@ -37,8 +37,16 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..base.errors import (first_line, BatchTooLargeError, EmptyImageError, EmptyRequestError, ImageError, InputError, RequestError,
-                      TooManyImagesError)
+from ..base.errors import (
+    BatchTooLargeError,
+    EmptyImageError,
+    EmptyRequestError,
+    ImageError,
+    InputError,
+    RequestError,
+    TooManyImagesError,
+    first_line,
+)
 from .http_errors import MAX_REASON
 
 #: Input tensor: the encoded images, datatype BYTES, shape [N] (or [N, 1]).
@@ -73,8 +81,7 @@ def model_name(manifest_name: str) -> str:
 # errors
 
 
-def check_image_count(count: int, max_images: int,
-                      too_many: type[RequestError] = TooManyImagesError) -> None:
+def check_image_count(count: int, max_images: int, too_many: type[RequestError] = TooManyImagesError) -> None:
     """RequestError unless 1 <= ``count`` <= ``max_images`` (0: EmptyRequestError; too many: ``too_many``,
     TooManyImagesError (413) for POST /predict, BatchTooLargeError (400) on the v2 protocol as Triton answers)."""
     if count < 1:
@@ -87,8 +94,9 @@ def check_image_count(count: int, max_images: int,
 # images -> batch (the runtime's preprocessing)
 
 
-def decode_image(data: bytes | bytearray | memoryview, preprocessor: Callable[[bytes], np.ndarray],
-                 name: str = "image") -> np.ndarray:
+def decode_image(
+    data: bytes | bytearray | memoryview, preprocessor: Callable[[bytes], np.ndarray], name: str = "image"
+) -> np.ndarray:
     """Encoded bytes -> one float32 (3, H, W) image, through ``preprocessor`` (a
     :class:`~vitdeploy.runtime.preprocess.Preprocessor`: decoding limits, EXIF, resize,
     normalisation exactly as ``vitdeploy predict``).
@@ -105,13 +113,14 @@ def decode_image(data: bytes | bytearray | memoryview, preprocessor: Callable[[b
     except InputError as exc:
         message = str(exc)
         if message.startswith("<bytes>"):
-            message = name + message[len("<bytes>"):]
+            message = name + message[len("<bytes>") :]
         # the same type (its HTTP status is chosen by type, in serve/http_errors.py), renamed, one line
         raise (type(exc) if isinstance(exc, ImageError) else ImageError)(first_line(message, MAX_REASON)) from None
 
 
-def preprocess_images(images: Sequence[bytes], preprocessor: Callable[[bytes], np.ndarray],
-                      names: Sequence[str] | None = None) -> tuple[np.ndarray, list[int], dict[int, RequestError]]:
+def preprocess_images(
+    images: Sequence[bytes], preprocessor: Callable[[bytes], np.ndarray], names: Sequence[str] | None = None
+) -> tuple[np.ndarray, list[int], dict[int, RequestError]]:
     """Decode several images, one bad image never sinking the others.
 
     Returns ``(batch, good, errors)``: ``batch`` float32 (len(good), 3, H, W) for the images whose
@@ -144,8 +153,7 @@ def images_from_tensor(tensor: np.ndarray) -> list[bytes]:
     if arr.ndim == 2 and arr.shape[1] == 1:
         arr = arr[:, 0]
     if arr.ndim != 1:
-        raise RequestError(f"input {INPUT} must have shape [N] or [N, 1] (N encoded images), got "
-                           f"{list(arr.shape)}")
+        raise RequestError(f"input {INPUT} must have shape [N] or [N, 1] (N encoded images), got {list(arr.shape)}")
     out = []
     for item in arr.tolist():
         if isinstance(item, str):
@@ -214,7 +222,7 @@ def deserialize_bytes(buf: bytes, count: int) -> list[bytes]:
         pos += 4
         if pos + size > len(buf):
             raise RequestError(f"input {INPUT}: element {len(out)} claims {size} bytes, only {len(buf) - pos} left")
-        out.append(bytes(view[pos:pos + size]))
+        out.append(bytes(view[pos : pos + size]))
         pos += size
     if len(out) != count:
         raise RequestError(f"input {INPUT}: shape says {count} element(s), the binary data holds {len(out)}")
@@ -243,10 +251,12 @@ def parse_infer_request(body: bytes, header_length: int | str | None, max_images
     try:
         doc = json.loads(head)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(f"the inference request is not valid JSON ({exc}); send the v2 protocol's JSON "
-                           f"(with {HEADER_LENGTH} for binary data)") from None
+        raise RequestError(
+            f"the inference request is not valid JSON ({exc}); send the v2 protocol's JSON "
+            f"(with {HEADER_LENGTH} for binary data)"
+        ) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
-        raise RequestError("the inference request must be a JSON object with an \"inputs\" list")
+        raise RequestError('the inference request must be a JSON object with an "inputs" list')
     inputs = doc["inputs"]
     if len(inputs) != 1 or not isinstance(inputs[0], dict) or inputs[0].get("name") != INPUT:
         got = [i.get("name") if isinstance(i, dict) else i for i in inputs]
@@ -260,12 +270,13 @@ def parse_infer_request(body: bytes, header_length: int | str | None, max_images
     check_image_count(count, max_images, BatchTooLargeError)
     params = tensor.get("parameters") or {}
     if not isinstance(params, dict):
-        raise RequestError(f"input {INPUT}: \"parameters\" must be an object")
+        raise RequestError(f'input {INPUT}: "parameters" must be an object')
     if "binary_data_size" in params:
         size = params["binary_data_size"]
         if not isinstance(size, int) or isinstance(size, bool) or size != len(rest):
-            raise RequestError(f"input {INPUT}: binary_data_size {size!r} does not match the {len(rest)} bytes "
-                               f"after the JSON header")
+            raise RequestError(
+                f"input {INPUT}: binary_data_size {size!r} does not match the {len(rest)} bytes after the JSON header"
+            )
         images = deserialize_bytes(rest, count)
     else:
         if rest:
@@ -327,13 +338,16 @@ def _request_id(doc: dict[str, Any]) -> str | None:
 
 def _requested_outputs(doc: dict[str, Any]) -> dict[str, bool]:
     params = doc.get("parameters") or {}
-    default_binary = _flag(params.get("binary_data_output", False), "parameters.binary_data_output") \
-        if isinstance(params, dict) else False
+    default_binary = (
+        _flag(params.get("binary_data_output", False), "parameters.binary_data_output")
+        if isinstance(params, dict)
+        else False
+    )
     requested = doc.get("outputs")
     if not requested:
         return {name: default_binary for name in OUTPUTS}
     if not isinstance(requested, list):
-        raise RequestError("\"outputs\" must be a list of {\"name\": ...} objects")
+        raise RequestError('"outputs" must be a list of {"name": ...} objects')
     out: dict[str, bool] = {}
     for item in requested:
         name = item.get("name") if isinstance(item, dict) else None
@@ -342,15 +356,21 @@ def _requested_outputs(doc: dict[str, Any]) -> dict[str, bool]:
         p = item.get("parameters") or {}
         if isinstance(p, dict) and "classification" in p:
             # As Triton answers for an ensemble's outputs: the top-k is TOPK_LABELS / TOPK_SCORES.
-            raise RequestError(f"output {name}: the classification extension (class_count) is not supported by this "
-                               f"model (an ensemble); read {TOPK_LABELS} and {TOPK_SCORES} instead")
-        out[name] = _flag(p.get("binary_data", default_binary), f"output {name}: parameters.binary_data") \
-            if isinstance(p, dict) else default_binary
+            raise RequestError(
+                f"output {name}: the classification extension (class_count) is not supported by this "
+                f"model (an ensemble); read {TOPK_LABELS} and {TOPK_SCORES} instead"
+            )
+        out[name] = (
+            _flag(p.get("binary_data", default_binary), f"output {name}: parameters.binary_data")
+            if isinstance(p, dict)
+            else default_binary
+        )
     return out
 
 
-def encode_infer_response(model: str, request: InferRequest, logits: np.ndarray, labels: Sequence[str],
-                          k: int = DEFAULT_TOP_K) -> tuple[bytes, dict[str, str]]:
+def encode_infer_response(
+    model: str, request: InferRequest, logits: np.ndarray, labels: Sequence[str], k: int = DEFAULT_TOP_K
+) -> tuple[bytes, dict[str, str]]:
     """The v2 response body and its extra headers for ``logits`` (N, C) of ``request``'s images.
 
     Outputs the request asked for (all three by default), JSON or binary as asked; with any
@@ -382,7 +402,9 @@ def encode_infer_response(model: str, request: InferRequest, logits: np.ndarray,
     return head + b"".join(blobs), {HEADER_LENGTH: str(len(head)), "Content-Type": "application/octet-stream"}
 
 
-def model_metadata(model: str, num_classes: int, k: int = DEFAULT_TOP_K, platform: str = "vitdeploy") -> dict[str, Any]:
+def model_metadata(
+    model: str, num_classes: int, k: int = DEFAULT_TOP_K, platform: str = "vitdeploy"
+) -> dict[str, Any]:
     """The v2 model metadata (``GET /v2/models/<name>``) of the contract's model."""
     kk = max(1, min(int(k), int(num_classes)))
     return {
@@ -400,8 +422,26 @@ def model_metadata(model: str, num_classes: int, k: int = DEFAULT_TOP_K, platfor
 
 
 __all__ = [
-    "DEFAULT_TOP_K", "HEADER_LENGTH", "INPUT", "LOGITS", "MODEL_VERSION", "OUTPUTS", "TOPK_LABELS", "TOPK_SCORES",
-    "InferRequest", "RequestError", "check_image_count", "decode_image", "deserialize_bytes",
-    "encode_infer_response", "error_record", "images_from_tensor", "model_metadata", "model_name",
-    "parse_infer_request", "preprocess_images", "serialize_bytes", "top_k_arrays",
+    "DEFAULT_TOP_K",
+    "HEADER_LENGTH",
+    "INPUT",
+    "LOGITS",
+    "MODEL_VERSION",
+    "OUTPUTS",
+    "TOPK_LABELS",
+    "TOPK_SCORES",
+    "InferRequest",
+    "RequestError",
+    "check_image_count",
+    "decode_image",
+    "deserialize_bytes",
+    "encode_infer_response",
+    "error_record",
+    "images_from_tensor",
+    "model_metadata",
+    "model_name",
+    "parse_infer_request",
+    "preprocess_images",
+    "serialize_bytes",
+    "top_k_arrays",
 ]

@@ -29,8 +29,14 @@ import os
 import time
 from typing import Any, Awaitable, Callable
 
-from ..base.errors import (BodyTooLargeError, NotFoundError, RequestError, RequestTimeoutError, UnavailableError,
-                           first_line)
+from ..base.errors import (
+    BodyTooLargeError,
+    NotFoundError,
+    RequestError,
+    RequestTimeoutError,
+    UnavailableError,
+    first_line,
+)
 from .http_errors import MAX_REASON, error_body, status_of
 
 log = logging.getLogger(__name__)
@@ -57,19 +63,30 @@ def middlewares() -> list[Any]:
     """Ray Serve's proxy callback: the guard as a Starlette middleware, configured from the environment."""
     from starlette.middleware import Middleware
 
-    return [Middleware(ProxyGuard, max_body_bytes=int(os.environ.get(MAX_BODY_ENV, 64 << 20)),
-                       body_timeout_s=float(os.environ.get(BODY_TIMEOUT_ENV, 30)))]
+    return [
+        Middleware(
+            ProxyGuard,
+            max_body_bytes=int(os.environ.get(MAX_BODY_ENV, 64 << 20)),
+            body_timeout_s=float(os.environ.get(BODY_TIMEOUT_ENV, 30)),
+        )
+    ]
 
 
 def model_of(path: str) -> str | None:
     """``/v2/models/<name>/...`` -> ``<name>``."""
     if not path.startswith(MODELS_PREFIX):
         return None
-    return path[len(MODELS_PREFIX):].split("/", 1)[0] or None
+    return path[len(MODELS_PREFIX) :].split("/", 1)[0] or None
 
 
-async def _answer(send: Send, status: int, body: bytes = b"", ctype: str = "application/json",
-                  close: bool = False, extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def _answer(
+    send: Send,
+    status: int,
+    body: bytes = b"",
+    ctype: str = "application/json",
+    close: bool = False,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     headers = [(b"content-type", ctype.encode()), (b"content-length", str(len(body)).encode()), *(extra or [])]
     if close:
         headers.append((b"connection", b"close"))
@@ -112,9 +129,20 @@ class ProxyGuard:
             elif message["type"] == "http.response.body":
                 chunks.append(message.get("body", b""))
 
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
-                 "scheme": "http", "path": "/-/routes", "raw_path": b"/-/routes", "query_string": b"",
-                 "root_path": "", "headers": [], "client": None, "server": None}
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": "/-/routes",
+            "raw_path": b"/-/routes",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [],
+            "client": None,
+            "server": None,
+        }
         try:
             await self.app(scope, receive, send)
             table = json.loads(b"".join(chunks)) if status and status[0] == 200 else {}
@@ -150,11 +178,19 @@ class ProxyGuard:
         if path == "/predict":
             models = await self.models()
             if len(models) != 1:
-                return await answer_error(send, NotFoundError(
-                    "no model is served here yet" if not models else
-                    f"several models are served here ({', '.join(models)}): POST /v2/models/<name>/predict"))
-            scope = {**scope, "path": f"{MODELS_PREFIX}{models[0]}/predict",
-                     "raw_path": f"{MODELS_PREFIX}{models[0]}/predict".encode()}
+                return await answer_error(
+                    send,
+                    NotFoundError(
+                        "no model is served here yet"
+                        if not models
+                        else f"several models are served here ({', '.join(models)}): POST /v2/models/<name>/predict"
+                    ),
+                )
+            scope = {
+                **scope,
+                "path": f"{MODELS_PREFIX}{models[0]}/predict",
+                "raw_path": f"{MODELS_PREFIX}{models[0]}/predict".encode(),
+            }
         await self.app(scope, _replay(body, receive), _JsonErrors(send, self, scope["path"]))
 
     async def _server_route(self, path: str, send: Send) -> None:
@@ -167,8 +203,14 @@ class ProxyGuard:
             return await answer_error(send, UnavailableError("no model is ready yet"))
         from .. import __version__
 
-        body = json.dumps({"name": "vitdeploy", "version": __version__, "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
-                           "models": models}).encode()
+        body = json.dumps(
+            {
+                "name": "vitdeploy",
+                "version": __version__,
+                "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
+                "models": models,
+            }
+        ).encode()
         return await _answer(send, 200, body)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
@@ -176,8 +218,9 @@ class ProxyGuard:
         limit = self.max_body_bytes
         declared = dict(scope.get("headers") or []).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            raise BodyTooLargeError(f"request body of {int(declared)} bytes is over the limit of {limit} bytes "
-                                    f"(serve.max_request_mb)")
+            raise BodyTooLargeError(
+                f"request body of {int(declared)} bytes is over the limit of {limit} bytes (serve.max_request_mb)"
+            )
         deadline = time.monotonic() + self.body_timeout_s
         chunks, size = [], 0
         while True:
@@ -185,8 +228,10 @@ class ProxyGuard:
             try:
                 message = await asyncio.wait_for(receive(), timeout=max(left, 0.0))
             except asyncio.TimeoutError:
-                raise RequestTimeoutError(f"the request body did not arrive within {self.body_timeout_s:g} s "
-                                          f"(serve.body_timeout_s); {size} bytes were received") from None
+                raise RequestTimeoutError(
+                    f"the request body did not arrive within {self.body_timeout_s:g} s "
+                    f"(serve.body_timeout_s); {size} bytes were received"
+                ) from None
             if message["type"] == "http.disconnect":
                 raise ConnectionAbortedError("client disconnected")
             chunk = message.get("body", b"")

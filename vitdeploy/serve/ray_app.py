@@ -30,8 +30,15 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..base.errors import (BodyTooLargeError, EmptyRequestError, MethodNotAllowedError, NotFoundError, RequestError,
-                      TooManyImagesError, UnsupportedMediaError)
+from ..base.errors import (
+    BodyTooLargeError,
+    EmptyRequestError,
+    MethodNotAllowedError,
+    NotFoundError,
+    RequestError,
+    TooManyImagesError,
+    UnsupportedMediaError,
+)
 from ..runtime.backends import first_line
 from ..runtime.backends.base import BackendOptions
 from . import content_encoding, protocol
@@ -95,8 +102,9 @@ async def _framework_error(request: Request, exc: StarletteHTTPException) -> Res
     kind = {404: NotFoundError, 405: MethodNotAllowedError}.get(exc.status_code)
     if kind is not None:
         return _error(kind(f"{request.method} {request.url.path}: {exc.detail}"))
-    return Response(error_body(first_line(exc.detail, MAX_REASON)), status_code=exc.status_code,
-                    media_type="application/json")
+    return Response(
+        error_body(first_line(exc.detail, MAX_REASON)), status_code=exc.status_code, media_type="application/json"
+    )
 
 
 @api.exception_handler(RequestValidationError)
@@ -152,9 +160,12 @@ class ViTClassifier(KServeGrpcMethods):
 
         self.spec = spec
         intra_op, decode_threads = spec.threads()
-        self.predictor = Predictor.from_artifacts(open_artifacts(spec.artifacts), backend=spec.backend,
-                                                  options=replace(spec.options, threads=intra_op),
-                                                  max_pixels=spec.max_pixels)
+        self.predictor = Predictor.from_artifacts(
+            open_artifacts(spec.artifacts),
+            backend=spec.backend,
+            options=replace(spec.options, threads=intra_op),
+            max_pixels=spec.max_pixels,
+        )
         self.name = spec.name or protocol.model_name(self.predictor.artifacts.name)
         self._fault: Optional[str] = None
         # One warm-up call: the first request does not pay for the backend's lazy set-up, and C is known.
@@ -167,10 +178,14 @@ class ViTClassifier(KServeGrpcMethods):
         self._decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="vitdeploy-decode")
         self._infer_pool = ThreadPoolExecutor(spec.concurrent_batches, thread_name_prefix="vitdeploy-infer")
         # Ray's batch handler, built here because its settings come from pipeline.yaml (serve:).
-        self.run_batch = serve.batch(max_batch_size=spec.max_batch_size, batch_wait_timeout_s=spec.batch_wait_timeout_s,
-                                     max_concurrent_batches=spec.concurrent_batches)(self._infer_batch)
-        log.info("replica ready: %s (%d intra-op, %d decode threads)", self.predictor.describe(), intra_op,
-                 decode_threads)
+        self.run_batch = serve.batch(
+            max_batch_size=spec.max_batch_size,
+            batch_wait_timeout_s=spec.batch_wait_timeout_s,
+            max_concurrent_batches=spec.concurrent_batches,
+        )(self._infer_batch)
+        log.info(
+            "replica ready: %s (%d intra-op, %d decode threads)", self.predictor.describe(), intra_op, decode_threads
+        )
 
     def check_health(self) -> None:
         """Ray Serve's health check (every 10 s): a replica whose model call failed is replaced."""
@@ -204,8 +219,9 @@ class ViTClassifier(KServeGrpcMethods):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._decode_pool, protocol.decode_image, blob, self.preprocessor, name)
 
-    async def _classify(self, blobs: list[tuple[str, bytes]],
-                        times: Optional[Dict[str, int]] = None) -> Tuple[List[Optional[np.ndarray]], Dict[int, Any]]:
+    async def _classify(
+        self, blobs: list[tuple[str, bytes]], times: Optional[Dict[str, int]] = None
+    ) -> Tuple[List[Optional[np.ndarray]], Dict[int, Any]]:
         """Decode in threads, then batch: (logits row or None per image, {index: RequestError}); the ns
         spent decoding, waiting for a batch and in the model call go to ``times`` when given."""
         t0 = time.perf_counter_ns()
@@ -224,8 +240,7 @@ class ViTClassifier(KServeGrpcMethods):
             logits[i] = row
         if times is not None:
             infer = max((ns for _, ns in rows), default=0)
-            times.update(compute_input=t1 - t0, compute_infer=infer,
-                         queue=max(0, time.perf_counter_ns() - t1 - infer))
+            times.update(compute_input=t1 - t0, compute_infer=infer, queue=max(0, time.perf_counter_ns() - t1 - infer))
         return logits, errors
 
     # ------------------------------------------------------------------ requests
@@ -235,8 +250,9 @@ class ViTClassifier(KServeGrpcMethods):
         limit = self.spec.max_request_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
-            raise BodyTooLargeError(f"request body of {int(declared)} bytes is over the limit of {limit} bytes "
-                                    f"(serve.max_request_mb)")
+            raise BodyTooLargeError(
+                f"request body of {int(declared)} bytes is over the limit of {limit} bytes (serve.max_request_mb)"
+            )
         return limit
 
     async def _body(self, request: Request) -> bytes:
@@ -257,7 +273,8 @@ class ViTClassifier(KServeGrpcMethods):
         if ctype and not ctype.startswith(_RAW_TYPES):
             raise UnsupportedMediaError(
                 f"content type {ctype!r} is not accepted; send the image itself (Content-Type: image/jpeg, image/png, "
-                f"application/octet-stream) or multipart/form-data with one file per image")
+                f"application/octet-stream) or multipart/form-data with one file per image"
+            )
         body = await self._body(request)
         if not body:
             raise EmptyRequestError("empty request body; send an encoded image (JPEG, PNG, ...)")
@@ -273,8 +290,9 @@ class ViTClassifier(KServeGrpcMethods):
             form = await _replayed(request, body).form(max_files=limit + 1, max_fields=limit + 1)
         except HTTPException as exc:
             if "too many" in str(exc.detail).lower():
-                raise TooManyImagesError(f"too many files in one request, the limit is {limit}; "
-                                                  f"split the request") from None
+                raise TooManyImagesError(
+                    f"too many files in one request, the limit is {limit}; split the request"
+                ) from None
             raise RequestError(f"malformed multipart body: {exc.detail}") from None
         try:
             files = [(v.filename or k, v) for k, v in form.multi_items() if isinstance(v, UploadFile)]
@@ -300,8 +318,10 @@ class ViTClassifier(KServeGrpcMethods):
         good = [i for i, row in enumerate(logits) if row is not None]
         preds = self.predictor.predictions_from_logits(np.stack([logits[i] for i in good]), self.top_k)
         by_index = dict(zip(good, preds))
-        records = [{"path": name, **by_index[i].to_dict()} if i in by_index else protocol.error_record(name, errors[i])
-                   for i, (name, _) in enumerate(blobs)]
+        records = [
+            {"path": name, **by_index[i].to_dict()} if i in by_index else protocol.error_record(name, errors[i])
+            for i, (name, _) in enumerate(blobs)
+        ]
         return JSONResponse(records)
 
     # ------------------------------------------------------------------ KServe v2 / Triton protocol
@@ -361,8 +381,9 @@ class ViTClassifier(KServeGrpcMethods):
         try:
             self._known(version)
             body = await self._body(request)
-            req = protocol.parse_infer_request(body, request.headers.get(protocol.HEADER_LENGTH),
-                                               self.spec.max_images_per_request)
+            req = protocol.parse_infer_request(
+                body, request.headers.get(protocol.HEADER_LENGTH), self.spec.max_images_per_request
+            )
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
             logits, errors = await self._classify(list(zip(names, req.images)), times)
             if errors:
@@ -373,11 +394,18 @@ class ViTClassifier(KServeGrpcMethods):
             self.stats.failure(time.perf_counter_ns() - start)
             return _error(exc)
         t_out = time.perf_counter_ns()
-        out, headers = protocol.encode_infer_response(self.name, req, np.stack(logits), self.predictor.labels,
-                                                      self.top_k)
+        out, headers = protocol.encode_infer_response(
+            self.name, req, np.stack(logits), self.predictor.labels, self.top_k
+        )
         end = time.perf_counter_ns()
-        self.stats.success(len(req.images), end - start, times.get("queue", 0), times.get("compute_input", 0),
-                           times.get("compute_infer", 0), end - t_out)
+        self.stats.success(
+            len(req.images),
+            end - start,
+            times.get("queue", 0),
+            times.get("compute_input", 0),
+            times.get("compute_infer", 0),
+            end - t_out,
+        )
         media = headers.pop("Content-Type")
         return Response(out, media_type=media, headers=headers)
 
@@ -391,14 +419,20 @@ def deployment_options(sv: Any, replicas: int) -> Dict[str, Any]:
         graceful_shutdown_timeout_s=sv.graceful_shutdown_timeout_s,
         graceful_shutdown_wait_loop_s=0.5,
         health_check_period_s=10.0,
-        ray_actor_options={"num_cpus": sv.num_cpus_per_replica, "num_gpus": sv.num_gpus_per_replica,
-                           **({"resources": dict(sv.resources_per_replica)} if sv.resources_per_replica else {})},
+        ray_actor_options={
+            "num_cpus": sv.num_cpus_per_replica,
+            "num_gpus": sv.num_gpus_per_replica,
+            **({"resources": dict(sv.resources_per_replica)} if sv.resources_per_replica else {}),
+        },
     )
     if sv.autoscaling is not None:
         a = sv.autoscaling
-        opts["autoscaling_config"] = {"min_replicas": a.min_replicas, "max_replicas": a.max_replicas,
-                                      "initial_replicas": max(a.min_replicas, 1),
-                                      "target_ongoing_requests": a.target_ongoing_requests}
+        opts["autoscaling_config"] = {
+            "min_replicas": a.min_replicas,
+            "max_replicas": a.max_replicas,
+            "initial_replicas": max(a.min_replicas, 1),
+            "target_ongoing_requests": a.target_ongoing_requests,
+        }
     else:
         opts["num_replicas"] = replicas
     return opts

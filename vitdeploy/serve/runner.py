@@ -73,13 +73,21 @@ def replica_spec(cfg: Any, settings: ServeSettings, options: Any, source: Any = 
 
     sv = cfg.serve
     source = str(Path(settings.artifacts).resolve()) if source is None else source
-    return ReplicaSpec(artifacts=source, backend=settings.backend, options=options, name=name,
-                       num_cpus=sv.num_cpus_per_replica,
-                       max_pixels=cfg.runtime.max_image_pixels, top_k=sv.top_k, max_batch_size=sv.max_batch_size,
-                       batch_wait_timeout_s=sv.batch_wait_timeout_s, decode_threads=sv.decode_threads,
-                       concurrent_batches=sv.concurrent_batches,
-                       max_images_per_request=sv.max_images_per_request,
-                       max_request_bytes=int(sv.max_request_mb * 1024 * 1024))
+    return ReplicaSpec(
+        artifacts=source,
+        backend=settings.backend,
+        options=options,
+        name=name,
+        num_cpus=sv.num_cpus_per_replica,
+        max_pixels=cfg.runtime.max_image_pixels,
+        top_k=sv.top_k,
+        max_batch_size=sv.max_batch_size,
+        batch_wait_timeout_s=sv.batch_wait_timeout_s,
+        decode_threads=sv.decode_threads,
+        concurrent_batches=sv.concurrent_batches,
+        max_images_per_request=sv.max_images_per_request,
+        max_request_bytes=int(sv.max_request_mb * 1024 * 1024),
+    )
 
 
 WORKER_NICENESS = "RAY_worker_niceness"
@@ -90,8 +98,9 @@ def curl_example(url: str) -> str:
     return f"curl -H 'Content-Type: image/jpeg' --data-binary @cat.jpg {url}/predict"
 
 
-def run_server(cfg: Any, settings: ServeSettings, options: Any, progress: Progress,
-               stop: threading.Event | None = None) -> None:
+def run_server(
+    cfg: Any, settings: ServeSettings, options: Any, progress: Progress, stop: threading.Event | None = None
+) -> None:
     """Serve until SIGTERM/SIGINT (or ``stop`` is set); then drain in-flight requests and exit."""
     ray = require("ray", "vitdeploy serve")
     require("ray.serve", "vitdeploy serve (pip install 'vitdeploy[serve]')")
@@ -119,17 +128,27 @@ def run_server(cfg: Any, settings: ServeSettings, options: Any, progress: Progre
             os.environ.update(env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s))
             # On a loopback host, Ray (and its Prometheus endpoint) listens on loopback only.
             local = {"_node_ip_address": "127.0.0.1"} if settings.host in LOOPBACK else {}
-            ctx = ray.init(num_cpus=cpus, include_dashboard=False, _metrics_export_port=sv.metrics_port,
-                           logging_level=logging.WARNING, configure_logging=True, **local)
-            progress(f"Ray at {ctx.address_info['gcs_address']}: more models join it with "
-                     f"`vitdeploy serve --address {ctx.address_info['gcs_address']}`")
+            ctx = ray.init(
+                num_cpus=cpus,
+                include_dashboard=False,
+                _metrics_export_port=sv.metrics_port,
+                logging_level=logging.WARNING,
+                configure_logging=True,
+                **local,
+            )
+            progress(
+                f"Ray at {ctx.address_info['gcs_address']}: more models join it with "
+                f"`vitdeploy serve --address {ctx.address_info['gcs_address']}`"
+            )
         else:
             progress(f"connecting to the Ray cluster at {settings.address} ...")
             try:
                 ray.init(address=settings.address, logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise BackendError(f"cannot join the Ray cluster at {settings.address}: {first_line(exc)}; "
-                                   f"check --address (ray://head:10001, host:port of its GCS, or auto)") from None
+                raise BackendError(
+                    f"cannot join the Ray cluster at {settings.address}: {first_line(exc)}; "
+                    f"check --address (ray://head:10001, host:port of its GCS, or auto)"
+                ) from None
         started = True
         _catch_signals(stop)  # ray.init installs its own SIGTERM handler (sys.exit) and a crash reporter: replace them
         if stop.is_set():
@@ -141,8 +160,10 @@ def run_server(cfg: Any, settings: ServeSettings, options: Any, progress: Progre
             progress(f"gRPC:  {settings.host}:{cfg.serve.grpc_port} (KServe v2, tritonclient.grpc)")
         progress(f"try:   {curl_example(url)}")
         if owns_cluster:
-            progress(f"metrics: http://{settings.host if settings.host != '0.0.0.0' else '127.0.0.1'}:"
-                     f"{sv.metrics_port}/metrics (Prometheus, ray_serve_*)")
+            progress(
+                f"metrics: http://{settings.host if settings.host != '0.0.0.0' else '127.0.0.1'}:"
+                f"{sv.metrics_port}/metrics (Prometheus, ray_serve_*)"
+            )
         progress("Ctrl-C or SIGTERM drains in-flight requests and stops")
         while not stop.wait(0.5):
             pass
@@ -168,8 +189,9 @@ def _grpc_options(port: int | None) -> dict[str, Any]:
     return {"grpc_options": {"port": int(port), "grpc_servicer_functions": [SERVICER_FUNCTION]}}
 
 
-def _deploy(ray: Any, cfg: Any, settings: ServeSettings, options: Any, name: str, artifacts: Any,
-            progress: Progress) -> None:
+def _deploy(
+    ray: Any, cfg: Any, settings: ServeSettings, options: Any, name: str, artifacts: Any, progress: Progress
+) -> None:
     from ray import serve
 
     from ..runtime.artifact_bundle import pack
@@ -179,24 +201,34 @@ def _deploy(ray: Any, cfg: Any, settings: ServeSettings, options: Any, name: str
     sv = cfg.serve
     if not log.isEnabledFor(logging.INFO):  # Ray Serve's own INFO lines repeat what progress() says
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    serve.start(http_options={"host": settings.host, "port": settings.port, "request_timeout_s": sv.request_timeout_s},
-                **_grpc_options(sv.grpc_port),
-                logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log})
+    serve.start(
+        http_options={"host": settings.host, "port": settings.port, "request_timeout_s": sv.request_timeout_s},
+        **_grpc_options(sv.grpc_port),
+        logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log},
+    )
     taken = serve.status().applications.get(name)
     if taken is not None and settings.address is not None:
-        raise BackendError(f"a Serve application named {name!r} already runs on this cluster; give this one "
-                           f"another name with --name (or serve.name)")
+        raise BackendError(
+            f"a Serve application named {name!r} already runs on this cluster; give this one "
+            f"another name with --name (or serve.name)"
+        )
     # The artifacts travel with the deployment: packed once here, put in Ray's object store, unpacked
     # once per node and verified (sha256) by each replica, whichever node it lands on.
     bundle = pack(artifacts, shipped_roles(settings.backend, artifacts))
-    progress(f"deploying {name} ({_scale(sv, settings.replicas)}, backend {settings.backend}, "
-             f"batch <= {sv.max_batch_size} within {sv.batch_wait_timeout_s * 1000:g} ms, artifacts "
-             f"{bundle.nbytes / 1e6:.1f} MB shipped through Ray) ...")
+    progress(
+        f"deploying {name} ({_scale(sv, settings.replicas)}, backend {settings.backend}, "
+        f"batch <= {sv.max_batch_size} within {sv.batch_wait_timeout_s * 1000:g} ms, artifacts "
+        f"{bundle.nbytes / 1e6:.1f} MB shipped through Ray) ..."
+    )
     spec = replica_spec(cfg, settings, options, source=ray.put(bundle), name=name)
     app = build_app(spec, sv, settings.replicas)
     try:
-        serve.run(app, name=name, route_prefix=route_prefix(name),
-                  logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log})
+        serve.run(
+            app,
+            name=name,
+            route_prefix=route_prefix(name),
+            logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log},
+        )
     except Exception as exc:  # noqa: BLE001 - Ray wraps the replica's error in its own types
         raise BackendError(f"the Serve application did not start: {_replica_reason(exc)}") from exc
 

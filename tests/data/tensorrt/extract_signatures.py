@@ -19,10 +19,20 @@ import re
 import sys
 from pathlib import Path
 
-SOURCES = ("python/src/infer/pyCore.cpp", "python/src/infer/pyFoundationalTypes.cpp", "python/src/infer/pyGraph.cpp",
-           "python/src/parsers/pyOnnx.cpp")
-HEADERS = ("include/NvInfer.h", "include/NvInferRuntime.h", "include/NvInferRuntimeBase.h",
-           "include/NvInferRuntimeCommon.h", "include/NvInferLegacyDims.h", "include/NvOnnxParser.h")
+SOURCES = (
+    "python/src/infer/pyCore.cpp",
+    "python/src/infer/pyFoundationalTypes.cpp",
+    "python/src/infer/pyGraph.cpp",
+    "python/src/parsers/pyOnnx.cpp",
+)
+HEADERS = (
+    "include/NvInfer.h",
+    "include/NvInferRuntime.h",
+    "include/NvInferRuntimeBase.h",
+    "include/NvInferRuntimeCommon.h",
+    "include/NvInferLegacyDims.h",
+    "include/NvOnnxParser.h",
+)
 
 
 def strip_comments(text: str) -> str:
@@ -92,7 +102,7 @@ def cpp_enums(root: Path) -> dict[str, dict[str, int]]:
         text = strip_comments(path.read_text(encoding="utf-8", errors="replace"))
         for match in re.finditer(r"enum\s+class\s+(\w+)\s*(?::\s*[\w:]+\s*)?\{", text):
             body_end = balanced(text, match.end() - 1)
-            body = text[match.end(): body_end - 1]
+            body = text[match.end() : body_end - 1]
             members: dict[str, int] = {}
             value = -1
             for item in body.split(","):
@@ -145,10 +155,12 @@ def bindings(root: Path, enum_values: dict[str, dict[str, int]]) -> tuple[dict, 
         for m in re.finditer(r"py::class_<([^>]*(?:<[^>]*>[^>]*)?)>\s*(\w+)?\s*[({]\s*(\w+)\s*,\s*\"(\w+)\"", text):
             if m.group(2):
                 scope_names[m.group(2)] = m.group(4)
-        for m in re.finditer(r"py::(class_|enum_)<([^>]*(?:<[^>]*>[^>]*)?)>\s*(\w+)?\s*[({]\s*(\w+)\s*,\s*\"(\w+)\"", text):
+        for m in re.finditer(
+            r"py::(class_|enum_)<([^>]*(?:<[^>]*>[^>]*)?)>\s*(\w+)?\s*[({]\s*(\w+)\s*,\s*\"(\w+)\"", text
+        ):
             kind, cpp_type, var, scope, py_name = m.groups()
             end = statement_end(text, m.start())
-            chain = text[m.start():end]
+            chain = text[m.start() : end]
             if kind == "enum_":
                 key = py_name if scope == "m" else f"{scope_names.get(scope, scope)}.{py_name}"
                 cpp_name = cpp_type.split("::")[-1].strip()
@@ -163,9 +175,9 @@ def bindings(root: Path, enum_values: dict[str, dict[str, int]]) -> tuple[dict, 
             entry = classes.setdefault(py_name, {"init": [], "methods": {}, "properties": {}})
             if var:  # py::class_<X> var{m, "X"}; ... var.def(...) later: follow the variable too
                 for extra in re.finditer(rf"\b{var}\s*\.\s*def", text):
-                    chain += text[extra.start() + len(var): statement_end(text, extra.start())]
+                    chain += text[extra.start() + len(var) : statement_end(text, extra.start())]
             for d in re.finditer(r"\.(def|def_static|def_property|def_property_readonly|def_readwrite)\s*\(", chain):
-                call = chain[d.end() - 1: balanced(chain, d.end() - 1)]
+                call = chain[d.end() - 1 : balanced(chain, d.end() - 1)]
                 inner = call[1:-1].strip()
                 if d.group(1) == "def" and inner.startswith("py::init"):
                     entry["init"].append(call_args(call))
@@ -174,7 +186,7 @@ def bindings(root: Path, enum_values: dict[str, dict[str, int]]) -> tuple[dict, 
                 if not name:
                     continue
                 if d.group(1) in ("def", "def_static"):
-                    entry["methods"].setdefault(name.group(1), []).append(call_args(call[len(name.group(0)) + 1:]))
+                    entry["methods"].setdefault(name.group(1), []).append(call_args(call[len(name.group(0)) + 1 :]))
                 elif d.group(1) == "def_property_readonly":
                     entry["properties"][name.group(1)] = "ro"
                 else:
@@ -184,8 +196,12 @@ def bindings(root: Path, enum_values: dict[str, dict[str, int]]) -> tuple[dict, 
 
 def extract(root: Path) -> dict:
     classes, enums = bindings(root, cpp_enums(root))
-    return {"tensorrt": version(root), "source": "github.com/NVIDIA/TensorRT " + ", ".join(SOURCES + HEADERS),
-            "classes": dict(sorted(classes.items())), "enums": dict(sorted(enums.items()))}
+    return {
+        "tensorrt": version(root),
+        "source": "github.com/NVIDIA/TensorRT " + ", ".join(SOURCES + HEADERS),
+        "classes": dict(sorted(classes.items())),
+        "enums": dict(sorted(enums.items())),
+    }
 
 
 def main(argv: list[str]) -> int:

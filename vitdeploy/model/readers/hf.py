@@ -51,8 +51,15 @@ class HFReader(Reader):
         head = state.get("head.weight")
         cfg = convert_hf.hf_vit_config(src.meta, int(head.shape[0]) if head is not None else 0, src.where, state)
         if opts.variant is not None:
-            check_variant(variant_template(opts.variant), opts.variant, width=cfg.width, depth=cfg.depth,
-                          patch=cfg.patch_size, heads=cfg.heads, where=src.where)
+            check_variant(
+                variant_template(opts.variant),
+                opts.variant,
+                width=cfg.width,
+                depth=cfg.depth,
+                patch=cfg.patch_size,
+                heads=cfg.heads,
+                where=src.where,
+            )
         return ReadConfig(cfg, f"{CHECKPOINT}: config.json num_attention_heads")
 
     def labels(self, src: Source, cfg: ViTConfig) -> Optional[tuple[str, ...]]:
@@ -64,8 +71,10 @@ class HFReader(Reader):
             return convert_hf.hf_preprocess(read_json(pp_path), cfg.image_size, pp_path)
         # no preprocessor_config.json: ViTImageProcessor's defaults, said in a note
         spec = PreprocessSpec(style="hf", height=cfg.image_size, width=cfg.image_size, interpolation="bilinear")
-        note = (f"{src.where}: no {PREPROCESSOR_CONFIG}; assumed transformers' ViTImageProcessor defaults "
-                f"({describe_spec(spec)}); {override_hint()}")
+        note = (
+            f"{src.where}: no {PREPROCESSOR_CONFIG}; assumed transformers' ViTImageProcessor defaults "
+            f"({describe_spec(spec)}); {override_hint()}"
+        )
         return Preprocessing.from_source(spec, f"{LIBRARY}: transformers ViTImageProcessor", notes=(note,))
 
     def native_input(self, src: Source, cfg: ViTConfig, pre: Optional[Preprocessing]) -> Optional[int]:

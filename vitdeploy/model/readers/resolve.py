@@ -64,8 +64,11 @@ def _resolve_dir(d: Path, only: str | None = None) -> Source:
         return _resolve_file(candidates[0])
     raise CheckpointError(
         f"{d}: not a checkpoint directory: no model.json (vitdeploy) or config.json (Hugging Face / timm)"
-        + (f", and {len(candidates)} weight files ({shorten(p.name for p in candidates)}); give one file"
-           if candidates else ", and no weights file")
+        + (
+            f", and {len(candidates)} weight files ({shorten(p.name for p in candidates)}); give one file"
+            if candidates
+            else ", and no weights file"
+        )
     )
 
 

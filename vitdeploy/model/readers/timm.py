@@ -47,8 +47,15 @@ class TimmReader(Reader):
 
     def config(self, src: Source, state: dict[str, Any], opts: LoadOptions) -> ReadConfig:
         cfg, heads_origin, notes = convert_timm.timm_vit_config(
-            state, src.where, opts.variant, src.meta or None, num_heads=opts.num_heads, act=opts.act,
-            layer_norm_eps=opts.layer_norm_eps, pool=opts.pool)
+            state,
+            src.where,
+            opts.variant,
+            src.meta or None,
+            num_heads=opts.num_heads,
+            act=opts.act,
+            layer_norm_eps=opts.layer_norm_eps,
+            pool=opts.pool,
+        )
         return ReadConfig(cfg, heads_origin, notes)
 
     def labels(self, src: Source, cfg: ViTConfig) -> Optional[tuple[str, ...]]:

@@ -24,7 +24,8 @@ class TorchvisionReader(Reader):
 
     def config(self, src: Source, state: dict[str, Any], opts: LoadOptions) -> ReadConfig:
         cfg, heads_origin = convert_torchvision.torchvision_vit_config(
-            state, src.where, opts.variant, num_heads=opts.num_heads, act=opts.act, layer_norm_eps=opts.layer_norm_eps)
+            state, src.where, opts.variant, num_heads=opts.num_heads, act=opts.act, layer_norm_eps=opts.layer_norm_eps
+        )
         return ReadConfig(cfg, heads_origin)
 
     def preprocess(self, src: Source, cfg: ViTConfig, opts: LoadOptions) -> Preprocessing:

@@ -29,8 +29,9 @@ class VitdeployReader(Reader):
 
     def open_meta(self, meta_path: Path, meta: dict[str, Any], where: Optional[Path] = None) -> Source:
         d = meta_path.parent
-        return Source(FORMAT, where or meta_path, [d / CHECKPOINT_WEIGHTS], meta, d,
-                      name=str(meta.get("name") or d.name))
+        return Source(
+            FORMAT, where or meta_path, [d / CHECKPOINT_WEIGHTS], meta, d, name=str(meta.get("name") or d.name)
+        )
 
     def open_file(self, path: Path, meta: dict[str, Any]) -> Optional[Source]:
         if path.name != CHECKPOINT_WEIGHTS:
@@ -40,15 +41,24 @@ class VitdeployReader(Reader):
     def config(self, src: Source, state: dict[str, Any], opts: LoadOptions) -> ReadConfig:
         version = src.meta.get("version")
         if version != VERSION:
-            raise CheckpointError(f"{src.where}: model.json version {version!r} is not supported (this vitdeploy "
-                                  f"reads {VERSION}); upgrade vitdeploy")
+            raise CheckpointError(
+                f"{src.where}: model.json version {version!r} is not supported (this vitdeploy "
+                f"reads {VERSION}); upgrade vitdeploy"
+            )
         try:
             cfg = ViTConfig.from_dict(dict(src.meta["vit"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{src.where}: invalid 'vit' config in model.json: {exc}") from exc
         if opts.variant is not None:
-            check_variant(variant_template(opts.variant), opts.variant, width=cfg.width, depth=cfg.depth,
-                          patch=cfg.patch_size, heads=cfg.heads, where=src.where)
+            check_variant(
+                variant_template(opts.variant),
+                opts.variant,
+                width=cfg.width,
+                depth=cfg.depth,
+                patch=cfg.patch_size,
+                heads=cfg.heads,
+                where=src.where,
+            )
         return ReadConfig(cfg, f"{CHECKPOINT}: {CHECKPOINT_CONFIG}")
 
     def labels(self, src: Source, cfg: ViTConfig) -> tuple[str, ...]:

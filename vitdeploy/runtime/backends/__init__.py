@@ -14,12 +14,17 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ...base._deps import available
-from ...base.errors import (ArtifactMismatchError, BackendError, ConfigError, MissingDependencyError, VitDeployError,
-                           first_line)
+from ...base.errors import (
+    ArtifactMismatchError,
+    BackendError,
+    ConfigError,
+    MissingDependencyError,
+    VitDeployError,
+    first_line,
+)
 from ...base.vocab import AUTO, BACKEND_KINDS, ORT_FP16, ORT_INT8, RUNTIME_BACKENDS, TRT_INT8
 from ..cuda import cuda_status
 from .base import Backend, BackendBase, BackendOptions
-
 
 # The faults that mean "this backend cannot run here": the only ones backend "auto" skips past.
 # A refused artifact (ArtifactIntegrityError, or any other ArtifactError: a broken schema, a path
@@ -41,10 +46,23 @@ _REGISTRY: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
     for name, (module, func) in _OPENERS.items()
 }
 
-__all__ = ["CANNOT_RUN_HERE", "Backend", "BackendBase", "BackendOptions", "Opened", "artifact_role", "artifact_roles",
-           "backend_unavailable_reason", "cuda_device_count", "ensure_known", "first_line", "open_backend",
-           "open_or_reason", "shipped_roles", "verify_backend_files"]
-
+__all__ = [
+    "CANNOT_RUN_HERE",
+    "Backend",
+    "BackendBase",
+    "BackendOptions",
+    "Opened",
+    "artifact_role",
+    "artifact_roles",
+    "backend_unavailable_reason",
+    "cuda_device_count",
+    "ensure_known",
+    "first_line",
+    "open_backend",
+    "open_or_reason",
+    "shipped_roles",
+    "verify_backend_files",
+]
 
 
 def _check_name(name: str) -> None:
@@ -151,7 +169,6 @@ def backend_unavailable_reason(name: str, artifacts: Any = None, options: Backen
     return None
 
 
-
 @dataclass(frozen=True)
 class Opened:
     """What :func:`open_or_reason` found: the open backend, or why there is none.
@@ -173,8 +190,9 @@ class Opened:
         return self.backend is not None
 
 
-def open_or_reason(name: str, artifacts: Any, options: BackendOptions | None = None, *,
-                   refuse: Callable[[], str | None] | None = None) -> Opened:
+def open_or_reason(
+    name: str, artifacts: Any, options: BackendOptions | None = None, *, refuse: Callable[[], str | None] | None = None
+) -> Opened:
     """Open backend ``name`` on ``artifacts``, or say why not; the one way the Predictor's
     auto-selection, ``validate`` and ``bench`` open a backend.
 
@@ -196,6 +214,7 @@ def open_or_reason(name: str, artifacts: Any, options: BackendOptions | None = N
     except CANNOT_RUN_HERE as exc:  # e.g. an engine built for another GPU, a CUDA provider that did not load
         return Opened(name, status="error", reason=first_line(exc), error=type(exc))
     return Opened(name, backend)  # any other error (a refused file, external data outside the folder) propagates
+
 
 def ensure_known(name: str) -> str:
     """``name`` if it is a backend name or 'auto'; ConfigError otherwise."""

@@ -34,9 +34,14 @@ class BackendOptions:
     @classmethod
     def from_runtime(cls, runtime: Any) -> "BackendOptions":
         """The options pipeline.yaml's ``runtime`` section (``config.RuntimeSection``) asks for."""
-        return cls(device=runtime.device, providers=tuple(runtime.providers),
-                   allow_cpu_fallback=runtime.allow_cpu_fallback, threads=runtime.threads,
-                   ort_allow_spinning=runtime.ort_allow_spinning, trt_contexts=runtime.trt_contexts)
+        return cls(
+            device=runtime.device,
+            providers=tuple(runtime.providers),
+            allow_cpu_fallback=runtime.allow_cpu_fallback,
+            threads=runtime.threads,
+            ort_allow_spinning=runtime.ort_allow_spinning,
+            trt_contexts=runtime.trt_contexts,
+        )
 
 
 def provider_name(entry: Any) -> str:
@@ -67,9 +72,15 @@ class BackendBase:
 
     def check_input(self, batch: Any) -> np.ndarray:
         if not isinstance(batch, np.ndarray):
-            raise InputError(f"backend '{self.name}' expects a numpy float32 array of shape (N, {', '.join(map(str, self.input_shape))}), got {type(batch).__name__}")
+            raise InputError(
+                f"backend '{self.name}' expects a numpy float32 array of shape (N, "
+                f"{', '.join(map(str, self.input_shape))}), got {type(batch).__name__}"
+            )
         if batch.dtype != np.float32:
-            raise InputError(f"backend '{self.name}' expects dtype float32, got {batch.dtype} (convert with batch.astype(np.float32))")
+            raise InputError(
+                f"backend '{self.name}' expects dtype float32, got {batch.dtype} (convert with "
+                "batch.astype(np.float32))"
+            )
         if batch.ndim != 4 or tuple(batch.shape[1:]) != self.input_shape or batch.shape[0] < 1:
             expected = "(N, " + ", ".join(map(str, self.input_shape)) + ")"
             raise InputError(f"backend '{self.name}' expects shape {expected} with N >= 1, got {tuple(batch.shape)}")

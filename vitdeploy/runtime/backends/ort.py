@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...base.vocab import ORT_FP16, ORT_INT8
 from ...base._deps import require
 from ...base.errors import BackendError, ConfigError
+from ...base.vocab import ORT_FP16, ORT_INT8
 from ..artifacts import check_onnx_external_data
 from ..cuda import cuda_index
 from ..manifest_schema import check_graph_io, onnx_dtype_name
@@ -29,9 +29,15 @@ log = logging.getLogger(__name__)
 
 CPU_PROVIDER = "CPUExecutionProvider"
 # Providers that mean "run on the accelerator": ending on CPU alone is then a failure.
-ACCELERATOR_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider", "ROCMExecutionProvider",
-                         "MIGraphXExecutionProvider", "DmlExecutionProvider", "CoreMLExecutionProvider",
-                         "OpenVINOExecutionProvider")
+ACCELERATOR_PROVIDERS = (
+    "CUDAExecutionProvider",
+    "TensorrtExecutionProvider",
+    "ROCMExecutionProvider",
+    "MIGraphXExecutionProvider",
+    "DmlExecutionProvider",
+    "CoreMLExecutionProvider",
+    "OpenVINOExecutionProvider",
+)
 
 _NP_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64}
 # Providers with kernels for the contrib ops of model.ort.onnx (TensorRT EP has none: it gets model.onnx).
@@ -81,7 +87,12 @@ TRT_EP_CACHE = "ort-trt-cache"  # beside the artifacts: TensorRT EP engines and 
 def _split_provider(entry: Any) -> tuple[str, dict[str, Any]]:
     if isinstance(entry, str):
         return entry, {}
-    if isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], dict):
+    if (
+        isinstance(entry, (tuple, list))
+        and len(entry) == 2
+        and isinstance(entry[0], str)
+        and isinstance(entry[1], dict)
+    ):
         return entry[0], dict(entry[1])
     raise ConfigError(f"runtime.providers entry {entry!r}: expected a provider name or [name, {{option: value}}]")
 
@@ -105,8 +116,16 @@ def trt_ep_cache_dir(artifacts_dir: str | Path) -> Path:
     return fallback
 
 
-def provider_entries(requested: Any, *, device: str, input_name: str, chw: tuple[int, int, int],
-                     batch: dict[str, int] | None, fp16_graph: bool, cache_dir: Path | None) -> list[tuple[str, dict[str, Any]]]:
+def provider_entries(
+    requested: Any,
+    *,
+    device: str,
+    input_name: str,
+    chw: tuple[int, int, int],
+    batch: dict[str, int] | None,
+    fp16_graph: bool,
+    cache_dir: Path | None,
+) -> list[tuple[str, dict[str, Any]]]:
     """The (name, options) list handed to ONNX Runtime for ``requested`` providers (pure).
 
     - CUDA and TensorRT EPs get ``device_id`` from ``device`` ("cuda:N"; "cpu"/"cuda" mean 0).
@@ -127,8 +146,12 @@ def provider_entries(requested: Any, *, device: str, input_name: str, chw: tuple
             if fp16_graph:
                 options["trt_fp16_enable"] = True
             if cache_dir is not None:
-                options.update(trt_engine_cache_enable=True, trt_engine_cache_path=str(cache_dir),
-                               trt_timing_cache_enable=True, trt_timing_cache_path=str(cache_dir))
+                options.update(
+                    trt_engine_cache_enable=True,
+                    trt_engine_cache_path=str(cache_dir),
+                    trt_timing_cache_enable=True,
+                    trt_timing_cache_path=str(cache_dir),
+                )
             if batch:
                 dims = "x".join(str(int(d)) for d in chw)
                 for key in ("min", "opt", "max"):
@@ -141,9 +164,17 @@ def provider_entries(requested: Any, *, device: str, input_name: str, chw: tuple
 class OrtBackend(BackendBase):
     """An ``onnxruntime.InferenceSession`` on one ONNX file; float32 in, float32 logits out."""
 
-    def __init__(self, onnx_path: str | Path, input_shape: tuple[int, int, int], max_batch: int | None = None,
-                 options: BackendOptions | None = None, name: str = "ort", *,
-                 external_data_checked: bool = False, io_check: Callable[[Any, Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        onnx_path: str | Path,
+        input_shape: tuple[int, int, int],
+        max_batch: int | None = None,
+        options: BackendOptions | None = None,
+        name: str = "ort",
+        *,
+        external_data_checked: bool = False,
+        io_check: Callable[[Any, Any], None] | None = None,
+    ) -> None:
         """``external_data_checked``: the caller (``verified_onnx_path``) already refused external
         data outside the model's folder; skip reading the graph a second time. ``io_check(inputs,
         outputs)``: called with the session's [(name, dtype, shape)] before anything else looks at
@@ -162,8 +193,9 @@ class OrtBackend(BackendBase):
         providers = [p for p in requested if _provider_name(p) in offered]
         dropped = [_provider_name(p) for p in requested if _provider_name(p) not in offered]
         if dropped:
-            log.warning("%s: providers %s are not in this onnxruntime build (available: %s)",
-                        name, dropped, sorted(offered))
+            log.warning(
+                "%s: providers %s are not in this onnxruntime build (available: %s)", name, dropped, sorted(offered)
+            )
         wants_accelerator = any(_provider_name(p) in ACCELERATOR_PROVIDERS for p in requested)
         if not providers:
             providers = [CPU_PROVIDER]
@@ -173,14 +205,20 @@ class OrtBackend(BackendBase):
         log.info("%s: %s running on %s", name, self.onnx_path.name, self.providers)
         not_loaded = [_provider_name(p) for p in providers if _provider_name(p) not in self.providers]
         if not_loaded:
-            log.warning("%s: providers %s are in this onnxruntime build but did not load (a missing CUDA/cuDNN/TensorRT "
-                        "library or a bad option; run with -vv and see ONNX Runtime's own log); running on %s",
-                        name, not_loaded, self.providers)
+            log.warning(
+                "%s: providers %s are in this onnxruntime build but did not load (a missing CUDA/cuDNN/TensorRT "
+                "library or a bad option; run with -vv and see ONNX Runtime's own log); running on %s",
+                name,
+                not_loaded,
+                self.providers,
+            )
         if wants_accelerator and all(p == CPU_PROVIDER for p in self.providers):
             asked = [_provider_name(p) for p in requested]
-            msg = (f"{name}: asked for providers {asked} but the session runs on CPU only "
-                   f"(available in this onnxruntime: {sorted(offered)}); install onnxruntime-gpu with a matching "
-                   f"CUDA/cuDNN, or set runtime.allow_cpu_fallback: true to accept CPU")
+            msg = (
+                f"{name}: asked for providers {asked} but the session runs on CPU only "
+                f"(available in this onnxruntime: {sorted(offered)}); install onnxruntime-gpu with a matching "
+                f"CUDA/cuDNN, or set runtime.allow_cpu_fallback: true to accept CPU"
+            )
             if not self.options.allow_cpu_fallback:
                 self._session = None
                 raise BackendError(msg)
@@ -203,9 +241,11 @@ class OrtBackend(BackendBase):
         try:
             return ort.InferenceSession(str(self.onnx_path), sess_options=so, providers=providers)
         except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
-            raise BackendError(f"{self.name}: ONNX Runtime cannot load {self.onnx_path} with providers "
-                               f"{[_provider_name(p) for p in providers]}: {str(exc).strip()}; re-export with "
-                               f"`vitdeploy export` or check the onnxruntime install") from exc
+            raise BackendError(
+                f"{self.name}: ONNX Runtime cannot load {self.onnx_path} with providers "
+                f"{[_provider_name(p) for p in providers]}: {str(exc).strip()}; re-export with "
+                f"`vitdeploy export` or check the onnxruntime install"
+            ) from exc
 
     def _check_io(self, io_check: Callable[[Any, Any], None] | None) -> None:
         """One float image input of the expected shape (the caller's ``io_check`` first); the output names."""
@@ -218,18 +258,24 @@ class OrtBackend(BackendBase):
                 self._session = None
                 raise
         if len(inputs) != 1:
-            raise BackendError(f"{name}: {self.onnx_path} has {len(inputs)} inputs "
-                               f"{[i.name for i in inputs]}, expected exactly one image input")
+            raise BackendError(
+                f"{name}: {self.onnx_path} has {len(inputs)} inputs "
+                f"{[i.name for i in inputs]}, expected exactly one image input"
+            )
         self.input_name = inputs[0].name
         self._input_dtype = _NP_TYPES.get(inputs[0].type)
         if self._input_dtype is None:
-            raise BackendError(f"{name}: {self.onnx_path} input {self.input_name!r} has type {inputs[0].type}, "
-                               f"expected tensor(float) or tensor(float16)")
+            raise BackendError(
+                f"{name}: {self.onnx_path} input {self.input_name!r} has type {inputs[0].type}, "
+                f"expected tensor(float) or tensor(float16)"
+            )
         static = [d for d in inputs[0].shape[1:]]
         if len(inputs[0].shape) != 4 or any(isinstance(d, int) and d != e for d, e in zip(static, self.input_shape)):
-            raise BackendError(f"{name}: {self.onnx_path} input {self.input_name!r} has shape {inputs[0].shape}, "
-                               f"expected [batch, {', '.join(map(str, self.input_shape))}]; the model and manifest "
-                               f"disagree, re-run `vitdeploy export`")
+            raise BackendError(
+                f"{name}: {self.onnx_path} input {self.input_name!r} has shape {inputs[0].shape}, "
+                f"expected [batch, {', '.join(map(str, self.input_shape))}]; the model and manifest "
+                f"disagree, re-run `vitdeploy export`"
+            )
         names = [o.name for o in outputs]
         self.output_name = "logits" if "logits" in names else names[0]
         self.output_names = names
@@ -237,8 +283,10 @@ class OrtBackend(BackendBase):
     def signature(self) -> tuple[list[tuple[str, str, list[Any]]], list[tuple[str, str, list[Any]]]]:
         """([(name, dtype, shape)] of the inputs, same of the outputs); dtype as 'float32'/'float16'."""
         session = self._live_session()
-        return ([(i.name, onnx_dtype_name(i.type), list(i.shape)) for i in session.get_inputs()],
-                [(o.name, onnx_dtype_name(o.type), list(o.shape)) for o in session.get_outputs()])
+        return (
+            [(i.name, onnx_dtype_name(i.type), list(i.shape)) for i in session.get_inputs()],
+            [(o.name, onnx_dtype_name(o.type), list(o.shape)) for o in session.get_outputs()],
+        )
 
     def _live_session(self) -> Any:
         # Read self._session once: close() on another thread may set it to None at any moment.
@@ -253,8 +301,9 @@ class OrtBackend(BackendBase):
         try:
             (out,) = session.run([self.output_name], {self.input_name: feed})
         except Exception as exc:  # noqa: BLE001
-            raise BackendError(f"{self.name}: ONNX Runtime failed on a batch of shape {batch.shape}: "
-                               f"{str(exc).strip()}") from exc
+            raise BackendError(
+                f"{self.name}: ONNX Runtime failed on a batch of shape {batch.shape}: {str(exc).strip()}"
+            ) from exc
         return np.asarray(out, dtype=np.float32)
 
     def run_outputs(self, batch: np.ndarray, names: list[str]) -> list[np.ndarray]:
@@ -265,8 +314,10 @@ class OrtBackend(BackendBase):
         try:
             outs = session.run(list(names), {self.input_name: feed})
         except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
-            raise BackendError(f"{self.name}: ONNX Runtime failed to compute outputs {list(names)} (the model has "
-                               f"{self.output_names}) on a batch of shape {batch.shape}: {str(exc).strip()}") from exc
+            raise BackendError(
+                f"{self.name}: ONNX Runtime failed to compute outputs {list(names)} (the model has "
+                f"{self.output_names}) on a batch of shape {batch.shape}: {str(exc).strip()}"
+            ) from exc
         return [np.asarray(o, dtype=np.float32) for o in outs]
 
     def close(self) -> None:
@@ -291,8 +342,9 @@ def uses_ort_graph(artifacts: Any, options: BackendOptions | None) -> bool:
     return all(_provider_name(p) in ORT_GRAPH_PROVIDERS for p in (options.providers or (CPU_PROVIDER,)))
 
 
-def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *, fp16: bool = False,
-                        int8: bool = False) -> OrtBackend:
+def open_from_artifacts(
+    artifacts: Any, options: BackendOptions | None = None, *, fp16: bool = False, int8: bool = False
+) -> OrtBackend:
     """The "ort" backend (or "ort-fp16" with ``fp16=True``, "ort-int8" with ``int8=True``) on a verified artifact."""
     if fp16:
         role, name = "onnx-fp16", ORT_FP16
@@ -304,16 +356,29 @@ def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *
     options = options or BackendOptions()
     requested = options.providers or (CPU_PROVIDER,)
     wants_trt_ep = any(_provider_name(p) == "TensorrtExecutionProvider" for p in requested)
-    entries = provider_entries(requested, device=options.device, input_name=artifacts.input_name,
-                               chw=tuple(artifacts.input_shape), batch=artifacts.batch, fp16_graph=fp16,
-                               cache_dir=trt_ep_cache_dir(artifacts.directory) if wants_trt_ep else None)
+    entries = provider_entries(
+        requested,
+        device=options.device,
+        input_name=artifacts.input_name,
+        chw=tuple(artifacts.input_shape),
+        batch=artifacts.batch,
+        fp16_graph=fp16,
+        cache_dir=trt_ep_cache_dir(artifacts.directory) if wants_trt_ep else None,
+    )
     options = dataclasses.replace(options, providers=tuple(entries))
 
     def io_check(inputs: Any, outputs: Any) -> None:
         check_graph_io(artifacts.schema, path, inputs, outputs, artifacts.manifest_path, fp16_io_ok=fp16)
 
-    return OrtBackend(path, artifacts.input_shape, artifacts.batch["max"], options, name=name,
-                      external_data_checked=True, io_check=io_check)
+    return OrtBackend(
+        path,
+        artifacts.input_shape,
+        artifacts.batch["max"],
+        options,
+        name=name,
+        external_data_checked=True,
+        io_check=io_check,
+    )
 
 
 def open_fp16_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> OrtBackend:
@@ -321,5 +386,5 @@ def open_fp16_from_artifacts(artifacts: Any, options: BackendOptions | None = No
 
 
 def open_int8_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> OrtBackend:
-    """"ort-int8": model.int8.onnx, the INT8 graph quantized from model.ort.onnx (CPU kernels)."""
+    """ "ort-int8": model.int8.onnx, the INT8 graph quantized from model.ort.onnx (CPU kernels)."""
     return open_from_artifacts(artifacts, options, int8=True)

@@ -38,16 +38,19 @@ def _resolve_paths(weights: str | os.PathLike[str] | tuple[Any, Any]) -> tuple[P
 
 def _read_config(path: Path) -> dict[str, Any]:
     if not path.is_file():
-        raise BackendError(f"torch backend: {path} not found; it is written next to model.safetensors by "
-                           f"`vitdeploy export`")
+        raise BackendError(
+            f"torch backend: {path} not found; it is written next to model.safetensors by `vitdeploy export`"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BackendError(f"torch backend: {path} is not valid JSON ({exc}); re-run `vitdeploy export`") from exc
     if not isinstance(data, dict) or data.get("format") != "vitdeploy" or not isinstance(data.get("vit"), dict):
         got = data.get("format") if isinstance(data, dict) else type(data).__name__
-        raise BackendError(f"torch backend: {path} is not a vitdeploy model config (expected \"format\": "
-                           f"\"vitdeploy\" and a \"vit\" object, got format {got!r}); re-run `vitdeploy export`")
+        raise BackendError(
+            f'torch backend: {path} is not a vitdeploy model config (expected "format": '
+            f'"vitdeploy" and a "vit" object, got format {got!r}); re-run `vitdeploy export`'
+        )
     return data
 
 
@@ -60,15 +63,19 @@ def _mismatch(exc: RuntimeError) -> str:
 class TorchBackend(BackendBase):
     """VisionTransformer in eval mode under ``torch.inference_mode``; returns float32 numpy."""
 
-    def __init__(self, weights_dir_or_paths: str | os.PathLike[str] | tuple[Any, Any],
-                 input_shape: tuple[int, int, int], max_batch: int | None = None,
-                 options: BackendOptions | None = None) -> None:
+    def __init__(
+        self,
+        weights_dir_or_paths: str | os.PathLike[str] | tuple[Any, Any],
+        input_shape: tuple[int, int, int],
+        max_batch: int | None = None,
+        options: BackendOptions | None = None,
+    ) -> None:
         super().__init__(input_shape, max_batch)
         self.name = "torch"
         self.options = options or BackendOptions()
         torch = require("torch", "the eager PyTorch backend ('torch')")
         safetensors_torch = require("safetensors.torch", "the eager PyTorch backend ('torch')")
-        from ...model.vit import ViTConfig, VisionTransformer  # documented exception, see module docstring
+        from ...model.vit import VisionTransformer, ViTConfig  # documented exception, see module docstring
 
         self._torch = torch
         weights_path, config_path = _resolve_paths(weights_dir_or_paths)
@@ -79,17 +86,21 @@ class TorchBackend(BackendBase):
             raise BackendError(f"torch backend: {config_path} 'vit' config is invalid: {exc}") from exc
         expected = (cfg.in_channels, cfg.image_size, cfg.image_size)
         if tuple(self.input_shape) != expected:
-            raise BackendError(f"torch backend: {config_path} describes input {expected}, but the backend was asked "
-                               f"for {tuple(self.input_shape)}; the manifest and model.json disagree, re-run export")
+            raise BackendError(
+                f"torch backend: {config_path} describes input {expected}, but the backend was asked "
+                f"for {tuple(self.input_shape)}; the manifest and model.json disagree, re-run export"
+            )
 
         self.device = self._pick_device(torch, self.options.device)
         precision = self.options.precision
         if precision not in ("fp32", "fp16"):
             raise BackendError(f"torch backend: precision must be 'fp32' or 'fp16', got {precision!r}")
         if precision == "fp16" and self.device.type != "cuda":
-            raise BackendError("torch backend: precision fp16 needs a CUDA device (CPU half-precision kernels are "
-                               f"slow and inexact); got device {self.options.device!r}: set runtime.device: cuda or "
-                               "precision: fp32")
+            raise BackendError(
+                "torch backend: precision fp16 needs a CUDA device (CPU half-precision kernels are "
+                f"slow and inexact); got device {self.options.device!r}: set runtime.device: cuda or "
+                "precision: fp32"
+            )
         self.dtype = torch.float16 if precision == "fp16" else torch.float32
 
         if not weights_path.is_file():
@@ -102,12 +113,16 @@ class TorchBackend(BackendBase):
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
         except RuntimeError as exc:  # tensor shapes differ from the config's (e.g. another width or class count)
-            raise BackendError(f"torch backend: weights {weights_path} do not fit the config in {config_path} "
-                               f"({_mismatch(exc)}); the two files come from different "
-                               f"models: re-export both with `vitdeploy export`") from exc
+            raise BackendError(
+                f"torch backend: weights {weights_path} do not fit the config in {config_path} "
+                f"({_mismatch(exc)}); the two files come from different "
+                f"models: re-export both with `vitdeploy export`"
+            ) from exc
         if missing or unexpected:
-            raise BackendError(f"torch backend: {weights_path} does not match the config in {config_path}: "
-                               f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+            raise BackendError(
+                f"torch backend: {weights_path} does not match the config in {config_path}: "
+                f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+            )
         self._model = model.to(device=self.device, dtype=self.dtype).eval()
         if self.options.threads and self.device.type == "cpu":
             # torch's intra-op thread count is process-wide.
@@ -124,11 +139,14 @@ class TorchBackend(BackendBase):
             raise BackendError(f"torch backend: invalid device {device!r} (use 'cpu', 'cuda' or 'cuda:N')") from exc
         if dev.type == "cuda":
             if not torch.cuda.is_available():
-                raise BackendError(f"torch backend: device {device!r} asked for but torch {torch.__version__} sees "
-                                   "no CUDA GPU; install a CUDA build of torch or set runtime.device: cpu")
+                raise BackendError(
+                    f"torch backend: device {device!r} asked for but torch {torch.__version__} sees "
+                    "no CUDA GPU; install a CUDA build of torch or set runtime.device: cpu"
+                )
             if dev.index is not None and dev.index >= torch.cuda.device_count():
-                raise BackendError(f"torch backend: device {device!r} does not exist "
-                                   f"({torch.cuda.device_count()} CUDA device(s))")
+                raise BackendError(
+                    f"torch backend: device {device!r} does not exist ({torch.cuda.device_count()} CUDA device(s))"
+                )
         elif dev.type != "cpu":
             raise BackendError(f"torch backend: unsupported device {device!r} (use 'cpu', 'cuda' or 'cuda:N')")
         return dev

@@ -61,8 +61,12 @@ class Settings:
 
 def model_names(name: str) -> dict[str, str]:
     """Role -> model name in the repository."""
-    return {"ensemble": name, "preprocess": f"{name}_preprocess", "postprocess": f"{name}_postprocess",
-            **{kind: f"{name}_{kind}" for kind in INFERENCE_KINDS}}
+    return {
+        "ensemble": name,
+        "preprocess": f"{name}_preprocess",
+        "postprocess": f"{name}_postprocess",
+        **{kind: f"{name}_{kind}" for kind in INFERENCE_KINDS},
+    }
 
 
 # ------------------------------------------------------------------------------------------ text
@@ -119,8 +123,11 @@ def _warmup(facts: ModelFacts, input_name: str, max_batch: int) -> str:
     """``model_warmup``: zero batches at 1, the profile's opt and max, run before the model is READY,
     so the first request never pays for an engine build or a first allocation."""
     sizes = sorted({b for b in (1, int(facts.batch.get("opt", 1)), max_batch) if 1 <= b <= max_batch})
-    items = [f"  {{\n    name: {_q(f'zeros_batch_{b}')}\n    batch_size: {b}\n    inputs {{\n      key: {_q(input_name)}\n"
-             f"      value: {{ data_type: TYPE_FP32 dims: {_dims(facts.chw)} zero_data: true }}\n    }}\n  }}" for b in sizes]
+    items = [
+        f"  {{\n    name: {_q(f'zeros_batch_{b}')}\n    batch_size: {b}\n    inputs {{\n      key: {_q(input_name)}\n"
+        f"      value: {{ data_type: TYPE_FP32 dims: {_dims(facts.chw)} zero_data: true }}\n    }}\n  }}"
+        for b in sizes
+    ]
     return "model_warmup [\n" + ",\n".join(items) + "\n]"
 
 
@@ -147,12 +154,14 @@ def preprocess_config(facts: ModelFacts, settings: Settings, preprocess: Mapping
         _tensors("output", [_tensor(PIXELS, "TYPE_FP32", facts.chw)]),
         _dynamic_batching(facts, settings, b, queue=True),
         _instance_group("cpu", settings.triton.preprocess_instances),
-        *_parameters({
-            "preprocess": json.dumps(dict(preprocess), sort_keys=True),
-            "max_image_pixels": int(settings.max_image_pixels),
-            "decode_threads": int(settings.triton.decode_threads),
-            "vitdeploy_version": version,
-        }),
+        *_parameters(
+            {
+                "preprocess": json.dumps(dict(preprocess), sort_keys=True),
+                "max_image_pixels": int(settings.max_image_pixels),
+                "decode_threads": int(settings.triton.decode_threads),
+                "vitdeploy_version": version,
+            }
+        ),
     )
 
 
@@ -173,8 +182,16 @@ def postprocess_config(facts: ModelFacts, settings: Settings, version: str) -> s
     )
 
 
-def _classifier(facts: ModelFacts, settings: Settings, role: str, what: str, runner: str, max_batch: int,
-                group: str, *extra: str | None) -> str:
+def _classifier(
+    facts: ModelFacts,
+    settings: Settings,
+    role: str,
+    what: str,
+    runner: str,
+    max_batch: int,
+    group: str,
+    *extra: str | None,
+) -> str:
     """An inference model: the manifest's input -> logits (with labels.txt), dynamic batching."""
     name = model_names(facts.name)[role]
     label = f"\n    label_filename: {_q(LABELS_FILE)}"
@@ -219,35 +236,59 @@ def onnx_config(facts: ModelFacts, settings: Settings) -> str:
             "trt_profile_max_shapes": _profile_shapes(facts, b),
         }
         body = "\n".join(f"        parameters {{ key: {_q(k)} value: {_q(v)} }}" for k, v in params.items())
-        accel = ("# On a GPU, ONNX Runtime's TensorRT EP builds model.fp16.onnx as validated (FP16 where the graph is\n"
-                 "# FP16, float32 on its keep-float nodes) and caches its engine beside this file (ignored on a CPU).\n"
-                 "optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [\n      {\n"
-                 f'        name: "tensorrt"\n{body}\n      }}\n    ]\n  }}\n}}')
+        accel = (
+            "# On a GPU, ONNX Runtime's TensorRT EP builds model.fp16.onnx as validated (FP16 where the graph is\n"
+            "# FP16, float32 on its keep-float nodes) and caches its engine beside this file (ignored on a CPU).\n"
+            "optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [\n      {\n"
+            f'        name: "tensorrt"\n{body}\n      }}\n    ]\n  }}\n}}'
+        )
     t = settings.triton
-    what = ("model.fp16.onnx (validated FP16 graph) on ONNX Runtime" if settings.onnx_precision == "fp16"
-            else "model.onnx (FP32) on ONNX Runtime")
-    return _classifier(facts, settings, "onnx", what,
-                       f'platform: "onnxruntime_onnx"\ndefault_model_filename: {_q(ONNX_FILES[settings.onnx_precision])}',
-                       b, _instance_group(t.kind, t.instances, t.gpus), accel)
+    what = (
+        "model.fp16.onnx (validated FP16 graph) on ONNX Runtime"
+        if settings.onnx_precision == "fp16"
+        else "model.onnx (FP32) on ONNX Runtime"
+    )
+    return _classifier(
+        facts,
+        settings,
+        "onnx",
+        what,
+        f'platform: "onnxruntime_onnx"\ndefault_model_filename: {_q(ONNX_FILES[settings.onnx_precision])}',
+        b,
+        _instance_group(t.kind, t.instances, t.gpus),
+        accel,
+    )
 
 
 def trt_config(facts: ModelFacts, settings: Settings) -> str:
     if facts.engine_max_batch is None:
         raise ValueError("trt_config needs an engine (ModelFacts.engine_max_batch)")
     t = settings.triton
-    return _classifier(facts, settings, "trt", "the FP16 TensorRT engine built by `vitdeploy export`",
-                       f'platform: "tensorrt_plan"\ndefault_model_filename: {_q(ENGINE_FILE)}',
-                       min(int(facts.batch["max"]), int(facts.engine_max_batch)),
-                       _instance_group("gpu", t.instances, t.gpus))
+    return _classifier(
+        facts,
+        settings,
+        "trt",
+        "the FP16 TensorRT engine built by `vitdeploy export`",
+        f'platform: "tensorrt_plan"\ndefault_model_filename: {_q(ENGINE_FILE)}',
+        min(int(facts.batch["max"]), int(facts.engine_max_batch)),
+        _instance_group("gpu", t.instances, t.gpus),
+    )
 
 
 def ort_python_config(facts: ModelFacts, settings: Settings, version: str) -> str:
     params: dict[str, Any] = {"vitdeploy_version": version}
     if settings.triton.ort_threads:
         params["threads"] = int(settings.triton.ort_threads)
-    return _classifier(facts, settings, "ort_python", "the vitdeploy runtime's ONNX Runtime backend inside the python "
-                       "backend", 'backend: "python"', int(facts.batch["max"]),
-                       _instance_group("cpu", settings.triton.instances), *_parameters(params))
+    return _classifier(
+        facts,
+        settings,
+        "ort_python",
+        "the vitdeploy runtime's ONNX Runtime backend inside the python backend",
+        'backend: "python"',
+        int(facts.batch["max"]),
+        _instance_group("cpu", settings.triton.instances),
+        *_parameters(params),
+    )
 
 
 def top_k_of(facts: ModelFacts, settings: Settings) -> int:
@@ -284,12 +325,34 @@ def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
         'platform: "ensemble"',
         f"max_batch_size: {ensemble_max_batch(facts, settings)}",
         _tensors("input", [_tensor(INPUT, "TYPE_STRING", [1])]),
-        _tensors("output", [_tensor(LOGITS, "TYPE_FP32", [facts.num_classes]),
-                            _tensor(TOPK_LABELS, "TYPE_STRING", [k]), _tensor(TOPK_SCORES, "TYPE_FP32", [k])]),
+        _tensors(
+            "output",
+            [
+                _tensor(LOGITS, "TYPE_FP32", [facts.num_classes]),
+                _tensor(TOPK_LABELS, "TYPE_STRING", [k]),
+                _tensor(TOPK_SCORES, "TYPE_FP32", [k]),
+            ],
+        ),
         "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}",
     )
 
 
-__all__ = ["ENGINE_FILE", "INFERENCE_KINDS", "LABELS_FILE", "ONNX_FILES", "TRT_CACHE_DIR", "PIXELS", "ModelFacts", "Settings", "ensemble_config",
-           "ensemble_max_batch", "model_names", "onnx_config", "ort_python_config", "postprocess_config",
-           "preprocess_config", "top_k_of", "trt_config"]
+__all__ = [
+    "ENGINE_FILE",
+    "INFERENCE_KINDS",
+    "LABELS_FILE",
+    "ONNX_FILES",
+    "TRT_CACHE_DIR",
+    "PIXELS",
+    "ModelFacts",
+    "Settings",
+    "ensemble_config",
+    "ensemble_max_batch",
+    "model_names",
+    "onnx_config",
+    "ort_python_config",
+    "postprocess_config",
+    "preprocess_config",
+    "top_k_of",
+    "trt_config",
+]

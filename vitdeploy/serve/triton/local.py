@@ -18,11 +18,11 @@ Used by the test suite and ``benchmarks/bench_triton.py``; binds to 127.0.0.1 on
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import socket
-import json
 import subprocess
 import tempfile
 import time
@@ -41,9 +41,13 @@ def _venv_facts(venv: Path) -> tuple[str, Path, Path]:
     """(python version "3.11", site-packages, the interpreter's lib dir holding libpython) of ``venv``."""
     python = _venv_python(venv)
     if not python.exists():
-        raise MissingDependencyError(f"{venv} is not a virtual environment (no {python}); create it with `make .venv-triton`")
-    code = ("import sys, sysconfig; print(f'{sys.version_info[0]}.{sys.version_info[1]}'); "
-            "print(sysconfig.get_paths()['purelib']); print(sysconfig.get_config_var('LIBDIR'))")
+        raise MissingDependencyError(
+            f"{venv} is not a virtual environment (no {python}); create it with `make .venv-triton`"
+        )
+    code = (
+        "import sys, sysconfig; print(f'{sys.version_info[0]}.{sys.version_info[1]}'); "
+        "print(sysconfig.get_paths()['purelib']); print(sysconfig.get_config_var('LIBDIR'))"
+    )
     out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     return out[0].strip(), Path(out[1].strip()), Path(out[2].strip())
 
@@ -57,10 +61,16 @@ def free_port() -> int:
 class BundledTriton:
     """A ``tritonserver`` process on 127.0.0.1 serving ``repository`` (one path or several); a context manager."""
 
-    def __init__(self, venv: str | os.PathLike[str], repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-                 load: Sequence[str] | None = None, startup_timeout_s: float = 120.0,
-                 log_verbose: int = 0, exit_timeout_s: int = 5,
-                 python_env: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        venv: str | os.PathLike[str],
+        repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        load: Sequence[str] | None = None,
+        startup_timeout_s: float = 120.0,
+        log_verbose: int = 0,
+        exit_timeout_s: int = 5,
+        python_env: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.venv = Path(venv).absolute()
         self.python_env = Path(python_env).absolute() if python_env is not None else self.venv
         repos = [repository] if isinstance(repository, (str, os.PathLike)) else list(repository)
@@ -89,8 +99,9 @@ class BundledTriton:
         dist = server_site / "pytriton" / "tritonserver"
         stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
         if not (dist / "bin" / "tritonserver").exists():
-            raise MissingDependencyError(f"{self.venv} has no nvidia-pytriton tritonserver ({dist}); create it with "
-                                         f"`make .venv-triton`")
+            raise MissingDependencyError(
+                f"{self.venv} has no nvidia-pytriton tritonserver ({dist}); create it with `make .venv-triton`"
+            )
         if not stub.exists():
             raise MissingDependencyError(f"nvidia-pytriton has no python backend stub for Python {version} ({stub})")
         self._workdir = Path(tempfile.mkdtemp(prefix="vitdeploy-triton-"))
@@ -98,15 +109,26 @@ class BundledTriton:
         shutil.copytree(dist / "backends", backends)  # the stub must sit beside libtriton_python.so
         shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
         self.http_port, self.grpc_port = free_port(), free_port()
-        cmd = [str(dist / "bin" / "tritonserver"), *[f"--model-repository={r}" for r in self.repositories],
-               f"--backend-directory={backends}", "--http-address=127.0.0.1", f"--http-port={self.http_port}",
-               "--grpc-address=127.0.0.1", f"--grpc-port={self.grpc_port}", "--allow-metrics=false",
-               "--exit-on-error=true", f"--exit-timeout-secs={self.exit_timeout_s}", f"--log-verbose={self.log_verbose}"]
+        cmd = [
+            str(dist / "bin" / "tritonserver"),
+            *[f"--model-repository={r}" for r in self.repositories],
+            f"--backend-directory={backends}",
+            "--http-address=127.0.0.1",
+            f"--http-port={self.http_port}",
+            "--grpc-address=127.0.0.1",
+            f"--grpc-port={self.grpc_port}",
+            "--allow-metrics=false",
+            "--exit-on-error=true",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--log-verbose={self.log_verbose}",
+        ]
         if self.load:
             cmd += ["--model-control-mode=explicit", *[f"--load-model={m}" for m in self.load]]
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         libs = [str(server_site / "nvidia_pytriton.libs"), str(libdir)]
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(libs + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else []))
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            libs + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else [])
+        )
         # The python stub embeds the interpreter and finds its prefix (the venv) through PATH.
         env["PATH"] = os.pathsep.join([str(self.python_env / "bin"), env.get("PATH", "")])
         return cmd, env
@@ -116,8 +138,9 @@ class BundledTriton:
         assert self._workdir is not None
         self.log_path = self._workdir / "tritonserver.log"
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self._workdir,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self._workdir, start_new_session=True
+            )
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -9,23 +9,27 @@ from . import config as tc
 from .versions import IMAGE, container_release
 
 
-def render_readme(facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str, Any] | None,
-                  models: Sequence[str]) -> str:
+def render_readme(
+    facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str, Any] | None, models: Sequence[str]
+) -> str:
     names = tc.model_names(facts.name)
     k = tc.top_k_of(facts, settings)
     b = tc.ensemble_max_batch(facts, settings)
     onnx_file = tc.ONNX_FILES[settings.onnx_precision]
     model_rows = {
         names["ensemble"]: f"ensemble: `IMAGES` (BYTES, [N, 1]) -> `LOGITS` [N, {facts.num_classes}], "
-                           f"`TOPK_LABELS` [N, {k}], `TOPK_SCORES` [N, {k}]; calls `{names[settings.inference]}`",
+        f"`TOPK_LABELS` [N, {k}], `TOPK_SCORES` [N, {k}]; calls `{names[settings.inference]}`",
         names["preprocess"]: "python backend: encoded images -> float32 NCHW with vitdeploy's preprocessing",
-        names["onnx"]: ("onnxruntime_onnx: model.fp16.onnx as the export validated it (FP16, its keep-float nodes "
-                        "float32); on a GPU the TensorRT EP builds those types (no FP16 re-cast), engine cached in "
-                        f"`{names['onnx']}/{tc.TRT_CACHE_DIR}/`") if settings.onnx_precision == "fp16" else
-                       "onnxruntime_onnx: model.onnx (FP32, as validated); CUDA EP on a GPU, CPU EP otherwise",
+        names["onnx"]: (
+            "onnxruntime_onnx: model.fp16.onnx as the export validated it (FP16, its keep-float nodes "
+            "float32); on a GPU the TensorRT EP builds those types (no FP16 re-cast), engine cached in "
+            f"`{names['onnx']}/{tc.TRT_CACHE_DIR}/`"
+        )
+        if settings.onnx_precision == "fp16"
+        else "onnxruntime_onnx: model.onnx (FP32, as validated); CUDA EP on a GPU, CPU EP otherwise",
         names["trt"]: "tensorrt_plan: the FP16 engine from `vitdeploy export`",
         names["ort_python"]: "python backend + ONNX Runtime (vitdeploy's `ort` backend), for Triton builds "
-                             "without the onnxruntime backend",
+        "without the onnxruntime backend",
         names["postprocess"]: "python backend: softmax top-k (vitdeploy's postprocessing)",
     }
     table = "\n".join(f"| `{m}` | {model_rows.get(m, '')} |" for m in sorted(models))
@@ -38,10 +42,16 @@ def render_readme(facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str,
         "|---|---|",
         table,
         "",
-        f"Batching: every model has `max_batch_size` {facts.batch['max']} (the export's batch profile; the ensemble {b})",
-        f"and dynamic batching (preferred {facts.batch['opt']}, up to {settings.triton.max_queue_delay_us} µs of queueing).",
-        (f"Requests beyond {settings.triton.max_queue_size} queued are refused at once (HTTP 503, gRPC UNAVAILABLE)."
-         if settings.triton.max_queue_size else "The queues are unbounded (`triton.max_queue_size: 0`)."),
+        f"Batching: every model has `max_batch_size` {facts.batch['max']} (the export's batch profile; the ensemble "
+        f"{b})",
+        f"and dynamic batching (preferred {facts.batch['opt']}, up to {settings.triton.max_queue_delay_us} µs of "
+        "queueing).",
+        (
+            f"Requests beyond {settings.triton.max_queue_size} queued are refused at once (HTTP 503, gRPC "
+            "UNAVAILABLE)."
+            if settings.triton.max_queue_size
+            else "The queues are unbounded (`triton.max_queue_size: 0`)."
+        ),
         "A bad image (empty, not an image, truncated, larger than the decompression-bomb limit of",
         f"{settings.max_image_pixels} pixels, refused before decoding) fails its own request with HTTP 400 and a",
         "one-line reason; the other requests of the batch are unaffected.",
@@ -52,8 +62,9 @@ def render_readme(facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str,
     return "\n".join(lines)
 
 
-def _container_section(facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str, Any] | None,
-                       names: dict[str, str], onnx_file: str) -> list[str]:
+def _container_section(
+    facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str, Any] | None, names: dict[str, str], onnx_file: str
+) -> list[str]:
     """Which container, the Docker lines, warm-up, and what ran here versus what only parsed."""
     tag, why = container_release(engine)
     image = f"{IMAGE}:{tag}-py3"
@@ -70,21 +81,27 @@ def _container_section(facts: tc.ModelFacts, settings: tc.Settings, engine: dict
         "",
         "```bash",
         f"docker build -t {local} .",
-        f"docker run --rm --gpus all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 \\",
-        f"  -v \"$PWD\":/models {local}",
+        "docker run --rm --gpus all --shm-size=1g -p 8000:8000 -p 8001:8001 -p 8002:8002 \\",
+        f'  -v "$PWD":/models {local}',
         "```",
         "",
         "`docker run` needs no network. `docker build` fetches the pinned packages from PyPI (or your",
         "`PIP_INDEX_URL` mirror); to build with no network, download them into `wheels/` first (pip looks",
         "there first), for the container's Python (3.12 on 25.xx and later, 3.10 on 24.xx):",
-        "`pip download -r requirements.txt -d wheels --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64`.",
+        "`pip download -r requirements.txt -d wheels --only-binary=:all: --python-version 3.12 --platform "
+        "manylinux2014_x86_64`.",
         f"The repository is mounted read-write at `{settings.triton.repository_mount}` (`triton.repository_mount`):",
-        (f"the TensorRT EP writes its engine cache to `{names['onnx']}/{tc.TRT_CACHE_DIR}/`, so it survives restarts."
-         if settings.onnx_precision == "fp16" else "nothing is written into it at run time."),
+        (
+            f"the TensorRT EP writes its engine cache to `{names['onnx']}/{tc.TRT_CACHE_DIR}/`, so it survives "
+            "restarts."
+            if settings.onnx_precision == "fp16"
+            else "nothing is written into it at run time."
+        ),
         "Every inference model has `model_warmup` (zero batches at 1, the profile's opt and max): Triton",
         "runs them before the model is ready, so `/v2/health/ready` answers 200 only once engines are built.",
         "Without a GPU drop `--gpus all`; the `_trt` model (if any) then fails to load, so load only",
-        f"what you serve: append `tritonserver --model-repository=/models --model-control-mode=explicit --load-model={facts.name}`",
+        "what you serve: append `tritonserver --model-repository=/models --model-control-mode=explicit "
+        f"--load-model={facts.name}`",
         "to the `docker run` line (the ensemble and the models it calls). Triton builds without the onnxruntime",
         "backend (e.g. the one bundled in the `nvidia-pytriton` wheel) serve the repository generated with",
         "`vitdeploy triton-repo --inference ort_python`.",
@@ -107,9 +124,10 @@ def _scaling_and_calling(facts: tc.ModelFacts, settings: tc.Settings) -> list[st
     return [
         "## Scaling",
         "",
-        f"- Instances: `instance_group` in each `config.pbtxt` (`vitdeploy triton-repo --instances N`",
-        f"  / `triton.instances` in pipeline.yaml for the inference model, `--preprocess-instances` for decoding, which",
-        f"  also uses {settings.triton.decode_threads} threads per instance). With `KIND_GPU` (or no kind and GPUs present) Triton",
+        "- Instances: `instance_group` in each `config.pbtxt` (`vitdeploy triton-repo --instances N`",
+        "  / `triton.instances` in pipeline.yaml for the inference model, `--preprocess-instances` for decoding, which",  # noqa: E501
+        f"  also uses {settings.triton.decode_threads} threads per instance). With `KIND_GPU` (or no kind and GPUs "
+        "present) Triton",
         "  starts that many instances on every visible GPU; restrict with `gpus: [...]` (`--gpus 0,1`).",
         "- GPUs: one Triton process uses all the GPUs it sees (`--gpus all`, or `CUDA_VISIBLE_DEVICES`).",
         "- Replicas: run several identical containers behind a Kubernetes Service (a Deployment with",
@@ -123,14 +141,14 @@ def _scaling_and_calling(facts: tc.ModelFacts, settings: tc.Settings) -> list[st
         "import numpy as np",
         "import tritonclient.http as httpclient   # pip install 'tritonclient[http]'",
         "",
-        "client = httpclient.InferenceServerClient(\"localhost:8000\")",
-        "data = np.array([[open(\"cat.jpg\", \"rb\").read()]], dtype=object)   # shape [N, 1], N images",
-        "images = httpclient.InferInput(\"IMAGES\", list(data.shape), \"BYTES\")",
+        'client = httpclient.InferenceServerClient("localhost:8000")',
+        'data = np.array([[open("cat.jpg", "rb").read()]], dtype=object)   # shape [N, 1], N images',
+        'images = httpclient.InferInput("IMAGES", list(data.shape), "BYTES")',
         "images.set_data_from_numpy(data)",
-        f"result = client.infer(\"{facts.name}\", [images])",
-        "labels = result.as_numpy(\"TOPK_LABELS\")   # [N, K] bytes, best first",
-        "scores = result.as_numpy(\"TOPK_SCORES\")   # [N, K] softmax probabilities",
-        "logits = result.as_numpy(\"LOGITS\")",
+        f'result = client.infer("{facts.name}", [images])',
+        'labels = result.as_numpy("TOPK_LABELS")   # [N, K] bytes, best first',
+        'scores = result.as_numpy("TOPK_SCORES")   # [N, K] softmax probabilities',
+        'logits = result.as_numpy("LOGITS")',
         "print(labels[0][0].decode(), float(scores[0][0]))",
         "```",
         "",

@@ -30,8 +30,8 @@ from typing import Any, Callable
 from ... import __version__
 from ...base.errors import ArtifactError, ConfigError
 from ...runtime.artifacts import MANIFEST_NAME, Artifacts
-from . import config as tc
 from ..protocol import model_name
+from . import config as tc
 from .models import ARTIFACTS_DIR, model_py
 from .package import write_package
 from .versions import container_release
@@ -65,19 +65,25 @@ def settings_from_config(cfg: Any, overrides: dict[str, Any] | None = None, top_
         raise ConfigError(f"triton.{key} = {first.get('input')!r}: {first['msg']}") from None
     serve = getattr(cfg, "serve", None)
     k = top_k if top_k is not None else int(getattr(serve, "top_k", 5))
-    return tc.Settings(triton=triton, top_k=k, max_image_pixels=int(cfg.runtime.max_image_pixels),
-                       workspace_mb=int(cfg.tensorrt.workspace_mb))
+    return tc.Settings(
+        triton=triton,
+        top_k=k,
+        max_image_pixels=int(cfg.runtime.max_image_pixels),
+        workspace_mb=int(cfg.tensorrt.workspace_mb),
+    )
 
 
 def resolve_inference(requested: str, has_engine: bool) -> str:
-    """"auto" -> "trt" with an engine, else "onnx"; ConfigError for "trt" without one."""
+    """ "auto" -> "trt" with an engine, else "onnx"; ConfigError for "trt" without one."""
     if requested == "auto":
         return "trt" if has_engine else "onnx"
     if requested not in tc.INFERENCE_KINDS:
         raise ConfigError(f"triton.inference = {requested!r}: expected auto, {', '.join(tc.INFERENCE_KINDS)}")
     if requested == "trt" and not has_engine:
-        raise ConfigError("triton.inference = 'trt' but the export has no TensorRT engine (model.engine); build one "
-                          "with `vitdeploy export --engine require` on a GPU machine, or choose onnx / ort_python")
+        raise ConfigError(
+            "triton.inference = 'trt' but the export has no TensorRT engine (model.engine); build one "
+            "with `vitdeploy export --engine require` on a GPU machine, or choose onnx / ort_python"
+        )
     return requested
 
 
@@ -88,15 +94,17 @@ def fp16_validated(artifacts: Artifacts) -> bool:
 
 
 def resolve_onnx_precision(requested: str, artifacts: Artifacts) -> str:
-    """"auto" -> "fp16" when the export validated model.fp16.onnx, else "fp32"; ConfigError for an
+    """ "auto" -> "fp16" when the export validated model.fp16.onnx, else "fp32"; ConfigError for an
     unvalidated "fp16"."""
     ok = fp16_validated(artifacts)
     if requested == "auto":
         return "fp16" if ok else "fp32"
     if requested == "fp16" and not ok:
-        raise ConfigError(f"triton.onnx_precision = 'fp16' but {artifacts.directory / MANIFEST_NAME} has no "
-                          f"model.fp16.onnx that passed validation (validate-fp16); re-export with export.fp16.enabled: "
-                          f"true, or choose fp32")
+        raise ConfigError(
+            f"triton.onnx_precision = 'fp16' but {artifacts.directory / MANIFEST_NAME} has no "
+            f"model.fp16.onnx that passed validation (validate-fp16); re-export with export.fp16.enabled: "
+            f"true, or choose fp32"
+        )
     if requested not in tc.ONNX_FILES:
         raise ConfigError(f"triton.onnx_precision = {requested!r}: expected auto, {', '.join(tc.ONNX_FILES)}")
     return requested
@@ -128,12 +136,20 @@ def _facts(artifacts: Artifacts, engine_meta: dict[str, Any] | None) -> tc.Model
     out_shape = artifacts.io.get("output", {}).get("shape") or []
     num_classes = len(labels) or (int(out_shape[-1]) if out_shape and isinstance(out_shape[-1], int) else 0)
     if num_classes < 1:
-        raise ArtifactError(f"{artifacts.directory / MANIFEST_NAME}: neither labels nor io.output.shape give the number "
-                            f"of classes; re-run `vitdeploy export`")
+        raise ArtifactError(
+            f"{artifacts.directory / MANIFEST_NAME}: neither labels nor io.output.shape give the number "
+            f"of classes; re-run `vitdeploy export`"
+        )
     engine_max = int(engine_meta["profile"]["max"]) if engine_meta else None
-    return tc.ModelFacts(name=model_name(artifacts.name), input_name=artifacts.input_name,
-                         output_name=artifacts.output_name, chw=tuple(artifacts.input_shape), num_classes=num_classes,
-                         batch=artifacts.batch, engine_max_batch=engine_max)
+    return tc.ModelFacts(
+        name=model_name(artifacts.name),
+        input_name=artifacts.input_name,
+        output_name=artifacts.output_name,
+        chw=tuple(artifacts.input_shape),
+        num_classes=num_classes,
+        batch=artifacts.batch,
+        engine_max_batch=engine_max,
+    )
 
 
 def _engine_meta(artifacts: Artifacts) -> dict[str, Any] | None:
@@ -167,8 +183,9 @@ def _pruned_manifest(artifacts: Artifacts, entries: dict[str, dict[str, Any]]) -
     return manifest
 
 
-def _build(tmp: Path, artifacts: Artifacts, facts: tc.ModelFacts, settings: tc.Settings,
-           engine_meta: dict[str, Any] | None) -> list[str]:
+def _build(
+    tmp: Path, artifacts: Artifacts, facts: tc.ModelFacts, settings: tc.Settings, engine_meta: dict[str, Any] | None
+) -> list[str]:
     names = tc.model_names(facts.name)
     labels = _labels_text(artifacts.labels, facts.num_classes)
     models: list[str] = []
@@ -191,11 +208,15 @@ def _build(tmp: Path, artifacts: Artifacts, facts: tc.ModelFacts, settings: tc.S
     onnx_role = "onnx-fp16" if settings.onnx_precision == "fp16" else "onnx"
     _copy_role(artifacts, onnx_role, onnx_dir, tc.ONNX_FILES[settings.onnx_precision])
     if settings.onnx_precision == "fp16":
-        _write(onnx_dir.parent / tc.TRT_CACHE_DIR / "README.txt",
-               "ONNX Runtime's TensorRT EP caches its engine here (keep this folder on a volume).\n")
+        _write(
+            onnx_dir.parent / tc.TRT_CACHE_DIR / "README.txt",
+            "ONNX Runtime's TensorRT EP caches its engine here (keep this folder on a volume).\n",
+        )
 
     ort_dir = model("ort_python", tc.ort_python_config(facts, settings, __version__), with_labels=True)
-    _write(ort_dir / "model.py", model_py("OrtPythonModel", f"{names['ort_python']}: ONNX Runtime in the python backend"))
+    _write(
+        ort_dir / "model.py", model_py("OrtPythonModel", f"{names['ort_python']}: ONNX Runtime in the python backend")
+    )
     roles = ["onnx"] + (["onnx-ort"] if artifacts.has("onnx-ort") else [])
     entries = {role: _copy_role(artifacts, role, ort_dir / ARTIFACTS_DIR) for role in roles}
     _write(ort_dir / ARTIFACTS_DIR / MANIFEST_NAME, json.dumps(_pruned_manifest(artifacts, entries), indent=2) + "\n")
@@ -213,8 +234,13 @@ def _build(tmp: Path, artifacts: Artifacts, facts: tc.ModelFacts, settings: tc.S
     return sorted(models)
 
 
-def build_triton_repo(artifacts_dir: str | os.PathLike[str], out: str | os.PathLike[str], settings: tc.Settings,
-                      force: bool = False, on_step: Callable[[str], None] | None = None) -> RepoResult:
+def build_triton_repo(
+    artifacts_dir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    settings: tc.Settings,
+    force: bool = False,
+    on_step: Callable[[str], None] | None = None,
+) -> RepoResult:
     """Write the Triton repository for the export in ``artifacts_dir`` to ``out``.
 
     The ensemble calls ``settings.triton.inference`` ("auto": trt with an engine, else onnx).
@@ -224,8 +250,10 @@ def build_triton_repo(artifacts_dir: str | os.PathLike[str], out: str | os.PathL
     artifacts = Artifacts.open(artifacts_dir)
     out = Path(out).expanduser().absolute()
     if out.exists() and not force:
-        raise ConfigError(f"{out} already exists; pass --force to replace it (the new repository is built beside it "
-                          f"and swapped in when complete)")
+        raise ConfigError(
+            f"{out} already exists; pass --force to replace it (the new repository is built beside it "
+            f"and swapped in when complete)"
+        )
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} exists and is not a directory")
     try:
@@ -235,8 +263,11 @@ def build_triton_repo(artifacts_dir: str | os.PathLike[str], out: str | os.PathL
         pass
     step("checking the engine metadata")
     engine_meta = _engine_meta(artifacts)
-    settings = replace(settings, inference=resolve_inference(settings.triton.inference, engine_meta is not None),
-                       onnx_precision=resolve_onnx_precision(settings.triton.onnx_precision, artifacts))
+    settings = replace(
+        settings,
+        inference=resolve_inference(settings.triton.inference, engine_meta is not None),
+        onnx_precision=resolve_onnx_precision(settings.triton.onnx_precision, artifacts),
+    )
     facts = _facts(artifacts, engine_meta)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -255,9 +286,21 @@ def build_triton_repo(artifacts_dir: str | os.PathLike[str], out: str | os.PathL
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     log.info("wrote Triton repository %s (%s)", out, ", ".join(models))
-    return RepoResult(path=out, name=facts.name, models=models, inference=settings.inference,
-                      onnx_precision=settings.onnx_precision, engine=engine_meta)
+    return RepoResult(
+        path=out,
+        name=facts.name,
+        models=models,
+        inference=settings.inference,
+        onnx_precision=settings.onnx_precision,
+        engine=engine_meta,
+    )
 
 
-__all__ = ["RepoResult", "build_triton_repo", "fp16_validated", "resolve_inference", "resolve_onnx_precision",
-           "settings_from_config"]
+__all__ = [
+    "RepoResult",
+    "build_triton_repo",
+    "fp16_validated",
+    "resolve_inference",
+    "resolve_onnx_precision",
+    "settings_from_config",
+]

@@ -65,7 +65,7 @@ IMAGE = "nvcr.io/nvidia/tritonserver"
 
 
 def _release_key(version: str) -> tuple[int, ...]:
-    """"10.13.3.9" -> (10, 13, 3): engines match on major.minor.patch (the build number aside)."""
+    """ "10.13.3.9" -> (10, 13, 3): engines match on major.minor.patch (the build number aside)."""
     parts = []
     for piece in str(version).strip().split(".")[:3]:
         digits = "".join(ch for ch in piece if ch.isdigit())
@@ -92,12 +92,14 @@ def container_release(engine: dict[str, Any] | None) -> tuple[str, list[str]]:
             "No TensorRT engine was built by `vitdeploy export`, so this repository has no `_trt` model and no",
             "TensorRT version to match: any recent Triton release serves it (the onnxruntime and python",
             f"backends ship in the `-py3` images). The command below uses {tag}, the newest release this",
-            f"vitdeploy version knows.",
+            "vitdeploy version knows.",
         ]
     trt = str(engine.get("tensorrt_version"))
     releases = triton_releases_for(trt)
-    where = (f"built with TensorRT {trt} on {engine.get('gpu_name')} (compute capability "
-             f"{engine.get('compute_capability')}), recorded in `model.engine.json`.")
+    where = (
+        f"built with TensorRT {trt} on {engine.get('gpu_name')} (compute capability "
+        f"{engine.get('compute_capability')}), recorded in `model.engine.json`."
+    )
     if releases:
         return releases[-1], [
             f"The `_trt` model's plan was {where} A plan deserializes only with the TensorRT",
@@ -113,4 +115,11 @@ def container_release(engine: dict[str, Any] | None) -> tuple[str, list[str]]:
     ]
 
 
-__all__ = ["IMAGE", "SUPPORT_MATRIX_URL", "TRITON_RELEASES", "container_release", "latest_release", "triton_releases_for"]
+__all__ = [
+    "IMAGE",
+    "SUPPORT_MATRIX_URL",
+    "TRITON_RELEASES",
+    "container_release",
+    "latest_release",
+    "triton_releases_for",
+]

@@ -17,9 +17,9 @@ current. An execution context is not thread-safe, so a bounded pool of (context,
 activation memory) states serves every thread: a run checks one out and returns it, or drops it
 when the run failed. Contexts are USER_MANAGED: each run hands its context the activation memory
 its batch needs (``update_device_memory_size_for_shapes``), not the profile max's. A CUDA error
-(raised by torch at a copy or synchronize) is a BackendError. A batch smaller than the engine profile's min is padded (repeating its last
-row) up to min and the result sliced back. TensorRT keeps one logger per process
-(:func:`trt_logger`); failures quote the errors it logged during that call.
+(raised by torch at a copy or synchronize) is a BackendError. A batch smaller than the engine
+profile's min is padded (repeating its last row) up to min and the result sliced back. TensorRT keeps
+one logger per process (:func:`trt_logger`); failures quote the errors it logged during that call.
 
 model.engine.json (written by ``vitdeploy.export.tensorrt.build_engine``)::
 
@@ -45,16 +45,28 @@ from ....base.vocab import TRT_INT8, tensorrt_install_command
 from ...cuda import cuda_index, cuda_status
 from .. import first_line
 from ..base import BackendBase, BackendOptions
-from .log import (CANCEL, capture_errors, cuda_major_mismatch, quote_errors, start_tensorrt,  # noqa: F401
-                          tensorrt_cuda_major, trt_logger)
-from .metadata import (EngineMetadata, MachineIdentity, check_engine_matches, check_engine_source,  # noqa: F401
-                           probe_machine)
+from .log import (
+    CANCEL,  # noqa: F401
+    capture_errors,
+    cuda_major_mismatch,
+    quote_errors,
+    start_tensorrt,  # noqa: F401
+    tensorrt_cuda_major,
+    trt_logger,  # noqa: F401
+)
+from .metadata import (
+    EngineMetadata,
+    MachineIdentity,
+    check_engine_matches,
+    check_engine_source,  # noqa: F401
+    probe_machine,
+)
 from .pool import ContextPool, ExecState
 from .pool import TorchCuda as _TorchCuda
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = (f"NVIDIA driver R535+: {tensorrt_install_command(12)}; driver R580+: {tensorrt_install_command(13)}")
+INSTALL_HINT = f"NVIDIA driver R535+: {tensorrt_install_command(12)}; driver R580+: {tensorrt_install_command(13)}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,12 +74,15 @@ INSTALL_HINT = (f"NVIDIA driver R535+: {tensorrt_install_command(12)}; driver R5
 
 
 def _io_dtype(trt: Any, trt_dtype: Any, what: str) -> str:
-    """"float32" / "float16" / "bfloat16" for a TensorRT I/O dtype; ArtifactError for any other."""
+    """ "float32" / "float16" / "bfloat16" for a TensorRT I/O dtype; ArtifactError for any other."""
     pairs = [(trt.DataType.FLOAT, "float32"), (trt.DataType.HALF, "float16"), (trt.DataType.BF16, "bfloat16")]
     for candidate, name in pairs:
         if trt_dtype == candidate:
             return name
-    raise ArtifactError(f"{what} has TensorRT dtype {trt_dtype}; the trt backend supports float32, float16 and bfloat16 I/O. Re-export the model with `vitdeploy export`")
+    raise ArtifactError(
+        f"{what} has TensorRT dtype {trt_dtype}; the trt backend supports float32, float16 and bfloat16 I/O. "
+        "Re-export the model with `vitdeploy export`"
+    )
 
 
 class TrtBackend(BackendBase):
@@ -93,10 +108,22 @@ class TrtBackend(BackendBase):
 
     name = "trt"
 
-    def __init__(self, engine_path: str | Path, meta_path: str | Path, input_shape: tuple[int, int, int],
-                 max_batch: int | None = None, options: BackendOptions | None = None, *, onnx_sha256: str | None = None,
-                 contexts: int | None = None, trt: Any = None, probe: Callable[[Any, int], MachineIdentity] | None = None,
-                 cuda: Any = None, name: str = "trt", onnx_role: str = "onnx-fp16") -> None:
+    def __init__(
+        self,
+        engine_path: str | Path,
+        meta_path: str | Path,
+        input_shape: tuple[int, int, int],
+        max_batch: int | None = None,
+        options: BackendOptions | None = None,
+        *,
+        onnx_sha256: str | None = None,
+        contexts: int | None = None,
+        trt: Any = None,
+        probe: Callable[[Any, int], MachineIdentity] | None = None,
+        cuda: Any = None,
+        name: str = "trt",
+        onnx_role: str = "onnx-fp16",
+    ) -> None:
         self.name = name
         # 1. TensorRT itself, before anything else.
         trt = trt if trt is not None else require("tensorrt", "the TensorRT backend ('trt')")
@@ -121,40 +148,58 @@ class TrtBackend(BackendBase):
         if max_batch is None:
             max_batch = profile_max
         elif isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= profile_max:
-            raise ConfigError(f"max_batch={max_batch!r} for the trt backend: expected an integer in [1, {profile_max}] "
-                              f"(the engine's optimisation profile max in {meta_path}); rebuild with a larger batch.max to go beyond")
+            raise ConfigError(
+                f"max_batch={max_batch!r} for the trt backend: expected an integer in [1, {profile_max}] "
+                f"(the engine's optimisation profile max in {meta_path}); rebuild with a larger batch.max to go beyond"
+            )
         super().__init__(input_shape, max_batch)
         if tuple(meta.chw) != self.input_shape:
-            raise ArtifactError(f"{meta_path} says the engine takes (N, {', '.join(map(str, meta.chw))}) but the "
-                                f"model expects (N, {', '.join(map(str, self.input_shape))}); rebuild the engine with `vitdeploy export`")
+            raise ArtifactError(
+                f"{meta_path} says the engine takes (N, {', '.join(map(str, meta.chw))}) but the "
+                f"model expects (N, {', '.join(map(str, self.input_shape))}); rebuild the engine with `vitdeploy "
+                "export`"
+            )
 
         contexts = contexts if contexts is not None else options.trt_contexts
         if isinstance(contexts, bool) or not isinstance(contexts, int) or contexts < 1:
-            raise ConfigError(f"trt_contexts={contexts!r}: expected an integer >= 1 (execution contexts kept for concurrent runs)")
+            raise ConfigError(
+                f"trt_contexts={contexts!r}: expected an integer >= 1 (execution contexts kept for concurrent runs)"
+            )
 
         # 3. Deserialize, on the requested GPU, with a torch of TensorRT's CUDA major.
         self._cuda = cuda if cuda is not None else _TorchCuda()
-        mismatch = cuda_major_mismatch(tensorrt_cuda_major(), getattr(self._cuda, "cuda_version", None),
-                                       getattr(self._cuda, "torch_version", ""))
+        mismatch = cuda_major_mismatch(
+            tensorrt_cuda_major(), getattr(self._cuda, "cuda_version", None), getattr(self._cuda, "torch_version", "")
+        )
         if mismatch:
             raise BackendError(mismatch)
         try:
             data = self.engine_path.read_bytes()
         except FileNotFoundError:
-            raise ArtifactError(f"{self.engine_path} is missing; rebuild it with `vitdeploy export` on this machine") from None
+            raise ArtifactError(
+                f"{self.engine_path} is missing; rebuild it with `vitdeploy export` on this machine"
+            ) from None
         except OSError as exc:
             raise ArtifactError(f"cannot read {self.engine_path}: {exc}") from exc
         with self._cuda.device(self._device_index), capture_errors() as errors:
             self._runtime = start_tensorrt(trt, "Runtime", self._device_index, BackendError)
             self._engine = self._runtime.deserialize_cuda_engine(data)
         if self._engine is None:
-            raise ArtifactMismatchError(f"TensorRT {here.tensorrt_version} could not deserialize {self.engine_path} "
-                                f"(corrupt, or built by another TensorRT){quote_errors(errors)}; "
-                                "rebuild it with `vitdeploy export` on this machine")
+            raise ArtifactMismatchError(
+                f"TensorRT {here.tensorrt_version} could not deserialize {self.engine_path} "
+                f"(corrupt, or built by another TensorRT){quote_errors(errors)}; "
+                "rebuild it with `vitdeploy export` on this machine"
+            )
         self._inspect_io()
         self._check_profile(meta_path)
         self._pool = ContextPool(self._new_state, contexts)
-        log.info("trt backend: %s (%s, batch %d..%d)", self.engine_path, here.describe(), meta.profile["min"], self.max_batch)
+        log.info(
+            "trt backend: %s (%s, batch %d..%d)",
+            self.engine_path,
+            here.describe(),
+            meta.profile["min"],
+            self.max_batch,
+        )
 
     def _inspect_io(self) -> None:
         trt = self._trt
@@ -163,8 +208,10 @@ class TrtBackend(BackendBase):
         inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
         outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
         if inputs != [self.meta.input]:
-            raise ArtifactError(f"{self.engine_path} has input tensor(s) {inputs}, expected exactly ['{self.meta.input}'] "
-                                "as recorded in model.engine.json; rebuild it with `vitdeploy export`")
+            raise ArtifactError(
+                f"{self.engine_path} has input tensor(s) {inputs}, expected exactly ['{self.meta.input}'] "
+                "as recorded in model.engine.json; rebuild it with `vitdeploy export`"
+            )
         if not outputs:
             raise ArtifactError(f"{self.engine_path} has no output tensor; rebuild it with `vitdeploy export`")
         if "logits" in outputs:
@@ -172,13 +219,18 @@ class TrtBackend(BackendBase):
         elif len(outputs) == 1:
             self._output_name = outputs[0]
         else:
-            raise ArtifactError(f"{self.engine_path} has outputs {outputs} and none is named 'logits'; re-export the model with `vitdeploy export`")
+            raise ArtifactError(
+                f"{self.engine_path} has outputs {outputs} and none is named 'logits'; re-export the model with "
+                "`vitdeploy export`"
+            )
         self._input_name = inputs[0]
         self._output_names = outputs
         dims = [int(d) for d in engine.get_tensor_shape(self._input_name)]
         if len(dims) != 4 or tuple(dims[1:]) != self.input_shape:
-            raise ArtifactError(f"{self.engine_path} input '{self._input_name}' has shape {tuple(dims)}, expected "
-                                f"(-1, {', '.join(map(str, self.input_shape))}); rebuild it with `vitdeploy export`")
+            raise ArtifactError(
+                f"{self.engine_path} input '{self._input_name}' has shape {tuple(dims)}, expected "
+                f"(-1, {', '.join(map(str, self.input_shape))}); rebuild it with `vitdeploy export`"
+            )
         self._input_dtype = _io_dtype(trt, engine.get_tensor_dtype(self._input_name), f"input '{self._input_name}'")
         self._output_dtypes = {n: _io_dtype(trt, engine.get_tensor_dtype(n), f"output '{n}'") for n in outputs}
 
@@ -189,9 +241,11 @@ class TrtBackend(BackendBase):
         want = [(self.meta.profile[k], *self.meta.chw) for k in ("min", "opt", "max")]
         if dims != want:
             got = "/".join(str(d) for d in dims)
-            raise ArtifactError(f"{self.engine_path} has optimisation profile {got} (min/opt/max of input '{self._input_name}') "
-                                f"but {meta_path} says {'/'.join(str(d) for d in want)}; the engine and its json do not "
-                                "belong together: rebuild them with `vitdeploy export`")
+            raise ArtifactError(
+                f"{self.engine_path} has optimisation profile {got} (min/opt/max of input '{self._input_name}') "
+                f"but {meta_path} says {'/'.join(str(d) for d in want)}; the engine and its json do not "
+                "belong together: rebuild them with `vitdeploy export`"
+            )
 
     # -- execution states (bounded pool) -------------------------------------------------------
 
@@ -200,8 +254,10 @@ class TrtBackend(BackendBase):
         with self._cuda.device(self._device_index), capture_errors() as errors:
             context = self._engine.create_execution_context(strategy=strategy)
             if context is None:
-                raise BackendError(f"TensorRT could not create an execution context for {self.engine_path} "
-                                   f"(out of GPU memory?){quote_errors(errors)}")
+                raise BackendError(
+                    f"TensorRT could not create an execution context for {self.engine_path} "
+                    f"(out of GPU memory?){quote_errors(errors)}"
+                )
             return ExecState(context, self._cuda.new_stream(self._device_index))
 
     @property
@@ -224,9 +280,11 @@ class TrtBackend(BackendBase):
             try:
                 result = self._enqueue(state, batch, errors)
             except RuntimeError as exc:  # torch's CUDA errors (an illegal address, out of memory) surface here
-                raise BackendError(f"CUDA failed while running {self.engine_path.name} on cuda:{index} for a batch of "
-                                   f"{batch.shape[0]}: {first_line(exc)}{quote_errors(errors)}; that execution context "
-                                   "was dropped. If every run fails now, the GPU context is broken: restart the process") from exc
+                raise BackendError(
+                    f"CUDA failed while running {self.engine_path.name} on cuda:{index} for a batch of "
+                    f"{batch.shape[0]}: {first_line(exc)}{quote_errors(errors)}; that execution context "
+                    "was dropped. If every run fails now, the GPU context is broken: restart the process"
+                ) from exc
         return result[:count]
 
     def _enqueue(self, state: ExecState, batch: np.ndarray, errors: list[str]) -> np.ndarray:
@@ -236,11 +294,15 @@ class TrtBackend(BackendBase):
         shape = tuple(int(d) for d in batch.shape)
         x = cuda.upload(batch, index, self._input_dtype)
         if not ctx.set_input_shape(self._input_name, shape):
-            raise BackendError(f"TensorRT rejected input shape {shape} for '{self._input_name}' "
-                               f"(engine profile batch {self.meta.profile['min']}..{self.meta.profile['max']}){quote_errors(errors)}")
+            raise BackendError(
+                f"TensorRT rejected input shape {shape} for '{self._input_name}' "
+                f"(engine profile batch {self.meta.profile['min']}..{self.meta.profile['max']}){quote_errors(errors)}"
+            )
         need = int(ctx.update_device_memory_size_for_shapes())  # 0 means an error, or a network without activations
         if need == 0 and errors:
-            raise BackendError(f"TensorRT could not size the activation memory for input shape {shape}{quote_errors(errors)}")
+            raise BackendError(
+                f"TensorRT could not size the activation memory for input shape {shape}{quote_errors(errors)}"
+            )
         ctx.set_device_memory(*state.device_memory(cuda, index, need))
         self._bind(ctx, self._input_name, cuda.address(x), errors)
         buffers = {}
@@ -256,8 +318,10 @@ class TrtBackend(BackendBase):
 
     def _bind(self, ctx: Any, name: str, address: int, errors: list[str]) -> None:
         if not ctx.set_tensor_address(name, int(address)):
-            raise BackendError(f"TensorRT refused the device address {int(address):#x} for tensor '{name}' (TensorRT wants "
-                               f"256-byte aligned device memory){quote_errors(errors)}")
+            raise BackendError(
+                f"TensorRT refused the device address {int(address):#x} for tensor '{name}' (TensorRT wants "
+                f"256-byte aligned device memory){quote_errors(errors)}"
+            )
 
     def close(self) -> None:
         pool = getattr(self, "_pool", None)
@@ -268,8 +332,10 @@ class TrtBackend(BackendBase):
 
     def describe(self) -> str:
         m = self.meta
-        return (f"trt ({self.engine_path.name}, TensorRT {m.tensorrt_version}, {m.gpu_name}, {m.precision}, "
-                f"batch {m.profile['min']}..{self.max_batch})")
+        return (
+            f"trt ({self.engine_path.name}, TensorRT {m.tensorrt_version}, {m.gpu_name}, {m.precision}, "
+            f"batch {m.profile['min']}..{self.max_batch})"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,10 +401,18 @@ def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *
     has = getattr(artifacts, "has", None)
     if callable(has) and has(source):
         onnx_sha256 = artifacts.entry(source).get("sha256") or None
-    return TrtBackend(artifacts.path(role), artifacts.path(f"{role}-meta"), tuple(artifacts.input_shape),
-                      None, options or BackendOptions(), onnx_sha256=onnx_sha256, name=name, onnx_role=source)
+    return TrtBackend(
+        artifacts.path(role),
+        artifacts.path(f"{role}-meta"),
+        tuple(artifacts.input_shape),
+        None,
+        options or BackendOptions(),
+        onnx_sha256=onnx_sha256,
+        name=name,
+        onnx_role=source,
+    )
 
 
 def open_int8_from_artifacts(artifacts: Any, options: BackendOptions | None = None) -> TrtBackend:
-    """"trt-int8": model.int8.engine, built from model.int8.trt.onnx."""
+    """ "trt-int8": model.int8.engine, built from model.int8.trt.onnx."""
     return open_from_artifacts(artifacts, options, int8=True)

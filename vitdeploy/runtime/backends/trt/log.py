@@ -103,9 +103,11 @@ def start_tensorrt(trt: Any, kind: str, device_index: int, error: type[Exception
             factory = trt.Builder if kind == "Builder" else trt.Runtime
             made = factory(trt_logger(trt))
         except (TypeError, RuntimeError) as exc:
-            raise error(f"TensorRT {trt.__version__} could not create its {kind} on cuda:{device_index} ({first_line(exc)})"
-                        f"{quote_errors(errors)}; check the NVIDIA driver against the CUDA major of the installed tensorrt "
-                        f"wheel (README: Troubleshooting TensorRT) or use the 'ort' backend") from exc
+            raise error(
+                f"TensorRT {trt.__version__} could not create its {kind} on cuda:{device_index} ({first_line(exc)})"
+                f"{quote_errors(errors)}; check the NVIDIA driver against the CUDA major of the installed tensorrt "
+                f"wheel (README: Troubleshooting TensorRT) or use the 'ort' backend"
+            ) from exc
     return made
 
 
@@ -136,7 +138,9 @@ def _uninstall(major: int) -> str:
     return f"pip uninstall -y tensorrt-cu{major} tensorrt-cu{major}-bindings tensorrt-cu{major}-libs"
 
 
-def cuda_major_mismatch(trt_major: int | tuple[int, ...] | None, torch_cuda: str | None, torch_version: str = "") -> str | None:
+def cuda_major_mismatch(
+    trt_major: int | tuple[int, ...] | None, torch_cuda: str | None, torch_version: str = ""
+) -> str | None:
     """Why TensorRT (built for CUDA ``trt_major``) and torch (built for CUDA ``torch_cuda``, e.g. "13.0")
     cannot share buffers and streams, or None when they can (or either is unknown). Wheels of both
     CUDA majors (``trt_major`` a tuple) are always refused. The message ends with the one command
@@ -147,15 +151,22 @@ def cuda_major_mismatch(trt_major: int | tuple[int, ...] | None, torch_cuda: str
         majors = " and ".join(f"tensorrt-cu{m}" for m in trt_major)
         keep = torch_major if torch_major in trt_major else max(trt_major)
         drop = " && ".join(_uninstall(m) for m in trt_major if m != keep)
-        return (f"TensorRT wheels for two CUDA majors are installed ({majors}); they provide the same `tensorrt` "
-                f"module and which one imports is undefined. Keep the one matching torch {torch_version} "
-                f"(CUDA {torch_cuda or 'unknown'}): {drop}")
+        return (
+            f"TensorRT wheels for two CUDA majors are installed ({majors}); they provide the same `tensorrt` "
+            f"module and which one imports is undefined. Keep the one matching torch {torch_version} "
+            f"(CUDA {torch_cuda or 'unknown'}): {drop}"
+        )
     if trt_major is None or torch_major is None or torch_major == trt_major:
         return None
     from ....base.vocab import TENSORRT_TORCH, tensorrt_install_command, torch_fix_command
 
-    other = (f"; or, to keep this torch: {_uninstall(trt_major)} && {tensorrt_install_command(torch_major)}"
-             if torch_major in TENSORRT_TORCH else "")
-    return (f"tensorrt is built for CUDA {trt_major} (tensorrt-cu{trt_major}) but torch {torch_version} is built for "
-            f"CUDA {torch_cuda}; the trt backend's buffers and streams come from torch, so both need one CUDA major. "
-            f"Fix: {torch_fix_command(trt_major)}{other}")
+    other = (
+        f"; or, to keep this torch: {_uninstall(trt_major)} && {tensorrt_install_command(torch_major)}"
+        if torch_major in TENSORRT_TORCH
+        else ""
+    )
+    return (
+        f"tensorrt is built for CUDA {trt_major} (tensorrt-cu{trt_major}) but torch {torch_version} is built for "
+        f"CUDA {torch_cuda}; the trt backend's buffers and streams come from torch, so both need one CUDA major. "
+        f"Fix: {torch_fix_command(trt_major)}{other}"
+    )

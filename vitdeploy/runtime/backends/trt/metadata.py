@@ -50,26 +50,49 @@ class EngineMetadata:
     def from_dict(cls, data: Any, source: str = "model.engine.json") -> "EngineMetadata":
         """Parse and check ``data``; ArtifactError naming ``source`` and the key otherwise."""
         if not isinstance(data, dict):
-            raise ArtifactError(f"{source}: expected a JSON object, got {type(data).__name__}; rebuild the engine with `vitdeploy export`")
+            raise ArtifactError(
+                f"{source}: expected a JSON object, got {type(data).__name__}; rebuild the engine with `vitdeploy "
+                "export`"
+            )
         missing = [f for f in cls.__dataclass_fields__ if f not in data]
         if missing:
-            raise ArtifactError(f"{source}: missing key(s) {missing}; it was not written by this vitdeploy version: rebuild the engine with `vitdeploy export`")
+            raise ArtifactError(
+                f"{source}: missing key(s) {missing}; it was not written by this vitdeploy version: rebuild the "
+                "engine with `vitdeploy export`"
+            )
 
         def bad(key: str, expected: str) -> ArtifactError:
-            return ArtifactError(f"{source}: key '{key}' must be {expected}, got {data[key]!r}; rebuild the engine with `vitdeploy export`")
+            return ArtifactError(
+                f"{source}: key '{key}' must be {expected}, got {data[key]!r}; rebuild the engine with `vitdeploy "
+                "export`"
+            )
 
-        for key in ("tensorrt_version", "gpu_name", "compute_capability", "input", "precision", "onnx_sha256", "built"):
+        for key in (
+            "tensorrt_version",
+            "gpu_name",
+            "compute_capability",
+            "input",
+            "precision",
+            "onnx_sha256",
+            "built",
+        ):
             if not isinstance(data[key], str) or not data[key]:
                 raise bad(key, "a non-empty string")
         for key in ("workspace_mb", "optimization_level"):
             if not isinstance(data[key], int) or isinstance(data[key], bool):
                 raise bad(key, "an integer")
         chw = data["chw"]
-        if not isinstance(chw, list) or len(chw) != 3 or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in chw):
+        if (
+            not isinstance(chw, list)
+            or len(chw) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in chw)
+        ):
             raise bad("chw", "a list of 3 positive integers [C, H, W]")
         batches = data["profile"]
-        if not isinstance(batches, dict) or set(batches) != {"min", "opt", "max"} or not all(
-            isinstance(v, int) and not isinstance(v, bool) for v in batches.values()
+        if (
+            not isinstance(batches, dict)
+            or set(batches) != {"min", "opt", "max"}
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in batches.values())
         ):
             raise bad("profile", 'an object {"min": int, "opt": int, "max": int}')
         if not 1 <= batches["min"] <= batches["opt"] <= batches["max"]:
@@ -85,13 +108,18 @@ class EngineMetadata:
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            raise ArtifactError(f"{path} is missing: the TensorRT engine cannot be checked against this machine without it; rebuild the engine with `vitdeploy export`") from None
+            raise ArtifactError(
+                f"{path} is missing: the TensorRT engine cannot be checked against this machine without it; rebuild "
+                "the engine with `vitdeploy export`"
+            ) from None
         except OSError as exc:
             raise ArtifactError(f"cannot read {path}: {exc}") from exc
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ArtifactError(f"{path} is not valid JSON ({exc}); rebuild the engine with `vitdeploy export`") from exc
+            raise ArtifactError(
+                f"{path} is not valid JSON ({exc}); rebuild the engine with `vitdeploy export`"
+            ) from exc
         return cls.from_dict(data, source=str(path))
 
     @property
@@ -130,7 +158,9 @@ def check_engine_matches(meta: EngineMetadata, here: MachineIdentity, engine_pat
     for key in ("tensorrt_version", "compute_capability"):
         then, now = getattr(built, key), getattr(here, key)
         if then == _UNKNOWN:
-            log.warning("%s.json does not record %s; cannot check the engine against this machine's %s", engine_path, key, now)
+            log.warning(
+                "%s.json does not record %s; cannot check the engine against this machine's %s", engine_path, key, now
+            )
         elif then != now:
             differs.append(key)
     if differs:
@@ -141,12 +171,19 @@ def check_engine_matches(meta: EngineMetadata, here: MachineIdentity, engine_pat
             "(or use the 'ort' / 'ort-fp16' backend)."
         )
     if built.gpu_name not in (_UNKNOWN, here.gpu_name):
-        log.warning("%s was built on %s and runs here on %s (same compute capability %s): TensorRT accepts it but it "
-                    "may run slower than an engine built here; rebuild with `vitdeploy export` on this machine for best speed",
-                    engine_path, built.gpu_name, here.gpu_name, here.compute_capability)
+        log.warning(
+            "%s was built on %s and runs here on %s (same compute capability %s): TensorRT accepts it but it "
+            "may run slower than an engine built here; rebuild with `vitdeploy export` on this machine for best speed",
+            engine_path,
+            built.gpu_name,
+            here.gpu_name,
+            here.compute_capability,
+        )
 
 
-def check_engine_source(meta: EngineMetadata, onnx_sha256: str | None, engine_path: str | Path, onnx_what: str) -> None:
+def check_engine_source(
+    meta: EngineMetadata, onnx_sha256: str | None, engine_path: str | Path, onnx_what: str
+) -> None:
     """ArtifactError unless the engine was built from the ONNX graph with sha256 ``onnx_sha256``.
 
     ``onnx_sha256`` None (not known, e.g. no manifest yet) skips the check.
@@ -154,7 +191,11 @@ def check_engine_source(meta: EngineMetadata, onnx_sha256: str | None, engine_pa
     if not onnx_sha256:
         return
     if meta.onnx_sha256 == _UNKNOWN:
-        log.warning("%s.json does not record the ONNX graph it was built from; cannot check it against %s", engine_path, onnx_what)
+        log.warning(
+            "%s.json does not record the ONNX graph it was built from; cannot check it against %s",
+            engine_path,
+            onnx_what,
+        )
         return
     if meta.onnx_sha256.lower() != str(onnx_sha256).lower():
         raise ArtifactError(

@@ -53,7 +53,9 @@ class TorchCuda:
         return int(stream.cuda_stream)
 
     def upload(self, batch: np.ndarray, index: int, dtype: str) -> Any:
-        return self._torch.from_numpy(batch).to(device=self._torch.device("cuda", index), dtype=getattr(self._torch, dtype))
+        return self._torch.from_numpy(batch).to(
+            device=self._torch.device("cuda", index), dtype=getattr(self._torch, dtype)
+        )
 
     def empty(self, shape: tuple[int, ...], dtype: str, index: int) -> Any:
         return self._torch.empty(shape, dtype=getattr(self._torch, dtype), device=self._torch.device("cuda", index))
