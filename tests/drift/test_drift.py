@@ -3,8 +3,8 @@
 One module, one parametrised test: torch FP32 on the CPU is the reference; ort (FP32), ort-fp16,
 ort-int8 (INT8, ``validation.int8``), torch FP32 and FP16 on CUDA, and trt (FP16) are each judged
 against the thresholds of the default config (``validation.fp32`` / ``validation.fp16``). A backend
-that cannot run here skips with a one-line reason; tests/drift/conftest.py prints how many ran. The export is the session's
-demo_artifacts (plus a TensorRT engine where TensorRT and CUDA exist: drift_artifacts).
+that cannot run here skips with a one-line reason; tests/drift/conftest.py prints how many ran. The
+export is the session's demo_artifacts (plus a TensorRT engine where TensorRT and CUDA exist: drift_artifacts).
 """
 
 from __future__ import annotations
