@@ -85,7 +85,6 @@ def demo_artifacts(cache: Path) -> Path:
     out = cache / "demo-artifacts"
     if not (out / "manifest.json").is_file():
         from vitdeploy.base.config import parse_config
-
         from vitdeploy.export.pipeline import run_export
 
         print(f"exporting the demo model into {out} ...", flush=True)
@@ -101,8 +100,8 @@ def vit_small_artifacts(cache: Path) -> Path:
         return out
     import torch
     from transformers import ViTConfig, ViTForImageClassification
-    from vitdeploy.base.config import parse_config
 
+    from vitdeploy.base.config import parse_config
     from vitdeploy.export.pipeline import run_export
 
     ckpt = cache / "vit-s16-hf-random"
