@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# Every Ray the tests start is a private cluster on loopback: its processes (GCS, raylets, workers) and
+# the driver must agree on authentication, whatever token another Ray left in ~/.ray on this machine.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 def _export(cfg_dict: dict, out: Path, **kwargs):

@@ -24,13 +24,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps
 
-from vitdeploy.base.preprocess_spec import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    INCEPTION_MEAN,
-    INCEPTION_STD,
-    PreprocessSpec,
-)
+from vitdeploy.base.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, PreprocessSpec
 from vitdeploy.runtime.preprocess import Preprocessor
 
 skdata = pytest.importorskip("skimage.data", reason="scikit-image not installed (pip install scikit-image)")

@@ -12,15 +12,7 @@ import pytest
 from PIL import Image
 
 from vitdeploy.base.preprocess_spec import PreprocessSpec
-from vitdeploy.demo import (
-    CONFIG_PATH,
-    DEMO_DIR,
-    IMAGES_DIR,
-    LABELS_CSV,
-    WEIGHTS_PATH,
-    demo_images,
-    render_digit,
-)
+from vitdeploy.demo import CONFIG_PATH, DEMO_DIR, IMAGES_DIR, LABELS_CSV, WEIGHTS_PATH, demo_images, render_digit
 from vitdeploy.runtime.preprocess import Preprocessor
 
 torch = pytest.importorskip("torch", reason="the demo model's torch checks need torch")

@@ -429,8 +429,7 @@ def test_exif_orientation_6_rotates_jpeg(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("orientation", "size", "red_at"),
-    [(1, (40, 20), (3, 10)), (3, (40, 20), (36, 10)), (8, (20, 40), (10, 36))],
+    ("orientation", "size", "red_at"), [(1, (40, 20), (3, 10)), (3, (40, 20), (36, 10)), (8, (20, 40), (10, 36))]
 )
 def test_other_orientations_png(tmp_path: Path, orientation: int, size, red_at) -> None:
     data = _with_orientation(_two_tone(40, 20), "PNG", orientation)
@@ -504,13 +503,7 @@ def test_iter_image_paths_walks_sorted_and_keeps_files_as_given(tmp_path: Path) 
     single = tmp_path / "odd_name.dat"
     single.write_bytes(b"x")
     got = iter_image_paths([single, str(root)])
-    assert got == [
-        single,
-        root / "a.png",
-        root / "b.jpg",
-        root / "sub" / "c.JPG",
-        root / "sub" / "deeper" / "d.webp",
-    ]
+    assert got == [single, root / "a.png", root / "b.jpg", root / "sub" / "c.JPG", root / "sub" / "deeper" / "d.webp"]
     assert all(isinstance(p, Path) for p in got)
 
 

@@ -295,9 +295,7 @@ def test_preprocessing_works_without_torch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "spec",
-    [HF, TIMM, TIMM.replace(interpolation="lanczos", width=24)],
-    ids=["hf", "timm", "timm-lanczos"],
+    "spec", [HF, TIMM, TIMM.replace(interpolation="lanczos", width=24)], ids=["hf", "timm", "timm-lanczos"]
 )
 def test_greyscale_fast_path_equals_converting_to_rgb_first(spec, monkeypatch) -> None:
     grey = np.random.default_rng(7).integers(0, 256, (53, 71), dtype=np.uint8)

@@ -49,7 +49,7 @@ TAIL_MERGED = {
 }
 PYTHON_LEVEL = {
     "__version__": "set by the tensorrt package in Python (10.x bindings lack the string); "
-    "the install guide verifies installs with `python3 -c 'import tensorrt; print(tensorrt.__version__)'`",
+    "the install guide verifies installs with `python3 -c 'import tensorrt; print(tensorrt.__version__)'`"
 }
 
 

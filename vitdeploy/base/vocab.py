@@ -114,10 +114,7 @@ BackendChoice = Literal[(AUTO, *RUNTIME_BACKENDS)]  # type: ignore[valid-type]
 #: build of the same version comes from PyTorch's own index. Per major: (torch to install, extra index
 #: or None): the README's install lines and the mismatch check's fixing commands are built from this.
 TENSORRT_TORCH: Mapping[int, tuple[str, str | None]] = MappingProxyType(
-    {
-        12: ("2.13.0+cu128", "https://download.pytorch.org/whl/cu128"),
-        13: ("2.13.0", None),
-    }
+    {12: ("2.13.0+cu128", "https://download.pytorch.org/whl/cu128"), 13: ("2.13.0", None)}
 )
 
 

@@ -38,12 +38,7 @@ def validation_batch_sizes(max_batch: int) -> tuple[int, ...]:
 
 
 def build_inputs(
-    preprocessor: Any,
-    images: Sequence[Path],
-    *,
-    noise_samples: int,
-    seed: int,
-    min_count: int,
+    preprocessor: Any, images: Sequence[Path], *, noise_samples: int, seed: int, min_count: int
 ) -> ValidationInputs:
     """Real images (through the shared preprocessing) plus seeded noise images.
 

@@ -411,10 +411,4 @@ def _as_text(head: bytes) -> str | None:
     return None
 
 
-__all__ = [
-    "IMAGE_EXTENSIONS",
-    "MAX_IMAGE_PIXELS",
-    "SUPPORTED_FORMATS",
-    "ImageSource",
-    "load_image",
-]
+__all__ = ["IMAGE_EXTENSIONS", "MAX_IMAGE_PIXELS", "SUPPORTED_FORMATS", "ImageSource", "load_image"]

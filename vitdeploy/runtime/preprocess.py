@@ -267,14 +267,7 @@ def timm_resize_size(size: tuple[int, int], target: tuple[int, int], crop_pct: f
 
 
 def _resize_crop_large(
-    img: Image.Image,
-    new_w: int,
-    new_h: int,
-    left: int,
-    top: int,
-    tw: int,
-    th: int,
-    resample: Image.Resampling,
+    img: Image.Image, new_w: int, new_h: int, left: int, top: int, tw: int, th: int, resample: Image.Resampling
 ) -> Image.Image:
     """Resize-then-crop when the full resize would be huge: two 1-D passes (horizontal, then
     vertical), each resampling only the band the crop keeps (Pillow's ``box``). Within one

@@ -25,15 +25,7 @@ from .torchvision import TorchvisionReader
 from .vitdeploy import VitdeployReader
 
 #: format name -> reader, in the order detection asks them (vitdeploy's own model.json first).
-READERS: dict[str, Reader] = {
-    r.format: r
-    for r in (
-        VitdeployReader(),
-        HFReader(),
-        TimmReader(),
-        TorchvisionReader(),
-    )
-}
+READERS: dict[str, Reader] = {r.format: r for r in (VitdeployReader(), HFReader(), TimmReader(), TorchvisionReader())}
 FORMATS: tuple[str, ...] = tuple(READERS)
 
 
