@@ -55,6 +55,16 @@ def _setup_logging(verbose: int) -> None:
     logging.basicConfig(level=max(level, logging.DEBUG), handlers=[handler])
 
 
+#: -a/--artifacts of the commands that read an export folder from the local disk (validate, bench).
+artifacts_option = click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    type=click.Path(path_type=Path, readable=False),
+    default=Path("artifacts"),
+    show_default=True,
+    help="directory written by `vitdeploy export`",
+)
 config_option = click.option(
     "-c",
     "--config",
@@ -346,15 +356,7 @@ def runtime_options(cfg: Any) -> Any:
 
 
 @main.command()
-@click.option(
-    "-a",
-    "--artifacts",
-    "artifacts_dir",
-    type=click.Path(path_type=Path, readable=False),
-    default=Path("artifacts"),
-    show_default=True,
-    help="directory written by `vitdeploy export`",
-)
+@artifacts_option
 @click.option(
     "--images",
     type=click.Path(path_type=Path),
@@ -412,15 +414,7 @@ def validate(
 
 
 @main.command()
-@click.option(
-    "-a",
-    "--artifacts",
-    "artifacts_dir",
-    type=click.Path(path_type=Path, readable=False),
-    default=Path("artifacts"),
-    show_default=True,
-    help="directory written by `vitdeploy export`",
-)
+@artifacts_option
 @click.option(
     "-b",
     "--backends",
