@@ -39,14 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import (  # noqa: E402  (the shared inputs, artifacts and timing of the serving benchmark)
-    common_arguments,
-    compare_rounds,
-    concurrent,
-    in_process_variants,
-    loadavg,
-    run_models,
-)
+from bench_serve import common_arguments, compare_rounds, concurrent, in_process_variants, loadavg, run_models  # noqa: E402  (the shared inputs, artifacts and timing of the serving benchmark)
 
 
 def inference_stats(client, model: str) -> tuple[int, int]:
