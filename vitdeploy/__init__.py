@@ -1,4 +1,49 @@
 """vitdeploy: a PyTorch Vision Transformer to a validated ONNX model, an FP16 TensorRT engine and
 one runtime that serves every backend with the same preprocessing."""
 
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+
 __version__ = "0.1.0"
+
+#: Module paths of the previous release, kept for one release as deprecated aliases of their new home
+#: (``import vitdeploy.errors`` still works, with a DeprecationWarning naming the new path).
+MOVED_MODULES = {
+    **{
+        f"vitdeploy.{m}": f"vitdeploy.base.{m}"
+        for m in ("config", "errors", "vocab", "preprocess_spec", "vit_schema", "limits", "yaml_load")
+    },
+    **{
+        f"vitdeploy.serve.triton_{m}": f"vitdeploy.serve.triton.{m}"
+        for m in ("config", "local", "models", "readme", "repo", "versions")
+    },
+    "vitdeploy.runtime.backends.trt_logging": "vitdeploy.runtime.backends.trt.log",
+    "vitdeploy.runtime.backends.trt_metadata": "vitdeploy.runtime.backends.trt.metadata",
+}
+
+
+class _MovedModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds an old module path and loads the module from its new home (the same module object)."""
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 - the importlib protocol
+        if fullname not in MOVED_MODULES:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec):  # noqa: ANN001
+        return None
+
+    def exec_module(self, module):  # noqa: ANN001
+        new = MOVED_MODULES[module.__name__]
+        warnings.warn(
+            f"{module.__name__} moved to {new}; the old path goes away in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        sys.modules[module.__name__] = importlib.import_module(new)  # importlib returns what sys.modules holds
+
+
+sys.meta_path.append(_MovedModule())
