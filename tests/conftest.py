@@ -13,6 +13,14 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every pytest-xdist worker must collect the same ids: an id spelled from raw bytes (a gzip header holds
+    the time, for one) may differ between two workers' collections and fails the whole run, so it is refused."""
+    raw = [item.nodeid for item in items if "\\x" in item.nodeid]
+    if raw:
+        raise pytest.UsageError(f"test ids spelled from raw bytes (give the parametrize ids=): {raw[0]}")
+
+
 def _export(cfg_dict: dict, out: Path, **kwargs):
     from vitdeploy.base.config import parse_config
     from vitdeploy.export.pipeline import run_export
