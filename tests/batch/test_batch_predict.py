@@ -110,6 +110,16 @@ def test_every_row_is_predicts_answer_and_bad_images_are_error_rows(
     assert "truncated" in errors["truncated.jpg"] and "not a recognised image" in errors["text.png"]
 
 
+def test_workers_run_the_graph_predict_runs(demo_artifacts, collection, config, tmp_path):
+    """`predict -b ort` runs model.ort.onnx (ONNX Runtime's fused graph, ~10% faster on ViT-S/16): the copy each
+    worker gets must hold it too, or the workers silently run the slower plain graph."""
+    assert (demo_artifacts / "model.ort.onnx").is_file()
+    res = batch(config, demo_artifacts, str(collection / "c0"), "-o", str(tmp_path / "out.jsonl"))
+    assert res.exit_code == 0, res.output
+    copies = [d for d in (config.parent / "cache").iterdir() if (d / ".complete").is_file()]
+    assert copies and all((d / "model.ort.onnx").is_file() for d in copies), copies
+
+
 @pytest.mark.slow
 def test_resume_answers_only_what_is_missing_and_a_finished_job_does_nothing(
     demo_artifacts, collection, config, predicted, tmp_path

@@ -16,6 +16,7 @@ is used as it is.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -25,7 +26,7 @@ from typing import Any, Callable, Sequence
 
 from ..base._deps import require
 from ..base.errors import VitDeployError
-from ..runtime.backends import first_line
+from ..runtime.backends import first_line, shipped_roles
 from .inputs import Item, expand_inputs, is_uri, read_key
 from .output import Output, row_schema
 from .workers import BYTES_NAME, DecodeSpec, Infer, InferSpec, decode_batch
@@ -142,14 +143,15 @@ def _open_artifacts(settings: BatchSettings) -> Any:
     if is_uri(settings.artifacts):
         from ..runtime.artifact_bundle import fetch_uri
 
-        return fetch_uri(settings.artifacts, _roles(settings.backend), settings.cache_dir)
+        return fetch_uri(settings.artifacts, _shipped(settings.backend), settings.cache_dir)
     return Artifacts.open(settings.artifacts)
 
 
-def _roles(backend: str) -> tuple[str, ...] | None:
-    from ..runtime.backends import artifact_roles
-
-    return None if backend == "auto" else artifact_roles(backend)
+def _shipped(backend: str) -> Callable[[Any], tuple[str, ...] | None]:
+    """The roles a worker's copy holds, from the listed manifest: what ``backend`` needs and the optional
+    roles it runs when present (``ort``: model.ort.onnx, the graph ``predict -b ort`` runs), so a worker runs
+    the very graph ``predict`` runs; "auto": every role."""
+    return functools.partial(shipped_roles, backend)
 
 
 def _error_rows(pairs: list[tuple[str, str]]) -> Any:
@@ -258,7 +260,8 @@ def _dataset(
     else:
         from ..runtime.artifact_bundle import pack
 
-        source = ("bundle", [ray.put(pack(artifacts, _roles(settings.backend)))])  # in a list: fetched by the actor
+        bundle = pack(artifacts, _shipped(settings.backend)(artifacts))
+        source = ("bundle", [ray.put(bundle)])  # in a list: the actor fetches it
     by_scheme: dict[str, list[str]] = {}
     for it in items:
         by_scheme.setdefault(it.read.partition("://")[0] if is_uri(it.read) else "", []).append(it.read)

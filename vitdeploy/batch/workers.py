@@ -9,13 +9,14 @@ arrive as a bundle from Ray's object store (or a URI) and are unpacked once per 
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..runtime.backends import first_line
+from ..runtime.backends import first_line, shipped_roles
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +65,13 @@ class Infer:
         import ray
 
         from ..runtime.artifact_bundle import fetch_uri, materialize
-        from ..runtime.backends import artifact_roles
         from ..runtime.predictor import Predictor
 
         kind, where = spec.source
         if kind == "bundle":
             artifacts = materialize(ray.get(where[0]), spec.cache_root)
         else:
-            roles = None if spec.backend == "auto" else artifact_roles(spec.backend)
-            artifacts = fetch_uri(where, roles, spec.cache_root)
+            artifacts = fetch_uri(where, functools.partial(shipped_roles, spec.backend), spec.cache_root)
         self.predictor = Predictor.from_artifacts(artifacts, spec.backend, spec.options)
         self.top_k = spec.top_k
         self.node = ray.get_runtime_context().get_node_id()

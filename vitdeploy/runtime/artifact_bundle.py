@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from ..base._deps import require
 from ..base.errors import ArtifactError
@@ -146,10 +146,13 @@ def materialize(bundle: ArtifactBundle, cache_root: str | os.PathLike[str] | Non
 
 
 def fetch_uri(
-    uri: str, roles: Iterable[str] | None = None, cache_root: str | os.PathLike[str] | None = None
+    uri: str,
+    roles: Iterable[str] | Callable[[Artifacts], Iterable[str] | None] | None = None,
+    cache_root: str | os.PathLike[str] | None = None,
 ) -> Artifacts:
     """Download the export folder at ``uri`` (``file://``, ``s3://``, ``gs://``, a local path) into the
-    node's cache, once per manifest, and open it verified. ``roles``: the roles to fetch (default all)."""
+    node's cache, once per manifest, and open it verified. ``roles``: the roles to fetch (default all), or a
+    function of the listed manifest giving them (``partial(shipped_roles, backend)``: optional roles too)."""
     import json
 
     fs_mod = require("pyarrow.fs", f"reading artifacts from {uri}")
@@ -169,6 +172,8 @@ def fetch_uri(
     except ValueError as exc:
         raise ArtifactError(f"{uri.rstrip('/')}/{MANIFEST_NAME} is not valid JSON ({exc})") from None
     listed = Artifacts(Path(base), data)  # the schema, checked before any download
+    if callable(roles):
+        roles = roles(listed)
     chosen = tuple(listed.roles if roles is None else dict.fromkeys(roles))
     for role in chosen:
         listed.entry(role)  # raises, naming the roles present
