@@ -49,9 +49,9 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_artifacts(tmp_path_factory):
     """``tiny_artifacts(seed=0, fp16_copy=True) -> Path``: a complete tiny-ViT export directory
-    (tests/tiny_export.py), built once per session for each (seed, fp16_copy). Treat it as
+    (tests/helpers/tiny_export.py), built once per session for each (seed, fp16_copy). Treat it as
     read-only: copy it before tampering with a file."""
-    from tiny_export import build_tiny_artifacts
+    from helpers.tiny_export import build_tiny_artifacts
 
     built: dict[tuple[int, bool], Path] = {}
 
