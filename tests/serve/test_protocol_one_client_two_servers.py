@@ -17,10 +17,8 @@ import io
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +31,7 @@ grpcclient = pytest.importorskip(
     "tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[grpc]')"
 )
 pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
+from helpers.serve_process import ServeProcess  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR  # noqa: E402
@@ -128,48 +127,10 @@ def serve(demo_artifacts: Path, tmp_path_factory):
         "        max_images_per_request: %d, num_cpus_per_replica: 1, grpc_port: %d}\n"
         % (MAX_PIXELS, free_port(), MAX_BATCH, grpc_port)
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vitdeploy.cli",
-            "serve",
-            "-a",
-            str(demo_artifacts),
-            "-b",
-            "ort",
-            "--port",
-            str(port),
-            "-c",
-            str(cfg),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        for line in proc.stderr:  # type: ignore[union-attr]
-            lines.append(line.rstrip("\n"))
-            if line.startswith("Ctrl-C"):
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(240) or proc.poll() is not None:
-        proc.kill()
-        pytest.fail("vitdeploy serve did not start:\n" + "\n".join(lines[-30:]))
-    assert f"gRPC:  127.0.0.1:{grpc_port}" in "\n".join(lines)
+    server = ServeProcess(demo_artifacts, cfg, port=port, start_timeout_s=240)
+    assert f"gRPC:  127.0.0.1:{grpc_port}" in "\n".join(server.lines)
     yield {"http": f"127.0.0.1:{port}", "grpc": f"127.0.0.1:{grpc_port}"}
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    server.stop()
 
 
 @pytest.fixture(params=SERVERS)

@@ -11,7 +11,6 @@ import io
 import json
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -27,18 +26,13 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
 
+from helpers.serve_process import ServeProcess, free_port  # noqa: E402
+
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR  # noqa: E402
 from vitdeploy.serve import protocol  # noqa: E402
 
 MAX_IMAGES = 6
 MAX_PIXELS = 4_000_000
-START_TIMEOUT_S = 180
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _jpeg(image: np.ndarray, quality: int = 90) -> bytes:
@@ -68,12 +62,6 @@ def _descendants(root: int) -> dict[int, str]:
                 found[child] = name
                 todo.append(child)
     return found
-
-
-class Server:
-    def __init__(self, proc: subprocess.Popen, port: int, metrics_port: int, lines: list[str]) -> None:
-        self.proc, self.port, self.metrics_port, self.lines = proc, port, metrics_port, lines
-        self.url = f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="session")
@@ -119,8 +107,8 @@ def reference(demo_artifacts, photos, tmp_path_factory) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="session")
-def server(demo_artifacts, tmp_path_factory) -> Server:
-    port, metrics_port = _free_port(), _free_port()
+def server(demo_artifacts, tmp_path_factory) -> ServeProcess:
+    metrics_port = free_port()
     cfg = tmp_path_factory.mktemp("serve_cfg") / "pipeline.yaml"
     cfg.write_text(
         "runtime: {threads: 1, max_image_pixels: %d}\n"
@@ -128,46 +116,9 @@ def server(demo_artifacts, tmp_path_factory) -> Server:
         "        max_request_mb: 2, max_ongoing_requests: 16, max_queued_requests: 16, metrics_port: %d,\n"
         "        num_cpus_per_replica: 1, graceful_shutdown_timeout_s: 30}\n" % (MAX_PIXELS, MAX_IMAGES, metrics_port)
     )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vitdeploy.cli",
-            "serve",
-            "-a",
-            str(demo_artifacts),
-            "-b",
-            "ort",
-            "--port",
-            str(port),
-            "-c",
-            str(cfg),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        for line in proc.stderr:  # type: ignore[union-attr]
-            lines.append(line.rstrip("\n"))
-            if line.startswith("Ctrl-C"):
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not ready.wait(START_TIMEOUT_S) or proc.poll() is not None:
-        proc.kill()
-        pytest.fail("vitdeploy serve did not start:\n" + "\n".join(lines[-30:]))
-    srv = Server(proc, port, metrics_port, lines)
+    srv = ServeProcess(demo_artifacts, cfg, metrics_port=metrics_port)
     yield srv
-    if proc.poll() is None:  # the shutdown test did not run (a -k selection): stop it the same way
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(120)
+    srv.stop()  # the shutdown test did not run (a -k selection): stop it the same way
 
 
 def _expected(reference: dict, name: str, path: str) -> dict:

@@ -23,7 +23,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
 
-from test_ray_app_production import Proc, _free_port  # noqa: E402
+from helpers.serve_process import ServeProcess, free_port  # noqa: E402
 
 from vitdeploy.demo import IMAGES_DIR  # noqa: E402
 from vitdeploy.runtime.artifact_bundle import CACHE_ENV  # noqa: E402
@@ -44,7 +44,7 @@ def _config(folder: Path, name: str) -> Path:
         "runtime: {threads: 1}\n"
         "serve: {max_batch_size: 4, batch_wait_timeout_s: 0.005, decode_threads: 1, num_cpus_per_replica: 0.25,\n"
         "        graceful_shutdown_timeout_s: 5, metrics_port: %d, resources_per_replica: {%s: 1}}\n"
-        % (_free_port(), NODE2)
+        % (free_port(), NODE2)
     )
     return path
 
@@ -101,7 +101,7 @@ def mn(demo_artifacts, tmp_path_factory):
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the raylets, hence every worker, and the CLI below inherit them
     os.makedirs(os.path.join(ray_tmp, "ray"))  # Ray's temp dir under RAY_TMPDIR
-    dashboard_port = _free_port()
+    dashboard_port = free_port()
     proc = cluster = None
     try:
         cluster = Cluster(
@@ -113,37 +113,17 @@ def mn(demo_artifacts, tmp_path_factory):
                 "dashboard_port": dashboard_port,
                 "temp_dir": os.path.join(ray_tmp, "ray"),
                 # Ray's fixed default ports, taken by whichever Ray on this machine started first: pick free ones
-                "dashboard_agent_listen_port": _free_port(),
-                "metrics_export_port": _free_port(),
+                "dashboard_agent_listen_port": free_port(),
+                "metrics_export_port": free_port(),
             },
         )
         node2 = cluster.add_node(num_cpus=1, resources={NODE2: 2})
-        port = _free_port()
-        proc = Proc(
-            [
-                sys.executable,
-                "-m",
-                "vitdeploy.cli",
-                "serve",
-                "-a",
-                str(art),
-                "-b",
-                "ort",
-                "--port",
-                str(port),
-                "--address",
-                cluster.address,
-                "--name",
-                NAME,
-                "-c",
-                str(_config(folder, "mn")),
-            ]
-        )
+        proc = ServeProcess(art, _config(folder, "mn"), "--address", cluster.address, "--name", NAME)
         ray.init(address=cluster.address, logging_level="WARNING")
-        url = f"http://127.0.0.1:{port}"
+        url = proc.url
         yield {
             "url": url,
-            "port": port,
+            "port": proc.port,
             "art": art,
             "folder": folder,
             "cluster": cluster,

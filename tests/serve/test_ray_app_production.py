@@ -8,13 +8,10 @@ joins it with ``--address``; the config from ``--write-config`` runs as a third 
 from __future__ import annotations
 
 import json
-import os
 import select
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,45 +21,14 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
 
+from helpers.serve_process import ServeProcess, free_port, serve_env  # noqa: E402
+
 from vitdeploy.demo import IMAGES_DIR  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-START_TIMEOUT_S = 180
 BODY_TIMEOUT_S = 3
 MAX_MB = 2
-# RAY_AUTH_MODE=disabled: a token in the shared ~/.ray (another Ray on this machine) must not decide
-# whether model B may join model A's loopback-only test cluster.
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    def __init__(self, args: list[str]) -> None:
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-        threading.Thread(target=self._pump, daemon=True).start()
-        if not self.ready.wait(START_TIMEOUT_S) or not any(x.startswith("Ctrl-C") for x in self.lines):
-            self.proc.kill()
-            pytest.fail("vitdeploy serve did not start:\n" + "\n".join(self.lines[-30:]))
-
-    def _pump(self) -> None:
-        for line in self.proc.stderr:  # type: ignore[union-attr]
-            self.lines.append(line.rstrip("\n"))
-            if line.startswith("Ctrl-C"):
-                self.ready.set()
-        self.ready.set()
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(120)
 
 
 def _config(folder: Path, name: str, extra: str = "") -> Path:
@@ -72,7 +38,7 @@ def _config(folder: Path, name: str, extra: str = "") -> Path:
         "serve: {max_batch_size: %s, batch_wait_timeout_s: 0.005, decode_threads: 1, max_request_mb: %d,\n"
         "        body_timeout_s: %d, request_timeout_s: 60, num_cpus_per_replica: 0.5,\n"
         "        graceful_shutdown_timeout_s: 10, metrics_port: %d%s}\n"
-        % ("1, concurrent_batches: 1" if extra else "4", MAX_MB, BODY_TIMEOUT_S, _free_port(), extra)
+        % ("1, concurrent_batches: 1" if extra else "4", MAX_MB, BODY_TIMEOUT_S, free_port(), extra)
     )
     return path
 
@@ -81,47 +47,19 @@ def _config(folder: Path, name: str, extra: str = "") -> Path:
 def cluster(demo_artifacts, tmp_path_factory):
     """Model A owns the local Ray; model B (one request at a time, no queue) joins it."""
     folder = tmp_path_factory.mktemp("prod")
-    port = _free_port()
-    a = Proc(
-        [
-            sys.executable,
-            "-m",
-            "vitdeploy.cli",
-            "serve",
-            "-a",
-            str(demo_artifacts),
-            "-b",
-            "ort",
-            "--port",
-            str(port),
-            "-c",
-            str(_config(folder, "a")),
-            "--name",
-            "model-a",
-        ]
-    )
+    port = free_port()
+    a = ServeProcess(demo_artifacts, _config(folder, "a"), "--name", "model-a", port=port)
     b = None
     try:
         gcs = next(line.split()[2].rstrip(":") for line in a.lines if line.startswith("Ray at "))
-        b = Proc(
-            [
-                sys.executable,
-                "-m",
-                "vitdeploy.cli",
-                "serve",
-                "-a",
-                str(demo_artifacts),
-                "-b",
-                "ort",
-                "--port",
-                str(port),
-                "--address",
-                gcs,
-                "--name",
-                "model-b",
-                "-c",
-                str(_config(folder, "b", ", max_ongoing_requests: 1, max_queued_requests: 1")),
-            ]
+        b = ServeProcess(
+            demo_artifacts,
+            _config(folder, "b", ", max_ongoing_requests: 1, max_queued_requests: 1"),
+            "--address",
+            gcs,
+            "--name",
+            "model-b",
+            port=port,
         )
         yield {
             "url": f"http://127.0.0.1:{port}",
@@ -341,7 +279,7 @@ def test_the_written_config_runs_on_ray_as_a_third_model(cluster, image):
         ],
         capture_output=True,
         text=True,
-        env=ENV,
+        env=serve_env(),
         timeout=120,
     )
     assert res.returncode == 0, res.stderr
@@ -367,7 +305,7 @@ def test_the_written_config_runs_on_ray_as_a_third_model(cluster, image):
         [str(Path(sys.executable).with_name("serve")), "run", str(out), "--address", cluster["gcs"], "--non-blocking"],
         capture_output=True,
         text=True,
-        env=ENV,
+        env=serve_env(),
         timeout=180,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
