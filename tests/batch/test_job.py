@@ -18,6 +18,8 @@ from vitdeploy.demo import IMAGES_DIR
 
 ray = pytest.importorskip("ray")
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():

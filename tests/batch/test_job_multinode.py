@@ -16,7 +16,7 @@ from vitdeploy.runtime.predictor import Predictor
 
 pytest.importorskip("ray")
 
-pytestmark = [pytest.mark.multinode, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.multinode, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from vitdeploy.cli import main
 from vitdeploy.evaluate.reliability import usable_cores
 
-pytestmark = pytest.mark.serial
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 BURN = "import time\nend = time.time() + 120\nwhile time.time() < end:\n    pass\n"
 

@@ -20,6 +20,8 @@ from vitdeploy.evaluate.drift import default_thresholds, judge_backend, run_drif
 from vitdeploy.evaluate.specs import BackendSpec, open_spec, reference_options, spec_unavailable_reason
 from vitdeploy.runtime.backends import BackendOptions
 
+pytestmark = pytest.mark.integration
+
 # (id, backend spec name, device, precision)
 CASES = [
     ("torch-fp32-cpu", "torch", "cpu", "fp32"),  # the reference

@@ -25,6 +25,8 @@ from vitdeploy.base.config import parse_config
 from vitdeploy.base.errors import ValidationError
 from vitdeploy.export.pipeline import run_export
 
+pytestmark = pytest.mark.integration
+
 FP16_OPS = Path(__file__).resolve().parents[1] / "data" / "tensorrt" / "onnx-tensorrt-fp16-ops.txt"
 LEAN = {"optimize": False, "int8": {"enabled": False}}  # only the stages this file looks at
 GATE = {

@@ -15,6 +15,8 @@ from vitdeploy.base.errors import ExportError
 from vitdeploy.cli import main
 from vitdeploy.runtime.artifacts import sha256_file
 
+pytestmark = pytest.mark.integration
+
 CLI = CliRunner()
 
 

@@ -23,6 +23,8 @@ import onnx
 import pytest
 from onnx import TensorProto
 
+pytestmark = pytest.mark.integration
+
 OPS_FILE = Path(__file__).resolve().parents[1] / "data" / "tensorrt" / "onnx-tensorrt-fp16-ops.txt"
 
 

@@ -25,6 +25,8 @@ from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.backends import BackendOptions, open_backend
 from vitdeploy.runtime.preprocess import Preprocessor
 
+pytestmark = pytest.mark.integration
+
 CPU1 = BackendOptions(device="cpu", providers=("CPUExecutionProvider",), threads=1)
 
 

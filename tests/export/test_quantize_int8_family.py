@@ -22,6 +22,8 @@ from vitdeploy.demo import IMAGES_DIR
 from vitdeploy.export.pipeline import run_export
 from vitdeploy.runtime.predictor import Predictor
 
+pytestmark = pytest.mark.integration
+
 TINY = dict(image_size=32, patch_size=8, width=64, depth=2, heads=4, num_classes=10)
 
 

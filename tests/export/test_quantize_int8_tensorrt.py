@@ -27,6 +27,8 @@ from vitdeploy.runtime.backends import BackendOptions, open_backend
 from vitdeploy.runtime.backends.ort import OrtBackend
 from vitdeploy.runtime.preprocess import Preprocessor
 
+pytestmark = pytest.mark.integration
+
 CPU1 = BackendOptions(device="cpu", providers=("CPUExecutionProvider",), threads=1)
 FP16_OPS = Path(__file__).resolve().parents[1] / "data" / "tensorrt" / "onnx-tensorrt-fp16-ops.txt"
 WEIGHTED = ("MatMul", "Gemm", "Conv")

@@ -16,10 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers.bad_input import GOOD_IMAGES, cli_env, copy_export
 
 from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.predictor import Predictor
+
+pytestmark = pytest.mark.integration
 
 
 def predictions(directory: Path) -> list[tuple[str, float]]:

@@ -47,6 +47,8 @@ from vitdeploy.cli import main as cli_main
 from vitdeploy.model import load_checkpoint
 from vitdeploy.runtime.preprocess import Preprocessor, resize_plan
 
+pytestmark = pytest.mark.integration
+
 # --------------------------------------------------------------------------- the reference run
 
 
@@ -260,6 +262,7 @@ def test_every_torchvision_vit_weights_transform_is_reproduced(reference, photos
 # --------------------------------------------------------------------------- 2, 3. Hugging Face processors
 
 transformers = pytest.importorskip("transformers", reason="transformers not installed")
+
 
 HF_PROCESSORS = {  # name -> (processor class, kwargs, JSON edits after save_pretrained)
     "deit-int-256-crop-224": ("DeiTImageProcessorPil", {}, {"size": 256, "crop_size": 224}),

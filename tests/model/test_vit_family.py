@@ -36,6 +36,8 @@ from vitdeploy.base.errors import CheckpointError
 from vitdeploy.export.optimize import METADATA_KEY
 from vitdeploy.model import load_checkpoint
 
+pytestmark = pytest.mark.integration
+
 FP16_LOGIT_TOL, FP16_PROB_TOL = 3e-2, 1e-2
 
 

@@ -106,6 +106,7 @@ def test_eager_torch_reproduces_the_golden_logits(golden, demo_model):
     assert (logits.argmax(1) == golden["logits"].argmax(1)).all()
 
 
+@pytest.mark.integration  # the demo export
 def test_the_exported_torch_backend_matches_the_golden_logits(golden, demo_artifacts):
     """Export keeps the demo weights bit-for-bit: its torch backend gives the golden logits."""
     from vitdeploy.runtime.artifacts import Artifacts

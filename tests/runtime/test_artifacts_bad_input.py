@@ -30,6 +30,8 @@ from vitdeploy.base.errors import ArtifactError, ArtifactIntegrityError
 from vitdeploy.cli import main
 from vitdeploy.runtime.predictor import Predictor
 
+pytestmark = pytest.mark.integration
+
 
 def predict_cli(artifacts: Path, backend: str = "auto"):
     return CliRunner().invoke(

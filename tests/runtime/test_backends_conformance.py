@@ -17,6 +17,8 @@ from vitdeploy.base.vocab import BACKEND_KINDS, RUNTIME_BACKENDS
 from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.backends import BackendOptions, backend_unavailable_reason, open_backend
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def artifacts(demo_artifacts):

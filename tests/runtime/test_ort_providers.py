@@ -101,6 +101,7 @@ def test_trt_ep_cache_falls_back_when_the_folder_cannot_be_created(tmp_path, mon
     assert got.parent == tmp_path / "cache" / "vitdeploy" / "ort-trt" and len(got.name) == 16
 
 
+@pytest.mark.integration  # the demo export
 def test_requested_provider_that_did_not_load_is_logged(demo_artifacts, monkeypatch, caplog):
     """A provider the onnxruntime build offers but the session did not load is named in a warning."""
     import onnxruntime as ort

@@ -20,6 +20,8 @@ from vitdeploy.base.errors import ConfigError
 from vitdeploy.base.limits import MAX_BATCH
 from vitdeploy.cli import main
 
+pytestmark = pytest.mark.integration
+
 BAD_KINDS = [
     "missing",
     "empty dir",

@@ -17,6 +17,8 @@ from vitdeploy.demo import DEMO_DIR as DEMO_MODEL_DIR
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from vitdeploy.demo import LABELS_CSV as DEMO_LABELS_CSV
 
+pytestmark = pytest.mark.integration
+
 
 def run(*args: str):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)

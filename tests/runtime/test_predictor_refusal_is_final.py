@@ -17,6 +17,8 @@ from vitdeploy.base.errors import ArtifactError, ArtifactIntegrityError
 from vitdeploy.cli import main
 from vitdeploy.runtime.predictor import Predictor
 
+pytestmark = pytest.mark.integration
+
 
 def _external_data_at(onnx_path: Path, location: str) -> None:
     """Store the graph's first initializer as external data at ``location`` (sha256 then updated)."""

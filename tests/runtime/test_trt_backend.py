@@ -600,6 +600,7 @@ def test_runtime_cuda_init_failure_is_a_backend_error_quoting_tensorrt(tmp_path)
     assert "CUDA initialization failure" in text
 
 
+@pytest.mark.integration  # the demo export
 def test_auto_selection_falls_back_to_ort_when_tensorrt_cannot_start(demo_artifacts, monkeypatch):
     from vitdeploy.runtime.artifacts import Artifacts
     from vitdeploy.runtime.predictor import select_backend

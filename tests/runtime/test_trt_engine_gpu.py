@@ -19,7 +19,7 @@ from vitdeploy.export.tensorrt import build_engine, plan_engine_build, tensorrt_
 from vitdeploy.runtime.backends.base import BackendOptions
 from vitdeploy.runtime.backends.trt import TrtBackend
 
-pytestmark = [pytest.mark.gpu, pytest.mark.tensorrt]
+pytestmark = [pytest.mark.integration, pytest.mark.gpu, pytest.mark.tensorrt]
 
 CHW = (3, 32, 32)  # the demo model's input
 TOLERANCE = 0.1  # max abs logit difference vs torch eager: validation.fp16.max_abs_diff

@@ -118,6 +118,7 @@ def test_not_json_is_400():
     assert status_of(info.value) == 400
 
 
+@pytest.mark.integration  # the demo export
 def test_bad_images_are_classified_and_the_good_ones_match_the_predictor(demo_artifacts):
     with Predictor.from_artifacts(Artifacts.open(demo_artifacts), backend="ort", max_pixels=10_000) as pred:
         good = _png()

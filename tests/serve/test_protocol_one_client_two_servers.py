@@ -37,7 +37,7 @@ from tritonclient.utils import InferenceServerException  # noqa: E402
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR  # noqa: E402
 from vitdeploy.serve.triton.local import BundledTriton, _venv_python, default_venv, free_port  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 NAME = "vit-demo-digits"
 MAX_PIXELS = 600_000

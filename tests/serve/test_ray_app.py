@@ -31,6 +31,8 @@ from helpers.serve_process import ServeProcess, free_port  # noqa: E402
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR  # noqa: E402
 from vitdeploy.serve import protocol  # noqa: E402
 
+pytestmark = pytest.mark.integration
+
 MAX_IMAGES = 6
 MAX_PIXELS = 4_000_000
 

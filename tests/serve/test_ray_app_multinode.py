@@ -28,7 +28,7 @@ from helpers.serve_process import ServeProcess, free_port  # noqa: E402
 from vitdeploy.demo import IMAGES_DIR  # noqa: E402
 from vitdeploy.runtime.artifact_bundle import CACHE_ENV  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.multinode]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.multinode]
 
 NODE2 = "vitdeploy_test_node2"  # the custom resource only the second node has
 NAME = "model-mn"

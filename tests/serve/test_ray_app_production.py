@@ -25,7 +25,7 @@ from helpers.serve_process import ServeProcess, free_port, serve_env  # noqa: E4
 
 from vitdeploy.demo import IMAGES_DIR  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 BODY_TIMEOUT_S = 3
 MAX_MB = 2

@@ -19,6 +19,8 @@ pb = pytest.importorskip(
 )
 from google.protobuf import text_format  # noqa: E402  (protobuf comes with tritonclient[grpc])
 
+pytestmark = pytest.mark.integration
+
 NAME = "vit-demo-digits"
 FAKE_TRT = "10.13.3.9"
 

@@ -30,6 +30,8 @@ grpcclient = pytest.importorskip(
 )
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
+pytestmark = pytest.mark.integration
+
 NAME = "vit-demo-digits"
 SMALL_QUEUE = "small-queue"
 MAX_PIXELS = 600_000  # runtime.max_image_pixels for this repository: the "bomb" below exceeds it
