@@ -1,8 +1,9 @@
 """Drift of every backend x precision from eager FP32 PyTorch, on the demo export and demo images.
 
-One module, one parametrised test: torch FP32 on the CPU is the reference; ort (FP32), ort-fp16,
-ort-int8 (INT8, ``validation.int8``), torch FP32 and FP16 on CUDA, and trt (FP16) are each judged
-against the thresholds of the default config (``validation.fp32`` / ``validation.fp16``). A backend
+One module, one parametrised test over every backend of the vocabulary (``vocab.BACKENDS``, never names
+typed here): torch FP32 on the CPU is the reference, and runs on CUDA too; every other backend runs on its
+own device (ort, ort-fp16, ort-int8 on the CPU; torch-fp16, trt, trt-int8 on CUDA) and is judged against
+the thresholds of its precision in the default config (``validation.fp32`` / ``fp16`` / ``int8``). A backend
 that cannot run here skips with a one-line reason; tests/evaluate/conftest.py prints how many ran. The
 export is the session's demo_artifacts (plus a TensorRT engine where TensorRT and CUDA exist: drift_artifacts).
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from vitdeploy.base.vocab import BACKEND_KINDS, BACKENDS, TORCH
 from vitdeploy.evaluate.dataset import label_indices, load_validation_set
 from vitdeploy.evaluate.drift import default_thresholds, judge_backend, run_drift
 from vitdeploy.evaluate.specs import BackendSpec, open_spec, reference_options, spec_unavailable_reason
@@ -22,16 +24,20 @@ from vitdeploy.runtime.backends import BackendOptions
 
 pytestmark = pytest.mark.integration
 
-# (id, backend spec name, device, precision)
-CASES = [
-    ("torch-fp32-cpu", "torch", "cpu", "fp32"),  # the reference
-    ("ort-fp32", "ort", "cpu", "fp32"),
-    ("ort-fp16", "ort-fp16", "cpu", "fp16"),
-    ("ort-int8", "ort-int8", "cpu", "int8"),  # the default export's static INT8 graph (validation.int8)
-    ("torch-fp32-cuda", "torch", "cuda", "fp32"),
-    ("torch-fp16-cuda", "torch-fp16", "cuda", "fp16"),
-    ("trt-fp16", "trt", "cuda", "fp16"),
-]
+
+def _cases() -> list[tuple[str, str, str, str]]:
+    """(id, backend name, device, precision) of every backend of the vocabulary, on the device it runs on
+    (torch FP32 on both: the CPU one is the reference). The id names the precision, and torch's the device."""
+    cases = []
+    for kind in BACKENDS:
+        devices = ("cuda",) if kind.device == "cuda" else ("cpu", "cuda") if kind.name == TORCH else ("cpu",)
+        for device in devices:
+            case = kind.name if kind.name.endswith(kind.precision) else f"{kind.name}-{kind.precision}"
+            cases.append((f"{case}-{device}" if kind.runs == TORCH else case, kind.name, device, kind.precision))
+    return cases
+
+
+CASES = _cases()
 
 
 @dataclass
@@ -64,12 +70,10 @@ def setup(drift_artifacts) -> Setup:
 
 
 def _spec(name: str, device: str, precision: str) -> BackendSpec:
-    options = BackendOptions(device=device)
-    if name in ("ort", "ort-fp16", "ort-int8"):
-        return BackendSpec(name, name, options, precision)
-    if name == "trt":
-        return BackendSpec(name, "trt", options, precision)
-    return BackendSpec(name, "torch", BackendOptions(device=device, precision=precision), precision)
+    runs = BACKEND_KINDS[name].runs
+    if runs == TORCH:  # the torch backend runs either precision; the others' is in their file
+        return BackendSpec(name, runs, BackendOptions(device=device, precision=precision), precision)
+    return BackendSpec(name, runs, BackendOptions(device=device), precision)
 
 
 @pytest.mark.parametrize("case, name, device, precision", CASES, ids=[c[0] for c in CASES])

@@ -27,6 +27,7 @@ from helpers.bad_input import (
 )
 
 from vitdeploy.base.errors import ArtifactError, ArtifactIntegrityError
+from vitdeploy.base.vocab import AUTO, RUNTIME_BACKENDS
 from vitdeploy.cli import main
 from vitdeploy.runtime.predictor import Predictor
 
@@ -149,7 +150,7 @@ def test_manifest_written_by_this_version_validates_with_its_informational_keys(
 # ----------------------------------------------------------------------------- tampered files
 
 
-@pytest.mark.parametrize("backend", ["auto", "ort", "torch", "ort-fp16"])
+@pytest.mark.parametrize("backend", [AUTO, *RUNTIME_BACKENDS])  # every backend of the vocabulary
 @pytest.mark.parametrize(
     "name", ["model.onnx", "model.ort.onnx", "model.fp16.onnx", "model.safetensors", "model.json"]
 )

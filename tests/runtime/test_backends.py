@@ -16,7 +16,7 @@ import pytest
 from helpers.tiny_export import LABELS, file_entry, write_manifest  # tests/: on sys.path beside conftest.py
 
 from vitdeploy.base.errors import ArtifactError, BackendError, ConfigError, InputError
-from vitdeploy.base.vocab import RUNTIME_BACKENDS
+from vitdeploy.base.vocab import BACKENDS, RUNTIME_BACKENDS
 from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.backends import BackendOptions, backend_unavailable_reason, open_backend
 
@@ -329,7 +329,11 @@ def _onnx_with_external_weight(directory: Path, location: str = "weights.bin") -
     return path
 
 
-@pytest.mark.parametrize("role,backend", [("onnx", "ort"), ("onnx-fp16", "ort-fp16")])
+#: (main role, name) of every backend of the vocabulary that runs an ONNX graph
+ONNX_BACKENDS = [(kind.roles[0], kind.name) for kind in BACKENDS if kind.libraries == ("onnxruntime",)]
+
+
+@pytest.mark.parametrize("role,backend", ONNX_BACKENDS)
 def test_onnx_external_data_missing_from_the_manifest_is_refused(tmp_path, role, backend):
     """External data the manifest does not list has no sha256 to check: never loaded."""
     _onnx_with_external_weight(tmp_path)
