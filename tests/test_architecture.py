@@ -8,6 +8,11 @@ ViT's fields, small helpers); nothing else lives at the package root. ``evaluate
 ``export``'s comparator and library versions; ``serve`` and ``batch`` import neither ``export`` nor
 ``evaluate`` (nor each other). Inside ``runtime`` only the torch backend touches ``model``, and only the
 network (``model.vit``). Every import is read with ``ast``, those inside functions too.
+
+The tests mirror the package: ``tests/<room>/test_<module>[_<aspect>].py``, ``<module>`` a module or
+subpackage of ``vitdeploy/<room>/``; tests/ itself holds this file and the tests of what
+``vitdeploy/__init__.py`` defines; helpers live in ``tests/helpers/``. Test file names are unique, no test
+module imports another, and every marker used is registered in pyproject.toml.
 """
 
 from __future__ import annotations
@@ -242,3 +247,163 @@ def test_one_strict_pydantic_base():
         if 'model_config = ConfigDict(extra="forbid"' in p.read_text(encoding="utf-8")
     ]
     assert writers == ["vitdeploy/base/_schema.py"], writers
+
+
+# ------------------------------------------------------------------------------------------------
+# the tests mirror the package: tests/<room>/test_<module>[_<aspect>].py
+
+TESTS = PACKAGE.parent / "tests"
+#: Where the modules of tests/ that are not tests live: the shared helpers, and the test data's own scripts.
+NOT_TESTS = ("helpers", "data")
+#: A test of tests/ itself, beside the tests of what vitdeploy/__init__.py defines: the package as a whole.
+WHOLE_PACKAGE = "architecture"
+
+
+def room_names() -> dict[str, set[str]]:
+    """Per room, what a test file of tests/<room>/ may be named after: the room's modules and subpackages at
+    any depth (runtime/backends/trt/log.py gives ``backends``, ``trt`` and ``log``); vitdeploy/demo/ is base's
+    (``room()``)."""
+    names: dict[str, set[str]] = {r: set() for r in ROOMS}
+    for path in package_modules():
+        module = module_name(path)
+        parts = module.split(".")[1:]
+        if parts and parts[0] == room(module):
+            parts = parts[1:]
+        names[room(module)].update(p for p in parts if p != "__main__")
+    return names
+
+
+def root_names() -> set[str]:
+    """What tests/ itself may hold: a test of a public name vitdeploy/__init__.py assigns (lowercased:
+    test_moved_modules.py), and this file."""
+    tree = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    assigned = {
+        t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)
+    }
+    defined = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    return {name.lower() for name in assigned | defined if not name.startswith("_")} | {WHOLE_PACKAGE}
+
+
+def layout_violations(files: list[str], names: dict[str, set[str]], top: set[str]) -> list[str]:
+    """The offenders among ``files`` (paths under tests/, with ``/``): a test module outside tests/<room>/ or
+    named after no module of its room, and a module that is neither a test, a conftest nor a helper."""
+    bad = []
+    for rel in sorted(files):
+        *folders, name = rel.split("/")
+        if not name.startswith("test_"):
+            if name != "conftest.py" and (not folders or folders[0] not in NOT_TESTS):
+                bad.append(f"tests/{rel}: not a test module (helpers live in tests/helpers/)")
+            continue
+        if not folders:
+            allowed, of = top, "vitdeploy/__init__.py (or test_architecture.py)"
+        elif len(folders) == 1 and folders[0] in names:
+            allowed, of = names[folders[0]], f"vitdeploy/{folders[0]}/"
+        else:
+            bad.append(f"tests/{rel}: not in tests/<room>/ for a room ({', '.join(ROOMS)})")
+            continue
+        stem = name.removeprefix("test_").removesuffix(".py")
+        if not any(stem == m or stem.startswith(m + "_") for m in allowed):
+            bad.append(f"tests/{rel}: named after no module or subpackage of {of} (test_<module>[_<aspect>].py)")
+    return bad
+
+
+def files_under_tests() -> list[Path]:
+    return sorted(p for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_the_tests_mirror_the_package():
+    files = [p.relative_to(TESTS).as_posix() for p in files_under_tests()]
+    bad = layout_violations(files, room_names(), root_names())
+    assert not bad, "tests out of the package's layout (CONTRIBUTING, Tests):\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    "rel, offence",
+    [
+        ("unit/test_config.py", "not in tests/<room>/"),
+        ("runtime/backends/test_ort.py", "not in tests/<room>/"),
+        ("runtime/test_predictors.py", "named after no module or subpackage of vitdeploy/runtime/"),
+        ("serve/test_checkpoints.py", "named after no module or subpackage of vitdeploy/serve/"),
+        ("test_everything.py", "named after no module or subpackage of vitdeploy/__init__.py"),
+        ("serve/servers.py", "not a test module"),
+        ("shared.py", "not a test module"),
+    ],
+)
+def test_the_layout_checker_names_the_offending_file(rel, offence):
+    (message,) = layout_violations([rel], room_names(), root_names())
+    assert message.startswith(f"tests/{rel}: {offence}"), message
+
+
+def test_the_layout_checker_allows_the_documented_places():
+    files = [
+        "conftest.py",
+        "test_architecture.py",
+        "test_moved_modules.py",
+        "base/test_demo_model.py",  # vitdeploy/demo/ is the base room's
+        "runtime/test_trt_engine_gpu.py",  # runtime/backends/trt/
+        "serve/test_triton_repo.py",
+        "serve/test_ray_app_production.py",
+        "evaluate/conftest.py",
+        "helpers/bad_input.py",
+        "data/tensorrt/extract_signatures.py",
+    ]
+    assert not layout_violations(files, room_names(), root_names())
+
+
+def test_test_basenames_are_unique():
+    """pytest imports a test module by its file name (tests/ has no __init__.py): two of one name collide."""
+    where = defaultdict(list)
+    for p in files_under_tests():
+        if p.name.startswith("test_"):
+            where[p.name].append(p.relative_to(TESTS).as_posix())
+    twice = {name: paths for name, paths in where.items() if len(paths) > 1}
+    assert not twice, f"test files of one name: {twice}"
+
+
+def test_no_test_module_imports_another():
+    """What several test modules share is a helper (tests/helpers/), never imported from a test module."""
+    found = []
+    for p in files_under_tests():
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            top = {n.split(".")[0] for n in names}
+            found += [
+                f"tests/{p.relative_to(TESTS).as_posix()}:{node.lineno} imports {t}"
+                for t in top
+                if t.startswith("test_") or t == "conftest"
+            ]
+    assert not found, f"import it from tests/helpers/ instead: {found}"
+
+
+def markers_used(source: str) -> set[str]:
+    """The names of ``pytest.mark.<name>`` in ``source``."""
+    return {
+        node.attr
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "mark"
+        and isinstance(node.value.value, ast.Name)
+        and node.value.value.id == "pytest"
+    }
+
+
+def test_every_marker_used_is_registered(pytestconfig):
+    """pyproject's markers and pytest's own (--strict-markers refuses the others when a module is collected; this
+    also reads the modules an importorskip leaves uncollected)."""
+    registered = {line.split(":")[0].split("(")[0].strip() for line in pytestconfig.getini("markers")}
+    found = [
+        f"tests/{p.relative_to(TESTS).as_posix()}: pytest.mark.{name}"
+        for p in files_under_tests()
+        for name in sorted(markers_used(p.read_text(encoding="utf-8")) - registered)
+    ]
+    assert not found, f"markers not registered in pyproject.toml ([tool.pytest.ini_options] markers): {found}"
+
+
+def test_the_marker_reader_sees_every_spelling():
+    source = (
+        "import pytest\npytestmark = [pytest.mark.integration, pytest.mark.slow]\n"
+        "@pytest.mark.parametrize('x', [pytest.param(1, marks=pytest.mark.integraton)])\ndef test(x): ...\n"
+    )
+    assert markers_used(source) == {"integration", "slow", "parametrize", "integraton"}
