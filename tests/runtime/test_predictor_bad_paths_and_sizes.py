@@ -2,7 +2,7 @@
 command-line sizes of theme 5 (`predict --batch-size`, `bench --batch-sizes` bounded).
 
 Unreadable paths need permissions to apply, so those runs drop root's permission bypass
-(bad_input_helpers.without_root_bypass) and go through a subprocess, CLI and API alike.
+(helpers.bad_input.without_root_bypass) and go through a subprocess, CLI and API alike.
 """
 
 from __future__ import annotations
