@@ -10,7 +10,7 @@ TRITON_VENV  := .venv-triton
 TRITON_STAMP := $(TRITON_VENV)/.installed
 
 # Test-only reference environment: timm and torchvision run their own models and preprocessing here
-# (tests/reference/library_reference.py). They cannot live beside the CPU torch above: torchvision's
+# (tests/helpers/library_reference.py). They cannot live beside the CPU torch above: torchvision's
 # wheel needs the CUDA build of torch, so pip resolves that build and its CUDA libraries (~5 GB,
 # run on the CPU only). transformers is not needed here: it runs in-process in .venv.
 REF_VENV  := .venv-ref
@@ -59,7 +59,7 @@ clean:
 	rm -rf $(VENV) $(REF_VENV) $(TRITON_VENV) artifacts .pytest_cache
 
 # The tritonserver bundled in the nvidia-pytriton wheel (python backend only) runs the generated
-# Triton repository in tests/integration/test_triton_server.py and benchmarks/bench_triton.py.
+# Triton repository in tests/serve/test_triton_server.py and benchmarks/bench_triton.py.
 # It needs numpy < 2, so it gets its own environment: vitdeploy[cpu] from this checkout, no torch.
 $(TRITON_STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(TRITON_VENV)

@@ -5,7 +5,7 @@ the eager FP32 PyTorch logits of the shipped demo weights, with the library vers
     .venv/bin/python scripts/make_golden_logits.py            # rewrite the golden file
     .venv/bin/python scripts/make_golden_logits.py --check    # compare only; exit 1 if numbers moved
 
-tests/drift/test_golden.py asserts that today's preprocessing reproduces the stored inputs
+tests/model/test_vit_golden.py asserts that today's preprocessing reproduces the stored inputs
 (max abs diff <= 1e-6) and today's eager model the stored logits (<= 1e-4), so an upgrade of
 torch, Pillow or numpy that moves the numbers fails loudly. Regenerate only after reviewing why
 they moved (and say so in the commit message).

@@ -13,12 +13,26 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+#: Fixtures that run a whole export: a test that needs one is marked ``integration`` (the fast run,
+#: ``-m "not integration"``, never builds them).
+WHOLE_EXPORTS = ("demo_artifacts", "drift_artifacts")
+
+
 def pytest_collection_modifyitems(config, items):
     """Every pytest-xdist worker must collect the same ids: an id spelled from raw bytes (a gzip header holds
-    the time, for one) may differ between two workers' collections and fails the whole run, so it is refused."""
+    the time, for one) may differ between two workers' collections and fails the whole run, so it is refused.
+    A test that needs a whole export and is not marked ``integration`` is refused too, by name."""
     raw = [item.nodeid for item in items if "\\x" in item.nodeid]
     if raw:
         raise pytest.UsageError(f"test ids spelled from raw bytes (give the parametrize ids=): {raw[0]}")
+    unmarked = [
+        item.nodeid
+        for item in items
+        if set(WHOLE_EXPORTS) & set(getattr(item, "fixturenames", ())) and not item.get_closest_marker("integration")
+    ]
+    if unmarked:
+        needs = ", ".join(WHOLE_EXPORTS)
+        raise pytest.UsageError(f"needs a whole export ({needs}) but is not marked integration: {unmarked[0]}")
 
 
 def _export(cfg_dict: dict, out: Path, **kwargs):
@@ -49,9 +63,9 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_artifacts(tmp_path_factory):
     """``tiny_artifacts(seed=0, fp16_copy=True) -> Path``: a complete tiny-ViT export directory
-    (tests/tiny_export.py), built once per session for each (seed, fp16_copy). Treat it as
+    (tests/helpers/tiny_export.py), built once per session for each (seed, fp16_copy). Treat it as
     read-only: copy it before tampering with a file."""
-    from tiny_export import build_tiny_artifacts
+    from helpers.tiny_export import build_tiny_artifacts
 
     built: dict[tuple[int, bool], Path] = {}
 

@@ -8,7 +8,7 @@ Output (JSON): the TensorRT version of the checkout, and per Python class the ke
 its constructor and methods (one list per overload; ``name=`` marks a parameter with a default),
 its properties (``rw`` / ``ro``), and per enum every member with its integer value as declared
 in the C++ header. Only the files named in SOURCES are read. The sources themselves are never
-committed; the JSON is the test data the strict fake tensorrt (tests/strict_tensorrt.py) is
+committed; the JSON is the test data the strict fake tensorrt (tests/helpers/strict_tensorrt.py) is
 built from.
 """
 

@@ -12,7 +12,7 @@ To add a format:
    ``convert_timm.py`` / timm's ``checkpoint_filter_fn``);
 2. add one line to ``READERS`` below (the order is the order detection asks);
 3. if its config files state values, validate them in ``model/config_schema.py`` and test a
-   round trip in ``tests/unit/test_checkpoints.py``.
+   round trip in ``tests/model/test_checkpoints.py``.
 """
 
 from __future__ import annotations

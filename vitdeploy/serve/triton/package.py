@@ -14,7 +14,7 @@ install or a wheel install, and needs no build backend or network: vitdeploy is 
 index, so the container gets it from the repository itself.
 
 The pins are the versions the python models were run with on the tritonserver bundled in
-nvidia-pytriton (Python 3.11 stub, numpy < 2, see tests/integration/test_triton_self_contained.py),
+nvidia-pytriton (Python 3.11 stub, numpy < 2, see tests/serve/test_protocol_one_client_two_servers.py),
 and for Python 3.10 (the 24.xx containers, Ubuntu 22.04) the newest releases that still ship
 wheels for it (resolved, not run here). numpy stays < 2 for every container: the python backend
 stubs of the 24.xx-era releases are built against numpy 1.x.

@@ -1,0 +1,254 @@
+"""model.int8.onnx: what a user relies on from the INT8 stage and the ort-int8 backend.
+
+- the default (static QDQ) answer for an image is the same alone and inside a batch of 8;
+- dynamic mode (opt-in) is not: its answers move with the batch (why it is not the default);
+- too few calibration images: a clear error naming the key (required), or the export goes on
+  without the INT8 graph (auto); a gate that cannot pass: the stage fails with its metrics and
+  every other artifact stays valid (auto), or the export fails with exit 3 (required).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vitdeploy.base.config import parse_config
+from vitdeploy.base.errors import ConfigError, ExportError, ValidationError
+from vitdeploy.demo import IMAGES_DIR
+from vitdeploy.export.pipeline import run_export
+from vitdeploy.export.quantize import calibration_batch, quantize_int8
+from vitdeploy.runtime.artifacts import Artifacts
+from vitdeploy.runtime.backends import BackendOptions, open_backend
+from vitdeploy.runtime.preprocess import Preprocessor
+
+pytestmark = pytest.mark.integration
+
+CPU1 = BackendOptions(device="cpu", providers=("CPUExecutionProvider",), threads=1)
+
+
+def _demo_batch(artifacts: Artifacts, n: int = 8) -> np.ndarray:
+    paths = sorted(p for p in IMAGES_DIR.iterdir() if p.suffix in (".png", ".jpg"))[:n]
+    return Preprocessor(artifacts.preprocess).batch(paths)
+
+
+def _alone_vs_batched(backend, batch: np.ndarray) -> float:
+    alone = np.concatenate([backend.run(batch[i : i + 1]) for i in range(len(batch))])
+    together = backend.run(batch)
+    return float(np.abs(alone - together).max())
+
+
+def test_default_int8_answer_is_the_same_alone_and_in_a_batch_of_8(demo_artifacts):
+    artifacts = Artifacts.open(demo_artifacts)
+    manifest = json.loads((demo_artifacts / "manifest.json").read_text())
+    assert manifest["export"]["int8"]["mode"] == "static" and artifacts.has("onnx-int8")
+    assert manifest["validation"]["validate-int8"]["passed"] is True
+    batch = _demo_batch(artifacts)
+    backend = open_backend("ort-int8", artifacts, CPU1)
+    try:
+        assert backend.name == "ort-int8" and Path(backend.onnx_path).name == "model.int8.onnx"
+        assert _alone_vs_batched(backend, batch) <= 1e-6
+        fp32 = open_backend("ort", artifacts, CPU1)
+        try:  # it really is a different (quantized) graph, not the FP32 one under another name
+            assert np.abs(fp32.run(batch) - backend.run(batch)).max() > 1e-4
+        finally:
+            fp32.close()
+    finally:
+        backend.close()
+
+
+def test_dynamic_mode_answers_depend_on_the_batch(demo_artifacts, tmp_path):
+    artifacts = Artifacts.open(demo_artifacts)
+    dst = tmp_path / "model.int8.onnx"
+    res = quantize_int8(demo_artifacts / "model.ort.onnx", dst, input_name=artifacts.input_name, mode="dynamic")
+    assert res.mode == "dynamic" and res.method is None and res.quantized_nodes
+    from vitdeploy.runtime.backends.ort import OrtBackend
+
+    backend = OrtBackend(dst, artifacts.input_shape, None, CPU1, name="ort-int8")
+    try:
+        assert _alone_vs_batched(backend, _demo_batch(artifacts)) > 1e-4
+    finally:
+        backend.close()
+
+
+def test_too_few_calibration_images_is_an_error_naming_the_key():
+    batch = np.zeros((5, 3, 8, 8), np.float32)
+    names = ("a.png", "b.png", "c.png", "noise:0", "noise:1")
+    with pytest.raises(ConfigError, match="export.int8.min_calibration_images"):
+        calibration_batch(batch, names, max_images=64, min_images=4)  # noise rows never count
+    assert calibration_batch(batch, names, max_images=2, min_images=2).shape == (2, 3, 8, 8)
+
+
+def _few_images(tmp_path: Path, n: int = 3) -> Path:
+    folder = tmp_path / "few"
+    folder.mkdir()
+    for p in sorted(IMAGES_DIR.glob("*.png"))[:n]:
+        shutil.copy(p, folder / p.name)
+    return folder
+
+
+def test_too_few_calibration_images_required_fails_auto_goes_on(tiny_checkpoint, tmp_path):
+    base = {
+        "model": {"checkpoint": str(tiny_checkpoint)},
+        "validation": {"images": str(_few_images(tmp_path))},
+        "export": {"fp16": {"enabled": False}},
+    }
+    required = parse_config({**base, "export": {**base["export"], "int8": {"enabled": True}}}, None)
+    with pytest.raises(ConfigError, match="export.int8.min_calibration_images"):
+        run_export(required, tmp_path / "req", engine="skip", heartbeat_s=None)
+    assert not (tmp_path / "req" / "manifest.json").exists()
+    result = run_export(parse_config(base, None), tmp_path / "auto", engine="skip", heartbeat_s=None)
+    stage = next(s for s in result.stages if s.name == "int8")
+    assert stage.status == "failed" and "export.int8.min_calibration_images" in stage.reason
+    assert "onnx-int8" not in result.artifacts and not (tmp_path / "auto" / "model.int8.onnx").exists()
+    Artifacts.open(tmp_path / "auto")  # the rest of the export is valid
+
+
+IMPOSSIBLE = {
+    "max_abs_diff": 0.0,
+    "mean_abs_diff": 0.0,
+    "min_cosine": 1.0,
+    "min_top1_agreement": 1.0,
+    "min_top5_overlap": 1.0,
+}
+
+
+@pytest.mark.parametrize("autopilot", [True, False])
+def test_int8_gate_that_cannot_pass(tiny_checkpoint, tmp_path, autopilot):
+    base = {
+        "model": {"checkpoint": str(tiny_checkpoint)},
+        "validation": {"int8": IMPOSSIBLE},
+        "export": {"fp16": {"enabled": False}, "int8": {"autopilot": autopilot}},
+    }
+    out = tmp_path / "auto"
+    result = run_export(parse_config(base, None), out, engine="skip", heartbeat_s=None)
+    stages = {s.name: s for s in result.stages}
+    manifest = json.loads((out / "manifest.json").read_text())
+    record = manifest["export"]["int8"]
+    assert record["passed"] is False
+    if autopilot:  # every step judged and recorded, the last with every MatMul/Gemm in float
+        assert stages["int8"].status == "failed" and "validation.int8 not met" in stages["int8"].reason
+        steps = record["autopilot"]
+        assert steps[0]["step"] == "all MatMul/Gemm quantized" and steps[0]["keep_float"] == []
+        assert len(steps) >= 3 and not any(s["passed"] for s in steps)
+        assert all(s["failures"] and "cosine" in s["metrics"] for s in steps)
+        assert len(steps[-1]["keep_float"]) == len(set(steps[-1]["keep_float"])) > len(steps[-2]["keep_float"])
+    else:  # one graph, judged by the validate-int8 stage
+        assert stages["int8"].status == "passed" and stages["validate-int8"].status == "failed"
+        gate = manifest["validation"]["validate-int8"]
+        assert gate["passed"] is False and gate["failures"] and gate["metrics"]["max_abs_diff"] > 0
+    assert "onnx-int8" not in manifest["artifacts"] and not any(out.glob("model.int8.onnx*"))
+    artifacts = Artifacts.open(out)  # every other artifact stays valid
+    for name in ("ort", "torch"):
+        open_backend(name, artifacts, CPU1).close()
+    required = parse_config(
+        {**base, "export": {**base["export"], "int8": {"enabled": True, "autopilot": autopilot}}}, None
+    )
+    with pytest.raises(ValidationError, match="int8"):
+        run_export(required, out, engine="skip", heartbeat_s=None)
+    assert json.loads((out / "manifest.json").read_text()) == manifest  # the previous export is untouched
+
+
+def _step0_cosine(manifest: dict) -> float:
+    """The cosine of the all-INT8 graph (the autopilot's step 0) as measured on this machine."""
+    return manifest["export"]["int8"]["autopilot"][0]["metrics"]["cosine"]
+
+
+def test_autopilot_returns_nodes_to_float_until_the_gate_passes(demo_artifacts, tmp_path):
+    """The gate is set between what every MatMul/Gemm in INT8 measured on this machine (the demo
+    export's step 0) and float, so step 0 fails on any CPU (ONNX Runtime's INT8 kernels are more exact
+    with AVX512-VNNI than with AVX2): the autopilot returns the Gemm head, then blocks, to float until
+    it passes."""
+    step0 = _step0_cosine(json.loads((demo_artifacts / "manifest.json").read_text()))
+    assert step0 < 1.0 - 1e-6, "INT8 that equals float leaves the autopilot nothing to do"
+    min_cosine = round(step0 + (1.0 - step0) / 2, 6)
+    gate = {
+        "max_abs_diff": 1.0,
+        "mean_abs_diff": 0.1,
+        "min_cosine": min_cosine,
+        "min_top1_agreement": 0.98,
+        "min_top5_overlap": 0.9,
+    }
+    out = tmp_path / "demo"
+    run_export(
+        parse_config(
+            {"export": {"fp16": {"enabled": False}, "int8": {"min_speedup": 0}}, "validation": {"int8": gate}}, None
+        ),
+        out,
+        engine="skip",
+        heartbeat_s=None,
+    )
+    manifest = json.loads((out / "manifest.json").read_text())
+    record, steps = manifest["export"]["int8"], manifest["export"]["int8"]["autopilot"]
+    assert _step0_cosine(manifest) == step0  # the same graph and calibration measure the same here
+    assert not steps[0]["passed"] and steps[0]["metrics"]["cosine"] < min_cosine
+    assert steps[1]["step"] == "op type Gemm float" and steps[-1]["passed"]
+    assert steps[-1]["metrics"]["cosine"] >= min_cosine
+    assert not any(s["passed"] for s in steps[:-1])
+    kept = [set(s["keep_float"]) for s in steps]
+    assert all(a < b for a, b in zip(kept, kept[1:])), "each step returns more nodes to float"
+    assert record["passed"] is True and record["keep_float"] == steps[-1]["keep_float"]
+    assert manifest["validation"]["validate-int8"]["passed"] is True and "onnx-int8" in manifest["artifacts"]
+    import onnx
+
+    graph = onnx.load(str(out / "model.int8.onnx"))
+    float_kept = set(record["keep_float"])
+    quantized_matmuls = {
+        n.name
+        for n in graph.graph.node
+        if n.op_type in ("MatMul", "Gemm") and any(i.endswith("_DequantizeLinear_Output") for i in n.input)
+    }
+    assert len(quantized_matmuls) == record["quantized_nodes"] and not (quantized_matmuls & float_kept)
+
+
+def test_predict_runs_ort_int8_when_asked_and_auto_never_picks_it(demo_artifacts):
+    from click.testing import CliRunner
+
+    from vitdeploy.cli import main
+    from vitdeploy.runtime.predictor import Predictor
+
+    with Predictor.from_artifacts(demo_artifacts) as p:  # auto: INT8 answers are not FP32 answers
+        assert p.backend_name == "ort"
+    image = sorted(IMAGES_DIR.glob("digit3_*.png"))[0]
+    res = CliRunner().invoke(
+        main, ["predict", "-a", str(demo_artifacts), "-b", "ort-int8", "--json", str(image)], catch_exceptions=False
+    )
+    assert res.exit_code == 0, res.output
+    row = json.loads(next(line for line in res.output.splitlines() if line.startswith("{")))
+    assert row["label"] == "3" and row["path"] == str(image)
+
+
+def test_an_int8_graph_that_does_not_pay_is_not_shipped(tiny_checkpoint, tmp_path):
+    """Timed against model.ort.onnx after the gate passes: below export.int8.min_speedup (here one no
+    machine reaches) no model.int8.onnx is written, the stage says why in one line, the rest ships;
+    required (enabled: true), the export fails naming the key."""
+    base = {
+        "model": {"checkpoint": str(tiny_checkpoint)},
+        "export": {"fp16": {"enabled": False}, "int8": {"min_speedup": 1e9}},
+    }
+    out = tmp_path / "auto"
+    result = run_export(parse_config(base, None), out, engine="skip", heartbeat_s=None)
+    stages = {s.name: s for s in result.stages}
+    assert stages["validate-int8"].status == "passed"  # accurate enough, and still not shipped
+    speed = stages["speed-int8"]
+    assert speed.status == "skipped" and "\n" not in speed.reason
+    assert "model.int8.onnx not shipped" in speed.reason and "export.int8.min_speedup 1e+09" in speed.reason
+    manifest = json.loads((out / "manifest.json").read_text())
+    record = manifest["export"]["int8"]
+    assert record["shipped"] is False and record["speed"]["min_speedup"] == 1e9 and record["speed"]["speedup"] > 0
+    assert "onnx-int8" not in manifest["artifacts"] and not any(out.glob("model.int8.onnx*"))
+    Artifacts.open(out)  # the rest of the export is valid
+    required = {**base, "export": {**base["export"], "int8": {"enabled": True, "min_speedup": 1e9}}}
+    with pytest.raises(ExportError, match="export.int8.min_speedup"):
+        run_export(parse_config(required, None), tmp_path / "req", engine="skip", heartbeat_s=None)
+    assert not (tmp_path / "req" / "model.int8.onnx").exists()
+
+
+def test_min_speedup_0_ships_without_timing(demo_artifacts):
+    manifest = json.loads((demo_artifacts / "manifest.json").read_text())  # exported with min_speedup: 0
+    assert "onnx-int8" in manifest["artifacts"] and "speed" not in manifest["export"]["int8"]
+    stage = next(s for s in manifest["stages"] if s["name"] == "speed-int8")
+    assert stage["status"] == "skipped" and "min_speedup is 0" in stage["reason"]

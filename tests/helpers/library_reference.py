@@ -1,0 +1,291 @@
+"""Each library running its own model and its own preprocessing: the reference for
+tests/model/test_checkpoints_library_fidelity.py.
+
+Runs in the reference environment (``.venv-ref``: timm, torchvision, transformers, safetensors,
+numpy, pillow; built by ``make reference-env``), which cannot live beside vitdeploy's CPU torch.
+
+    .venv-ref/bin/python tests/helpers/library_reference.py PHOTOS_DIR OUT_DIR [family]
+
+(``family``: only the timm ViT relatives of issue 15: registers, average pooling, layer scale ...)
+
+For every case it writes, under ``OUT_DIR/<case>/``, the checkpoint exactly as the library saves it
+and ``reference.npz``: ``pixels`` (N, 3, H, W) from the library's own preprocessing of each photo
+(sorted by file name) and ``logits`` from the library's eager model on those pixels. ``cases.json``
+says what each case is. Nothing is downloaded: the models have random weights.
+
+Only ``randomize_`` is imported by the tests themselves (for transformers models); keep the
+module's top level free of timm / torchvision imports.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png")
+NUM_CLASSES = 10
+
+
+def randomize_(model, seed: int):
+    """Random weights large enough that attention is far from uniform and every class can win:
+    LayerNorm weights 1 +- 0.1, class token / position table std 0.5, everything else std 0.1."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=gen)
+            low = name.lower()
+            if ("norm" in low or ".ln" in low or low.startswith("ln")) and name.endswith("weight"):
+                param.copy_(1.0 + 0.1 * noise)
+            elif any(k in low for k in ("cls_token", "class_token", "pos_embed", "position")):
+                param.copy_(0.5 * noise)
+            else:
+                param.copy_(0.1 * noise)
+    return model.eval()
+
+
+def _photos(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() in PHOTO_SUFFIXES)
+
+
+def _run(model, transform, photos: list[Path]) -> dict[str, np.ndarray]:
+    """The library's preprocessing of each photo (opened as its docs show: PIL, RGB) and its model's logits."""
+    import torch
+    from PIL import Image
+
+    pixels = torch.stack([transform(Image.open(p).convert("RGB")) for p in photos])
+    out = {"pixels": pixels.numpy().astype(np.float32)}
+    if model is not None:
+        with torch.no_grad():
+            out["logits"] = model(pixels).float().numpy()
+    return out
+
+
+def _save(out: Path, case: str, info: dict, arrays: dict[str, np.ndarray], cases: dict) -> None:
+    (out / case).mkdir(parents=True, exist_ok=True)
+    np.savez(out / case / "reference.npz", **arrays)
+    cases[case] = info
+
+
+def timm_cases(photos: list[Path], out: Path, cases: dict) -> None:
+    import safetensors.torch
+    import timm
+    from timm.data import create_transform, resolve_data_config
+    from timm.models import save_for_hf
+
+    def eval_transform(model):
+        cfg = resolve_data_config({}, model=model)
+        return cfg, create_transform(**cfg)
+
+    # 1. bare state dicts: what timm would do with the model it builds for that architecture
+    # (deit at its full depth: the test names it as model.variant, which is checked against the tensors)
+    for case, arch, kwargs, seed in (
+        ("timm_bare", "vit_tiny_patch16_224", {"depth": 2}, 0),
+        ("timm_heads6", "vit_tiny_patch16_224", {"depth": 2, "num_heads": 6}, 1),
+        ("timm_deit", "deit_tiny_patch16_224", {}, 2),
+    ):
+        model = randomize_(timm.create_model(arch, pretrained=False, num_classes=NUM_CLASSES, **kwargs), seed)
+        cfg, transform = eval_transform(model)
+        (out / case).mkdir(parents=True, exist_ok=True)
+        safetensors.torch.save_file(
+            {k: v.contiguous() for k, v in model.state_dict().items()}, str(out / case / "model.safetensors")
+        )
+        _save(
+            out,
+            case,
+            {
+                "library": f"timm {timm.__version__}",
+                "arch": arch,
+                "kwargs": kwargs,
+                "checkpoint": "model.safetensors",
+                "data_config": _jsonable(cfg),
+            },
+            _run(model, transform, photos),
+            cases,
+        )
+
+    # 2. hub directories written by timm itself (save_for_hf), read back by timm ("local-dir:")
+    imagenet = {"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)}
+    for case, kwargs, data_config, seed in (
+        ("timm_hub_gelu_tanh", {"act_layer": "gelu_tanh"}, None, 3),
+        ("timm_hub_squash", {}, {"crop_mode": "squash", "crop_pct": 0.9, "interpolation": "bilinear", **imagenet}, 4),
+        ("timm_hub_border", {}, {"crop_mode": "border", "crop_pct": 0.875, "interpolation": "bicubic", **imagenet}, 5),
+    ):
+        built = randomize_(
+            timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=2, num_classes=NUM_CLASSES, **kwargs),
+            seed,
+        )
+        save_for_hf(built, str(out / case), safe_serialization=True, data_config=data_config)
+        model = timm.create_model(f"local-dir:{out / case}", pretrained=True).eval()
+        cfg, transform = eval_transform(model)
+        _save(
+            out,
+            case,
+            {
+                "library": f"timm {timm.__version__}",
+                "checkpoint": ".",
+                "kwargs": kwargs,
+                "data_config": _jsonable(cfg),
+            },
+            _run(model, transform, photos),
+            cases,
+        )
+
+
+#: The ViT relatives (issue 15): (case, architecture, timm kwargs, saved as a hub folder?, seed).
+FAMILY_CASES = (
+    # DINOv2-style: 4 registers, no prefix positions, layer scale; class-token pooling
+    (
+        "timm_reg4_ls",
+        "vit_tiny_patch16_224",
+        {"reg_tokens": 4, "no_embed_class": True, "init_values": 1e-5},
+        False,
+        10,
+    ),
+    # no class token, average pooling with fc_norm, qk-norm
+    (
+        "timm_avg_fcnorm_qknorm",
+        "vit_tiny_patch16_224",
+        {"global_pool": "avg", "class_token": False, "qk_norm": True},
+        False,
+        11,
+    ),
+    # average pooling without fc_norm, class token kept: only config.json can tell
+    ("timm_hub_avg_no_fcnorm", "vit_tiny_patch16_224", {"global_pool": "avg", "fc_norm": False}, True, 12),
+    # registers + average pooling + fc_norm + layer scale, hub folder
+    (
+        "timm_hub_reg_avg",
+        "vit_tiny_patch16_224",
+        {"reg_tokens": 2, "global_pool": "avg", "init_values": 0.1},
+        True,
+        13,
+    ),
+    # DeiT distilled: class and distillation heads averaged at inference
+    ("timm_deit_distilled", "deit_tiny_distilled_patch16_224", {}, False, 14),
+)
+
+
+def family_cases(photos: list[Path], out: Path, cases: dict) -> None:
+    import safetensors.torch
+    import timm
+    from timm.data import create_transform, resolve_data_config
+    from timm.models import save_for_hf
+
+    for case, arch, kwargs, hub, seed in FAMILY_CASES:
+        model = randomize_(timm.create_model(arch, pretrained=False, num_classes=NUM_CLASSES, depth=2, **kwargs), seed)
+        if hub:
+            save_for_hf(model, str(out / case), safe_serialization=True)
+            model = timm.create_model(f"local-dir:{out / case}", pretrained=True).eval()
+            checkpoint = "."
+        else:
+            (out / case).mkdir(parents=True, exist_ok=True)
+            safetensors.torch.save_file(
+                {k: v.contiguous() for k, v in model.state_dict().items()}, str(out / case / "model.safetensors")
+            )
+            checkpoint = "model.safetensors"
+        cfg = resolve_data_config({}, model=model)
+        _save(
+            out,
+            case,
+            {
+                "library": f"timm {timm.__version__}",
+                "arch": arch,
+                "kwargs": kwargs,
+                "checkpoint": checkpoint,
+                "data_config": _jsonable(cfg),
+            },
+            _run(model, create_transform(**cfg), photos),
+            cases,
+        )
+
+
+def torchvision_cases(photos: list[Path], out: Path, cases: dict) -> None:
+    import torch
+    import torchvision
+    from torchvision.models import vision_transformer as tvv
+
+    # a small ViT with the B/16 patch and image size: its state dict carries no preprocessing, and
+    # the documented transforms of ViT_B_16_Weights.IMAGENET1K_V1 are the convention it gets
+    model = randomize_(
+        tvv.VisionTransformer(
+            image_size=224,
+            patch_size=16,
+            num_layers=2,
+            num_heads=3,
+            hidden_dim=192,
+            mlp_dim=768,
+            num_classes=NUM_CLASSES,
+        ),
+        6,
+    )
+    (out / "torchvision_b16").mkdir(parents=True, exist_ok=True)
+    torch.save(model.state_dict(), out / "torchvision_b16" / "model.pth")
+    transform = tvv.ViT_B_16_Weights.IMAGENET1K_V1.transforms()
+    _save(
+        out,
+        "torchvision_b16",
+        {
+            "library": f"torchvision {torchvision.__version__}",
+            "checkpoint": "model.pth",
+            "transforms": "ViT_B_16_Weights.IMAGENET1K_V1",
+        },
+        _run(model, transform, photos),
+        cases,
+    )
+
+    # every ViT weight's documented transform, pixels only (width, patch, image size say which)
+    shapes = {
+        "ViT_B_16": (768, 16),
+        "ViT_B_32": (768, 32),
+        "ViT_L_16": (1024, 16),
+        "ViT_L_32": (1024, 32),
+        "ViT_H_14": (1280, 14),
+    }
+    for enum_name, (width, patch) in shapes.items():
+        for weights in getattr(tvv, f"{enum_name}_Weights"):
+            if weights.name == "IMAGENET1K_SWAG_LINEAR_V1" and enum_name != "ViT_H_14":
+                continue  # same tensors as IMAGENET1K_V1: vitdeploy takes IMAGENET1K_V1 (documented limit)
+            case = f"torchvision_{enum_name}_{weights.name}"
+            size = weights.meta["min_size"][0]
+            _save(
+                out,
+                case,
+                {
+                    "library": f"torchvision {torchvision.__version__}",
+                    "width": width,
+                    "patch": patch,
+                    "image_size": size,
+                    "transforms": f"{enum_name}_Weights.{weights.name}",
+                },
+                _run(None, weights.transforms(), photos),
+                cases,
+            )
+
+
+def _jsonable(obj):
+    return json.loads(json.dumps(obj, default=list))
+
+
+def main(argv: list[str]) -> int:
+    photos_dir, out = Path(argv[1]), Path(argv[2])
+    photos = _photos(photos_dir)
+    if not photos:
+        print(f"no photos in {photos_dir}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    cases: dict = {}
+    if argv[3:] == ["family"]:
+        family_cases(photos, out, cases)
+    else:
+        timm_cases(photos, out, cases)
+        torchvision_cases(photos, out, cases)
+    (out / "cases.json").write_text(json.dumps({"photos": [p.name for p in photos], "cases": cases}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,79 @@
+"""`vitdeploy serve` as a subprocess, for the tests that talk to a real Ray Serve over sockets.
+
+``ServeProcess(artifacts, config, port=...)`` starts ``python -m vitdeploy.cli serve -a ARTIFACTS -b ort
+--port PORT -c CONFIG [more arguments]``, reads its stderr on a thread (``lines``) and returns once it
+printed its "Ctrl-C to stop" line, or fails the test with the last lines it printed; ``stop()`` sends
+SIGTERM and returns the exit status (killed after ``timeout_s``). Its environment is the test process's
+at start (so a fixture's RAY_TMPDIR reaches it), one OpenMP thread, no usage stats, no Ray token.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from vitdeploy.serve.triton.local import free_port
+
+START_TIMEOUT_S = 180
+STOP_TIMEOUT_S = 120
+
+
+def serve_env() -> dict[str, str]:
+    # RAY_AUTH_MODE=disabled: a token in the shared ~/.ray (another Ray on this machine) must not decide
+    # whether a second `vitdeploy serve` may join a loopback-only test cluster.
+    return {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+
+
+class ServeProcess:
+    """One running `vitdeploy serve` (backend ort) on 127.0.0.1."""
+
+    def __init__(
+        self,
+        artifacts: Path,
+        config: Path,
+        *more: str,
+        port: int | None = None,
+        metrics_port: int | None = None,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
+        self.port = port or free_port()
+        self.metrics_port = metrics_port  # the serve.metrics_port ``config`` names, for the tests that read it
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        args = ["serve", "-a", str(artifacts), "-b", "ort", "--port", str(self.port), "-c", str(config), *more]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vitdeploy.cli", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=serve_env(),
+        )
+        threading.Thread(target=self._pump, daemon=True).start()
+        started = self._ready.wait(start_timeout_s) and self.proc.poll() is None
+        if not started or not any(line.startswith("Ctrl-C") for line in self.lines):
+            self.proc.kill()
+            pytest.fail("vitdeploy serve did not start:\n" + "\n".join(self.lines[-30:]))
+
+    def _pump(self) -> None:
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            self.lines.append(line.rstrip("\n"))
+            if line.startswith("Ctrl-C"):
+                self._ready.set()
+        self._ready.set()
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM (if still running), then its exit status; killed when it outlives ``timeout_s``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()

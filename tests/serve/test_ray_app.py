@@ -1,0 +1,412 @@
+"""`vitdeploy serve` for real: one Ray Serve (started once, as a `vitdeploy serve` subprocess) and
+real HTTP clients (httpx and tritonclient.http), checked against serial `vitdeploy predict`.
+
+Every Ray test lives in this one file: `make test` distributes by file (`--dist loadfile`), so only
+one Ray starts per run. The last test stops the server with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
+
+from helpers.serve_process import ServeProcess, free_port  # noqa: E402
+
+from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR  # noqa: E402
+from vitdeploy.serve import protocol  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+MAX_IMAGES = 6
+MAX_PIXELS = 4_000_000
+
+
+def _jpeg(image: np.ndarray, quality: int = 90) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(image).convert("RGB").save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def _descendants(root: int) -> dict[int, str]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            name, rest = stat.split("(", 1)[1].rsplit(")", 1)
+            parents[int(entry)] = (int(rest.split()[1]), name)
+    found: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        for child, (parent, name) in parents.items():
+            if parent == pid and child not in found:
+                found[child] = name
+                todo.append(child)
+    return found
+
+
+@pytest.fixture(scope="session")
+def photos(tmp_path_factory) -> dict[str, bytes]:
+    """Real photographs (scikit-image's bundled ones) as JPEG, and the demo model's held-out images."""
+    from skimage import data
+
+    out = {f"{name}.jpg": _jpeg(getattr(data, name)()) for name in ("astronaut", "coffee", "chelsea", "camera")}
+    for path in sorted(DEMO_IMAGES_DIR.iterdir()):
+        if path.suffix in (".png", ".jpg"):
+            out[path.name] = path.read_bytes()
+    return out
+
+
+@pytest.fixture(scope="session")
+def reference(demo_artifacts, photos, tmp_path_factory) -> dict[str, dict]:
+    """Serial `vitdeploy predict --json` over the same files: name -> record (path = the file name)."""
+    folder = tmp_path_factory.mktemp("photos")
+    for name, blob in photos.items():
+        (folder / name).write_bytes(blob)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vitdeploy.cli",
+            "predict",
+            str(folder),
+            "-a",
+            str(demo_artifacts),
+            "-b",
+            "ort",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr
+    records = [json.loads(line) for line in res.stdout.splitlines()]
+    return {Path(r["path"]).name: r for r in records}
+
+
+@pytest.fixture(scope="session")
+def server(demo_artifacts, tmp_path_factory) -> ServeProcess:
+    metrics_port = free_port()
+    cfg = tmp_path_factory.mktemp("serve_cfg") / "pipeline.yaml"
+    cfg.write_text(
+        "runtime: {threads: 1, max_image_pixels: %d}\n"
+        "serve: {max_batch_size: 8, batch_wait_timeout_s: 0.005, decode_threads: 2, max_images_per_request: %d,\n"
+        "        max_request_mb: 2, max_ongoing_requests: 16, max_queued_requests: 16, metrics_port: %d,\n"
+        "        num_cpus_per_replica: 1, graceful_shutdown_timeout_s: 30}\n" % (MAX_PIXELS, MAX_IMAGES, metrics_port)
+    )
+    srv = ServeProcess(demo_artifacts, cfg, metrics_port=metrics_port)
+    yield srv
+    srv.stop()  # the shutdown test did not run (a -k selection): stop it the same way
+
+
+def _expected(reference: dict, name: str, path: str) -> dict:
+    return {**reference[name], "path": path}
+
+
+def _post_image(url: str, blob: bytes, ctype: str = "image/jpeg", client=None) -> "httpx.Response":
+    return (client or httpx).post(f"{url}/predict", content=blob, headers={"content-type": ctype}, timeout=120)
+
+
+# ------------------------------------------------------------------------------------------ answers
+
+
+def test_startup_prints_the_url_a_curl_example_and_progress(server):
+    text = "\n".join(server.lines)
+    assert "starting Ray" in text and "deploying vit-demo-digits" in text
+    assert f"ready: http://127.0.0.1:{server.port}" in text
+    assert f"curl -H 'Content-Type: image/jpeg' --data-binary @cat.jpg http://127.0.0.1:{server.port}/predict" in text
+
+
+def test_16_concurrent_clients_get_exactly_the_answers_of_serial_predict(server, photos, reference):
+    names = sorted(photos) * 3
+    results: dict[int, tuple[str, int, object]] = {}
+
+    def client(worker: int) -> None:
+        with httpx.Client(timeout=120) as http:
+            for j in range(worker, len(names), 16):
+                name = names[j]
+                r = _post_image(server.url, photos[name], "image/png" if name.endswith(".png") else "image/jpeg", http)
+                results[j] = (name, r.status_code, r.json())
+
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(client, range(16)))
+    assert len(results) == len(names)
+    for name, status, body in results.values():
+        assert status == 200, body
+        assert body == [_expected(reference, name, "body")], name
+
+
+def test_multipart_with_several_files_answers_each_in_order(server, photos, reference):
+    chosen = ["astronaut.jpg", "digit7_0610.png", "coffee.jpg"]
+    files = [("images", (name, photos[name])) for name in chosen]
+    r = httpx.post(f"{server.url}/predict", files=files, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json() == [_expected(reference, name, name) for name in chosen]
+
+
+def test_tritonclient_http_works_against_serve(server, photos, reference):
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(f"127.0.0.1:{server.port}")
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("vit-demo-digits")
+    meta = client.get_model_metadata("vit-demo-digits")
+    assert [i["name"] for i in meta["inputs"]] == ["IMAGES"] and meta["inputs"][0]["datatype"] == "BYTES"
+    assert [o["name"] for o in meta["outputs"]] == ["LOGITS", "TOPK_LABELS", "TOPK_SCORES"]
+    chosen = ["chelsea.jpg", "digit2_0528.png", "digit9_1704.jpg"]
+    for shape, binary in (([3], True), ([3, 1], False)):
+        inp = triton.InferInput("IMAGES", shape, "BYTES")
+        inp.set_data_from_numpy(np.array([photos[n] for n in chosen], dtype=object).reshape(shape), binary_data=True)
+        outputs = [triton.InferRequestedOutput(n, binary_data=binary) for n in protocol.OUTPUTS]
+        res = client.infer("vit-demo-digits", [inp], outputs=outputs)
+        labels, scores = res.as_numpy("TOPK_LABELS"), res.as_numpy("TOPK_SCORES")
+        assert res.as_numpy("LOGITS").shape == (3, 10) and labels.shape == scores.shape == (3, 5)
+        for row, name in enumerate(chosen):
+            want = reference[name]["top_k"]
+            assert [b.decode() if isinstance(b, bytes) else b for b in labels[row]] == [t["label"] for t in want]
+            np.testing.assert_allclose(scores[row], [t["score"] for t in want], rtol=1e-6)
+    with pytest.raises(Exception, match="unknown model 'nope'"):
+        client.get_model_metadata("nope")
+
+
+def test_prometheus_metrics_include_the_batch_sizes(server):
+    deadline, text = time.time() + 60, ""
+    while time.time() < deadline:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+        except httpx.HTTPError:
+            text = ""
+        if "ray_serve_actual_batch_size_count" in text:
+            break
+        time.sleep(2)
+    count = [line for line in text.splitlines() if line.startswith("ray_serve_actual_batch_size_count")]
+    assert count, "no ray_serve_actual_batch_size in the metrics"
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in count) > 0
+
+
+def test_the_replica_and_proxy_run_at_the_servers_own_priority(server):
+    """Ray starts its workers at nice 15 by default: a server's requests would then wait behind any
+    other busy process on the machine. `vitdeploy serve` starts them at its own priority."""
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    workers = {
+        pid: name
+        for pid, name in _descendants(server.proc.pid).items()
+        if name.startswith(("ray::ServeRepl", "ray::ProxyActor"))
+    }
+    assert len(workers) >= 2, f"replica and proxy not found among {sorted(_descendants(server.proc.pid).values())}"
+    assert {name: os.getpriority(os.PRIO_PROCESS, pid) for pid, name in workers.items()} == {
+        name: mine for name in workers.values()
+    }
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height: a decompression bomb, refused from the header alone."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + ihdr
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + struct.pack(">I", len(ihdr))
+        + chunk
+        + struct.pack(">I", zlib.crc32(chunk))
+        + struct.pack(">I", 0)
+        + b"IEND"
+        + struct.pack(">I", zlib.crc32(b"IEND"))
+    )
+
+
+def _v2_request(blobs: list[bytes], shape: list[int] | None = None) -> tuple[bytes, dict]:
+    raw = protocol.serialize_bytes(blobs)
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "IMAGES",
+                    "datatype": "BYTES",
+                    "shape": shape or [len(blobs)],
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ]
+        }
+    ).encode()
+    return head + raw, {protocol.HEADER_LENGTH: str(len(head))}
+
+
+def test_bad_inputs_get_4xx_and_one_line_while_good_traffic_is_unchanged(server, photos, reference):
+    url = server.url
+    jpeg = photos["astronaut.jpg"]
+    bomb = _png_header_only(30_000, 30_000)
+    big = _jpeg(np.zeros((2100, 2000, 3), np.uint8))  # 4.2 Mpx > runtime.max_image_pixels, a valid JPEG
+    stop = threading.Event()
+    good: list[tuple[int, object]] = []
+
+    def good_traffic() -> None:
+        with httpx.Client(timeout=120) as http:
+            while not stop.is_set():
+                r = _post_image(url, photos["coffee.jpg"], client=http)
+                good.append((r.status_code, r.json()))
+
+    v2 = f"{url}/v2/models/vit-demo-digits/infer"
+    cases = [
+        ("empty body", lambda: _post_image(url, b""), 400, "empty"),
+        ("not an image", lambda: _post_image(url, b"hello, I am text"), 400, "not a recognised image"),
+        ("truncated", lambda: _post_image(url, jpeg[: len(jpeg) // 3]), 400, "truncated"),
+        ("bomb header", lambda: _post_image(url, bomb, "image/png"), 400, "refused before decoding"),
+        ("bomb pixels", lambda: _post_image(url, big), 400, "refused before decoding"),
+        ("content type", lambda: _post_image(url, jpeg, "text/plain"), 415, "content type 'text/plain'"),
+        ("json to /predict", lambda: httpx.post(f"{url}/predict", json={"image": "x"}), 415, "application/json"),
+        (
+            "too many files",
+            lambda: httpx.post(f"{url}/predict", files=[("f", (f"{i}.jpg", jpeg)) for i in range(MAX_IMAGES + 1)]),
+            413,
+            "too many",
+        ),
+        ("body too large", lambda: _post_image(url, b"\xff\xd8\xff" + bytes(3 * 1024 * 1024)), 413, "over the limit"),
+        (
+            "v2 too many",
+            lambda: httpx.post(
+                v2,
+                content=_v2_request([jpeg] * (MAX_IMAGES + 1))[0],
+                headers=_v2_request([jpeg] * (MAX_IMAGES + 1))[1],
+            ),
+            400,
+            "too many images",
+        ),
+        (
+            "v2 one bad image",
+            lambda: httpx.post(
+                v2, content=_v2_request([jpeg, b"junk", jpeg])[0], headers=_v2_request([jpeg, b"junk", jpeg])[1]
+            ),
+            400,
+            "IMAGES[1]:",
+        ),
+        ("v2 not json", lambda: httpx.post(v2, content=jpeg), 400, "not valid JSON"),
+        ("v2 unknown model", lambda: httpx.post(f"{url}/v2/models/other/infer", content=b"{}"), 404, "unknown model"),
+    ]
+    workers = [threading.Thread(target=good_traffic) for _ in range(4)]
+    for w in workers:
+        w.start()
+    try:
+        with ThreadPoolExecutor(len(cases)) as pool:
+            answers = list(pool.map(lambda case: case[1](), cases))
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    for (what, _, status, fragment), r in zip(cases, answers):
+        assert r.status_code == status, (what, r.status_code, r.text)
+        body = r.json()
+        assert set(body) == {"error"} and fragment in body["error"], (what, body)
+        assert "\n" not in body["error"] and "Traceback" not in body["error"] and "/tmp" not in body["error"], what
+    assert good and all(s == 200 and b == [_expected(reference, "coffee.jpg", "body")] for s, b in good)
+
+
+def test_one_bad_file_in_a_multipart_request_gets_its_own_error(server, photos, reference):
+    files = [
+        ("f", ("a.jpg", photos["camera.jpg"])),
+        ("f", ("broken.jpg", b"\xff\xd8\xff\xe0garbage")),
+        ("f", ("b.png", photos["digit0_0276.png"])),
+    ]
+    r = httpx.post(f"{server.url}/predict", files=files, timeout=60)
+    assert r.status_code == 200, r.text
+    first, broken, last = r.json()
+    assert first == _expected(reference, "camera.jpg", "a.jpg") and last == _expected(
+        reference, "digit0_0276.png", "b.png"
+    )
+    assert set(broken) == {"path", "error"} and broken["error"].startswith("broken.jpg: ")
+
+
+def test_beyond_the_queue_is_503_not_a_hang(server, photos, reference):
+    from PIL import Image
+
+    big = Image.open(io.BytesIO(photos["astronaut.jpg"])).resize((1900, 1900), Image.Resampling.BICUBIC)
+    heavy = _jpeg(np.asarray(big))  # a real photo, slow enough to decode that 80 at once overflow the queue
+    start = threading.Barrier(80)
+
+    def one(_: int) -> tuple[int, str]:
+        start.wait()
+        r = _post_image(server.url, heavy)
+        return r.status_code, r.text
+
+    t0 = time.time()
+    with ThreadPoolExecutor(80) as pool:
+        answers = list(pool.map(one, range(80)))
+    assert time.time() - t0 < 120
+    codes = [c for c, _ in answers]
+    assert set(codes) <= {200, 503}, codes
+    assert codes.count(503) >= 1 and codes.count(200) >= 16, codes
+    # and the server is fine afterwards
+    r = _post_image(server.url, photos["chelsea.jpg"])
+    assert r.status_code == 200 and r.json() == [_expected(reference, "chelsea.jpg", "body")]
+
+
+def test_missing_artifacts_is_one_line_before_ray_starts(tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and res.stderr.startswith("error: ") and len(res.stderr.strip().splitlines()) == 1
+    assert "starting Ray" not in res.stderr
+
+
+# ------------------------------------------------------------------------------------------ shutdown (last)
+
+
+def test_sigterm_drains_in_flight_requests_and_leaves_no_process(server, photos, reference):
+    processes = _descendants(server.proc.pid)
+    assert any(name == "raylet" for name in processes.values()), processes
+    names = ["astronaut.jpg", "coffee.jpg", "chelsea.jpg", "camera.jpg"] * 4
+    sent = threading.Barrier(len(names) + 1)
+
+    def one(name: str) -> tuple[int, object]:
+        with httpx.Client(timeout=120) as http:
+            sent.wait()
+            r = _post_image(server.url, photos[name], client=http)
+            return r.status_code, r.json()
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        futures = [pool.submit(one, n) for n in names]
+        sent.wait()
+        time.sleep(0.05)  # the requests are in flight
+        server.proc.send_signal(signal.SIGTERM)
+        answers = [f.result() for f in futures]
+    rc = server.proc.wait(120)
+    assert rc == 0, "\n".join(server.lines[-20:])
+    for name, (status, body) in zip(names, answers):
+        assert status == 200 and body == [_expected(reference, name, "body")], (name, status, body)
+    assert "stopped" in server.lines
+    time.sleep(1)
+    alive = {
+        pid: name
+        for pid, name in processes.items()
+        if Path(f"/proc/{pid}").exists()
+        and "Z" not in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:1]
+    }
+    assert not alive, f"processes of the serve session still running: {alive}"

@@ -1,0 +1,259 @@
+"""The generated Triton repository on a REAL tritonserver (the one bundled in the nvidia-pytriton
+wheel, in .venv-triton), queried over HTTP and gRPC with tritonclient: answers equal the in-process
+Predictor's on real photos and the demo images, the preprocessing is the runtime's bit for bit, and
+bad images fail only their own request while good traffic goes on.
+
+That server has the python backend only, so the repository is generated with the ensemble over
+``<name>_ort_python`` and only the ensemble (and the models it calls) is loaded.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR
+from vitdeploy.serve.triton.local import BundledTriton, default_venv
+
+httpclient = pytest.importorskip(
+    "tritonclient.http", reason="tritonclient not installed (pip install 'tritonclient[http,grpc]')"
+)
+grpcclient = pytest.importorskip(
+    "tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[http,grpc]')"
+)
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+NAME = "vit-demo-digits"
+SMALL_QUEUE = "small-queue"
+MAX_PIXELS = 600_000  # runtime.max_image_pixels for this repository: the "bomb" below exceeds it
+VENV = default_venv()
+
+
+def _require_triton_env() -> None:
+    if (VENV / "bin" / "python").exists():
+        return
+    reason = f"no {VENV} (create it with `make triton-env`): the bundled tritonserver is not installed"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def _jpeg(arr: np.ndarray, quality: int = 90) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(arr).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def _png(img) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def images() -> dict[str, bytes]:
+    """Real photos (scikit-image's sample images, saved as JPEG) and every demo image."""
+    data = pytest.importorskip("skimage.data", reason="scikit-image not installed (pip install scikit-image)")
+    out = {f"{n}.jpg": _jpeg(getattr(data, n)()) for n in ("astronaut", "coffee", "chelsea", "rocket", "camera")}
+    for path in sorted(DEMO_IMAGES_DIR.iterdir()):
+        if path.suffix in (".png", ".jpg"):
+            out[path.name] = path.read_bytes()
+    return out
+
+
+@pytest.fixture(scope="module")
+def predictor(demo_artifacts: Path):
+    from vitdeploy.runtime.predictor import Predictor
+
+    with Predictor.from_artifacts(demo_artifacts, backend="ort", max_pixels=MAX_PIXELS) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def server(demo_artifacts: Path, tmp_path_factory):
+    _require_triton_env()
+    from vitdeploy.base.config import parse_config
+    from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
+
+    root = tmp_path_factory.mktemp("triton")
+    cfg = parse_config(
+        {
+            "runtime": {"max_image_pixels": MAX_PIXELS},
+            "triton": {"inference": "ort_python", "max_queue_delay_us": 5000, "decode_threads": 2},
+        }
+    )
+    repo = build_triton_repo(demo_artifacts, root / "repo", settings_from_config(cfg)).path
+    # A second copy of the model under another name, with a queue of one request, in its own repository.
+    renamed = root / "renamed"
+    shutil.copytree(demo_artifacts, renamed)
+    manifest = json.loads((renamed / "manifest.json").read_text())
+    manifest["name"] = SMALL_QUEUE
+    (renamed / "manifest.json").write_text(json.dumps(manifest))
+    small = parse_config({"triton": {"inference": "ort_python", "max_queue_size": 1, "max_queue_delay_us": 20000}})
+    repo2 = build_triton_repo(renamed, root / "repo2", settings_from_config(small)).path
+    with BundledTriton(VENV, [repo, repo2], load=[NAME, SMALL_QUEUE]) as triton:
+        yield triton
+
+
+def _http_infer(server: BundledTriton, blobs: list[bytes], model: str = NAME, outputs=None):
+    client = httpclient.InferenceServerClient(server.http_url)
+    data = np.array([[b] for b in blobs], dtype=object)
+    inp = httpclient.InferInput("IMAGES", list(data.shape), "BYTES")
+    inp.set_data_from_numpy(data, binary_data=True)
+    return client.infer(model, [inp], outputs=outputs)
+
+
+def _grpc_infer(server: BundledTriton, blobs: list[bytes]):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    data = np.array([[b] for b in blobs], dtype=object)
+    inp = grpcclient.InferInput("IMAGES", list(data.shape), "BYTES")
+    inp.set_data_from_numpy(data)
+    return client.infer(NAME, [inp])
+
+
+def _answer(result) -> tuple[np.ndarray, list[list[str]], np.ndarray]:
+    labels = [[v.decode("utf-8") for v in row] for row in result.as_numpy("TOPK_LABELS")]
+    return result.as_numpy("LOGITS"), labels, result.as_numpy("TOPK_SCORES")
+
+
+def _expected(predictor, blob: bytes) -> tuple[np.ndarray, list[str], np.ndarray]:
+    logits = predictor.predict_logits(predictor.preprocess([blob]))[0]
+    (pred,) = predictor.predictions_from_logits(logits[None], top_k=5)
+    return logits, [label for label, _, _ in pred.top_k], np.array([s for _, _, s in pred.top_k], dtype=np.float32)
+
+
+def _assert_same(got, want, what: str) -> None:
+    logits, labels, scores = got
+    w_logits, w_labels, w_scores = want
+    # Same ONNX graph on the same ONNX Runtime; only the dynamic batch around the image differs.
+    np.testing.assert_allclose(logits, w_logits, rtol=0, atol=1e-5, err_msg=what)
+    assert labels == w_labels, what
+    np.testing.assert_allclose(scores, w_scores, rtol=0, atol=1e-6, err_msg=what)
+
+
+def test_the_bundled_server_is_a_real_tritonserver(server: BundledTriton):
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert client.is_server_live() and client.is_model_ready(NAME)
+    meta = client.get_server_metadata()
+    assert meta["name"] == "triton" and meta["version"].startswith("2.")
+    model = client.get_model_metadata(NAME)
+    assert [i["name"] for i in model["inputs"]] == ["IMAGES"]
+    assert [o["name"] for o in model["outputs"]] == ["LOGITS", "TOPK_LABELS", "TOPK_SCORES"]
+
+
+def test_answers_equal_the_predictor_over_http_and_grpc_from_16_concurrent_clients(server, predictor, images):
+    expected = {name: _expected(predictor, blob) for name, blob in images.items()}
+    jobs = [(proto, name) for proto in ("http", "grpc") for name in images]
+
+    def one(job):
+        proto, name = job
+        result = (_http_infer if proto == "http" else _grpc_infer)(server, [images[name]])
+        logits, labels, scores = _answer(result)
+        return job, (logits[0], labels[0], scores[0])
+
+    with ThreadPoolExecutor(16) as pool:
+        for (proto, name), got in pool.map(one, jobs):
+            _assert_same(got, expected[name], f"{proto} {name}")
+    # Several images in one request: one answer row per image, in order.
+    names = ["astronaut.jpg", "digit3_0339.jpg", "digit7_1330.png"]
+    logits, labels, scores = _answer(_http_infer(server, [images[n] for n in names]))
+    for i, name in enumerate(names):
+        _assert_same((logits[i], labels[i], scores[i]), expected[name], f"batched {name}")
+
+
+def test_preprocess_model_is_the_runtimes_preprocessing_bit_for_bit(server, predictor, images):
+    out = httpclient.InferRequestedOutput("PIXEL_VALUES", binary_data=True)
+    for name in ("astronaut.jpg", "camera.jpg", "digit0_0276.png", "digit5_0937.jpg"):
+        got = _http_infer(server, [images[name]], model=f"{NAME}_preprocess", outputs=[out]).as_numpy("PIXEL_VALUES")
+        want = predictor.preprocess([images[name]])
+        assert got.dtype == np.float32 and got.shape == want.shape
+        assert np.array_equal(got, want), name
+
+
+def _bad_inputs(images: dict[str, bytes]) -> dict[str, tuple[list[bytes], str]]:
+    from PIL import Image
+
+    jpeg = images["astronaut.jpg"]
+    return {
+        "empty": ([b""], "empty"),
+        "not an image": ([b"hello, this is text, not a picture"], "not a recognised image"),
+        "truncated": ([jpeg[: len(jpeg) // 3]], "truncated"),
+        "bomb": ([_png(Image.new("RGB", (1000, 1000), "white"))], "refused before decoding"),
+        "one bad among good": ([images["coffee.jpg"], b"\x89PNG\r\n\x1a\n broken"], "IMAGES[1]"),
+        "too many images": ([images["digit0_0276.png"]] * 33, "batch-size must be <= 32"),
+    }
+
+
+def _status(exc: InferenceServerException) -> str:
+    return str(exc.status())
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_bad_images_fail_only_their_own_request_while_good_traffic_goes_on(server, predictor, images, proto, tmp_path):
+    infer = _http_infer if proto == "http" else _grpc_infer
+    good = ["astronaut.jpg", "chelsea.jpg", "rocket.jpg", "digit1_0527.png", "digit9_1704.jpg"] * 4
+    bad = _bad_inputs(images)
+    expected = {name: _expected(predictor, images[name]) for name in set(good)}
+    jobs = [("good", name) for name in good] + [("bad", name) for name in bad] * 2
+    jobs = jobs[::2] + jobs[1::2]  # interleave
+
+    def one(job):
+        kind, name = job
+        try:
+            result = infer(server, [images[name]] if kind == "good" else bad[name][0])
+        except InferenceServerException as exc:
+            return job, exc
+        return job, result
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, jobs))
+    for (kind, name), res in results:
+        if kind == "good":
+            assert not isinstance(res, InferenceServerException), f"{name}: {res}"
+            logits, labels, scores = _answer(res)
+            _assert_same((logits[0], labels[0], scores[0]), expected[name], f"good {name} beside bad traffic")
+            continue
+        assert isinstance(res, InferenceServerException), f"{name} was answered"
+        message = res.message()
+        assert bad[name][1] in message, f"{name}: {message}"
+        assert (
+            "\n" not in message
+            and "Traceback" not in message
+            and all(str(r) not in message for r in server.repositories)
+        )
+        assert "/tmp" not in message and "site-packages" not in message
+        assert _status(res) in ("400", "StatusCode.INVALID_ARGUMENT"), f"{name}: {_status(res)} {message}"
+
+
+def test_requests_beyond_the_queue_get_503_at_once_and_the_rest_are_answered(server, predictor, images):
+    blob = images["chelsea.jpg"]
+    want = _expected(predictor, blob)
+
+    def one(_):
+        try:
+            return _http_infer(server, [blob], model=SMALL_QUEUE)
+        except InferenceServerException as exc:
+            return exc
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, range(64)))
+    refused = [r for r in results if isinstance(r, InferenceServerException)]
+    answered = [r for r in results if not isinstance(r, InferenceServerException)]
+    assert refused and answered, f"{len(refused)} refused, {len(answered)} answered"
+    for exc in refused:
+        assert _status(exc) == "503", f"{_status(exc)} {exc.message()}"
+        assert "queue" in exc.message()
+    for res in answered:
+        logits, labels, scores = _answer(res)
+        _assert_same((logits[0], labels[0], scores[0]), want, "answered beside refused requests")
