@@ -332,13 +332,6 @@ class BatchSection(_Section):
     decode_cpus: float = Field(
         1.0, gt=0, description="Ray CPUs per reading or decoding task (Ray runs as many as fit)"
     )
-    decode_nice: int = Field(
-        10,
-        ge=0,
-        le=19,
-        description="niceness the decoding threads add to their worker's, so that decoding on a node yields the "
-        "cores to the inference actors' model calls (0: same priority)",
-    )
     batch_size: Optional[BatchSize] = Field(
         None, description="images per model call; absent = the export's batch profile opt (export.batch.opt)"
     )

@@ -38,8 +38,6 @@ Pool = Literal[POOLS]  # type: ignore[valid-type]
 MANIFEST_NAME = "manifest.json"
 DRIFT_REPORT_NAME = "drift-report.json"
 EXPORT_REPORT_NAME = "export-report.json"  # what a failed export leaves (stages and validations so far)
-#: Ray's environment variable for its worker processes' niceness (Ray's default: 15)
-RAY_WORKER_NICENESS = "RAY_worker_niceness"
 TIMING_CACHE_NAME = "timing.cache"  # TensorRT's timing cache, reused across builds (tensorrt.timing_cache)
 #: vitdeploy's own checkpoint format; an export directory is one (the torch backend reads it).
 CHECKPOINT_WEIGHTS, CHECKPOINT_CONFIG = "model.safetensors", "model.json"

@@ -26,7 +26,6 @@ from typing import Any, Callable, Sequence
 
 from ..base._deps import require
 from ..base.errors import VitDeployError
-from ..base.vocab import RAY_WORKER_NICENESS
 from ..runtime.backends import first_line, shipped_roles
 from .inputs import Item, expand_inputs, is_uri, read_key
 from .output import Output, row_schema
@@ -47,7 +46,6 @@ class BatchSettings:
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     decode_cpus: float = 1.0
-    decode_nice: int = 10
     batch_size: int | None = None  # None: the export's batch profile opt
     top_k: int = 5
     resume: bool = False
@@ -176,10 +174,6 @@ def _connect(ray: Any, settings: BatchSettings) -> bool:
     """Start (or join) Ray unless this process already did; True when this job must shut it down."""
     if ray.is_initialized():
         return False
-    if settings.address is None:
-        # A local Ray starts its workers at nice 15, below this terminal's own work: the job runs at the priority
-        # predict runs at (decoding threads then lower theirs by batch.decode_nice). A cluster keeps its setting.
-        os.environ.setdefault(RAY_WORKER_NICENESS, "0")
     ray.init(address=settings.address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     return True
 
@@ -279,7 +273,7 @@ def _dataset(
     ds = parts[0].union(*parts[1:]) if len(parts) > 1 else parts[0]
     ds = ds.map_batches(
         decode_batch,
-        fn_kwargs={"spec": DecodeSpec(artifacts.preprocess, max_pixels, settings.decode_nice)},
+        fn_kwargs={"spec": DecodeSpec(artifacts.preprocess, max_pixels)},
         batch_size=batch_size,
         num_cpus=settings.decode_cpus,
         batch_format="numpy",
@@ -361,7 +355,6 @@ def batch_settings_from_config(
         cpus_per_worker=bt.cpus_per_worker,
         gpus_per_worker=bt.gpus_per_worker,
         decode_cpus=bt.decode_cpus,
-        decode_nice=bt.decode_nice,
         batch_size=bt.batch_size,
         top_k=rt.top_k,
         rows_per_file=bt.rows_per_file,

@@ -9,12 +9,8 @@ arrive as a bundle from Ray's object store (or a URI) and are unpacked once per 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,46 +26,15 @@ BYTES_NAME = "<bytes>"
 
 @dataclass(frozen=True)
 class DecodeSpec:
-    """What a decoding task needs: the manifest's preprocessing, the decompression-bomb limit and the niceness
-    its decoding thread adds to the worker's (``batch.decode_nice``)."""
+    """What a decoding task needs: the manifest's preprocessing and the decompression-bomb limit."""
 
     preprocess: Any  # PreprocessSpec
     max_pixels: int
-    nice: int = 0
-
-
-_DECODERS: dict[int, ThreadPoolExecutor] = {}
-
-
-def decoder(nice: int) -> ThreadPoolExecutor | None:
-    """This worker's decoding thread, ``nice`` steps below the worker's own priority (Linux: niceness is per
-    thread, so the worker's other threads keep theirs); None where the priority cannot be lowered (run inline).
-
-    Decoding beside a model call on the same cores preempts one of its intra-op threads while the others wait
-    for it (ViT-S/16, 1 actor x 2 threads on 2 cores: the model ran ~10% slower); at a lower priority the
-    decoding takes the cores' idle moments and still runs wherever nothing else wants them."""
-    if nice <= 0 or not hasattr(os, "setpriority"):
-        return None
-    if nice not in _DECODERS:
-
-        def lower() -> None:
-            me = threading.get_native_id()
-            with contextlib.suppress(OSError):
-                os.setpriority(os.PRIO_PROCESS, me, min(19, os.getpriority(os.PRIO_PROCESS, me) + nice))
-
-        _DECODERS[nice] = ThreadPoolExecutor(1, thread_name_prefix="vitdeploy-decode", initializer=lower)
-    return _DECODERS[nice]
 
 
 def decode_batch(batch: dict[str, np.ndarray], spec: DecodeSpec) -> dict[str, np.ndarray]:
     """``{"bytes", "path"}`` -> ``{"path", "pixels" (N, 3, H, W) float32, "error"}``; a bad image keeps
-    zeros and its message, a good one an empty message (a column of strings survives Arrow, None does not).
-    The decoding runs on :func:`decoder`'s thread (``spec.nice`` below the worker)."""
-    pool = decoder(spec.nice)
-    return pool.submit(_decode, batch, spec).result() if pool is not None else _decode(batch, spec)
-
-
-def _decode(batch: dict[str, np.ndarray], spec: DecodeSpec) -> dict[str, np.ndarray]:
+    zeros and its message, a good one an empty message (a column of strings survives Arrow, None does not)."""
     from ..runtime.preprocess import Preprocessor
 
     preprocessor = Preprocessor(spec.preprocess, max_pixels=spec.max_pixels)  # a few numbers: cheap per batch
@@ -134,4 +99,4 @@ class Infer:
         return table.append_column("node", pa.array([self.node] * table.num_rows, pa.string()))
 
 
-__all__ = ["BYTES_NAME", "DecodeSpec", "decode_batch", "decoder", "Infer", "InferSpec"]
+__all__ = ["BYTES_NAME", "DecodeSpec", "decode_batch", "Infer", "InferSpec"]

@@ -21,7 +21,6 @@ from typing import Any, Callable
 
 from ..base._deps import require
 from ..base.errors import BackendError
-from ..base.vocab import RAY_WORKER_NICENESS
 from ..runtime.backends import first_line
 
 log = logging.getLogger(__name__)
@@ -91,6 +90,7 @@ def replica_spec(cfg: Any, settings: ServeSettings, options: Any, source: Any = 
     )
 
 
+WORKER_NICENESS = "RAY_worker_niceness"
 DRAIN_GRACE_S = 0.5  # read by the raylet when ray.init starts it
 
 
@@ -120,7 +120,7 @@ def run_server(
             # behind any other busy process (ViT-S/16 on 2 cores beside busy processes: 0.60-0.70x the
             # in-process Predictor at nice 15, see benchmarks/bench_serve.py). Serve at normal priority
             # unless the user set RAY_worker_niceness; a cluster given by --address keeps its own setting.
-            os.environ.setdefault(RAY_WORKER_NICENESS, "0")
+            os.environ.setdefault(WORKER_NICENESS, "0")
             # The proxy's guard (bodies read with a deadline and a byte limit, health answered in the
             # proxy, JSON errors): Ray's proxy actor inherits these from the raylet started here.
             from .proxy_guard import env_for
