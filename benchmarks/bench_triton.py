@@ -39,7 +39,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import common_arguments, compare_rounds, concurrent, in_process_variants, loadavg, run_models  # noqa: E402  (the shared inputs, artifacts and timing of the serving benchmark)
+from bench_serve import (
+    common_arguments,
+    compare_rounds,
+    concurrent,
+    in_process_variants,
+    loadavg,
+    run_models,
+    tree_pids,
+)  # noqa: E402  (the shared inputs, artifacts and timing of the serving benchmark)
 
 
 def inference_stats(client, model: str) -> tuple[int, int]:
@@ -171,6 +179,8 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
             args.rounds,
             probe=lambda: inference_stats(stats_client, f"{repo.name}_ort_python"),
             mean_batch=lambda before, after: (after[0] - before[0]) / max(after[1] - before[1], 1),
+            # the server's tree (tritonserver and its python stubs) is the benchmark's own work, not contention
+            own_pids=lambda: tree_pids([server.process.pid]) if server.process is not None else [],
         )
         result.update(preprocess_cost(server, stats_client, f"{repo.name}_preprocess", triton, len(work)))
         return result
