@@ -4,7 +4,10 @@ error rows (exit 1), a resumed job answers each input once, list files, globs an
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -120,6 +123,27 @@ def test_workers_run_the_graph_predict_runs(demo_artifacts, collection, config, 
     assert res.exit_code == 0, res.output
     copies = [d for d in (config.parent / "cache").iterdir() if (d / ".complete").is_file()]
     assert copies and all((d / "model.ort.onnx").is_file() for d in copies), copies
+
+
+@pytest.mark.slow
+def test_a_job_that_starts_its_own_ray_runs_a_worker_per_core_by_default(
+    demo_artifacts, collection, predicted, tmp_path
+):
+    """The command as a user runs it, no Ray running: batch.workers auto starts one single-threaded actor per core
+    (what one machine runs fastest), and the rows are still predict's answers."""
+    out = tmp_path / "auto.jsonl"
+    cfg = tmp_path / "pipeline.yaml"
+    cfg.write_text(f"batch:\n  cache_dir: {tmp_path / 'cache'}\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    args = ["batch-predict", str(collection / "c0"), "-a", str(demo_artifacts), "-b", "ort", "-o", str(out)]
+    res = subprocess.run(
+        [sys.executable, "-m", "vitdeploy.cli", *args, "-c", str(cfg)], capture_output=True, text=True, env=env
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"workers auto: {os.cpu_count()} on this machine" in res.stderr
+    rows = read_rows(out)
+    assert len(rows) == len(list((collection / "c0").iterdir()))
+    assert_rows_equal_predict(rows, {r["path"]: predicted[r["path"]] for r in rows})
 
 
 @pytest.mark.slow

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from vitdeploy.base.config import parse_config
 from vitdeploy.base.errors import ConfigError
-from vitdeploy.batch.job import batch_settings_from_config
+from vitdeploy.batch.job import BatchSettings, _connect, batch_settings_from_config, pool_size
 
 
 def test_the_command_line_overrides_the_batch_section_which_overrides_the_defaults(tmp_path):
@@ -24,8 +26,58 @@ def test_the_command_line_overrides_the_batch_section_which_overrides_the_defaul
 
 
 @pytest.mark.parametrize(
-    "key, value", [("workers", 0), ("decode_cpus", 0), ("flush_seconds", -1), ("batch_size", 0), ("threads", 2)]
+    "key, value",
+    [
+        ("workers", 0),
+        ("workers", "many"),
+        ("decode_cpus", 0),
+        ("flush_seconds", -1),
+        ("batch_size", 0),
+        ("threads", 2),
+    ],
 )
 def test_a_bad_batch_key_is_one_error_naming_it(key, value):
     with pytest.raises(ConfigError, match=rf"batch\.{key}"):
         parse_config({"batch": {key: value}})
+
+
+def test_workers_default_to_auto_one_per_core_on_a_ray_started_here_else_one():
+    assert parse_config({}).batch.workers == "auto"
+    auto = BatchSettings(inputs=[], artifacts="a", output="o")  # cpus_per_worker 1, decode_cpus 1
+    assert pool_size(auto, local=True, cores=2) == (2, 3.0)  # two 1-thread actors; Ray gets a CPU more for decoding
+    assert pool_size(dataclasses.replace(auto, cpus_per_worker=2.0), local=True, cores=8) == (4, 9.0)
+    assert pool_size(dataclasses.replace(auto, cpus_per_worker=0.5), local=True, cores=4) == (4, 4.0)
+    assert pool_size(auto, local=False, cores=64) == (1, None)  # a cluster: its autoscaler, not this machine
+    assert pool_size(dataclasses.replace(auto, gpus_per_worker=1.0), local=True, cores=8) == (1, None)
+    assert pool_size(dataclasses.replace(auto, workers=3), local=True, cores=2) == (3, None)  # as asked
+
+
+class _FakeRay:
+    """What _connect asks of Ray: is it running here, and the arguments of init."""
+
+    def __init__(self, running: bool = False) -> None:
+        self.running, self.calls = running, []
+
+    def is_initialized(self) -> bool:
+        return self.running
+
+    def init(self, **kwargs) -> None:
+        self.calls.append(kwargs)
+
+
+def test_a_job_starts_a_ray_of_its_own_unless_given_a_cluster(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    auto = BatchSettings(inputs=[], artifacts="a", output="o")
+    ray = _FakeRay()
+    owned, resolved = _connect(ray, auto)  # never joins whatever Ray runs on this machine: "local"
+    assert owned and ray.calls[0]["address"] == "local" and ray.calls[0]["num_cpus"] >= resolved.workers >= 1
+    ray = _FakeRay()
+    owned, resolved = _connect(ray, dataclasses.replace(auto, address="ray://head:10001"))
+    assert (ray.calls[0]["address"], ray.calls[0]["num_cpus"], resolved.workers) == ("ray://head:10001", None, 1)
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # a job run by `ray job submit` on a cluster
+    ray = _FakeRay()
+    owned, resolved = _connect(ray, auto)
+    assert (ray.calls[0]["address"], ray.calls[0]["num_cpus"], resolved.workers) == ("10.0.0.1:6379", None, 1)
+    ray = _FakeRay(running=True)  # this process already runs Ray: used as it is
+    owned, resolved = _connect(ray, auto)
+    assert not owned and not ray.calls and resolved.workers == 1

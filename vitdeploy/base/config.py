@@ -324,7 +324,11 @@ class ServeSection(_Section):
 class BatchSection(_Section):
     """`vitdeploy batch-predict` (Ray Data): the worker pool and the output (CLI flags override)."""
 
-    workers: int = Field(1, ge=1, description="inference actors (one Predictor each)")
+    workers: Union[Literal["auto"], Annotated[int, Field(ge=1)]] = Field(
+        "auto",
+        description="inference actors (one Predictor each); auto: on a Ray this job starts, one per cpus_per_worker "
+        "of the machine's cores (decoding gets its own logical CPUs), else 1",
+    )
     cpus_per_worker: float = Field(
         1.0, ge=0, description="Ray CPUs per inference actor; also its intra-op threads when runtime.threads is unset"
     )

@@ -42,7 +42,7 @@ class BatchSettings:
     artifacts: str
     output: str
     backend: str = "auto"
-    workers: int = 1
+    workers: int | str = "auto"  # "auto": pool_size
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     decode_cpus: float = 1.0
@@ -113,7 +113,7 @@ def run_batch(
     say(
         f"{len(todo)} inputs to answer"
         + (f" ({summary.skipped} already in {output.path})" if summary.skipped else "")
-        + f": backend {settings.backend}, {settings.workers} worker(s), batches of "
+        + f": backend {settings.backend}, workers {settings.workers}, batches of "
         f"{settings.batch_size or artifacts.batch['opt']}, "
         + (f"Ray at {settings.address}" if settings.address else "a local Ray")
     )
@@ -170,12 +170,40 @@ def _error_rows(pairs: list[tuple[str, str]]) -> Any:
     )
 
 
-def _connect(ray: Any, settings: BatchSettings) -> bool:
-    """Start (or join) Ray unless this process already did; True when this job must shut it down."""
-    if ray.is_initialized():
-        return False
-    ray.init(address=settings.address, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
-    return True
+def pool_size(settings: BatchSettings, *, local: bool, cores: int) -> tuple[int, float | None]:
+    """(inference actors, logical CPUs for a Ray this job starts or None) for ``batch.workers``.
+
+    "auto" on a Ray started here without GPUs: one actor per ``cpus_per_worker`` of the machine's cores, each
+    with its own ONNX Runtime threads, and Ray gets ``decode_cpus`` more logical CPUs so the decoding tasks
+    run beside them. Actors of one thread each beat one actor of every core's threads on one machine: a
+    decoding task beside a multi-threaded model call holds one of its cores while the call's other threads
+    wait (ViT-S/16 on 2 cores: 0.90-0.94x predict against 0.81-0.86x, benchmarks/bench_batch.py).
+    "auto" on a cluster (``--address``, or a Ray this process already runs) or with GPUs: 1."""
+    if settings.workers != "auto":
+        return int(settings.workers), None
+    if not local or settings.gpus_per_worker > 0:
+        return 1, None
+    workers = max(1, int(cores // max(1.0, settings.cpus_per_worker)))
+    return workers, max(float(cores), workers * settings.cpus_per_worker + settings.decode_cpus)
+
+
+def _connect(ray: Any, settings: BatchSettings) -> tuple[bool, BatchSettings]:
+    """Start (or join) Ray unless this process already did: (True when this job must shut it down, the
+    settings with ``workers`` resolved by :func:`pool_size`)."""
+    owned = not ray.is_initialized()
+    # --address, else RAY_ADDRESS (set for a job that `ray job submit` runs on a cluster), else a Ray of its own:
+    # "local", because Ray would join any Ray that happens to run on this machine (`ray start`, another job)
+    address = settings.address or os.environ.get("RAY_ADDRESS") or None
+    workers, cpus = pool_size(settings, local=owned and address is None, cores=os.cpu_count() or 1)
+    if owned:
+        ray.init(
+            address=address or "local",
+            num_cpus=cpus,
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+        )
+    return owned, dataclasses.replace(settings, workers=workers)
 
 
 def _run_pipeline(
@@ -190,7 +218,11 @@ def _run_pipeline(
 ) -> None:
     ray = require("ray", "vitdeploy batch-predict (pip install 'vitdeploy[batch]')")
     require("ray.data", "vitdeploy batch-predict (pip install 'vitdeploy[batch]')")
-    owned = _connect(ray, settings)
+    auto = settings.workers == "auto"
+    owned, settings = _connect(ray, settings)
+    if auto:
+        where = "this machine" if owned and not settings.address else "a cluster"
+        say(f"workers auto: {settings.workers} on {where}")
     try:
         _check_resources(ray.cluster_resources(), settings, strict=owned)
         dataset = _dataset(ray, settings, artifacts, items, options, max_pixels)

@@ -295,7 +295,10 @@ def predict(
     help="backend (default: runtime.backend from the config, i.e. auto)",
 )
 @click.option(
-    "--workers", type=click.IntRange(min=1), default=None, help="inference actors (default: batch.workers, 1)"
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="inference actors (default: batch.workers, auto: one per core on a Ray started here, else 1)",
 )
 @click.option(
     "--batch-size",

@@ -129,6 +129,7 @@ def run_server(
             # On a loopback host, Ray (and its Prometheus endpoint) listens on loopback only.
             local = {"_node_ip_address": "127.0.0.1"} if settings.host in LOOPBACK else {}
             ctx = ray.init(
+                address="local",  # a Ray of its own: without it Ray joins any Ray already running on this machine
                 num_cpus=cpus,
                 include_dashboard=False,
                 _metrics_export_port=sv.metrics_port,
