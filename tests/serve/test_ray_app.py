@@ -1,8 +1,8 @@
 """`vitdeploy serve` for real: one Ray Serve (started once, as a `vitdeploy serve` subprocess) and
 real HTTP clients (httpx and tritonclient.http), checked against serial `vitdeploy predict`.
 
-Every Ray test lives in this one file: `make test` distributes by file (`--dist loadfile`), so only
-one Ray starts per run. The last test stops the server with SIGTERM.
+The tests of this file share that one server: `make test` distributes by file (`--dist loadfile`), so it
+starts once per run. The last test stops the server with SIGTERM.
 """
 
 from __future__ import annotations
