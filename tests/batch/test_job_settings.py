@@ -78,6 +78,7 @@ def test_a_job_starts_a_ray_of_its_own_unless_given_a_cluster(monkeypatch):
     ray = _FakeRay()
     owned, resolved = _connect(ray, auto)
     assert (ray.calls[0]["address"], ray.calls[0]["num_cpus"], resolved.workers) == ("10.0.0.1:6379", None, 1)
+    assert resolved.address == "10.0.0.1:6379"  # what the job says it ran on
     ray = _FakeRay(running=True)  # this process already runs Ray: used as it is
     owned, resolved = _connect(ray, auto)
     assert not owned and not ray.calls and resolved.workers == 1

@@ -189,7 +189,7 @@ def pool_size(settings: BatchSettings, *, local: bool, cores: int) -> tuple[int,
 
 def _connect(ray: Any, settings: BatchSettings) -> tuple[bool, BatchSettings]:
     """Start (or join) Ray unless this process already did: (True when this job must shut it down, the
-    settings with ``workers`` resolved by :func:`pool_size`)."""
+    settings with ``workers`` resolved by :func:`pool_size` and ``address`` the cluster joined, None: its own)."""
     owned = not ray.is_initialized()
     # --address, else RAY_ADDRESS (set for a job that `ray job submit` runs on a cluster), else a Ray of its own:
     # "local", because Ray would join any Ray that happens to run on this machine (`ray start`, another job)
@@ -203,7 +203,7 @@ def _connect(ray: Any, settings: BatchSettings) -> tuple[bool, BatchSettings]:
             logging_level=logging.WARNING,
             log_to_driver=False,
         )
-    return owned, dataclasses.replace(settings, workers=workers)
+    return owned, dataclasses.replace(settings, workers=workers, address=address)
 
 
 def _run_pipeline(
