@@ -130,7 +130,8 @@ def test_a_job_that_starts_its_own_ray_runs_a_worker_per_core_by_default(
     demo_artifacts, collection, predicted, tmp_path
 ):
     """The command as a user runs it, no Ray running: batch.workers auto starts one single-threaded actor per core
-    (what one machine runs fastest), and the rows are still predict's answers."""
+    (what one machine runs fastest), its workers open the export where it lies (no copy in the cache), and the rows
+    are still predict's answers."""
     out = tmp_path / "auto.jsonl"
     cfg = tmp_path / "pipeline.yaml"
     cfg.write_text(f"batch:\n  cache_dir: {tmp_path / 'cache'}\n")
@@ -141,6 +142,7 @@ def test_a_job_that_starts_its_own_ray_runs_a_worker_per_core_by_default(
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert f"workers auto: {os.cpu_count()} on this machine" in res.stderr
+    assert not (tmp_path / "cache").exists()  # its workers opened the export where it lies: no copy
     rows = read_rows(out)
     assert len(rows) == len(list((collection / "c0").iterdir()))
     assert_rows_equal_predict(rows, {r["path"]: predicted[r["path"]] for r in rows})

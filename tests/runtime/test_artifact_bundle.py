@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vitdeploy.base.errors import ArtifactIntegrityError
-from vitdeploy.runtime.artifact_bundle import fetch_uri, materialize, pack
+from vitdeploy.runtime.artifact_bundle import fetch_uri, materialize, open_in_place, pack
 from vitdeploy.runtime.backends import artifact_roles
 from vitdeploy.runtime.predictor import Predictor
 
@@ -32,6 +32,30 @@ def test_a_tampered_cached_file_is_refused_on_open(tiny_artifacts, tmp_path):
     onnx.write_bytes(bytes(data))
     with pytest.raises(ArtifactIntegrityError, match="sha256"):
         materialize(bundle, tmp_path)
+
+
+def test_a_folder_opened_in_place_is_the_one_the_driver_read_and_is_verified_again(tiny_artifacts, tmp_path):
+    """A worker on the driver's machine opens the folder where it lies (no copy): only the roles it was given,
+    each file's sha256 checked again, and refused when the manifest or a file changed since the driver read it."""
+    import hashlib
+    import shutil
+
+    from helpers.bad_input import edit_manifest
+
+    src = tmp_path / "export"
+    shutil.copytree(tiny_artifacts(), src)
+    digest = hashlib.sha256((src / "manifest.json").read_bytes()).hexdigest()
+    opened = open_in_place(src, digest, ["onnx"])
+    assert opened.directory == src and opened.roles == ["onnx"]
+    onnx = src / opened.entry("onnx")["path"]
+    data = bytearray(onnx.read_bytes())
+    data[-1] ^= 1
+    onnx.write_bytes(bytes(data))
+    with pytest.raises(ArtifactIntegrityError, match="sha256"):
+        open_in_place(src, digest, ["onnx"])
+    edit_manifest(src, lambda m: m.__setitem__("name", "another"))
+    with pytest.raises(ArtifactIntegrityError, match="changed while the job ran"):
+        open_in_place(src, digest, ["onnx"])
 
 
 def test_fetch_from_a_file_uri_caches_by_manifest(tiny_artifacts, tmp_path):

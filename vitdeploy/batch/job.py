@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 import os
 import time
@@ -143,15 +144,8 @@ def _open_artifacts(settings: BatchSettings) -> Any:
     if is_uri(settings.artifacts):
         from ..runtime.artifact_bundle import fetch_uri
 
-        return fetch_uri(settings.artifacts, _shipped(settings.backend), settings.cache_dir)
+        return fetch_uri(settings.artifacts, functools.partial(shipped_roles, settings.backend), settings.cache_dir)
     return Artifacts.open(settings.artifacts)
-
-
-def _shipped(backend: str) -> Callable[[Any], tuple[str, ...] | None]:
-    """The roles a worker's copy holds, from the listed manifest: what ``backend`` needs and the optional
-    roles it runs when present (``ort``: model.ort.onnx, the graph ``predict -b ort`` runs), so a worker runs
-    the very graph ``predict`` runs; "auto": every role."""
-    return functools.partial(shipped_roles, backend)
 
 
 def _error_rows(pairs: list[tuple[str, str]]) -> Any:
@@ -225,7 +219,8 @@ def _run_pipeline(
         say(f"workers auto: {settings.workers} on {where}")
     try:
         _check_resources(ray.cluster_resources(), settings, strict=owned)
-        dataset = _dataset(ray, settings, artifacts, items, options, max_pixels)
+        in_place = owned and settings.address is None
+        dataset = _dataset(ray, settings, artifacts, items, options, max_pixels, in_place)
         shown = {read_key(it.read): it.path for it in items}
         seen: set[str] = set()
         try:
@@ -278,8 +273,11 @@ def _check_resources(have: dict[str, float], settings: BatchSettings, *, strict:
 
 
 def _dataset(
-    ray: Any, settings: BatchSettings, artifacts: Any, items: list[Item], options: Any, max_pixels: int
+    ray: Any, settings: BatchSettings, artifacts: Any, items: list[Item], options: Any, max_pixels: int, in_place: bool
 ) -> Any:
+    """The Ray Data pipeline: read bytes, decode in CPU tasks, infer in the actor pool. ``in_place``: the Ray is
+    this job's own (every worker on this machine), so workers open the artifact folder where it lies; else the
+    folder travels through the object store (or the workers fetch the URI)."""
     import ray.data as rd
 
     ctx = rd.DataContext.get_current()
@@ -287,13 +285,16 @@ def _dataset(
     batch_size = settings.batch_size or int(artifacts.batch["opt"])
     if options.threads is None and settings.cpus_per_worker >= 1:  # one intra-op thread per CPU Ray gives it
         options = dataclasses.replace(options, threads=int(settings.cpus_per_worker))
+    roles = shipped_roles(settings.backend, artifacts)
     if is_uri(settings.artifacts):
         source: tuple[str, Any] = ("uri", settings.artifacts)
+    elif in_place:  # every worker runs on this machine: it opens the folder verified here, no copy
+        digest = hashlib.sha256(artifacts.manifest_path.read_bytes()).hexdigest()
+        source = ("folder", (str(artifacts.directory), digest, roles or artifacts.roles))
     else:
         from ..runtime.artifact_bundle import pack
 
-        bundle = pack(artifacts, _shipped(settings.backend)(artifacts))
-        source = ("bundle", [ray.put(bundle)])  # in a list: the actor fetches it
+        source = ("bundle", [ray.put(pack(artifacts, roles))])  # in a list: the actor fetches it
     by_scheme: dict[str, list[str]] = {}
     for it in items:
         by_scheme.setdefault(it.read.partition("://")[0] if is_uri(it.read) else "", []).append(it.read)

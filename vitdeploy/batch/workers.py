@@ -49,7 +49,8 @@ def decode_batch(batch: dict[str, np.ndarray], spec: DecodeSpec) -> dict[str, np
 
 @dataclass(frozen=True)
 class InferSpec:
-    """What an inference actor needs. ``source``: ``("bundle", [ObjectRef])`` or ``("uri", "s3://...")``."""
+    """What an inference actor needs. ``source``: ``("bundle", [ObjectRef])``, ``("uri", "s3://...")`` or
+    ``("folder", (path, manifest sha256, roles))`` (a worker on the driver's machine)."""
 
     source: tuple[str, Any]
     backend: str
@@ -64,12 +65,14 @@ class Infer:
     def __init__(self, spec: InferSpec) -> None:
         import ray
 
-        from ..runtime.artifact_bundle import fetch_uri, materialize
+        from ..runtime.artifact_bundle import fetch_uri, materialize, open_in_place
         from ..runtime.predictor import Predictor
 
         kind, where = spec.source
         if kind == "bundle":
             artifacts = materialize(ray.get(where[0]), spec.cache_root)
+        elif kind == "folder":
+            artifacts = open_in_place(*where)
         else:
             artifacts = fetch_uri(where, functools.partial(shipped_roles, spec.backend), spec.cache_root)
         self.predictor = Predictor.from_artifacts(artifacts, spec.backend, spec.options)

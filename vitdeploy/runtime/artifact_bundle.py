@@ -6,7 +6,9 @@ travels with the job (:func:`pack` -> a bundle of bytes the caller puts in Ray's
 ``file://``, ``s3://``, ``gs://`` through pyarrow's filesystems). Both land in one cache folder per
 node, keyed by the sha256 of the manifest's bytes, written under a temporary name and renamed when
 complete; every file is then verified against the manifest by :meth:`Artifacts.open` before any
-backend reads it. No Ray import here: the callers (serve, batch) own the transport.
+backend reads it. A worker on the driver's own machine needs no copy: :func:`open_in_place` opens the
+folder where it lies, against the manifest the driver read. No Ray import here: the callers (serve,
+batch) own the transport.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..base._deps import require
-from ..base.errors import ArtifactError
+from ..base.errors import ArtifactError, ArtifactIntegrityError
 from ..base.vocab import MANIFEST_NAME
 from .artifacts import Artifacts, resolve_inside
 
@@ -118,10 +120,28 @@ def _staging(root: Path, key: str) -> Path:
 
 
 def open_cached(path: Path, roles: Iterable[str]) -> Artifacts:
-    """The cached folder as verified Artifacts restricted to ``roles`` (every file's sha256 checked)."""
+    """A folder (a node's cached copy, or the export itself opened in place) as verified Artifacts restricted
+    to ``roles`` (every file's sha256 checked)."""
     artifacts = Artifacts.open(path, verify=False).restricted(roles)
     artifacts.verify_all()
     return artifacts
+
+
+def open_in_place(directory: str | os.PathLike[str], manifest_sha256: str, roles: Iterable[str]) -> Artifacts:
+    """The export folder a job's driver verified, opened where it lies by a worker on the same machine (no copy):
+    the manifest must still be the one the driver read (its sha256), and the files of ``roles`` are verified
+    again against it before any backend reads them."""
+    folder = Path(directory)
+    try:
+        manifest_bytes = (folder / MANIFEST_NAME).read_bytes()
+    except OSError as exc:
+        raise ArtifactError(f"cannot read {folder / MANIFEST_NAME}: {exc.strerror or exc}") from None
+    if hashlib.sha256(manifest_bytes).hexdigest() != manifest_sha256:
+        raise ArtifactIntegrityError(
+            f"{folder / MANIFEST_NAME} changed while the job ran (its sha256 is not the one the job started with); "
+            "run the job again on a folder nothing rewrites meanwhile"
+        )
+    return open_cached(folder, roles)
 
 
 def materialize(bundle: ArtifactBundle, cache_root: str | os.PathLike[str] | None = None) -> Artifacts:
