@@ -14,14 +14,22 @@ from vitdeploy.cli.console import Console, StageReporter
 from vitdeploy.export.heartbeat import heartbeat
 
 
+def _wait_until(condition, guard_s: float = 60.0) -> None:
+    """Wait for ``condition`` (a hang guard only: no test here depends on how fast the machine is)."""
+    deadline = time.monotonic() + guard_s
+    while not condition():
+        assert time.monotonic() < deadline, "the heartbeat never came"
+        time.sleep(0.005)
+
+
 def test_heartbeat_beats_while_the_block_runs_and_never_after():
     beats: list[float] = []
     start = time.perf_counter()
     with heartbeat(lambda: beats.append(time.perf_counter() - start), every_s=0.02):
-        time.sleep(0.3)
+        _wait_until(lambda: len(beats) >= 5)  # the block lasts until it has beaten, however slow the machine
     ended = time.perf_counter() - start
     count = len(beats)
-    time.sleep(0.1)
+    time.sleep(0.1)  # five more periods in which a beat after the block would show
     assert len(beats) == count  # nothing after the block
     assert count >= 5 and all(b <= ended for b in beats), beats
     assert not [t for t in threading.enumerate() if t.name == "vitdeploy-heartbeat"]
@@ -51,7 +59,7 @@ def test_a_slow_stage_reports_running_with_elapsed_seconds_then_its_result(tmp_p
         heartbeat_s=0.02,
     )
     with export.stage("slow"):
-        time.sleep(0.25)
+        _wait_until(lambda: len(seen) >= 6)  # running, then five beats
     assert seen[0] == ("running", 0.0) and seen[-1][0] == "passed"
     ticks = [s for status, s in seen[1:-1]]
     assert len(ticks) >= 5 and ticks == sorted(ticks) and 0 < ticks[0] < ticks[-1] <= seen[-1][1]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -19,7 +18,8 @@ from vitdeploy.evaluate.reliability import usable_cores
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
-BURN = "import time\nend = time.time() + 120\nwhile time.time() < end:\n    pass\n"
+# Spins until killed (however long the bench takes); says so once it spins, so the test need not guess.
+BURN = "print('spinning', flush=True)\nwhile True:\n    pass\n"
 
 
 def bench(artifacts) -> str:
@@ -54,9 +54,9 @@ def test_a_quiet_run_prints_no_flag(demo_artifacts):
 
 
 def test_the_same_run_beside_a_busy_process_is_flagged_with_the_figure(demo_artifacts):
-    burner = subprocess.Popen([sys.executable, "-c", BURN])
+    burner = subprocess.Popen([sys.executable, "-c", BURN], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)  # the interpreter has started and spins before the timed window opens
+        assert burner.stdout.readline() == "spinning\n"  # it spins before the timed window opens
         out = bench(demo_artifacts)
     finally:
         burner.kill()

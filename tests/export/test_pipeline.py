@@ -89,10 +89,23 @@ def test_fp16_graph_keeps_layernorm_in_float32_with_float32_io(demo_artifacts: P
     assert norms and all(types.get(n.input[0]) == F32 for n in norms)
 
 
-def test_onnx_runs_in_ort_at_batch_1_3_17_and_max_within_fp32_thresholds(tmp_path: Path, export_config):
+def test_onnx_runs_in_ort_at_batch_1_3_17_and_max_within_fp32_thresholds(tmp_path: Path, export_config, monkeypatch):
+    import time
+
+    from vitdeploy.export import onnx as onnx_mod
     from vitdeploy.export.pipeline import run_export
 
     events: list[tuple[str, str, float]] = []
+    real_export = onnx_mod.export_onnx
+
+    def held_export(*args, **kwargs):  # the ONNX stage lasts until it has beaten 3 times, on any machine
+        deadline = time.monotonic() + 60  # a hang guard only
+        while sum(1 for n, st, secs in events if n == "onnx" and st == "running" and secs > 0) < 3:
+            assert time.monotonic() < deadline, events
+            time.sleep(0.01)
+        return real_export(*args, **kwargs)
+
+    monkeypatch.setattr(onnx_mod, "export_onnx", held_export)
     result = run_export(
         export_config({"export": {"batch": {"min": 1, "opt": 4, "max": 24}}}),
         tmp_path,
@@ -127,7 +140,7 @@ def test_onnx_runs_in_ort_at_batch_1_3_17_and_max_within_fp32_thresholds(tmp_pat
         ticks = [secs for status, secs in mine[1:-1]]
         assert ticks == sorted(ticks) and all(t <= mine[-1][1] for t in ticks), (name, mine)
     onnx_ticks = [secs for n, status, secs in events if n == "onnx" and status == "running" and secs > 0]
-    assert len(onnx_ticks) >= 3, events  # the ONNX export takes far longer than 3 heartbeats of 0.05 s
+    assert len(onnx_ticks) >= 3, events  # the heartbeat reached the stage while it ran
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ httpclient = pytest.importorskip(
 grpcclient = pytest.importorskip(
     "tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[http,grpc]')"
 )
+from helpers.held import answered_while_held, triton_stub_pids  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -237,20 +238,20 @@ def test_bad_images_fail_only_their_own_request_while_good_traffic_goes_on(serve
 
 
 def test_requests_beyond_the_queue_get_503_at_once_and_the_rest_are_answered(server, predictor, images):
+    """A queue of one request: with the model's stub processes held, the requests beyond what the model
+    admits (a batch in its instance and the one queued) are refused at once, whatever the machine's
+    speed; released, the admitted ones are answered as the Predictor answers them."""
     blob = images["chelsea.jpg"]
     want = _expected(predictor, blob)
-
-    def one(_):
-        try:
-            return _http_infer(server, [blob], model=SMALL_QUEUE)
-        except InferenceServerException as exc:
-            return exc
-
-    with ThreadPoolExecutor(32) as pool:
-        results = list(pool.map(one, range(64)))
+    stubs = triton_stub_pids(str(server.repositories[1]))
+    results, early = answered_while_held(
+        stubs, [lambda: _http_infer(server, [blob], model=SMALL_QUEUE)] * 64, accepted_at_most=32
+    )
     refused = [r for r in results if isinstance(r, InferenceServerException)]
-    answered = [r for r in results if not isinstance(r, InferenceServerException)]
-    assert refused and answered, f"{len(refused)} refused, {len(answered)} answered"
+    answered = [r for r in results if not isinstance(r, Exception)]
+    assert len(refused) >= 32 and answered, f"{len(refused)} refused, {len(answered)} answered: {results[:3]}"
+    assert len(refused) + len(answered) == len(results), [r for r in results if isinstance(r, Exception)][:3]
+    assert all(isinstance(results[i], InferenceServerException) for i in early)
     for exc in refused:
         assert _status(exc) == "503", f"{_status(exc)} {exc.message()}"
         assert "queue" in exc.message()
