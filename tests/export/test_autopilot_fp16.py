@@ -22,8 +22,9 @@ import pytest
 from onnx import TensorProto
 
 from vitdeploy.base.config import parse_config
-from vitdeploy.base.errors import ValidationError
+from vitdeploy.base.errors import RefusedStagesError, ValidationError
 from vitdeploy.export.pipeline import run_export
+from vitdeploy.runtime.artifacts import Artifacts
 
 pytestmark = pytest.mark.integration
 
@@ -125,8 +126,9 @@ def test_every_node_float32_is_the_fp32_graph_and_an_impossible_gate_fails_with_
         "min_top1_agreement": 1.0,
         "min_top5_overlap": 1.0,
     }
-    with pytest.raises(ValidationError, match="validation.fp16 not met even with every node in float32"):
+    with pytest.raises(RefusedStagesError, match="validation.fp16 not met even with every node in float32") as refused:
         _export(tmp_path, gate=impossible)
+    assert refused.value.exit_code == ValidationError.exit_code == 3
     report = json.loads((tmp_path / "export-report.json").read_text())
     steps = report["validation"]["validate-fp16"]["autopilot"]
     graph = onnx.load(str(demo_artifacts / "model.onnx"))  # the same demo graph (same node names)
@@ -135,4 +137,9 @@ def test_every_node_float32_is_the_fp32_graph_and_an_impossible_gate_fails_with_
     assert set(steps[-1]["keep_float"]) == {n.name for n in graph.graph.node}
     # with every node returned, the graph computes what model.onnx computes: FP32-level drift
     assert steps[-1]["metrics"]["max_abs_diff"] < 1e-4 < steps[0]["metrics"]["max_abs_diff"]
-    assert not (tmp_path / "manifest.json").exists() and not list(tmp_path.glob("model.fp16.onnx*"))
+    # refused, and the rest of the export kept: the manifest lists every other artifact and why FP16 is not there
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert [(r["stage"], r["artifacts"]) for r in manifest["export"]["refused"]] == [("fp16", ["model.fp16.onnx"])]
+    assert "onnx" in manifest["artifacts"] and "onnx-fp16" not in manifest["artifacts"]
+    assert report["refused"] == manifest["export"]["refused"] and not list(tmp_path.glob("model.fp16.onnx*"))
+    Artifacts.open(tmp_path)

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from vitdeploy.base.errors import ExportError
+from vitdeploy.base.errors import ExportError, RefusedStagesError
 from vitdeploy.cli import main
-from vitdeploy.runtime.artifacts import sha256_file
+from vitdeploy.runtime.artifacts import Artifacts, sha256_file
 
 pytestmark = pytest.mark.integration
 
@@ -213,7 +213,16 @@ def test_engine_require_without_tensorrt_exits_4(tmp_path: Path):
         pytest.skip("TensorRT and CUDA are present here: --engine require would build")
     res = run_cli("export", "-o", str(tmp_path / "out"), "--engine", "require")
     assert res.exit_code == 4 and "TensorRT" in res.stderr
-    assert not (tmp_path / "out" / "manifest.json").exists()
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: TensorRT engine required (--engine require)") and "model.engine" in last, last
+    # refused, and every validated ONNX artifact kept, listed and loadable
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert [(r["stage"], r["artifacts"], r["exit_code"]) for r in manifest["export"]["refused"]] == [
+        ("engine", ["model.engine", "model.engine.json"], 4)
+    ]
+    assert {"onnx", "onnx-fp16"} <= set(manifest["artifacts"]) and "engine" not in manifest["artifacts"]
+    assert "refused: model.engine, model.engine.json (engine)" in res.stdout, res.stdout
+    Artifacts.open(tmp_path / "out")
 
 
 def test_failed_validation_exits_3_with_expected_vs_actual_and_rejects_the_artifact(tmp_path: Path):
@@ -239,13 +248,21 @@ def test_failed_validation_exits_3_with_expected_vs_actual_and_rejects_the_artif
     # The failure is told once, on the error line; the stage's own line only says it failed.
     assert res.stderr.count("batch 1: max_abs_diff: expected <= 0, got") == 1, res.stderr
     assert re.search(r"^  validate-fp16 +failed +\d+\.\ds$", res.stderr, re.M), res.stderr
-    assert res.stderr.strip().splitlines()[-1].startswith("error: validate-fp16:")
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: validate-fp16:") and "loosen validation.fp16" in last, last
+    # refused, not lost: the rest of the export is written, the drifting graph kept as *.rejected
+    out = tmp_path / "out"
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(r["stage"], r["artifacts"], r["exit_code"]) for r in manifest["export"]["refused"]] == [
+        ("fp16", ["model.fp16.onnx"], 3)
+    ]
+    assert "onnx" in manifest["artifacts"] and "onnx-fp16" not in manifest["artifacts"]
+    assert (out / "model.fp16.onnx.rejected").is_file() and not (out / "model.fp16.onnx").exists()
+    assert json.loads((out / "export-report.json").read_text())["refused"] == manifest["export"]["refused"]
+    Artifacts.open(out)
     for stage in ("model", "onnx", "reference", "validate-onnx", "fp16"):  # each stage with its elapsed time
         assert re.search(rf"^  {stage} +\.\.\.$", res.stderr, re.M), res.stderr
         assert re.search(rf"^  {stage} +passed +\d+\.\ds ", res.stderr, re.M), res.stderr
-    out = tmp_path / "out"
-    assert not (out / "manifest.json").exists()
-    assert not (out / "model.fp16.onnx").exists() and (out / "model.fp16.onnx.rejected").exists()
     report = json.loads((out / "export-report.json").read_text())
     assert report["validation"]["validate-fp16"]["passed"] is False
     assert report["validation"]["validate-onnx"]["passed"] is True
@@ -385,10 +402,15 @@ def test_tensorrt_failure_in_auto_mode_still_writes_the_manifest(tmp_path: Path,
             "runtime": {"device": "cuda:1"},
         }
     )
-    if mode == "require":
-        with pytest.raises(ExportError, match="could not create its Builder on cuda:1"):
+    if mode == "require":  # refused: exit 1 (the build failed), the ONNX artifacts kept and listed
+        with pytest.raises(RefusedStagesError, match="could not create its Builder on cuda:1") as refused:
             run_export(cfg, tmp_path, engine="require")
-        assert not (tmp_path / "manifest.json").exists()
+        assert refused.value.exit_code == ExportError.exit_code == 1
+        assert "--engine auto exports without it" in str(refused.value)
+        manifest = json.loads((tmp_path / "manifest.json").read_text())
+        assert [r["stage"] for r in manifest["export"]["refused"]] == ["engine"]
+        assert "onnx-fp16" in manifest["artifacts"] and "engine" not in manifest["artifacts"]
+        assert not (tmp_path / "model.engine").exists()
         return
     result = run_export(cfg, tmp_path, engine="auto")
     manifest = json.loads(result.manifest_path.read_text())
@@ -434,10 +456,13 @@ def test_int8_engine_failure_is_fatal_only_when_export_int8_tensorrt_is_true(
             },
         }
     )
-    if switch is True:
-        with pytest.raises(ExportError, match="model.int8.trt.onnx"):
+    if switch is True:  # refused: the FP16 engine and model.int8.trt.onnx kept, the INT8 engine not
+        with pytest.raises(RefusedStagesError, match="model.int8.trt.onnx"):
             run_export(cfg, tmp_path, engine="require", heartbeat_s=None)
-        assert not (tmp_path / "manifest.json").exists()
+        manifest = json.loads((tmp_path / "manifest.json").read_text())
+        assert [r["stage"] for r in manifest["export"]["refused"]] == ["engine-int8"]
+        assert {"engine", "onnx-int8-trt"} <= set(manifest["artifacts"]) and "engine-int8" not in manifest["artifacts"]
+        assert not (tmp_path / "model.int8.engine").exists()
         return
     result = run_export(cfg, tmp_path, engine="require", heartbeat_s=None)
     stages = {s.name: s for s in result.stages}

@@ -138,11 +138,15 @@ def test_an_optional_row_that_fails_is_dropped_unless_required(tmp_path, require
         dropped=lambda ctx, exc: logging.getLogger("made-up").warning("made-up not written: %s", exc),
     )
     table = [Stage("reference", _reference), row, Stage("after", lambda ctx, rec: ())]
-    if required:
-        with pytest.raises(ValidationError):
-            run_stages(ctx, table)
-        return
     run_stages(ctx, table)
+    assert seen[-3:] == [("validate-made-up", "failed"), ("after", "running"), ("after", "passed")]
+    assert ROLE not in ctx.artifacts
+    if required:  # refused: recorded, the rest goes on, the drifting file kept as *.rejected to inspect
+        assert [(r.stage, type(r.error)) for r in ctx.refused] == [("made-up", ValidationError)]
+        assert ctx.extra["refused"][0]["artifacts"] == ["model.fp16.onnx"]
+        assert [p.name for p in tmp_path.glob("model.fp16.onnx*")] == ["model.fp16.onnx.rejected"]
+        return
+    assert not ctx.refused
     assert seen[-3:] == [("validate-made-up", "failed"), ("after", "running"), ("after", "passed")]
     assert ROLE not in ctx.artifacts and not list(tmp_path.glob("model.fp16.onnx*"))  # nor its *.rejected
     assert "made-up not written: validate-made-up: made-up output drifted" in caplog.text

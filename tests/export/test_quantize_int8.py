@@ -4,7 +4,8 @@
 - dynamic mode (opt-in) is not: its answers move with the batch (why it is not the default);
 - too few calibration images: a clear error naming the key (required), or the export goes on
   without the INT8 graph (auto); a gate that cannot pass: the stage fails with its metrics and
-  every other artifact stays valid (auto), or the export fails with exit 3 (required).
+  every other artifact stays valid (auto), or the stage is refused (required): the export is written
+  without it, the manifest and export-report.json say why, and it exits non-zero naming the key.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.bad_input import run_cli
 
 from vitdeploy.base.config import parse_config
-from vitdeploy.base.errors import ConfigError, ExportError, ValidationError
+from vitdeploy.base.errors import ConfigError, RefusedStagesError, StageUnavailableError, ValidationError
 from vitdeploy.demo import IMAGES_DIR
 from vitdeploy.export.pipeline import run_export
 from vitdeploy.export.quantize import calibration_batch, quantize_int8
@@ -97,14 +99,29 @@ def test_too_few_calibration_images_required_fails_auto_goes_on(tiny_checkpoint,
         "export": {"fp16": {"enabled": False}},
     }
     required = parse_config({**base, "export": {**base["export"], "int8": {"enabled": True}}}, None)
-    with pytest.raises(ConfigError, match="export.int8.min_calibration_images"):
+    with pytest.raises(RefusedStagesError, match="export.int8.min_calibration_images") as refused:
         run_export(required, tmp_path / "req", engine="skip", heartbeat_s=None)
-    assert not (tmp_path / "req" / "manifest.json").exists()
+    assert refused.value.exit_code == ConfigError.exit_code  # 2, as for the same fault elsewhere
+    _assert_refused(tmp_path / "req", "int8", "export.int8.min_calibration_images")
     result = run_export(parse_config(base, None), tmp_path / "auto", engine="skip", heartbeat_s=None)
     stage = next(s for s in result.stages if s.name == "int8")
     assert stage.status == "failed" and "export.int8.min_calibration_images" in stage.reason
     assert "onnx-int8" not in result.artifacts and not (tmp_path / "auto" / "model.int8.onnx").exists()
     Artifacts.open(tmp_path / "auto")  # the rest of the export is valid
+
+
+def _assert_refused(out: Path, stage: str, key: str) -> None:
+    """An export that refused its INT8 graph: every other artifact validated and listed, the refusal
+    in the manifest and export-report.json, naming ``key``; no model.int8.onnx under any name."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    refusal = manifest["export"]["refused"]
+    assert [(r["stage"], r["artifacts"]) for r in refusal] == [(stage, ["model.int8.onnx"])], refusal
+    assert key in refusal[0]["error"]
+    assert json.loads((out / "export-report.json").read_text())["refused"] == refusal
+    assert {"onnx", "onnx-ort", "weights"} <= set(manifest["artifacts"]) and "onnx-int8" not in manifest["artifacts"]
+    assert not (out / "model.int8.onnx").exists()
+    artifacts = Artifacts.open(out)  # every file verifies
+    open_backend("ort", artifacts, CPU1).close()
 
 
 IMPOSSIBLE = {
@@ -147,9 +164,10 @@ def test_int8_gate_that_cannot_pass(tiny_checkpoint, tmp_path, autopilot):
     required = parse_config(
         {**base, "export": {**base["export"], "int8": {"enabled": True, "autopilot": autopilot}}}, None
     )
-    with pytest.raises(ValidationError, match="int8"):
+    with pytest.raises(RefusedStagesError, match="validation.int8") as refused:
         run_export(required, out, engine="skip", heartbeat_s=None)
-    assert json.loads((out / "manifest.json").read_text()) == manifest  # the previous export is untouched
+    assert refused.value.exit_code == ValidationError.exit_code == 3
+    _assert_refused(out, "int8", "validation.int8")
 
 
 def _step0_cosine(manifest: dict) -> float:
@@ -224,7 +242,7 @@ def test_predict_runs_ort_int8_when_asked_and_auto_never_picks_it(demo_artifacts
 def test_an_int8_graph_that_does_not_pay_is_not_shipped(tiny_checkpoint, tmp_path):
     """Timed against model.ort.onnx after the gate passes: below export.int8.min_speedup (here one no
     machine reaches) no model.int8.onnx is written, the stage says why in one line, the rest ships;
-    required (enabled: true), the export fails naming the key."""
+    required (enabled: true), the export is written without it and exits 4, its last line naming the key."""
     base = {
         "model": {"checkpoint": str(tiny_checkpoint)},
         "export": {"fp16": {"enabled": False}, "int8": {"min_speedup": 1e9}},
@@ -242,9 +260,14 @@ def test_an_int8_graph_that_does_not_pay_is_not_shipped(tiny_checkpoint, tmp_pat
     assert "onnx-int8" not in manifest["artifacts"] and not any(out.glob("model.int8.onnx*"))
     Artifacts.open(out)  # the rest of the export is valid
     required = {**base, "export": {**base["export"], "int8": {"enabled": True, "min_speedup": 1e9}}}
-    with pytest.raises(ExportError, match="export.int8.min_speedup"):
-        run_export(parse_config(required, None), tmp_path / "req", engine="skip", heartbeat_s=None)
-    assert not (tmp_path / "req" / "model.int8.onnx").exists()
+    config = tmp_path / "required.yaml"
+    config.write_text(json.dumps(required))  # YAML reads JSON
+    res = run_cli("export", "-c", str(config), "-o", str(tmp_path / "req"), "--engine", "skip")
+    assert res.returncode == StageUnavailableError.exit_code == 4, res.stderr  # "a required stage is unavailable"
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: model.int8.onnx not shipped") and "export.int8.min_speedup: 0" in last, last
+    assert "refused: model.int8.onnx (int8)" in res.stdout and "manifest" in res.stdout, res.stdout
+    _assert_refused(tmp_path / "req", "int8", "export.int8.min_speedup")
 
 
 def test_min_speedup_0_ships_without_timing(demo_artifacts):

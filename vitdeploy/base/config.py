@@ -98,7 +98,7 @@ class Int8Section(_Section):
     enabled: Union[Literal["auto"], bool] = Field(
         "auto",
         description="auto = build it and go on without it when it cannot be built or fails validation.int8; "
-        "true = required (failure fails the export); false = skip",
+        "true = required (a failure is refused: the export is written without it and exits non-zero); false = skip",
     )
     mode: Literal["static", "dynamic"] = Field(
         "static",
@@ -127,7 +127,8 @@ class Int8Section(_Section):
         description="model.int8.trt.onnx (S8 symmetric Q/DQ from model.onnx) and the INT8 TensorRT engine "
         "model.int8.engine built from it: auto = when the engine stage runs (TensorRT and a CUDA GPU "
         "here), going on without them on failure; true = always write and validate the graph (a "
-        "failure fails the export), and build the engine where TensorRT exists; false = never",
+        "failure is refused: written without it, exit non-zero), and build the engine where TensorRT "
+        "exists; false = never",
     )
 
 

@@ -46,6 +46,27 @@ class ExportError(VitDeployError):
     exit_code = 1
 
 
+class StageUnavailableError(ExportError):
+    """A requested export stage cannot pay off on this machine (INT8 no faster than its source)."""
+
+    exit_code = 4
+
+
+class RefusedStagesError(VitDeployError):
+    """The export was written, without what explicitly requested stages could not deliver.
+
+    ``refusals`` holds each refused stage's error; the exit code is the first one's (3 a validation
+    gate not met, 4 a stage unavailable here, 1 a stage that failed), as for the same fault elsewhere."""
+
+    def __init__(self, message: str, refusals: "list[VitDeployError]") -> None:
+        super().__init__(message)
+        self.refusals = list(refusals)
+
+    @property
+    def exit_code(self) -> int:  # type: ignore[override]
+        return self.refusals[0].exit_code if self.refusals else 1
+
+
 class ValidationError(VitDeployError):
     """An artifact's output drifted beyond the thresholds."""
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import click
 
 from .. import __version__
-from ..base.errors import VitDeployError, first_line
+from ..base.errors import RefusedStagesError, VitDeployError, first_line
 from ..base.vocab import AUTO, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
 from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path
 
@@ -149,11 +149,21 @@ def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
 
     cfg = load_config(config_path)
     click.echo(f"exporting to {out_dir or cfg.output_dir}", err=True)
-    result = run_export(cfg, out_dir, engine=engine, on_stage=StageReporter(_CONSOLE))  # type: ignore[arg-type]
+    try:
+        result = run_export(cfg, out_dir, engine=engine, on_stage=StageReporter(_CONSOLE))  # type: ignore[arg-type]
+    except RefusedStagesError as exc:  # written without what was refused: list it, then the error line
+        _print_export(cfg, exc.result)  # type: ignore[attr-defined]
+        raise
+    _print_export(cfg, result)
+
+
+def _print_export(cfg: Any, result: Any) -> None:
     click.echo("artifacts:")
     for role, path in result.artifacts.items():
         click.echo(f"  {role:<15} {path}  ({file_size(path)})")
     click.echo(f"  {'manifest':<15} {result.manifest_path}")
+    for refusal in result.refused:
+        click.echo(f"  refused: {', '.join(refusal['artifacts'])} ({refusal['stage']})")
     click.echo(f"next: {next_predict_command(cfg, result.out_dir)}")
 
 

@@ -55,6 +55,30 @@ class StageRecord:
 StageCallback = Callable[[StageRecord], None]
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """An explicitly requested stage that could not be met: its name, the artifacts it would have
+    written (roles) and why (a VitDeployError: its exit code is the export's)."""
+
+    stage: str
+    roles: tuple[str, ...]
+    error: Any
+    hint: str = ""  # the setting that exports without it (the row's refusal_hint)
+
+    @property
+    def line(self) -> str:
+        """Why, in one line, ending with the key that changes the outcome."""
+        return first_line(self.error) + (f"; {self.hint}" if self.hint else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "artifacts": [ARTIFACT_FILES[r] for r in self.roles],
+            "error": self.line,
+            "exit_code": getattr(self.error, "exit_code", 1),
+        }
+
+
 @dataclass
 class ExportContext:
     """One export run's shared state. ``out_dir`` is the staging folder written into while the run
@@ -83,6 +107,9 @@ class ExportContext:
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     validation: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # the manifest's "export" key
+    #: explicitly requested stages that could not be met: the export goes on without their artifacts,
+    #: records them (manifest "export.refused", export-report.json) and fails at the end
+    refused: list[Refusal] = field(default_factory=list)
     _trt_reason: Any = field(default=..., init=False, repr=False)  # asked once: tensorrt_unavailable()
 
     def __post_init__(self) -> None:
@@ -109,6 +136,17 @@ class ExportContext:
             for p in (path, path.with_name(path.name + ".data")):
                 for q in (p, p.with_name(p.name + ".rejected")) if rejected else (p,):
                     q.unlink(missing_ok=True)
+
+    def refuse(self, stage: str, roles: tuple[str, ...], exc: Any, hint: str = "") -> None:
+        """Record that the requested stage ``stage`` could not be met; its artifacts are removed (a
+        ``*.rejected`` copy of one that drifted stays, for inspection) and the export goes on."""
+        self.drop(roles)
+        self.refused.append(Refusal(stage, roles, exc, hint))
+        self.extra["refused"] = self.refusals()
+
+    def refusals(self) -> list[dict[str, Any]]:
+        """What was refused, as the manifest and export-report.json record it."""
+        return [r.to_dict() for r in self.refused]
 
     # -- TensorRT -----------------------------------------------------------------------------
     def tensorrt_device(self) -> str:
@@ -163,9 +201,15 @@ class ExportContext:
         self.emit(rec)
 
     def write_report(self) -> None:
-        """``export-report.json``: every stage so far and every verdict (written when a stage fails)."""
+        """``export-report.json``: every stage so far, every verdict and every refusal (written when a stage
+        fails, and at the end of an export that refused a requested stage)."""
         try:
-            report = {"passed": False, "stages": [s.to_dict() for s in self.stages], "validation": self.validation}
+            report = {
+                "passed": False,
+                "stages": [s.to_dict() for s in self.stages],
+                "validation": self.validation,
+                "refused": self.refusals(),
+            }
             write_json_atomic(self.out_dir / EXPORT_REPORT_NAME, report)
         except OSError:  # pragma: no cover - reporting must never mask the real error
             log.exception("could not write %s", self.out_dir / EXPORT_REPORT_NAME)

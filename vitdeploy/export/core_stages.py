@@ -166,7 +166,10 @@ def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
         },
     )
     path = manifest_mod.write_manifest(out, manifest)
-    (out / EXPORT_REPORT_NAME).unlink(missing_ok=True)
+    if ctx.refused:
+        ctx.write_report()  # what was refused and why, beside a manifest without it
+    else:
+        (out / EXPORT_REPORT_NAME).unlink(missing_ok=True)
     rec.outputs = [path]
     return ()
 

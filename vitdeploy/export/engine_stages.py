@@ -2,10 +2,11 @@
 model.int8.trt.onnx (export/tensorrt.py builds both), each validated on the GPU it was built on.
 Rows of the table in export/pipeline.py.
 
-``--engine require`` makes a failure of the FP16 engine fatal, and of the INT8 engine too when
-``export.int8.tensorrt`` is true; otherwise a failure is recorded and the export goes on without
-that engine. validation.fp16 missed by the FP16 engine always fails the export (exit 3), as every
-FP16 artifact does; the INT8 engine is optional like the INT8 graphs.
+``--engine require`` makes a failure of the FP16 engine a refusal (export/pipeline.py: the export is
+written without it and exits non-zero, 4 when TensorRT/CUDA is missing), and of the INT8 engine too
+when ``export.int8.tensorrt`` is true; otherwise a failure is recorded and the export goes on without
+that engine. validation.fp16 missed by the FP16 engine is always a refusal (exit 3), as for every
+FP16 artifact; the INT8 engine is optional like the INT8 graphs.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ _ENGINE_ERRORS = (ExportError, BackendError, ArtifactError, MissingDependencyErr
 
 
 def _engine_unavailable(ctx: ExportContext) -> str | None:
-    return (
-        "the engine is compiled from model.fp16.onnx and export.fp16.enabled is false"
-        if "onnx-fp16" not in ctx.artifacts
-        else ctx.tensorrt_unavailable()
-    )
+    if "onnx-fp16" in ctx.artifacts:
+        return ctx.tensorrt_unavailable()
+    if not ctx.cfg.export.fp16.enabled:
+        return "the engine is compiled from model.fp16.onnx and export.fp16.enabled is false"
+    return "the engine is compiled from model.fp16.onnx, which was not written (refused above)"
 
 
 def _skip_engine(ctx: ExportContext) -> str | None:
@@ -117,6 +118,8 @@ ENGINE = Stage(
     fallible=_ENGINE_ERRORS,
     required=lambda ctx: ctx.engine_mode == "require",
     dropped=_dropped("engine"),
+    refusal_hint="--engine auto exports without it",
+    refused_on=(ValidationError,),  # an engine that misses validation.fp16: the ONNX artifacts ship, exit 3
 )
 ENGINE_INT8 = Stage(
     "engine-int8",
@@ -128,4 +131,5 @@ ENGINE_INT8 = Stage(
     fallible=(*_ENGINE_ERRORS, ValidationError),
     required=lambda ctx: ctx.engine_mode == "require" and ctx.cfg.export.int8.tensorrt is True,
     dropped=_dropped("engine-int8"),
+    refusal_hint="export.int8.tensorrt: auto exports without it",
 )

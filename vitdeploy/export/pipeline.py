@@ -8,11 +8,16 @@ manifest entries, and going on without an optional artifact that failed. Adding 
 adding a row.
 
 A manifest is the only mark of a valid export: it is written only when every stage that ran has
-passed. Every stage writes into a staging folder beside the output folder, swapped in when the
-export succeeds (export/staging.py), so the output folder always holds one complete export, the
-previous or the new one, even after ``kill -9``. An artifact that fails validation is renamed
-``<name>.rejected`` so nothing loads it as valid; its report is ``export-report.json`` (both are
-moved into the output folder, beside the previous export).
+passed or was refused. A refused stage is one asked for explicitly (``export.int8.enabled: true``,
+``--engine require``, an FP16 graph that misses ``validation.fp16``) that could not be met: the
+export goes on without its artifact, the manifest (``export.refused``) and ``export-report.json``
+say why, and :func:`run_export` raises RefusedStagesError (exit 3 or 4, naming the key) after the
+export was written, so the validated artifacts are never lost with it. Every stage writes into a
+staging folder beside the output folder, swapped in when the export succeeds (export/staging.py), so
+the output folder always holds one complete export, the previous or the new one, even after
+``kill -9``. An artifact that fails validation is renamed ``<name>.rejected`` so nothing loads it as valid;
+its report is ``export-report.json`` (both are moved into the output folder, beside the previous
+export).
 """
 
 from __future__ import annotations
@@ -20,12 +25,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..base.config import PipelineConfig
-from ..base.errors import ExportError, ValidationError
+from ..base.errors import ExportError, RefusedStagesError, ValidationError
 from ..base.vocab import ARTIFACT_FILES, EXPORT_REPORT_NAME, MANIFEST_NAME, TIMING_CACHE_NAME
 from .context import EngineMode, ExportContext, StageCallback, StageRecord
 from .core_stages import MANIFEST, MODEL, ONNX, ORT_OPTIMIZE, REFERENCE, reference_logits, validation_images
@@ -68,6 +73,7 @@ class ExportResult:
     artifacts: dict[str, Path]
     validation: dict[str, Any]
     manifest_path: Path | None
+    refused: list[dict[str, Any]] = field(default_factory=list)  # requested stages not met (Refusal.to_dict)
 
 
 # -- the loop ---------------------------------------------------------------------------------
@@ -98,12 +104,15 @@ def run_stages(ctx: ExportContext, table: Sequence[Stage] = STAGES) -> None:
 
 @contextlib.contextmanager
 def _unless_optional(ctx: ExportContext, row: Stage) -> Iterator[None]:
-    """An error of ``row.fallible`` (not ``required``): warn, remove what it wrote, go on without it."""
+    """An error of ``row.fallible``: warn, remove what it wrote, go on without it; when the row was
+    required (or the error is one of ``row.refused_on``), record the refusal and go on too: the export
+    keeps every other artifact and fails at its end (:func:`run_export`)."""
     try:
         yield
-    except row.fallible as exc:
-        if row.required(ctx):
-            raise
+    except (*row.fallible, *row.refused_on) as exc:
+        if row.required(ctx) or isinstance(exc, row.refused_on):
+            ctx.refuse(row.name, row.roles, exc, row.refusal_hint)
+            return
         if row.dropped:
             row.dropped(ctx, exc)
         else:
@@ -146,7 +155,8 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
             rec.reason = "; ".join(result.failures[:6])
             raise ValidationError(
                 f"{gate.name}: {result.backend} output drifted beyond validation thresholds: {rec.reason} "
-                f"(artifact renamed *.rejected; full report: {ctx.final_dir / EXPORT_REPORT_NAME})"
+                f"(artifact renamed *.rejected; full report: {ctx.final_dir / EXPORT_REPORT_NAME}); "
+                f"loosen validation.{gate.tolerance} to accept it"
             )
         rec.reason = (
             f"{len(ctx.inputs.names)} inputs at batch {', '.join(map(str, sizes))}; "
@@ -203,13 +213,31 @@ def run_export(
         ctx = ExportContext(cfg, stage, engine, on_stage, validation_batch, heartbeat_s, final_dir=out)
         run_stages(ctx)
         commit(stage, final, beside, _OUR_NAMES)
-    return ExportResult(
+    result = ExportResult(
         out,
         ctx.stages,
         {role: out / p.relative_to(stage) for role, p in ctx.artifacts.items()},
         ctx.validation,
         out / MANIFEST_NAME,
+        ctx.refusals(),
     )
+    if ctx.refused:
+        raise _refused(ctx, result)
+    return result
+
+
+def _refused(ctx: ExportContext, result: ExportResult) -> RefusedStagesError:
+    """One line for the stages that were asked for and could not be met (each names its key), after
+    the export was written without them; the exit code is the first refusal's."""
+    reasons = " | ".join(r.line for r in ctx.refused)
+    files = ", ".join(name for r in result.refused for name in r["artifacts"]) or "their artifacts"
+    exc = RefusedStagesError(
+        f"{reasons} (the export in {result.out_dir} was written without {files}; "
+        f"{MANIFEST_NAME} and {EXPORT_REPORT_NAME} record why)",
+        [r.error for r in ctx.refused],
+    )
+    exc.result = result  # type: ignore[attr-defined]  # the CLI lists what was written
+    return exc
 
 
 __all__ = [

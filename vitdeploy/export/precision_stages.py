@@ -4,7 +4,9 @@ validated with ONNX Runtime on the CPU. Rows of the table in export/pipeline.py.
 
 model.int8.onnx ships only after its ``speed-int8`` stage: it must run ``export.int8.min_speedup``
 times as fast as the graph it was quantized from. An INT8 graph is optional unless its switch is
-true: a failure is recorded on its stage and the export goes on without it.
+true: a failure is recorded on its stage and the export goes on without it; with the switch true it is
+a refusal (export/pipeline.py): the export still goes on, then exits 3 (gate) or 4 (does not pay).
+An FP16 graph that misses validation.fp16 is refused the same way (exit 3).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..base.errors import BackendError, ConfigError, ExportError, ValidationError
+from ..base.errors import BackendError, ConfigError, ExportError, StageUnavailableError, ValidationError
 from ..base.vocab import ORT_FP16, ORT_INT8
 from ..runtime.backends import first_line
 from .context import CPU, ExportContext, StageRecord
@@ -89,6 +91,8 @@ FP16 = Stage(
     roles=("onnx-fp16",),
     gate=ort_gate("validate-fp16", "fp16", ORT_FP16),
     skip=lambda ctx: None if ctx.cfg.export.fp16.enabled else "export.fp16.enabled is false",
+    refused_on=(ValidationError,),  # missed validation.fp16 (after the autopilot): the rest ships, exit 3
+    refusal_hint="export.fp16.enabled: false exports without it",
 )
 
 
@@ -222,7 +226,7 @@ def _worth_running(target: _Int8Target) -> Callable[[ExportContext, Made], bool]
                 f"for this model on this machine (set export.int8.min_speedup: 0 to ship it anyway)"
             )
             if _int8_required(target)(ctx):
-                raise ExportError(why)
+                raise StageUnavailableError(why)
             rec.status, rec.reason = "skipped", why
             record["shipped"] = False
             log.info("%s", why)
@@ -258,6 +262,7 @@ def _int8_row(target: _Int8Target, skip: Callable[[ExportContext], str | None], 
         fallible=(ConfigError, ExportError, BackendError, ValidationError),
         required=_int8_required(target),
         dropped=dropped,
+        refusal_hint=f"{target.switch}: auto exports without it",
     )
 
 

@@ -69,11 +69,16 @@ class Stage:
     applies: Callable[[ExportContext], bool] = _always  # False: not even a skipped record (nothing to do)
     #: after validation, whether the artifact ships (False: removed, not in the manifest); may run a stage
     ships: Callable[[ExportContext, Made], bool] | None = None
-    #: errors the export goes on after, without the row's artifacts, unless ``required``; ``dropped``
-    #: says so (a warning, from the row's module)
+    #: errors the export goes on after, without the row's artifacts: silently but for ``dropped`` (a
+    #: warning, from the row's module), or, when the row is ``required`` (asked for explicitly), as a
+    #: refusal: recorded in the manifest and export-report.json, and the export exits non-zero at the end
     fallible: tuple[type[BaseException], ...] = ()
     required: Callable[[ExportContext], bool] = _no
     dropped: Callable[[ExportContext, BaseException], None] | None = None
+    #: errors that are a refusal however the row was asked for (an FP16 artifact that misses its gate)
+    refused_on: tuple[type[BaseException], ...] = ()
+    #: what a refusal's line ends with: the setting that exports without the artifact
+    refusal_hint: str = ""
 
 
 def ort_gate(name: str, tolerance: str, backend: str) -> Gate:
