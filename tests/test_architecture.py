@@ -160,6 +160,110 @@ def test_the_checker_allows_the_documented_directions():
     assert not violations("vitdeploy.cli", "from ..serve import app\nfrom ..evaluate.bench import run_bench", True)
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the vitdeploy modules it imports (at the top, inside functions or for type checking)."""
+    graph = {}
+    for path in package_modules():
+        module = module_name(path)
+        found = imported_modules(module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
+        graph[module] = {target for _, target in found if target != module}
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or around a circle (strongly connected
+    components of more than one module), each sorted; iterative Tarjan."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next((c for c in children if c in graph), None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+    return circles
+
+
+def test_no_import_circle_between_modules():
+    """Two modules that need each other are one idea split in two, or two ideas tangled: either way a
+    reader cannot understand one without the other (a TYPE_CHECKING or in-function import counts)."""
+    circles = import_circles(import_graph())
+    assert not circles, "modules that import each other (merge them, or move what both need):\n" + "\n".join(
+        " <-> ".join(c) for c in circles
+    )
+
+
+def test_the_circle_checker_names_every_module_of_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"a"}, "f": {"f"}}
+    assert import_circles(graph) == [["a", "b", "c"]]
+    assert import_circles({"x": {"y"}, "y": {"x"}, "z": {"y"}}) == [["x", "y"]]
+    assert import_circles({"x": {"y"}, "y": set()}) == []
+    typed = imported_modules(
+        "vitdeploy.evaluate.reliability", "if TYPE_CHECKING:\n    from .bench import BenchResult", False
+    )
+    assert [t for _, t in typed] == ["vitdeploy.evaluate.bench"]  # a type-only import is an edge too
+
+
+FORMATS_PACKAGE = PACKAGE / "model" / "formats"
+#: What every checkpoint format shares; everything else in model/formats/ belongs to one format.
+FORMATS_SHARED = {"__init__.py", "base.py", "resolve.py", "shared.py"}
+
+
+def test_a_checkpoint_format_lives_in_one_place_and_is_registered_once():
+    """Each format is one module or one package named after it under model/formats/ (its reader:
+    detection, config, labels, preprocessing; in a package, ``convert.py`` beside it for the pure key
+    conversion), registered by one line of READERS; nothing format-specific elsewhere in model/."""
+    from vitdeploy.model.formats import FORMATS, READERS
+
+    places = {p.stem if p.is_file() else p.name for p in FORMATS_PACKAGE.iterdir() if p.name != "__pycache__"}
+    places -= {Path(n).stem for n in FORMATS_SHARED}
+    assert places == set(FORMATS), f"model/formats/ holds {sorted(places)}; READERS registers {sorted(FORMATS)}"
+    for fmt, reader in READERS.items():
+        assert type(reader).__module__ == f"vitdeploy.model.formats.{fmt}", (fmt, type(reader).__module__)
+        folder = FORMATS_PACKAGE / fmt
+        if folder.is_dir():
+            files = {p.name for p in folder.glob("*.py")}
+            assert files <= {"__init__.py", "convert.py"}, f"model/formats/{fmt}/ holds {sorted(files)}"
+    registry = (FORMATS_PACKAGE / "__init__.py").read_text(encoding="utf-8")
+    for reader in READERS.values():
+        assert registry.count(f"{type(reader).__name__}()") == 1, f"{type(reader).__name__} registered twice"
+    elsewhere = sorted(
+        str(p.relative_to(PACKAGE))
+        for p in (PACKAGE / "model").rglob("*.py")
+        if FORMATS_PACKAGE not in p.parents and any(f in p.stem for f in (*FORMATS, "convert", "reader"))
+    )
+    assert not elsewhere, f"format-specific modules outside model/formats/: {elsewhere}"
+
+
 def logical_lines(source: str, first: int = 1, last: int | None = None) -> int:
     """Logical lines (statements, a docstring or a comment counting one) between physical lines ``first``
     and ``last``."""

@@ -22,6 +22,12 @@ MOVED_MODULES = {
     },
     "vitdeploy.runtime.backends.trt_logging": "vitdeploy.runtime.backends.trt.log",
     "vitdeploy.runtime.backends.trt_metadata": "vitdeploy.runtime.backends.trt.metadata",
+    "vitdeploy.runtime.artifact_bundle": "vitdeploy.runtime.artifact_transfer",
+    # checkpoint formats: one place per format (model/formats/)
+    "vitdeploy.model.readers": "vitdeploy.model.formats",
+    **{f"vitdeploy.model.readers.{m}": f"vitdeploy.model.formats.{m}" for m in ("base", "resolve", "vitdeploy")},
+    **{f"vitdeploy.model.readers.{f}": f"vitdeploy.model.formats.{f}" for f in ("hf", "timm", "torchvision")},
+    **{f"vitdeploy.model.convert_{f}": f"vitdeploy.model.formats.{f}.convert" for f in ("hf", "timm", "torchvision")},
 }
 
 
@@ -46,4 +52,6 @@ class _MovedModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         sys.modules[module.__name__] = importlib.import_module(new)  # importlib returns what sys.modules holds
 
 
-sys.meta_path.append(_MovedModule())
+# First, so that an old subpackage path (vitdeploy.model.readers.hf) is this alias, not a second copy of
+# the module the path finder would load from the new package's folder.
+sys.meta_path.insert(0, _MovedModule())

@@ -24,7 +24,7 @@ from vitdeploy.model import (
     resample_pos_embed,
     save_checkpoint,
 )
-from vitdeploy.model.convert_hf import hf_preprocess
+from vitdeploy.model.formats.hf.convert import hf_preprocess
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 

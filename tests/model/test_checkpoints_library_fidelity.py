@@ -236,7 +236,7 @@ def test_torchvision_state_dict_gets_its_weights_transforms(reference, photos, t
 def test_every_torchvision_vit_weights_transform_is_reproduced(reference, photos):
     """Reference: torchvision's documented transforms of every ViT weight (pixels)."""
     from vitdeploy.model import ViTConfig
-    from vitdeploy.model.convert_torchvision import torchvision_preprocess
+    from vitdeploy.model.formats.torchvision.convert import torchvision_preprocess
 
     _, cases = reference
     checked = 0

@@ -26,7 +26,7 @@ pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip i
 from helpers.serve_process import ServeProcess, free_port  # noqa: E402
 
 from vitdeploy.demo import IMAGES_DIR  # noqa: E402
-from vitdeploy.runtime.artifact_bundle import CACHE_ENV  # noqa: E402
+from vitdeploy.runtime.artifact_transfer import CACHE_ENV  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.multinode]
 
@@ -177,7 +177,7 @@ def test_replicas_started_after_the_folder_is_gone_get_it_through_ray_and_answer
 
 
 def _bundle_key(folder: Path) -> str:
-    from vitdeploy.runtime.artifact_bundle import pack
+    from vitdeploy.runtime.artifact_transfer import pack
     from vitdeploy.runtime.artifacts import Artifacts
     from vitdeploy.runtime.backends import shipped_roles
 

@@ -7,7 +7,7 @@ The pipeline is Ray Data's, end to end: ``read_binary_files`` reads the bytes, d
 (:func:`~.workers.decode_batch`) preprocess them, an actor pool of Predictors (:class:`~.workers.Infer`)
 runs the model in batches of the export's ``opt`` and takes the top-k; the driver writes the small
 result rows (:mod:`.output`). The artifacts travel to every node through Ray's object store
-(:func:`~vitdeploy.runtime.artifact_bundle.pack`, put once), or each node fetches an artifacts URI
+(:func:`~vitdeploy.runtime.artifact_transfer.pack`, put once), or each node fetches an artifacts URI
 itself; each node unpacks them once into its cache, sha256-verified. Without ``address`` a local
 Ray is started for the job and stopped after it; an already-initialised Ray (a test, a notebook)
 is used as it is.
@@ -142,7 +142,7 @@ def _open_artifacts(settings: BatchSettings) -> Any:
 
     ensure_known(settings.backend)
     if is_uri(settings.artifacts):
-        from ..runtime.artifact_bundle import fetch_uri
+        from ..runtime.artifact_transfer import fetch_uri
 
         return fetch_uri(settings.artifacts, functools.partial(shipped_roles, settings.backend), settings.cache_dir)
     return Artifacts.open(settings.artifacts)
@@ -292,7 +292,7 @@ def _dataset(
         digest = hashlib.sha256(artifacts.manifest_path.read_bytes()).hexdigest()
         source = ("folder", (str(artifacts.directory), digest, roles or artifacts.roles))
     else:
-        from ..runtime.artifact_bundle import pack
+        from ..runtime.artifact_transfer import pack
 
         source = ("bundle", [ray.put(pack(artifacts, roles))])  # in a list: the actor fetches it
     by_scheme: dict[str, list[str]] = {}

@@ -65,7 +65,7 @@ class Infer:
     def __init__(self, spec: InferSpec) -> None:
         import ray
 
-        from ..runtime.artifact_bundle import fetch_uri, materialize, open_in_place
+        from ..runtime.artifact_transfer import fetch_uri, materialize, open_in_place
         from ..runtime.predictor import Predictor
 
         kind, where = spec.source

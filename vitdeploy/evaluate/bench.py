@@ -37,7 +37,7 @@ from ..export.manifest import library_versions
 from ..runtime.backends import first_line
 from .reliability import SPREAD_LIMIT, busy_machine_reason, contention, mark_unreliable, sample, usable_cores
 from .specs import BackendSpec, backend_specs, parse_backend_names, reference_options, try_open_spec
-from .timing import LatencyStats, cuda_event_timer, measure, percentile, speed_ratio, summarize  # noqa: F401
+from .timing import BenchResult, LatencyStats, cuda_event_timer, measure, percentile, speed_ratio, summarize  # noqa: F401
 
 log = logging.getLogger(__name__)
 
@@ -120,32 +120,6 @@ def _format_load(env: Mapping[str, Any]) -> str:
 
 # ------------------------------------------------------------------------------------------------
 # report
-
-
-@dataclass
-class BenchResult:
-    backend: str
-    batch_size: int
-    stats: LatencyStats
-    timer: str  # "perf_counter" | "cuda-events"
-    speedup: float | None = None  # eager torch CPU p50 / this p50
-    phases_ms: dict[str, float] | None = None  # end-to-end: mean ms per phase
-    phase_share: dict[str, float] | None = None  # end-to-end: fraction of the total per phase
-    unreliable: list[str] = field(default_factory=list)  # why the ratio cannot be trusted (empty: it can)
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {
-            "backend": self.backend,
-            "batch_size": self.batch_size,
-            **self.stats.to_dict(),
-            "timer": self.timer,
-            "speedup_vs_torch_cpu": self.speedup,
-            "speedup_unreliable": self.unreliable,
-        }
-        if self.phases_ms is not None:
-            out["phases_ms"] = self.phases_ms
-            out["phase_share"] = self.phase_share
-        return out
 
 
 @dataclass

@@ -13,11 +13,9 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterable
+from typing import Iterable
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .bench import BenchResult
-
+from .timing import BenchResult
 
 SPREAD_LIMIT = 1.5  # p90/p50 above this: the figure was disturbed while it was measured
 CORE_SLACK = 0.5  # other work + the benchmark's threads may exceed the usable cores by this much (in cores)

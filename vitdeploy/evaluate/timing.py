@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 
@@ -167,6 +167,7 @@ def speed_ratio(baseline_p50_ms: float | None, p50_ms: float | None) -> float | 
 
 
 __all__ = [
+    "BenchResult",
     "LatencyStats",
     "Timer",
     "cuda_event_timer",
@@ -177,3 +178,32 @@ __all__ = [
     "summarize",
     "wall_timer",
 ]
+
+
+@dataclass
+class BenchResult:
+    """One timed figure of `vitdeploy bench`: a backend at a batch size, its ratio to eager PyTorch and
+    why that ratio cannot be trusted (evaluate/reliability.py fills ``unreliable``)."""
+
+    backend: str
+    batch_size: int
+    stats: LatencyStats
+    timer: str  # "perf_counter" | "cuda-events"
+    speedup: float | None = None  # eager torch CPU p50 / this p50
+    phases_ms: dict[str, float] | None = None  # end-to-end: mean ms per phase
+    phase_share: dict[str, float] | None = None  # end-to-end: fraction of the total per phase
+    unreliable: list[str] = field(default_factory=list)  # why the ratio cannot be trusted (empty: it can)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "backend": self.backend,
+            "batch_size": self.batch_size,
+            **self.stats.to_dict(),
+            "timer": self.timer,
+            "speedup_vs_torch_cpu": self.speedup,
+            "speedup_unreliable": self.unreliable,
+        }
+        if self.phases_ms is not None:
+            out["phases_ms"] = self.phases_ms
+            out["phase_share"] = self.phase_share
+        return out

@@ -103,7 +103,7 @@ def resolve(cfg: PipelineConfig) -> Effective:
 
 def describe(eff: Effective, cfg: PipelineConfig) -> list[str]:
     """Lines for a person: the model understood, the preprocessing and each value's origin, the assumptions."""
-    from ..model.formats import SIZE_BY_WIDTH
+    from ..model.formats.shared import SIZE_BY_WIDTH
     from ..model.provenance import describe_spec
 
     ld, vit = eff.loaded, eff.loaded.config

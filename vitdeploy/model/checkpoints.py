@@ -1,7 +1,7 @@
 """Load a ViT checkpoint of any supported format into :class:`VisionTransformer`; save our own format.
 
 Formats are recognised from the contents of the file or directory, not its name, each by its reader
-(``model/readers/``: one module per format, one registry line; ``readers/resolve.py`` detects):
+(``model/formats/``: one place per format, one registry line; ``formats/resolve.py`` detects):
 
 * ``vitdeploy``: a directory with ``model.json`` (``"format": "vitdeploy"``) and ``model.safetensors``,
   or either file inside it.
@@ -30,12 +30,12 @@ from ..base.errors import CheckpointError
 from ..base.preprocess_spec import PreprocessSpec
 from ..base.vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
 from .config_schema import check_checkpoint_config
-from .formats import read_state_dict, shorten, to_float32
+from .formats import LoadOptions, Source, reader_for
+from .formats.resolve import resolve_source
+from .formats.shared import read_state_dict, shorten, to_float32
+from .formats.vitdeploy import FORMAT as OUR_FORMAT
+from .formats.vitdeploy import VERSION as OUR_VERSION
 from .provenance import CONFIG, Preprocessing
-from .readers import LoadOptions, Source, reader_for
-from .readers.resolve import resolve_source
-from .readers.vitdeploy import FORMAT as OUR_FORMAT
-from .readers.vitdeploy import VERSION as OUR_VERSION
 
 if TYPE_CHECKING:  # pragma: no cover
     from .vit import VisionTransformer, ViTConfig
@@ -52,7 +52,7 @@ class LoadedCheckpoint:
     config: "ViTConfig"
     labels: tuple[str, ...]
     preprocess: PreprocessSpec | None  # None only for a vitdeploy checkpoint saved without one
-    source_format: str  # "vitdeploy" | "timm" | "hf" | "torchvision" (readers.FORMATS)
+    source_format: str  # "vitdeploy" | "timm" | "hf" | "torchvision" (formats.FORMATS)
     name: str
     # Where each relevant preprocess field came from ("checkpoint: ...", "library default: ...", "pipeline.yaml: ...").
     preprocess_origins: dict[str, str] = field(default_factory=dict)
@@ -92,7 +92,7 @@ def load_checkpoint(
     pool ("token" | "avg" | "token_avg"): the pooling of a timm state dict without config.json (pipeline.yaml
         model.pool); checked against the pooling other checkpoints state.
     What was assumed is in the result's ``notes``; where each value came from in its origins.
-    The format's reader (``model/readers/``) does every format-specific step, in the same order for all.
+    The format's reader (``model/formats/<format>``) does every format-specific step, in the same order for all.
     """
     src = resolve_source(Path(path))
     reader = reader_for(src.format)

@@ -95,7 +95,7 @@ class _SizeDict(_Open):
 
 
 class HFPreprocessorConfig(_Open):
-    """preprocessor_config.json keys read by convert_hf.hf_preprocess."""
+    """preprocessor_config.json keys read by formats/hf/convert.hf_preprocess."""
 
     do_resize: StrictBool = True
     do_rescale: StrictBool = True
@@ -206,7 +206,7 @@ def check_checkpoint_config(fmt: str, meta: dict[str, Any], meta_dir: Path | Non
         _validate(HFConfig, meta, meta_dir / "config.json")
         pp = meta_dir / "preprocessor_config.json"
         if pp.is_file():
-            from .formats import read_json
+            from .formats.shared import read_json
 
             _validate(HFPreprocessorConfig, read_json(pp), pp)
     elif fmt == "timm":

@@ -1,5 +1,8 @@
 """A directory written by ``vitdeploy export``: its manifest, and its files checked before use.
 
+One of three modules about an export folder: ``manifest_schema`` (what a manifest may say), this one
+(a folder on this machine, verified) and ``artifact_transfer`` (getting a folder to another node).
+
 Every file the runtime opens goes through :meth:`Artifacts.path`, which refuses paths that leave
 the directory and verifies the file's size and sha256 (and those of its ONNX external data)
 against the manifest, once per :class:`Artifacts` instance. Needs neither torch nor

@@ -1,5 +1,8 @@
 """The schema of ``manifest.json`` and the checks that tie each artifact to it.
 
+One of three modules about an export folder: this one (what a manifest may say), ``artifacts`` (a
+folder on this machine, verified) and ``artifact_transfer`` (getting a folder to another node).
+
 A manifest is input like any other: a tampered or hand-edited one must be refused before any
 backend reads a byte it names. :func:`parse_manifest` validates it (pydantic, frozen): the
 sections the runtime trusts (``artifacts``, ``io``, ``batch``, ``preprocess``, ``labels``) refuse

@@ -163,7 +163,7 @@ def write_deploy_files(
     import yaml
 
     from ..base._files import write_bytes_atomic
-    from ..runtime.artifact_bundle import fetch_uri
+    from ..runtime.artifact_transfer import fetch_uri
     from ..runtime.artifacts import Artifacts
     from .runner import app_name
 

@@ -137,7 +137,7 @@ def _replayed(request: Request, body: bytes) -> Request:
 
 def open_artifacts(source: Any) -> Any:
     """The replica's verified Artifacts from a path, a URI or an ObjectRef of an ArtifactBundle."""
-    from ..runtime.artifact_bundle import fetch_uri, materialize
+    from ..runtime.artifact_transfer import fetch_uri, materialize
     from ..runtime.artifacts import Artifacts
 
     if isinstance(source, str) and "://" in source:

@@ -61,7 +61,7 @@ def _check_artifacts(settings: ServeSettings) -> Any:
     from ..runtime.artifacts import Artifacts
 
     if "://" in str(settings.artifacts):  # a URI: downloaded once into this node's cache, verified
-        from ..runtime.artifact_bundle import fetch_uri
+        from ..runtime.artifact_transfer import fetch_uri
 
         return fetch_uri(str(settings.artifacts))
     return Artifacts.open(settings.artifacts)
@@ -195,7 +195,7 @@ def _deploy(
 ) -> None:
     from ray import serve
 
-    from ..runtime.artifact_bundle import pack
+    from ..runtime.artifact_transfer import pack
     from ..runtime.backends import shipped_roles
     from .ray_app import build_app
 

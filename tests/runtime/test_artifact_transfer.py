@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vitdeploy.base.errors import ArtifactIntegrityError
-from vitdeploy.runtime.artifact_bundle import fetch_uri, materialize, open_in_place, pack
+from vitdeploy.runtime.artifact_transfer import fetch_uri, materialize, open_in_place, pack
 from vitdeploy.runtime.backends import artifact_roles
 from vitdeploy.runtime.predictor import Predictor
 

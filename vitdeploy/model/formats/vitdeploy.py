@@ -12,9 +12,9 @@ from ...base.errors import CheckpointError
 from ...base.preprocess_spec import PreprocessSpec
 from ...base.vit_schema import ViTConfig
 from ...base.vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
-from ..formats import check_variant, variant_template
 from ..provenance import CHECKPOINT, Preprocessing
 from .base import LoadOptions, ReadConfig, Reader, Source
+from .shared import check_variant, variant_template
 
 FORMAT, VERSION = "vitdeploy", 1
 

@@ -1,17 +1,18 @@
 """timm ``vision_transformer``: a state dict (.safetensors or a torch.save file), or a timm hub directory
 (``config.json`` with ``architecture``, ``pretrained_cfg``, ``model_args``). The key conversion and config
-inference are the pure functions of ``model/convert_timm.py``."""
+inference are the pure functions of ``convert.py`` beside this reader."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Optional
 
-from ...base.errors import CheckpointError
-from ...base.vit_schema import ViTConfig
-from .. import convert_timm
-from ..provenance import Preprocessing
-from .base import LoadOptions, ReadConfig, Reader, Source
+from ....base.errors import CheckpointError
+from ....base.vit_schema import ViTConfig
+from ...provenance import Preprocessing
+from ..base import LoadOptions, ReadConfig, Reader, Source
+from ..shared import shorten, weight_keys
+from . import convert as convert_timm
 
 
 class TimmReader(Reader):
@@ -27,17 +28,18 @@ class TimmReader(Reader):
         return convert_timm.looks_like_timm(keys)
 
     def open_meta(self, meta_path: Path, meta: dict[str, Any]) -> Source:
-        from .resolve import resolve_weights  # the weights are a bare timm state dict: detected by their keys
-
         d = meta_path.parent
         weights = [d / f for f in convert_timm.WEIGHT_FILES if (d / f).is_file()][:1]
         if not weights:
             raise CheckpointError(f"{d}: timm config.json but no {' or '.join(convert_timm.WEIGHT_FILES)}")
-        src = resolve_weights(weights[0])
-        if src.format != self.format:
-            raise CheckpointError(f"{weights[0]}: config.json says timm but the weights are {src.format}")
-        src.meta, src.meta_dir, src.name, src.where = meta, d, str(meta.get("architecture") or d.name), d
-        return src
+        keys, state = weight_keys(weights[0])  # the weights are a bare timm state dict: told by their keys
+        if not self.claims_keys(keys, weights[0]):
+            raise CheckpointError(
+                f"{weights[0]}: config.json says timm but these are not timm's tensor names "
+                f"(patch_embed.proj, blocks.N); first keys: {shorten(keys, 6)}"
+            )
+        name = str(meta.get("architecture") or d.name)
+        return Source(self.format, d, [weights[0]], meta=meta, meta_dir=d, state=state, name=name)
 
     def open_file(self, path: Path, meta: dict[str, Any]) -> Optional[Source]:
         return self.open_meta(path.parent / self.meta_file, meta) if path.name in convert_timm.WEIGHT_FILES else None

@@ -1,15 +1,15 @@
 """torchvision ``vit_*``: a state dict (``conv_proj``, ``encoder.layers``). The key conversion and the
-weights' transforms are the pure functions of ``model/convert_torchvision.py``."""
+weights' transforms are the pure functions of ``convert.py`` beside this reader."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from ...base.vit_schema import ViTConfig
-from .. import convert_torchvision
-from ..provenance import Preprocessing
-from .base import LoadOptions, ReadConfig, Reader, Source
+from ....base.vit_schema import ViTConfig
+from ...provenance import Preprocessing
+from ..base import LoadOptions, ReadConfig, Reader, Source
+from . import convert as convert_torchvision
 
 
 class TorchvisionReader(Reader):

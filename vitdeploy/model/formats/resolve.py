@@ -8,12 +8,12 @@ neighbours or, alone, by its tensor names.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from ...base.errors import CheckpointError
-from ..formats import read_json, read_state_dict, safetensors_keys, shorten, sniff, strip_prefixes
 from . import READERS
 from .base import Reader, Source
+from .shared import read_json, shorten, weight_keys
 
 WEIGHT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".ckpt")
 
@@ -88,12 +88,7 @@ def _resolve_file(path: Path) -> Source:
 
 def resolve_weights(path: Path) -> Source:
     """A weights file on its own, recognised by its tensor names."""
-    state: dict[str, Any] | None = None
-    if sniff(path) == "safetensors":
-        keys = set(strip_prefixes(dict.fromkeys(safetensors_keys(path))))
-    else:
-        state = read_state_dict(path)
-        keys = set(state)
+    keys, state = weight_keys(path)
     for reader in READERS.values():
         if reader.claims_keys(keys, path):
             return Source(reader.format, path, [path], state=state, name=path.stem)

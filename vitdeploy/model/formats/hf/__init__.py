@@ -1,19 +1,19 @@
 """Hugging Face: a ``save_pretrained`` directory of ViT / DeiT / DINOv2 (``config.json`` with ``model_type``,
 ``model.safetensors`` or ``pytorch_model.bin``, sharded or not, ``preprocessor_config.json``), or a weights
-file inside it. The key conversion and config reading are the pure functions of ``model/convert_hf.py``."""
+file inside it. The key conversion and config reading are the pure functions of ``convert.py`` beside this reader."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Optional
 
-from ...base.errors import CheckpointError
-from ...base.preprocess_spec import PreprocessSpec
-from ...base.vit_schema import ViTConfig
-from .. import convert_hf
-from ..formats import check_variant, read_json, variant_template
-from ..provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
-from .base import LoadOptions, ReadConfig, Reader, Source
+from ....base.errors import CheckpointError
+from ....base.preprocess_spec import PreprocessSpec
+from ....base.vit_schema import ViTConfig
+from ...provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
+from ..base import LoadOptions, ReadConfig, Reader, Source
+from ..shared import check_variant, read_json, variant_template
+from . import convert as convert_hf
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 

@@ -15,8 +15,8 @@ from vitdeploy.base.errors import ArtifactError, CheckpointError, ConfigError
 from vitdeploy.base.preprocess_spec import PreprocessSpec
 from vitdeploy.base.vit_schema import HEADS_BY_WIDTH, SIZE_BY_WIDTH, VARIANTS, parse_vit_config
 from vitdeploy.model import VisionTransformer, ViTConfig, load_checkpoint
-from vitdeploy.model.readers import FORMATS, READERS, Reader, reader_for
-from vitdeploy.model.readers.timm import TimmReader
+from vitdeploy.model.formats import FORMATS, READERS, Reader, reader_for
+from vitdeploy.model.formats.timm import TimmReader
 from vitdeploy.runtime.manifest_schema import parse_manifest
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
@@ -121,3 +121,13 @@ def test_manifest_preprocess_is_the_spec_checked_as_in_python():
         parse_manifest(_manifest({"background": [1.0, 2, 3]}), Path("m.json"))
     with pytest.raises(ArtifactError, match=r"unknown key 'preprocess.gamma'"):
         parse_manifest(_manifest({"gamma": 2.2}), Path("m.json"))
+
+
+def test_the_former_formats_module_names_still_resolve_with_a_warning():
+    import vitdeploy.model.formats as formats
+    from vitdeploy.model.formats import shared
+
+    with pytest.warns(DeprecationWarning, match="moved to vitdeploy.model.formats.shared.read_state_dict"):
+        assert formats.read_state_dict is shared.read_state_dict
+    with pytest.raises(AttributeError):
+        formats.no_such_helper  # noqa: B018 - the attribute lookup is the test

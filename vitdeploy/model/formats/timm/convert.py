@@ -9,21 +9,19 @@ preprocessing and, when present, ``label_names``.
 from __future__ import annotations
 
 import logging
-import math
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..base.errors import CheckpointError
-from ..base.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, PreprocessSpec
-from ..base.vocab import CROP_MODES, INTERPOLATIONS
-from .formats import SIZE_BY_WIDTH, layer_count, resolve_heads, variant_template
-from .provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
+from ....base.errors import CheckpointError
+from ....base.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, PreprocessSpec
+from ....base.vocab import CROP_MODES, INTERPOLATIONS
+from ...provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
+from ..shared import SIZE_BY_WIDTH, infer_config, variant_template
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from .vit import ViTConfig
+    from ...vit import ViTConfig
 
 logger = logging.getLogger(__name__)
 
@@ -42,91 +40,6 @@ def convert_timm_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torc
     """timm -> vitdeploy naming: identical names, so a shallow copy (unknown keys stay, and strict
     loading reports them: layer scale, register tokens, fc_norm ... are not supported)."""
     return dict(state)
-
-
-def _need(state: dict[str, Any], key: str, where: Path, fmt: str) -> "torch.Tensor":
-    if key not in state:
-        raise CheckpointError(
-            f"{where}: looks like a {fmt} ViT checkpoint but has no {key!r}, needed to infer the "
-            "architecture; the file is incomplete or not a standard ViT"
-        )
-    return state[key]
-
-
-def infer_config(
-    state: dict[str, "torch.Tensor"],
-    *,
-    prefix_keys: dict[str, str],
-    block_pattern: str,
-    where: Path,
-    fmt: str,
-    variant: str | None,
-    heads: int | None = None,
-    heads_origin: str = "",
-    act: str = "gelu",
-    layer_norm_eps: float = 1e-6,
-    family: dict[str, Any] | None = None,
-) -> tuple["ViTConfig", str]:
-    """(ViTConfig, where the head count came from) from tensor shapes. ``prefix_keys`` names where the
-    tensors are (``patch``, ``pos``, ``fc1``, ``head``: keys; ``qkv_bias``: a regex, qkv biases exist
-    when any key matches it). ``heads``: known head count (else :func:`resolve_heads`). ``family``:
-    the ViTConfig fields of the close relatives (prefix tokens, pooling ...; default: the paper's ViT);
-    whether the position table has rows for the prefix tokens is read from its length."""
-    from .vit import ViTConfig
-
-    proj = _need(state, prefix_keys["patch"], where, fmt)
-    if proj.ndim != 4 or proj.shape[2] != proj.shape[3]:
-        raise CheckpointError(
-            f"{where}: {prefix_keys['patch']} has shape {tuple(proj.shape)}; expected (width, C, p, p)"
-        )
-    width, channels, patch = int(proj.shape[0]), int(proj.shape[1]), int(proj.shape[2])
-    depth = layer_count(state, block_pattern)
-    if depth == 0:
-        raise CheckpointError(f"{where}: looks like a {fmt} ViT checkpoint but holds no transformer blocks")
-    family = dict(family or {})
-    prefix = int(family.get("class_token", True)) + int(family.get("distilled", False)) + family.get("reg_tokens", 0)
-    pos = _need(state, prefix_keys["pos"], where, fmt)
-    rows = int(pos.shape[-2])
-    with_prefix = [p for p in ((prefix, True), (0, False)) if _is_square(rows - p[0])]
-    if "pos_embed_prefix" in family:
-        with_prefix = [p for p in with_prefix if p[1] == family["pos_embed_prefix"]]
-    if not with_prefix:
-        raise CheckpointError(
-            f"{where}: {prefix_keys['pos']} has {rows} rows: neither {prefix} prefix token(s) + a square grid nor "
-            "a square grid alone; the position table does not fit the tokens the checkpoint has"
-        )
-    family["pos_embed_prefix"] = with_prefix[0][1]
-    tokens = rows - with_prefix[0][0]
-    grid = math.isqrt(tokens)
-    mlp = int(_need(state, prefix_keys["fc1"], where, fmt).shape[0])
-    head = state.get(prefix_keys["head"])
-    if heads is None:
-        heads, heads_origin = resolve_heads(width, depth, patch, variant, where)
-    try:
-        cfg = ViTConfig(
-            image_size=grid * patch,
-            patch_size=patch,
-            in_channels=channels,
-            width=width,
-            depth=depth,
-            heads=heads,
-            mlp_ratio=mlp / width,
-            qkv_bias=any(re.match(prefix_keys["qkv_bias"], k) for k in state),
-            layer_norm_eps=layer_norm_eps,
-            num_classes=int(head.shape[0]) if head is not None else 0,
-            act=act,
-            **family,
-        )
-    except ValueError as exc:
-        raise CheckpointError(f"{where}: inferred an invalid ViT from the tensors: {exc}") from exc
-    if cfg.mlp_dim != mlp:
-        raise CheckpointError(f"{where}: MLP width {mlp} cannot be represented for width {width}")
-    logger.info("%s: inferred %s ViT: %s", where, fmt, cfg)
-    return cfg, heads_origin
-
-
-def _is_square(n: int) -> bool:
-    return n > 0 and math.isqrt(n) ** 2 == n
 
 
 TIMM_KEYS = {

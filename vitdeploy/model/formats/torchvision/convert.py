@@ -11,14 +11,14 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..base.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
-from .convert_timm import infer_config
-from .provenance import LIBRARY, Preprocessing, describe_spec, override_hint
+from ....base.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, PreprocessSpec
+from ...provenance import LIBRARY, Preprocessing, describe_spec, override_hint
+from ..shared import infer_config
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from .vit import ViTConfig
+    from ...vit import ViTConfig
 
 _TOP = {
     "conv_proj.weight": "patch_embed.proj.weight",

@@ -38,15 +38,15 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..base._deps import require
-from ..base.errors import CheckpointError
-from ..base.preprocess_spec import PreprocessSpec
-from .provenance import CHECKPOINT, LIBRARY, Preprocessing
+from ....base._deps import require
+from ....base.errors import CheckpointError
+from ....base.preprocess_spec import PreprocessSpec
+from ...provenance import CHECKPOINT, LIBRARY, Preprocessing
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from .vit import ViTConfig
+    from ...vit import ViTConfig
 
 logger = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def hf_vit_config(
 ) -> "ViTConfig":
     """ViTConfig from a HF config.json (HF's ViTConfig defaults for absent keys); ``state``: the
     converted tensors, whose prefix tokens (DeiT's distillation token) the config does not state."""
-    from .vit import ViTConfig
+    from ...vit import ViTConfig
 
     model_type = config.get("model_type", "vit")
     if model_type not in MODEL_TYPES:
