@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from vitdeploy.evaluate.bench import cpu_model
+from vitdeploy.base.machine import cpu_model
 
 
 def cpu_flags(wanted: tuple[str, ...] = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile")) -> list[str]:

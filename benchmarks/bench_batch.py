@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_serve import DEFAULT_CACHE, cpu_seconds, demo_artifacts, loadavg, photos, spread, vit_small_artifacts  # noqa: E402
 
-from vitdeploy.evaluate.bench import cpu_model  # noqa: E402
+from vitdeploy.base.machine import cpu_model  # noqa: E402
 
 TARGET = 0.9
 VITDEPLOY = str(Path(sys.executable).with_name("vitdeploy"))

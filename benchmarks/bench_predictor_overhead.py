@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vitdeploy.evaluate.bench import cpu_model  # noqa: E402
+from vitdeploy.base.machine import cpu_model  # noqa: E402
 
 TARGET = 0.05
 BATCH = 8

@@ -41,8 +41,8 @@ from PIL import Image, features
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vitdeploy.base.machine import cpu_model
 from vitdeploy.base.preprocess_spec import PreprocessSpec
-from vitdeploy.evaluate.bench import cpu_model
 from vitdeploy.runtime import preprocess as preprocess_mod
 from vitdeploy.runtime.images import load_image
 from vitdeploy.runtime.preprocess import Preprocessor

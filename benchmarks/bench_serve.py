@@ -48,8 +48,8 @@ from typing import Any, Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vitdeploy.base.machine import cpu_model  # noqa: E402
 from vitdeploy.evaluate import reliability  # noqa: E402
-from vitdeploy.evaluate.bench import cpu_model  # noqa: E402
 
 TARGET = 0.9
 DEFAULT_CACHE = Path(os.environ.get("VITDEPLOY_BENCH_CACHE", "/tmp/vitdeploy-bench"))

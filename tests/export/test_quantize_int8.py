@@ -138,7 +138,7 @@ def test_int8_gate_that_cannot_pass(tiny_checkpoint, tmp_path, autopilot):
     base = {
         "model": {"checkpoint": str(tiny_checkpoint)},
         "validation": {"int8": IMPOSSIBLE},
-        "export": {"fp16": {"enabled": False}, "int8": {"autopilot": autopilot}},
+        "export": {"fp16": {"enabled": False}, "int8": {"autopilot": autopilot, "min_speedup": 0}},
     }
     out = tmp_path / "auto"
     result = run_export(parse_config(base, None), out, engine="skip", heartbeat_s=None)
@@ -162,7 +162,8 @@ def test_int8_gate_that_cannot_pass(tiny_checkpoint, tmp_path, autopilot):
     for name in ("ort", "torch"):
         open_backend(name, artifacts, CPU1).close()
     required = parse_config(
-        {**base, "export": {**base["export"], "int8": {"enabled": True, "autopilot": autopilot}}}, None
+        {**base, "export": {**base["export"], "int8": {"enabled": True, "autopilot": autopilot, "min_speedup": 0}}},
+        None,
     )
     with pytest.raises(RefusedStagesError, match="validation.int8") as refused:
         run_export(required, out, engine="skip", heartbeat_s=None)
@@ -239,10 +240,13 @@ def test_predict_runs_ort_int8_when_asked_and_auto_never_picks_it(demo_artifacts
     assert row["label"] == "3" and row["path"] == str(image)
 
 
-def test_an_int8_graph_that_does_not_pay_is_not_shipped(tiny_checkpoint, tmp_path):
-    """Timed against model.ort.onnx after the gate passes: below export.int8.min_speedup (here one no
-    machine reaches) no model.int8.onnx is written, the stage says why in one line, the rest ships;
-    required (enabled: true), the export is written without it and exits 4, its last line naming the key."""
+def test_an_int8_graph_that_does_not_pay_stops_before_any_accuracy_work(tiny_checkpoint, tmp_path):
+    """Speed first: the fully quantized graph is timed against model.ort.onnx before any validation or
+    autopilot step; below export.int8.min_speedup (here one no machine reaches) the stage stops at once,
+    says so in one line naming this CPU's INT8 instruction set, and the rest ships; required (enabled:
+    true), the export is written without it and exits 4, its last line naming the key."""
+    from vitdeploy.base.machine import int8_isa
+
     base = {
         "model": {"checkpoint": str(tiny_checkpoint)},
         "export": {"fp16": {"enabled": False}, "int8": {"min_speedup": 1e9}},
@@ -250,13 +254,15 @@ def test_an_int8_graph_that_does_not_pay_is_not_shipped(tiny_checkpoint, tmp_pat
     out = tmp_path / "auto"
     result = run_export(parse_config(base, None), out, engine="skip", heartbeat_s=None)
     stages = {s.name: s for s in result.stages}
-    assert stages["validate-int8"].status == "passed"  # accurate enough, and still not shipped
-    speed = stages["speed-int8"]
-    assert speed.status == "skipped" and "\n" not in speed.reason
-    assert "model.int8.onnx not shipped" in speed.reason and "export.int8.min_speedup 1e+09" in speed.reason
+    int8 = stages["int8"]
+    assert int8.status == "skipped" and "\n" not in int8.reason, int8
+    assert int8.reason.startswith("model.int8.onnx not written: INT8 does not pay on this CPU: ")
+    assert "fully quantized" in int8.reason and "needs >= 1e+09x" in int8.reason and int8_isa() in int8.reason
+    assert "validate-int8" not in stages and "speed-int8" not in stages  # no accuracy work was spent on it
     manifest = json.loads((out / "manifest.json").read_text())
     record = manifest["export"]["int8"]
-    assert record["shipped"] is False and record["speed"]["min_speedup"] == 1e9 and record["speed"]["speedup"] > 0
+    assert record["shipped"] is False and "autopilot" not in record
+    assert record["speed"]["min_speedup"] == 1e9 and record["speed"]["speedup"] > 0
     assert "onnx-int8" not in manifest["artifacts"] and not any(out.glob("model.int8.onnx*"))
     Artifacts.open(out)  # the rest of the export is valid
     required = {**base, "export": {**base["export"], "int8": {"enabled": True, "min_speedup": 1e9}}}
@@ -265,9 +271,32 @@ def test_an_int8_graph_that_does_not_pay_is_not_shipped(tiny_checkpoint, tmp_pat
     res = run_cli("export", "-c", str(config), "-o", str(tmp_path / "req"), "--engine", "skip")
     assert res.returncode == StageUnavailableError.exit_code == 4, res.stderr  # "a required stage is unavailable"
     last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: model.int8.onnx not shipped") and "export.int8.min_speedup: 0" in last, last
+    assert last.startswith("error: INT8 does not pay on this CPU") and "export.int8.min_speedup: 0" in last, last
     assert "refused: model.int8.onnx (int8)" in res.stdout and "manifest" in res.stdout, res.stdout
+    assert "validate-int8" not in res.stderr
     _assert_refused(tmp_path / "req", "int8", "export.int8.min_speedup")
+
+
+def test_a_graph_that_pays_is_timed_once_when_the_autopilot_keeps_it_whole(tiny_checkpoint, tmp_path):
+    """min_speedup tiny: the fully quantized graph pays and passes the (loose) gate at the autopilot's
+    first step, so the speed stage reuses the measurement taken before validation."""
+    loose = {
+        "max_abs_diff": 1e9,
+        "mean_abs_diff": 1e9,
+        "min_cosine": -1,
+        "min_top1_agreement": 0,
+        "min_top5_overlap": 0,
+    }
+    cfg = {
+        "model": {"checkpoint": str(tiny_checkpoint)},
+        "validation": {"int8": loose},
+        "export": {"fp16": {"enabled": False}, "int8": {"min_speedup": 1e-9}},
+    }
+    result = run_export(parse_config(cfg, None), tmp_path, engine="skip", heartbeat_s=None)
+    stages = {s.name: s for s in result.stages}
+    assert stages["speed-int8"].status == "passed" and "timed before validation" in stages["speed-int8"].reason
+    record = json.loads((tmp_path / "manifest.json").read_text())["export"]["int8"]
+    assert record["speed"] == record["speed_first"] and len(record["autopilot"]) == 1 and record["keep_float"] == []
 
 
 def test_min_speedup_0_ships_without_timing(demo_artifacts):

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..base.errors import ConfigError, InputError
 from ..base.limits import check_batch_size, clip
+from ..base.machine import cpu_model
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
 from .reliability import SPREAD_LIMIT, busy_machine_reason, contention, mark_unreliable, sample, usable_cores
@@ -44,20 +45,6 @@ log = logging.getLogger(__name__)
 DEFAULT_BATCH_SIZES = (1, 8, 32)
 BASELINE = "torch"  # eager FP32 PyTorch on the CPU
 _PHASES = ("preprocess", "inference", "postprocess")
-
-
-def cpu_model(cpuinfo: str | os.PathLike[str] = "/proc/cpuinfo") -> str:
-    """The CPU model name from /proc/cpuinfo (Linux), else what ``platform`` knows."""
-    try:
-        text = Path(cpuinfo).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    for key in ("model name", "Model", "Hardware", "Processor", "cpu model"):
-        for line in text.splitlines():
-            name, sep, value = line.partition(":")
-            if sep and name.strip() == key and value.strip():
-                return value.strip()
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def environment(threads: int | None = None) -> dict[str, Any]:

@@ -159,13 +159,27 @@ def climb(
     *,
     label: str,
     unmet: str,
+    speed: Any = None,
 ) -> AutopilotResult:
     """Write ``dst`` with ``make(keep_float)`` for each step and ``judge(dst)`` it (a
     :class:`~vitdeploy.export.compare.Comparison`); the first step that passes wins. GateError
-    (``unmet`` and the table) when none does, ``dst`` removed."""
+    (``unmet`` and the table) when none does, ``dst`` removed.
+
+    ``speed`` (an :class:`~vitdeploy.export.int8_speed.SpeedGuard`): the first graph is timed before
+    it is judged (its error propagates when it does not pay), and a later step whose estimated speed
+    is under the minimum ends the climb: GateError saying the gate and the speed cannot both be met."""
     done: list[Step] = []
-    for name, keep in steps:
+    for index, (name, keep) in enumerate(steps):
+        if speed is not None and index and not speed.can_pay(name, keep):
+            dst.unlink(missing_ok=True)
+            raise GateError(
+                f"{unmet.split(':')[0]}: validation.int8 and export.int8.min_speedup cannot both be met: "
+                f"{done[-1].name} missed validation.int8 ({', '.join(done[-1].failures[:2])}) and {speed.stopped}",
+                done,
+            )
         res = make(keep)
+        if speed is not None and index == 0:
+            speed.check_full(dst)
         verdict = judge(dst)
         done.append(Step(name, keep, verdict.passed, dict(verdict.metrics), tuple(verdict.failures)))
         log.info("%s autopilot: %s", label, done[-1].line())
@@ -197,9 +211,11 @@ def run_autopilot(
     calibration: np.ndarray | None,
     placement: Placement = ORT_CPU,
     stage: str = "validate-int8",
+    speed: Any = None,
     **quantize: Any,
 ) -> AutopilotResult:
-    """Quantize ``pre`` into ``dst`` with the fewest nodes in float that pass ``judge``; GateError when none does."""
+    """Quantize ``pre`` into ``dst`` with the fewest nodes in float that pass ``judge``; GateError when none
+    does (or, with ``speed``, when none that passes could still pay: see :func:`climb`)."""
     from .precision import activation_peaks
 
     model, ops = _graph(pre), placement.op_types
@@ -228,6 +244,7 @@ def run_autopilot(
         dst,
         label="int8",
         unmet=f"{stage}: validation.int8 not met even with every {names} in float",
+        speed=speed,
     )
 
 

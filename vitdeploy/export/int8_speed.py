@@ -4,16 +4,30 @@ A validated INT8 graph that runs no faster than ``model.ort.onnx`` is a file the
 nothing (or worse, one that is slower), so the int8 stage times both on the calibration batch (the
 profile's ``opt`` images of it), a few calls each, interleaved so that slow drift of the machine
 (frequency, other work) hits both alike, and ships the graph only at ``export.int8.min_speedup``.
+
+Speed first (:class:`SpeedGuard`): a graph with fewer INT8 nodes is not faster than the fully
+quantized one, so the fully quantized graph is timed before any accuracy work, and below the
+minimum the stage stops at once. While the autopilot returns nodes to float, each step's speed is
+estimated from the share of the MatMul/Gemm multiply-adds still INT8 (``share``) and the measured
+full speed-up ``S``: time interpolates linearly, ``t = t_fp32 * ((1 - share) + share / S)``, which is
+exact when every multiply-add gains alike and the other ops do not change (the Q/DQ pairs at the new
+float/INT8 borders only make it slower, so the estimate never stops a step that could pay). A step
+whose estimate is under the minimum is not built: no later step, with even less INT8, can pay.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+
+from ..base._deps import require
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,13 @@ class SpeedCheck:
         return (
             f"{self.speedup:.2f}x {baseline} at batch {self.batch} ({self.int8_s * 1e3:.1f} ms vs "
             f"{self.baseline_s * 1e3:.1f} ms, median of {self.calls} interleaved calls)"
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SpeedCheck":
+        """The check :meth:`to_dict` recorded (milliseconds as rounded there)."""
+        return cls(
+            d["baseline_ms"] / 1e3, d["int8_ms"] / 1e3, int(d["batch"]), int(d["calls"]), float(d["min_speedup"])
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -66,4 +87,129 @@ def time_against(int8: Any, baseline: Any, batch: np.ndarray, min_speedup: float
     return SpeedCheck(statistics.median(times[1]), statistics.median(times[0]), len(batch), calls, min_speedup)
 
 
-__all__ = ["SpeedCheck", "time_against"]
+def multiply_adds(model: Any, op_types: tuple[str, ...]) -> dict[str, float]:
+    """Node name -> multiply-adds per image of each ``op_types`` node (MatMul/Gemm: rows x K x N, the
+    batch axis 1), from ONNX shape inference on the graph without its weights.
+
+    What inference leaves symbolic is the batch (the first axis: 1) and, past a reshape, the token
+    count: it is read off the token-wise weight MatMuls whose shapes were inferred (a ViT's are all
+    the same). Inference also stops at operators it does not know (ONNX Runtime's fused attention in
+    model.ort.onnx): a node after one, whose weights say K x N, gets those token rows, a Gemm (the head,
+    on pooled features) one row, and a node with neither the mean of the others."""
+    onnx = require("onnx", "the INT8 speed estimate")
+    try:
+        graph = onnx.shape_inference.infer_shapes(_without_weights(model, onnx)).graph
+    except Exception as exc:  # noqa: BLE001 - an estimate only: without it every step is built and judged
+        log.info("no INT8 speed estimate (shape inference: %s)", exc)
+        return {}
+    shapes: dict[str, list[int | None]] = {
+        v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+        for v in (*graph.value_info, *graph.input, *graph.output)
+        if v.type.tensor_type.HasField("shape")
+    }
+    weights = {t.name: list(t.dims) for t in model.graph.initializer}
+    shapes.update(weights)
+    nodes = [n for n in model.graph.node if n.op_type in op_types and len(n.input) >= 2]
+    token_rows = [
+        shapes[n.input[0]][1]
+        for n in nodes
+        if n.op_type == "MatMul" and n.input[1] in weights and len(shapes.get(n.input[0]) or ()) == 3
+    ]
+    rows = float(np.median([r for r in token_rows if r])) if any(token_rows) else 1.0
+    out: dict[str, float] = {}
+    for node in nodes:
+        a, b = shapes.get(node.input[0]), shapes.get(node.input[1])
+        if a and b:
+            a = [1 if i == 0 and d is None else (rows if d is None else d) for i, d in enumerate(a)]
+            b = [rows if d is None else d for d in b]
+            cols = b[0] if node.op_type == "Gemm" and _gemm_transposed_b(node) else b[-1]
+            out[node.name] = float(np.prod(a[:-1])) * a[-1] * cols if len(a) > 1 else a[-1] * cols
+        elif node.input[1] in weights:  # past an operator inference does not know
+            out[node.name] = (rows if node.op_type == "MatMul" else 1.0) * float(np.prod(weights[node.input[1]]))
+    mean = float(np.mean(list(out.values()))) if out else 0.0
+    return {n.name: out.get(n.name, mean) for n in nodes} if out else {}
+
+
+def _gemm_transposed_b(node: Any) -> bool:
+    return any(a.name == "transB" and a.i == 1 for a in node.attribute)
+
+
+def _without_weights(model: Any, onnx: Any) -> Any:
+    """A copy of the graph for shape inference whose large initializers keep their dims but not their
+    bytes (a ViT-H graph is not copied with its 2.4 GB of weights); small ones (shapes, axes) stay whole,
+    as Reshape needs their values."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    graph = light.graph
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    for t in model.graph.initializer:
+        if int(np.prod(t.dims)) <= 64:
+            graph.initializer.add().CopyFrom(t)
+        else:
+            graph.initializer.add(name=t.name, dims=t.dims, data_type=t.data_type)
+    return light
+
+
+def int8_share(costs: dict[str, float], keep_float: tuple[str, ...]) -> float | None:
+    """The share of the multiply-adds still INT8 when ``keep_float`` is float (1.0: fully quantized);
+    None when the graph's shapes could not be inferred (no estimate)."""
+    total = sum(costs.values())
+    if total <= 0:
+        return None
+    kept = set(keep_float)
+    return sum(c for name, c in costs.items() if name not in kept) / total
+
+
+def estimated_speedup(full: float, share: float) -> float:
+    """The speed-up of a graph with ``share`` of its multiply-adds INT8, from the fully quantized
+    graph's measured ``full`` speed-up (the module docstring says why time interpolates linearly)."""
+    return 1.0 / ((1.0 - share) + share / full) if full > 0 else 0.0
+
+
+@dataclass
+class SpeedGuard:
+    """Speed first, for one INT8 graph and the autopilot's steps (see the module docstring).
+
+    ``measure(path)`` times a graph against the source and returns its SpeedCheck; ``costs`` are
+    :func:`multiply_adds` of the graph quantized; ``refuse(message)`` builds the error to raise."""
+
+    measure: Callable[[Any], SpeedCheck]
+    costs: dict[str, float]
+    min_speedup: float
+    source: str  # the graph's name the speed-up is against (model.ort.onnx)
+    cpu: str  # describe_cpu(): named in the refusal, as the verdict is this CPU's
+    refuse: Callable[[str], Exception]
+    full: SpeedCheck | None = None
+    stopped: str = ""
+
+    def check_full(self, path: Any) -> None:
+        """Time the fully quantized graph (before any accuracy work); raise when it does not pay."""
+        self.full = self.measure(path)
+        if not self.full.worth_it:
+            raise self.refuse(
+                f"INT8 does not pay on this CPU: {self.full.speedup:.2f}x {self.source} fully quantized at batch "
+                f"{self.full.batch} (needs >= {self.min_speedup:g}x; {self.cpu}); set export.int8.min_speedup: 0 "
+                "to ship it anyway"
+            )
+
+    def can_pay(self, step: str, keep_float: tuple[str, ...]) -> bool:
+        """Whether the step that keeps ``keep_float`` in float can still reach the minimum (estimated)."""
+        assert self.full is not None, "check_full first"
+        share = int8_share(self.costs, keep_float)
+        if share is None:
+            return True  # no estimate: the speed stage's measurement at the end decides
+        guess = estimated_speedup(self.full.speedup, share)
+        if guess >= self.min_speedup:
+            return True
+        self.stopped = (
+            f"{step} would leave {share:.0%} of the MatMul/Gemm multiply-adds INT8: ~{guess:.2f}x {self.source} "
+            f"from the measured {self.full.speedup:.2f}x fully quantized, under export.int8.min_speedup "
+            f"{self.min_speedup:g}"
+        )
+        return False
+
+
+__all__ = ["SpeedCheck", "SpeedGuard", "estimated_speedup", "int8_share", "multiply_adds", "time_against"]

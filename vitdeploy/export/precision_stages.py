@@ -111,17 +111,21 @@ class _Int8Target:
     label: str  # how the ONNX Runtime run that judges it is named in reports
     source: Callable[[ExportContext], Path]  # the FP32 graph quantized
     mode: Callable[[ExportContext], str]  # "static" | "dynamic"
+    timed: bool = False  # shipped only at export.int8.min_speedup (speed-<stage>, and timed first)
 
 
 def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made:
-    """One INT8 graph: quantize the target's source (the autopilot when ``export.int8.autopilot``)."""
+    """One INT8 graph: quantize the target's source (the autopilot when ``export.int8.autopilot``).
+
+    A timed target is timed first (int8_speed.SpeedGuard): when the fully quantized graph does not
+    pay on this CPU, the stage stops before any accuracy work (skipped when the graph is optional; a
+    refusal, exit 4, when it is required)."""
     from . import quantize
 
     section, out, src, mode = ctx.cfg.export.int8, ctx.out_dir, target.source(ctx), target.mode(ctx)
     path, placement = ctx.path(target.role), target.placement
     external = bool(ctx.entries[ctx.role_of(src)].get("external_data"))
     record = ctx.extra[target.record] = {"source": src.name, "mode": mode, "passed": False}
-    gate = ctx.cfg.validation.int8
     with tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=out) as tmp:
         calib = _calibration(ctx) if mode == "static" else None
         pre = quantize.prepare(src, Path(tmp) / "pre.onnx", external_data=external, placement=placement)
@@ -133,26 +137,20 @@ def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made
             external_data=external,
             placement=placement,
         )
-        steps: tuple = ()
-        if section.autopilot:
-            from .autopilot import GateError, run_autopilot
-
-            try:
-                pilot = run_autopilot(
-                    pre,
-                    path,
-                    judge=lambda p: _judge(ctx, p, target.label, gate),
-                    depth=ctx.loaded.config.depth,
-                    stage=f"validate-{target.stage}",
-                    **kwargs,
-                )
-            except GateError as exc:
-                record["autopilot"] = [s.to_dict() for s in exc.steps]
+        speed = _speed_guard(ctx, target, pre) if target.timed and section.min_speedup > 0 else None
+        try:
+            res, steps = _quantized(ctx, target, pre, path, record, speed, kwargs)
+        except StageUnavailableError as exc:
+            if speed is not None and speed.full is not None:
+                record["speed"] = speed.full.to_dict()
+            if _int8_required(target)(ctx):
                 raise
-            res, steps = pilot.result, pilot.steps
-            record["autopilot"] = [s.to_dict() for s in steps]
-        else:
-            res = quantize.quantize_prepared(pre, path, **kwargs)
+            path.unlink(missing_ok=True)
+            rec.status, rec.reason, record["shipped"] = "skipped", f"{path.name} not written: {first_line(exc)}", False
+            log.info("%s", rec.reason)
+            return ()
+        if speed is not None and speed.full is not None:
+            record["speed_first"] = speed.full.to_dict()
         record.update(res.summary())
         ops = "/".join(placement.op_types)
         if not res.quantized_nodes:
@@ -170,6 +168,70 @@ def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made
             + (f", {res.method} on {res.calibration_images} images" if res.method else f"; {quantize.DYNAMIC_CAVEAT}")
         )
     return (Artifact(target.role, path, tuple(res.external_data)),)
+
+
+def _quantized(
+    ctx: ExportContext, target: _Int8Target, pre: Path, path: Path, record: dict, speed: Any, kwargs: dict
+) -> tuple[Any, tuple]:
+    """(the quantization result, the autopilot's steps): the autopilot, or one fully quantized graph."""
+    from . import quantize
+
+    if not ctx.cfg.export.int8.autopilot:
+        res = quantize.quantize_prepared(pre, path, **kwargs)
+        if speed is not None:
+            speed.check_full(path)
+        return res, ()
+    from .autopilot import GateError, run_autopilot
+
+    try:
+        pilot = run_autopilot(
+            pre,
+            path,
+            judge=lambda p: _judge(ctx, p, target.label, ctx.cfg.validation.int8),
+            depth=ctx.loaded.config.depth,
+            stage=f"validate-{target.stage}",
+            speed=speed,
+            **kwargs,
+        )
+    except GateError as exc:
+        record["autopilot"] = [s.to_dict() for s in exc.steps]
+        raise
+    record["autopilot"] = [s.to_dict() for s in pilot.steps]
+    return pilot.result, pilot.steps
+
+
+def _speed_of(ctx: ExportContext, target: _Int8Target, path: Path) -> Any:
+    """An INT8 graph timed against its source on the calibration batch (int8_speed.time_against)."""
+    from ..runtime.backends.ort import OrtBackend
+    from .int8_speed import time_against
+
+    src = target.source(ctx)
+    rows = _calibration(ctx) if target.mode(ctx) == "static" else ctx.inputs.batch
+    batch = np.ascontiguousarray(rows[: max(1, min(len(rows), ctx.cfg.export.batch.opt))], dtype=np.float32)
+    int8, base = OrtBackend(path, ctx.chw, None, CPU, name=target.label), OrtBackend(src, ctx.chw, None, CPU)
+    try:
+        return time_against(int8, base, batch, ctx.cfg.export.int8.min_speedup)
+    finally:
+        int8.close()
+        base.close()
+
+
+def _speed_guard(ctx: ExportContext, target: _Int8Target, pre: Path) -> Any:
+    """Speed first for ``target`` (int8_speed.SpeedGuard): what the autopilot's steps cost, how to time one."""
+    import onnx
+
+    from ..base.machine import describe_cpu
+    from .int8_speed import SpeedGuard, multiply_adds
+
+    model = onnx.load(str(pre), load_external_data=False)
+    return SpeedGuard(
+        measure=lambda path: _speed_of(ctx, target, path),
+        costs=multiply_adds(model, target.placement.op_types),
+        min_speedup=ctx.cfg.export.int8.min_speedup,
+        source=target.source(ctx).name,
+        cpu=describe_cpu(),
+        refuse=StageUnavailableError,
+    )
 
 
 def _calibration(ctx: ExportContext) -> np.ndarray:
@@ -195,11 +257,11 @@ def _validated(target: _Int8Target) -> Callable[[ExportContext, Made], bool]:
 
 def _worth_running(target: _Int8Target) -> Callable[[ExportContext, Made], bool]:
     """After validation: time the INT8 graph against its source (the ``speed-<stage>`` stage); below
-    ``export.int8.min_speedup`` the graph is not shipped (required: ExportError)."""
+    ``export.int8.min_speedup`` the graph is not shipped (required: StageUnavailableError, exit 4). The
+    fully quantized graph was timed already (speed first): that measurement stands for it."""
 
     def ships(ctx: ExportContext, made: Made) -> bool:
-        from ..runtime.backends.ort import OrtBackend
-        from .int8_speed import time_against
+        from .int8_speed import SpeedCheck
 
         record, path, src = ctx.extra[target.record], made[0].path, target.source(ctx)
         record["passed"] = True
@@ -208,16 +270,10 @@ def _worth_running(target: _Int8Target) -> Callable[[ExportContext, Made], bool]
             if minimum <= 0:
                 rec.status, rec.reason = "skipped", "export.int8.min_speedup is 0: shipped without timing"
                 return True
-            rows = _calibration(ctx) if target.mode(ctx) == "static" else ctx.inputs.batch
-            batch = np.ascontiguousarray(rows[: max(1, min(len(rows), ctx.cfg.export.batch.opt))], dtype=np.float32)
-            int8, base = OrtBackend(path, ctx.chw, None, CPU, name=target.label), OrtBackend(src, ctx.chw, None, CPU)
-            try:
-                check = time_against(int8, base, batch, minimum)
-            finally:
-                int8.close()
-                base.close()
-            record["speed"] = check.to_dict()
-            verdict = check.describe(src.name)
+            timed = record.get("speed_first") if not record.get("keep_float") else None
+            check = SpeedCheck.from_dict(timed) if timed else _speed_of(ctx, target, path)
+            record["speed"] = dict(timed) if timed else check.to_dict()
+            verdict = check.describe(src.name) + (" (timed before validation: the same graph)" if timed else "")
             if check.worth_it:
                 rec.reason = verdict
                 return True
@@ -240,7 +296,7 @@ def _int8_required(target: _Int8Target) -> Callable[[ExportContext], bool]:
     return lambda ctx: getattr(ctx.cfg.export.int8, section) is True
 
 
-def _int8_row(target: _Int8Target, skip: Callable[[ExportContext], str | None], timed: bool) -> Stage:
+def _int8_row(target: _Int8Target, skip: Callable[[ExportContext], str | None]) -> Stage:
     """An INT8 graph's row. A failure (too few calibration images, the tools failing, validation.int8
     not met, too slow) is fatal when its switch is true; otherwise the export goes on without it."""
 
@@ -258,7 +314,7 @@ def _int8_row(target: _Int8Target, skip: Callable[[ExportContext], str | None], 
         skip=skip,
         roles=(target.role,),
         gate=ort_gate(f"validate-{target.stage}", "int8", target.label),
-        ships=(_worth_running if timed else _validated)(target),
+        ships=(_worth_running if target.timed else _validated)(target),
         fallible=(ConfigError, ExportError, BackendError, ValidationError),
         required=_int8_required(target),
         dropped=dropped,
@@ -286,9 +342,9 @@ INT8 = _int8_row(
         ORT_INT8,
         source=lambda ctx: ctx.artifacts.get("onnx-ort", ctx.artifacts["onnx"]),
         mode=lambda ctx: ctx.cfg.export.int8.mode,
+        timed=True,
     ),
     skip=lambda ctx: "export.int8.enabled is false" if ctx.cfg.export.int8.enabled is False else None,
-    timed=True,
 )
 #: model.int8.trt.onnx (placement TENSORRT) from the plain graph: the graph the INT8 TensorRT engine is
 #: built from, judged here by ONNX Runtime on the CPU
@@ -304,5 +360,4 @@ INT8_TENSORRT = _int8_row(
         mode=lambda ctx: "static",
     ),
     skip=_skip_int8_tensorrt,
-    timed=False,
 )
