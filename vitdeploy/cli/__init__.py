@@ -19,6 +19,7 @@ import click
 
 from .. import __version__
 from ..base.errors import RefusedStagesError, VitDeployError, first_line
+from ..base.memory import human
 from ..base.vocab import AUTO, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
 from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path
 
@@ -164,6 +165,10 @@ def _print_export(cfg: Any, result: Any) -> None:
     click.echo(f"  {'manifest':<15} {result.manifest_path}")
     for refusal in result.refused:
         click.echo(f"  refused: {', '.join(refusal['artifacts'])} ({refusal['stage']})")
+    peaks = [s for s in result.stages if getattr(s, "peak_rss", None)]
+    if peaks:
+        top = max(peaks, key=lambda s: s.peak_rss)
+        click.echo(f"peak memory: {human(top.peak_rss)} ({top.name}); every stage's peak: manifest.json stages")
     click.echo(f"next: {next_predict_command(cfg, result.out_dir)}")
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import click
 
+from ..base.memory import human
+
 STAGE_WIDTH = 22  # the longest stage name, "validate-ort-optimized"
 _ERASE = "\r\x1b[K"  # back to the line's start, clear it
 
@@ -93,19 +95,15 @@ class StageReporter:
         detail = ""
         if rec.status != "failed":
             sizes = ", ".join(f"{p.name} {file_size(p)}" for p in rec.outputs if p.exists())
-            detail = " ".join(x for x in (sizes, rec.reason) if x)
+            peak = f"[peak {human(rec.peak_rss)}]" if getattr(rec, "peak_rss", None) else ""
+            detail = " ".join(x for x in (sizes, rec.reason, peak) if x)
         self.console.line(f"  {rec.name:<{STAGE_WIDTH}} {rec.status:<8} {rec.seconds:7.1f}s  {detail}".rstrip())
         for line in getattr(rec, "details", ()):  # e.g. the model stage: what was understood, and from where
             self.console.line(f"    {line}")
 
 
 def file_size(path: Path) -> str:
-    n: float = path.stat().st_size
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    return human(path.stat().st_size)
 
 
 def fit_path(path: str, width: int) -> str:

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Literal
 
 import numpy as np
 
+from ..base import memory
 from ..base._files import write_json_atomic
 from ..base.config import PipelineConfig
 from ..base.vocab import ARTIFACT_FILES, EXPORT_REPORT_NAME
@@ -41,6 +42,7 @@ class StageRecord:
     reason: str = ""
     outputs: list[Path] = field(default_factory=list)
     details: list[str] = field(default_factory=list)  # lines to show a person (the model stage: what was understood)
+    peak_rss: int | None = None  # the process's peak resident bytes while the stage ran (base/memory.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +51,7 @@ class StageRecord:
             "seconds": round(self.seconds, 3),
             "reason": self.reason,
             "outputs": [p.name for p in self.outputs],
+            "peak_rss_bytes": self.peak_rss,
         }
 
 
@@ -181,6 +184,8 @@ class ExportContext:
         rec = StageRecord(name, "running")
         self.stages.append(rec)
         self.emit(rec)
+        memory.give_back()  # what earlier stages freed is not counted against this one
+        measured = memory.reset_peak()  # the peak from here is this stage's
         start = time.perf_counter()
 
         def beat() -> None:  # "running" again, with the seconds elapsed so far
@@ -191,12 +196,14 @@ class ExportContext:
             with heartbeat(beat, self.heartbeat_s if self.on_stage else None):
                 yield rec
         except BaseException as exc:
+            rec.peak_rss = memory.peak_rss_bytes() if measured else None
             rec.seconds, rec.status = time.perf_counter() - start, "failed"
             rec.reason = rec.reason or first_line(exc)
             self.emit(rec)
             self.write_report()
             raise
         rec.seconds = time.perf_counter() - start
+        rec.peak_rss = memory.peak_rss_bytes() if measured else None
         rec.status = "passed" if rec.status == "running" else rec.status  # a stage may mark itself skipped
         self.emit(rec)
 

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..base._deps import require
+from .onnx import without_weights
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def multiply_adds(model: Any, op_types: tuple[str, ...]) -> dict[str, float]:
     on pooled features) one row, and a node with neither the mean of the others."""
     onnx = require("onnx", "the INT8 speed estimate")
     try:
-        graph = onnx.shape_inference.infer_shapes(_without_weights(model, onnx)).graph
+        graph = onnx.shape_inference.infer_shapes(without_weights(model)).graph
     except Exception as exc:  # noqa: BLE001 - an estimate only: without it every step is built and judged
         log.info("no INT8 speed estimate (shape inference: %s)", exc)
         return {}
@@ -132,25 +133,6 @@ def multiply_adds(model: Any, op_types: tuple[str, ...]) -> dict[str, float]:
 
 def _gemm_transposed_b(node: Any) -> bool:
     return any(a.name == "transB" and a.i == 1 for a in node.attribute)
-
-
-def _without_weights(model: Any, onnx: Any) -> Any:
-    """A copy of the graph for shape inference whose large initializers keep their dims but not their
-    bytes (a ViT-H graph is not copied with its 2.4 GB of weights); small ones (shapes, axes) stay whole,
-    as Reshape needs their values."""
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    graph = light.graph
-    graph.node.extend(model.graph.node)
-    graph.input.extend(model.graph.input)
-    graph.output.extend(model.graph.output)
-    for t in model.graph.initializer:
-        if int(np.prod(t.dims)) <= 64:
-            graph.initializer.add().CopyFrom(t)
-        else:
-            graph.initializer.add(name=t.name, dims=t.dims, data_type=t.data_type)
-    return light
 
 
 def int8_share(costs: dict[str, float], keep_float: tuple[str, ...]) -> float | None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+import numpy as np
+
 from ..base._deps import require
 from ..base.errors import ExportError
 
@@ -179,6 +181,27 @@ def _check(path: Path, onnx: Any) -> None:
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as exc:  # noqa: BLE001
         raise ExportError(f"exported graph {path.name} fails onnx.checker / shape inference: {exc}") from exc
+
+
+def without_weights(model: Any) -> Any:
+    """A copy of the graph for shape inference whose large initializers keep their dims but not their
+    bytes (a ViT-H graph is not copied with its 2.4 GB of weights); small ones (shapes, axes) stay whole,
+    as Reshape needs their values."""
+    onnx = require("onnx", "ONNX shape inference")
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    graph = light.graph
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    for t in model.graph.initializer:
+        if int(np.prod(t.dims)) <= 64:
+            graph.initializer.add().CopyFrom(t)
+        else:
+            graph.initializer.add(name=t.name, dims=t.dims, data_type=t.data_type)
+    return light
 
 
 def read_metadata(path: Path) -> dict[str, str]:

@@ -25,7 +25,9 @@ float32 output.
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import tempfile
 import warnings
 from dataclasses import dataclass, field
@@ -37,6 +39,7 @@ import numpy as np
 from ..base._deps import require
 from ..base._files import atomic_path
 from ..base.errors import ExportError
+from .onnx import without_weights
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +66,27 @@ def hot_nodes(peaks: dict[str, float], max_abs_activation: float) -> list[str]:
     return sorted(node for node, peak in peaks.items() if not np.isfinite(peak) or peak > max_abs_activation)
 
 
-def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str) -> dict[str, float]:
-    """Max |value| of every float node output over ``calibration``, by producing node name."""
+def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str, batch: int = 1) -> dict[str, float]:
+    """Max |value| of every float node output over ``calibration``, by producing node name.
+
+    Every float node output becomes a graph output of a probe graph run in ONNX Runtime with its
+    optimizations off (so every node is seen). What that costs in memory is kept to the graph's own
+    weights once: shapes are inferred on a copy without the weights, the probe is written to disk and
+    the in-memory graph dropped before ONNX Runtime reads it back, without prepacking the weights, and
+    ``batch`` images at a time (every activation of a run is alive together: one image of ViT-H is ~1 GB
+    of them), reduced to one number per node as the runs stream."""
     onnx = require("onnx", "FP16 calibration")
     ort = require("onnxruntime", "FP16 calibration")
-    model = onnx.load(str(onnx_path))
+    model = onnx.load(str(onnx_path), load_external_data=False)
     graph_outputs = {o.name for o in model.graph.output}
-    producers: dict[str, str] = {}
-    inferred = onnx.shape_inference.infer_shapes(model)
+    inferred = onnx.shape_inference.infer_shapes(without_weights(model))
     float_values = {
         v.name
         for v in list(inferred.graph.value_info) + list(inferred.graph.output)
         if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     }
+    del inferred
+    producers: dict[str, str] = {}
     for node in model.graph.node:
         for out in node.output:
             if out in float_values:
@@ -84,23 +95,37 @@ def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str) 
                     model.graph.output.add().name = out
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # see every node
+    opts.add_session_config_entry("session.disable_prepacking", "1")  # a probe: no second copy of the weights
+    opts.enable_cpu_mem_arena = False  # each run's activations are freed, not kept for the next
     peaks: dict[str, float] = {}
-    with tempfile.TemporaryDirectory(prefix=".fp16-probe-", dir=onnx_path.parent) as tmp:
-        probe = Path(tmp) / "probe.onnx"  # a file, with external data: works past protobuf's 2 GB
-        onnx.save_model(model, str(probe), save_as_external_data=True, location="probe.data", size_threshold=1 << 20)
-        try:
-            session = ort.InferenceSession(str(probe), opts, providers=["CPUExecutionProvider"])
-            names = [o.name for o in session.get_outputs()]
-            for start in range(0, len(calibration), 8):
-                values = session.run(names, {input_name: calibration[start : start + 8]})
-                for name, value in zip(names, values):
-                    if name in producers and value.size:
-                        finite = np.all(np.isfinite(value))
-                        peak = float(np.max(np.abs(value))) if finite else float("inf")  # NaN/inf: always hot
-                        node = producers[name]
-                        peaks[node] = max(peaks.get(node, 0.0), peak)
-        except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types
-            raise ExportError(f"FP16 calibration of {onnx_path.name} failed in ONNX Runtime: {exc}") from exc
+    # Beside the source, so that weights it keeps in external data are read where they lie (not copied).
+    fd, name = tempfile.mkstemp(prefix=".fp16-probe-", dir=onnx_path.parent)
+    os.close(fd)
+    probe = Path(name)
+    try:
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+            onnx.save_model(model, str(probe))  # the references to the source's data file stay as they are
+        else:  # weights inline: written once beside the probe (works past protobuf's 2 GB)
+            onnx.save_model(model, str(probe), save_as_external_data=True, location=probe.name + ".data")
+        del model
+        gc.collect()
+        session = ort.InferenceSession(str(probe), opts, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        for start in range(0, len(calibration), batch):
+            values = session.run(names, {input_name: calibration[start : start + batch]})
+            for out, value in zip(names, values):
+                if out in producers and value.size:
+                    finite = np.all(np.isfinite(value))
+                    peak = float(np.max(np.abs(value))) if finite else float("inf")  # NaN/inf: always hot
+                    node = producers[out]
+                    peaks[node] = max(peaks.get(node, 0.0), peak)
+            del values
+        del session
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types
+        raise ExportError(f"FP16 calibration of {onnx_path.name} failed in ONNX Runtime: {exc}") from exc
+    finally:
+        probe.unlink(missing_ok=True)
+        probe.with_name(probe.name + ".data").unlink(missing_ok=True)
     return peaks
 
 
@@ -132,6 +157,11 @@ def convert_fp16(
             ", ".join(hot[:10]),
         )
     model = onnx.load(str(onnx_path))
+    # the converter's own shape inference would copy the model with its weights: inferred here without them
+    inferred = onnx.shape_inference.infer_shapes(without_weights(model)).graph.value_info
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred)
+    del inferred
     _drop_initializer_value_info(model.graph)
     _unshare_initializers(model.graph, lambda n: n.op_type in set(keep_fp32_ops) or n.name in set(blocked))
     try:
@@ -143,6 +173,7 @@ def convert_fp16(
                 op_block_list=list(keep_fp32_ops),
                 node_block_list=blocked,
                 max_finite_val=65504.0,
+                disable_shape_infer=True,
             )
         if clamped:
             log.info("FP16 conversion clamped %d float32 constants to FP16's range", len(clamped))

@@ -67,7 +67,7 @@ def clean_stale(final: Path, names: set[str]) -> list[Path]:
     """Remove leftovers of killed exports into ``final``; returns what was removed."""
     removed: list[Path] = []
     temp = re.compile(rf"^\.(?P<name>.+)\.{_RANDOM}(\.tmp)?$")
-    probe = re.compile(rf"^\.fp16-probe-{_RANDOM}$")
+    probe = re.compile(rf"^\.fp16-probe-{_RANDOM}(\.data)?$")  # a probe graph and its weights
     inside = re.compile(rf"^\.{STAGING_TAG}-(?P<pid>\d+)-{_RANDOM}$")
     beside = re.compile(rf"^\.{re.escape(final.name)}\.{STAGING_TAG}-(?P<pid>\d+)-{_RANDOM}$")
 
