@@ -105,7 +105,7 @@ def test_an_added_row_is_timed_validated_and_recorded_in_the_manifest_entries(tm
         ("validate-made-up", "passed"),
     ]
     assert ctx.stages[1].outputs == [tmp_path / "model.fp16.onnx"] and ctx.stages[1].reason == "written"
-    assert ctx.stages[2].reason.startswith("4 inputs at batch 1, 3; worst max|diff| 0.0001")
+    assert ctx.stages[2].reason.startswith("4 inputs at batch 3, 4 inputs at batch 1; worst max|diff| 0.0001")
     assert ctx.artifacts == {ROLE: tmp_path / "model.fp16.onnx"} and ctx.entries[ROLE]["bytes"] == 5
     assert ctx.validation["validate-made-up"]["passed"] is True
     assert set(ctx.validation["validate-made-up"]["per_batch"]) == {"1", "3"}

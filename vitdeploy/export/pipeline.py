@@ -158,9 +158,10 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
                 f"(artifact renamed *.rejected; full report: {ctx.final_dir / EXPORT_REPORT_NAME}); "
                 f"loosen validation.{gate.tolerance} to accept it"
             )
+        runs = result.rows or {b: len(ctx.inputs.names) for b in sizes}
         rec.reason = (
-            f"{len(ctx.inputs.names)} inputs at batch {', '.join(map(str, sizes))}; "
-            f"worst max|diff| {result.worst_metrics()['max_abs_diff']:.3g}"
+            ", ".join(f"{n} inputs at batch {b}" for b, n in sorted(runs.items(), key=lambda kv: -kv[0]))
+            + f"; worst max|diff| {result.worst_metrics()['max_abs_diff']:.3g}"
         )
 
 
