@@ -168,18 +168,18 @@ def test_refuses_to_overwrite_source_and_bad_sizes(tiny_onnx, tmp_path):
 
 
 def test_failed_write_leaves_no_file(tiny_onnx, tmp_path, monkeypatch):
-    import onnx
-
     from vitdeploy.base.errors import ExportError
+    from vitdeploy.export import onnx as onnx_writer
     from vitdeploy.export.optimize import optimize_for_ort
 
     target = tmp_path / "model.ort.onnx"
     target.write_bytes(b"previous")
 
-    def broken_save(*args, **kwargs):
+    def half_then_disk_full(proto, path):  # a write that stops half way, as a full disk stops it
+        path.write_bytes(proto.SerializeToString()[:100])
         raise OSError("disk full")
 
-    monkeypatch.setattr(onnx, "save_model", broken_save)
+    monkeypatch.setattr(onnx_writer, "write_streamed", half_then_disk_full)
     with pytest.raises(ExportError, match="disk full"):
         optimize_for_ort(tiny_onnx, target, num_heads=HEADS, hidden_size=WIDTH)
     assert target.read_bytes() == b"previous", "a failed write must leave the old file as it was"

@@ -115,7 +115,7 @@ def save_onnx_atomic(proto: Any, path: Path, *, external: bool, check: bool = Tr
                     size_threshold=1024,
                 )
             else:
-                onnx.save_model(proto, str(staged))
+                write_streamed(proto, staged)
         except (OSError, ValueError) as exc:
             raise ExportError(f"cannot write {path}: {exc}") from exc
         if check:
@@ -130,6 +130,38 @@ def save_onnx_atomic(proto: Any, path: Path, *, external: bool, check: bool = Tr
         return OnnxArtifact(path=path, external_data=tuple(externals))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def write_streamed(proto: Any, path: Path) -> None:
+    """``proto`` serialized to ``path`` one weight at a time: the graph without its initializers first,
+    then each initializer as a message of its own. Protobuf merges repeated occurrences of an embedded
+    message (the graph), appending their repeated fields, so the file parses as the one model
+    ``proto`` is (tested byte for byte against onnx.save_model's file, loaded), while memory holds one
+    tensor's bytes beside the graph instead of a serialized copy of every weight."""
+    onnx = require("onnx", "writing ONNX")
+    head = onnx.ModelProto()
+    for field, value in proto.ListFields():
+        if field.name != "graph":
+            _copy_field(head, field, value)
+    for field, value in proto.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(head.graph, field, value)
+    with open(path, "wb") as out:
+        out.write(head.SerializeToString())
+        for tensor in proto.graph.initializer:
+            chunk = onnx.ModelProto()
+            chunk.graph.initializer.add().CopyFrom(tensor)
+            out.write(chunk.SerializeToString())
+
+
+def _copy_field(dst: Any, field: Any, value: Any) -> None:
+    repeated = field.is_repeated if hasattr(field, "is_repeated") else field.label == field.LABEL_REPEATED
+    if repeated:
+        getattr(dst, field.name).extend(value)
+    elif field.message_type:
+        getattr(dst, field.name).CopyFrom(value)
+    else:
+        setattr(dst, field.name, value)
 
 
 @contextlib.contextmanager

@@ -311,6 +311,9 @@ def _ort_fusions(
     options = FusionOptions("vit")
     options.enable_attention = False  # done above; ORT's matcher does not know this pattern anyway
     options.enable_embed_layer_norm = False
+    # its shape inference (symbolic, on a copy of the graph with every weight) feeds none of the fusions
+    # enabled here: BiasGelu / FastGelu match node patterns (the same graph comes out without it)
+    options.enable_shape_inference = False
     options.enable_gelu_approximation = bool(gelu_approximation)
     options.enable_skip_layer_norm = options.enable_bias_skip_layer_norm = bool(skip_layer_norm)
     with quiet_loggers("onnxruntime.transformers", "onnx_model", "fusion_base", "optimizer"):
