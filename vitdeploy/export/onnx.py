@@ -216,9 +216,10 @@ def _check(path: Path, onnx: Any) -> None:
 
 
 def without_weights(model: Any) -> Any:
-    """A copy of the graph for shape inference whose large initializers keep their dims but not their
-    bytes (a ViT-H graph is not copied with its 2.4 GB of weights); small ones (shapes, axes) stay whole,
-    as Reshape needs their values."""
+    """A copy of the graph for shape inference whose weight matrices (2-D initializers, nearly all of a
+    ViT's bytes) keep their dims but not their bytes: a ViT-H graph is not copied with its 2.4 GB of
+    weights. Every other initializer stays whole (shapes and axes for Reshape; the position table and
+    class token, which symbolic shape inference reads)."""
     onnx = require("onnx", "ONNX shape inference")
     light = onnx.ModelProto()
     light.ir_version = model.ir_version
@@ -229,7 +230,7 @@ def without_weights(model: Any) -> Any:
     graph.output.extend(model.graph.output)
     graph.value_info.extend(model.graph.value_info)
     for t in model.graph.initializer:
-        if int(np.prod(t.dims)) <= 64:
+        if len(t.dims) != 2 or int(np.prod(t.dims)) <= 64:
             graph.initializer.add().CopyFrom(t)
         else:
             graph.initializer.add(name=t.name, dims=t.dims, data_type=t.data_type)
