@@ -54,6 +54,15 @@ def test_a_right_graph_passes_at_every_size_running_every_input_once_and_a_sampl
     assert report["rows_per_batch"] == {"1": SAMPLE, "3": SAMPLE, "16": N} and report["passed"]
 
 
+def test_logits_the_autopilot_already_computed_at_the_largest_batch_are_not_computed_again(inputs):
+    graph = Graph()
+    known = graph.exact(inputs.batch)
+    result = validate_artifact("validate-x", graph, inputs, known, FP32, (1, 3, 16), largest_logits=known)
+    assert result.passed and graph.rows == 2 * SAMPLE and result.rows == {1: SAMPLE, 3: SAMPLE, 16: N}
+    wrong = validate_artifact("validate-x", graph, inputs, known, FP32, (1, 3, 16), largest_logits=known + 1)
+    assert not wrong.per_batch[16].passed  # judged all the same
+
+
 def test_a_graph_wrong_only_at_batch_1_is_caught(inputs):
     shifted = Graph(wrong=lambda out: out + 0.5 if len(out) == 1 else out)
     result = _validate(shifted, inputs)

@@ -113,6 +113,9 @@ class ExportContext:
     #: explicitly requested stages that could not be met: the export goes on without their artifacts,
     #: records them (manifest "export.refused", export-report.json) and fails at the end
     refused: list[Refusal] = field(default_factory=list)
+    #: logits a graph gave at the largest validation batch while the autopilot judged it, keyed by the
+    #: file's identity (device, inode, size, mtime): its validation reuses them instead of a second pass
+    judged: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)
     _trt_reason: Any = field(default=..., init=False, repr=False)  # asked once: tensorrt_unavailable()
 
     def __post_init__(self) -> None:
@@ -146,6 +149,11 @@ class ExportContext:
         self.drop(roles)
         self.refused.append(Refusal(stage, roles, exc, hint))
         self.extra["refused"] = self.refusals()
+
+    @staticmethod
+    def file_identity(path: Path) -> tuple[int, ...]:
+        st = path.stat()
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
     def refusals(self) -> list[dict[str, Any]]:
         """What was refused, as the manifest and export-report.json record it."""

@@ -138,6 +138,7 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
     sizes = gate.sizes(ctx) if gate.sizes else ctx.sizes
     with ctx.stage(gate.name) as rec:
         backend = gate.open(ctx, made)
+        judged = ctx.judged.pop(ctx.file_identity(made[0].path), None) if max(sizes) == max(ctx.sizes) else None
         try:
             result = validate_artifact(
                 gate.name,
@@ -146,6 +147,7 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
                 ctx.reference,
                 getattr(ctx.cfg.validation, gate.tolerance).model_dump(),
                 sizes,
+                largest_logits=judged,
             )
         finally:
             backend.close()

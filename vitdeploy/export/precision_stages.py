@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 
 def _judge(ctx: ExportContext, path: Path, label: str, tolerance: Any) -> Any:
-    """One autopilot step: the candidate graph at the largest validation batch against eager PyTorch."""
+    """One autopilot step: the candidate graph at the largest validation batch against eager PyTorch.
+    Its logits are kept for the graph as written: the validation of the step that passes reuses them."""
     from ..runtime.backends.ort import OrtBackend
     from .compare import compare
     from .validate import run_in_batches
@@ -41,6 +42,7 @@ def _judge(ctx: ExportContext, path: Path, label: str, tolerance: Any) -> Any:
         logits = run_in_batches(backend, ctx.inputs.batch, max(ctx.sizes))
     finally:
         backend.close()
+    ctx.judged = {ctx.file_identity(path): logits}  # only the latest step can be the graph that ships
     return compare(ctx.reference, logits, tolerance.model_dump())
 
 
