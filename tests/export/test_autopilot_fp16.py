@@ -19,6 +19,7 @@ from pathlib import Path
 
 import onnx
 import pytest
+from helpers.thresholds import IMPOSSIBLE
 from onnx import TensorProto
 
 from vitdeploy.base.config import parse_config
@@ -119,15 +120,8 @@ def test_a_stricter_gate_returns_op_types_then_blocks_to_float32(demo_artifacts,
 
 
 def test_every_node_float32_is_the_fp32_graph_and_an_impossible_gate_fails_with_the_table(demo_artifacts, tmp_path):
-    impossible = {
-        "max_abs_diff": 0.0,
-        "mean_abs_diff": 0.0,
-        "min_cosine": 1.0,
-        "min_top1_agreement": 1.0,
-        "min_top5_overlap": 1.0,
-    }
     with pytest.raises(RefusedStagesError, match="validation.fp16 not met even with every node in float32") as refused:
-        _export(tmp_path, gate=impossible)
+        _export(tmp_path, gate=IMPOSSIBLE)
     assert refused.value.exit_code == ValidationError.exit_code == 3
     report = json.loads((tmp_path / "export-report.json").read_text())
     steps = report["validation"]["validate-fp16"]["autopilot"]

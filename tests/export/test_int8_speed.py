@@ -14,20 +14,13 @@ import re
 
 import onnx
 import pytest
+from helpers.thresholds import IMPOSSIBLE
 
 from vitdeploy.base.config import parse_config
 from vitdeploy.base.errors import RefusedStagesError, ValidationError
 from vitdeploy.export import int8_speed
 from vitdeploy.export.int8_speed import SpeedCheck, estimated_speedup, int8_share, multiply_adds
 from vitdeploy.export.pipeline import run_export
-
-IMPOSSIBLE = {
-    "max_abs_diff": 0.0,
-    "mean_abs_diff": 0.0,
-    "min_cosine": 1.0,
-    "min_top1_agreement": 1.0,
-    "min_top5_overlap": 1.0,
-}
 
 
 def test_time_interpolates_linearly_in_the_int8_share():

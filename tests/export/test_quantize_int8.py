@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers.bad_input import run_cli
+from helpers.thresholds import IMPOSSIBLE
 
 from vitdeploy.base.config import parse_config
 from vitdeploy.base.errors import ConfigError, RefusedStagesError, StageUnavailableError, ValidationError
@@ -122,15 +123,6 @@ def _assert_refused(out: Path, stage: str, key: str) -> None:
     assert not (out / "model.int8.onnx").exists()
     artifacts = Artifacts.open(out)  # every file verifies
     open_backend("ort", artifacts, CPU1).close()
-
-
-IMPOSSIBLE = {
-    "max_abs_diff": 0.0,
-    "mean_abs_diff": 0.0,
-    "min_cosine": 1.0,
-    "min_top1_agreement": 1.0,
-    "min_top5_overlap": 1.0,
-}
 
 
 @pytest.mark.parametrize("autopilot", [True, False])

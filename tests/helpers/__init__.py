@@ -7,4 +7,6 @@ tests/test_architecture.py (tests/<room>/test_<module>.py) do not apply.
 - ``strict_tensorrt``: a strict stand-in for the ``tensorrt`` module, from the real bindings' signatures.
 - ``library_reference``: timm and torchvision running their own models (a script for ``.venv-ref``).
 - ``library_fidelity``: photos, the reference run and the comparisons of the library-fidelity tests.
+- ``held``: overload made deterministic: the process that runs the model held (SIGSTOP) while requests arrive.
+- ``thresholds``: validation thresholds the tests need (a gate no graph can pass).
 """

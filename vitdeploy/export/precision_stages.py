@@ -142,7 +142,7 @@ def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made
         speed = _speed_guard(ctx, target, pre) if target.timed and section.min_speedup > 0 else None
         try:
             res, steps = _quantized(ctx, target, pre, path, record, speed, kwargs)
-        except StageUnavailableError as exc:
+        except StageUnavailableError as exc:  # does not pay: the timing is the verdict
             if speed is not None and speed.full is not None:
                 record["speed"] = speed.full.to_dict()
             if _int8_required(target)(ctx):
@@ -151,8 +151,9 @@ def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made
             rec.status, rec.reason, record["shipped"] = "skipped", f"{path.name} not written: {first_line(exc)}", False
             log.info("%s", rec.reason)
             return ()
-        if speed is not None and speed.full is not None:
-            record["speed_first"] = speed.full.to_dict()
+        finally:  # the first timing, whatever the autopilot's outcome (the manifest and the report keep it)
+            if speed is not None and speed.full is not None:
+                record["speed_first"] = speed.full.to_dict()
         record.update(res.summary())
         ops = "/".join(placement.op_types)
         if not res.quantized_nodes:
