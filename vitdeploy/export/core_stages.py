@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..base.config import PipelineConfig
-from ..base.errors import ExportError, MissingDependencyError
+from ..base.errors import ExportError, MissingDependencyError, StageUnavailableError
 from ..base.vocab import EXPORT_REPORT_NAME
 from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from ..runtime.backends import first_line
@@ -183,5 +183,7 @@ ORT_OPTIMIZE = Stage(
     roles=("onnx-ort",),
     skip=lambda ctx: None if ctx.cfg.export.optimize else "export.optimize is false",
     gate=ort_gate("validate-ort-optimized", "fp32", "ort"),
+    refused_on=(StageUnavailableError,),  # no memory for it here (export/memory_budget.py): the rest ships, exit 4
+    refusal_hint="export.optimize: false exports without it",
 )
 MANIFEST = Stage("manifest", _manifest)

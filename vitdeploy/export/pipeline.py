@@ -32,6 +32,7 @@ from typing import Any, Iterator, Sequence
 from ..base.config import PipelineConfig
 from ..base.errors import ExportError, RefusedStagesError, ValidationError
 from ..base.vocab import ARTIFACT_FILES, EXPORT_REPORT_NAME, MANIFEST_NAME, TIMING_CACHE_NAME
+from . import memory_budget
 from .context import EngineMode, ExportContext, StageCallback, StageRecord
 from .core_stages import MANIFEST, MODEL, ONNX, ORT_OPTIMIZE, REFERENCE, reference_logits, validation_images
 from .effective import load_model, resolve_preprocess
@@ -92,6 +93,8 @@ def run_stages(ctx: ExportContext, table: Sequence[Stage] = STAGES) -> None:
             continue
         with _unless_optional(ctx, row):
             with ctx.stage(row.name) as rec:
+                if ctx.loaded is not None:
+                    memory_budget.check(row.name, memory_budget.weight_bytes(ctx.loaded.model))
                 made = row.run(ctx, rec)
                 rec.outputs = rec.outputs or [f for artifact in made for f in artifact.files]
             if rec.status != "skipped":  # a stage that found it cannot make its artifact marks itself skipped

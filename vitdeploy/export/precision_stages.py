@@ -93,7 +93,8 @@ FP16 = Stage(
     roles=("onnx-fp16",),
     gate=ort_gate("validate-fp16", "fp16", ORT_FP16),
     skip=lambda ctx: None if ctx.cfg.export.fp16.enabled else "export.fp16.enabled is false",
-    refused_on=(ValidationError,),  # missed validation.fp16 (after the autopilot): the rest ships, exit 3
+    # missed validation.fp16 (after the autopilot): the rest ships, exit 3; no memory for it: exit 4
+    refused_on=(ValidationError, StageUnavailableError),
     refusal_hint="export.fp16.enabled: false exports without it",
 )
 
