@@ -58,9 +58,10 @@ class RefusedStagesError(VitDeployError):
     ``refusals`` holds each refused stage's error; the exit code is the first one's (3 a validation
     gate not met, 4 a stage unavailable here, 1 a stage that failed), as for the same fault elsewhere."""
 
-    def __init__(self, message: str, refusals: "list[VitDeployError]") -> None:
+    def __init__(self, message: str, refusals: "list[VitDeployError]", result: object = None) -> None:
         super().__init__(message)
         self.refusals = list(refusals)
+        self.result = result  # what was written (export.pipeline.ExportResult), for the CLI to list
 
     @property
     def exit_code(self) -> int:  # type: ignore[override]

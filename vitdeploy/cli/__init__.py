@@ -153,7 +153,7 @@ def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
     try:
         result = run_export(cfg, out_dir, engine=engine, on_stage=StageReporter(_CONSOLE))  # type: ignore[arg-type]
     except RefusedStagesError as exc:  # written without what was refused: list it, then the error line
-        _print_export(cfg, exc.result)  # type: ignore[attr-defined]
+        _print_export(cfg, exc.result)
         raise
     _print_export(cfg, result)
 

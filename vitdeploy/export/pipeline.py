@@ -237,13 +237,12 @@ def _refused(ctx: ExportContext, result: ExportResult) -> RefusedStagesError:
     the export was written without them; the exit code is the first refusal's."""
     reasons = " | ".join(r.line for r in ctx.refused)
     files = ", ".join(name for r in result.refused for name in r["artifacts"]) or "their artifacts"
-    exc = RefusedStagesError(
+    return RefusedStagesError(
         f"{reasons} (the export in {result.out_dir} was written without {files}; "
         f"{MANIFEST_NAME} and {EXPORT_REPORT_NAME} record why)",
         [r.error for r in ctx.refused],
+        result,
     )
-    exc.result = result  # type: ignore[attr-defined]  # the CLI lists what was written
-    return exc
 
 
 __all__ = [

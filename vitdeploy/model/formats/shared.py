@@ -265,6 +265,20 @@ def resolve_heads(width: int, depth: int, patch: int, variant: str | None, where
     )
 
 
+def check_stated_variant(variant: str | None, cfg: ViTConfig, where: Path) -> None:
+    """When the caller named a variant (``model.variant``), the config read from the checkpoint must be it."""
+    if variant is not None:
+        check_variant(
+            variant_template(variant),
+            variant,
+            width=cfg.width,
+            depth=cfg.depth,
+            patch=cfg.patch_size,
+            heads=cfg.heads,
+            where=where,
+        )
+
+
 def check_variant(
     tmpl, variant: str, *, width: int, depth: int, patch: int, where: Path, heads: int | None = None
 ) -> None:

@@ -14,7 +14,7 @@ from ...base.vit_schema import ViTConfig
 from ...base.vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
 from ..provenance import CHECKPOINT, Preprocessing
 from .base import LoadOptions, ReadConfig, Reader, Source
-from .shared import check_variant, variant_template
+from .shared import check_stated_variant
 
 FORMAT, VERSION = "vitdeploy", 1
 
@@ -49,16 +49,7 @@ class VitdeployReader(Reader):
             cfg = ViTConfig.from_dict(dict(src.meta["vit"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"{src.where}: invalid 'vit' config in model.json: {exc}") from exc
-        if opts.variant is not None:
-            check_variant(
-                variant_template(opts.variant),
-                opts.variant,
-                width=cfg.width,
-                depth=cfg.depth,
-                patch=cfg.patch_size,
-                heads=cfg.heads,
-                where=src.where,
-            )
+        check_stated_variant(opts.variant, cfg, src.where)
         return ReadConfig(cfg, f"{CHECKPOINT}: {CHECKPOINT_CONFIG}")
 
     def labels(self, src: Source, cfg: ViTConfig) -> tuple[str, ...]:

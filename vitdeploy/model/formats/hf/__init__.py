@@ -12,7 +12,7 @@ from ....base.preprocess_spec import PreprocessSpec
 from ....base.vit_schema import ViTConfig
 from ...provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
 from ..base import LoadOptions, ReadConfig, Reader, Source
-from ..shared import check_variant, read_json, variant_template
+from ..shared import check_stated_variant, read_json
 from . import convert as convert_hf
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
@@ -50,16 +50,7 @@ class HFReader(Reader):
     def config(self, src: Source, state: dict[str, Any], opts: LoadOptions) -> ReadConfig:
         head = state.get("head.weight")
         cfg = convert_hf.hf_vit_config(src.meta, int(head.shape[0]) if head is not None else 0, src.where, state)
-        if opts.variant is not None:
-            check_variant(
-                variant_template(opts.variant),
-                opts.variant,
-                width=cfg.width,
-                depth=cfg.depth,
-                patch=cfg.patch_size,
-                heads=cfg.heads,
-                where=src.where,
-            )
+        check_stated_variant(opts.variant, cfg, src.where)
         return ReadConfig(cfg, f"{CHECKPOINT}: config.json num_attention_heads")
 
     def labels(self, src: Source, cfg: ViTConfig) -> Optional[tuple[str, ...]]:
