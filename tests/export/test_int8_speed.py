@@ -104,3 +104,143 @@ def test_the_autopilot_stops_when_no_step_left_can_pass_and_pay(tiny_checkpoint,
         run_export(parse_config(_config(tiny_checkpoint, True, 1.9), None), tmp_path / "req", engine="skip")
     assert refused.value.exit_code == ValidationError.exit_code == 3
     assert json.loads((tmp_path / "req" / "manifest.json").read_text())["export"]["refused"][0]["stage"] == "int8"
+
+
+# -- INT8 against FP16 on the GPU (model.int8.trt.onnx and model.int8.engine) ------------------------
+
+
+def _gpu_doubles(monkeypatch, probe: float, shipped: float) -> list[str]:
+    """What cannot run here replaced (no GPU, no TensorRT): an engine build writes its two files, and an
+    INT8 engine timed against model.engine runs ``probe`` times as fast when it is the throw-away engine
+    of the speed-first check, ``shipped`` times when it is model.int8.engine. Returns the engines timed.
+    The doubles stand for TensorRT; what is tested is our logic around them (which is timed, when, and
+    what ships), never that TensorRT builds or runs anything."""
+    from vitdeploy.export import engine_stages
+    from vitdeploy.export import tensorrt as trt_stage
+    from vitdeploy.runtime import cuda
+
+    timed: list[str] = []
+
+    def build_engine(plan, progress=None):
+        plan.engine_path.write_bytes(b"engine")
+        plan.meta_path.write_text("{}")
+
+    def time_engines(ctx, engine, meta):
+        timed.append(engine.name)
+        speedup = shipped if engine.name == "model.int8.engine" else probe
+        return SpeedCheck(0.002, 0.002 / speedup, 8, 3, ctx.cfg.export.int8.min_speedup)
+
+    monkeypatch.setattr(trt_stage, "build_engine", build_engine)
+    monkeypatch.setattr(engine_stages, "time_engines", time_engines)
+    monkeypatch.setattr(cuda, "gpu_identity", lambda device=None: cuda.GpuIdentity(0, "Test GPU", "9.0"))
+    return timed
+
+
+def _trt_table():
+    """The real rows but the FP16 engine (its files written, as if built and validated on a GPU) and the
+    INT8 engine's validation (it would run on the GPU): model.int8.trt.onnx's speed-first check and the
+    INT8 engine's speed stage are the real code."""
+    from dataclasses import replace
+
+    from vitdeploy.export.core_stages import MODEL, ONNX, REFERENCE
+    from vitdeploy.export.engine_stages import ENGINE_INT8
+    from vitdeploy.export.precision_stages import INT8_TENSORRT
+    from vitdeploy.export.rows import Artifact, Stage
+
+    def fp16_engine(ctx, rec):
+        made = []
+        for role in ("engine", "engine-meta"):
+            ctx.path(role).write_bytes(b"fp16 engine")
+            made.append(Artifact(role, ctx.path(role)))
+        return tuple(made)
+
+    engine = Stage("engine", fp16_engine, roles=("engine", "engine-meta"))
+    return [MODEL, ONNX, REFERENCE, engine, INT8_TENSORRT, replace(ENGINE_INT8, skip=lambda ctx: None, gate=None)]
+
+
+def _trt_export(tmp_path, checkpoint, int8: dict, validation: dict | None, engine: str = "auto"):
+    from vitdeploy.export.context import ExportContext
+    from vitdeploy.export.pipeline import run_stages
+
+    cfg = {
+        "model": {"checkpoint": str(checkpoint)},
+        "export": {"fp16": {"enabled": False}, "int8": {"enabled": False, **int8}},
+        **({"validation": {"int8": validation}} if validation else {}),
+    }
+    ctx = ExportContext(parse_config(cfg, None), tmp_path, engine, None, heartbeat_s=None)
+    run_stages(ctx, _trt_table())
+    return ctx
+
+
+#: a gate every graph passes
+LOOSE = {
+    "max_abs_diff": 1e9,
+    "mean_abs_diff": 1e9,
+    "min_cosine": -1.0,
+    "min_top1_agreement": 0.0,
+    "min_top5_overlap": 0.0,
+}
+
+
+@pytest.mark.integration
+def test_an_int8_tensorrt_graph_that_cannot_beat_the_fp16_engine_stops_before_any_accuracy_work(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
+    timed = _gpu_doubles(monkeypatch, probe=1.05, shipped=2.0)
+    judged = []
+    monkeypatch.setattr("vitdeploy.export.precision_stages._judge", lambda *a: judged.append(a) or None)
+    ctx = _trt_export(tmp_path, tiny_checkpoint, {"tensorrt": True, "min_speedup": 1.3}, IMPOSSIBLE)
+    assert timed == ["probe.engine"] and not judged  # timed once, fully quantized; not one judgement
+    assert [r.stage for r in ctx.refused] == ["int8-trt"]  # asked for: refused (exit 4), the rest kept
+    line = ctx.refused[0].line
+    assert "INT8 does not pay on this GPU: 1.05x model.engine (FP16) fully quantized" in line, line
+    assert "needs >= 1.3x; Test GPU (compute capability 9.0)" in line and ctx.refused[0].error.exit_code == 4
+    assert "onnx-int8-trt" not in ctx.artifacts and "engine" in ctx.artifacts
+    assert not any(tmp_path.glob("model.int8*")) and not any(tmp_path.glob(".int8-engine-*"))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("engine, refused", [("auto", False), ("require", True)])
+def test_an_int8_engine_no_faster_than_fp16_is_not_shipped(tiny_checkpoint, tmp_path, monkeypatch, engine, refused):
+    """The graph's probe engine pays (2x), the engine finally built does not (1.1x): it is timed itself,
+    and left out (auto) or refused (``--engine require`` with ``export.int8.tensorrt: true``: exit 4)."""
+    timed = _gpu_doubles(monkeypatch, probe=2.0, shipped=1.1)
+    ctx = _trt_export(tmp_path, tiny_checkpoint, {"tensorrt": True, "min_speedup": 1.3}, LOOSE, engine)
+    assert timed == ["probe.engine", "model.int8.engine"]
+    assert "onnx-int8-trt" in ctx.artifacts and "engine-int8" not in ctx.artifacts
+    assert not (tmp_path / "model.int8.engine").exists()
+    speed = next(s for s in ctx.stages if s.name == "speed-engine-int8")
+    assert "1.10x model.engine (FP16)" in speed.reason and "not shipped" in speed.reason
+    assert ctx.extra["int8_tensorrt"]["engine_speed"]["speedup"] == pytest.approx(1.1)
+    assert bool(ctx.refused) is refused and (not refused or ctx.refused[0].error.exit_code == 4)
+
+    # the same engine at 2x ships; and with min_speedup 0 nothing is timed at all
+    timed = _gpu_doubles(monkeypatch, probe=2.0, shipped=2.0)
+    ctx = _trt_export(tmp_path / "pays", tiny_checkpoint, {"tensorrt": True, "min_speedup": 1.3}, LOOSE, engine)
+    assert "engine-int8" in ctx.artifacts and not ctx.refused and timed == ["probe.engine", "model.int8.engine"]
+    timed = _gpu_doubles(monkeypatch, probe=0.5, shipped=0.5)
+    ctx = _trt_export(tmp_path / "zero", tiny_checkpoint, {"tensorrt": True, "min_speedup": 0}, LOOSE, engine)
+    assert "engine-int8" in ctx.artifacts and timed == []
+
+
+@pytest.mark.integration
+def test_without_an_fp16_engine_the_int8_tensorrt_graph_is_not_timed_and_says_so(tiny_checkpoint, tmp_path):
+    from vitdeploy.export.context import ExportContext
+    from vitdeploy.export.pipeline import run_stages
+
+    table = [row for row in _trt_table() if row.name not in ("engine", "engine-int8")]
+    cfg = {
+        "model": {"checkpoint": str(tiny_checkpoint)},
+        "validation": {"int8": LOOSE},
+        "export": {"fp16": {"enabled": False}, "int8": {"enabled": False, "tensorrt": True, "min_speedup": 1.3}},
+    }
+    ctx = ExportContext(parse_config(cfg, None), tmp_path, "auto", None, heartbeat_s=None)
+    run_stages(ctx, table)
+    assert "onnx-int8-trt" in ctx.artifacts and "speed_first" not in ctx.extra["int8_tensorrt"]
+
+
+def test_the_fp16_engine_is_built_before_the_int8_tensorrt_graph_it_is_timed_against():
+    from vitdeploy.export.pipeline import STAGES
+
+    names = [s.name for s in STAGES]
+    assert names.index("engine") < names.index("int8-trt") < names.index("engine-int8")

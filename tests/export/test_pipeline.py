@@ -346,7 +346,13 @@ def test_engine_stage_wiring_with_a_tensorrt_test_double(tmp_path: Path, monkeyp
     monkeypatch.setattr(trt_stage, "build_engine", fake_build)
     monkeypatch.setattr(trt_backend, "TrtBackend", FakeTrtBackend)
     out = tmp_path / "elsewhere"
-    cfg = export_config({"export": {"batch": {"min": 2, "opt": 4, "max": 6}}, "validation": {"noise_samples": 2}})
+    # min_speedup 0: the doubles run ONNX graphs, whose speed says nothing (the speed rule: test_int8_speed.py)
+    cfg = export_config(
+        {
+            "export": {"batch": {"min": 2, "opt": 4, "max": 6}, "int8": {"min_speedup": 0}},
+            "validation": {"noise_samples": 2},
+        }
+    )
     result = run_export(cfg, out, engine="require")
 
     plan, plan_int8 = plans

@@ -77,8 +77,8 @@ def test_the_table_runs_the_stages_users_see_in_order():
         "ort-optimize",
         "fp16",
         "int8",
-        "int8-trt",
         "engine",
+        "int8-trt",
         "engine-int8",
         "manifest",
     ]

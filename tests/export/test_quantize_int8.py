@@ -77,6 +77,37 @@ def test_dynamic_mode_answers_depend_on_the_batch(demo_artifacts, tmp_path):
         backend.close()
 
 
+def test_the_autopilot_steps_share_one_calibration_and_write_the_same_graphs(demo_artifacts, tmp_path, monkeypatch):
+    """The ranges calibrated once serve every step: each step's graph is the same bytes as one
+    calibrated on its own, and the calibration ran once (counted at ONNX Runtime's calibrator)."""
+    import inspect
+    import sys
+
+    import onnxruntime.quantization  # noqa: F401 - loads the module below (the package's name for it is a function)
+
+    from vitdeploy.export.quantize import prepare, quantizable_nodes, quantize_prepared
+
+    ort_quantize = sys.modules["onnxruntime.quantization.quantize"]
+    if "calibration_cache_path" not in inspect.signature(ort_quantize.quantize_static).parameters:
+        pytest.skip("this ONNX Runtime has no calibration cache (< 1.32): every step calibrates")
+    artifacts = Artifacts.open(demo_artifacts)
+    calls = []
+    real = ort_quantize.create_calibrator
+    monkeypatch.setattr(ort_quantize, "create_calibrator", lambda *a, **k: calls.append(1) or real(*a, **k))
+    pre = prepare(demo_artifacts / "model.ort.onnx", tmp_path / "pre.onnx")
+    calib = _demo_batch(artifacts, 16)
+    nodes = quantizable_nodes(pre)
+    steps = [(), tuple(nodes[:2]), tuple(nodes[-3:])]
+    shared = tmp_path / "ranges.json"
+    for i, keep in enumerate(steps):
+        args = dict(input_name=artifacts.input_name, calibration=calib, keep_float=keep)
+        quantize_prepared(pre, tmp_path / f"shared{i}.onnx", ranges=shared, **args)
+        quantize_prepared(pre, tmp_path / f"alone{i}.onnx", **args)
+    assert len(calls) == 1 + len(steps)  # one for the shared steps, one per step alone
+    for i in range(len(steps)):
+        assert (tmp_path / f"shared{i}.onnx").read_bytes() == (tmp_path / f"alone{i}.onnx").read_bytes()
+
+
 def test_too_few_calibration_images_is_an_error_naming_the_key():
     batch = np.zeros((5, 3, 8, 8), np.float32)
     names = ("a.png", "b.png", "c.png", "noise:0", "noise:1")

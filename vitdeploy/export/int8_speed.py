@@ -151,35 +151,93 @@ def estimated_speedup(full: float, share: float) -> float:
     return 1.0 / ((1.0 - share) + share / full) if full > 0 else 0.0
 
 
+@dataclass(frozen=True)
+class Timer:
+    """How one INT8 target is timed: ``measure(path)`` times an INT8 graph against ``baseline`` (what
+    it must beat: ``model.ort.onnx`` on the CPU, the FP16 engine ``model.engine`` on the GPU) and
+    returns the SpeedCheck (None: it could not be timed, and logged why); ``device`` and ``machine``
+    name where (the verdict is that machine's)."""
+
+    measure: Callable[[Any], SpeedCheck | None]
+    baseline: str
+    device: str  # "CPU" | "GPU"
+    machine: str  # "AMD EPYC, AVX512-VNNI" | "NVIDIA H100 ... (compute capability 9.0)"
+
+
+def speed_verdict(
+    ctx: Any,
+    stage: str,
+    path: Any,
+    record: dict[str, Any],
+    timer: Timer | None,
+    required: bool,
+    refuse: Callable[[str], Exception],
+    reuse_first: bool = True,
+    key: str = "speed",
+) -> bool:
+    """The ``stage`` (``speed-int8``, ``speed-engine-int8``) after an INT8 artifact passed validation:
+    whether ``path`` ships. Timed by ``timer`` against its baseline (recorded under ``record[key]``),
+    unless the fully quantized graph was timed already (``record["speed_first"]``), nothing was returned
+    to float and ``reuse_first``: that measurement stands (an engine is always timed itself: its build
+    may pick other kernels). Under ``export.int8.min_speedup`` the artifact is not shipped
+    (``required``: ``refuse(why)`` is raised)."""
+    minimum = ctx.cfg.export.int8.min_speedup
+    with ctx.stage(stage) as rec:
+        if minimum <= 0:
+            rec.status, rec.reason = "skipped", "export.int8.min_speedup is 0: shipped without timing"
+            return True
+        if timer is None:
+            rec.status, rec.reason = "skipped", "not timed: nothing here to time it against"
+            return True
+        timed = record.get("speed_first") if reuse_first and not record.get("keep_float") else None
+        check = SpeedCheck.from_dict(timed) if timed else timer.measure(path)
+        record[key] = dict(timed) if timed else check.to_dict()
+        verdict = check.describe(timer.baseline) + (" (timed before validation: the same graph)" if timed else "")
+        if check.worth_it:
+            rec.reason = verdict
+            return True
+        why = (
+            f"{path.name} not shipped: {verdict}, below export.int8.min_speedup {minimum:g}; INT8 does not pay "
+            f"for this model on this {timer.device} (set export.int8.min_speedup: 0 to ship it anyway)"
+        )
+        if required:
+            raise refuse(why)
+        rec.status, rec.reason = "skipped", why
+        record["shipped"] = False
+        log.info("%s", why)
+        return False
+
+
 @dataclass
 class SpeedGuard:
     """Speed first, for one INT8 graph and the autopilot's steps (see the module docstring).
 
-    ``measure(path)`` times a graph against the source and returns its SpeedCheck; ``costs`` are
+    ``timer`` times a graph against its baseline (see :class:`Timer`); ``costs`` are
     :func:`multiply_adds` of the graph quantized; ``refuse(message)`` builds the error to raise."""
 
-    measure: Callable[[Any], SpeedCheck]
+    timer: "Timer"
     costs: dict[str, float]
     min_speedup: float
-    source: str  # the graph's name the speed-up is against (model.ort.onnx)
-    cpu: str  # describe_cpu(): named in the refusal, as the verdict is this CPU's
     refuse: Callable[[str], Exception]
     full: SpeedCheck | None = None
     stopped: str = ""
 
     def check_full(self, path: Any) -> None:
         """Time the fully quantized graph (before any accuracy work); raise when it does not pay."""
-        self.full = self.measure(path)
+        self.full = self.timer.measure(path)
+        if self.full is None:  # could not be timed here (the timer says why): the final check decides
+            return
         if not self.full.worth_it:
             raise self.refuse(
-                f"INT8 does not pay on this CPU: {self.full.speedup:.2f}x {self.source} fully quantized at batch "
-                f"{self.full.batch} (needs >= {self.min_speedup:g}x; {self.cpu}); set export.int8.min_speedup: 0 "
-                "to ship it anyway"
+                f"INT8 does not pay on this {self.timer.device}: {self.full.speedup:.2f}x {self.timer.baseline} fully "
+                f"quantized at batch {self.full.batch} (needs >= {self.min_speedup:g}x; {self.timer.machine}); set "
+                "export.int8.min_speedup: 0 to ship it anyway"
             )
 
     def can_pay(self, step: str, keep_float: tuple[str, ...]) -> bool:
         """Whether the step that keeps ``keep_float`` in float can still reach the minimum (estimated)."""
-        assert self.full is not None, "check_full first"
+        if self.full is None:
+            return True  # the fully quantized graph could not be timed: every step is built and judged
         share = int8_share(self.costs, keep_float)
         if share is None:
             return True  # no estimate: the speed stage's measurement at the end decides
@@ -187,11 +245,20 @@ class SpeedGuard:
         if guess >= self.min_speedup:
             return True
         self.stopped = (
-            f"{step} would leave {share:.0%} of the MatMul/Gemm multiply-adds INT8: ~{guess:.2f}x {self.source} "
-            f"from the measured {self.full.speedup:.2f}x fully quantized, under export.int8.min_speedup "
-            f"{self.min_speedup:g}"
+            f"{step} would leave {share:.0%} of the MatMul/Gemm multiply-adds INT8: ~{guess:.2f}x "
+            f"{self.timer.baseline} from the measured {self.full.speedup:.2f}x fully quantized, under "
+            f"export.int8.min_speedup {self.min_speedup:g}"
         )
         return False
 
 
-__all__ = ["SpeedCheck", "SpeedGuard", "estimated_speedup", "int8_share", "multiply_adds", "time_against"]
+__all__ = [
+    "SpeedCheck",
+    "SpeedGuard",
+    "Timer",
+    "estimated_speedup",
+    "int8_share",
+    "multiply_adds",
+    "speed_verdict",
+    "time_against",
+]

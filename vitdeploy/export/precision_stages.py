@@ -23,6 +23,7 @@ from ..base.errors import BackendError, ConfigError, ExportError, StageUnavailab
 from ..base.vocab import ORT_FP16, ORT_INT8
 from ..runtime.backends import first_line
 from .context import CPU, ExportContext, StageRecord
+from .engine_stages import engine_timer
 from .onnx import INPUT_NAME
 from .quantize import ORT_CPU, TENSORRT, Placement
 from .rows import Artifact, Made, Stage, ort_gate
@@ -114,7 +115,10 @@ class _Int8Target:
     label: str  # how the ONNX Runtime run that judges it is named in reports
     source: Callable[[ExportContext], Path]  # the FP32 graph quantized
     mode: Callable[[ExportContext], str]  # "static" | "dynamic"
-    timed: bool = False  # shipped only at export.int8.min_speedup (speed-<stage>, and timed first)
+    # how its graphs are timed against what they must beat (int8_speed.Timer; None: not here): the
+    # fully quantized graph first, before any accuracy work (speed first)
+    timer: Callable[[ExportContext, Any], Any] | None = None
+    timed: bool = False  # the graph itself ships only at export.int8.min_speedup (its speed-<stage>)
 
 
 def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made:
@@ -139,8 +143,9 @@ def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made
             calibration=calib,
             external_data=external,
             placement=placement,
+            ranges=Path(tmp) / "ranges.json" if mode == "static" else None,  # calibrated once for every step
         )
-        speed = _speed_guard(ctx, target, pre) if target.timed and section.min_speedup > 0 else None
+        speed = _speed_guard(ctx, target, pre) if section.min_speedup > 0 else None
         try:
             res, steps = _quantized(ctx, target, pre, path, record, speed, kwargs)
         except StageUnavailableError as exc:  # does not pay: the timing is the verdict
@@ -204,6 +209,14 @@ def _quantized(
     return pilot.result, pilot.steps
 
 
+def _cpu_timer(ctx: ExportContext, target: _Int8Target) -> Any:
+    """model.int8.onnx against the graph it was quantized from, in ONNX Runtime on this CPU."""
+    from ..base.machine import describe_cpu
+    from .int8_speed import Timer
+
+    return Timer(lambda path: _speed_of(ctx, target, path), target.source(ctx).name, "CPU", describe_cpu())
+
+
 def _speed_of(ctx: ExportContext, target: _Int8Target, path: Path) -> Any:
     """An INT8 graph timed against its source on the calibration batch (int8_speed.time_against)."""
     from ..runtime.backends.ort import OrtBackend
@@ -221,19 +234,20 @@ def _speed_of(ctx: ExportContext, target: _Int8Target, path: Path) -> Any:
 
 
 def _speed_guard(ctx: ExportContext, target: _Int8Target, pre: Path) -> Any:
-    """Speed first for ``target`` (int8_speed.SpeedGuard): what the autopilot's steps cost, how to time one."""
+    """Speed first for ``target`` (int8_speed.SpeedGuard): what the autopilot's steps cost, how to time
+    one; None when the target is not timed here (no timer, or nothing to time it against)."""
     import onnx
 
-    from ..base.machine import describe_cpu
     from .int8_speed import SpeedGuard, multiply_adds
 
+    timer = target.timer(ctx, target) if target.timer else None
+    if timer is None:
+        return None
     model = onnx.load(str(pre), load_external_data=False)
     return SpeedGuard(
-        measure=lambda path: _speed_of(ctx, target, path),
+        timer=timer,
         costs=multiply_adds(model, target.placement.op_types),
         min_speedup=ctx.cfg.export.int8.min_speedup,
-        source=target.source(ctx).name,
-        cpu=describe_cpu(),
         refuse=StageUnavailableError,
     )
 
@@ -260,37 +274,20 @@ def _validated(target: _Int8Target) -> Callable[[ExportContext, Made], bool]:
 
 
 def _worth_running(target: _Int8Target) -> Callable[[ExportContext, Made], bool]:
-    """After validation: time the INT8 graph against its source (the ``speed-<stage>`` stage); below
-    ``export.int8.min_speedup`` the graph is not shipped (required: StageUnavailableError, exit 4). The
-    fully quantized graph was timed already (speed first): that measurement stands for it."""
+    """After validation: time the INT8 graph against its source (the ``speed-<stage>`` stage,
+    int8_speed.speed_verdict); below ``export.int8.min_speedup`` the graph is not shipped (required:
+    StageUnavailableError, exit 4). The fully quantized graph was timed already (speed first): that
+    measurement stands for it."""
 
     def ships(ctx: ExportContext, made: Made) -> bool:
-        from .int8_speed import SpeedCheck
+        from .int8_speed import speed_verdict
 
-        record, path, src = ctx.extra[target.record], made[0].path, target.source(ctx)
+        record = ctx.extra[target.record]
         record["passed"] = True
-        minimum = ctx.cfg.export.int8.min_speedup
-        with ctx.stage(f"speed-{target.stage}") as rec:
-            if minimum <= 0:
-                rec.status, rec.reason = "skipped", "export.int8.min_speedup is 0: shipped without timing"
-                return True
-            timed = record.get("speed_first") if not record.get("keep_float") else None
-            check = SpeedCheck.from_dict(timed) if timed else _speed_of(ctx, target, path)
-            record["speed"] = dict(timed) if timed else check.to_dict()
-            verdict = check.describe(src.name) + (" (timed before validation: the same graph)" if timed else "")
-            if check.worth_it:
-                rec.reason = verdict
-                return True
-            why = (
-                f"{path.name} not shipped: {verdict}, below export.int8.min_speedup {minimum:g}; INT8 does not pay "
-                f"for this model on this machine (set export.int8.min_speedup: 0 to ship it anyway)"
-            )
-            if _int8_required(target)(ctx):
-                raise StageUnavailableError(why)
-            rec.status, rec.reason = "skipped", why
-            record["shipped"] = False
-            log.info("%s", why)
-            return False
+        timer = target.timer(ctx, target) if target.timer else None
+        required = _int8_required(target)(ctx)
+        stage = f"speed-{target.stage}"
+        return speed_verdict(ctx, stage, made[0].path, record, timer, required, StageUnavailableError)
 
     return ships
 
@@ -346,6 +343,7 @@ INT8 = _int8_row(
         ORT_INT8,
         source=lambda ctx: ctx.artifacts.get("onnx-ort", ctx.artifacts["onnx"]),
         mode=lambda ctx: ctx.cfg.export.int8.mode,
+        timer=_cpu_timer,
         timed=True,
     ),
     skip=lambda ctx: "export.int8.enabled is false" if ctx.cfg.export.int8.enabled is False else None,
@@ -362,6 +360,7 @@ INT8_TENSORRT = _int8_row(
         "ort (model.int8.trt.onnx)",
         source=lambda ctx: ctx.artifacts["onnx"],
         mode=lambda ctx: "static",
+        timer=engine_timer,  # against the FP16 engine, when one was built here (its engine is timed again)
     ),
     skip=_skip_int8_tensorrt,
 )
