@@ -108,6 +108,122 @@ def test_the_autopilot_steps_share_one_calibration_and_write_the_same_graphs(dem
         assert (tmp_path / f"shared{i}.onnx").read_bytes() == (tmp_path / f"alone{i}.onnx").read_bytes()
 
 
+def test_the_graph_is_the_same_bytes_as_onnx_runtimes_own_pre_processing_and_calibration(demo_artifacts, tmp_path):
+    """What the stage saves memory on changes no byte of the INT8 graph: shapes inferred without the
+    weights (against quant_pre_process without its optimiser, the same inferences) and calibration one
+    image at a time (against quantize_static reading every image at once), for both placements."""
+    import onnx
+    from onnxruntime import quantization as quant
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    from vitdeploy.export.quantize import ORT_CPU, TENSORRT, prepare, quantize_prepared
+
+    artifacts = Artifacts.open(demo_artifacts)
+    calib = _demo_batch(artifacts, 16)
+
+    class AllAtOnce(quant.CalibrationDataReader):
+        def __init__(self) -> None:
+            self.it = iter([{artifacts.input_name: calib}])
+
+        def get_next(self):
+            return next(self.it, None)
+
+    for placement, src in ((ORT_CPU, "model.ort.onnx"), (TENSORRT, "model.onnx")):
+        ours = prepare(
+            demo_artifacts / src, tmp_path / f"{placement.name}.pre.onnx", placement=placement, optimized=True
+        )
+        theirs = tmp_path / f"{placement.name}.ort-pre.onnx"
+        quant_pre_process(str(demo_artifacts / src), str(theirs), skip_optimization=True)
+        assert onnx.load(str(ours)) == onnx.load(str(theirs))  # the same model (written in another field order)
+        mine = quantize_prepared(
+            ours,
+            tmp_path / f"{placement.name}.q.onnx",
+            input_name=artifacts.input_name,
+            calibration=calib,
+            placement=placement,
+        ).path
+        reference = tmp_path / f"{placement.name}.ort-q.onnx"
+        activations = quant.QuantType.QInt8 if placement.activations == "int8" else quant.QuantType.QUInt8
+        quant.quantize_static(
+            str(theirs),
+            str(reference),
+            AllAtOnce(),
+            quant_format=quant.QuantFormat.QDQ,
+            op_types_to_quantize=list(placement.op_types),
+            per_channel=True,
+            activation_type=activations,
+            weight_type=quant.QuantType.QInt8,
+            extra_options={
+                "WeightSymmetric": True,
+                "ActivationSymmetric": placement.symmetric_activations,
+                "QuantizeBias": placement.quantize_bias,
+                "OpTypesToExcludeOutputQuantization": list(placement.op_types),
+            },
+        )
+        assert mine.read_bytes() == reference.read_bytes(), placement.name
+
+    # model.ort.onnx is ONNX Runtime's optimised graph already: its basic optimiser again (what
+    # quant_pre_process does by default) renames and merges a few initializers, and changes no answer
+    from vitdeploy.runtime.backends.ort import OrtBackend
+
+    optimised = tmp_path / "optimised.pre.onnx"
+    quant_pre_process(str(demo_artifacts / "model.ort.onnx"), str(optimised))
+    again = quantize_prepared(
+        optimised, tmp_path / "optimised.q.onnx", input_name=artifacts.input_name, calibration=calib
+    ).path
+    logits = []
+    for path in (tmp_path / "onnxruntime-cpu.q.onnx", again):
+        backend = OrtBackend(path, artifacts.input_shape, None, CPU1, name="ort-int8")
+        try:
+            logits.append(backend.run(calib))
+        finally:
+            backend.close()
+    assert np.array_equal(logits[0], logits[1])
+
+
+def test_a_graph_with_external_data_is_prepared_and_quantized_the_same(demo_artifacts, tmp_path):
+    """A model over 2 GB keeps its weights in a data file: the weightless pre-processing puts that file
+    beside the prepared graph (no reference outside its folder) and the INT8 graph is the same."""
+    import onnx
+
+    from vitdeploy.export.quantize import TENSORRT, prepare, quantize_prepared
+
+    artifacts = Artifacts.open(demo_artifacts)
+    calib = _demo_batch(artifacts, 8)
+    big = tmp_path / "big"
+    big.mkdir()
+    onnx.save_model(
+        onnx.load(str(demo_artifacts / "model.onnx")),
+        str(big / "model.onnx"),
+        save_as_external_data=True,
+        location="model.onnx.data",
+        size_threshold=0,
+    )
+    results = []
+    for name, src, external in (("plain", demo_artifacts / "model.onnx", False), ("ext", big / "model.onnx", True)):
+        work = tmp_path / name
+        work.mkdir()
+        pre = prepare(src, work / "pre.onnx", external_data=external, placement=TENSORRT)
+        if external:
+            assert (work / "model.onnx.data").read_bytes() == (big / "model.onnx.data").read_bytes()
+        res = quantize_prepared(
+            pre,
+            work / "q.onnx",
+            input_name=artifacts.input_name,
+            calibration=calib,
+            external_data=external,
+            placement=TENSORRT,
+        )
+        from vitdeploy.runtime.backends.ort import OrtBackend
+
+        backend = OrtBackend(res.path, artifacts.input_shape, None, CPU1, name="int8-trt")
+        try:
+            results.append(backend.run(calib))
+        finally:
+            backend.close()
+    assert np.array_equal(results[0], results[1])
+
+
 def test_too_few_calibration_images_is_an_error_naming_the_key():
     batch = np.zeros((5, 3, 8, 8), np.float32)
     names = ("a.png", "b.png", "c.png", "noise:0", "noise:1")

@@ -132,12 +132,15 @@ def save_onnx_atomic(proto: Any, path: Path, *, external: bool, check: bool = Tr
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def write_streamed(proto: Any, path: Path) -> None:
+def write_streamed(proto: Any, path: Path, weights: dict[str, Any] | None = None) -> None:
     """``proto`` serialized to ``path`` one weight at a time: the graph without its initializers first,
     then each initializer as a message of its own. Protobuf merges repeated occurrences of an embedded
     message (the graph), appending their repeated fields, so the file parses as the one model
     ``proto`` is (tested byte for byte against onnx.save_model's file, loaded), while memory holds one
-    tensor's bytes beside the graph instead of a serialized copy of every weight."""
+    tensor's bytes beside the graph instead of a serialized copy of every weight.
+
+    ``weights`` (name -> TensorProto): written in place of ``proto``'s initializers of those names, so
+    a graph worked on without its weights (:func:`without_weights`) is written with them, uncopied."""
     onnx = require("onnx", "writing ONNX")
     head = onnx.ModelProto()
     for field, value in proto.ListFields():
@@ -150,7 +153,7 @@ def write_streamed(proto: Any, path: Path) -> None:
         out.write(head.SerializeToString())
         for tensor in proto.graph.initializer:
             chunk = onnx.ModelProto()
-            chunk.graph.initializer.add().CopyFrom(tensor)
+            chunk.graph.initializer.add().CopyFrom((weights or {}).get(tensor.name, tensor))
             out.write(chunk.SerializeToString())
 
 
@@ -219,22 +222,27 @@ def without_weights(model: Any) -> Any:
     """A copy of the graph for shape inference whose weight matrices (2-D initializers, nearly all of a
     ViT's bytes) keep their dims but not their bytes: a ViT-H graph is not copied with its 2.4 GB of
     weights. Every other initializer stays whole (shapes and axes for Reshape; the position table and
-    class token, which symbolic shape inference reads)."""
+    class token, which symbolic shape inference reads), and every other field (metadata, names)."""
     onnx = require("onnx", "ONNX shape inference")
     light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
+    for field, value in model.ListFields():  # everything but the weights: names, metadata, opsets
+        if field.name != "graph":
+            _copy_field(light, field, value)
     graph = light.graph
-    graph.node.extend(model.graph.node)
-    graph.input.extend(model.graph.input)
-    graph.output.extend(model.graph.output)
-    graph.value_info.extend(model.graph.value_info)
+    for field, value in model.graph.ListFields():
+        if field.name != "initializer":
+            _copy_field(graph, field, value)
     for t in model.graph.initializer:
-        if len(t.dims) != 2 or int(np.prod(t.dims)) <= 64:
-            graph.initializer.add().CopyFrom(t)
-        else:
+        if is_weight_matrix(t):
             graph.initializer.add(name=t.name, dims=t.dims, data_type=t.data_type)
+        else:
+            graph.initializer.add().CopyFrom(t)
     return light
+
+
+def is_weight_matrix(tensor: Any) -> bool:
+    """A weight matrix (2-D, more than 64 values): what :func:`without_weights` leaves out."""
+    return len(tensor.dims) == 2 and int(np.prod(tensor.dims)) > 64
 
 
 def read_metadata(path: Path) -> dict[str, str]:

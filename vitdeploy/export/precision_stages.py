@@ -135,7 +135,10 @@ def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made
     record = ctx.extra[target.record] = {"source": src.name, "mode": mode, "passed": False}
     with tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=out) as tmp:
         calib = _calibration(ctx) if mode == "static" else None
-        pre = quantize.prepare(src, Path(tmp) / "pre.onnx", external_data=external, placement=placement)
+        optimized = ctx.role_of(src) == "onnx-ort"  # already ONNX Runtime's optimised graph
+        pre = quantize.prepare(
+            src, Path(tmp) / "pre.onnx", external_data=external, placement=placement, optimized=optimized
+        )
         kwargs = dict(
             input_name=INPUT_NAME,
             mode=mode,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -131,12 +132,24 @@ def quantizable_nodes(onnx_path: Path, op_types: Sequence[str] = QUANTIZED_OPS) 
     return [n.name for n in model.graph.node if n.op_type in op_types]
 
 
-def _reader(batch: np.ndarray, input_name: str, chunk: int = 8) -> Any:
+def _reader(batch: np.ndarray, input_name: str, chunk: int = 1) -> Any:
+    """The calibration images in chunks of ``chunk``; ``set_range`` (ONNX Runtime's strided calibration,
+    ``CalibStridedMinMax``) narrows it to some of the chunks, so that each chunk is calibrated and its
+    ranges merged on its own: ONNX Runtime keeps every calibrated activation of what one
+    ``collect_data`` call reads (the int8 stage on ViT-B/16 with 32 images peaked at 3.3 GB with all
+    of them at once, 1.6 GB one image at a time, in the same time). The ranges are the same (tested)."""
     quant = require("onnxruntime.quantization", "INT8 calibration")
 
     class _Reader(quant.CalibrationDataReader):
         def __init__(self) -> None:
-            self._it = iter([{input_name: batch[i : i + chunk]} for i in range(0, len(batch), chunk)])
+            self._chunks = [{input_name: batch[i : i + chunk]} for i in range(0, len(batch), chunk)]
+            self._it = iter(self._chunks)
+
+        def __len__(self) -> int:
+            return len(self._chunks)
+
+        def set_range(self, start_index: int, end_index: int) -> None:
+            self._it = iter(self._chunks[start_index:end_index])
 
         def get_next(self) -> dict[str, np.ndarray] | None:
             return next(self._it, None)
@@ -144,23 +157,60 @@ def _reader(batch: np.ndarray, input_name: str, chunk: int = 8) -> Any:
     return _Reader()
 
 
-def prepare(src: Path, dst: Path, *, external_data: bool = False, placement: Placement = ORT_CPU) -> Path:
-    """``quant_pre_process`` of ``src`` into ``dst`` (shapes inferred through the contrib ops; ONNX
-    Runtime's basic optimiser first where the placement asks for it)."""
-    require("onnxruntime.quantization", "INT8 quantization")
-    from onnxruntime.quantization.shape_inference import quant_pre_process
+def prepare(
+    src: Path, dst: Path, *, external_data: bool = False, placement: Placement = ORT_CPU, optimized: bool = False
+) -> Path:
+    """``src`` with the shapes the quantizer needs inferred (through the contrib ops), into ``dst``.
 
+    Where ONNX Runtime's basic optimiser must run first (the placement asks for it and ``src`` is not
+    already ONNX Runtime's optimised graph, model.ort.onnx): ``quant_pre_process`` itself, which holds
+    several copies of the weights (2.6 GB for ViT-B's 330 MB). Otherwise the same two inferences
+    (ONNX Runtime's symbolic shape inference, then ONNX's) run on the graph without its weights
+    (export/onnx.py ``without_weights``) and the weights are written back one at a time: the
+    quantized graphs are the same bytes as after ``quant_pre_process`` without optimisation (tested)."""
+    require("onnxruntime.quantization", "INT8 quantization")
     try:
-        quant_pre_process(
-            str(src),
-            str(dst),
-            skip_optimization=not placement.optimize_first,
-            save_as_external_data=external_data,
-            external_data_location=f"{dst.name}.data",
-        )
+        if placement.optimize_first and not optimized:
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+
+            quant_pre_process(
+                str(src), str(dst), save_as_external_data=external_data, external_data_location=f"{dst.name}.data"
+            )
+        else:
+            _infer_without_weights(src, dst, external_data)
     except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
         raise ExportError(f"INT8 pre-processing of {src.name} failed: {first_line(exc)}") from exc
     return dst
+
+
+def _infer_without_weights(src: Path, dst: Path, external_data: bool) -> None:
+    """``quant_pre_process(skip_optimization=True)``'s inferences with its defaults, on the graph
+    without its weights; the weights written back from ``src`` (external data: the data file is
+    copied beside ``dst`` under its own name, so the graph's references stay inside its folder; on
+    disk, streamed, not in memory)."""
+    import onnx
+    from onnx.external_data_helper import load_external_data_for_tensor
+    from onnxruntime.quantization.quant_utils import add_pre_process_metadata
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    from .onnx import is_weight_matrix, without_weights, write_streamed
+
+    model = onnx.load(str(src), load_external_data=False)
+    for tensor in model.graph.initializer:  # what inference reads (shapes, axes, tables) loaded, not the weights
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and not is_weight_matrix(tensor):
+            load_external_data_for_tensor(tensor, str(src.parent))
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
+    inferred = SymbolicShapeInference.infer_shapes(without_weights(model))
+    if inferred is None:
+        raise ExportError(f"symbolic shape inference does not support {src.name}'s opset")
+    inferred = onnx.shape_inference.infer_shapes(inferred)
+    add_pre_process_metadata(inferred)
+    if external_data:  # copied, not linked: ONNX refuses a data file with several links (a hardlink attack)
+        for location in {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}:
+            if not (dst.parent / location).exists():
+                shutil.copyfile(src.parent / location, dst.parent / location)
+    write_streamed(inferred, dst, {t.name: t for t in model.graph.initializer})
 
 
 def _calibration_cache(quant: Any, ranges: Path | None) -> dict[str, Any]:
@@ -237,6 +287,7 @@ def quantize_prepared(
                         "ActivationSymmetric": placement.symmetric_activations,
                         "QuantizeBias": placement.quantize_bias,
                         "OpTypesToExcludeOutputQuantization": ops,
+                        "CalibStridedMinMax": 1,  # one chunk of images at a time (see _reader)
                     },
                     **common,
                     **_calibration_cache(quant, ranges),
