@@ -4,7 +4,8 @@
 --port PORT -c CONFIG [more arguments]``, reads its stderr on a thread (``lines``) and returns once it
 printed its "Ctrl-C to stop" line, or fails the test with the last lines it printed; ``stop()`` sends
 SIGTERM and returns the exit status (killed after ``timeout_s``). Its environment is the test process's
-at start (so a fixture's RAY_TMPDIR reaches it), one OpenMP thread, no usage stats, no Ray token.
+at start (so a fixture's RAY_TMPDIR reaches it), one OpenMP thread, no usage stats, no Ray token, and
+``env`` on top.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class ServeProcess:
         port: int | None = None,
         metrics_port: int | None = None,
         start_timeout_s: float = START_TIMEOUT_S,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.metrics_port = metrics_port  # the serve.metrics_port ``config`` names, for the tests that read it
@@ -53,7 +55,7 @@ class ServeProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env=serve_env(),
+            env={**serve_env(), **(env or {})},
         )
         threading.Thread(target=self._pump, daemon=True).start()
         started = self._ready.wait(start_timeout_s) and self.proc.poll() is None

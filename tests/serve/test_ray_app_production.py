@@ -292,6 +292,7 @@ def test_the_written_config_runs_on_ray_as_a_third_model(cluster, image):
             str(out),
             "--write-rayservice",
             str(folder / "rayservice.yaml"),
+            "--allow-unauthenticated",  # a RayService listens on 0.0.0.0 (the token: test_ray_app_auth.py)
         ],
         capture_output=True,
         text=True,

@@ -250,6 +250,20 @@ class ServeSection(_Section):
     )
     port: int = Field(8000, ge=1, le=65535, description="HTTP port")
     metrics_port: int = Field(8080, ge=1, le=65535, description="Prometheus metrics of the local Ray node (/metrics)")
+    metrics_host: str = Field(
+        "127.0.0.1",
+        description=(
+            "where the local Ray's metrics (and the node itself) listen: loopback unless set to the machine's "
+            "address (then other machines can also join that Ray with --address)"
+        ),
+    )
+    token_file: Optional[str] = Field(
+        None,
+        description=(
+            "a file holding the bearer token every model route requires (or set VITDEPLOY_SERVE_TOKEN); the "
+            "token itself never goes in this config"
+        ),
+    )
     grpc_port: Optional[int] = Field(
         None,
         ge=1,

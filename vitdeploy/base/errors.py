@@ -187,6 +187,12 @@ class RequestTimeoutError(RequestError):
     kind = "timeout"
 
 
+class UnauthorizedError(RequestError):
+    """A model route called without the serve token, or with another one (serve/auth.py)."""
+
+    kind = "unauthorized"
+
+
 class UnavailableError(RequestError):
     """The model cannot take the request now (queue full, starting, draining): retry later."""
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import click
 
 from .. import __version__
-from ..base.errors import RefusedStagesError, VitDeployError, first_line
+from ..base.errors import ConfigError, RefusedStagesError, VitDeployError, first_line
 from ..base.memory import human
 from ..base.vocab import AUTO, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
 from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path
@@ -528,6 +528,11 @@ def bench(
 )
 @click.option("--access-log", is_flag=True, help="log every request (Ray Serve's access log)")
 @click.option(
+    "--allow-unauthenticated",
+    is_flag=True,
+    help="listen on a non-loopback --host without a serve token (VITDEPLOY_SERVE_TOKEN or serve.token_file)",
+)
+@click.option(
     "--name",
     default=None,
     help="the model's name and route /v2/models/<name> (default: serve.name, "
@@ -557,17 +562,31 @@ def serve(
     replicas: int | None,
     address: str | None,
     access_log: bool,
+    allow_unauthenticated: bool,
     name: str | None,
     write_config: Path | None,
     write_rayservice: Path | None,
     config_path: Path | None,
 ) -> None:
-    """Serve the model over HTTP on Ray Serve: POST /predict, the KServe v2 protocol, dynamic batching."""
+    """Serve the model over HTTP on Ray Serve: POST /predict, the KServe v2 protocol, dynamic batching.
+
+    With a token (VITDEPLOY_SERVE_TOKEN, or the file serve.token_file names) every model route needs
+    Authorization: Bearer <token>; a non-loopback --host without one is refused unless
+    --allow-unauthenticated."""
     from ..base.config import load_config
-    from ..serve.runner import ServeSettings, run_server
+    from ..serve.auth import digest, read_token
+    from ..serve.runner import LOOPBACK, ServeSettings, run_server
 
     cfg = load_config(config_path)
     sv = cfg.serve
+    token = read_token(cfg.resolve(sv.token_file) if sv.token_file else None)
+    exposed = write_rayservice is not None or (host or sv.host) not in LOOPBACK
+    if exposed and token is None and not allow_unauthenticated:
+        where = "the RayService (0.0.0.0)" if write_rayservice and not write_config else f"--host {host or sv.host}"
+        raise ConfigError(
+            f"{where} lets anyone who reaches the port call the model: set VITDEPLOY_SERVE_TOKEN (or "
+            f"serve.token_file) to require a token, or pass --allow-unauthenticated"
+        )
     source = artifacts_dir if artifacts_dir and "://" in artifacts_dir else Path(artifacts_dir or cfg.output_dir)
     settings = ServeSettings(
         artifacts=source,
@@ -578,6 +597,7 @@ def serve(
         address=address,
         access_log=access_log,
         name=name,
+        token_digest=digest(token) if token else None,
     )
     if write_config or write_rayservice:
         from ..serve.deploy_config import write_deploy_files

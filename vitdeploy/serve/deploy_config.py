@@ -29,9 +29,12 @@ def artifacts_uri(source: str | Path) -> str:
     return Path(text).expanduser().resolve().as_uri()
 
 
-def app_args(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
-    """The builder's ``args``: plain YAML data."""
+def app_args(cfg: Any, settings: Any, name: str, secret: bool = False) -> dict[str, Any]:
+    """The builder's ``args``: plain YAML data, never the serve token (``secret``: it comes from a
+    Kubernetes Secret in the environment, so ``serve.token_file`` is left out)."""
     sections = cfg.model_dump(mode="json", include={"runtime", "serve"})
+    if secret:
+        sections["serve"]["token_file"] = None
     return {
         "artifacts": artifacts_uri(settings.artifacts),
         "backend": settings.backend,
@@ -43,8 +46,11 @@ def app_args(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
 
 def build(args: dict[str, Any]) -> Any:
     """Ray Serve's application builder: ``args`` (from :func:`app_args`) -> the bound application."""
+    from dataclasses import replace
+
     from ..base.config import parse_config
     from ..runtime.backends.base import BackendOptions
+    from .auth import digest, read_token
     from .ray_app import build_app
     from .runner import ServeSettings, replica_spec
 
@@ -63,13 +69,15 @@ def build(args: dict[str, Any]) -> Any:
         replicas=int(args.get("replicas", cfg.serve.replicas)),
         name=str(args["name"]),
     )
+    token = read_token(cfg.serve.token_file)  # this node's VITDEPLOY_SERVE_TOKEN (a Secret) or token file
+    settings = replace(settings, token_digest=digest(token) if token else None)
     spec = replica_spec(
         cfg, settings, BackendOptions.from_runtime(cfg.runtime), source=str(args["artifacts"]), name=str(args["name"])
     )
     return build_app(spec, cfg.serve, settings.replicas)
 
 
-def serve_config(cfg: Any, settings: Any, name: str, host: str | None = None) -> dict[str, Any]:
+def serve_config(cfg: Any, settings: Any, name: str, host: str | None = None, secret: bool = False) -> dict[str, Any]:
     """A Ray Serve config file (``serve deploy``) for one model."""
     from .runner import route_prefix
 
@@ -87,7 +95,7 @@ def serve_config(cfg: Any, settings: Any, name: str, host: str | None = None) ->
                 "name": name,
                 "route_prefix": route_prefix(name),
                 "import_path": BUILDER,
-                "args": app_args(cfg, settings, name),
+                "args": app_args(cfg, settings, name, secret),
             }
         ],
     }
@@ -96,12 +104,15 @@ def serve_config(cfg: Any, settings: Any, name: str, host: str | None = None) ->
 def rayservice(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
     """A KubeRay RayService: the Serve config above, a head and a worker group whose containers
     carry the guard's environment (Ray's proxy reads it when it starts)."""
+    from .auth import TOKEN_ENV
     from .proxy_guard import env_for
 
     sv = cfg.serve
     env = [
         {"name": k, "value": v} for k, v in env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s).items()
     ]
+    if settings.token_digest:  # the token from a Secret the cluster's owner creates, never from this file
+        env.append({"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token_secret(name), "key": "token"}}})
     container = {
         "image": IMAGE,
         "env": env,
@@ -109,7 +120,7 @@ def rayservice(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
     }
     import yaml
 
-    config = serve_config(cfg, settings, name, host="0.0.0.0")
+    config = serve_config(cfg, settings, name, host="0.0.0.0", secret=True)
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
@@ -142,6 +153,24 @@ def rayservice(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
     }
 
 
+def token_secret(name: str) -> str:
+    """The Kubernetes Secret the RayService reads the serve token from (key ``token``)."""
+    return f"{name.lower().replace('_', '-')}-serve-token"
+
+
+def rayservice_comment(settings: Any, name: str) -> str:
+    if not settings.token_digest:
+        return (
+            "# KubeRay RayService written by `vitdeploy serve --write-rayservice`\n"
+            "# (--allow-unauthenticated: no serve token, anyone who reaches the service may call the model)\n"
+        )
+    return (
+        "# KubeRay RayService written by `vitdeploy serve --write-rayservice`. The serve token comes from a\n"
+        "# Secret (never from this file); create it first, with the token you call the model with:\n"
+        f'#   kubectl create secret generic {token_secret(name)} --from-literal=token="$VITDEPLOY_SERVE_TOKEN"\n'
+    )
+
+
 def guard_comment(cfg: Any) -> str:
     """The YAML comment that says how to install the proxy's guard on a cluster started by hand."""
     from .proxy_guard import env_for
@@ -153,6 +182,8 @@ def guard_comment(cfg: Any) -> str:
         "# Start each node's Ray with the proxy's guard (body deadline and byte limit, health routes,\n"
         "# JSON errors) in its environment:\n"
         f"#   {env} ray start ...\n"
+        "# With a serve token, give every node VITDEPLOY_SERVE_TOKEN (from your secret store) too: the guard and\n"
+        "# the replicas read it there; this file never holds it.\n"
     )
 
 
@@ -179,7 +210,7 @@ def write_deploy_files(
         text = guard_comment(cfg) + yaml.safe_dump(serve_config(cfg, settings, name), sort_keys=False)
         written.append(write_bytes_atomic(config_path, text.encode()))
     if rayservice_path is not None:
-        text = yaml.safe_dump(rayservice(cfg, settings, name), sort_keys=False)
+        text = rayservice_comment(settings, name) + yaml.safe_dump(rayservice(cfg, settings, name), sort_keys=False)
         written.append(write_bytes_atomic(rayservice_path, text.encode()))
     return written
 

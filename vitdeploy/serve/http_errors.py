@@ -18,6 +18,7 @@ from ..base.errors import (
     NotFoundError,
     RequestTimeoutError,
     TooManyImagesError,
+    UnauthorizedError,
     UnavailableError,
     UnsupportedMediaError,
     VitDeployError,
@@ -27,6 +28,7 @@ from ..base.errors import (
 #: Most specific first: the first class the error is an instance of gives the status.
 STATUSES: tuple[tuple[type[BaseException], int], ...] = (
     (ImageTooLargeError, 400),  # a decompression bomb is a bad image (Triton answers 400), not a large body
+    (UnauthorizedError, 401),
     (NotFoundError, 404),
     (MethodNotAllowedError, 405),
     (RequestTimeoutError, 408),

@@ -7,8 +7,9 @@ of the same name as the RPC (``ModelInfer``, ``ModelMetadata``...) with the requ
 status is returned through Ray's ``grpc_context``. :class:`KServeGrpcMethods` is mixed into the
 deployment class: an inference request is turned into the HTTP protocol's JSON + binary form and
 parsed by :func:`vitdeploy.serve.protocol.parse_infer_request`, so both transports check a request
-the same way and give the same one-line reasons. Statuses: 404 -> NOT_FOUND, 503 -> UNAVAILABLE,
-any other refusal -> INVALID_ARGUMENT (Triton's code for a bad request).
+the same way and give the same one-line reasons. Statuses: 401 -> UNAUTHENTICATED (the serve token,
+in the ``authorization`` metadata: serve/auth.py), 404 -> NOT_FOUND, 503 -> UNAVAILABLE, any other
+refusal -> INVALID_ARGUMENT (Triton's code for a bad request).
 
 Only unary RPCs are served (``ModelStreamInfer``, the shared-memory and repository RPCs are not).
 Imports ``tritonclient.grpc`` when a method runs: the server needs ``tritonclient[grpc]`` only when
@@ -24,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import BodyTooLargeError
-from . import protocol
+from . import auth, protocol
 from .http_errors import status_of
 from .kserve_model import model_config
 
@@ -66,9 +67,11 @@ def add_servicer(servicer: Any, server: Any) -> None:
 def _status(grpc_context: Any, error: protocol.RequestError) -> None:
     import grpc
 
-    code = {404: grpc.StatusCode.NOT_FOUND, 503: grpc.StatusCode.UNAVAILABLE}.get(
-        status_of(error), grpc.StatusCode.INVALID_ARGUMENT
-    )
+    code = {
+        401: grpc.StatusCode.UNAUTHENTICATED,
+        404: grpc.StatusCode.NOT_FOUND,
+        503: grpc.StatusCode.UNAVAILABLE,
+    }.get(status_of(error), grpc.StatusCode.INVALID_ARGUMENT)
     if grpc_context is not None:
         grpc_context.set_code(code)
         grpc_context.set_details(str(error))
@@ -141,16 +144,31 @@ class KServeGrpcMethods:
     async def ServerReady(self, request: Any) -> Any:  # noqa: N802
         return _pb().ServerReadyResponse(ready=True)
 
-    async def ServerMetadata(self, request: Any) -> Any:  # noqa: N802
+    async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
         from .. import __version__
 
+        if not self._allowed(grpc_context):
+            return _pb().ServerMetadataResponse()
         return _pb().ServerMetadataResponse(
             name="vitdeploy",
             version=__version__,
             extensions=["binary_tensor_data", "model_configuration", "statistics"],
         )
 
-    def _checked(self, request: Any, grpc_context: Any) -> bool:
+    def _allowed(self, grpc_context: Any) -> bool:
+        """False (UNAUTHENTICATED set) without the serve token in the ``authorization`` metadata."""
+        metadata = grpc_context.invocation_metadata() if grpc_context is not None else None
+        try:
+            auth.check(auth.from_metadata(metadata), self.spec.token_digest)
+        except protocol.RequestError as exc:
+            _status(grpc_context, exc)
+            return False
+        return True
+
+    def _checked(self, request: Any, grpc_context: Any, open_route: bool = False) -> bool:
+        """The model and version named exist here, and (but on ``open_route``) the caller has the token."""
+        if not open_route and not self._allowed(grpc_context):
+            return False
         try:
             self._known(request.version or None, model=request.name)
         except protocol.RequestError as exc:
@@ -159,7 +177,7 @@ class KServeGrpcMethods:
         return True
 
     async def ModelReady(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
-        return _pb().ModelReadyResponse(ready=self._checked(request, grpc_context))
+        return _pb().ModelReadyResponse(ready=self._checked(request, grpc_context, open_route=True))
 
     async def ModelMetadata(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
         pb = _pb()
@@ -189,12 +207,14 @@ class KServeGrpcMethods:
         from google.protobuf import json_format
 
         pb = _pb()
-        if request.name and not self._checked(request, grpc_context):
+        if not self._allowed(grpc_context) or (request.name and not self._checked(request, grpc_context)):
             return pb.ModelStatisticsResponse()
         return json_format.ParseDict(self.stats.to_json(self.name), pb.ModelStatisticsResponse())
 
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
         start, times = time.perf_counter_ns(), {}
+        if not self._allowed(grpc_context):
+            return _pb().ModelInferResponse()
         try:
             self._known(request.model_version or None, model=request.model_name)
             body, head = http_form(request)

@@ -5,6 +5,8 @@ Ray Serve runs it inside its proxy actor (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT
 :data:`CALLBACK`, set by `vitdeploy serve` before it starts Ray, and in the generated RayService).
 Per request:
 
+* without the serve token (serve/auth.py), every route but the health routes gets 401 before its
+  body is read;
 * ``/v2/health/live`` (the proxy is up), ``/v2/health/ready`` (a model is routed here) and ``/v2``
   are answered here: a busy or stalled model never delays a liveness probe;
 * the body is read here, all of it, with a deadline (``serve.body_timeout_s``: a stalled or
@@ -37,6 +39,7 @@ from ..base.errors import (
     UnavailableError,
     first_line,
 )
+from . import auth
 from .http_errors import MAX_REASON, error_body, status_of
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,7 @@ def middlewares() -> list[Any]:
             ProxyGuard,
             max_body_bytes=int(os.environ.get(MAX_BODY_ENV, 64 << 20)),
             body_timeout_s=float(os.environ.get(BODY_TIMEOUT_ENV, 30)),
+            token_digest=auth.digest_from_environment(),
         )
     ]
 
@@ -96,17 +100,18 @@ async def _answer(
 
 async def answer_error(send: Send, exc: BaseException, close: bool = False) -> None:
     status = status_of(exc)
-    extra = [(b"retry-after", b"1")] if status == 503 else None
+    extra = {503: [(b"retry-after", b"1")], 401: [auth.CHALLENGE]}.get(status)
     await _answer(send, status, error_body(exc), close=close, extra=extra)
 
 
 class ProxyGuard:
     """ASGI middleware around Ray Serve's proxy app (see the module's docstring)."""
 
-    def __init__(self, app: Any, max_body_bytes: int, body_timeout_s: float) -> None:
+    def __init__(self, app: Any, max_body_bytes: int, body_timeout_s: float, token_digest: str | None = None) -> None:
         self.app = app
         self.max_body_bytes = int(max_body_bytes)
         self.body_timeout_s = float(body_timeout_s)
+        self.token_digest = token_digest  # serve/auth.py: None = no token, every route open
         self._routes: dict[str, str] = {}
         self._routes_at = 0.0
         self._seen: set[str] = set()  # models routed here once: their 404 means "stopping", a 503
@@ -163,6 +168,11 @@ class ProxyGuard:
         if scope["type"] != "http" or scope["path"].startswith("/-/"):
             return await self.app(scope, receive, send)
         path = scope["path"].rstrip("/") or "/"
+        if self.token_digest is not None and not auth.is_open(path):
+            try:  # before the body is read: a caller without the token costs no upload
+                auth.check(dict(scope.get("headers") or []).get(b"authorization"), self.token_digest)
+            except RequestError as exc:
+                return await answer_error(send, exc, close=True)
         if path in ("/v2/health/live", "/v2/health/ready", "/v2"):
             return await self._server_route(path, send)
         try:

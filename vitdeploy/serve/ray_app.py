@@ -41,7 +41,7 @@ from ..base.errors import (
 )
 from ..runtime.backends import first_line
 from ..runtime.backends.base import BackendOptions
-from . import content_encoding, protocol
+from . import auth, content_encoding, protocol
 from .http_errors import MAX_REASON, error_body, status_of
 from .kserve_grpc import KServeGrpcMethods, register_proto_modules
 from .kserve_model import InferenceStats, model_config
@@ -71,6 +71,7 @@ class ReplicaSpec:
     max_request_bytes: int
     num_cpus: float = 1.0
     name: str = ""
+    token_digest: Optional[str] = None  # the serve token's SHA-256 (serve/auth.py); None: no token
 
     def threads(self) -> Tuple[int, int]:
         """(ONNX Runtime intra-op threads, decode threads) of one replica: its share of the cores
@@ -93,7 +94,7 @@ def _error(exc: BaseException) -> Response:
     status = status_of(exc)
     if status >= 500:
         log.error("request failed: %s", first_line(exc), exc_info=not isinstance(exc, RequestError))
-    headers = {"Retry-After": "1"} if status == 503 else None
+    headers = {503: {"Retry-After": "1"}, 401: {k.decode(): v.decode() for k, v in [auth.CHALLENGE]}}.get(status)
     return Response(error_body(exc), status_code=status, media_type="application/json", headers=headers)
 
 
@@ -306,6 +307,7 @@ class ViTClassifier(KServeGrpcMethods):
         """A raw image body, or multipart with one file per image -> a JSON list, one `predict --json`
         object per image (an unreadable image in a multipart request gets its {"path", "error"})."""
         try:
+            self._authorize(request)
             blobs = await self._images(request)
             protocol.check_image_count(len(blobs), self.spec.max_images_per_request)
             logits, errors = await self._classify(blobs)
@@ -329,6 +331,10 @@ class ViTClassifier(KServeGrpcMethods):
     # server-level routes (/v2, /v2/health/live, /v2/health/ready) are answered by the proxy's guard
     # (proxy_guard.py), so that a busy model never delays them.
 
+    def _authorize(self, request: Request) -> None:
+        """UnauthorizedError (401) without the serve token (serve/auth.py), on every route but ``/ready``."""
+        auth.check(request.headers.get("authorization"), self.spec.token_digest)
+
     def _known(self, version: Optional[str] = None, model: Optional[str] = None) -> None:
         """NotFoundError for another version (or, on gRPC, where the model is named, another model)."""
         if model is not None and model != self.name:
@@ -338,8 +344,9 @@ class ViTClassifier(KServeGrpcMethods):
 
     @api.get("/")
     @api.get("/versions/{version}")
-    async def model_metadata(self, version: Optional[str] = None) -> Response:
+    async def model_metadata(self, request: Request, version: Optional[str] = None) -> Response:
         try:
+            self._authorize(request)
             self._known(version)
         except RequestError as exc:
             return _error(exc)
@@ -347,8 +354,9 @@ class ViTClassifier(KServeGrpcMethods):
 
     @api.get("/config")
     @api.get("/versions/{version}/config")
-    async def model_config(self, version: Optional[str] = None) -> Response:
+    async def model_config(self, request: Request, version: Optional[str] = None) -> Response:
         try:
+            self._authorize(request)
             self._known(version)
         except RequestError as exc:
             return _error(exc)
@@ -356,8 +364,9 @@ class ViTClassifier(KServeGrpcMethods):
 
     @api.get("/stats")
     @api.get("/versions/{version}/stats")
-    async def model_stats(self, version: Optional[str] = None) -> Response:
+    async def model_stats(self, request: Request, version: Optional[str] = None) -> Response:
         try:
+            self._authorize(request)
             self._known(version)
         except RequestError as exc:
             return _error(exc)
@@ -379,6 +388,7 @@ class ViTClassifier(KServeGrpcMethods):
         limit) -> LOGITS, TOPK_LABELS, TOPK_SCORES; any bad image fails the request (400, one line)."""
         start, times = time.perf_counter_ns(), {}
         try:
+            self._authorize(request)
             self._known(version)
             body = await self._body(request)
             req = protocol.parse_infer_request(

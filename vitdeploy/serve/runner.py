@@ -40,6 +40,7 @@ class ServeSettings:
     address: str | None = None
     access_log: bool = False
     name: str | None = None  # --name, else serve.name, else the manifest's name
+    token_digest: str | None = None  # the serve token's SHA-256 (serve/auth.py): None = every route open
 
 
 def app_name(cfg: Any, settings: ServeSettings, manifest_name: str) -> str:
@@ -87,6 +88,7 @@ def replica_spec(cfg: Any, settings: ServeSettings, options: Any, source: Any = 
         concurrent_batches=sv.concurrent_batches,
         max_images_per_request=sv.max_images_per_request,
         max_request_bytes=int(sv.max_request_mb * 1024 * 1024),
+        token_digest=settings.token_digest,
     )
 
 
@@ -94,8 +96,9 @@ WORKER_NICENESS = "RAY_worker_niceness"
 DRAIN_GRACE_S = 0.5  # read by the raylet when ray.init starts it
 
 
-def curl_example(url: str) -> str:
-    return f"curl -H 'Content-Type: image/jpeg' --data-binary @cat.jpg {url}/predict"
+def curl_example(url: str, token: bool = False) -> str:
+    header = ' -H "Authorization: Bearer $VITDEPLOY_SERVE_TOKEN"' if token else ""
+    return f"curl{header} -H 'Content-Type: image/jpeg' --data-binary @cat.jpg {url}/predict"
 
 
 def run_server(
@@ -126,8 +129,16 @@ def run_server(
             from .proxy_guard import env_for
 
             os.environ.update(env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s))
-            # On a loopback host, Ray (and its Prometheus endpoint) listens on loopback only.
-            local = {"_node_ip_address": "127.0.0.1"} if settings.host in LOOPBACK else {}
+            # The guard checks the serve token against its digest (the token itself stays in this process).
+            from .auth import DIGEST_ENV
+
+            if settings.token_digest:
+                os.environ[DIGEST_ENV] = settings.token_digest
+            else:
+                os.environ.pop(DIGEST_ENV, None)
+            # Ray (and its Prometheus endpoint) listens on loopback only, unless serve.metrics_host says otherwise.
+            loopback = settings.host in LOOPBACK or sv.metrics_host in LOOPBACK
+            local = {"_node_ip_address": "127.0.0.1"} if loopback else {}  # else Ray's node address, all interfaces
             ctx = ray.init(
                 address="local",  # a Ray of its own: without it Ray joins any Ray already running on this machine
                 num_cpus=cpus,
@@ -159,12 +170,12 @@ def run_server(
         progress(f"ready: {url}  (model {name!r}: POST {url}/predict, KServe v2 at {url}{route_prefix(name)}/infer)")
         if cfg.serve.grpc_port is not None:
             progress(f"gRPC:  {settings.host}:{cfg.serve.grpc_port} (KServe v2, tritonclient.grpc)")
-        progress(f"try:   {curl_example(url)}")
+        progress(f"try:   {curl_example(url, bool(settings.token_digest))}")
+        if settings.token_digest:
+            progress("auth:  every model route needs Authorization: Bearer <token>; /v2/health/* stays open")
         if owns_cluster:
-            progress(
-                f"metrics: http://{settings.host if settings.host != '0.0.0.0' else '127.0.0.1'}:"
-                f"{sv.metrics_port}/metrics (Prometheus, ray_serve_*)"
-            )
+            metrics_host = "127.0.0.1" if loopback else sv.metrics_host
+            progress(f"metrics: http://{metrics_host}:{sv.metrics_port}/metrics (Prometheus, ray_serve_*)")
         progress("Ctrl-C or SIGTERM drains in-flight requests and stops")
         while not stop.wait(0.5):
             pass

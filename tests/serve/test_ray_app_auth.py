@@ -1,0 +1,151 @@
+"""`vitdeploy serve` with a serve token, for real: one Ray Serve (a `vitdeploy serve` subprocess, HTTP and
+gRPC) and real clients (httpx, tritonclient.http and tritonclient.grpc).
+
+Without the token every model route answers 401 ``{"error"}`` with ``WWW-Authenticate: Bearer`` (gRPC:
+UNAUTHENTICATED), with another token 401 too, with the token 200; the health routes answer anyone; the
+token appears in no line the server printed and in no Ray log.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
+grpcclient = pytest.importorskip(
+    "tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[grpc]')"
+)
+httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient not installed")
+
+from helpers.serve_process import ServeProcess, free_port  # noqa: E402
+
+from vitdeploy.demo import IMAGES_DIR  # noqa: E402
+from vitdeploy.serve.auth import TOKEN_ENV  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+TOKEN = "tests-serve-token-7f3a9c2e51b84d06"
+APP = "vit-demo-digits"
+
+
+@pytest.fixture(scope="module")
+def server(demo_artifacts, tmp_path_factory):
+    import shutil
+    import tempfile
+
+    folder = tmp_path_factory.mktemp("auth")
+    ray_tmp = Path(tempfile.mkdtemp(prefix="vdauth", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    grpc_port = free_port()
+    cfg = folder / "pipeline.yaml"
+    cfg.write_text(
+        "runtime: {threads: 1}\n"
+        "serve: {max_batch_size: 4, batch_wait_timeout_s: 0.005, decode_threads: 1, num_cpus_per_replica: 1,\n"
+        "        max_ongoing_requests: 8, metrics_port: %d, grpc_port: %d}\n" % (free_port(), grpc_port)
+    )
+    proc = ServeProcess(demo_artifacts, cfg, env={TOKEN_ENV: TOKEN, "RAY_TMPDIR": str(ray_tmp)})
+    try:
+        yield {"proc": proc, "url": proc.url, "grpc": f"127.0.0.1:{grpc_port}", "ray_tmp": ray_tmp}
+    finally:
+        proc.stop()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def image() -> bytes:
+    return next(p for p in sorted(IMAGES_DIR.iterdir()) if p.suffix == ".png").read_bytes()
+
+
+def _infer_body(image: bytes) -> tuple[bytes, dict[str, str]]:
+    import json
+    import struct
+
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "IMAGES",
+                    "datatype": "BYTES",
+                    "shape": [1],
+                    "parameters": {"binary_data_size": len(image) + 4},
+                }
+            ]
+        }
+    ).encode()
+    return head + struct.pack("<I", len(image)) + image, {"Inference-Header-Content-Length": str(len(head))}
+
+
+def _model_routes(image: bytes) -> list[tuple[str, str, bytes, dict[str, str]]]:
+    body, headers = _infer_body(image)
+    prefix = f"/v2/models/{APP}"
+    return [
+        ("POST", "/predict", image, {"content-type": "image/png"}),
+        ("POST", f"{prefix}/predict", image, {"content-type": "image/png"}),
+        ("POST", f"{prefix}/infer", body, headers),
+        ("GET", prefix, b"", {}),
+        ("GET", f"{prefix}/config", b"", {}),
+        ("GET", f"{prefix}/stats", b"", {}),
+        ("GET", "/v2", b"", {}),
+    ]
+
+
+def test_every_model_route_needs_the_token(server, image):
+    with httpx.Client(base_url=server["url"], timeout=60) as client:
+        for method, path, body, headers in _model_routes(image):
+            for auth in (None, "Bearer not-the-token-at-all-1234", f"Basic {TOKEN}"):
+                sent = {**headers, **({"authorization": auth} if auth else {})}
+                r = client.request(method, path, content=body or None, headers=sent)
+                assert r.status_code == 401, (method, path, auth, r.status_code, r.text)
+                assert r.headers["content-type"].startswith("application/json") and set(r.json()) == {"error"}
+                assert r.headers["www-authenticate"].lower().startswith("bearer"), r.headers
+                assert TOKEN not in r.text
+            r = client.request(
+                method, path, content=body or None, headers={**headers, "authorization": f"Bearer {TOKEN}"}
+            )
+            assert r.status_code == 200, (method, path, r.status_code, r.text)
+
+
+def test_the_health_routes_answer_anyone(server):
+    with httpx.Client(base_url=server["url"], timeout=60) as client:
+        for path in ("/v2/health/live", "/v2/health/ready", f"/v2/models/{APP}/ready"):
+            assert client.get(path).status_code == 200, path
+
+
+def test_tritonclient_passes_the_token_with_headers(server, image):
+    import numpy as np
+
+    headers = {"authorization": f"Bearer {TOKEN}"}  # gRPC metadata keys are lower case
+    images = np.array([image], dtype=np.object_)
+    for module, url in ((httpclient, server["url"].removeprefix("http://")), (grpcclient, server["grpc"])):
+        client = module.InferenceServerClient(url)
+        tensor = module.InferInput("IMAGES", [1], "BYTES")
+        tensor.set_data_from_numpy(images)
+        assert client.is_server_live() and client.is_model_ready(APP)  # health: no token
+        with pytest.raises(module.InferenceServerException) as refused:
+            client.infer(APP, [tensor])
+        status = str(refused.value.status())
+        assert ("401" in status) if module is httpclient else ("UNAUTHENTICATED" in status), status
+        with pytest.raises(module.InferenceServerException):
+            client.get_model_metadata(APP)
+        with pytest.raises(module.InferenceServerException):
+            client.infer(APP, [tensor], headers={"authorization": "Bearer another-token-that-is-wrong"})
+        result = client.infer(APP, [tensor], headers=dict(headers))  # tritonclient.http adds to the dict it gets
+        assert result.as_numpy("LOGITS").shape[0] == 1
+        assert client.get_model_metadata(APP, headers=dict(headers))
+        client.close()
+
+
+def test_the_token_is_in_no_line_the_server_printed_nor_in_rays_logs(server, image):
+    httpx.post(f"{server['url']}/predict", content=image, headers={"authorization": "Bearer wrong-token-0123456789"})
+    text = "\n".join(server["proc"].lines)
+    assert "needs Authorization: Bearer <token>" in text and TOKEN not in text
+    logs = [p for p in server["ray_tmp"].rglob("*") if p.is_file() and p.suffix in (".log", ".out", ".err", ".json")]
+    assert logs, "no Ray log found under RAY_TMPDIR"
+    for path in logs:
+        try:
+            assert TOKEN.encode() not in path.read_bytes(), path
+        except OSError:  # a socket or a file Ray removed meanwhile
+            continue
+    assert os.environ.get(TOKEN_ENV) != TOKEN  # the test process itself never had it
