@@ -258,3 +258,44 @@ def test_requests_beyond_the_queue_get_503_at_once_and_the_rest_are_answered(ser
     for res in answered:
         logits, labels, scores = _answer(res)
         _assert_same((logits[0], labels[0], scores[0]), want, "answered beside refused requests")
+
+
+def test_the_readmes_restricted_apis_fence_every_route_but_health(demo_artifacts, tmp_path, images):
+    """The repository README's `tritonserver` flags, run on the bundled server: without the header every
+    API but health is refused (HTTP and gRPC), with it the model answers; a probe needs nothing."""
+    _require_triton_env()
+    from vitdeploy.base.config import parse_config
+    from vitdeploy.serve.triton.readme import GRPC_PREFIX, RESTRICTED_APIS, TOKEN_HEADER
+    from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
+
+    token = "triton-token-for-the-tests-0123456789"
+    cfg = parse_config({"triton": {"inference": "ort_python"}})
+    repo = build_triton_repo(demo_artifacts, tmp_path / "repo", settings_from_config(cfg)).path
+    readme = (repo / "README.md").read_text()
+    assert f"GROUPS={','.join(RESTRICTED_APIS)}" in readme and f'"$GROUPS:{TOKEN_HEADER}=' in readme
+    fence = f"{','.join(RESTRICTED_APIS)}:{TOKEN_HEADER}={token}"
+    flags = [f"--http-restricted-api={fence}", f"--grpc-restricted-protocol={fence}"]
+    blob = images["chelsea.jpg"]
+    data = np.array([[blob]], dtype=object)
+    with BundledTriton(VENV, repo, load=[NAME], extra_args=flags) as triton:
+        for module, url, header in (
+            (httpclient, triton.http_url, TOKEN_HEADER),
+            (grpcclient, triton.grpc_url, GRPC_PREFIX + TOKEN_HEADER),  # Triton prefixes restricted gRPC headers
+        ):
+            assert header in readme
+            client = module.InferenceServerClient(url)
+            assert client.is_server_live() and client.is_server_ready()  # health stays open
+            inp = module.InferInput("IMAGES", list(data.shape), "BYTES")
+            inp.set_data_from_numpy(data)
+            for call in (
+                lambda **kw: client.infer(NAME, [inp], **kw),
+                lambda **kw: client.get_model_metadata(NAME, **kw),
+            ):
+                with pytest.raises(InferenceServerException) as refused:
+                    call()
+                assert header in refused.value.message(), refused.value.message()
+                with pytest.raises(InferenceServerException):
+                    call(headers={header: "not-the-token"})
+            result = client.infer(NAME, [inp], headers={header: token})
+            assert result.as_numpy("LOGITS").shape == (1, 10)
+            client.close()

@@ -26,6 +26,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Sequence
@@ -70,6 +71,7 @@ class BundledTriton:
         log_verbose: int = 0,
         exit_timeout_s: int = 5,
         python_env: str | os.PathLike[str] | None = None,
+        extra_args: Sequence[str] = (),
     ) -> None:
         self.venv = Path(venv).absolute()
         self.python_env = Path(python_env).absolute() if python_env is not None else self.venv
@@ -84,6 +86,7 @@ class BundledTriton:
         self._workdir: Path | None = None
         self.log_path: Path | None = None
         self.version: str | None = None
+        self.extra_args = list(extra_args)  # more tritonserver options (e.g. --http-restricted-api=...)
 
     @property
     def http_url(self) -> str:
@@ -124,6 +127,7 @@ class BundledTriton:
         ]
         if self.load:
             cmd += ["--model-control-mode=explicit", *[f"--load-model={m}" for m in self.load]]
+        cmd += self.extra_args
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
         libs = [str(server_site / "nvidia_pytriton.libs"), str(libdir)]
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
@@ -158,11 +162,16 @@ class BundledTriton:
         try:
             with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as resp:
                 ok = resp.status == 200
-            with urllib.request.urlopen(f"http://{self.http_url}/v2", timeout=2) as resp:
-                self.version = json.loads(resp.read()).get("version")
-            return ok
         except OSError:
             return False
+        try:  # the server's metadata (its version) may be restricted (--http-restricted-api): then unknown
+            with urllib.request.urlopen(f"http://{self.http_url}/v2", timeout=2) as resp:
+                self.version = json.loads(resp.read()).get("version")
+        except urllib.error.HTTPError:
+            pass
+        except OSError:
+            return False
+        return ok
 
     def log_tail(self, lines: int = 40) -> str:
         if self.log_path is None or not self.log_path.exists():

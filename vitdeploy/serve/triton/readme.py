@@ -62,6 +62,21 @@ def render_readme(
     return "\n".join(lines)
 
 
+#: Triton's API groups a token fences off (all but "health": probes stay open)
+RESTRICTED_APIS = (
+    "inference",
+    "metadata",
+    "model-config",
+    "statistics",
+    "model-repository",
+    "shared-memory",
+    "trace",
+    "logging",
+)
+TOKEN_HEADER = "vitdeploy-token"
+GRPC_PREFIX = "triton-grpc-protocol-"  # what Triton expects before a restricted gRPC header's key
+
+
 def _container_section(
     facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str, Any] | None, names: dict[str, str], onnx_file: str
 ) -> list[str]:
@@ -154,6 +169,27 @@ def _scaling_and_calling(facts: tc.ModelFacts, settings: tc.Settings) -> list[st
         "",
         "The same client works against `vitdeploy serve` (Ray Serve), which speaks the same protocol for the",
         f"same model name. `curl`: `curl localhost:8000/v2/models/{facts.name}` shows the metadata.",
+        "",
+        "## Who may call",
+        "",
+        "Triton answers anyone who reaches its ports. Restrict every API group but `health` to callers that",
+        "send a shared secret in a header (Triton's `--http-restricted-api` / `--grpc-restricted-protocol`;",
+        "the probes `/v2/health/live` and `/v2/health/ready` stay open), appended to the `docker run` line:",
+        "",
+        "```bash",
+        f"GROUPS={','.join(RESTRICTED_APIS)}",
+        "tritonserver --model-repository=/models \\",
+        f'  --http-restricted-api="$GROUPS:{TOKEN_HEADER}=$VITDEPLOY_SERVE_TOKEN" \\',
+        f'  --grpc-restricted-protocol="$GROUPS:{TOKEN_HEADER}=$VITDEPLOY_SERVE_TOKEN"',
+        "```",
+        "",
+        f'Clients then send the header: `headers={{"{TOKEN_HEADER}": token}}` over HTTP and, as Triton prefixes',
+        f'restricted gRPC headers, `headers={{"{GRPC_PREFIX}{TOKEN_HEADER}": token}}` over gRPC',
+        "(`tritonclient`'s `infer(..., headers=...)`; without it: HTTP 403, gRPC UNAVAILABLE). Unlike",
+        "`vitdeploy serve`'s `Authorization: Bearer` token, Triton compares the value as given and the",
+        "secret is part of the server's command line (visible to anyone on that host who lists",
+        "its processes): keep the ports behind a gateway that authenticates callers (and terminates TLS)",
+        "when they face a network you do not control, and treat this header as a second layer.",
         "",
     ]
 
