@@ -49,6 +49,8 @@ CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 MAX_BODY_ENV = "VITDEPLOY_MAX_REQUEST_BYTES"
 BODY_TIMEOUT_ENV = "VITDEPLOY_BODY_TIMEOUT_S"
 MODELS_PREFIX = "/v2/models/"
+REPLICA_STOPPED = "the replica serving this request stopped before it answered; retry"
+LOST_REQUEST_RETRIES = 1  # a request whose replica died is sent once more before the client gets 503
 _ROUTES_TTL_S = 1.0
 
 Scope = dict[str, Any]
@@ -201,7 +203,25 @@ class ProxyGuard:
                 "path": f"{MODELS_PREFIX}{models[0]}/predict",
                 "raw_path": f"{MODELS_PREFIX}{models[0]}/predict".encode(),
             }
-        await self.app(scope, _replay(body, receive), _JsonErrors(send, self, scope["path"]))
+        for attempt in range(1 + LOST_REQUEST_RETRIES):
+            errors = _JsonErrors(send, self, scope["path"])
+            try:
+                await self.app(dict(scope), _replay(body, receive), errors)  # Ray's proxy rewrites its scope
+            except Exception as exc:  # noqa: BLE001 - whatever Ray's proxy raised: the client gets one JSON line
+                if errors.started:  # the answer is half sent: nothing to replace it with
+                    raise
+                if replica_died(exc) and attempt < LOST_REQUEST_RETRIES:
+                    continue
+                return await answer_error(send, _replica_fault(exc))
+            if errors.started or errors.start is not None or await _disconnected(receive):
+                return None
+            # Ray's proxy returns without an answer when the replica serving the request died (it logs
+            # the RayActorError; uvicorn would then send a text/plain 500). Our application always
+            # answers, so an unanswered request lost its replica: the body is still here, and an
+            # inference has no side effect, so it is sent once more (another replica, or the one Ray
+            # starts in its place, answers it); lost twice, the client gets a retryable 503
+            log.warning("a request lost its replica before it was answered (attempt %d)", attempt + 1)
+        await answer_error(send, UnavailableError(REPLICA_STOPPED))
 
     async def _server_route(self, path: str, send: Send) -> None:
         if path == "/v2/health/live":
@@ -253,6 +273,41 @@ class ProxyGuard:
                 return b"".join(chunks)
 
 
+async def _disconnected(receive: Receive) -> bool:
+    """Whether the client is gone (Ray's proxy answers nothing to a client that disconnected: 499)."""
+    try:
+        message = await asyncio.wait_for(receive(), timeout=0.001)
+    except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - nothing to read: still connected
+        return False
+    return message.get("type") == "http.disconnect"
+
+
+def replica_died(exc: BaseException) -> bool:
+    """Whether Ray's proxy failed the request because the replica serving it stopped (killed, crashed,
+    out of memory, its node gone): Ray's actor errors, by class."""
+    try:
+        from ray.exceptions import ActorUnavailableError, RayActorError
+    except ImportError:  # pragma: no cover - the guard runs inside Ray's proxy
+        return False
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:  # Ray may wrap it (RayTaskError, its cause)
+        seen.add(id(exc))
+        if isinstance(exc, (RayActorError, ActorUnavailableError)):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def _replica_fault(exc: BaseException) -> BaseException:
+    """What the client of a request Ray's proxy failed is told: a retryable 503 when its replica stopped
+    (another replica, or the one Ray starts in its place, answers the retry), else a 500."""
+    if replica_died(exc):
+        log.warning("a request lost its replica (%s): answered 503, retry", type(exc).__name__)
+        return UnavailableError(REPLICA_STOPPED)
+    log.error("Ray's proxy failed a request: %s", first_line(exc))
+    return exc  # answered 500 {"error": "internal server error (<type>); see the server's log"}
+
+
 def _replay(body: bytes, receive: Receive) -> Receive:
     """The body in one message, then the client's own messages (a disconnect, later)."""
     sent = False
@@ -274,11 +329,14 @@ class _JsonErrors:
         self.send, self.guard, self.path = send, guard, path
         self.start: Message | None = None
         self.body: list[bytes] = []
+        self.started = False  # a response start was sent on: the answer can no longer be replaced
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start" and message["status"] >= 400:
             self.start = message
             return None
+        if message["type"] == "http.response.start":
+            self.started = True
         if self.start is None or message["type"] != "http.response.body":
             return await self.send(message)
         self.body.append(message.get("body", b""))
