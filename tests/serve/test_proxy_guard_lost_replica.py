@@ -91,3 +91,69 @@ def test_an_answer_of_the_model_is_never_retried_and_another_error_is_a_json_500
     app = Ray("boom")
     status, _, body = _call(app)
     assert status == 500 and body["error"].startswith("internal server error (ValueError)") and len(app.calls) == 1
+
+
+# -- gRPC: Ray's proxy handler wrapped (vitdeploy/serve/kserve_grpc.py) -------------------------------------
+
+
+class _Context:
+    """What Ray's gRPC handler gets: a status code and details it sets (grpc's ServicerContext)."""
+
+    def __init__(self) -> None:
+        import grpc
+
+        self._code, self._details = grpc.StatusCode.OK, ""
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+    def set_code(self, code) -> None:
+        self._code = code
+
+    def set_details(self, details) -> None:
+        self._details = details
+
+
+def _grpc_call(*outcomes):
+    """Ray's handler answering each attempt as scripted ("died": INTERNAL with Ray's actor-death text;
+    "internal": another INTERNAL; "ok": a response) -> (the status, details, response, attempts)."""
+    import grpc
+
+    from vitdeploy.serve.kserve_grpc import _retry_lost
+
+    script, calls = list(outcomes), []
+
+    def factory(service_method, streaming_type):
+        async def handler(request, context):
+            calls.append(request)
+            outcome = script.pop(0)
+            if outcome == "died":
+                context.set_code(grpc.StatusCode.INTERNAL)
+                context.set_details("The actor died unexpectedly before finishing this task.\n\tactor_id: 8cc69")
+                return b""
+            if outcome == "internal":
+                context.set_code(grpc.StatusCode.INTERNAL)
+                context.set_details("something else broke")
+                return b""
+            return b"response"
+
+        return handler
+
+    unary = type("StreamingType", (), {"name": "UNARY_UNARY"})()
+    handler = _retry_lost(factory)(service_method="/inference.GRPCInferenceService/ModelInfer", streaming_type=unary)
+    context = _Context()
+    response = asyncio.run(handler(b"request", context))
+    return context.code(), context.details(), response, len(calls)
+
+
+def test_a_grpc_call_that_lost_its_replica_is_sent_once_more_then_unavailable():
+    import grpc
+
+    assert _grpc_call("died", "ok") == (grpc.StatusCode.OK, "", b"response", 2)
+    code, details, _, calls = _grpc_call("died", "died")
+    assert (code, details, calls) == (grpc.StatusCode.UNAVAILABLE, REPLICA_STOPPED, 2)  # no Ray internals
+    code, details, _, calls = _grpc_call("internal")  # not a lost replica: as Ray answered it, once
+    assert (code, details, calls) == (grpc.StatusCode.INTERNAL, "something else broke", 1)

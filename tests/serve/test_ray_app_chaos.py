@@ -1,13 +1,15 @@
 """A replica killed under load (`kill -9` of its worker process), for real: `vitdeploy serve` with one and
-with two replicas, 8 keep-alive clients posting images the whole time.
+with two replicas, 4 keep-alive HTTP clients and 4 gRPC clients (tritonclient) sending images the whole
+time.
 
 What a client sees (docs/serving.md): the requests inside the dead replica are sent once more by the
 proxy's guard (their bodies are still there; an inference has no side effect), so with two replicas the
 other one answers them at once and with one the replica Ray starts in its place does: no client sees
-an error either way, only the wait. Lost twice, a request gets a retryable JSON 503 (the guard's unit
-tests, test_proxy_guard_lost_replica.py). The replica is held (SIGSTOP) for a second before it is
-killed, so that requests are inside it when it dies, whatever the machine's speed; that they were is
-checked in the guard's log ("lost its replica"), so the test cannot pass by missing the moment.
+an error either way, only the wait; gRPC calls the same (Ray's proxy handler wrapped). Lost twice, a
+request gets a retryable JSON 503, a gRPC call UNAVAILABLE (unit tests: test_proxy_guard_lost_replica.py).
+The replica is held (SIGSTOP) for a second before it is killed, so that requests are inside it when it
+dies, whatever the machine's speed; that they were is checked in the log ("lost its replica"), so the
+test cannot pass by missing the moment.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from vitdeploy.demo import IMAGES_DIR  # noqa: E402
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 APP = "vit-demo-digits"
-CLIENTS = 8
+CLIENTS = 4  # of each protocol
 #: one replica: the longest wait for an answer after the kill, while Ray starts a new replica (6.2 s
 #: measured on a 2-core EPYC; a slower machine is given room, and Ray's own request timeout is 60 s)
 ONE_REPLICA_GAP_S = 45.0
@@ -44,11 +46,12 @@ TWO_REPLICAS_GAP_S = 5.0
 def _kill_under_load(demo_artifacts: Path, tmp: Path, replicas: int) -> tuple[list, float, str]:
     """(every answer as (sent, answered, status, content type, body), the kill's time, the Ray logs' text)."""
     ray_tmp = Path(tempfile.mkdtemp(prefix="vdchaos", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    grpc_port = free_port()
     cfg = tmp / f"pipeline-{replicas}.yaml"
     cfg.write_text(
         "runtime: {threads: 1}\n"
         "serve: {max_batch_size: 4, batch_wait_timeout_s: 0.005, decode_threads: 1, num_cpus_per_replica: 1,\n"
-        "        max_ongoing_requests: 8, metrics_port: %d}\n" % free_port()
+        "        max_ongoing_requests: 8, metrics_port: %d, grpc_port: %d}\n" % (free_port(), grpc_port)
     )
     image = next(p for p in sorted(IMAGES_DIR.iterdir()) if p.suffix == ".png").read_bytes()
     server = ServeProcess(demo_artifacts, cfg, "--replicas", str(replicas), env={"RAY_TMPDIR": str(ray_tmp)})
@@ -65,7 +68,24 @@ def _kill_under_load(demo_artifacts: Path, tmp: Path, replicas: int) -> tuple[li
                 except httpx.HTTPError as exc:
                     results.append((sent, time.monotonic(), "error", "", repr(exc)))
 
-    threads = [threading.Thread(target=client) for _ in range(CLIENTS)]
+    def grpc_client() -> None:
+        import numpy as np
+        import tritonclient.grpc as grpcclient
+
+        c = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        data = np.array([[image]], dtype=np.object_)
+        while not stop.is_set():
+            sent = time.monotonic()
+            tensor = grpcclient.InferInput("IMAGES", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(data)
+            try:
+                c.infer(APP, [tensor], client_timeout=120)
+                results.append((sent, time.monotonic(), 200, "grpc", ""))
+            except grpcclient.InferenceServerException as exc:
+                results.append((sent, time.monotonic(), str(exc.status()), "grpc", exc.message()))
+        c.close()
+
+    threads = [threading.Thread(target=f) for f in (client, grpc_client) for _ in range(CLIENTS)]
     try:
         pids = ray_replica_pids(APP)
         assert len(pids) == replicas, pids
@@ -111,11 +131,15 @@ def _longest_wait(results: list, killed_at: float) -> float:
 def test_a_replica_killed_under_load_loses_no_request(demo_artifacts, tmp_path, replicas, gap_s):
     results, killed_at, logs = _kill_under_load(demo_artifacts, tmp_path, replicas)
     failed = [r[2:] for r in results if r[2] != 200]
-    for status, ctype, body in failed:  # none expected; if any, it must be the retryable JSON 503
-        assert status == 503 and ctype.startswith("application/json") and "retry" in body, (status, ctype, body)
+    for status, ctype, body in failed:  # none expected; if any, a retryable JSON 503 or gRPC UNAVAILABLE
+        if ctype == "grpc":
+            assert status == "StatusCode.UNAVAILABLE" and "retry" in body and "actor" not in body, (status, body)
+        else:
+            assert status == 503 and ctype.startswith("application/json") and "retry" in body, (status, ctype, body)
     assert not failed, f"{len(failed)} of {len(results)} requests failed: {failed[:3]}"
     assert "lost its replica" in logs  # requests were inside the killed replica, and were sent again
     after = [r for r in results if r[0] > killed_at + 1]
     assert len(after) >= 20 and all(r[2] == 200 for r in after)  # the server answers again
+    assert {r[3] == "grpc" for r in after} == {True, False}  # on both protocols
     wait = _longest_wait(results, killed_at)
     assert wait < gap_s, f"no answer for {wait:.1f} s after the kill ({replicas} replica(s))"

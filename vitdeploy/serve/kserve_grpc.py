@@ -19,6 +19,7 @@ Imports ``tritonclient.grpc`` when a method runs: the server needs ``tritonclien
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any
 
@@ -31,6 +32,7 @@ from .kserve_model import model_config
 
 #: What Ray Serve's gRPC proxy imports and calls to register the service (:func:`add_servicer`).
 SERVICER_FUNCTION = "vitdeploy.serve.kserve_grpc.add_servicer"
+log = logging.getLogger(__name__)
 _DATATYPES = {protocol.LOGITS: "FP32", protocol.TOPK_LABELS: "BYTES", protocol.TOPK_SCORES: "FP32"}
 
 
@@ -57,11 +59,60 @@ def register_proto_modules() -> bool:
 
 
 def add_servicer(servicer: Any, server: Any) -> None:
-    """The servicer function Ray Serve's gRPC proxy calls: tritonclient's, after :func:`register_proto_modules`."""
+    """The servicer function Ray Serve's gRPC proxy calls: tritonclient's, after :func:`register_proto_modules`,
+    its unary calls sent once more when their replica died (:func:`_retry_lost`)."""
     from tritonclient.grpc import service_pb2_grpc
 
     register_proto_modules()
+    factory = getattr(server, "service_handler_factory", None)
+    if callable(factory):
+        server.service_handler_factory = _retry_lost(factory)
+    else:  # another Ray: a request whose replica dies gets Ray's INTERNAL
+        log.warning("Ray's gRPC proxy has no service_handler_factory: lost requests are not retried")
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+
+
+def lost_replica(code: Any, details: str | None) -> bool:
+    """Whether Ray's gRPC proxy failed a call because the replica serving it died: INTERNAL with the text of
+    Ray's actor error (the proxy keeps only the text: ``RayActorError``/``ActorDiedError`` messages)."""
+    import grpc
+
+    text = (details or "").lower()
+    return code == grpc.StatusCode.INTERNAL and "actor" in text and ("died" in text or "before finishing" in text)
+
+
+def _retry_lost(factory: Any) -> Any:
+    """Ray's gRPC handler factory, its unary handlers wrapped: a call whose replica died is sent once more
+    (an inference has no side effect; another replica, or the one Ray starts in its place, answers);
+    lost twice, UNAVAILABLE with one line (retryable), never Ray's INTERNAL and its internals. Ray Serve
+    has no gRPC interceptor option: this wraps its proxy's ``service_handler_factory`` (not a public
+    API: checked when the proxy starts, see :func:`add_servicer`), as the HTTP guard wraps its proxy."""
+    import grpc
+
+    from .proxy_guard import LOST_REQUEST_RETRIES, REPLICA_STOPPED
+
+    def make(service_method: str, streaming_type: Any) -> Any:
+        handler = factory(service_method=service_method, streaming_type=streaming_type)
+        if getattr(streaming_type, "name", "") != "UNARY_UNARY":
+            return handler
+
+        async def unary_unary(request_proto: Any, context: Any) -> Any:
+            for attempt in range(1 + LOST_REQUEST_RETRIES):
+                response = await handler(request_proto, context)
+                if not lost_replica(context.code(), context.details()):
+                    return response
+                log.warning(
+                    "a gRPC %s lost its replica before it was answered (attempt %d)", service_method, attempt + 1
+                )
+                context.set_code(grpc.StatusCode.OK)
+                context.set_details("")
+            context.set_code(grpc.StatusCode.UNAVAILABLE)
+            context.set_details(REPLICA_STOPPED)
+            return b""
+
+        return unary_unary
+
+    return make
 
 
 def _status(grpc_context: Any, error: protocol.RequestError) -> None:
