@@ -25,6 +25,7 @@ import os
 import resource
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -109,11 +110,18 @@ def main() -> None:
     ap.add_argument("--optimum", action="store_true", help="also time optimum-cli export onnx (bench venv)")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
     args = ap.parse_args()
-
-    from vitdeploy.evaluate.reliability import contention, sample
-
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench-export-"))
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        _bench(args, work)
+    finally:  # a ViT-H checkpoint and its export are ~10 GB: never left behind unless --keep
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench(args: argparse.Namespace, work: Path) -> None:
+    from vitdeploy.evaluate.reliability import contention, sample
+
     print(f"cpu: {describe_cpu()}, {os.cpu_count()} logical CPUs, flags {' '.join(cpu_flags())}")
     checkpoint = work / f"{args.model}-hf"
     weights = make_checkpoint(args.model, checkpoint)
