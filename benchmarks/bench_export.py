@@ -23,9 +23,9 @@ import dataclasses
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
-import shutil
 import tempfile
 import time
 from pathlib import Path
