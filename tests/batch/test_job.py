@@ -228,3 +228,43 @@ def test_a_pool_that_leaves_no_cpu_for_decoding_is_refused_before_it_hangs(caplo
     _check_resources({"CPU": 2.0}, settings, strict=False)  # a joined cluster may grow: a warning
     assert "cannot schedule its workers" in caplog.text
     _check_resources({"CPU": 3.0}, settings, strict=True)
+
+
+@pytest.mark.slow
+def test_an_inference_actor_killed_mid_job_leaves_every_input_answered_once(
+    demo_artifacts, collection, config, predicted, tmp_path
+):
+    """`kill -9` of the one inference actor's process while it works: Ray Data starts another and retries
+    its batches; the output holds every input exactly once, each predict's answer."""
+    import threading
+
+    from helpers.held import busy_actor_pid, kill_held
+
+    from vitdeploy.batch.job import BatchSettings, run_batch
+    from vitdeploy.runtime.backends import BackendOptions
+
+    out = tmp_path / "rows.jsonl"
+    settings = BatchSettings(
+        inputs=[str(collection)],
+        artifacts=str(demo_artifacts),
+        output=str(out),
+        backend="ort",
+        workers=1,
+        batch_size=4,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    done: dict = {}
+
+    def job() -> None:
+        try:
+            done["summary"] = run_batch(settings, options=BackendOptions(threads=1), max_pixels=89_478_485)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            done["error"] = exc
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    kill_held(busy_actor_pid())
+    thread.join(300)
+    assert not thread.is_alive() and "error" not in done, done
+    assert done["summary"].images == len(predicted)
+    assert_rows_equal_predict(read_rows(out), predicted)

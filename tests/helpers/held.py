@@ -48,6 +48,31 @@ def ray_replica_pids(app: str) -> list[int]:
     return pids
 
 
+#: how Ray Data titles the process of a batch-predict inference actor
+INFER_ACTOR = "ray::MapWorker(MapBatches(Infer))"
+
+
+def busy_actor_pid(title: str = INFER_ACTOR, cpu_s: float = 1.0, timeout_s: float = 120.0) -> int:
+    """The first process titled ``title`` once it has used ``cpu_s`` of CPU (it is working, not just
+    started): polled, so a job that runs it is in progress, whatever the machine's speed."""
+    from vitdeploy.evaluate.reliability import process_seconds
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for pid in processes(title):
+            if (process_seconds(pid) or 0.0) >= cpu_s:
+                return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no {title} process used {cpu_s} s of CPU within {timeout_s} s")
+
+
+def kill_held(pid: int, hold_s: float = 1.0) -> None:
+    """SIGSTOP ``pid`` (the work it took stays inside it), then SIGKILL it: a crash mid-work."""
+    os.kill(pid, signal.SIGSTOP)
+    time.sleep(hold_s)
+    os.kill(pid, signal.SIGKILL)
+
+
 def triton_stub_pids(model_folder: str) -> list[int]:
     """The python-backend stub processes that run the Triton model in ``model_folder``."""
     pids = processes("triton_python_backend_stub", model_folder)
