@@ -68,6 +68,21 @@ class RefusedStagesError(VitDeployError):
         return self.refusals[0].exit_code if self.refusals else 1
 
 
+class WriteError(VitDeployError):
+    """A file could not be written for a reason of the machine, not of the input: the disk is full, the
+    file is over the size limit, the file system is read-only. Names the file and the cause."""
+
+    exit_code = 1
+    #: the errnos that are the disk's fault (ENOSPC, EFBIG, EDQUOT, EROFS, EIO)
+    ERRNOS = frozenset({28, 27, 122, 30, 5})
+
+    @classmethod
+    def from_os(cls, exc: OSError, path: object = None) -> "WriteError":
+        """``cannot write <file>: <cause>`` from an OSError (``path`` when the error names no file)."""
+        where = path if path is not None else (exc.filename or "a file")
+        return cls(f"cannot write {where}: {exc.strerror or exc}")
+
+
 class ValidationError(VitDeployError):
     """An artifact's output drifted beyond the thresholds."""
 

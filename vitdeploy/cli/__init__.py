@@ -18,7 +18,7 @@ from typing import Any, Callable
 import click
 
 from .. import __version__
-from ..base.errors import ConfigError, RefusedStagesError, VitDeployError, first_line
+from ..base.errors import ConfigError, RefusedStagesError, VitDeployError, WriteError, first_line
 from ..base.memory import human
 from ..base.vocab import AUTO, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
 from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path
@@ -42,6 +42,10 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(first_line(exc, MAX_ERROR_LINE), exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted; no partial artifact was left under a final name", 130)
+        except OSError as exc:  # the disk full, a file over the size limit: the machine's fault, one line
+            if exc.errno not in WriteError.ERRNOS or os.environ.get("VITDEPLOY_DEBUG"):
+                raise
+            _fail(first_line(WriteError.from_os(exc), MAX_ERROR_LINE), WriteError.exit_code)
 
     return wrapper
 

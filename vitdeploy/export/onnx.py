@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..base._deps import require
-from ..base.errors import ExportError
+from ..base.errors import ExportError, WriteError
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,11 @@ def save_onnx_atomic(proto: Any, path: Path, *, external: bool, check: bool = Tr
                 )
             else:
                 write_streamed(proto, staged)
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
+            if exc.errno in WriteError.ERRNOS:
+                raise WriteError.from_os(exc, path) from exc
+            raise ExportError(f"cannot write {path}: {exc}") from exc
+        except ValueError as exc:
             raise ExportError(f"cannot write {path}: {exc}") from exc
         if check:
             _check(staged, onnx)

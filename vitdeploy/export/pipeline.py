@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..base.config import PipelineConfig
-from ..base.errors import ExportError, RefusedStagesError, ValidationError
+from ..base.errors import ExportError, RefusedStagesError, ValidationError, WriteError
 from ..base.vocab import ARTIFACT_FILES, EXPORT_REPORT_NAME, MANIFEST_NAME, TIMING_CACHE_NAME
 from . import memory_budget
 from .context import EngineMode, ExportContext, StageCallback, StageRecord
@@ -217,7 +217,15 @@ def run_export(
     final = _prepare_out_dir(out)
     with staged(final, _OUR_NAMES, EXPORT_REPORT_NAME) as (stage, beside):
         ctx = ExportContext(cfg, stage, engine, on_stage, validation_batch, heartbeat_s, final_dir=out)
-        run_stages(ctx)
+        try:
+            run_stages(ctx)
+        except (WriteError, OSError) as exc:  # the disk: named as the file the user would have got
+            if isinstance(exc, OSError) and exc.errno not in WriteError.ERRNOS:
+                raise
+            error = exc if isinstance(exc, WriteError) else WriteError.from_os(exc)
+            kept = f"the export already in {out} is untouched" if (final / MANIFEST_NAME).exists() else "no file left"
+            named = str(error).replace(str(stage), str(out))
+            raise WriteError(f"{named} (nothing of this export was kept; {kept})") from exc
         commit(stage, final, beside, _OUR_NAMES)
     result = ExportResult(
         out,

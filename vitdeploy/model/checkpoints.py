@@ -20,13 +20,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..base._deps import require
 from ..base._files import atomic_path
-from ..base.errors import CheckpointError
+from ..base.errors import CheckpointError, WriteError
 from ..base.preprocess_spec import PreprocessSpec
 from ..base.vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
 from .config_schema import check_checkpoint_config
@@ -337,4 +338,12 @@ def _atomic(target: Path, write) -> None:
         with atomic_path(target) as tmp:
             write(tmp)
     except OSError as exc:
+        if exc.errno in WriteError.ERRNOS:
+            raise WriteError.from_os(exc, target) from exc
         raise CheckpointError(f"{target}: cannot write ({exc})") from exc
+    except Exception as exc:  # safetensors reports an I/O error as its own type, "... (os error 27)"
+        found = re.search(r"\(os error (\d+)\)", str(exc))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise WriteError.from_os(OSError(code, os.strerror(code)), target) from exc
