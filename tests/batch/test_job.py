@@ -268,3 +268,50 @@ def test_an_inference_actor_killed_mid_job_leaves_every_input_answered_once(
     assert not thread.is_alive() and "error" not in done, done
     assert done["summary"].images == len(predicted)
     assert_rows_equal_predict(read_rows(out), predicted)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 48 KiB file system (tmpfs) for the job's output, grown to 16 MiB by calling the fixture's value:
+    a real ENOSPC for the output only (Ray's own files, and this process's others, are elsewhere)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small file system needs root (CI runs as root)")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.strip()}")
+
+    def grow() -> None:
+        subprocess.run(["mount", "-o", "remount,size=16m", str(mount)], check=True)
+
+    try:
+        yield mount, grow
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow
+def test_a_full_disk_mid_job_keeps_the_rows_written_and_resume_finishes_once_space_is_back(
+    demo_artifacts, collection, config, predicted, small_disk
+):
+    """The output's disk fills up mid-job (ENOSPC): one line naming the file and the cause; the rows
+    written before stay readable; with space back, --resume answers only the rest, every input once."""
+    mount, grow = small_disk
+    out = mount / "rows.jsonl"
+    res = batch(config, demo_artifacts, str(collection), "-o", str(out))
+    lines = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+    assert res.exit_code == 1 and len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"error: cannot write {out}: No space left on device"), lines[0]
+    assert "--resume" in lines[0]
+    assert "Traceback" not in res.stderr and not out.exists()  # not complete: not under the final name
+    from vitdeploy.batch.output import Output
+
+    kept = Output.at(out).answered()
+    assert 10 < len(kept) < len(predicted)  # what was written before the disk filled is there, readable
+    grow()
+    res = batch(config, demo_artifacts, str(collection), "-o", str(out), "--resume")
+    assert res.exit_code == 1 and f"{len(kept)} already answered" in res.stderr, res.stderr  # the 2 bad files
+    assert_rows_equal_predict(read_rows(out), predicted)

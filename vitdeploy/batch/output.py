@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base._deps import require
-from ..base.errors import InputError
+from ..base.errors import InputError, WriteError
 
 log = logging.getLogger(__name__)
 
@@ -205,6 +205,17 @@ class RowWriter:
         self._last_flush = time.monotonic()
         if not self._pending:
             return
+        try:
+            self._flush()
+        except OSError as exc:  # the disk full: one line; what was written stays for --resume
+            if exc.errno not in WriteError.ERRNOS:
+                raise
+            raise WriteError(
+                f"{WriteError.from_os(exc, self.output.path)} (the rows written before are kept beside it "
+                f"in {self.output.staging.name}: with space back, --resume answers only the rest)"
+            ) from exc
+
+    def _flush(self) -> None:
         pa = require("pyarrow", "batch-predict output")
         table = pa.concat_tables(self._pending).cast(row_schema())
         self._pending, self._pending_rows = [], 0
