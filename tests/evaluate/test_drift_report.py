@@ -67,7 +67,19 @@ def test_a_flipped_image_is_listed_by_path_and_fails_top1_agreement():
     names = [f"/data/img{i}.png" for i in range(6)]
     row = judge_backend("ort", cand, ref, FP32, names=names, true_index=[0, 1, 2, 3, 4, 5], classes=CLASSES)
     assert row.status == "failed"
-    assert row.flipped == [{"path": "/data/img2.png", "reference": "eel", "candidate": "gnu", "label": "eel"}]
+    (flip,) = row.flipped
+    assert {k: flip[k] for k in ("path", "reference", "candidate", "label")} == {
+        "path": "/data/img2.png",
+        "reference": "eel",
+        "candidate": "gnu",
+        "label": "eel",
+    }
+    # both top-3s, best first, with softmax probabilities (what the report shows beside the thumbnail)
+    assert [c for c, _ in flip["reference_top3"]][0] == "eel" and [c for c, _ in flip["candidate_top3"]][0] == "gnu"
+    assert all(
+        p1 >= p2 for top in (flip["reference_top3"], flip["candidate_top3"]) for (_, p1), (_, p2) in zip(top, top[1:])
+    )
+    assert len(row.per_image["max_abs_diff"]) == len(row.per_image["cosine"]) == 6
     assert any(f.startswith("top1_agreement: expected >= 1") for f in row.failures)
     assert row.metrics["top1_agreement"] == pytest.approx(5 / 6)
     assert row.accuracy == pytest.approx(5 / 6)

@@ -67,7 +67,8 @@ class BackendDrift:
     metrics: dict[str, float] = field(default_factory=dict)
     thresholds: dict[str, float] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
-    flipped: list[dict[str, Any]] = field(default_factory=list)
+    flipped: list[dict[str, Any]] = field(default_factory=list)  # each with both top-3s (vitdeploy report)
+    per_image: dict[str, list] = field(default_factory=dict)  # each image's max |diff| and cosine
     accuracy: float | None = None
     seconds: float = 0.0
 
@@ -179,7 +180,7 @@ def judge_backend(
     ``names[i]`` is the path of row i (listed when its top-1 flips); ``true_index[i]`` its true
     class or None. Pure numpy: the unit tests drive it with synthetic logits.
     """
-    from ..export.compare import compare
+    from ..export.compare import compare, flip_details, per_image
 
     cmp = compare(reference, logits, tolerance)
     ref_top, cand_top = np.asarray(reference).argmax(axis=1), np.asarray(logits).argmax(axis=1)
@@ -187,12 +188,15 @@ def judge_backend(
     def label(i: int) -> str:
         return classes[i] if 0 <= i < len(classes) else str(i)
 
+    tops = {d["input"]: d for d in flip_details(reference, logits, [str(n) for n in names], classes)}
     flipped = [
         {
             "path": str(names[i]),
             "reference": label(int(ref_top[i])),
             "candidate": label(int(cand_top[i])),
             "label": label(true_index[i]) if true_index[i] is not None else None,
+            "reference_top3": tops[str(names[i])]["reference"],
+            "candidate_top3": tops[str(names[i])]["candidate"],
         }
         for i in cmp.flipped
     ]
@@ -205,6 +209,7 @@ def judge_backend(
         thresholds=dict(cmp.thresholds),
         failures=list(cmp.failures),
         flipped=flipped,
+        per_image=per_image(reference, logits),
         accuracy=accuracy(logits, true_index),
     )
 

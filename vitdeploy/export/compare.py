@@ -7,7 +7,7 @@ collects every metric that misses its threshold instead of stopping at the first
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -83,3 +83,39 @@ def compare(reference: np.ndarray, candidate: np.ndarray, tolerance: Mapping[str
             op = "<=" if kind == "max" else ">="
             failures.append(f"{metric}: expected {op} {limit:g}, got {value:.6g}")
     return Comparison(metrics, {k: float(v) for k, v in tolerance.items()}, tuple(failures), flipped)
+
+
+def per_image(reference: np.ndarray, candidate: np.ndarray) -> dict[str, list[float]]:
+    """Each input's max |logit diff| and cosine against the reference: what a report plots as a
+    distribution (the metrics above keep only the worst)."""
+    ref = np.asarray(reference, dtype=np.float64)
+    cand = np.asarray(candidate, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(ref - cand).max(axis=1) if ref.size else np.zeros(0)
+        norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
+        cosine = np.where(norms > 0, np.sum(ref * cand, axis=1) / np.maximum(norms, 1e-300), 1.0)
+    clean = lambda a: [round(float(v), 7) if np.isfinite(v) else None for v in a]  # noqa: E731
+    return {"max_abs_diff": clean(diff), "cosine": clean(cosine)}
+
+
+def top_k(logits: np.ndarray, labels: Sequence[str], k: int = 3) -> list[list[tuple[str, float]]]:
+    """Each row's k best classes with their softmax probabilities, best first."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    probs = np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)
+    order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
+    name = lambda i: labels[i] if 0 <= i < len(labels) else str(i)  # noqa: E731
+    return [[(name(int(i)), round(float(probs[r, i]), 6)) for i in row] for r, row in enumerate(order)]
+
+
+def flip_details(
+    reference: np.ndarray, candidate: np.ndarray, names: Sequence[str], labels: Sequence[str], k: int = 3
+) -> list[dict[str, Any]]:
+    """The inputs whose top-1 changed: their name, and the reference's and the candidate's top-k side by side."""
+    _, flipped = logit_metrics(reference, candidate)
+    if not flipped:
+        return []
+    rows = list(flipped)
+    ref_top = top_k(np.asarray(reference)[rows], labels, k)
+    cand_top = top_k(np.asarray(candidate)[rows], labels, k)
+    return [{"input": str(names[i]), "reference": ref_top[n], "candidate": cand_top[n]} for n, i in enumerate(rows)]

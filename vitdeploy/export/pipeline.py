@@ -151,6 +151,7 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
                 getattr(ctx.cfg.validation, gate.tolerance).model_dump(),
                 sizes,
                 largest_logits=judged,
+                labels=ctx.loaded.labels if ctx.loaded is not None else None,
             )
         finally:
             backend.close()

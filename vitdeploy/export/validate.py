@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..base.errors import InputError
-from .compare import Comparison, compare
+from .compare import Comparison, compare, flip_details, per_image
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,8 @@ class ArtifactValidation:
     backend: str
     per_batch: dict[int, Comparison]
     rows: dict[int, int] | None = None  # inputs run at each batch size (the rest: their largest-batch logits)
+    per_image: dict[str, list] | None = None  # each input's max |diff| and cosine at the largest batch
+    flips: list[dict[str, Any]] | None = None  # inputs whose top-1 changed: both top-3s (export/compare.py)
 
     @property
     def passed(self) -> bool:
@@ -123,6 +125,8 @@ class ArtifactValidation:
             "failures": self.failures,
             "per_batch": {str(b): c.to_dict() for b, c in self.per_batch.items()},
             **({"rows_per_batch": {str(b): n for b, n in self.rows.items()}} if self.rows else {}),
+            **({"per_image": self.per_image} if self.per_image is not None else {}),
+            **({"flips": self.flips} if self.flips is not None else {}),
         }
 
 
@@ -135,12 +139,14 @@ def validate_artifact(
     batch_sizes: Sequence[int],
     sample: int = SAMPLE,
     largest_logits: np.ndarray | None = None,
+    labels: Sequence[str] | None = None,
 ) -> ArtifactValidation:
     """Run ``backend`` over every input at the largest of ``batch_sizes`` and over a sample at the others
     (the module docstring says why that proves as much); compare with ``reference`` logits.
 
     ``largest_logits``: the logits this very graph gave for every input at the largest batch size, when they
-    were computed already (the autopilot's judge, with the same backend class): not computed again."""
+    were computed already (the autopilot's judge, with the same backend class): not computed again.
+    ``labels``: the model's class names, to record the inputs whose top-1 changed with both top-3s."""
     sizes = sorted(set(batch_sizes))
     largest = sizes[-1]
     full = run_in_batches(backend, inputs.batch, largest) if largest_logits is None else largest_logits
@@ -166,4 +172,6 @@ def validate_artifact(
         per_batch[size], rows[size] = verdict, len(idx)
         log.info("%s at batch %d (%d inputs): %s", stage, size, len(idx), "pass" if verdict.passed else "FAIL")
     ordered = {size: per_batch[size] for size in sorted(per_batch)}
-    return ArtifactValidation(stage, getattr(backend, "name", "?"), ordered, {s: rows[s] for s in sorted(rows)})
+    flips = flip_details(reference, full, inputs.names, labels) if labels is not None else None
+    counts = {s: rows[s] for s in sorted(rows)}
+    return ArtifactValidation(stage, getattr(backend, "name", "?"), ordered, counts, per_image(reference, full), flips)
