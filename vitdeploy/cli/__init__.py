@@ -173,7 +173,29 @@ def _print_export(cfg: Any, result: Any) -> None:
     if peaks:
         top = max(peaks, key=lambda s: s.peak_rss)
         click.echo(f"peak memory: {human(top.peak_rss)} ({top.name}); every stage's peak: manifest.json stages")
+    report = _refresh_report(result.out_dir, always=True)
+    if report:
+        click.echo(f"report:  {report}  (what to deploy; speed: `vitdeploy bench -a {_shell_path(result.out_dir)}`)")
     click.echo(f"next: {next_predict_command(cfg, result.out_dir)}")
+
+
+def _refresh_report(artifacts_dir: Path, always: bool = False) -> str | None:
+    """Write (``always``) or refresh (when one exists) the export's report.html; its path, or None.
+    A report is never worth failing the command for: without matplotlib (the [report] extra) it says so."""
+    from ..base.errors import MissingDependencyError
+    from ..report import REPORT_NAME, write_report
+
+    if not always and not (Path(artifacts_dir) / REPORT_NAME).is_file():
+        return None
+    try:
+        path, _ = write_report(artifacts_dir)
+    except MissingDependencyError as exc:
+        click.echo(f"report not written: {first_line(exc)}", err=True)
+        return None
+    except (VitDeployError, OSError) as exc:
+        click.echo(f"report not written: {first_line(exc)}", err=True)
+        return None
+    return str(path)
 
 
 def next_predict_command(cfg: Any, out_dir: Path) -> str:
@@ -432,6 +454,8 @@ def validate(
     else:
         for line in format_drift_table(report):
             click.echo(line)
+    if report.report_path and Path(report.report_path).parent == Path(artifacts_dir):
+        _refresh_report(artifacts_dir)  # the page's accuracy section follows the new drift report
     report.raise_for_failures()
 
 
@@ -504,6 +528,72 @@ def bench(
     else:
         for line in format_bench_table(report):
             click.echo(line)
+    if not end_to_end:  # saved beside the manifest: `vitdeploy report` reads it
+        from ..report import save_bench
+        from ..report.facts import BENCH_REPORT_NAME
+
+        try:
+            save_bench(Path(artifacts_dir) / BENCH_REPORT_NAME, report.to_dict())
+        except OSError as exc:
+            click.echo(f"bench report not saved: {exc}", err=True)
+        else:
+            _refresh_report(artifacts_dir)
+
+
+@main.command("report")
+@artifacts_option
+@click.option(
+    "-o",
+    "--out",
+    "out_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="the HTML file to write (default: report.html in the artifacts folder)",
+)
+@click.option(
+    "--bench",
+    "bench_mode",
+    default="skip",
+    show_default=True,
+    help="auto: a short benchmark here when none is saved; skip: only a saved one; or a bench report JSON file",
+)
+@click.option(
+    "--no-images", is_flag=True, help="leave the flipped images' thumbnails out (data that must not be copied)"
+)
+@click.option("--json", "as_json", is_flag=True, help="print the recommendation and the figures behind it as JSON")
+@config_option
+@handle_errors
+def report_cmd(
+    artifacts_dir: Path,
+    out_path: Path | None,
+    bench_mode: str,
+    no_images: bool,
+    as_json: bool,
+    config_path: Path | None,
+) -> None:
+    """One self-contained HTML page: accuracy and speed of every backend here, and what to deploy."""
+    from ..report import write_report
+    from ..report.facts import gather
+
+    path, rec = write_report(artifacts_dir, out_path, bench=bench_mode, images=not no_images)
+    if as_json:
+        facts = gather(artifacts_dir)
+        click.echo(
+            json.dumps(
+                {
+                    "report": str(path),
+                    "recommendation": rec.to_dict(),
+                    "candidates": [vars(c) for c in facts.candidates()],
+                },
+                indent=2,
+            )
+        )
+        return
+    if rec.nothing:
+        click.echo(f"nothing to recommend: {rec.nothing}")
+    for pick in rec.picks:
+        click.echo(f"{pick.target:<10} {pick.backend:<10} {pick.why}")
+    click.echo(f"report: {path}")
 
 
 @main.command()

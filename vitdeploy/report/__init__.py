@@ -1,0 +1,75 @@
+"""`vitdeploy report`: one self-contained HTML page that shows every backend's accuracy and speed here and
+says what to deploy.
+
+    path, rec = write_report("artifacts/")                 # artifacts/report.html
+    path, rec = write_report("artifacts/", bench="auto")   # a short benchmark first if none is saved
+
+facts.py gathers (manifest, drift report, bench report), recommend.py decides, plots.py draws
+(matplotlib: the ``[report]`` extra), page.py writes the HTML.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..base.errors import ConfigError
+
+REPORT_NAME = "report.html"
+
+
+def write_report(
+    artifacts: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None = None,
+    *,
+    bench: str = "skip",
+    images: bool = True,
+    bench_runner: Any = None,
+) -> tuple[Path, Any]:
+    """Write the report of the export in ``artifacts`` to ``out`` (default ``artifacts/report.html``).
+
+    ``bench``: "skip" (use a saved bench report if there is one), "auto" (run a short benchmark here when
+    none is saved, and save it), or the path of a bench report JSON. Returns (the page's path, the
+    Recommendation)."""
+    from ..base._files import write_bytes_atomic
+    from .facts import BENCH_REPORT_NAME, gather
+    from .page import render
+    from .recommend import recommend
+
+    folder = Path(artifacts)
+    given = None
+    if bench not in ("skip", "auto"):
+        path = Path(bench)
+        try:
+            given = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--bench {path}: not a readable bench report ({exc})") from None
+    elif bench == "auto" and not (folder / BENCH_REPORT_NAME).is_file():
+        given = (bench_runner or short_bench)(folder)
+    facts = gather(folder, given)
+    rec = recommend(facts.candidates())
+    target = Path(out) if out else folder / REPORT_NAME
+    write_bytes_atomic(target, render(facts, rec, images=images).encode("utf-8"))
+    return target, rec
+
+
+def short_bench(folder: Path) -> dict[str, Any]:
+    """A short benchmark of every backend here (batch 1 and 8), saved beside the manifest."""
+    from ..evaluate.bench import run_bench
+    from .facts import BENCH_REPORT_NAME
+
+    report = run_bench(folder, batch_sizes="1,8", iterations=10, warmup=2)
+    data = report.to_dict()
+    save_bench(folder / BENCH_REPORT_NAME, data)
+    return data
+
+
+def save_bench(path: Path, data: dict[str, Any]) -> None:
+    from ..base._files import write_json_atomic
+
+    write_json_atomic(path, data)
+
+
+__all__ = ["REPORT_NAME", "save_bench", "short_bench", "write_report"]

@@ -1,0 +1,205 @@
+"""What the report shows, gathered from an export folder: the manifest (the model, its artifacts and the
+export's validations), ``drift-report.json`` (`vitdeploy validate`: every backend on real images) and
+``bench-report.json`` (`vitdeploy bench`: speed on this machine). No plotting, no HTML here.
+
+Accuracy per backend comes from the drift report when there is one (it judges every backend, on the user's
+images), else from the export's own validations (each graph on the validation inputs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..base.errors import ArtifactError
+from ..base.vocab import DRIFT_REPORT_NAME, MANIFEST_NAME
+from .recommend import Candidate
+
+BENCH_REPORT_NAME = "bench-report.json"
+GPU_NAMES = ("trt", "trt-int8", "torch-fp16")
+#: the export's validation stages and the backend that runs each artifact (None: not one to deploy by
+#: itself: model.onnx is what `ort` runs only without model.ort.onnx, model.int8.trt.onnx is an engine's source)
+VALIDATION_BACKENDS = {
+    "validate-onnx": ("ort (model.onnx)", None),
+    "validate-ort-optimized": ("ort", "ort"),
+    "validate-fp16": ("ort-fp16", "ort-fp16"),
+    "validate-int8": ("ort-int8", "ort-int8"),
+    "validate-int8-trt": ("ort (model.int8.trt.onnx)", None),
+    "validate-engine": ("trt", "trt"),
+    "validate-engine-int8": ("trt-int8", "trt-int8"),
+}
+
+
+@dataclass
+class AccuracyRow:
+    backend: str
+    status: str  # "reference" | "passed" | "failed" | "error" | "unavailable"
+    metrics: dict[str, float] = field(default_factory=dict)
+    thresholds: dict[str, float] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    per_image: dict[str, list] = field(default_factory=dict)
+    flips: list[dict[str, Any]] = field(default_factory=list)  # {"input", "reference": top3, "candidate": top3}
+    accuracy: float | None = None
+    reason: str = ""
+    deployable: bool = True  # a backend `serve -b` runs (not model.onnx beside model.ort.onnx, not an engine's source)
+
+
+@dataclass
+class Facts:
+    artifacts: Path
+    manifest: dict[str, Any]
+    accuracy: list[AccuracyRow]
+    accuracy_source: str  # where the accuracy rows come from, in words
+    bench: dict[str, Any] | None
+    machine: dict[str, str]
+
+    def candidates(self) -> list[Candidate]:
+        """One per backend that ran, for :func:`vitdeploy.report.recommend.recommend`."""
+        speed = self.speed_by_backend()
+        out = []
+        for row in self.accuracy:
+            if row.status not in ("reference", "passed", "failed") or not row.deployable:
+                continue
+            m = row.metrics
+            name = row.backend
+            out.append(
+                Candidate(
+                    name=name,
+                    passed=row.status in ("reference", "passed"),
+                    top1_agreement=float(m.get("top1_agreement", 1.0)),
+                    cosine=float(m.get("cosine", 1.0)),
+                    max_abs_diff=float(m.get("max_abs_diff", 0.0)),
+                    latency_ms=speed.get(name, {}).get("latency_ms"),
+                    images_per_s=speed.get(name, {}).get("images_per_s"),
+                    gpu=name in GPU_NAMES,
+                    reference=row.status == "reference",
+                )
+            )
+        return out
+
+    def speed_by_backend(self) -> dict[str, dict[str, float]]:
+        """backend -> {"latency_ms": p50 at batch 1, "images_per_s": the best measured}, from the bench report."""
+        out: dict[str, dict[str, float]] = {}
+        for r in (self.bench or {}).get("results", []):
+            entry = out.setdefault(r["backend"], {})
+            if r["batch_size"] == 1:
+                entry["latency_ms"] = float(r["p50_ms"])
+            entry["images_per_s"] = max(entry.get("images_per_s", 0.0), float(r["images_per_s"]))
+        return out
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{path}: not readable JSON ({exc})") from None
+    return data if isinstance(data, dict) else None
+
+
+def _from_drift(drift: dict[str, Any]) -> list[AccuracyRow]:
+    rows = []
+    for b in drift.get("backends", []):
+        rows.append(
+            AccuracyRow(
+                backend=b["name"],
+                status=b["status"],
+                metrics=b.get("metrics") or {},
+                thresholds=b.get("thresholds") or {},
+                failures=list(b.get("failures") or []),
+                per_image=b.get("per_image") or {},
+                flips=[
+                    {
+                        "input": f["path"],
+                        "reference": f.get("reference_top3", []),
+                        "candidate": f.get("candidate_top3", []),
+                    }
+                    for f in b.get("flipped") or []
+                ],
+                accuracy=b.get("accuracy"),
+                reason=b.get("reason", ""),
+            )
+        )
+    return rows
+
+
+def _from_manifest(manifest: dict[str, Any]) -> list[AccuracyRow]:
+    rows = [AccuracyRow("torch", "reference", {"top1_agreement": 1.0, "cosine": 1.0, "max_abs_diff": 0.0})]
+    has_ort = "validate-ort-optimized" in (manifest.get("validation") or {})
+    for stage, result in (manifest.get("validation") or {}).items():
+        shown, runs = VALIDATION_BACKENDS.get(stage, (result.get("backend", stage), result.get("backend")))
+        if stage == "validate-onnx" and not has_ort:
+            shown, runs = "ort", "ort"  # without model.ort.onnx, `ort` runs model.onnx
+        rows.append(
+            AccuracyRow(
+                backend=shown,
+                deployable=runs is not None,
+                status="passed" if result.get("passed") else "failed",
+                metrics=result.get("metrics") or {},
+                thresholds=result.get("thresholds") or {},
+                failures=list(result.get("failures") or []),
+                per_image=result.get("per_image") or {},
+                flips=list(result.get("flips") or []),
+                reason=stage,
+            )
+        )
+    return rows
+
+
+def machine() -> dict[str, str]:
+    from ..base.machine import describe_cpu
+
+    gpu = "none"
+    try:
+        from ..runtime.cuda import cuda_status, gpu_identity
+
+        if cuda_status(None)[0]:
+            gpu = gpu_identity(None).describe()
+    except Exception:  # noqa: BLE001 - a report never fails for want of a GPU probe
+        pass
+    return {
+        "cpu": describe_cpu(),
+        "cores": str(os.cpu_count() or "?"),
+        "gpu": gpu,
+        "platform": f"{platform.platform()}, Python {platform.python_version()}",
+    }
+
+
+def gather(artifacts: str | os.PathLike[str], bench: dict[str, Any] | None = None) -> Facts:
+    """The facts of the export in ``artifacts`` (``bench``: a bench report to use instead of the saved one)."""
+    folder = Path(artifacts)
+    manifest = _read_json(folder / MANIFEST_NAME)
+    if manifest is None:
+        raise ArtifactError(f"{folder}: no {MANIFEST_NAME}; run `vitdeploy export` first (-a names the export folder)")
+    drift = _read_json(folder / DRIFT_REPORT_NAME)
+    if drift is not None:
+        seen = drift.get("images", {})
+        rows = _from_drift(drift)
+        source = (
+            f"`vitdeploy validate` ({DRIFT_REPORT_NAME}, {drift.get('created', '?')}): every backend on "
+            f"{seen.get('evaluated', '?')} image(s) of {seen.get('source', '?')}"
+        )
+    else:
+        inputs = manifest.get("validation_inputs") or {}
+        count = inputs.get("count", "?") if isinstance(inputs, dict) else len(inputs)
+        rows = _from_manifest(manifest)
+        source = (
+            f"the export's own validations ({MANIFEST_NAME}): each artifact on its {count} validation inputs; "
+            "`vitdeploy validate` judges every backend on your images"
+        )
+    return Facts(
+        folder,
+        manifest,
+        rows,
+        source,
+        bench if bench is not None else _read_json(folder / BENCH_REPORT_NAME),
+        machine(),
+    )
+
+
+__all__ = ["AccuracyRow", "BENCH_REPORT_NAME", "Facts", "gather", "machine"]

@@ -1,0 +1,85 @@
+"""The report's pictures, drawn by matplotlib (Agg, offline) into inline SVG strings.
+
+Colours are the Okabe-Ito palette (readable by colour-blind readers) with a distinct marker and line
+style per series, so a grey print still tells them apart; every axis has its unit.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Mapping, Sequence
+
+from ..base._deps import require
+
+#: Okabe & Ito's colour-blind-safe palette, then markers and dashes that survive a grey print
+COLOURS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+DASHES = ("-", "--", "-.", ":", "-", "--", "-.", ":")
+
+
+def _pyplot() -> Any:
+    matplotlib = require("matplotlib", "vitdeploy report (pip install 'vitdeploy[report]')")
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3})
+    return plt
+
+
+def _svg(fig: Any) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    _pyplot().close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg") :]  # inline: no XML prolog or doctype inside the HTML
+
+
+def drift_distribution(per_backend: Mapping[str, Mapping[str, Sequence[float | None]]], metric: str, unit: str) -> str:
+    """One curve per backend: the share of images at or below each value of ``metric`` (an empirical CDF:
+    every image counts, and several backends stay readable on one axis)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.0, 3.0))
+    drawn = 0
+    for i, (name, values) in enumerate(per_backend.items()):
+        xs = sorted(v for v in values.get(metric, []) if v is not None)
+        if not xs:
+            continue
+        ys = [(k + 1) / len(xs) for k in range(len(xs))]
+        ax.step(xs, ys, where="post", color=COLOURS[i % 8], linestyle=DASHES[i % 8], label=name)
+        ax.plot(xs[-1:], ys[-1:], marker=MARKERS[i % 8], color=COLOURS[i % 8], linestyle="none")
+        drawn += 1
+    ax.set_xlabel(f"{metric.replace('_', ' ')} against eager PyTorch ({unit})")
+    ax.set_ylabel("share of images (at or below)")
+    ax.set_ylim(0, 1.02)
+    if metric == "max_abs_diff" and drawn:
+        ax.set_xscale("symlog", linthresh=1e-6)
+    if drawn:
+        ax.legend(loc="lower right", fontsize=8)
+    return _svg(fig)
+
+
+def latency_by_batch(results: Sequence[Mapping[str, Any]]) -> str:
+    """p50 latency (with p90 as a dashed twin) against batch size, one series per backend."""
+    plt = _pyplot()
+    fig, (lat, thr) = plt.subplots(1, 2, figsize=(7.5, 3.0))
+    names = list(dict.fromkeys(r["backend"] for r in results))
+    for i, name in enumerate(names):
+        rows = sorted((r for r in results if r["backend"] == name), key=lambda r: r["batch_size"])
+        b = [r["batch_size"] for r in rows]
+        style = dict(color=COLOURS[i % 8], marker=MARKERS[i % 8])
+        lat.plot(b, [r["p50_ms"] for r in rows], linestyle=DASHES[i % 8], label=f"{name} p50", **style)
+        lat.plot(b, [r["p90_ms"] for r in rows], linestyle=":", alpha=0.6, **style)
+        thr.plot(b, [r["images_per_s"] for r in rows], linestyle=DASHES[i % 8], label=name, **style)
+    for ax in (lat, thr):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size (images per call)")
+    lat.set_ylabel("latency per call (ms; dotted: p90)")
+    thr.set_ylabel("throughput (images/s)")
+    if names:
+        lat.legend(fontsize=7)
+        thr.legend(fontsize=7)
+    fig.tight_layout()
+    return _svg(fig)
+
+
+__all__ = ["COLOURS", "drift_distribution", "latency_by_batch"]
