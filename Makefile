@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[cpu,export,dev,serve,batch]" "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,export,dev,serve,batch,report]" "$(TORCH)"
 	touch $(STAMP)
 
 $(REF_STAMP): Makefile
@@ -38,6 +38,7 @@ reference-env: $(REF_STAMP)
 demo: $(STAMP)
 	$(BIN)/vitdeploy export -c pipeline.yaml
 	$(BIN)/vitdeploy predict vitdeploy/demo/images -a artifacts
+	@echo "report: $(CURDIR)/artifacts/report.html (what to deploy; open it in a browser)"
 	@echo "next: set model.checkpoint in pipeline.yaml to your ViT, then run"
 	@echo "  $(BIN)/vitdeploy export -c pipeline.yaml && $(BIN)/vitdeploy predict path/to/your/images -a artifacts"
 	@echo "  (or '. $(BIN)/activate' first, then plain 'vitdeploy ...')"
