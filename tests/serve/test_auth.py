@@ -47,9 +47,9 @@ def test_an_unusable_token_is_refused_naming_where_it_came_from_not_the_token(tm
 
 def test_a_header_passes_only_with_the_same_token():
     expected = auth.digest(TOKEN)
-    auth.check(f"Bearer {TOKEN}", expected)
-    auth.check(f"bearer  {TOKEN} ", expected)  # the scheme is case-insensitive (RFC 7235)
-    auth.check(None, None)  # no token configured: open
+    auth.authorize(f"Bearer {TOKEN}", expected)
+    auth.authorize(f"bearer  {TOKEN} ", expected)  # the scheme is case-insensitive (RFC 7235)
+    auth.authorize(None, None)  # no token configured: open
     for header, fragment in [
         (None, "needs the serve token"),
         ("", "needs the serve token"),
@@ -59,7 +59,7 @@ def test_a_header_passes_only_with_the_same_token():
         (f"Bearer {TOKEN[:-1]}", "does not match"),
     ]:
         with pytest.raises(UnauthorizedError, match=fragment) as refused:
-            auth.check(header, expected)
+            auth.authorize(header, expected)
         assert status_of(refused.value) == 401 and TOKEN not in str(refused.value)
     assert auth.from_metadata([("x-other", "1"), ("authorization", f"Bearer {TOKEN}")]) == f"Bearer {TOKEN}"
     assert auth.from_metadata(None) is None

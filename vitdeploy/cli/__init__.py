@@ -183,7 +183,7 @@ def _refresh_report(artifacts_dir: Path, always: bool = False) -> str | None:
     """Write (``always``) or refresh (when one exists) the export's report.html; its path, or None.
     A report is never worth failing the command for: without matplotlib (the [report] extra) it says so."""
     from ..base.errors import MissingDependencyError
-    from ..report import REPORT_NAME, write_report
+    from ..evaluate.report import REPORT_NAME, write_report
 
     if not always and not (Path(artifacts_dir) / REPORT_NAME).is_file():
         return None
@@ -529,8 +529,8 @@ def bench(
         for line in format_bench_table(report):
             click.echo(line)
     if not end_to_end:  # saved beside the manifest: `vitdeploy report` reads it
-        from ..report import save_bench
-        from ..report.facts import BENCH_REPORT_NAME
+        from ..evaluate.report import save_bench
+        from ..evaluate.report.facts import BENCH_REPORT_NAME
 
         try:
             save_bench(Path(artifacts_dir) / BENCH_REPORT_NAME, report.to_dict())
@@ -572,8 +572,8 @@ def report_cmd(
     config_path: Path | None,
 ) -> None:
     """One self-contained HTML page: accuracy and speed of every backend here, and what to deploy."""
-    from ..report import write_report
-    from ..report.facts import gather
+    from ..evaluate.report import write_report
+    from ..evaluate.report.facts import gather
 
     path, rec = write_report(artifacts_dir, out_path, bench=bench_mode, images=not no_images)
     if as_json:

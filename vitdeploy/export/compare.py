@@ -98,7 +98,7 @@ def per_image(reference: np.ndarray, candidate: np.ndarray) -> dict[str, list[fl
     return {"max_abs_diff": clean(diff), "cosine": clean(cosine)}
 
 
-def top_k(logits: np.ndarray, labels: Sequence[str], k: int = 3) -> list[list[tuple[str, float]]]:
+def top_classes(logits: np.ndarray, labels: Sequence[str], k: int = 3) -> list[list[tuple[str, float]]]:
     """Each row's k best classes with their softmax probabilities, best first."""
     x = np.asarray(logits, dtype=np.float64)
     x = x - x.max(axis=1, keepdims=True)
@@ -116,6 +116,6 @@ def flip_details(
     if not flipped:
         return []
     rows = list(flipped)
-    ref_top = top_k(np.asarray(reference)[rows], labels, k)
-    cand_top = top_k(np.asarray(candidate)[rows], labels, k)
+    ref_top = top_classes(np.asarray(reference)[rows], labels, k)
+    cand_top = top_classes(np.asarray(candidate)[rows], labels, k)
     return [{"input": str(names[i]), "reference": ref_top[n], "candidate": cand_top[n]} for n, i in enumerate(rows)]

@@ -99,7 +99,7 @@ def bearer(authorization: str | bytes | None) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
-def check(authorization: str | bytes | None, expected: str | None) -> None:
+def authorize(authorization: str | bytes | None, expected: str | None) -> None:
     """UnauthorizedError unless ``authorization`` carries the token whose digest is ``expected``
     (None: no token configured, anyone may call)."""
     if expected is None:
@@ -126,7 +126,7 @@ __all__ = [
     "TOKEN_ENV",
     "UnauthorizedError",
     "bearer",
-    "check",
+    "authorize",
     "digest",
     "digest_from_environment",
     "from_metadata",

@@ -210,7 +210,7 @@ class KServeGrpcMethods:
         """False (UNAUTHENTICATED set) without the serve token in the ``authorization`` metadata."""
         metadata = grpc_context.invocation_metadata() if grpc_context is not None else None
         try:
-            auth.check(auth.from_metadata(metadata), self.spec.token_digest)
+            auth.authorize(auth.from_metadata(metadata), self.spec.token_digest)
         except protocol.RequestError as exc:
             _status(grpc_context, exc)
             return False

@@ -172,7 +172,7 @@ class ProxyGuard:
         path = scope["path"].rstrip("/") or "/"
         if self.token_digest is not None and not auth.is_open(path):
             try:  # before the body is read: a caller without the token costs no upload
-                auth.check(dict(scope.get("headers") or []).get(b"authorization"), self.token_digest)
+                auth.authorize(dict(scope.get("headers") or []).get(b"authorization"), self.token_digest)
             except RequestError as exc:
                 return await answer_error(send, exc, close=True)
         if path in ("/v2/health/live", "/v2/health/ready", "/v2"):

@@ -333,7 +333,7 @@ class ViTClassifier(KServeGrpcMethods):
 
     def _authorize(self, request: Request) -> None:
         """UnauthorizedError (401) without the serve token (serve/auth.py), on every route but ``/ready``."""
-        auth.check(request.headers.get("authorization"), self.spec.token_digest)
+        auth.authorize(request.headers.get("authorization"), self.spec.token_digest)
 
     def _known(self, version: Optional[str] = None, model: Optional[str] = None) -> None:
         """NotFoundError for another version (or, on gRPC, where the model is named, another model)."""

@@ -19,8 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...base.vocab import TORCH_FP16, TRT_INT8
+
 TIE = 0.03  # speeds within 3% of each other are a tie: the more accurate backend wins
-GPU_BACKENDS = ("trt", "trt-int8", "torch-fp16")
+GPU_BACKENDS = ("trt", TRT_INT8, TORCH_FP16)
 
 
 @dataclass(frozen=True)
@@ -120,7 +122,7 @@ def recommend(candidates: list[Candidate]) -> Recommendation:
 
 def serve_command(backend: str, artifacts: str) -> str:
     """The command that serves ``backend``'s artifact."""
-    if backend in ("trt", "trt-int8"):
+    if backend in ("trt", TRT_INT8):
         return f"vitdeploy triton-repo -a {artifacts} -o repository (or: vitdeploy serve -a {artifacts} -b {backend})"
     return f"vitdeploy serve -a {artifacts} -b {backend}"
 

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..base.errors import ConfigError
+from ...base.errors import ConfigError
 
 REPORT_NAME = "report.html"
 
@@ -33,7 +33,7 @@ def write_report(
     ``bench``: "skip" (use a saved bench report if there is one), "auto" (run a short benchmark here when
     none is saved, and save it), or the path of a bench report JSON. Returns (the page's path, the
     Recommendation)."""
-    from ..base._files import write_bytes_atomic
+    from ...base._files import write_bytes_atomic
     from .facts import BENCH_REPORT_NAME, gather
     from .page import render
     from .recommend import recommend
@@ -57,7 +57,7 @@ def write_report(
 
 def short_bench(folder: Path) -> dict[str, Any]:
     """A short benchmark of every backend here (batch 1 and 8), saved beside the manifest."""
-    from ..evaluate.bench import run_bench
+    from ..bench import run_bench
     from .facts import BENCH_REPORT_NAME
 
     report = run_bench(folder, batch_sizes="1,8", iterations=10, warmup=2)
@@ -67,7 +67,7 @@ def short_bench(folder: Path) -> dict[str, Any]:
 
 
 def save_bench(path: Path, data: dict[str, Any]) -> None:
-    from ..base._files import write_json_atomic
+    from ...base._files import write_json_atomic
 
     write_json_atomic(path, data)
 

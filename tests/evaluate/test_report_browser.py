@@ -26,6 +26,8 @@ if not CHROMIUM.exists():
 pytestmark = pytest.mark.integration
 
 LOOSE = "{max_abs_diff: 1.0e9, mean_abs_diff: 1.0e9, min_cosine: -1, min_top1_agreement: 0, min_top5_overlap: 0}"
+#: the screenshot docs/report.md shows, retaken by this test when VITDEPLOY_DOCS_SCREENSHOT=1 (never in CI: a
+#: test run must not change the checkout)
 DOCS_SHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "report.png"
 
 
@@ -129,7 +131,9 @@ def _not_blank(png: bytes) -> bool:
 
 
 def test_the_report_renders_offline_with_every_backend_of_the_drift_report(validated):
-    seen = _open(validated / "report.html", shot=DOCS_SHOT)
+    import os
+
+    seen = _open(validated / "report.html", shot=DOCS_SHOT if os.environ.get("VITDEPLOY_DOCS_SCREENSHOT") else None)
     assert seen["errors"] == []
     assert [u for u in seen["requests"] if not u.startswith(("file:", "data:"))] == []  # no network at all
     assert all(w > 0 and h > 0 for w, h in seen["svgs"]) and len(seen["svgs"]) >= 3  # drift and speed plots

@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 from typing import Any, Mapping, Sequence
 
-from ..base._deps import require
+from ...base._deps import require
 
 #: Okabe & Ito's colour-blind-safe palette, then markers and dashes that survive a grey print
 COLOURS = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")

@@ -15,22 +15,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..base.errors import ArtifactError
-from ..base.vocab import DRIFT_REPORT_NAME, MANIFEST_NAME
+from ...base.errors import ArtifactError
+from ...base.vocab import DRIFT_REPORT_NAME, MANIFEST_NAME, ORT_FP16, ORT_INT8, TORCH_FP16, TRT_INT8
 from .recommend import Candidate
 
 BENCH_REPORT_NAME = "bench-report.json"
-GPU_NAMES = ("trt", "trt-int8", "torch-fp16")
+GPU_NAMES = ("trt", TRT_INT8, TORCH_FP16)
 #: the export's validation stages and the backend that runs each artifact (None: not one to deploy by
 #: itself: model.onnx is what `ort` runs only without model.ort.onnx, model.int8.trt.onnx is an engine's source)
 VALIDATION_BACKENDS = {
     "validate-onnx": ("ort (model.onnx)", None),
     "validate-ort-optimized": ("ort", "ort"),
-    "validate-fp16": ("ort-fp16", "ort-fp16"),
-    "validate-int8": ("ort-int8", "ort-int8"),
+    "validate-fp16": (ORT_FP16, ORT_FP16),
+    "validate-int8": (ORT_INT8, ORT_INT8),
     "validate-int8-trt": ("ort (model.int8.trt.onnx)", None),
     "validate-engine": ("trt", "trt"),
-    "validate-engine-int8": ("trt-int8", "trt-int8"),
+    "validate-engine-int8": (TRT_INT8, TRT_INT8),
 }
 
 
@@ -58,7 +58,7 @@ class Facts:
     machine: dict[str, str]
 
     def candidates(self) -> list[Candidate]:
-        """One per backend that ran, for :func:`vitdeploy.report.recommend.recommend`."""
+        """One per backend that ran, for :func:`vitdeploy.evaluate.report.recommend.recommend`."""
         speed = self.speed_by_backend()
         out = []
         for row in self.accuracy:
@@ -152,11 +152,11 @@ def _from_manifest(manifest: dict[str, Any]) -> list[AccuracyRow]:
 
 
 def machine() -> dict[str, str]:
-    from ..base.machine import describe_cpu
+    from ...base.machine import describe_cpu
 
     gpu = "none"
     try:
-        from ..runtime.cuda import cuda_status, gpu_identity
+        from ...runtime.cuda import cuda_status, gpu_identity
 
         if cuda_status(None)[0]:
             gpu = gpu_identity(None).describe()

@@ -1,8 +1,8 @@
-"""What `vitdeploy report` recommends (vitdeploy/report/recommend.py), from candidates built by hand."""
+"""What `vitdeploy report` recommends (vitdeploy/evaluate/report/recommend.py), from candidates built by hand."""
 
 from __future__ import annotations
 
-from vitdeploy.report.recommend import Candidate, recommend
+from vitdeploy.evaluate.report.recommend import Candidate, recommend
 
 TORCH = Candidate("torch", True, reference=True, latency_ms=5.0, images_per_s=200.0)
 
