@@ -178,3 +178,19 @@ def test_json_prints_the_recommendation_and_the_figures_behind_it(validated):
     assert doc["recommendation"]["picks"] and {c["name"] for c in doc["candidates"]} >= {"torch", "ort"}
     picked = {p["backend"] for p in doc["recommendation"]["picks"]}
     assert all(next(c for c in doc["candidates"] if c["name"] == b)["passed"] for b in picked)
+
+
+def test_bench_auto_runs_a_short_bench_once_and_keeps_it_beside_the_manifest(demo_artifacts, tmp_path):
+    folder = tmp_path / "artifacts"
+    shutil.copytree(demo_artifacts, folder)
+    saved = folder / "bench-report.json"
+    assert not saved.exists()
+    res = _cli("report", "-a", str(folder), "--bench", "auto")
+    assert res.returncode == 0 and saved.is_file(), res.stdout + res.stderr
+    bench = json.loads(saved.read_text())
+    assert {r["batch_size"] for r in bench["results"]} == {1, 8} and "contention" in bench["environment"]
+    assert "threads_requested" in bench["environment"] and bench["environment"]["cpu"]
+    assert "Speed on this machine" in (folder / "report.html").read_text() and "latency" in res.stdout
+    before = saved.stat().st_mtime_ns
+    assert _cli("report", "-a", str(folder), "--bench", "auto").returncode == 0
+    assert saved.stat().st_mtime_ns == before  # a saved benchmark is used, not run again
