@@ -7,9 +7,9 @@ proxy's guard (their bodies are still there; an inference has no side effect), s
 other one answers them at once and with one the replica Ray starts in its place does: no client sees
 an error either way, only the wait; gRPC calls the same (Ray's proxy handler wrapped). Lost twice, a
 request gets a retryable JSON 503, a gRPC call UNAVAILABLE (unit tests: test_proxy_guard_lost_replica.py).
-The replica is held (SIGSTOP) for a second before it is killed, so that requests are inside it when it
-dies, whatever the machine's speed; that they were is checked in the log ("lost its replica"), so the
-test cannot pass by missing the moment.
+The replica is held (SIGSTOP) until a request has waited a second inside it (the other requests flowing),
+then killed: the test cannot pass by missing the moment, whatever the machine's speed, and those held
+requests must be answered too.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ ONE_REPLICA_GAP_S = 45.0
 TWO_REPLICAS_GAP_S = 5.0
 
 
-def _kill_under_load(demo_artifacts: Path, tmp: Path, replicas: int) -> tuple[list, float, str]:
-    """(every answer as (sent, answered, status, content type, body), the kill's time, the Ray logs' text)."""
+def _kill_under_load(demo_artifacts: Path, tmp: Path, replicas: int) -> tuple[list, float, list[float], str]:
+    """(every answer as (sent, answered, status, content type, body), the kill's time, the sending times of
+    the requests held inside the replica when it was killed, the Ray logs' text)."""
     ray_tmp = Path(tempfile.mkdtemp(prefix="vdchaos", dir="/tmp"))  # short: Ray's socket paths have a length limit
     grpc_port = free_port()
     cfg = tmp / f"pipeline-{replicas}.yaml"
@@ -56,17 +57,20 @@ def _kill_under_load(demo_artifacts: Path, tmp: Path, replicas: int) -> tuple[li
     image = next(p for p in sorted(IMAGES_DIR.iterdir()) if p.suffix == ".png").read_bytes()
     server = ServeProcess(demo_artifacts, cfg, "--replicas", str(replicas), env={"RAY_TMPDIR": str(ray_tmp)})
     results: list = []
+    inflight: dict[float, bool] = {}  # the sending time of each request not answered yet
     stop = threading.Event()
 
     def client() -> None:
         with httpx.Client(timeout=120) as c:
             while not stop.is_set():
                 sent = time.monotonic()
+                inflight[sent] = True
                 try:
                     r = c.post(f"{server.url}/predict", content=image, headers={"content-type": "image/png"})
                     results.append((sent, time.monotonic(), r.status_code, r.headers.get("content-type"), r.text))
                 except httpx.HTTPError as exc:
                     results.append((sent, time.monotonic(), "error", "", repr(exc)))
+                inflight.pop(sent, None)
 
     def grpc_client() -> None:
         import numpy as np
@@ -76,6 +80,7 @@ def _kill_under_load(demo_artifacts: Path, tmp: Path, replicas: int) -> tuple[li
         data = np.array([[image]], dtype=np.object_)
         while not stop.is_set():
             sent = time.monotonic()
+            inflight[sent] = True
             tensor = grpcclient.InferInput("IMAGES", [1, 1], "BYTES")
             tensor.set_data_from_numpy(data)
             try:
@@ -83,6 +88,7 @@ def _kill_under_load(demo_artifacts: Path, tmp: Path, replicas: int) -> tuple[li
                 results.append((sent, time.monotonic(), 200, "grpc", ""))
             except grpcclient.InferenceServerException as exc:
                 results.append((sent, time.monotonic(), str(exc.status()), "grpc", exc.message()))
+            inflight.pop(sent, None)
         c.close()
 
     threads = [threading.Thread(target=f) for f in (client, grpc_client) for _ in range(CLIENTS)]
@@ -94,9 +100,16 @@ def _kill_under_load(demo_artifacts: Path, tmp: Path, replicas: int) -> tuple[li
         deadline = time.monotonic() + 60
         while sum(1 for r in results if r[2] == 200) < 20 and time.monotonic() < deadline:
             time.sleep(0.1)  # under load: answers are flowing
-        victim = pids[0]
-        os.kill(victim, signal.SIGSTOP)  # requests arrive inside it and stay there
-        time.sleep(1.0)
+        victim, stuck = pids[0], []
+        for _ in range(5):  # until a request is held inside it (the router may send none its way for a while)
+            os.kill(victim, signal.SIGSTOP)
+            deadline = time.monotonic() + 10
+            while not stuck and time.monotonic() < deadline:
+                time.sleep(0.1)
+                stuck = [t for t in list(inflight) if t < time.monotonic() - 1.0]  # waiting >= 1 s: held
+            if stuck:
+                break
+            os.kill(victim, signal.SIGCONT)
         killed_at = time.monotonic()
         os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + ONE_REPLICA_GAP_S + 15
@@ -118,7 +131,7 @@ def _kill_under_load(demo_artifacts: Path, tmp: Path, replicas: int) -> tuple[li
             except OSError:
                 continue
     shutil.rmtree(ray_tmp, ignore_errors=True)
-    return results, killed_at, logs
+    return results, killed_at, stuck, logs
 
 
 def _longest_wait(results: list, killed_at: float) -> float:
@@ -129,7 +142,7 @@ def _longest_wait(results: list, killed_at: float) -> float:
 
 @pytest.mark.parametrize("replicas, gap_s", [(2, TWO_REPLICAS_GAP_S), (1, ONE_REPLICA_GAP_S)])
 def test_a_replica_killed_under_load_loses_no_request(demo_artifacts, tmp_path, replicas, gap_s):
-    results, killed_at, logs = _kill_under_load(demo_artifacts, tmp_path, replicas)
+    results, killed_at, stuck, logs = _kill_under_load(demo_artifacts, tmp_path, replicas)
     failed = [r[2:] for r in results if r[2] != 200]
     for status, ctype, body in failed:  # none expected; if any, a retryable JSON 503 or gRPC UNAVAILABLE
         if ctype == "grpc":
@@ -137,7 +150,13 @@ def test_a_replica_killed_under_load_loses_no_request(demo_artifacts, tmp_path, 
         else:
             assert status == 503 and ctype.startswith("application/json") and "retry" in body, (status, ctype, body)
     assert not failed, f"{len(failed)} of {len(results)} requests failed: {failed[:3]}"
-    assert "lost its replica" in logs  # requests were inside the killed replica, and were sent again
+    # requests were inside the killed replica (held there >= 1 s while the rest flowed), and each was answered
+    answered = {r[0]: r[2] for r in results}
+    assert stuck and all(answered.get(t) == 200 for t in stuck), (
+        stuck,
+        [answered.get(t) for t in stuck],
+        logs[-2000:],
+    )
     after = [r for r in results if r[0] > killed_at + 1]
     assert len(after) >= 20 and all(r[2] == 200 for r in after)  # the server answers again
     assert {r[3] == "grpc" for r in after} == {True, False}  # on both protocols
