@@ -236,9 +236,8 @@ def test_an_inference_actor_killed_mid_job_leaves_every_input_answered_once(
 ):
     """`kill -9` of the one inference actor's process while it works: Ray Data starts another and retries
     its batches; the output holds every input exactly once, each predict's answer."""
-    import threading
 
-    from helpers.held import busy_actor_pid, kill_held
+    from helpers.held import run_killing_an_actor
 
     from vitdeploy.batch.job import BatchSettings, run_batch
     from vitdeploy.runtime.backends import BackendOptions
@@ -253,20 +252,10 @@ def test_an_inference_actor_killed_mid_job_leaves_every_input_answered_once(
         batch_size=4,
         cache_dir=str(tmp_path / "cache"),
     )
-    done: dict = {}
-
-    def job() -> None:
-        try:
-            done["summary"] = run_batch(settings, options=BackendOptions(threads=1), max_pixels=89_478_485)
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
-            done["error"] = exc
-
-    thread = threading.Thread(target=job)
-    thread.start()
-    kill_held(busy_actor_pid())
-    thread.join(300)
-    assert not thread.is_alive() and "error" not in done, done
-    assert done["summary"].images == len(predicted)
+    summary = run_killing_an_actor(
+        lambda: run_batch(settings, options=BackendOptions(threads=1), max_pixels=89_478_485)
+    )
+    assert summary.images == len(predicted)
     assert_rows_equal_predict(read_rows(out), predicted)
 
 

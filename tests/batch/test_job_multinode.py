@@ -70,9 +70,8 @@ def test_workers_on_both_nodes_produce_rows(cluster, demo_artifacts, tmp_path):
 def test_an_actor_killed_on_one_node_mid_job_leaves_every_input_answered_once(cluster, demo_artifacts, tmp_path):
     """`kill -9` of one of the two nodes' inference actors while it works: every input once in the output."""
     import json
-    import threading
 
-    from helpers.held import busy_actor_pid, kill_held
+    from helpers.held import run_killing_an_actor
 
     images = tmp_path / "images"
     for copy in range(8):
@@ -87,20 +86,10 @@ def test_an_actor_killed_on_one_node_mid_job_leaves_every_input_answered_once(cl
         batch_size=4,
         cache_dir=str(tmp_path / "cache"),
     )
-    done: dict = {}
-
-    def job() -> None:
-        try:
-            done["summary"] = run_batch(settings, options=BackendOptions(threads=1), max_pixels=89_478_485)
-        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
-            done["error"] = exc
-
-    thread = threading.Thread(target=job)
-    thread.start()
-    kill_held(busy_actor_pid())
-    thread.join(300)
-    assert not thread.is_alive() and "error" not in done, done
+    summary = run_killing_an_actor(
+        lambda: run_batch(settings, options=BackendOptions(threads=1), max_pixels=89_478_485)
+    )
     paths = [json.loads(line)["path"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     expected = sorted(str(p) for p in images.rglob("*") if p.suffix in (".png", ".jpg"))
     assert sorted(paths) == expected  # every input, none twice
-    assert done["summary"].images == len(expected) and done["summary"].failed == 0
+    assert summary.images == len(expected) and summary.failed == 0

@@ -73,6 +73,29 @@ def kill_held(pid: int, hold_s: float = 1.0) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
+def run_killing_an_actor(work: Callable[[], Any], timeout_s: float = 300.0) -> Any:
+    """Run ``work`` (a batch job) on a thread; once an inference actor is busy, SIGSTOP then SIGKILL it
+    (:func:`kill_held`); return what ``work`` returned (its exception is raised here)."""
+    import threading
+
+    done: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            done["result"] = work()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, in the test's thread
+            done["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    kill_held(busy_actor_pid())
+    thread.join(timeout_s)
+    assert not thread.is_alive(), f"the job did not end within {timeout_s} s of the kill"
+    if "error" in done:
+        raise done["error"]
+    return done["result"]
+
+
 def triton_stub_pids(model_folder: str) -> list[int]:
     """The python-backend stub processes that run the Triton model in ``model_folder``."""
     pids = processes("triton_python_backend_stub", model_folder)
