@@ -38,9 +38,10 @@ def cluster():
     shutil.rmtree(temp, ignore_errors=True)
 
 
-def test_workers_on_both_nodes_produce_rows(cluster, demo_artifacts, tmp_path):
+def _job(demo_artifacts, tmp_path, copies: int) -> tuple:
+    """(a folder of the demo images copied ``copies`` times, a job over it: one 2-CPU actor per node)."""
     images = tmp_path / "images"
-    for copy in range(4):
+    for copy in range(copies):
         shutil.copytree(IMAGES_DIR, images / f"c{copy}", ignore=shutil.ignore_patterns("*.csv", "*.md"))
     settings = BatchSettings(
         inputs=[str(images)],
@@ -52,6 +53,11 @@ def test_workers_on_both_nodes_produce_rows(cluster, demo_artifacts, tmp_path):
         batch_size=4,
         cache_dir=str(tmp_path / "cache"),
     )
+    return images, settings
+
+
+def test_workers_on_both_nodes_produce_rows(cluster, demo_artifacts, tmp_path):
+    images, settings = _job(demo_artifacts, tmp_path, copies=4)
     summary = run_batch(settings, options=BackendOptions(threads=1), max_pixels=89_478_485)
     assert summary.failed == 0 and summary.images == 160
     assert len(summary.nodes) == 2 and all(n > 0 for n in summary.nodes.values()), summary.nodes
@@ -73,19 +79,7 @@ def test_an_actor_killed_on_one_node_mid_job_leaves_every_input_answered_once(cl
 
     from helpers.held import run_killing_an_actor
 
-    images = tmp_path / "images"
-    for copy in range(8):
-        shutil.copytree(IMAGES_DIR, images / f"c{copy}", ignore=shutil.ignore_patterns("*.csv", "*.md"))
-    settings = BatchSettings(
-        inputs=[str(images)],
-        artifacts=str(demo_artifacts),
-        output=str(tmp_path / "out.jsonl"),
-        backend="ort",
-        workers=2,
-        cpus_per_worker=2,
-        batch_size=4,
-        cache_dir=str(tmp_path / "cache"),
-    )
+    images, settings = _job(demo_artifacts, tmp_path, copies=8)
     summary = run_killing_an_actor(
         lambda: run_batch(settings, options=BackendOptions(threads=1), max_pixels=89_478_485)
     )

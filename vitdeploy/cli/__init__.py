@@ -188,7 +188,7 @@ def _refresh_report(artifacts_dir: Path, always: bool = False) -> str | None:
     if not always and not (Path(artifacts_dir) / REPORT_NAME).is_file():
         return None
     try:
-        path, _ = write_report(artifacts_dir)
+        path, _, _ = write_report(artifacts_dir)
     except MissingDependencyError as exc:
         click.echo(f"report not written: {first_line(exc)}", err=True)
         return None
@@ -573,11 +573,9 @@ def report_cmd(
 ) -> None:
     """One self-contained HTML page: accuracy and speed of every backend here, and what to deploy."""
     from ..evaluate.report import write_report
-    from ..evaluate.report.facts import gather
 
-    path, rec = write_report(artifacts_dir, out_path, bench=bench_mode, images=not no_images)
+    path, rec, facts = write_report(artifacts_dir, out_path, bench=bench_mode, images=not no_images)
     if as_json:
-        facts = gather(artifacts_dir)
         click.echo(
             json.dumps(
                 {

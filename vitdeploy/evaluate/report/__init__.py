@@ -1,8 +1,8 @@
 """`vitdeploy report`: one self-contained HTML page that shows every backend's accuracy and speed here and
 says what to deploy.
 
-    path, rec = write_report("artifacts/")                 # artifacts/report.html
-    path, rec = write_report("artifacts/", bench="auto")   # a short benchmark first if none is saved
+    path, rec, facts = write_report("artifacts/")                 # artifacts/report.html
+    path, rec, facts = write_report("artifacts/", bench="auto")   # a short benchmark first if none is saved
 
 facts.py gathers (manifest, drift report, bench report), recommend.py decides, plots.py draws
 (matplotlib: the ``[report]`` extra), page.py writes the HTML.
@@ -27,12 +27,12 @@ def write_report(
     bench: str = "skip",
     images: bool = True,
     bench_runner: Any = None,
-) -> tuple[Path, Any]:
+) -> tuple[Path, Any, Any]:
     """Write the report of the export in ``artifacts`` to ``out`` (default ``artifacts/report.html``).
 
     ``bench``: "skip" (use a saved bench report if there is one), "auto" (run a short benchmark here when
     none is saved, and save it), or the path of a bench report JSON. Returns (the page's path, the
-    Recommendation)."""
+    Recommendation, the Facts it was made from)."""
     from ...base._files import write_bytes_atomic
     from .facts import BENCH_REPORT_NAME, gather
     from .page import render
@@ -52,7 +52,7 @@ def write_report(
     rec = recommend(facts.candidates())
     target = Path(out) if out else folder / REPORT_NAME
     write_bytes_atomic(target, render(facts, rec, images=images).encode("utf-8"))
-    return target, rec
+    return target, rec, facts
 
 
 def short_bench(folder: Path) -> dict[str, Any]:
