@@ -29,7 +29,9 @@ def _model() -> onnx.ModelProto:
         value_info=[helper.make_tensor_value_info("h0", TensorProto.FLOAT, ["batch", 8])],
         doc_string="a graph",
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="test")
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18)], producer_name="test", ir_version=10
+    )  # IR 10: what torch writes; any ONNX Runtime >= 1.18 loads it
     model.doc_string = "a model"
     helper.set_model_props(model, {"vitdeploy.name": "m", "other": "x"})
     return model

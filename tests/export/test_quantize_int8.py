@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -230,6 +231,25 @@ def test_too_few_calibration_images_is_an_error_naming_the_key():
     with pytest.raises(ConfigError, match="export.int8.min_calibration_images"):
         calibration_batch(batch, names, max_images=64, min_images=4)  # noise rows never count
     assert calibration_batch(batch, names, max_images=2, min_images=2).shape == (2, 3, 8, 8)
+
+
+def test_an_onnx_runtime_whose_shape_inference_misreads_the_graph_is_named_before_any_work(demo_artifacts, tmp_path):
+    """onnxruntime 1.30's symbolic shape inference ignores Shape(start, end) and fails on a ViT's class-token
+    Concat with "list index out of range" (seen on the GPU machine's image): the stage says which version it
+    needs instead, as a stage unavailable here (exit 4 when required; auto goes on without it)."""
+    import onnxruntime
+
+    real = onnxruntime.__version__
+    for old in ("1.30.0", "1.29.1+cu126"):
+        onnxruntime.__version__ = old
+        try:
+            with pytest.raises(
+                StageUnavailableError, match=rf"needs onnxruntime >= 1\.31 \(this is {re.escape(old)}.*pip"
+            ):
+                quantize_int8(demo_artifacts / "model.ort.onnx", tmp_path / "x.onnx", input_name="pixel_values")
+        finally:
+            onnxruntime.__version__ = real
+    assert not list(tmp_path.iterdir())  # nothing written
 
 
 def _few_images(tmp_path: Path, n: int = 3) -> Path:

@@ -43,7 +43,7 @@ import numpy as np
 
 from ..base._deps import require
 from ..base._files import atomic_path
-from ..base.errors import ConfigError, ExportError, first_line
+from ..base.errors import ConfigError, ExportError, StageUnavailableError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,7 @@ def prepare(
     (export/onnx.py ``without_weights``) and the weights are written back one at a time: the
     quantized graphs are the same bytes as after ``quant_pre_process`` without optimisation (tested)."""
     require("onnxruntime.quantization", "INT8 quantization")
+    _refuse_old_shape_inference()
     try:
         if placement.optimize_first and not optimized:
             from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -181,6 +182,25 @@ def prepare(
     except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
         raise ExportError(f"INT8 pre-processing of {src.name} failed: {first_line(exc)}") from exc
     return dst
+
+
+#: The first ONNX Runtime whose symbolic shape inference reads ``Shape``'s ``start``/``end`` (opset 15): before
+#: it, the shape of a ViT's ``cls_token.expand(x.shape[0], -1, -1)`` comes out as the whole input's shape, and
+#: the class-token ``Concat`` fails ("list index out of range"; seen with 1.30.0, passes with 1.31.0).
+SHAPE_INFERENCE_MIN_ORT = (1, 31)
+
+
+def _refuse_old_shape_inference() -> None:
+    import onnxruntime
+
+    version = str(getattr(onnxruntime, "__version__", "0"))
+    parts = [int(p) for p in version.split("+")[0].split(".")[:2] if p.isdigit()]
+    if tuple(parts) < SHAPE_INFERENCE_MIN_ORT:
+        need = ".".join(map(str, SHAPE_INFERENCE_MIN_ORT))
+        raise StageUnavailableError(
+            f"INT8 quantization needs onnxruntime >= {need} (this is {version}, whose shape inference misreads "
+            f"the graph's Shape(start, end) nodes): pip install -U 'onnxruntime>={need}' (or onnxruntime-gpu)"
+        )
 
 
 def _infer_without_weights(src: Path, dst: Path, external_data: bool) -> None:
