@@ -1,7 +1,7 @@
 """The shape of the package: imports run one way, modules and functions stay small, each idea is
 defined once.
 
-    cli  ->  serve / batch / evaluate / export  ->  runtime  ->  model (network only)  ->  base
+    cli  ->  tune  ->  serve / batch / evaluate / export  ->  runtime  ->  model (network only)  ->  base
 
 ``vitdeploy/base/`` is the base layer (config, errors, vocabularies, the preprocessing contract, the
 ViT's fields, small helpers); nothing else lives at the package root. ``evaluate`` may reuse
@@ -34,7 +34,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vitdeploy"
 MAX_LINES = 500
 MAX_FUNCTION_LINES = 80
 
-ROOMS = ("base", "model", "runtime", "export", "evaluate", "serve", "batch", "cli")
+ROOMS = ("base", "model", "runtime", "export", "evaluate", "serve", "batch", "tune", "cli")
 MAY_IMPORT = {
     "base": {"base"},
     "model": {"base", "model"},
@@ -43,7 +43,8 @@ MAY_IMPORT = {
     "evaluate": {"base", "runtime", "export", "evaluate"},
     "serve": {"base", "runtime", "serve"},
     "batch": {"base", "runtime", "batch"},
-    "cli": {"base", "model", "runtime", "export", "evaluate", "serve", "batch", "cli"},
+    "tune": {"base", "runtime", "evaluate", "serve", "tune"},
+    "cli": {"base", "model", "runtime", "export", "evaluate", "serve", "batch", "tune", "cli"},
 }
 #: (importing module, imported module) pairs allowed beyond MAY_IMPORT.
 EXCEPTIONS = {("vitdeploy.runtime.backends.torch_backend", "vitdeploy.model.vit")}  # the network, to run it

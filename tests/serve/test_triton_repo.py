@@ -135,6 +135,7 @@ def test_every_config_parses_into_tritons_model_config_with_the_manifests_values
 
     post = cfg[f"{NAME}_postprocess"]
     assert [(o.name, o.data_type, list(o.dims)) for o in post.output] == [
+        ("LOGITS", pb.TYPE_FP32, [classes]),
         ("TOPK_LABELS", pb.TYPE_STRING, [5]),
         ("TOPK_SCORES", pb.TYPE_FP32, [5]),
     ]
@@ -150,9 +151,17 @@ def test_every_config_parses_into_tritons_model_config_with_the_manifests_values
     steps = [(s.model_name, dict(s.input_map), dict(s.output_map)) for s in ens.ensemble_scheduling.step]
     assert steps == [
         (f"{NAME}_preprocess", {"IMAGES": "IMAGES"}, {"PIXEL_VALUES": "pixel_values"}),
-        (f"{NAME}_onnx", {"pixel_values": "pixel_values"}, {"logits": "LOGITS"}),
-        (f"{NAME}_postprocess", {"LOGITS": "LOGITS"}, {"TOPK_LABELS": "TOPK_LABELS", "TOPK_SCORES": "TOPK_SCORES"}),
+        (f"{NAME}_onnx", {"pixel_values": "pixel_values"}, {"logits": "logits"}),
+        (
+            f"{NAME}_postprocess",
+            {"LOGITS": "logits"},
+            {"LOGITS": "LOGITS", "TOPK_LABELS": "TOPK_LABELS", "TOPK_SCORES": "TOPK_SCORES"},
+        ),
     ]
+    # Every ensemble output comes from the last step: none is also another step's input (Triton answers
+    # requests naming a subset of such outputs with 400 "unexpected deadlock").
+    assert {o.name for o in ens.output} <= set(steps[-1][2].values())
+    assert not {o.name for o in ens.output} & {v for _, inputs, _ in steps for v in inputs.values()}
     # Each step's inputs are produced by an earlier step or are ensemble inputs; every output is produced.
     available = {i.name for i in ens.input}
     for model, inputs, outputs in steps:

@@ -143,6 +143,21 @@ def _assert_same(got, want, what: str) -> None:
     np.testing.assert_allclose(scores, w_scores, rtol=0, atol=1e-6, err_msg=what)
 
 
+@pytest.mark.parametrize("wanted", [["TOPK_LABELS", "TOPK_SCORES"], ["LOGITS"], ["TOPK_LABELS"]])
+def test_a_client_may_ask_for_any_subset_of_the_outputs(server: BundledTriton, images, predictor, wanted):
+    """Asking for the top-k alone is what most clients do: the ensemble answered such requests 400 "unexpected
+    deadlock" while its LOGITS output was also a later step's input (now every output comes from postprocess)."""
+    blob = images["coffee.jpg"]
+    result = _http_infer(server, [blob], outputs=[httpclient.InferRequestedOutput(n) for n in wanted])
+    names = sorted(out["name"] for out in result.get_response()["outputs"])
+    assert names == sorted(wanted)
+    logits, labels, scores = _expected(predictor, blob)
+    if "LOGITS" in wanted:
+        np.testing.assert_allclose(result.as_numpy("LOGITS")[0], logits, rtol=0, atol=1e-5)
+    if "TOPK_LABELS" in wanted:
+        assert [v.decode() for v in result.as_numpy("TOPK_LABELS")[0]] == labels
+
+
 def test_the_bundled_server_is_a_real_tritonserver(server: BundledTriton):
     client = httpclient.InferenceServerClient(server.http_url)
     assert client.is_server_live() and client.is_model_ready(NAME)

@@ -797,5 +797,16 @@ def _int_list(text: str, flag: str) -> list[int]:
         raise ConfigError(f"{flag} expects comma-separated integers, got {text!r}") from None
 
 
+def _register(*commands: click.Command) -> None:
+    """Commands defined in their own module: each gets the one error handler here."""
+    for command in commands:
+        command.callback = handle_errors(command.callback)
+        main.add_command(command)
+
+
+from .load import loadtest  # noqa: E402 - registered after main exists
+
+_register(loadtest)
+
 if __name__ == "__main__":  # pragma: no cover
     main()

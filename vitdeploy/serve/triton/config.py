@@ -170,12 +170,19 @@ def postprocess_config(facts: ModelFacts, settings: Settings, version: str) -> s
     b = int(facts.batch["max"])
     k = top_k_of(facts, settings)
     return _join(
-        _header(names["postprocess"], "logits -> softmax top-k labels and scores"),
+        _header(names["postprocess"], "logits -> the logits and the softmax top-k labels and scores"),
         f"name: {_q(names['postprocess'])}",
         'backend: "python"',
         f"max_batch_size: {b}",
         _tensors("input", [_tensor(LOGITS, "TYPE_FP32", [facts.num_classes])]),
-        _tensors("output", [_tensor(TOPK_LABELS, "TYPE_STRING", [k]), _tensor(TOPK_SCORES, "TYPE_FP32", [k])]),
+        _tensors(
+            "output",
+            [
+                _tensor(LOGITS, "TYPE_FP32", [facts.num_classes]),
+                _tensor(TOPK_LABELS, "TYPE_STRING", [k]),
+                _tensor(TOPK_SCORES, "TYPE_FP32", [k]),
+            ],
+        ),
         _dynamic_batching(facts, settings, b, queue=False),
         _instance_group("cpu", 1),
         *_parameters({"top_k": k, "labels_file": LABELS_FILE, "vitdeploy_version": version}),
@@ -313,11 +320,17 @@ def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
         maps += [f"      output_map {{ key: {_q(a)} value: {_q(b)} }}" for a, b in outputs.items()]
         return "    {\n" + f"      model_name: {_q(model)}\n      model_version: -1\n" + "\n".join(maps) + "\n    }"
 
-    # The ensemble's LOGITS output is the inference model's output, which postprocess also reads.
+    # Every ensemble output comes from the last step (postprocess passes the logits through): an ensemble
+    # output that another step also reads made Triton answer 400 "unexpected deadlock, at least one output
+    # is not set" to every request naming a subset of the outputs (TOPK_LABELS alone, say).
     steps = [
         step(names["preprocess"], {INPUT: INPUT}, {PIXELS: "pixel_values"}),
-        step(names[settings.inference], {facts.input_name: "pixel_values"}, {facts.output_name: LOGITS}),
-        step(names["postprocess"], {LOGITS: LOGITS}, {TOPK_LABELS: TOPK_LABELS, TOPK_SCORES: TOPK_SCORES}),
+        step(names[settings.inference], {facts.input_name: "pixel_values"}, {facts.output_name: "logits"}),
+        step(
+            names["postprocess"],
+            {LOGITS: "logits"},
+            {LOGITS: LOGITS, TOPK_LABELS: TOPK_LABELS, TOPK_SCORES: TOPK_SCORES},
+        ),
     ]
     return _join(
         _header(names["ensemble"], f"bytes in -> logits and top-{k} out, over {names[settings.inference]}"),

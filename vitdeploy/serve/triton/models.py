@@ -111,7 +111,8 @@ class PreprocessModel:
 
 
 class PostprocessModel:
-    """``<name>_postprocess``: LOGITS float32 [N, C] -> TOPK_LABELS bytes [N, K], TOPK_SCORES float32 [N, K]."""
+    """``<name>_postprocess``: LOGITS float32 [N, C] -> LOGITS (passed through: every ensemble output comes from
+    this last step), TOPK_LABELS bytes [N, K], TOPK_SCORES float32 [N, K]."""
 
     def initialize(self, args: dict[str, Any]) -> None:
         params = _parameters(args)
@@ -128,9 +129,8 @@ class PostprocessModel:
         for request in requests:
             logits = pb.get_input_tensor_by_name(request, LOGITS).as_numpy()
             labels, scores = top_k_arrays(logits, self.labels, self.top_k)
-            responses.append(
-                pb.InferenceResponse(output_tensors=[pb.Tensor(TOPK_LABELS, labels), pb.Tensor(TOPK_SCORES, scores)])
-            )
+            outputs = [pb.Tensor(LOGITS, logits), pb.Tensor(TOPK_LABELS, labels), pb.Tensor(TOPK_SCORES, scores)]
+            responses.append(pb.InferenceResponse(output_tensors=outputs))
         return responses
 
 

@@ -1,0 +1,85 @@
+"""A KServe-v2-shaped HTTP server whose every answer the test decides: for the load generator's tests.
+
+``ScriptedServer(delay_s=0.02, fail_every=0)`` answers ``POST /predict`` and ``POST /v2/models/<m>/infer`` after
+``delay_s``; every ``fail_every``-th request (1-based) gets a 503 with a JSON body instead; while ``gate`` is
+cleared every request waits until the test sets it (a stall the test makes, not one it hopes for);
+``GET /v2/models/<m>/stats`` counts what it answered in Triton's format. ``requests`` lists each request's
+(path, headers, body length).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class ScriptedServer:
+    def __init__(self, delay_s: float = 0.0, fail_every: int = 0) -> None:
+        self.delay_s, self.fail_every = delay_s, fail_every
+        self.gate = threading.Event()
+        self.gate.set()
+        self.lock = threading.Lock()
+        self.requests: list[tuple[str, dict, int]] = []
+        self.ok = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _send(self, status: int, doc: object) -> None:
+                body = json.dumps(doc).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length", 0))
+                self.rfile.read(length)
+                with server.lock:
+                    server.requests.append((self.path, dict(self.headers), length))
+                    n = len(server.requests)
+                server.gate.wait()
+                time.sleep(server.delay_s)
+                if server.fail_every and n % server.fail_every == 0:
+                    self._send(503, {"error": f"request {n} refused by the script"})
+                    return
+                with server.lock:
+                    server.ok += 1
+                self._send(200, {"outputs": []})
+
+            def do_GET(self) -> None:  # noqa: N802
+                if not self.path.endswith("/stats"):
+                    self._send(404, {"error": "no such route"})
+                    return
+                with server.lock:
+                    ok = server.ok
+                stats = {
+                    "success": {"count": ok, "ns": ok * 1_000_000},
+                    "queue": {"count": ok, "ns": ok * 2_000_000},
+                    "compute_infer": {"count": ok, "ns": ok * 5_000_000},
+                }
+                entry = {"name": "m", "inference_count": ok, "execution_count": ok // 2, "inference_stats": stats}
+                self._send(200, {"model_stats": [entry]})
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.gate.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def __enter__(self) -> "ScriptedServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

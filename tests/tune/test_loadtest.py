@@ -1,0 +1,135 @@
+"""`vitdeploy loadtest` against a server whose every answer the test decides (helpers/scripted_server.py):
+counts, statuses with their example, percentiles, the open loop's honesty about a stall, the server's
+statistics, the client-limit flag and the command's errors."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from click.testing import CliRunner
+from helpers.scripted_server import ScriptedServer
+
+from vitdeploy.base.errors import ConfigError
+from vitdeploy.tune.clients import PREDICT, V2_HTTP, Target, open_client
+from vitdeploy.tune.loadgen import LevelResult, closed_loop, due_times, open_loop
+from vitdeploy.tune.loadtest import LoadPlan, client_limit, format_loadtest, parse_duration, parse_levels, run_loadtest
+
+IMAGES = [b"\xff\xd8first", b"\xff\xd8second", b"\xff\xd8third"]
+
+
+def test_a_closed_loop_counts_every_request_and_times_what_the_server_took():
+    with ScriptedServer(delay_s=0.02, fail_every=5) as server:
+        factory = lambda: open_client(Target(server.url, PREDICT))  # noqa: E731
+        result = closed_loop(factory, IMAGES, clients=3, requests=40)
+    assert result.sent == 40 == len(server.requests)
+    assert result.statuses == {"200": 32, "503": 8}  # every fifth refused by the script
+    assert result.errors == {"503": 8} and "refused by the script" in result.examples["503"]
+    assert len(result.latencies_ms) == 32 and result.percentile(50) >= 20.0  # the server's 20 ms, at least
+    assert result.throughput == pytest.approx(32 / result.seconds)
+    assert {path for path, _, _ in server.requests} == {"/predict"}
+
+
+def test_v2_http_sends_one_image_as_a_binary_tensor_and_the_token_as_a_bearer():
+    with ScriptedServer() as server:
+        factory = lambda: open_client(Target(server.url, V2_HTTP, "vit", token="s3cret"))  # noqa: E731
+        result = closed_loop(factory, IMAGES, clients=1, requests=3)
+    assert result.ok == 3
+    path, headers, length = server.requests[0]
+    assert path == "/v2/models/vit/infer" and headers["Authorization"] == "Bearer s3cret"
+    head = int(headers["Inference-Header-Content-Length"])
+    assert length == head + 4 + len(IMAGES[0])  # the JSON header, then one 4-byte length and the image
+
+
+def test_the_open_loop_counts_a_servers_stall_in_every_request_due_meanwhile():
+    """The server is held for 1 s: requests due during the hold are late by what remained of it (wrk2's
+    coordinated omission). A closed loop of one client sees one slow request; the open loop sees many."""
+    with ScriptedServer() as server:
+        factory = lambda: open_client(Target(server.url, PREDICT))  # noqa: E731
+        server.gate.clear()
+        threading.Timer(1.0, server.gate.set).start()
+        result = open_loop(factory, IMAGES, rate=50, requests=60, connections=4)
+    assert result.ok == 60
+    slow = [ms for ms in result.latencies_ms if ms >= 500]
+    assert len(slow) >= 20  # due in the first 0.5 s of the hold, all answered after it ended
+    assert result.percentile(100) >= 950 and result.backlog_max >= 10  # 4 connections busy, the rest queued
+    with ScriptedServer() as server:
+        factory = lambda: open_client(Target(server.url, PREDICT))  # noqa: E731
+        server.gate.clear()
+        threading.Timer(1.0, server.gate.set).start()
+        closed = closed_loop(factory, IMAGES, clients=1, requests=20)
+    assert sum(ms >= 500 for ms in closed.latencies_ms) == 1  # the same stall hides in one request
+
+
+def test_due_times_are_even_or_a_seeded_poisson_process():
+    assert due_times(4, 4, poisson=False) == [0.0, 0.25, 0.5, 0.75]
+    gaps = due_times(100, 20_000, poisson=True, seed=3)
+    assert gaps == due_times(100, 20_000, poisson=True, seed=3) and gaps[0] == 0.0
+    assert gaps[-1] / (len(gaps) - 1) == pytest.approx(0.01, rel=0.03)  # mean gap 1/rate
+
+
+def test_a_level_reads_the_servers_statistics_before_and_after_it():
+    with ScriptedServer() as server:
+        plan = LoadPlan(Target(server.url, V2_HTTP, "m"), IMAGES, concurrency=(2,), duration_s=None, requests=10)
+        report = run_loadtest(plan)
+    level = report.levels[0]
+    assert level.server["requests"] == 10  # the warm-up's requests are not in the level
+    assert level.server["queue_ms"] == 2.0 and level.server["compute_infer_ms"] == 5.0
+    doc = report.to_dict()
+    assert doc["target"]["token"] is False and doc["levels"][0]["ok"] == 10
+    table = "\n".join(format_loadtest(report))
+    assert "2 c" in table and "client and server share this machine" in table  # loopback: one machine
+
+
+def test_a_client_near_its_limit_is_flagged_in_the_table():
+    busy = LevelResult("concurrency", 64, seconds=10.0, client_cpu_s=9.0)
+    assert "0.90 cores" in client_limit(busy, cores=16, shared=False)
+    shared = LevelResult("concurrency", 8, seconds=10.0, client_cpu_s=8.2)  # 0.82 cores: below one core's limit
+    assert client_limit(shared, cores=2, shared=False) is None
+    assert "of the 2 cores it shares" in client_limit(shared, cores=2, shared=True)
+
+
+def test_a_server_that_answers_nothing_is_one_clear_error():
+    with ScriptedServer(fail_every=1) as server:
+        plan = LoadPlan(Target(server.url, PREDICT), IMAGES, concurrency=(1,), requests=3, warmup_s=0.3)
+        with pytest.raises(ConfigError, match=r"no request of the warm-up was answered \(\d+ x 503: .*refused"):
+            run_loadtest(plan)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--concurrency", "1,x"], "--concurrency '1,x': expected comma-separated positive numbers"),
+        (["--rate", "0"], "--rate '0'"),
+        (["--concurrency", "1", "--rate", "5"], "either --concurrency or --rate"),
+        (["--duration", "soon"], "--duration 'soon': expected a positive duration"),
+        (["--protocol", "v2-http"], "--protocol v2-http needs --model"),
+        (["--images", "/nonexistent"], "--images /nonexistent: not a folder"),
+    ],
+)
+def test_the_command_says_what_is_wrong_in_one_line(args, message):
+    from vitdeploy.cli import main
+
+    result = CliRunner().invoke(main, ["loadtest", "http://127.0.0.1:9", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output and "Traceback" not in result.output
+
+
+def test_durations_and_levels_parse():
+    assert parse_duration("20s") == 20 and parse_duration("2m") == 120 and parse_duration("500ms") == 0.5
+    assert parse_levels("1,4,16", "--concurrency") == (1, 4, 16)
+    assert parse_levels("12.5", "--rate", float) == (12.5,)
+
+
+def test_the_command_prints_json_with_each_level():
+    from vitdeploy.cli import main
+
+    with ScriptedServer(delay_s=0.005) as server:
+        result = CliRunner().invoke(
+            main, ["loadtest", server.url, "--rate", "40", "--requests", "20", "--warmup", "0", "--json"]
+        )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["format"] == "vitdeploy-loadtest" and doc["levels"][0]["mode"] == "rate"
+    assert doc["levels"][0]["requests"] == 20 and doc["levels"][0]["latency_ms"]["p50"] >= 5.0
