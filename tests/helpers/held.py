@@ -26,8 +26,27 @@ from typing import Any, Callable, Iterator, Sequence
 HANG_GUARD_S = 120.0  # only a hang reaches it: the refusals of a held server need no model call
 
 
-def processes(*fragments: str) -> list[int]:
-    """Every live process whose command line contains every one of ``fragments`` (not this process)."""
+def _parent(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state; the name may hold spaces
+
+
+def descends_from(pid: int, root: int) -> bool:
+    while pid > 1:
+        if pid == root:
+            return True
+        pid = _parent(pid)
+    return False
+
+
+def processes(*fragments: str, root: int | None = None) -> list[int]:
+    """Every live process whose command line contains every one of ``fragments`` and that descends from
+    ``root`` (default: this test process; a server it started, and that server's Ray, descend from it): a
+    server another test session (or a user) runs on the same machine is never taken for this test's."""
+    root = os.getpid() if root is None else root
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == os.getpid():
@@ -36,7 +55,7 @@ def processes(*fragments: str) -> list[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if all(f in cmdline for f in fragments):
+        if all(f in cmdline for f in fragments) and descends_from(int(entry), root):
             found.append(int(entry))
     return found
 

@@ -118,11 +118,14 @@ def _kill_under_load(demo_artifacts: Path, tmp: Path, replicas: int) -> tuple[li
                 break
             time.sleep(0.2)
         time.sleep(2)
-    finally:
+    finally:  # the server is stopped whatever failed above (a server left running would confuse the next test)
         stop.set()
-        for t in threads:
-            t.join(150)
-        server.stop()
+        try:
+            for t in threads:
+                if t.ident is not None:  # started
+                    t.join(150)
+        finally:
+            server.stop()
     logs = ""
     for path in ray_tmp.rglob("*"):
         if path.is_file() and path.suffix in (".log", ".err", ".out"):
