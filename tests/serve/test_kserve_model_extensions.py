@@ -1,6 +1,6 @@
 """`vitdeploy serve`'s Triton-protocol extensions without a server: compressed bodies (inflated within the
 byte limit), the model configuration in Triton's own ModelConfig JSON, statistics in Triton's shape, and
-the classification extension refused as Triton refuses it on an ensemble."""
+the classification extension answered as Triton answers it on the generated ensemble."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import gzip
 import json
 import zlib
 
+import numpy as np
 import pytest
 
 from vitdeploy.serve import protocol as P
@@ -102,11 +103,35 @@ def test_statistics_count_successes_failures_and_times():
     assert s["compute_output"] == {"count": 2, "ns": 8}
 
 
-def test_class_count_is_refused_with_400_never_ignored():
-    doc = {
-        "inputs": [{"name": "IMAGES", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}],
-        "outputs": [{"name": "LOGITS", "parameters": {"classification": 3}}],
+def _request(outputs: list) -> bytes:
+    doc = {"inputs": [{"name": "IMAGES", "shape": [1, 1], "datatype": "BYTES", "data": ["x"]}], "outputs": outputs}
+    return json.dumps(doc).encode()
+
+
+def test_class_count_on_a_numeric_output_answers_as_triton_does():
+    """Triton classifies LOGITS and TOPK_SCORES of the generated ensemble into b"value:index", largest first
+    (read off the bundled tritonserver); the same here, never ignored."""
+    req = P.parse_infer_request(_request([{"name": "LOGITS", "parameters": {"classification": 3}}]), None, 4)
+    assert req.outputs == {"LOGITS": False} and req.classification == {"LOGITS": 3}
+    logits = np.array([[0.5, 4.16733, -0.043378, 0.171809]], np.float32)
+    body, _ = P.encode_infer_response("m", req, logits, ["a", "b", "c", "d"], k=2)
+    (out,) = json.loads(body)["outputs"]
+    assert out == {
+        "name": "LOGITS",
+        "datatype": "BYTES",
+        "shape": [1, 3],
+        "data": ["4.167330:1", "0.500000:0", "0.171809:3"],
     }
+
+
+@pytest.mark.parametrize("value", [-1, "3", True, 2.5])
+def test_a_class_count_that_is_no_count_is_refused(value):
+    with pytest.raises(P.RequestError, match="classification must be a whole number"):
+        P.parse_infer_request(_request([{"name": "LOGITS", "parameters": {"classification": value}}]), None, 4)
+
+
+def test_class_count_on_the_label_strings_is_refused_with_400():
+    """Triton itself fails on it (the bundled tritonserver closed the connection and exited): refused here."""
     with pytest.raises(P.RequestError) as err:
-        P.parse_infer_request(json.dumps(doc).encode(), None, max_images=4)
-    assert status_of(err.value) == 400 and "class_count" in str(err.value)
+        P.parse_infer_request(_request([{"name": "TOPK_LABELS", "parameters": {"classification": 3}}]), None, 4)
+    assert status_of(err.value) == 400 and "needs a numeric output" in str(err.value)

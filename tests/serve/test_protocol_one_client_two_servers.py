@@ -286,9 +286,6 @@ def _bad_calls(images: dict[str, bytes]) -> dict[str, object]:
         inp.set_data_from_numpy(np.array([[jpeg]], dtype=object))
         return _client(u).infer(NAME, [inp])
 
-    def class_count(u):
-        return _infer(u, [jpeg], outputs=[httpclient.InferRequestedOutput("LOGITS", class_count=3)])
-
     return {
         "empty image": lambda u: _infer(u, [b""]),
         "not an image": lambda u: _infer(u, [b"hello, this is text, not a picture"]),
@@ -298,7 +295,6 @@ def _bad_calls(images: dict[str, bytes]) -> dict[str, object]:
         "two images in one row": lambda u: _infer(u, [jpeg, jpeg], shape=[1, 2]),
         "FP32 instead of BYTES": fp32_input,
         "another input name": wrong_name,
-        "class_count on LOGITS": class_count,
         "more images than the batch limit": lambda u: _infer(u, [images["coffee.jpg"]] * (MAX_BATCH + 1)),
         "unknown model": lambda u: _client(u).infer(
             "no-such-model", [httpclient.InferInput("IMAGES", [1, 1], "BYTES")]
@@ -374,15 +370,39 @@ def test_tritonclient_grpc_gets_the_same_answers_from_both(both_grpc, predictor,
         assert int(stats["success"]["count"]) >= 2, server
 
 
+@pytest.mark.parametrize("output", ["LOGITS", "TOPK_SCORES"])
+def test_class_count_is_answered_alike_by_both(both, both_grpc, images, output):
+    """The classification extension on a numeric output: b"value:index", largest first, from either server,
+    over HTTP and gRPC (asked of TOPK_LABELS, tritonserver itself fails: refused by serve, see
+    test_kserve_model_extensions.py)."""
+    jpeg = images["chelsea.jpg"]
+    http = {
+        s: _infer(u, [jpeg], outputs=[httpclient.InferRequestedOutput(output, class_count=3)]) for s, u in both.items()
+    }
+    grpc = {
+        s: _grpc_infer(u, [jpeg], outputs=[grpcclient.InferRequestedOutput(output, class_count=3)])
+        for s, u in both_grpc.items()
+    }
+    answers = {
+        f"{proto} {s}": r.as_numpy(output) for proto, by in (("http", http), ("grpc", grpc)) for s, r in by.items()
+    }
+    first = answers["http triton"]
+    assert first.shape == (1, 3) and all(b":" in v for v in first.ravel())
+    for what, got in answers.items():
+        values = [[float(v.split(b":")[0]) for v in row] for row in got]
+        want = [[float(v.split(b":")[0]) for v in row] for row in first]
+        assert [[v.split(b":")[1] for v in row] for row in got] == [
+            [v.split(b":")[1] for v in row] for row in first
+        ], what
+        np.testing.assert_allclose(values, want, atol=1e-4, err_msg=what)
+
+
 def test_grpc_refusals_have_the_same_codes_on_both(both_grpc, images):
     jpeg = images["astronaut.jpg"]
     calls = {
         "not an image": lambda u: _grpc_infer(u, [b"hello, not a picture"]),
         "truncated": lambda u: _grpc_infer(u, [jpeg[: len(jpeg) // 3]]),
         "two images in one row": lambda u: _grpc_infer(u, [jpeg, jpeg], shape=[1, 2]),
-        "class_count on LOGITS": lambda u: _grpc_infer(
-            u, [jpeg], outputs=[grpcclient.InferRequestedOutput("LOGITS", class_count=3)]
-        ),
         "unknown model": lambda u: grpcclient.InferenceServerClient(u).get_model_metadata("no-such-model"),
     }
     got: dict[str, dict[str, str]] = {}

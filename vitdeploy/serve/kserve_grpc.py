@@ -33,7 +33,6 @@ from .kserve_model import model_config
 #: What Ray Serve's gRPC proxy imports and calls to register the service (:func:`add_servicer`).
 SERVICER_FUNCTION = "vitdeploy.serve.kserve_grpc.add_servicer"
 log = logging.getLogger(__name__)
-_DATATYPES = {protocol.LOGITS: "FP32", protocol.TOPK_LABELS: "BYTES", protocol.TOPK_SCORES: "FP32"}
 
 
 def _pb() -> Any:
@@ -163,16 +162,14 @@ def http_form(request: Any) -> tuple[bytes, int]:
 
 def infer_response(model: str, req: protocol.InferRequest, logits: np.ndarray, labels: list[str], k: int) -> Any:
     pb = _pb()
-    logits = np.ascontiguousarray(logits, dtype=np.float32)
-    top_labels, scores = protocol.top_k_arrays(logits, labels, k)
-    arrays = {protocol.LOGITS: logits, protocol.TOPK_LABELS: top_labels, protocol.TOPK_SCORES: scores}
+    arrays = protocol.output_arrays(logits, labels, k, req.classification)
     response = pb.ModelInferResponse(model_name=model, model_version=protocol.MODEL_VERSION, id=req.id or "")
     for name in req.outputs:
-        arr = arrays[name]
+        datatype, arr = arrays[name]
         tensor = response.outputs.add()
-        tensor.name, tensor.datatype = name, _DATATYPES[name]
+        tensor.name, tensor.datatype = name, datatype
         tensor.shape.extend(arr.shape)
-        raw = protocol.serialize_bytes(arr.ravel().tolist()) if _DATATYPES[name] == "BYTES" else arr.tobytes()
+        raw = protocol.serialize_bytes(arr.ravel().tolist()) if datatype == "BYTES" else arr.tobytes()
         response.raw_output_contents.append(raw)
     return response
 

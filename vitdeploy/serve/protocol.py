@@ -204,6 +204,8 @@ class InferRequest:
     id: str | None = None
     #: requested output name -> True when it goes in binary form; all outputs when none named.
     outputs: dict[str, bool] = field(default_factory=dict)
+    #: output name -> class_count, where the classification extension was asked for (a numeric output)
+    classification: dict[str, int] = field(default_factory=dict)
 
 
 def serialize_bytes(items: Iterable[bytes]) -> bytes:
@@ -282,7 +284,8 @@ def parse_infer_request(body: bytes, header_length: int | str | None, max_images
         if rest:
             raise RequestError("binary data after the JSON header but no input declares binary_data_size")
         images = _images_from_json(tensor.get("data"), count)
-    return InferRequest(images=images, id=_request_id(doc), outputs=_requested_outputs(doc))
+    outputs, classification = _requested_outputs(doc)
+    return InferRequest(images=images, id=_request_id(doc), outputs=outputs, classification=classification)
 
 
 def _count_from_shape(shape: Any) -> int:
@@ -336,7 +339,7 @@ def _request_id(doc: dict[str, Any]) -> str | None:
     return None if rid is None else str(rid)
 
 
-def _requested_outputs(doc: dict[str, Any]) -> dict[str, bool]:
+def _requested_outputs(doc: dict[str, Any]) -> tuple[dict[str, bool], dict[str, int]]:
     params = doc.get("parameters") or {}
     default_binary = (
         _flag(params.get("binary_data_output", False), "parameters.binary_data_output")
@@ -345,27 +348,59 @@ def _requested_outputs(doc: dict[str, Any]) -> dict[str, bool]:
     )
     requested = doc.get("outputs")
     if not requested:
-        return {name: default_binary for name in OUTPUTS}
+        return {name: default_binary for name in OUTPUTS}, {}
     if not isinstance(requested, list):
         raise RequestError('"outputs" must be a list of {"name": ...} objects')
     out: dict[str, bool] = {}
+    classes: dict[str, int] = {}
     for item in requested:
         name = item.get("name") if isinstance(item, dict) else None
         if name not in OUTPUTS:
             raise RequestError(f"unknown output {name!r}; this model has {', '.join(OUTPUTS)}")
         p = item.get("parameters") or {}
         if isinstance(p, dict) and "classification" in p:
-            # As Triton answers for an ensemble's outputs: the top-k is TOPK_LABELS / TOPK_SCORES.
-            raise RequestError(
-                f"output {name}: the classification extension (class_count) is not supported by this "
-                f"model (an ensemble); read {TOPK_LABELS} and {TOPK_SCORES} instead"
-            )
+            classes[name] = _class_count(name, p["classification"])
         out[name] = (
             _flag(p.get("binary_data", default_binary), f"output {name}: parameters.binary_data")
             if isinstance(p, dict)
             else default_binary
         )
-    return out
+    return out, classes
+
+
+def _class_count(name: str, value: Any) -> int:
+    """The classification extension's class_count for output ``name``: on LOGITS and TOPK_SCORES (numbers), as
+    Triton answers it; refused on TOPK_LABELS (strings), where Triton itself fails."""
+    if name == TOPK_LABELS:
+        raise RequestError(
+            f"output {name}: the classification extension (class_count) needs a numeric output; ask it of "
+            f"{LOGITS} or {TOPK_SCORES}, or read {TOPK_LABELS} as it is"
+        )
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise RequestError(f"output {name}: parameters.classification must be a whole number >= 0, got {value!r}")
+    return value
+
+
+def classify(values: np.ndarray, count: int) -> np.ndarray:
+    """Triton's classification of a numeric output: per row the ``count`` largest as ``b"value:index"`` (the
+    value with 6 decimals), largest first; BYTES (N, count)."""
+    count = max(1, min(int(count), values.shape[1]))
+    order = np.argsort(-values, axis=1, kind="stable")[:, :count]
+    rows = [[f"{row[i]:f}:{i}".encode() for i in idx] for row, idx in zip(values, order)]
+    return np.array(rows, dtype=object).reshape(len(values), count)
+
+
+def output_arrays(
+    logits: np.ndarray, labels: Sequence[str], k: int, classification: dict[str, int]
+) -> dict[str, tuple[str, np.ndarray]]:
+    """Every output of a v2 answer as (datatype, array): LOGITS, TOPK_LABELS, TOPK_SCORES, an output asked for
+    with class_count classified (BYTES)."""
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    labels_arr, scores = top_k_arrays(logits, labels, k)
+    tensors = {LOGITS: ("FP32", logits), TOPK_LABELS: ("BYTES", labels_arr), TOPK_SCORES: ("FP32", scores)}
+    for name, count in classification.items():
+        tensors[name] = ("BYTES", classify(tensors[name][1], count))
+    return tensors
 
 
 def encode_infer_response(
@@ -377,9 +412,7 @@ def encode_infer_response(
     binary output the body is the JSON header followed by the binary tensors and the headers
     carry ``Inference-Header-Content-Length``.
     """
-    logits = np.ascontiguousarray(logits, dtype=np.float32)
-    labels_arr, scores = top_k_arrays(logits, labels, k)
-    tensors = {LOGITS: ("FP32", logits), TOPK_LABELS: ("BYTES", labels_arr), TOPK_SCORES: ("FP32", scores)}
+    tensors = output_arrays(logits, labels, k, request.classification)
     outputs, blobs = [], []
     for name, binary in request.outputs.items():
         datatype, arr = tensors[name]

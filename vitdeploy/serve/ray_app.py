@@ -188,6 +188,15 @@ class ViTClassifier(KServeGrpcMethods):
             "replica ready: %s (%d intra-op, %d decode threads)", self.predictor.describe(), intra_op, decode_threads
         )
 
+    def reconfigure(self, config: Dict[str, Any]) -> None:
+        """Ray Serve's in-place update (the deployment's ``user_config``): the batch settings change on the
+        running replica, without a restart (`vitdeploy tune` measures them so)."""
+        if "max_batch_size" in config:
+            self.run_batch.set_max_batch_size(int(config["max_batch_size"]))
+        if "batch_wait_timeout_s" in config:
+            self.run_batch.set_batch_wait_timeout_s(float(config["batch_wait_timeout_s"]))
+        log.info("replica reconfigured: %s", config)
+
     def check_health(self) -> None:
         """Ray Serve's health check (every 10 s): a replica whose model call failed is replaced."""
         if self._fault is not None:
@@ -448,6 +457,26 @@ def deployment_options(sv: Any, replicas: int) -> Dict[str, Any]:
     return opts
 
 
-def build_app(spec: ReplicaSpec, sv: Any, replicas: int) -> Any:
-    """The bound Serve application of one model, with the deployment options of the ``serve:`` section."""
-    return ViTClassifier.options(**deployment_options(sv, replicas)).bind(spec)
+def build_app(
+    spec: ReplicaSpec,
+    sv: Any,
+    replicas: int,
+    user_config: Optional[Dict[str, Any]] = None,
+    version: Optional[str] = None,
+) -> Any:
+    """The bound Serve application of one model, with the deployment options of the ``serve:`` section.
+
+    ``user_config`` ({"max_batch_size", "batch_wait_timeout_s"}) is applied by ``reconfigure``. ``version``: the
+    same string on a later ``serve.run`` says the replicas' code and arguments are unchanged, so Ray Serve applies
+    a new ``user_config`` or replica count to the running replicas instead of replacing them (without it Ray
+    draws a random version for every run). Ray accepts it only as an internal option: where that is refused
+    the replicas are replaced, as before."""
+    deployment = ViTClassifier.options(
+        **deployment_options(sv, replicas), **({"user_config": user_config} if user_config else {})
+    )
+    if version:
+        try:
+            deployment = deployment.options(version=version, _internal=True)
+        except (TypeError, ValueError) as exc:
+            log.warning("Ray Serve refused a deployment version (%s): every change replaces the replicas", exc)
+    return deployment.bind(spec)

@@ -116,42 +116,7 @@ def run_server(
     started = False
     try:
         if owns_cluster:
-            cpus = max(os.cpu_count() or 1, int(-(-settings.replicas * sv.num_cpus_per_replica // 1)))
-            progress(f"starting Ray (local, {cpus} CPUs, metrics on port {sv.metrics_port}) ...")
-            # Ray starts its worker processes (the replicas, the HTTP proxy) at nice 15, below everything
-            # else on the machine: right for batch jobs, wrong for a server, whose requests then wait
-            # behind any other busy process (ViT-S/16 on 2 cores beside busy processes: 0.60-0.70x the
-            # in-process Predictor at nice 15, see benchmarks/bench_serve.py). Serve at normal priority
-            # unless the user set RAY_worker_niceness; a cluster given by --address keeps its own setting.
-            os.environ.setdefault(WORKER_NICENESS, "0")
-            # The proxy's guard (bodies read with a deadline and a byte limit, health answered in the
-            # proxy, JSON errors): Ray's proxy actor inherits these from the raylet started here.
-            from .proxy_guard import env_for
-
-            os.environ.update(env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s))
-            # The guard checks the serve token against its digest (the token itself stays in this process).
-            from .auth import DIGEST_ENV
-
-            if settings.token_digest:
-                os.environ[DIGEST_ENV] = settings.token_digest
-            else:
-                os.environ.pop(DIGEST_ENV, None)
-            # Ray (and its Prometheus endpoint) listens on loopback only, unless serve.metrics_host says otherwise.
-            loopback = settings.host in LOOPBACK or sv.metrics_host in LOOPBACK
-            local = {"_node_ip_address": "127.0.0.1"} if loopback else {}  # else Ray's node address, all interfaces
-            ctx = ray.init(
-                address="local",  # a Ray of its own: without it Ray joins any Ray already running on this machine
-                num_cpus=cpus,
-                include_dashboard=False,
-                _metrics_export_port=sv.metrics_port,
-                logging_level=logging.WARNING,
-                configure_logging=True,
-                **local,
-            )
-            progress(
-                f"Ray at {ctx.address_info['gcs_address']}: more models join it with "
-                f"`vitdeploy serve --address {ctx.address_info['gcs_address']}`"
-            )
+            start_local_ray(ray, cfg, settings, progress)
         else:
             progress(f"connecting to the Ray cluster at {settings.address} ...")
             try:
@@ -174,6 +139,7 @@ def run_server(
         if settings.token_digest:
             progress("auth:  every model route needs Authorization: Bearer <token>; /v2/health/* stays open")
         if owns_cluster:
+            loopback = settings.host in LOOPBACK or sv.metrics_host in LOOPBACK
             metrics_host = "127.0.0.1" if loopback else sv.metrics_host
             progress(f"metrics: http://{metrics_host}:{sv.metrics_port}/metrics (Prometheus, ray_serve_*)")
         progress("Ctrl-C or SIGTERM drains in-flight requests and stops")
@@ -185,6 +151,49 @@ def run_server(
             signal.signal(sig, handler)
         if started:
             _stop(ray, name, owns_cluster, progress)
+
+
+def start_local_ray(ray: Any, cfg: Any, settings: ServeSettings, progress: Progress) -> Any:
+    """A Ray of this process's own for `vitdeploy serve` (and `vitdeploy tune`): its workers at normal
+    priority, the proxy's guard configured, loopback unless serve.metrics_host says otherwise."""
+    sv = cfg.serve
+    cpus = max(os.cpu_count() or 1, int(-(-settings.replicas * sv.num_cpus_per_replica // 1)))
+    progress(f"starting Ray (local, {cpus} CPUs, metrics on port {sv.metrics_port}) ...")
+    # Ray starts its worker processes (the replicas, the HTTP proxy) at nice 15, below everything
+    # else on the machine: right for batch jobs, wrong for a server, whose requests then wait
+    # behind any other busy process (ViT-S/16 on 2 cores beside busy processes: 0.60-0.70x the
+    # in-process Predictor at nice 15, see benchmarks/bench_serve.py). Serve at normal priority
+    # unless the user set RAY_worker_niceness; a cluster given by --address keeps its own setting.
+    os.environ.setdefault(WORKER_NICENESS, "0")
+    # The proxy's guard (bodies read with a deadline and a byte limit, health answered in the
+    # proxy, JSON errors): Ray's proxy actor inherits these from the raylet started here.
+    from .proxy_guard import env_for
+
+    os.environ.update(env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s))
+    # The guard checks the serve token against its digest (the token itself stays in this process).
+    from .auth import DIGEST_ENV
+
+    if settings.token_digest:
+        os.environ[DIGEST_ENV] = settings.token_digest
+    else:
+        os.environ.pop(DIGEST_ENV, None)
+    # Ray (and its Prometheus endpoint) listens on loopback only, unless serve.metrics_host says otherwise.
+    loopback = settings.host in LOOPBACK or sv.metrics_host in LOOPBACK
+    local = {"_node_ip_address": "127.0.0.1"} if loopback else {}  # else Ray's node address, all interfaces
+    ctx = ray.init(
+        address="local",  # a Ray of its own: without it Ray joins any Ray already running on this machine
+        num_cpus=cpus,
+        include_dashboard=False,
+        _metrics_export_port=sv.metrics_port,
+        logging_level=logging.WARNING,
+        configure_logging=True,
+        **local,
+    )
+    progress(
+        f"Ray at {ctx.address_info['gcs_address']}: more models join it with "
+        f"`vitdeploy serve --address {ctx.address_info['gcs_address']}`"
+    )
+    return ctx
 
 
 def _catch_signals(stop: threading.Event) -> dict[int, Any]:
