@@ -60,6 +60,7 @@ VOCABULARY_WORDS = {
     vocab.TIMING_CACHE_NAME,
     vocab.EXPORT_REPORT_NAME,
     vocab.DRIFT_REPORT_NAME,
+    vocab.TUNE_REPORT_NAME,
     vocab.MANIFEST_NAME,
 }
 

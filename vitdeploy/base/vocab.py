@@ -37,6 +37,7 @@ Pool = Literal[POOLS]  # type: ignore[valid-type]
 
 MANIFEST_NAME = "manifest.json"
 DRIFT_REPORT_NAME = "drift-report.json"
+TUNE_REPORT_NAME = "tune-report.json"  # `vitdeploy tune`'s trials, beside the export (the report's serving section)
 EXPORT_REPORT_NAME = "export-report.json"  # what a failed export leaves (stages and validations so far)
 TIMING_CACHE_NAME = "timing.cache"  # TensorRT's timing cache, reused across builds (tensorrt.timing_cache)
 #: vitdeploy's own checkpoint format; an export directory is one (the torch backend reads it).
@@ -160,6 +161,7 @@ __all__ = [
     "CROP_MODES",
     "CropMode",
     "DRIFT_REPORT_NAME",
+    "TUNE_REPORT_NAME",
     "EVALUATED_BACKENDS",
     "INTERPOLATIONS",
     "Interpolation",

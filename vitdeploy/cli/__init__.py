@@ -804,9 +804,9 @@ def _register(*commands: click.Command) -> None:
         main.add_command(command)
 
 
-from .load import loadtest  # noqa: E402 - registered after main exists
+from .load import loadtest, tune  # noqa: E402 - registered after main exists
 
-_register(loadtest)
+_register(loadtest, tune)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -78,3 +78,98 @@ def loadtest(
     else:
         for line in format_loadtest(report):
             click.echo(line)
+
+
+@click.command("tune")
+@click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="directory written by `vitdeploy export` (default: export.output_dir from the config)",
+)
+@click.option("--target", type=click.Choice(["serve"]), default="serve", show_default=True, help="the server to tune")
+@click.option("--slo-p99-ms", type=click.FloatRange(min=0, min_open=True), default=None, help="the p99 latency goal")
+@click.option("--budget", default="10m", show_default=True, help="time for the whole search, e.g. 90s, 10m")
+@click.option(
+    "-b", "--backend", default=None, help="tune this backend only (default: every one that passed validation)"
+)
+@click.option(
+    "--images",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="folder of images sent in turn (default: the demo images; use your own: decoding is part of the cost)",
+)
+@click.option(
+    "-o",
+    "--output",
+    "out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("tuned.yaml"),
+    show_default=True,
+    help="the overlay to write",
+)
+@click.option("--json", "as_json", is_flag=True, help="print every trial as JSON on stdout")
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="pipeline YAML whose serve: settings the search starts from (default: ./pipeline.yaml if present)",
+)
+def tune(
+    artifacts_dir: Path | None,
+    target: str,
+    slo_p99_ms: float | None,
+    budget: str,
+    backend: str | None,
+    images: Path | None,
+    out: Path,
+    as_json: bool,
+    config_path: Path | None,
+) -> None:
+    """Search the serving settings on this machine; write the best as a pipeline.yaml overlay (tuned.yaml).
+
+    Starts its own server, measures each candidate with the load generator at the load where its throughput
+    saturates and keeps the highest throughput whose p99 meets --slo-p99-ms (none given: within 2x its p50).
+    Ctrl-C stops it cleanly: the server stops, the best so far is written."""
+    from ..base.config import load_config
+    from ..base.vocab import AUTO
+    from ..runtime.backends.base import BackendOptions
+    from ..tune.loadtest import parse_duration
+    from ..tune.overlay import write_outputs
+    from ..tune.tuner import TunePlan, run_tune
+
+    cfg = load_config(config_path)
+    artifacts = Path(artifacts_dir or cfg.output_dir)
+    plan = TunePlan(
+        artifacts=artifacts,
+        target=target,
+        slo_p99_ms=slo_p99_ms,
+        budget_s=parse_duration(budget, "--budget"),
+        backend=backend or cfg.runtime.backend or AUTO,
+        images=images,
+        out=out,
+    )
+    result = run_tune(
+        cfg, plan, BackendOptions.from_runtime(cfg.runtime), progress=lambda line: click.echo(line, err=True)
+    )
+    overlay, report = write_outputs(result, artifacts, out)
+    if result.best is None and result.stopped != "interrupted":
+        from ..base.errors import ConfigError
+
+        raise ConfigError(f"--budget {budget}: not even the starting settings could be measured; give it more time")
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2))
+    if overlay is not None:
+        gain = f" ({result.gain:.2f}x the serve: settings it started from)" if result.gain else ""
+        click.echo(
+            f"wrote {overlay}: {result.best.candidate.describe()}, {result.best.figure.throughput:.1f} req/s{gain}",
+            err=True,
+        )
+    if report is not None:
+        click.echo(f"every trial: {report}", err=True)
+    if result.stopped == "interrupted":
+        raise KeyboardInterrupt
