@@ -21,7 +21,7 @@ from .. import __version__
 from ..base.errors import ConfigError, RefusedStagesError, VitDeployError, WriteError, first_line
 from ..base.memory import human
 from ..base.vocab import AUTO, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
-from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path
+from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path, refresh_report
 
 _CONSOLE = Console()
 
@@ -173,29 +173,10 @@ def _print_export(cfg: Any, result: Any) -> None:
     if peaks:
         top = max(peaks, key=lambda s: s.peak_rss)
         click.echo(f"peak memory: {human(top.peak_rss)} ({top.name}); every stage's peak: manifest.json stages")
-    report = _refresh_report(result.out_dir, always=True)
+    report = refresh_report(result.out_dir, always=True)
     if report:
         click.echo(f"report:  {report}  (what to deploy; speed: `vitdeploy bench -a {_shell_path(result.out_dir)}`)")
     click.echo(f"next: {next_predict_command(cfg, result.out_dir)}")
-
-
-def _refresh_report(artifacts_dir: Path, always: bool = False) -> str | None:
-    """Write (``always``) or refresh (when one exists) the export's report.html; its path, or None.
-    A report is never worth failing the command for: without matplotlib (the [report] extra) it says so."""
-    from ..base.errors import MissingDependencyError
-    from ..evaluate.report import REPORT_NAME, write_report
-
-    if not always and not (Path(artifacts_dir) / REPORT_NAME).is_file():
-        return None
-    try:
-        path, _, _ = write_report(artifacts_dir)
-    except MissingDependencyError as exc:
-        click.echo(f"report not written: {first_line(exc)}", err=True)
-        return None
-    except (VitDeployError, OSError) as exc:
-        click.echo(f"report not written: {first_line(exc)}", err=True)
-        return None
-    return str(path)
 
 
 def next_predict_command(cfg: Any, out_dir: Path) -> str:
@@ -455,7 +436,7 @@ def validate(
         for line in format_drift_table(report):
             click.echo(line)
     if report.report_path and Path(report.report_path).parent == Path(artifacts_dir):
-        _refresh_report(artifacts_dir)  # the page's accuracy section follows the new drift report
+        refresh_report(artifacts_dir)  # the page's accuracy section follows the new drift report
     report.raise_for_failures()
 
 
@@ -537,7 +518,7 @@ def bench(
         except OSError as exc:
             click.echo(f"bench report not saved: {exc}", err=True)
         else:
-            _refresh_report(artifacts_dir)
+            refresh_report(artifacts_dir)
 
 
 @main.command("report")

@@ -120,3 +120,22 @@ def fit_path(path: str, width: int) -> str:
         return path[: budget - len(tail)] + "…" + tail
     keep = budget // 2
     return name[:keep] + "…" + name[-(budget - keep) :]
+
+
+def refresh_report(artifacts_dir: Path, always: bool = False) -> str | None:
+    """Write (``always``) or refresh (when one exists) the export's report.html; its path, or None.
+    A report is never worth failing the command for: without matplotlib (the [report] extra) it says so."""
+    from ..base.errors import MissingDependencyError, VitDeployError, first_line
+    from ..evaluate.report import REPORT_NAME, write_report
+
+    if not always and not (Path(artifacts_dir) / REPORT_NAME).is_file():
+        return None
+    try:
+        path, _, _ = write_report(artifacts_dir)
+    except MissingDependencyError as exc:
+        click.echo(f"report not written: {first_line(exc)}", err=True)
+        return None
+    except (VitDeployError, OSError) as exc:
+        click.echo(f"report not written: {first_line(exc)}", err=True)
+        return None
+    return str(path)

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from ..serve.auth import TOKEN_ENV
+from .console import refresh_report
 
 
 @click.command("loadtest")
@@ -171,5 +172,8 @@ def tune(
         )
     if report is not None:
         click.echo(f"every trial: {report}", err=True)
+        page = refresh_report(artifacts)  # its "Serving settings" section, where the export has a report
+        if page:
+            click.echo(f"report: {page}", err=True)
     if result.stopped == "interrupted":
         raise KeyboardInterrupt

@@ -105,7 +105,8 @@ def search_serve(
     def run(cand: ServeCandidate, knob: str) -> Trial:
         if cand in seen:
             return seen[cand]
-        if time.monotonic() >= deadline:
+        typical = sorted(t.seconds for t in result.trials)[len(result.trials) // 2] if result.trials else 0.0
+        if time.monotonic() + typical > deadline:  # one more would end past the budget: stop within it
             raise _OutOfBudget
         began = time.monotonic()
         how = target.apply(cand)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...base.errors import ArtifactError
-from ...base.vocab import DRIFT_REPORT_NAME, MANIFEST_NAME, ORT_FP16, ORT_INT8, TORCH_FP16, TRT_INT8
+from ...base.vocab import DRIFT_REPORT_NAME, MANIFEST_NAME, ORT_FP16, ORT_INT8, TORCH_FP16, TRT_INT8, TUNE_REPORT_NAME
 from .recommend import Candidate
 
 BENCH_REPORT_NAME = "bench-report.json"
@@ -56,6 +56,7 @@ class Facts:
     accuracy_source: str  # where the accuracy rows come from, in words
     bench: dict[str, Any] | None
     machine: dict[str, str]
+    tune: dict[str, Any] | None = None  # `vitdeploy tune`'s tune-report.json, where it ran
 
     def candidates(self) -> list[Candidate]:
         """One per backend that ran, for :func:`vitdeploy.evaluate.report.recommend.recommend`."""
@@ -199,6 +200,7 @@ def gather(artifacts: str | os.PathLike[str], bench: dict[str, Any] | None = Non
         source,
         bench if bench is not None else _read_json(folder / BENCH_REPORT_NAME),
         machine(),
+        _read_json(folder / TUNE_REPORT_NAME),
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any, Iterable
 
 from .facts import Facts
 from .recommend import Recommendation, serve_command
+from .serving import serving_section
 
 THUMB = 96  # pixels: the flipped images' thumbnails
 #: artifact role -> the export's validation of it
@@ -300,6 +301,7 @@ def render(facts: Facts, rec: Recommendation, images: bool = True) -> str:
             _accuracy(facts),
             _flips(facts, images),
             _speed(facts),
+            serving_section(facts),
             _artifacts(facts),
             _model(facts),
         )
