@@ -110,3 +110,29 @@ def test_a_backend_that_failed_validation_is_refused_by_name(demo_artifacts, tmp
     result = CliRunner().invoke(main, ["tune", "-a", str(artifacts), "-b", "ort", "--budget", "5s"])
     assert result.exit_code == 2, result.output
     assert "backend ort did not pass validation" in result.output and "torch" in result.output
+
+
+def test_the_triton_target_reloads_the_models_in_place_and_its_overlay_builds_a_repository(demo_artifacts, tmp_path):
+    from vitdeploy.cli import main
+    from vitdeploy.serve.triton.local import default_venv
+
+    if not (default_venv() / "bin" / "python").exists():
+        reason = f"no {default_venv()} (make triton-env): the bundled tritonserver is not installed"
+        pytest.fail(reason) if os.environ.get("CI", "").lower() == "true" else pytest.skip(reason)
+    artifacts = tmp_path / "export"
+    shutil.copytree(demo_artifacts, artifacts)
+    overlay = tmp_path / "tuned.yaml"
+    proc = _tune(["--target", "triton", "-a", str(artifacts), "--budget", "30s", "-o", str(overlay)])
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    trials = json.loads((artifacts / "tune-report.json").read_text())["trials"]
+    assert trials[0]["how"] == "started" and {t["how"] for t in trials[1:]} == {"models reloaded"}
+    assert "\ntriton:\n  instances: " in overlay.read_text()
+    built = CliRunner().invoke(
+        main, ["triton-repo", "-a", str(artifacts), "-o", str(tmp_path / "repo"), "-c", str(overlay)]
+    )
+    assert built.exit_code == 0, built.output
+    config = (tmp_path / "repo" / "vit-demo-digits_ort_python" / "config.pbtxt").read_text()
+    best = json.loads((artifacts / "tune-report.json").read_text())["best"]
+    assert f"max_queue_delay_microseconds: {best['max_queue_delay_us']}" in config
+    assert not processes("tritonserver", root=os.getpid())  # none left behind

@@ -90,7 +90,13 @@ def loadtest(
     default=None,
     help="directory written by `vitdeploy export` (default: export.output_dir from the config)",
 )
-@click.option("--target", type=click.Choice(["serve"]), default="serve", show_default=True, help="the server to tune")
+@click.option(
+    "--target",
+    type=click.Choice(["serve", "triton"]),
+    default="serve",
+    show_default=True,
+    help="vitdeploy serve (Ray Serve), or the generated Triton repository on the bundled tritonserver",
+)
 @click.option("--slo-p99-ms", type=click.FloatRange(min=0, min_open=True), default=None, help="the p99 latency goal")
 @click.option("--budget", default="10m", show_default=True, help="time for the whole search, e.g. 90s, 10m")
 @click.option(
@@ -165,7 +171,7 @@ def tune(
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     if overlay is not None:
-        gain = f" ({result.gain:.2f}x the serve: settings it started from)" if result.gain else ""
+        gain = f" ({result.gain:.2f}x the {target} settings it started from)" if result.gain else ""
         click.echo(
             f"wrote {overlay}: {result.best.candidate.describe()}, {result.best.figure.throughput:.1f} req/s{gain}",
             err=True,

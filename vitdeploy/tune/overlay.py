@@ -18,37 +18,41 @@ from typing import Any, Optional
 from ..base.machine import cpu_model
 from .search import Trial, TuneResult, objective_text
 
-#: the search's knob (space.SERVE_KNOBS) behind each written key, and the candidate's field it reads
-KNOB_OF = {
-    "backend": ("backend", "backend"),
-    "replicas": ("layout", "replicas"),
-    "num_cpus_per_replica": ("layout", "cpus_per_replica"),
-    "concurrent_batches": ("concurrent_batches", "concurrent_batches"),
-    "max_batch_size": ("max_batch_size", "max_batch_size"),
-    "batch_wait_timeout_s": ("batch_wait_timeout_s", "batch_wait_timeout_s"),
-    "decode_threads": ("decode_threads", "decode_threads"),
-}
 
-
-def _comment(result: TuneResult, best: Trial, key: str) -> str:
+def _comment(result: TuneResult, best: Trial, key: str, knob: str) -> str:
     """The figures behind ``key``: the best's throughput, and each other value the search tried for its knob
     (the last sweep of that knob: the other settings at the best of their time)."""
-    if key == "max_ongoing_requests":
-        return "  # >= max_batch_size x concurrent_batches"
-    knob, field = KNOB_OF[key]
-    chosen = getattr(best.candidate, field)
+    if key == "inference":
+        return "  # what was measured: the bundled tritonserver runs python models only"
+    if not knob:
+        return "  # follows from the keys above"
+    chosen, mine = _value(best.candidate, key), best.candidate.overlay_keys()
     tried: dict[Any, float] = {}
     for t in result.trials:
-        if t.knob == knob and getattr(t.candidate, field) != chosen:
-            tried[getattr(t.candidate, field)] = t.figure.throughput
+        value = _value(t.candidate, key)
+        if value == chosen:
+            continue
+        differs = {k for (_, k, v, _), (_, _, w, _) in zip(mine, t.candidate.overlay_keys()) if v != w}
+        if t.knob in (knob, "defaults") or differs <= {k for _, k, _, kn in mine if kn in (knob, "")}:
+            tried[value] = t.figure.throughput
     if not tried:
         return "  # not varied (the budget ran out first)"
-    others = ", ".join(f"{_yaml_value(v)}: {rps:.1f}" for v, rps in sorted(tried.items(), key=lambda kv: str(kv[0])))
+    others = ", ".join(
+        f"{_yaml_value(v)}: {rps:.1f}" if rps > 0 else f"{_yaml_value(v)}: none within the objective"
+        for v, rps in sorted(tried.items(), key=lambda kv: str(kv[0]))
+    )
     return f"  # {best.figure.throughput:.1f} req/s (else {others})"
+
+
+def _value(candidate: Any, key: str) -> Any:
+    return next(v for _, k, v, _ in candidate.overlay_keys() if k == key)
 
 
 def _yaml_value(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+USE = {"serve": "vitdeploy serve -c tuned.yaml", "triton": "vitdeploy triton-repo -c tuned.yaml"}
 
 
 def overlay_text(result: TuneResult, artifacts: Path) -> str:
@@ -70,19 +74,21 @@ def overlay_text(result: TuneResult, artifacts: Path) -> str:
         lines.append("# no candidate met the objective: these are the closest (lowest p99) settings measured")
     if default is not None and result.gain:
         lines.append(
-            f"# the serve: settings it started from: {default.figure.throughput:.1f} req/s ({result.gain:.2f}x)"
+            f"# the {result.target} settings it started from: {default.figure.throughput:.1f} req/s "
+            f"({result.gain:.2f}x)"
         )
     how = {"done": "searched to the end", "budget": "stopped by the budget", "interrupted": "stopped by Ctrl-C"}
     lines += [
         f"# {len(result.trials)} candidates in {result.seconds / 60:.1f} min ({how[result.stopped]}); every trial: "
         "tune-report.json beside the export",
-        "# Use as it is (vitdeploy serve -c tuned.yaml) or copy these keys into your pipeline.yaml.",
-        "runtime:",
-        f"  backend: {best.candidate.backend}{_comment(result, best, 'backend')}",
-        "serve:",
+        f"# Use as it is ({USE[result.target]}) or copy these keys into your pipeline.yaml.",
     ]
-    for key, value in best.candidate.serve_keys().items():
-        lines.append(f"  {key}: {_yaml_value(value)}{_comment(result, best, key)}")
+    section = None
+    for sect, key, value, knob in best.candidate.overlay_keys():
+        if sect != section:
+            lines.append(f"{sect}:")
+            section = sect
+        lines.append(f"  {key}: {_yaml_value(value)}{_comment(result, best, key, knob)}")
     return "\n".join(lines) + "\n"
 
 

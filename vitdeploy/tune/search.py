@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
-from .clients import PREDICT, Target
+from .clients import PREDICT, V2_HTTP, Target
 from .measure import Figure, measure_candidate
-from .space import SERVE_KNOBS, ServeCandidate, neighbours
+from .space import SERVE_KNOBS, TRITON_KNOBS, ServeCandidate, TritonCandidate, neighbours, triton_neighbours
 
 Progress = Callable[[str], None]
 DONE, BUDGET, INTERRUPTED = "done", "budget", "interrupted"
@@ -28,14 +28,20 @@ class _OutOfBudget(Exception):
 
 @dataclass
 class Trial:
-    candidate: ServeCandidate
+    candidate: Any  # a ServeCandidate or a TritonCandidate
     figure: Figure
     how: str  # started | in place | replicas replaced
     knob: str  # the knob this trial varied ("defaults" for the first)
     seconds: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"knob": self.knob, "how": self.how, **self.candidate.to_dict(), **self.figure.to_dict()}
+        return {
+            "knob": self.knob,
+            "how": self.how,
+            "settings": self.candidate.describe(),
+            **self.candidate.to_dict(),
+            **self.figure.to_dict(),
+        }
 
 
 @dataclass
@@ -80,29 +86,33 @@ def objective_text(slo_p99_ms: Optional[float]) -> str:
     return "the highest throughput whose p99 is within 2x its p50 (no --slo-p99-ms given)"
 
 
-def search_serve(
+def search(
     target: Any,
     images: Sequence[bytes],
-    start: ServeCandidate,
+    start: Any,
     *,
-    cores: int,
-    max_batch: int,
-    backends: tuple[str, ...],
+    knobs: Sequence[str],
+    neighbours: Callable[[Any, str], Iterable[Any]],
+    start_clients: Callable[[Any], int],
+    protocol: str,
+    name: str,
     budget_s: float,
+    cores: int,
     slo_p99_ms: Optional[float] = None,
     level_s: float = 2.0,
     passes: int = 2,
     progress: Progress = lambda _: None,
     measure_fn: Callable[..., Figure] = measure_candidate,
 ) -> TuneResult:
-    """Search from ``start`` on ``target`` (a ServeTarget, or anything with ``apply(candidate) -> how``, ``url``
-    and ``name``); Ctrl-C and the budget end it with the best so far. ``measure_fn``: measure.measure_candidate."""
+    """Coordinate descent from ``start`` over ``knobs`` on ``target`` (anything with ``apply(candidate) -> how``,
+    ``url`` and ``name``); a candidate has ``describe()``, ``to_dict()`` and is hashable. Ctrl-C and the budget
+    end it with the best so far. ``measure_fn``: measure.measure_candidate."""
     t0 = time.monotonic()
     deadline = t0 + budget_s
-    result = TuneResult("serve", slo_p99_ms, budget_s, cores)
-    seen: dict[ServeCandidate, Trial] = {}
+    result = TuneResult(name, slo_p99_ms, budget_s, cores)
+    seen: dict[Any, Trial] = {}
 
-    def run(cand: ServeCandidate, knob: str) -> Trial:
+    def run(cand: Any, knob: str) -> Trial:
         if cand in seen:
             return seen[cand]
         typical = sorted(t.seconds for t in result.trials)[len(result.trials) // 2] if result.trials else 0.0
@@ -111,7 +121,7 @@ def search_serve(
         began = time.monotonic()
         how = target.apply(cand)
         figure = measure_fn(
-            Target(target.url, PREDICT, target.name),
+            Target(target.url, protocol, target.name),
             images,
             start_clients=start_clients(cand),
             level_s=level_s,
@@ -130,8 +140,8 @@ def search_serve(
         best = result.default = result.best = run(start, "defaults")
         for _ in range(passes):
             before = best
-            for knob in SERVE_KNOBS:
-                for cand in neighbours(best.candidate, knob, cores, max_batch, backends):
+            for knob in knobs:
+                for cand in neighbours(best.candidate, knob):
                     trial = run(cand, knob)
                     if trial.figure.sort_key() > best.figure.sort_key():
                         best = result.best = trial
@@ -143,6 +153,52 @@ def search_serve(
         result.stopped = INTERRUPTED
     result.seconds = time.monotonic() - t0
     return result
+
+
+def search_serve(
+    target: Any,
+    images: Sequence[bytes],
+    start: ServeCandidate,
+    *,
+    cores: int,
+    max_batch: int,
+    backends: tuple[str, ...],
+    budget_s: float,
+    **kwargs: Any,
+) -> TuneResult:
+    """:func:`search` over the serve settings (space.SERVE_KNOBS), measured over ``POST /predict``."""
+    return search(
+        target,
+        images,
+        start,
+        knobs=SERVE_KNOBS,
+        neighbours=lambda cand, knob: neighbours(cand, knob, cores, max_batch, backends),
+        start_clients=start_clients,
+        protocol=PREDICT,
+        name="serve",
+        budget_s=budget_s,
+        cores=cores,
+        **kwargs,
+    )
+
+
+def search_triton(
+    target: Any, images: Sequence[bytes], start: TritonCandidate, *, budget_s: float, **kwargs: Any
+) -> TuneResult:
+    """:func:`search` over the Triton repository's settings (space.TRITON_KNOBS), measured over KServe v2 HTTP."""
+    return search(
+        target,
+        images,
+        start,
+        knobs=TRITON_KNOBS,
+        neighbours=triton_neighbours,
+        start_clients=lambda cand: max(1, cand.instances * 4),
+        protocol=V2_HTTP,
+        name="triton",
+        budget_s=budget_s,
+        cores=start.cores,
+        **kwargs,
+    )
 
 
 def start_clients(cand: ServeCandidate) -> int:
@@ -162,4 +218,14 @@ def _line(n: int, trial: Trial, elapsed: float, budget: float) -> str:
     return f"[{n}] {trial.candidate.describe()}: {figure} ({spent})"
 
 
-__all__ = ["Trial", "TuneResult", "search_serve", "objective_text", "DONE", "BUDGET", "INTERRUPTED"]
+__all__ = [
+    "Trial",
+    "TuneResult",
+    "search",
+    "search_serve",
+    "search_triton",
+    "objective_text",
+    "DONE",
+    "BUDGET",
+    "INTERRUPTED",
+]

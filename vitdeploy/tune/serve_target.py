@@ -22,7 +22,7 @@ from .space import TUNING_MAX_ONGOING, ServeCandidate
 
 log = logging.getLogger(__name__)
 
-IN_PLACE, REPLACED, STARTED = "in place", "replicas replaced", "started"
+IN_PLACE, REPLACED, STARTED, RELOADED = "in place", "replicas replaced", "started", "models reloaded"
 
 
 class ServeTarget:
@@ -141,4 +141,4 @@ class ServeTarget:
         self.close()
 
 
-__all__ = ["ServeTarget", "IN_PLACE", "REPLACED", "STARTED"]
+__all__ = ["ServeTarget", "IN_PLACE", "REPLACED", "STARTED", "RELOADED"]

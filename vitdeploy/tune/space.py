@@ -53,6 +53,13 @@ class ServeCandidate:
             "max_ongoing_requests": max(64, self.max_batch_size * self.concurrent_batches),
         }
 
+    def overlay_keys(self) -> list[tuple[str, str, Any, str]]:
+        """(section, key, value, knob) of every key the overlay writes; knob: the search's, or "" for none."""
+        knob = {"replicas": "layout", "num_cpus_per_replica": "layout", "max_ongoing_requests": ""}
+        return [("runtime", "backend", self.backend, "backend")] + [
+            ("serve", key, value, knob.get(key, key)) for key, value in self.serve_keys().items()
+        ]
+
     def describe(self) -> str:
         return (
             f"{self.backend}, {self.replicas}x{self.cpus_per_replica} cpu, {self.concurrent_batches} call(s), batch "
@@ -124,4 +131,76 @@ def grid(cores: int, max_batch: int, backend: str, waits: tuple[float, ...] = WA
     ]
 
 
-__all__ = ["SERVE_KNOBS", "TUNING_MAX_ONGOING", "ServeCandidate", "default_candidate", "layouts", "neighbours", "grid"]
+TRITON_KNOBS = ("instances", "preprocess_instances", "max_queue_delay_us")
+QUEUE_DELAYS_US = (0, 1000, 2000, 5000, 10000)
+
+
+@dataclass(frozen=True, order=True)
+class TritonCandidate:
+    """The generated Triton repository's settings: instances of the inference model (ONNX Runtime's threads
+    follow: the cores shared among them), of the preprocessing model, and the dynamic batcher's wait."""
+
+    instances: int
+    preprocess_instances: int
+    max_queue_delay_us: int
+    cores: int = 1
+
+    @property
+    def restart_key(self) -> tuple:
+        return ()  # every change is a model reload on the running server
+
+    def triton_keys(self) -> dict[str, Any]:
+        return {
+            "instances": self.instances,
+            "ort_threads": max(1, self.cores // self.instances),
+            "preprocess_instances": self.preprocess_instances,
+            "max_queue_delay_us": self.max_queue_delay_us,
+        }
+
+    def overlay_keys(self) -> list[tuple[str, str, Any, str]]:
+        keys = [("triton", "inference", "ort_python", "")]  # what was measured (the bundled server's python models)
+        return keys + [("triton", k, v, "" if k == "ort_threads" else k) for k, v in self.triton_keys().items()]
+
+    def describe(self) -> str:
+        return (
+            f"{self.instances} instance(s) x {max(1, self.cores // self.instances)} thread(s), "
+            f"{self.preprocess_instances} preprocess, queue delay {self.max_queue_delay_us} us"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def default_triton_candidate(triton: Any, cores: int) -> TritonCandidate:
+    return TritonCandidate(
+        int(triton.instances), int(triton.preprocess_instances), int(triton.max_queue_delay_us), cores
+    )
+
+
+def triton_neighbours(base: TritonCandidate, knob: str) -> Iterator[TritonCandidate]:
+    if knob == "instances":
+        for n in sorted({1, *(r for r, _ in layouts(base.cores))}):
+            yield replace(base, instances=n)
+    elif knob == "preprocess_instances":
+        for n in (1, 2):
+            yield replace(base, preprocess_instances=n)
+    elif knob == "max_queue_delay_us":
+        for d in QUEUE_DELAYS_US:
+            yield replace(base, max_queue_delay_us=d)
+    else:
+        raise ValueError(f"unknown knob {knob!r}")
+
+
+__all__ = [
+    "SERVE_KNOBS",
+    "TRITON_KNOBS",
+    "TUNING_MAX_ONGOING",
+    "ServeCandidate",
+    "TritonCandidate",
+    "default_candidate",
+    "default_triton_candidate",
+    "layouts",
+    "neighbours",
+    "triton_neighbours",
+    "grid",
+]

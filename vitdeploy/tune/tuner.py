@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from ..base.errors import ConfigError
-from ..base.vocab import AUTO, ORT_FP16, RUNTIME_BACKENDS
+from ..base.vocab import AUTO, ORT, ORT_FP16, RUNTIME_BACKENDS
 from ..evaluate.reliability import usable_cores
 from .loadtest import load_images
-from .search import TuneResult, search_serve
-from .space import default_candidate
+from .search import TuneResult, search_serve, search_triton
+from .space import default_candidate, default_triton_candidate
 
 Progress = Callable[[str], None]
-TARGETS = ("serve",)
+TARGETS = ("serve", "triton")
 
 
 @dataclass(frozen=True)
@@ -84,16 +84,19 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 
 def run_tune(cfg: Any, plan: TunePlan, options: Any, progress: Progress = lambda _: None) -> TuneResult:
     """Search the serving settings of ``plan.artifacts`` on this machine; the server is stopped whatever happens."""
-    from ..runtime.artifacts import Artifacts
-    from .serve_target import ServeTarget
-
     if plan.target not in TARGETS:
         raise ConfigError(f"--target {plan.target!r}: expected one of {', '.join(TARGETS)}")
     if plan.budget_s <= 0:
         raise ConfigError(f"--budget must be positive, got {plan.budget_s:g} s")
-    backends = servable_backends(plan.artifacts, plan.backend, options)
     images = load_images(plan.images)
     cores = usable_cores()
+    common = dict(budget_s=plan.budget_s, slo_p99_ms=plan.slo_p99_ms, level_s=plan.level_s, progress=progress)
+    if plan.target == "triton":
+        return _tune_triton(cfg, plan, options, images, cores, common)
+    from ..runtime.artifacts import Artifacts
+    from .serve_target import ServeTarget
+
+    backends = servable_backends(plan.artifacts, plan.backend, options)
     max_batch = int(Artifacts.open(plan.artifacts).manifest.get("batch", {}).get("max", 32) or 32)
     start = default_candidate(cfg.serve, cores, backends[0])
     progress(
@@ -101,18 +104,24 @@ def run_tune(cfg: Any, plan: TunePlan, options: Any, progress: Progress = lambda
         f"{plan.budget_s / 60:.1f} min, {len(images)} image(s)"
     )
     with _sigterm_as_interrupt(), ServeTarget(cfg, plan.artifacts, options) as target:
-        return search_serve(
-            target,
-            images,
-            start,
-            cores=cores,
-            max_batch=max_batch,
-            backends=backends,
-            budget_s=plan.budget_s,
-            slo_p99_ms=plan.slo_p99_ms,
-            level_s=plan.level_s,
-            progress=progress,
+        return search_serve(target, images, start, cores=cores, max_batch=max_batch, backends=backends, **common)
+
+
+def _tune_triton(cfg: Any, plan: TunePlan, options: Any, images: list, cores: int, common: dict) -> TuneResult:
+    """The bundled tritonserver, the repository's inference on vitdeploy's ONNX Runtime (the ``ort`` backend,
+    which must have passed validation)."""
+    from .triton_target import TritonTarget
+
+    if plan.backend not in (AUTO, ORT):
+        raise ConfigError(
+            f"--target triton runs the ort backend on the bundled tritonserver; -b {plan.backend} cannot"
         )
+    servable_backends(plan.artifacts, ORT, options)  # refused by name unless ort passed validation
+    start = default_triton_candidate(cfg.triton, cores)
+    progress = common["progress"]
+    progress(f"tuning the Triton repository on {cores} cores (ort_python), budget {plan.budget_s / 60:.1f} min")
+    with _sigterm_as_interrupt(), TritonTarget(cfg, plan.artifacts) as target:
+        return search_triton(target, images, start, **common)
 
 
 __all__ = ["TunePlan", "run_tune", "servable_backends", "TARGETS"]

@@ -14,16 +14,14 @@ def _e(value: Any) -> str:
 
 
 def _settings(trial: dict[str, Any]) -> str:
-    return (
-        f"{trial['backend']}, {trial['replicas']} replica(s) x {trial['cpus_per_replica']} CPU, "
-        f"{trial['concurrent_batches']} call(s), batch {trial['max_batch_size']} within "
-        f"{float(trial['batch_wait_timeout_s']) * 1000:g} ms, {trial['decode_threads']} decode thread(s)"
-    )
+    """The trial's settings in words (``vitdeploy tune`` saves them as "settings")."""
+    return str(trial.get("settings") or "?")
 
 
 def serving_section(facts: Facts) -> str:
     parts = ["<h2 id='serving'>Serving settings</h2>"]
     tune = facts.tune
+    target = (tune or {}).get("target", "serve")
     if not tune or not tune.get("best"):
         parts.append(
             "<p>Not tuned on this machine yet: <code>vitdeploy tune -a "
@@ -32,9 +30,11 @@ def serving_section(facts: Facts) -> str:
         )
         return "".join(parts)
     best, default = tune["best"], tune.get("default") or {}
+    parts.append(f"<p class='muted'>Target: {_e(target)}.</p>")
     gain = tune.get("gain_over_default")
     parts.append(
-        f"<p><b>{_e(_settings(best))}</b>: {_e(best['throughput_rps'])} requests/s, p50 {_e(best.get('p50_ms'))} ms, "
+        f"<p><b>{_e(_settings(best))}</b>: {_e(best.get('throughput_rps'))} requests/s, "
+        f"p50 {_e(best.get('p50_ms'))} ms, "
         f"p99 {_e(best.get('p99_ms'))} ms at {_e(best.get('clients'))} clients"
         + (
             f", {gain:.2f}x the settings it started from ({_e(default.get('throughput_rps'))} requests/s)"
@@ -42,11 +42,12 @@ def serving_section(facts: Facts) -> str:
             else ""
         )
         + f". Objective: {_e(tune.get('objective', '?'))}. Overlay: "
-        f"<code>{_e(tune.get('overlay', 'tuned.yaml'))}</code> (<code>vitdeploy serve -c</code> it).</p>"
+        f"<code>{_e(tune.get('overlay', 'tuned.yaml'))}</code> (<code>vitdeploy "
+        f"{'triton-repo' if target == 'triton' else 'serve'} -c</code> it).</p>"
     )
     rows = sorted(tune.get("trials", []), key=lambda t: -float(t.get("throughput_rps") or 0))[:8]
     body = "".join(
-        f"<tr><td>{_e(_settings(t))}</td><td>{_e(t['throughput_rps'])}</td><td>{_e(t.get('p99_ms') or '-')}</td>"
+        f"<tr><td>{_e(_settings(t))}</td><td>{_e(t.get('throughput_rps'))}</td><td>{_e(t.get('p99_ms') or '-')}</td>"
         f"<td>{_e(t.get('how', ''))}</td></tr>"
         for t in rows
     )

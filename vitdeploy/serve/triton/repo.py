@@ -234,6 +234,34 @@ def _build(
     return sorted(models)
 
 
+def _resolved(artifacts: Artifacts, settings: tc.Settings) -> tuple[tc.Settings, tc.ModelFacts, dict[str, Any] | None]:
+    engine_meta = _engine_meta(artifacts)
+    settings = replace(
+        settings,
+        inference=resolve_inference(settings.triton.inference, engine_meta is not None),
+        onnx_precision=resolve_onnx_precision(settings.triton.onnx_precision, artifacts),
+    )
+    return settings, _facts(artifacts, engine_meta), engine_meta
+
+
+def model_configs(artifacts_dir: str | os.PathLike[str], settings: tc.Settings) -> dict[str, str]:
+    """Model name -> the config.pbtxt ``build_triton_repo`` writes for it, without writing anything: what a
+    running server reloads when only the settings change (`vitdeploy tune --target triton`)."""
+    artifacts = Artifacts.open(artifacts_dir)
+    settings, facts, engine_meta = _resolved(artifacts, settings)
+    names = tc.model_names(facts.name)
+    configs = {
+        names["preprocess"]: tc.preprocess_config(facts, settings, artifacts.preprocess.to_dict(), __version__),
+        names["postprocess"]: tc.postprocess_config(facts, settings, __version__),
+        names["onnx"]: tc.onnx_config(facts, settings),
+        names["ort_python"]: tc.ort_python_config(facts, settings, __version__),
+        names["ensemble"]: tc.ensemble_config(facts, settings),
+    }
+    if engine_meta is not None:
+        configs[names["trt"]] = tc.trt_config(facts, settings)
+    return configs
+
+
 def build_triton_repo(
     artifacts_dir: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -262,13 +290,7 @@ def build_triton_repo(
     except OSError:
         pass
     step("checking the engine metadata")
-    engine_meta = _engine_meta(artifacts)
-    settings = replace(
-        settings,
-        inference=resolve_inference(settings.triton.inference, engine_meta is not None),
-        onnx_precision=resolve_onnx_precision(settings.triton.onnx_precision, artifacts),
-    )
-    facts = _facts(artifacts, engine_meta)
+    settings, facts, engine_meta = _resolved(artifacts, settings)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
@@ -300,6 +322,7 @@ __all__ = [
     "RepoResult",
     "build_triton_repo",
     "fp16_validated",
+    "model_configs",
     "resolve_inference",
     "resolve_onnx_precision",
     "settings_from_config",

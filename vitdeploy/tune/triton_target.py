@@ -1,0 +1,78 @@
+"""The generated Triton repository on the ``tritonserver`` bundled in the nvidia-pytriton wheel (``.venv-triton``,
+$VITDEPLOY_TRITON_VENV), whose settings the search changes without restarting the server.
+
+The repository is written once (`vitdeploy triton-repo`'s builder); each candidate rewrites the models'
+config.pbtxt (instances, ONNX Runtime threads, preprocessing instances, the batcher's wait: repo.model_configs)
+and asks the running server to load them again (Triton's model repository API, explicit model control), so
+Triton replaces the instances in place. Inference runs on vitdeploy's ONNX Runtime in the python backend
+(``ort_python``): the bundled server has no other backend. The server stops in ``close``, whatever happened.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from ..base.errors import BackendError, first_line
+from ..serve.triton.local import BundledTriton, default_venv
+from .serve_target import RELOADED, STARTED
+from .space import TritonCandidate
+
+
+class TritonTarget:
+    def __init__(self, cfg: Any, artifacts: Path, venv: Optional[Path] = None) -> None:
+        self.cfg, self.artifacts = cfg, Path(artifacts)
+        self.venv = Path(venv) if venv else default_venv()
+        self._root = Path(tempfile.mkdtemp(prefix="vitdeploy-tune-triton-"))
+        self._server: Optional[BundledTriton] = None
+        self.url, self.name = "", ""
+
+    def _settings(self, cand: TritonCandidate) -> Any:
+        from ..serve.triton.repo import settings_from_config
+
+        overrides = {"inference": "ort_python", "kind": "cpu", **cand.triton_keys()}
+        return settings_from_config(self.cfg, overrides)
+
+    def apply(self, cand: TritonCandidate) -> str:
+        from ..serve.triton.repo import build_triton_repo, model_configs
+
+        settings = self._settings(cand)
+        if self._server is None:
+            repo = build_triton_repo(self.artifacts, self._root / "repo", settings)
+            self.name = repo.name
+            self._server = BundledTriton(self.venv, repo.path, load=[repo.name]).start()
+            self.url = f"http://{self._server.http_url}"
+            return STARTED
+        import tritonclient.http as httpclient
+
+        client = httpclient.InferenceServerClient(self._server.http_url, network_timeout=300.0)
+        try:
+            for model, text in model_configs(self.artifacts, settings).items():
+                path = self._root / "repo" / model / "config.pbtxt"
+                if path.is_file() and path.read_text() != text:
+                    path.write_text(text)
+            client.load_model(self.name)  # the ensemble and the models it calls, with their new configs
+        except Exception as exc:  # noqa: BLE001 - tritonclient raises its own types
+            raise BackendError(
+                f"{cand.describe()}: tritonserver did not reload the models: {first_line(exc)}"
+            ) from exc
+        finally:
+            client.close()
+        return RELOADED
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        shutil.rmtree(self._root, ignore_errors=True)
+
+    def __enter__(self) -> "TritonTarget":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["TritonTarget"]
