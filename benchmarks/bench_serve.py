@@ -289,7 +289,7 @@ class EchoServer:
         deadline = time.monotonic() + 60  # the proxy may answer a moment after the app is RUNNING
         while True:
             try:
-                if Connection(self.url).post("/", b"x", "image/jpeg")[0] == 200:
+                if client(self.url).send(b"x")[0] == "200":
                     break
             except OSError:
                 pass
@@ -301,6 +301,14 @@ class EchoServer:
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(120)
+
+
+def client(url: str):
+    """One keep-alive connection POSTing images to ``url``/predict: `vitdeploy loadtest`'s own client (the echo
+    app's route prefix "/" takes /predict too)."""
+    from vitdeploy.tune.clients import PREDICT, Target, open_client
+
+    return open_client(Target(url, PREDICT))
 
 
 def free_port() -> int:
@@ -382,23 +390,6 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
         print(f"  server exit code {rc}", flush=True)
 
 
-class Connection:
-    """One client's keep-alive HTTP/1.1 connection (the standard library's: the load generator shares
-    the 2 cores with the server, so it should cost as little CPU as a real HTTP client can)."""
-
-    def __init__(self, url: str) -> None:
-        import http.client
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(url)
-        self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=300)
-
-    def post(self, path: str, body: bytes, content_type: str) -> tuple[int, bytes]:
-        self.conn.request("POST", path, body=body, headers={"Content-Type": content_type})
-        response = self.conn.getresponse()
-        return response.status, response.read()
-
-
 def cpu_seconds(pids: list[int]) -> dict[int, tuple[str, float]]:
     """{pid: (command, user+system CPU seconds)} for ``pids`` and all their descendants (Linux /proc)."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -452,22 +443,15 @@ def _measure(
     spent: dict[str, float] = {}
     bare_spent: dict[str, float] = {}
 
-    def post_to(path: str) -> Callable[[bytes, object], None]:
-        def call(blob: bytes, client: object) -> None:
-            try:
-                status, body = client.post(path, blob, "image/jpeg")  # type: ignore[attr-defined]
-            except OSError as exc:
-                failures.append(f"{type(exc).__name__}: {exc}")
-                return
-            if status != 200:
-                failures.append(f"{status}: {body[:200]!r}")
+    def post(blob: bytes, connection: object) -> None:
+        status, example = connection.send(blob)  # type: ignore[attr-defined]
+        if status != "200":
+            failures.append(f"{status}: {example[:200]}")
 
-        return call
-
-    def over_http(root: int, url: str, path: str, into: dict[str, float]) -> Callable[[], tuple[float, list[float]]]:
+    def over_http(root: int, url: str, into: dict[str, float]) -> Callable[[], tuple[float, list[float]]]:
         def run() -> tuple[float, list[float]]:
             before, client_before = cpu_seconds([root]), time.process_time()
-            out = concurrent(post_to(path), work, args.clients, lambda: Connection(url))
+            out = concurrent(post, work, args.clients, lambda: client(url))
             for role, secs in {
                 **cpu_by_role(root, before, cpu_seconds([root])),
                 "clients (this process)": time.process_time() - client_before,
@@ -489,12 +473,12 @@ def _measure(
         return run
 
     variants = {name: timed_in_process(v, name) for name, v in in_process_variants(predictor, work, args).items()}
-    variants["serve"] = over_http(server.proc.pid, server.url, "/predict", spent)
-    concurrent(post_to("/predict"), work[: args.clients * 2], args.clients, lambda: Connection(server.url))  # warm-up
+    variants["serve"] = over_http(server.proc.pid, server.url, spent)
+    concurrent(post, work[: args.clients * 2], args.clients, lambda: client(server.url))  # warm-up
     roots = [server.proc.pid]
     if echo is not None:
-        variants[BARE] = over_http(echo.proc.pid, echo.url, "/", bare_spent)
-        concurrent(post_to("/"), work[: args.clients * 2], args.clients, lambda: Connection(echo.url))  # warm-up
+        variants[BARE] = over_http(echo.proc.pid, echo.url, bare_spent)
+        concurrent(post, work[: args.clients * 2], args.clients, lambda: client(echo.url))  # warm-up
         roots.append(echo.proc.pid)
     result = compare_rounds(
         "serve",

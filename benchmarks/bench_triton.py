@@ -50,10 +50,14 @@ from bench_serve import (
 )  # noqa: E402  (the shared inputs, artifacts and timing of the serving benchmark)
 
 
-def inference_stats(client, model: str) -> tuple[int, int]:
-    """(inferences, executions) of ``model`` so far: their ratio is the mean dynamic batch size."""
-    stats = client.get_inference_statistics(model_name=model)["model_stats"][0]
-    return int(stats["inference_count"]), int(stats["execution_count"])
+def inference_stats(url: str, model: str) -> tuple[int, int]:
+    """(inferences, executions) of ``model`` so far (`vitdeploy loadtest`'s reading of the server's statistics):
+    their ratio is the mean dynamic batch size."""
+    from vitdeploy.tune.clients import V2_HTTP, Target
+    from vitdeploy.tune.server_stats import read
+
+    stats = read(Target(url, V2_HTTP, model)) or {}
+    return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
 
 
 def _children(root: int) -> list[int]:
@@ -88,23 +92,24 @@ def stub_cpu_seconds(server_pid: int, model: str) -> float:
     return total
 
 
-def preprocess_cost(server, client, model: str, run, requests: int) -> dict[str, float]:
-    """CPU and Triton compute time of the preprocessing model per request over one pass of ``run``."""
+def preprocess_cost(server, model: str, run, requests: int) -> dict[str, float]:
+    """CPU and Triton compute time of the preprocessing model per request over one pass of ``run`` (the compute
+    time from the server's statistics, as `vitdeploy loadtest` reads them)."""
+    from vitdeploy.tune.clients import V2_HTTP, Target
+    from vitdeploy.tune.server_stats import delta, read
 
-    def triton_ns() -> tuple[int, int]:
-        s = client.get_inference_statistics(model_name=model)["model_stats"][0]["inference_stats"]
-        return int(s["success"]["count"]), sum(
-            int(s[k]["ns"]) for k in ("compute_input", "compute_infer", "compute_output")
-        )
-
-    cpu0, (n0, ns0) = stub_cpu_seconds(server.process.pid, model), triton_ns()
+    target = Target(server.http_url, V2_HTTP, model)
+    cpu0, before = stub_cpu_seconds(server.process.pid, model), read(target)
     run()
-    cpu1, (n1, ns1) = stub_cpu_seconds(server.process.pid, model), triton_ns()
+    cpu1, after = stub_cpu_seconds(server.process.pid, model), read(target)
+    spent = delta(before, after) or {}
     cpu_ms = (cpu1 - cpu0) * 1000.0 / max(requests, 1)
     out = {
         "preprocess_cpu_ms_per_request": cpu_ms,
         "preprocess_cores_per_1000_img_s": cpu_ms,
-        "preprocess_triton_compute_ms_per_request": (ns1 - ns0) / 1e6 / max(n1 - n0, 1),
+        "preprocess_triton_compute_ms_per_request": sum(
+            spent.get(f"{phase}_ms") or 0.0 for phase in ("compute_input", "compute_infer", "compute_output")
+        ),
     }
     print(
         f"  {model}: {cpu_ms:.2f} ms CPU per request (decode + preprocess, 1 image each) -> "
@@ -154,7 +159,6 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
         f"  tritonserver {server.version} (nvidia-pytriton), ensemble {repo.name} over {repo.name}_ort_python",
         flush=True,
     )
-    stats_client = httpclient.InferenceServerClient(server.http_url)
 
     def via_triton(blob: bytes, client) -> None:
         data = np.array([[blob]], dtype=object)
@@ -177,12 +181,12 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
             "triton",
             {**variants, "triton": triton},
             args.rounds,
-            probe=lambda: inference_stats(stats_client, f"{repo.name}_ort_python"),
+            probe=lambda: inference_stats(server.http_url, f"{repo.name}_ort_python"),
             mean_batch=lambda before, after: (after[0] - before[0]) / max(after[1] - before[1], 1),
             # the server's tree (tritonserver and its python stubs) is the benchmark's own work, not contention
             own_pids=lambda: tree_pids([server.process.pid]) if server.process is not None else [],
         )
-        result.update(preprocess_cost(server, stats_client, f"{repo.name}_preprocess", triton, len(work)))
+        result.update(preprocess_cost(server, f"{repo.name}_preprocess", triton, len(work)))
         return result
     finally:
         server.stop()
