@@ -116,3 +116,25 @@ def test_the_overlay_is_a_pipeline_file_with_the_figure_beside_each_key(tmp_path
 def test_layouts_fill_the_machine():
     assert layouts(2) == [(1, 2), (2, 1)]
     assert all(r * c == 16 for r, c in layouts(16)) and (4, 4) in layouts(16)
+
+
+def test_a_goal_no_setting_meets_writes_the_closest_and_exits_3(tmp_path, monkeypatch):
+    """--slo-p99-ms below what any candidate reached: the overlay holds the closest settings (the lowest p99),
+    and the command says so and exits 3, so a script does not take them for a pass."""
+    from click.testing import CliRunner
+
+    from vitdeploy.cli import main
+    from vitdeploy.tune import tuner
+
+    result = _search(StandIn(), slo_p99_ms=1.0, passes=1)
+    assert result.best.figure.best is None and result.best.figure.lowest_p99 == pytest.approx(
+        14.55
+    )  # numpy p99 of nine 10s and a 15
+    monkeypatch.setattr(tuner, "run_tune", lambda *a, **k: result)
+    out = tmp_path / "tuned.yaml"
+    cli = CliRunner().invoke(main, ["tune", "-a", str(tmp_path), "--slo-p99-ms", "1", "-o", str(out)])
+    assert cli.exit_code == 3, cli.output
+    assert (
+        "no setting met --slo-p99-ms 1" in cli.output and "none within the objective (lowest p99 15 ms)" in cli.output
+    )
+    assert "# no candidate met the objective" in out.read_text()

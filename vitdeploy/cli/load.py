@@ -172,10 +172,8 @@ def tune(
         click.echo(json.dumps(result.to_dict(), indent=2))
     if overlay is not None:
         gain = f" ({result.gain:.2f}x the {target} settings it started from)" if result.gain else ""
-        click.echo(
-            f"wrote {overlay}: {result.best.candidate.describe()}, {result.best.figure.throughput:.1f} req/s{gain}",
-            err=True,
-        )
+        figure = result.best.figure.summary()
+        click.echo(f"wrote {overlay}: {result.best.candidate.describe()}, {figure}{gain}", err=True)
     if report is not None:
         click.echo(f"every trial: {report}", err=True)
         page = refresh_report(artifacts)  # its "Serving settings" section, where the export has a report
@@ -183,3 +181,11 @@ def tune(
             click.echo(f"report: {page}", err=True)
     if result.stopped == "interrupted":
         raise KeyboardInterrupt
+    if result.best is not None and result.best.figure.best is None:
+        from ..base.errors import ValidationError
+
+        goal = f"--slo-p99-ms {slo_p99_ms:g}" if slo_p99_ms else "the objective (p99 within 2x its p50)"
+        raise ValidationError(
+            f"no setting met {goal}: {out} holds the closest ({result.best.figure.summary()}); "
+            "give a higher --slo-p99-ms, more --budget, or a faster backend"
+        )

@@ -60,6 +60,18 @@ class Figure:
         """The most requests/s any level reached, acceptable or not."""
         return max((lv.throughput for lv in self.levels), default=0.0)
 
+    @property
+    def lowest_p99(self) -> Optional[float]:
+        p99s = [lv.percentile(99) for lv in self.levels if lv.latencies_ms and not lv.errors]
+        return min(p99s) if p99s else None
+
+    def summary(self) -> str:
+        """ "123.4 req/s", or why none counts: "none within the objective (lowest p99 45 ms)"."""
+        if self.best is not None:
+            return f"{self.throughput:.1f} req/s"
+        low = self.lowest_p99
+        return "none within the objective" + (f" (lowest p99 {low:.0f} ms)" if low is not None else "")
+
     def sort_key(self) -> tuple:
         best = self.best
         if best is not None:

@@ -27,21 +27,18 @@ def _comment(result: TuneResult, best: Trial, key: str, knob: str) -> str:
     if not knob:
         return "  # follows from the keys above"
     chosen, mine = _value(best.candidate, key), best.candidate.overlay_keys()
-    tried: dict[Any, float] = {}
+    tried: dict[Any, str] = {}
     for t in result.trials:
         value = _value(t.candidate, key)
         if value == chosen:
             continue
         differs = {k for (_, k, v, _), (_, _, w, _) in zip(mine, t.candidate.overlay_keys()) if v != w}
         if t.knob in (knob, "defaults") or differs <= {k for _, k, _, kn in mine if kn in (knob, "")}:
-            tried[value] = t.figure.throughput
+            tried[value] = t.figure.summary()
     if not tried:
         return "  # not varied (the budget ran out first)"
-    others = ", ".join(
-        f"{_yaml_value(v)}: {rps:.1f}" if rps > 0 else f"{_yaml_value(v)}: none within the objective"
-        for v, rps in sorted(tried.items(), key=lambda kv: str(kv[0]))
-    )
-    return f"  # {best.figure.throughput:.1f} req/s (else {others})"
+    others = ", ".join(f"{_yaml_value(v)}: {text}" for v, text in sorted(tried.items(), key=lambda kv: str(kv[0])))
+    return f"  # {best.figure.summary()} (else {others})"
 
 
 def _value(candidate: Any, key: str) -> Any:
