@@ -127,7 +127,7 @@ def test_the_triton_target_reloads_the_models_in_place_and_its_overlay_builds_a_
     assert proc.returncode == 0, err[-3000:]
     trials = json.loads((artifacts / "tune-report.json").read_text())["trials"]
     assert trials[0]["how"] == "started" and {t["how"] for t in trials[1:]} == {"models reloaded"}
-    assert "\ntriton:\n  instances: " in overlay.read_text()
+    assert "\ntriton:\n  inference: ort_python" in overlay.read_text() and "\n  instances: " in overlay.read_text()
     built = CliRunner().invoke(
         main, ["triton-repo", "-a", str(artifacts), "-o", str(tmp_path / "repo"), "-c", str(overlay)]
     )

@@ -124,6 +124,9 @@ class BundledTriton:
             "--exit-on-error=true",
             f"--exit-timeout-secs={self.exit_timeout_s}",
             f"--log-verbose={self.log_verbose}",
+            # Servers on one machine must not share the python backend's shared-memory names (Triton's python
+            # backend README): two starting at once aborted with boost::interprocess::lock_exception.
+            f"--backend-config=python,shm-region-prefix-name=vitdeploy_{os.getpid()}_{self.http_port}_",
         ]
         if self.load:
             cmd += ["--model-control-mode=explicit", *[f"--load-model={m}" for m in self.load]]
