@@ -27,6 +27,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -55,39 +56,53 @@ def _stat(pid: int) -> list[str] | None:
         return None
 
 
-def tree_cpu(root: int) -> float:
-    """CPU seconds of ``root`` and every live descendant, each with its reaped children's (Ray's dead replicas
-    count through their raylet)."""
+def tree_cpu(root: int) -> dict[int, float]:
+    """CPU seconds (user + system) of ``root`` and every live descendant, by pid."""
     parents: dict[int, int] = {}
     fields: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit() and (f := _stat(int(entry))) is not None:
             parents[int(entry)], fields[int(entry)] = int(f[1]), f
-    total = 0.0
+    out = {}
     for pid, f in fields.items():
         p = pid
         while p > 1 and p != root:
             p = parents.get(p, 0)
         if p == root:
-            total += sum(int(x) for x in f[11:15]) / TICK  # utime stime cutime cstime
-    return total
+            out[pid] = (int(f[11]) + int(f[12])) / TICK  # utime stime
+    return out
 
 
 def machine_busy() -> float:
     with open("/proc/stat") as fh:
-        cpu = [int(x) for x in fh.readline().split()[1:]]
+        cpu = [int(x) for x in fh.readline().split()[1:9]]  # user .. steal (guest time is inside user)
     return (sum(cpu) - cpu[3] - cpu[4]) / TICK  # all but idle and iowait (steal included)
 
 
 class Window:
-    """What other processes took of the CPU during a phase."""
+    """What other processes took of the CPU during a phase: the machine's busy time less this process tree's.
+    The tree is sampled every half second, because Ray does not account a replaced replica's CPU to its parent
+    (a figure built on the parent's reaped-children time counted every replaced replica as other work)."""
 
     def __init__(self) -> None:
-        self.t, self.busy, self.own = time.perf_counter(), machine_busy(), tree_cpu(os.getpid())
+        self.t, self.busy = time.perf_counter(), machine_busy()
+        self.first = tree_cpu(os.getpid())
+        self.last = dict(self.first)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.5):
+            self.last.update(tree_cpu(os.getpid()))
 
     def close(self) -> str:
+        self._stop.set()
+        self._thread.join()
+        self.last.update(tree_cpu(os.getpid()))
         wall = time.perf_counter() - self.t
-        others = max(0.0, machine_busy() - self.busy - (tree_cpu(os.getpid()) - self.own))
+        own = sum(cpu - self.first.get(pid, 0.0) for pid, cpu in self.last.items())
+        others = max(0.0, machine_busy() - self.busy - own)
         return (
             f"other processes took {others:.1f} CPU-s in {wall:.0f} s ({others / wall:.2f} of {usable_cores()} cores)"
         )
