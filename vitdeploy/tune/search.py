@@ -1,10 +1,12 @@
-"""`vitdeploy tune`'s search: coordinate descent over the serve settings, within a time budget.
+"""`vitdeploy tune`'s search: coordinate descent over a target's settings, within a time budget.
 
-From the ``serve:`` section's own settings (measured first: the figure to beat), each knob in turn
-(space.SERVE_KNOBS: backend, layout, concurrent calls, batch size, batch wait, decode threads) is set to each of
-its values with the others at the best so far; the best of them stays. A second pass starts over from the new
+From the config's own settings (measured first: the figure to beat), each knob in turn (space.SERVE_KNOBS:
+backend, layout, concurrent calls, batch size, batch wait, decode threads; space.TRITON_KNOBS: instances,
+preprocessing instances, queue delay) is set to each of its values with the others at the best so far; the best
+of them stays. A second pass starts over from the new
 best while the first one changed something. A candidate measured once is never measured again, in-place
-changes (batch settings, replica count) cost about a second and the budget is checked before every measurement:
+changes (batch settings, replica count; Triton's model reloads) cost seconds and the budget is checked before every
+measurement:
 when it runs out, or on Ctrl-C, the search stops and the best so far stands.
 """
 
