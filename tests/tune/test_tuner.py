@@ -31,13 +31,13 @@ from vitdeploy.tune.loadtest import LoadPlan, load_images, run_loadtest  # noqa:
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _tune(args: list[str]) -> subprocess.Popen:
+def _tune(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "vitdeploy.cli", "tune", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=serve_env(),
+        env={**serve_env(), **(env or {})},
     )
 
 
@@ -136,3 +136,34 @@ def test_the_triton_target_reloads_the_models_in_place_and_its_overlay_builds_a_
     best = json.loads((artifacts / "tune-report.json").read_text())["best"]
     assert f"max_queue_delay_microseconds: {best['max_queue_delay_us']}" in config
     assert not processes("tritonserver", root=os.getpid())  # none left behind
+
+
+def test_a_tritonserver_on_path_is_tuned_when_none_is_bundled(demo_artifacts, tmp_path):
+    """No bundled server (VITDEPLOY_TRITON_VENV names none): tune runs the `tritonserver` found on PATH. That one is
+    the bundled binary behind a wrapper that gives it its backends and libraries, as an installation would: a real
+    server reached through the PATH code path."""
+    from vitdeploy.serve.triton.local import BundledTriton, default_venv
+
+    if not (default_venv() / "bin" / "python").exists():
+        reason = f"no {default_venv()} (make triton-env): no tritonserver binary to put on PATH"
+        pytest.fail(reason) if os.environ.get("CI", "").lower() == "true" else pytest.skip(reason)
+    bundled = BundledTriton(default_venv(), tmp_path)
+    cmd, env = bundled._prepare()  # the binary, its backend directory, its libraries and the stub's Python
+    try:
+        wrapper = tmp_path / "bin" / "tritonserver"
+        wrapper.parent.mkdir()
+        exports = "".join(f"export {k}='{env[k]}'\n" for k in ("LD_LIBRARY_PATH", "PATH"))
+        wrapper.write_text(f"#!/bin/sh\n{exports}exec '{cmd[0]}' '{cmd[1]}' \"$@\"\n")
+        wrapper.chmod(0o755)
+        overlay = tmp_path / "tuned.yaml"
+        path = f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}"
+        proc = _tune(
+            ["--target", "triton", "-a", str(demo_artifacts), "--budget", "20s", "-o", str(overlay)],
+            env={"VITDEPLOY_TRITON_VENV": str(tmp_path / "none"), "PATH": path},
+        )
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        assert "[1] " in err and overlay.is_file()
+    finally:
+        bundled.stop()
+    assert not processes("tritonserver", root=os.getpid())

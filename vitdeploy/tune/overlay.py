@@ -23,7 +23,7 @@ def _comment(result: TuneResult, best: Trial, key: str, knob: str) -> str:
     """The figures behind ``key``: the best's throughput, and each other value the search tried for its knob
     (the last sweep of that knob: the other settings at the best of their time)."""
     if key == "inference":
-        return "  # what was measured: the bundled tritonserver runs python models only"
+        return "  # what was measured: vitdeploy's ONNX Runtime in Triton's python backend"
     if not knob:
         return "  # follows from the keys above"
     chosen, mine = _value(best.candidate, key), best.candidate.overlay_keys()

@@ -158,7 +158,7 @@ class TritonCandidate:
         }
 
     def overlay_keys(self) -> list[tuple[str, str, Any, str]]:
-        keys = [("triton", "inference", "ort_python", "")]  # what was measured (the bundled server's python models)
+        keys = [("triton", "inference", "ort_python", "")]  # what was measured (python backend: every server has it)
         return keys + [("triton", k, v, "" if k == "ort_threads" else k) for k, v in self.triton_keys().items()]
 
     def describe(self) -> str:

@@ -1,11 +1,13 @@
-"""The generated Triton repository on the ``tritonserver`` bundled in the nvidia-pytriton wheel (``.venv-triton``,
-$VITDEPLOY_TRITON_VENV), whose settings the search changes without restarting the server.
+"""The generated Triton repository on a ``tritonserver`` here (serve/triton/local.py ``local_triton``: the one
+bundled in the nvidia-pytriton wheel, ``.venv-triton`` or $VITDEPLOY_TRITON_VENV, else one on PATH or named by
+$VITDEPLOY_TRITON_SERVER), whose settings the search changes without restarting the server.
 
 The repository is written once (`vitdeploy triton-repo`'s builder); each candidate rewrites the models'
 config.pbtxt (instances, ONNX Runtime threads, preprocessing instances, the batcher's wait: repo.model_configs)
 and asks the running server to load them again (Triton's model repository API, explicit model control), so
 Triton replaces the instances in place. Inference runs on vitdeploy's ONNX Runtime in the python backend
-(``ort_python``): the bundled server has no other backend. The server stops in ``close``, whatever happened.
+(``ort_python``): the bundled server has no other backend, and every server has that one. The server stops in
+``close``, whatever happened.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..base.errors import BackendError, first_line
-from ..serve.triton.local import BundledTriton, default_venv
+from ..serve.triton.local import BundledTriton, local_triton
 from .serve_target import RELOADED, STARTED
 from .space import TritonCandidate
 
@@ -24,7 +26,7 @@ from .space import TritonCandidate
 class TritonTarget:
     def __init__(self, cfg: Any, artifacts: Path, venv: Optional[Path] = None) -> None:
         self.cfg, self.artifacts = cfg, Path(artifacts)
-        self.venv = Path(venv) if venv else default_venv()
+        self.venv = venv
         self._root = Path(tempfile.mkdtemp(prefix="vitdeploy-tune-triton-"))
         self._server: Optional[BundledTriton] = None
         self.url, self.name = "", ""
@@ -42,7 +44,7 @@ class TritonTarget:
         if self._server is None:
             repo = build_triton_repo(self.artifacts, self._root / "repo", settings)
             self.name = repo.name
-            self._server = BundledTriton(self.venv, repo.path, load=[repo.name]).start()
+            self._server = local_triton(repo.path, [repo.name], self.venv).start()
             self.url = f"http://{self._server.http_url}"
             return STARTED
         import tritonclient.http as httpclient

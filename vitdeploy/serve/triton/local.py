@@ -111,11 +111,21 @@ class BundledTriton:
         backends = self._workdir / "backends"
         shutil.copytree(dist / "backends", backends)  # the stub must sit beside libtriton_python.so
         shutil.copy2(stub, backends / "python" / "triton_python_backend_stub")
+        cmd = [str(dist / "bin" / "tritonserver"), f"--backend-directory={backends}", *self._flags()]
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        libs = [str(server_site / "nvidia_pytriton.libs"), str(libdir)]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            libs + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else [])
+        )
+        # The python stub embeds the interpreter and finds its prefix (the venv) through PATH.
+        env["PATH"] = os.pathsep.join([str(self.python_env / "bin"), env.get("PATH", "")])
+        return cmd, env
+
+    def _flags(self) -> list[str]:
+        """The server's options but its binary and backend directory (ports chosen here)."""
         self.http_port, self.grpc_port = free_port(), free_port()
         cmd = [
-            str(dist / "bin" / "tritonserver"),
             *[f"--model-repository={r}" for r in self.repositories],
-            f"--backend-directory={backends}",
             "--http-address=127.0.0.1",
             f"--http-port={self.http_port}",
             "--grpc-address=127.0.0.1",
@@ -130,15 +140,7 @@ class BundledTriton:
         ]
         if self.load:
             cmd += ["--model-control-mode=explicit", *[f"--load-model={m}" for m in self.load]]
-        cmd += self.extra_args
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-        libs = [str(server_site / "nvidia_pytriton.libs"), str(libdir)]
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(
-            libs + ([env["LD_LIBRARY_PATH"]] if env.get("LD_LIBRARY_PATH") else [])
-        )
-        # The python stub embeds the interpreter and finds its prefix (the venv) through PATH.
-        env["PATH"] = os.pathsep.join([str(self.python_env / "bin"), env.get("PATH", "")])
-        return cmd, env
+        return cmd + self.extra_args
 
     def start(self) -> "BundledTriton":
         cmd, env = self._prepare()
@@ -205,10 +207,51 @@ class BundledTriton:
         self.stop()
 
 
+class PathTriton(BundledTriton):
+    """A ``tritonserver`` of your own (``binary``, default: the one on PATH, e.g. an NGC container's) with its own
+    backends. Generated repositories' python models need a Python with vitdeploy's wheel where its python backend
+    runs them (the repository's requirements.txt and wheels/, as its Dockerfile installs them)."""
+
+    def __init__(
+        self,
+        repository: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        load: Sequence[str] | None = None,
+        binary: str | os.PathLike[str] | None = None,
+        **kwargs: object,
+    ) -> None:
+        super().__init__(".", repository, load, **kwargs)  # type: ignore[arg-type]
+        self.binary = str(binary) if binary else shutil.which("tritonserver")
+
+    def _prepare(self) -> tuple[list[str], dict[str, str]]:
+        if not self.binary:
+            raise MissingDependencyError(
+                "no tritonserver on PATH: install Triton, or `make .venv-triton` for the bundled one"
+            )
+        self._workdir = Path(tempfile.mkdtemp(prefix="vitdeploy-triton-"))
+        return [self.binary, *self._flags()], dict(os.environ)
+
+
+def local_triton(
+    repository: str | os.PathLike[str], load: Sequence[str], venv: str | os.PathLike[str] | None = None
+) -> BundledTriton:
+    """The server to run ``repository`` on here: the one $VITDEPLOY_TRITON_SERVER names, else the bundled one of
+    ``venv`` (default :func:`default_venv`) where it is installed, else a ``tritonserver`` on PATH."""
+    named = os.environ.get("VITDEPLOY_TRITON_SERVER")
+    bundled = Path(venv) if venv else default_venv()
+    if not named and _venv_python(bundled).exists():
+        return BundledTriton(bundled, repository, load)
+    if named or shutil.which("tritonserver"):
+        return PathTriton(repository, load, binary=named)
+    raise MissingDependencyError(
+        f"no tritonserver here: `make .venv-triton` (the one bundled in nvidia-pytriton, {bundled}), or put one "
+        "on PATH (or name it in VITDEPLOY_TRITON_SERVER)"
+    )
+
+
 def default_venv() -> Path:
     """``.venv-triton`` beside this checkout (the Makefile's), or $VITDEPLOY_TRITON_VENV."""
     env = os.environ.get("VITDEPLOY_TRITON_VENV")
     return Path(env) if env else Path(__file__).resolve().parents[3] / ".venv-triton"
 
 
-__all__ = ["BundledTriton", "default_venv", "free_port"]
+__all__ = ["BundledTriton", "PathTriton", "default_venv", "free_port", "local_triton"]
