@@ -59,7 +59,6 @@ class ServeTarget:
         from ..serve.runner import ServeSettings, app_name, start_local_ray
 
         self._ray = require("ray", "vitdeploy tune --target serve")
-        require("ray.serve", "vitdeploy tune --target serve (pip install 'vitdeploy[serve]')")
         artifacts = Artifacts.open(self.artifacts_dir)
         cfg = self._cfg_for(cand)
         # Ray gets every usable core (num_cpus = replicas x CPUs per replica): any layout of the search fits.
@@ -87,6 +86,7 @@ class ServeTarget:
 
     def apply(self, cand: ServeCandidate) -> str:
         """Run ``cand``; how: :data:`STARTED`, :data:`IN_PLACE` or :data:`REPLACED`."""
+        require("ray.serve", "vitdeploy tune --target serve (pip install 'vitdeploy[serve]')")
         from ray import serve
 
         from ..serve.ray_app import build_app

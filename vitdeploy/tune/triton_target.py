@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,6 +23,16 @@ from ..base.errors import BackendError, first_line
 from ..serve.triton.local import BundledTriton, local_triton
 from .serve_target import RELOADED, STARTED
 from .space import TritonCandidate
+
+
+def _load(address: str, model: str) -> None:
+    """Triton's model repository API: load ``model`` again (``POST /v2/repository/models/<m>/load``)."""
+    request = urllib.request.Request(f"http://{address}/v2/repository/models/{model}/load", data=b"{}", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=300) as response:
+            response.read()
+    except urllib.error.HTTPError as exc:
+        raise OSError(f"HTTP {exc.code}: {exc.read()[:300].decode('utf-8', 'replace')}") from None
 
 
 class TritonTarget:
@@ -47,21 +59,16 @@ class TritonTarget:
             self._server = local_triton(repo.path, [repo.name], self.venv).start()
             self.url = f"http://{self._server.http_url}"
             return STARTED
-        import tritonclient.http as httpclient
-
-        client = httpclient.InferenceServerClient(self._server.http_url, network_timeout=300.0)
         try:
             for model, text in model_configs(self.artifacts, settings).items():
                 path = self._root / "repo" / model / "config.pbtxt"
                 if path.is_file() and path.read_text() != text:
                     path.write_text(text)
-            client.load_model(self.name)  # the ensemble and the models it calls, with their new configs
-        except Exception as exc:  # noqa: BLE001 - tritonclient raises its own types
+            _load(self._server.http_url, self.name)  # the ensemble and the models it calls, with their new configs
+        except OSError as exc:
             raise BackendError(
                 f"{cand.describe()}: tritonserver did not reload the models: {first_line(exc)}"
             ) from exc
-        finally:
-            client.close()
         return RELOADED
 
     def close(self) -> None:
