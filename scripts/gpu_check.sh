@@ -4,23 +4,22 @@
 #      gpu-marked ones and the drift suite's torch-fp32-cuda / torch-fp16-cuda cases running for real;
 #   2. the CLI on the demo model: export, `info`, `validate` with torch-fp16 on cuda, `bench` torch vs torch-fp16,
 #      and a ViT-B/16 (random weights, written by transformers) exported and benched on cuda in FP32 and FP16.
-# Missing pure-Python dependencies may be carried as wheels in .whl/ (installed to /tmp/site).
+# Missing dependencies may be carried as wheels in .whl/ (installed into that machine's Python, which is thrown away).
 # Logs go to $OUT (default /tmp/gpu-check); each step's last lines are printed.
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CI=
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
+if compgen -G ".whl/*.whl" >/dev/null; then  # into the machine's own Python: subprocesses of the tests see them too
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl || exit 1
 fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$PWD
 # the console script, without installing the package
 mkdir -p /tmp/bin
 printf '#!/bin/sh\nexec %s -c "import sys; from vitdeploy.cli import main; sys.argv[0] = \\"vitdeploy\\"; main()" "$@"\n' \
   "$(command -v python3)" > /tmp/bin/vitdeploy
 chmod +x /tmp/bin/vitdeploy
-export PATH=/tmp/bin:$PATH VITDEPLOY_REF_PYTHON=$(command -v python3)
+export PATH=/tmp/bin:$PATH VITDEPLOY_REF_PYTHON=${VITDEPLOY_REF_PYTHON:-$(command -v python3)}
 
 step() {  # step NAME SECONDS COMMAND...: run it under a time limit; its output goes to $OUT/NAME.log and is
   local name=$1 limit=$2 t0=$SECONDS rc  # appended to $OUT/steps.log (the device tool brings back few files)

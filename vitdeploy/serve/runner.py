@@ -105,9 +105,9 @@ def run_server(
     cfg: Any, settings: ServeSettings, options: Any, progress: Progress, stop: threading.Event | None = None
 ) -> None:
     """Serve until SIGTERM/SIGINT (or ``stop`` is set); then drain in-flight requests and exit."""
+    artifacts = _check_artifacts(settings)  # a bad export is said first, whether or not Ray is installed
     ray = require("ray", "vitdeploy serve")
     require("ray.serve", "vitdeploy serve (pip install 'vitdeploy[serve]')")
-    artifacts = _check_artifacts(settings)
     sv = cfg.serve
     name = app_name(cfg, settings, artifacts.name)
     stop = stop or threading.Event()
