@@ -11,6 +11,8 @@ entries, each validation's verdict and the stages' records for the manifest's ``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 import logging
 import time
 from dataclasses import dataclass, field
@@ -95,7 +97,8 @@ class ExportContext:
     heartbeat_s: float | None = None
     final_dir: Path | None = None
     # filled by the model stage
-    loaded: Any = None  # model.checkpoints.LoadedModel
+    loaded: Any = None  # model.checkpoints.LoadedModel (its eager model released after the reference stage)
+    weights: int = 0  # the model's FP32 weight bytes (export/memory_budget.py)
     spec: Any = None  # preprocess_spec.PreprocessSpec
     effective: Any = None  # export.effective.Effective
     name: str = ""
@@ -120,6 +123,16 @@ class ExportContext:
 
     def __post_init__(self) -> None:
         self.final_dir = self.final_dir or self.out_dir
+
+    def release_model(self) -> None:
+        """Drop the eager model once nothing after needs it (the reference logits exist): every later
+        stage works on ONNX graphs, and the weights would otherwise count against each one's memory."""
+        if self.loaded is None or self.loaded.model is None:
+            return
+        self.loaded = dataclasses.replace(self.loaded, model=None)
+        if self.effective is not None:
+            self.effective = dataclasses.replace(self.effective, loaded=self.loaded)
+        gc.collect()
 
     # -- artifacts ----------------------------------------------------------------------------
     def path(self, role: str) -> Path:

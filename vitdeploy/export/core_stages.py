@@ -17,6 +17,7 @@ from ..base.vocab import EXPORT_REPORT_NAME
 from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 from ..runtime.backends import first_line
 from . import manifest as manifest_mod
+from . import memory_budget
 from .context import ExportContext, StageRecord
 from .onnx import INPUT_NAME, OUTPUT_NAME
 from .rows import Artifact, Made, Stage, ort_gate
@@ -52,6 +53,7 @@ def _model(ctx: ExportContext, rec: StageRecord) -> Made:
     rec.details = describe(ctx.effective, cfg)
     ctx.name = cfg.model.name or ctx.loaded.name
     save_checkpoint(ctx.out_dir, ctx.loaded.model, ctx.loaded.labels, ctx.spec, ctx.name)
+    ctx.weights = memory_budget.weight_bytes(ctx.loaded.model)
     rec.outputs = [ctx.path("weights"), ctx.path("weights-config")]  # in the manifest last (the manifest row)
     vit = ctx.loaded.config
     ctx.chw = (vit.in_channels, vit.image_size, vit.image_size)
@@ -94,6 +96,7 @@ def _reference(ctx: ExportContext, rec: StageRecord) -> Made:
         min_count=max(ctx.sizes),
     )
     ctx.reference = reference_logits(ctx.loaded.model, ctx.inputs.batch)
+    ctx.release_model()  # the last stage that runs the eager model
     n, n_images = len(ctx.inputs.names), ctx.inputs.image_count
     rec.reason = f"eager PyTorch logits for {n} inputs ({n_images} images, {n - n_images} noise)"
     return ()

@@ -93,8 +93,7 @@ def run_stages(ctx: ExportContext, table: Sequence[Stage] = STAGES) -> None:
             continue
         with _unless_optional(ctx, row):
             with ctx.stage(row.name) as rec:
-                if ctx.loaded is not None:
-                    memory_budget.check(row.name, memory_budget.weight_bytes(ctx.loaded.model))
+                memory_budget.check(row.name, ctx.weights)
                 made = row.run(ctx, rec)
                 rec.outputs = rec.outputs or [f for artifact in made for f in artifact.files]
             if rec.status != "skipped":  # a stage that found it cannot make its artifact marks itself skipped

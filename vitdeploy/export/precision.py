@@ -36,12 +36,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..base import memory
 from ..base._deps import require
 from ..base._files import atomic_path
 from ..base.errors import ExportError
-from .onnx import without_weights
+from .onnx import is_weight_matrix, without_weights, write_streamed
 
 log = logging.getLogger(__name__)
+
+#: what the converter is told: FP16's largest finite value (weights beyond it are clamped, not inf), and
+#: its own default for the smallest magnitude kept (smaller ones are clamped to it, not flushed to zero)
+_FP16_MAX, _FP16_MIN_POSITIVE = 65504.0, 1e-7
 
 
 @dataclass(frozen=True)
@@ -67,18 +72,18 @@ def hot_nodes(peaks: dict[str, float], max_abs_activation: float) -> list[str]:
 
 
 def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str, batch: int = 1) -> dict[str, float]:
-    """Max |value| of every float node output over ``calibration``, by producing node name.
+    """Max |value| of every float node output over ``calibration``, by producing node name (inf when
+    a value is not finite: NaN or inf is always hot).
 
-    Every float node output becomes a graph output of a probe graph run in ONNX Runtime with its
-    optimizations off (so every node is seen). What that costs in memory is kept to the graph's own
-    weights once: shapes are inferred on a copy without the weights, the probe is written to disk and
-    the in-memory graph dropped before ONNX Runtime reads it back, without prepacking the weights, and
-    ``batch`` images at a time (every activation of a run is alive together: one image of ViT-H is ~1 GB
-    of them), reduced to one number per node as the runs stream."""
+    A probe graph reduces every float node output to two scalars inside ONNX Runtime (``ReduceMax`` of
+    ``Abs``, and ``ReduceSum`` of ``x - x``, NaN exactly when some element is not finite, since
+    ``ReduceMax`` skips NaN), run with graph optimizations off so that every node is seen. So a run
+    holds what inference holds, not every activation at once as outputs (one image of ViT-H is ~1 GB
+    of them); shapes are inferred on a copy without the weights, the probe is written to disk and the
+    in-memory graph dropped before ONNX Runtime reads it back, without prepacking the weights."""
     onnx = require("onnx", "FP16 calibration")
     ort = require("onnxruntime", "FP16 calibration")
     model = onnx.load(str(onnx_path), load_external_data=False)
-    graph_outputs = {o.name for o in model.graph.output}
     inferred = onnx.shape_inference.infer_shapes(without_weights(model))
     float_values = {
         v.name
@@ -86,17 +91,35 @@ def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str, 
         if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
     }
     del inferred
-    producers: dict[str, str] = {}
+    probes: dict[str, list[tuple[str, str]]] = {}  # node -> (peak, non-finite check) of each float output
+    nodes: list[Any] = []  # each node followed by its reductions: ONNX Runtime frees a value once reduced
     for node in model.graph.node:
+        nodes.append(node)
         for out in node.output:
             if out in float_values:
-                producers[out] = node.name
-                if out not in graph_outputs:
-                    model.graph.output.add().name = out
+                peak, bad, absolute, diff = (f"{out}/vitdeploy.{k}" for k in ("peak", "bad", "abs", "diff"))
+                nodes += [
+                    onnx.helper.make_node("Abs", [out], [absolute]),
+                    onnx.helper.make_node("ReduceMax", [absolute], [peak], keepdims=0),
+                    onnx.helper.make_node("Sub", [out, out], [diff]),
+                    onnx.helper.make_node("ReduceSum", [diff], [bad], keepdims=0),
+                ]
+                probes.setdefault(node.name, []).append((peak, bad))
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    del nodes
+    del model.graph.output[:]
+    for pairs in probes.values():
+        for peak, bad in pairs:
+            model.graph.output.extend([onnx.helper.make_empty_tensor_value_info(peak)])
+            model.graph.output.extend([onnx.helper.make_empty_tensor_value_info(bad)])
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # see every node
     opts.add_session_config_entry("session.disable_prepacking", "1")  # a probe: no second copy of the weights
-    opts.enable_cpu_mem_arena = False  # each run's activations are freed, not kept for the next
+    # each value freed once reduced: nodes run in the order given (each followed by its reductions), and no
+    # memory pattern (it plans one block for every value of a run: measured 0.8 GB over ViT-B's weights)
+    opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    opts.enable_mem_pattern = False
     peaks: dict[str, float] = {}
     # Beside the source, so that weights it keeps in external data are read where they lie (not copied).
     fd, name = tempfile.mkstemp(prefix=".fp16-probe-", dir=onnx_path.parent)
@@ -109,17 +132,15 @@ def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str, 
             onnx.save_model(model, str(probe), save_as_external_data=True, location=probe.name + ".data")
         del model
         gc.collect()
+        memory.give_back()  # the graph's bytes, before ONNX Runtime maps the weights
         session = ort.InferenceSession(str(probe), opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in session.get_outputs()]
         for start in range(0, len(calibration), batch):
-            values = session.run(names, {input_name: calibration[start : start + batch]})
-            for out, value in zip(names, values):
-                if out in producers and value.size:
-                    finite = np.all(np.isfinite(value))
-                    peak = float(np.max(np.abs(value))) if finite else float("inf")  # NaN/inf: always hot
-                    node = producers[out]
-                    peaks[node] = max(peaks.get(node, 0.0), peak)
-            del values
+            got = dict(zip(names, session.run(names, {input_name: calibration[start : start + batch]})))
+            for node, pairs in probes.items():
+                for peak, bad in pairs:
+                    value = float("inf") if np.isnan(got[bad]) else float(got[peak])
+                    peaks[node] = max(peaks.get(node, 0.0), value)
         del session
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types
         raise ExportError(f"FP16 calibration of {onnx_path.name} failed in ONNX Runtime: {exc}") from exc
@@ -156,48 +177,82 @@ def convert_fp16(
             max_abs_activation,
             ", ".join(hot[:10]),
         )
-    model = onnx.load(str(onnx_path))
-    # the converter's own shape inference would copy the model with its weights: inferred here without them
-    inferred = onnx.shape_inference.infer_shapes(without_weights(model)).graph.value_info
+    # The converter works on the graph without its weight matrices (nearly all of a ViT's bytes): it
+    # only retypes them. Each is converted (or kept float32) as it is written, one at a time, so memory
+    # holds the source's weights once, not their FP16 copies, a serialized copy and a reloaded one too.
+    source = onnx.load(str(onnx_path), load_external_data=False)  # weights kept external stay on disk
+    float_outputs = {o.name for o in source.graph.output if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+    model = without_weights(source)
+    # the converter's own shape inference would copy the model: inferred here once, without the weights
+    inferred = onnx.shape_inference.infer_shapes(model).graph.value_info
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred)
     del inferred
     _drop_initializer_value_info(model.graph)
-    _unshare_initializers(model.graph, lambda n: n.op_type in set(keep_fp32_ops) or n.name in set(blocked))
-    try:
-        with warnings.catch_warnings(record=True) as clamped:  # one warning per tiny weight clamped to FP16
-            warnings.simplefilter("always", UserWarning)
+    copies = _unshare_initializers(model.graph, lambda n: n.op_type in set(keep_fp32_ops) or n.name in set(blocked))
+    with warnings.catch_warnings(record=True) as clamped:  # one warning per constant clamped to FP16's range
+        warnings.simplefilter("always", UserWarning)
+        try:
             converted = float16.convert_float_to_float16(
                 model,
                 keep_io_types=True,
                 op_block_list=list(keep_fp32_ops),
                 node_block_list=blocked,
-                max_finite_val=65504.0,
+                max_finite_val=_FP16_MAX,
                 disable_shape_infer=True,
             )
-        if clamped:
-            log.info("FP16 conversion clamped %d float32 constants to FP16's range", len(clamped))
-    except Exception as exc:  # noqa: BLE001
-        raise ExportError(f"FP16 conversion of {onnx_path.name} failed: {type(exc).__name__}: {exc}") from exc
-    _drop_fp16_round_trips(converted.graph, onnx.TensorProto)
-    _float_outputs(
-        converted.graph,
-        {
-            o.name
-            for o in onnx.load(str(onnx_path), load_external_data=False).graph.output
-            if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-        },
-        onnx.TensorProto,
-    )
-    with atomic_path(out_path) as tmp:
-        onnx.save_model(converted, str(tmp))
-        try:
-            onnx.checker.check_model(str(tmp), full_check=True)
         except Exception as exc:  # noqa: BLE001
-            raise ExportError(f"FP16 graph {out_path.name} fails onnx.checker: {exc}") from exc
+            raise ExportError(f"FP16 conversion of {onnx_path.name} failed: {type(exc).__name__}: {exc}") from exc
+        _drop_fp16_round_trips(converted.graph, onnx.TensorProto)
+        _float_outputs(converted.graph, float_outputs, onnx.TensorProto)
+        weights = _WeightsAsConverted(source, onnx_path.parent, converted.graph, copies, float16)
+        with atomic_path(out_path) as tmp:
+            write_streamed(converted, tmp, weights)
+            del weights, source
+            try:
+                onnx.checker.check_model(str(tmp), full_check=True)
+            except Exception as exc:  # noqa: BLE001
+                raise ExportError(f"FP16 graph {out_path.name} fails onnx.checker: {exc}") from exc
+    if clamped:
+        log.info("FP16 conversion clamped %d float32 constants to FP16's range", len(clamped))
     top = dict(sorted(peaks.items(), key=lambda kv: -kv[1])[:5])
     kept = tuple(n.name for n in model.graph.node if n.op_type in set(keep_fp32_ops) or n.name in set(blocked))
     return Fp16Result(out_path, tuple(keep_fp32_ops), tuple(hot), {k: round(v, 3) for k, v in top.items()}, kept)
+
+
+class _WeightsAsConverted:
+    """The weights the converter saw without their bytes (weight matrices, and any initializer kept in
+    external data), each made as the converted graph types it when :func:`write_streamed` asks for it:
+    read from the source (its external data file if there), converted with the converter's own tensor
+    conversion when it became FLOAT16. Every other initializer is the converted graph's own."""
+
+    def __init__(self, source: Any, folder: Path, converted: Any, copies: dict[str, str], float16: Any) -> None:
+        onnx = require("onnx", "FP16 conversion")
+        self._onnx, self._float16, self._folder, self._copies = onnx, float16, folder, copies
+        self._source = {t.name: t for t in source.graph.initializer}
+        external = {n for n, t in self._source.items() if t.data_location == onnx.TensorProto.EXTERNAL}
+        self._types = {
+            t.name: t.data_type
+            for t in converted.initializer
+            if is_weight_matrix(t) or copies.get(t.name, t.name) in external
+        }
+
+    def get(self, name: str, default: Any = None) -> Any:
+        if name not in self._types:
+            return default
+        onnx = self._onnx
+        tensor = onnx.TensorProto()
+        tensor.CopyFrom(self._source[self._copies.get(name, name)])
+        tensor.name = name
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            from onnx.external_data_helper import load_external_data_for_tensor
+
+            load_external_data_for_tensor(tensor, str(self._folder))
+            del tensor.external_data[:]
+            tensor.data_location = onnx.TensorProto.DEFAULT
+        if self._types[name] == onnx.TensorProto.FLOAT16 and tensor.data_type == onnx.TensorProto.FLOAT:
+            self._float16.convert_tensor_float_to_float16(tensor, _FP16_MIN_POSITIVE, _FP16_MAX)
+        return tensor
 
 
 def _drop_initializer_value_info(graph: Any) -> None:
@@ -207,14 +262,16 @@ def _drop_initializer_value_info(graph: Any) -> None:
     graph.value_info.extend(keep)
 
 
-def _unshare_initializers(graph: Any, kept: Any) -> None:
-    """An initializer read by nodes kept float32 (``kept(node)``) and by others: a copy for the former."""
+def _unshare_initializers(graph: Any, kept: Any) -> dict[str, str]:
+    """An initializer read by nodes kept float32 (``kept(node)``) and by others: a copy for the former.
+    Returns each copy's name -> the name of the initializer it copies."""
     inits = {t.name: t for t in graph.initializer}
     readers: dict[str, list[Any]] = {}
     for node in graph.node:
         for name in node.input:
             if name in inits:
                 readers.setdefault(name, []).append(node)
+    copies: dict[str, str] = {}
     for name, nodes in readers.items():
         float_nodes = [n for n in nodes if kept(n)]
         if float_nodes and len(float_nodes) < len(nodes):
@@ -225,8 +282,10 @@ def _unshare_initializers(graph: Any, kept: Any) -> None:
                 for i in range(len(inits) + 1)
                 if f"{name}.fp32{'' if i == 0 else i}" not in inits
             )
+            copies[copy.name] = name
             for node in float_nodes:
                 node.input[:] = [copy.name if i == name else i for i in node.input]
+    return copies
 
 
 def _cast_to(node: Any) -> int | None:
