@@ -188,7 +188,7 @@ def test_an_int8_tensorrt_graph_that_cannot_beat_the_fp16_engine_stops_before_an
 ):
     timed = _gpu_doubles(monkeypatch, probe=1.05, shipped=2.0)
     judged = []
-    monkeypatch.setattr("vitdeploy.export.precision_stages._judge", lambda *a: judged.append(a) or None)
+    monkeypatch.setattr("vitdeploy.export.precision_stages._Judge.__call__", lambda *a: judged.append(a) or None)
     ctx = _trt_export(tmp_path, tiny_checkpoint, {"tensorrt": True, "min_speedup": 1.3}, IMPOSSIBLE)
     assert timed == ["probe.engine"] and not judged  # timed once, fully quantized; not one judgement
     assert [r.stage for r in ctx.refused] == ["int8-trt"]  # asked for: refused (exit 4), the rest kept

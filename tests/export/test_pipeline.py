@@ -268,15 +268,11 @@ def test_failed_validation_exits_3_with_expected_vs_actual_and_rejects_the_artif
 def test_stage_killed_midway_leaves_no_half_written_artifact(tmp_path: Path, monkeypatch, export_config):
     from vitdeploy.export.pipeline import run_export
 
-    real_save = onnx.save_model
+    def write(proto, path, *args, **kwargs):  # the FP16 stage dies after writing part of its file
+        Path(path).write_bytes(b"partial")
+        raise KeyboardInterrupt
 
-    def save(model, path, *args, **kwargs):
-        if "fp16" in Path(path).name:  # the FP16 stage dies after writing part of its file
-            Path(path).write_bytes(b"partial")
-            raise KeyboardInterrupt
-        return real_save(model, path, *args, **kwargs)
-
-    monkeypatch.setattr(onnx, "save_model", save)
+    monkeypatch.setattr("vitdeploy.export.precision.write_streamed", write)
     with pytest.raises(KeyboardInterrupt):
         run_export(
             export_config({"validation": {"noise_samples": 2}, "export": {"batch": {"max": 4, "opt": 2}}}),

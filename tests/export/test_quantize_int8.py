@@ -79,34 +79,38 @@ def test_dynamic_mode_answers_depend_on_the_batch(demo_artifacts, tmp_path):
 
 
 def test_the_autopilot_steps_share_one_calibration_and_write_the_same_graphs(demo_artifacts, tmp_path, monkeypatch):
-    """The ranges calibrated once serve every step: each step's graph is the same bytes as one
-    calibrated on its own, and the calibration ran once (counted at ONNX Runtime's calibrator)."""
+    """The ranges are calibrated once, by vitdeploy's probe (export/probe.py), never by ONNX Runtime's
+    calibrator, and serve every step: each step's graph is the same bytes as one quantize_static
+    calibrates on its own with its calibrator, for both placements."""
     import inspect
     import sys
 
     import onnxruntime.quantization  # noqa: F401 - loads the module below (the package's name for it is a function)
 
-    from vitdeploy.export.quantize import prepare, quantizable_nodes, quantize_prepared
+    from vitdeploy.export import quantize
+    from vitdeploy.export.quantize import ORT_CPU, TENSORRT, prepare, quantizable_nodes, quantize_prepared
 
     ort_quantize = sys.modules["onnxruntime.quantization.quantize"]
     if "calibration_cache_path" not in inspect.signature(ort_quantize.quantize_static).parameters:
         pytest.skip("this ONNX Runtime has no calibration cache (< 1.32): every step calibrates")
     artifacts = Artifacts.open(demo_artifacts)
-    calls = []
-    real = ort_quantize.create_calibrator
-    monkeypatch.setattr(ort_quantize, "create_calibrator", lambda *a, **k: calls.append(1) or real(*a, **k))
-    pre = prepare(demo_artifacts / "model.ort.onnx", tmp_path / "pre.onnx")
+    theirs, ours = [], []
+    real, real_ours = ort_quantize.create_calibrator, quantize.calibrate_minmax
+    monkeypatch.setattr(ort_quantize, "create_calibrator", lambda *a, **k: theirs.append(1) or real(*a, **k))
+    monkeypatch.setattr(quantize, "calibrate_minmax", lambda *a, **k: ours.append(1) or real_ours(*a, **k))
     calib = _demo_batch(artifacts, 16)
-    nodes = quantizable_nodes(pre)
-    steps = [(), tuple(nodes[:2]), tuple(nodes[-3:])]
-    shared = tmp_path / "ranges.json"
-    for i, keep in enumerate(steps):
-        args = dict(input_name=artifacts.input_name, calibration=calib, keep_float=keep)
-        quantize_prepared(pre, tmp_path / f"shared{i}.onnx", ranges=shared, **args)
-        quantize_prepared(pre, tmp_path / f"alone{i}.onnx", **args)
-    assert len(calls) == 1 + len(steps)  # one for the shared steps, one per step alone
-    for i in range(len(steps)):
-        assert (tmp_path / f"shared{i}.onnx").read_bytes() == (tmp_path / f"alone{i}.onnx").read_bytes()
+    for placement, src in ((ORT_CPU, "model.ort.onnx"), (TENSORRT, "model.onnx")):
+        theirs.clear(), ours.clear()
+        pre = prepare(demo_artifacts / src, tmp_path / f"{placement.name}.pre.onnx", placement=placement)
+        nodes = quantizable_nodes(pre, placement.op_types)
+        steps = [(), tuple(nodes[:2]), tuple(nodes[-3:])]
+        shared = tmp_path / f"{placement.name}.ranges.json"
+        for i, keep in enumerate(steps):
+            args = dict(input_name=artifacts.input_name, calibration=calib, keep_float=keep, placement=placement)
+            quantize_prepared(pre, tmp_path / f"shared{i}.onnx", ranges=shared, **args)
+            quantize_prepared(pre, tmp_path / f"alone{i}.onnx", **args)  # no cache: ONNX Runtime calibrates
+            assert (tmp_path / f"shared{i}.onnx").read_bytes() == (tmp_path / f"alone{i}.onnx").read_bytes()
+        assert (len(ours), len(theirs)) == (1, len(steps)), placement.name  # shared: calibrated once, by us
 
 
 def test_the_graph_is_the_same_bytes_as_onnx_runtimes_own_pre_processing_and_calibration(demo_artifacts, tmp_path):
@@ -366,6 +370,12 @@ def test_autopilot_returns_nodes_to_float_until_the_gate_passes(demo_artifacts, 
     assert steps[1]["step"] == "op type Gemm float" and steps[-1]["passed"]
     assert steps[-1]["metrics"]["cosine"] >= min_cosine
     assert not any(s["passed"] for s in steps[:-1])
+    # a failing step may be judged on the inputs the step before failed on (a proof for all of them);
+    # the first step, with nothing before it, and the step that passes are judged on every input
+    assert "inputs_judged" not in steps[0]["metrics"] and "inputs_judged" not in steps[-1]["metrics"]
+    for step in steps:
+        if "inputs_judged" in step["metrics"]:
+            assert not step["passed"] and all("inputs run: the others cannot make up" in f for f in step["failures"])
     kept = [set(s["keep_float"]) for s in steps]
     assert all(a < b for a, b in zip(kept, kept[1:])), "each step returns more nodes to float"
     assert record["passed"] is True and record["keep_float"] == steps[-1]["keep_float"]

@@ -87,8 +87,12 @@ class AutopilotResult:
 
 
 def _graph(path: Path) -> Any:
+    """The graph at ``path`` without its weight matrices (export/onnx.py ``without_weights``): what the
+    steps are chosen from is its structure; the weights are held by whatever quantizes or converts."""
     onnx = require("onnx", "the precision autopilot")
-    return onnx.load(str(path), load_external_data=False)
+    from .onnx import without_weights
+
+    return without_weights(onnx.load(str(path), load_external_data=False))
 
 
 # --------------------------------------------------------------------------------------------
@@ -190,6 +194,24 @@ def climb(
     raise GateError(f"{unmet} ({len(done)} steps: {table})", done)
 
 
+def range_peaks(model: Any, ranges: Path | None) -> dict[str, float]:
+    """Max |value| of each calibrated tensor of ``model``, by producing node, from MinMax calibration's
+    ranges (``quantize_static``'s cache file ``ranges``; empty when there is none): what
+    :func:`widest_first` reads of the quantized nodes' inputs, without running the graph again."""
+    if ranges is None or not Path(ranges).is_file():
+        return {}
+    from onnxruntime.quantization.calibrate import load_tensors_data
+
+    producer = {out: n.name for n in model.graph.node for out in n.output}
+    peaks: dict[str, float] = {}
+    for name, data in load_tensors_data(ranges).data.items():
+        low, high = data.range_value
+        node = producer.get(name)
+        if node is not None:
+            peaks[node] = max(peaks.get(node, 0.0), float(np.max(np.abs(low))), float(np.max(np.abs(high))))
+    return peaks
+
+
 def _block_groups(
     model: Any, spans: list[list[str]], depth: int, peaks: Mapping[str, float] | None, other: str
 ) -> list[tuple[str, list[str]]]:
@@ -223,7 +245,10 @@ def run_autopilot(
 
     def groups() -> list[tuple[str, list[str]]]:
         spans = [[n for n in span if kind[n] in ops] for span in block_spans(model, depth)]
-        peaks = activation_peaks(pre, calibration, input_name) if calibration is not None and len(spans) > 1 else None
+        peaks = None
+        if calibration is not None and len(spans) > 1:  # the calibrated ranges say it when they are MinMax's
+            ranges = quantize.get("ranges") if quantize.get("method", "minmax") == "minmax" else None
+            peaks = range_peaks(model, ranges) or activation_peaks(pre, calibration, input_name)
         return _block_groups(model, spans, depth, peaks, f"other {'/'.join(ops)} float")
 
     names = "/".join(ops)
@@ -300,6 +325,7 @@ __all__ = [
     "block_spans",
     "climb",
     "ladder",
+    "range_peaks",
     "run_autopilot",
     "run_fp16_autopilot",
     "widest_first",

@@ -73,6 +73,36 @@ def logit_metrics(reference: np.ndarray, candidate: np.ndarray) -> tuple[dict[st
 def compare(reference: np.ndarray, candidate: np.ndarray, tolerance: Mapping[str, float]) -> Comparison:
     """Judge ``candidate`` against ``reference`` (N, K) with ``tolerance`` (a Tolerance dump)."""
     metrics, flipped = logit_metrics(reference, candidate)
+    return Comparison(metrics, {k: float(v) for k, v in tolerance.items()}, _failures(metrics, tolerance), flipped)
+
+
+def proven_failure(
+    reference: np.ndarray, candidate: np.ndarray, total: int, tolerance: Mapping[str, float]
+) -> Comparison | None:
+    """What some rows (``reference``/``candidate``: n of the ``total`` a judgement covers) already prove:
+    each metric bounded with every row not run at its best (no difference, cosine 1, top-1 and top-5
+    kept): the largest difference and the lowest cosine are at least as bad as these rows', the means
+    at least as bad as these rows' share of them. A Comparison failing on every bound that misses its
+    threshold (its metrics are those bounds, ``inputs_judged`` says on how many rows), or None when the
+    rows prove nothing: then only every row can judge."""
+    metrics, flipped = logit_metrics(reference, candidate)
+    n, rest = len(reference), total - len(reference)
+    bounds = {
+        "max_abs_diff": metrics["max_abs_diff"],
+        "mean_abs_diff": metrics["mean_abs_diff"] * n / total,
+        "cosine": metrics["cosine"],
+        "top1_agreement": (metrics["top1_agreement"] * n + rest) / total,
+        "top5_overlap": (metrics["top5_overlap"] * n + rest) / total,
+    }
+    failures = _failures(bounds, tolerance, f" ({n} of {total} inputs run: the others cannot make up for it)")
+    if not failures:
+        return None
+    thresholds = {k: float(v) for k, v in tolerance.items()}
+    return Comparison({**bounds, "inputs_judged": float(n)}, thresholds, failures, flipped)
+
+
+def _failures(metrics: Mapping[str, float], tolerance: Mapping[str, float], qualifier: str = "") -> tuple[str, ...]:
+    """Every metric that misses its threshold, as a line (``qualifier``: said of a bound)."""
     failures = []
     for metric, (key, kind) in _RULES.items():
         if key not in tolerance:
@@ -81,8 +111,27 @@ def compare(reference: np.ndarray, candidate: np.ndarray, tolerance: Mapping[str
         ok = value <= limit if kind == "max" else value >= limit
         if not ok:
             op = "<=" if kind == "max" else ">="
-            failures.append(f"{metric}: expected {op} {limit:g}, got {value:.6g}")
-    return Comparison(metrics, {k: float(v) for k, v in tolerance.items()}, tuple(failures), flipped)
+            bound = ("at least " if kind == "max" else "at most ") if qualifier else ""
+            failures.append(f"{metric}: expected {op} {limit:g}, got {bound}{value:.6g}{qualifier}")
+    return tuple(failures)
+
+
+def failing_rows(
+    reference: np.ndarray, candidate: np.ndarray, tolerance: Mapping[str, float], most: int = 8
+) -> list[int]:
+    """The rows that fail on their own (top-1 changed, or their largest difference or cosine past its
+    threshold), worst first, at most ``most``: the witnesses a next, similar candidate is tried on first."""
+    ref, cand = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
+    per = per_image(ref, cand)
+    diff = np.array([np.inf if v is None else v for v in per["max_abs_diff"]])
+    cosine = np.array([-1.0 if v is None else v for v in per["cosine"]])
+    bad = ref.argmax(axis=1) != cand.argmax(axis=1)
+    if "max_abs_diff" in tolerance:
+        bad |= diff > float(tolerance["max_abs_diff"])
+    if "min_cosine" in tolerance:
+        bad |= cosine < float(tolerance["min_cosine"])
+    rows = [int(i) for i in np.flatnonzero(bad)]
+    return sorted(rows, key=lambda i: -diff[i])[:most]
 
 
 def per_image(reference: np.ndarray, candidate: np.ndarray) -> dict[str, list[float]]:

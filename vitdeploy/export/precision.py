@@ -25,10 +25,7 @@ float32 output.
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
-import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +33,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..base import memory
 from ..base._deps import require
 from ..base._files import atomic_path
 from ..base.errors import ExportError
@@ -72,81 +68,24 @@ def hot_nodes(peaks: dict[str, float], max_abs_activation: float) -> list[str]:
 
 
 def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str, batch: int = 1) -> dict[str, float]:
-    """Max |value| of every float node output over ``calibration``, by producing node name (inf when
-    a value is not finite: NaN or inf is always hot).
-
-    A probe graph reduces every float node output to two scalars inside ONNX Runtime (``ReduceMax`` of
-    ``Abs``, and ``ReduceSum`` of ``x - x``, NaN exactly when some element is not finite, since
-    ``ReduceMax`` skips NaN), run with graph optimizations off so that every node is seen. So a run
-    holds what inference holds, not every activation at once as outputs (one image of ViT-H is ~1 GB
-    of them); shapes are inferred on a copy without the weights, the probe is written to disk and the
-    in-memory graph dropped before ONNX Runtime reads it back, without prepacking the weights."""
+    """Max |value| of every float node output over ``calibration``, by producing node name (inf when a
+    value is not finite: NaN or inf is always hot), reduced inside ONNX Runtime as the runs stream
+    (export/probe.py: what a run holds is what inference holds, the weights once)."""
     onnx = require("onnx", "FP16 calibration")
-    ort = require("onnxruntime", "FP16 calibration")
+    from .probe import float_values, reduce_values
+
     model = onnx.load(str(onnx_path), load_external_data=False)
-    inferred = onnx.shape_inference.infer_shapes(without_weights(model))
-    float_values = {
-        v.name
-        for v in list(inferred.graph.value_info) + list(inferred.graph.output)
-        if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-    }
-    del inferred
-    probes: dict[str, list[tuple[str, str]]] = {}  # node -> (peak, non-finite check) of each float output
-    nodes: list[Any] = []  # each node followed by its reductions: ONNX Runtime frees a value once reduced
-    for node in model.graph.node:
-        nodes.append(node)
-        for out in node.output:
-            if out in float_values:
-                peak, bad, absolute, diff = (f"{out}/vitdeploy.{k}" for k in ("peak", "bad", "abs", "diff"))
-                nodes += [
-                    onnx.helper.make_node("Abs", [out], [absolute]),
-                    onnx.helper.make_node("ReduceMax", [absolute], [peak], keepdims=0),
-                    onnx.helper.make_node("Sub", [out, out], [diff]),
-                    onnx.helper.make_node("ReduceSum", [diff], [bad], keepdims=0),
-                ]
-                probes.setdefault(node.name, []).append((peak, bad))
-    del model.graph.node[:]
-    model.graph.node.extend(nodes)
-    del nodes
-    del model.graph.output[:]
-    for pairs in probes.values():
-        for peak, bad in pairs:
-            model.graph.output.extend([onnx.helper.make_empty_tensor_value_info(peak)])
-            model.graph.output.extend([onnx.helper.make_empty_tensor_value_info(bad)])
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # see every node
-    opts.add_session_config_entry("session.disable_prepacking", "1")  # a probe: no second copy of the weights
-    # each value freed once reduced: nodes run in the order given (each followed by its reductions), and no
-    # memory pattern (it plans one block for every value of a run: measured 0.8 GB over ViT-B's weights)
-    opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    opts.enable_mem_pattern = False
+    floats = {v for v, t in float_values(model).items() if t == onnx.TensorProto.FLOAT}
+    producers = {out: node.name for node in model.graph.node for out in node.output if out in floats}
+    wanted = {value: ("absmax", "nonfinite") for value in producers}
     peaks: dict[str, float] = {}
-    # Beside the source, so that weights it keeps in external data are read where they lie (not copied).
-    fd, name = tempfile.mkstemp(prefix=".fp16-probe-", dir=onnx_path.parent)
-    os.close(fd)
-    probe = Path(name)
     try:
-        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-            onnx.save_model(model, str(probe))  # the references to the source's data file stay as they are
-        else:  # weights inline: written once beside the probe (works past protobuf's 2 GB)
-            onnx.save_model(model, str(probe), save_as_external_data=True, location=probe.name + ".data")
-        del model
-        gc.collect()
-        memory.give_back()  # the graph's bytes, before ONNX Runtime maps the weights
-        session = ort.InferenceSession(str(probe), opts, providers=["CPUExecutionProvider"])
-        names = [o.name for o in session.get_outputs()]
-        for start in range(0, len(calibration), batch):
-            got = dict(zip(names, session.run(names, {input_name: calibration[start : start + batch]})))
-            for node, pairs in probes.items():
-                for peak, bad in pairs:
-                    value = float("inf") if np.isnan(got[bad]) else float(got[peak])
-                    peaks[node] = max(peaks.get(node, 0.0), value)
-        del session
-    except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types
-        raise ExportError(f"FP16 calibration of {onnx_path.name} failed in ONNX Runtime: {exc}") from exc
-    finally:
-        probe.unlink(missing_ok=True)
-        probe.with_name(probe.name + ".data").unlink(missing_ok=True)
+        for run in reduce_values(onnx_path, calibration, input_name, wanted, batch=batch, model=model):
+            for value, stat in run.items():
+                peak = float("inf") if np.isnan(stat["nonfinite"]) else stat["absmax"]
+                peaks[producers[value]] = max(peaks.get(producers[value], 0.0), peak)
+    except ExportError as exc:
+        raise ExportError(f"FP16 calibration of {onnx_path.name} failed: {exc}") from exc
     return peaks
 
 

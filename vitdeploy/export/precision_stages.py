@@ -31,20 +31,42 @@ from .rows import Artifact, Made, Stage, ort_gate
 log = logging.getLogger(__name__)
 
 
-def _judge(ctx: ExportContext, path: Path, label: str, tolerance: Any) -> Any:
-    """One autopilot step: the candidate graph at the largest validation batch against eager PyTorch.
-    Its logits are kept for the graph as written: the validation of the step that passes reuses them."""
-    from ..runtime.backends.ort import OrtBackend
-    from .compare import compare
-    from .validate import run_in_batches
+class _Judge:
+    """An autopilot's judge: each candidate graph against eager PyTorch at the largest validation batch,
+    its logits kept for the graph as written (the validation of the step that passes reuses them).
 
-    backend = OrtBackend(path, ctx.chw, None, CPU, name=label)
-    try:
-        logits = run_in_batches(backend, ctx.inputs.batch, max(ctx.sizes))
-    finally:
-        backend.close()
-    ctx.judged = {ctx.file_identity(path): logits}  # only the latest step can be the graph that ships
-    return compare(ctx.reference, logits, tolerance.model_dump())
+    Steps differ by a few nodes, and the inputs a step failed on tend to fail the next one too: a step
+    first runs those inputs alone (batch 1, a validated size); when they already prove the gate missed
+    whatever the other inputs give (compare.proven_failure), the step fails on them, at the cost of a
+    few inputs instead of all. Otherwise (or when nothing failed before) every input runs: a step that
+    passes is always judged on all of them."""
+
+    def __init__(self, ctx: ExportContext, label: str, tolerance: Any) -> None:
+        self.ctx, self.label, self.tolerance = ctx, label, tolerance.model_dump()
+        self.witnesses: list[int] = []
+
+    def __call__(self, path: Path) -> Any:
+        from ..runtime.backends.ort import OrtBackend
+        from .compare import compare, failing_rows, proven_failure
+        from .validate import run_in_batches
+
+        ctx = self.ctx
+        backend = OrtBackend(path, ctx.chw, None, CPU, name=self.label)
+        try:
+            if self.witnesses:
+                rows = self.witnesses
+                alone = np.concatenate([backend.run(ctx.inputs.batch[i : i + 1]) for i in rows])
+                proof = proven_failure(ctx.reference[rows], alone, len(ctx.reference), self.tolerance)
+                if proof is not None:
+                    ctx.judged = {}
+                    return proof
+            logits = run_in_batches(backend, ctx.inputs.batch, max(ctx.sizes))
+        finally:
+            backend.close()
+        ctx.judged = {ctx.file_identity(path): logits}  # only the latest step can be the graph that ships
+        verdict = compare(ctx.reference, logits, self.tolerance)
+        self.witnesses = [] if verdict.passed else failing_rows(ctx.reference, logits, self.tolerance)
+        return verdict
 
 
 # -- FP16 ---------------------------------------------------------------------------------------
@@ -69,7 +91,7 @@ def _fp16(ctx: ExportContext, rec: StageRecord) -> Made:
 
         try:
             pilot = run_fp16_autopilot(
-                onnx_path, path, judge=lambda p: _judge(ctx, p, ORT_FP16, gate), depth=ctx.loaded.config.depth, **args
+                onnx_path, path, judge=_Judge(ctx, ORT_FP16, gate), depth=ctx.loaded.config.depth, **args
             )
         except GateError as exc:  # the table goes into export-report.json
             ctx.validation["validate-fp16"] = {
@@ -199,7 +221,7 @@ def _quantized(
         pilot = run_autopilot(
             pre,
             path,
-            judge=lambda p: _judge(ctx, p, target.label, ctx.cfg.validation.int8),
+            judge=_Judge(ctx, target.label, ctx.cfg.validation.int8),
             depth=ctx.loaded.config.depth,
             stage=f"validate-{target.stage}",
             speed=speed,
