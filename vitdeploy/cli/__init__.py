@@ -162,6 +162,15 @@ def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
     _print_export(cfg, result)
 
 
+def _memory_terms(peak: int, record: dict[str, int]) -> str:
+    """`` = <held> held without the model + <k>x its <w> of FP32 weights``, where the export recorded both."""
+    weights, held = record.get("weights_bytes"), record.get("held_without_model_bytes")
+    if not weights or not held:
+        return ""
+    share = (peak - held) / weights
+    return f" = {human(held)} held without the model + {share:.1f}x its {human(weights)} of FP32 weights"
+
+
 def _print_export(cfg: Any, result: Any) -> None:
     click.echo("artifacts:")
     for role, path in result.artifacts.items():
@@ -172,7 +181,8 @@ def _print_export(cfg: Any, result: Any) -> None:
     peaks = [s for s in result.stages if getattr(s, "peak_rss", None)]
     if peaks:
         top = max(peaks, key=lambda s: s.peak_rss)
-        click.echo(f"peak memory: {human(top.peak_rss)} ({top.name}); every stage's peak: manifest.json stages")
+        terms = _memory_terms(top.peak_rss, result.memory)
+        click.echo(f"peak memory: {human(top.peak_rss)} ({top.name}){terms}; every stage's peak: manifest.json stages")
     report = refresh_report(result.out_dir, always=True)
     if report:
         click.echo(f"report:  {report}  (what to deploy; speed: `vitdeploy bench -a {_shell_path(result.out_dir)}`)")

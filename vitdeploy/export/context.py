@@ -133,6 +133,11 @@ class ExportContext:
         if self.effective is not None:
             self.effective = dataclasses.replace(self.effective, loaded=self.loaded)
         gc.collect()
+        memory.give_back()
+        held = memory.rss_bytes()
+        # what the process holds with no model (the libraries and what they keep): each later stage's
+        # peak is this plus what its work on the weights costs (the export's memory is read against it)
+        self.extra["memory"] = {"weights_bytes": self.weights, **({"held_without_model_bytes": held} if held else {})}
 
     # -- artifacts ----------------------------------------------------------------------------
     def path(self, role: str) -> Path:
@@ -237,6 +242,7 @@ class ExportContext:
                 "stages": [s.to_dict() for s in self.stages],
                 "validation": self.validation,
                 "refused": self.refusals(),
+                **({"memory": self.extra["memory"]} if "memory" in self.extra else {}),
             }
             write_json_atomic(self.out_dir / EXPORT_REPORT_NAME, report)
         except OSError:  # pragma: no cover - reporting must never mask the real error

@@ -22,6 +22,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ..base import memory
 from ..base._deps import require
 from ..base.errors import ExportError, WriteError
 
@@ -87,11 +88,17 @@ def export_onnx(
         ) from exc
     proto = program.model_proto
     _drop_ir_weights(program)
+    del program
     _name_batch_axes(proto)
     set_metadata(proto, metadata or {})
-    artifact = save_onnx_atomic(proto, path, external=external, check=True)
+    onnx = require("onnx", "writing ONNX")
+    with staged_onnx(path, external=external) as staged:
+        _write(proto, staged, external=external, final=path)
+        del proto  # the check reads the file back: the graph is not held twice (ViT-L: 1.2 GB)
+        memory.give_back()
+        _check(staged, onnx)
     log.info("wrote %s (%s)", path, "external data" if external else "single file")
-    return artifact
+    return _artifact(path, external)
 
 
 def _drop_ir_weights(program: Any) -> None:
@@ -113,46 +120,65 @@ def _drop_ir_weights(program: Any) -> None:
 
 def save_onnx_atomic(proto: Any, path: Path, *, external: bool, check: bool = True) -> OnnxArtifact:
     """Write ``proto`` to ``path`` (weights to ``<name>.data`` when ``external``) so that no file
-    appears under its final name half written: stage in a temp folder beside it, check it
-    (onnx.checker + strict shape inference, path-based so it works past 2 GB), then move the data
-    file first and the graph, which names it, last. A stale ``.data`` from a larger export goes."""
+    appears under its final name half written (:func:`staged_onnx`), checked first (onnx.checker +
+    strict shape inference, path-based so it works past 2 GB) when ``check``."""
     onnx = require("onnx", "writing ONNX")
+    with staged_onnx(path, external=external) as staged:
+        _write(proto, staged, external=external, final=path)
+        if check:
+            _check(staged, onnx)
+    return _artifact(path, external)
+
+
+@contextlib.contextmanager
+def staged_onnx(path: Path, *, external: bool) -> Iterator[Path]:
+    """Where to write the graph ``path`` will be: a temporary folder beside it. On a clean exit the data
+    file (``external``) is moved into place first and the graph, which names it, last; a stale ``.data``
+    from a larger export goes. On an error nothing is moved, and the folder is removed either way."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     data_name = f"{path.name}.data"
     try:
         staged = workdir / path.name
-        try:
-            if external:
-                onnx.save_model(
-                    proto,
-                    str(staged),
-                    save_as_external_data=True,
-                    all_tensors_to_one_file=True,
-                    location=data_name,
-                    size_threshold=1024,
-                )
-            else:
-                write_streamed(proto, staged)
-        except OSError as exc:
-            if exc.errno in WriteError.ERRNOS:
-                raise WriteError.from_os(exc, path) from exc
-            raise ExportError(f"cannot write {path}: {exc}") from exc
-        except ValueError as exc:
-            raise ExportError(f"cannot write {path}: {exc}") from exc
-        if check:
-            _check(staged, onnx)
-        externals: list[Path] = []
+        yield staged
         if external:
             os.replace(workdir / data_name, path.parent / data_name)
-            externals.append(path.parent / data_name)
         else:
             (path.parent / data_name).unlink(missing_ok=True)
         os.replace(staged, path)
-        return OnnxArtifact(path=path, external_data=tuple(externals))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _artifact(path: Path, external: bool) -> OnnxArtifact:
+    return OnnxArtifact(
+        path=Path(path), external_data=(Path(path).with_name(f"{Path(path).name}.data"),) if external else ()
+    )
+
+
+def _write(proto: Any, staged: Path, *, external: bool, final: Path) -> None:
+    """``proto`` into ``staged`` (its weights into ``<name>.data`` beside it when ``external``);
+    WriteError when the disk refuses, ExportError for anything else (both naming ``final``)."""
+    onnx = require("onnx", "writing ONNX")
+    try:
+        if external:
+            onnx.save_model(
+                proto,
+                str(staged),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=f"{staged.name}.data",
+                size_threshold=1024,
+            )
+        else:
+            write_streamed(proto, staged)
+    except OSError as exc:
+        if exc.errno in WriteError.ERRNOS:
+            raise WriteError.from_os(exc, final) from exc
+        raise ExportError(f"cannot write {final}: {exc}") from exc
+    except ValueError as exc:
+        raise ExportError(f"cannot write {final}: {exc}") from exc
 
 
 def write_streamed(proto: Any, path: Path, weights: dict[str, Any] | None = None) -> None:

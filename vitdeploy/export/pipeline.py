@@ -75,6 +75,7 @@ class ExportResult:
     validation: dict[str, Any]
     manifest_path: Path | None
     refused: list[dict[str, Any]] = field(default_factory=list)  # requested stages not met (Refusal.to_dict)
+    memory: dict[str, int] = field(default_factory=dict)  # weights_bytes, held_without_model_bytes
 
 
 # -- the loop ---------------------------------------------------------------------------------
@@ -234,6 +235,7 @@ def run_export(
         ctx.validation,
         out / MANIFEST_NAME,
         ctx.refusals(),
+        dict(ctx.extra.get("memory", {})),
     )
     if ctx.refused:
         raise _refused(ctx, result)
