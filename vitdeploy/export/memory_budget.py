@@ -1,10 +1,10 @@
 """Before a stage that will need more memory than the machine has: say so, instead of being killed.
 
-Each heavy stage's need is a multiple of the model's FP32 weights, measured (``benchmarks/bench_export.py``,
-benchmarks/README.md: the peak resident memory of the whole process while the stage ran, on ViT-B/16 and
-ViT-L/16, rounded up): what the process already holds (torch and the eager model) is inside the factor.
-What the machine can give is what the process holds now plus what the kernel reports available. A
-stage that does not fit raises :class:`StageUnavailableError` (exit 4) naming the stage, what it needs,
+Each heavy stage's need is what the process holds without a model (the libraries and what they keep:
+~0.5 GB) plus a multiple of the model's FP32 weights, measured (``benchmarks/bench_export.py`` and
+tests/export/test_pipeline_memory.py, benchmarks/README.md: each stage's peak resident memory over that,
+rounded up). What the machine can give is what the process holds now plus what the kernel reports
+available. A stage that does not fit raises :class:`StageUnavailableError` (exit 4) naming the stage, what it needs,
 what is there and the key that switches it off; each row of the stage table then does what it does with
 an unavailable stage (the optional INT8 graph goes on without it; a requested one is refused; the
 ONNX export itself stops the export, the previous one left in place).
@@ -17,13 +17,15 @@ from typing import Any
 from ..base import memory
 from ..base.errors import StageUnavailableError
 
-#: stage -> (peak resident memory in FP32 weights, measured and rounded up; the key that switches it off)
+#: stage -> (its peak resident memory over what the process holds without a model, in FP32 weights,
+#: measured and rounded up; the key that switches it off). The eager model itself is inside the onnx
+#: stage's factor (it is released after the reference stage).
 NEEDS: dict[str, tuple[float, str]] = {
-    "onnx": (6.0, "a machine with more memory: model.onnx is the export"),
-    "ort-optimize": (6.5, "export.optimize: false"),
-    "fp16": (8.0, "export.fp16.enabled: false"),
-    "int8": (10.5, "export.int8.enabled: false"),  # ViT-B/16 9.9x, ViT-L/16 8.2x since weightless pre-processing
-    "int8-trt": (10.5, "export.int8.tensorrt: false"),
+    "onnx": (3.5, "a machine with more memory: model.onnx is the export"),  # wide ViT 2.9
+    "ort-optimize": (4.0, "export.optimize: false"),  # wide ViT 3.4
+    "fp16": (3.5, "export.fp16.enabled: false"),  # wide ViT 2.3
+    "int8": (4.5, "export.int8.enabled: false"),  # wide ViT 3.7
+    "int8-trt": (4.5, "export.int8.tensorrt: false"),
 }
 
 
@@ -32,20 +34,25 @@ def weight_bytes(model: Any) -> int:
     return 4 * sum(t.numel() for t in (*model.parameters(), *model.buffers()))
 
 
-def check(stage: str, weights: int) -> None:
-    """Raise StageUnavailableError when ``stage`` needs more memory than the machine can give now."""
+def check(stage: str, weights: int, held_without_model: int | None = None) -> None:
+    """Raise StageUnavailableError when ``stage`` needs more memory than the machine can give now.
+
+    Its need is what the process holds without a model (``held_without_model``, recorded once the model
+    is released; before that, what it holds now less the model's weights) plus its factor of the weights."""
     if stage not in NEEDS or weights <= 0:
         return
     factor, switch = NEEDS[stage]
     free, held = memory.available_bytes(), memory.rss_bytes()
     if free is None or held is None:  # not Linux: nothing known, nothing refused
         return
-    need = factor * weights
+    base = held_without_model if held_without_model is not None else max(0, held - weights)
+    need = base + factor * weights
     if need > free + held:
         raise StageUnavailableError(
-            f"{stage} needs about {memory.human(need)} ({factor:g}x the model's {memory.human(weights)} of FP32 "
-            f"weights, measured) and this machine has {memory.human(free + held)} for it "
-            f"({memory.human(free)} available, {memory.human(held)} held by the export); set {switch}"
+            f"{stage} needs about {memory.human(need)} ({memory.human(base)} held without the model + {factor:g}x "
+            f"its {memory.human(weights)} of FP32 weights, measured) and this machine has "
+            f"{memory.human(free + held)} for it ({memory.human(free)} available, {memory.human(held)} held by the "
+            f"export); set {switch}"
         )
 
 

@@ -94,7 +94,7 @@ def run_stages(ctx: ExportContext, table: Sequence[Stage] = STAGES) -> None:
             continue
         with _unless_optional(ctx, row):
             with ctx.stage(row.name) as rec:
-                memory_budget.check(row.name, ctx.weights)
+                memory_budget.check(row.name, ctx.weights, ctx.extra.get("memory", {}).get("held_without_model_bytes"))
                 made = row.run(ctx, rec)
                 rec.outputs = rec.outputs or [f for artifact in made for f in artifact.files]
             if rec.status != "skipped":  # a stage that found it cannot make its artifact marks itself skipped
