@@ -138,7 +138,7 @@ def _bench(args: argparse.Namespace, work: Path) -> None:
     print(f"contention while exporting: {window.describe() if window else 'unknown (no /proc/stat)'}")
     reference = next((s["seconds"] for s in stages if s["name"] == "reference" and s["seconds"]), None)
     print(f"held without the model: {human(held)} (the libraries and what they keep; each stage's peak over it below)")
-    head = f"{'stage':<24} {'status':<8} {'seconds':>8} {'x ref':>6} {'peak RSS':>10} {'x weights':>9} {'over held':>9}"
+    head = f"{'stage':<24} {'status':<8} {'seconds':>8} {'x ref':>6} {'peak RSS':>10} {'x weights':>9} over held"
     print(f"\n{head}")
     for s in stages:
         peak = s.get("peak_rss_bytes")
