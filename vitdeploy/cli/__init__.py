@@ -21,7 +21,15 @@ from .. import __version__
 from ..base.errors import ConfigError, RefusedStagesError, VitDeployError, WriteError, first_line
 from ..base.memory import human
 from ..base.vocab import AUTO, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
-from .console import Console, ConsoleLogHandler, StageReporter, file_size, fit_path, refresh_report
+from .console import (
+    Console,
+    ConsoleLogHandler,
+    StageReporter,
+    export_folder_option,
+    file_size,
+    fit_path,
+    refresh_report,
+)
 
 _CONSOLE = Console()
 
@@ -234,14 +242,7 @@ def _self_command() -> str:
 @click.argument(
     "inputs", nargs=-1, required=True, type=click.Path(path_type=Path, readable=False)
 )  # each bad path: its own record
-@click.option(
-    "-a",
-    "--artifacts",
-    "artifacts_dir",
-    type=click.Path(path_type=Path, readable=False),
-    default=None,
-    help="directory written by `vitdeploy export` (default: export.output_dir from the config)",
-)
+@export_folder_option
 @click.option(
     "-b",
     "--backend",
@@ -692,14 +693,7 @@ def serve(
 
 
 @main.command("triton-repo")
-@click.option(
-    "-a",
-    "--artifacts",
-    "artifacts_dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="directory written by `vitdeploy export` (default: export.output_dir from the config)",
-)
+@export_folder_option
 @click.option(
     "-o",
     "--out",

@@ -102,6 +102,17 @@ class StageReporter:
             self.console.line(f"    {line}")
 
 
+#: -a/--artifacts of the commands whose export folder defaults to export.output_dir from the config
+export_folder_option = click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    type=click.Path(path_type=Path, readable=False),
+    default=None,
+    help="directory written by `vitdeploy export` (default: export.output_dir from the config)",
+)
+
+
 def file_size(path: Path) -> str:
     return human(path.stat().st_size)
 

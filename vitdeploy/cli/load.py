@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 
 from ..serve.auth import TOKEN_ENV
-from .console import refresh_report
+from .console import export_folder_option, refresh_report
 
 
 @click.command("loadtest")
@@ -82,14 +82,7 @@ def loadtest(
 
 
 @click.command("tune")
-@click.option(
-    "-a",
-    "--artifacts",
-    "artifacts_dir",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="directory written by `vitdeploy export` (default: export.output_dir from the config)",
-)
+@export_folder_option
 @click.option(
     "--target",
     type=click.Choice(["serve", "triton"]),
