@@ -84,6 +84,18 @@ def test_stage_lines_off_a_terminal_print_every_few_seconds(capsys):
     ]
 
 
+def test_a_running_stage_says_how_far_it_is_and_its_final_line_says_what_it_did(capsys):
+    report = StageReporter(Console(), plain_every_s=5.0)
+    running = _rec("validate-onnx", "running", 0.0)
+    report(running)
+    running.seconds, running.progress = 6.0, "32 of 64 inputs run"
+    report(running)
+    report(_rec("validate-onnx", "passed", 9.0, "64 inputs at batch 32"))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1] == "  validate-onnx          ...     6s 32 of 64 inputs run"
+    assert lines[2].endswith("9.0s  64 inputs at batch 32") and "of 64 inputs run" not in lines[2]
+
+
 def test_on_a_terminal_the_status_line_is_rewritten_in_place_and_a_failure_carries_no_message(monkeypatch, capsys):
     monkeypatch.setattr(Console, "is_tty", staticmethod(lambda: True))
     console = Console()

@@ -63,6 +63,16 @@ def test_logits_the_autopilot_already_computed_at_the_largest_batch_are_not_comp
     assert not wrong.per_batch[16].passed  # judged all the same
 
 
+def test_a_long_validation_says_how_far_it_is_after_every_batch(inputs):
+    said: list[str] = []
+    graph = Graph()
+    validate_artifact("validate-x", graph, inputs, graph.exact(inputs.batch), FP32, (1, 3, 16), progress=said.append)
+    total = N + 2 * SAMPLE
+    assert said[0] == f"16 of {total} inputs run" and said[-1] == f"{total} of {total} inputs run"
+    done = [int(line.split()[0]) for line in said]
+    assert done == sorted(done) and len(said) == N // 16 + SAMPLE + -(-SAMPLE // 3)  # one line per batch run
+
+
 def test_a_graph_wrong_only_at_batch_1_is_caught(inputs):
     shifted = Graph(wrong=lambda out: out + 0.5 if len(out) == 1 else out)
     result = _validate(shifted, inputs)

@@ -90,7 +90,8 @@ class StageReporter:
             if self.console.is_tty() or last is None or rec.seconds - last >= self.plain_every_s:
                 self._shown[rec.name] = rec.seconds
                 elapsed = f"{rec.seconds:5.0f}s" if rec.seconds else ""
-                self.console.status(f"  {rec.name:<{STAGE_WIDTH}} ... {elapsed} {rec.reason or ''}".rstrip())
+                doing = getattr(rec, "progress", "") or rec.reason or ""
+                self.console.status(f"  {rec.name:<{STAGE_WIDTH}} ... {elapsed} {doing}".rstrip())
             return
         detail = ""
         if rec.status != "failed":

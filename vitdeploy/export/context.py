@@ -45,6 +45,7 @@ class StageRecord:
     outputs: list[Path] = field(default_factory=list)
     details: list[str] = field(default_factory=list)  # lines to show a person (the model stage: what was understood)
     peak_rss: int | None = None  # the process's peak resident bytes while the stage ran (base/memory.py)
+    progress: str = ""  # how far a running stage is ("32 of 64 inputs run"), shown while it runs, not kept
 
     def to_dict(self) -> dict[str, Any]:
         return {

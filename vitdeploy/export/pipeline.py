@@ -152,6 +152,7 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
                 sizes,
                 largest_logits=judged,
                 labels=ctx.loaded.labels if ctx.loaded is not None else None,
+                progress=lambda text: setattr(rec, "progress", text),  # shown while it runs (the heartbeat)
             )
         finally:
             backend.close()

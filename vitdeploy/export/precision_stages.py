@@ -41,26 +41,38 @@ class _Judge:
     few inputs instead of all. Otherwise (or when nothing failed before) every input runs: a step that
     passes is always judged on all of them."""
 
-    def __init__(self, ctx: ExportContext, label: str, tolerance: Any) -> None:
-        self.ctx, self.label, self.tolerance = ctx, label, tolerance.model_dump()
+    def __init__(self, ctx: ExportContext, label: str, tolerance: Any, rec: StageRecord) -> None:
+        self.ctx, self.label, self.tolerance, self.rec = ctx, label, tolerance.model_dump(), rec
         self.witnesses: list[int] = []
+        self.steps = 0
+
+    def _say(self, text: str) -> None:  # the stage's running line (its heartbeat shows it): how far it is
+        self.rec.progress = f"autopilot step {self.steps}: {text}"
 
     def __call__(self, path: Path) -> Any:
         from ..runtime.backends.ort import OrtBackend
         from .compare import compare, failing_rows, proven_failure
         from .validate import run_in_batches
 
-        ctx = self.ctx
+        ctx, total = self.ctx, len(self.ctx.reference)
+        self.steps += 1
         backend = OrtBackend(path, ctx.chw, None, CPU, name=self.label)
         try:
             if self.witnesses:
                 rows = self.witnesses
+                self._say(f"judging the {len(rows)} input(s) the step before failed on")
                 alone = np.concatenate([backend.run(ctx.inputs.batch[i : i + 1]) for i in rows])
-                proof = proven_failure(ctx.reference[rows], alone, len(ctx.reference), self.tolerance)
+                proof = proven_failure(ctx.reference[rows], alone, total, self.tolerance)
                 if proof is not None:
                     ctx.judged = {}
                     return proof
-            logits = run_in_batches(backend, ctx.inputs.batch, max(ctx.sizes))
+            done = [0]
+
+            def ran(n: int) -> None:
+                done[0] += n
+                self._say(f"{done[0]} of {total} inputs judged")
+
+            logits = run_in_batches(backend, ctx.inputs.batch, max(ctx.sizes), ran)
         finally:
             backend.close()
         ctx.judged = {ctx.file_identity(path): logits}  # only the latest step can be the graph that ships
@@ -91,7 +103,7 @@ def _fp16(ctx: ExportContext, rec: StageRecord) -> Made:
 
         try:
             pilot = run_fp16_autopilot(
-                onnx_path, path, judge=_Judge(ctx, ORT_FP16, gate), depth=ctx.loaded.config.depth, **args
+                onnx_path, path, judge=_Judge(ctx, ORT_FP16, gate, rec), depth=ctx.loaded.config.depth, **args
             )
         except GateError as exc:  # the table goes into export-report.json
             ctx.validation["validate-fp16"] = {
@@ -172,7 +184,7 @@ def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made
         )
         speed = _speed_guard(ctx, target, pre) if section.min_speedup > 0 else None
         try:
-            res, steps = _quantized(ctx, target, pre, path, record, speed, kwargs)
+            res, steps = _quantized(ctx, rec, target, pre, path, record, speed, kwargs)
         except StageUnavailableError as exc:  # does not pay: the timing is the verdict
             if speed is not None and speed.full is not None:
                 record["speed"] = speed.full.to_dict()
@@ -205,7 +217,14 @@ def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made
 
 
 def _quantized(
-    ctx: ExportContext, target: _Int8Target, pre: Path, path: Path, record: dict, speed: Any, kwargs: dict
+    ctx: ExportContext,
+    rec: StageRecord,
+    target: _Int8Target,
+    pre: Path,
+    path: Path,
+    record: dict,
+    speed: Any,
+    kwargs: dict,
 ) -> tuple[Any, tuple]:
     """(the quantization result, the autopilot's steps): the autopilot, or one fully quantized graph."""
     from . import quantize
@@ -221,7 +240,7 @@ def _quantized(
         pilot = run_autopilot(
             pre,
             path,
-            judge=_Judge(ctx, target.label, ctx.cfg.validation.int8),
+            judge=_Judge(ctx, target.label, ctx.cfg.validation.int8, rec),
             depth=ctx.loaded.config.depth,
             stage=f"validate-{target.stage}",
             speed=speed,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -76,8 +76,16 @@ def build_inputs(
 SAMPLE = 8
 
 
-def run_in_batches(backend: Any, batch: np.ndarray, batch_size: int) -> np.ndarray:
-    return np.concatenate([backend.run(batch[i : i + batch_size]) for i in range(0, len(batch), batch_size)])
+def run_in_batches(
+    backend: Any, batch: np.ndarray, batch_size: int, progress: Callable[[int], None] | None = None
+) -> np.ndarray:
+    """``backend`` over ``batch`` in batches of ``batch_size``; ``progress(rows)`` after each."""
+    outs = []
+    for i in range(0, len(batch), batch_size):
+        outs.append(backend.run(batch[i : i + batch_size]))
+        if progress is not None:
+            progress(len(outs[-1]))
+    return np.concatenate(outs)
 
 
 def sample_rows(count: int, batch_size: int, sample: int = SAMPLE) -> np.ndarray:
@@ -140,22 +148,33 @@ def validate_artifact(
     sample: int = SAMPLE,
     largest_logits: np.ndarray | None = None,
     labels: Sequence[str] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> ArtifactValidation:
     """Run ``backend`` over every input at the largest of ``batch_sizes`` and over a sample at the others
     (the module docstring says why that proves as much); compare with ``reference`` logits.
 
     ``largest_logits``: the logits this very graph gave for every input at the largest batch size, when they
     were computed already (the autopilot's judge, with the same backend class): not computed again.
-    ``labels``: the model's class names, to record the inputs whose top-1 changed with both top-3s."""
+    ``labels``: the model's class names, to record the inputs whose top-1 changed with both top-3s.
+    ``progress``: told ``"<done> of <total> inputs run"`` after each batch (a long validation says how far it is)."""
     sizes = sorted(set(batch_sizes))
     largest = sizes[-1]
-    full = run_in_batches(backend, inputs.batch, largest) if largest_logits is None else largest_logits
+    count = len(inputs.batch)
+    total = (count if largest_logits is None else 0) + sum(len(sample_rows(count, s, sample)) for s in sizes[:-1])
+    done = [0]
+
+    def ran(rows: int) -> None:
+        done[0] += rows
+        if progress is not None:
+            progress(f"{done[0]} of {total} inputs run")
+
+    full = run_in_batches(backend, inputs.batch, largest, ran) if largest_logits is None else largest_logits
     per_batch = {largest: compare(reference, full, tolerance)}
     rows = {largest: len(full)}
     bound = float(tolerance.get("max_abs_diff", float("inf")))
     for size in sizes[:-1]:
         idx = sample_rows(len(full), size, sample)
-        logits = run_in_batches(backend, inputs.batch[idx], size)
+        logits = run_in_batches(backend, inputs.batch[idx], size, ran)
         spliced = full.copy()
         spliced[idx] = logits
         verdict = compare(reference, spliced, tolerance)
