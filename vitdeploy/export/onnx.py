@@ -87,8 +87,8 @@ def export_onnx(
             f"{str(exc).splitlines()[0] if str(exc) else ''}"
         ) from exc
     proto = program.model_proto
-    _drop_ir_weights(program)
     del program
+    _forget_last_matches()
     _name_batch_axes(proto)
     set_metadata(proto, metadata or {})
     onnx = require("onnx", "writing ONNX")
@@ -101,15 +101,12 @@ def export_onnx(
     return _artifact(path, external)
 
 
-def _drop_ir_weights(program: Any) -> None:
+def _forget_last_matches() -> None:
     """Let the exporter's graph go, and the module's weights with it. onnxscript's rewriter rules
     (module-level objects) keep their last match, and through it a graph of the export whose values wrap
     the module's parameters: the eager model's weights outlived the model (measured: all 345 MB of
     ViT-B/16's, after the export had let the model go). The matchers' state is per match (a rule sets it
-    again before its next use): it is cleared here; the serialized ``proto`` is made already."""
-    graph = getattr(getattr(program, "model", None), "graph", None)
-    for value in getattr(graph, "initializers", {}).values():
-        value.const_value = None
+    again before its next use): it is cleared here, once the serialized graph is made."""
     for obj in gc.get_objects():
         module = str(getattr(type(obj), "__module__", ""))
         if module.startswith("onnxscript.rewriter") and hasattr(obj, "_current_node"):
@@ -152,9 +149,8 @@ def staged_onnx(path: Path, *, external: bool) -> Iterator[Path]:
 
 
 def _artifact(path: Path, external: bool) -> OnnxArtifact:
-    return OnnxArtifact(
-        path=Path(path), external_data=(Path(path).with_name(f"{Path(path).name}.data"),) if external else ()
-    )
+    path = Path(path)
+    return OnnxArtifact(path, (path.with_name(f"{path.name}.data"),) if external else ())
 
 
 def _write(proto: Any, staged: Path, *, external: bool, final: Path) -> None:
