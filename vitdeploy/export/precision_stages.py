@@ -36,7 +36,7 @@ class _Judge:
     its logits kept for the graph as written (the validation of the step that passes reuses them).
 
     Steps differ by a few nodes, and the inputs a step failed on tend to fail the next one too: a step
-    first runs those inputs alone (batch 1, a validated size); when they already prove the gate missed
+    first runs those inputs alone (batch 1); when they already prove the gate missed
     whatever the other inputs give (compare.proven_failure), the step fails on them, at the cost of a
     few inputs instead of all. Otherwise (or when nothing failed before) every input runs: a step that
     passes is always judged on all of them."""
