@@ -25,6 +25,7 @@ from .console import (
     Console,
     ConsoleLogHandler,
     StageReporter,
+    artifacts_option,
     export_folder_option,
     file_size,
     fit_path,
@@ -68,16 +69,6 @@ def _setup_logging(verbose: int) -> None:
     logging.basicConfig(level=max(level, logging.DEBUG), handlers=[handler])
 
 
-#: -a/--artifacts of the commands that read an export folder from the local disk (validate, bench).
-artifacts_option = click.option(
-    "-a",
-    "--artifacts",
-    "artifacts_dir",
-    type=click.Path(path_type=Path, readable=False),
-    default=Path("artifacts"),
-    show_default=True,
-    help="directory written by `vitdeploy export`",
-)
 config_option = click.option(
     "-c",
     "--config",

@@ -103,6 +103,17 @@ class StageReporter:
             self.console.line(f"    {line}")
 
 
+#: -a/--artifacts of the commands that read an export folder from the local disk (validate, bench).
+artifacts_option = click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    type=click.Path(path_type=Path, readable=False),
+    default=Path("artifacts"),
+    show_default=True,
+    help="directory written by `vitdeploy export`",
+)
+
 #: -a/--artifacts of the commands whose export folder defaults to export.output_dir from the config
 export_folder_option = click.option(
     "-a",
