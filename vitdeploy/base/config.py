@@ -16,7 +16,7 @@ from ._schema import FiniteFloat, StrictSection, format_validation_error
 from .errors import ConfigError
 from .limits import MAX_BATCH, clip
 from .preprocess_spec import overrides_model
-from .vocab import Activation, BackendChoice, Pool
+from .vocab import Activation, BackendChoice, OutputKind, Pool
 
 DEFAULT_CONFIG_NAME = "pipeline.yaml"
 PositiveFloat = Annotated[FiniteFloat, Field(gt=0)]
@@ -48,6 +48,21 @@ class ModelSection(_Section):
         "cannot be told from the weights) or token_avg (both side by side: transformers' DINOv2 "
         "classifiers, whose config states it)",
     )
+    output: Union[Literal["auto"], OutputKind] = Field(
+        "auto",
+        description="what the export returns: logits (a classifier: labels, top-k), embedding (the pooled feature "
+        "vector as the checkpoint's library pools it: no labels, judged by cosine and neighbour agreement); auto = "
+        "embedding for a checkpoint without a classification head, logits otherwise",
+    )
+    normalize: bool = Field(
+        False, description="embedding only: L2-normalise each vector inside the graph (recorded in the manifest)"
+    )
+
+    @model_validator(mode="after")
+    def _normalize_embeddings_only(self) -> "ModelSection":
+        if self.normalize and self.output == "logits":
+            raise ValueError("model.normalize applies to embeddings; it cannot be set with model.output: logits")
+        return self
 
 
 PreprocessSection = overrides_model(
@@ -152,6 +167,14 @@ class Tolerance(_Section):
         ..., ge=0, le=1, description="share of inputs whose top-1 class is eager's"
     )
     min_top5_overlap: FiniteFloat = Field(..., ge=0, le=1, description="mean share of eager's top-5 in the top-5")
+    min_neighbour_recall: FiniteFloat = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="embedding models: mean share of each input's k nearest neighbours (cosine, among the "
+        "validation inputs) under eager PyTorch that are among its k nearest under the artifact (recall@k)",
+    )
+    neighbours: int = Field(10, ge=1, le=1000, description="embedding models: k of min_neighbour_recall")
 
 
 class ValidationSection(_Section):
@@ -163,10 +186,20 @@ class ValidationSection(_Section):
         max_abs_diff=1e-3, mean_abs_diff=1e-4, min_cosine=0.99999, min_top1_agreement=1.0, min_top5_overlap=1.0
     )
     fp16: Tolerance = Tolerance(
-        max_abs_diff=0.1, mean_abs_diff=0.02, min_cosine=0.999, min_top1_agreement=0.98, min_top5_overlap=0.9
+        max_abs_diff=0.1,
+        mean_abs_diff=0.02,
+        min_cosine=0.999,
+        min_top1_agreement=0.98,
+        min_top5_overlap=0.9,
+        min_neighbour_recall=0.95,
     )
     int8: Tolerance = Tolerance(
-        max_abs_diff=1.0, mean_abs_diff=0.1, min_cosine=0.99, min_top1_agreement=0.98, min_top5_overlap=0.9
+        max_abs_diff=1.0,
+        mean_abs_diff=0.1,
+        min_cosine=0.99,
+        min_top1_agreement=0.98,
+        min_top5_overlap=0.9,
+        min_neighbour_recall=0.9,
     )
 
 

@@ -31,6 +31,12 @@ Activation = Literal[ACTIVATIONS]  # type: ignore[valid-type]
 #: the class token then the mean patch token (transformers' DINOv2 classifiers: a head over 2 x width).
 POOLS: tuple[str, ...] = ("token", "avg", "token_avg")
 Pool = Literal[POOLS]  # type: ignore[valid-type]
+#: what an export's network returns: class logits (a classifier), or the pooled feature vector (an embedding
+#: model: a backbone without a head, or any checkpoint with ``model.output: embedding``).
+OUTPUT_KINDS: tuple[str, ...] = ("logits", "embedding")
+OutputKind = Literal[OUTPUT_KINDS]  # type: ignore[valid-type]
+#: the graph's output tensor (and the served KServe v2 output) of each kind
+OUTPUT_TENSORS: Mapping[str, str] = MappingProxyType({"logits": "logits", "embedding": "EMBEDDINGS"})
 
 # ------------------------------------------------------------------------------------------------
 # artifact files: what `vitdeploy export` writes, by manifest role
@@ -149,6 +155,9 @@ __all__ = [
     "Activation",
     "POOLS",
     "Pool",
+    "OUTPUT_KINDS",
+    "OUTPUT_TENSORS",
+    "OutputKind",
     "ARTIFACT_FILES",
     "AUTO",
     "BACKENDS",

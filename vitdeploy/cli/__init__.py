@@ -255,7 +255,7 @@ def predict(
     as_json: bool,
     config_path: Path | None,
 ) -> None:
-    """Classify images (files or directories) with the exported model."""
+    """Classify images (files or directories) with the exported model (an embedding model: their vectors)."""
     from ..base.config import load_config
     from ..runtime.batch_predict import predict_paths
     from ..runtime.predictor import Predictor
@@ -278,7 +278,8 @@ def predict(
             click.echo(f"\r  {done}/{total} images", err=True, nl=done == total)
 
     if not as_json:
-        click.echo(f"{'path':<48} {'label':<16} {'score':>7}  top-{top_k}")
+        shown = "embedding (first values; --json gives the whole vector)" if predictor.is_embedding else None
+        click.echo(f"{'path':<48} " + (shown or f"{'label':<16} {'score':>7}  top-{top_k}"))
     with predictor:
         for rec in predict_paths(
             predictor, list(inputs), batch_size=batch_size or rt.batch_size, top_k=top_k, progress=progress
@@ -288,6 +289,10 @@ def predict(
                 click.echo(json.dumps(rec))
             elif "error" in rec:
                 click.echo(f"{fit_path(rec['path'], 48):<48} ERROR  {rec['error']}")
+            elif "embedding" in rec:
+                vector = rec["embedding"]
+                head = " ".join(f"{v:.4f}" for v in vector[:4])
+                click.echo(f"{fit_path(rec['path'], 48):<48} [{head} ...] {len(vector)} values")
             else:
                 tops = ", ".join(f"{t['label']}:{t['score']:.3f}" for t in rec["top_k"])
                 click.echo(f"{fit_path(rec['path'], 48):<48} {rec['label']:<16} {rec['score']:7.4f}  {tops}")

@@ -1,7 +1,13 @@
-"""Pure comparison of a candidate's logits against the eager-PyTorch reference.
+"""Pure comparison of a candidate's outputs against the eager-PyTorch reference.
 
 Tolerances are data (pipeline.yaml ``validation.fp32`` / ``validation.fp16``); ``compare``
 collects every metric that misses its threshold instead of stopping at the first.
+
+What is measured depends on the output's kind (vocab.OUTPUT_KINDS). Logits: differences, the lowest
+cosine, top-1 agreement and top-5 overlap (and the inputs whose top-1 flipped). Embeddings: differences,
+cosine per input (lowest, 1st percentile, median) and neighbour agreement: each input's k nearest
+neighbours (cosine, among the inputs compared) under eager PyTorch against its k nearest under the
+candidate, the mean overlap (recall@k); a vector has no classes, so no top-k and no flips.
 """
 
 from __future__ import annotations
@@ -18,7 +24,10 @@ _RULES = {
     "cosine": ("min_cosine", "min"),
     "top1_agreement": ("min_top1_agreement", "min"),
     "top5_overlap": ("min_top5_overlap", "min"),
+    "neighbour_recall": ("min_neighbour_recall", "min"),
 }
+EMBEDDING = "embedding"  # vocab.OUTPUT_KINDS: the kind judged by neighbours
+DEFAULT_NEIGHBOURS = 10
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,66 @@ class Comparison:
         return d
 
 
+def _cosines(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
+    return np.where(norms > 0, np.sum(ref * cand, axis=1) / np.maximum(norms, 1e-300), 1.0)
+
+
+def nearest_neighbours(vectors: np.ndarray, k: int) -> np.ndarray:
+    """(N, k) indices of each row's k most cosine-similar other rows, most similar first (ties: lower index)."""
+    x = np.asarray(vectors, dtype=np.float64)
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300)
+    sim = x @ x.T
+    np.fill_diagonal(sim, -np.inf)
+    return np.argsort(-sim, axis=1, kind="stable")[:, :k]
+
+
+def neighbour_recall(reference: np.ndarray, candidate: np.ndarray, k: int = DEFAULT_NEIGHBOURS) -> np.ndarray:
+    """Per input: the share of its k nearest neighbours under ``reference`` that are among its k nearest under
+    ``candidate`` (k clipped to the other inputs; 1.0 each when there is no other input)."""
+    n = len(reference)
+    k = min(int(k), n - 1)
+    if k < 1:
+        return np.ones(n)
+    if not np.all(np.isfinite(candidate)):
+        return np.zeros(n)
+    ref_nn, cand_nn = nearest_neighbours(reference, k), nearest_neighbours(candidate, k)
+    return np.array([len(set(a) & set(b)) / k for a, b in zip(ref_nn.tolist(), cand_nn.tolist())])
+
+
+def embedding_metrics(
+    reference: np.ndarray, candidate: np.ndarray, k: int = DEFAULT_NEIGHBOURS
+) -> tuple[dict[str, float], tuple[int, ...]]:
+    """Differences, cosine (lowest, 1st percentile, median) and recall@k of two (N, D) sets of vectors; the
+    rows returned are those whose neighbours changed."""
+    ref = np.asarray(reference, dtype=np.float64)
+    cand = np.asarray(candidate, dtype=np.float64)
+    if ref.shape != cand.shape:
+        raise ValueError(f"reference shape {ref.shape} != candidate shape {cand.shape}")
+    finite = bool(np.all(np.isfinite(cand)))
+    diff = np.abs(ref - cand) if finite else np.full(ref.shape, np.inf)
+    cosine = _cosines(ref, cand) if finite else -np.ones(len(ref))
+    recall = neighbour_recall(ref, cand, k)
+    metrics = {
+        "max_abs_diff": float(diff.max()) if diff.size else 0.0,
+        "mean_abs_diff": float(diff.mean()) if diff.size else 0.0,
+        "cosine": float(cosine.min()) if cosine.size else 1.0,
+        "cosine_p1": float(np.percentile(cosine, 1)) if cosine.size else 1.0,
+        "cosine_median": float(np.median(cosine)) if cosine.size else 1.0,
+        "neighbour_recall": float(recall.mean()) if recall.size else 1.0,
+    }
+    return metrics, tuple(int(i) for i in np.flatnonzero(recall < 1.0))
+
+
+def output_metrics(
+    reference: np.ndarray, candidate: np.ndarray, kind: str = "logits", tolerance: Mapping[str, float] | None = None
+) -> tuple[dict[str, float], tuple[int, ...]]:
+    """The metrics of ``kind`` (vocab.OUTPUT_KINDS) and the rows that changed (top-1 flips, or changed neighbours)."""
+    if kind == EMBEDDING:
+        return embedding_metrics(reference, candidate, int((tolerance or {}).get("neighbours", DEFAULT_NEIGHBOURS)))
+    return logit_metrics(reference, candidate)
+
+
 def logit_metrics(reference: np.ndarray, candidate: np.ndarray) -> tuple[dict[str, float], tuple[int, ...]]:
     ref = np.asarray(reference, dtype=np.float64)
     cand = np.asarray(candidate, dtype=np.float64)
@@ -53,8 +122,7 @@ def logit_metrics(reference: np.ndarray, candidate: np.ndarray) -> tuple[dict[st
             "top1_agreement": 0.0,
             "top5_overlap": 0.0,
         }, tuple(range(len(ref)))
-    norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
-    cosine = np.where(norms > 0, np.sum(ref * cand, axis=1) / np.maximum(norms, 1e-300), 1.0)
+    cosine = _cosines(ref, cand)
     top1_ref, top1_cand = ref.argmax(axis=1), cand.argmax(axis=1)
     k = min(5, ref.shape[1])
     top_ref = np.argsort(-ref, axis=1, kind="stable")[:, :k]
@@ -70,30 +138,37 @@ def logit_metrics(reference: np.ndarray, candidate: np.ndarray) -> tuple[dict[st
     return metrics, tuple(int(i) for i in np.flatnonzero(top1_ref != top1_cand))
 
 
-def compare(reference: np.ndarray, candidate: np.ndarray, tolerance: Mapping[str, float]) -> Comparison:
-    """Judge ``candidate`` against ``reference`` (N, K) with ``tolerance`` (a Tolerance dump)."""
-    metrics, flipped = logit_metrics(reference, candidate)
+def compare(
+    reference: np.ndarray, candidate: np.ndarray, tolerance: Mapping[str, float], kind: str = "logits"
+) -> Comparison:
+    """Judge ``candidate`` against ``reference`` (N, K) with ``tolerance`` (a Tolerance dump); ``kind``: what
+    the rows are (vocab.OUTPUT_KINDS). ``flipped``: the rows whose top-1, or whose neighbours, changed."""
+    metrics, flipped = output_metrics(reference, candidate, kind, tolerance)
     return Comparison(metrics, {k: float(v) for k, v in tolerance.items()}, _failures(metrics, tolerance), flipped)
 
 
 def proven_failure(
-    reference: np.ndarray, candidate: np.ndarray, total: int, tolerance: Mapping[str, float]
+    reference: np.ndarray, candidate: np.ndarray, total: int, tolerance: Mapping[str, float], kind: str = "logits"
 ) -> Comparison | None:
     """What some rows (``reference``/``candidate``: n of the ``total`` a judgement covers) already prove:
     each metric bounded with every row not run at its best (no difference, cosine 1, top-1 and top-5
     kept): the largest difference and the lowest cosine are at least as bad as these rows', the means
     at least as bad as these rows' share of them. A Comparison failing on every bound that misses its
     threshold (its metrics are those bounds, ``inputs_judged`` says on how many rows), or None when the
-    rows prove nothing: then only every row can judge."""
-    metrics, flipped = logit_metrics(reference, candidate)
+    rows prove nothing: then only every row can judge. Neighbours depend on every row: for embeddings only the
+    differences and the cosine are bounded."""
+    metrics, flipped = output_metrics(reference, candidate, kind, tolerance)
     n, rest = len(reference), total - len(reference)
     bounds = {
         "max_abs_diff": metrics["max_abs_diff"],
         "mean_abs_diff": metrics["mean_abs_diff"] * n / total,
         "cosine": metrics["cosine"],
-        "top1_agreement": (metrics["top1_agreement"] * n + rest) / total,
-        "top5_overlap": (metrics["top5_overlap"] * n + rest) / total,
     }
+    if kind != EMBEDDING:
+        bounds["top1_agreement"] = (metrics["top1_agreement"] * n + rest) / total
+        bounds["top5_overlap"] = (metrics["top5_overlap"] * n + rest) / total
+    else:
+        flipped = ()
     failures = _failures(bounds, tolerance, f" ({n} of {total} inputs run: the others cannot make up for it)")
     if not failures:
         return None
@@ -105,7 +180,7 @@ def _failures(metrics: Mapping[str, float], tolerance: Mapping[str, float], qual
     """Every metric that misses its threshold, as a line (``qualifier``: said of a bound)."""
     failures = []
     for metric, (key, kind) in _RULES.items():
-        if key not in tolerance:
+        if key not in tolerance or metric not in metrics:  # a metric of another output kind
             continue
         value, limit = metrics[metric], float(tolerance[key])
         ok = value <= limit if kind == "max" else value >= limit
@@ -117,15 +192,19 @@ def _failures(metrics: Mapping[str, float], tolerance: Mapping[str, float], qual
 
 
 def failing_rows(
-    reference: np.ndarray, candidate: np.ndarray, tolerance: Mapping[str, float], most: int = 8
+    reference: np.ndarray, candidate: np.ndarray, tolerance: Mapping[str, float], most: int = 8, kind: str = "logits"
 ) -> list[int]:
-    """The rows that fail on their own (top-1 changed, or their largest difference or cosine past its
-    threshold), worst first, at most ``most``: the witnesses a next, similar candidate is tried on first."""
+    """The rows that fail on their own (top-1 changed, or for embeddings neighbours changed; or their largest
+    difference or cosine past its threshold), worst first, at most ``most``: the witnesses a next, similar
+    candidate is tried on first."""
     ref, cand = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
     per = per_image(ref, cand)
     diff = np.array([np.inf if v is None else v for v in per["max_abs_diff"]])
     cosine = np.array([-1.0 if v is None else v for v in per["cosine"]])
-    bad = ref.argmax(axis=1) != cand.argmax(axis=1)
+    if kind == EMBEDDING:
+        bad = neighbour_recall(ref, cand, int(tolerance.get("neighbours", DEFAULT_NEIGHBOURS))) < 1.0
+    else:
+        bad = ref.argmax(axis=1) != cand.argmax(axis=1)
     if "max_abs_diff" in tolerance:
         bad |= diff > float(tolerance["max_abs_diff"])
     if "min_cosine" in tolerance:
@@ -134,17 +213,21 @@ def failing_rows(
     return sorted(rows, key=lambda i: -diff[i])[:most]
 
 
-def per_image(reference: np.ndarray, candidate: np.ndarray) -> dict[str, list[float]]:
-    """Each input's max |logit diff| and cosine against the reference: what a report plots as a
-    distribution (the metrics above keep only the worst)."""
+def per_image(
+    reference: np.ndarray, candidate: np.ndarray, kind: str = "logits", neighbours: int = DEFAULT_NEIGHBOURS
+) -> dict[str, list[float]]:
+    """Each input's max |diff| and cosine against the reference (and, for embeddings, its neighbour recall):
+    what a report plots as a distribution (the metrics above keep only the worst)."""
     ref = np.asarray(reference, dtype=np.float64)
     cand = np.asarray(candidate, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.abs(ref - cand).max(axis=1) if ref.size else np.zeros(0)
-        norms = np.linalg.norm(ref, axis=1) * np.linalg.norm(cand, axis=1)
-        cosine = np.where(norms > 0, np.sum(ref * cand, axis=1) / np.maximum(norms, 1e-300), 1.0)
+        cosine = _cosines(ref, cand)
     clean = lambda a: [round(float(v), 7) if np.isfinite(v) else None for v in a]  # noqa: E731
-    return {"max_abs_diff": clean(diff), "cosine": clean(cosine)}
+    out = {"max_abs_diff": clean(diff), "cosine": clean(cosine)}
+    if kind == EMBEDDING:
+        out["neighbour_recall"] = clean(neighbour_recall(ref, cand, neighbours))
+    return out
 
 
 def top_classes(logits: np.ndarray, labels: Sequence[str], k: int = 3) -> list[list[tuple[str, float]]]:

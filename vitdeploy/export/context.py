@@ -104,6 +104,7 @@ class ExportContext:
     effective: Any = None  # export.effective.Effective
     name: str = ""
     chw: tuple[int, int, int] = (0, 0, 0)
+    output: Any = None  # model.output.ModelOutput: what the exported network returns (logits or an embedding)
     # filled by the reference stage
     sizes: tuple[int, ...] = ()
     inputs: Any = None  # export.validate.ValidationInputs
@@ -124,6 +125,11 @@ class ExportContext:
 
     def __post_init__(self) -> None:
         self.final_dir = self.final_dir or self.out_dir
+
+    @property
+    def kind(self) -> str:
+        """The output's kind (vocab.OUTPUT_KINDS): how every artifact is judged."""
+        return self.output.kind if self.output is not None else "logits"
 
     def release_model(self) -> None:
         """Drop the eager model once nothing after needs it (the reference logits exist): every later

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from ..runtime.backends import first_line
 from . import manifest as manifest_mod
 from . import memory_budget
 from .context import ExportContext, StageRecord
-from .onnx import INPUT_NAME, OUTPUT_NAME
+from .onnx import INPUT_NAME
 from .rows import Artifact, Made, Stage, ort_gate
 
 log = logging.getLogger(__name__)
@@ -43,19 +44,31 @@ def reference_logits(model: Any, batch: np.ndarray, chunk: int = 16) -> np.ndarr
 
 
 def _model(ctx: ExportContext, rec: StageRecord) -> Made:
+    from ..base.output_spec import resolve_output
     from ..model.checkpoints import save_checkpoint
+    from ..model.vit import output_network
     from .effective import Effective, describe, load_model, resolve_preprocess
 
     cfg = ctx.cfg
     ctx.loaded = load_model(cfg)
+    vit = ctx.loaded.config
+    ctx.output = resolve_output(
+        cfg.model.output, cfg.model.normalize, vit.num_classes, cfg.model.checkpoint or "the demo model"
+    )
     ctx.spec, origins = resolve_preprocess(cfg, ctx.loaded)
     ctx.effective = Effective(ctx.loaded, ctx.spec, origins)
     rec.details = describe(ctx.effective, cfg)
     ctx.name = cfg.model.name or ctx.loaded.name
-    save_checkpoint(ctx.out_dir, ctx.loaded.model, ctx.loaded.labels, ctx.spec, ctx.name)
+    save_checkpoint(ctx.out_dir, ctx.loaded.model, ctx.loaded.labels, ctx.spec, ctx.name, ctx.output)
     ctx.weights = memory_budget.weight_bytes(ctx.loaded.model)
+    if ctx.output.is_embedding:  # what every later stage runs and judges: the pooled vector, no labels
+        ctx.loaded = dataclasses.replace(ctx.loaded, model=output_network(ctx.loaded.model, ctx.output), labels=())
+        ctx.effective = dataclasses.replace(ctx.effective, loaded=ctx.loaded)
+        rec.details.append(
+            f"output: embedding, {vit.pooled_width} floats per image ({vit.pool} pooling"
+            + (", L2-normalised)" if ctx.output.normalize else ")")
+        )
     rec.outputs = [ctx.path("weights"), ctx.path("weights-config")]  # in the manifest last (the manifest row)
-    vit = ctx.loaded.config
     ctx.chw = (vit.in_channels, vit.image_size, vit.image_size)
     return ()
 
@@ -69,6 +82,7 @@ def _onnx(ctx: ExportContext, rec: StageRecord) -> Made:
         "vitdeploy.labels": list(ctx.loaded.labels),
         "vitdeploy.preprocess": ctx.spec.to_dict(),
         "vitdeploy.vit": vit.to_dict(),
+        "vitdeploy.output": ctx.output.model_dump(),
     }
     onnx_art = export_onnx(
         ctx.loaded.model,
@@ -77,6 +91,7 @@ def _onnx(ctx: ExportContext, rec: StageRecord) -> Made:
         in_channels=vit.in_channels,
         opset=cfg.export.opset,
         metadata=metadata,
+        output_name=ctx.output.tensor,
         external_data_threshold_mb=cfg.export.external_data_threshold_mb,
     )
     return (Artifact("onnx", onnx_art.path, tuple(onnx_art.external_data)),)
@@ -152,7 +167,8 @@ def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
         labels=ctx.loaded.labels,
         preprocess=ctx.spec.to_dict(),
         input_name=INPUT_NAME,
-        output_name=OUTPUT_NAME,
+        output=ctx.output,
+        output_width=ctx.loaded.config.pooled_width if ctx.output.is_embedding else len(ctx.loaded.labels),
         chw=ctx.chw,
         batch=cfg.export.batch.model_dump(),
         artifacts=ctx.entries,

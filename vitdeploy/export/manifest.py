@@ -43,7 +43,8 @@ def build_manifest(
     labels: Sequence[str],
     preprocess: Mapping[str, Any],
     input_name: str,
-    output_name: str,
+    output: Any,
+    output_width: int,
     chw: Sequence[int],
     batch: Mapping[str, int],
     artifacts: Mapping[str, dict[str, Any]],
@@ -51,17 +52,20 @@ def build_manifest(
     stages: Sequence[Mapping[str, Any]],
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """The manifest's content; ``output``: base/output_spec.ModelOutput (the output tensor's name, and
+    ``output_width`` values a row: one per label, or the embedding's dimension)."""
     return {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "name": name,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "model": {"vit": dict(vit), "source": dict(source)},
+        "output": output.model_dump(),
         "labels": list(labels),
         "preprocess": dict(preprocess),
         "io": {
             "input": {"name": input_name, "dtype": "float32", "shape": ["batch", *chw]},
-            "output": {"name": output_name, "dtype": "float32", "shape": ["batch", len(labels)]},
+            "output": {"name": output.tensor, "dtype": "float32", "shape": ["batch", output_width]},
         },
         "batch": dict(batch),
         "artifacts": dict(artifacts),

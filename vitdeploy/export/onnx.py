@@ -50,8 +50,10 @@ def export_onnx(
     opset: int = 18,
     metadata: dict[str, Any] | None = None,
     external_data_threshold_mb: int = 1536,
+    output_name: str = OUTPUT_NAME,
 ) -> OnnxArtifact:
-    """Export ``model`` (a torch module: NCHW float32 -> logits) to ``path`` atomically.
+    """Export ``model`` (a torch module: NCHW float32 -> logits, or an embedding named ``output_name``) to
+    ``path`` atomically.
 
     ``metadata`` values are JSON-encoded into the ONNX ``metadata_props`` (strings stay strings).
     Weights above ``external_data_threshold_mb`` go to ``<name>.data`` beside the graph.
@@ -73,7 +75,7 @@ def export_onnx(
                 model,
                 (example,),
                 input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
+                output_names=[output_name],
                 dynamic_shapes={"pixel_values": {0: batch}},
                 opset_version=opset,
                 dynamo=True,

@@ -151,7 +151,8 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
                 getattr(ctx.cfg.validation, gate.tolerance).model_dump(),
                 sizes,
                 largest_logits=judged,
-                labels=ctx.loaded.labels if ctx.loaded is not None else None,
+                labels=ctx.loaded.labels if ctx.loaded is not None and ctx.kind == "logits" else None,
+                kind=ctx.kind,
                 progress=lambda text: setattr(rec, "progress", text),  # shown while it runs (the heartbeat)
             )
         finally:

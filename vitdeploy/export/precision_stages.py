@@ -62,7 +62,7 @@ class _Judge:
                 rows = self.witnesses
                 self._say(f"judging the {len(rows)} input(s) the step before failed on")
                 alone = np.concatenate([backend.run(ctx.inputs.batch[i : i + 1]) for i in rows])
-                proof = proven_failure(ctx.reference[rows], alone, total, self.tolerance)
+                proof = proven_failure(ctx.reference[rows], alone, total, self.tolerance, ctx.kind)
                 if proof is not None:
                     ctx.judged = {}
                     return proof
@@ -76,8 +76,8 @@ class _Judge:
         finally:
             backend.close()
         ctx.judged = {ctx.file_identity(path): logits}  # only the latest step can be the graph that ships
-        verdict = compare(ctx.reference, logits, self.tolerance)
-        self.witnesses = [] if verdict.passed else failing_rows(ctx.reference, logits, self.tolerance)
+        verdict = compare(ctx.reference, logits, self.tolerance, ctx.kind)
+        self.witnesses = [] if verdict.passed else failing_rows(ctx.reference, logits, self.tolerance, kind=ctx.kind)
         return verdict
 
 

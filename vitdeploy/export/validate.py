@@ -105,6 +105,7 @@ class ArtifactValidation:
     rows: dict[int, int] | None = None  # inputs run at each batch size (the rest: their largest-batch logits)
     per_image: dict[str, list] | None = None  # each input's max |diff| and cosine at the largest batch
     flips: list[dict[str, Any]] | None = None  # inputs whose top-1 changed: both top-3s (export/compare.py)
+    kind: str = "logits"  # what was compared (vocab.OUTPUT_KINDS)
 
     @property
     def passed(self) -> bool:
@@ -128,6 +129,7 @@ class ArtifactValidation:
         return {
             "passed": self.passed,
             "backend": self.backend,
+            "kind": self.kind,
             "metrics": self.worst_metrics(),
             "thresholds": any_cmp.thresholds,
             "failures": self.failures,
@@ -149,6 +151,7 @@ def validate_artifact(
     largest_logits: np.ndarray | None = None,
     labels: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
+    kind: str = "logits",
 ) -> ArtifactValidation:
     """Run ``backend`` over every input at the largest of ``batch_sizes`` and over a sample at the others
     (the module docstring says why that proves as much); compare with ``reference`` logits.
@@ -156,7 +159,8 @@ def validate_artifact(
     ``largest_logits``: the logits this very graph gave for every input at the largest batch size, when they
     were computed already (the autopilot's judge, with the same backend class): not computed again.
     ``labels``: the model's class names, to record the inputs whose top-1 changed with both top-3s.
-    ``progress``: told ``"<done> of <total> inputs run"`` after each batch (a long validation says how far it is)."""
+    ``progress``: told ``"<done> of <total> inputs run"`` after each batch (a long validation says how far it is).
+    ``kind``: what the outputs are (vocab.OUTPUT_KINDS): embeddings are judged by cosine and neighbours."""
     sizes = sorted(set(batch_sizes))
     largest = sizes[-1]
     count = len(inputs.batch)
@@ -169,7 +173,7 @@ def validate_artifact(
             progress(f"{done[0]} of {total} inputs run")
 
     full = run_in_batches(backend, inputs.batch, largest, ran) if largest_logits is None else largest_logits
-    per_batch = {largest: compare(reference, full, tolerance)}
+    per_batch = {largest: compare(reference, full, tolerance, kind)}
     rows = {largest: len(full)}
     bound = float(tolerance.get("max_abs_diff", float("inf")))
     for size in sizes[:-1]:
@@ -177,7 +181,7 @@ def validate_artifact(
         logits = run_in_batches(backend, inputs.batch[idx], size, ran)
         spliced = full.copy()
         spliced[idx] = logits
-        verdict = compare(reference, spliced, tolerance)
+        verdict = compare(reference, spliced, tolerance, kind)
         moved = float(np.abs(logits - full[idx]).max()) if len(idx) else 0.0
         if not moved <= bound:  # NaN fails too
             verdict = replace(
@@ -193,4 +197,5 @@ def validate_artifact(
     ordered = {size: per_batch[size] for size in sorted(per_batch)}
     flips = flip_details(reference, full, inputs.names, labels) if labels is not None else None
     counts = {s: rows[s] for s in sorted(rows)}
-    return ArtifactValidation(stage, getattr(backend, "name", "?"), ordered, counts, per_image(reference, full), flips)
+    per = per_image(reference, full, kind, int(tolerance.get("neighbours", 10)))
+    return ArtifactValidation(stage, getattr(backend, "name", "?"), ordered, counts, per, flips, kind)

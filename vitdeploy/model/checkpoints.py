@@ -304,9 +304,11 @@ def save_checkpoint(
     labels: Iterable[str],
     preprocess: PreprocessSpec | None,
     name: str,
+    output: Any = None,
 ) -> Path:
     """Write ``directory/model.safetensors`` then ``directory/model.json`` (each to a temp file in the
-    same folder, then os.replace); returns the directory. ``load_checkpoint(directory)`` reads it back."""
+    same folder, then os.replace); returns the directory. ``load_checkpoint(directory)`` reads it back.
+    ``output`` (base/output_spec.ModelOutput): what the export's network returns, for the torch backend."""
     torch = require("torch", "saving checkpoints")
     save_file = require("safetensors.torch", "saving checkpoints").save_file
     cfg = model.cfg
@@ -326,6 +328,7 @@ def save_checkpoint(
         "vit": cfg.to_dict(),
         "labels": list(labels),
         "preprocess": preprocess.to_dict() if preprocess is not None else None,
+        **({"output": output.model_dump()} if output is not None else {}),
     }
     _atomic(out / OUR_WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     _atomic(out / OUR_META, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8"))

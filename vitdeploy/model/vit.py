@@ -16,6 +16,7 @@ Parameter names are timm's, so a timm state dict loads as it is.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -190,6 +191,25 @@ class VisionTransformer(nn.Module):
         if self.head_dist is not None:  # DeiT at inference: the class and distillation heads averaged
             logits = (logits + self.head_dist(self.fc_norm(x[:, 1]))) / 2
         return logits
+
+
+class EmbeddingNetwork(nn.Module):
+    """What an embedding export runs: the ViT's pooled features (``forward_features``: the class token, the
+    mean patch token, as its library pools them; no head), L2-normalised when ``normalize``."""
+
+    def __init__(self, vit: VisionTransformer, normalize: bool = False) -> None:
+        super().__init__()
+        self.vit, self.normalize = vit, normalize
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        features = self.vit.forward_features(pixel_values)
+        return F.normalize(features, dim=-1) if self.normalize else features
+
+
+def output_network(vit: VisionTransformer, output: Any) -> nn.Module:
+    """The network an export runs for ``output`` (base/output_spec.ModelOutput): the classifier itself, or
+    its :class:`EmbeddingNetwork`."""
+    return EmbeddingNetwork(vit, output.normalize).eval() if output.is_embedding else vit
 
 
 def resample_pos_embed(

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, f
 from ..base._schema import NonNegativeInt, StrictSection, format_validation_error
 from ..base.errors import ArtifactError, ArtifactIntegrityError
 from ..base.limits import MAX_BATCH, MAX_JSON_BYTES, clip
+from ..base.output_spec import ModelOutput
 from ..base.preprocess_spec import MAX_IMAGE_SIDE, PreprocessSpec
 
 MANIFEST_FORMAT = "vitdeploy-manifest"
@@ -159,7 +160,8 @@ class Manifest(BaseModel):
     format: Literal["vitdeploy-manifest"]
     version: Annotated[int, Field(ge=1, le=MANIFEST_VERSION)]
     name: Optional[Annotated[StrictStr, Field(max_length=256)]] = None
-    labels: tuple[Label, ...] = Field(min_length=1)
+    labels: tuple[Label, ...]  # one per output class; [] for an embedding model
+    output: ModelOutput = ModelOutput()  # absent: a classifier (every export before embeddings)
     preprocess: PreprocessSpec  # strict types and the same checks as in Python (preprocess_spec.py)
     io: IOSpec
     batch: BatchSpec = BatchSpec()
@@ -189,11 +191,20 @@ class Manifest(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Manifest":
-        classes = self.io.output.shape[1]
-        if len(self.labels) != classes:
+        width = self.io.output.shape[1]
+        if self.output.is_embedding:
+            if self.labels:
+                raise ValueError(
+                    f"labels has {len(self.labels)} entries but output.kind is embedding; an embedding has no labels"
+                )
+            if self.io.output.name != self.output.tensor:
+                name = clip(self.io.output.name)
+                raise ValueError(f"io.output.name is {name}; an embedding's is {self.output.tensor!r}")
+        elif len(self.labels) != width:
             raise ValueError(
-                f"labels has {len(self.labels)} entries but io.output.shape says {classes} classes; "
+                f"labels has {len(self.labels)} entries but io.output.shape says {width} classes; "
                 "one label per class"
+                + ("" if self.labels else ' (a model without labels is an embedding: "output": {"kind": "embedding"})')
             )
         _, _, h, w = self.io.input.shape
         if (self.preprocess.height, self.preprocess.width) != (h, w):
@@ -210,7 +221,12 @@ class Manifest(BaseModel):
 
     @property
     def num_classes(self) -> int:
+        """Values per output row: the number of classes, or the embedding's dimension."""
         return int(self.io.output.shape[1])
+
+    @property
+    def is_embedding(self) -> bool:
+        return self.output.is_embedding
 
 
 def read_json_bounded(path: Path, what: str) -> Any:
@@ -278,7 +294,15 @@ def check_model_config(manifest: Manifest, config: Any, config_path: Path, manif
     vit = validate_vit_config(config["vit"], config_path, key_prefix="vit", error=ArtifactIntegrityError)
     c, h, w = manifest.chw
     problems = []
-    if vit["num_classes"] != manifest.num_classes:
+    if manifest.is_embedding:
+        from ..base.vit_schema import ViTConfig
+
+        width = ViTConfig.from_dict(vit).pooled_width
+        if width != manifest.num_classes:
+            problems.append(f"pooled features of {width} values vs {manifest.num_classes} in io.output")
+        if config.get("output") != manifest.output.model_dump():
+            problems.append(f"output {clip(config.get('output'))} vs {manifest.output.model_dump()} in the manifest")
+    elif vit["num_classes"] != manifest.num_classes:
         problems.append(f"{vit['num_classes']} classes (vit.num_classes) vs {manifest.num_classes} in io.output")
     if vit["in_channels"] != c:
         problems.append(f"{vit['in_channels']} input channels vs {c}")
@@ -346,9 +370,8 @@ def check_graph_io(
         if dtype not in ({io.output.dtype, "float16"} if fp16_io_ok else {io.output.dtype}):
             problems.append(f"output dtype {dtype} vs {io.output.dtype}")
         if len(shape) != 2 or shape[1] != manifest.num_classes or not _batch_dim_ok(shape[0], manifest):
-            problems.append(
-                f"output shape {clip(_dims(shape))} vs [batch, {manifest.num_classes}] ({len(manifest.labels)} labels)"
-            )
+            what = "embedding" if manifest.is_embedding else f"{len(manifest.labels)} labels"
+            problems.append(f"output shape {clip(_dims(shape))} vs [batch, {manifest.num_classes}] ({what})")
     _refuse(f"graph {graph_path}", problems, manifest_path)
 
 

@@ -113,6 +113,16 @@ def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backe
     )
 
 
+@dataclass(frozen=True)
+class Embedding:
+    """The feature vector of one input (an embedding model's answer: no label, no score)."""
+
+    vector: list[float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"embedding": self.vector}
+
+
 def _is_single(inputs: Any) -> bool:
     if isinstance(inputs, (str, bytes, os.PathLike)):
         return True
@@ -142,6 +152,8 @@ class Predictor:
         self._max_pixels = max_pixels
         self.labels = artifacts.labels
         self.input_shape = artifacts.input_shape
+        self.is_embedding = artifacts.schema.is_embedding  # vectors out, no labels (base/output_spec.py)
+        self.output_width = artifacts.schema.num_classes  # values per row: classes, or the embedding's dimension
 
     @classmethod
     def from_artifacts(
@@ -202,24 +214,40 @@ class Predictor:
     # ---------------------------------------------------------------- inference
 
     def predict_logits(self, batch: np.ndarray) -> np.ndarray:
-        """float32 (N, C, H, W) -> float32 (N, num_classes). InputError names expected vs actual."""
+        """float32 (N, C, H, W) -> float32 (N, num_classes), or (N, D) embeddings for an embedding model.
+        InputError names expected vs actual."""
         logits = self._backend().run(batch)  # BackendBase.run checks dtype/shape, splits by max_batch
-        if logits.ndim != 2 or logits.shape[1] != len(self.labels):
+        if logits.ndim != 2 or logits.shape[1] != self.output_width:
+            what = "values per embedding" if self.is_embedding else "labels"
             raise ArtifactIntegrityError(
-                f"{self.backend_name} returned logits of shape {logits.shape} but "
-                f"{self.artifacts.manifest_path} has {len(self.labels)} labels; re-run "
+                f"{self.backend_name} returned outputs of shape {logits.shape} but "
+                f"{self.artifacts.manifest_path} has {self.output_width} {what}; re-run "
                 f"`vitdeploy export`"
             )
         return logits
+
+    def embed(self, inputs: Any) -> np.ndarray:
+        """Images (or a preprocessed batch) -> float32 (N, D) embeddings; InputError for a classifier."""
+        if not self.is_embedding:
+            raise InputError(
+                f"{self.artifacts.name} is a classifier (labels, top-k); its embeddings are not an output: export "
+                "it with model.output: embedding"
+            )
+        if isinstance(inputs, (list, tuple)) and not inputs:
+            return np.zeros((0, self.output_width), np.float32)
+        return self.predict_logits(self._to_batch(inputs)[0])
 
     def _backend(self) -> Backend:
         if self.backend is None:
             raise BackendError(f"predictor for {self.artifacts.directory} is closed")
         return self.backend
 
-    def predictions_from_logits(self, logits: np.ndarray, top_k: int = 5) -> list[Prediction]:
+    def predictions_from_logits(self, logits: np.ndarray, top_k: int = 5) -> list[Any]:
+        """One Prediction per row of logits; one :class:`Embedding` per row for an embedding model."""
         if top_k < 1:
             raise InputError(f"top_k must be >= 1, got {top_k}")
+        if self.is_embedding:
+            return [Embedding(row.tolist()) for row in np.asarray(logits, dtype=np.float32)]
         probs = softmax(logits, axis=-1)
         out = []
         for row in probs:
@@ -227,8 +255,9 @@ class Predictor:
             out.append(Prediction(label=best[0][0], index=best[0][1], score=best[0][2], top_k=best))
         return out
 
-    def predict(self, inputs: Any, top_k: int = 5) -> list[Prediction]:
-        """One input or a list of inputs -> one Prediction per input (a list, always).
+    def predict(self, inputs: Any, top_k: int = 5) -> list[Any]:
+        """One input or a list of inputs -> one Prediction (an Embedding for an embedding model) per input
+        (a list, always).
 
         Inputs: image paths, PIL images, HWC uint8 arrays, or a preprocessed float32 NCHW batch.
         """
@@ -260,4 +289,4 @@ class Predictor:
         return f"Predictor({str(self.artifacts.directory)!r}, backend={self.backend_name!r})"
 
 
-__all__ = ["AUTO_ORDER", "Prediction", "Predictor", "select_backend"]
+__all__ = ["AUTO_ORDER", "Embedding", "Prediction", "Predictor", "select_backend"]

@@ -123,7 +123,15 @@ class TorchBackend(BackendBase):
                 f"torch backend: {weights_path} does not match the config in {config_path}: "
                 f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
             )
-        self._model = model.to(device=self.device, dtype=self.dtype).eval()
+        from ...base.output_spec import output_of
+        from ...model.vit import output_network
+
+        try:
+            output = output_of(config.get("output"))
+        except ValueError as exc:
+            raise BackendError(f"torch backend: {config_path} 'output' is invalid: {exc}") from None
+        # an embedding export runs the pooled features (model.json says which), as its graphs do
+        self._model = output_network(model, output).to(device=self.device, dtype=self.dtype).eval()
         if self.options.threads and self.device.type == "cpu":
             # torch's intra-op thread count is process-wide.
             torch.set_num_threads(max(int(self.options.threads), 1))
