@@ -31,6 +31,7 @@ import numpy as np
 
 from ..base._files import write_json_atomic
 from ..base.errors import BackendError, ConfigError, InputError, MissingDependencyError, ValidationError
+from ..base.output_spec import EMBEDDING
 from ..base.vocab import DRIFT_REPORT_NAME, PRECISIONS
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
@@ -174,15 +175,28 @@ def judge_backend(
     classes: Sequence[str],
     precision: str = "fp32",
     threshold_set: str | None = None,
+    kind: str = "logits",
 ) -> BackendDrift:
     """Compare ``logits`` with the ``reference`` (both (N, K)) and build the backend's row.
 
     ``names[i]`` is the path of row i (listed when its top-1 flips); ``true_index[i]`` its true
-    class or None. Pure numpy: the unit tests drive it with synthetic logits.
+    class or None. ``kind``: what the rows are (vocab.OUTPUT_KINDS); embeddings are judged by cosine and
+    neighbour agreement, with no flips and no accuracy. Pure numpy: the unit tests drive it with synthetic logits.
     """
     from ..export.compare import compare, flip_details, per_image
 
-    cmp = compare(reference, logits, tolerance)
+    cmp = compare(reference, logits, tolerance, kind)
+    if kind == EMBEDDING:
+        return BackendDrift(
+            name=name,
+            status="passed" if cmp.passed else "failed",
+            precision=precision,
+            threshold_set=threshold_set or precision,
+            metrics=dict(cmp.metrics),
+            thresholds=dict(cmp.thresholds),
+            failures=list(cmp.failures),
+            per_image=per_image(reference, logits, kind, int(tolerance.get("neighbours", 10))),
+        )
     ref_top, cand_top = np.asarray(reference).argmax(axis=1), np.asarray(logits).argmax(axis=1)
 
     def label(i: int) -> str:
@@ -340,6 +354,8 @@ def _validation_batch(
     if not good:
         first = next(iter(errors.values()), "no images")
         raise InputError(f"no readable image among the {len(vset.paths)} in {vset.source} (first error: {first})")
+    if artifacts.schema.is_embedding:  # a vector has no class: true labels, if any, are not used
+        return vset, batch, good, errors, [None] * len(good), []
     true_index, unknown = label_indices([vset.labels[i] for i in good], artifacts.labels)
     if unknown and all(t is None for t in true_index):
         raise InputError(
@@ -393,8 +409,9 @@ def _run_spec(
     ref_seconds: float,
 ) -> BackendDrift:
     device = spec.options.device if spec.uses_cuda or spec.registry == "torch" else ", ".join(spec.options.providers)
+    kind = artifacts.schema.output.kind
     if spec.is_reference:
-        metrics, _ = _self_metrics(reference)
+        metrics, _ = _self_metrics(reference, kind)
         return BackendDrift(
             name=spec.name,
             status="reference",
@@ -447,6 +464,7 @@ def _run_spec(
         true_index=true_index,
         classes=artifacts.labels,
         precision=spec.precision,
+        kind=kind,
     )
     row.device, row.describe, row.seconds = device, describe, round(seconds, 4)
     log.info("%s: %s (%s)", spec.name, row.status, "; ".join(row.failures) or "within thresholds")
@@ -466,10 +484,10 @@ def _error_row(spec: BackendSpec, device: str, limits: Mapping[str, Mapping[str,
     )
 
 
-def _self_metrics(reference: np.ndarray) -> tuple[dict[str, float], tuple[int, ...]]:
-    from ..export.compare import logit_metrics
+def _self_metrics(reference: np.ndarray, kind: str = "logits") -> tuple[dict[str, float], tuple[int, ...]]:
+    from ..export.compare import output_metrics
 
-    return logit_metrics(reference, reference)
+    return output_metrics(reference, reference, kind)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -492,6 +510,11 @@ def _cos(value: float | None) -> str:
     return "-" if value is None else f"{value:.8f}"
 
 
+def _neighbours(report: DriftReport) -> int:
+    """k of the neighbour agreement (the fp32 thresholds' ``neighbours``)."""
+    return int(report.thresholds.get("fp32", {}).get("neighbours", 10))
+
+
 def format_drift_table(report: DriftReport) -> list[str]:
     """The human-readable report: the set, the reference, one row per backend, then details."""
     img = report.images
@@ -505,9 +528,13 @@ def format_drift_table(report: DriftReport) -> list[str]:
         f"{_pct(report.reference['accuracy'])}",
         "",
     ]
-    head = (
-        f"{'backend':<11} {'prec':<5} {'max|diff|':>9} {'mean|diff|':>10} {'cosine':>10} {'top1':>7} {'top5':>7} "
-        f"{'flipped':>7} {'accuracy':>8}  result"
+    embedding = any("neighbour_recall" in b.metrics for b in report.backends)
+    if embedding:
+        lines[1] = f"reference: eager PyTorch fp32 on cpu ({report.reference['describe']}); an embedding model"
+    head = f"{'backend':<11} {'prec':<5} {'max|diff|':>9} {'mean|diff|':>10} {'cosine':>10} " + (
+        f"{'cos p1':>10} {'recall@' + str(_neighbours(report)):>9}  result"
+        if embedding
+        else f"{'top1':>7} {'top5':>7} {'flipped':>7} {'accuracy':>8}  result"
     )
     lines += [head, "-" * len(head)]
     for b in report.backends:
@@ -520,10 +547,15 @@ def format_drift_table(report: DriftReport) -> list[str]:
         result = "reference" if b.status == "reference" else ("PASS" if b.status == "passed" else "FAIL")
         if b.threshold_set and b.status != "reference":
             result += f" ({b.threshold_set} thresholds)"
+        judged = (
+            f"{_cos(m.get('cosine_p1')):>10} {_pct(m.get('neighbour_recall')):>9}"
+            if embedding
+            else f"{_pct(m.get('top1_agreement')):>7} {_pct(m.get('top5_overlap')):>7} {len(b.flipped):>7} "
+            f"{_pct(b.accuracy):>8}"
+        )
         lines.append(
             f"{b.name:<11} {b.precision:<5} {_num(m.get('max_abs_diff')):>9} {_num(m.get('mean_abs_diff')):>10} "
-            f"{_cos(m.get('cosine')):>10} {_pct(m.get('top1_agreement')):>7} {_pct(m.get('top5_overlap')):>7} "
-            f"{len(b.flipped):>7} {_pct(b.accuracy):>8}  {result}"
+            f"{_cos(m.get('cosine')):>10} {judged}  {result}"
         )
     details = []
     for b in report.backends:

@@ -17,6 +17,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..base.output_spec import EMBEDDING
+
 # metric name -> (threshold key, "max" if the metric must stay <= threshold else "min")
 _RULES = {
     "max_abs_diff": ("max_abs_diff", "max"),
@@ -26,7 +28,7 @@ _RULES = {
     "top5_overlap": ("min_top5_overlap", "min"),
     "neighbour_recall": ("min_neighbour_recall", "min"),
 }
-EMBEDDING = "embedding"  # vocab.OUTPUT_KINDS: the kind judged by neighbours
+
 DEFAULT_NEIGHBOURS = 10
 
 
@@ -35,7 +37,8 @@ class Comparison:
     metrics: dict[str, float]
     thresholds: dict[str, float]
     failures: tuple[str, ...]
-    flipped: tuple[int, ...] = field(default=())  # rows whose top-1 changed
+    flipped: tuple[int, ...] = field(default=())  # rows whose top-1 changed (embeddings: whose neighbours changed)
+    kind: str = "logits"  # what was compared (vocab.OUTPUT_KINDS)
 
     @property
     def passed(self) -> bool:
@@ -44,7 +47,11 @@ class Comparison:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["passed"] = self.passed
-        d["failures"], d["flipped"] = list(self.failures), list(self.flipped)
+        rows = d.pop("flipped")
+        d["failures"] = list(self.failures)
+        d["neighbours_changed" if self.kind == EMBEDDING else "flipped"] = list(rows)
+        if self.kind != EMBEDDING:
+            d.pop("kind")
         return d
 
 
@@ -144,7 +151,8 @@ def compare(
     """Judge ``candidate`` against ``reference`` (N, K) with ``tolerance`` (a Tolerance dump); ``kind``: what
     the rows are (vocab.OUTPUT_KINDS). ``flipped``: the rows whose top-1, or whose neighbours, changed."""
     metrics, flipped = output_metrics(reference, candidate, kind, tolerance)
-    return Comparison(metrics, {k: float(v) for k, v in tolerance.items()}, _failures(metrics, tolerance), flipped)
+    thresholds = {k: float(v) for k, v in tolerance.items()}
+    return Comparison(metrics, thresholds, _failures(metrics, tolerance), flipped, kind)
 
 
 def proven_failure(
@@ -173,7 +181,7 @@ def proven_failure(
     if not failures:
         return None
     thresholds = {k: float(v) for k, v in tolerance.items()}
-    return Comparison({**bounds, "inputs_judged": float(n)}, thresholds, failures, flipped)
+    return Comparison({**bounds, "inputs_judged": float(n)}, thresholds, failures, flipped, kind)
 
 
 def _failures(metrics: Mapping[str, float], tolerance: Mapping[str, float], qualifier: str = "") -> tuple[str, ...]:

@@ -113,7 +113,8 @@ def _reference(ctx: ExportContext, rec: StageRecord) -> Made:
     ctx.reference = reference_logits(ctx.loaded.model, ctx.inputs.batch)
     ctx.release_model()  # the last stage that runs the eager model
     n, n_images = len(ctx.inputs.names), ctx.inputs.image_count
-    rec.reason = f"eager PyTorch logits for {n} inputs ({n_images} images, {n - n_images} noise)"
+    what = "embeddings" if ctx.output.is_embedding else "logits"
+    rec.reason = f"eager PyTorch {what} for {n} inputs ({n_images} images, {n - n_images} noise)"
     return ()
 
 
@@ -185,6 +186,7 @@ def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
         },
     )
     path = manifest_mod.write_manifest(out, manifest)
+    manifest_mod.read_back(out)  # never "ok" for an export its own runtime would refuse
     if ctx.refused:
         ctx.write_report()  # what was refused and why, beside a manifest without it
     else:

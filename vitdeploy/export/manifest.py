@@ -78,3 +78,47 @@ def build_manifest(
 
 def write_manifest(directory: Path, manifest: Mapping[str, Any]) -> Path:
     return write_json_atomic(directory / MANIFEST_NAME, manifest)
+
+
+def read_back(directory: Path) -> None:
+    """The export just written, read as `vitdeploy predict` reads it: the manifest through the runtime's
+    schema, model.json against it, and every ONNX graph's inputs and outputs against its io section
+    (the sha256s were computed from these very files a moment ago). An export never reports success with
+    a manifest its own runtime refuses: ExportError naming the refusal."""
+    from ..base.errors import ArtifactError, ExportError
+    from ..runtime.artifacts import Artifacts, resolve_inside
+    from ..runtime.manifest_schema import check_graph_io, check_model_config, read_json_bounded
+
+    try:
+        artifacts = Artifacts.open(directory, verify=False)
+        schema = artifacts.schema
+        where = {role: resolve_inside(directory, e.path, f"artifact {role!r}") for role, e in schema.artifacts.items()}
+        if "weights-config" in where:
+            path = where["weights-config"]
+            check_model_config(schema, read_json_bounded(path, "model config"), path, artifacts.manifest_path)
+        for path in where.values():
+            if path.suffix == ".onnx":
+                inputs, outputs = _graph_io(path)
+                check_graph_io(schema, path, inputs, outputs, artifacts.manifest_path, fp16_io_ok=True)
+    except ArtifactError as exc:
+        raise ExportError(
+            f"the export's own runtime refuses what it wrote ({str(exc).splitlines()[0]}); nothing is reported as "
+            "exported: this is a vitdeploy bug, please report it with the checkpoint's config"
+        ) from exc
+
+
+def _graph_io(path: Path) -> tuple[list[Any], list[Any]]:
+    """(name, dtype, shape) of a graph's inputs and outputs, read without its weights."""
+    import onnx
+
+    proto = onnx.load(str(path), load_external_data=False)
+    names = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16"}
+
+    def spec(value: Any) -> tuple[str, str, list[Any]]:
+        tensor = value.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim]
+        return value.name, names.get(tensor.elem_type, str(tensor.elem_type)), dims
+
+    initializers = {i.name for i in proto.graph.initializer}
+    inputs = [spec(v) for v in proto.graph.input if v.name not in initializers]
+    return inputs, [spec(v) for v in proto.graph.output]
