@@ -111,7 +111,7 @@ def _deploy(rec: Recommendation, artifacts: str) -> str:
 
 
 def _accuracy(facts: Facts) -> str:
-    from .plots import drift_distribution
+    from .plots import DRIFT_AXES, drift_distribution
 
     rows = []
     for r in facts.accuracy:
@@ -142,12 +142,11 @@ def _accuracy(facts: Facts) -> str:
         "notes",
     )
     per = {r.backend: r.per_image for r in facts.accuracy if r.per_image}
-    plots = ""
-    if per:
-        plots = (
-            "<figure>" + drift_distribution(per, "max_abs_diff", "logit units") + "</figure>"
-            "<figure>" + drift_distribution(per, "cosine", "1 = the same direction") + "</figure>"
-        )
+    plots = "".join(
+        "<figure>" + drift_distribution(per, metric) + "</figure>"
+        for metric in DRIFT_AXES
+        if any(v is not None for values in per.values() for v in values.get(metric, []))
+    )
     return (
         "<h2 id='accuracy'>Accuracy against eager PyTorch</h2>"
         f"<p class='muted'>From {_e(facts.accuracy_source)}.</p>" + _table(head, rows, raw=True) + plots
