@@ -38,7 +38,8 @@ table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}th,td{border:1px s
 text-align:left;vertical-align:top}th{background:#eee}.bad{color:#a00;font-weight:bold}.ok{color:#060}
 .lead{border:2px solid #a00;padding:.5rem 1rem}.pick{border:2px solid #060;padding:.5rem 1rem}
 code{background:#f3f3f3;padding:0 .2rem}figure{margin:.5rem 0}.flip img{image-rendering:pixelated}
-.muted{color:#555;font-size:.85rem}@media print{h2{break-after:avoid}.flip{break-inside:avoid}}
+.muted{color:#555;font-size:.85rem}.fields{margin:0}.fields th{font-weight:normal}
+@media print{h2{break-after:avoid}.flip{break-inside:avoid}}
 """
 
 
@@ -273,6 +274,18 @@ def _artifacts(facts: Facts) -> str:
     )
 
 
+def _fields(value: Any) -> str:
+    """A value as a reader reads it (HTML): a mapping as one row per key, a list one item a line, never a repr."""
+    if isinstance(value, dict):
+        if not value:
+            return "-"
+        rows = "".join(f"<tr><th>{_e(k)}</th><td>{_fields(v)}</td></tr>" for k, v in value.items())
+        return f"<table class='fields'>{rows}</table>"
+    if isinstance(value, (list, tuple)):
+        return "<br>".join(_fields(v) for v in value) if value else "none"
+    return "-" if value is None else _e(value)
+
+
 def _model(facts: Facts) -> str:
     m = facts.manifest
     model = m.get("model") or {}
@@ -281,7 +294,14 @@ def _model(facts: Facts) -> str:
     origins = m.get("preprocess_origins") or {}
     return (
         "<h2 id='model'>Model, preprocessing, machine</h2>"
-        + _table(("", ""), [("name", m.get("name")), ("source", model.get("source")), ("created", m.get("created"))])
+        + _table(
+            ("model", ""),
+            [
+                (_e(k), _fields(v))
+                for k, v in (("name", m.get("name")), ("source", model.get("source")), ("created", m.get("created")))
+            ],
+            raw=True,
+        )
         + _table(("ViT", "value"), sorted(vit.items()))
         + _table(("preprocessing", "value", "from"), [(k, v, origins.get(k, "")) for k, v in pre.items()])
         + _table(("library", "version"), sorted((m.get("versions") or {}).items()))
