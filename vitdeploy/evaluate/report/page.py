@@ -16,7 +16,7 @@ import io
 from pathlib import Path
 from typing import Any, Iterable
 
-from .facts import Facts
+from .facts import AccuracyRow, Facts
 from .recommend import Recommendation, serve_command
 from .serving import serving_section
 
@@ -31,6 +31,17 @@ VALIDATED_BY = {
     "engine": "validate-engine",
     "engine-int8": "validate-engine-int8",
 }
+#: the accuracy table's metric columns (metric key, header, format), in order; each shown when a judged backend
+#: reports it: a classifier's top-1/top-5, an embedding model's recall@k (``k`` beside it) and cosine percentiles
+ACCURACY_COLUMNS = (
+    ("top1_agreement", "top-1 agreement", ".1%"),
+    ("top5_overlap", "top-5 overlap", ".1%"),
+    ("recall_at_k", "recall@k (neighbour agreement)", ".1%"),
+    ("cosine", "worst cosine", ".6f"),
+    ("cosine_p01", "cosine p01 (1st percentile)", ".6f"),
+    ("cosine_p50", "cosine p50 (median)", ".6f"),
+    ("max_abs_diff", "max |logit diff|", ".4g"),
+)
 STYLE = """
 body{font-family:sans-serif;max-width:60rem;margin:1.5rem auto;padding:0 1rem;color:#111;line-height:1.4}
 h1{font-size:1.5rem}h2{font-size:1.2rem;border-bottom:1px solid #999;margin-top:2rem}
@@ -38,7 +49,8 @@ table{border-collapse:collapse;margin:.5rem 0;font-size:.9rem}th,td{border:1px s
 text-align:left;vertical-align:top}th{background:#eee}.bad{color:#a00;font-weight:bold}.ok{color:#060}
 .lead{border:2px solid #a00;padding:.5rem 1rem}.pick{border:2px solid #060;padding:.5rem 1rem}
 code{background:#f3f3f3;padding:0 .2rem}figure{margin:.5rem 0}.flip img{image-rendering:pixelated}
-.muted{color:#555;font-size:.85rem}@media print{h2{break-after:avoid}.flip{break-inside:avoid}}
+.muted{color:#555;font-size:.85rem}.fields{margin:0}.fields th{font-weight:normal}
+@media print{h2{break-after:avoid}.flip{break-inside:avoid}}
 """
 
 
@@ -110,44 +122,49 @@ def _deploy(rec: Recommendation, artifacts: str) -> str:
     return "".join(parts)
 
 
-def _accuracy(facts: Facts) -> str:
-    from .plots import drift_distribution
+def _columns(rows: list[AccuracyRow]) -> list[tuple[str, str, str]]:
+    """The accuracy columns whose metric a judged backend reports (the reference row states what it was given,
+    not what was measured): a classifier's top-1 agreement, an embedding model's recall@k, each when present."""
+    judged = [r for r in rows if r.status != "reference" and r.metrics] or rows
+    present = {key for r in judged for key in r.metrics}
+    columns = [c for c in ACCURACY_COLUMNS if c[0] in present]
+    ks = {r.metrics.get("k") for r in judged if "recall_at_k" in r.metrics}
+    if len(ks) == 1 and None not in ks:  # one k for every backend: it goes in the header
+        k = _fmt(ks.pop(), "g")
+        columns = [(key, head.replace("@k", f"@{k}"), spec) for key, head, spec in columns]
+    return columns
 
+
+def _metric_cell(row: AccuracyRow, key: str, spec: str, header: str) -> str:
+    value = _fmt(row.metrics.get(key), spec)
+    if key == "recall_at_k" and "@k" in header and row.metrics.get("k") is not None:
+        value += f" (k={_fmt(row.metrics['k'], 'g')})"
+    return value
+
+
+def _accuracy(facts: Facts) -> str:
+    from .plots import DRIFT_AXES, drift_distribution
+
+    columns = _columns(facts.accuracy)
+    labelled = any(r.accuracy is not None for r in facts.accuracy)
     rows = []
     for r in facts.accuracy:
-        m = r.metrics
         verdict = {"passed": "<span class='ok'>passed</span>", "failed": "<span class='bad'>failed</span>"}.get(
             r.status, _e(r.status)
         )
         rows.append(
-            (
-                _e(r.backend),
-                verdict,
-                _fmt(m.get("top1_agreement"), ".1%"),
-                _fmt(m.get("top5_overlap"), ".1%"),
-                _fmt(m.get("cosine"), ".6f"),
-                _fmt(m.get("max_abs_diff")),
-                _fmt(r.accuracy, ".1%") if r.accuracy is not None else "-",
-                _e("; ".join(r.failures) or r.reason),
-            )
+            (_e(r.backend), verdict)
+            + tuple(_metric_cell(r, key, spec, head) for key, head, spec in columns)
+            + ((_fmt(r.accuracy, ".1%"),) if labelled else ())
+            + (_e("; ".join(r.failures) or r.reason),)
         )
-    head = (
-        "backend",
-        "verdict",
-        "top-1 agreement",
-        "top-5 overlap",
-        "worst cosine",
-        "max |logit diff|",
-        "accuracy (labels)",
-        "notes",
-    )
+    head = ("backend", "verdict", *(h for _, h, _ in columns), *(("accuracy (labels)",) if labelled else ()), "notes")
     per = {r.backend: r.per_image for r in facts.accuracy if r.per_image}
-    plots = ""
-    if per:
-        plots = (
-            "<figure>" + drift_distribution(per, "max_abs_diff", "logit units") + "</figure>"
-            "<figure>" + drift_distribution(per, "cosine", "1 = the same direction") + "</figure>"
-        )
+    plots = "".join(
+        "<figure>" + drift_distribution(per, metric) + "</figure>"
+        for metric in DRIFT_AXES
+        if any(v is not None for values in per.values() for v in values.get(metric, []))
+    )
     return (
         "<h2 id='accuracy'>Accuracy against eager PyTorch</h2>"
         f"<p class='muted'>From {_e(facts.accuracy_source)}.</p>" + _table(head, rows, raw=True) + plots
@@ -155,6 +172,11 @@ def _accuracy(facts: Facts) -> str:
 
 
 def _flips(facts: Facts, images: bool) -> str:
+    """Each image whose top-1 class changed; nothing at all where no validation measured a top-1 class (an
+    embedding model's: no class, nothing to flip)."""
+    judged = [r for r in facts.accuracy if r.status != "reference"]
+    if not any(r.flips or "top1_agreement" in r.metrics for r in judged):
+        return ""
     parts = ["<h2 id='flips'>Images whose prediction changed</h2>"]
     any_flip = False
     for r in facts.accuracy:
@@ -274,6 +296,18 @@ def _artifacts(facts: Facts) -> str:
     )
 
 
+def _fields(value: Any) -> str:
+    """A value as a reader reads it (HTML): a mapping as one row per key, a list one item a line, never a repr."""
+    if isinstance(value, dict):
+        if not value:
+            return "-"
+        rows = "".join(f"<tr><th>{_e(k)}</th><td>{_fields(v)}</td></tr>" for k, v in value.items())
+        return f"<table class='fields'>{rows}</table>"
+    if isinstance(value, (list, tuple)):
+        return "<br>".join(_fields(v) for v in value) if value else "none"
+    return "-" if value is None else _e(value)
+
+
 def _model(facts: Facts) -> str:
     m = facts.manifest
     model = m.get("model") or {}
@@ -282,7 +316,14 @@ def _model(facts: Facts) -> str:
     origins = m.get("preprocess_origins") or {}
     return (
         "<h2 id='model'>Model, preprocessing, machine</h2>"
-        + _table(("", ""), [("name", m.get("name")), ("source", model.get("source")), ("created", m.get("created"))])
+        + _table(
+            ("model", ""),
+            [
+                (_e(k), _fields(v))
+                for k, v in (("name", m.get("name")), ("source", model.get("source")), ("created", m.get("created")))
+            ],
+            raw=True,
+        )
         + _table(("ViT", "value"), sorted(vit.items()))
         + _table(("preprocessing", "value", "from"), [(k, v, origins.get(k, "")) for k, v in pre.items()])
         + _table(("library", "version"), sorted((m.get("versions") or {}).items()))
