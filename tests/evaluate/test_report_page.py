@@ -103,7 +103,7 @@ def test_an_embedding_drift_report_shows_its_metrics_and_no_empty_top1_columns(t
         "worst cosine",
         "cosine p01 (1st percentile)",
         "cosine p50 (median)",
-        "max |logit diff|",
+        "max |diff|",
         "notes",
     ]
     assert "97.5%" in accuracy and "0.999910" in accuracy  # ort's recall@10 and worst cosine

@@ -63,7 +63,7 @@ def test_a_zero_drawn_at_the_floor_is_said_on_the_axis(axes):
 def test_max_abs_diff_has_no_tick_or_range_below_zero(axes):
     ax = axes("max_abs_diff")
     assert ax.get_xscale() == "log"  # 1e-7..1e-1: six decades, each backend apart
-    assert ax.get_xlabel().startswith("max |logit diff| (log)")
+    assert ax.get_xlabel().startswith("max |diff| (log)")
     assert ax.get_xlim()[0] > 0 and all(t > 0 for t in _visible_ticks(ax))
     assert ax.xaxis.get_offset_text().get_text() == ""
     assert "1 value(s) at 0" in ax.get_xlabel()  # ort's exact 0

@@ -88,3 +88,64 @@ def test_failing_rows_are_the_rows_that_fail_alone_worst_first():
     cand[9] += 40.0  # top-1 kept, the largest difference by far
     assert failing_rows(ref, cand, GATE) == [9, 5]
     assert failing_rows(ref, ref.copy(), GATE) == []
+
+
+# --------------------------------------------------------------------------- embeddings: neighbour agreement
+
+EMBED_GATE = {"max_abs_diff": 1.0, "mean_abs_diff": 1.0, "min_cosine": 0.99, "min_recall_at_k": 1.0, "neighbours": 2}
+
+
+def _fan(a: list[float]) -> np.ndarray:
+    """Row 0 = e0; row j = a_j e0 + sqrt(1 - a_j^2) e_j: cosine(0, j) = a_j, cosine(j, k) = a_j a_k."""
+    out = np.zeros((len(a) + 1, len(a) + 1))
+    out[0, 0] = 1.0
+    for j, aj in enumerate(a, start=1):
+        out[j, 0], out[j, j] = aj, np.sqrt(1 - aj * aj)
+    return out
+
+
+def test_neighbour_agreement_sees_an_int8_swap_of_two_neighbours_that_cosine_forgives():
+    """Row 0's two nearest neighbours are rows 1 and 2 (cosine 0.95, 0.9000), row 3 a hair behind (0.8999).
+    A candidate that moves row 3 by 5e-4 rad (cosine to eager 0.9999999) swaps rows 2 and 3 in row 0's
+    neighbours: cosine and differences pass, recall@2 does not, and the gate names recall_at_k."""
+    from vitdeploy.export.compare import nearest_neighbours, neighbour_recall
+
+    ref = _fan([0.95, 0.9, 0.8999, 0.5, 0.3])
+    cand = _fan([0.95, 0.9, 0.9002, 0.5, 0.3])
+    assert nearest_neighbours(ref, 2)[0].tolist() == [1, 2]
+    assert nearest_neighbours(cand, 2)[0].tolist() == [1, 3]  # the swap
+    per = neighbour_recall(ref, cand, 2)
+    assert per[0] == 0.5 and per.mean() < 1.0
+    verdict = compare(ref, cand, EMBED_GATE, kind="embedding")
+    assert verdict.metrics["cosine"] > 0.99999 and verdict.metrics["recall_at_k"] == float(per.mean())
+    assert [f.split(":")[0] for f in verdict.failures] == ["recall_at_k"]  # cosine and diffs were within
+    assert 0 in verdict.flipped and verdict.to_dict()["neighbours_changed"] == list(verdict.flipped)
+    assert "flipped" not in verdict.to_dict() and "top1_agreement" not in verdict.metrics
+
+
+def test_identical_vectors_agree_and_k_is_clipped_to_the_other_inputs():
+    from vitdeploy.export.compare import neighbour_recall
+
+    ref = _fan([0.95, 0.8, 0.6, 0.4, 0.2])
+    assert neighbour_recall(ref, ref.copy(), 10).tolist() == [1.0] * 6  # k=10 of 5 others: all 5
+    verdict = compare(ref, ref * 1.0000001, {**EMBED_GATE, "neighbours": 10}, kind="embedding")
+    assert verdict.passed and verdict.metrics["recall_at_k"] == 1.0
+    assert {"cosine", "cosine_p01", "cosine_p50"} <= set(verdict.metrics)
+
+
+def test_a_nan_vector_fails_every_vector_gate():
+    ref = _fan([0.95, 0.8, 0.6, 0.4, 0.2])
+    cand = ref.copy()
+    cand[2, 0] = np.nan
+    verdict = compare(ref, cand, EMBED_GATE, kind="embedding")
+    assert {f.split(":")[0] for f in verdict.failures} >= {"max_abs_diff", "cosine", "recall_at_k"}
+
+
+def test_failing_rows_of_vectors_are_those_whose_neighbours_changed():
+    ref = _fan([0.95, 0.8, 0.6, 0.4, 0.2])
+    cand = ref.copy()
+    cand[[1, 2]] = cand[[2, 1]]  # two inputs' vectors swapped: their neighbours and their neighbours' change
+    rows = failing_rows(ref, cand, EMBED_GATE, kind="embedding")
+    assert 1 in rows and 2 in rows
+    proof = proven_failure(ref[:2], cand[:2], 6, EMBED_GATE, kind="embedding")
+    assert proof is not None and "recall_at_k" not in proof.metrics  # neighbours need every row: never bounded

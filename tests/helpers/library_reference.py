@@ -6,7 +6,8 @@ numpy, pillow; built by ``make reference-env``), which cannot live beside vitdep
 
     .venv-ref/bin/python tests/helpers/library_reference.py PHOTOS_DIR OUT_DIR [family]
 
-(``family``: only the timm ViT relatives of issue 15: registers, average pooling, layer scale ...)
+(``family``: only the timm ViT relatives of issue 15: registers, average pooling, layer scale ...;
+``embedding``: only headless timm backbones, ``num_classes=0``)
 
 For every case it writes, under ``OUT_DIR/<case>/``, the checkpoint exactly as the library saves it
 and ``reference.npz``: ``pixels`` (N, 3, H, W) from the library's own preprocessing of each photo
@@ -169,14 +170,30 @@ FAMILY_CASES = (
 )
 
 
-def family_cases(photos: list[Path], out: Path, cases: dict) -> None:
+#: headless backbones (num_classes=0: ``model(x)`` is the pooled feature vector), for the embedding tests
+EMBEDDING_CASES = (
+    ("timm_headless_token", "vit_tiny_patch16_224", {}, False, 20),
+    # DINOv2-like registers, layer scale, average pooling with fc_norm, as a hub folder
+    (
+        "timm_headless_reg_avg",
+        "vit_tiny_patch16_224",
+        {"reg_tokens": 4, "no_embed_class": True, "init_values": 0.1, "global_pool": "avg"},
+        True,
+        21,
+    ),
+)
+
+
+def family_cases(
+    photos: list[Path], out: Path, cases: dict, table: tuple = FAMILY_CASES, num_classes: int = NUM_CLASSES
+) -> None:
     import safetensors.torch
     import timm
     from timm.data import create_transform, resolve_data_config
     from timm.models import save_for_hf
 
-    for case, arch, kwargs, hub, seed in FAMILY_CASES:
-        model = randomize_(timm.create_model(arch, pretrained=False, num_classes=NUM_CLASSES, depth=2, **kwargs), seed)
+    for case, arch, kwargs, hub, seed in table:
+        model = randomize_(timm.create_model(arch, pretrained=False, num_classes=num_classes, depth=2, **kwargs), seed)
         if hub:
             save_for_hf(model, str(out / case), safe_serialization=True)
             model = timm.create_model(f"local-dir:{out / case}", pretrained=True).eval()
@@ -280,6 +297,8 @@ def main(argv: list[str]) -> int:
     cases: dict = {}
     if argv[3:] == ["family"]:
         family_cases(photos, out, cases)
+    elif argv[3:] == ["embedding"]:
+        family_cases(photos, out, cases, EMBEDDING_CASES, num_classes=0)
     else:
         timm_cases(photos, out, cases)
         torchvision_cases(photos, out, cases)

@@ -191,12 +191,12 @@ def test_vit_model_without_head_gives_features(tmp_path):
     base = _randomize(transformers.ViTModel(_hf_config(num_labels=2, id2label=None, label2id=None)), 4)
     base.save_pretrained(tmp_path)
     keys = set(safetensors_torch.load_file(str(tmp_path / "model.safetensors")))
-    assert any(k.startswith("pooler.") for k in keys)  # present, and ignored
+    assert any(k.startswith("pooler.") for k in keys)  # present, and read: the backbone's pooler_output
     ck = load_checkpoint(tmp_path)
-    assert ck.config.num_classes == 0 and ck.labels == ()
+    assert ck.config.num_classes == 0 and ck.labels == () and ck.config.pooler
     x = _images()
     with torch.no_grad():
-        theirs = base(pixel_values=x).last_hidden_state[:, 0]
+        theirs = base(pixel_values=x).pooler_output
         assert float((ck.model(x) - theirs).abs().max()) <= TOL
 
 

@@ -167,14 +167,14 @@ class Tolerance(_Section):
         ..., ge=0, le=1, description="share of inputs whose top-1 class is eager's"
     )
     min_top5_overlap: FiniteFloat = Field(..., ge=0, le=1, description="mean share of eager's top-5 in the top-5")
-    min_neighbour_recall: FiniteFloat = Field(
+    min_recall_at_k: FiniteFloat = Field(
         1.0,
         ge=0,
         le=1,
         description="embedding models: mean share of each input's k nearest neighbours (cosine, among the "
         "validation inputs) under eager PyTorch that are among its k nearest under the artifact (recall@k)",
     )
-    neighbours: int = Field(10, ge=1, le=1000, description="embedding models: k of min_neighbour_recall")
+    neighbours: int = Field(10, ge=1, le=1000, description="embedding models: k of min_recall_at_k")
 
 
 class ValidationSection(_Section):
@@ -191,7 +191,7 @@ class ValidationSection(_Section):
         min_cosine=0.999,
         min_top1_agreement=0.98,
         min_top5_overlap=0.9,
-        min_neighbour_recall=0.95,
+        min_recall_at_k=0.95,
     )
     int8: Tolerance = Tolerance(
         max_abs_diff=1.0,
@@ -199,7 +199,7 @@ class ValidationSection(_Section):
         min_cosine=0.99,
         min_top1_agreement=0.98,
         min_top5_overlap=0.9,
-        min_neighbour_recall=0.9,
+        min_recall_at_k=0.9,
     )
 
 

@@ -84,6 +84,9 @@ class ViTConfig:
     layer_scale: StrictBool = False  # per-channel scales on each residual branch (timm ls1/ls2.gamma)
     qk_norm: StrictBool = False  # LayerNorm over each head's queries and keys before attention
     pos_embed_prefix: StrictBool = True  # position rows for the prefix tokens (False: timm no_embed_class)
+    # transformers' ViTPooler (ViTModel, DeiTModel): the pooled class token through Linear(width, width) and tanh,
+    # what the library returns as pooler_output (the backbone's embedding)
+    pooler: StrictBool = False
 
     def __post_init__(self) -> None:
         sizes = {k: getattr(self, k) for k in _SIZE_FIELDS}
@@ -115,6 +118,8 @@ class ViTConfig:
             )
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
+        if self.pooler and self.pool != "token":
+            problems.append(f"pooler (dense + tanh on the class token) needs pool 'token', got {self.pool!r}")
         if problems:
             raise ValueError("invalid ViT config: " + "; ".join(problems))
 

@@ -528,7 +528,7 @@ def format_drift_table(report: DriftReport) -> list[str]:
         f"{_pct(report.reference['accuracy'])}",
         "",
     ]
-    embedding = any("neighbour_recall" in b.metrics for b in report.backends)
+    embedding = any("recall_at_k" in b.metrics for b in report.backends)
     if embedding:
         lines[1] = f"reference: eager PyTorch fp32 on cpu ({report.reference['describe']}); an embedding model"
     head = f"{'backend':<11} {'prec':<5} {'max|diff|':>9} {'mean|diff|':>10} {'cosine':>10} " + (
@@ -548,7 +548,7 @@ def format_drift_table(report: DriftReport) -> list[str]:
         if b.threshold_set and b.status != "reference":
             result += f" ({b.threshold_set} thresholds)"
         judged = (
-            f"{_cos(m.get('cosine_p1')):>10} {_pct(m.get('neighbour_recall')):>9}"
+            f"{_cos(m.get('cosine_p01')):>10} {_pct(m.get('recall_at_k')):>9}"
             if embedding
             else f"{_pct(m.get('top1_agreement')):>7} {_pct(m.get('top5_overlap')):>7} {len(b.flipped):>7} "
             f"{_pct(b.accuracy):>8}"

@@ -26,7 +26,7 @@ _RULES = {
     "cosine": ("min_cosine", "min"),
     "top1_agreement": ("min_top1_agreement", "min"),
     "top5_overlap": ("min_top5_overlap", "min"),
-    "neighbour_recall": ("min_neighbour_recall", "min"),
+    "recall_at_k": ("min_recall_at_k", "min"),
 }
 
 DEFAULT_NEIGHBOURS = 10
@@ -99,9 +99,9 @@ def embedding_metrics(
         "max_abs_diff": float(diff.max()) if diff.size else 0.0,
         "mean_abs_diff": float(diff.mean()) if diff.size else 0.0,
         "cosine": float(cosine.min()) if cosine.size else 1.0,
-        "cosine_p1": float(np.percentile(cosine, 1)) if cosine.size else 1.0,
-        "cosine_median": float(np.median(cosine)) if cosine.size else 1.0,
-        "neighbour_recall": float(recall.mean()) if recall.size else 1.0,
+        "cosine_p01": float(np.percentile(cosine, 1)) if cosine.size else 1.0,
+        "cosine_p50": float(np.median(cosine)) if cosine.size else 1.0,
+        "recall_at_k": float(recall.mean()) if recall.size else 1.0,
     }
     return metrics, tuple(int(i) for i in np.flatnonzero(recall < 1.0))
 
@@ -234,7 +234,7 @@ def per_image(
     clean = lambda a: [round(float(v), 7) if np.isfinite(v) else None for v in a]  # noqa: E731
     out = {"max_abs_diff": clean(diff), "cosine": clean(cosine)}
     if kind == EMBEDDING:
-        out["neighbour_recall"] = clean(neighbour_recall(ref, cand, neighbours))
+        out["recall_at_k"] = clean(neighbour_recall(ref, cand, neighbours))
     return out
 
 

@@ -136,6 +136,7 @@ class VisionTransformer(nn.Module):
         norm = lambda: nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)  # noqa: E731
         self.norm = nn.Identity() if cfg.fc_norm else norm()
         self.fc_norm = norm() if cfg.fc_norm else nn.Identity()
+        self.pooler = nn.Linear(cfg.width, cfg.width) if cfg.pooler else None  # transformers' ViTPooler (+ tanh)
         self.head = nn.Linear(cfg.pooled_width, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.head_dist = (
             (nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()) if cfg.distilled else None
@@ -175,10 +176,14 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, pooled_width): the class token (equation 4), the mean patch token (then
-        fc_norm), or the two side by side."""
+        fc_norm), or the two side by side; through the pooler (dense + tanh) where the checkpoint has one."""
         return self._pool(self.forward_tokens(pixel_values))
 
     def _pool(self, x: torch.Tensor) -> torch.Tensor:
+        pooled = self._pool_tokens(x)
+        return torch.tanh(self.pooler(pooled)) if self.pooler is not None else pooled
+
+    def _pool_tokens(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.pool == "avg":
             return self.fc_norm(x[:, self.cfg.num_prefix_tokens :].mean(dim=1))
         if self.cfg.pool == "token_avg":

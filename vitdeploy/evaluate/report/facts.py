@@ -72,6 +72,7 @@ class Facts:
                     name=name,
                     passed=row.status in ("reference", "passed"),
                     top1_agreement=float(m.get("top1_agreement", 1.0)),
+                    recall_at_k=float(m["recall_at_k"]) if "recall_at_k" in m else None,
                     cosine=float(m.get("cosine", 1.0)),
                     max_abs_diff=float(m.get("max_abs_diff", 0.0)),
                     latency_ms=speed.get(name, {}).get("latency_ms"),

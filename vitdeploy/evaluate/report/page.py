@@ -40,7 +40,7 @@ ACCURACY_COLUMNS = (
     ("cosine", "worst cosine", ".6f"),
     ("cosine_p01", "cosine p01 (1st percentile)", ".6f"),
     ("cosine_p50", "cosine p50 (median)", ".6f"),
-    ("max_abs_diff", "max |logit diff|", ".4g"),
+    ("max_abs_diff", "max |diff|", ".4g"),
 )
 STYLE = """
 body{font-family:sans-serif;max-width:60rem;margin:1.5rem auto;padding:0 1rem;color:#111;line-height:1.4}
@@ -128,17 +128,22 @@ def _columns(rows: list[AccuracyRow]) -> list[tuple[str, str, str]]:
     judged = [r for r in rows if r.status != "reference" and r.metrics] or rows
     present = {key for r in judged for key in r.metrics}
     columns = [c for c in ACCURACY_COLUMNS if c[0] in present]
-    ks = {r.metrics.get("k") for r in judged if "recall_at_k" in r.metrics}
+    ks = {_k(r) for r in judged if "recall_at_k" in r.metrics}
     if len(ks) == 1 and None not in ks:  # one k for every backend: it goes in the header
         k = _fmt(ks.pop(), "g")
         columns = [(key, head.replace("@k", f"@{k}"), spec) for key, head, spec in columns]
     return columns
 
 
+def _k(row: AccuracyRow) -> Any:
+    """k of a row's recall@k: its metrics' ``k``, else its thresholds' ``neighbours`` (validation.*.neighbours)."""
+    return row.metrics.get("k", row.thresholds.get("neighbours"))
+
+
 def _metric_cell(row: AccuracyRow, key: str, spec: str, header: str) -> str:
     value = _fmt(row.metrics.get(key), spec)
-    if key == "recall_at_k" and "@k" in header and row.metrics.get("k") is not None:
-        value += f" (k={_fmt(row.metrics['k'], 'g')})"
+    if key == "recall_at_k" and "@k" in header and _k(row) is not None:
+        value += f" (k={_fmt(_k(row), 'g')})"
     return value
 
 

@@ -40,7 +40,7 @@ LOG_FLOOR = 1e-8
 #: metric -> (what the axis shows, its unit, the value drawn from the recorded one): both on a log axis, as
 #: the backends' drifts span decades (1e-7 for FP32 graphs to 1e-1 for INT8) and a log axis keeps each apart
 DRIFT_AXES = {
-    "max_abs_diff": ("max |logit diff| (log)", "logit units", lambda v: v),
+    "max_abs_diff": ("max |diff| (log)", "the output's units: logits, or an embedding's values", lambda v: v),
     "cosine": ("1 \N{MINUS SIGN} cosine (log)", "0: the same direction", lambda v: 1.0 - v),
 }
 

@@ -32,6 +32,7 @@ class Candidate:
     name: str
     passed: bool  # within its precision's validation thresholds (the reference counts as passed)
     top1_agreement: float = 1.0
+    recall_at_k: float | None = None  # an embedding model's neighbour agreement (it has no top-1)
     cosine: float = 1.0
     max_abs_diff: float = 0.0
     latency_ms: float | None = None  # p50 at batch 1 here (None: not measured)
@@ -40,7 +41,8 @@ class Candidate:
     reference: bool = False  # eager PyTorch itself (the baseline, recommended only if nothing else passed)
 
     def accuracy_key(self) -> tuple[float, float, float]:
-        return (self.top1_agreement, self.cosine, -self.max_abs_diff)
+        agreement = self.top1_agreement if self.recall_at_k is None else self.recall_at_k
+        return (agreement, self.cosine, -self.max_abs_diff)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,8 @@ class Recommendation:
 def _cost(c: Candidate) -> str:
     if c.reference:
         return "none: it is the reference"
+    if c.recall_at_k is not None:  # an embedding model
+        return f"neighbour recall {c.recall_at_k:.1%}, worst cosine {c.cosine:.6f}, max |diff| {c.max_abs_diff:.3g}"
     return (
         f"top-1 agreement {c.top1_agreement:.1%}, worst cosine {c.cosine:.5f}, max |logit diff| {c.max_abs_diff:.3g}"
     )

@@ -67,6 +67,8 @@ _TOP = {
     "distillation_classifier.weight": "head_dist.weight",
     "distillation_classifier.bias": "head_dist.bias",
     "embeddings.register_tokens": "reg_token",
+    "pooler.dense.weight": "pooler.weight",  # ViTModel / DeiTModel: pooler_output = tanh(dense(class token))
+    "pooler.dense.bias": "pooler.bias",
 }
 #: Model types whose checkpoints load, and the prefix of their backbone's keys.
 MODEL_TYPES = {"vit": "vit.", "deit": "deit.", "dinov2": "dinov2.", "dinov2_with_registers": "dinov2_with_registers."}
@@ -74,8 +76,9 @@ MODEL_TYPES = {"vit": "vit.", "deit": "deit.", "dinov2": "dinov2.", "dinov2_with
 DINOV2_RESAMPLE_ANTIALIAS = {"dinov2": False, "dinov2_with_registers": True}
 # What transformers' configuration classes default to where they differ from ViTConfig's.
 _DEFAULTS = {"dinov2": {"patch_size": 14, "layer_norm_eps": 1e-6}, "dinov2_with_registers": {"layer_norm_eps": 1e-6}}
-# Tensors of pre-training only, never read by a classifier: dropped.
-_DROPPED = ("pooler.", "embeddings.mask_token")
+# Tensors of pre-training only, never read by a classifier: dropped (the pooler too, beside a classifier head:
+# transformers' classifiers read the class token, never pooler_output).
+_DROPPED = ("embeddings.mask_token",)
 # Per-layer module names, both namings -> ours ("q"/"k"/"v" are gathered into qkv).
 _LAYER = {
     "layernorm_before": "norm1",
@@ -123,8 +126,8 @@ def is_hf_config(config: dict[str, Any]) -> bool:
 
 def convert_hf_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
     """HF ViT / DeiT / DINOv2 state dict (either naming) -> vitdeploy naming. Unknown keys pass through
-    unchanged so that strict loading reports them; ``pooler.*`` and ``embeddings.mask_token`` are dropped;
-    with registers, the class position row goes into ``cls_token`` (module docstring)."""
+    unchanged so that strict loading reports them; ``embeddings.mask_token`` is dropped, and ``pooler.*`` beside a
+    classifier head; with registers, the class position row goes into ``cls_token`` (module docstring)."""
     torch = require("torch", "converting Hugging Face checkpoints")
     out: dict[str, Any] = {}
     qkv: dict[tuple[int, str], dict[str, tuple[str, Any]]] = {}
@@ -157,6 +160,9 @@ def convert_hf_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.
             out.update({src: val for src, val in parts.values()})
     if registers:
         _fold_class_position(out)
+    if "head.weight" in out:
+        for name in ("pooler.weight", "pooler.bias"):
+            out.pop(name, None)
     return out
 
 
@@ -198,6 +204,14 @@ def hf_vit_config(
             "'dinov2' and 'dinov2_with_registers' (Dinov2ForImageClassification, "
             "Dinov2WithRegistersForImageClassification, their Model) checkpoints load"
         )
+    if "pooler.weight" in (state or {}) and (
+        config.get("pooler_act", "tanh") != "tanh" or config.get("pooler_output_size", width_of(config)) != width_of(config)
+    ):
+        raise CheckpointError(
+            f"{where}: the pooler (pooler_act {config.get('pooler_act')!r}, pooler_output_size "
+            f"{config.get('pooler_output_size')!r}) is not transformers' default (tanh, hidden_size); vitdeploy runs "
+            "that one only: its embedding would differ from pooler_output"
+        )
     if config.get("use_swiglu_ffn"):
         raise CheckpointError(
             f"{where}: use_swiglu_ffn=True (a SwiGLU MLP, as in DINOv2 giant) is not supported; "
@@ -236,6 +250,7 @@ def hf_vit_config(
             # classes) the features are the class token, transformers' pooler_output
             pool="token_avg" if dinov2 and "head.weight" in state else "token",
             layer_scale=any(k.endswith(".ls1.gamma") for k in state),
+            pooler="pooler.weight" in state,
             # with registers the table has the patch rows only (the class row is in cls_token)
             pos_embed_prefix=not (
                 reg is not None and pos is not None and pos.ndim == 3 and pos.shape[1] == _grid_cells(config, where)
@@ -246,6 +261,10 @@ def hf_vit_config(
     if cfg.mlp_dim != mlp:
         raise CheckpointError(f"{where}: intermediate_size {mlp} cannot be represented for hidden_size {width}")
     return cfg
+
+
+def width_of(config: dict[str, Any]) -> int:
+    return int(config.get("hidden_size", 768))
 
 
 def _grid_cells(config: dict[str, Any], where: Path) -> int:
