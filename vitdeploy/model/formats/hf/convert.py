@@ -204,8 +204,9 @@ def hf_vit_config(
             "'dinov2' and 'dinov2_with_registers' (Dinov2ForImageClassification, "
             "Dinov2WithRegistersForImageClassification, their Model) checkpoints load"
         )
+    width = width_of(config)
     if "pooler.weight" in (state or {}) and (
-        config.get("pooler_act", "tanh") != "tanh" or config.get("pooler_output_size", width_of(config)) != width_of(config)
+        config.get("pooler_act", "tanh") != "tanh" or config.get("pooler_output_size", width) != width
     ):
         raise CheckpointError(
             f"{where}: the pooler (pooler_act {config.get('pooler_act')!r}, pooler_output_size "
