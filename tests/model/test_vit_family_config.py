@@ -195,6 +195,11 @@ def test_dinov2_giant_is_one_size_in_every_format(tmp_path):
         1536, 24, 4096, "swiglu", 4, 518
     )  # fmt: skip
     assert "vit_giant" in origin and timm_arch_name(cfg) == "vit_giant_patch14_reg4_dinov2"
+    hub_args = {"architecture": "vit_giant_patch14_reg4_dinov2", "model_args": {"act_layer": "silu"}}
+    assert timm_vit_config(state, tmp_path, None, hub_args)[0] == cfg  # SwiGLUPacked's SiLU, not a GELU's flavour
+    gelu_mlp = {**state, "blocks.0.mlp.fc1.weight": torch.empty(4096, 1536)}
+    with pytest.raises(CheckpointError, match="act_layer 'silu' is not supported"):  # SiLU only gates a SwiGLU
+        timm_vit_config(gelu_mlp, tmp_path, None, hub_args)
     for name in ("giant", "g/14", "vit_giant_patch14_dinov2.lvd142m", "vit_giant_patch14_reg4_dinov2"):
         assert variant_template(name).mlp == "swiglu" and variant_template(name).width == 1536
     with pytest.raises(CheckpointError, match="unknown variant"):  # timm's CLIP giant is 1408 wide, GELU
