@@ -167,6 +167,15 @@ FAMILY_CASES = (
     ),
     # DeiT distilled: class and distillation heads averaged at inference
     ("timm_deit_distilled", "deit_tiny_distilled_patch16_224", {}, False, 14),
+    # DINOv2 giant's family at tiny width: SwiGLUPacked MLP (fc1 192 -> 2 x 512), layer scale, 4 registers;
+    # its pretrained_cfg (518 px) brought to the model's 224 px
+    (
+        "timm_swiglu_dinov2",
+        "vit_giant_patch14_reg4_dinov2",
+        {"embed_dim": 192, "num_heads": 3, "img_size": 224, "pretrained_cfg_overlay": {"input_size": (3, 224, 224)}},
+        False,
+        15,
+    ),
 )
 
 

@@ -316,3 +316,35 @@ def test_vit_b16_sized_same_logits(tmp_path):
     )
     assert ck.labels[:2] == ("LABEL_0", "LABEL_1")
     assert _diff(ck, model, torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(0))) <= TOL
+
+
+@pytest.mark.parametrize("cls_name, registers", [("Dinov2ForImageClassification", 0), ("Dinov2WithRegistersModel", 2)])
+def test_dinov2_swiglu_both_namings_same_logits(tmp_path, cls_name, registers):
+    """use_swiglu_ffn=True (DINOv2 giant's MLP): save_pretrained writes the hub's packed mlp.weights_in /
+    weights_out, the modules in memory are gate_proj / up_proj / down_proj; both load with transformers' output,
+    at DINOv2's hidden width (two thirds of hidden_size * mlp_ratio, rounded up to a multiple of 8)."""
+    config_cls = transformers.Dinov2WithRegistersConfig if registers else transformers.Dinov2Config
+    extra = {"num_register_tokens": registers} if registers else {"num_labels": 10}
+    config = config_cls(
+        image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        use_swiglu_ffn=True, layerscale_value=0.5, **extra,
+    )  # fmt: skip
+    torch.manual_seed(4)
+    model = _randomize(getattr(transformers, cls_name)(config), seed=4)
+    model.save_pretrained(tmp_path / "disk")
+    disk_keys = set(safetensors_torch.load_file(str(tmp_path / "disk" / "model.safetensors")))
+    memory = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert any(k.endswith("layer.0.mlp.weights_in.weight") for k in disk_keys)
+    assert any(k.endswith(".0.mlp.gate_proj.weight") for k in memory)
+    other = tmp_path / "memory"
+    other.mkdir()
+    (other / "config.json").write_text((tmp_path / "disk" / "config.json").read_text())
+    safetensors_torch.save_file(memory, str(other / "model.safetensors"))
+    x = _images()
+    for folder in (tmp_path / "disk", other):
+        ck = load_checkpoint(folder)
+        assert (ck.config.mlp, ck.config.mlp_dim, ck.config.fc1_dim) == ("swiglu", 176, 352)  # int(256 * 2/3) = 170
+        with torch.no_grad():
+            theirs = model(pixel_values=x)
+            theirs = theirs.logits if registers == 0 else theirs.pooler_output
+            assert float((ck.model(x) - theirs).abs().max()) <= TOL

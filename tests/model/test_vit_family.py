@@ -1,7 +1,8 @@
 """The ViT relatives people ship (issue 15) export and predict what their library predicts: register
 tokens, no class token, average pooling with and without fc_norm, layer scale, qk-norm, position
 tables without prefix rows (timm ``no_embed_class``), DeiT's distillation token, transformers' DINOv2
-classifiers (class token + mean patch token, with and without registers).
+classifiers (class token + mean patch token, with and without registers), DINOv2 giant's SwiGLU MLP (timm
+SwiGLUPacked, transformers use_swiglu_ffn).
 
 Reference: timm in the reference environment (``tests/helpers/library_reference.py ... family``,
 once per session: each model built by timm with random weights, saved as timm saves it, run eagerly
@@ -99,6 +100,21 @@ def test_deit_distilled_averages_both_heads(family, photos, tmp_path):
     assert manifest["preprocess"]["mean"] == [0.485, 0.456, 0.406]
     assert any("deit_tiny_distilled_patch16_224" in n for n in manifest["model"]["source"]["notes"])
     assert _ort_metadata(art)["last_block_class_token_only"] is False  # the distillation token's row is read too
+
+
+@pytest.mark.slow
+def test_timm_swiglu_packed_dinov2_giant_family(family, photos, tmp_path):
+    """timm vit_giant_patch14_reg4_dinov2 at tiny width (192, 3 heads, 2 blocks), bare: the SwiGLUPacked MLP
+    read from fc1 writing twice what fc2 reads, so timm's DINOv2 architecture and its pretrained_cfg
+    (ImageNet mean/std, crop_pct 1) assumed and said."""
+    ckpt, ref = _case(family, "timm_swiglu_dinov2")
+    art, manifest = _export_and_compare(ckpt, ref, photos, tmp_path / "art")
+    vit = manifest["model"]["vit"]
+    assert (vit["mlp"], vit["width"], vit["heads"], vit["mlp_ratio"] * vit["width"]) == ("swiglu", 192, 3, 512)
+    assert (vit["reg_tokens"], vit["layer_scale"], vit["pos_embed_prefix"]) == (4, True, False)
+    assert manifest["preprocess"]["mean"] == [0.485, 0.456, 0.406] and manifest["preprocess"]["crop_pct"] == 1.0
+    assert any("vit_tiny_patch14_reg4_dinov2" in n for n in manifest["model"]["source"]["notes"])
+    assert _ort_metadata(art)["last_block_class_token_only"] is True  # SwiGLU's Split is token-wise
 
 
 # --------------------------------------------------------------------------- average pooling
@@ -201,10 +217,10 @@ def test_transformers_deit_exports_and_matches(cls_name, distilled, photos, tmp_
 # --------------------------------------------------------------------------- transformers DINOv2 (in-process)
 
 
-def _hf_dinov2(folder: Path, registers: int, image_size: int, crop: int, seed: int):
-    """A small transformers DINOv2 classifier (random weights, patch 14, 2 layers) written by save_pretrained,
-    with a BitImageProcessor as the hub's (shorter side, centre crop, bicubic, ImageNet mean/std): the model
-    and transformers' own processor read back from the folder."""
+def _hf_dinov2(folder: Path, registers: int, image_size: int, crop: int, seed: int, swiglu: bool = False):
+    """A small transformers DINOv2 classifier (random weights, patch 14, 2 layers; ``swiglu``: giant's SwiGLU
+    MLP) written by save_pretrained, with a BitImageProcessor as the hub's (shorter side, centre crop, bicubic,
+    ImageNet mean/std): the model and transformers' own processor read back from the folder."""
     transformers = pytest.importorskip("transformers", reason="transformers not installed")
     import torch
 
@@ -217,6 +233,7 @@ def _hf_dinov2(folder: Path, registers: int, image_size: int, crop: int, seed: i
         num_attention_heads=3,
         num_labels=10,
         layerscale_value=0.5,
+        use_swiglu_ffn=swiglu,
     )
     if registers:
         model = transformers.Dinov2WithRegistersForImageClassification(
@@ -252,24 +269,27 @@ def _hf_reference(model, processor, photos: Path) -> dict[str, np.ndarray]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "registers, image_size, crop",
-    [(4, 42, 42), (4, 70, 42), (0, 70, 42)],
-    ids=["registers-native", "registers-crop-below-config", "plain-crop-below-config"],
+    "registers, image_size, crop, swiglu",
+    [(4, 42, 42, False), (4, 70, 42, False), (0, 70, 42, False), (0, 42, 42, True)],
+    ids=["registers-native", "registers-crop-below-config", "plain-crop-below-config", "swiglu-giant-mlp"],
 )
-def test_transformers_dinov2_exports_and_matches(registers, image_size, crop, photos, tmp_path):
+def test_transformers_dinov2_exports_and_matches(registers, image_size, crop, swiglu, photos, tmp_path):
     """Reference: transformers' Dinov2(WithRegisters)ForImageClassification and its BitImageProcessor (PIL).
     The head reads the class token and the mean patch token (registers left out) side by side. When the
     processor's crop is not config.json's image_size (as on the hub: 518 vs 224), transformers resamples the
-    position table at every call (antialiased only with registers): the export is built at the crop."""
-    model, processor = _hf_dinov2(tmp_path / "dinov2", registers, image_size, crop, seed=40 + registers + image_size)
+    position table at every call (antialiased only with registers): the export is built at the crop.
+    use_swiglu_ffn (DINOv2 giant's MLP): the packed weights_in is our fc1, at DINOv2's hidden width."""
+    seed = 40 + registers + image_size + swiglu
+    model, processor = _hf_dinov2(tmp_path / "dinov2", registers, image_size, crop, seed=seed, swiglu=swiglu)
     ref = _hf_reference(model, processor, photos)
     art, manifest = _export_and_compare(tmp_path / "dinov2", ref, photos, tmp_path / "art")
     vit = manifest["model"]["vit"]
-    assert (vit["pool"], vit["reg_tokens"], vit["layer_scale"], vit["image_size"]) == (
+    assert (vit["pool"], vit["reg_tokens"], vit["layer_scale"], vit["image_size"], vit["mlp"]) == (
         "token_avg",
         registers,
         True,
         crop,
+        "swiglu" if swiglu else "gelu",
     )
     assert vit["pos_embed_prefix"] is (registers == 0)  # with registers the class position row is in cls_token
     assert (
@@ -316,23 +336,6 @@ def test_transformers_dinov2_model_without_head_gives_the_pooler_output(tmp_path
     x = torch.randn(2, 3, 28, 28)
     with torch.no_grad():
         assert float((loaded.model(x) - model(pixel_values=x).pooler_output).abs().max()) <= 1e-5
-
-
-def test_hf_dinov2_swiglu_is_refused_by_name(tmp_path):
-    transformers = pytest.importorskip("transformers", reason="transformers not installed")
-    transformers.logging.set_verbosity_error()
-    config = transformers.Dinov2Config(
-        image_size=28,
-        patch_size=14,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_labels=3,
-        use_swiglu_ffn=True,
-    )
-    transformers.Dinov2ForImageClassification(config).save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError, match="use_swiglu_ffn=True .* is not supported"):
-        load_checkpoint(tmp_path)
 
 
 def test_hf_dinov2_non_square_processor_crop_is_refused(tmp_path):

@@ -30,6 +30,8 @@ TINY = dict(image_size=32, patch_size=8, width=32, depth=2, heads=2, num_classes
         (dict(pool="token_avg", fc_norm=True), "pool 'token_avg' has no fc_norm"),
         (dict(distilled=True, pool="token_avg"), "distilled needs"),
         (dict(reg_tokens=-1), "reg_tokens must be an integer >= 0"),
+        (dict(mlp="geglu"), "mlp must be one of gelu, swiglu"),
+        (dict(mlp="swiglu", act="gelu_tanh"), "the swiglu MLP runs SiLU"),
     ],
 )
 def test_impossible_combinations_are_refused_by_config_and_schema(bad, why):
@@ -54,6 +56,7 @@ FAMILY = {
     "distilled": dict(distilled=True),
     "avg_without_fc_norm": dict(pool="avg"),
     "dinov2_token_avg_registers": dict(pool="token_avg", reg_tokens=4, pos_embed_prefix=False, layer_scale=True),
+    "swiglu": dict(mlp="swiglu", mlp_ratio=2.5, layer_scale=True),
 }
 
 
@@ -147,3 +150,57 @@ def test_model_pool_contradicting_a_stored_pooling_is_refused(tmp_path):
 def test_token_avg_is_not_a_timm_pooling(tmp_path):
     with pytest.raises(CheckpointError, match="model.pool 'token_avg' is not a timm pooling"):
         load_checkpoint(_timm_file(tmp_path, ViTConfig(**TINY)), pool="token_avg", num_heads=2)
+
+
+def test_swiglu_mlp_is_silu_of_the_first_half_times_the_second():
+    """timm SwiGLUPacked / transformers Dinov2SwiGLUFFN: fc1 writes 2 x mlp_dim, SiLU gates the first half."""
+    cfg = ViTConfig(**TINY, mlp="swiglu", mlp_ratio=2.5)
+    mlp = _random(cfg).blocks[0].mlp
+    assert (mlp.fc1.out_features, mlp.fc2.in_features) == (cfg.fc1_dim, cfg.mlp_dim) == (160, 80)
+    x = torch.randn(2, 5, cfg.width)
+    with torch.no_grad():
+        h = mlp.fc1(x)
+        assert torch.allclose(mlp(x), mlp.fc2(torch.nn.functional.silu(h[..., :80]) * h[..., 80:]))
+
+
+def test_dinov2_giant_is_one_size_in_every_format(tmp_path):
+    """ViT-g/14 as DINOv2 ships it: our variant, transformers' config.json (hidden width by DINOv2's rule) and
+    timm's SwiGLUPacked tensors (mlp_ratio 2.66667 * 2: fc1 8192 rows) are the same network."""
+    from vitdeploy.base.vit_schema import VARIANTS, dinov2_swiglu_hidden
+    from vitdeploy.model.formats.hf.convert import hf_vit_config
+    from vitdeploy.model.formats.shared import variant_template
+    from vitdeploy.model.formats.timm.convert import timm_arch_name, timm_vit_config
+
+    giant = VARIANTS["vit_giant_patch14_dinov2"]
+    dims = (giant.width, giant.depth, giant.heads, giant.mlp_dim, giant.fc1_dim, giant.mlp)
+    assert dims == (1536, 40, 24, 4096, 8192, "swiglu")
+    assert dinov2_swiglu_hidden(1536, 4) == 4096 == int(1536 * 2.66667 * 2) // 2
+    hub = {"model_type": "dinov2", "hidden_size": 1536, "num_hidden_layers": 40, "num_attention_heads": 24}
+    hf = hf_vit_config({**hub, "patch_size": 14, "mlp_ratio": 4, "use_swiglu_ffn": True}, 0, tmp_path)
+    assert (hf.width, hf.depth, hf.heads, hf.mlp_dim, hf.mlp) == dims[:4] + ("swiglu",)
+    # one giant block's shapes (empty tensors: only shapes are read); heads from the standard width
+    shapes = {
+        "cls_token": (1, 1, 1536),
+        "reg_token": (1, 4, 1536),
+        "pos_embed": (1, 37 * 37, 1536),
+        "patch_embed.proj.weight": (1536, 3, 14, 14),
+        "blocks.0.attn.qkv.bias": (3 * 1536,),
+        "blocks.0.mlp.fc1.weight": (8192, 1536),
+        "blocks.0.mlp.fc2.weight": (1536, 4096),
+        "blocks.0.ls1.gamma": (1536,),
+    }
+    state = {k: torch.empty(v) for k, v in shapes.items()}
+    cfg, origin, _ = timm_vit_config(state, tmp_path, None)
+    assert (cfg.width, cfg.heads, cfg.mlp_dim, cfg.mlp, cfg.reg_tokens, cfg.image_size) == (
+        1536, 24, 4096, "swiglu", 4, 518
+    )  # fmt: skip
+    assert "vit_giant" in origin and timm_arch_name(cfg) == "vit_giant_patch14_reg4_dinov2"
+    hub_args = {"architecture": "vit_giant_patch14_reg4_dinov2", "model_args": {"act_layer": "silu"}}
+    assert timm_vit_config(state, tmp_path, None, hub_args)[0] == cfg  # SwiGLUPacked's SiLU, not a GELU's flavour
+    gelu_mlp = {**state, "blocks.0.mlp.fc1.weight": torch.empty(4096, 1536)}
+    with pytest.raises(CheckpointError, match="act_layer 'silu' is not supported"):  # SiLU only gates a SwiGLU
+        timm_vit_config(gelu_mlp, tmp_path, None, hub_args)
+    for name in ("giant", "g/14", "vit_giant_patch14_dinov2.lvd142m", "vit_giant_patch14_reg4_dinov2"):
+        assert variant_template(name).mlp == "swiglu" and variant_template(name).width == 1536
+    with pytest.raises(CheckpointError, match="unknown variant"):  # timm's CLIP giant is 1408 wide, GELU
+        variant_template("vit_giant_patch14_224")

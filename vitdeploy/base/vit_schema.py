@@ -27,7 +27,7 @@ from pydantic import ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
 
 from ._schema import FiniteFloat, NonNegativeInt, PositiveInt, format_validation_error
 from .errors import VitDeployError
-from .vocab import ACTIVATIONS, POOLS, Activation, Pool
+from .vocab import ACTIVATIONS, MLPS, POOLS, Activation, MlpKind, Pool
 
 # Generous ceilings: ViT-22B has width 6144, depth 48; they stop hostile values, not real models.
 MAX_WIDTH, MAX_DEPTH, MAX_SIDE, MAX_CLASSES = 65_536, 1_024, 16_384, 1_000_000
@@ -74,6 +74,9 @@ class ViTConfig:
     num_classes: Annotated[NonNegativeInt, Field(le=MAX_CLASSES)] = 1000
     pos_embed: Literal[POS_EMBEDS] = "learned"  # type: ignore[valid-type]  # "sincos": fixed 2-D sinusoidal
     act: Activation = "gelu"  # MLP activation: "gelu" (exact, erf) or "gelu_tanh" (tanh approximation)
+    # "gelu": fc1 -> GELU (act) -> fc2; "swiglu": fc1 writes 2 x mlp_dim, SiLU(first half) * second half -> fc2
+    # (DINOv2 giant; act is then unused and stays "gelu"); mlp_dim is the hidden width fc2 reads in both
+    mlp: MlpKind = "gelu"
     class_token: StrictBool = True  # a learned class token first in the sequence
     distilled: StrictBool = False  # DeiT's distillation token after it, with its own head; the two heads averaged
     reg_tokens: Annotated[NonNegativeInt, Field(le=1024)] = 0  # register tokens after the class token, never pooled
@@ -100,6 +103,10 @@ class ViTConfig:
             problems.append(f"width {self.width} is not divisible by heads {self.heads}")
         if self.act not in ACTIVATIONS:
             problems.append(f"act must be one of {', '.join(ACTIVATIONS)}, got {self.act!r}")
+        if self.mlp not in MLPS:
+            problems.append(f"mlp must be one of {', '.join(MLPS)}, got {self.mlp!r}")
+        elif self.mlp == "swiglu" and self.act != "gelu":
+            problems.append(f"act {self.act!r} is a GELU MLP's flavour; the swiglu MLP runs SiLU (leave act 'gelu')")
         if self.pos_embed not in POS_EMBEDS:
             problems.append(f"pos_embed must be 'learned' or 'sincos', got {self.pos_embed!r}")
         elif self.pos_embed == "sincos" and self.width % 4:
@@ -143,7 +150,13 @@ class ViTConfig:
 
     @property
     def mlp_dim(self) -> int:
+        """The MLP's hidden width: what fc2 reads (SwiGLU: the gated half of fc1's output)."""
         return int(round(self.width * self.mlp_ratio))
+
+    @property
+    def fc1_dim(self) -> int:
+        """fc1's output width: ``mlp_dim``, or twice that for SwiGLU (the SiLU half, then the linear half)."""
+        return 2 * self.mlp_dim if self.mlp == "swiglu" else self.mlp_dim
 
     @property
     def pooled_width(self) -> int:
@@ -174,6 +187,7 @@ class ViTConfig:
         parts += [
             name
             for name, on in (
+                ("SwiGLU MLP", self.mlp == "swiglu"),
                 ("layer scale", self.layer_scale),
                 ("qk-norm", self.qk_norm),
                 ("no prefix positions", not self.pos_embed_prefix),
@@ -201,28 +215,47 @@ class ViTConfig:
 ViTFields = ViTConfig
 
 
-# The standard sizes, once: the paper's Table 1 (B/L/H) plus DeiT's Ti/S -> (width, depth, heads, mlp dim).
+# The standard sizes, once: the paper's Table 1 (B/L/H) plus DeiT's Ti/S and DINOv2's giant -> (width, depth,
+# heads, mlp dim); giant's MLP is SwiGLU (mlp dim: the gated hidden width, fc1 writes twice that).
 VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
     "tiny": (192, 12, 3, 768),
     "small": (384, 12, 6, 1536),
     "base": (768, 12, 12, 3072),
     "large": (1024, 24, 16, 4096),
     "huge": (1280, 32, 16, 5120),
+    "giant": (1536, 40, 24, 4096),
 }
 #: width -> heads / size name of the standard sizes (any other width needs model.num_heads).
 HEADS_BY_WIDTH: dict[int, int] = {width: heads for width, _, heads, _ in VIT_SIZES.values()}
 SIZE_BY_WIDTH: dict[int, str] = {dims[0]: size for size, dims in VIT_SIZES.items()}
+#: The sizes whose MLP is SwiGLU (DINOv2's giant), and the one patch size each size is named with.
+SWIGLU_SIZES: tuple[str, ...] = ("giant",)
+_ONE_PATCH = {"huge": 14, "giant": 14}
 
 
-def _variant(width: int, depth: int, heads: int, mlp: int, patch: int) -> ViTConfig:
-    return ViTConfig(patch_size=patch, width=width, depth=depth, heads=heads, mlp_ratio=mlp / width)
+def dinov2_swiglu_hidden(width: int, mlp_ratio: float) -> int:
+    """The SwiGLU hidden width DINOv2 derives from a GELU MLP's ratio (its ``SwiGLUFFNFused``, transformers'
+    ``Dinov2SwiGLUFFN``): two thirds of ``int(width * mlp_ratio)``, rounded up to a multiple of 8 (4096 for
+    width 1536, ratio 4)."""
+    return (int(int(width * mlp_ratio) * 2 / 3) + 7) // 8 * 8
 
 
-#: The named variants at 224, patch 16 and 32 (huge: 14): ``vit_base_patch16_224`` ...
+def _variant(size: str, patch: int) -> ViTConfig:
+    width, depth, heads, mlp = VIT_SIZES[size]
+    kind = "swiglu" if size in SWIGLU_SIZES else "gelu"
+    return ViTConfig(patch_size=patch, width=width, depth=depth, heads=heads, mlp_ratio=mlp / width, mlp=kind)
+
+
+#: The named variants at 224, patch 16 and 32 (huge: 14): ``vit_base_patch16_224`` ...; giant as DINOv2's
+#: (timm's name, ``vit_giant_patch14_dinov2``: timm's ``vit_giant_patch14_224`` is another, GELU, model).
 VARIANTS: dict[str, ViTConfig] = {
-    f"vit_{size}_patch{patch}_224": _variant(*dims, patch)
-    for size, dims in VIT_SIZES.items()
-    for patch in ((14,) if size == "huge" else (16, 32))
+    **{
+        f"vit_{size}_patch{patch}_224": _variant(size, patch)
+        for size in VIT_SIZES
+        if size not in SWIGLU_SIZES
+        for patch in ((_ONE_PATCH[size],) if size in _ONE_PATCH else (16, 32))
+    },
+    **{f"vit_{size}_patch{_ONE_PATCH[size]}_dinov2": _variant(size, _ONE_PATCH[size]) for size in SWIGLU_SIZES},
 }
 
 

@@ -27,6 +27,10 @@ CropMode = Literal[CROP_MODES]  # type: ignore[valid-type]
 #: the MLP activation of a ViT block: exact GELU (erf) or its tanh approximation.
 ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh")
 Activation = Literal[ACTIVATIONS]  # type: ignore[valid-type]
+#: the MLP of a ViT block: "gelu" fc1 -> GELU (``act``'s flavour) -> fc2; "swiglu" fc1 packs two halves,
+#: SiLU(first) * second -> fc2 (DINOv2 giant: transformers use_swiglu_ffn, timm SwiGLUPacked).
+MLPS: tuple[str, ...] = ("gelu", "swiglu")
+MlpKind = Literal[MLPS]  # type: ignore[valid-type]
 #: ViT poolings: the class token; the mean of the patch tokens (prefix tokens left out); or both side by side,
 #: the class token then the mean patch token (transformers' DINOv2 classifiers: a head over 2 x width).
 POOLS: tuple[str, ...] = ("token", "avg", "token_avg")
@@ -153,6 +157,8 @@ __all__ = [
     "TIMING_CACHE_NAME",
     "ACTIVATIONS",
     "Activation",
+    "MLPS",
+    "MlpKind",
     "POOLS",
     "Pool",
     "OUTPUT_KINDS",

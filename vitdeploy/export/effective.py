@@ -115,11 +115,12 @@ def describe(eff: Effective, cfg: PipelineConfig) -> list[str]:
         "torchvision": "torchvision ViT",
     }.get(ld.source_format, ld.source_format)
     size = SIZE_BY_WIDTH.get(vit.width)
-    standard = f"vit_{size}_patch{vit.patch_size} dims, " if size and vit.depth in (12, 24, 32) else ""
+    standard = f"vit_{size}_patch{vit.patch_size} dims, " if size and vit.depth in (12, 24, 32, 40) else ""
+    mlp = f"SwiGLU MLP {vit.mlp_dim}" if vit.mlp == "swiglu" else f"MLP {vit.mlp_dim}, activation {vit.act}"
     lines = [
         f"model: {kind} from {source}",
-        f"  {standard}width {vit.width}, depth {vit.depth}, {vit.heads} heads, MLP {vit.mlp_dim}, "
-        f"activation {vit.act}, image {vit.image_size}, patch {vit.patch_size}, {vit.num_classes} classes",
+        f"  {standard}width {vit.width}, depth {vit.depth}, {vit.heads} heads, {mlp}, "
+        f"image {vit.image_size}, patch {vit.patch_size}, {vit.num_classes} classes",
     ]
     family = vit.family_summary()
     if family:

@@ -160,8 +160,9 @@ def prune_last_block_to_class_token(proto: Any) -> bool:
 
     Sound only when everything between the last ``MultiHeadAttention`` and the class-token select
     (``Gather(axis=1, index 0)``) is token-wise (MatMul by a weight, LayerNorm over the last axis,
-    elementwise ops with per-feature constants, the residual Add) and nothing else reads it; the
-    query and the residual stream are then sliced to row 0 and the rest follows. Returns False, and
+    elementwise ops with per-feature constants, the residual Add, SwiGLU's Split over the features) and
+    nothing else reads it; the query and the residual stream are then sliced to row 0 and the rest follows.
+    Returns False, and
     leaves the graph alone, when any of that does not hold.
     """
     from onnx import TensorProto, helper, numpy_helper
@@ -253,6 +254,8 @@ def _is_token_wise(g: _Graph, node: Any, region: set[str], side: set[str]) -> bo
         return True
     if op == "LayerNormalization":
         return _attr(node, "axis", -1) == -1 and all(g.const(i) is not None for i in node.input[1:] if i)
+    if op == "Split":  # SwiGLU's fc1 output cut into gate and value, along the features (rank 3 here: axis 2)
+        return _attr(node, "axis", 0) in (-1, 2) and all(g.const(i) is not None for i in node.input[1:] if i)
     if op == "MatMul":
         w = g.const(node.input[1])
         return node.input[0] in region and w is not None and w.ndim == 2

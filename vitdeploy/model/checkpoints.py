@@ -252,8 +252,8 @@ _UNSUPPORTED_PARTS = {
     ".mlp.norm.": "a norm inside the MLP (timm scale_mlp_norm)",
     ".attn.gate.": "gated attention",
     "mask_token": "a mask token",
-    ".mlp.fc1_g.": "a gated MLP (SwiGLU)",
-    ".mlp.w12.": "a gated MLP (SwiGLU)",
+    ".mlp.fc1_g.": "a gated MLP with separate gate and value layers (timm SwiGLU; SwiGLUPacked's one fc1 loads)",
+    ".mlp.w12.": "a gated MLP in DINOv2's original naming (w12 / w3; timm's SwiGLUPacked names, fc1 / fc2, load)",
 }
 
 

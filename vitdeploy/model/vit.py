@@ -9,7 +9,8 @@ Every size is a field of :class:`ViTConfig`; the named variants are data in ``VA
 torch-free, in ``vitdeploy/vit_schema.py``). So are the
 close relatives people ship: prefix tokens (class, DeiT's distillation token, registers), average
 pooling over the patch tokens (with ``fc_norm`` after the pool), layer scale (DeiT III, DINOv2),
-qk-norm, and position tables with or without the prefix positions (timm's ``no_embed_class``).
+qk-norm, DINOv2 giant's SwiGLU MLP, and position tables with or without the prefix positions (timm's
+``no_embed_class``).
 Parameter names are timm's, so a timm state dict loads as it is.
 """
 
@@ -85,13 +86,31 @@ class Mlp(nn.Module):
         return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
 
 
+class SwiGLUMlp(nn.Module):
+    """SwiGLU (Shazeer, 2020) as DINOv2's giant runs it: one fc1 writes both halves, SiLU gates the first and
+    multiplies the second (timm ``SwiGLUPacked``, transformers ``Dinov2SwiGLUFFN`` ``weights_in``)."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.width, cfg.fc1_dim)
+        self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, value = self.fc1(x).chunk(2, dim=-1)
+        return self.fc2(F.silu(gate) * value)
+
+
+#: ViTConfig.mlp -> the block's MLP module.
+MLP_MODULES: dict[str, type[nn.Module]] = {"gelu": Mlp, "swiglu": SwiGLUMlp}
+
+
 class Block(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
         self.attn = Attention(cfg)
         self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
-        self.mlp = Mlp(cfg)
+        self.mlp = MLP_MODULES[cfg.mlp](cfg)
         if cfg.layer_scale:
             self.ls1, self.ls2 = LayerScale(cfg.width), LayerScale(cfg.width)
         else:

@@ -36,6 +36,8 @@ _SIZE_WORDS = {
     "l": "large",
     "huge": "huge",
     "h": "huge",
+    "giant": "giant",  # DINOv2's (SwiGLU); timm's vit_giant_patch14_224 (CLIP's, 1408 wide) is not a variant here
+    "g": "giant",
 }
 # The wrappers training scripts put around a state dict, tried in this order.
 _WRAPPER_KEYS = ("state_dict", "model", "model_state_dict")
@@ -217,12 +219,12 @@ def variant_template(variant: str):
     if base in VARIANTS:
         return VARIANTS[base]
     size = patch = None
-    m = re.match(r"^(?:vit|deit)_(tiny|small|base|large|huge)_patch(\d+)", base)
-    if m:
+    m = re.match(r"^(?:vit|deit)_(tiny|small|base|large|huge|giant)_patch(\d+)", base)
+    if m and (m.group(1) != "giant" or base.endswith("_dinov2")):  # timm's other giants are not DINOv2's
         size, patch = m.group(1), int(m.group(2))
     elif m := re.match(r"^vit_([tsblh])_(\d+)$", base):  # torchvision names
         size, patch = _SIZE_WORDS[m.group(1)], int(m.group(2))
-    elif m := re.match(r"^(ti|tiny|s|small|b|base|l|large|h|huge)(?:[/-](\d+))?$", base):
+    elif m := re.match(r"^(ti|tiny|s|small|b|base|l|large|h|huge|g|giant)(?:[/-](\d+))?$", base):
         size, patch = _SIZE_WORDS[m.group(1)], int(m.group(2)) if m.group(2) else None
     if size is None:
         sizes = sorted({k.split("_")[1] for k in VARIANTS})
@@ -238,6 +240,7 @@ def variant_template(variant: str):
             depth=template.depth,
             heads=template.heads,
             mlp_ratio=template.mlp_ratio,
+            mlp=template.mlp,
         )
     )
 
@@ -358,7 +361,8 @@ def infer_config(
     family["pos_embed_prefix"] = with_prefix[0][1]
     tokens = rows - with_prefix[0][0]
     grid = math.isqrt(tokens)
-    mlp = int(_need(state, prefix_keys["fc1"], where, fmt).shape[0])
+    fc1 = int(_need(state, prefix_keys["fc1"], where, fmt).shape[0])
+    mlp = fc1 // 2 if family.get("mlp") == "swiglu" else fc1  # SwiGLU: fc1 writes the gate and the value
     head = state.get(prefix_keys["head"])
     if heads is None:
         heads, heads_origin = resolve_heads(width, depth, patch, variant, where)
@@ -379,7 +383,7 @@ def infer_config(
         )
     except ValueError as exc:
         raise CheckpointError(f"{where}: inferred an invalid ViT from the tensors: {exc}") from exc
-    if cfg.mlp_dim != mlp:
-        raise CheckpointError(f"{where}: MLP width {mlp} cannot be represented for width {width}")
+    if cfg.fc1_dim != fc1:
+        raise CheckpointError(f"{where}: MLP width {fc1} cannot be represented for width {width}")
     logger.info("%s: inferred %s ViT: %s", where, fmt, cfg)
     return cfg, heads_origin

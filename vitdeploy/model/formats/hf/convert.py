@@ -20,7 +20,11 @@ classifier path and are dropped. Separate q/k/v projections are concatenated int
 
 DINOv2 is a ViT with layer scale (``layer_scale1.lambda1`` -> ``ls1.gamma``) whose classifier reads the
 class token and the mean patch token side by side (pool ``token_avg``, a head over 2 x width); its
-``mask_token`` is read only in pre-training (``bool_masked_pos``) and is dropped. With registers, the
+``mask_token`` is read only in pre-training (``bool_masked_pos``) and is dropped. DINOv2 giant's SwiGLU MLP
+(``use_swiglu_ffn``) is our ``mlp: swiglu``: the hub's ``mlp.weights_in`` is our ``fc1`` as it stands
+(``SiLU(first half) * second half``), transformers 5.x's in-memory ``gate_proj`` / ``up_proj`` are concatenated
+back into it, ``weights_out`` / ``down_proj`` is ``fc2``; the hidden width is DINOv2's two thirds of
+``int(hidden_size * mlp_ratio)`` rounded up to a multiple of 8. With registers, the
 position table covers the class token and the patches but not the registers, which transformers
 inserts after adding it: the class row is added to ``cls_token`` once here (the same float32 sum
 transformers computes at every call, so exact) and the table keeps the patch rows, which is timm's
@@ -41,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from ....base._deps import require
 from ....base.errors import CheckpointError
 from ....base.preprocess_spec import PreprocessSpec
+from ....base.vit_schema import dinov2_swiglu_hidden
 from ...provenance import CHECKPOINT, LIBRARY, Preprocessing
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,7 +104,17 @@ _LAYER = {
     "mlp.fc1": "mlp.fc1",
     "output.dense": "mlp.fc2",
     "mlp.fc2": "mlp.fc2",
+    # DINOv2's SwiGLU (use_swiglu_ffn): weights_in is fc1 as it stands (the SiLU half first); transformers 5.x
+    # splits it into gate_proj / up_proj in memory, gathered back here ("gate"/"up" -> fc1)
+    "mlp.weights_in": "mlp.fc1",
+    "mlp.gate_proj": "gate",
+    "mlp.up_proj": "up",
+    "mlp.weights_out": "mlp.fc2",
+    "mlp.down_proj": "mlp.fc2",
 }
+#: Per-layer pieces gathered into one of our tensors (concatenated in this order along the output rows).
+_GATHERED = {"attn.qkv": ("q", "k", "v"), "mlp.fc1": ("gate", "up")}
+_PIECE = {piece: target for target, pieces in _GATHERED.items() for piece in pieces}
 _LAYER_RE = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias|lambda1)$")
 _PARAM = {"weight": "weight", "bias": "bias", "lambda1": "gamma"}
 
@@ -130,7 +145,7 @@ def convert_hf_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.
     classifier head; with registers, the class position row goes into ``cls_token`` (module docstring)."""
     torch = require("torch", "converting Hugging Face checkpoints")
     out: dict[str, Any] = {}
-    qkv: dict[tuple[int, str], dict[str, tuple[str, Any]]] = {}
+    gathered: dict[tuple[int, str, str], dict[str, tuple[str, Any]]] = {}
     teacher = any(k.startswith("distillation_classifier.") for k in state)
     registers = False
     for key, value in state.items():
@@ -149,14 +164,15 @@ def convert_hf_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.
         target = _LAYER.get(m.group(2)) if m else None
         if target is None:
             out[key] = value  # unknown: reported by the strict load under its own name
-        elif target in ("q", "k", "v"):
-            qkv.setdefault((int(m.group(1)), m.group(3)), {})[target] = (key, value)
+        elif target in _PIECE:
+            gathered.setdefault((int(m.group(1)), _PIECE[target], m.group(3)), {})[target] = (key, value)
         else:
             out[f"blocks.{m.group(1)}.{target}.{_PARAM[m.group(3)]}"] = value
-    for (layer, kind), parts in qkv.items():
-        if set(parts) == {"q", "k", "v"}:
-            out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat([parts[p][1] for p in ("q", "k", "v")], dim=0)
-        else:  # incomplete: leave the pieces, strict loading names them and the missing qkv
+    for (layer, target, kind), parts in gathered.items():
+        order = _GATHERED[target]
+        if set(parts) == set(order):
+            out[f"blocks.{layer}.{target}.{kind}"] = torch.cat([parts[p][1] for p in order], dim=0)
+        else:  # incomplete: leave the pieces, strict loading names them and the missing qkv / fc1
             out.update({src: val for src, val in parts.values()})
     if registers:
         _fold_class_position(out)
@@ -213,14 +229,11 @@ def hf_vit_config(
             f"{config.get('pooler_output_size')!r}) is not transformers' default (tanh, hidden_size); vitdeploy runs "
             "that one only: its embedding would differ from pooler_output"
         )
-    if config.get("use_swiglu_ffn"):
-        raise CheckpointError(
-            f"{where}: use_swiglu_ffn=True (a SwiGLU MLP, as in DINOv2 giant) is not supported; "
-            "vitdeploy's ViT runs a GELU MLP (fc1, GELU, fc2)"
-        )
     config = {**_DEFAULTS.get(model_type, {}), **config}
     state = state or {}
-    hidden_act = config.get("hidden_act", "gelu")
+    dinov2 = model_type in DINOV2_RESAMPLE_ANTIALIAS
+    swiglu = dinov2 and bool(config.get("use_swiglu_ffn"))  # SiLU-gated: hidden_act is not read
+    hidden_act = "gelu" if swiglu else config.get("hidden_act", "gelu")
     if hidden_act not in HF_ACTS:
         raise CheckpointError(
             f"{where}: hidden_act {hidden_act!r} is not supported; vitdeploy's ViT runs the exact GELU ('gelu') "
@@ -228,9 +241,11 @@ def hf_vit_config(
             "checkpoint would change its outputs"
         )
     width = int(config.get("hidden_size", 768))
-    dinov2 = model_type in DINOV2_RESAMPLE_ANTIALIAS
-    # DINOv2 sizes its MLP by mlp_ratio (int(hidden_size * mlp_ratio)), the others by intermediate_size
+    # DINOv2 sizes its MLP by mlp_ratio (int(hidden_size * mlp_ratio); SwiGLU: two thirds of that, rounded up
+    # to a multiple of 8), the others by intermediate_size
     mlp = int(width * config.get("mlp_ratio", 4)) if dinov2 else int(config.get("intermediate_size", 3072))
+    if swiglu:
+        mlp = dinov2_swiglu_hidden(width, config.get("mlp_ratio", 4))
     reg, pos = state.get("reg_token"), state.get("pos_embed")
     try:
         cfg = ViTConfig(
@@ -245,6 +260,7 @@ def hf_vit_config(
             layer_norm_eps=float(config.get("layer_norm_eps", 1e-12)),
             num_classes=num_classes,
             act=HF_ACTS[hidden_act],
+            mlp="swiglu" if swiglu else "gelu",
             distilled="dist_token" in state,
             reg_tokens=int(reg.shape[1]) if reg is not None and reg.ndim == 3 else 0,
             # the DINOv2 classifier reads the class token and the mean patch token; without a head (the Model

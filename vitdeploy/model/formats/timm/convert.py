@@ -53,6 +53,8 @@ TIMM_KEYS = {
 
 #: timm ``act_layer`` names -> ours (timm's GELUTanh is ``nn.GELU(approximate="tanh")``).
 TIMM_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh"}
+#: timm ``act_layer`` names of a SwiGLUPacked MLP (its SiLU is built in; ``act`` stays "gelu", unused).
+TIMM_SWIGLU_ACTS = ("silu", "swish")
 # model_args that do not change the tensors' meaning for vitdeploy's ViT.
 _HARMLESS_ARGS = {
     "num_heads",
@@ -79,6 +81,7 @@ _HARMLESS_ARGS = {
     "fc_norm",
     "init_values",
     "qk_norm",
+    "mlp_layer",
 }
 #: timm global_pool values -> ours ("" / None: no pooling, refused; "map", "max", "avgmax": refused).
 TIMM_POOLS = {"token": "token", "avg": "avg"}
@@ -101,7 +104,9 @@ def timm_vit_config(
     model_args = hub_config.get("model_args") or {}
     family, notes = timm_family(state, where, hub_config, pool)
     hub_act = model_args.get("act_layer")
-    if hub_act is not None and hub_act not in TIMM_ACTS:
+    if family.get("mlp") == "swiglu" and (hub_act is None or hub_act in TIMM_SWIGLU_ACTS):
+        hub_act = None  # SwiGLUPacked: SiLU, whatever act_layer says of a GELU MLP
+    elif hub_act is not None and hub_act not in TIMM_ACTS:
         raise CheckpointError(
             f"{where}: model_args.act_layer {hub_act!r} is not supported; vitdeploy's ViT runs "
             f"{' or '.join(TIMM_ACTS)} (exporting anyway would change the outputs)"
@@ -173,8 +178,8 @@ def _timm_heads(
 def timm_family(
     state: dict[str, Any], where: Path, hub_config: dict[str, Any], pool: str | None
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The close-relative fields of a timm ViT (prefix tokens, pooling, fc_norm, layer scale, qk-norm)
-    from its tensors, and its pooling from config.json (``global_pool``) or ``pool`` (pipeline.yaml
+    """The close-relative fields of a timm ViT (prefix tokens, pooling, fc_norm, layer scale, qk-norm, a
+    SwiGLUPacked MLP) from its tensors, and its pooling from config.json (``global_pool``) or ``pool`` (pipeline.yaml
     model.pool); what had to be assumed comes back as notes."""
     args = hub_config.get("model_args") or {}
     if args.get("pool_include_prefix"):
@@ -196,6 +201,9 @@ def timm_family(
         "qk_norm": any(k.endswith(".attn.q_norm.weight") for k in state),
         "fc_norm": "fc_norm.weight" in state,
     }
+    fc1, fc2 = state.get("blocks.0.mlp.fc1.weight"), state.get("blocks.0.mlp.fc2.weight")
+    if fc1 is not None and fc2 is not None and fc1.ndim == fc2.ndim == 2 and fc1.shape[0] == 2 * fc2.shape[1]:
+        family["mlp"] = "swiglu"  # fc1 writes twice what fc2 reads: timm's SwiGLUPacked (DINOv2 giant)
     if "no_embed_class" in args:
         family["pos_embed_prefix"] = not args["no_embed_class"]
     hub_pool = hub_config.get("global_pool", args.get("global_pool"))
@@ -242,6 +250,8 @@ def timm_arch_name(cfg: "ViTConfig", variant: str | None = None, hub_config: dic
     if variant:
         return variant.split(".")[0]
     size = SIZE_BY_WIDTH.get(cfg.width, f"{cfg.width}wide")
+    if cfg.mlp == "swiglu":  # SwiGLUPacked: timm's DINOv2 giant, the one timm ViT with that MLP
+        return f"vit_{size}_patch{cfg.patch_size}_{f'reg{cfg.reg_tokens}_' if cfg.reg_tokens else ''}dinov2"
     if cfg.distilled:  # a distillation token and head: timm's distilled DeiT, its only ViT with one
         return f"deit_{size}_distilled_patch{cfg.patch_size}_{cfg.image_size}"
     return f"vit_{size}_patch{cfg.patch_size}_{cfg.image_size}"
@@ -249,14 +259,15 @@ def timm_arch_name(cfg: "ViTConfig", variant: str | None = None, hub_config: dic
 
 def timm_default_preprocess(arch: str, image_size: int) -> PreprocessSpec:
     """timm's default ``pretrained_cfg`` for a vision_transformer / deit architecture (timm 1.0):
-    bicubic, centre crop, crop_pct 0.9 (1.0 from 384 px up), mean/std 0.5 for ``vit_*`` and
-    ImageNet's for ``deit_*`` and the DINO ``vit_small_patch8_224``."""
-    imagenet = arch.startswith("deit") or arch == "vit_small_patch8_224"
+    bicubic, centre crop, crop_pct 0.9 (1.0 from 384 px up, and for DINOv2's ``*_dinov2``), mean/std 0.5
+    for ``vit_*`` and ImageNet's for ``deit_*``, ``*_dinov2`` and the DINO ``vit_small_patch8_224``."""
+    dinov2 = arch.endswith("_dinov2")
+    imagenet = arch.startswith("deit") or arch == "vit_small_patch8_224" or dinov2
     return PreprocessSpec(
         style="timm",
         height=image_size,
         width=image_size,
-        crop_pct=1.0 if image_size >= 384 else 0.9,
+        crop_pct=1.0 if image_size >= 384 or dinov2 else 0.9,
         interpolation="bicubic",
         crop_mode="center",
         mean=IMAGENET_MEAN if imagenet else INCEPTION_MEAN,
