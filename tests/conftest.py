@@ -15,7 +15,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 #: Fixtures that run a whole export: a test that needs one is marked ``integration`` (the fast run,
 #: ``-m "not integration"``, never builds them).
-WHOLE_EXPORTS = ("demo_artifacts", "drift_artifacts")
+WHOLE_EXPORTS = ("demo_artifacts", "drift_artifacts", "embedding_artifacts")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -86,6 +86,20 @@ def demo_artifacts(tmp_path_factory) -> Path:
     the tests that read it do not depend on a timing (the speed gate has its own tests)."""
     out = tmp_path_factory.mktemp("demo_artifacts")
     _export({"export": {"int8": {"min_speedup": 0}}}, out, engine="skip")
+    return out
+
+
+@pytest.fixture(scope="session")
+def embedding_artifacts(tmp_path_factory) -> Path:
+    """A headless checkpoint (a tiny transformers DINOv2 with registers, tests/helpers/tiny_export.py)
+    exported once per test session: an embedding model (``output.kind: embedding``, EMBEDDINGS [batch, 64],
+    no labels); model.onnx and model.ort.onnx only (no FP16, INT8 or engine), ~10 s."""
+    from helpers.tiny_export import save_headless_dinov2
+
+    ckpt = save_headless_dinov2(tmp_path_factory.mktemp("dinov2_headless"))
+    out = tmp_path_factory.mktemp("embedding_artifacts")
+    export = {"batch": {"min": 1, "opt": 4, "max": 8}, "fp16": {"enabled": False}, "int8": {"enabled": False}}
+    _export({"model": {"checkpoint": str(ckpt)}, "export": export}, out, engine="skip")
     return out
 
 

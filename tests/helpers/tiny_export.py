@@ -3,6 +3,8 @@
 ``build_tiny_artifacts``: a tiny ViT (safetensors + model.json), ONNX opset 18 with a dynamic
 "batch" axis, manifest.json with sha256s. Tests get one through the ``tiny_artifacts`` fixture
 (tests/conftest.py); ``write_manifest`` / ``file_entry`` build hand-made manifests.
+``save_headless_dinov2``: a tiny transformers backbone without a head (an embedding model once exported,
+behind the ``embedding_artifacts`` fixture).
 """
 
 from __future__ import annotations
@@ -132,4 +134,32 @@ def build_tiny_artifacts(out: Path, *, seed: int = 0, fp16_copy: bool = True) ->
         shutil.copyfile(out / "model.onnx", out / "model.fp16.onnx")
         roles["onnx-fp16"] = file_entry(out, "model.fp16.onnx")
     write_manifest(out, roles)
+    return out
+
+
+def save_headless_dinov2(out: Path) -> Path:
+    """A tiny transformers ``Dinov2WithRegistersModel`` (width 64, 2 blocks, 2 heads, 56 px, patch 14, 4
+    registers; random weights, seed 0) saved with ``save_pretrained``, with a ``BitImageProcessor`` config:
+    a headless checkpoint, so `vitdeploy export` makes an embedding model of it (``model.output: auto``)."""
+    import torch
+    from transformers import BitImageProcessor, Dinov2WithRegistersConfig, Dinov2WithRegistersModel
+
+    torch.manual_seed(0)
+    cfg = Dinov2WithRegistersConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=56,
+        patch_size=14,
+        num_register_tokens=4,
+        mlp_ratio=4,
+    )
+    Dinov2WithRegistersModel(cfg).eval().save_pretrained(out)
+    BitImageProcessor(
+        size={"shortest_edge": 64},
+        crop_size={"height": 56, "width": 56},
+        do_center_crop=True,
+        image_mean=[0.485, 0.456, 0.406],
+        image_std=[0.229, 0.224, 0.225],
+    ).save_pretrained(out)
     return out

@@ -314,3 +314,41 @@ def test_the_readmes_restricted_apis_fence_every_route_but_health(demo_artifacts
             result = client.infer(NAME, [inp], headers={header: token})
             assert result.as_numpy("LOGITS").shape == (1, 10)
             client.close()
+
+
+def test_an_embedding_export_answers_its_vectors_as_the_ort_backend_does(embedding_artifacts: Path, images, tmp_path):
+    """A headless checkpoint's export on the bundled tritonserver: the ensemble's one output is EMBEDDINGS FP32
+    [N, D], over HTTP (binary and JSON) and gRPC, equal to the in-process `ort` Predictor's vectors."""
+    _require_triton_env()
+    from vitdeploy.base.config import parse_config
+    from vitdeploy.runtime.predictor import Predictor
+    from vitdeploy.serve.protocol import model_name
+    from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
+
+    cfg = parse_config({"runtime": {"max_image_pixels": MAX_PIXELS}, "triton": {"inference": "ort_python"}})
+    repo = build_triton_repo(embedding_artifacts, tmp_path / "repo", settings_from_config(cfg))
+    manifest = json.loads((embedding_artifacts / "manifest.json").read_text())
+    name, dim = model_name(manifest["name"]), manifest["io"]["output"]["shape"][1]
+    chosen = ["astronaut.jpg", "coffee.jpg", "digit3_0339.jpg", "digit7_1330.png"]
+    with Predictor.from_artifacts(embedding_artifacts, backend="ort", max_pixels=MAX_PIXELS) as predictor:
+        want = {n: predictor.embed([images[n]])[0] for n in chosen}
+    data = np.array([[images[n]] for n in chosen], dtype=object)
+    with BundledTriton(VENV, repo.path, load=[name]) as triton:
+        meta = httpclient.InferenceServerClient(triton.http_url).get_model_metadata(name)
+        assert [(o["name"], o["datatype"], o["shape"]) for o in meta["outputs"]] == [("EMBEDDINGS", "FP32", [-1, dim])]
+        answers = {}
+        for module, url, binary in (
+            (httpclient, triton.http_url, True),
+            (httpclient, triton.http_url, False),
+            (grpcclient, triton.grpc_url, True),
+        ):
+            inp = module.InferInput("IMAGES", list(data.shape), "BYTES")
+            inp.set_data_from_numpy(data)
+            kwargs = {"binary_data": binary} if module is httpclient else {}
+            out = module.InferRequestedOutput("EMBEDDINGS", **kwargs)
+            result = module.InferenceServerClient(url).infer(name, [inp], outputs=[out])
+            answers[f"{module.__name__} binary={binary}"] = result.as_numpy("EMBEDDINGS")
+    for how, vectors in answers.items():
+        assert vectors.dtype == np.float32 and vectors.shape == (len(chosen), dim), how
+        for row, n in zip(vectors, chosen):
+            np.testing.assert_allclose(row, want[n], rtol=0, atol=1e-5, err_msg=f"{how} {n}")

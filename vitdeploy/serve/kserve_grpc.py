@@ -160,9 +160,13 @@ def http_form(request: Any) -> tuple[bytes, int]:
     return head + (raw if len(inputs) == 1 else b""), len(head)
 
 
-def infer_response(model: str, req: protocol.InferRequest, logits: np.ndarray, labels: list[str], k: int) -> Any:
+def infer_response(
+    model: str, req: protocol.InferRequest, logits: np.ndarray, labels: list[str], k: int, embedding: bool = False
+) -> Any:
+    """The ``ModelInferResponse`` of ``logits`` (an embedding model's vectors with ``embedding``): the outputs
+    ``req`` asked for, each in ``raw_output_contents``."""
     pb = _pb()
-    arrays = protocol.output_arrays(logits, labels, k, req.classification)
+    arrays = protocol.output_arrays(logits, labels, k, req.classification, embedding)
     response = pb.ModelInferResponse(model_name=model, model_version=protocol.MODEL_VERSION, id=req.id or "")
     for name in req.outputs:
         datatype, arr = arrays[name]
@@ -176,8 +180,8 @@ def infer_response(model: str, req: protocol.InferRequest, logits: np.ndarray, l
 
 class KServeGrpcMethods:
     """The RPCs of ``inference.GRPCInferenceService``, as methods of the Ray Serve deployment (which
-    provides ``name``, ``num_classes``, ``top_k``, ``spec``, ``stats``, ``predictor``, ``_known`` and
-    ``_classify``)."""
+    provides ``name``, ``num_classes`` (an embedding's dimension), ``top_k``, ``spec``, ``stats``, ``predictor``,
+    ``_known`` and ``_classify``)."""
 
     name: str
     num_classes: int
@@ -231,7 +235,8 @@ class KServeGrpcMethods:
         pb = _pb()
         if not self._checked(request, grpc_context):
             return pb.ModelMetadataResponse()
-        meta = protocol.model_metadata(self.name, self.num_classes, self.top_k, platform="ray_serve")
+        embedding = self.predictor.is_embedding
+        meta = protocol.model_metadata(self.name, self.num_classes, self.top_k, "ray_serve", embedding)
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=meta["name"],
@@ -248,7 +253,13 @@ class KServeGrpcMethods:
         pb = _pb()
         if not self._checked(request, grpc_context):
             return pb.ModelConfigResponse()
-        config = model_config(self.name, self.num_classes, self.top_k, self.spec.max_images_per_request)
+        config = model_config(
+            self.name,
+            self.num_classes,
+            self.top_k,
+            self.spec.max_images_per_request,
+            embedding=self.predictor.is_embedding,
+        )
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
     async def ModelStatistics(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
@@ -270,7 +281,8 @@ class KServeGrpcMethods:
                 raise BodyTooLargeError(
                     f"request body is over the limit of {self.spec.max_request_bytes} bytes (serve.max_request_mb)"
                 )
-            req = protocol.parse_infer_request(body, head, self.spec.max_images_per_request)
+            served = protocol.served_outputs(self.predictor.is_embedding)
+            req = protocol.parse_infer_request(body, head, self.spec.max_images_per_request, served)
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
             logits, errors = await self._classify(list(zip(names, req.images)), times)
             if errors:
@@ -280,7 +292,9 @@ class KServeGrpcMethods:
             _status(grpc_context, exc)
             return _pb().ModelInferResponse()
         t_out = time.perf_counter_ns()
-        response = infer_response(self.name, req, np.stack(logits), self.predictor.labels, self.top_k)
+        response = infer_response(
+            self.name, req, np.stack(logits), self.predictor.labels, self.top_k, self.predictor.is_embedding
+        )
         end = time.perf_counter_ns()
         self.stats.success(
             len(req.images),

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from .protocol import INPUT, LOGITS, MODEL_VERSION, TOPK_LABELS, TOPK_SCORES
+from .protocol import CONFIG_TYPES, INPUT, MODEL_VERSION, output_tensors
 
 STAT_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
@@ -34,10 +34,10 @@ def _input(name: str, dtype: str, dims: list[int]) -> dict[str, Any]:
 
 
 def model_config(
-    model: str, num_classes: int, k: int, max_batch_size: int, platform: str = "ray_serve"
+    model: str, num_classes: int, k: int, max_batch_size: int, platform: str = "ray_serve", embedding: bool = False
 ) -> dict[str, Any]:
-    """The model's configuration as Triton's ``/config`` JSON (the ensemble's tensors)."""
-    kk = max(1, min(int(k), int(num_classes)))
+    """The model's configuration as Triton's ``/config`` JSON (the ensemble's tensors; ``embedding``: its one
+    output EMBEDDINGS, ``num_classes`` values a row)."""
     return {
         "name": model,
         "platform": platform,
@@ -46,9 +46,8 @@ def model_config(
         "max_batch_size": int(max_batch_size),
         "input": [_input(INPUT, "TYPE_STRING", [1])],
         "output": [
-            {**_tensor(LOGITS, "TYPE_FP32", [int(num_classes)]), "label_filename": ""},
-            {**_tensor(TOPK_LABELS, "TYPE_STRING", [kk]), "label_filename": ""},
-            {**_tensor(TOPK_SCORES, "TYPE_FP32", [kk]), "label_filename": ""},
+            {**_tensor(name, CONFIG_TYPES[dtype], [width]), "label_filename": ""}
+            for name, dtype, width in output_tensors(num_classes, k, embedding)
         ],
         "parameters": {},
     }

@@ -4,7 +4,8 @@ One module, numpy + Pillow only (no Ray, no Triton, no torch), so both servers g
 answers for the same bytes (see SERVE_CONTRACT.md):
 
 * :func:`model_name` - the model's name on the wire, from the manifest's ``name``;
-* tensor names :data:`INPUT`, :data:`LOGITS`, :data:`TOPK_LABELS`, :data:`TOPK_SCORES`;
+* tensor names :data:`INPUT`, :data:`LOGITS`, :data:`TOPK_LABELS`, :data:`TOPK_SCORES` (a classifier's),
+  :data:`EMBEDDINGS` (an embedding model's one output); :func:`output_tensors` lists a model's outputs;
 * :func:`decode_image` / :func:`preprocess_images` - encoded image bytes -> the float32 NCHW
   batch with the runtime's own preprocessing (:class:`vitdeploy.runtime.preprocess.Preprocessor`,
   bit for bit), each bad image raised as a typed :class:`~vitdeploy.base.errors.ImageError` (a
@@ -48,19 +49,27 @@ from ..base.errors import (
     first_line,
 )
 from .http_errors import MAX_REASON
+from .outputs import (
+    CONFIG_TYPES,
+    DEFAULT_TOP_K,
+    EMBEDDINGS,
+    LOGITS,
+    OUTPUTS,
+    TOPK_LABELS,
+    TOPK_SCORES,
+    classify,
+    output_arrays,
+    output_tensors,
+    served_outputs,
+    top_k_arrays,
+)
 
 #: Input tensor: the encoded images, datatype BYTES, shape [N] (or [N, 1]).
 INPUT = "IMAGES"
-#: Output tensors: logits FP32 [N, C], top-k labels BYTES [N, K], top-k softmax scores FP32 [N, K].
-LOGITS = "LOGITS"
-TOPK_LABELS = "TOPK_LABELS"
-TOPK_SCORES = "TOPK_SCORES"
-OUTPUTS = (LOGITS, TOPK_LABELS, TOPK_SCORES)
 #: The one model version both servers publish.
 MODEL_VERSION = "1"
 #: The HTTP header of the v2 binary-tensor extension: length of the JSON part of the body.
 HEADER_LENGTH = "Inference-Header-Content-Length"
-DEFAULT_TOP_K = 5
 
 _NAME_OK = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -165,26 +174,7 @@ def images_from_tensor(tensor: np.ndarray) -> list[bytes]:
 
 
 # --------------------------------------------------------------------------------------------
-# logits -> answers
-
-
-def top_k_arrays(logits: np.ndarray, labels: Sequence[str], k: int = DEFAULT_TOP_K) -> tuple[np.ndarray, np.ndarray]:
-    """float32 (N, C) logits -> (TOPK_LABELS object array (N, K) of ``bytes``, TOPK_SCORES float32
-    (N, K)): softmax probabilities, best first, ``K = min(k, C)``, ties to the lower index
-    (:func:`vitdeploy.runtime.postprocess.top_k`). A label missing from ``labels`` is the index."""
-    from ..runtime.postprocess import softmax, top_k
-
-    logits = np.asarray(logits)
-    n, c = logits.shape
-    kk = max(1, min(int(k), c))
-    probs = softmax(logits, axis=-1)
-    names = np.empty((n, kk), dtype=object)
-    scores = np.empty((n, kk), dtype=np.float32)
-    for r, row in enumerate(probs):
-        for j, (idx, score) in enumerate(top_k(row, kk)):
-            names[r, j] = (labels[idx] if 0 <= idx < len(labels) else str(idx)).encode("utf-8")
-            scores[r, j] = score
-    return names, scores
+# answers (the output tensors: vitdeploy/serve/outputs.py)
 
 
 def error_record(name: str, error: RequestError | str) -> dict[str, str]:
@@ -231,14 +221,16 @@ def deserialize_bytes(buf: bytes, count: int) -> list[bytes]:
     return out
 
 
-def parse_infer_request(body: bytes, header_length: int | str | None, max_images: int) -> InferRequest:
+def parse_infer_request(
+    body: bytes, header_length: int | str | None, max_images: int, served: Sequence[str] = OUTPUTS
+) -> InferRequest:
     """Parse a v2 infer request body (JSON, or JSON + binary tensors when ``header_length``, the
     ``Inference-Header-Content-Length`` header, is given).
 
     The request must carry exactly one input, :data:`INPUT`, datatype BYTES, shape ``[N]`` or
     ``[N, 1]``, either as binary data (``parameters.binary_data_size``) or as a JSON list of
-    strings (base64, else their UTF-8 bytes as Triton reads them). RequestError (400, also beyond
-    ``max_images``) otherwise.
+    strings (base64, else their UTF-8 bytes as Triton reads them); the outputs asked for are among
+    ``served`` (the model's). RequestError (400, also beyond ``max_images``) otherwise.
     """
     if header_length is None or header_length == "":
         head, rest = body, b""
@@ -284,7 +276,7 @@ def parse_infer_request(body: bytes, header_length: int | str | None, max_images
         if rest:
             raise RequestError("binary data after the JSON header but no input declares binary_data_size")
         images = _images_from_json(tensor.get("data"), count)
-    outputs, classification = _requested_outputs(doc)
+    outputs, classification = _requested_outputs(doc, served)
     return InferRequest(images=images, id=_request_id(doc), outputs=outputs, classification=classification)
 
 
@@ -339,7 +331,7 @@ def _request_id(doc: dict[str, Any]) -> str | None:
     return None if rid is None else str(rid)
 
 
-def _requested_outputs(doc: dict[str, Any]) -> tuple[dict[str, bool], dict[str, int]]:
+def _requested_outputs(doc: dict[str, Any], served: Sequence[str]) -> tuple[dict[str, bool], dict[str, int]]:
     params = doc.get("parameters") or {}
     default_binary = (
         _flag(params.get("binary_data_output", False), "parameters.binary_data_output")
@@ -348,15 +340,15 @@ def _requested_outputs(doc: dict[str, Any]) -> tuple[dict[str, bool], dict[str, 
     )
     requested = doc.get("outputs")
     if not requested:
-        return {name: default_binary for name in OUTPUTS}, {}
+        return {name: default_binary for name in served}, {}
     if not isinstance(requested, list):
         raise RequestError('"outputs" must be a list of {"name": ...} objects')
     out: dict[str, bool] = {}
     classes: dict[str, int] = {}
     for item in requested:
         name = item.get("name") if isinstance(item, dict) else None
-        if name not in OUTPUTS:
-            raise RequestError(f"unknown output {name!r}; this model has {', '.join(OUTPUTS)}")
+        if name not in served:
+            raise RequestError(f"unknown output {name!r}; this model has {', '.join(served)}")
         p = item.get("parameters") or {}
         if isinstance(p, dict) and "classification" in p:
             classes[name] = _class_count(name, p["classification"])
@@ -381,38 +373,22 @@ def _class_count(name: str, value: Any) -> int:
     return value
 
 
-def classify(values: np.ndarray, count: int) -> np.ndarray:
-    """Triton's classification of a numeric output: per row the ``count`` largest as ``b"value:index"`` (the
-    value with 6 decimals), largest first; BYTES (N, count)."""
-    count = max(1, min(int(count), values.shape[1]))
-    order = np.argsort(-values, axis=1, kind="stable")[:, :count]
-    rows = [[f"{row[i]:f}:{i}".encode() for i in idx] for row, idx in zip(values, order)]
-    return np.array(rows, dtype=object).reshape(len(values), count)
-
-
-def output_arrays(
-    logits: np.ndarray, labels: Sequence[str], k: int, classification: dict[str, int]
-) -> dict[str, tuple[str, np.ndarray]]:
-    """Every output of a v2 answer as (datatype, array): LOGITS, TOPK_LABELS, TOPK_SCORES, an output asked for
-    with class_count classified (BYTES)."""
-    logits = np.ascontiguousarray(logits, dtype=np.float32)
-    labels_arr, scores = top_k_arrays(logits, labels, k)
-    tensors = {LOGITS: ("FP32", logits), TOPK_LABELS: ("BYTES", labels_arr), TOPK_SCORES: ("FP32", scores)}
-    for name, count in classification.items():
-        tensors[name] = ("BYTES", classify(tensors[name][1], count))
-    return tensors
-
-
 def encode_infer_response(
-    model: str, request: InferRequest, logits: np.ndarray, labels: Sequence[str], k: int = DEFAULT_TOP_K
+    model: str,
+    request: InferRequest,
+    logits: np.ndarray,
+    labels: Sequence[str],
+    k: int = DEFAULT_TOP_K,
+    embedding: bool = False,
 ) -> tuple[bytes, dict[str, str]]:
-    """The v2 response body and its extra headers for ``logits`` (N, C) of ``request``'s images.
+    """The v2 response body and its extra headers for ``logits`` (N, C) of ``request``'s images (with
+    ``embedding``: the (N, D) vectors, answered as EMBEDDINGS).
 
-    Outputs the request asked for (all three by default), JSON or binary as asked; with any
+    Outputs the request asked for (all by default), JSON or binary as asked; with any
     binary output the body is the JSON header followed by the binary tensors and the headers
     carry ``Inference-Header-Content-Length``.
     """
-    tensors = output_arrays(logits, labels, k, request.classification)
+    tensors = output_arrays(logits, labels, k, request.classification, embedding)
     outputs, blobs = [], []
     for name, binary in request.outputs.items():
         datatype, arr = tensors[name]
@@ -436,10 +412,10 @@ def encode_infer_response(
 
 
 def model_metadata(
-    model: str, num_classes: int, k: int = DEFAULT_TOP_K, platform: str = "vitdeploy"
+    model: str, num_classes: int, k: int = DEFAULT_TOP_K, platform: str = "vitdeploy", embedding: bool = False
 ) -> dict[str, Any]:
-    """The v2 model metadata (``GET /v2/models/<name>``) of the contract's model."""
-    kk = max(1, min(int(k), int(num_classes)))
+    """The v2 model metadata (``GET /v2/models/<name>``) of the contract's model (``num_classes``: an embedding
+    model's dimension)."""
     return {
         "name": model,
         "versions": [MODEL_VERSION],
@@ -447,15 +423,16 @@ def model_metadata(
         # [-1, 1] as the Triton ensemble publishes it; requests with shape [N] are accepted too.
         "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1, 1]}],
         "outputs": [
-            {"name": LOGITS, "datatype": "FP32", "shape": [-1, int(num_classes)]},
-            {"name": TOPK_LABELS, "datatype": "BYTES", "shape": [-1, kk]},
-            {"name": TOPK_SCORES, "datatype": "FP32", "shape": [-1, kk]},
+            {"name": name, "datatype": dtype, "shape": [-1, width]}
+            for name, dtype, width in output_tensors(num_classes, k, embedding)
         ],
     }
 
 
 __all__ = [
+    "CONFIG_TYPES",
     "DEFAULT_TOP_K",
+    "EMBEDDINGS",
     "HEADER_LENGTH",
     "INPUT",
     "LOGITS",
@@ -466,6 +443,7 @@ __all__ = [
     "InferRequest",
     "RequestError",
     "check_image_count",
+    "classify",
     "decode_image",
     "deserialize_bytes",
     "encode_infer_response",
@@ -473,8 +451,11 @@ __all__ = [
     "images_from_tensor",
     "model_metadata",
     "model_name",
+    "output_arrays",
+    "output_tensors",
     "parse_infer_request",
     "preprocess_images",
     "serialize_bytes",
+    "served_outputs",
     "top_k_arrays",
 ]

@@ -359,7 +359,10 @@ class ViTClassifier(KServeGrpcMethods):
             self._known(version)
         except RequestError as exc:
             return _error(exc)
-        return JSONResponse(protocol.model_metadata(self.name, self.num_classes, self.top_k, platform="ray_serve"))
+        meta = protocol.model_metadata(
+            self.name, self.num_classes, self.top_k, "ray_serve", self.predictor.is_embedding
+        )
+        return JSONResponse(meta)
 
     @api.get("/config")
     @api.get("/versions/{version}/config")
@@ -369,7 +372,8 @@ class ViTClassifier(KServeGrpcMethods):
             self._known(version)
         except RequestError as exc:
             return _error(exc)
-        return JSONResponse(model_config(self.name, self.num_classes, self.top_k, self.spec.max_images_per_request))
+        limit, embedding = self.spec.max_images_per_request, self.predictor.is_embedding
+        return JSONResponse(model_config(self.name, self.num_classes, self.top_k, limit, embedding=embedding))
 
     @api.get("/stats")
     @api.get("/versions/{version}/stats")
@@ -394,14 +398,18 @@ class ViTClassifier(KServeGrpcMethods):
     @api.post("/versions/{version}/infer")
     async def infer(self, request: Request, version: Optional[str] = None) -> Response:
         """v2 inference: input IMAGES (BYTES, [N] or [N, 1]; gzip/deflate bodies inflated within the byte
-        limit) -> LOGITS, TOPK_LABELS, TOPK_SCORES; any bad image fails the request (400, one line)."""
+        limit) -> LOGITS, TOPK_LABELS, TOPK_SCORES (an embedding model: EMBEDDINGS); any bad image fails the
+        request (400, one line)."""
         start, times = time.perf_counter_ns(), {}
         try:
             self._authorize(request)
             self._known(version)
             body = await self._body(request)
             req = protocol.parse_infer_request(
-                body, request.headers.get(protocol.HEADER_LENGTH), self.spec.max_images_per_request
+                body,
+                request.headers.get(protocol.HEADER_LENGTH),
+                self.spec.max_images_per_request,
+                protocol.served_outputs(self.predictor.is_embedding),
             )
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
             logits, errors = await self._classify(list(zip(names, req.images)), times)
@@ -414,7 +422,7 @@ class ViTClassifier(KServeGrpcMethods):
             return _error(exc)
         t_out = time.perf_counter_ns()
         out, headers = protocol.encode_infer_response(
-            self.name, req, np.stack(logits), self.predictor.labels, self.top_k
+            self.name, req, np.stack(logits), self.predictor.labels, self.top_k, self.predictor.is_embedding
         )
         end = time.perf_counter_ns()
         self.stats.success(

@@ -12,6 +12,9 @@ defined here, once.
     <name>_trt          tensorrt_plan: the same, from model.engine (only when one was built)
     <name>_ort_python   python + ONNX Runtime: the same, for Triton builds without the onnxruntime backend
     <name>_postprocess  python: LOGITS -> TOPK_LABELS, TOPK_SCORES (softmax + top-k of the runtime)
+
+An embedding export (``ModelFacts.embedding``) has no postprocess model and no labels: the ensemble's one
+output, EMBEDDINGS FP32 [-1, D], is the inference model's own (the graph's output has that name).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ...base.config import TritonSection
-from ..protocol import INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES
+from ..protocol import CONFIG_TYPES, EMBEDDINGS, INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES, output_tensors
 
 #: Inference models the ensemble can call, by their suffix.
 INFERENCE_KINDS = ("onnx", "trt", "ort_python")
@@ -41,9 +44,10 @@ class ModelFacts:
     input_name: str
     output_name: str
     chw: tuple[int, int, int]
-    num_classes: int
+    num_classes: int  # values per output row: the classes, or an embedding's dimension
     batch: Mapping[str, int]  # {"min", "opt", "max"} of the export's batch profile
     engine_max_batch: int | None = None  # the TensorRT profile's max batch; None without an engine
+    embedding: bool = False  # the manifest's output.kind is embedding: vectors out, no labels, no postprocess
 
 
 @dataclass(frozen=True)
@@ -199,9 +203,10 @@ def _classifier(
     group: str,
     *extra: str | None,
 ) -> str:
-    """An inference model: the manifest's input -> logits (with labels.txt), dynamic batching."""
+    """An inference model: the manifest's input -> logits (with labels.txt; an embedding: its vectors, no
+    labels), dynamic batching."""
     name = model_names(facts.name)[role]
-    label = f"\n    label_filename: {_q(LABELS_FILE)}"
+    label = "" if facts.embedding else f"\n    label_filename: {_q(LABELS_FILE)}"
     return _join(
         _header(name, what),
         f"name: {_q(name)}",
@@ -309,22 +314,25 @@ def ensemble_max_batch(facts: ModelFacts, settings: Settings) -> int:
     return b
 
 
-def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
-    if settings.inference not in INFERENCE_KINDS:
-        raise ValueError(f"inference must be one of {INFERENCE_KINDS}, got {settings.inference!r}")
+def _ensemble_steps(facts: ModelFacts, settings: Settings) -> list[str]:
     names = model_names(facts.name)
-    k = top_k_of(facts, settings)
 
     def step(model: str, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> str:
         maps = [f"      input_map {{ key: {_q(a)} value: {_q(b)} }}" for a, b in inputs.items()]
         maps += [f"      output_map {{ key: {_q(a)} value: {_q(b)} }}" for a, b in outputs.items()]
         return "    {\n" + f"      model_name: {_q(model)}\n      model_version: -1\n" + "\n".join(maps) + "\n    }"
 
+    pre = step(names["preprocess"], {INPUT: INPUT}, {PIXELS: "pixel_values"})
+    if facts.embedding:  # the inference model's output is the ensemble's: nothing to post-process
+        return [
+            pre,
+            step(names[settings.inference], {facts.input_name: "pixel_values"}, {facts.output_name: EMBEDDINGS}),
+        ]
     # Every ensemble output comes from the last step (postprocess passes the logits through): an ensemble
     # output that another step also reads made Triton answer 400 "unexpected deadlock, at least one output
     # is not set" to every request naming a subset of the outputs (TOPK_LABELS alone, say).
-    steps = [
-        step(names["preprocess"], {INPUT: INPUT}, {PIXELS: "pixel_values"}),
+    return [
+        pre,
         step(names[settings.inference], {facts.input_name: "pixel_values"}, {facts.output_name: "logits"}),
         step(
             names["postprocess"],
@@ -332,21 +340,23 @@ def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
             {LOGITS: LOGITS, TOPK_LABELS: TOPK_LABELS, TOPK_SCORES: TOPK_SCORES},
         ),
     ]
+
+
+def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
+    if settings.inference not in INFERENCE_KINDS:
+        raise ValueError(f"inference must be one of {INFERENCE_KINDS}, got {settings.inference!r}")
+    names = model_names(facts.name)
+    k = top_k_of(facts, settings)
+    what = f"{EMBEDDINGS} [{facts.num_classes}]" if facts.embedding else f"logits and top-{k}"
+    outputs = output_tensors(facts.num_classes, k, facts.embedding)
     return _join(
-        _header(names["ensemble"], f"bytes in -> logits and top-{k} out, over {names[settings.inference]}"),
+        _header(names["ensemble"], f"bytes in -> {what} out, over {names[settings.inference]}"),
         f"name: {_q(names['ensemble'])}",
         'platform: "ensemble"',
         f"max_batch_size: {ensemble_max_batch(facts, settings)}",
         _tensors("input", [_tensor(INPUT, "TYPE_STRING", [1])]),
-        _tensors(
-            "output",
-            [
-                _tensor(LOGITS, "TYPE_FP32", [facts.num_classes]),
-                _tensor(TOPK_LABELS, "TYPE_STRING", [k]),
-                _tensor(TOPK_SCORES, "TYPE_FP32", [k]),
-            ],
-        ),
-        "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}",
+        _tensors("output", [_tensor(name, CONFIG_TYPES[dtype], [width]) for name, dtype, width in outputs]),
+        "ensemble_scheduling {\n  step [\n" + ",\n".join(_ensemble_steps(facts, settings)) + "\n  ]\n}",
     )
 
 

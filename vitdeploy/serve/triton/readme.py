@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import __version__
+from ..protocol import EMBEDDINGS, output_tensors
 from . import config as tc
 from .versions import IMAGE, container_release
 
@@ -16,9 +17,9 @@ def render_readme(
     k = tc.top_k_of(facts, settings)
     b = tc.ensemble_max_batch(facts, settings)
     onnx_file = tc.ONNX_FILES[settings.onnx_precision]
+    outputs = ", ".join(f"`{n}` [N, {w}]" for n, _, w in output_tensors(facts.num_classes, k, facts.embedding))
     model_rows = {
-        names["ensemble"]: f"ensemble: `IMAGES` (BYTES, [N, 1]) -> `LOGITS` [N, {facts.num_classes}], "
-        f"`TOPK_LABELS` [N, {k}], `TOPK_SCORES` [N, {k}]; calls `{names[settings.inference]}`",
+        names["ensemble"]: f"ensemble: `IMAGES` (BYTES, [N, 1]) -> {outputs}; calls `{names[settings.inference]}`",
         names["preprocess"]: "python backend: encoded images -> float32 NCHW with vitdeploy's preprocessing",
         names["onnx"]: (
             "onnxruntime_onnx: model.fp16.onnx as the export validated it (FP16, its keep-float nodes "
@@ -61,6 +62,17 @@ def render_readme(
     ]
     return "\n".join(lines)
 
+
+_CLASSIFIER_ANSWER = (
+    'labels = result.as_numpy("TOPK_LABELS")   # [N, K] bytes, best first',
+    'scores = result.as_numpy("TOPK_SCORES")   # [N, K] softmax probabilities',
+    'logits = result.as_numpy("LOGITS")',
+    "print(labels[0][0].decode(), float(scores[0][0]))",
+)
+_EMBEDDING_ANSWER = (
+    f'vectors = result.as_numpy("{EMBEDDINGS}")   # [N, D] float32, one embedding per image',
+    "print(vectors.shape)",
+)
 
 #: Triton's API groups a token fences off (all but "health": probes stay open)
 RESTRICTED_APIS = (
@@ -161,10 +173,7 @@ def _scaling_and_calling(facts: tc.ModelFacts, settings: tc.Settings) -> list[st
         'images = httpclient.InferInput("IMAGES", list(data.shape), "BYTES")',
         "images.set_data_from_numpy(data)",
         f'result = client.infer("{facts.name}", [images])',
-        'labels = result.as_numpy("TOPK_LABELS")   # [N, K] bytes, best first',
-        'scores = result.as_numpy("TOPK_SCORES")   # [N, K] softmax probabilities',
-        'logits = result.as_numpy("LOGITS")',
-        "print(labels[0][0].decode(), float(scores[0][0]))",
+        *(_EMBEDDING_ANSWER if facts.embedding else _CLASSIFIER_ANSWER),
         "```",
         "",
         "The same client works against `vitdeploy serve` (Ray Serve), which speaks the same protocol for the",

@@ -4,12 +4,12 @@
       README.md                        how to run it (container, scaling, a tritonclient example)
       Dockerfile, .dockerignore        FROM the matching tritonserver image + the pins + the wheel
       requirements.txt, wheels/        the python models' pinned dependencies; this vitdeploy as a wheel
-      <name>/config.pbtxt, 1/          ensemble: IMAGES -> LOGITS, TOPK_LABELS, TOPK_SCORES
+      <name>/config.pbtxt, 1/          ensemble: IMAGES -> LOGITS, TOPK_LABELS, TOPK_SCORES (an embedding: EMBEDDINGS)
       <name>_preprocess/               python backend: the runtime's preprocessing
       <name>_onnx/1/model[.fp16].onnx  onnxruntime_onnx over a graph the export validated (trt_cache/ beside)
       <name>_trt/1/model.engine        tensorrt_plan, only when the export built an engine
       <name>_ort_python/1/artifacts/   python backend + ONNX Runtime (Triton builds without onnxruntime)
-      <name>_postprocess/              python backend: softmax top-k
+      <name>_postprocess/              python backend: softmax top-k (none for an embedding export)
 
 Every artifact is verified (size, sha256) before it is copied. The repository is built in a
 temporary folder beside REPO and renamed into place when complete, so a failure never leaves a
@@ -149,6 +149,7 @@ def _facts(artifacts: Artifacts, engine_meta: dict[str, Any] | None) -> tc.Model
         num_classes=num_classes,
         batch=artifacts.batch,
         engine_max_batch=engine_max,
+        embedding=artifacts.schema.is_embedding,
     )
 
 
@@ -194,15 +195,16 @@ def _build(
         root = tmp / names[role]
         _write(root / "config.pbtxt", config)
         (root / "1").mkdir(parents=True, exist_ok=True)
-        if with_labels:
+        if with_labels and not facts.embedding:  # an embedding has no labels (and no postprocess model)
             _write(root / tc.LABELS_FILE, labels)
         models.append(names[role])
         return root / "1"
 
     pre = model("preprocess", tc.preprocess_config(facts, settings, artifacts.preprocess.to_dict(), __version__))
     _write(pre / "model.py", model_py("PreprocessModel", f"{names['preprocess']}: encoded images -> float32 NCHW"))
-    post = model("postprocess", tc.postprocess_config(facts, settings, __version__), with_labels=True)
-    _write(post / "model.py", model_py("PostprocessModel", f"{names['postprocess']}: logits -> top-k"))
+    if not facts.embedding:
+        post = model("postprocess", tc.postprocess_config(facts, settings, __version__), with_labels=True)
+        _write(post / "model.py", model_py("PostprocessModel", f"{names['postprocess']}: logits -> top-k"))
 
     onnx_dir = model("onnx", tc.onnx_config(facts, settings), with_labels=True)
     onnx_role = "onnx-fp16" if settings.onnx_precision == "fp16" else "onnx"
@@ -252,11 +254,12 @@ def model_configs(artifacts_dir: str | os.PathLike[str], settings: tc.Settings) 
     names = tc.model_names(facts.name)
     configs = {
         names["preprocess"]: tc.preprocess_config(facts, settings, artifacts.preprocess.to_dict(), __version__),
-        names["postprocess"]: tc.postprocess_config(facts, settings, __version__),
         names["onnx"]: tc.onnx_config(facts, settings),
         names["ort_python"]: tc.ort_python_config(facts, settings, __version__),
         names["ensemble"]: tc.ensemble_config(facts, settings),
     }
+    if not facts.embedding:
+        configs[names["postprocess"]] = tc.postprocess_config(facts, settings, __version__)
     if engine_meta is not None:
         configs[names["trt"]] = tc.trt_config(facts, settings)
     return configs
