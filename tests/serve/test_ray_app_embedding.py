@@ -25,6 +25,7 @@ grpcclient = pytest.importorskip(
 
 from helpers.serve_process import ServeProcess, free_port  # noqa: E402
 
+from vitdeploy.base.errors import ConfigError  # noqa: E402
 from vitdeploy.serve import protocol  # noqa: E402
 
 pytestmark = pytest.mark.integration
@@ -161,3 +162,24 @@ def test_metadata_and_config_show_the_embeddings_output(server):
     assert [(o["name"], o["data_type"], o["dims"]) for o in config["output"]] == [
         ("EMBEDDINGS", "TYPE_FP32", [server.dim])
     ]
+
+
+@pytest.mark.parametrize("proto", ["v2-http", "v2-grpc"])
+def test_loadtest_of_an_embedding_server_asks_for_its_vectors(server, embedding_artifacts, proto):
+    """`vitdeploy loadtest -a EXPORT`: an embedding model's requests ask for EMBEDDINGS; without -a a client asks
+    for a classifier's top-k, which the server refuses by name: the warm-up says so in one error."""
+    from vitdeploy.tune.clients import Target, asked_outputs
+    from vitdeploy.tune.loadtest import LoadPlan, load_images, run_loadtest
+
+    url = server.grpc if proto == "v2-grpc" else server.url
+    outputs = asked_outputs(embedding_artifacts)
+    assert outputs == ("EMBEDDINGS",)
+    target = Target(url, proto, server.model, outputs=outputs)
+    plan = LoadPlan(target, load_images(None), concurrency=(2,), duration_s=None, requests=6, warmup_s=0.2)
+    level = run_loadtest(plan).levels[0]
+    assert level.statuses == ({"OK": 6} if proto == "v2-grpc" else {"200": 6})
+    wrong = LoadPlan(
+        Target(url, proto, server.model), load_images(None), concurrency=(1,), duration_s=None, requests=2
+    )
+    with pytest.raises(ConfigError, match="unknown output 'TOPK_LABELS'"):
+        run_loadtest(wrong)

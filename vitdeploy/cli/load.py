@@ -43,6 +43,14 @@ from .console import export_folder_option, refresh_report
     show_envvar=True,
     help="bearer token of a server started with one (read from the environment rather than typed)",
 )
+@click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="the export the server runs: an embedding model's requests ask for EMBEDDINGS instead of the top-k",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout instead of the table")
 def loadtest(
     url: str,
@@ -56,15 +64,16 @@ def loadtest(
     requests: int | None,
     warmup: str,
     token: str | None,
+    artifacts_dir: Path | None,
     as_json: bool,
 ) -> None:
     """Load a vitdeploy, Triton or any KServe v2 server: throughput, latency percentiles and errors per level."""
-    from ..tune.clients import Target
+    from ..tune.clients import Target, asked_outputs
     from ..tune.loadtest import LoadPlan, format_loadtest, load_images, parse_duration, parse_levels, run_loadtest
 
     seconds = parse_duration(duration) if duration else (None if requests else 20.0)
     plan = LoadPlan(
-        target=Target(url, protocol, model, token),
+        target=Target(url, protocol, model, token, asked_outputs(artifacts_dir)),
         images=load_images(images),
         concurrency=parse_levels(concurrency, "--concurrency") if concurrency else () if rate else (1,),
         rates=parse_levels(rate, "--rate", float) if rate else (),

@@ -14,11 +14,12 @@ from __future__ import annotations
 import http.client
 import json
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 from urllib.parse import urlsplit
 
 from ..base._deps import require
 from ..base.errors import ConfigError, first_line
+from ..serve.outputs import EMBEDDINGS
 from ..serve.protocol import HEADER_LENGTH, INPUT, TOPK_LABELS, TOPK_SCORES, serialize_bytes
 
 PREDICT, V2_HTTP, V2_GRPC = "predict", "v2-http", "v2-grpc"
@@ -37,6 +38,8 @@ class Target:
     protocol: str = PREDICT
     model: Optional[str] = None
     token: Optional[str] = None
+    #: the v2 outputs asked for: a classifier's top-k (as a client shows it), or an embedding model's EMBEDDINGS
+    outputs: tuple[str, ...] = (TOPK_LABELS, TOPK_SCORES)
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -54,6 +57,15 @@ class Target:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+
+def asked_outputs(artifacts: Any) -> tuple[str, ...]:
+    """What a client of the export at ``artifacts`` asks for: an embedding model's EMBEDDINGS, else (or with no
+    export named) the top-k."""
+    from ..runtime.artifacts import Artifacts
+
+    embedding = artifacts is not None and Artifacts.open(artifacts, verify=False).schema.is_embedding
+    return (EMBEDDINGS,) if embedding else (TOPK_LABELS, TOPK_SCORES)
 
 
 class Client(Protocol):
@@ -81,7 +93,7 @@ class HttpClient:
         headers = self.target.headers()
         if self.target.protocol == PREDICT:
             return image, {**headers, "Content-Type": "application/octet-stream"}
-        return infer_body(image, headers)
+        return infer_body(image, headers, self.target.outputs)
 
     def send(self, image: bytes) -> tuple[str, str]:
         body, headers = self._request(image)
@@ -100,14 +112,17 @@ class HttpClient:
         self.conn.close()
 
 
-def infer_body(image: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
-    """A v2 infer request for one image: the JSON header, then the image in Triton's binary BYTES layout."""
+def infer_body(
+    image: bytes, headers: dict[str, str], outputs: tuple[str, ...] = (TOPK_LABELS, TOPK_SCORES)
+) -> tuple[bytes, dict[str, str]]:
+    """A v2 infer request for one image: the JSON header, then the image in Triton's binary BYTES layout;
+    ``outputs`` asked for as JSON (an embedding's vector in the binary tensor extension, as clients take it)."""
     data = serialize_bytes([image])
     doc = {
         "inputs": [
             {"name": INPUT, "shape": [1, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(data)}}
         ],
-        "outputs": [{"name": name, "parameters": {"binary_data": False}} for name in (TOPK_LABELS, TOPK_SCORES)],
+        "outputs": [{"name": name, "parameters": {"binary_data": name == EMBEDDINGS}} for name in outputs],
     }
     head = json.dumps(doc, separators=(",", ":")).encode()
     return head + data, {**headers, "Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
@@ -124,7 +139,7 @@ class GrpcClient:
         address = target.url.split("://", 1)[-1].rstrip("/")
         self.client = grpc.InferenceServerClient(address)
         self.target = target
-        self.outputs = [grpc.InferRequestedOutput(name) for name in (TOPK_LABELS, TOPK_SCORES)]
+        self.outputs = [grpc.InferRequestedOutput(name) for name in target.outputs]
 
     def send(self, image: bytes) -> tuple[str, str]:
         from tritonclient.utils import InferenceServerException

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from .clients import PREDICT, V2_HTTP, Target
+from .clients import PREDICT, V2_HTTP, Target, asked_outputs
 from .measure import Figure, measure_candidate
 from .space import SERVE_KNOBS, TRITON_KNOBS, ServeCandidate, TritonCandidate, neighbours, triton_neighbours
 
@@ -114,6 +114,8 @@ def search(
     result = TuneResult(name, slo_p99_ms, budget_s, cores)
     seen: dict[Any, Trial] = {}
 
+    outputs = asked_outputs(getattr(target, "artifacts_dir", getattr(target, "artifacts", None)))
+
     def run(cand: Any, knob: str) -> Trial:
         if cand in seen:
             return seen[cand]
@@ -123,7 +125,7 @@ def search(
         began = time.monotonic()
         how = target.apply(cand)
         figure = measure_fn(
-            Target(target.url, protocol, target.name),
+            Target(target.url, protocol, target.name, outputs=outputs),
             images,
             start_clients=start_clients(cand),
             level_s=level_s,
