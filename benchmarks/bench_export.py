@@ -15,6 +15,7 @@ record (it exports and does not validate); it lives in the bench venv bench_ort_
 
     .venv/bin/python benchmarks/bench_export.py                 # ViT-B/16
     .venv/bin/python benchmarks/bench_export.py --model vit-l   # ViT-L/16 (1.2 GB of weights)
+    .venv/bin/python benchmarks/bench_export.py --model vit-g   # DINOv2 ViT-g/14, SwiGLU, headless (4.5 GB)
 """
 
 from __future__ import annotations
@@ -52,6 +53,12 @@ MODELS = {
         hidden_size=1280, num_hidden_layers=32, num_attention_heads=16, intermediate_size=5120, patch_size=14
     ),
 }
+#: DINOv2's ViT-g/14 (Oquab et al., 2023): SwiGLU MLP, 1.1 B parameters, headless (an embedding export), its
+#: hub processor's 224 px crop (transformers' Dinov2Model; the position table resampled from 518 px)
+GIANT = dict(
+    hidden_size=1536, num_hidden_layers=40, num_attention_heads=24, mlp_ratio=4, use_swiglu_ffn=True, patch_size=14
+)
+MODELS["vit-g"] = GIANT
 REFERENCE_GOAL, MEMORY_GOAL = 12.0, 4.0
 
 
@@ -61,10 +68,37 @@ def make_checkpoint(name: str, folder: Path, seed: int = 0) -> int:
     from transformers import ViTConfig, ViTForImageClassification
 
     torch.manual_seed(seed)
+    if name == "vit-g":
+        return _giant(folder)
     cfg = ViTConfig(**MODELS[name], image_size=224, num_labels=1000, hidden_act="gelu", qkv_bias=True)
     model = ViTForImageClassification(cfg).eval()
     model.save_pretrained(folder)
     return sum(p.numel() * 4 for p in model.parameters())
+
+
+def save_dinov2_processor(folder: Path) -> None:
+    """DINOv2's hub processor: bicubic resize of the short side to 256, 224 px centre crop, ImageNet mean/std."""
+    from transformers import BitImageProcessor
+
+    BitImageProcessor(
+        size={"shortest_edge": 256},
+        crop_size={"height": 224, "width": 224},
+        resample=3,
+        image_mean=[0.485, 0.456, 0.406],
+        image_std=[0.229, 0.224, 0.225],
+    ).save_pretrained(folder)
+
+
+def _giant(folder: Path) -> int:
+    """DINOv2 ViT-g/14 as the hub ships it (config image_size 518, processor crop 224), random weights."""
+    from transformers import Dinov2Config, Dinov2Model
+
+    model = Dinov2Model(Dinov2Config(**GIANT, image_size=518)).eval()
+    model.save_pretrained(folder)
+    save_dinov2_processor(folder)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    del model
+    return weights
 
 
 def run_export(checkpoint: Path, out: Path) -> tuple[float, list[dict], int | None]:

@@ -186,17 +186,18 @@ def judge_backend(
     from ..export.compare import compare, flip_details, per_image
 
     cmp = compare(reference, logits, tolerance, kind)
-    if kind == EMBEDDING:
-        return BackendDrift(
-            name=name,
-            status="passed" if cmp.passed else "failed",
-            precision=precision,
-            threshold_set=threshold_set or precision,
-            metrics=dict(cmp.metrics),
-            thresholds=dict(cmp.thresholds),
-            failures=list(cmp.failures),
-            per_image=per_image(reference, logits, kind, int(tolerance.get("neighbours", 10))),
-        )
+    judged = dict(
+        name=name,
+        status="passed" if cmp.passed else "failed",
+        precision=precision,
+        threshold_set=threshold_set or precision,
+        metrics=dict(cmp.metrics),
+        thresholds=dict(cmp.thresholds),
+        failures=list(cmp.failures),
+        per_image=per_image(reference, logits, kind, int(tolerance.get("neighbours", 10))),
+    )
+    if kind == EMBEDDING:  # a vector has no class: no flips, no accuracy
+        return BackendDrift(**judged)
     ref_top, cand_top = np.asarray(reference).argmax(axis=1), np.asarray(logits).argmax(axis=1)
 
     def label(i: int) -> str:
@@ -214,18 +215,7 @@ def judge_backend(
         }
         for i in cmp.flipped
     ]
-    return BackendDrift(
-        name=name,
-        status="passed" if cmp.passed else "failed",
-        precision=precision,
-        threshold_set=threshold_set or precision,
-        metrics=dict(cmp.metrics),
-        thresholds=dict(cmp.thresholds),
-        failures=list(cmp.failures),
-        flipped=flipped,
-        per_image=per_image(reference, logits),
-        accuracy=accuracy(logits, true_index),
-    )
+    return BackendDrift(**judged, flipped=flipped, accuracy=accuracy(logits, true_index))
 
 
 def accuracy(logits: np.ndarray, true_index: Sequence[int | None]) -> float | None:
