@@ -190,6 +190,14 @@ EMBEDDING_CASES = (
         True,
         21,
     ),
+    # DINOv2 giant's family headless, at tiny width (SwiGLUPacked, layer scale, 4 registers)
+    (
+        "timm_headless_swiglu",
+        "vit_giant_patch14_reg4_dinov2",
+        {"embed_dim": 192, "num_heads": 3, "img_size": 224, "pretrained_cfg_overlay": {"input_size": (3, 224, 224)}},
+        False,
+        22,
+    ),
 )
 
 

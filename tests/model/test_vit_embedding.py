@@ -63,8 +63,10 @@ def _vit_model(folder: Path):
     return model, processor
 
 
-def _dinov2(folder: Path, registers: int):
-    kwargs = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=42, patch_size=14)
+def _dinov2(folder: Path, registers: int, swiglu: bool = False):
+    kwargs = dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=42, patch_size=14, use_swiglu_ffn=swiglu
+    )
     if registers:
         cfg, cls = transformers.Dinov2WithRegistersConfig(num_register_tokens=registers, **kwargs), "WithRegisters"
     else:
@@ -83,6 +85,7 @@ BACKBONES = {
     "vit-pooler": _vit_model,
     "dinov2": lambda folder: _dinov2(folder, 0),
     "dinov2-registers": lambda folder: _dinov2(folder, 4),
+    "dinov2-swiglu": lambda folder: _dinov2(folder, 4, swiglu=True),  # DINOv2 giant's MLP, small
 }
 
 
@@ -100,7 +103,8 @@ def _theirs(model, processor, photos: Path) -> tuple[np.ndarray, np.ndarray]:
 @pytest.mark.parametrize("backbone", list(BACKBONES))
 def test_transformers_backbone_exports_its_pooler_output(backbone, photos, tmp_path):  # noqa: F811
     """ViTModel (pooler_output: tanh(dense(class token))), Dinov2Model and Dinov2WithRegistersModel (the
-    normalised class token): exported with the defaults, the runtime gives transformers' pooler_output."""
+    normalised class token; with registers also with DINOv2 giant's SwiGLU MLP): exported with the defaults, the
+    runtime gives transformers' pooler_output."""
     with _quiet():
         model, processor = BACKBONES[backbone](tmp_path / "ckpt")
         model.save_pretrained(tmp_path / "ckpt")
@@ -110,6 +114,7 @@ def test_transformers_backbone_exports_its_pooler_output(backbone, photos, tmp_p
     assert manifest["output"] == {"kind": "embedding", "normalize": False} and manifest["labels"] == []
     assert manifest["io"]["output"] == {"name": "EMBEDDINGS", "dtype": "float32", "shape": ["batch", 64]}
     assert manifest["model"]["vit"]["pooler"] is (backbone == "vit-pooler")
+    assert manifest["model"]["vit"]["mlp"] == ("swiglu" if backbone == "dinov2-swiglu" else "gelu")
     for backend in ("torch", "ort"):
         with Predictor.from_artifacts(art, backend=backend) as predictor:
             pixels = predictor.preprocess(photo_files(photos))
@@ -164,10 +169,10 @@ def timm_embedding(photos, tmp_path_factory):  # noqa: F811
     return out, run_reference(photos, out, "embedding")
 
 
-@pytest.mark.parametrize("case", ["timm_headless_token", "timm_headless_reg_avg"])
+@pytest.mark.parametrize("case", ["timm_headless_token", "timm_headless_reg_avg", "timm_headless_swiglu"])
 def test_timm_num_classes_0_exports_what_timm_returns(timm_embedding, case, photos, tmp_path):  # noqa: F811
-    """timm with num_classes=0 (class-token pooling; registers with average pooling and fc_norm): the
-    runtime's vectors are what ``model(x)`` returns in timm, its preprocessing timm's."""
+    """timm with num_classes=0 (class-token pooling; registers with average pooling and fc_norm; DINOv2 giant's
+    SwiGLU family): the runtime's vectors are what ``model(x)`` returns in timm, its preprocessing timm's."""
     out, cases = timm_embedding
     with np.load(out / case / "reference.npz") as data:
         ref = {k: data[k] for k in data.files}
