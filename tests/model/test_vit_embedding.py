@@ -110,7 +110,12 @@ def test_transformers_backbone_exports_its_pooler_output(backbone, photos, tmp_p
         model.save_pretrained(tmp_path / "ckpt")
         processor.save_pretrained(tmp_path / "ckpt")
         pixels_ref, vectors_ref = _theirs(model, processor, photos)
-    art, manifest = export(tmp_path / "ckpt", photos, tmp_path / "art", export={"int8": {"enabled": False}})
+    fp32_only = {
+        "fp16": {"enabled": False},
+        "int8": {"enabled": False},
+        "batch": {"min": 1, "opt": 2, "max": 4},
+    }  # the library's vectors: FP32 graphs
+    art, manifest = export(tmp_path / "ckpt", photos, tmp_path / "art", export=fp32_only)
     assert manifest["output"] == {"kind": "embedding", "normalize": False} and manifest["labels"] == []
     assert manifest["io"]["output"] == {"name": "EMBEDDINGS", "dtype": "float32", "shape": ["batch", 64]}
     assert manifest["model"]["vit"]["pooler"] is (backbone == "vit-pooler")
@@ -176,7 +181,8 @@ def test_timm_num_classes_0_exports_what_timm_returns(timm_embedding, case, phot
     out, cases = timm_embedding
     with np.load(out / case / "reference.npz") as data:
         ref = {k: data[k] for k in data.files}
-    art, manifest = export(out / case / cases[case]["checkpoint"], photos, tmp_path / "art")
+    fp32_only = {"fp16": {"enabled": False}, "int8": {"enabled": False}, "batch": {"min": 1, "opt": 2, "max": 4}}
+    art, manifest = export(out / case / cases[case]["checkpoint"], photos, tmp_path / "art", export=fp32_only)
     assert manifest["output"]["kind"] == "embedding"
     with Predictor.from_artifacts(art, backend="ort") as predictor:
         pixels = predictor.preprocess(photo_files(photos))
