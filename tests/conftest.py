@@ -15,7 +15,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 #: Fixtures that run a whole export: a test that needs one is marked ``integration`` (the fast run,
 #: ``-m "not integration"``, never builds them).
-WHOLE_EXPORTS = ("demo_artifacts", "drift_artifacts")
+WHOLE_EXPORTS = ("demo_artifacts", "drift_artifacts", "embedding_artifacts")
 
 
 def pytest_collection_modifyitems(config, items):
