@@ -86,12 +86,16 @@ def bad_files(rows: list[dict]) -> list[str]:
     return bad
 
 
+@pytest.fixture(scope="module")
+def vectors(embedding_artifacts, collection, config, tmp_path_factory):
+    """The job's output folder (Parquet part files) over the collection, and what the command printed."""
+    out = tmp_path_factory.mktemp("vectors") / "out"
+    return out, batch(config, embedding_artifacts, str(collection), "-o", str(out))
+
+
 @pytest.mark.slow
-def test_vectors_are_the_predictors_and_pyarrow_duckdb_and_ray_data_read_them(
-    embedding_artifacts, collection, config, embedded, tmp_path
-):
-    out = tmp_path / "vectors"
-    res = batch(config, embedding_artifacts, str(collection), "-o", str(out))
+def test_vectors_are_the_predictors_and_pyarrow_and_ray_data_read_them(vectors, embedded):
+    out, res = vectors
     assert res.exit_code == 1, res.output  # the two unreadable files
     assert "82 images, 2 errors" in res.stderr and f"embeddings of {WIDTH} float32" in res.stderr
     assert len(list(out.glob("*.parquet"))) >= 2  # part files of batch.rows_per_file rows
@@ -109,9 +113,13 @@ def test_vectors_are_the_predictors_and_pyarrow_duckdb_and_ray_data_read_them(
             assert isinstance(vector, np.ndarray) and vector.shape == (WIDTH,) and vector.dtype == np.float32
             np.testing.assert_allclose(vector, embedded[path], atol=1e-5, rtol=0)
 
-    duckdb = pytest.importorskip("duckdb")  # Parquet has no fixed-size list: DuckDB reads FLOAT[], cast to FLOAT[D]
+
+@pytest.mark.slow
+def test_duckdb_selects_a_vector_as_it_is(vectors, embedded):
+    duckdb = pytest.importorskip("duckdb")  # the dev extra
+    out, _ = vectors
     path = sorted(embedded)[0]
-    got = duckdb.sql(
+    got = duckdb.sql(  # Parquet has no fixed-size list: DuckDB reads FLOAT[], cast to FLOAT[D] for array functions
         f"SELECT embedding, len(embedding), typeof(embedding), array_cosine_similarity(embedding::FLOAT[{WIDTH}], "
         f"embedding::FLOAT[{WIDTH}]) FROM read_parquet('{out}/*.parquet') WHERE path = $path",
         params={"path": path},
