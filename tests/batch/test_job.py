@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -21,20 +20,7 @@ from vitdeploy.demo import IMAGES_DIR
 
 ray = pytest.importorskip("ray")
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module", autouse=True)
-def local_ray():
-    """One small local Ray for the module (a short private temp dir: Ray's socket paths are length-limited)."""
-    import ray.data
-
-    temp = tempfile.mkdtemp(prefix="vb", dir="/tmp")
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp, log_to_driver=False, logging_level="ERROR")
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    yield
-    ray.shutdown()
-    shutil.rmtree(temp, ignore_errors=True)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]  # local_ray: tests/batch/conftest.py
 
 
 @pytest.fixture(scope="module")

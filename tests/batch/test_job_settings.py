@@ -23,6 +23,11 @@ def test_the_command_line_overrides_the_batch_section_which_overrides_the_defaul
     assert (s.workers, s.gpus_per_worker, s.backend, s.top_k, s.resume) == (3, 0.5, "ort", 4, True)
     assert s.cache_dir == str(tmp_path / "cache") and s.artifacts == str(tmp_path / "artifacts")
     assert s.batch_size is None and s.decode_cpus == 1.0  # None: the export's opt, read from the manifest
+    assert s.embedding_dtype == "float32"
+    half = parse_config({"batch": {"embedding_dtype": "float16"}}, tmp_path / "pipeline.yaml")
+    assert batch_settings_from_config(half, ["a/"], artifacts=None, output="o/").embedding_dtype == "float16"
+    s = batch_settings_from_config(half, ["a/"], artifacts=None, output="o/", embedding_dtype="float32")
+    assert s.embedding_dtype == "float32"  # --embedding-dtype over the config
 
 
 @pytest.mark.parametrize(
@@ -34,6 +39,7 @@ def test_the_command_line_overrides_the_batch_section_which_overrides_the_defaul
         ("flush_seconds", -1),
         ("batch_size", 0),
         ("threads", 2),
+        ("embedding_dtype", "float64"),
     ],
 )
 def test_a_bad_batch_key_is_one_error_naming_it(key, value):

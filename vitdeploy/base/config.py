@@ -16,7 +16,7 @@ from ._schema import FiniteFloat, StrictSection, format_validation_error
 from .errors import ConfigError
 from .limits import MAX_BATCH, clip
 from .preprocess_spec import overrides_model
-from .vocab import Activation, BackendChoice, OutputKind, Pool
+from .vocab import Activation, BackendChoice, EmbeddingDtype, OutputKind, Pool
 
 DEFAULT_CONFIG_NAME = "pipeline.yaml"
 PositiveFloat = Annotated[FiniteFloat, Field(gt=0)]
@@ -388,6 +388,11 @@ class BatchSection(_Section):
         None, description="images per model call; absent = the export's batch profile opt (export.batch.opt)"
     )
     rows_per_file: int = Field(10_000, ge=1, description="output rows per Parquet part file (and per flush)")
+    embedding_dtype: EmbeddingDtype = Field(
+        "float32",
+        description="an embedding export's vectors in the output: float32 (as the model returns them) or float16 "
+        "(half the bytes); a classifier's rows have no vectors",
+    )
     flush_seconds: float = Field(
         30.0,
         gt=0,

@@ -41,6 +41,9 @@ OUTPUT_KINDS: tuple[str, ...] = ("logits", "embedding")
 OutputKind = Literal[OUTPUT_KINDS]  # type: ignore[valid-type]
 #: the graph's output tensor (and the served KServe v2 output) of each kind
 OUTPUT_TENSORS: Mapping[str, str] = MappingProxyType({"logits": "logits", "embedding": "EMBEDDINGS"})
+#: how batch-predict stores an embedding's values (Arrow/Parquet float32, or float16: half the bytes)
+EMBEDDING_DTYPES: tuple[str, ...] = ("float32", "float16")
+EmbeddingDtype = Literal[EMBEDDING_DTYPES]  # type: ignore[valid-type]
 
 # ------------------------------------------------------------------------------------------------
 # artifact files: what `vitdeploy export` writes, by manifest role
@@ -163,6 +166,8 @@ __all__ = [
     "Pool",
     "OUTPUT_KINDS",
     "OUTPUT_TENSORS",
+    "EMBEDDING_DTYPES",
+    "EmbeddingDtype",
     "OutputKind",
     "ARTIFACT_FILES",
     "AUTO",

@@ -1,16 +1,16 @@
-"""`vitdeploy batch-predict`: a Ray Data job that classifies image collections, resumable.
+"""`vitdeploy batch-predict`: a Ray Data job that classifies image collections (or embeds them), resumable.
 
     summary = run_batch(BatchSettings(inputs=["photos/"], artifacts="artifacts/", output="scores/"),
                         max_pixels=cfg.runtime.max_image_pixels, options=BackendOptions())
 
 The pipeline is Ray Data's, end to end: ``read_binary_files`` reads the bytes, decoding tasks
 (:func:`~.workers.decode_batch`) preprocess them, an actor pool of Predictors (:class:`~.workers.Infer`)
-runs the model in batches of the export's ``opt`` and takes the top-k; the driver writes the small
-result rows (:mod:`.output`). The artifacts travel to every node through Ray's object store
-(:func:`~vitdeploy.runtime.artifact_transfer.pack`, put once), or each node fetches an artifacts URI
-itself; each node unpacks them once into its cache, sha256-verified. Without ``address`` a local
-Ray is started for the job and stopped after it; an already-initialised Ray (a test, a notebook)
-is used as it is.
+runs the model in batches of the export's ``opt`` and takes the top-k (an embedding export: keeps the
+vectors); the driver writes the small result rows (:mod:`.output`). The artifacts travel to every node
+through Ray's object store (:func:`~vitdeploy.runtime.artifact_transfer.pack`, put once), or each node
+fetches an artifacts URI itself; each node unpacks them once into its cache, sha256-verified. Without
+``address`` a local Ray is started for the job and stopped after it; an already-initialised Ray (a test,
+a notebook) is used as it is.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 from ..base._deps import require
 from ..base.errors import VitDeployError
+from ..base.vocab import EMBEDDING_DTYPES
 from ..runtime.backends import first_line, shipped_roles
 from .inputs import Item, expand_inputs, is_uri, read_key
 from .output import Output, row_schema
@@ -55,6 +56,7 @@ class BatchSettings:
     rows_per_file: int = 10_000
     flush_seconds: float = 30.0
     cache_dir: str | None = None
+    embedding_dtype: str = EMBEDDING_DTYPES[0]  # an embedding export's vectors in the output
 
 
 @dataclass
@@ -98,7 +100,7 @@ def run_batch(
     say = progress or (lambda line: None)
     start = time.perf_counter()
     artifacts = _open_artifacts(settings)  # a bad export is one clear error before Ray starts
-    output = Output.at(settings.output)
+    output = Output.at(settings.output, _rows_of(artifacts, settings))
     if output.exists() and not settings.resume:
         output.writer(resume=False)  # raises: exists, pass --resume
     answered = output.answered() if settings.resume else {}
@@ -111,9 +113,11 @@ def run_batch(
         return summary
     bad = [it for it in todo if it.error is not None]
     good = [it for it in todo if it.error is None]
+    embedding = artifacts.schema.is_embedding
     say(
         f"{len(todo)} inputs to answer"
         + (f" ({summary.skipped} already in {output.path})" if summary.skipped else "")
+        + (f" with embeddings of {artifacts.schema.num_classes} {settings.embedding_dtype}" if embedding else "")
         + f": backend {settings.backend}, workers {settings.workers}, batches of "
         f"{settings.batch_size or artifacts.batch['opt']}, "
         + (f"Ray at {settings.address}" if settings.address else "a local Ray")
@@ -123,7 +127,7 @@ def run_batch(
     )
     try:
         if bad:
-            writer.write(_error_rows([(it.path, it.error) for it in bad]))
+            writer.write(output.empty_rows([it.path for it in bad], [str(it.error) for it in bad]))
             summary.images += len(bad)
             summary.errors += len(bad)
         if good:
@@ -148,20 +152,17 @@ def _open_artifacts(settings: BatchSettings) -> Any:
     return Artifacts.open(settings.artifacts)
 
 
-def _error_rows(pairs: list[tuple[str, str]]) -> Any:
-    pa = require("pyarrow", "batch-predict output")
-    n = len(pairs)
-    return pa.Table.from_pydict(
-        {
-            "path": [p for p, _ in pairs],
-            "label": [None] * n,
-            "index": [None] * n,
-            "score": [None] * n,
-            "top_k": [None] * n,
-            "error": [e for _, e in pairs],
-        },
-        schema=row_schema(),
-    )
+def _rows_of(artifacts: Any, settings: BatchSettings) -> Any:
+    """The output's row schema: a classifier's top-k, or an embedding export's vectors (``embedding_dtype``)."""
+    if artifacts.schema.is_embedding:
+        return row_schema(artifacts.schema.num_classes, settings.embedding_dtype)
+    if settings.embedding_dtype != EMBEDDING_DTYPES[0]:
+        log.warning(
+            "embedding dtype %s ignored: %s is a classifier (its rows hold labels and scores, no vectors)",
+            settings.embedding_dtype,
+            artifacts.name,
+        )
+    return row_schema()
 
 
 def pool_size(settings: BatchSettings, *, local: bool, cores: int) -> tuple[int, float | None]:
@@ -230,9 +231,9 @@ def _run_pipeline(
             raise
         except Exception as exc:  # noqa: BLE001 - a worker's failure arrives wrapped by Ray
             raise _unwrap(exc) from None
-        missing = [(it.path, f"{it.path}: no such file") for it in items if it.path not in seen]
+        missing = [it.path for it in items if it.path not in seen]
         if missing:  # vanished between listing and reading
-            writer.write(_error_rows(missing))
+            writer.write(writer.output.empty_rows(missing, [f"{p}: no such file" for p in missing]))
             summary.images += len(missing)
             summary.errors += len(missing)
     finally:
@@ -313,7 +314,7 @@ def _dataset(
         compute=rd.TaskPoolStrategy(),
         memory=_decode_memory(batch_size, artifacts.input_shape),
     )
-    spec = InferSpec(source, settings.backend, options, settings.top_k, settings.cache_dir)
+    spec = InferSpec(source, settings.backend, options, settings.top_k, settings.cache_dir, settings.embedding_dtype)
     return ds.map_batches(
         Infer,
         fn_constructor_args=(spec,),
@@ -393,6 +394,7 @@ def batch_settings_from_config(
         rows_per_file=bt.rows_per_file,
         flush_seconds=bt.flush_seconds,
         cache_dir=os.fspath(cache) if cache is not None else None,
+        embedding_dtype=bt.embedding_dtype,
     )
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -2,11 +2,15 @@
 
     out = Output.at("scores/")                # or "scores.parquet", "scores.jsonl"
     done = out.answered()                     # {path: error or None} of the rows already written
-    with out.writer(resume=True) as w:
-        w.write(rows)                         # a pyarrow Table with the ROW_SCHEMA columns
-    # on a clean exit the output is complete under its final name
+    w = out.writer(resume=True)
+    w.write(rows)                             # a pyarrow Table with the columns of out.schema
+    w.close()                                 # the output is complete under its final name
 
-Rows are small (a path, a label, k scores), so the driver writes them all, and every write is
+A classifier's rows hold a label and k scores (:data:`COLUMNS`); an embedding export's rows hold the
+vector as an Arrow fixed-size list (:data:`EMBEDDING_COLUMNS`, ``row_schema(dim)``), always in Parquet,
+which pyarrow, DuckDB and Ray Data read as they are (JSON Lines would spell every float as text).
+
+Rows are small (a path, a label, k scores, a vector), so the driver writes them all, and every write is
 atomic: part files are written under a temporary name and renamed; one file (``x.parquet``,
 ``x.jsonl``) is assembled beside the final name (``.x.parquet.parts/``, ``x.jsonl.partial``) and
 renamed onto it when the job ends. A job killed halfway leaves complete parts (or complete lines)
@@ -27,15 +31,22 @@ from typing import Any
 
 from ..base._deps import require
 from ..base.errors import InputError, WriteError
+from ..base.vocab import EMBEDDING_DTYPES
 
 log = logging.getLogger(__name__)
 
 COLUMNS = ("path", "label", "index", "score", "top_k", "error")
+#: an embedding export's row: the vector null when ``error`` is not
+EMBEDDING_COLUMNS = ("path", "embedding", "error")
 
 
-def row_schema() -> Any:
-    """The output's Arrow schema: one row per input; ``error`` null, or the one-line reason."""
+def row_schema(dim: int | None = None, dtype: str = EMBEDDING_DTYPES[0]) -> Any:
+    """The output's Arrow schema: one row per input; ``error`` null, or the one-line reason. ``dim``: an embedding
+    export's width, the rows then ``path``, ``embedding`` (``fixed_size_list<dtype>[dim]``), ``error``."""
     pa = require("pyarrow", "batch-predict output")
+    if dim is not None:
+        vector = pa.list_(_ARROW_FLOATS[dtype](pa), int(dim))
+        return pa.schema([("path", pa.string()), ("embedding", vector), ("error", pa.string())])
     top = pa.struct([("label", pa.string()), ("index", pa.int64()), ("score", pa.float64())])
     return pa.schema(
         [
@@ -49,19 +60,25 @@ def row_schema() -> Any:
     )
 
 
+_ARROW_FLOATS = {EMBEDDING_DTYPES[0]: lambda pa: pa.float32(), EMBEDDING_DTYPES[1]: lambda pa: pa.float16()}
+
+
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
 
 
 @dataclass(frozen=True)
 class Output:
-    """An output location: ``kind`` "parquet-dir", "parquet-file" or "jsonl"."""
+    """An output location: ``kind`` "parquet-dir", "parquet-file" or "jsonl"; ``schema`` its rows' (None: a
+    classifier's, :func:`row_schema`)."""
 
     path: Path
     kind: str
+    schema: Any = None
 
     @classmethod
-    def at(cls, path: str | os.PathLike[str]) -> "Output":
+    def at(cls, path: str | os.PathLike[str], schema: Any = None) -> "Output":
+        """``schema``: ``row_schema(dim)`` for an embedding export, whose vectors go to Parquet only."""
         p = Path(path)
         suffix = p.suffix.lower()
         if suffix == ".jsonl":
@@ -80,7 +97,13 @@ class Output:
                 f"-o {p}: exists and is {'a folder' if p.is_dir() else 'a file'}, but {kind} output "
                 f"needs {'a folder' if kind == 'parquet-dir' else 'a file'}"
             )
-        return cls(p, kind)
+        schema = schema if schema is not None else row_schema()
+        if kind == "jsonl" and "embedding" in schema.names:
+            raise InputError(
+                f"-o {p}: an embedding export's vectors are written as Parquet (a fixed-size list column that "
+                "pyarrow, DuckDB and Ray Data read as it is); use -o a folder (part files) or -o x.parquet"
+            )
+        return cls(p, kind, schema)
 
     # ------------------------------------------------------------------ what is there already
 
@@ -115,7 +138,7 @@ class Output:
         """{path: error or None} of every row already written (complete parts and lines only)."""
         done: dict[str, str | None] = {}
         for file in self._files():
-            for path, error in _jsonl_rows(file) if self.kind == "jsonl" else _parquet_rows(file):
+            for path, error in _jsonl_rows(file) if self.kind == "jsonl" else _parquet_rows(file, self.schema):
                 done[path] = error
         return done
 
@@ -127,17 +150,36 @@ class Output:
             )
         return RowWriter(self, rows_per_file, flush_seconds)
 
+    def empty_rows(self, paths: list[str], errors: list[str]) -> Any:
+        """Rows of inputs without an answer: each ``path`` with its ``error``, every other column null."""
+        pa = require("pyarrow", "batch-predict output")
+        columns = {name: pa.nulls(len(paths), self.schema.field(name).type) for name in self.schema.names}
+        columns["path"], columns["error"] = pa.array(paths, pa.string()), pa.array(errors, pa.string())
+        return pa.Table.from_pydict(columns, schema=self.schema)
 
-def _parquet_rows(file: Path) -> list[tuple[str, str | None]]:
+
+def _parquet_rows(file: Path, schema: Any) -> list[tuple[str, str | None]]:
     pq = require("pyarrow.parquet", "batch-predict --resume")
     try:
+        have = pq.read_schema(file)
         table = pq.read_table(file, columns=["path", "error"])
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise InputError(
             f"{file}: cannot read this output file ({str(exc).splitlines()[0]}); it was not written "
             "by batch-predict, or it was damaged: move it away and run again with --resume"
         ) from None
+    if not have.remove_metadata().equals(schema):  # another export's rows (classes, a width or a dtype)
+        raise InputError(
+            f"{file}: its rows ({_describe(have)}) are not this job's ({_describe(schema)}); it was written "
+            "for another export or --embedding-dtype: write to another -o"
+        )
     return list(zip(table.column("path").to_pylist(), table.column("error").to_pylist()))
+
+
+def _describe(schema: Any) -> str:
+    if "embedding" in schema.names:
+        return f"embedding {schema.field('embedding').type}"
+    return "label, index, score, top_k" if "label" in schema.names else ", ".join(schema.names)
 
 
 def _jsonl_rows(file: Path) -> list[tuple[str, str | None]]:
@@ -217,7 +259,7 @@ class RowWriter:
 
     def _flush(self) -> None:
         pa = require("pyarrow", "batch-predict output")
-        table = pa.concat_tables(self._pending).cast(row_schema())
+        table = pa.concat_tables(self._pending).cast(self.output.schema)
         self._pending, self._pending_rows = [], 0
         if self.output.kind == "jsonl":
             with open(self.output.staging, "a", encoding="utf-8") as fh:
@@ -245,9 +287,9 @@ class RowWriter:
             pa = require("pyarrow", "batch-predict output")
             pq = require("pyarrow.parquet", "batch-predict output")
             parts = out._parts(out.staging)
-            tables = [pq.read_table(p).cast(row_schema()) for p in parts]
+            tables = [pq.read_table(p).cast(out.schema) for p in parts]
             tmp = _tmp_name(out.path)
-            pq.write_table(pa.concat_tables(tables) if tables else row_schema().empty_table(), tmp)
+            pq.write_table(pa.concat_tables(tables) if tables else out.schema.empty_table(), tmp)
             os.replace(tmp, out.path)
             shutil.rmtree(out.staging, ignore_errors=True)
         log.info("wrote %d rows to %s", self.rows, out.path)
@@ -270,4 +312,4 @@ def _write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-__all__ = ["COLUMNS", "Output", "RowWriter", "row_schema"]
+__all__ = ["COLUMNS", "EMBEDDING_COLUMNS", "Output", "RowWriter", "row_schema"]

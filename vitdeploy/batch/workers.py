@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..base.vocab import EMBEDDING_DTYPES
 from ..runtime.backends import first_line, shipped_roles
 
 log = logging.getLogger(__name__)
@@ -57,10 +58,12 @@ class InferSpec:
     options: Any  # BackendOptions
     top_k: int
     cache_root: str | None = None
+    embedding_dtype: str = EMBEDDING_DTYPES[0]  # an embedding export's vectors, as stored
 
 
 class Infer:
-    """One Predictor per actor: ``{"path", "pixels", "error"}`` -> the output rows (plus ``node``)."""
+    """One Predictor per actor: ``{"path", "pixels", "error"}`` -> the output rows (plus ``node``): a classifier's
+    top-k, or an embedding export's vectors straight from the model's output array (no Python floats)."""
 
     def __init__(self, spec: InferSpec) -> None:
         import ray
@@ -77,29 +80,58 @@ class Infer:
             artifacts = fetch_uri(where, functools.partial(shipped_roles, spec.backend), spec.cache_root)
         self.predictor = Predictor.from_artifacts(artifacts, spec.backend, spec.options)
         self.top_k = spec.top_k
+        self.embedding_dtype = spec.embedding_dtype
         self.node = ray.get_runtime_context().get_node_id()
         log.info("batch worker on node %s: %s (%s)", self.node, self.predictor.backend_name, self.predictor.why)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> Any:
         import pyarrow as pa
 
-        from .output import row_schema
-
         errors = [str(e) for e in batch["error"]]
         good = [i for i, e in enumerate(errors) if not e]
-        preds: dict[int, Any] = {}
+        outputs = None
         if good:
             pixels = np.asarray(batch["pixels"], dtype=np.float32)
-            logits = self.predictor.predict_logits(np.ascontiguousarray(pixels[good]))
-            preds = dict(zip(good, self.predictor.predictions_from_logits(logits, self.top_k)))
+            outputs = self.predictor.predict_logits(np.ascontiguousarray(pixels[good]))
+        paths = [str(p) for p in batch["path"]]
+        reasons = [first_line(e) if e else None for e in errors]
+        if self.predictor.is_embedding:
+            table = self._vector_rows(paths, reasons, good, outputs)
+        else:
+            table = self._top_k_rows(paths, reasons, good, outputs)
+        return table.append_column("node", pa.array([self.node] * table.num_rows, pa.string()))
+
+    def _top_k_rows(self, paths: list[str], reasons: list[str | None], good: list[int], logits: Any) -> Any:
+        import pyarrow as pa
+
+        from .output import row_schema
+
+        preds = dict(zip(good, self.predictor.predictions_from_logits(logits, self.top_k))) if good else {}
         rows: dict[str, list[Any]] = {name: [] for name in row_schema().names}
-        for i, path in enumerate(batch["path"]):
-            rec = preds[i].to_dict() if i in preds else {"error": first_line(errors[i] or "image could not be read")}
-            rows["path"].append(str(path))
+        for i, path in enumerate(paths):
+            rec = preds[i].to_dict() if i in preds else {"error": reasons[i]}
+            rows["path"].append(path)
             for key in ("label", "index", "score", "top_k", "error"):
                 rows[key].append(rec.get(key))
-        table = pa.Table.from_pydict(rows, schema=row_schema())
-        return table.append_column("node", pa.array([self.node] * table.num_rows, pa.string()))
+        return pa.Table.from_pydict(rows, schema=row_schema())
+
+    def _vector_rows(self, paths: list[str], reasons: list[str | None], good: list[int], vectors: Any) -> Any:
+        """``path``, ``embedding`` (a fixed-size list, null for an unreadable image), ``error``."""
+        import pyarrow as pa
+
+        from .output import row_schema
+
+        dim = self.predictor.output_width
+        schema = row_schema(dim, self.embedding_dtype)
+        values = np.zeros((len(paths), dim), dtype=schema.field("embedding").type.value_type.to_pandas_dtype())
+        if good:
+            values[np.asarray(good)] = vectors
+        column = pa.FixedSizeListArray.from_arrays(
+            pa.array(values.reshape(-1)), dim, mask=pa.array([r is not None for r in reasons], pa.bool_())
+        )
+        return pa.Table.from_arrays(
+            [pa.array(paths, pa.string()), column, pa.array(reasons, pa.string())], schema=schema
+        )
 
 
 __all__ = ["BYTES_NAME", "DecodeSpec", "decode_batch", "Infer", "InferSpec"]

@@ -20,7 +20,7 @@ import click
 from .. import __version__
 from ..base.errors import ConfigError, RefusedStagesError, VitDeployError, WriteError, first_line
 from ..base.memory import human
-from ..base.vocab import AUTO, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
+from ..base.vocab import AUTO, EMBEDDING_DTYPES, EVALUATED_BACKENDS, PRECISIONS, RUNTIME_BACKENDS
 from .console import (
     Console,
     ConsoleLogHandler,
@@ -311,7 +311,10 @@ def predict(
     help="export directory or URI (file://, s3://, gs://) (default: export.output_dir from the config)",
 )
 @click.option(
-    "-o", "--output", required=True, help="a folder (Parquet part files), x.parquet (one file) or x.jsonl (JSON Lines)"
+    "-o",
+    "--output",
+    required=True,
+    help="a folder (Parquet part files), x.parquet (one file) or x.jsonl (JSON Lines; classifiers only)",
 )
 @click.option(
     "--address", default=None, help="Ray cluster to run on (e.g. auto, ray://head:10001); default: a local Ray"
@@ -336,6 +339,12 @@ def predict(
     help="images per model call (default: batch.batch_size, else the export's batch profile opt)",
 )
 @click.option("-k", "--top-k", type=click.IntRange(min=1), default=None, help="default: runtime.top_k (5)")
+@click.option(
+    "--embedding-dtype",
+    type=click.Choice(EMBEDDING_DTYPES),
+    default=None,
+    help="an embedding export's vectors in the Parquet output (default: batch.embedding_dtype, float32)",
+)
 @click.option("--resume", is_flag=True, help="continue an existing output: inputs already answered are skipped")
 @config_option
 @handle_errors
@@ -348,10 +357,12 @@ def batch_predict(
     workers: int | None,
     batch_size: int | None,
     top_k: int | None,
+    embedding_dtype: str | None,
     resume: bool,
     config_path: Path | None,
 ) -> None:
-    """Classify image collections on Ray Data: files, folders, globs, list files (.txt/.csv/.parquet), URIs."""
+    """Classify (or embed) image collections on Ray Data: files, folders, globs, list files (.txt/.csv/.parquet),
+    URIs. An embedding export writes Parquet: path, embedding (a fixed-size list of floats), error."""
     from ..base.config import load_config
     from ..batch.job import batch_settings_from_config, run_batch
 
@@ -366,6 +377,7 @@ def batch_predict(
         workers=workers,
         batch_size=batch_size,
         top_k=top_k,
+        embedding_dtype=embedding_dtype,
         resume=resume,
         progress_bars=sys.stderr.isatty(),
     )
