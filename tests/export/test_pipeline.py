@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 import yaml
@@ -286,7 +287,9 @@ def test_stage_killed_midway_leaves_no_half_written_artifact(tmp_path: Path, mon
 
 
 def test_large_model_path_writes_external_data_that_is_hashed_validated_and_guarded(tmp_path: Path, export_config):
-    """ViT-H exceeds protobuf's 2 GB: its weights go beside the graph. Forced here on the demo."""
+    """ViT-H exceeds protobuf's 2 GB: its weights go beside the graph; ViT-g's FP16 graph too (2.1 GB of FP16
+    weights: written inline, it could not be parsed back). Forced here on the demo: both graphs' data files are
+    listed, hashed, validated and run by their backends."""
     from vitdeploy.base.errors import ArtifactError
     from vitdeploy.export.pipeline import run_export
     from vitdeploy.runtime.artifacts import Artifacts
@@ -303,6 +306,13 @@ def test_large_model_path_writes_external_data_that_is_hashed_validated_and_guar
     assert ext["path"] == "model.onnx.data" and sha256_file(tmp_path / ext["path"]) == ext["sha256"]
     assert (tmp_path / "model.onnx").stat().st_size < ext["bytes"]  # the graph holds no weights
     assert manifest["validation"]["validate-onnx"]["passed"] and manifest["validation"]["validate-fp16"]["passed"]
+    (ext16,) = manifest["artifacts"]["onnx-fp16"]["external_data"]
+    assert ext16["path"] == "model.fp16.onnx.data" and sha256_file(tmp_path / ext16["path"]) == ext16["sha256"]
+    assert (tmp_path / "model.fp16.onnx").stat().st_size < ext16["bytes"] < ext["bytes"]  # FP16 weights: fewer bytes
+    from vitdeploy.runtime.predictor import Predictor
+
+    with Predictor.from_artifacts(tmp_path, backend="ort-fp16") as predictor:
+        assert len(predictor.predict([np.zeros((8, 8, 3), np.uint8)])) == 1  # its data file found and verified
     data = bytearray((tmp_path / "model.onnx.data").read_bytes())
     data[-1] ^= 0x01
     (tmp_path / "model.onnx.data").write_bytes(bytes(data))

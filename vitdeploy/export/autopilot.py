@@ -283,9 +283,10 @@ def run_fp16_autopilot(
     calibration: np.ndarray,
     keep_fp32_ops: Sequence[str],
     max_abs_activation: float,
+    external_data_threshold_mb: int = 1536,
 ) -> AutopilotResult:
     """Convert ``src`` into the FP16 graph ``dst`` with the fewest nodes in float32 that pass ``judge``
-    (never fewer than the floor); GateError when none does."""
+    (never fewer than the floor); GateError when none does. ``external_data_threshold_mb``: as convert_fp16's."""
     from .precision import activation_peaks, convert_fp16, hot_nodes
 
     peaks = activation_peaks(src, calibration, input_name)
@@ -306,6 +307,7 @@ def run_fp16_autopilot(
         keep_fp32_ops=keep_fp32_ops,
         keep_fp32_nodes=keep,
         max_abs_activation=max_abs_activation,
+        external_data_threshold_mb=external_data_threshold_mb,
     )
     return climb(
         steps,

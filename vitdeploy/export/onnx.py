@@ -179,7 +179,7 @@ def _write(proto: Any, staged: Path, *, external: bool, final: Path) -> None:
         raise ExportError(f"cannot write {final}: {exc}") from exc
 
 
-def write_streamed(proto: Any, path: Path, weights: dict[str, Any] | None = None) -> None:
+def write_streamed(proto: Any, path: Path, weights: dict[str, Any] | None = None, data: Path | None = None) -> None:
     """``proto`` serialized to ``path`` one weight at a time: the graph without its initializers first,
     then each initializer as a message of its own. Protobuf merges repeated occurrences of an embedded
     message (the graph), appending their repeated fields, so the file parses as the one model
@@ -187,7 +187,11 @@ def write_streamed(proto: Any, path: Path, weights: dict[str, Any] | None = None
     tensor's bytes beside the graph instead of a serialized copy of every weight.
 
     ``weights`` (name -> TensorProto): written in place of ``proto``'s initializers of those names, so
-    a graph worked on without its weights (:func:`without_weights`) is written with them, uncopied."""
+    a graph worked on without its weights (:func:`without_weights`) is written with them, uncopied.
+
+    ``data``: the external data file beside ``path`` (a graph past protobuf's 2 GB, or past
+    ``export.external_data_threshold_mb``): each initializer of 1 KB or more is appended to it as it is
+    written, and the graph names it by its file name, offset and length."""
     onnx = require("onnx", "writing ONNX")
     head = onnx.ModelProto()
     for field, value in proto.ListFields():
@@ -196,12 +200,36 @@ def write_streamed(proto: Any, path: Path, weights: dict[str, Any] | None = None
     for field, value in proto.graph.ListFields():
         if field.name != "initializer":
             _copy_field(head.graph, field, value)
-    with open(path, "wb") as out:
+    with open(path, "wb") as out, contextlib.ExitStack() as stack:
+        sink = stack.enter_context(open(data, "wb")) if data is not None else None
         out.write(head.SerializeToString())
         for tensor in proto.graph.initializer:
             chunk = onnx.ModelProto()
-            chunk.graph.initializer.add().CopyFrom((weights or {}).get(tensor.name, tensor))
+            written = chunk.graph.initializer.add()
+            written.CopyFrom((weights or {}).get(tensor.name, tensor))
+            if sink is not None:
+                _to_external(written, sink, data.name, onnx)
             out.write(chunk.SerializeToString())
+
+
+def _to_external(tensor: Any, sink: Any, location: str, onnx: Any) -> None:
+    """Move ``tensor``'s bytes (1 KB or more) to the end of the open data file ``sink`` (named ``location``
+    beside the graph), leaving in the tensor where they are, as onnx.save_model's external data does."""
+    from onnx import external_data_helper, numpy_helper
+
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        raise ExportError(f"{tensor.name}: an external tensor cannot be written again without its data")
+    raw = tensor.raw_data if tensor.HasField("raw_data") else numpy_helper.to_array(tensor).tobytes()
+    if len(raw) < 1024:
+        return
+    offset = sink.tell()
+    sink.write(raw)
+    for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+        tensor.ClearField(field)
+    tensor.raw_data = b"\0"  # onnx's helper asks for the field it is about to replace
+    external_data_helper.set_external_data(tensor, location, offset, len(raw))
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.ClearField("raw_data")
 
 
 def _copy_field(dst: Any, field: Any, value: Any) -> None:

@@ -34,9 +34,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..base._deps import require
-from ..base._files import atomic_path
 from ..base.errors import ExportError
-from .onnx import is_weight_matrix, without_weights, write_streamed
+from .onnx import is_weight_matrix, staged_onnx, without_weights, write_streamed
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +98,13 @@ def convert_fp16(
     max_abs_activation: float = 4096.0,
     keep_fp32_nodes: Sequence[str] = (),
     peaks: dict[str, float] | None = None,
+    external_data_threshold_mb: int = 1536,
 ) -> Fp16Result:
     """Write the mixed-precision graph of ``onnx_path`` to ``out_path`` atomically.
 
-    ``peaks``: :func:`activation_peaks` of ``onnx_path`` on ``calibration`` when already known."""
+    ``peaks``: :func:`activation_peaks` of ``onnx_path`` on ``calibration`` when already known.
+    ``external_data_threshold_mb``: above this many MB of FP16 weights (estimated: half the source's), they go
+    to ``<out_path>.data`` beside the graph (export.external_data_threshold_mb; protobuf stops at 2 GB)."""
     onnx = require("onnx", "FP16 conversion")
     float16 = require("onnxconverter_common.float16", "FP16 conversion")
     if peaks is None:
@@ -144,9 +146,10 @@ def convert_fp16(
             raise ExportError(f"FP16 conversion of {onnx_path.name} failed: {type(exc).__name__}: {exc}") from exc
         _drop_fp16_round_trips(converted.graph, onnx.TensorProto)
         _float_outputs(converted.graph, float_outputs, onnx.TensorProto)
+        external = _fp16_bytes(source) > external_data_threshold_mb * 2**20
         weights = _WeightsAsConverted(source, onnx_path.parent, converted.graph, copies, float16)
-        with atomic_path(out_path) as tmp:
-            write_streamed(converted, tmp, weights)
+        with staged_onnx(out_path, external=external) as tmp:
+            write_streamed(converted, tmp, weights, tmp.with_name(f"{tmp.name}.data") if external else None)
             del weights, source
             try:
                 onnx.checker.check_model(str(tmp), full_check=True)
@@ -192,6 +195,12 @@ class _WeightsAsConverted:
         if self._types[name] == onnx.TensorProto.FLOAT16 and tensor.data_type == onnx.TensorProto.FLOAT:
             self._float16.convert_tensor_float_to_float16(tensor, _FP16_MIN_POSITIVE, _FP16_MAX)
         return tensor
+
+
+def _fp16_bytes(source: Any) -> int:
+    """About what the FP16 graph's weights take: half the source's float32 initializers (read off their
+    shapes: the weights themselves may be external and are not loaded)."""
+    return sum(2 * int(np.prod(t.dims, dtype=np.int64)) for t in source.graph.initializer)
 
 
 def _drop_initializer_value_info(graph: Any) -> None:

@@ -96,6 +96,7 @@ def _fp16(ctx: ExportContext, rec: StageRecord) -> Made:
         input_name=INPUT_NAME,
         keep_fp32_ops=section.keep_fp32_ops,
         max_abs_activation=section.max_abs_activation,
+        external_data_threshold_mb=ctx.cfg.export.external_data_threshold_mb,
     )
     steps: tuple = ()
     if section.autopilot:
@@ -119,7 +120,8 @@ def _fp16(ctx: ExportContext, rec: StageRecord) -> Made:
     rec.reason = f"{len(res.kept_hot_nodes)} hot node(s) kept float32" + (
         f"; autopilot: {steps[-1].name} ({len(steps)} step(s), {len(res.keep_float)} node(s) float32)" if steps else ""
     )
-    return (Artifact("onnx-fp16", path),)
+    data = path.with_name(f"{path.name}.data")  # weights past export.external_data_threshold_mb (ViT-g: 2.1 GB)
+    return (Artifact("onnx-fp16", path, (data,) if data.is_file() else ()),)
 
 
 FP16 = Stage(
