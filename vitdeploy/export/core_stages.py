@@ -64,9 +64,6 @@ def _model(ctx: ExportContext, rec: StageRecord) -> Made:
     if ctx.output.is_embedding:  # what every later stage runs and judges: the pooled vector, no labels
         ctx.loaded = dataclasses.replace(ctx.loaded, model=output_network(ctx.loaded.model, ctx.output), labels=())
         ctx.effective = dataclasses.replace(ctx.effective, loaded=ctx.loaded)
-        pooled = f"{vit.pool} pooling" + (", then the pooler: dense + tanh, pooler_output" if vit.pooler else "")
-        normalized = ", L2-normalised" if ctx.output.normalize else ""
-        rec.details.append(f"output: embedding, {vit.pooled_width} floats per image ({pooled}{normalized})")
     rec.outputs = [ctx.path("weights"), ctx.path("weights-config")]  # in the manifest last (the manifest row)
     ctx.chw = (vit.in_channels, vit.image_size, vit.image_size)
     return ()

@@ -101,6 +101,18 @@ def resolve(cfg: PipelineConfig) -> Effective:
     return Effective(loaded, spec, origins)
 
 
+def _output_line(vit: Any, cfg: PipelineConfig) -> str:
+    """What the export returns (model.output against the checkpoint: ConfigError when it cannot be had)."""
+    from ..base.output_spec import resolve_output
+
+    output = resolve_output(cfg.model.output, cfg.model.normalize, vit.num_classes, cfg.model.checkpoint or "the demo")
+    if not output.is_embedding:
+        return f"output: logits, {vit.num_classes} classes"
+    pooled = f"{vit.pool} pooling" + (", then the pooler: dense + tanh, pooler_output" if vit.pooler else "")
+    normalized = ", L2-normalised" if output.normalize else ""
+    return f"output: embedding, {vit.pooled_width} floats per image ({pooled}{normalized}); no labels"
+
+
 def describe(eff: Effective, cfg: PipelineConfig) -> list[str]:
     """Lines for a person: the model understood, the preprocessing and each value's origin, the assumptions."""
     from ..model.formats.shared import SIZE_BY_WIDTH
@@ -125,6 +137,7 @@ def describe(eff: Effective, cfg: PipelineConfig) -> list[str]:
     family = vit.family_summary()
     if family:
         lines.append(f"  {family}")
+    lines.append(f"  {_output_line(vit, cfg)}")
     if ld.heads_origin:
         lines.append(f"  heads from {ld.heads_origin}")
     native = ld.native_image_size or vit.image_size
