@@ -149,3 +149,13 @@ def test_failing_rows_of_vectors_are_those_whose_neighbours_changed():
     assert 1 in rows and 2 in rows
     proof = proven_failure(ref[:2], cand[:2], 6, EMBED_GATE, kind="embedding")
     assert proof is not None and "recall_at_k" not in proof.metrics  # neighbours need every row: never bounded
+
+
+def test_a_tie_under_eager_is_no_swap():
+    """Two near-duplicate images, tied as row 0's nearest under eager (cosines 0.9 and 0.9 + 1e-9): a candidate
+    that orders them the other way by float rounding keeps recall@1 at 1.0; a real swap (1e-4 apart) does not."""
+    from vitdeploy.export.compare import neighbour_recall
+
+    ref = _fan([0.9, 0.9 + 1e-9, 0.5])
+    assert neighbour_recall(ref, _fan([0.9 + 2e-9, 0.9, 0.5]), 1)[0] == 1.0
+    assert neighbour_recall(_fan([0.9, 0.8999, 0.5]), _fan([0.9, 0.9001, 0.5]), 1)[0] == 0.0

@@ -60,26 +60,40 @@ def _cosines(ref: np.ndarray, cand: np.ndarray) -> np.ndarray:
     return np.where(norms > 0, np.sum(ref * cand, axis=1) / np.maximum(norms, 1e-300), 1.0)
 
 
-def nearest_neighbours(vectors: np.ndarray, k: int) -> np.ndarray:
-    """(N, k) indices of each row's k most cosine-similar other rows, most similar first (ties: lower index)."""
+#: two neighbours whose cosines to an input (under eager PyTorch) differ by less than this are a tie: which of
+#: them ranks k-th is float rounding (two near-duplicate images), not a swap the artifact made
+NEIGHBOUR_TIE = 1e-6
+
+
+def _similarities(vectors: np.ndarray) -> np.ndarray:
+    """(N, N) cosines between rows, the diagonal -inf (a row is not its own neighbour)."""
     x = np.asarray(vectors, dtype=np.float64)
     x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300)
     sim = x @ x.T
     np.fill_diagonal(sim, -np.inf)
-    return np.argsort(-sim, axis=1, kind="stable")[:, :k]
+    return sim
+
+
+def nearest_neighbours(vectors: np.ndarray, k: int) -> np.ndarray:
+    """(N, k) indices of each row's k most cosine-similar other rows, most similar first (ties: lower index)."""
+    return np.argsort(-_similarities(vectors), axis=1, kind="stable")[:, :k]
 
 
 def neighbour_recall(reference: np.ndarray, candidate: np.ndarray, k: int = DEFAULT_NEIGHBOURS) -> np.ndarray:
-    """Per input: the share of its k nearest neighbours under ``reference`` that are among its k nearest under
-    ``candidate`` (k clipped to the other inputs; 1.0 each when there is no other input)."""
+    """Per input: the share of its k nearest neighbours under ``candidate`` that are among its k nearest under
+    ``reference`` (recall@k; k clipped to the other inputs; 1.0 each when there is no other input). A neighbour
+    tied under the reference with its k-th nearest (within :data:`NEIGHBOUR_TIE`) counts as one of them."""
     n = len(reference)
     k = min(int(k), n - 1)
     if k < 1:
         return np.ones(n)
     if not np.all(np.isfinite(candidate)):
         return np.zeros(n)
-    ref_nn, cand_nn = nearest_neighbours(reference, k), nearest_neighbours(candidate, k)
-    return np.array([len(set(a) & set(b)) / k for a, b in zip(ref_nn.tolist(), cand_nn.tolist())])
+    ref_sim = _similarities(reference)
+    kth = -np.sort(-ref_sim, axis=1)[:, k - 1 : k]  # each input's k-th largest cosine under the reference
+    cand_nn = nearest_neighbours(candidate, k)
+    kept = np.take_along_axis(ref_sim, cand_nn, axis=1) >= kth - NEIGHBOUR_TIE
+    return kept.sum(axis=1) / k
 
 
 def embedding_metrics(
