@@ -14,9 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from helpers.collection import make_collection
 
 from vitdeploy.cli import main
-from vitdeploy.demo import IMAGES_DIR
 
 ray = pytest.importorskip("ray")
 
@@ -27,16 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("local_ray")]  # 
 def collection(tmp_path_factory) -> Path:
     """The demo images copied 8 times (320 files), plus a truncated JPEG and a text file named .png."""
     root = tmp_path_factory.mktemp("collection")
-    for copy in range(8):
-        (root / f"c{copy}").mkdir()
-        for src in sorted(IMAGES_DIR.iterdir()):
-            if src.suffix in (".png", ".jpg"):
-                shutil.copy(src, root / f"c{copy}" / src.name)
-    jpg = next(IMAGES_DIR.glob("*.jpg")).read_bytes()
-    (root / "bad").mkdir()
-    (root / "bad" / "truncated.jpg").write_bytes(jpg[: len(jpg) // 3])
-    (root / "bad" / "text.png").write_text("hello, not an image\n")
-    return root
+    return make_collection(root, 8)
 
 
 @pytest.fixture(scope="module")
