@@ -88,3 +88,17 @@ def test_a_job_starts_a_ray_of_its_own_unless_given_a_cluster(monkeypatch):
     ray = _FakeRay(running=True)  # this process already runs Ray: used as it is
     owned, resolved = _connect(ray, auto)
     assert not owned and not ray.calls and resolved.workers == 1
+
+
+def test_each_actor_runs_the_threads_of_the_cpus_ray_gives_it_not_a_predictors_runtime_threads():
+    from vitdeploy.batch.job import actor_options
+    from vitdeploy.runtime.backends.base import BackendOptions
+
+    one = BatchSettings(inputs=[], artifacts="a", output="o")  # cpus_per_worker 1: two actors on 2 cores
+    # runtime.threads 2 (set for predict) would run 4 threads on 2 cores
+    assert actor_options(BackendOptions(threads=2), one).threads == 1
+    assert actor_options(BackendOptions(), one).threads == 1
+    assert actor_options(BackendOptions(threads=1), dataclasses.replace(one, cpus_per_worker=4.0)).threads == 4
+    half = dataclasses.replace(one, cpus_per_worker=0.5)  # a fraction: runtime.threads, else the library's
+    assert actor_options(BackendOptions(threads=3), half).threads == 3
+    assert actor_options(BackendOptions(), half).threads is None

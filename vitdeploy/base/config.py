@@ -378,7 +378,10 @@ class BatchSection(_Section):
         "of the machine's cores (decoding gets its own logical CPUs), else 1",
     )
     cpus_per_worker: float = Field(
-        1.0, ge=0, description="Ray CPUs per inference actor; also its intra-op threads when runtime.threads is unset"
+        1.0,
+        ge=0,
+        description="Ray CPUs per inference actor; also its intra-op threads (whole CPUs; runtime.threads is a "
+        "predictor's, used only for a fraction)",
     )
     gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs per inference actor (e.g. 1, or 0.5 to share one)")
     decode_cpus: float = Field(

@@ -182,6 +182,26 @@ def pool_size(settings: BatchSettings, *, local: bool, cores: int) -> tuple[int,
     return workers, max(float(cores), workers * settings.cpus_per_worker + settings.decode_cpus)
 
 
+def actor_options(options: Any, settings: BatchSettings) -> Any:
+    """The BackendOptions of each inference actor: as many intra-op threads as the CPUs Ray gives it
+    (``batch.cpus_per_worker``, whole CPUs), whatever ``runtime.threads`` says, since that is one predictor's
+    figure: two actors of ``runtime.threads: 2`` each on 2 cores ran 4 threads on 2 cores, 12% more CPU a
+    model call (ViT-S/16, benchmarks/README.md). A fraction of a CPU keeps ``runtime.threads`` (or the
+    library's default)."""
+    if settings.cpus_per_worker < 1:
+        return options
+    threads = int(settings.cpus_per_worker)
+    if options.threads is not None and options.threads != threads:
+        log.info(
+            "batch workers run %d intra-op thread(s) each (batch.cpus_per_worker %g), not runtime.threads %d "
+            "(a predictor's): set batch.cpus_per_worker for more",
+            threads,
+            settings.cpus_per_worker,
+            options.threads,
+        )
+    return dataclasses.replace(options, threads=threads)
+
+
 def _connect(ray: Any, settings: BatchSettings) -> tuple[bool, BatchSettings]:
     """Start (or join) Ray unless this process already did: (True when this job must shut it down, the
     settings with ``workers`` resolved by :func:`pool_size` and ``address`` the cluster joined, None: its own)."""
@@ -284,8 +304,7 @@ def _dataset(
     ctx = rd.DataContext.get_current()
     ctx.enable_progress_bars = settings.progress_bars
     batch_size = settings.batch_size or int(artifacts.batch["opt"])
-    if options.threads is None and settings.cpus_per_worker >= 1:  # one intra-op thread per CPU Ray gives it
-        options = dataclasses.replace(options, threads=int(settings.cpus_per_worker))
+    options = actor_options(options, settings)
     roles = shipped_roles(settings.backend, artifacts)
     if is_uri(settings.artifacts):
         source: tuple[str, Any] = ("uri", settings.artifacts)
@@ -399,4 +418,4 @@ def batch_settings_from_config(
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 
 
-__all__ = ["BatchSettings", "BatchSummary", "batch_settings_from_config", "run_batch"]
+__all__ = ["BatchSettings", "BatchSummary", "actor_options", "batch_settings_from_config", "run_batch"]
