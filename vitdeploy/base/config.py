@@ -414,6 +414,11 @@ class BatchSection(_Section):
         description="an embedding export's vectors in the output: float32 (as the model returns them) or float16 "
         "(half the bytes); a classifier's rows have no vectors",
     )
+    patch_tokens: bool = Field(
+        False,
+        description="an export with model.patch_tokens: a patch_tokens column beside each vector (fixed-size list of "
+        "P fixed-size lists of D, in embedding_dtype; P times the vector's size); `batch-predict --patch-tokens`",
+    )
     flush_seconds: float = Field(
         30.0,
         gt=0,

@@ -356,6 +356,12 @@ def predict(
     default=None,
     help="an embedding export's vectors in the Parquet output (default: batch.embedding_dtype, float32)",
 )
+@click.option(
+    "--patch-tokens",
+    is_flag=True,
+    default=None,
+    help="an export with model.patch_tokens: a patch_tokens column beside each vector (default: batch.patch_tokens)",
+)
 @click.option("--resume", is_flag=True, help="continue an existing output: inputs already answered are skipped")
 @config_option
 @handle_errors
@@ -369,6 +375,7 @@ def batch_predict(
     batch_size: int | None,
     top_k: int | None,
     embedding_dtype: str | None,
+    patch_tokens: bool | None,
     resume: bool,
     config_path: Path | None,
 ) -> None:
@@ -389,6 +396,7 @@ def batch_predict(
         batch_size=batch_size,
         top_k=top_k,
         embedding_dtype=embedding_dtype,
+        patch_tokens=patch_tokens or None,
         resume=resume,
         progress_bars=sys.stderr.isatty(),
     )
