@@ -54,6 +54,14 @@ class ModelOutput(StrictSection):
     def is_embedding(self) -> bool:
         return self.kind == EMBEDDING
 
+    def to_dict(self) -> dict[str, Any]:
+        """As written into model.json, the manifest and the graphs' metadata: ``patch_tokens`` only when true, so an
+        export without them reads as before (and older runtimes, whose section has no such key, still open it)."""
+        data = self.model_dump()
+        if not data["patch_tokens"]:
+            del data["patch_tokens"]
+        return data
+
 
 def resolve_output(
     requested: str, normalize: bool, num_classes: int, where: Any, patch_tokens: bool = False

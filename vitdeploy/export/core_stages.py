@@ -91,7 +91,7 @@ def _onnx(ctx: ExportContext, rec: StageRecord) -> Made:
         "vitdeploy.labels": list(ctx.loaded.labels),
         "vitdeploy.preprocess": ctx.spec.to_dict(),
         "vitdeploy.vit": vit.to_dict(),
-        "vitdeploy.output": ctx.output.model_dump(),
+        "vitdeploy.output": ctx.output.to_dict(),
     }
     onnx_art = export_onnx(
         ctx.loaded.model,

@@ -66,7 +66,7 @@ def build_manifest(
         "name": name,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "model": {"vit": dict(vit), "source": dict(source)},
-        "output": output.model_dump(),
+        "output": output.to_dict(),
         "labels": list(labels),
         "preprocess": dict(preprocess),
         "io": {

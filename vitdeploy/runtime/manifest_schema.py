@@ -321,7 +321,7 @@ def check_model_config(manifest: Manifest, config: Any, config_path: Path, manif
         if width != manifest.num_classes:
             problems.append(f"pooled features of {width} values vs {manifest.num_classes} in io.output")
         if _output_of(config.get("output")) != manifest.output:
-            problems.append(f"output {clip(config.get('output'))} vs {manifest.output.model_dump()} in the manifest")
+            problems.append(f"output {clip(config.get('output'))} vs {manifest.output.to_dict()} in the manifest")
         cfg = ViTConfig.from_dict(vit)
         if manifest.patch_shape is not None and manifest.patch_shape != (cfg.num_patches, cfg.width):
             got = list(manifest.patch_shape)
