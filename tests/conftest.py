@@ -93,13 +93,14 @@ def demo_artifacts(tmp_path_factory) -> Path:
 def embedding_artifacts(tmp_path_factory) -> Path:
     """A headless checkpoint (a tiny transformers DINOv2 with registers, tests/helpers/tiny_export.py)
     exported once per test session: an embedding model (``output.kind: embedding``, EMBEDDINGS [batch, 64],
-    no labels); model.onnx and model.ort.onnx only (no FP16, INT8 or engine), ~10 s."""
+    no labels) with its patch tokens (``model.patch_tokens``: PATCH_TOKENS [batch, 16, 64], which every
+    consumer answers only when asked); model.onnx and model.ort.onnx only (no FP16, INT8 or engine), ~10 s."""
     from helpers.tiny_export import save_headless_dinov2
 
     ckpt = save_headless_dinov2(tmp_path_factory.mktemp("dinov2_headless"))
     out = tmp_path_factory.mktemp("embedding_artifacts")
     export = {"batch": {"min": 1, "opt": 4, "max": 8}, "fp16": {"enabled": False}, "int8": {"enabled": False}}
-    _export({"model": {"checkpoint": str(ckpt)}, "export": export}, out, engine="skip")
+    _export({"model": {"checkpoint": str(ckpt), "patch_tokens": True}, "export": export}, out, engine="skip")
     return out
 
 

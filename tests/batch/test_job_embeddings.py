@@ -151,3 +151,31 @@ def test_json_lines_are_refused_for_vectors_before_any_ray_work(embedding_artifa
     res = batch(config, embedding_artifacts, str(collection), "-o", str(tmp_path / "v.jsonl"))
     assert res.exit_code == 2 and "an embedding export's vectors are written as Parquet" in res.stderr
     assert "use -o a folder (part files) or -o x.parquet" in res.stderr and not (tmp_path / "v.jsonl").exists()
+
+
+def test_patch_tokens_column_only_when_asked(embedding_artifacts, tiny_artifacts, config, tmp_path):
+    """--patch-tokens: a patch_tokens column (fixed-size list of P fixed-size lists of D, the embedding dtype) that
+    pyarrow reads back as the Predictor's patch tokens, null for an unreadable image; the runs above, without the
+    option, have no such column; an export without patch tokens refuses the option before any work."""
+    from vitdeploy.demo import IMAGES_DIR
+    from vitdeploy.runtime.predictor import Predictor
+
+    paths = sorted(str(p) for p in IMAGES_DIR.glob("*.jpg"))[:3]
+    bad = tmp_path / "text.png"
+    bad.write_text("not an image")
+    out = tmp_path / "tokens.parquet"
+    res = batch(config, embedding_artifacts, *paths, str(bad), "-o", str(out), "--patch-tokens")
+    assert res.exit_code == 1, res.output  # the unreadable file
+    table = pq.read_table(out)
+    assert table.column_names == ["path", "embedding", "patch_tokens", "error"]
+    assert table.schema.field("patch_tokens").type == pa.list_(pa.list_(pa.float32(), WIDTH), 16)
+    with Predictor.from_artifacts(embedding_artifacts, "ort") as predictor:
+        vectors, tokens = predictor.embed(paths, patch_tokens=True)
+    rows = {r["path"]: r for r in table.to_pylist()}
+    assert rows[str(bad)]["patch_tokens"] is None and rows[str(bad)]["error"]
+    for path, vector, patch in zip(paths, vectors, tokens):
+        np.testing.assert_allclose(rows[path]["embedding"], vector, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(np.array(rows[path]["patch_tokens"]), patch, atol=1e-5, rtol=0)
+    refused = batch(config, tiny_artifacts(), *paths, "-o", str(tmp_path / "no.parquet"), "--patch-tokens")
+    assert refused.exit_code == 2 and "was exported without patch tokens" in refused.stderr, refused.stderr
+    assert not (tmp_path / "no.parquet").exists()

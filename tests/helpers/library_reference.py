@@ -53,8 +53,9 @@ def _photos(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in PHOTO_SUFFIXES)
 
 
-def _run(model, transform, photos: list[Path]) -> dict[str, np.ndarray]:
-    """The library's preprocessing of each photo (opened as its docs show: PIL, RGB) and its model's logits."""
+def _run(model, transform, photos: list[Path], patches: bool = False) -> dict[str, np.ndarray]:
+    """The library's preprocessing of each photo (opened as its docs show: PIL, RGB) and its model's logits (with
+    ``patches``, a headless timm model's: also ``patch_tokens``, ``forward_features`` past ``num_prefix_tokens``)."""
     import torch
     from PIL import Image
 
@@ -63,6 +64,8 @@ def _run(model, transform, photos: list[Path]) -> dict[str, np.ndarray]:
     if model is not None:
         with torch.no_grad():
             out["logits"] = model(pixels).float().numpy()
+            if patches:
+                out["patch_tokens"] = model.forward_features(pixels)[:, model.num_prefix_tokens :].float().numpy()
     return out
 
 
@@ -232,7 +235,7 @@ def family_cases(
                 "checkpoint": checkpoint,
                 "data_config": _jsonable(cfg),
             },
-            _run(model, create_transform(**cfg), photos),
+            _run(model, create_transform(**cfg), photos, patches=num_classes == 0),
             cases,
         )
 

@@ -168,6 +168,32 @@ def test_a_classifier_exported_as_embedding_gives_the_features_its_head_reads(ph
     assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
 
 
+def test_dinov2_registers_patch_tokens_are_last_hidden_states_patches(photos, tmp_path):  # noqa: F811
+    """Dinov2WithRegistersModel exported with ``model.patch_tokens``: PATCH_TOKENS (torch and ort, every FP32
+    graph) are transformers' ``last_hidden_state[:, 1 + num_register_tokens:]`` (no class token, no registers,
+    not normalised), EMBEDDINGS still its pooler_output; the validation judged both."""
+    with _quiet():
+        model, processor = _dinov2(tmp_path / "ckpt", 4)
+        model.save_pretrained(tmp_path / "ckpt")
+        processor.save_pretrained(tmp_path / "ckpt")
+        pixels_ref, vectors_ref = _theirs(model, processor, photos)
+        with torch.no_grad():
+            hidden = model(pixel_values=torch.from_numpy(pixels_ref)).last_hidden_state.numpy()
+    patches_ref = hidden[:, 1 + 4 :]
+    fp32_only = {"fp16": {"enabled": False}, "int8": {"enabled": False}, "batch": {"min": 1, "opt": 2, "max": 4}}
+    art, manifest = export(tmp_path / "ckpt", photos, tmp_path / "art", export=fp32_only, model={"patch_tokens": True})
+    assert manifest["io"]["patch_tokens"] == {"name": "PATCH_TOKENS", "dtype": "float32", "shape": ["batch", 9, 64]}
+    for backend in ("torch", "ort"):
+        with Predictor.from_artifacts(art, backend=backend) as predictor:
+            vectors, patches = predictor.embed(predictor.preprocess(photo_files(photos)), patch_tokens=True)
+        assert float(np.abs(vectors - vectors_ref).max()) <= VECTOR_TOL, backend
+        assert patches.shape == patches_ref.shape, backend
+        assert float(np.abs(patches - patches_ref).max()) <= VECTOR_TOL, backend
+    for stage in ("validate-onnx", "validate-ort-optimized"):
+        metrics = manifest["validation"][stage]["metrics"]
+        assert metrics["patch_cosine"] >= 0.99999 and metrics["patch_cosine_p01"] >= metrics["patch_cosine"], stage
+
+
 @pytest.fixture(scope="module")
 def timm_embedding(photos, tmp_path_factory):  # noqa: F811
     out = tmp_path_factory.mktemp("timm-embedding")
@@ -177,16 +203,19 @@ def timm_embedding(photos, tmp_path_factory):  # noqa: F811
 @pytest.mark.parametrize("case", ["timm_headless_token", "timm_headless_reg_avg", "timm_headless_swiglu"])
 def test_timm_num_classes_0_exports_what_timm_returns(timm_embedding, case, photos, tmp_path):  # noqa: F811
     """timm with num_classes=0 (class-token pooling; registers with average pooling and fc_norm; DINOv2 giant's
-    SwiGLU family): the runtime's vectors are what ``model(x)`` returns in timm, its preprocessing timm's."""
+    SwiGLU family): the runtime's vectors are what ``model(x)`` returns in timm, its preprocessing timm's; exported
+    with ``model.patch_tokens``, its PATCH_TOKENS are ``forward_features(x)[:, num_prefix_tokens:]``."""
     out, cases = timm_embedding
     with np.load(out / case / "reference.npz") as data:
         ref = {k: data[k] for k in data.files}
     fp32_only = {"fp16": {"enabled": False}, "int8": {"enabled": False}, "batch": {"min": 1, "opt": 2, "max": 4}}
-    art, manifest = export(out / case / cases[case]["checkpoint"], photos, tmp_path / "art", export=fp32_only)
-    assert manifest["output"]["kind"] == "embedding"
+    ckpt = out / case / cases[case]["checkpoint"]
+    art, manifest = export(ckpt, photos, tmp_path / "art", export=fp32_only, model={"patch_tokens": True})
+    assert manifest["output"] == {"kind": "embedding", "normalize": False, "patch_tokens": True}
     with Predictor.from_artifacts(art, backend="ort") as predictor:
         pixels = predictor.preprocess(photo_files(photos))
         assert_pixels(pixels, ref["pixels"], f"{case}: timm preprocessing")
-        vectors = predictor.embed(pixels)
-    assert vectors.shape == ref["logits"].shape
+        vectors, patches = predictor.embed(pixels, patch_tokens=True)
+    assert vectors.shape == ref["logits"].shape and patches.shape == ref["patch_tokens"].shape
     assert float(np.abs(vectors - ref["logits"]).max()) <= VECTOR_TOL
+    assert float(np.abs(patches - ref["patch_tokens"]).max()) <= VECTOR_TOL

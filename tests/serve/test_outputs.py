@@ -34,12 +34,38 @@ def test_the_embedding_output_is_the_vocabularys_graph_output_name():
 
 def test_output_tensors_per_kind():
     assert protocol.output_tensors(10, 5) == [
-        ("LOGITS", "FP32", 10),
-        ("TOPK_LABELS", "BYTES", 5),
-        ("TOPK_SCORES", "FP32", 5),
+        ("LOGITS", "FP32", (10,)),
+        ("TOPK_LABELS", "BYTES", (5,)),
+        ("TOPK_SCORES", "FP32", (5,)),
     ]
-    assert protocol.output_tensors(3, 5)[1:] == [("TOPK_LABELS", "BYTES", 3), ("TOPK_SCORES", "FP32", 3)]
-    assert protocol.output_tensors(384, 5, embedding=True) == [("EMBEDDINGS", "FP32", 384)]
+    assert protocol.output_tensors(3, 5)[1:] == [("TOPK_LABELS", "BYTES", (3,)), ("TOPK_SCORES", "FP32", (3,))]
+    assert protocol.output_tensors(384, 5, embedding=True) == [("EMBEDDINGS", "FP32", (384,))]
+    assert protocol.output_tensors(384, 5, embedding=True, patch_shape=(256, 384)) == [
+        ("EMBEDDINGS", "FP32", (384,)),
+        ("PATCH_TOKENS", "FP32", (256, 384)),
+    ]
+
+
+def test_patch_tokens_are_served_only_when_named():
+    """An export with patch tokens serves PATCH_TOKENS, but a request naming no output gets EMBEDDINGS alone; one
+    naming it gets [N, P, D] (JSON or binary); class_count on it is refused."""
+    served = protocol.served_outputs(True, patch_tokens=True)
+    assert served == ("EMBEDDINGS", "PATCH_TOKENS")
+    assert protocol.parse_infer_request(_request(), None, 8, served).outputs == {"EMBEDDINGS": False}
+    tokens = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
+    req = protocol.parse_infer_request(_request([{"name": "PATCH_TOKENS"}], binary=True), None, 8, served)
+    assert req.outputs == {"PATCH_TOKENS": True}
+    body, headers = protocol.encode_infer_response("m", req, VECTORS, [], embedding=True, patch_tokens=tokens)
+    head = int(headers[protocol.HEADER_LENGTH])
+    (out,) = json.loads(body[:head])["outputs"]
+    assert out["name"] == "PATCH_TOKENS" and out["shape"] == [2, 3, 4]
+    assert np.array_equal(np.frombuffer(body[head:], np.float32).reshape(2, 3, 4), tokens)
+    with pytest.raises(RequestError, match="output PATCH_TOKENS: the classification extension"):
+        protocol.parse_infer_request(
+            _request([{"name": "PATCH_TOKENS", "parameters": {"classification": 2}}]), None, 8, served
+        )
+    with pytest.raises(RequestError, match="unknown output 'PATCH_TOKENS'"):  # an export without them
+        protocol.parse_infer_request(_request([{"name": "PATCH_TOKENS"}]), None, 8, protocol.served_outputs(True))
 
 
 def test_an_embedding_answer_is_the_vectors_in_json_and_in_binary():

@@ -1,8 +1,10 @@
 """`vitdeploy serve` of an embedding export (a headless checkpoint, exported for real): one Ray Serve for the
 module, HTTP and gRPC. Every route answers the vectors `Predictor.embed` gives on the same images with the same
 backend (ort): `POST /predict` as `predict --json` records (``{"path", "embedding"}``), KServe v2 over HTTP (JSON
-and the binary-tensor extension) and gRPC as one output EMBEDDINGS FP32 [N, D]; the metadata and configuration
-list that output; a classifier's output asked of it is refused by name.
+and the binary-tensor extension) and gRPC as EMBEDDINGS FP32 [N, D]; the export has its patch tokens too
+(``model.patch_tokens``): PATCH_TOKENS FP32 [N, P, D] is answered only to a request naming it in ``outputs``, equal to
+`Predictor.embed(patch_tokens=True)`'s; the metadata and configuration list both outputs; a classifier's output asked
+of it is refused by name.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ pytestmark = pytest.mark.integration
 
 MAX_PIXELS = 4_000_000
 ATOL = 1e-5  # same graph, same ONNX Runtime; only the dynamic batch around an image differs
+PATCHES = (16, 64)  # the tiny DINOv2's (56 / 14)^2 patch tokens of its width
 
 
 def _encoded(arr: np.ndarray, fmt: str) -> bytes:
@@ -54,13 +57,22 @@ def images() -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def expected(embedding_artifacts, images) -> dict[str, np.ndarray]:
-    """Each image's vector from the in-process Predictor, one image at a time."""
+def embedded(embedding_artifacts, images) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each image's vector and patch tokens from the in-process Predictor, one image at a time."""
     from vitdeploy.runtime.predictor import Predictor
 
     with Predictor.from_artifacts(embedding_artifacts, backend="ort", max_pixels=MAX_PIXELS) as predictor:
-        assert predictor.is_embedding
-        return {name: predictor.embed([blob])[0] for name, blob in images.items()}
+        assert predictor.is_embedding and predictor.patch_shape == PATCHES
+        out = {}
+        for name, blob in images.items():
+            vectors, tokens = predictor.embed([blob], patch_tokens=True)
+            out[name] = (vectors[0], tokens[0])
+        return out
+
+
+@pytest.fixture(scope="module")
+def expected(embedded) -> dict[str, np.ndarray]:
+    return {name: vector for name, (vector, _) in embedded.items()}
 
 
 @pytest.fixture(scope="module")
@@ -150,17 +162,64 @@ def test_v2_grpc_answers_embeddings(server, images, expected):
         _close(row, expected[name], f"grpc {name}")
 
 
+def test_patch_tokens_are_answered_only_when_named(server, images, embedded):
+    """v2 HTTP JSON, binary and gRPC: PATCH_TOKENS [N, P, D] (the Predictor's) when named, alone or beside the
+    vectors; the requests above, naming no output, got EMBEDDINGS alone."""
+    names = sorted(images)
+    tokens = {n: t for n, (_, t) in embedded.items()}
+    doc = {
+        "inputs": [
+            {
+                "name": "IMAGES",
+                "datatype": "BYTES",
+                "shape": [len(names)],
+                "data": [base64.b64encode(images[n]).decode() for n in names],
+            }
+        ],
+        "outputs": [{"name": "PATCH_TOKENS"}],
+    }
+    r = httpx.post(f"{server.url}/v2/models/{server.model}/infer", json=doc, timeout=60)
+    assert r.status_code == 200, r.text
+    (out,) = r.json()["outputs"]
+    assert (out["name"], out["datatype"], out["shape"]) == ("PATCH_TOKENS", "FP32", [len(names), *PATCHES])
+    for row, name in zip(np.array(out["data"], np.float32).reshape(len(names), *PATCHES), names):
+        _close(row, tokens[name], f"v2 json patch tokens {name}")
+
+    data = np.array([[images[n]] for n in names], dtype=object)
+    inp = httpclient.InferInput("IMAGES", list(data.shape), "BYTES")
+    inp.set_data_from_numpy(data, binary_data=True)
+    asked = [httpclient.InferRequestedOutput(n, binary_data=True) for n in ("EMBEDDINGS", "PATCH_TOKENS")]
+    res = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}").infer(server.model, [inp], outputs=asked)
+    for name, vector, patch in zip(names, res.as_numpy("EMBEDDINGS"), res.as_numpy("PATCH_TOKENS")):
+        _close(vector, embedded[name][0], f"v2 binary {name}")
+        _close(patch, tokens[name], f"v2 binary patch tokens {name}")
+
+    ginp = grpcclient.InferInput("IMAGES", list(data.shape), "BYTES")
+    ginp.set_data_from_numpy(data)
+    gres = grpcclient.InferenceServerClient(server.grpc).infer(
+        server.model, [ginp], outputs=[grpcclient.InferRequestedOutput("PATCH_TOKENS")], client_timeout=120
+    )
+    assert [o.name for o in gres.get_response().outputs] == ["PATCH_TOKENS"]
+    for row, name in zip(gres.as_numpy("PATCH_TOKENS"), names):
+        _close(row, tokens[name], f"grpc patch tokens {name}")
+
+
 def test_metadata_and_config_show_the_embeddings_output(server):
-    want = [{"name": "EMBEDDINGS", "datatype": "FP32", "shape": [-1, server.dim]}]
+    want = [
+        {"name": "EMBEDDINGS", "datatype": "FP32", "shape": [-1, server.dim]},
+        {"name": "PATCH_TOKENS", "datatype": "FP32", "shape": [-1, *PATCHES]},
+    ]
     meta = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}").get_model_metadata(server.model)
     assert meta["outputs"] == want and [i["name"] for i in meta["inputs"]] == ["IMAGES"]
     gmeta = grpcclient.InferenceServerClient(server.grpc).get_model_metadata(server.model, as_json=True)
     assert [(o["name"], o["datatype"], [int(d) for d in o["shape"]]) for o in gmeta["outputs"]] == [
-        ("EMBEDDINGS", "FP32", [-1, server.dim])
+        ("EMBEDDINGS", "FP32", [-1, server.dim]),
+        ("PATCH_TOKENS", "FP32", [-1, *PATCHES]),
     ]
     config = httpclient.InferenceServerClient(f"127.0.0.1:{server.port}").get_model_config(server.model)
-    assert [(o["name"], o["data_type"], o["dims"]) for o in config["output"]] == [
-        ("EMBEDDINGS", "TYPE_FP32", [server.dim])
+    assert [(o["name"], o["data_type"], [int(d) for d in o["dims"]]) for o in config["output"]] == [
+        ("EMBEDDINGS", "TYPE_FP32", [server.dim]),
+        ("PATCH_TOKENS", "TYPE_FP32", list(PATCHES)),
     ]
 
 

@@ -357,8 +357,9 @@ def test_the_triton_release_is_matched_on_the_tensorrt_version_and_never_guessed
 def test_an_embedding_export_has_an_embeddings_ensemble_and_no_labels_or_postprocess(
     embedding_artifacts: Path, tmp_path: Path
 ):
-    """A headless checkpoint's export: the ensemble is preprocess -> inference and its one output is the
-    graph's EMBEDDINGS, FP32 [-1, D]; no postprocess model, no labels.txt, no label_filename."""
+    """A headless checkpoint's export (with its patch tokens): the ensemble is preprocess -> inference and its
+    outputs are the graph's EMBEDDINGS, FP32 [-1, D], and PATCH_TOKENS, FP32 [-1, P, D]; no postprocess model, no
+    labels.txt, no label_filename; the README says to name the outputs wanted."""
     manifest = json.loads((embedding_artifacts / "manifest.json").read_text())
     name, dim = manifest["name"], manifest["io"]["output"]["shape"][1]
     res = run("triton-repo", "-a", str(embedding_artifacts), "-o", str(tmp_path / "repo"), "--inference", "ort_python")
@@ -367,16 +368,15 @@ def test_an_embedding_export_has_an_embeddings_ensemble_and_no_labels_or_postpro
     assert set(cfg) == {name, f"{name}_preprocess", f"{name}_onnx", f"{name}_ort_python"}
     assert not list((tmp_path / "repo").glob("*/labels.txt"))
     ensemble = cfg[name]
-    assert [(o.name, o.data_type, list(o.dims), o.label_filename) for o in ensemble.output] == [
-        ("EMBEDDINGS", pb.TYPE_FP32, [dim], "")
-    ]
+    patches = manifest["io"]["patch_tokens"]["shape"][1:]
+    outputs = [("EMBEDDINGS", pb.TYPE_FP32, [dim], ""), ("PATCH_TOKENS", pb.TYPE_FP32, patches, "")]
+    assert [(o.name, o.data_type, list(o.dims), o.label_filename) for o in ensemble.output] == outputs
     steps = ensemble.ensemble_scheduling.step
     assert [s.model_name for s in steps] == [f"{name}_preprocess", f"{name}_ort_python"]
-    assert dict(steps[1].output_map) == {"EMBEDDINGS": "EMBEDDINGS"}
+    assert dict(steps[1].output_map) == {"EMBEDDINGS": "EMBEDDINGS", "PATCH_TOKENS": "PATCH_TOKENS"}
     for model in (f"{name}_onnx", f"{name}_ort_python"):
-        assert [(o.name, o.data_type, list(o.dims), o.label_filename) for o in cfg[model].output] == [
-            ("EMBEDDINGS", pb.TYPE_FP32, [dim], "")
-        ]
+        assert [(o.name, o.data_type, list(o.dims), o.label_filename) for o in cfg[model].output] == outputs
     readme = (tmp_path / "repo" / "README.md").read_text()
     assert f"`EMBEDDINGS` [N, {dim}]" in readme and 'result.as_numpy("EMBEDDINGS")' in readme
+    assert f"`PATCH_TOKENS` [N, {patches[0]}, {patches[1]}]" in readme and "Triton answers every output" in readme
     assert "TOPK_LABELS" not in readme

@@ -317,8 +317,9 @@ def test_the_readmes_restricted_apis_fence_every_route_but_health(demo_artifacts
 
 
 def test_an_embedding_export_answers_its_vectors_as_the_ort_backend_does(embedding_artifacts: Path, images, tmp_path):
-    """A headless checkpoint's export on the bundled tritonserver: the ensemble's one output is EMBEDDINGS FP32
-    [N, D], over HTTP (binary and JSON) and gRPC, equal to the in-process `ort` Predictor's vectors."""
+    """A headless checkpoint's export on the bundled tritonserver: the ensemble's outputs are EMBEDDINGS FP32
+    [N, D], over HTTP (binary and JSON) and gRPC, equal to the in-process `ort` Predictor's vectors, and (the export
+    has its patch tokens) PATCH_TOKENS FP32 [N, P, D], equal to its patch tokens, when named."""
     _require_triton_env()
     from vitdeploy.base.config import parse_config
     from vitdeploy.runtime.predictor import Predictor
@@ -332,10 +333,15 @@ def test_an_embedding_export_answers_its_vectors_as_the_ort_backend_does(embeddi
     chosen = ["astronaut.jpg", "coffee.jpg", "digit3_0339.jpg", "digit7_1330.png"]
     with Predictor.from_artifacts(embedding_artifacts, backend="ort", max_pixels=MAX_PIXELS) as predictor:
         want = {n: predictor.embed([images[n]])[0] for n in chosen}
+        _, tokens = predictor.embed([images[n] for n in chosen], patch_tokens=True)
+    patches = manifest["io"]["patch_tokens"]["shape"][1:]
     data = np.array([[images[n]] for n in chosen], dtype=object)
     with BundledTriton(VENV, repo.path, load=[name]) as triton:
         meta = httpclient.InferenceServerClient(triton.http_url).get_model_metadata(name)
-        assert [(o["name"], o["datatype"], o["shape"]) for o in meta["outputs"]] == [("EMBEDDINGS", "FP32", [-1, dim])]
+        assert [(o["name"], o["datatype"], o["shape"]) for o in meta["outputs"]] == [
+            ("EMBEDDINGS", "FP32", [-1, dim]),
+            ("PATCH_TOKENS", "FP32", [-1, *patches]),
+        ]
         answers = {}
         for module, url, binary in (
             (httpclient, triton.http_url, True),
@@ -348,6 +354,11 @@ def test_an_embedding_export_answers_its_vectors_as_the_ort_backend_does(embeddi
             out = module.InferRequestedOutput("EMBEDDINGS", **kwargs)
             result = module.InferenceServerClient(url).infer(name, [inp], outputs=[out])
             answers[f"{module.__name__} binary={binary}"] = result.as_numpy("EMBEDDINGS")
+        inp = httpclient.InferInput("IMAGES", list(data.shape), "BYTES")
+        inp.set_data_from_numpy(data)
+        asked = [httpclient.InferRequestedOutput("PATCH_TOKENS", binary_data=True)]
+        got = httpclient.InferenceServerClient(triton.http_url).infer(name, [inp], outputs=asked)
+        np.testing.assert_allclose(got.as_numpy("PATCH_TOKENS"), tokens, rtol=0, atol=1e-5)
     for how, vectors in answers.items():
         assert vectors.dtype == np.float32 and vectors.shape == (len(chosen), dim), how
         for row, n in zip(vectors, chosen):

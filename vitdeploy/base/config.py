@@ -57,11 +57,18 @@ class ModelSection(_Section):
     normalize: bool = Field(
         False, description="embedding only: L2-normalise each vector inside the graph (recorded in the manifest)"
     )
+    patch_tokens: bool = Field(
+        False,
+        description="embedding only: a second output PATCH_TOKENS [batch, patches, width], the image patches' "
+        "tokens after the final norm as the library gives them (no class token, no registers, not L2-normalised); "
+        "served and written only when a client or job asks",
+    )
 
     @model_validator(mode="after")
     def _normalize_embeddings_only(self) -> "ModelSection":
-        if self.normalize and self.output == "logits":
-            raise ValueError("model.normalize applies to embeddings; it cannot be set with model.output: logits")
+        for key in ("normalize", "patch_tokens"):
+            if getattr(self, key) and self.output == "logits":
+                raise ValueError(f"model.{key} applies to embeddings; it cannot be set with model.output: logits")
         return self
 
 
@@ -175,6 +182,20 @@ class Tolerance(_Section):
         "validation inputs) under eager PyTorch that are among its k nearest under the artifact (recall@k)",
     )
     neighbours: int = Field(10, ge=1, le=1000, description="embedding models: k of min_recall_at_k")
+    min_patch_cosine: Optional[FiniteFloat] = Field(
+        None,
+        ge=-1,
+        le=1,
+        description="embedding models with model.patch_tokens: lowest cosine of a patch token to eager's, over "
+        "every token of every input; absent = min_cosine",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _patch_cosine_defaults_to_min_cosine(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("min_patch_cosine") is None and "min_cosine" in data:
+            return {**data, "min_patch_cosine": data["min_cosine"]}
+        return data
 
 
 class ValidationSection(_Section):
@@ -395,6 +416,11 @@ class BatchSection(_Section):
         "float32",
         description="an embedding export's vectors in the output: float32 (as the model returns them) or float16 "
         "(half the bytes); a classifier's rows have no vectors",
+    )
+    patch_tokens: bool = Field(
+        False,
+        description="an export with model.patch_tokens: a patch_tokens column beside each vector (fixed-size list of "
+        "P fixed-size lists of D, in embedding_dtype; P times the vector's size); `batch-predict --patch-tokens`",
     )
     flush_seconds: float = Field(
         30.0,

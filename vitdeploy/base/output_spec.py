@@ -5,17 +5,21 @@ exactly as the checkpoint's library pools it (the class token, transformers' ``p
 patch token), L2-normalised inside the graph when asked. Written by the export into model.json and the
 manifest (``output``), read by the runtime (which output tensor, whether there are labels) and by every
 judge (logits by top-k, vectors by cosine and neighbours). A manifest without the key is a classifier's.
+
+On request (``model.patch_tokens``) an embedding export returns a second output, ``PATCH_TOKENS``
+[batch, patches, width]: the tokens of the image patches after the backbone's final norm, exactly as the
+library gives them (no class token, no registers, never L2-normalised), judged by cosine per token.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from pydantic import Field, StrictBool
+from pydantic import Field, StrictBool, model_validator
 
 from ._schema import StrictSection
 from .errors import ConfigError
-from .vocab import OUTPUT_TENSORS, OutputKind
+from .vocab import OUTPUT_TENSORS, PATCH_TOKENS, OutputKind
 
 LOGITS, EMBEDDING = "logits", "embedding"
 
@@ -25,6 +29,16 @@ class ModelOutput(StrictSection):
 
     kind: OutputKind = LOGITS
     normalize: StrictBool = Field(False, description="embedding: each vector L2-normalised inside the graph")
+    patch_tokens: StrictBool = Field(
+        False,
+        description="embedding: a second output PATCH_TOKENS [batch, patches, width] (final-normed patch tokens)",
+    )
+
+    @model_validator(mode="after")
+    def _patch_tokens_of_embeddings(self) -> "ModelOutput":
+        if self.patch_tokens and self.kind != EMBEDDING:
+            raise ValueError("patch_tokens is an embedding's second output; kind is logits")
+        return self
 
     @property
     def tensor(self) -> str:
@@ -32,14 +46,30 @@ class ModelOutput(StrictSection):
         return OUTPUT_TENSORS[self.kind]
 
     @property
+    def tensors(self) -> tuple[str, ...]:
+        """Every output of the graph, in order: the pooled one, then PATCH_TOKENS when asked for."""
+        return (self.tensor, PATCH_TOKENS) if self.patch_tokens else (self.tensor,)
+
+    @property
     def is_embedding(self) -> bool:
         return self.kind == EMBEDDING
 
+    def to_dict(self) -> dict[str, Any]:
+        """As written into model.json, the manifest and the graphs' metadata: ``patch_tokens`` only when true, so an
+        export without them reads as before (and older runtimes, whose section has no such key, still open it)."""
+        data = self.model_dump()
+        if not data["patch_tokens"]:
+            del data["patch_tokens"]
+        return data
 
-def resolve_output(requested: str, normalize: bool, num_classes: int, where: Any) -> ModelOutput:
-    """``model.output`` (auto / logits / embedding) and ``model.normalize`` against the checkpoint: auto is an
-    embedding when the checkpoint has no classification head; logits without a head is refused (ConfigError
-    naming the key and ``where``, the checkpoint)."""
+
+def resolve_output(
+    requested: str, normalize: bool, num_classes: int, where: Any, patch_tokens: bool = False
+) -> ModelOutput:
+    """``model.output`` (auto / logits / embedding), ``model.normalize`` and ``model.patch_tokens`` against the
+    checkpoint: auto is an embedding when the checkpoint has no classification head; logits without a head is
+    refused (ConfigError naming the key and ``where``, the checkpoint), and so are normalize or patch_tokens
+    with logits."""
     if requested == "auto":
         requested = LOGITS if num_classes else EMBEDDING
     if requested == LOGITS and not num_classes:
@@ -49,7 +79,12 @@ def resolve_output(requested: str, normalize: bool, num_classes: int, where: Any
         )
     if normalize and requested != EMBEDDING:
         raise ConfigError("model.normalize applies to embeddings; set model.output: embedding or drop it")
-    return ModelOutput(kind=requested, normalize=normalize)
+    if patch_tokens and requested != EMBEDDING:
+        raise ConfigError(
+            f"model.patch_tokens applies to embeddings, but {where} exports logits (it has a classification head); "
+            "set model.output: embedding or drop model.patch_tokens"
+        )
+    return ModelOutput(kind=requested, normalize=normalize, patch_tokens=patch_tokens)
 
 
 def output_of(data: Optional[dict[str, Any]]) -> ModelOutput:
@@ -57,4 +92,4 @@ def output_of(data: Optional[dict[str, Any]]) -> ModelOutput:
     return ModelOutput.model_validate(data) if data is not None else ModelOutput()
 
 
-__all__ = ["EMBEDDING", "LOGITS", "ModelOutput", "output_of", "resolve_output"]
+__all__ = ["EMBEDDING", "LOGITS", "PATCH_TOKENS", "ModelOutput", "output_of", "resolve_output"]

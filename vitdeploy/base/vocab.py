@@ -41,6 +41,9 @@ OUTPUT_KINDS: tuple[str, ...] = ("logits", "embedding")
 OutputKind = Literal[OUTPUT_KINDS]  # type: ignore[valid-type]
 #: the graph's output tensor (and the served KServe v2 output) of each kind
 OUTPUT_TENSORS: Mapping[str, str] = MappingProxyType({"logits": "logits", "embedding": "EMBEDDINGS"})
+#: an embedding export's second output when ``model.patch_tokens`` is on (graph and served KServe v2 output):
+#: the final-normed tokens of the image patches, FP32 [batch, patches, width]; no class token, no registers
+PATCH_TOKENS = "PATCH_TOKENS"
 #: how batch-predict stores an embedding's values (Arrow/Parquet float32, or float16: half the bytes)
 EMBEDDING_DTYPES: tuple[str, ...] = ("float32", "float16")
 EmbeddingDtype = Literal[EMBEDDING_DTYPES]  # type: ignore[valid-type]
@@ -166,6 +169,7 @@ __all__ = [
     "Pool",
     "OUTPUT_KINDS",
     "OUTPUT_TENSORS",
+    "PATCH_TOKENS",
     "EMBEDDING_DTYPES",
     "EmbeddingDtype",
     "OutputKind",

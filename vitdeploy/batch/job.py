@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..base._deps import require
-from ..base.errors import VitDeployError
+from ..base.errors import InputError, VitDeployError
 from ..base.vocab import EMBEDDING_DTYPES
 from ..runtime.backends import first_line, shipped_roles
 from .inputs import Item, expand_inputs, is_uri, read_key
@@ -57,6 +57,7 @@ class BatchSettings:
     flush_seconds: float = 30.0
     cache_dir: str | None = None
     embedding_dtype: str = EMBEDDING_DTYPES[0]  # an embedding export's vectors in the output
+    patch_tokens: bool = False  # an export with patch tokens: a patch_tokens column beside each vector
 
 
 @dataclass
@@ -153,9 +154,16 @@ def _open_artifacts(settings: BatchSettings) -> Any:
 
 
 def _rows_of(artifacts: Any, settings: BatchSettings) -> Any:
-    """The output's row schema: a classifier's top-k, or an embedding export's vectors (``embedding_dtype``)."""
+    """The output's row schema: a classifier's top-k, or an embedding export's vectors (``embedding_dtype``; and
+    their patch tokens with ``patch_tokens``: InputError when the export has none)."""
+    if settings.patch_tokens and artifacts.schema.patch_shape is None:
+        raise InputError(
+            f"--patch-tokens (batch.patch_tokens): {artifacts.name} was exported without patch tokens; export it "
+            "with model.output: embedding and model.patch_tokens: true, or drop the option"
+        )
     if artifacts.schema.is_embedding:
-        return row_schema(artifacts.schema.num_classes, settings.embedding_dtype)
+        patches = artifacts.schema.patch_shape if settings.patch_tokens else None
+        return row_schema(artifacts.schema.num_classes, settings.embedding_dtype, patches)
     if settings.embedding_dtype != EMBEDDING_DTYPES[0]:
         log.warning(
             "embedding dtype %s ignored: %s is a classifier (its rows hold labels and scores, no vectors)",
@@ -333,7 +341,15 @@ def _dataset(
         compute=rd.TaskPoolStrategy(),
         memory=_decode_memory(batch_size, artifacts.input_shape),
     )
-    spec = InferSpec(source, settings.backend, options, settings.top_k, settings.cache_dir, settings.embedding_dtype)
+    spec = InferSpec(
+        source,
+        settings.backend,
+        options,
+        settings.top_k,
+        settings.cache_dir,
+        settings.embedding_dtype,
+        settings.patch_tokens,
+    )
     return ds.map_batches(
         Infer,
         fn_constructor_args=(spec,),
@@ -414,6 +430,7 @@ def batch_settings_from_config(
         flush_seconds=bt.flush_seconds,
         cache_dir=os.fspath(cache) if cache is not None else None,
         embedding_dtype=bt.embedding_dtype,
+        patch_tokens=bt.patch_tokens,
     )
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 

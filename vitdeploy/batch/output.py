@@ -36,17 +36,23 @@ from ..base.vocab import EMBEDDING_DTYPES
 log = logging.getLogger(__name__)
 
 COLUMNS = ("path", "label", "index", "score", "top_k", "error")
-#: an embedding export's row: the vector null when ``error`` is not
+#: an embedding export's row: the vector null when ``error`` is not (and ``patch_tokens`` before ``error`` when
+#: the job asked for them)
 EMBEDDING_COLUMNS = ("path", "embedding", "error")
 
 
-def row_schema(dim: int | None = None, dtype: str = EMBEDDING_DTYPES[0]) -> Any:
+def row_schema(dim: int | None = None, dtype: str = EMBEDDING_DTYPES[0], patch_shape: Any = None) -> Any:
     """The output's Arrow schema: one row per input; ``error`` null, or the one-line reason. ``dim``: an embedding
-    export's width, the rows then ``path``, ``embedding`` (``fixed_size_list<dtype>[dim]``), ``error``."""
+    export's width, the rows then ``path``, ``embedding`` (``fixed_size_list<dtype>[dim]``), ``error``; with
+    ``patch_shape`` (P, D), ``patch_tokens`` (``fixed_size_list<fixed_size_list<dtype>[D]>[P]``) before ``error``."""
     pa = require("pyarrow", "batch-predict output")
     if dim is not None:
-        vector = pa.list_(_ARROW_FLOATS[dtype](pa), int(dim))
-        return pa.schema([("path", pa.string()), ("embedding", vector), ("error", pa.string())])
+        value = _ARROW_FLOATS[dtype](pa)
+        columns = [("path", pa.string()), ("embedding", pa.list_(value, int(dim)))]
+        if patch_shape is not None:
+            patches, width = (int(d) for d in patch_shape)
+            columns.append(("patch_tokens", pa.list_(pa.list_(value, width), patches)))
+        return pa.schema([*columns, ("error", pa.string())])
     top = pa.struct([("label", pa.string()), ("index", pa.int64()), ("score", pa.float64())])
     return pa.schema(
         [
@@ -171,14 +177,15 @@ def _parquet_rows(file: Path, schema: Any) -> list[tuple[str, str | None]]:
     if not have.remove_metadata().equals(schema):  # another export's rows (classes, a width or a dtype)
         raise InputError(
             f"{file}: its rows ({_describe(have)}) are not this job's ({_describe(schema)}); it was written "
-            "for another export or --embedding-dtype: write to another -o"
+            "for another export, --embedding-dtype or --patch-tokens: write to another -o"
         )
     return list(zip(table.column("path").to_pylist(), table.column("error").to_pylist()))
 
 
 def _describe(schema: Any) -> str:
     if "embedding" in schema.names:
-        return f"embedding {schema.field('embedding').type}"
+        tokens = f", patch_tokens {schema.field('patch_tokens').type}" if "patch_tokens" in schema.names else ""
+        return f"embedding {schema.field('embedding').type}{tokens}"
     return "label, index, score, top_k" if "label" in schema.names else ", ".join(schema.names)
 
 

@@ -59,6 +59,7 @@ class InferSpec:
     top_k: int
     cache_root: str | None = None
     embedding_dtype: str = EMBEDDING_DTYPES[0]  # an embedding export's vectors, as stored
+    patch_tokens: bool = False  # an export with patch tokens: written beside each vector
 
 
 class Infer:
@@ -81,6 +82,7 @@ class Infer:
         self.predictor = Predictor.from_artifacts(artifacts, spec.backend, spec.options)
         self.top_k = spec.top_k
         self.embedding_dtype = spec.embedding_dtype
+        self.patch_tokens = spec.patch_tokens
         self.node = ray.get_runtime_context().get_node_id()
         log.info("batch worker on node %s: %s (%s)", self.node, self.predictor.backend_name, self.predictor.why)
 
@@ -89,14 +91,14 @@ class Infer:
 
         errors = [str(e) for e in batch["error"]]
         good = [i for i, e in enumerate(errors) if not e]
-        outputs = None
+        outputs = tokens = None
         if good:
             pixels = np.asarray(batch["pixels"], dtype=np.float32)
-            outputs = self.predictor.predict_logits(np.ascontiguousarray(pixels[good]))
+            outputs, tokens = self.predictor.predict_outputs(np.ascontiguousarray(pixels[good]), self.patch_tokens)
         paths = [str(p) for p in batch["path"]]
         reasons = [first_line(e) if e else None for e in errors]
         if self.predictor.is_embedding:
-            table = self._vector_rows(paths, reasons, good, outputs)
+            table = self._vector_rows(paths, reasons, good, outputs, tokens)
         else:
             table = self._top_k_rows(paths, reasons, good, outputs)
         return table.append_column("node", pa.array([self.node] * table.num_rows, pa.string()))
@@ -115,23 +117,37 @@ class Infer:
                 rows[key].append(rec.get(key))
         return pa.Table.from_pydict(rows, schema=row_schema())
 
-    def _vector_rows(self, paths: list[str], reasons: list[str | None], good: list[int], vectors: Any) -> Any:
-        """``path``, ``embedding`` (a fixed-size list, null for an unreadable image), ``error``."""
+    def _vector_rows(
+        self, paths: list[str], reasons: list[str | None], good: list[int], vectors: Any, tokens: Any = None
+    ) -> Any:
+        """``path``, ``embedding`` (a fixed-size list, null for an unreadable image), ``patch_tokens`` (a fixed-size
+        list of fixed-size lists, when asked for), ``error``: straight from the model's output arrays."""
         import pyarrow as pa
 
         from .output import row_schema
 
-        dim = self.predictor.output_width
-        schema = row_schema(dim, self.embedding_dtype)
-        values = np.zeros((len(paths), dim), dtype=schema.field("embedding").type.value_type.to_pandas_dtype())
-        if good:
-            values[np.asarray(good)] = vectors
-        column = pa.FixedSizeListArray.from_arrays(
-            pa.array(values.reshape(-1)), dim, mask=pa.array([r is not None for r in reasons], pa.bool_())
-        )
-        return pa.Table.from_arrays(
-            [pa.array(paths, pa.string()), column, pa.array(reasons, pa.string())], schema=schema
-        )
+        dim, patches = self.predictor.output_width, self.predictor.patch_shape if self.patch_tokens else None
+        schema = row_schema(dim, self.embedding_dtype, patches)
+        dtype = schema.field("embedding").type.value_type.to_pandas_dtype()
+        mask = pa.array([r is not None for r in reasons], pa.bool_())
+        columns = [pa.array(paths, pa.string()), _fixed_lists(len(paths), good, vectors, (dim,), dtype, mask)]
+        if patches is not None:
+            columns.append(_fixed_lists(len(paths), good, tokens, patches, dtype, mask))
+        return pa.Table.from_arrays([*columns, pa.array(reasons, pa.string())], schema=schema)
+
+
+def _fixed_lists(rows: int, good: list[int], values: Any, shape: tuple[int, ...], dtype: Any, mask: Any) -> Any:
+    """(rows, *shape) values as nested fixed-size lists (one level per dimension of ``shape``), ``good`` rows from
+    ``values``, the others null (``mask``)."""
+    import pyarrow as pa
+
+    full = np.zeros((rows, *shape), dtype=dtype)
+    if good:
+        full[np.asarray(good)] = values
+    column = pa.array(full.reshape(-1))
+    for size in reversed(shape[1:]):
+        column = pa.FixedSizeListArray.from_arrays(column, int(size))
+    return pa.FixedSizeListArray.from_arrays(column, int(shape[0]), mask=mask)
 
 
 __all__ = ["BYTES_NAME", "DecodeSpec", "decode_batch", "Infer", "InferSpec"]

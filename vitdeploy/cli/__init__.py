@@ -244,6 +244,11 @@ def _self_command() -> str:
 @click.option("-k", "--top-k", type=click.IntRange(min=1), default=None, help="default: runtime.top_k (5)")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="default: runtime.batch_size (32)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line per input on stdout")
+@click.option(
+    "--patch-tokens",
+    is_flag=True,
+    help="an embedding export with model.patch_tokens: each record's patch tokens too ([P, D] lists; large)",
+)
 @config_option
 @handle_errors
 def predict(
@@ -253,6 +258,7 @@ def predict(
     top_k: int | None,
     batch_size: int | None,
     as_json: bool,
+    patch_tokens: bool,
     config_path: Path | None,
 ) -> None:
     """Classify images (files or directories) with the exported model (an embedding model: their vectors)."""
@@ -281,8 +287,9 @@ def predict(
         shown = "embedding (first values; --json gives the whole vector)" if predictor.is_embedding else None
         click.echo(f"{'path':<48} " + (shown or f"{'label':<16} {'score':>7}  top-{top_k}"))
     with predictor:
+        size = batch_size or rt.batch_size
         for rec in predict_paths(
-            predictor, list(inputs), batch_size=batch_size or rt.batch_size, top_k=top_k, progress=progress
+            predictor, list(inputs), batch_size=size, top_k=top_k, progress=progress, patch_tokens=patch_tokens
         ):
             failed += "error" in rec
             if as_json:
@@ -292,7 +299,11 @@ def predict(
             elif "embedding" in rec:
                 vector = rec["embedding"]
                 head = " ".join(f"{v:.4f}" for v in vector[:4])
-                click.echo(f"{fit_path(rec['path'], 48):<48} [{head} ...] {len(vector)} values")
+                tokens = rec.get("patch_tokens")
+                more = (
+                    f" + patch tokens [{len(tokens)}, {len(tokens[0]) if tokens else 0}]" if tokens is not None else ""
+                )
+                click.echo(f"{fit_path(rec['path'], 48):<48} [{head} ...] {len(vector)} values{more}")
             else:
                 tops = ", ".join(f"{t['label']}:{t['score']:.3f}" for t in rec["top_k"])
                 click.echo(f"{fit_path(rec['path'], 48):<48} {rec['label']:<16} {rec['score']:7.4f}  {tops}")
@@ -345,6 +356,12 @@ def predict(
     default=None,
     help="an embedding export's vectors in the Parquet output (default: batch.embedding_dtype, float32)",
 )
+@click.option(
+    "--patch-tokens",
+    is_flag=True,
+    default=None,
+    help="an export with model.patch_tokens: a patch_tokens column beside each vector (default: batch.patch_tokens)",
+)
 @click.option("--resume", is_flag=True, help="continue an existing output: inputs already answered are skipped")
 @config_option
 @handle_errors
@@ -358,6 +375,7 @@ def batch_predict(
     batch_size: int | None,
     top_k: int | None,
     embedding_dtype: str | None,
+    patch_tokens: bool | None,
     resume: bool,
     config_path: Path | None,
 ) -> None:
@@ -378,6 +396,7 @@ def batch_predict(
         batch_size=batch_size,
         top_k=top_k,
         embedding_dtype=embedding_dtype,
+        patch_tokens=patch_tokens or None,
         resume=resume,
         progress_bars=sys.stderr.isatty(),
     )

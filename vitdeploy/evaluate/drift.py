@@ -176,16 +176,18 @@ def judge_backend(
     precision: str = "fp32",
     threshold_set: str | None = None,
     kind: str = "logits",
+    patches: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> BackendDrift:
     """Compare ``logits`` with the ``reference`` (both (N, K)) and build the backend's row.
 
     ``names[i]`` is the path of row i (listed when its top-1 flips); ``true_index[i]`` its true
     class or None. ``kind``: what the rows are (vocab.OUTPUT_KINDS); embeddings are judged by cosine and
-    neighbour agreement, with no flips and no accuracy. Pure numpy: the unit tests drive it with synthetic logits.
+    neighbour agreement, with no flips and no accuracy; ``patches``: the reference's and the backend's patch
+    tokens, judged by cosine per token. Pure numpy: the unit tests drive it with synthetic logits.
     """
     from ..export.compare import compare, flip_details, per_image
 
-    cmp = compare(reference, logits, tolerance, kind)
+    cmp = compare(reference, logits, tolerance, kind, patches)
     judged = dict(
         name=name,
         status="passed" if cmp.passed else "failed",
@@ -194,7 +196,7 @@ def judge_backend(
         metrics=dict(cmp.metrics),
         thresholds=dict(cmp.thresholds),
         failures=list(cmp.failures),
-        per_image=per_image(reference, logits, kind, int(tolerance.get("neighbours", 10))),
+        per_image=per_image(reference, logits, kind, int(tolerance.get("neighbours", 10)), patches),
     )
     if kind == EMBEDDING:  # a vector has no class: no flips, no accuracy
         return BackendDrift(**judged)
@@ -281,7 +283,7 @@ def run_drift(
     vset, batch, good, errors, true_index, unknown = _validation_batch(artifacts, images, labels_file, max_pixels)
     names = [str(vset.paths[i]) for i in good]
     reference, ref_seconds, ref_describe = _reference(artifacts, options, batch)
-    ref_accuracy = accuracy(reference, true_index)
+    ref_accuracy = accuracy(reference[0], true_index)
 
     # 3. every backend, on the same batch
     rows: list[BackendDrift] = []
@@ -368,8 +370,13 @@ def _validation_batch(
     return vset, batch, good, errors, true_index, unknown
 
 
-def _reference(artifacts: Any, options: Any, batch: np.ndarray) -> tuple[np.ndarray, float, str]:
-    """Eager FP32 PyTorch on the CPU over ``batch``: (logits, seconds, its description)."""
+def _run_outputs(backend: Any, artifacts: Any, batch: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(logits or embeddings,) of ``backend`` over ``batch``; and the patch tokens where the export has them."""
+    return backend.run_all(batch)[:2] if artifacts.schema.patch_shape is not None else (backend.run(batch),)
+
+
+def _reference(artifacts: Any, options: Any, batch: np.ndarray) -> tuple[tuple[np.ndarray, ...], float, str]:
+    """Eager FP32 PyTorch on the CPU over ``batch``: ((logits[, patch tokens]), seconds, its description)."""
     ref_spec = BackendSpec("torch", "torch", reference_options(options), "fp32")
     reason = spec_unavailable_reason(ref_spec, artifacts)
     if reason:
@@ -380,7 +387,7 @@ def _reference(artifacts: Any, options: Any, batch: np.ndarray) -> tuple[np.ndar
     ref_backend = open_spec(ref_spec, artifacts)
     try:
         t0 = time.perf_counter()
-        reference = ref_backend.run(batch)
+        reference = _run_outputs(ref_backend, artifacts, batch)
         return reference, time.perf_counter() - t0, ref_backend.describe()
     finally:
         ref_backend.close()
@@ -390,7 +397,7 @@ def _run_spec(
     spec: BackendSpec,
     artifacts: Any,
     batch: np.ndarray,
-    reference: np.ndarray,
+    outputs: tuple[np.ndarray, ...],
     limits: Mapping[str, Mapping[str, float]],
     names: Sequence[str],
     true_index: Sequence[int | None],
@@ -398,10 +405,11 @@ def _run_spec(
     ref_accuracy: float | None,
     ref_seconds: float,
 ) -> BackendDrift:
+    """One backend's row; ``outputs``: the reference's (logits or embeddings[, patch tokens])."""
     device = spec.options.device if spec.uses_cuda or spec.registry == "torch" else ", ".join(spec.options.providers)
-    kind = artifacts.schema.output.kind
+    kind, reference = artifacts.schema.output.kind, outputs[0]
     if spec.is_reference:
-        metrics, _ = _self_metrics(reference, kind)
+        metrics, _ = _self_metrics(outputs, kind)
         return BackendDrift(
             name=spec.name,
             status="reference",
@@ -430,14 +438,14 @@ def _run_spec(
     backend = attempt.backend
     try:
         t0 = time.perf_counter()
-        logits = backend.run(batch)
-        seconds = time.perf_counter() - t0
+        got = _run_outputs(backend, artifacts, batch)
+        logits, seconds = got[0], time.perf_counter() - t0
         describe = backend.describe()
     except (BackendError, InputError) as exc:
         return _error_row(spec, device, limits, f"failed to run: {first_line(exc)}")
     finally:
         backend.close()
-    if np.shape(logits) != np.shape(reference):
+    if any(np.shape(a) != np.shape(b) for a, b in zip(got, outputs)) or len(got) != len(outputs):
         return _error_row(
             spec,
             device,
@@ -455,6 +463,7 @@ def _run_spec(
         classes=artifacts.labels,
         precision=spec.precision,
         kind=kind,
+        patches=(outputs[1], got[1]) if len(outputs) > 1 and len(got) > 1 else None,
     )
     row.device, row.describe, row.seconds = device, describe, round(seconds, 4)
     log.info("%s: %s (%s)", spec.name, row.status, "; ".join(row.failures) or "within thresholds")
@@ -474,10 +483,11 @@ def _error_row(spec: BackendSpec, device: str, limits: Mapping[str, Mapping[str,
     )
 
 
-def _self_metrics(reference: np.ndarray, kind: str = "logits") -> tuple[dict[str, float], tuple[int, ...]]:
+def _self_metrics(outputs: tuple[np.ndarray, ...], kind: str = "logits") -> tuple[dict[str, float], tuple[int, ...]]:
     from ..export.compare import output_metrics
 
-    return output_metrics(reference, reference, kind)
+    patches = (outputs[1], outputs[1]) if len(outputs) > 1 else None
+    return output_metrics(outputs[0], outputs[0], kind, patches=patches)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -521,8 +531,11 @@ def format_drift_table(report: DriftReport) -> list[str]:
     embedding = any("recall_at_k" in b.metrics for b in report.backends)
     if embedding:
         lines[1] = f"reference: eager PyTorch fp32 on cpu ({report.reference['describe']}); an embedding model"
+    patches = any("patch_cosine" in b.metrics for b in report.backends)
     head = f"{'backend':<11} {'prec':<5} {'max|diff|':>9} {'mean|diff|':>10} {'cosine':>10} " + (
-        f"{'cos p1':>10} {'recall@' + str(_neighbours(report)):>9}  result"
+        f"{'cos p1':>10} {'recall@' + str(_neighbours(report)):>9}"
+        + (f" {'patch cos':>10}" if patches else "")
+        + "  result"
         if embedding
         else f"{'top1':>7} {'top5':>7} {'flipped':>7} {'accuracy':>8}  result"
     )
@@ -539,6 +552,7 @@ def format_drift_table(report: DriftReport) -> list[str]:
             result += f" ({b.threshold_set} thresholds)"
         judged = (
             f"{_cos(m.get('cosine_p01')):>10} {_pct(m.get('recall_at_k')):>9}"
+            + (f" {_cos(m.get('patch_cosine')):>10}" if patches else "")
             if embedding
             else f"{_pct(m.get('top1_agreement')):>7} {_pct(m.get('top5_overlap')):>7} {len(b.flipped):>7} "
             f"{_pct(b.accuracy):>8}"

@@ -7,13 +7,16 @@ What is measured depends on the output's kind (vocab.OUTPUT_KINDS). Logits: diff
 cosine, top-1 agreement and top-5 overlap (and the inputs whose top-1 flipped). Embeddings: differences,
 cosine per input (lowest, 1st percentile, median) and neighbour agreement: each input's k nearest
 neighbours (cosine, among the inputs compared) under eager PyTorch against its k nearest under the
-candidate, the mean overlap (recall@k); a vector has no classes, so no top-k and no flips.
+candidate, the mean overlap (recall@k); a vector has no classes, so no top-k and no flips. An embedding
+export's patch tokens (``patches``: the reference's and the candidate's (N, P, D)) are judged beside the
+vector by the cosine of each token to eager's: the lowest over every token of every input (``patch_cosine``,
+gated by ``min_patch_cosine``) and its 1st percentile (``patch_cosine_p01``).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -27,6 +30,7 @@ _RULES = {
     "top1_agreement": ("min_top1_agreement", "min"),
     "top5_overlap": ("min_top5_overlap", "min"),
     "recall_at_k": ("min_recall_at_k", "min"),
+    "patch_cosine": ("min_patch_cosine", "min"),
 }
 
 DEFAULT_NEIGHBOURS = 10
@@ -136,13 +140,60 @@ def embedding_metrics(
     return metrics, tuple(int(i) for i in np.flatnonzero(recall < 1.0))
 
 
+#: inputs whose patch tokens are compared at once (float64 copies of 256 x P x D, not of every input's)
+_TOKEN_BLOCK = 256
+
+#: a pair (reference, candidate) of patch tokens, each (N, P, D); None where the export has none
+Patches = Optional[tuple[np.ndarray, np.ndarray]]
+
+
+def token_cosines(reference: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    """(N, P) cosine of each patch token of each input to eager's (-1 for every token of a candidate that is not
+    finite); ValueError when the shapes differ."""
+    if np.shape(reference) != np.shape(candidate) or np.ndim(reference) != 3:
+        raise ValueError(f"reference patch tokens {np.shape(reference)} != candidate's {np.shape(candidate)}")
+    out = []
+    for i in range(0, len(reference), _TOKEN_BLOCK):
+        ref = np.asarray(reference[i : i + _TOKEN_BLOCK], dtype=np.float64)
+        cand = np.asarray(candidate[i : i + _TOKEN_BLOCK], dtype=np.float64)
+        if not np.all(np.isfinite(cand)):
+            out.append(-np.ones(ref.shape[:2]))
+            continue
+        norms = np.linalg.norm(ref, axis=2) * np.linalg.norm(cand, axis=2)
+        out.append(np.where(norms > 0, np.sum(ref * cand, axis=2) / np.maximum(norms, 1e-300), 1.0))
+    return np.concatenate(out) if out else np.ones((0, np.shape(reference)[1]))
+
+
+def patch_metrics(reference: np.ndarray, candidate: np.ndarray) -> dict[str, float]:
+    """The patch tokens' lowest cosine to eager's over every token of every input, its 1st percentile, and the
+    largest |difference|."""
+    cosine = token_cosines(reference, candidate)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = max((float(np.abs(r - c).max()) for r, c in zip(reference, candidate) if r.size), default=0.0)
+    return {
+        "patch_cosine": float(cosine.min()) if cosine.size else 1.0,
+        "patch_cosine_p01": float(np.percentile(cosine, 1)) if cosine.size else 1.0,
+        "patch_max_abs_diff": diff if np.isfinite(diff) else float("inf"),
+    }
+
+
 def output_metrics(
-    reference: np.ndarray, candidate: np.ndarray, kind: str = "logits", tolerance: Mapping[str, float] | None = None
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    kind: str = "logits",
+    tolerance: Mapping[str, float] | None = None,
+    patches: Patches = None,
 ) -> tuple[dict[str, float], tuple[int, ...]]:
-    """The metrics of ``kind`` (vocab.OUTPUT_KINDS) and the rows that changed (top-1 flips, or changed neighbours)."""
+    """The metrics of ``kind`` (vocab.OUTPUT_KINDS) and the rows that changed (top-1 flips, or changed
+    neighbours); with ``patches``, the patch tokens' metrics too."""
     if kind == EMBEDDING:
-        return embedding_metrics(reference, candidate, int((tolerance or {}).get("neighbours", DEFAULT_NEIGHBOURS)))
-    return logit_metrics(reference, candidate)
+        k = int((tolerance or {}).get("neighbours", DEFAULT_NEIGHBOURS))
+        metrics, rows = embedding_metrics(reference, candidate, k)
+    else:
+        metrics, rows = logit_metrics(reference, candidate)
+    if patches is not None:
+        metrics.update(patch_metrics(*patches))
+    return metrics, rows
 
 
 def logit_metrics(reference: np.ndarray, candidate: np.ndarray) -> tuple[dict[str, float], tuple[int, ...]]:
@@ -176,17 +227,27 @@ def logit_metrics(reference: np.ndarray, candidate: np.ndarray) -> tuple[dict[st
 
 
 def compare(
-    reference: np.ndarray, candidate: np.ndarray, tolerance: Mapping[str, float], kind: str = "logits"
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    tolerance: Mapping[str, float],
+    kind: str = "logits",
+    patches: Patches = None,
 ) -> Comparison:
     """Judge ``candidate`` against ``reference`` (N, K) with ``tolerance`` (a Tolerance dump); ``kind``: what
-    the rows are (vocab.OUTPUT_KINDS). ``flipped``: the rows whose top-1, or whose neighbours, changed."""
-    metrics, flipped = output_metrics(reference, candidate, kind, tolerance)
+    the rows are (vocab.OUTPUT_KINDS); ``patches``: an embedding's patch tokens, the reference's and the
+    candidate's. ``flipped``: the rows whose top-1, or whose neighbours, changed."""
+    metrics, flipped = output_metrics(reference, candidate, kind, tolerance, patches)
     thresholds = {k: float(v) for k, v in tolerance.items()}
     return Comparison(metrics, thresholds, _failures(metrics, tolerance), flipped, kind)
 
 
 def proven_failure(
-    reference: np.ndarray, candidate: np.ndarray, total: int, tolerance: Mapping[str, float], kind: str = "logits"
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    total: int,
+    tolerance: Mapping[str, float],
+    kind: str = "logits",
+    patches: Patches = None,
 ) -> Comparison | None:
     """What some rows (``reference``/``candidate``: n of the ``total`` a judgement covers) already prove:
     each metric bounded with every row not run at its best (no difference, cosine 1, top-1 and top-5
@@ -194,14 +255,16 @@ def proven_failure(
     at least as bad as these rows' share of them. A Comparison failing on every bound that misses its
     threshold (its metrics are those bounds, ``inputs_judged`` says on how many rows), or None when the
     rows prove nothing: then only every row can judge. Neighbours depend on every row: for embeddings only the
-    differences and the cosine are bounded."""
-    metrics, flipped = output_metrics(reference, candidate, kind, tolerance)
+    differences and the cosine are bounded (and the patch tokens' lowest cosine, with ``patches``)."""
+    metrics, flipped = output_metrics(reference, candidate, kind, tolerance, patches)
     n, rest = len(reference), total - len(reference)
     bounds = {
         "max_abs_diff": metrics["max_abs_diff"],
         "mean_abs_diff": metrics["mean_abs_diff"] * n / total,
         "cosine": metrics["cosine"],
     }
+    if patches is not None:
+        bounds["patch_cosine"] = metrics["patch_cosine"]
     if kind != EMBEDDING:
         bounds["top1_agreement"] = (metrics["top1_agreement"] * n + rest) / total
         bounds["top5_overlap"] = (metrics["top5_overlap"] * n + rest) / total
@@ -230,11 +293,16 @@ def _failures(metrics: Mapping[str, float], tolerance: Mapping[str, float], qual
 
 
 def failing_rows(
-    reference: np.ndarray, candidate: np.ndarray, tolerance: Mapping[str, float], most: int = 8, kind: str = "logits"
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    tolerance: Mapping[str, float],
+    most: int = 8,
+    kind: str = "logits",
+    patches: Patches = None,
 ) -> list[int]:
     """The rows that fail on their own (top-1 changed, or for embeddings neighbours changed; or their largest
-    difference or cosine past its threshold), worst first, at most ``most``: the witnesses a next, similar
-    candidate is tried on first."""
+    difference, cosine or lowest patch-token cosine past its threshold), worst first, at most ``most``: the
+    witnesses a next, similar candidate is tried on first."""
     ref, cand = np.asarray(reference, dtype=np.float64), np.asarray(candidate, dtype=np.float64)
     per = per_image(ref, cand)
     diff = np.array([np.inf if v is None else v for v in per["max_abs_diff"]])
@@ -247,15 +315,22 @@ def failing_rows(
         bad |= diff > float(tolerance["max_abs_diff"])
     if "min_cosine" in tolerance:
         bad |= cosine < float(tolerance["min_cosine"])
+    if patches is not None and "min_patch_cosine" in tolerance:
+        bad |= token_cosines(*patches).min(axis=1, initial=1.0) < float(tolerance["min_patch_cosine"])
     rows = [int(i) for i in np.flatnonzero(bad)]
     return sorted(rows, key=lambda i: -diff[i])[:most]
 
 
 def per_image(
-    reference: np.ndarray, candidate: np.ndarray, kind: str = "logits", neighbours: int = DEFAULT_NEIGHBOURS
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    kind: str = "logits",
+    neighbours: int = DEFAULT_NEIGHBOURS,
+    patches: Patches = None,
 ) -> dict[str, list[float]]:
-    """Each input's max |diff| and cosine against the reference (and, for embeddings, its neighbour recall):
-    what a report plots as a distribution (the metrics above keep only the worst)."""
+    """Each input's max |diff| and cosine against the reference (and, for embeddings, its neighbour recall; with
+    ``patches``, its patch tokens' lowest cosine): what a report plots as a distribution (the metrics above keep
+    only the worst)."""
     ref = np.asarray(reference, dtype=np.float64)
     cand = np.asarray(candidate, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -265,6 +340,8 @@ def per_image(
     out = {"max_abs_diff": clean(diff), "cosine": clean(cosine)}
     if kind == EMBEDDING:
         out["recall_at_k"] = clean(neighbour_recall(ref, cand, neighbours))
+    if patches is not None:
+        out["patch_cosine"] = clean(token_cosines(*patches).min(axis=1, initial=1.0))
     return out
 
 

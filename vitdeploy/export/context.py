@@ -109,6 +109,7 @@ class ExportContext:
     sizes: tuple[int, ...] = ()
     inputs: Any = None  # export.validate.ValidationInputs
     reference: np.ndarray | None = None
+    patch_reference: np.ndarray | None = None  # eager's patch tokens (N, P, D), when the export returns them
     # what the stages made: validated artifacts (role -> path), their manifest entries, verdicts, records
     stages: list[StageRecord] = field(default_factory=list)
     artifacts: dict[str, Path] = field(default_factory=dict)
@@ -118,9 +119,9 @@ class ExportContext:
     #: explicitly requested stages that could not be met: the export goes on without their artifacts,
     #: records them (manifest "export.refused", export-report.json) and fails at the end
     refused: list[Refusal] = field(default_factory=list)
-    #: logits a graph gave at the largest validation batch while the autopilot judged it, keyed by the
-    #: file's identity (device, inode, size, mtime): its validation reuses them instead of a second pass
-    judged: dict[tuple[int, ...], np.ndarray] = field(default_factory=dict)
+    #: logits (and patch tokens, or None) a graph gave at the largest validation batch while the autopilot
+    #: judged it, keyed by the file's identity (device, inode, size, mtime): its validation reuses them
+    judged: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray | None]] = field(default_factory=dict)
     _trt_reason: Any = field(default=..., init=False, repr=False)  # asked once: tensorrt_unavailable()
 
     def __post_init__(self) -> None:

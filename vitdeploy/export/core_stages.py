@@ -35,12 +35,21 @@ def validation_images(cfg: PipelineConfig) -> list[Path]:
     return iter_image_paths([folder])[: cfg.validation.max_images]
 
 
-def reference_logits(model: Any, batch: np.ndarray, chunk: int = 16) -> np.ndarray:
+def reference_outputs(model: Any, batch: np.ndarray, chunk: int = 16) -> tuple[np.ndarray, ...]:
+    """Eager PyTorch over ``batch``: every output of ``model`` (the logits or the embedding; then its patch
+    tokens where the network returns them), float32."""
     import torch
 
+    parts: list[tuple[np.ndarray, ...]] = []
     with torch.inference_mode():
-        outs = [model(torch.from_numpy(batch[i : i + chunk])).float().numpy() for i in range(0, len(batch), chunk)]
-    return np.concatenate(outs)
+        for i in range(0, len(batch), chunk):
+            out = model(torch.from_numpy(batch[i : i + chunk]))
+            parts.append(tuple(t.float().numpy() for t in (out if isinstance(out, tuple) else (out,))))
+    return tuple(np.concatenate(column) for column in zip(*parts))
+
+
+def reference_logits(model: Any, batch: np.ndarray, chunk: int = 16) -> np.ndarray:
+    return reference_outputs(model, batch, chunk)[0]
 
 
 def _model(ctx: ExportContext, rec: StageRecord) -> Made:
@@ -53,7 +62,11 @@ def _model(ctx: ExportContext, rec: StageRecord) -> Made:
     ctx.loaded = load_model(cfg)
     vit = ctx.loaded.config
     ctx.output = resolve_output(
-        cfg.model.output, cfg.model.normalize, vit.num_classes, cfg.model.checkpoint or "the demo model"
+        cfg.model.output,
+        cfg.model.normalize,
+        vit.num_classes,
+        cfg.model.checkpoint or "the demo model",
+        cfg.model.patch_tokens,
     )
     ctx.spec, origins = resolve_preprocess(cfg, ctx.loaded)
     ctx.effective = Effective(ctx.loaded, ctx.spec, origins)
@@ -78,7 +91,7 @@ def _onnx(ctx: ExportContext, rec: StageRecord) -> Made:
         "vitdeploy.labels": list(ctx.loaded.labels),
         "vitdeploy.preprocess": ctx.spec.to_dict(),
         "vitdeploy.vit": vit.to_dict(),
-        "vitdeploy.output": ctx.output.model_dump(),
+        "vitdeploy.output": ctx.output.to_dict(),
     }
     onnx_art = export_onnx(
         ctx.loaded.model,
@@ -87,7 +100,7 @@ def _onnx(ctx: ExportContext, rec: StageRecord) -> Made:
         in_channels=vit.in_channels,
         opset=cfg.export.opset,
         metadata=metadata,
-        output_name=ctx.output.tensor,
+        output_name=ctx.output.tensors,
         external_data_threshold_mb=cfg.export.external_data_threshold_mb,
     )
     return (Artifact("onnx", onnx_art.path, tuple(onnx_art.external_data)),)
@@ -106,10 +119,13 @@ def _reference(ctx: ExportContext, rec: StageRecord) -> Made:
         seed=cfg.validation.seed,
         min_count=max(ctx.sizes),
     )
-    ctx.reference = reference_logits(ctx.loaded.model, ctx.inputs.batch)
+    outputs = reference_outputs(ctx.loaded.model, ctx.inputs.batch)
+    ctx.reference = outputs[0]
+    ctx.patch_reference = outputs[1] if ctx.output.patch_tokens else None
     ctx.release_model()  # the last stage that runs the eager model
     n, n_images = len(ctx.inputs.names), ctx.inputs.image_count
     what = "embeddings" if ctx.output.is_embedding else "logits"
+    what += " and patch tokens" if ctx.output.patch_tokens else ""
     rec.reason = f"eager PyTorch {what} for {n} inputs ({n_images} images, {n - n_images} noise)"
     return ()
 
@@ -138,7 +154,8 @@ def _ort_optimize(ctx: ExportContext, rec: StageRecord) -> Made:
             hidden_size=vit.width,
             external_data_threshold_mb=cfg.export.external_data_threshold_mb,
             attention="none" if vit.qk_norm else "MultiHeadAttention",
-            class_token_only=vit.reads_class_token_only,
+            # patch tokens are an output too: every row of the last block is read
+            class_token_only=vit.reads_class_token_only and not ctx.output.patch_tokens,
         )
     except (ExportError, MissingDependencyError) as exc:
         # Said once, on the stage's line (not also as a warning).
@@ -166,6 +183,7 @@ def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
         input_name=INPUT_NAME,
         output=ctx.output,
         output_width=ctx.loaded.config.pooled_width if ctx.output.is_embedding else len(ctx.loaded.labels),
+        patch_shape=(ctx.loaded.config.num_patches, ctx.loaded.config.width),
         chw=ctx.chw,
         batch=cfg.export.batch.model_dump(),
         artifacts=ctx.entries,

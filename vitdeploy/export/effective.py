@@ -105,12 +105,19 @@ def _output_line(vit: Any, cfg: PipelineConfig) -> str:
     """What the export returns (model.output against the checkpoint: ConfigError when it cannot be had)."""
     from ..base.output_spec import resolve_output
 
-    output = resolve_output(cfg.model.output, cfg.model.normalize, vit.num_classes, cfg.model.checkpoint or "the demo")
+    output = resolve_output(
+        cfg.model.output,
+        cfg.model.normalize,
+        vit.num_classes,
+        cfg.model.checkpoint or "the demo",
+        cfg.model.patch_tokens,
+    )
     if not output.is_embedding:
         return f"output: logits, {vit.num_classes} classes"
     pooled = f"{vit.pool} pooling" + (", then the pooler: dense + tanh, pooler_output" if vit.pooler else "")
     normalized = ", L2-normalised" if output.normalize else ""
-    return f"output: embedding, {vit.pooled_width} floats per image ({pooled}{normalized}); no labels"
+    tokens = f"; PATCH_TOKENS [{vit.num_patches}, {vit.width}] beside it" if output.patch_tokens else ""
+    return f"output: embedding, {vit.pooled_width} floats per image ({pooled}{normalized}); no labels{tokens}"
 
 
 def describe(eff: Effective, cfg: PipelineConfig) -> list[str]:

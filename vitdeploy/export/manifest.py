@@ -51,21 +51,28 @@ def build_manifest(
     validation: Mapping[str, Any],
     stages: Sequence[Mapping[str, Any]],
     extra: Mapping[str, Any] | None = None,
+    patch_shape: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The manifest's content; ``output``: base/output_spec.ModelOutput (the output tensor's name, and
-    ``output_width`` values a row: one per label, or the embedding's dimension)."""
+    ``output_width`` values a row: one per label, or the embedding's dimension); ``patch_shape``: (patches,
+    width) of the patch tokens, the io section's ``patch_tokens``, when ``output.patch_tokens``."""
+    patch_io = {}
+    if output.patch_tokens:
+        shape = ["batch", *(int(d) for d in patch_shape or ())]
+        patch_io = {"patch_tokens": {"name": output.tensors[1], "dtype": "float32", "shape": shape}}
     return {
         "format": MANIFEST_FORMAT,
         "version": MANIFEST_VERSION,
         "name": name,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "model": {"vit": dict(vit), "source": dict(source)},
-        "output": output.model_dump(),
+        "output": output.to_dict(),
         "labels": list(labels),
         "preprocess": dict(preprocess),
         "io": {
             "input": {"name": input_name, "dtype": "float32", "shape": ["batch", *chw]},
             "output": {"name": output.tensor, "dtype": "float32", "shape": ["batch", output_width]},
+            **patch_io,
         },
         "batch": dict(batch),
         "artifacts": dict(artifacts),

@@ -18,7 +18,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -50,10 +50,11 @@ def export_onnx(
     opset: int = 18,
     metadata: dict[str, Any] | None = None,
     external_data_threshold_mb: int = 1536,
-    output_name: str = OUTPUT_NAME,
+    output_name: str | Sequence[str] = OUTPUT_NAME,
 ) -> OnnxArtifact:
     """Export ``model`` (a torch module: NCHW float32 -> logits, or an embedding named ``output_name``) to
-    ``path`` atomically.
+    ``path`` atomically. ``output_name`` may name several outputs, in the order the module returns them (an
+    embedding and its patch tokens); each gets the dynamic batch axis.
 
     ``metadata`` values are JSON-encoded into the ONNX ``metadata_props`` (strings stay strings).
     Weights above ``external_data_threshold_mb`` go to ``<name>.data`` beside the graph.
@@ -75,7 +76,7 @@ def export_onnx(
                 model,
                 (example,),
                 input_names=[INPUT_NAME],
-                output_names=[output_name],
+                output_names=[output_name] if isinstance(output_name, str) else list(output_name),
                 dynamic_shapes={"pixel_values": {0: batch}},
                 opset_version=opset,
                 dynamo=True,

@@ -150,9 +150,11 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
                 ctx.reference,
                 getattr(ctx.cfg.validation, gate.tolerance).model_dump(),
                 sizes,
-                largest_logits=judged,
+                largest_logits=judged[0] if judged else None,
                 labels=ctx.loaded.labels if ctx.loaded is not None and ctx.kind == "logits" else None,
                 kind=ctx.kind,
+                patch_reference=ctx.patch_reference,
+                largest_patches=judged[1] if judged else None,
                 progress=lambda text: setattr(rec, "progress", text),  # shown while it runs (the heartbeat)
             )
         finally:

@@ -52,17 +52,19 @@ class _Judge:
     def __call__(self, path: Path) -> Any:
         from ..runtime.backends.ort import OrtBackend
         from .compare import compare, failing_rows, proven_failure
-        from .validate import run_in_batches
+        from .validate import run_outputs_in_batches
 
         ctx, total = self.ctx, len(self.ctx.reference)
+        with_patches = ctx.patch_reference is not None
         self.steps += 1
         backend = OrtBackend(path, ctx.chw, None, CPU, name=self.label)
         try:
             if self.witnesses:
                 rows = self.witnesses
                 self._say(f"judging the {len(rows)} input(s) the step before failed on")
-                alone = np.concatenate([backend.run(ctx.inputs.batch[i : i + 1]) for i in rows])
-                proof = proven_failure(ctx.reference[rows], alone, total, self.tolerance, ctx.kind)
+                alone, alone_p = run_outputs_in_batches(backend, ctx.inputs.batch[rows], 1, None, with_patches)
+                pair = (ctx.patch_reference[rows], alone_p) if with_patches else None
+                proof = proven_failure(ctx.reference[rows], alone, total, self.tolerance, ctx.kind, pair)
                 if proof is not None:
                     ctx.judged = {}
                     return proof
@@ -72,12 +74,16 @@ class _Judge:
                 done[0] += n
                 self._say(f"{done[0]} of {total} inputs judged")
 
-            logits = run_in_batches(backend, ctx.inputs.batch, max(ctx.sizes), ran)
+            logits, patches = run_outputs_in_batches(backend, ctx.inputs.batch, max(ctx.sizes), ran, with_patches)
         finally:
             backend.close()
-        ctx.judged = {ctx.file_identity(path): logits}  # only the latest step can be the graph that ships
-        verdict = compare(ctx.reference, logits, self.tolerance, ctx.kind)
-        self.witnesses = [] if verdict.passed else failing_rows(ctx.reference, logits, self.tolerance, kind=ctx.kind)
+        ctx.judged = {ctx.file_identity(path): (logits, patches)}  # only the latest step can be the graph that ships
+        pair = (ctx.patch_reference, patches) if with_patches else None
+        verdict = compare(ctx.reference, logits, self.tolerance, ctx.kind, pair)
+        if not verdict.passed:
+            self.witnesses = failing_rows(ctx.reference, logits, self.tolerance, kind=ctx.kind, patches=pair)
+        else:
+            self.witnesses = []
         return verdict
 
 

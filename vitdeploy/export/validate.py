@@ -88,6 +88,27 @@ def run_in_batches(
     return np.concatenate(outs)
 
 
+def run_outputs_in_batches(
+    backend: Any,
+    batch: np.ndarray,
+    batch_size: int,
+    progress: Callable[[int], None] | None = None,
+    patches: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(logits or embeddings, patch tokens) of ``backend`` over ``batch``; the patch tokens (every output of the
+    backend's ``run_all``) only with ``patches``, else None and :func:`run_in_batches`."""
+    if not patches:
+        return run_in_batches(backend, batch, batch_size, progress), None
+    firsts, seconds = [], []
+    for i in range(0, len(batch), batch_size):
+        first, second = backend.run_all(batch[i : i + batch_size])[:2]
+        firsts.append(first)
+        seconds.append(second)
+        if progress is not None:
+            progress(len(first))
+    return np.concatenate(firsts), np.concatenate(seconds)
+
+
 def sample_rows(count: int, batch_size: int, sample: int = SAMPLE) -> np.ndarray:
     """Indices of the inputs run at ``batch_size``: ``sample`` (at least two batches and a tail) spread
     evenly over ``count`` inputs, first and last included; every input when there are no more."""
@@ -152,6 +173,8 @@ def validate_artifact(
     labels: Sequence[str] | None = None,
     progress: Callable[[str], None] | None = None,
     kind: str = "logits",
+    patch_reference: np.ndarray | None = None,
+    largest_patches: np.ndarray | None = None,
 ) -> ArtifactValidation:
     """Run ``backend`` over every input at the largest of ``batch_sizes`` and over a sample at the others
     (the module docstring says why that proves as much); compare with ``reference`` logits.
@@ -160,10 +183,15 @@ def validate_artifact(
     were computed already (the autopilot's judge, with the same backend class): not computed again.
     ``labels``: the model's class names, to record the inputs whose top-1 changed with both top-3s.
     ``progress``: told ``"<done> of <total> inputs run"`` after each batch (a long validation says how far it is).
-    ``kind``: what the outputs are (vocab.OUTPUT_KINDS): embeddings are judged by cosine and neighbours."""
+    ``kind``: what the outputs are (vocab.OUTPUT_KINDS): embeddings are judged by cosine and neighbours.
+    ``patch_reference``: eager's patch tokens, when the export returns them: the artifact's are judged too, at
+    every batch size (``largest_patches``: those the autopilot's judge already has, with ``largest_logits``)."""
     sizes = sorted(set(batch_sizes))
     largest = sizes[-1]
     count = len(inputs.batch)
+    with_patches = patch_reference is not None
+    if with_patches and largest_patches is None:
+        largest_logits = None  # judged without its patch tokens: run again
     total = (count if largest_logits is None else 0) + sum(len(sample_rows(count, s, sample)) for s in sizes[:-1])
     done = [0]
 
@@ -172,30 +200,56 @@ def validate_artifact(
         if progress is not None:
             progress(f"{done[0]} of {total} inputs run")
 
-    full = run_in_batches(backend, inputs.batch, largest, ran) if largest_logits is None else largest_logits
-    per_batch = {largest: compare(reference, full, tolerance, kind)}
+    def run(rows: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray | None]:
+        return run_outputs_in_batches(backend, rows, size, ran, with_patches)
+
+    full, full_p = run(inputs.batch, largest) if largest_logits is None else (largest_logits, largest_patches)
+    pair = (lambda p: (patch_reference, p)) if with_patches else (lambda p: None)
+    per_batch = {largest: compare(reference, full, tolerance, kind, pair(full_p))}
     rows = {largest: len(full)}
-    bound = float(tolerance.get("max_abs_diff", float("inf")))
     for size in sizes[:-1]:
         idx = sample_rows(len(full), size, sample)
-        logits = run_in_batches(backend, inputs.batch[idx], size, ran)
-        spliced = full.copy()
-        spliced[idx] = logits
-        verdict = compare(reference, spliced, tolerance, kind)
-        moved = float(np.abs(logits - full[idx]).max()) if len(idx) else 0.0
-        if not moved <= bound:  # NaN fails too
-            verdict = replace(
-                verdict,
-                failures=(
-                    *verdict.failures,
-                    f"batch invariance: logits moved {moved:.3g} from batch {largest} (expected <= max_abs_diff "
-                    f"{bound:g})",
-                ),
-            )
-        per_batch[size], rows[size] = verdict, len(idx)
-        log.info("%s at batch %d (%d inputs): %s", stage, size, len(idx), "pass" if verdict.passed else "FAIL")
+        logits, patches = run(inputs.batch[idx], size)
+        per_batch[size] = _judge_sample(reference, full, full_p, idx, logits, patches, tolerance, kind, pair, largest)
+        rows[size] = len(idx)
+        log.info("%s at batch %d (%d inputs): %s", stage, size, len(idx), "pass" if per_batch[size].passed else "FAIL")
     ordered = {size: per_batch[size] for size in sorted(per_batch)}
     flips = flip_details(reference, full, inputs.names, labels) if labels is not None else None
     counts = {s: rows[s] for s in sorted(rows)}
-    per = per_image(reference, full, kind, int(tolerance.get("neighbours", 10)))
+    per = per_image(reference, full, kind, int(tolerance.get("neighbours", 10)), pair(full_p))
     return ArtifactValidation(stage, getattr(backend, "name", "?"), ordered, counts, per, flips, kind)
+
+
+def _judge_sample(
+    reference: np.ndarray,
+    full: np.ndarray,
+    full_p: np.ndarray | None,
+    idx: np.ndarray,
+    logits: np.ndarray,
+    patches: np.ndarray | None,
+    tolerance: Mapping[str, float],
+    kind: str,
+    pair: Callable[[Any], Any],
+    largest: int,
+) -> Comparison:
+    """A smaller batch size's sample spliced into the largest batch's outputs and judged, and its batch
+    invariance: the sample's outputs within ``max_abs_diff`` of its own rows at the largest batch."""
+    spliced = full.copy()
+    spliced[idx] = logits
+    spliced_p = None
+    if patches is not None and full_p is not None:
+        spliced_p = full_p.copy()
+        spliced_p[idx] = patches
+    verdict = compare(reference, spliced, tolerance, kind, pair(spliced_p))
+    bound = float(tolerance.get("max_abs_diff", float("inf")))
+    moved = float(np.abs(logits - full[idx]).max()) if len(idx) else 0.0
+    if not moved <= bound:  # NaN fails too
+        verdict = replace(
+            verdict,
+            failures=(
+                *verdict.failures,
+                f"batch invariance: logits moved {moved:.3g} from batch {largest} (expected <= max_abs_diff "
+                f"{bound:g})",
+            ),
+        )
+    return verdict

@@ -328,7 +328,7 @@ def save_checkpoint(
         "vit": cfg.to_dict(),
         "labels": list(labels),
         "preprocess": preprocess.to_dict() if preprocess is not None else None,
-        **({"output": output.model_dump()} if output is not None else {}),
+        **({"output": output.to_dict()} if output is not None else {}),
     }
     _atomic(out / OUR_WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     _atomic(out / OUR_META, lambda tmp: tmp.write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8"))

@@ -219,21 +219,30 @@ class VisionTransformer(nn.Module):
 
 class EmbeddingNetwork(nn.Module):
     """What an embedding export runs: the ViT's pooled features (``forward_features``: the class token, the
-    mean patch token, as its library pools them; no head), L2-normalised when ``normalize``."""
+    mean patch token, as its library pools them; no head), L2-normalised when ``normalize``. With
+    ``patch_tokens`` it returns ``(pooled, patches)``: beside the vector, the image patches' tokens after the
+    final norm, (B, num_patches, width), as the library gives them (transformers' ``last_hidden_state`` past
+    the class token and registers, timm's ``forward_features`` past ``num_prefix_tokens``); never normalised."""
 
-    def __init__(self, vit: VisionTransformer, normalize: bool = False) -> None:
+    def __init__(self, vit: VisionTransformer, normalize: bool = False, patch_tokens: bool = False) -> None:
         super().__init__()
-        self.vit, self.normalize = vit, normalize
+        self.vit, self.normalize, self.patch_tokens = vit, normalize, patch_tokens
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        features = self.vit.forward_features(pixel_values)
-        return F.normalize(features, dim=-1) if self.normalize else features
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        tokens = self.vit.forward_tokens(pixel_values)
+        features = self.vit._pool(tokens)
+        pooled = F.normalize(features, dim=-1) if self.normalize else features
+        if not self.patch_tokens:
+            return pooled
+        return pooled, tokens[:, self.vit.cfg.num_prefix_tokens :]
 
 
 def output_network(vit: VisionTransformer, output: Any) -> nn.Module:
     """The network an export runs for ``output`` (base/output_spec.ModelOutput): the classifier itself, or
-    its :class:`EmbeddingNetwork`."""
-    return EmbeddingNetwork(vit, output.normalize).eval() if output.is_embedding else vit
+    its :class:`EmbeddingNetwork` (with the patch tokens as a second output when ``output.patch_tokens``)."""
+    if not output.is_embedding:
+        return vit
+    return EmbeddingNetwork(vit, output.normalize, getattr(output, "patch_tokens", False)).eval()
 
 
 def resample_pos_embed(

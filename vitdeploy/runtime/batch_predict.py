@@ -26,24 +26,33 @@ def predict_paths(
     batch_size: int = 32,
     top_k: int = 5,
     progress: Progress | None = None,
+    patch_tokens: bool = False,
 ) -> Iterator[dict[str, Any]]:
     """One record per image file under ``paths`` (files as given, directories walked), in order.
 
     Paths are expanded before this returns; a path that cannot be used (missing, a symlink loop,
     an unreadable or empty directory) yields its own error record in place and the others are
     predicted. Every image file yields exactly one record. ``progress(done, total)`` is called
-    after each batch.
+    after each batch. ``patch_tokens``: an embedding's records carry its patch tokens too (InputError when the
+    export has none).
     """
     batch_size = check_batch_size(batch_size, "batch_size")
     if int(top_k) < 1:
         raise InputError(f"top_k must be >= 1, got {top_k}")
+    if patch_tokens:
+        predictor.check_patch_tokens()
     from .image_paths import expand_image_paths
 
-    return _records(predictor, expand_image_paths(paths), int(batch_size), int(top_k), progress)
+    return _records(predictor, expand_image_paths(paths), int(batch_size), int(top_k), progress, patch_tokens)
 
 
 def _records(
-    predictor: Any, entries: list[tuple[Path, str | None]], batch_size: int, top_k: int, progress: Progress | None
+    predictor: Any,
+    entries: list[tuple[Path, str | None]],
+    batch_size: int,
+    top_k: int,
+    progress: Progress | None,
+    patch_tokens: bool = False,
 ) -> Iterator[dict[str, Any]]:
     total, done = len(entries), 0
     preprocessor = predictor.preprocessor
@@ -68,8 +77,8 @@ def _records(
         good = [int(i) for i in good]
         preds = {}
         if good and batch is not None:
-            logits = predictor.predict_logits(batch)
-            preds = dict(zip(good, predictor.predictions_from_logits(logits, top_k)))
+            logits, tokens = predictor.predict_outputs(batch, patch_tokens)
+            preds = dict(zip(good, predictor.predictions_from_logits(logits, top_k, tokens)))
         for i, path in enumerate(chunk):
             if i in preds:
                 yield {"path": str(path), **preds[i].to_dict()}

@@ -105,6 +105,8 @@ class IOSpec(StrictSection):
     input: TensorSpec
     output: TensorSpec
     features: Optional[TensorSpec] = None
+    #: an embedding export's patch tokens ([batch, patches, width]; output.patch_tokens), absent otherwise
+    patch_tokens: Optional[TensorSpec] = None
 
     @model_validator(mode="after")
     def _ranks(self) -> "IOSpec":
@@ -118,7 +120,11 @@ class IOSpec(StrictSection):
             )
         if len(self.output.shape) != 2:
             raise ValueError(f'io.output.shape must be ["batch", classes], got {clip(list(self.output.shape))}')
-        names = [self.input.name, self.output.name] + ([self.features.name] if self.features else [])
+        if self.patch_tokens is not None and len(self.patch_tokens.shape) != 3:
+            shape = clip(list(self.patch_tokens.shape))
+            raise ValueError(f'io.patch_tokens.shape must be ["batch", patches, width], got {shape}')
+        extra = [t.name for t in (self.features, self.patch_tokens) if t is not None]
+        names = [self.input.name, self.output.name, *extra]
         if len(set(names)) != len(names):
             raise ValueError(f"io tensor names must differ, got {clip(names)}")
         return self
@@ -206,6 +212,14 @@ class Manifest(BaseModel):
                 "one label per class"
                 + ("" if self.labels else ' (a model without labels is an embedding: "output": {"kind": "embedding"})')
             )
+        tokens = self.io.patch_tokens
+        if self.output.patch_tokens and (tokens is None or tokens.name != self.output.tensors[1]):
+            got = "absent" if tokens is None else f"named {clip(tokens.name)}"
+            raise ValueError(
+                f"output.patch_tokens is true but io.patch_tokens is {got}; expected {self.output.tensors[1]!r}"
+            )
+        if tokens is not None and not self.output.patch_tokens:
+            raise ValueError("io.patch_tokens is set but output.patch_tokens is not true")
         _, _, h, w = self.io.input.shape
         if (self.preprocess.height, self.preprocess.width) != (h, w):
             raise ValueError(
@@ -227,6 +241,12 @@ class Manifest(BaseModel):
     @property
     def is_embedding(self) -> bool:
         return self.output.is_embedding
+
+    @property
+    def patch_shape(self) -> tuple[int, int] | None:
+        """(patches, width) of the patch tokens; None when the export does not return them."""
+        tokens = self.io.patch_tokens
+        return (int(tokens.shape[1]), int(tokens.shape[2])) if tokens is not None else None
 
 
 def read_json_bounded(path: Path, what: str) -> Any:
@@ -300,8 +320,12 @@ def check_model_config(manifest: Manifest, config: Any, config_path: Path, manif
         width = ViTConfig.from_dict(vit).pooled_width
         if width != manifest.num_classes:
             problems.append(f"pooled features of {width} values vs {manifest.num_classes} in io.output")
-        if config.get("output") != manifest.output.model_dump():
-            problems.append(f"output {clip(config.get('output'))} vs {manifest.output.model_dump()} in the manifest")
+        if _output_of(config.get("output")) != manifest.output:
+            problems.append(f"output {clip(config.get('output'))} vs {manifest.output.to_dict()} in the manifest")
+        cfg = ViTConfig.from_dict(vit)
+        if manifest.patch_shape is not None and manifest.patch_shape != (cfg.num_patches, cfg.width):
+            got = list(manifest.patch_shape)
+            problems.append(f"patch tokens [{cfg.num_patches}, {cfg.width}] vs {got} in io.patch_tokens")
     elif vit["num_classes"] != manifest.num_classes:
         problems.append(f"{vit['num_classes']} classes (vit.num_classes) vs {manifest.num_classes} in io.output")
     if vit["in_channels"] != c:
@@ -309,6 +333,14 @@ def check_model_config(manifest: Manifest, config: Any, config_path: Path, manif
     if (vit["image_size"], vit["image_size"]) != (h, w):
         problems.append(f"image size {vit['image_size']} vs {h}x{w} in io.input")
     _refuse(str(config_path), problems, manifest_path)
+
+
+def _output_of(data: Any) -> Any:
+    """model.json's ``output`` as a ModelOutput (None where it is not one: never equal to the manifest's)."""
+    try:
+        return ModelOutput.model_validate(data)
+    except ValueError:
+        return None
 
 
 def check_engine_meta(manifest: Manifest, meta: Any, meta_path: Path, manifest_path: Path) -> None:
@@ -357,7 +389,7 @@ def check_graph_io(
             problems.append(f"input dtype {dtype} vs {io.input.dtype}")
         if len(shape) != 4 or tuple(shape[1:]) != manifest.chw or not _batch_dim_ok(shape[0], manifest):
             problems.append(f"input shape {clip(_dims(shape))} vs [batch, {', '.join(map(str, manifest.chw))}]")
-    described = {io.output.name: io.output, **({io.features.name: io.features} if io.features else {})}
+    described = {io.output.name: io.output, **{t.name: t for t in (io.features, io.patch_tokens) if t is not None}}
     by_name = {o[0]: o for o in outputs}
     extra = [n for n in by_name if n not in described]
     if extra:
@@ -372,7 +404,24 @@ def check_graph_io(
         if len(shape) != 2 or shape[1] != manifest.num_classes or not _batch_dim_ok(shape[0], manifest):
             what = "embedding" if manifest.is_embedding else f"{len(manifest.labels)} labels"
             problems.append(f"output shape {clip(_dims(shape))} vs [batch, {manifest.num_classes}] ({what})")
+    if io.patch_tokens is not None:
+        problems += _patch_tokens_problems(manifest, by_name.get(io.patch_tokens.name), fp16_io_ok)
     _refuse(f"graph {graph_path}", problems, manifest_path)
+
+
+def _patch_tokens_problems(manifest: Manifest, tensor: Tensor | None, fp16_io_ok: bool) -> list[str]:
+    """The graph's patch-token output against io.patch_tokens: there, float32 (or float16 where allowed),
+    [batch, patches, width]."""
+    spec, (patches, width) = manifest.io.patch_tokens, manifest.patch_shape or (0, 0)
+    if tensor is None:
+        return [f"no output named {spec.name!r} (io.patch_tokens)"]
+    _, dtype, shape = tensor
+    problems = []
+    if dtype not in ({spec.dtype, "float16"} if fp16_io_ok else {spec.dtype}):
+        problems.append(f"{spec.name} dtype {dtype} vs {spec.dtype}")
+    if len(shape) != 3 or tuple(shape[1:]) != (patches, width) or not _batch_dim_ok(shape[0], manifest):
+        problems.append(f"{spec.name} shape {clip(_dims(shape))} vs [batch, {patches}, {width}] (io.patch_tokens)")
+    return problems
 
 
 def _batch_dim_ok(dim: Any, manifest: Manifest) -> bool:

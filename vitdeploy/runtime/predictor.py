@@ -115,12 +115,16 @@ def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backe
 
 @dataclass(frozen=True)
 class Embedding:
-    """The feature vector of one input (an embedding model's answer: no label, no score)."""
+    """The feature vector of one input (an embedding model's answer: no label, no score); with its patch
+    tokens, float32 (P, D), where they were asked for of an export that returns them."""
 
     vector: list[float]
+    patch_tokens: np.ndarray | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"embedding": self.vector}
+        if self.patch_tokens is None:
+            return {"embedding": self.vector}
+        return {"embedding": self.vector, "patch_tokens": self.patch_tokens.tolist()}
 
 
 def _is_single(inputs: Any) -> bool:
@@ -154,6 +158,7 @@ class Predictor:
         self.input_shape = artifacts.input_shape
         self.is_embedding = artifacts.schema.is_embedding  # vectors out, no labels (base/output_spec.py)
         self.output_width = artifacts.schema.num_classes  # values per row: classes, or the embedding's dimension
+        self.patch_shape = artifacts.schema.patch_shape  # (patches, width) of the patch tokens; None: not exported
 
     @classmethod
     def from_artifacts(
@@ -226,28 +231,69 @@ class Predictor:
             )
         return logits
 
-    def embed(self, inputs: Any) -> np.ndarray:
-        """Images (or a preprocessed batch) -> float32 (N, D) embeddings; InputError for a classifier."""
+    @property
+    def has_patch_tokens(self) -> bool:
+        """Whether the export returns the patch tokens beside each embedding (model.patch_tokens)."""
+        return self.patch_shape is not None
+
+    def check_patch_tokens(self) -> None:
+        """InputError unless the export returns patch tokens (what asking for them of another export gets)."""
+        if not self.has_patch_tokens:
+            what = "an embedding model" if self.is_embedding else "a classifier"
+            raise InputError(
+                f"{self.artifacts.name} is {what} exported without patch tokens; export it with model.output: "
+                "embedding and model.patch_tokens: true to have them"
+            )
+
+    def predict_outputs(self, batch: np.ndarray, patch_tokens: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+        """float32 (N, C, H, W) -> (what :meth:`predict_logits` gives, the (N, P, D) patch tokens or None); the
+        patch tokens only with ``patch_tokens`` (InputError when the export has none)."""
+        if not patch_tokens:
+            return self.predict_logits(batch), None
+        self.check_patch_tokens()
+        vectors, tokens = self._backend().run_all(batch)[:2]
+        want = (len(vectors), *(self.patch_shape or ()))
+        if vectors.shape != (len(batch), self.output_width) or tokens.shape != want:
+            raise ArtifactIntegrityError(
+                f"{self.backend_name} returned outputs of shapes {vectors.shape} and {tokens.shape} but "
+                f"{self.artifacts.manifest_path} says ({len(batch)}, {self.output_width}) and {want}; re-run "
+                "`vitdeploy export`"
+            )
+        return vectors, tokens
+
+    def embed(self, inputs: Any, patch_tokens: bool = False) -> Any:
+        """Images (or a preprocessed batch) -> float32 (N, D) embeddings; InputError for a classifier. With
+        ``patch_tokens``: (the embeddings, their float32 (N, P, D) patch tokens), InputError when the export has
+        none."""
         if not self.is_embedding:
             raise InputError(
                 f"{self.artifacts.name} is a classifier (labels, top-k); its embeddings are not an output: export "
                 "it with model.output: embedding"
             )
+        if patch_tokens:
+            self.check_patch_tokens()
         if isinstance(inputs, (list, tuple)) and not inputs:
-            return np.zeros((0, self.output_width), np.float32)
-        return self.predict_logits(self._to_batch(inputs)[0])
+            empty = np.zeros((0, self.output_width), np.float32)
+            return (empty, np.zeros((0, *(self.patch_shape or ())), np.float32)) if patch_tokens else empty
+        vectors, tokens = self.predict_outputs(self._to_batch(inputs)[0], patch_tokens)
+        return (vectors, tokens) if patch_tokens else vectors
 
     def _backend(self) -> Backend:
         if self.backend is None:
             raise BackendError(f"predictor for {self.artifacts.directory} is closed")
         return self.backend
 
-    def predictions_from_logits(self, logits: np.ndarray, top_k: int = 5) -> list[Any]:
-        """One Prediction per row of logits; one :class:`Embedding` per row for an embedding model."""
+    def predictions_from_logits(
+        self, logits: np.ndarray, top_k: int = 5, patch_tokens: np.ndarray | None = None
+    ) -> list[Any]:
+        """One Prediction per row of logits; one :class:`Embedding` per row for an embedding model (with its
+        row of ``patch_tokens`` when given)."""
         if top_k < 1:
             raise InputError(f"top_k must be >= 1, got {top_k}")
         if self.is_embedding:
-            return [Embedding(row.tolist()) for row in np.asarray(logits, dtype=np.float32)]
+            rows = np.asarray(logits, dtype=np.float32)
+            tokens = [None] * len(rows) if patch_tokens is None else list(patch_tokens)
+            return [Embedding(row.tolist(), t) for row, t in zip(rows, tokens)]
         probs = softmax(logits, axis=-1)
         out = []
         for row in probs:
@@ -255,16 +301,20 @@ class Predictor:
             out.append(Prediction(label=best[0][0], index=best[0][1], score=best[0][2], top_k=best))
         return out
 
-    def predict(self, inputs: Any, top_k: int = 5) -> list[Any]:
+    def predict(self, inputs: Any, top_k: int = 5, patch_tokens: bool = False) -> list[Any]:
         """One input or a list of inputs -> one Prediction (an Embedding for an embedding model) per input
-        (a list, always).
+        (a list, always); ``patch_tokens``: each Embedding carries its patch tokens (InputError when the export
+        has none).
 
         Inputs: image paths, PIL images, HWC uint8 arrays, or a preprocessed float32 NCHW batch.
         """
+        if patch_tokens:
+            self.check_patch_tokens()
         if isinstance(inputs, (list, tuple)) and not inputs:
             return []
         batch, _ = self._to_batch(inputs)
-        return self.predictions_from_logits(self.predict_logits(batch), top_k)
+        vectors, tokens = self.predict_outputs(batch, patch_tokens)
+        return self.predictions_from_logits(vectors, top_k, tokens)
 
     def label_of(self, index: int) -> str:
         return self.labels[index] if 0 <= index < len(self.labels) else str(index)

@@ -161,12 +161,18 @@ def http_form(request: Any) -> tuple[bytes, int]:
 
 
 def infer_response(
-    model: str, req: protocol.InferRequest, logits: np.ndarray, labels: list[str], k: int, embedding: bool = False
+    model: str,
+    req: protocol.InferRequest,
+    logits: np.ndarray,
+    labels: list[str],
+    k: int,
+    embedding: bool = False,
+    patch_tokens: np.ndarray | None = None,
 ) -> Any:
-    """The ``ModelInferResponse`` of ``logits`` (an embedding model's vectors with ``embedding``): the outputs
-    ``req`` asked for, each in ``raw_output_contents``."""
+    """The ``ModelInferResponse`` of ``logits`` (an embedding model's vectors with ``embedding``, its
+    ``patch_tokens`` where computed): the outputs ``req`` asked for, each in ``raw_output_contents``."""
     pb = _pb()
-    arrays = protocol.output_arrays(logits, labels, k, req.classification, embedding)
+    arrays = protocol.output_arrays(logits, labels, k, req.classification, embedding, patch_tokens)
     response = pb.ModelInferResponse(model_name=model, model_version=protocol.MODEL_VERSION, id=req.id or "")
     for name in req.outputs:
         datatype, arr = arrays[name]
@@ -236,7 +242,8 @@ class KServeGrpcMethods:
         if not self._checked(request, grpc_context):
             return pb.ModelMetadataResponse()
         embedding = self.predictor.is_embedding
-        meta = protocol.model_metadata(self.name, self.num_classes, self.top_k, "ray_serve", embedding)
+        patches = self.predictor.patch_shape
+        meta = protocol.model_metadata(self.name, self.num_classes, self.top_k, "ray_serve", embedding, patches)
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=meta["name"],
@@ -259,6 +266,7 @@ class KServeGrpcMethods:
             self.top_k,
             self.spec.max_images_per_request,
             embedding=self.predictor.is_embedding,
+            patch_shape=self.predictor.patch_shape,
         )
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 
@@ -281,10 +289,11 @@ class KServeGrpcMethods:
                 raise BodyTooLargeError(
                     f"request body is over the limit of {self.spec.max_request_bytes} bytes (serve.max_request_mb)"
                 )
-            served = protocol.served_outputs(self.predictor.is_embedding)
+            served = protocol.served_outputs(self.predictor.is_embedding, self.predictor.has_patch_tokens)
             req = protocol.parse_infer_request(body, head, self.spec.max_images_per_request, served)
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
-            logits, errors = await self._classify(list(zip(names, req.images)), times)
+            want = protocol.PATCH_TOKENS in req.outputs
+            logits, errors, tokens = await self._classify(list(zip(names, req.images)), times, want)
             if errors:
                 raise errors[min(errors)]
         except protocol.RequestError as exc:
@@ -293,7 +302,13 @@ class KServeGrpcMethods:
             return _pb().ModelInferResponse()
         t_out = time.perf_counter_ns()
         response = infer_response(
-            self.name, req, np.stack(logits), self.predictor.labels, self.top_k, self.predictor.is_embedding
+            self.name,
+            req,
+            np.stack(logits),
+            self.predictor.labels,
+            self.top_k,
+            self.predictor.is_embedding,
+            np.stack(tokens) if want else None,
         )
         end = time.perf_counter_ns()
         self.stats.success(

@@ -34,10 +34,16 @@ def _input(name: str, dtype: str, dims: list[int]) -> dict[str, Any]:
 
 
 def model_config(
-    model: str, num_classes: int, k: int, max_batch_size: int, platform: str = "ray_serve", embedding: bool = False
+    model: str,
+    num_classes: int,
+    k: int,
+    max_batch_size: int,
+    platform: str = "ray_serve",
+    embedding: bool = False,
+    patch_shape: Any = None,
 ) -> dict[str, Any]:
-    """The model's configuration as Triton's ``/config`` JSON (the ensemble's tensors; ``embedding``: its one
-    output EMBEDDINGS, ``num_classes`` values a row)."""
+    """The model's configuration as Triton's ``/config`` JSON (the ensemble's tensors; ``embedding``: its output
+    EMBEDDINGS, ``num_classes`` values a row, and PATCH_TOKENS [P, D] with ``patch_shape``)."""
     return {
         "name": model,
         "platform": platform,
@@ -46,8 +52,8 @@ def model_config(
         "max_batch_size": int(max_batch_size),
         "input": [_input(INPUT, "TYPE_STRING", [1])],
         "output": [
-            {**_tensor(name, CONFIG_TYPES[dtype], [width]), "label_filename": ""}
-            for name, dtype, width in output_tensors(num_classes, k, embedding)
+            {**_tensor(name, CONFIG_TYPES[dtype], list(dims)), "label_filename": ""}
+            for name, dtype, dims in output_tensors(num_classes, k, embedding, patch_shape)
         ],
         "parameters": {},
     }

@@ -3,7 +3,9 @@ the tensors a served model answers with, the same on `vitdeploy serve` and the g
 
 A classifier answers ``LOGITS`` FP32 [N, C], ``TOPK_LABELS`` BYTES [N, K] and ``TOPK_SCORES`` FP32 [N, K] (softmax
 top-k, as ``vitdeploy predict``); an embedding model (the manifest's ``output.kind: embedding``) answers its
-vectors alone, ``EMBEDDINGS`` FP32 [N, D]. numpy only.
+vectors, ``EMBEDDINGS`` FP32 [N, D]; one exported with its patch tokens (``output.patch_tokens``) also serves
+``PATCH_TOKENS`` FP32 [N, P, D], answered only to a request that names it in ``outputs`` (they are P times the
+vectors' size: a request naming no output gets EMBEDDINGS alone). numpy only.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..base.output_spec import EMBEDDING
-from ..base.vocab import OUTPUT_TENSORS
+from ..base.vocab import OUTPUT_TENSORS, PATCH_TOKENS
 
 #: A classifier's output tensors: logits FP32 [N, C], top-k labels BYTES [N, K], top-k softmax scores FP32 [N, K].
 LOGITS = "LOGITS"
@@ -27,19 +29,30 @@ CONFIG_TYPES = {"FP32": "TYPE_FP32", "BYTES": "TYPE_STRING"}
 DEFAULT_TOP_K = 5
 
 
-def served_outputs(embedding: bool) -> tuple[str, ...]:
-    """The names of the outputs a model answers: (EMBEDDINGS,) for an embedding model, else :data:`OUTPUTS`."""
-    return (EMBEDDINGS,) if embedding else OUTPUTS
-
-
-def output_tensors(width: int, k: int = DEFAULT_TOP_K, embedding: bool = False) -> list[tuple[str, str, int]]:
-    """(name, v2 datatype, values per row) of each output the model answers: a classifier's LOGITS FP32 [C],
-    TOPK_LABELS BYTES [K], TOPK_SCORES FP32 [K] (``width`` = C, ``K = min(k, C)``); an embedding model's
-    EMBEDDINGS FP32 [D] alone (``width`` = D)."""
+def served_outputs(embedding: bool, patch_tokens: bool = False) -> tuple[str, ...]:
+    """The names of the outputs a model answers: (EMBEDDINGS,) for an embedding model (EMBEDDINGS, PATCH_TOKENS
+    with ``patch_tokens``), else :data:`OUTPUTS`."""
     if embedding:
-        return [(EMBEDDINGS, "FP32", int(width))]
+        return (EMBEDDINGS, PATCH_TOKENS) if patch_tokens else (EMBEDDINGS,)
+    return OUTPUTS
+
+
+def default_outputs(served: Sequence[str]) -> tuple[str, ...]:
+    """What a request that names no output gets: every served output but PATCH_TOKENS (asked for by name)."""
+    return tuple(name for name in served if name != PATCH_TOKENS)
+
+
+def output_tensors(
+    width: int, k: int = DEFAULT_TOP_K, embedding: bool = False, patch_shape: Sequence[int] | None = None
+) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(name, v2 datatype, dimensions of a row) of each output the model answers: a classifier's LOGITS FP32 [C],
+    TOPK_LABELS BYTES [K], TOPK_SCORES FP32 [K] (``width`` = C, ``K = min(k, C)``); an embedding model's
+    EMBEDDINGS FP32 [D] (``width`` = D), then PATCH_TOKENS FP32 [P, D] where it has them (``patch_shape``)."""
+    if embedding:
+        tokens = [(PATCH_TOKENS, "FP32", tuple(int(d) for d in patch_shape))] if patch_shape else []
+        return [(EMBEDDINGS, "FP32", (int(width),)), *tokens]
     kk = max(1, min(int(k), int(width)))
-    return [(LOGITS, "FP32", int(width)), (TOPK_LABELS, "BYTES", kk), (TOPK_SCORES, "FP32", kk)]
+    return [(LOGITS, "FP32", (int(width),)), (TOPK_LABELS, "BYTES", (kk,)), (TOPK_SCORES, "FP32", (kk,))]
 
 
 def top_k_arrays(logits: np.ndarray, labels: Sequence[str], k: int = DEFAULT_TOP_K) -> tuple[np.ndarray, np.ndarray]:
@@ -71,13 +84,21 @@ def classify(values: np.ndarray, count: int) -> np.ndarray:
 
 
 def output_arrays(
-    logits: np.ndarray, labels: Sequence[str], k: int, classification: dict[str, int], embedding: bool = False
+    logits: np.ndarray,
+    labels: Sequence[str],
+    k: int,
+    classification: dict[str, int],
+    embedding: bool = False,
+    patch_tokens: np.ndarray | None = None,
 ) -> dict[str, tuple[str, np.ndarray]]:
     """Every output of a v2 answer as (datatype, array): LOGITS, TOPK_LABELS, TOPK_SCORES (an embedding model:
-    its vectors as EMBEDDINGS), an output asked for with class_count classified (BYTES)."""
+    its vectors as EMBEDDINGS, and ``patch_tokens`` (N, P, D) as PATCH_TOKENS where computed), an output asked
+    for with class_count classified (BYTES)."""
     logits = np.ascontiguousarray(logits, dtype=np.float32)
     if embedding:
         tensors = {EMBEDDINGS: ("FP32", logits)}
+        if patch_tokens is not None:
+            tensors[PATCH_TOKENS] = ("FP32", np.ascontiguousarray(patch_tokens, dtype=np.float32))
     else:
         labels_arr, scores = top_k_arrays(logits, labels, k)
         tensors = {LOGITS: ("FP32", logits), TOPK_LABELS: ("BYTES", labels_arr), TOPK_SCORES: ("FP32", scores)}
@@ -92,9 +113,11 @@ __all__ = [
     "EMBEDDINGS",
     "LOGITS",
     "OUTPUTS",
+    "PATCH_TOKENS",
     "TOPK_LABELS",
     "TOPK_SCORES",
     "classify",
+    "default_outputs",
     "output_arrays",
     "output_tensors",
     "served_outputs",

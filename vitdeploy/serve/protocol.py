@@ -5,7 +5,8 @@ answers for the same bytes (see SERVE_CONTRACT.md):
 
 * :func:`model_name` - the model's name on the wire, from the manifest's ``name``;
 * tensor names :data:`INPUT`, :data:`LOGITS`, :data:`TOPK_LABELS`, :data:`TOPK_SCORES` (a classifier's),
-  :data:`EMBEDDINGS` (an embedding model's one output); :func:`output_tensors` lists a model's outputs;
+  :data:`EMBEDDINGS` (an embedding model's vectors; :data:`PATCH_TOKENS` its patch tokens, when asked for);
+  :func:`output_tensors` lists a model's outputs;
 * :func:`decode_image` / :func:`preprocess_images` - encoded image bytes -> the float32 NCHW
   batch with the runtime's own preprocessing (:class:`vitdeploy.runtime.preprocess.Preprocessor`,
   bit for bit), each bad image raised as a typed :class:`~vitdeploy.base.errors.ImageError` (a
@@ -55,9 +56,11 @@ from .outputs import (
     EMBEDDINGS,
     LOGITS,
     OUTPUTS,
+    PATCH_TOKENS,
     TOPK_LABELS,
     TOPK_SCORES,
     classify,
+    default_outputs,
     output_arrays,
     output_tensors,
     served_outputs,
@@ -340,7 +343,7 @@ def _requested_outputs(doc: dict[str, Any], served: Sequence[str]) -> tuple[dict
     )
     requested = doc.get("outputs")
     if not requested:
-        return {name: default_binary for name in served}, {}
+        return {name: default_binary for name in default_outputs(served)}, {}
     if not isinstance(requested, list):
         raise RequestError('"outputs" must be a list of {"name": ...} objects')
     out: dict[str, bool] = {}
@@ -363,6 +366,8 @@ def _requested_outputs(doc: dict[str, Any], served: Sequence[str]) -> tuple[dict
 def _class_count(name: str, value: Any) -> int:
     """The classification extension's class_count for output ``name``: on LOGITS and TOPK_SCORES (numbers), as
     Triton answers it; refused on TOPK_LABELS (strings), where Triton itself fails."""
+    if name == PATCH_TOKENS:
+        raise RequestError(f"output {name}: the classification extension (class_count) needs a row of numbers")
     if name == TOPK_LABELS:
         raise RequestError(
             f"output {name}: the classification extension (class_count) needs a numeric output; ask it of "
@@ -380,15 +385,16 @@ def encode_infer_response(
     labels: Sequence[str],
     k: int = DEFAULT_TOP_K,
     embedding: bool = False,
+    patch_tokens: np.ndarray | None = None,
 ) -> tuple[bytes, dict[str, str]]:
     """The v2 response body and its extra headers for ``logits`` (N, C) of ``request``'s images (with
-    ``embedding``: the (N, D) vectors, answered as EMBEDDINGS).
+    ``embedding``: the (N, D) vectors, answered as EMBEDDINGS; ``patch_tokens`` (N, P, D) as PATCH_TOKENS).
 
     Outputs the request asked for (all by default), JSON or binary as asked; with any
     binary output the body is the JSON header followed by the binary tensors and the headers
     carry ``Inference-Header-Content-Length``.
     """
-    tensors = output_arrays(logits, labels, k, request.classification, embedding)
+    tensors = output_arrays(logits, labels, k, request.classification, embedding, patch_tokens)
     outputs, blobs = [], []
     for name, binary in request.outputs.items():
         datatype, arr = tensors[name]
@@ -412,10 +418,15 @@ def encode_infer_response(
 
 
 def model_metadata(
-    model: str, num_classes: int, k: int = DEFAULT_TOP_K, platform: str = "vitdeploy", embedding: bool = False
+    model: str,
+    num_classes: int,
+    k: int = DEFAULT_TOP_K,
+    platform: str = "vitdeploy",
+    embedding: bool = False,
+    patch_shape: Sequence[int] | None = None,
 ) -> dict[str, Any]:
     """The v2 model metadata (``GET /v2/models/<name>``) of the contract's model (``num_classes``: an embedding
-    model's dimension)."""
+    model's dimension; ``patch_shape``: (P, D) of its PATCH_TOKENS, where it has them)."""
     return {
         "name": model,
         "versions": [MODEL_VERSION],
@@ -423,8 +434,8 @@ def model_metadata(
         # [-1, 1] as the Triton ensemble publishes it; requests with shape [N] are accepted too.
         "inputs": [{"name": INPUT, "datatype": "BYTES", "shape": [-1, 1]}],
         "outputs": [
-            {"name": name, "datatype": dtype, "shape": [-1, width]}
-            for name, dtype, width in output_tensors(num_classes, k, embedding)
+            {"name": name, "datatype": dtype, "shape": [-1, *dims]}
+            for name, dtype, dims in output_tensors(num_classes, k, embedding, patch_shape)
         ],
     }
 
@@ -438,6 +449,7 @@ __all__ = [
     "LOGITS",
     "MODEL_VERSION",
     "OUTPUTS",
+    "PATCH_TOKENS",
     "TOPK_LABELS",
     "TOPK_SCORES",
     "InferRequest",
@@ -445,6 +457,7 @@ __all__ = [
     "check_image_count",
     "classify",
     "decode_image",
+    "default_outputs",
     "deserialize_bytes",
     "encode_infer_response",
     "error_record",

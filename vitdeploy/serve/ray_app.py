@@ -211,29 +211,33 @@ class ViTClassifier(KServeGrpcMethods):
 
     # ------------------------------------------------------------------ batching
 
-    async def _infer_batch(self, images: list[np.ndarray]) -> list[Tuple[np.ndarray, int]]:
-        """Images of concurrent requests (one (3, H, W) array per call) -> one (logits row, ns of the
-        batch's model call) each (``self.run_batch``, Ray's ``@serve.batch`` around this method, gathers them)."""
-        batch = np.stack(images)
+    async def _infer_batch(self, items: list[Tuple[np.ndarray, bool]]) -> list[Tuple[np.ndarray, Any, int]]:
+        """Images of concurrent requests (one (3, H, W) array per call, with whether its request asked for the
+        patch tokens) -> one (logits row, patch tokens or None, ns of the batch's model call) each
+        (``self.run_batch``, Ray's ``@serve.batch`` around this method, gathers them). The patch tokens are
+        computed for the batch when one of its requests asked for them."""
+        batch = np.stack([image for image, _ in items])
+        want = any(asked for _, asked in items)
         loop = asyncio.get_running_loop()
         start = time.perf_counter_ns()
         try:
-            logits = await loop.run_in_executor(self._infer_pool, self.predictor.predict_logits, batch)
+            logits, tokens = await loop.run_in_executor(self._infer_pool, self.predictor.predict_outputs, batch, want)
         except Exception as exc:
             self._fault = first_line(exc)  # the backend, not a request: check_health has Ray replace the replica
             raise
         took = time.perf_counter_ns() - start
-        return [(row, took) for row in logits]
+        return [(row, tokens[i] if asked else None, took) for i, (row, (_, asked)) in enumerate(zip(logits, items))]
 
     async def _decode(self, blob: bytes, name: str) -> np.ndarray:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._decode_pool, protocol.decode_image, blob, self.preprocessor, name)
 
     async def _classify(
-        self, blobs: list[tuple[str, bytes]], times: Optional[Dict[str, int]] = None
-    ) -> Tuple[List[Optional[np.ndarray]], Dict[int, Any]]:
-        """Decode in threads, then batch: (logits row or None per image, {index: RequestError}); the ns
-        spent decoding, waiting for a batch and in the model call go to ``times`` when given."""
+        self, blobs: list[tuple[str, bytes]], times: Optional[Dict[str, int]] = None, patch_tokens: bool = False
+    ) -> Tuple[List[Optional[np.ndarray]], Dict[int, Any], List[Any]]:
+        """Decode in threads, then batch: (logits row or None per image, {index: RequestError}, patch tokens or
+        None per image: computed with ``patch_tokens``); the ns spent decoding, waiting for a batch and in the
+        model call go to ``times`` when given."""
         t0 = time.perf_counter_ns()
         decoded = await asyncio.gather(*(self._decode(b, n) for n, b in blobs), return_exceptions=True)
         t1 = time.perf_counter_ns()
@@ -244,14 +248,15 @@ class ViTClassifier(KServeGrpcMethods):
             elif isinstance(item, BaseException):
                 raise item
         good = [i for i in range(len(blobs)) if i not in errors]
-        rows = await asyncio.gather(*(self.run_batch(decoded[i]) for i in good))
+        rows = await asyncio.gather(*(self.run_batch((decoded[i], patch_tokens)) for i in good))
         logits: List[Optional[np.ndarray]] = [None] * len(blobs)
-        for i, (row, _) in zip(good, rows):
-            logits[i] = row
+        tokens: List[Any] = [None] * len(blobs)
+        for i, (row, patches, _) in zip(good, rows):
+            logits[i], tokens[i] = row, patches
         if times is not None:
-            infer = max((ns for _, ns in rows), default=0)
+            infer = max((ns for _, _, ns in rows), default=0)
             times.update(compute_input=t1 - t0, compute_infer=infer, queue=max(0, time.perf_counter_ns() - t1 - infer))
-        return logits, errors
+        return logits, errors, tokens
 
     # ------------------------------------------------------------------ requests
 
@@ -319,7 +324,7 @@ class ViTClassifier(KServeGrpcMethods):
             self._authorize(request)
             blobs = await self._images(request)
             protocol.check_image_count(len(blobs), self.spec.max_images_per_request)
-            logits, errors = await self._classify(blobs)
+            logits, errors, _ = await self._classify(blobs)
         except _ClientGone:
             return Response(status_code=499)
         except RequestError as exc:
@@ -360,7 +365,12 @@ class ViTClassifier(KServeGrpcMethods):
         except RequestError as exc:
             return _error(exc)
         meta = protocol.model_metadata(
-            self.name, self.num_classes, self.top_k, "ray_serve", self.predictor.is_embedding
+            self.name,
+            self.num_classes,
+            self.top_k,
+            "ray_serve",
+            self.predictor.is_embedding,
+            self.predictor.patch_shape,
         )
         return JSONResponse(meta)
 
@@ -373,7 +383,9 @@ class ViTClassifier(KServeGrpcMethods):
         except RequestError as exc:
             return _error(exc)
         limit, embedding = self.spec.max_images_per_request, self.predictor.is_embedding
-        return JSONResponse(model_config(self.name, self.num_classes, self.top_k, limit, embedding=embedding))
+        patches = self.predictor.patch_shape
+        config = model_config(self.name, self.num_classes, self.top_k, limit, embedding=embedding, patch_shape=patches)
+        return JSONResponse(config)
 
     @api.get("/stats")
     @api.get("/versions/{version}/stats")
@@ -398,7 +410,8 @@ class ViTClassifier(KServeGrpcMethods):
     @api.post("/versions/{version}/infer")
     async def infer(self, request: Request, version: Optional[str] = None) -> Response:
         """v2 inference: input IMAGES (BYTES, [N] or [N, 1]; gzip/deflate bodies inflated within the byte
-        limit) -> LOGITS, TOPK_LABELS, TOPK_SCORES (an embedding model: EMBEDDINGS); any bad image fails the
+        limit) -> LOGITS, TOPK_LABELS, TOPK_SCORES (an embedding model: EMBEDDINGS, and PATCH_TOKENS when named
+        in ``outputs``); any bad image fails the
         request (400, one line)."""
         start, times = time.perf_counter_ns(), {}
         try:
@@ -409,10 +422,11 @@ class ViTClassifier(KServeGrpcMethods):
                 body,
                 request.headers.get(protocol.HEADER_LENGTH),
                 self.spec.max_images_per_request,
-                protocol.served_outputs(self.predictor.is_embedding),
+                protocol.served_outputs(self.predictor.is_embedding, self.predictor.has_patch_tokens),
             )
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
-            logits, errors = await self._classify(list(zip(names, req.images)), times)
+            want = protocol.PATCH_TOKENS in req.outputs
+            logits, errors, tokens = await self._classify(list(zip(names, req.images)), times, want)
             if errors:
                 raise errors[min(errors)]
         except _ClientGone:
@@ -422,7 +436,13 @@ class ViTClassifier(KServeGrpcMethods):
             return _error(exc)
         t_out = time.perf_counter_ns()
         out, headers = protocol.encode_infer_response(
-            self.name, req, np.stack(logits), self.predictor.labels, self.top_k, self.predictor.is_embedding
+            self.name,
+            req,
+            np.stack(logits),
+            self.predictor.labels,
+            self.top_k,
+            self.predictor.is_embedding,
+            np.stack(tokens) if want else None,
         )
         end = time.perf_counter_ns()
         self.stats.success(

@@ -40,6 +40,8 @@ ACCURACY_COLUMNS = (
     ("cosine", "worst cosine", ".6f"),
     ("cosine_p01", "cosine p01 (1st percentile)", ".6f"),
     ("cosine_p50", "cosine p50 (median)", ".6f"),
+    ("patch_cosine", "worst patch-token cosine", ".6f"),
+    ("patch_cosine_p01", "patch-token cosine p01", ".6f"),
     ("max_abs_diff", "max |diff|", ".4g"),
 )
 STYLE = """

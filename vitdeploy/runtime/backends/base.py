@@ -1,6 +1,7 @@
 """The one interface every backend implements (Polygraphy-style runners).
 
-A backend takes a float32 NCHW batch and returns float32 logits. Input checking and splitting a
+A backend takes a float32 NCHW batch and returns float32 logits (``run``), or every output of the model
+(``run_all``: an embedding and its patch tokens). Input checking and splitting a
 batch larger than the artifact's max batch live here, once, so each backend only implements
 ``_run`` on a batch it is known to accept.
 """
@@ -95,6 +96,20 @@ class BackendBase:
 
     def _run(self, batch: np.ndarray) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def run_all(self, batch: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Every output of the model, float32, in the manifest's order: what :meth:`run` returns first, then an
+        embedding's patch tokens (output.patch_tokens); checked and split by max batch as :meth:`run`."""
+        batch = self.check_input(batch)
+        step = self.max_batch or batch.shape[0]
+        if batch.shape[0] <= step:
+            return self._run_all(batch)
+        parts = [self._run_all(batch[i : i + step]) for i in range(0, batch.shape[0], step)]
+        return tuple(np.concatenate(column) for column in zip(*parts))
+
+    def _run_all(self, batch: np.ndarray) -> tuple[np.ndarray, ...]:
+        """A backend whose model has more than one output overrides this."""
+        return (self._run(batch),)
 
     def close(self) -> None:
         pass

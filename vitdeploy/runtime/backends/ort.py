@@ -279,6 +279,8 @@ class OrtBackend(BackendBase):
         names = [o.name for o in outputs]
         self.output_name = "logits" if "logits" in names else names[0]
         self.output_names = names
+        #: what run_all returns, in order: the first output, then the others as the graph lists them
+        self._all_names = [self.output_name, *(n for n in names if n != self.output_name)]
 
     def signature(self) -> tuple[list[tuple[str, str, list[Any]]], list[tuple[str, str, list[Any]]]]:
         """([(name, dtype, shape)] of the inputs, same of the outputs); dtype as 'float32'/'float16'."""
@@ -306,10 +308,15 @@ class OrtBackend(BackendBase):
             ) from exc
         return np.asarray(out, dtype=np.float32)
 
+    def _run_all(self, batch: np.ndarray) -> tuple[np.ndarray, ...]:
+        return tuple(self._outputs(batch, self._all_names))
+
     def run_outputs(self, batch: np.ndarray, names: list[str]) -> list[np.ndarray]:
         """Run and return the named outputs (float32), e.g. ["logits", "features"]."""
+        return self._outputs(self.check_input(batch), names)
+
+    def _outputs(self, batch: np.ndarray, names: list[str]) -> list[np.ndarray]:
         session = self._live_session()
-        batch = self.check_input(batch)
         feed = batch if self._input_dtype is np.float32 else batch.astype(self._input_dtype)
         try:
             outs = session.run(list(names), {self.input_name: feed})

@@ -159,16 +159,20 @@ class TorchBackend(BackendBase):
             raise BackendError(f"torch backend: unsupported device {device!r} (use 'cpu', 'cuda' or 'cuda:N')")
         return dev
 
-    def _forward(self, batch: np.ndarray) -> np.ndarray:
+    def _forward(self, batch: np.ndarray) -> tuple[np.ndarray, ...]:
         torch = self._torch
-        if self._model is None:
+        model = self._model
+        if model is None:
             raise BackendError("torch: backend is closed")
         with torch.inference_mode():
             x = torch.from_numpy(batch).to(device=self.device, dtype=self.dtype)
-            y = self._model(x)
-            return y.float().cpu().numpy()
+            y = model(x)
+            return tuple(t.float().cpu().numpy() for t in (y if isinstance(y, tuple) else (y,)))
 
     def _run(self, batch: np.ndarray) -> np.ndarray:
+        return self._forward(batch)[0]
+
+    def _run_all(self, batch: np.ndarray) -> tuple[np.ndarray, ...]:
         return self._forward(batch)
 
     def close(self) -> None:

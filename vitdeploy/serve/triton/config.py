@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ...base.config import TritonSection
-from ..protocol import CONFIG_TYPES, EMBEDDINGS, INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES, output_tensors
+from ..protocol import CONFIG_TYPES, EMBEDDINGS, INPUT, LOGITS, PATCH_TOKENS, TOPK_LABELS, TOPK_SCORES, output_tensors
 
 #: Inference models the ensemble can call, by their suffix.
 INFERENCE_KINDS = ("onnx", "trt", "ort_python")
@@ -48,6 +48,7 @@ class ModelFacts:
     batch: Mapping[str, int]  # {"min", "opt", "max"} of the export's batch profile
     engine_max_batch: int | None = None  # the TensorRT profile's max batch; None without an engine
     embedding: bool = False  # the manifest's output.kind is embedding: vectors out, no labels, no postprocess
+    patch_shape: tuple[int, int] | None = None  # (P, D) of an embedding's PATCH_TOKENS output; None: not exported
 
 
 @dataclass(frozen=True)
@@ -213,12 +214,19 @@ def _classifier(
         runner,
         f"max_batch_size: {max_batch}",
         _tensors("input", [_tensor(facts.input_name, "TYPE_FP32", facts.chw)]),
-        _tensors("output", [_tensor(facts.output_name, "TYPE_FP32", [facts.num_classes], label)]),
+        _tensors(
+            "output", [_tensor(facts.output_name, "TYPE_FP32", [facts.num_classes], label), *_patch_tensor(facts)]
+        ),
         _dynamic_batching(facts, settings, max_batch, queue=True),
         group,
         _warmup(facts, facts.input_name, max_batch),
         *extra,
     )
+
+
+def _patch_tensor(facts: ModelFacts) -> list[str]:
+    """The inference model's second output, PATCH_TOKENS FP32 [P, D], where the export has it."""
+    return [_tensor(PATCH_TOKENS, "TYPE_FP32", facts.patch_shape)] if facts.patch_shape else []
 
 
 def _profile_shapes(facts: ModelFacts, batch: int) -> str:
@@ -323,11 +331,9 @@ def _ensemble_steps(facts: ModelFacts, settings: Settings) -> list[str]:
         return "    {\n" + f"      model_name: {_q(model)}\n      model_version: -1\n" + "\n".join(maps) + "\n    }"
 
     pre = step(names["preprocess"], {INPUT: INPUT}, {PIXELS: "pixel_values"})
-    if facts.embedding:  # the inference model's output is the ensemble's: nothing to post-process
-        return [
-            pre,
-            step(names[settings.inference], {facts.input_name: "pixel_values"}, {facts.output_name: EMBEDDINGS}),
-        ]
+    if facts.embedding:  # the inference model's outputs are the ensemble's: nothing to post-process
+        outputs = {facts.output_name: EMBEDDINGS, **({PATCH_TOKENS: PATCH_TOKENS} if facts.patch_shape else {})}
+        return [pre, step(names[settings.inference], {facts.input_name: "pixel_values"}, outputs)]
     # Every ensemble output comes from the last step (postprocess passes the logits through): an ensemble
     # output that another step also reads made Triton answer 400 "unexpected deadlock, at least one output
     # is not set" to every request naming a subset of the outputs (TOPK_LABELS alone, say).
@@ -348,14 +354,16 @@ def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
     names = model_names(facts.name)
     k = top_k_of(facts, settings)
     what = f"{EMBEDDINGS} [{facts.num_classes}]" if facts.embedding else f"logits and top-{k}"
-    outputs = output_tensors(facts.num_classes, k, facts.embedding)
+    if facts.patch_shape:
+        what += f" and {PATCH_TOKENS} [{', '.join(map(str, facts.patch_shape))}]"
+    outputs = output_tensors(facts.num_classes, k, facts.embedding, facts.patch_shape)
     return _join(
         _header(names["ensemble"], f"bytes in -> {what} out, over {names[settings.inference]}"),
         f"name: {_q(names['ensemble'])}",
         'platform: "ensemble"',
         f"max_batch_size: {ensemble_max_batch(facts, settings)}",
         _tensors("input", [_tensor(INPUT, "TYPE_STRING", [1])]),
-        _tensors("output", [_tensor(name, CONFIG_TYPES[dtype], [width]) for name, dtype, width in outputs]),
+        _tensors("output", [_tensor(name, CONFIG_TYPES[dtype], dims) for name, dtype, dims in outputs]),
         "ensemble_scheduling {\n  step [\n" + ",\n".join(_ensemble_steps(facts, settings)) + "\n  ]\n}",
     )
 

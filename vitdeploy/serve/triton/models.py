@@ -149,7 +149,7 @@ class OrtPythonModel:
         _check_version(params, args.get("model_name", "ort_python"))
         config = json.loads(args["model_config"])
         self.input_name = config["input"][0]["name"]
-        self.output_name = config["output"][0]["name"]
+        self.output_names = [o["name"] for o in config["output"]]  # the vectors, then the patch tokens if exported
         directory = Path(args["model_repository"]) / str(args["model_version"]) / ARTIFACTS_DIR
         threads = int(params["threads"]) if params.get("threads") else None
         self.predictor = Predictor.from_artifacts(directory, backend="ort", options=BackendOptions(threads=threads))
@@ -157,11 +157,14 @@ class OrtPythonModel:
     def execute(self, requests: list[Any]) -> list[Any]:
         pb = _pb()
         batches = [pb.get_input_tensor_by_name(r, self.input_name).as_numpy() for r in requests]
-        logits = self.predictor.predict_logits(np.ascontiguousarray(np.concatenate(batches), dtype=np.float32))
+        batch = np.ascontiguousarray(np.concatenate(batches), dtype=np.float32)
+        logits, tokens = self.predictor.predict_outputs(batch, len(self.output_names) > 1)
+        outputs = [logits] if tokens is None else [logits, tokens]
         responses, start = [], 0
         for batch in batches:
             stop = start + len(batch)
-            responses.append(pb.InferenceResponse(output_tensors=[pb.Tensor(self.output_name, logits[start:stop])]))
+            tensors = [pb.Tensor(name, out[start:stop]) for name, out in zip(self.output_names, outputs)]
+            responses.append(pb.InferenceResponse(output_tensors=tensors))
             start = stop
         return responses
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import __version__
-from ..protocol import EMBEDDINGS, output_tensors
+from ..protocol import EMBEDDINGS, PATCH_TOKENS, output_tensors
 from . import config as tc
 from .versions import IMAGE, container_release
 
@@ -17,7 +17,8 @@ def render_readme(
     k = tc.top_k_of(facts, settings)
     b = tc.ensemble_max_batch(facts, settings)
     onnx_file = tc.ONNX_FILES[settings.onnx_precision]
-    outputs = ", ".join(f"`{n}` [N, {w}]" for n, _, w in output_tensors(facts.num_classes, k, facts.embedding))
+    tensors = output_tensors(facts.num_classes, k, facts.embedding, facts.patch_shape)
+    outputs = ", ".join(f"`{n}` [N, {', '.join(map(str, dims))}]" for n, _, dims in tensors)
     model_rows = {
         names["ensemble"]: f"ensemble: `IMAGES` (BYTES, [N, 1]) -> {outputs}; calls `{names[settings.inference]}`",
         names["preprocess"]: "python backend: encoded images -> float32 NCHW with vitdeploy's preprocessing",
@@ -72,6 +73,14 @@ _CLASSIFIER_ANSWER = (
 _EMBEDDING_ANSWER = (
     f'vectors = result.as_numpy("{EMBEDDINGS}")   # [N, D] float32, one embedding per image',
     "print(vectors.shape)",
+)
+
+_PATCH_TOKENS_NOTE = (
+    f"The ensemble also has `{PATCH_TOKENS}` [N, P, D] (each image's patch tokens, P times the vector's size).",
+    "Triton answers every output to a request that names none (`vitdeploy serve` answers EMBEDDINGS alone then):",
+    f'name what you want, e.g. `outputs=[httpclient.InferRequestedOutput("{EMBEDDINGS}")]`, and add',
+    f'`httpclient.InferRequestedOutput("{PATCH_TOKENS}", binary_data=True)` for the patch tokens.',
+    "",
 )
 
 #: Triton's API groups a token fences off (all but "health": probes stay open)
@@ -176,6 +185,7 @@ def _scaling_and_calling(facts: tc.ModelFacts, settings: tc.Settings) -> list[st
         *(_EMBEDDING_ANSWER if facts.embedding else _CLASSIFIER_ANSWER),
         "```",
         "",
+        *(_PATCH_TOKENS_NOTE if facts.patch_shape else ()),
         "The same client works against `vitdeploy serve` (Ray Serve), which speaks the same protocol for the",
         f"same model name. `curl`: `curl localhost:8000/v2/models/{facts.name}` shows the metadata.",
         "",

@@ -41,7 +41,7 @@ import numpy as np
 
 from ....base._deps import require
 from ....base.errors import ArtifactError, ArtifactMismatchError, BackendError, ConfigError
-from ....base.vocab import TRT_INT8, tensorrt_install_command
+from ....base.vocab import OUTPUT_TENSORS, TRT_INT8, tensorrt_install_command
 from ...cuda import cuda_index, cuda_status
 from .. import first_line
 from ..base import BackendBase, BackendOptions
@@ -66,6 +66,8 @@ from .pool import TorchCuda as _TorchCuda
 
 log = logging.getLogger(__name__)
 
+#: the output run() returns where an engine has several (a classifier's logits, an embedding's vectors)
+FIRST_OUTPUTS = tuple(OUTPUT_TENSORS.values())
 INSTALL_HINT = f"NVIDIA driver R535+: {tensorrt_install_command(12)}; driver R580+: {tensorrt_install_command(13)}"
 
 
@@ -214,17 +216,19 @@ class TrtBackend(BackendBase):
             )
         if not outputs:
             raise ArtifactError(f"{self.engine_path} has no output tensor; rebuild it with `vitdeploy export`")
-        if "logits" in outputs:
-            self._output_name = "logits"
+        firsts = [n for n in FIRST_OUTPUTS if n in outputs]  # logits, or an embedding (beside its patch tokens)
+        if firsts:
+            self._output_name = firsts[0]
         elif len(outputs) == 1:
             self._output_name = outputs[0]
         else:
             raise ArtifactError(
-                f"{self.engine_path} has outputs {outputs} and none is named 'logits'; re-export the model with "
-                "`vitdeploy export`"
+                f"{self.engine_path} has outputs {outputs} and none is named {' or '.join(map(repr, FIRST_OUTPUTS))}; "
+                "re-export the model with `vitdeploy export`"
             )
         self._input_name = inputs[0]
-        self._output_names = outputs
+        # run_all's order: the first output, then the others (an embedding's patch tokens) as the engine lists them
+        self._output_names = [self._output_name, *(n for n in outputs if n != self._output_name)]
         dims = [int(d) for d in engine.get_tensor_shape(self._input_name)]
         if len(dims) != 4 or tuple(dims[1:]) != self.input_shape:
             raise ArtifactError(
@@ -266,30 +270,37 @@ class TrtBackend(BackendBase):
         return len(self._pool.states)
 
     def _run(self, batch: np.ndarray) -> np.ndarray:
+        return self._run_all(batch, every=False)[0]
+
+    def _run_all(self, batch: np.ndarray, every: bool = True) -> tuple[np.ndarray, ...]:
+        """Every output (``every``), else the first alone, downloaded to the host."""
         if self._engine is None:
             raise BackendError("the trt backend is closed; open a new one")
+        names = self._output_names if every else self._output_names[:1]
         with self._pool.checkout() as state:  # a failed run drops its state
-            return self._run_on(state, batch)
+            return self._run_on(state, batch, names)
 
-    def _run_on(self, state: ExecState, batch: np.ndarray) -> np.ndarray:
+    def _run_on(self, state: ExecState, batch: np.ndarray, names: list[str] | None = None) -> tuple[np.ndarray, ...]:
+        """The outputs ``names`` (the first alone by default) of one run on ``state``."""
+        names = names or self._output_names[:1]
         cuda, index = self._cuda, self._device_index
         count = int(batch.shape[0])
         if count < self._min_batch:  # the profile does not accept it: pad with copies of the last row
             batch = np.concatenate([batch, np.repeat(batch[-1:], self._min_batch - count, axis=0)])
         with cuda.device(index), cuda.use_stream(state.stream), capture_errors() as errors:
             try:
-                result = self._enqueue(state, batch, errors)
+                result = self._enqueue(state, batch, errors, names)
             except RuntimeError as exc:  # torch's CUDA errors (an illegal address, out of memory) surface here
                 raise BackendError(
                     f"CUDA failed while running {self.engine_path.name} on cuda:{index} for a batch of "
                     f"{batch.shape[0]}: {first_line(exc)}{quote_errors(errors)}; that execution context "
                     "was dropped. If every run fails now, the GPU context is broken: restart the process"
                 ) from exc
-        return result[:count]
+        return tuple(out[:count] for out in result)
 
-    def _enqueue(self, state: ExecState, batch: np.ndarray, errors: list[str]) -> np.ndarray:
+    def _enqueue(self, state: ExecState, batch: np.ndarray, errors: list[str], names: list[str]) -> list[np.ndarray]:
         """One run on ``state`` with its device and stream current: shape, activation memory, addresses,
-        execute_async_v3 on the state's stream, then the logits back on the host."""
+        execute_async_v3 on the state's stream, then the outputs ``names`` back on the host."""
         cuda, index, ctx, stream = self._cuda, self._device_index, state.context, state.stream
         shape = tuple(int(d) for d in batch.shape)
         x = cuda.upload(batch, index, self._input_dtype)
@@ -314,7 +325,7 @@ class TrtBackend(BackendBase):
             self._bind(ctx, out_name, cuda.address(buffers[out_name]), errors)
         if not ctx.execute_async_v3(cuda.stream_handle(stream)):
             raise BackendError(f"TensorRT execution failed for a batch of {shape[0]}{quote_errors(errors)}")
-        return cuda.download(buffers[self._output_name], stream)
+        return [cuda.download(buffers[name], stream) for name in names]
 
     def _bind(self, ctx: Any, name: str, address: int, errors: list[str]) -> None:
         if not ctx.set_tensor_address(name, int(address)):
