@@ -189,6 +189,7 @@ class KServeGrpcMethods:
     spec: Any
     stats: Any
     predictor: Any
+    export: dict  # protocol.export_parameters: which export, which backend
 
     async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - the RPC's name
         return _pb().ServerLiveResponse(live=True)
@@ -259,6 +260,7 @@ class KServeGrpcMethods:
             self.top_k,
             self.spec.max_images_per_request,
             embedding=self.predictor.is_embedding,
+            parameters=self.export,
         )
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 

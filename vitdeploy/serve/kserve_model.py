@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Mapping
 
-from .protocol import CONFIG_TYPES, INPUT, MODEL_VERSION, output_tensors
+from .protocol import CONFIG_TYPES, INPUT, MODEL_VERSION, config_parameters, output_tensors
 
 STAT_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
@@ -34,10 +34,17 @@ def _input(name: str, dtype: str, dims: list[int]) -> dict[str, Any]:
 
 
 def model_config(
-    model: str, num_classes: int, k: int, max_batch_size: int, platform: str = "ray_serve", embedding: bool = False
+    model: str,
+    num_classes: int,
+    k: int,
+    max_batch_size: int,
+    platform: str = "ray_serve",
+    embedding: bool = False,
+    parameters: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The model's configuration as Triton's ``/config`` JSON (the ensemble's tensors; ``embedding``: its one
-    output EMBEDDINGS, ``num_classes`` values a row)."""
+    output EMBEDDINGS, ``num_classes`` values a row; ``parameters``: protocol.export_parameters, which export
+    and which backend, as the generated repository's ensemble states them)."""
     return {
         "name": model,
         "platform": platform,
@@ -49,7 +56,7 @@ def model_config(
             {**_tensor(name, CONFIG_TYPES[dtype], [width]), "label_filename": ""}
             for name, dtype, width in output_tensors(num_classes, k, embedding)
         ],
-        "parameters": {},
+        "parameters": config_parameters(parameters or {}),
     }
 
 

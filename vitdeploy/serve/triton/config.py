@@ -24,7 +24,17 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ...base.config import TritonSection
-from ..protocol import CONFIG_TYPES, EMBEDDINGS, INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES, output_tensors
+from ...base.vocab import ORT, ORT_FP16, TRT
+from ..protocol import (
+    CONFIG_TYPES,
+    EMBEDDINGS,
+    INPUT,
+    LOGITS,
+    TOPK_LABELS,
+    TOPK_SCORES,
+    export_parameters,
+    output_tensors,
+)
 
 #: Inference models the ensemble can call, by their suffix.
 INFERENCE_KINDS = ("onnx", "trt", "ort_python")
@@ -48,6 +58,7 @@ class ModelFacts:
     batch: Mapping[str, int]  # {"min", "opt", "max"} of the export's batch profile
     engine_max_batch: int | None = None  # the TensorRT profile's max batch; None without an engine
     embedding: bool = False  # the manifest's output.kind is embedding: vectors out, no labels, no postprocess
+    export_sha256: str = ""  # the sha256 of the export's manifest.json: published in the ensemble's parameters
 
 
 @dataclass(frozen=True)
@@ -303,6 +314,16 @@ def ort_python_config(facts: ModelFacts, settings: Settings, version: str) -> st
     )
 
 
+def served_backend(settings: Settings) -> str:
+    """The vocabulary's backend whose answers the ensemble gives (whose ``validation.*`` thresholds judge them):
+    ``_onnx`` over model.onnx is ort, over model.fp16.onnx ort-fp16; ``_trt`` trt; ``_ort_python`` ort."""
+    if settings.inference == "trt":
+        return TRT
+    if settings.inference == "onnx" and settings.onnx_precision == "fp16":
+        return ORT_FP16
+    return ORT
+
+
 def top_k_of(facts: ModelFacts, settings: Settings) -> int:
     return max(1, min(int(settings.top_k), int(facts.num_classes)))
 
@@ -357,6 +378,8 @@ def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
         _tensors("input", [_tensor(INPUT, "TYPE_STRING", [1])]),
         _tensors("output", [_tensor(name, CONFIG_TYPES[dtype], [width]) for name, dtype, width in outputs]),
         "ensemble_scheduling {\n  step [\n" + ",\n".join(_ensemble_steps(facts, settings)) + "\n  ]\n}",
+        # which export the ensemble answers with, on which backend (protocol.EXPORT_SHA256: validate --url)
+        *_parameters(export_parameters(facts.export_sha256, served_backend(settings)) if facts.export_sha256 else {}),
     )
 
 
@@ -376,6 +399,7 @@ __all__ = [
     "ort_python_config",
     "postprocess_config",
     "preprocess_config",
+    "served_backend",
     "top_k_of",
     "trt_config",
 ]

@@ -150,6 +150,7 @@ def _facts(artifacts: Artifacts, engine_meta: dict[str, Any] | None) -> tc.Model
         batch=artifacts.batch,
         engine_max_batch=engine_max,
         embedding=artifacts.schema.is_embedding,
+        export_sha256=artifacts.manifest_sha256,
     )
 
 
