@@ -48,6 +48,7 @@ from ..base.errors import (
     TooManyImagesError,
     first_line,
 )
+from ..base.vocab import EXPORT_BACKEND, EXPORT_SHA256
 from .http_errors import MAX_REASON
 from .outputs import (
     CONFIG_TYPES,
@@ -89,13 +90,12 @@ def model_name(manifest_name: str) -> str:
 # --------------------------------------------------------------------------------------------
 # which export a server runs
 
-#: The parameters both servers publish to say which export they run and on which backend (`vitdeploy validate
-#: --url` reads them; a rollout tells versions apart by them): in the model's configuration (``GET
-#: /v2/models/<name>/config``, gRPC ``ModelConfig``; Triton's ``parameters``, each ``{"string_value": ...}``,
-#: the generated repository's ensemble ``config.pbtxt``) and, on `vitdeploy serve`, in the v2 metadata too
-#: (``GET /v2/models/<name>``: ``"parameters"``, plain strings).
-EXPORT_SHA256 = "vitdeploy_export_sha256"  # the sha256 of the export's manifest.json (Artifacts.manifest_sha256)
-EXPORT_BACKEND = "vitdeploy_backend"  # the backend that runs it (vocab.BACKENDS): whose thresholds judge it
+# The parameters both servers publish to say which export they run and on which backend (`vitdeploy validate
+# --url` reads them; a rollout tells versions apart by them), named in base/vocab.py: EXPORT_SHA256 (the sha256
+# of the export's manifest.json, Artifacts.manifest_sha256) and EXPORT_BACKEND (the backend that runs it, whose
+# thresholds judge it). In the model's configuration (``GET /v2/models/<name>/config``, gRPC ``ModelConfig``;
+# Triton's ``parameters``, each ``{"string_value": ...}``, the generated repository's ensemble ``config.pbtxt``)
+# and, on `vitdeploy serve`, in the v2 metadata too (``GET /v2/models/<name>``: ``"parameters"``, plain strings).
 
 
 def export_parameters(sha256: str, backend: str) -> dict[str, str]:
