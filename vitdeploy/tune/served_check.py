@@ -59,6 +59,7 @@ from ..evaluate.served_report import SERVED, ServedCheck, save_served
 from ..serve.auth import TOKEN_ENV
 from ..serve.outputs import EMBEDDINGS, LOGITS
 from ..serve.protocol import model_name, served_export
+from ..serve.triton.config import PREPROCESS_PARAM
 from .clients import CONNECTION_ERROR, OK, PREDICT, V2_GRPC, Target, model_document, open_client
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,6 @@ log = logging.getLogger(__name__)
 CLIENTS = 4
 _UNAUTHORIZED = ("401", "UNAUTHENTICATED")
 _NOT_FOUND = ("404", "NOT_FOUND")
-_PREPROCESS_PARAM = "preprocess"  # the Triton preprocessing model's recipe (serve/triton/config.py)
 
 
 @dataclass
@@ -107,7 +107,8 @@ def read_server_facts(target: Target, model: str, artifacts: Any) -> ServerFacts
     if status in _NOT_FOUND and target.protocol != PREDICT:
         raise InputError(f"the server at {target.url} has no model {model!r} (--model): {doc}")
     if status not in OK:
-        return ServerFacts(notes=[f"its model configuration could not be read ({status}: {doc})"])
+        hint = f"; --model names the model it serves (not {model!r}?)" if status in _NOT_FOUND else ""
+        return ServerFacts(notes=[f"its model configuration could not be read ({status}: {doc}){hint}"])
     stated = served_export(doc)
     facts = ServerFacts(stated.get(EXPORT_SHA256), stated.get(EXPORT_BACKEND))
     steps = ((doc.get("ensemble_scheduling") or {}).get("step") or []) if isinstance(doc, dict) else []
@@ -123,7 +124,7 @@ def _preprocess_differences(target: Target, model: str, artifacts: Any) -> list[
     status, doc = model_document(target, model)
     if status not in OK or not isinstance(doc, dict):
         return []
-    value = ((doc.get("parameters") or {}).get(_PREPROCESS_PARAM) or {}).get("string_value")
+    value = ((doc.get("parameters") or {}).get(PREPROCESS_PARAM) or {}).get("string_value")
     if not value:
         return []
     try:

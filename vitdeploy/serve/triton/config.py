@@ -44,6 +44,8 @@ ENGINE_FILE = "model.engine"
 #: The _onnx model's graph per precision (Settings.onnx_precision) and the TensorRT EP's cache folder.
 ONNX_FILES = {"fp32": "model.onnx", "fp16": "model.fp16.onnx"}
 TRT_CACHE_DIR = "trt_cache"
+#: the preprocessing model's parameter holding the export's recipe (PreprocessSpec as JSON): what it runs
+PREPROCESS_PARAM = "preprocess"
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ def preprocess_config(facts: ModelFacts, settings: Settings, preprocess: Mapping
         _instance_group("cpu", settings.triton.preprocess_instances),
         *_parameters(
             {
-                "preprocess": json.dumps(dict(preprocess), sort_keys=True),
+                PREPROCESS_PARAM: json.dumps(dict(preprocess), sort_keys=True),
                 "max_image_pixels": int(settings.max_image_pixels),
                 "decode_threads": int(settings.triton.decode_threads),
                 "vitdeploy_version": version,
@@ -390,6 +392,7 @@ __all__ = [
     "ONNX_FILES",
     "TRT_CACHE_DIR",
     "PIXELS",
+    "PREPROCESS_PARAM",
     "ModelFacts",
     "Settings",
     "ensemble_config",
