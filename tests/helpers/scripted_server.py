@@ -4,7 +4,8 @@
 ``delay_s``; every ``fail_every``-th request (1-based) gets a 503 with a JSON body instead; while ``gate`` is
 cleared every request waits until the test sets it (a stall the test makes, not one it hopes for);
 ``GET /v2/models/<m>/stats`` counts what it answered in Triton's format. ``requests`` lists each request's
-(path, headers, body length).
+(path, headers, body length). ``answer(method, path, body) -> (status, JSON document) or None``: what the test
+answers instead (None: the script above).
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Optional
+
+Answer = Callable[[str, str, bytes], Optional[tuple[int, object]]]
 
 
 class ScriptedServer:
-    def __init__(self, delay_s: float = 0.0, fail_every: int = 0) -> None:
-        self.delay_s, self.fail_every = delay_s, fail_every
+    def __init__(self, delay_s: float = 0.0, fail_every: int = 0, answer: Answer | None = None) -> None:
+        self.delay_s, self.fail_every, self.answer = delay_s, fail_every, answer
         self.gate = threading.Event()
         self.gate.set()
         self.lock = threading.Lock()
@@ -41,7 +45,11 @@ class ScriptedServer:
 
             def do_POST(self) -> None:  # noqa: N802
                 length = int(self.headers.get("Content-Length", 0))
-                self.rfile.read(length)
+                body = self.rfile.read(length)
+                decided = server.answer("POST", self.path, body) if server.answer else None
+                if decided is not None:
+                    self._send(*decided)
+                    return
                 with server.lock:
                     server.requests.append((self.path, dict(self.headers), length))
                     n = len(server.requests)
@@ -55,6 +63,10 @@ class ScriptedServer:
                 self._send(200, {"outputs": []})
 
             def do_GET(self) -> None:  # noqa: N802
+                decided = server.answer("GET", self.path, b"") if server.answer else None
+                if decided is not None:
+                    self._send(*decided)
+                    return
                 if not self.path.endswith("/stats"):
                     self._send(404, {"error": "no such route"})
                     return

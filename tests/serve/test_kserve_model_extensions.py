@@ -78,9 +78,17 @@ def test_the_model_config_is_tritons_model_config_json():
     pb = pytest.importorskip("tritonclient.grpc.model_config_pb2")
     from google.protobuf import json_format
 
-    cfg = model_config("demo", num_classes=10, k=5, max_batch_size=32)
+    export = P.export_parameters("ab" * 32, "ort-int8")
+    cfg = model_config("demo", num_classes=10, k=5, max_batch_size=32, parameters=export)
     parsed = json_format.ParseDict(cfg, pb.ModelConfig())  # raises on any key or value Triton would not have
     assert parsed.max_batch_size == 32
+    # which export and backend, in Triton's form (what the generated ensemble states), read back by one function
+    assert {k: v.string_value for k, v in parsed.parameters.items()} == export
+    assert (
+        P.served_export(json_format.MessageToDict(parsed, preserving_proto_field_name=True))
+        == export
+        == P.served_export(cfg)
+    )
     assert [(i.name, i.data_type, list(i.dims)) for i in parsed.input] == [("IMAGES", pb.TYPE_STRING, [1])]
     assert [(o.name, o.data_type, list(o.dims)) for o in parsed.output] == [
         ("LOGITS", pb.TYPE_FP32, [10]),

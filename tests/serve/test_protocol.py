@@ -147,6 +147,12 @@ def test_metadata_describes_the_contract():
     meta = P.model_metadata("demo", num_classes=3, k=5)
     assert meta["inputs"] == [{"name": "IMAGES", "datatype": "BYTES", "shape": [-1, 1]}]
     assert [o["shape"] for o in meta["outputs"]] == [[-1, 3], [-1, 3], [-1, 3]]
+    assert "parameters" not in meta and P.served_export(meta) == {}  # a server that states no export
+    export = P.export_parameters("0f" * 32, "ort")
+    meta = P.model_metadata("demo", num_classes=3, k=5, parameters=export)
+    assert meta["parameters"] == {"vitdeploy_export_sha256": "0f" * 32, "vitdeploy_backend": "ort"}
+    assert P.served_export(meta) == export
+    assert P.served_export({"parameters": {"vitdeploy_backend": {"string_value": ""}, "other": "x"}}) == {}
 
 
 def test_vitdeploy_imports_without_ray():

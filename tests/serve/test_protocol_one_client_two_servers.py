@@ -231,7 +231,7 @@ def test_compressed_requests_are_answered_the_same(url, predictor, images, algor
     )
 
 
-def test_metadata_and_config_are_the_same_on_both(both):
+def test_metadata_and_config_are_the_same_on_both(both, demo_artifacts: Path):
     meta = {s: _client(u).get_model_metadata(NAME) for s, u in both.items()}
     assert (
         meta["serve"]["inputs"]
@@ -249,6 +249,14 @@ def test_metadata_and_config_are_the_same_on_both(both):
         )
     assert tensors["serve"] == tensors["triton"]
     assert tensors["serve"][1] == [("IMAGES", "TYPE_STRING", [1])]
+    # Both say which export they answer with (its manifest's sha256) and on which backend, in the same form.
+    from vitdeploy.runtime.artifacts import sha256_file
+    from vitdeploy.serve.protocol import export_parameters, served_export
+
+    stated = {server: served_export(_client(u).get_model_config(NAME)) for server, u in both.items()}
+    assert (
+        stated["serve"] == stated["triton"] == export_parameters(sha256_file(demo_artifacts / "manifest.json"), "ort")
+    )
 
 
 def test_statistics_count_requests_on_both(url, images):

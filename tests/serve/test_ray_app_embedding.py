@@ -242,3 +242,17 @@ def test_loadtest_of_an_embedding_server_asks_for_its_vectors(server, embedding_
     )
     with pytest.raises(ConfigError, match="unknown output 'TOPK_LABELS'"):
         run_loadtest(wrong)
+
+
+@pytest.mark.parametrize("proto", ["predict", "v2-grpc"])
+def test_validate_url_judges_an_embedding_server_by_cosine_and_neighbours(server, embedding_artifacts, proto):
+    """`vitdeploy validate --url` on an embedding server: its vectors against eager PyTorch's, by cosine and
+    recall@k with the thresholds of the backend it says it runs (ort: fp32); no flips, no accuracy."""
+    from vitdeploy.tune.served_check import check_served
+
+    url = server.grpc if proto == "v2-grpc" else server.url
+    check = check_served(embedding_artifacts, url, protocol=proto, model=server.model, write_report=False)
+    assert check.passed, check.row.failures
+    assert check.compared == "embedding" and check.backend == "ort" and check.row.threshold_set == "fp32"
+    assert check.row.metrics["recall_at_k"] == 1.0 and check.row.metrics["cosine"] > 0.99999
+    assert "top1_agreement" not in check.row.metrics and not check.row.flipped and check.row.accuracy is None

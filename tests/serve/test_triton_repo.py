@@ -171,6 +171,12 @@ def test_every_config_parses_into_tritons_model_config_with_the_manifests_values
         assert set(inputs.values()) <= available
         available |= set(outputs.values())
     assert {o.name for o in ens.output} <= available
+    # The ensemble says which export it answers with (the manifest's sha256) and on which backend: validate --url
+    # reads them from the running server's /config.
+    assert {k: v.string_value for k, v in ens.parameters.items()} == {
+        "vitdeploy_export_sha256": sha256_file(demo_artifacts / "manifest.json"),
+        "vitdeploy_backend": "ort-fp16",  # "auto" serves the validated model.fp16.onnx
+    }
 
     # The copied ONNX is the verified artifact, byte for byte.
     copied = tmp_path / "repo" / f"{NAME}_onnx" / "1" / "model.fp16.onnx"
@@ -194,6 +200,8 @@ def test_the_onnx_model_serves_the_graph_the_export_validated_as_chosen(
     assert res.exit_code == 0, res.output
     onnx = configs(tmp_path / "repo")[f"{NAME}_onnx"]
     files = sorted(p.name for p in (tmp_path / "repo" / f"{NAME}_onnx" / "1").iterdir())
+    ensemble = configs(tmp_path / "repo")[NAME]
+    assert ensemble.parameters["vitdeploy_backend"].string_value == {"fp32": "ort", "fp16": "ort-fp16"}[precision]
     if precision == "fp32":  # model.onnx on the CUDA EP (Triton's onnxruntime default on a GPU): no accelerator
         assert files == ["model.onnx"] and onnx.default_model_filename == "model.onnx"
         assert not onnx.optimization.execution_accelerators.gpu_execution_accelerator
@@ -294,6 +302,8 @@ def test_with_an_engine_the_trt_model_is_the_ensembles_and_the_readme_names_the_
     ens = cfg[NAME]
     assert ens.max_batch_size == 16
     assert [s.model_name for s in ens.ensemble_scheduling.step][1] == f"{NAME}_trt"
+    assert ens.parameters["vitdeploy_backend"].string_value == "trt"
+    assert ens.parameters["vitdeploy_export_sha256"].string_value == sha256_file(with_engine / "manifest.json")
     assert [list(o.dims) for o in ens.output][1:] == [[3], [3]]
     readme = (tmp_path / "repo" / "README.md").read_text()
     assert "nvcr.io/nvidia/tritonserver:25.10-py3" in readme

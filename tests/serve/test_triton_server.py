@@ -35,6 +35,7 @@ pytestmark = pytest.mark.integration
 
 NAME = "vit-demo-digits"
 SMALL_QUEUE = "small-queue"
+TAMPERED = "tampered"
 MAX_PIXELS = 600_000  # runtime.max_image_pixels for this repository: the "bomb" below exceeds it
 VENV = default_venv()
 
@@ -82,7 +83,33 @@ def predictor(demo_artifacts: Path):
 
 
 @pytest.fixture(scope="module")
-def server(demo_artifacts: Path, tmp_path_factory):
+def tampered(demo_artifacts: Path, tmp_path_factory) -> dict[str, Path]:
+    """A renamed copy of the demo export (its own export) and its repository, whose preprocessing model's resize
+    filter was edited after generation: what `validate --url` must catch and name."""
+    from vitdeploy.base.config import parse_config
+    from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
+
+    root = tmp_path_factory.mktemp("tampered")
+    export = root / "export"
+    shutil.copytree(demo_artifacts, export, ignore=shutil.ignore_patterns("drift-report.json", "report.html"))
+    manifest = json.loads((export / "manifest.json").read_text())
+    manifest["name"] = TAMPERED
+    (export / "manifest.json").write_text(json.dumps(manifest))
+    cfg = parse_config({"triton": {"inference": "ort_python"}})
+    repo = build_triton_repo(export, root / "repo", settings_from_config(cfg)).path
+    config = repo / f"{TAMPERED}_preprocess" / "config.pbtxt"
+    was = manifest["preprocess"]["interpolation"]
+    edited = config.read_text().replace(
+        f'\\"interpolation\\": \\"{was}\\"',
+        f'\\"interpolation\\": \\"{"nearest" if was != "nearest" else "bicubic"}\\"',
+    )
+    assert edited != config.read_text()
+    config.write_text(edited)
+    return {"export": export, "repo": repo}
+
+
+@pytest.fixture(scope="module")
+def server(demo_artifacts: Path, tampered: dict[str, Path], tmp_path_factory):
     _require_triton_env()
     from vitdeploy.base.config import parse_config
     from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
@@ -103,7 +130,7 @@ def server(demo_artifacts: Path, tmp_path_factory):
     (renamed / "manifest.json").write_text(json.dumps(manifest))
     small = parse_config({"triton": {"inference": "ort_python", "max_queue_size": 1, "max_queue_delay_us": 20000}})
     repo2 = build_triton_repo(renamed, root / "repo2", settings_from_config(small)).path
-    with BundledTriton(VENV, [repo, repo2], load=[NAME, SMALL_QUEUE]) as triton:
+    with BundledTriton(VENV, [repo, repo2, tampered["repo"]], load=[NAME, SMALL_QUEUE, TAMPERED]) as triton:
         yield triton
 
 
@@ -156,6 +183,31 @@ def test_a_client_may_ask_for_any_subset_of_the_outputs(server: BundledTriton, i
         np.testing.assert_allclose(result.as_numpy("LOGITS")[0], logits, rtol=0, atol=1e-5)
     if "TOPK_LABELS" in wanted:
         assert [v.decode() for v in result.as_numpy("TOPK_LABELS")[0]] == labels
+
+
+@pytest.mark.parametrize("protocol", ["v2-http", "v2-grpc"])
+def test_validate_url_passes_the_generated_repository_over_both_protocols(server, demo_artifacts, tmp_path, protocol):
+    from vitdeploy.runtime.artifacts import sha256_file
+    from vitdeploy.tune.served_check import check_served
+
+    url = server.grpc_url if protocol == "v2-grpc" else server.http_url
+    check = check_served(demo_artifacts, url, protocol=protocol, model=NAME, report_path=tmp_path / "drift.json")
+    assert check.passed, check.row.failures
+    assert check.server_sha256 == sha256_file(demo_artifacts / "manifest.json")  # the ensemble's parameters
+    assert (check.backend, check.backend_source) == ("ort", "server")  # _ort_python: the runtime's ort backend
+    assert check.row.metrics["top1_agreement"] == 1.0 and check.row.metrics["max_abs_diff"] < 1e-4
+
+
+def test_validate_url_catches_an_edited_resize_filter_and_names_it(server, tampered, tmp_path):
+    from vitdeploy.tune.served_check import check_served
+
+    check = check_served(tampered["export"], server.http_url, protocol="v2-http", model=TAMPERED, write_report=False)
+    assert check.status == "failed"
+    assert any(f.startswith("max_abs_diff") for f in check.row.failures)  # the answers drift...
+    (named,) = [f for f in check.row.failures if "preprocessing" in f]  # ...and the edit is named
+    assert f"model {TAMPERED}_preprocess" in named and "interpolation 'nearest'" in named
+    with pytest.raises(Exception, match="failed: .*interpolation"):
+        check.raise_for_failures()
 
 
 def test_the_bundled_server_is_a_real_tritonserver(server: BundledTriton):

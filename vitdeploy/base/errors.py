@@ -89,6 +89,17 @@ class ValidationError(VitDeployError):
     exit_code = 3
 
 
+class OtherExportError(ValidationError):
+    """A server says it runs another export than the one named (`validate --url`): its answers are not
+    certified."""
+
+
+class ServerUnreachableError(VitDeployError):
+    """A server named by URL does not answer (refused, reset, timed out, no such host)."""
+
+    exit_code = 4
+
+
 class MissingDependencyError(VitDeployError):
     """An optional dependency (onnxruntime, tensorrt, torch, CUDA) is not available."""
 

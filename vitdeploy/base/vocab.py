@@ -75,6 +75,12 @@ ARTIFACT_FILES: Mapping[str, str] = MappingProxyType(
     }
 )
 
+#: What a server states about the export it runs (serve's v2 metadata and model configuration, the generated
+#: Triton ensemble's config parameters; serve/protocol.py publishes them, `validate --url` reads them): the
+#: sha256 of the export's manifest.json, and the backend whose answers it gives (a name of BACKENDS below).
+EXPORT_SHA256 = "vitdeploy_export_sha256"
+EXPORT_BACKEND = "vitdeploy_backend"
+
 # ------------------------------------------------------------------------------------------------
 # backends
 
@@ -159,7 +165,9 @@ __all__ = [
     "TORCH_FP16",
     "TRT",
     "TRT_INT8",
+    "EXPORT_BACKEND",
     "EXPORT_REPORT_NAME",
+    "EXPORT_SHA256",
     "TIMING_CACHE_NAME",
     "ACTIVATIONS",
     "Activation",

@@ -441,6 +441,24 @@ def runtime_options(cfg: Any) -> Any:
     help=f"comma-separated backends: {','.join(EVALUATED_BACKENDS)} (default: all; those that cannot run "
     "here are listed with the reason)",
 )
+@click.option(
+    "--url",
+    default=None,
+    help="judge a running server instead: its answers to the images, sent as a client sends them "
+    "(http://host:port; v2-grpc: host:port)",
+)
+@click.option(
+    "--protocol",
+    type=click.Choice(["predict", "v2-http", "v2-grpc"]),
+    default=None,
+    help="with --url: POST /predict (default), KServe v2 over HTTP, or over gRPC",
+)
+@click.option("--model", default=None, help="with --url: the model's name (default: the export's)")
+@click.option(
+    "--backend",
+    default=None,
+    help="with --url: judge with this backend's thresholds (default: the backend the server says it runs)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout instead of the table")
 @config_option
 @handle_errors
@@ -449,16 +467,29 @@ def validate(
     images: Path | None,
     labels_file: Path | None,
     backends: str | None,
+    url: str | None,
+    protocol: str | None,
+    model: str | None,
+    backend: str | None,
     as_json: bool,
     config_path: Path | None,
 ) -> None:
-    """Measure each backend's drift from eager FP32 PyTorch on real images; exit 3 if any fails."""
+    """Measure each backend's drift from eager FP32 PyTorch on real images; exit 3 if any fails.
+
+    With --url, judge a running server (vitdeploy serve, Triton) the same way: exit 3 when its answers fail
+    the thresholds or it runs another export than -a, 4 when it does not answer."""
     from ..base.config import load_config
     from ..evaluate.drift import format_drift_table, run_drift
 
     cfg = load_config(config_path)
     if images is None and labels_file is None:
         images = cfg.resolve(cfg.validation.images)
+    if url is not None:
+        if backends is not None:
+            raise ConfigError("--backends names in-process backends; with --url, --backend names the thresholds")
+        return _validate_url(cfg, artifacts_dir, url, protocol, model, backend, images, labels_file, as_json)
+    if protocol or model or backend:
+        raise ConfigError("--protocol, --model and --backend judge a running server: they go with --url URL")
     report = run_drift(
         artifacts_dir,
         images=images,
@@ -476,6 +507,46 @@ def validate(
     if report.report_path and Path(report.report_path).parent == Path(artifacts_dir):
         refresh_report(artifacts_dir)  # the page's accuracy section follows the new drift report
     report.raise_for_failures()
+
+
+def _validate_url(
+    cfg: Any,
+    artifacts_dir: Path,
+    url: str,
+    protocol: str | None,
+    model: str | None,
+    backend: str | None,
+    images: Path | None,
+    labels_file: Path | None,
+    as_json: bool,
+) -> None:
+    """`validate --url`: the server's answers judged against eager PyTorch (tune/served_check.py)."""
+    from ..evaluate.served_report import format_served
+    from ..serve.auth import read_token
+    from ..tune.served_check import check_served
+
+    token_file = cfg.resolve(Path(cfg.serve.token_file)) if cfg.serve.token_file else None
+    check = check_served(
+        artifacts_dir,
+        url,
+        protocol=protocol or "predict",
+        model=model,
+        token=read_token(token_file),
+        images=images,
+        labels_file=labels_file,
+        backend=backend,
+        thresholds={key: getattr(cfg.validation, key) for key in PRECISIONS},
+        options=runtime_options(cfg),
+        max_pixels=cfg.runtime.max_image_pixels,
+    )
+    if as_json:
+        click.echo(json.dumps(check.to_dict(), indent=2))
+    else:
+        for line in format_served(check):
+            click.echo(line)
+    if check.report_path and Path(check.report_path).parent == Path(artifacts_dir):
+        refresh_report(artifacts_dir)  # the report page shows the served row beside the in-process backends
+    check.raise_for_failures()
 
 
 @main.command()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import json
 import logging
 import os
 import time
@@ -32,7 +33,7 @@ import numpy as np
 from ..base._files import write_json_atomic
 from ..base.errors import BackendError, ConfigError, InputError, MissingDependencyError, ValidationError
 from ..base.output_spec import EMBEDDING
-from ..base.vocab import DRIFT_REPORT_NAME, PRECISIONS
+from ..base.vocab import DRIFT_REPORT_NAME, PRECISIONS, TORCH
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
 from .dataset import label_indices, load_validation_set
@@ -97,6 +98,8 @@ class DriftReport:
     versions: dict[str, str] = field(default_factory=dict)
     created: str = ""
     report_path: str | None = None
+    #: `validate --url`'s checks of running servers (evaluate/served_report.py), kept across `validate` runs
+    served: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -137,6 +140,7 @@ class DriftReport:
                 "requested": self.requested,
                 "backends": [b.to_dict() for b in self.backends],
                 "versions": self.versions,
+                **({"served": self.served} if self.served else {}),
             }
         )
 
@@ -152,6 +156,25 @@ class DriftReport:
             raise MissingDependencyError(
                 "requested backend(s) cannot run here: " + "; ".join(f"{b.name} ({b.reason})" for b in missing)
             )
+
+
+def read_drift_report(path: Path) -> dict[str, Any] | None:
+    """The drift report at ``path`` as a dict; None when there is none (or it is not one: a warning)."""
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        log.warning("%s is not readable JSON (%s): its served section starts anew", path, exc)
+        return None
+    return doc if isinstance(doc, dict) and doc.get("format") == REPORT_FORMAT else None
+
+
+def kept_served(path: str | Path, export_sha256: str) -> list[dict[str, Any]]:
+    """The ``served`` entries of the report at ``path`` that judged the export ``export_sha256``."""
+    doc = read_drift_report(Path(path)) or {}
+    entries = doc.get("served") or []
+    return [e for e in entries if isinstance(e, dict) and e.get("export_sha256") == export_sha256]
 
 
 def _json_safe(obj: Any) -> Any:
@@ -280,9 +303,9 @@ def run_drift(
         limits[key] = _as_dict(value)
     artifacts = Artifacts.open(artifacts_dir)
 
-    vset, batch, good, errors, true_index, unknown = _validation_batch(artifacts, images, labels_file, max_pixels)
+    vset, batch, good, errors, true_index, unknown = validation_batch(artifacts, images, labels_file, max_pixels)
     names = [str(vset.paths[i]) for i in good]
-    reference, ref_seconds, ref_describe = _reference(artifacts, options, batch)
+    reference, ref_seconds, ref_describe = eager_reference(artifacts, options, batch)
     ref_accuracy = accuracy(reference[0], true_index)
 
     # 3. every backend, on the same batch
@@ -297,24 +320,8 @@ def run_drift(
     report = DriftReport(
         artifacts=str(artifacts.directory),
         model=artifacts.name,
-        images={
-            "source": vset.source,
-            "count": len(vset.paths),
-            "evaluated": len(good),
-            "labelled": sum(t is not None for t in true_index),
-            "label_source": vset.label_source,
-            "unknown_labels": sorted(set(unknown)),
-            "unmatched_label_rows": list(vset.unmatched_labels),
-            "unreadable": [{"path": str(vset.paths[i]), "error": msg} for i, msg in sorted(errors.items())],
-        },
-        reference={
-            "backend": "torch",
-            "device": "cpu",
-            "precision": "fp32",
-            "describe": ref_describe,
-            "accuracy": ref_accuracy,
-            "seconds": round(ref_seconds, 4),
-        },
+        images=images_summary(vset, good, errors, true_index, unknown),
+        reference=reference_summary(ref_describe, ref_accuracy, ref_seconds),
         thresholds=limits,
         backends=rows,
         requested=list(requested) if requested else None,
@@ -323,6 +330,7 @@ def run_drift(
     )
     if write_report:
         target = Path(report_path) if report_path else artifacts.directory / DRIFT_REPORT_NAME
+        report.served = kept_served(target, artifacts.manifest_sha256)
         try:
             write_json_atomic(target, report.to_dict())
             report.report_path = str(target)
@@ -331,7 +339,33 @@ def run_drift(
     return report
 
 
-def _validation_batch(
+def images_summary(vset: Any, good: Sequence[int], errors: Mapping[int, str], true_index: Sequence, unknown: Sequence):
+    """The report's ``images`` section: where the images came from, how many were judged, labelled, unreadable."""
+    return {
+        "source": vset.source,
+        "count": len(vset.paths),
+        "evaluated": len(good),
+        "labelled": sum(t is not None for t in true_index),
+        "label_source": vset.label_source,
+        "unknown_labels": sorted(set(unknown)),
+        "unmatched_label_rows": list(vset.unmatched_labels),
+        "unreadable": [{"path": str(vset.paths[i]), "error": msg} for i, msg in sorted(errors.items())],
+    }
+
+
+def reference_summary(describe: str, accuracy_: float | None, seconds: float) -> dict[str, Any]:
+    """The report's ``reference`` section: eager FP32 PyTorch on the CPU, as it ran."""
+    return {
+        "backend": TORCH,
+        "device": "cpu",
+        "precision": "fp32",
+        "describe": describe,
+        "accuracy": accuracy_,
+        "seconds": round(seconds, 4),
+    }
+
+
+def validation_batch(
     artifacts: Any, images: Any, labels_file: Any, max_pixels: int | None
 ) -> tuple[Any, np.ndarray, list[int], dict, list, list]:
     """The validation images, preprocessed once: (set, batch, readable indices, {index: error}, true class
@@ -375,7 +409,7 @@ def _run_outputs(backend: Any, artifacts: Any, batch: np.ndarray) -> tuple[np.nd
     return backend.run_all(batch)[:2] if artifacts.schema.patch_shape is not None else (backend.run(batch),)
 
 
-def _reference(artifacts: Any, options: Any, batch: np.ndarray) -> tuple[tuple[np.ndarray, ...], float, str]:
+def eager_reference(artifacts: Any, options: Any, batch: np.ndarray) -> tuple[tuple[np.ndarray, ...], float, str]:
     """Eager FP32 PyTorch on the CPU over ``batch``: ((logits[, patch tokens]), seconds, its description)."""
     ref_spec = BackendSpec("torch", "torch", reference_options(options), "fp32")
     reason = spec_unavailable_reason(ref_spec, artifacts)
@@ -591,8 +625,14 @@ __all__ = [
     "DriftReport",
     "accuracy",
     "default_thresholds",
+    "eager_reference",
     "format_drift_table",
+    "images_summary",
     "judge_backend",
+    "kept_served",
     "library_versions",
+    "read_drift_report",
+    "reference_summary",
     "run_drift",
+    "validation_batch",
 ]

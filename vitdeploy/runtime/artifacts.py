@@ -143,6 +143,7 @@ class Artifacts:
         self._onnx_checked: set[str] = set()
         self._lock = threading.Lock()
         self._preprocess = self._schema.preprocess  # a PreprocessSpec, read strictly by parse_manifest
+        self._manifest_sha256: str | None = None
 
     # ---------------------------------------------------------------- opening
 
@@ -183,6 +184,18 @@ class Artifacts:
     @property
     def manifest_path(self) -> Path:
         return self._directory / MANIFEST_NAME
+
+    @property
+    def manifest_sha256(self) -> str:
+        """The sha256 of ``manifest.json``'s bytes: which export this is. The manifest lists every file's sha256,
+        so two folders with the same manifest hold the same export; a copy that travelled to another node (its
+        bytes copied as they are) keeps it. What a server reports as the export it runs (`validate --url`)."""
+        if self._manifest_sha256 is None:
+            try:
+                self._manifest_sha256 = sha256_file(self.manifest_path)
+            except OSError as exc:
+                raise ArtifactError(f"cannot read {self.manifest_path}: {exc.strerror or exc}") from None
+        return self._manifest_sha256
 
     def _where(self, key: str) -> str:
         return f"{self.manifest_path}: {key}"
@@ -249,6 +262,7 @@ class Artifacts:
                 f"{self._where('artifacts')} lists none of the roles {list(roles)} (present: {self.roles or 'none'})"
             )
         view = Artifacts(self._directory, self._manifest, self._schema.model_copy(update={"artifacts": keep}))
+        view._manifest_sha256 = self._manifest_sha256
         return view
 
     def has(self, role: str) -> bool:

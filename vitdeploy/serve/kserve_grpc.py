@@ -195,6 +195,7 @@ class KServeGrpcMethods:
     spec: Any
     stats: Any
     predictor: Any
+    export: dict  # protocol.export_parameters: which export, which backend
 
     async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - the RPC's name
         return _pb().ServerLiveResponse(live=True)
@@ -267,6 +268,7 @@ class KServeGrpcMethods:
             self.spec.max_images_per_request,
             embedding=self.predictor.is_embedding,
             patch_shape=self.predictor.patch_shape,
+            parameters=self.export,
         )
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
 

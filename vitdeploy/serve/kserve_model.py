@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Mapping
 
-from .protocol import CONFIG_TYPES, INPUT, MODEL_VERSION, output_tensors
+from .protocol import CONFIG_TYPES, INPUT, MODEL_VERSION, config_parameters, output_tensors
 
 STAT_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
@@ -41,9 +41,11 @@ def model_config(
     platform: str = "ray_serve",
     embedding: bool = False,
     patch_shape: Any = None,
+    parameters: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The model's configuration as Triton's ``/config`` JSON (the ensemble's tensors; ``embedding``: its output
-    EMBEDDINGS, ``num_classes`` values a row, and PATCH_TOKENS [P, D] with ``patch_shape``)."""
+    EMBEDDINGS, ``num_classes`` values a row, and PATCH_TOKENS [P, D] with ``patch_shape``; ``parameters``:
+    protocol.export_parameters, which export and which backend, as the generated repository's ensemble states them)."""
     return {
         "name": model,
         "platform": platform,
@@ -55,7 +57,7 @@ def model_config(
             {**_tensor(name, CONFIG_TYPES[dtype], list(dims)), "label_filename": ""}
             for name, dtype, dims in output_tensors(num_classes, k, embedding, patch_shape)
         ],
-        "parameters": {},
+        "parameters": config_parameters(parameters or {}),
     }
 
 

@@ -35,7 +35,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from ..base.errors import (
     TooManyImagesError,
     first_line,
 )
+from ..base.vocab import EXPORT_BACKEND, EXPORT_SHA256
 from .http_errors import MAX_REASON
 from .outputs import (
     CONFIG_TYPES,
@@ -87,6 +88,42 @@ def model_name(manifest_name: str) -> str:
     ``"my model.v2"`` becomes ``"my_model_v2"``); ``"model"`` when nothing is left."""
     cleaned = _NAME_OK.sub("_", str(manifest_name or "")).strip("_")
     return cleaned or "model"
+
+
+# --------------------------------------------------------------------------------------------
+# which export a server runs
+
+# The parameters both servers publish to say which export they run and on which backend (`vitdeploy validate
+# --url` reads them; a rollout tells versions apart by them), named in base/vocab.py: EXPORT_SHA256 (the sha256
+# of the export's manifest.json, Artifacts.manifest_sha256) and EXPORT_BACKEND (the backend that runs it, whose
+# thresholds judge it). In the model's configuration (``GET /v2/models/<name>/config``, gRPC ``ModelConfig``;
+# Triton's ``parameters``, each ``{"string_value": ...}``, the generated repository's ensemble ``config.pbtxt``)
+# and, on `vitdeploy serve`, in the v2 metadata too (``GET /v2/models/<name>``: ``"parameters"``, plain strings).
+
+
+def export_parameters(sha256: str, backend: str) -> dict[str, str]:
+    """``{EXPORT_SHA256: sha256, EXPORT_BACKEND: backend}``: what a server says about the export it runs."""
+    return {EXPORT_SHA256: str(sha256), EXPORT_BACKEND: str(backend)}
+
+
+def config_parameters(params: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """``params`` in the form of Triton's model configuration JSON: each value as ``{"string_value": ...}``."""
+    return {str(k): {"string_value": str(v)} for k, v in params.items()}
+
+
+def served_export(doc: Any) -> dict[str, str]:
+    """The export parameters (:data:`EXPORT_SHA256`, :data:`EXPORT_BACKEND`, those present) of a model's v2
+    metadata or configuration as JSON (a value plain, or Triton's ``{"string_value": ...}``); {} when it
+    states none (a server of another make, or of a vitdeploy before they were published)."""
+    params = doc.get("parameters") if isinstance(doc, Mapping) else None
+    out: dict[str, str] = {}
+    for key in (EXPORT_SHA256, EXPORT_BACKEND):
+        value = params.get(key) if isinstance(params, Mapping) else None
+        if isinstance(value, Mapping):
+            value = value.get("string_value")
+        if isinstance(value, str) and value:
+            out[key] = value
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -424,10 +461,12 @@ def model_metadata(
     platform: str = "vitdeploy",
     embedding: bool = False,
     patch_shape: Sequence[int] | None = None,
+    parameters: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The v2 model metadata (``GET /v2/models/<name>``) of the contract's model (``num_classes``: an embedding
-    model's dimension; ``patch_shape``: (P, D) of its PATCH_TOKENS, where it has them)."""
-    return {
+    model's dimension; ``patch_shape``: (P, D) of its PATCH_TOKENS, where it has them); ``parameters``
+    (:func:`export_parameters`: which export, which backend) as plain strings."""
+    meta: dict[str, Any] = {
         "name": model,
         "versions": [MODEL_VERSION],
         "platform": platform,
@@ -438,12 +477,17 @@ def model_metadata(
             for name, dtype, dims in output_tensors(num_classes, k, embedding, patch_shape)
         ],
     }
+    if parameters:
+        meta["parameters"] = {str(k): str(v) for k, v in parameters.items()}
+    return meta
 
 
 __all__ = [
     "CONFIG_TYPES",
     "DEFAULT_TOP_K",
     "EMBEDDINGS",
+    "EXPORT_BACKEND",
+    "EXPORT_SHA256",
     "HEADER_LENGTH",
     "INPUT",
     "LOGITS",
@@ -456,11 +500,13 @@ __all__ = [
     "RequestError",
     "check_image_count",
     "classify",
+    "config_parameters",
     "decode_image",
     "default_outputs",
     "deserialize_bytes",
     "encode_infer_response",
     "error_record",
+    "export_parameters",
     "images_from_tensor",
     "model_metadata",
     "model_name",
@@ -469,6 +515,7 @@ __all__ = [
     "parse_infer_request",
     "preprocess_images",
     "serialize_bytes",
+    "served_export",
     "served_outputs",
     "top_k_arrays",
 ]

@@ -173,6 +173,8 @@ class ViTClassifier(KServeGrpcMethods):
         warm = self.predictor.predict_logits(np.zeros((1, *self.predictor.input_shape), np.float32))
         self.num_classes = int(warm.shape[1])
         self.top_k = max(1, min(spec.top_k, self.num_classes))
+        # which export this replica runs, on which backend: in the v2 metadata and /config (validate --url)
+        self.export = protocol.export_parameters(self.predictor.artifacts.manifest_sha256, self.predictor.backend_name)
         self.preprocessor = self.predictor.preprocessor
         self.stats = InferenceStats()  # GET /v2/models/<name>/stats (this replica's requests)
         register_proto_modules()  # gRPC requests arrive pickled from Ray's gRPC proxy (serve.grpc_port)
@@ -371,6 +373,7 @@ class ViTClassifier(KServeGrpcMethods):
             "ray_serve",
             self.predictor.is_embedding,
             self.predictor.patch_shape,
+            self.export,
         )
         return JSONResponse(meta)
 
@@ -384,7 +387,15 @@ class ViTClassifier(KServeGrpcMethods):
             return _error(exc)
         limit, embedding = self.spec.max_images_per_request, self.predictor.is_embedding
         patches = self.predictor.patch_shape
-        config = model_config(self.name, self.num_classes, self.top_k, limit, embedding=embedding, patch_shape=patches)
+        config = model_config(
+            self.name,
+            self.num_classes,
+            self.top_k,
+            limit,
+            embedding=embedding,
+            patch_shape=patches,
+            parameters=self.export,
+        )
         return JSONResponse(config)
 
     @api.get("/stats")

@@ -1,4 +1,5 @@
-"""One request of the load generator, in each protocol a vitdeploy or Triton server speaks.
+"""One request of the load generator (and of `vitdeploy validate --url`), in each protocol a vitdeploy or Triton
+server speaks.
 
 ``predict``: ``POST /predict`` (or ``/v2/models/<m>/predict``) with the image as the body; ``v2-http``: KServe v2
 ``POST /v2/models/<m>/infer`` with input ``IMAGES`` in Triton's binary tensor form (one JPEG, shape [1, 1]) and
@@ -7,6 +8,9 @@ client holds one connection (HTTP/1.1 keep-alive), as a real client would, and i
 
 A reply is ``(status, example)``: the HTTP status (``"200"``), the gRPC code's name (``"OK"``,
 ``"UNAVAILABLE"``) or ``"connection error"``, and, for a failure, the start of what the server said.
+:meth:`HttpClient.answer` / :meth:`GrpcClient.answer` send the same request and keep what was answered (the v2
+output tensors as arrays, or ``/predict``'s JSON record); :func:`model_document` reads a model's v2 JSON
+(``/config``, ``/stats``) over HTTP or gRPC.
 """
 
 from __future__ import annotations
@@ -20,13 +24,16 @@ from urllib.parse import urlsplit
 from ..base._deps import require
 from ..base.errors import ConfigError, first_line
 from ..serve.outputs import EMBEDDINGS
-from ..serve.protocol import HEADER_LENGTH, INPUT, TOPK_LABELS, TOPK_SCORES, serialize_bytes
+from ..serve.protocol import HEADER_LENGTH, INPUT, TOPK_LABELS, TOPK_SCORES, deserialize_bytes, serialize_bytes
 
 PREDICT, V2_HTTP, V2_GRPC = "predict", "v2-http", "v2-grpc"
 PROTOCOLS = (PREDICT, V2_HTTP, V2_GRPC)
 OK = ("200", "OK")
 EXAMPLE_CHARS = 300  # of a failed request's answer, kept as its status's example
 TIMEOUT_S = 300.0
+CONNECTION_ERROR = "connection error"
+#: v2 datatypes an answer is read back in (BYTES: a list of bytes)
+_DTYPES = {"FP32": "<f4", "FP16": "<f2", "FP64": "<f8", "INT64": "<i8", "INT32": "<i4", "BOOL": "?"}
 
 
 @dataclass(frozen=True)
@@ -56,7 +63,10 @@ class Target:
         return urlsplit(self.url if "://" in self.url else f"grpc://{self.url}").hostname or ""
 
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        """The bearer token's header (gRPC metadata keys are lower case: grpc refuses ``Authorization``)."""
+        if not self.token:
+            return {}
+        return {("authorization" if self.protocol == V2_GRPC else "Authorization"): f"Bearer {self.token}"}
 
 
 def asked_outputs(artifacts: Any) -> tuple[str, ...]:
@@ -95,7 +105,8 @@ class HttpClient:
             return image, {**headers, "Content-Type": "application/octet-stream"}
         return infer_body(image, headers, self.target.outputs)
 
-    def send(self, image: bytes) -> tuple[str, str]:
+    def _exchange(self, image: bytes) -> tuple[str, bytes, Any]:
+        """(status, body, response headers) of one request; ``CONNECTION_ERROR`` with the reason as the body."""
         body, headers = self._request(image)
         try:
             self.conn.request("POST", self.path, body=body, headers=headers)
@@ -103,13 +114,60 @@ class HttpClient:
             answer = response.read()
         except (OSError, http.client.HTTPException) as exc:
             self.conn.close()  # the next request opens a new connection
-            return "connection error", first_line(exc)[:EXAMPLE_CHARS]
-        if response.status == 200:
-            return "200", ""
-        return str(response.status), answer[:EXAMPLE_CHARS].decode("utf-8", "replace")
+            return CONNECTION_ERROR, first_line(exc).encode(), {}
+        return str(response.status), answer, response.headers
+
+    def send(self, image: bytes) -> tuple[str, str]:
+        status, answer, _ = self._exchange(image)
+        if status == "200":
+            return status, ""
+        return status, answer[:EXAMPLE_CHARS].decode("utf-8", "replace")
+
+    def answer(self, image: bytes) -> tuple[str, Any]:
+        """``("200", what was answered)``: the v2 outputs by name as arrays, or ``/predict``'s record of the image;
+        else ``(status, the start of what the server said)``."""
+        status, answer, headers = self._exchange(image)
+        if status != "200":
+            return status, answer[:EXAMPLE_CHARS].decode("utf-8", "replace")
+        try:
+            if self.target.protocol == PREDICT:
+                records = json.loads(answer)
+                return status, records[0] if isinstance(records, list) and records else records
+            return status, read_infer_response(answer, headers.get(HEADER_LENGTH))
+        except (ValueError, KeyError, TypeError) as exc:
+            return "unreadable answer", first_line(exc)[:EXAMPLE_CHARS]
 
     def close(self) -> None:
         self.conn.close()
+
+
+def read_infer_response(body: bytes, header_length: Optional[str]) -> dict[str, Any]:
+    """A v2 infer response (JSON, or JSON + binary tensors) -> its outputs by name: numeric ones as arrays of
+    their shape, BYTES as a list of bytes. ValueError for a body that is none."""
+    size = int(header_length) if header_length else len(body)
+    doc, rest, pos = json.loads(body[:size]), body[size:], 0
+    out: dict[str, Any] = {}
+    for item in doc["outputs"]:
+        shape, dtype = [int(d) for d in item["shape"]], item["datatype"]
+        count = 1
+        for d in shape:
+            count *= d
+        binary = (item.get("parameters") or {}).get("binary_data_size")
+        if binary is not None:
+            raw, pos = rest[pos : pos + int(binary)], pos + int(binary)
+            if dtype == "BYTES":
+                out[item["name"]] = deserialize_bytes(raw, count)
+                continue
+            import numpy as np
+
+            out[item["name"]] = np.frombuffer(raw, dtype=_DTYPES[dtype]).reshape(shape)
+        elif dtype == "BYTES":
+            out[item["name"]] = [str(v).encode("utf-8") for v in item["data"]]
+        else:
+            import numpy as np
+
+            out[item["name"]] = np.asarray(item["data"], dtype=_DTYPES[dtype]).reshape(shape)
+    return out
 
 
 def infer_body(
@@ -141,13 +199,13 @@ class GrpcClient:
         self.target = target
         self.outputs = [grpc.InferRequestedOutput(name) for name in target.outputs]
 
-    def send(self, image: bytes) -> tuple[str, str]:
+    def _infer(self, image: bytes) -> tuple[str, Any]:
         from tritonclient.utils import InferenceServerException
 
         tensor = self._grpc.InferInput(INPUT, [1, 1], "BYTES")
         tensor.set_data_from_numpy(self._np.array([[image]], dtype=object))
         try:
-            self.client.infer(
+            result = self.client.infer(
                 self.target.model,
                 [tensor],
                 outputs=self.outputs,
@@ -155,9 +213,19 @@ class GrpcClient:
                 client_timeout=TIMEOUT_S,
             )
         except InferenceServerException as exc:
-            status = str(exc.status() or "UNKNOWN").replace("StatusCode.", "")
-            return status, str(exc.message() or exc)[:EXAMPLE_CHARS]
-        return "OK", ""
+            return grpc_status(exc), str(exc.message() or exc)[:EXAMPLE_CHARS]
+        return "OK", result
+
+    def send(self, image: bytes) -> tuple[str, str]:
+        status, result = self._infer(image)
+        return (status, "") if status == "OK" else (status, result)
+
+    def answer(self, image: bytes) -> tuple[str, Any]:
+        """``("OK", the outputs by name as arrays)``, else ``(the gRPC code's name, what the server said)``."""
+        status, result = self._infer(image)
+        if status != "OK":
+            return status, result
+        return status, {name: result.as_numpy(name) for name in self.target.outputs}
 
     def close(self) -> None:
         self.client.close()
@@ -165,6 +233,52 @@ class GrpcClient:
 
 def open_client(target: Target) -> Client:
     return GrpcClient(target) if target.protocol == V2_GRPC else HttpClient(target)
+
+
+def grpc_status(exc: Any) -> str:
+    """A tritonclient InferenceServerException's gRPC code, by name (``"UNAVAILABLE"``)."""
+    return str(exc.status() or "UNKNOWN").replace("StatusCode.", "")
+
+
+def model_document(target: Target, model: str, what: str = "config", timeout_s: float = 30.0) -> tuple[str, Any]:
+    """A model's v2 JSON document ``what`` (``config``, ``stats``): ``(status, the document)`` (``"200"`` over
+    HTTP, ``"OK"`` over gRPC: Triton's ``ModelConfig`` / ``ModelStatistics`` as JSON, field names as in the
+    HTTP form), else ``(status, the start of what the server said)``; ``CONNECTION_ERROR`` when nobody answers."""
+    if target.protocol == V2_GRPC:
+        return _grpc_document(target, model, what)
+    parts = urlsplit(target.url)
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname, parts.port, timeout=timeout_s)
+    try:
+        conn.request("GET", f"{parts.path.rstrip('/')}/v2/models/{model}/{what}", headers=target.headers())
+        response = conn.getresponse()
+        body = response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        return CONNECTION_ERROR, first_line(exc)[:EXAMPLE_CHARS]
+    finally:
+        conn.close()
+    if response.status != 200:
+        return str(response.status), body[:EXAMPLE_CHARS].decode("utf-8", "replace")
+    try:
+        return "200", json.loads(body)
+    except ValueError as exc:
+        return "unreadable answer", first_line(exc)[:EXAMPLE_CHARS]
+
+
+def _grpc_document(target: Target, model: str, what: str) -> tuple[str, Any]:
+    grpc = require("tritonclient.grpc", "--protocol v2-grpc (pip install 'tritonclient[grpc]')")
+    from tritonclient.utils import InferenceServerException
+
+    client = grpc.InferenceServerClient(target.url.split("://", 1)[-1].rstrip("/"))
+    try:
+        if what == "config":
+            return "OK", client.get_model_config(model, headers=target.headers(), as_json=True).get("config", {})
+        return "OK", client.get_inference_statistics(model, headers=target.headers(), as_json=True)
+    except InferenceServerException as exc:
+        status = grpc_status(exc)
+        return (CONNECTION_ERROR if status == "UNAVAILABLE" else status), str(exc.message() or exc)[:EXAMPLE_CHARS]
+    finally:
+        client.close()
 
 
 __all__ = [
@@ -178,4 +292,8 @@ __all__ = [
     "GrpcClient",
     "open_client",
     "infer_body",
+    "grpc_status",
+    "model_document",
+    "read_infer_response",
+    "CONNECTION_ERROR",
 ]

@@ -9,12 +9,9 @@ the model named (an ensemble's own queue is its steps'). A server without statis
 
 from __future__ import annotations
 
-import http.client
-import json
 from typing import Any, Optional
-from urllib.parse import urlsplit
 
-from .clients import V2_GRPC, Target
+from .clients import OK, Target, model_document
 
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 
@@ -24,33 +21,11 @@ def read(target: Target) -> Optional[dict[str, Any]]:
     if not target.model:
         return None
     try:
-        doc = _grpc_stats(target) if target.protocol == V2_GRPC else _http_stats(target)
-        entries = doc.get("model_stats") or []
+        status, doc = model_document(target, target.model, "stats", timeout_s=10)
+        entries = (doc.get("model_stats") or []) if status in OK else []
         return entries[0] if entries else None
     except Exception:  # noqa: BLE001 - statistics are extra: a server without them is still load-tested
         return None
-
-
-def _http_stats(target: Target) -> dict[str, Any]:
-    parts = urlsplit(target.url)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
-    try:
-        conn.request("GET", f"{parts.path.rstrip('/')}/v2/models/{target.model}/stats", headers=target.headers())
-        response = conn.getresponse()
-        body = response.read()
-    finally:
-        conn.close()
-    return json.loads(body) if response.status == 200 else {}
-
-
-def _grpc_stats(target: Target) -> dict[str, Any]:
-    import tritonclient.grpc as grpc
-
-    client = grpc.InferenceServerClient(target.url.split("://", 1)[-1].rstrip("/"))
-    try:
-        return client.get_inference_statistics(target.model, headers=target.headers(), as_json=True)
-    finally:
-        client.close()
 
 
 def _stat(entry: dict[str, Any], key: str) -> tuple[int, int]:

@@ -105,29 +105,38 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def _from_drift(drift: dict[str, Any]) -> list[AccuracyRow]:
+    return [_row(b, b["name"]) for b in drift.get("backends", [])]
+
+
+def _from_served(drift: dict[str, Any] | None) -> list[AccuracyRow]:
+    """`validate --url`'s checks: one "served" row per server, protocol and model, never a deployment candidate."""
     rows = []
-    for b in drift.get("backends", []):
-        rows.append(
-            AccuracyRow(
-                backend=b["name"],
-                status=b["status"],
-                metrics=b.get("metrics") or {},
-                thresholds=b.get("thresholds") or {},
-                failures=list(b.get("failures") or []),
-                per_image=b.get("per_image") or {},
-                flips=[
-                    {
-                        "input": f["path"],
-                        "reference": f.get("reference_top3", []),
-                        "candidate": f.get("candidate_top3", []),
-                    }
-                    for f in b.get("flipped") or []
-                ],
-                accuracy=b.get("accuracy"),
-                reason=b.get("reason", ""),
-            )
-        )
+    for entry in (drift or {}).get("served") or []:
+        if not isinstance(entry, dict):
+            continue
+        row = _row(entry, f"served: {entry.get('url')} ({entry.get('protocol')})")
+        row.deployable = False
+        judged = f"judged with the {entry['backend']} thresholds" if entry.get("backend") else ""
+        row.reason = "; ".join(x for x in (entry.get("reason", ""), judged, entry.get("created", "")) if x)
+        rows.append(row)
     return rows
+
+
+def _row(b: dict[str, Any], name: str) -> AccuracyRow:
+    return AccuracyRow(
+        backend=name,
+        status=b["status"],
+        metrics=b.get("metrics") or {},
+        thresholds=b.get("thresholds") or {},
+        failures=list(b.get("failures") or []),
+        per_image=b.get("per_image") or {},
+        flips=[
+            {"input": f["path"], "reference": f.get("reference_top3", []), "candidate": f.get("candidate_top3", [])}
+            for f in b.get("flipped") or []
+        ],
+        accuracy=b.get("accuracy"),
+        reason=b.get("reason", ""),
+    )
 
 
 def _from_manifest(manifest: dict[str, Any]) -> list[AccuracyRow]:
@@ -179,7 +188,7 @@ def gather(artifacts: str | os.PathLike[str], bench: dict[str, Any] | None = Non
     if manifest is None:
         raise ArtifactError(f"{folder}: no {MANIFEST_NAME}; run `vitdeploy export` first (-a names the export folder)")
     drift = _read_json(folder / DRIFT_REPORT_NAME)
-    if drift is not None:
+    if drift is not None and drift.get("backends"):
         seen = drift.get("images", {})
         rows = _from_drift(drift)
         source = (
@@ -194,10 +203,13 @@ def gather(artifacts: str | os.PathLike[str], bench: dict[str, Any] | None = Non
             f"the export's own validations ({MANIFEST_NAME}): each artifact on its {count} validation inputs; "
             "`vitdeploy validate` judges every backend on your images"
         )
+    served = _from_served(drift)
+    if served:
+        source += "; served: `vitdeploy validate --url`, a running server's answers to the same kind of images"
     return Facts(
         folder,
         manifest,
-        rows,
+        rows + served,
         source,
         bench if bench is not None else _read_json(folder / BENCH_REPORT_NAME),
         machine(),

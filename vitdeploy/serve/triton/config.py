@@ -24,7 +24,18 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 from ...base.config import TritonSection
-from ..protocol import CONFIG_TYPES, EMBEDDINGS, INPUT, LOGITS, PATCH_TOKENS, TOPK_LABELS, TOPK_SCORES, output_tensors
+from ...base.vocab import ORT, ORT_FP16, TRT
+from ..protocol import (
+    CONFIG_TYPES,
+    EMBEDDINGS,
+    INPUT,
+    LOGITS,
+    PATCH_TOKENS,
+    TOPK_LABELS,
+    TOPK_SCORES,
+    export_parameters,
+    output_tensors,
+)
 
 #: Inference models the ensemble can call, by their suffix.
 INFERENCE_KINDS = ("onnx", "trt", "ort_python")
@@ -34,6 +45,8 @@ ENGINE_FILE = "model.engine"
 #: The _onnx model's graph per precision (Settings.onnx_precision) and the TensorRT EP's cache folder.
 ONNX_FILES = {"fp32": "model.onnx", "fp16": "model.fp16.onnx"}
 TRT_CACHE_DIR = "trt_cache"
+#: the preprocessing model's parameter holding the export's recipe (PreprocessSpec as JSON): what it runs
+PREPROCESS_PARAM = "preprocess"
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,7 @@ class ModelFacts:
     engine_max_batch: int | None = None  # the TensorRT profile's max batch; None without an engine
     embedding: bool = False  # the manifest's output.kind is embedding: vectors out, no labels, no postprocess
     patch_shape: tuple[int, int] | None = None  # (P, D) of an embedding's PATCH_TOKENS output; None: not exported
+    export_sha256: str = ""  # the sha256 of the export's manifest.json: published in the ensemble's parameters
 
 
 @dataclass(frozen=True)
@@ -161,7 +175,7 @@ def preprocess_config(facts: ModelFacts, settings: Settings, preprocess: Mapping
         _instance_group("cpu", settings.triton.preprocess_instances),
         *_parameters(
             {
-                "preprocess": json.dumps(dict(preprocess), sort_keys=True),
+                PREPROCESS_PARAM: json.dumps(dict(preprocess), sort_keys=True),
                 "max_image_pixels": int(settings.max_image_pixels),
                 "decode_threads": int(settings.triton.decode_threads),
                 "vitdeploy_version": version,
@@ -311,6 +325,16 @@ def ort_python_config(facts: ModelFacts, settings: Settings, version: str) -> st
     )
 
 
+def served_backend(settings: Settings) -> str:
+    """The vocabulary's backend whose answers the ensemble gives (whose ``validation.*`` thresholds judge them):
+    ``_onnx`` over model.onnx is ort, over model.fp16.onnx ort-fp16; ``_trt`` trt; ``_ort_python`` ort."""
+    if settings.inference == "trt":
+        return TRT
+    if settings.inference == "onnx" and settings.onnx_precision == "fp16":
+        return ORT_FP16
+    return ORT
+
+
 def top_k_of(facts: ModelFacts, settings: Settings) -> int:
     return max(1, min(int(settings.top_k), int(facts.num_classes)))
 
@@ -365,6 +389,8 @@ def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
         _tensors("input", [_tensor(INPUT, "TYPE_STRING", [1])]),
         _tensors("output", [_tensor(name, CONFIG_TYPES[dtype], dims) for name, dtype, dims in outputs]),
         "ensemble_scheduling {\n  step [\n" + ",\n".join(_ensemble_steps(facts, settings)) + "\n  ]\n}",
+        # which export the ensemble answers with, on which backend (protocol.EXPORT_SHA256: validate --url)
+        *_parameters(export_parameters(facts.export_sha256, served_backend(settings)) if facts.export_sha256 else {}),
     )
 
 
@@ -375,6 +401,7 @@ __all__ = [
     "ONNX_FILES",
     "TRT_CACHE_DIR",
     "PIXELS",
+    "PREPROCESS_PARAM",
     "ModelFacts",
     "Settings",
     "ensemble_config",
@@ -384,6 +411,7 @@ __all__ = [
     "ort_python_config",
     "postprocess_config",
     "preprocess_config",
+    "served_backend",
     "top_k_of",
     "trt_config",
 ]

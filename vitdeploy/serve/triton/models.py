@@ -26,6 +26,7 @@ from ... import __version__
 from ...base.errors import first_line
 from ..http_errors import MAX_REASON
 from ..protocol import INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES, RequestError, images_from_tensor
+from .config import PREPROCESS_PARAM
 
 ARTIFACTS_DIR = "artifacts"  # inside <model>/<version>/ of the ort_python model
 
@@ -69,7 +70,7 @@ class PreprocessModel:
 
         params = _parameters(args)
         _check_version(params, args.get("model_name", "preprocess"))
-        spec = PreprocessSpec.from_dict(json.loads(params["preprocess"]))
+        spec = PreprocessSpec.from_dict(json.loads(params[PREPROCESS_PARAM]))
         self.preprocessor = Preprocessor(spec, max_pixels=int(params.get("max_image_pixels") or 89_478_485))
         self.pool = ThreadPoolExecutor(max(1, int(params.get("decode_threads") or 4)), thread_name_prefix="decode")
 

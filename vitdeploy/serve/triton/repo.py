@@ -151,6 +151,7 @@ def _facts(artifacts: Artifacts, engine_meta: dict[str, Any] | None) -> tc.Model
         engine_max_batch=engine_max,
         embedding=artifacts.schema.is_embedding,
         patch_shape=artifacts.schema.patch_shape,
+        export_sha256=artifacts.manifest_sha256,
     )
 
 
