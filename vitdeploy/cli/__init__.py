@@ -244,6 +244,12 @@ def _self_command() -> str:
 @click.option("-k", "--top-k", type=click.IntRange(min=1), default=None, help="default: runtime.top_k (5)")
 @click.option("--batch-size", type=click.IntRange(min=1), default=None, help="default: runtime.batch_size (32)")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object per line per input on stdout")
+@click.option(
+    "--image-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="run at this side, one of the sizes an export for several sizes answers at (default: its base size)",
+)
 @config_option
 @handle_errors
 def predict(
@@ -253,6 +259,7 @@ def predict(
     top_k: int | None,
     batch_size: int | None,
     as_json: bool,
+    image_size: int | None,
     config_path: Path | None,
 ) -> None:
     """Classify images (files or directories) with the exported model (an embedding model: their vectors)."""
@@ -268,7 +275,7 @@ def predict(
         backend=backend or rt.backend,
         options=runtime_options(cfg),
         max_pixels=rt.max_image_pixels,
-    )
+    ).at_size(image_size)
     click.echo(f"backend: {predictor.backend_name} ({predictor.why})", err=True)
     failed = 0
     show_progress = not as_json and sys.stderr.isatty()
