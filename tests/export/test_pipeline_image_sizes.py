@@ -72,3 +72,10 @@ def test_a_fixed_size_export_names_its_one_size(tiny_artifacts):
     with Predictor.from_artifacts(tiny_artifacts(), backend="ort") as predictor:
         with pytest.raises(InputError, match="sizes that work: 32$"):
             predictor.at_size(64)
+
+
+def test_tensorrt_profile_spans_the_sizes_with_the_base_as_opt():
+    from vitdeploy.export.tensorrt import plan_engine_build
+
+    plan = plan_engine_build("m.onnx", "m.engine", chw=(3, 224, 224), image_sizes=(224, 336, 518))
+    assert plan.profile_shapes() == ((1, 3, 224, 224), (8, 3, 224, 224), (32, 3, 518, 518))

@@ -13,7 +13,6 @@ execution contexts per run.
 from __future__ import annotations
 
 import copy
-
 import dataclasses
 import logging
 import os
