@@ -16,6 +16,7 @@ from ._schema import FiniteFloat, StrictSection, format_validation_error
 from .errors import ConfigError
 from .limits import MAX_BATCH, clip
 from .preprocess_spec import overrides_model
+from .vit_schema import MAX_SIDE as MAX_IMAGE_SIDE
 from .vocab import Activation, BackendChoice, EmbeddingDtype, OutputKind, Pool
 
 DEFAULT_CONFIG_NAME = "pipeline.yaml"
@@ -164,6 +165,20 @@ class ExportSection(_Section):
         1536, ge=0, description="write weights as external data above this size (protobuf limit: 2 GB; 0 = always)"
     )
     optimize: bool = Field(True, description="save ONNX Runtime's transformer-fused graph when the drift checks pass")
+    image_sizes: Optional[list[Annotated[int, Field(gt=0, le=MAX_IMAGE_SIDE)]]] = Field(
+        None,
+        min_length=1,
+        max_length=32,
+        description="square image sizes one export answers at (e.g. [224, 336, 448, 518]), each a multiple of the "
+        "patch, each validated against eager PyTorch at that size: for checkpoints whose library runs them at any "
+        "size (DINOv2, transformers ViT / DeiT, timm); absent = one fixed size",
+    )
+
+    @model_validator(mode="after")
+    def _sorted_sizes(self) -> "ExportSection":
+        if self.image_sizes is not None:
+            object.__setattr__(self, "image_sizes", sorted(set(self.image_sizes)))
+        return self
 
 
 class Tolerance(_Section):

@@ -166,6 +166,17 @@ class PreprocessSpec:
     def replace(self, **changes: Any) -> "PreprocessSpec":
         return PreprocessSpec.from_dict({**self.to_dict(), **changes})
 
+    def at_size(self, side: int) -> "PreprocessSpec":
+        """The same recipe for a square input of ``side``: the sizes before the crop keep their ratio to the
+        crop (timm's crop_pct does that by itself), as a checkpoint run at another size is preprocessed."""
+        scale = side / self.height
+        scaled = {
+            k: int(round(getattr(self, k) * scale))
+            for k in ("resize_height", "resize_width", "shortest_edge", "longest_edge")
+            if getattr(self, k) is not None
+        }
+        return self.replace(height=side, width=side, **scaled)
+
 
 #: pipeline.yaml keys that override the preprocessing (all under ``preprocess:``) and change the geometry
 #: or the normalisation: every field but the size and the background.

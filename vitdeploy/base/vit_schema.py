@@ -27,7 +27,7 @@ from pydantic import ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
 
 from ._schema import FiniteFloat, NonNegativeInt, PositiveInt, format_validation_error
 from .errors import VitDeployError
-from .vocab import ACTIVATIONS, MLPS, POOLS, Activation, MlpKind, Pool
+from .vocab import ACTIVATIONS, MLPS, POOLS, POS_RESAMPLES, Activation, MlpKind, Pool, PosResample
 
 # Generous ceilings: ViT-22B has width 6144, depth 48; they stop hostile values, not real models.
 MAX_WIDTH, MAX_DEPTH, MAX_SIDE, MAX_CLASSES = 65_536, 1_024, 16_384, 1_000_000
@@ -90,6 +90,11 @@ class ViTConfig:
     # transformers' ViTPooler (ViTModel, DeiTModel): the pooled class token through Linear(width, width) and tanh,
     # what the library returns as pooler_output (the backbone's embedding)
     pooler: StrictBool = False
+    # the input may be any multiple of the patch: the position table, learned for ``pos_size`` (0: image_size),
+    # is resampled to the input's grid at every call as the checkpoint's library does it (vocab.POS_RESAMPLES);
+    # image_size is then the export's base size
+    pos_resample: PosResample = "none"
+    pos_size: Annotated[NonNegativeInt, Field(le=MAX_SIDE)] = 0
 
     def __post_init__(self) -> None:
         sizes = {k: getattr(self, k) for k in _SIZE_FIELDS}
@@ -123,6 +128,14 @@ class ViTConfig:
                 pool=self.pool,
                 fc_norm=self.fc_norm,
             )
+        if self.pos_resample not in POS_RESAMPLES:
+            problems.append(f"pos_resample must be one of {', '.join(POS_RESAMPLES)}, got {self.pos_resample!r}")
+        elif self.pos_resample != "none" and self.pos_embed != "learned":
+            problems.append("pos_resample needs a learned position table (pos_embed 'learned')")
+        if self.pos_size % self.patch_size:
+            problems.append(f"pos_size {self.pos_size} is not a multiple of patch_size {self.patch_size}")
+        elif self.pos_size and self.pos_resample == "none":
+            problems.append("pos_size (a table of another size than image_size) needs pos_resample")
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
         if self.pooler and self.pool != "token":
@@ -139,6 +152,16 @@ class ViTConfig:
         return self.grid * self.grid
 
     @property
+    def pos_grid(self) -> int:
+        """Side of the position table's grid: the grid it was learned for (``pos_size``), or the input's."""
+        return (self.pos_size or self.image_size) // self.patch_size
+
+    @property
+    def dynamic_size(self) -> bool:
+        """The network runs at any multiple of the patch (the table follows the input, ``pos_resample``)."""
+        return self.pos_resample != "none"
+
+    @property
     def num_prefix_tokens(self) -> int:
         """Tokens before the patches: class, distillation, registers."""
         return int(self.class_token) + int(self.distilled) + self.reg_tokens
@@ -146,7 +169,7 @@ class ViTConfig:
     @property
     def pos_len(self) -> int:
         """Rows of the position table."""
-        return self.num_patches + (self.num_prefix_tokens if self.pos_embed_prefix else 0)
+        return self.pos_grid**2 + (self.num_prefix_tokens if self.pos_embed_prefix else 0)
 
     @property
     def mlp_dim(self) -> int:
@@ -197,7 +220,10 @@ class ViTConfig:
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if not self.dynamic_size:  # a fixed-size model's model.json stays as before (older readers refuse new keys)
+            data.pop("pos_resample"), data.pop("pos_size")
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ViTConfig":

@@ -35,6 +35,11 @@ MlpKind = Literal[MLPS]  # type: ignore[valid-type]
 #: the class token then the mean patch token (transformers' DINOv2 classifiers: a head over 2 x width).
 POOLS: tuple[str, ...] = ("token", "avg", "token_avg")
 Pool = Literal[POOLS]  # type: ignore[valid-type]
+#: how a ViT's learned position table follows an input of another size, as its library does it: "none" (the
+#: input must be the model's image size), "bicubic" (transformers' ViT / DeiT with interpolate_pos_encoding,
+#: DINOv2), "bicubic_antialias" (timm dynamic_img_size, transformers' DINOv2 with registers).
+POS_RESAMPLES: tuple[str, ...] = ("none", "bicubic", "bicubic_antialias")
+PosResample = Literal[POS_RESAMPLES]  # type: ignore[valid-type]
 #: what an export's network returns: class logits (a classifier), or the pooled feature vector (an embedding
 #: model: a backbone without a head, or any checkpoint with ``model.output: embedding``).
 OUTPUT_KINDS: tuple[str, ...] = ("logits", "embedding")
@@ -198,6 +203,7 @@ __all__ = [
     "INTERPOLATIONS",
     "Interpolation",
     "MANIFEST_NAME",
+    "POS_RESAMPLES",
     "PRECISIONS",
     "PREPROCESS_STYLES",
     "PreprocessStyle",

@@ -248,6 +248,12 @@ def _self_command() -> str:
     "--patch-tokens",
     is_flag=True,
     help="an embedding export with model.patch_tokens: each record's patch tokens too ([P, D] lists; large)",
+),
+@click.option(
+    "--image-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="run at this side, one of the sizes an export for several sizes answers at (default: its base size)",
 )
 @config_option
 @handle_errors
@@ -259,6 +265,7 @@ def predict(
     batch_size: int | None,
     as_json: bool,
     patch_tokens: bool,
+    image_size: int | None,
     config_path: Path | None,
 ) -> None:
     """Classify images (files or directories) with the exported model (an embedding model: their vectors)."""
@@ -274,7 +281,7 @@ def predict(
         backend=backend or rt.backend,
         options=runtime_options(cfg),
         max_pixels=rt.max_image_pixels,
-    )
+    ).at_size(image_size)
     click.echo(f"backend: {predictor.backend_name} ({predictor.why})", err=True)
     failed = 0
     show_progress = not as_json and sys.stderr.isatty()

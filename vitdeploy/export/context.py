@@ -104,12 +104,15 @@ class ExportContext:
     effective: Any = None  # export.effective.Effective
     name: str = ""
     chw: tuple[int, int, int] = (0, 0, 0)
+    image_sizes: tuple[int, ...] = ()  # export.image_sizes of a model that runs at each (chw's side among them)
     output: Any = None  # model.output.ModelOutput: what the exported network returns (logits or an embedding)
     # filled by the reference stage
     sizes: tuple[int, ...] = ()
     inputs: Any = None  # export.validate.ValidationInputs
     reference: np.ndarray | None = None
     patch_reference: np.ndarray | None = None  # eager's patch tokens (N, P, D), when the export returns them
+    #: every other listed size -> (its validation inputs, their eager reference): each artifact judged at each
+    other_sizes: dict[int, tuple[Any, np.ndarray]] = field(default_factory=dict)
     # what the stages made: validated artifacts (role -> path), their manifest entries, verdicts, records
     stages: list[StageRecord] = field(default_factory=list)
     artifacts: dict[str, Path] = field(default_factory=dict)

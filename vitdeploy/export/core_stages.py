@@ -79,6 +79,7 @@ def _model(ctx: ExportContext, rec: StageRecord) -> Made:
         ctx.effective = dataclasses.replace(ctx.effective, loaded=ctx.loaded)
     rec.outputs = [ctx.path("weights"), ctx.path("weights-config")]  # in the manifest last (the manifest row)
     ctx.chw = (vit.in_channels, vit.image_size, vit.image_size)
+    ctx.image_sizes = tuple(cfg.export.image_sizes or ()) if vit.dynamic_size else ()
     return ()
 
 
@@ -92,6 +93,7 @@ def _onnx(ctx: ExportContext, rec: StageRecord) -> Made:
         "vitdeploy.preprocess": ctx.spec.to_dict(),
         "vitdeploy.vit": vit.to_dict(),
         "vitdeploy.output": ctx.output.to_dict(),
+        **({"vitdeploy.image_sizes": list(ctx.image_sizes)} if ctx.image_sizes else {}),
     }
     onnx_art = export_onnx(
         ctx.loaded.model,
@@ -102,6 +104,8 @@ def _onnx(ctx: ExportContext, rec: StageRecord) -> Made:
         metadata=metadata,
         output_name=ctx.output.tensors,
         external_data_threshold_mb=cfg.export.external_data_threshold_mb,
+        sizes=ctx.image_sizes,
+        patch_size=vit.patch_size,
     )
     return (Artifact("onnx", onnx_art.path, tuple(onnx_art.external_data)),)
 
@@ -122,11 +126,23 @@ def _reference(ctx: ExportContext, rec: StageRecord) -> Made:
     outputs = reference_outputs(ctx.loaded.model, ctx.inputs.batch)
     ctx.reference = outputs[0]
     ctx.patch_reference = outputs[1] if ctx.output.patch_tokens else None
+    for side in ctx.image_sizes:  # the same images and noise at every other size, preprocessed for it
+        if side != ctx.chw[1]:
+            inputs = build_inputs(
+                Preprocessor(ctx.spec.at_size(side)),
+                validation_images(cfg),
+                noise_samples=cfg.validation.noise_samples,
+                seed=cfg.validation.seed,
+                min_count=max(ctx.sizes),
+            )
+            ctx.other_sizes[side] = (inputs, reference_logits(ctx.loaded.model, inputs.batch))
     ctx.release_model()  # the last stage that runs the eager model
     n, n_images = len(ctx.inputs.names), ctx.inputs.image_count
     what = "embeddings" if ctx.output.is_embedding else "logits"
     what += " and patch tokens" if ctx.output.patch_tokens else ""
-    rec.reason = f"eager PyTorch {what} for {n} inputs ({n_images} images, {n - n_images} noise)"
+    rec.reason = f"eager PyTorch {what} for {n} inputs ({n_images} images, {n - n_images} noise)" + (
+        f" at each of {', '.join(map(str, ctx.image_sizes))} px" if ctx.image_sizes else ""
+    )
     return ()
 
 
@@ -192,6 +208,7 @@ def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
         extra={
             "preprocess_origins": ctx.effective.origins,
             "export": ctx.extra,
+            **_image_sizes(ctx),
             "validation_inputs": {
                 "count": len(names),
                 "images": ctx.inputs.image_count,
@@ -207,6 +224,14 @@ def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
         (out / EXPORT_REPORT_NAME).unlink(missing_ok=True)
     rec.outputs = [path]
     return ()
+
+
+def _image_sizes(ctx: ExportContext) -> dict[str, Any]:
+    """The manifest's ``image_sizes``: the sides the export answers at and each one's preprocessing."""
+    if not ctx.image_sizes:
+        return {}
+    recipes = {str(s): ctx.spec.at_size(s).to_dict() for s in ctx.image_sizes}
+    return {"image_sizes": {"sizes": list(ctx.image_sizes), "preprocess": recipes}}
 
 
 MODEL = Stage("model", _model)

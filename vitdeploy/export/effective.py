@@ -45,7 +45,9 @@ class Effective:
             "format": ld.source_format,
             "heads_origin": ld.heads_origin,
             "native_image_size": ld.native_image_size or vit.image_size,
-            "resampled_pos_embed": bool(ld.native_image_size and ld.native_image_size != vit.image_size),
+            "resampled_pos_embed": bool(
+                ld.native_image_size and ld.native_image_size != vit.image_size and not vit.dynamic_size
+            ),
             "notes": list(ld.notes),
         }
 
@@ -64,6 +66,7 @@ def load_model(cfg: PipelineConfig) -> Any:
         act=m.activation,
         layer_norm_eps=m.layer_norm_eps,
         pool=m.pool,
+        image_sizes=tuple(cfg.export.image_sizes or ()),
     )
 
 
@@ -148,7 +151,12 @@ def describe(eff: Effective, cfg: PipelineConfig) -> list[str]:
     if ld.heads_origin:
         lines.append(f"  heads from {ld.heads_origin}")
     native = ld.native_image_size or vit.image_size
-    if native != vit.image_size:
+    if vit.dynamic_size:
+        g0 = vit.pos_grid
+        how = "bicubic, antialiased" if vit.pos_resample == "bicubic_antialias" else "bicubic"
+        sizes = ", ".join(map(str, cfg.export.image_sizes or ()))
+        lines.append(f"  image sizes {sizes}: the {g0}x{g0} position table resampled per input ({how})")
+    elif native != vit.image_size:
         g0, g1 = native // vit.patch_size, vit.grid
         lines.append(f"  position embeddings resampled {g0}x{g0} -> {g1}x{g1} (model.image_size {vit.image_size})")
     lines.append(f"preprocess: {describe_spec(eff.spec)}")

@@ -97,6 +97,7 @@ def _plan(ctx: ExportContext, graph: Path, engine_path: Path, precision: str) ->
         engine_path,
         input_name=INPUT_NAME,
         chw=ctx.chw,
+        image_sizes=ctx.image_sizes,
         min_batch=profile.min,
         opt_batch=profile.opt,
         max_batch=profile.max,

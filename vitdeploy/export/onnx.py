@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"
 BATCH_AXIS = "batch"
+#: the image axes' names in a graph exported for several sizes (export.image_sizes)
+HEIGHT_AXIS, WIDTH_AXIS = "height", "width"
 # Largest batch the exported graph promises to accept (the TensorRT profile narrows it).
 MAX_TRACE_BATCH = 4096
 
@@ -51,6 +53,8 @@ def export_onnx(
     metadata: dict[str, Any] | None = None,
     external_data_threshold_mb: int = 1536,
     output_name: str | Sequence[str] = OUTPUT_NAME,
+    sizes: tuple[int, ...] = (),
+    patch_size: int = 0,
 ) -> OnnxArtifact:
     """Export ``model`` (a torch module: NCHW float32 -> logits, or an embedding named ``output_name``) to
     ``path`` atomically. ``output_name`` may name several outputs, in the order the module returns them (an
@@ -58,6 +62,7 @@ def export_onnx(
 
     ``metadata`` values are JSON-encoded into the ONNX ``metadata_props`` (strings stay strings).
     Weights above ``external_data_threshold_mb`` go to ``<name>.data`` beside the graph.
+    ``sizes`` (with ``patch_size``): height and width dynamic too, multiples of the patch spanning these sizes.
     """
     torch = require("torch", "ONNX export")
     require("onnxscript", "ONNX export (torch.onnx dynamo exporter)")
@@ -77,7 +82,7 @@ def export_onnx(
                 (example,),
                 input_names=[INPUT_NAME],
                 output_names=[output_name] if isinstance(output_name, str) else list(output_name),
-                dynamic_shapes={"pixel_values": {0: batch}},
+                dynamic_shapes={"pixel_values": {0: batch, **_image_axes(torch, sizes, patch_size)}},
                 opset_version=opset,
                 dynamo=True,
                 optimize=True,
@@ -102,6 +107,16 @@ def export_onnx(
         _check(staged, onnx)
     log.info("wrote %s (%s)", path, "external data" if external else "single file")
     return _artifact(path, external)
+
+
+def _image_axes(torch: Any, sizes: tuple[int, ...], patch: int) -> dict[int, Any]:
+    """Height and width as multiples of the patch between the smallest and the largest size (none: fixed)."""
+    if not sizes:
+        return {}
+    lo, hi = min(sizes) // patch, max(sizes) // patch
+    rows = torch.export.Dim("grid_h", min=max(lo, 2), max=max(hi, 3))
+    cols = torch.export.Dim("grid_w", min=max(lo, 2), max=max(hi, 3))
+    return {2: patch * rows, 3: patch * cols}
 
 
 def _forget_last_matches() -> None:
@@ -267,11 +282,17 @@ def _quiet_exporter() -> Iterator[None]:
 
 
 def _name_batch_axes(proto: Any) -> None:
-    """Name the leading axis of every graph input/output ``batch`` (the exporter may call it s0)."""
+    """Name the leading axis of every graph input/output ``batch`` (the exporter may call it s0), and the
+    input's image axes ``height`` / ``width`` where they are dynamic."""
     for value in list(proto.graph.input) + list(proto.graph.output):
         dims = value.type.tensor_type.shape.dim
         if dims and not dims[0].HasField("dim_value"):
             dims[0].dim_param = BATCH_AXIS
+    for value in proto.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        for index, name in ((2, HEIGHT_AXIS), (3, WIDTH_AXIS)):
+            if len(dims) > index and not dims[index].HasField("dim_value"):
+                dims[index].dim_param = name
 
 
 def set_metadata(proto: Any, metadata: dict[str, Any]) -> None:

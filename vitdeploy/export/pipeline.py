@@ -141,6 +141,7 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
     sizes = gate.sizes(ctx) if gate.sizes else ctx.sizes
     with ctx.stage(gate.name) as rec:
         backend = gate.open(ctx, made)
+        backend.image_sizes = ctx.image_sizes
         judged = ctx.judged.pop(ctx.file_identity(made[0].path), None) if max(sizes) == max(ctx.sizes) else None
         try:
             result = validate_artifact(
@@ -157,12 +158,13 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
                 largest_patches=judged[1] if judged else None,
                 progress=lambda text: setattr(rec, "progress", text),  # shown while it runs (the heartbeat)
             )
+            ctx.validation[gate.name] = result.to_dict()
+            failures = result.failures + _validate_other_sizes(ctx, gate, backend, max(sizes))
         finally:
             backend.close()
-        ctx.validation[gate.name] = result.to_dict()
-        if not result.passed:
+        if failures:
             _reject([f for artifact in made for f in artifact.files])
-            rec.reason = "; ".join(result.failures[:6])
+            rec.reason = "; ".join(failures[:6])
             raise ValidationError(
                 f"{gate.name}: {result.backend} output drifted beyond validation thresholds: {rec.reason} "
                 f"(artifact renamed *.rejected; full report: {ctx.final_dir / EXPORT_REPORT_NAME}); "
@@ -172,7 +174,30 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
         rec.reason = (
             ", ".join(f"{n} inputs at batch {b}" for b, n in sorted(runs.items(), key=lambda kv: -kv[0]))
             + f"; worst max|diff| {result.worst_metrics()['max_abs_diff']:.3g}"
+            + (f"; and at {', '.join(map(str, sorted(ctx.other_sizes)))} px" if ctx.other_sizes else "")
         )
+
+
+def _validate_other_sizes(ctx: ExportContext, gate: Any, backend: Any, batch: int) -> list[str]:
+    """An export for several sizes: the artifact judged at every other listed size too, at the largest batch
+    (the base size proved batch invariance), with the same thresholds; each size's verdict in the manifest
+    (``validation.<gate>.per_size``). The failures, each naming its size."""
+    per_size, failures = {}, []
+    for side, (inputs, reference) in sorted(ctx.other_sizes.items()):
+        result = validate_artifact(
+            f"{gate.name}@{side}",
+            backend,
+            inputs,
+            reference,
+            getattr(ctx.cfg.validation, gate.tolerance).model_dump(),
+            (batch,),
+            kind=ctx.kind,
+        )
+        per_size[str(side)] = result.to_dict()
+        failures += [f"at {side} px, {f}" for f in result.failures]
+    if per_size:
+        ctx.validation[gate.name]["per_size"] = per_size
+    return failures
 
 
 def _reject(paths: list[Path]) -> None:

@@ -88,6 +88,22 @@ def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str, 
     return peaks
 
 
+def shape_only_nodes(onnx_path: Path) -> list[str]:
+    """Nodes computed from the weights and the input's shape alone, never its pixels: an export for several
+    sizes builds its position table there (model/pos_resample.py: index arithmetic and a resampling in
+    float32, as the libraries do). They stay float32 and out of INT8 (a float16 Range is not even valid ONNX)."""
+    onnx = require("onnx", "reading ONNX")
+    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    pixels = {i.name for i in graph.input}
+    for node in graph.node:  # topological order
+        if node.op_type != "Shape" and any(name in pixels for name in node.input):
+            pixels.update(node.output)
+    dynamic = any(not d.HasField("dim_value") for i in graph.input for d in i.type.tensor_type.shape.dim[2:])
+    if not dynamic:  # a fixed-size graph has no such subgraph worth keeping (its folded constants stay as they are)
+        return []
+    return [n.name for n in graph.node if n.name and not any(o in pixels for o in n.output)]
+
+
 def convert_fp16(
     onnx_path: Path,
     out_path: Path,
@@ -110,7 +126,7 @@ def convert_fp16(
     if peaks is None:
         peaks = activation_peaks(onnx_path, calibration, input_name)
     hot = hot_nodes(peaks, max_abs_activation)
-    blocked = sorted(set(hot) | set(keep_fp32_nodes))
+    blocked = sorted(set(hot) | set(keep_fp32_nodes) | set(shape_only_nodes(onnx_path)))
     if hot:
         log.info(
             "keeping %d hot nodes in float32 (|activation| > %g): %s",

@@ -312,6 +312,9 @@ def quantize_prepared(
         )
     if method not in _METHODS:
         raise ConfigError(f"export.int8.calibration_method {method!r}: choose one of {', '.join(_METHODS)}")
+    from .precision import shape_only_nodes
+
+    keep_float = [*keep_float, *shape_only_nodes(pre)]  # an export for several sizes: its position table
     ops = list(placement.op_types)
     nodes = [n for n in quantizable_nodes(pre, ops) if n not in set(keep_float)]
     with tempfile.TemporaryDirectory(prefix=".int8-", dir=dst.parent) as tmp:

@@ -72,6 +72,7 @@ class EngineBuildPlan:
     timing_cache_path: Path | None  # reused and updated across builds; None = no persistent cache
     precision: str = "fp16"  # the precision of the ONNX graph at onnx_path, recorded in the json
     device: int = 0  # the CUDA device the engine is built on, probed and recorded (runtime.device)
+    image_sizes: tuple[int, ...] = ()  # an export for several sizes: the profile spans them (chw's side: opt)
 
     @property
     def meta_path(self) -> Path:
@@ -84,7 +85,10 @@ class EngineBuildPlan:
 
     def profile_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
         """(min, opt, max) input shapes (N, C, H, W) of the optimisation profile."""
-        return tuple((batch, *self.chw) for batch in (self.min_batch, self.opt_batch, self.max_batch))  # type: ignore[return-value]
+        c, h, w = self.chw
+        sides = self.image_sizes
+        low, high = ((min(sides),) * 2, (max(sides),) * 2) if sides else ((h, w), (h, w))
+        return ((self.min_batch, c, *low), (self.opt_batch, c, h, w), (self.max_batch, c, *high))
 
 
 def _int_setting(key: str, value: Any, low: int, high: int | None = None) -> int:
@@ -110,6 +114,7 @@ def plan_engine_build(
     timing_cache_path: str | Path | None = None,
     precision: str = "fp16",
     device: str | int | None = None,
+    image_sizes: tuple[int, ...] = (),
 ) -> EngineBuildPlan:
     """Validate the build settings; ConfigError naming the offending key otherwise."""
     for key, value in (("min_batch", min_batch), ("opt_batch", opt_batch), ("max_batch", max_batch)):
@@ -153,6 +158,7 @@ def plan_engine_build(
         timing_cache_path=Path(timing_cache_path) if timing_cache_path is not None else None,
         precision=precision,
         device=cuda_index("cuda:0" if device == "cpu" else device),
+        image_sizes=tuple(int(s) for s in image_sizes),
     )
 
 

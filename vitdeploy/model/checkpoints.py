@@ -77,6 +77,7 @@ def load_checkpoint(
     act: str | None = None,
     layer_norm_eps: float | None = None,
     pool: str | None = None,
+    image_sizes: tuple[int, ...] = (),
 ) -> LoadedCheckpoint:
     """Load ``path`` strictly into a float32 VisionTransformer in eval mode.
 
@@ -92,6 +93,10 @@ def load_checkpoint(
         stores them, a different value is an error.
     pool ("token" | "avg" | "token_avg"): the pooling of a timm state dict without config.json (pipeline.yaml
         model.pool); checked against the pooling other checkpoints state.
+    image_sizes: the sizes one export answers at (export.image_sizes): the network keeps the checkpoint's own
+        position table and resamples it to each input's grid at every call, as its library does
+        (``ViTConfig.pos_resample``); ``image_size`` (or the size the library runs at) is the base size.
+        CheckpointError for a checkpoint whose library runs it at one size only, or a size off the patch.
     What was assumed is in the result's ``notes``; where each value came from in its origins.
     The format's reader (``model/formats/<format>``) does every format-specific step, in the same order for all.
     """
@@ -117,7 +122,11 @@ def load_checkpoint(
     follow = reader.native_input(src, cfg, pre) if image_size is None else None
     antialias = reader.antialias(src)
     notes = list(pre.notes if pre else ()) + list(read.notes)
-    if follow is not None:  # the size the source library runs at, not its config's
+    if image_sizes:
+        rule = reader.pos_resample(src, cfg)
+        cfg, pre, note = _any_size(cfg, pre, rule, image_size or follow, tuple(image_sizes), where, src.format)
+        notes.append(note)
+    elif follow is not None:  # the size the source library runs at, not its config's
         cfg, state, _ = _resize(cfg, state, None, follow, where, antialias=antialias)
         notes.append(
             f"{where.name}: runs at the processor's {follow}x{follow} crop, not config.json's image_size "
@@ -204,18 +213,53 @@ def _resize(
             new_cfg.grid,
             new_cfg.grid,
         )
-    if pre is not None:
-        spec, scale = pre.spec, image_size / pre.spec.height
-        # Sizes before the crop keep their ratio to the crop (timm's crop_pct does that by itself).
-        scaled = {
-            k: int(round(getattr(spec, k) * scale))
-            for k in ("resize_height", "resize_width", "shortest_edge", "longest_edge")
-            if getattr(spec, k) is not None
-        }
-        changes = {"height": image_size, "width": image_size, **scaled}
-        origins = {**pre.origins, **{k: f"{CONFIG}: model.image_size" for k in changes}}
-        pre = Preprocessing(spec.replace(**changes), origins, pre.notes)
-    return new_cfg, state, pre
+    return new_cfg, state, _preprocess_at(pre, image_size)
+
+
+def _any_size(
+    cfg: "ViTConfig",
+    pre: Preprocessing | None,
+    rule: str | None,
+    base: int | None,
+    sizes: tuple[int, ...],
+    where: Path,
+    fmt: str,
+) -> tuple["ViTConfig", Preprocessing | None, str]:
+    """The config of a network that runs at every size of ``sizes``: its own table, resampled per call."""
+    patch, table = cfg.patch_size, cfg.pos_size or cfg.image_size
+    if rule is None or cfg.pos_embed != "learned":
+        why = "its library runs it" if rule is None else "its fixed sine-cosine table is made for"
+        raise CheckpointError(
+            f"{where}: export.image_sizes: the {fmt} checkpoint runs at {cfg.image_size}x{cfg.image_size} only "
+            f"({why} one size); drop export.image_sizes (model.image_size picks that one size)"
+        )
+    bad = [s for s in sizes if s % patch]
+    if bad:
+        raise CheckpointError(
+            f"{where}: export.image_sizes {', '.join(map(str, bad))} not a multiple of the patch size {patch}; "
+            f"sizes that work are multiples of {patch}, e.g. {', '.join(str(patch * k) for k in (16, 24, 32))}"
+        )
+    base = base or cfg.image_size
+    if base not in sizes:
+        base = min(sizes)
+    new = cfg.replace(image_size=base, pos_size=0 if table == base else table, pos_resample=rule)
+    how = "bicubic, antialiased" if rule == "bicubic_antialias" else "bicubic"
+    note = (
+        f"{where.name}: answers at {', '.join(map(str, sorted(sizes)))} px (base {base}): the {table // patch}x"
+        f"{table // patch} position table is resampled to each input's grid at every call ({how}), as its library "
+        "does"
+    )
+    return new, _preprocess_at(pre, base), note
+
+
+def _preprocess_at(pre: Preprocessing | None, image_size: int) -> Preprocessing | None:
+    """The checkpoint's preprocessing for another input size (PreprocessSpec.at_size: the ratio kept)."""
+    if pre is None or (pre.spec.height, pre.spec.width) == (image_size, image_size):
+        return pre
+    spec = pre.spec.at_size(image_size)
+    changed = [k for k, v in spec.to_dict().items() if v != getattr(pre.spec, k)]
+    origins = {**pre.origins, **{k: f"{CONFIG}: model.image_size" for k in changed}}
+    return Preprocessing(spec, origins, pre.notes)
 
 
 def _build_and_load(cfg: "ViTConfig", state: dict[str, Any], where: Path, fmt: str) -> "VisionTransformer":

@@ -146,7 +146,7 @@ class VisionTransformer(nn.Module):
         if cfg.pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, cfg.pos_len, cfg.width))
         else:
-            prefix = cfg.pos_len - cfg.num_patches
+            prefix = cfg.pos_len - cfg.pos_grid**2
             table = torch.cat(
                 [torch.zeros(1, prefix, cfg.width), sincos_position_embedding(cfg.grid, cfg.width)], dim=1
             )
@@ -182,16 +182,26 @@ class VisionTransformer(nn.Module):
     def forward_tokens(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, prefix + patches, width): every token after the last block and ``norm``."""
         x = self.patch_embed(pixel_values)
+        pos_embed = self._position_table(pixel_values) if self.cfg.dynamic_size else self.pos_embed
         prefix = [
             t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None
         ]
         if self.cfg.pos_embed_prefix:
-            x = torch.cat([*prefix, x], dim=1) + self.pos_embed  # (1)
+            x = torch.cat([*prefix, x], dim=1) + pos_embed  # (1)
         else:  # the table covers the patches only; the prefix tokens carry no position
-            x = torch.cat([*prefix, x + self.pos_embed], dim=1)
+            x = torch.cat([*prefix, x + pos_embed], dim=1)
         for block in self.blocks:
             x = block(x)
         return self.norm(x)
+
+    def _position_table(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """The table at the input's grid, resampled as the checkpoint's library does (model/pos_resample.py)."""
+        from .pos_resample import position_table
+
+        cfg = self.cfg
+        prefix = cfg.num_prefix_tokens if cfg.pos_embed_prefix else 0
+        h, w = pixel_values.shape[-2] // cfg.patch_size, pixel_values.shape[-1] // cfg.patch_size
+        return position_table(self.pos_embed, prefix, cfg.pos_grid, h, w, cfg.pos_resample == "bicubic_antialias")
 
     def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, pooled_width): the class token (equation 4), the mean patch token (then

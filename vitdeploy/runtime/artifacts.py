@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..base.errors import ArtifactError, ArtifactIntegrityError
+from ..base.errors import ArtifactError, ArtifactIntegrityError, InputError
 from ..base.limits import clip_text
 from ..base.preprocess_spec import PreprocessSpec
 from ..base.vocab import ARTIFACT_FILES, MANIFEST_NAME
@@ -226,6 +226,22 @@ class Artifacts:
     @property
     def preprocess(self) -> PreprocessSpec:
         return self._preprocess
+
+    @property
+    def image_sizes(self) -> tuple[int, ...]:
+        """The square sides an export for several sizes answers at; () for a fixed-size export."""
+        return self._schema.sizes
+
+    def preprocess_at(self, size: int | None) -> PreprocessSpec:
+        """The preprocessing for a square input of ``size`` (None: the base size); InputError naming the sizes
+        that work for any other."""
+        base = self.input_shape[1]
+        if size is None or size == base:
+            return self._preprocess
+        if size in self.image_sizes:
+            return self._schema.image_sizes.preprocess[str(size)]
+        works = ", ".join(map(str, self.image_sizes or (base,)))
+        raise InputError(f"image size {size} is not one this export answers at; sizes that work: {works}")
 
     @property
     def input_shape(self) -> tuple[int, int, int]:

@@ -130,6 +130,23 @@ class IOSpec(StrictSection):
         return self
 
 
+class ImageSizes(StrictSection):
+    """An export for several sizes (export.image_sizes): the square sides its graphs answer at (io.input's
+    is the base) and the preprocessing of each, keyed by the side ("336")."""
+
+    sizes: tuple[Annotated[int, Field(gt=0, le=MAX_IMAGE_SIDE)], ...] = Field(min_length=1, max_length=32)
+    preprocess: dict[str, PreprocessSpec]
+
+    @model_validator(mode="after")
+    def _one_recipe_each(self) -> "ImageSizes":
+        if sorted(self.preprocess) != sorted(str(s) for s in self.sizes):
+            raise ValueError(f"image_sizes.preprocess names {clip(sorted(self.preprocess))}, not the sizes")
+        for side, spec in self.preprocess.items():
+            if (spec.height, spec.width) != (int(side), int(side)):
+                raise ValueError(f"image_sizes.preprocess[{side!r}] is {spec.height}x{spec.width}")
+        return self
+
+
 class BatchSpec(StrictSection):
     min: BatchSize = 1
     opt: BatchSize = 8
@@ -181,6 +198,7 @@ class Manifest(BaseModel):
     export: Optional[dict[str, Any]] = None
     validation_inputs: Optional[dict[str, Any]] = None
     preprocess_origins: Optional[dict[str, StrictStr]] = None  # where each preprocessing value came from
+    image_sizes: Optional[ImageSizes] = None  # absent: one fixed size (io.input.shape)
 
     @field_validator("artifacts")
     @classmethod
@@ -226,7 +244,14 @@ class Manifest(BaseModel):
                 f"preprocess size {self.preprocess.height}x{self.preprocess.width} differs from the "
                 f"model input {h}x{w} (io.input.shape)"
             )
+        if self.image_sizes is not None and (h != w or h not in self.image_sizes.sizes):
+            raise ValueError(f"io.input's {h}x{w} is not one of image_sizes.sizes {list(self.image_sizes.sizes)}")
         return self
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The square sides the export answers at: image_sizes.sizes, or () for one fixed size."""
+        return tuple(self.image_sizes.sizes) if self.image_sizes else ()
 
     # convenience
     @property
@@ -359,6 +384,14 @@ def check_engine_meta(manifest: Manifest, meta: Any, meta_path: Path, manifest_p
 Tensor = tuple[str, str, Sequence[Any]]  # (name, dtype "float32"/"float16"/other, shape: ints, names or None)
 
 
+def _chw_ok(shape: Sequence[Any], manifest: Manifest) -> bool:
+    """(C, H, W) as io.input says; an export for several sizes has named (dynamic) height and width."""
+    if tuple(shape[1:]) == manifest.chw:
+        return True
+    dynamic = all(isinstance(d, str) and d for d in shape[2:])
+    return bool(manifest.sizes) and shape[1] == manifest.chw[0] and dynamic
+
+
 def check_graph_io(
     manifest: Manifest,
     graph_path: Path,
@@ -387,7 +420,7 @@ def check_graph_io(
             problems.append(f"input is named {clip(name)}, the manifest says {io.input.name!r}")
         if dtype not in ok_dtypes:
             problems.append(f"input dtype {dtype} vs {io.input.dtype}")
-        if len(shape) != 4 or tuple(shape[1:]) != manifest.chw or not _batch_dim_ok(shape[0], manifest):
+        if len(shape) != 4 or not _chw_ok(shape, manifest) or not _batch_dim_ok(shape[0], manifest):
             problems.append(f"input shape {clip(_dims(shape))} vs [batch, {', '.join(map(str, manifest.chw))}]")
     described = {io.output.name: io.output, **{t.name: t for t in (io.features, io.patch_tokens) if t is not None}}
     by_name = {o[0]: o for o in outputs}

@@ -12,6 +12,7 @@ execution contexts per run.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -156,6 +157,7 @@ class Predictor:
         self._max_pixels = max_pixels
         self.labels = artifacts.labels
         self.input_shape = artifacts.input_shape
+        self._spec = artifacts.preprocess  # the base size's; at_size() gives another listed size's
         self.is_embedding = artifacts.schema.is_embedding  # vectors out, no labels (base/output_spec.py)
         self.output_width = artifacts.schema.num_classes  # values per row: classes, or the embedding's dimension
         self.patch_shape = artifacts.schema.patch_shape  # (patches, width) of the patch tokens; None: not exported
@@ -183,6 +185,18 @@ class Predictor:
         log.info("%s: backend %s (%s) - %s", artifacts.name, name, describe, why)
         return cls(artifacts, runner, backend_name=name, why=why, max_pixels=max_pixels)
 
+    def at_size(self, size: int | None) -> "Predictor":
+        """This predictor at another size an export for several sizes answers at (manifest image_sizes): the
+        same backend, that size's preprocessing. None or the base size: itself. InputError naming the sizes
+        that work for any other (a fixed-size export works at its one size)."""
+        spec = self.artifacts.preprocess_at(size)
+        if size is None or (spec.height, spec.width) == tuple(self.input_shape[1:]):
+            return self
+        other = copy.copy(self)
+        other._spec, other._preprocessor = spec, None
+        other.input_shape = (self.input_shape[0], spec.height, spec.width)
+        return other
+
     # ---------------------------------------------------------------- preprocessing
 
     @property
@@ -191,7 +205,7 @@ class Predictor:
             from .preprocess import Preprocessor  # Pillow is needed only once images are involved
 
             limit = {} if self._max_pixels is None else {"max_pixels": self._max_pixels}
-            self._preprocessor = Preprocessor(self.artifacts.preprocess, **limit)
+            self._preprocessor = Preprocessor(self._spec, **limit)
         return self._preprocessor
 
     def preprocess(self, images: Sequence[Any]) -> np.ndarray:

@@ -107,3 +107,8 @@ class Reader:
     def antialias(self, src: Source) -> bool:
         """Whether the source library resamples position tables antialiased (bicubic either way)."""
         return True
+
+    def pos_resample(self, src: Source, cfg: "ViTConfig") -> Optional[str]:
+        """How the source library resamples the position table to any input size at every call
+        (vocab.POS_RESAMPLES); None: it runs the model at one size only (export.image_sizes is refused)."""
+        return None

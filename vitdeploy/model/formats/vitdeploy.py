@@ -61,6 +61,10 @@ class VitdeployReader(Reader):
             )
         return tuple(str(x) for x in labels)
 
+    def pos_resample(self, src: Source, cfg: ViTConfig) -> Optional[str]:
+        # what the export that saved it states; otherwise timm's rule (our parameter names are timm's)
+        return cfg.pos_resample if cfg.dynamic_size else "bicubic_antialias"
+
     def preprocess(self, src: Source, cfg: ViTConfig, opts: LoadOptions) -> Optional[Preprocessing]:
         if src.meta.get("preprocess") is None:
             return None

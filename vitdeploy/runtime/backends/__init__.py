@@ -117,7 +117,9 @@ def open_backend(name: str, artifacts: Any, options: BackendOptions | None = Non
     for role in artifact_roles(name):
         if not artifacts.has(role):
             artifacts.entry(role)  # raises ArtifactError naming the missing role and the fix
-    return _opener(name)(artifacts, options or BackendOptions())
+    backend = _opener(name)(artifacts, options or BackendOptions())
+    backend.image_sizes = tuple(getattr(artifacts, "image_sizes", ()) or ())
+    return backend
 
 
 @functools.lru_cache(maxsize=1)

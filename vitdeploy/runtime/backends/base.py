@@ -70,6 +70,8 @@ class BackendBase:
     def __init__(self, input_shape: tuple[int, int, int], max_batch: int | None = None) -> None:
         self.input_shape = tuple(int(v) for v in input_shape)  # (C, H, W)
         self.max_batch = max_batch
+        #: the square sides an export for several sizes answers at (manifest io.image_sizes); () = input_shape only
+        self.image_sizes: tuple[int, ...] = ()
 
     def check_input(self, batch: Any) -> np.ndarray:
         if not isinstance(batch, np.ndarray):
@@ -82,10 +84,23 @@ class BackendBase:
                 f"backend '{self.name}' expects dtype float32, got {batch.dtype} (convert with "
                 "batch.astype(np.float32))"
             )
+        if batch.ndim == 4 and batch.shape[0] >= 1 and self._other_size(batch.shape[1:]):
+            return np.ascontiguousarray(batch)
         if batch.ndim != 4 or tuple(batch.shape[1:]) != self.input_shape or batch.shape[0] < 1:
+            if self.image_sizes:
+                sizes = ", ".join(f"{s}x{s}" for s in self.image_sizes)
+                raise InputError(
+                    f"backend '{self.name}' expects (N, {self.input_shape[0]}, H, W) with H x W one of {sizes}, "
+                    f"got {tuple(batch.shape)}"
+                )
             expected = "(N, " + ", ".join(map(str, self.input_shape)) + ")"
             raise InputError(f"backend '{self.name}' expects shape {expected} with N >= 1, got {tuple(batch.shape)}")
         return np.ascontiguousarray(batch)
+
+    def _other_size(self, chw: tuple[int, ...]) -> bool:
+        """A listed size of an export for several sizes (square, the same channels)."""
+        c, h, w = chw
+        return c == self.input_shape[0] and h == w and h in self.image_sizes
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         batch = self.check_input(batch)

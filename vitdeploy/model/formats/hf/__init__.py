@@ -72,8 +72,16 @@ class HFReader(Reader):
         # transformers resamples a DINOv2 table to the processor's crop at every call
         return convert_hf.dinov2_input_size(src.meta, cfg, pre.spec, src.where) if pre is not None else None
 
+    def pos_resample(self, src: Source, cfg: ViTConfig) -> Optional[str]:
+        # DINOv2 always resamples; ViT / DeiT when called with interpolate_pos_encoding=True (plain bicubic)
+        return "bicubic_antialias" if self.antialias(src) and src.meta.get("model_type") in DINOV2 else "bicubic"
+
     def antialias(self, src: Source) -> bool:
         return convert_hf.DINOV2_RESAMPLE_ANTIALIAS.get(src.meta.get("model_type"), True)  # registers model only
+
+
+#: model types whose transformers classes resample the position table to any input (DINOv2: at every call)
+DINOV2 = tuple(convert_hf.DINOV2_RESAMPLE_ANTIALIAS)
 
 
 def _weight_files(d: Path) -> list[Path]:

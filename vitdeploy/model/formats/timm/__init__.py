@@ -63,5 +63,8 @@ class TimmReader(Reader):
     def labels(self, src: Source, cfg: ViTConfig) -> Optional[tuple[str, ...]]:
         return convert_timm.timm_labels(src.meta, cfg.num_classes, src.where) if src.meta else None
 
+    def pos_resample(self, src: Source, cfg: ViTConfig) -> Optional[str]:
+        return "bicubic_antialias"  # dynamic_img_size=True: resample_abs_pos_embed, bicubic, antialiased
+
     def preprocess(self, src: Source, cfg: ViTConfig, opts: LoadOptions) -> Preprocessing:
         return convert_timm.timm_preprocess(src.meta or None, cfg, src.where, opts.variant)
