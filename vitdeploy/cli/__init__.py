@@ -248,7 +248,7 @@ def _self_command() -> str:
     "--patch-tokens",
     is_flag=True,
     help="an embedding export with model.patch_tokens: each record's patch tokens too ([P, D] lists; large)",
-),
+)
 @click.option(
     "--image-size",
     type=click.IntRange(min=1),
