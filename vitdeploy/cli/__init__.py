@@ -195,7 +195,7 @@ def next_predict_command(cfg: Any, out_dir: Path) -> str:
     from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 
     images = cfg.resolve(cfg.validation.images)
-    if images is None and cfg.model.checkpoint is None:
+    if images is None and cfg.checkpoint_ref is None:
         images = DEMO_IMAGES_DIR
     shown = _shell_path(images) if images is not None else "path/to/your/images"
     return f"{_self_command()} predict {shown} -a {_shell_path(out_dir)}"

@@ -53,7 +53,7 @@ def _model(ctx: ExportContext, rec: StageRecord) -> Made:
     ctx.loaded = load_model(cfg)
     vit = ctx.loaded.config
     ctx.output = resolve_output(
-        cfg.model.output, cfg.model.normalize, vit.num_classes, cfg.model.checkpoint or "the demo model"
+        cfg.model.output, cfg.model.normalize, vit.num_classes, cfg.checkpoint_ref or "the demo model"
     )
     ctx.spec, origins = resolve_preprocess(cfg, ctx.loaded)
     ctx.effective = Effective(ctx.loaded, ctx.spec, origins)
@@ -173,6 +173,7 @@ def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
         stages=[s.to_dict() for s in ctx.stages if s.name != "manifest"],
         extra={
             "preprocess_origins": ctx.effective.origins,
+            "preprocess_reference": ctx.effective.preprocess_reference(),
             "export": ctx.extra,
             "validation_inputs": {
                 "count": len(names),
