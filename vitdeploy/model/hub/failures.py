@@ -58,7 +58,7 @@ def hub_error(
         if settings.offline:
             return offline_not_cached(name, settings, what)
         return HubError(
-            f"{name}: cannot reach {where} ({scrub(first_line(exc, 200))}) and {what} is not in "
+            f"{name}: cannot reach {where} ({type(exc.__cause__ or exc).__name__}) and {what} is not in "
             f"the Hugging Face cache ({settings.cache_dir}); check the network and HF_ENDPOINT, then run again"
         )
     if isinstance(exc, hf.HfHubHTTPError) or _is_transfer_error(exc):

@@ -155,8 +155,9 @@ def _check_architecture(config: Path, repo: _Repo) -> None:
     )
     if "model_type" in meta:
         if meta["model_type"] not in MODEL_TYPES:
+            kind = meta["model_type"]
             raise HubError(
-                f"{repo.label}: a transformers {meta['model_type']!r} model, which vitdeploy does not export; {supported}"
+                f"{repo.label}: a transformers {kind!r} model, which vitdeploy does not export; {supported}"
             )
     elif "architecture" in meta:
         arch = str(meta["architecture"])
