@@ -240,3 +240,21 @@ def _handler(hub: FakeHub) -> type[BaseHTTPRequestHandler]:
             self._send(status, body, head, Content_Type="application/octet-stream")
 
     return Handler
+
+
+def point_at(hub: FakeHub, monkeypatch, home: Path) -> Path:
+    """HF_ENDPOINT at ``hub``, a fresh HF_HOME (``home``), no token, online; returns the hub cache folder.
+    huggingface_hub read its constants at import: the endpoint it reports to (its user agent's registry) and
+    its URL template are pointed at the fake Hub too, as HF_ENDPOINT set before import would, so nothing leaves
+    loopback."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_ENDPOINT", hub.url)
+    monkeypatch.setenv("HF_HOME", str(home))
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(constants, "ENDPOINT", hub.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))  # no saved login
+    return home / "hub"

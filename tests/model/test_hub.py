@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from helpers.fake_hub import FakeHub, folder_files
+from helpers.fake_hub import FakeHub, folder_files, point_at
 
 from vitdeploy.base.errors import CheckpointError, HubError
 from vitdeploy.cli import main as cli_main
@@ -85,19 +85,8 @@ def hub(tmp_path_factory):
 
 @pytest.fixture
 def env(hub, tmp_path, monkeypatch):
-    """HF_ENDPOINT at the fake Hub, a fresh HF_HOME, no token, online. huggingface_hub read its constants at
-    import: the endpoint it reports to (user agent) is pointed at the fake Hub too, so nothing leaves loopback."""
-    monkeypatch.setenv("HF_ENDPOINT", hub.url)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(hf_constants, "ENDPOINT", hub.url)
-    monkeypatch.setattr(
-        hf_constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}"
-    )
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(hf_constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))  # no saved login
-    return tmp_path / "hf" / "hub"
+    """HF_ENDPOINT at the fake Hub, a fresh HF_HOME, no token, online (helpers/fake_hub.point_at): the cache."""
+    return point_at(hub, monkeypatch, tmp_path / "hf")
 
 
 def offline(monkeypatch) -> None:

@@ -26,6 +26,8 @@ HUB_PREFIX = "hf-hub:"
 _PART = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9_])?"
 _REPO_ID = re.compile(rf"^{_PART}/{_PART}$")
 _REVISION = re.compile(r"^[^\s\x00~^:?*\[\\]{1,255}$")  # what git allows in a ref name, roughly
+#: a name ending so is a file that does not exist, never a repo (``missing/vit.safetensors``)
+FILE_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".ckpt", ".json", ".yaml", ".yml", ".onnx", ".npz")
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,14 @@ class HubName:
 
 
 def is_repo_id(text: str) -> bool:
-    return len(text) <= 96 and bool(_REPO_ID.match(text)) and "--" not in text and ".." not in text
+    """``org/name`` as the Hub spells repo ids (a name ending like a checkpoint file is taken for a path)."""
+    return (
+        len(text) <= 96
+        and bool(_REPO_ID.match(text))
+        and "--" not in text
+        and ".." not in text
+        and not text.lower().endswith(FILE_SUFFIXES)
+    )
 
 
 def parse_hub_name(text: str, revision: Optional[str] = None, *, key: str = "model.checkpoint") -> Optional[HubName]:
@@ -96,7 +105,7 @@ def checkpoint_ref(
     if name is not None:
         return name
     raise ConfigError(
-        f"{key} = {clip(text)}: no such file or directory ({clip(str(path))}), and not a Hugging Face Hub name "
+        f"'{key}' = {clip(text)}: no such file or directory ({clip(str(path))}), and not a Hugging Face Hub name "
         "(org/name, org/name@revision, hf-hub:org/name)"
     )
 
