@@ -360,7 +360,9 @@ def hub_cases(photos: list[Path], out: Path, cases: dict) -> None:
     from timm.models import save_for_hf
 
     case = "timm_hub_for_hub"
-    built = randomize_(timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=2, num_classes=NUM_CLASSES), 30)
+    built = randomize_(
+        timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=2, num_classes=NUM_CLASSES), 30
+    )
     save_for_hf(built, str(out / case), safe_serialization=True)
     model = timm.create_model(f"local-dir:{out / case}", pretrained=True).eval()
     cfg = resolve_data_config({}, model=model)

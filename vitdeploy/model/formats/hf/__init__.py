@@ -12,12 +12,13 @@ from ....base.preprocess_spec import PreprocessSpec
 from ....base.vit_schema import ViTConfig
 from ...provenance import (
     CHECKPOINT,
-    FAST_PROCESSOR_DIFFERS,
+    FAST_PROCESSOR_LEVELS,
     LIBRARY,
     TRANSPARENCY_CONVERTED,
     TRANSPARENCY_REFUSED,
     Preprocessing,
     describe_spec,
+    fast_processor_differs,
     mirror_record,
     override_hint,
 )
@@ -102,7 +103,8 @@ class HFReader(Reader):
             "transformers",
             processor=f"{kind}Pil",
             fast_processor=kind,
-            fast_differs=FAST_PROCESSOR_DIFFERS,
+            fast_differs=fast_processor_differs(kind),
+            fast_max_levels=FAST_PROCESSOR_LEVELS.get(kind),
             transparency=TRANSPARENCY_CONVERTED if converts else TRANSPARENCY_REFUSED,
         )
 
