@@ -92,5 +92,6 @@ def test_ours_equals_the_pil_processor_and_the_fast_one_is_within_a_level(refere
         assert case.startswith("bit")  # DINOv2's processor converts: both backends ran on every image
     with capsys.disabled():
         print(
-            f"\n{case}: fast vs PIL, max uint8 levels: photos {worst['photo']:.2f}, transparent {worst['transparent']:.2f}"
+            f"\n{case}: fast vs PIL, max uint8 levels: photos {worst['photo']:.2f}, "
+            f"transparent {worst['transparent']:.2f}"
         )
