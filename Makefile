@@ -12,7 +12,9 @@ TRITON_STAMP := $(TRITON_VENV)/.installed
 # Test-only reference environment: timm and torchvision run their own models and preprocessing here
 # (tests/helpers/library_reference.py). They cannot live beside the CPU torch above: torchvision's
 # wheel needs the CUDA build of torch, so pip resolves that build and its CUDA libraries (~5 GB,
-# run on the CPU only). transformers is not needed here: it runs in-process in .venv.
+# run on the CPU only). transformers is here too: with torchvision beside it, it runs both of its image
+# processors (the PIL one vitdeploy mirrors, and the torchvision "fast" one, its default where torchvision is
+# installed), compared in tests/model/test_checkpoints_processors.py; its models run in-process in .venv.
 REF_VENV  := .venv-ref
 REF_STAMP := $(REF_VENV)/.installed
 
@@ -28,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 $(REF_STAMP): Makefile
 	$(PYTHON) -m venv $(REF_VENV)
 	$(REF_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(REF_VENV)/bin/python -m pip install --quiet "timm>=1.0.20" torchvision safetensors pillow numpy
+	$(REF_VENV)/bin/python -m pip install --quiet "timm>=1.0.20" torchvision safetensors pillow numpy "transformers>=5"
 	touch $(REF_STAMP)
 
 install: $(STAMP)

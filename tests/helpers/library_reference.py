@@ -7,7 +7,9 @@ numpy, pillow; built by ``make reference-env``), which cannot live beside vitdep
     .venv-ref/bin/python tests/helpers/library_reference.py PHOTOS_DIR OUT_DIR [family]
 
 (``family``: only the timm ViT relatives of issue 15: registers, average pooling, layer scale ...;
-``embedding``: only headless timm backbones, ``num_classes=0``)
+``embedding``: only headless timm backbones, ``num_classes=0``; ``processors``: transformers' two image
+processors of each ``PROCESSOR_CASES`` entry on every image as it is, transparency included; ``hub``: one timm
+hub folder saved by timm, for the Hub path)
 
 For every case it writes, under ``OUT_DIR/<case>/``, the checkpoint exactly as the library saves it
 and ``reference.npz``: ``pixels`` (N, 3, H, W) from the library's own preprocessing of each photo
@@ -303,6 +305,74 @@ def torchvision_cases(photos: list[Path], out: Path, cases: dict) -> None:
             )
 
 
+#: transformers image processors (class without the backend suffix, its arguments): ViT, DeiT (their class
+#: leaves do_convert_rgb unset) and DINOv2's Bit (converts to RGB)
+PROCESSOR_CASES = {
+    "vit-hw-224": ("ViTImageProcessor", {"size": {"height": 224, "width": 224}}),
+    "deit-256-crop-224": ("DeiTImageProcessor", {}),
+    "bit-shortest-256-crop-224": (
+        "BitImageProcessor",
+        {"size": {"shortest_edge": 256}, "crop_size": {"height": 224, "width": 224}},
+    ),
+}
+
+
+def processor_cases(images: list[Path], out: Path, cases: dict) -> None:
+    """Each case's PIL processor (``<class>Pil``, the one vitdeploy mirrors), its torchvision one (``<class>``,
+    "fast"), and the PIL one told to convert to RGB, on every image opened as it is (no convert("RGB")):
+    ``<role>_<i>`` arrays, or the error each raised; the processor config saved as the Hub would hold it."""
+    import transformers
+    from PIL import Image
+
+    transformers.logging.set_verbosity_error()
+    for case, (cls, kwargs) in PROCESSOR_CASES.items():
+        folder = out / case
+        getattr(transformers, cls + "Pil")(**kwargs).save_pretrained(folder)
+        roles = {
+            "pil": getattr(transformers, cls + "Pil")(**kwargs),
+            "fast": getattr(transformers, cls)(**kwargs),
+            "pil_rgb": getattr(transformers, cls + "Pil")(**{**kwargs, "do_convert_rgb": True}),
+        }
+        arrays, errors = {}, {}
+        for i, path in enumerate(images):
+            for role, processor in roles.items():
+                try:
+                    arrays[f"{role}_{i}"] = processor(images=Image.open(path), return_tensors="np")["pixel_values"][0]
+                except Exception as exc:  # noqa: BLE001 - a refusal is a result here
+                    errors[f"{role}_{i}"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        default = transformers.AutoImageProcessor.from_pretrained(folder)
+        _save(
+            out,
+            case,
+            {
+                "library": f"transformers {transformers.__version__}",
+                "default_backend": default.backend,
+                "errors": errors,
+                "std": list(roles["pil"].image_std),
+            },
+            arrays,
+            cases,
+        )
+
+
+def hub_cases(photos: list[Path], out: Path, cases: dict) -> None:
+    """One timm hub folder written by timm (save_for_hf) and read back by timm, with its reference pixels and
+    logits: what the Hub path must reproduce."""
+    import timm
+    from timm.data import create_transform, resolve_data_config
+    from timm.models import save_for_hf
+
+    case = "timm_hub_for_hub"
+    built = randomize_(
+        timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=2, num_classes=NUM_CLASSES), 30
+    )
+    save_for_hf(built, str(out / case), safe_serialization=True)
+    model = timm.create_model(f"local-dir:{out / case}", pretrained=True).eval()
+    cfg = resolve_data_config({}, model=model)
+    info = {"library": f"timm {timm.__version__}", "checkpoint": ".", "data_config": _jsonable(cfg)}
+    _save(out, case, info, _run(model, create_transform(**cfg), photos), cases)
+
+
 def _jsonable(obj):
     return json.loads(json.dumps(obj, default=list))
 
@@ -319,6 +389,10 @@ def main(argv: list[str]) -> int:
         family_cases(photos, out, cases)
     elif argv[3:] == ["embedding"]:
         family_cases(photos, out, cases, EMBEDDING_CASES, num_classes=0)
+    elif argv[3:] == ["processors"]:
+        processor_cases(photos, out, cases)
+    elif argv[3:] == ["hub"]:
+        hub_cases(photos, out, cases)
     else:
         timm_cases(photos, out, cases)
         torchvision_cases(photos, out, cases)

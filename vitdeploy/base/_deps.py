@@ -18,6 +18,7 @@ _INSTALL_HINTS = {
     "tensorrt": f"driver R535+: {tensorrt_install_command(12)}; driver R580+: {tensorrt_install_command(13)}",
     "PIL": "pip install pillow",
     "tritonclient": "pip install 'tritonclient[grpc]'",
+    "huggingface_hub": "pip install 'vitdeploy[export]' (huggingface_hub>=1.31)",
 }
 
 

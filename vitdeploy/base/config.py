@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from ._schema import FiniteFloat, StrictSection, format_validation_error
 from .errors import ConfigError
+from .hub_name import HUB_PREFIX, HubName, checkpoint_ref
 from .limits import MAX_BATCH, clip
 from .preprocess_spec import overrides_model
 from .vit_schema import MAX_SIDE as MAX_IMAGE_SIDE
@@ -28,8 +29,16 @@ _Section = StrictSection  # the one strict base (_schema.StrictSection); this na
 
 
 class ModelSection(_Section):
-    checkpoint: Optional[Path] = Field(
-        None, description="file or Hugging Face directory; absent = the embedded demo model"
+    checkpoint: Optional[str] = Field(
+        None,
+        description="a checkpoint file or folder (relative to this file; a path that exists always wins), or a "
+        "Hugging Face Hub name: org/name, org/name@revision (a branch, tag or commit), hf-hub:timm/<model>.<tag>; "
+        "absent = the embedded demo model",
+    )
+    revision: Optional[str] = Field(
+        None,
+        description="the Hub revision of model.checkpoint (a branch, tag or commit; same as org/name@revision); "
+        "absent = the repo's default branch, resolved once to a commit that the manifest records",
     )
     variant: Optional[str] = Field(
         None, description="named variant (e.g. vit_base_patch16_224) when shapes are ambiguous"
@@ -472,6 +481,29 @@ class PipelineConfig(_Section):
         return path if path.is_absolute() else (self.base_dir / path).resolve()
 
     @property
+    def checkpoint_ref(self) -> "Path | HubName | None":
+        """What model.checkpoint names: an existing path, a Hub name (base/hub_name.py), or None (the demo)."""
+        return checkpoint_ref(self.model.checkpoint, self.base_dir, self.model.revision)
+
+    def with_checkpoint(self, model: Optional[str], revision: Optional[str]) -> "PipelineConfig":
+        """This config with ``model`` (``vitdeploy export MODEL``, relative to the current directory) in place
+        of model.checkpoint and ``revision`` (``--revision``) in place of model.revision; checked as the file's."""
+        if model is None and revision is None:
+            return self
+        if model is None:  # --revision alone: the config's checkpoint at that revision
+            value, base = self.model.checkpoint, self.base_dir
+        else:  # the command line's MODEL: a path is the shell's (the current directory), else a Hub name
+            path, base = Path(model).expanduser(), Path.cwd()
+            value = str(path.resolve()) if not model.startswith(HUB_PREFIX) and path.exists() else model
+        key = "MODEL" if model is not None else "model.checkpoint"
+        ref = checkpoint_ref(value, base, revision if model is not None else revision or self.model.revision, key=key)
+        if isinstance(ref, HubName):
+            value, revision = HUB_PREFIX + ref.repo_id, ref.revision
+        section = self.model.model_copy(update={"checkpoint": value, "revision": revision})
+        cfg = self.model_copy(update={"model": section})
+        return cfg
+
+    @property
     def output_dir(self) -> Path:
         return self.resolve(self.export.output_dir)  # type: ignore[return-value]
 
@@ -518,7 +550,11 @@ def parse_config(data: Any, source: Optional[Path] = None) -> PipelineConfig:
 
 
 def _check_paths(cfg: PipelineConfig, label: str) -> None:
-    for key, path in (("model.checkpoint", cfg.model.checkpoint), ("validation.images", cfg.validation.images)):
+    try:
+        cfg.checkpoint_ref  # an existing path or a Hub name, said before any work
+    except ConfigError as exc:
+        raise ConfigError(f"{label}: {exc}") from None
+    for key, path in (("validation.images", cfg.validation.images),):
         resolved = cfg.resolve(path)
         if resolved is not None and not resolved.exists():
             raise ConfigError(

@@ -34,6 +34,12 @@ class CheckpointError(VitDeployError):
     exit_code = 2
 
 
+class HubError(CheckpointError):
+    """A checkpoint named on the Hugging Face Hub cannot be had: no such repo (or no access), a revision that
+    does not exist, offline and not cached, no weights vitdeploy reads, a download cut off. One line naming the
+    repo and what to do; never the token."""
+
+
 class InputError(VitDeployError):
     """An input (image, array, path) given by the user cannot be used."""
 

@@ -88,13 +88,44 @@ def main(verbose: int) -> None:
     _setup_logging(verbose)
 
 
-@main.command()
-@handle_errors
-def info() -> None:
-    """Library versions, ONNX Runtime providers, CUDA devices, and which backends can run here."""
-    from ..evaluate.environment import environment_report
+revision_option = click.option(
+    "--revision",
+    default=None,
+    help="Hub revision of MODEL: a branch, tag or commit (same as MODEL@revision; default: the repo's main branch)",
+)
+model_argument = click.argument("model", required=False, metavar="[MODEL]")
 
-    for line in environment_report():
+
+@main.command()
+@model_argument
+@revision_option
+@click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    type=click.Path(path_type=Path, readable=False),
+    default=None,
+    help="an export folder: where its model came from (Hub repo, revision, commit, files' sha256), as recorded",
+)
+@config_option
+@handle_errors
+def info(model: str | None, revision: str | None, artifacts_dir: Path | None, config_path: Path | None) -> None:
+    """This machine (libraries, providers, backends); with MODEL (a path or a Hub name, org/name[@revision]) what
+    `export` would make of it, before any export stage runs; with -a where an export's model came from."""
+    if artifacts_dir is not None:
+        from ..evaluate.model_info import export_lines
+
+        lines = export_lines(artifacts_dir)
+    elif model is not None or revision is not None or config_path is not None:
+        from ..base.config import load_config
+        from ..evaluate.model_info import model_lines
+
+        lines = model_lines(load_config(config_path).with_checkpoint(model, revision))
+    else:
+        from ..evaluate.environment import environment_report
+
+        lines = list(environment_report())
+    for line in lines:
         click.echo(line)
 
 
@@ -129,6 +160,8 @@ def config_reference() -> None:
 
 
 @main.command()
+@model_argument
+@revision_option
 @config_option
 @click.option(
     "-o",
@@ -146,12 +179,16 @@ def config_reference() -> None:
     help="TensorRT engine: build when TensorRT and a CUDA GPU exist (auto), fail without them (require), never (skip)",
 )
 @handle_errors
-def export(config_path: Path | None, out_dir: Path | None, engine: str) -> None:
-    """Export the configured checkpoint: ONNX, FP16 ONNX, TensorRT engine, validation, manifest."""
+def export(
+    model: str | None, revision: str | None, config_path: Path | None, out_dir: Path | None, engine: str
+) -> None:
+    """Export MODEL (a checkpoint file or folder, or a Hugging Face Hub name: org/name[@revision],
+    hf-hub:timm/<model>.<tag>; default: model.checkpoint of the config): ONNX, FP16 ONNX, TensorRT engine,
+    validation, manifest."""
     from ..base.config import load_config
     from ..export.pipeline import run_export
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path).with_checkpoint(model, revision)
     click.echo(f"exporting to {out_dir or cfg.output_dir}", err=True)
     try:
         result = run_export(cfg, out_dir, engine=engine, on_stage=StageReporter(_CONSOLE))  # type: ignore[arg-type]
@@ -195,7 +232,7 @@ def next_predict_command(cfg: Any, out_dir: Path) -> str:
     from ..demo import IMAGES_DIR as DEMO_IMAGES_DIR
 
     images = cfg.resolve(cfg.validation.images)
-    if images is None and cfg.model.checkpoint is None:
+    if images is None and cfg.checkpoint_ref is None:
         images = DEMO_IMAGES_DIR
     shown = _shell_path(images) if images is not None else "path/to/your/images"
     return f"{_self_command()} predict {shown} -a {_shell_path(out_dir)}"

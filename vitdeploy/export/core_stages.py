@@ -65,7 +65,7 @@ def _model(ctx: ExportContext, rec: StageRecord) -> Made:
         cfg.model.output,
         cfg.model.normalize,
         vit.num_classes,
-        cfg.model.checkpoint or "the demo model",
+        cfg.checkpoint_ref or "the demo model",
         cfg.model.patch_tokens,
     )
     ctx.spec, origins = resolve_preprocess(cfg, ctx.loaded)
@@ -207,6 +207,7 @@ def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
         stages=[s.to_dict() for s in ctx.stages if s.name != "manifest"],
         extra={
             "preprocess_origins": ctx.effective.origins,
+            "preprocess_reference": ctx.effective.preprocess_reference(),
             "export": ctx.extra,
             **_image_sizes(ctx),
             "validation_inputs": {

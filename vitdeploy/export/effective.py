@@ -38,10 +38,11 @@ class Effective:
         return data
 
     def model_record(self, cfg: PipelineConfig) -> dict[str, Any]:
-        """The ``model.source`` entry of manifest.json."""
+        """The ``model.source`` entry of manifest.json (with ``hub``: repo, revision, commit, files' sha256)."""
         ld, vit = self.loaded, self.loaded.config
+        hub = {"hub": ld.hub.record()} if ld.hub is not None else {}
         return {
-            "path": str(cfg.resolve(cfg.model.checkpoint) or "demo"),
+            "path": ld.hub.pinned if ld.hub is not None else str(cfg.checkpoint_ref or "demo"),
             "format": ld.source_format,
             "heads_origin": ld.heads_origin,
             "native_image_size": ld.native_image_size or vit.image_size,
@@ -49,7 +50,16 @@ class Effective:
                 ld.native_image_size and ld.native_image_size != vit.image_size and not vit.dynamic_size
             ),
             "notes": list(ld.notes),
+            **hub,
         }
+
+    def preprocess_reference(self) -> dict[str, Any]:
+        """Which library's preprocessing this export mirrors (manifest ``preprocess_reference``), and the
+        pipeline.yaml keys that override it."""
+        from ..model.provenance import CONFIG
+
+        overridden = sorted(k for k, origin in self.origins.items() if origin.startswith(CONFIG))
+        return {**self.loaded.preprocess_reference, **({"overridden": overridden} if overridden else {})}
 
 
 def load_model(cfg: PipelineConfig) -> Any:
@@ -57,7 +67,7 @@ def load_model(cfg: PipelineConfig) -> Any:
     from ..model.checkpoints import load_checkpoint
 
     m = cfg.model
-    path = cfg.resolve(m.checkpoint) or DEMO_MODEL_DIR
+    path = cfg.checkpoint_ref or DEMO_MODEL_DIR  # an existing path or a Hub name (fetched, then read as a folder)
     return load_checkpoint(
         path,
         image_size=m.image_size,
@@ -112,7 +122,7 @@ def _output_line(vit: Any, cfg: PipelineConfig) -> str:
         cfg.model.output,
         cfg.model.normalize,
         vit.num_classes,
-        cfg.model.checkpoint or "the demo",
+        cfg.checkpoint_ref or "the demo",
         cfg.model.patch_tokens,
     )
     if not output.is_embedding:
@@ -129,7 +139,7 @@ def describe(eff: Effective, cfg: PipelineConfig) -> list[str]:
     from ..model.provenance import describe_spec
 
     ld, vit = eff.loaded, eff.loaded.config
-    source = cfg.resolve(cfg.model.checkpoint) or "the built-in demo model"
+    source = _source_text(ld) if ld.hub is not None else cfg.checkpoint_ref or "the built-in demo model"
     kind = {
         "vitdeploy": "vitdeploy checkpoint",
         "hf": "Hugging Face ViT",
@@ -165,5 +175,27 @@ def describe(eff: Effective, cfg: PipelineConfig) -> list[str]:
         value = getattr(eff.spec, key)
         shown = ", ".join(f"{v:g}" for v in value) if isinstance(value, tuple) else value
         lines.append(f"  {key:<{width}}  {shown!s:<22} {origin}")
+    mirrors = _mirrors_text(eff.preprocess_reference())
+    if mirrors:
+        lines.append(f"  mirrors {mirrors}")
     lines.extend(f"note: {n}" for n in eff.notes)
     return lines
+
+
+def _source_text(loaded: Any) -> str:
+    """``org/name@rev (commit abc123def456, 3 files, from https://huggingface.co)``."""
+    hub = loaded.hub
+    asked = f"@{hub.name.revision}" if hub.name.revision else ""
+    cached = ", from the cache (HF_HUB_OFFLINE)" if hub.offline else f", from {hub.endpoint}"
+    return f"{hub.name.repo_id}{asked} (commit {hub.commit}, {len(hub.files)} files{cached})"
+
+
+def _mirrors_text(reference: dict[str, Any]) -> str:
+    """``transformers 5.24.0 ViTImageProcessorPil`` (what the preprocessing mirrors), or "" for vitdeploy's own."""
+    library = reference.get("library")
+    if not library or library == "vitdeploy":
+        return ""
+    how = reference.get("processor") or reference.get("transform") or ""
+    version = reference.get("version") or "not installed here"
+    overridden = reference.get("overridden")
+    return f"{library} ({version}) {how}".rstrip() + (f", except {', '.join(overridden)}" if overridden else "")

@@ -56,4 +56,35 @@ def check(stage: str, weights: int, held_without_model: int | None = None) -> No
         )
 
 
-__all__ = ["NEEDS", "check", "weight_bytes"]
+#: what the process holds without a model, where it cannot be measured (the libraries: ~0.5 GB, measured)
+HELD_WITHOUT_MODEL = 512 * 1024 * 1024
+
+
+def enabled_stages(cfg: Any) -> tuple[str, ...]:
+    """The heavy stages an export with ``cfg`` (PipelineConfig) may run ("auto" counts: it may)."""
+    export = cfg.export
+    return tuple(
+        stage
+        for stage, on in (
+            ("onnx", True),
+            ("ort-optimize", export.optimize),
+            ("fp16", export.fp16.enabled),
+            ("int8", export.int8.enabled is not False),
+            ("int8-trt", export.int8.enabled is not False and export.int8.tensorrt is not False),
+        )
+        if on
+    )
+
+
+def estimate_peak(cfg: Any, weights: int) -> tuple[int, str, float]:
+    """(bytes, stage, factor): the export's estimated peak resident memory, before it runs: what the process
+    holds without the model (measured now when it holds the model, else ~0.5 GB) plus the largest factor of
+    the FP32 weights among the stages ``cfg`` enables (NEEDS, measured)."""
+    held = memory.rss_bytes()
+    base = max(HELD_WITHOUT_MODEL, held - weights) if held is not None else HELD_WITHOUT_MODEL
+    stage = max(enabled_stages(cfg), key=lambda s: NEEDS[s][0])
+    factor = NEEDS[stage][0]
+    return int(base + factor * weights), stage, factor
+
+
+__all__ = ["HELD_WITHOUT_MODEL", "NEEDS", "check", "enabled_stages", "estimate_peak", "weight_bytes"]

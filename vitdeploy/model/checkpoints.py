@@ -21,13 +21,14 @@ import json
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
 from ..base._deps import require
 from ..base._files import atomic_path
 from ..base.errors import CheckpointError, WriteError
+from ..base.hub_name import HUB_PREFIX, HubName, parse_hub_name
 from ..base.preprocess_spec import PreprocessSpec
 from ..base.vocab import CHECKPOINT_CONFIG, CHECKPOINT_WEIGHTS
 from .config_schema import check_checkpoint_config
@@ -39,6 +40,7 @@ from .formats.vitdeploy import VERSION as OUR_VERSION
 from .provenance import CONFIG, Preprocessing
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .hub import HubSnapshot
     from .vit import VisionTransformer, ViTConfig
 
 logger = logging.getLogger(__name__)
@@ -60,6 +62,9 @@ class LoadedCheckpoint:
     heads_origin: str = ""
     native_image_size: int = 0  # the checkpoint's own image size (differs when position embeddings were resampled)
     notes: tuple[str, ...] = ()  # assumptions made for what the checkpoint does not say, each with its override
+    hub: Optional["HubSnapshot"] = None  # where a Hub checkpoint came from (repo, revision, commit, files' sha256)
+    # Which library's preprocessing the spec mirrors (its processor or transform, the version installed here).
+    preprocess_reference: dict[str, Any] = field(default_factory=dict)
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -68,8 +73,9 @@ def detect_format(path: str | os.PathLike) -> str:
 
 
 def load_checkpoint(
-    path: str | os.PathLike,
+    path: Union[str, os.PathLike, HubName],
     *,
+    revision: str | None = None,
     image_size: int | None = None,
     num_classes: int | None = None,
     variant: str | None = None,
@@ -80,6 +86,10 @@ def load_checkpoint(
     image_sizes: tuple[int, ...] = (),
 ) -> LoadedCheckpoint:
     """Load ``path`` strictly into a float32 VisionTransformer in eval mode.
+
+    path: a checkpoint file or folder, or a Hugging Face Hub name (``org/name``, ``org/name@rev``,
+        ``hf-hub:org/name``; a path that exists always wins), fetched through huggingface_hub's cache
+        (``model/hub``) at one commit, recorded in the result's ``hub``. revision: the Hub revision.
 
     image_size: build the model for this input size; learned position embeddings are resampled
         (bicubic) from the checkpoint's grid, and the preprocessing size follows. Without it a Hugging
@@ -100,7 +110,47 @@ def load_checkpoint(
     What was assumed is in the result's ``notes``; where each value came from in its origins.
     The format's reader (``model/formats/<format>``) does every format-specific step, in the same order for all.
     """
-    src = resolve_source(Path(path))
+    hub = _hub_name(path, revision)
+    if hub is not None:
+        from .hub import fetch
+
+        snapshot = fetch(hub)
+        try:
+            loaded = _load(
+                snapshot.folder, image_size, num_classes, variant, num_heads, act, layer_norm_eps, pool, image_sizes
+            )
+        except CheckpointError as exc:
+            raise CheckpointError(f"{snapshot.pinned}: {exc}") from exc
+        name = hub.short_name if loaded.name == snapshot.folder.name else loaded.name  # not the commit's folder
+        return replace(loaded, hub=snapshot, name=name)
+    return _load(Path(path), image_size, num_classes, variant, num_heads, act, layer_norm_eps, pool, image_sizes)
+
+
+def _hub_name(path: Union[str, os.PathLike, HubName], revision: str | None) -> HubName | None:
+    """The Hub name ``path`` spells, when it is not a path that exists."""
+    if isinstance(path, HubName):
+        return HubName(path.repo_id, path.revision or revision)
+    text = os.fspath(path)
+    if Path(text).expanduser().exists() and not text.startswith(HUB_PREFIX):
+        if revision is not None:
+            raise CheckpointError(f"{text}: a local path; a revision ({revision}) applies to a Hub name (org/name)")
+        return None
+    return parse_hub_name(text, revision, key="checkpoint")
+
+
+def _load(
+    path: Path,
+    image_size: int | None,
+    num_classes: int | None,
+    variant: str | None,
+    num_heads: int | None,
+    act: str | None,
+    layer_norm_eps: float | None,
+    pool: str | None,
+    image_sizes: tuple[int, ...] = (),
+) -> LoadedCheckpoint:
+    """The body of load_checkpoint for a path (every format's reader called in the same order)."""
+    src = resolve_source(path)
     reader = reader_for(src.format)
     opts = LoadOptions(variant=variant, num_heads=num_heads, act=act, layer_norm_eps=layer_norm_eps, pool=pool)
     check_checkpoint_config(src.format, src.meta, src.meta_dir)  # every stated value, before any use
@@ -153,6 +203,7 @@ def load_checkpoint(
         heads_origin=read.heads_origin,
         native_image_size=native,
         notes=tuple(notes),
+        preprocess_reference=reader.reference(src),
     )
 
 

@@ -83,3 +83,54 @@ def describe_spec(spec: PreprocessSpec) -> str:
     mean = ", ".join(f"{v:g}" for v in spec.mean)
     std = ", ".join(f"{v:g}" for v in spec.std)
     return f"{spec.style} style: {resize}, {spec.interpolation}{crop}; mean ({mean}), std ({std})"
+
+
+# --------------------------------------------------------------------------- which library's preprocessing
+
+#: transformers 5 has two image processors per model: the PIL one ("...Pil"), which vitdeploy mirrors, and
+#: the torchvision-based one ("fast"), its default where torchvision is installed. How far apart they are,
+#: measured by tests/model/test_checkpoints_processors.py on photos and on transparent images.
+#: max |fast - PIL| in uint8 levels on photos and transparent images, per processor (transformers 5.24, torchvision
+#: 0.29): the torchvision resize rounds differently from PIL's, more for a bicubic squash to 256x256 (DeiT)
+FAST_PROCESSOR_LEVELS = {"ViTImageProcessor": 1, "BitImageProcessor": 1, "DeiTImageProcessor": 6}
+
+
+def fast_processor_differs(kind: str) -> str:
+    """What the fast twin of processor ``kind`` does to the pixels, against the PIL one mirrored here."""
+    levels = FAST_PROCESSOR_LEVELS.get(kind)
+    measured = (
+        f"by at most {levels} uint8 level{'s' if levels != 1 else ''} (measured on photos and transparent images)"
+        if levels is not None
+        else "by a rounding of the resize (not measured for this processor)"
+    )
+    return (
+        f"transformers' default where torchvision is installed; its pixels differ from the PIL processor's "
+        f"(mirrored here) {measured}, never in geometry"
+    )
+
+
+TRANSPARENCY_CONVERTED = (
+    "transparent pixels composited over preprocess.background (white), as transformers' convert_to_rgb does in "
+    "both processors"
+)
+TRANSPARENCY_REFUSED = (
+    "transformers' processors (both) refuse a transparent image here (do_convert_rgb unset): vitdeploy composites "
+    "it over preprocess.background (white), as transformers does where do_convert_rgb is set; convert images to "
+    "RGB yourself to get another result"
+)
+
+
+def installed_version(distribution: str) -> str | None:
+    """The version of ``distribution`` installed here (its metadata, without importing it), None when absent."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def mirror_record(library: str, **fields: object) -> dict[str, object]:
+    """What the preprocessing mirrors: the library, the version installed here (None: not installed; the
+    mirror was tested against the versions in the project's test environments), and how (``fields``)."""
+    return {"library": library, "version": installed_version(library), **fields}

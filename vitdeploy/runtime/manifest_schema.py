@@ -83,6 +83,20 @@ class FileEntry(ExternalFile):
     external_data: tuple[ExternalFile, ...] = ()
 
 
+class HubRecord(StrictSection):
+    """``model.source.hub``: where a checkpoint named on the Hugging Face Hub came from (informational, typed):
+    the repo, the revision asked for (None: the default branch), the commit it resolved to, each file's sha256."""
+
+    source: Literal["hub"]
+    endpoint: StrictStr
+    repo_id: StrictStr = Field(min_length=3, max_length=96)
+    revision: Optional[StrictStr] = None
+    commit: StrictStr = Field(pattern=r"^[0-9a-f]{40}$")
+    files: tuple[ExternalFile, ...] = Field(min_length=1)
+    client: StrictStr = ""
+    offline: bool = False
+
+
 class TensorSpec(StrictSection):
     name: StrictStr = Field(min_length=1, max_length=256)
     dtype: Literal["float32", "float16"] = "float32"
@@ -199,6 +213,23 @@ class Manifest(BaseModel):
     validation_inputs: Optional[dict[str, Any]] = None
     preprocess_origins: Optional[dict[str, StrictStr]] = None  # where each preprocessing value came from
     image_sizes: Optional[ImageSizes] = None  # absent: one fixed size (io.input.shape)
+    # which library's preprocessing it mirrors: {"library", "version", "processor" | "transform", ...}
+    preprocess_reference: Optional[dict[str, Any]] = None
+
+    @field_validator("model")
+    @classmethod
+    def _hub(cls, v: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+        source = (v or {}).get("source")
+        if isinstance(source, dict) and source.get("hub") is not None:
+            HubRecord.model_validate(source["hub"])  # typed where present: `info -a` reads it
+        return v
+
+    @property
+    def hub(self) -> Optional[HubRecord]:
+        """The Hub provenance of the checkpoint, when it was named on the Hub."""
+        source = (self.model or {}).get("source")
+        hub = source.get("hub") if isinstance(source, dict) else None
+        return HubRecord.model_validate(hub) if hub is not None else None
 
     @field_validator("artifacts")
     @classmethod
@@ -476,6 +507,7 @@ def onnx_dtype_name(ort_type: str) -> str:
 
 __all__ = [
     "FIX",
+    "HubRecord",
     "MANIFEST_FORMAT",
     "MANIFEST_VERSION",
     "Manifest",

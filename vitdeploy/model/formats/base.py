@@ -9,7 +9,8 @@ A reader turns one format's files into vitdeploy's pieces, in the order ``load_c
 3. ``config``: the :class:`ViTConfig` (with where the head count came from and any assumption made);
 4. ``labels`` and ``preprocess``: what the checkpoint says about its classes and its inputs (None: not stated);
 5. ``native_input`` / ``antialias``: the input size the source library really runs the model at, when
-   that is not the config's image size (Hugging Face DINOv2 only), and how it resamples position tables.
+   that is not the config's image size (Hugging Face DINOv2 only), and how it resamples position tables;
+6. ``reference``: which library's preprocessing (processor, transform) the result mirrors.
 
 Everything a reader does not override has the default below (nothing claimed, keys unchanged, nothing stated).
 """
@@ -112,3 +113,7 @@ class Reader:
         """How the source library resamples the position table to any input size at every call
         (vocab.POS_RESAMPLES); None: it runs the model at one size only (export.image_sizes is refused)."""
         return None
+
+    def reference(self, src: Source) -> dict[str, Any]:
+        """Which library's preprocessing ``preprocess`` mirrors (``provenance.mirror_record``)."""
+        return {"library": "vitdeploy"}

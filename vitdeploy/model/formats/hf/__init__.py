@@ -10,12 +10,27 @@ from typing import Any, Optional
 from ....base.errors import CheckpointError
 from ....base.preprocess_spec import PreprocessSpec
 from ....base.vit_schema import ViTConfig
-from ...provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
+from ...provenance import (
+    CHECKPOINT,
+    FAST_PROCESSOR_LEVELS,
+    LIBRARY,
+    TRANSPARENCY_CONVERTED,
+    TRANSPARENCY_REFUSED,
+    Preprocessing,
+    describe_spec,
+    fast_processor_differs,
+    mirror_record,
+    override_hint,
+)
 from ..base import LoadOptions, ReadConfig, Reader, Source
 from ..shared import check_stated_variant, read_json
 from . import convert as convert_hf
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
+#: The image processor transformers pairs with each model type (AutoImageProcessor), where the folder names none.
+_PROCESSOR_BY_MODEL_TYPE = {"dinov2": "BitImageProcessor", "dinov2_with_registers": "BitImageProcessor"}
+#: Processors whose class converts to RGB by default (do_convert_rgb = True); the others leave it unset.
+_CONVERTS_RGB = {"BitImageProcessor", "CLIPImageProcessor"}
 
 
 class HFReader(Reader):
@@ -79,21 +94,37 @@ class HFReader(Reader):
     def antialias(self, src: Source) -> bool:
         return convert_hf.DINOV2_RESAMPLE_ANTIALIAS.get(src.meta.get("model_type"), True)  # registers model only
 
+    def reference(self, src: Source) -> dict[str, Any]:
+        """transformers' PIL image processor of this model (the one mirrored), its fast twin, and transparency."""
+        pp_path = src.meta_dir / PREPROCESSOR_CONFIG if src.meta_dir else None
+        pp = read_json(pp_path) if pp_path is not None and pp_path.is_file() else {}
+        kind = str(pp.get("image_processor_type") or "").replace("FeatureExtractor", "ImageProcessor")
+        kind = kind.removesuffix("Fast").removesuffix("Pil") or _PROCESSOR_BY_MODEL_TYPE.get(
+            src.meta.get("model_type"), "ViTImageProcessor"
+        )
+        converts = pp.get("do_convert_rgb", kind in _CONVERTS_RGB)
+        return mirror_record(
+            "transformers",
+            processor=f"{kind}Pil",
+            fast_processor=kind,
+            fast_differs=fast_processor_differs(kind),
+            fast_max_levels=FAST_PROCESSOR_LEVELS.get(kind),
+            transparency=TRANSPARENCY_CONVERTED if converts else TRANSPARENCY_REFUSED,
+        )
+
 
 #: model types whose transformers classes resample the position table to any input (DINOv2: at every call)
 DINOV2 = tuple(convert_hf.DINOV2_RESAMPLE_ANTIALIAS)
 
 
 def _weight_files(d: Path) -> list[Path]:
-    for name in convert_hf.WEIGHT_FILES:
-        if (d / name).is_file():
+    for name in convert_hf.WEIGHTS_PREFERENCE:
+        if not (d / name).is_file():
+            continue
+        if name not in convert_hf.INDEX_FILES:
             return [d / name]
-    for name in convert_hf.INDEX_FILES:
-        if (d / name).is_file():
-            weight_map = read_json(d / name).get("weight_map")
-            if not isinstance(weight_map, dict) or not weight_map:
-                raise CheckpointError(f"{d / name}: no weight_map")
-            return [d / f for f in sorted(set(weight_map.values()))]
-    raise CheckpointError(
-        f"{d}: Hugging Face config.json but no weights ({', '.join(convert_hf.WEIGHT_FILES + convert_hf.INDEX_FILES)})"
-    )
+        weight_map = read_json(d / name).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{d / name}: no weight_map")
+        return [d / f for f in sorted(set(weight_map.values()))]
+    raise CheckpointError(f"{d}: Hugging Face config.json but no weights ({', '.join(convert_hf.WEIGHTS_PREFERENCE)})")

@@ -57,6 +57,9 @@ logger = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+#: Which weights a folder's (or a Hub repo's) are, first found first: safetensors, whole or sharded, before a
+#: pickle (read with torch.load(weights_only=True) only), as transformers prefers them.
+WEIGHTS_PREFERENCE = (WEIGHT_FILES[0], INDEX_FILES[0], WEIGHT_FILES[1], INDEX_FILES[1])
 
 _TOP = {
     "embeddings.cls_token": "cls_token",

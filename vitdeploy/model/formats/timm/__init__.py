@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from ....base.errors import CheckpointError
 from ....base.vit_schema import ViTConfig
-from ...provenance import Preprocessing
+from ...provenance import Preprocessing, mirror_record
 from ..base import LoadOptions, ReadConfig, Reader, Source
 from ..shared import shorten, weight_keys
 from . import convert as convert_timm
@@ -68,3 +68,6 @@ class TimmReader(Reader):
 
     def preprocess(self, src: Source, cfg: ViTConfig, opts: LoadOptions) -> Preprocessing:
         return convert_timm.timm_preprocess(src.meta or None, cfg, src.where, opts.variant)
+
+    def reference(self, src: Source) -> dict[str, Any]:
+        return mirror_record("timm", transform="timm.data.create_transform(**resolve_data_config(model=model))")

@@ -26,6 +26,9 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+#: timm architectures of the vision_transformer family (``config.json`` ``architecture``): what may load;
+#: anything else on timm's hub (convnets, Swin, EVA ...) is refused before its weights are fetched
+TIMM_ARCH_PREFIXES = ("vit_", "deit_", "deit3_")
 
 
 def looks_like_timm(keys: set[str]) -> bool:

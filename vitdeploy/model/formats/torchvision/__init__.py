@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ....base.vit_schema import ViTConfig
-from ...provenance import Preprocessing
+from ...provenance import Preprocessing, mirror_record
 from ..base import LoadOptions, ReadConfig, Reader, Source
 from . import convert as convert_torchvision
 
@@ -30,3 +30,6 @@ class TorchvisionReader(Reader):
 
     def preprocess(self, src: Source, cfg: ViTConfig, opts: LoadOptions) -> Preprocessing:
         return convert_torchvision.torchvision_preprocess(cfg, src.where)
+
+    def reference(self, src: Source) -> dict[str, Any]:
+        return mirror_record("torchvision", transform="the weights' transforms() (torchvision.models.*_Weights)")
