@@ -15,7 +15,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 #: Fixtures that run a whole export: a test that needs one is marked ``integration`` (the fast run,
 #: ``-m "not integration"``, never builds them).
-WHOLE_EXPORTS = ("demo_artifacts", "drift_artifacts", "embedding_artifacts")
+WHOLE_EXPORTS = ("demo_artifacts", "drift_artifacts", "embedding_artifacts", "sized_artifacts")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -101,6 +101,31 @@ def embedding_artifacts(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("embedding_artifacts")
     export = {"batch": {"min": 1, "opt": 4, "max": 8}, "fp16": {"enabled": False}, "int8": {"enabled": False}}
     _export({"model": {"checkpoint": str(ckpt), "patch_tokens": True}, "export": export}, out, engine="skip")
+    return out
+
+
+#: The square sides `sized_artifacts` answers at (56, the processor's crop, is its base size).
+SIZED = (28, 42, 56)
+
+
+@pytest.fixture(scope="session")
+def sized_artifacts(tmp_path_factory) -> Path:
+    """The tiny transformers DINOv2 with registers of `embedding_artifacts` exported once per test session for
+    several sizes (``export.image_sizes: [28, 42, 56]``, patch 14; base 56): EMBEDDINGS [batch, 64] and
+    PATCH_TOKENS [batch, (side / 14)^2, 64]; model.onnx and model.ort.onnx only."""
+    from helpers.tiny_export import save_headless_dinov2
+
+    ckpt = save_headless_dinov2(tmp_path_factory.mktemp("dinov2_sized"))
+    out = tmp_path_factory.mktemp("sized_artifacts")
+    export = {
+        "image_sizes": list(SIZED),
+        "batch": {"min": 1, "opt": 4, "max": 8},
+        "fp16": {"enabled": False},
+        "int8": {"enabled": False},
+    }
+    validation = {"noise_samples": 4, "max_images": 4}
+    cfg = {"model": {"checkpoint": str(ckpt), "patch_tokens": True}, "export": export, "validation": validation}
+    _export(cfg, out, engine="skip")
     return out
 
 

@@ -85,6 +85,11 @@ ARTIFACT_FILES: Mapping[str, str] = MappingProxyType(
 #: sha256 of the export's manifest.json, and the backend whose answers it gives (a name of BACKENDS below).
 EXPORT_SHA256 = "vitdeploy_export_sha256"
 EXPORT_BACKEND = "vitdeploy_backend"
+#: ... and, for an export for several sizes (export.image_sizes), the square sides it answers at ("28,42,56").
+EXPORT_IMAGE_SIZES = "vitdeploy_image_sizes"
+#: The request parameter that asks an export for several sizes for one of them: KServe v2 ``"parameters":
+#: {"image_size": N}`` (HTTP JSON or binary, gRPC), ``POST /predict?image_size=N``, the Triton repository's.
+IMAGE_SIZE_PARAM = "image_size"
 
 # ------------------------------------------------------------------------------------------------
 # backends
@@ -171,8 +176,10 @@ __all__ = [
     "TRT",
     "TRT_INT8",
     "EXPORT_BACKEND",
+    "EXPORT_IMAGE_SIZES",
     "EXPORT_REPORT_NAME",
     "EXPORT_SHA256",
+    "IMAGE_SIZE_PARAM",
     "TIMING_CACHE_NAME",
     "ACTIVATIONS",
     "Activation",

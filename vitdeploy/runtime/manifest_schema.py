@@ -483,7 +483,9 @@ def _patch_tokens_problems(manifest: Manifest, tensor: Tensor | None, fp16_io_ok
     problems = []
     if dtype not in ({spec.dtype, "float16"} if fp16_io_ok else {spec.dtype}):
         problems.append(f"{spec.name} dtype {dtype} vs {spec.dtype}")
-    if len(shape) != 3 or tuple(shape[1:]) != (patches, width) or not _batch_dim_ok(shape[0], manifest):
+    # an export for several sizes: the count follows the input's grid ((side / patch)^2), a dynamic axis
+    grid_ok = len(shape) == 3 and (shape[1] == patches or (bool(manifest.sizes) and _batch_dim_ok(shape[1], manifest)))
+    if len(shape) != 3 or not grid_ok or shape[2] != width or not _batch_dim_ok(shape[0], manifest):
         problems.append(f"{spec.name} shape {clip(_dims(shape))} vs [batch, {patches}, {width}] (io.patch_tokens)")
     return problems
 

@@ -195,6 +195,10 @@ class Predictor:
         other = copy.copy(self)
         other._spec, other._preprocessor = spec, None
         other.input_shape = (self.input_shape[0], spec.height, spec.width)
+        if self.patch_shape is not None:  # the patch grid follows the side: (side / patch)^2 tokens
+            patches, width = self.patch_shape
+            base = self.input_shape[1] * self.input_shape[2]
+            other.patch_shape = (patches * spec.height * spec.width // base, width)
         return other
 
     # ---------------------------------------------------------------- preprocessing

@@ -156,6 +156,10 @@ def http_form(request: Any) -> tuple[bytes, int]:
         doc["outputs"] = outputs
     if request.id:
         doc["id"] = request.id
+    if protocol.IMAGE_SIZE_PARAM in request.parameters:  # the size asked of an export for several sizes
+        param = request.parameters[protocol.IMAGE_SIZE_PARAM]
+        kind = param.WhichOneof("parameter_choice")
+        doc["parameters"] = {protocol.IMAGE_SIZE_PARAM: getattr(param, kind) if kind else None}
     head = json.dumps(doc).encode("utf-8")
     return head + (raw if len(inputs) == 1 else b""), len(head)
 
@@ -195,6 +199,7 @@ class KServeGrpcMethods:
     spec: Any
     stats: Any
     predictor: Any
+    sized: Any  # image_sizes.SizedPredictors: one Predictor per size asked
     export: dict  # protocol.export_parameters: which export, which backend
 
     async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - the RPC's name
@@ -243,7 +248,7 @@ class KServeGrpcMethods:
         if not self._checked(request, grpc_context):
             return pb.ModelMetadataResponse()
         embedding = self.predictor.is_embedding
-        patches = self.predictor.patch_shape
+        patches = self.sized.patch_shape
         meta = protocol.model_metadata(self.name, self.num_classes, self.top_k, "ray_serve", embedding, patches)
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
@@ -267,7 +272,7 @@ class KServeGrpcMethods:
             self.top_k,
             self.spec.max_images_per_request,
             embedding=self.predictor.is_embedding,
-            patch_shape=self.predictor.patch_shape,
+            patch_shape=self.sized.patch_shape,
             parameters=self.export,
         )
         return pb.ModelConfigResponse(config=json_format.ParseDict(config, model_config_pb2.ModelConfig()))
@@ -295,7 +300,7 @@ class KServeGrpcMethods:
             req = protocol.parse_infer_request(body, head, self.spec.max_images_per_request, served)
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
             want = protocol.PATCH_TOKENS in req.outputs
-            logits, errors, tokens = await self._classify(list(zip(names, req.images)), times, want)
+            logits, errors, tokens = await self._classify(list(zip(names, req.images)), times, want, req.image_size)
             if errors:
                 raise errors[min(errors)]
         except protocol.RequestError as exc:

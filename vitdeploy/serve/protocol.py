@@ -49,8 +49,9 @@ from ..base.errors import (
     TooManyImagesError,
     first_line,
 )
-from ..base.vocab import EXPORT_BACKEND, EXPORT_SHA256
+from ..base.vocab import EXPORT_BACKEND, EXPORT_IMAGE_SIZES, EXPORT_SHA256, IMAGE_SIZE_PARAM
 from .http_errors import MAX_REASON
+from .image_sizes import requested_size, sizes_parameter
 from .outputs import (
     CONFIG_TYPES,
     DEFAULT_TOP_K,
@@ -101,9 +102,11 @@ def model_name(manifest_name: str) -> str:
 # and, on `vitdeploy serve`, in the v2 metadata too (``GET /v2/models/<name>``: ``"parameters"``, plain strings).
 
 
-def export_parameters(sha256: str, backend: str) -> dict[str, str]:
-    """``{EXPORT_SHA256: sha256, EXPORT_BACKEND: backend}``: what a server says about the export it runs."""
-    return {EXPORT_SHA256: str(sha256), EXPORT_BACKEND: str(backend)}
+def export_parameters(sha256: str, backend: str, sizes: Sequence[int] = ()) -> dict[str, str]:
+    """``{EXPORT_SHA256: sha256, EXPORT_BACKEND: backend}``: what a server says about the export it runs; with
+    ``sizes`` (an export for several sizes) :data:`EXPORT_IMAGE_SIZES` too, the sizes a request may ask for
+    (serve/image_sizes.py)."""
+    return {EXPORT_SHA256: str(sha256), EXPORT_BACKEND: str(backend), **sizes_parameter(sizes)}
 
 
 def config_parameters(params: Mapping[str, Any]) -> dict[str, dict[str, str]]:
@@ -236,6 +239,8 @@ class InferRequest:
     outputs: dict[str, bool] = field(default_factory=dict)
     #: output name -> class_count, where the classification extension was asked for (a numeric output)
     classification: dict[str, int] = field(default_factory=dict)
+    #: the size asked (request ``parameters.image_size``, an export for several sizes); None: the base size
+    image_size: int | None = None
 
 
 def serialize_bytes(items: Iterable[bytes]) -> bytes:
@@ -270,7 +275,8 @@ def parse_infer_request(
     The request must carry exactly one input, :data:`INPUT`, datatype BYTES, shape ``[N]`` or
     ``[N, 1]``, either as binary data (``parameters.binary_data_size``) or as a JSON list of
     strings (base64, else their UTF-8 bytes as Triton reads them); the outputs asked for are among
-    ``served`` (the model's). RequestError (400, also beyond ``max_images``) otherwise.
+    ``served`` (the model's); the request's ``parameters.image_size`` (:data:`IMAGE_SIZE_PARAM`) is the size
+    asked of an export for several sizes. RequestError (400, also beyond ``max_images``) otherwise.
     """
     if header_length is None or header_length == "":
         head, rest = body, b""
@@ -317,7 +323,11 @@ def parse_infer_request(
             raise RequestError("binary data after the JSON header but no input declares binary_data_size")
         images = _images_from_json(tensor.get("data"), count)
     outputs, classification = _requested_outputs(doc, served)
-    return InferRequest(images=images, id=_request_id(doc), outputs=outputs, classification=classification)
+    top = doc.get("parameters")
+    size = requested_size(top.get(IMAGE_SIZE_PARAM)) if isinstance(top, dict) else None
+    return InferRequest(
+        images=images, id=_request_id(doc), outputs=outputs, classification=classification, image_size=size
+    )
 
 
 def _count_from_shape(shape: Any) -> int:
@@ -487,8 +497,10 @@ __all__ = [
     "DEFAULT_TOP_K",
     "EMBEDDINGS",
     "EXPORT_BACKEND",
+    "EXPORT_IMAGE_SIZES",
     "EXPORT_SHA256",
     "HEADER_LENGTH",
+    "IMAGE_SIZE_PARAM",
     "INPUT",
     "LOGITS",
     "MODEL_VERSION",
@@ -514,6 +526,7 @@ __all__ = [
     "output_tensors",
     "parse_infer_request",
     "preprocess_images",
+    "requested_size",
     "serialize_bytes",
     "served_export",
     "served_outputs",

@@ -43,6 +43,7 @@ from ..runtime.backends import first_line
 from ..runtime.backends.base import BackendOptions
 from . import auth, content_encoding, protocol
 from .http_errors import MAX_REASON, error_body, status_of
+from .image_sizes import SizedPredictors, by_shape, requested_size
 from .kserve_grpc import KServeGrpcMethods, register_proto_modules
 from .kserve_model import InferenceStats, model_config
 
@@ -174,7 +175,11 @@ class ViTClassifier(KServeGrpcMethods):
         self.num_classes = int(warm.shape[1])
         self.top_k = max(1, min(spec.top_k, self.num_classes))
         # which export this replica runs, on which backend: in the v2 metadata and /config (validate --url)
-        self.export = protocol.export_parameters(self.predictor.artifacts.manifest_sha256, self.predictor.backend_name)
+        artifacts = self.predictor.artifacts
+        self.export = protocol.export_parameters(
+            artifacts.manifest_sha256, self.predictor.backend_name, artifacts.image_sizes
+        )
+        self.sized = SizedPredictors(self.predictor)  # one Predictor per size asked (export.image_sizes)
         self.preprocessor = self.predictor.preprocessor
         self.stats = InferenceStats()  # GET /v2/models/<name>/stats (this replica's requests)
         register_proto_modules()  # gRPC requests arrive pickled from Ray's gRPC proxy (serve.grpc_port)
@@ -216,32 +221,43 @@ class ViTClassifier(KServeGrpcMethods):
     async def _infer_batch(self, items: list[Tuple[np.ndarray, bool]]) -> list[Tuple[np.ndarray, Any, int]]:
         """Images of concurrent requests (one (3, H, W) array per call, with whether its request asked for the
         patch tokens) -> one (logits row, patch tokens or None, ns of the batch's model call) each
-        (``self.run_batch``, Ray's ``@serve.batch`` around this method, gathers them). The patch tokens are
-        computed for the batch when one of its requests asked for them."""
-        batch = np.stack([image for image, _ in items])
-        want = any(asked for _, asked in items)
+        (``self.run_batch``, Ray's ``@serve.batch`` around this method, gathers them). One model call per image
+        size in the batch (requests may ask for different sizes: image_sizes.py), never two sizes in one; the
+        patch tokens are computed for a call when one of its requests asked for them."""
         loop = asyncio.get_running_loop()
-        start = time.perf_counter_ns()
-        try:
-            logits, tokens = await loop.run_in_executor(self._infer_pool, self.predictor.predict_outputs, batch, want)
-        except Exception as exc:
-            self._fault = first_line(exc)  # the backend, not a request: check_health has Ray replace the replica
-            raise
-        took = time.perf_counter_ns() - start
-        return [(row, tokens[i] if asked else None, took) for i, (row, (_, asked)) in enumerate(zip(logits, items))]
+        out: list[Any] = [None] * len(items)
+        for group in by_shape([image.shape for image, _ in items]):
+            predictor = self.sized.for_side(items[group[0]][0].shape[-1])
+            batch = np.stack([items[i][0] for i in group])
+            want = any(items[i][1] for i in group)
+            start = time.perf_counter_ns()
+            try:
+                logits, tokens = await loop.run_in_executor(self._infer_pool, predictor.predict_outputs, batch, want)
+            except Exception as exc:
+                self._fault = first_line(exc)  # the backend, not a request: check_health has Ray replace the replica
+                raise
+            took = time.perf_counter_ns() - start
+            for j, i in enumerate(group):
+                out[i] = (logits[j], tokens[j] if items[i][1] else None, took)
+        return out
 
-    async def _decode(self, blob: bytes, name: str) -> np.ndarray:
+    async def _decode(self, blob: bytes, name: str, preprocessor: Any) -> np.ndarray:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._decode_pool, protocol.decode_image, blob, self.preprocessor, name)
+        return await loop.run_in_executor(self._decode_pool, protocol.decode_image, blob, preprocessor, name)
 
     async def _classify(
-        self, blobs: list[tuple[str, bytes]], times: Optional[Dict[str, int]] = None, patch_tokens: bool = False
+        self,
+        blobs: list[tuple[str, bytes]],
+        times: Optional[Dict[str, int]] = None,
+        patch_tokens: bool = False,
+        size: Optional[int] = None,
     ) -> Tuple[List[Optional[np.ndarray]], Dict[int, Any], List[Any]]:
-        """Decode in threads, then batch: (logits row or None per image, {index: RequestError}, patch tokens or
-        None per image: computed with ``patch_tokens``); the ns spent decoding, waiting for a batch and in the
-        model call go to ``times`` when given."""
+        """Decode in threads (at ``size``, one of an export's image_sizes; None: the base size), then batch:
+        (logits row or None per image, {index: RequestError}, patch tokens or None per image: computed with
+        ``patch_tokens``); the ns spent decoding, waiting for a batch and in the model call go to ``times``."""
+        preprocessor = self.sized.at(size).preprocessor  # RequestError (400) naming the sizes that work
         t0 = time.perf_counter_ns()
-        decoded = await asyncio.gather(*(self._decode(b, n) for n, b in blobs), return_exceptions=True)
+        decoded = await asyncio.gather(*(self._decode(b, n, preprocessor) for n, b in blobs), return_exceptions=True)
         t1 = time.perf_counter_ns()
         errors: dict[int, Any] = {}
         for i, item in enumerate(decoded):
@@ -324,9 +340,10 @@ class ViTClassifier(KServeGrpcMethods):
         object per image (an unreadable image in a multipart request gets its {"path", "error"})."""
         try:
             self._authorize(request)
+            size = requested_size(request.query_params.get(protocol.IMAGE_SIZE_PARAM), protocol.IMAGE_SIZE_PARAM)
             blobs = await self._images(request)
             protocol.check_image_count(len(blobs), self.spec.max_images_per_request)
-            logits, errors, _ = await self._classify(blobs)
+            logits, errors, _ = await self._classify(blobs, size=size)
         except _ClientGone:
             return Response(status_code=499)
         except RequestError as exc:
@@ -372,7 +389,7 @@ class ViTClassifier(KServeGrpcMethods):
             self.top_k,
             "ray_serve",
             self.predictor.is_embedding,
-            self.predictor.patch_shape,
+            self.sized.patch_shape,
             self.export,
         )
         return JSONResponse(meta)
@@ -386,7 +403,7 @@ class ViTClassifier(KServeGrpcMethods):
         except RequestError as exc:
             return _error(exc)
         limit, embedding = self.spec.max_images_per_request, self.predictor.is_embedding
-        patches = self.predictor.patch_shape
+        patches = self.sized.patch_shape
         config = model_config(
             self.name,
             self.num_classes,
@@ -437,7 +454,7 @@ class ViTClassifier(KServeGrpcMethods):
             )
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
             want = protocol.PATCH_TOKENS in req.outputs
-            logits, errors, tokens = await self._classify(list(zip(names, req.images)), times, want)
+            logits, errors, tokens = await self._classify(list(zip(names, req.images)), times, want, req.image_size)
             if errors:
                 raise errors[min(errors)]
         except _ClientGone:
