@@ -390,3 +390,25 @@ def test_an_embedding_export_has_an_embeddings_ensemble_and_no_labels_or_postpro
     assert f"`EMBEDDINGS` [N, {dim}]" in readme and 'result.as_numpy("EMBEDDINGS")' in readme
     assert f"`PATCH_TOKENS` [N, {patches[0]}, {patches[1]}]" in readme and "Triton answers every output" in readme
     assert "TOPK_LABELS" not in readme
+
+
+def test_an_export_for_several_sizes_has_dynamic_height_and_width_and_each_sizes_recipe(
+    sized_artifacts: Path, tmp_path: Path
+):
+    """export.image_sizes: the preprocessing and inference models' image dims are [3, -1, -1], PATCH_TOKENS [-1, D];
+    the preprocessing model holds each listed size's recipe; the ensemble and README name the sizes and the
+    request parameter that asks for one."""
+    manifest = json.loads((sized_artifacts / "manifest.json").read_text())
+    name = manifest["name"]
+    res = run("triton-repo", "-a", str(sized_artifacts), "-o", str(tmp_path / "repo"), "--inference", "ort_python")
+    assert res.exit_code == 0, res.output
+    cfg = configs(tmp_path / "repo")
+    assert list(cfg[f"{name}_preprocess"].output[0].dims) == [3, -1, -1]
+    for model in (f"{name}_onnx", f"{name}_ort_python"):
+        assert list(cfg[model].input[0].dims) == [3, -1, -1]
+        assert [list(o.dims) for o in cfg[model].output] == [[64], [-1, 64]]
+    recipes = json.loads(cfg[f"{name}_preprocess"].parameters["preprocess_at_size"].string_value)
+    assert recipes == manifest["image_sizes"]["preprocess"]
+    assert cfg[name].parameters["vitdeploy_image_sizes"].string_value == "28,42,56"
+    readme = (tmp_path / "repo" / "README.md").read_text()
+    assert "answers at 28, 42, 56 px" in readme and 'parameters={"image_size": 56}' in readme

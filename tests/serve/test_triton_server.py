@@ -415,3 +415,33 @@ def test_an_embedding_export_answers_its_vectors_as_the_ort_backend_does(embeddi
         assert vectors.dtype == np.float32 and vectors.shape == (len(chosen), dim), how
         for row, n in zip(vectors, chosen):
             np.testing.assert_allclose(row, want[n], rtol=0, atol=1e-5, err_msg=f"{how} {n}")
+
+
+def test_an_export_for_several_sizes_answers_at_the_size_a_request_asks(sized_artifacts: Path, images, tmp_path):
+    """The tiny DINOv2 exported at 28, 42 and 56 px on the bundled tritonserver: a request's parameters.image_size
+    reaches the preprocessing through the ensemble; the vectors at 28 and at the base size (no parameter) are the
+    `ort` Predictor's at that size; a size not listed is refused naming the sizes that work."""
+    _require_triton_env()
+    from vitdeploy.base.config import parse_config
+    from vitdeploy.runtime.predictor import Predictor
+    from vitdeploy.serve.protocol import model_name
+    from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
+
+    cfg = parse_config({"runtime": {"max_image_pixels": MAX_PIXELS}, "triton": {"inference": "ort_python"}})
+    repo = build_triton_repo(sized_artifacts, tmp_path / "repo", settings_from_config(cfg))
+    name = model_name(json.loads((sized_artifacts / "manifest.json").read_text())["name"])
+    blob = images["coffee.jpg"]
+    with Predictor.from_artifacts(sized_artifacts, backend="ort", max_pixels=MAX_PIXELS) as predictor:
+        want = {size: predictor.at_size(size).embed([blob])[0] for size in (28, 56)}
+    data = np.array([[blob]], dtype=object)
+    with BundledTriton(VENV, repo.path, load=[name]) as triton:
+        for module, url in ((httpclient, triton.http_url), (grpcclient, triton.grpc_url)):
+            client = module.InferenceServerClient(url)
+            inp = module.InferInput("IMAGES", list(data.shape), "BYTES")
+            inp.set_data_from_numpy(data)
+            asked = [module.InferRequestedOutput("EMBEDDINGS")]
+            for size, params in ((28, {"image_size": 28}), (56, None)):
+                got = client.infer(name, [inp], outputs=asked, parameters=params).as_numpy("EMBEDDINGS")[0]
+                np.testing.assert_allclose(got, want[size], rtol=0, atol=1e-4, err_msg=f"{module.__name__} {size}")
+            with pytest.raises(InferenceServerException, match="sizes that work: 28, 42, 56"):
+                client.infer(name, [inp], outputs=asked, parameters={"image_size": 35})

@@ -28,6 +28,7 @@ from ...base.vocab import ORT, ORT_FP16, TRT
 from ..protocol import (
     CONFIG_TYPES,
     EMBEDDINGS,
+    IMAGE_SIZE_PARAM,
     INPUT,
     LOGITS,
     PATCH_TOKENS,
@@ -47,6 +48,9 @@ ONNX_FILES = {"fp32": "model.onnx", "fp16": "model.fp16.onnx"}
 TRT_CACHE_DIR = "trt_cache"
 #: the preprocessing model's parameter holding the export's recipe (PreprocessSpec as JSON): what it runs
 PREPROCESS_PARAM = "preprocess"
+#: ... and, for an export for several sizes, each listed size's recipe ({"336": PreprocessSpec as a dict, ...} as
+#: JSON): a request's ``parameters.image_size`` picks one (protocol.IMAGE_SIZE_PARAM)
+PREPROCESS_SIZES_PARAM = "preprocess_at_size"
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,19 @@ class ModelFacts:
     embedding: bool = False  # the manifest's output.kind is embedding: vectors out, no labels, no postprocess
     patch_shape: tuple[int, int] | None = None  # (P, D) of an embedding's PATCH_TOKENS output; None: not exported
     export_sha256: str = ""  # the sha256 of the export's manifest.json: published in the ensemble's parameters
+    image_sizes: tuple[int, ...] = ()  # an export for several sizes (manifest image_sizes): height, width dynamic
+
+    @property
+    def pixel_dims(self) -> tuple[int, ...]:
+        """The inference model's input dims: C, H, W; H and W -1 for an export for several sizes."""
+        return (self.chw[0], -1, -1) if self.image_sizes else self.chw
+
+    @property
+    def patch_dims(self) -> tuple[int, int] | None:
+        """(P, D) of PATCH_TOKENS; P is -1 (the size's grid) for an export for several sizes."""
+        if self.patch_shape is None:
+            return None
+        return (-1, self.patch_shape[1]) if self.image_sizes else self.patch_shape
 
 
 @dataclass(frozen=True)
@@ -161,21 +178,30 @@ def _header(model: str, role: str) -> str:
 # ------------------------------------------------------------------------------------------ models
 
 
-def preprocess_config(facts: ModelFacts, settings: Settings, preprocess: Mapping[str, Any], version: str) -> str:
+def preprocess_config(
+    facts: ModelFacts,
+    settings: Settings,
+    preprocess: Mapping[str, Any],
+    version: str,
+    at_size: Mapping[str, Any] | None = None,
+) -> str:
+    """``at_size``: each listed size's recipe, for an export for several sizes (manifest image_sizes.preprocess)."""
     names = model_names(facts.name)
     b = int(facts.batch["max"])
+    sized = {PREPROCESS_SIZES_PARAM: json.dumps(dict(at_size), sort_keys=True)} if at_size else {}
     return _join(
         _header(names["preprocess"], "encoded images -> float32 NCHW, the runtime's preprocessing"),
         f"name: {_q(names['preprocess'])}",
         'backend: "python"',
         f"max_batch_size: {b}",
         _tensors("input", [_tensor(INPUT, "TYPE_STRING", [1])]),
-        _tensors("output", [_tensor(PIXELS, "TYPE_FP32", facts.chw)]),
+        _tensors("output", [_tensor(PIXELS, "TYPE_FP32", facts.pixel_dims)]),
         _dynamic_batching(facts, settings, b, queue=True),
         _instance_group("cpu", settings.triton.preprocess_instances),
         *_parameters(
             {
                 PREPROCESS_PARAM: json.dumps(dict(preprocess), sort_keys=True),
+                **sized,
                 "max_image_pixels": int(settings.max_image_pixels),
                 "decode_threads": int(settings.triton.decode_threads),
                 "vitdeploy_version": version,
@@ -227,7 +253,7 @@ def _classifier(
         f"name: {_q(name)}",
         runner,
         f"max_batch_size: {max_batch}",
-        _tensors("input", [_tensor(facts.input_name, "TYPE_FP32", facts.chw)]),
+        _tensors("input", [_tensor(facts.input_name, "TYPE_FP32", facts.pixel_dims)]),
         _tensors(
             "output", [_tensor(facts.output_name, "TYPE_FP32", [facts.num_classes], label), *_patch_tensor(facts)]
         ),
@@ -240,11 +266,13 @@ def _classifier(
 
 def _patch_tensor(facts: ModelFacts) -> list[str]:
     """The inference model's second output, PATCH_TOKENS FP32 [P, D], where the export has it."""
-    return [_tensor(PATCH_TOKENS, "TYPE_FP32", facts.patch_shape)] if facts.patch_shape else []
+    return [_tensor(PATCH_TOKENS, "TYPE_FP32", facts.patch_dims)] if facts.patch_dims else []
 
 
-def _profile_shapes(facts: ModelFacts, batch: int) -> str:
-    return f"{facts.input_name}:{batch}x" + "x".join(str(d) for d in facts.chw)
+def _profile_shapes(facts: ModelFacts, batch: int, side: int | None = None) -> str:
+    """The TensorRT EP's profile shape at ``batch`` (and ``side``, of an export for several sizes; None: the base)."""
+    c, h, w = facts.chw
+    return f"{facts.input_name}:{batch}x{c}x{side or h}x{side or w}"
 
 
 def onnx_config(facts: ModelFacts, settings: Settings) -> str:
@@ -265,9 +293,11 @@ def onnx_config(facts: ModelFacts, settings: Settings) -> str:
             "trt_engine_cache_enable": "1",
             "trt_engine_cache_path": f"{settings.triton.repository_mount.rstrip('/')}/{name}/{TRT_CACHE_DIR}",
             # One engine for the whole batch range, built once (and cached) instead of per new shape.
-            "trt_profile_min_shapes": _profile_shapes(facts, int(facts.batch["min"])),
+            "trt_profile_min_shapes": _profile_shapes(
+                facts, int(facts.batch["min"]), min(facts.image_sizes, default=0)
+            ),
             "trt_profile_opt_shapes": _profile_shapes(facts, int(facts.batch["opt"])),
-            "trt_profile_max_shapes": _profile_shapes(facts, b),
+            "trt_profile_max_shapes": _profile_shapes(facts, b, max(facts.image_sizes, default=0)),
         }
         body = "\n".join(f"        parameters {{ key: {_q(k)} value: {_q(v)} }}" for k, v in params.items())
         accel = (
@@ -378,9 +408,11 @@ def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
     names = model_names(facts.name)
     k = top_k_of(facts, settings)
     what = f"{EMBEDDINGS} [{facts.num_classes}]" if facts.embedding else f"logits and top-{k}"
-    if facts.patch_shape:
-        what += f" and {PATCH_TOKENS} [{', '.join(map(str, facts.patch_shape))}]"
-    outputs = output_tensors(facts.num_classes, k, facts.embedding, facts.patch_shape)
+    if facts.patch_dims:
+        what += f" and {PATCH_TOKENS} [{', '.join(map(str, facts.patch_dims))}]"
+    if facts.image_sizes:
+        what += f" at {', '.join(map(str, facts.image_sizes))} px (parameters.{IMAGE_SIZE_PARAM})"
+    outputs = output_tensors(facts.num_classes, k, facts.embedding, facts.patch_dims)
     return _join(
         _header(names["ensemble"], f"bytes in -> {what} out, over {names[settings.inference]}"),
         f"name: {_q(names['ensemble'])}",
@@ -390,7 +422,11 @@ def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
         _tensors("output", [_tensor(name, CONFIG_TYPES[dtype], dims) for name, dtype, dims in outputs]),
         "ensemble_scheduling {\n  step [\n" + ",\n".join(_ensemble_steps(facts, settings)) + "\n  ]\n}",
         # which export the ensemble answers with, on which backend (protocol.EXPORT_SHA256: validate --url)
-        *_parameters(export_parameters(facts.export_sha256, served_backend(settings)) if facts.export_sha256 else {}),
+        *_parameters(
+            export_parameters(facts.export_sha256, served_backend(settings), facts.image_sizes)
+            if facts.export_sha256
+            else {}
+        ),
     )
 
 
@@ -402,6 +438,7 @@ __all__ = [
     "TRT_CACHE_DIR",
     "PIXELS",
     "PREPROCESS_PARAM",
+    "PREPROCESS_SIZES_PARAM",
     "ModelFacts",
     "Settings",
     "ensemble_config",

@@ -25,8 +25,9 @@ import numpy as np
 from ... import __version__
 from ...base.errors import first_line
 from ..http_errors import MAX_REASON
-from ..protocol import INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES, RequestError, images_from_tensor
-from .config import PREPROCESS_PARAM
+from ..image_sizes import requested_size
+from ..protocol import IMAGE_SIZE_PARAM, INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES, RequestError, images_from_tensor
+from .config import PREPROCESS_PARAM, PREPROCESS_SIZES_PARAM
 
 ARTIFACTS_DIR = "artifacts"  # inside <model>/<version>/ of the ort_python model
 
@@ -71,16 +72,35 @@ class PreprocessModel:
         params = _parameters(args)
         _check_version(params, args.get("model_name", "preprocess"))
         spec = PreprocessSpec.from_dict(json.loads(params[PREPROCESS_PARAM]))
-        self.preprocessor = Preprocessor(spec, max_pixels=int(params.get("max_image_pixels") or 89_478_485))
+        limit = int(params.get("max_image_pixels") or 89_478_485)
+        self.preprocessor = Preprocessor(spec, max_pixels=limit)
+        # an export for several sizes: each listed size's preprocessing, picked by a request's parameters.image_size
+        sized = json.loads(params.get(PREPROCESS_SIZES_PARAM) or "{}")
+        self.at_size = {int(k): Preprocessor(PreprocessSpec.from_dict(v), max_pixels=limit) for k, v in sized.items()}
         self.pool = ThreadPoolExecutor(max(1, int(params.get("decode_threads") or 4)), thread_name_prefix="decode")
 
-    def _decode(self, blob: bytes, name: str) -> np.ndarray | RequestError:
+    def _decode(self, blob: bytes, name: str, preprocessor: Any) -> np.ndarray | RequestError:
         from ..protocol import decode_image
 
         try:
-            return decode_image(blob, self.preprocessor, name)
+            return decode_image(blob, preprocessor, name)
         except RequestError as exc:
             return exc
+
+    def _preprocessor(self, request: Any) -> Any:
+        """The preprocessing a request asks for (its ``parameters.image_size``, which the ensemble passes on):
+        RequestError naming the sizes that work for a size the export does not answer at."""
+        try:
+            params = json.loads(request.parameters() or "{}")
+        except (AttributeError, ValueError):
+            params = {}
+        size = requested_size(params.get(IMAGE_SIZE_PARAM) if isinstance(params, dict) else None)
+        if size is None or size == self.preprocessor.output_shape[-1]:
+            return self.preprocessor
+        if size not in self.at_size:
+            works = ", ".join(map(str, sorted(self.at_size) or [self.preprocessor.output_shape[-1]]))
+            raise RequestError(f"image size {size} is not one this export answers at; sizes that work: {works}")
+        return self.at_size[size]
 
     def execute(self, requests: list[Any]) -> list[Any]:
         pb = _pb()
@@ -89,11 +109,14 @@ class PreprocessModel:
         for request in requests:
             try:
                 images = images_from_tensor(pb.get_input_tensor_by_name(request, INPUT).as_numpy())
+                preprocessor = self._preprocessor(request)
             except RequestError as exc:
                 jobs.append(exc)
                 continue
             names = [INPUT if len(images) == 1 else f"{INPUT}[{i}]" for i in range(len(images))]
-            jobs.append([self.pool.submit(self._decode, blob, name) for blob, name in zip(images, names)])
+            jobs.append(
+                [self.pool.submit(self._decode, blob, name, preprocessor) for blob, name in zip(images, names)]
+            )
         responses = []
         for job in jobs:
             if isinstance(job, RequestError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ... import __version__
-from ..protocol import EMBEDDINGS, PATCH_TOKENS, output_tensors
+from ..protocol import EMBEDDINGS, IMAGE_SIZE_PARAM, PATCH_TOKENS, output_tensors
 from . import config as tc
 from .versions import IMAGE, container_release
 
@@ -17,7 +17,7 @@ def render_readme(
     k = tc.top_k_of(facts, settings)
     b = tc.ensemble_max_batch(facts, settings)
     onnx_file = tc.ONNX_FILES[settings.onnx_precision]
-    tensors = output_tensors(facts.num_classes, k, facts.embedding, facts.patch_shape)
+    tensors = output_tensors(facts.num_classes, k, facts.embedding, facts.patch_dims)
     outputs = ", ".join(f"`{n}` [N, {', '.join(map(str, dims))}]" for n, _, dims in tensors)
     model_rows = {
         names["ensemble"]: f"ensemble: `IMAGES` (BYTES, [N, 1]) -> {outputs}; calls `{names[settings.inference]}`",
@@ -82,6 +82,22 @@ _PATCH_TOKENS_NOTE = (
     f'`httpclient.InferRequestedOutput("{PATCH_TOKENS}", binary_data=True)` for the patch tokens.',
     "",
 )
+
+
+def _sizes_note(facts: tc.ModelFacts) -> list[str]:
+    """How to ask an export for several sizes for one of them (the request parameter)."""
+    if not facts.image_sizes:
+        return []
+    sizes = ", ".join(map(str, facts.image_sizes))
+    return [
+        f"The export answers at {sizes} px (square); without a parameter at {facts.chw[1]}. Ask for another",
+        f"listed size with the request parameter `{IMAGE_SIZE_PARAM}`, which the ensemble passes to its",
+        f'preprocessing: `client.infer(..., parameters={{"{IMAGE_SIZE_PARAM}": {facts.image_sizes[-1]}}})` (HTTP',
+        "and gRPC alike; the same request works against `vitdeploy serve`). Another size is refused (400",
+        "/ INVALID_ARGUMENT) naming the sizes that work.",
+        "",
+    ]
+
 
 #: Triton's API groups a token fences off (all but "health": probes stay open)
 RESTRICTED_APIS = (
@@ -186,6 +202,7 @@ def _scaling_and_calling(facts: tc.ModelFacts, settings: tc.Settings) -> list[st
         "```",
         "",
         *(_PATCH_TOKENS_NOTE if facts.patch_shape else ()),
+        *_sizes_note(facts),
         "The same client works against `vitdeploy serve` (Ray Serve), which speaks the same protocol for the",
         f"same model name. `curl`: `curl localhost:8000/v2/models/{facts.name}` shows the metadata.",
         "",

@@ -152,7 +152,13 @@ def _facts(artifacts: Artifacts, engine_meta: dict[str, Any] | None) -> tc.Model
         embedding=artifacts.schema.is_embedding,
         patch_shape=artifacts.schema.patch_shape,
         export_sha256=artifacts.manifest_sha256,
+        image_sizes=artifacts.image_sizes,
     )
+
+
+def _at_size(artifacts: Artifacts) -> dict[str, Any]:
+    """Each listed size's preprocessing of an export for several sizes ({} for a fixed-size one)."""
+    return {str(size): artifacts.preprocess_at(size).to_dict() for size in artifacts.image_sizes}
 
 
 def _engine_meta(artifacts: Artifacts) -> dict[str, Any] | None:
@@ -202,7 +208,10 @@ def _build(
         models.append(names[role])
         return root / "1"
 
-    pre = model("preprocess", tc.preprocess_config(facts, settings, artifacts.preprocess.to_dict(), __version__))
+    pre = model(
+        "preprocess",
+        tc.preprocess_config(facts, settings, artifacts.preprocess.to_dict(), __version__, _at_size(artifacts)),
+    )
     _write(pre / "model.py", model_py("PreprocessModel", f"{names['preprocess']}: encoded images -> float32 NCHW"))
     if not facts.embedding:
         post = model("postprocess", tc.postprocess_config(facts, settings, __version__), with_labels=True)
@@ -255,7 +264,9 @@ def model_configs(artifacts_dir: str | os.PathLike[str], settings: tc.Settings) 
     settings, facts, engine_meta = _resolved(artifacts, settings)
     names = tc.model_names(facts.name)
     configs = {
-        names["preprocess"]: tc.preprocess_config(facts, settings, artifacts.preprocess.to_dict(), __version__),
+        names["preprocess"]: tc.preprocess_config(
+            facts, settings, artifacts.preprocess.to_dict(), __version__, _at_size(artifacts)
+        ),
         names["onnx"]: tc.onnx_config(facts, settings),
         names["ort_python"]: tc.ort_python_config(facts, settings, __version__),
         names["ensemble"]: tc.ensemble_config(facts, settings),
