@@ -181,16 +181,22 @@ class OrtPythonModel:
     def execute(self, requests: list[Any]) -> list[Any]:
         pb = _pb()
         batches = [pb.get_input_tensor_by_name(r, self.input_name).as_numpy() for r in requests]
-        batch = np.ascontiguousarray(np.concatenate(batches), dtype=np.float32)
-        logits, tokens = self.predictor.predict_outputs(batch, len(self.output_names) > 1)
-        outputs = [logits] if tokens is None else [logits, tokens]
-        responses, start = [], 0
-        for batch in batches:
-            stop = start + len(batch)
-            tensors = [pb.Tensor(name, out[start:stop]) for name, out in zip(self.output_names, outputs)]
-            responses.append(pb.InferenceResponse(output_tensors=tensors))
-            start = stop
-        return responses
+        answers: list[Any] = [None] * len(batches)
+        by_shape: dict[tuple[int, ...], list[int]] = {}
+        for i, b in enumerate(batches):  # an export for several sizes: one model call per size
+            by_shape.setdefault(tuple(b.shape[1:]), []).append(i)
+        for shape, members in by_shape.items():
+            predictor = self.predictor.at_size(shape[-1])  # itself at the base size or a fixed-size export
+            batch = np.ascontiguousarray(np.concatenate([batches[i] for i in members]), dtype=np.float32)
+            logits, tokens = predictor.predict_outputs(batch, len(self.output_names) > 1)
+            outputs = [logits] if tokens is None else [logits, tokens]
+            start = 0
+            for i in members:
+                stop = start + len(batches[i])
+                tensors = [pb.Tensor(name, out[start:stop]) for name, out in zip(self.output_names, outputs)]
+                answers[i] = pb.InferenceResponse(output_tensors=tensors)
+                start = stop
+        return answers
 
     def finalize(self) -> None:
         self.predictor.close()
