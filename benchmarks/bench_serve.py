@@ -155,6 +155,7 @@ class Server:
         metrics_port: int,
         concurrent_batches: int = 2,
         server_threads: int | None = None,
+        stage_timing: bool = True,
     ) -> None:
         self.cfg = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "pipeline.yaml"
         self.cfg.write_text(
@@ -165,7 +166,7 @@ class Server:
             f"num_cpus_per_replica: {threads}, "
             f"decode_threads: {decode_threads}, concurrent_batches: {concurrent_batches}, "
             f"max_ongoing_requests: {max(64, max_batch * concurrent_batches)}, "
-            f"metrics_port: {metrics_port}}}\n"
+            f"stage_timing: {str(stage_timing).lower()}, metrics_port: {metrics_port}}}\n"
         )
         self.url = f"http://127.0.0.1:{port}"
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -378,6 +379,7 @@ def bench_model(label: str, artifacts: Path, args: argparse.Namespace, images: l
         free_port(),
         args.concurrent_batches,
         args.server_threads,
+        args.stage_timing,
     )
     echo = EchoServer(free_port()) if args.bare else None
     try:
@@ -682,6 +684,12 @@ def main() -> None:
         default=None,
         help="runtime.threads of the server (default: unset, the replica splits --threads cores "
         "among its concurrent batches)",
+    )
+    ap.add_argument(
+        "--no-stage-timing",
+        dest="stage_timing",
+        action="store_false",
+        help="serve.stage_timing: false (no Server-Timing header, no stage histograms): the baseline of its cost",
     )
     ap.add_argument(
         "--no-bare",

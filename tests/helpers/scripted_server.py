@@ -5,7 +5,7 @@
 cleared every request waits until the test sets it (a stall the test makes, not one it hopes for);
 ``GET /v2/models/<m>/stats`` counts what it answered in Triton's format. ``requests`` lists each request's
 (path, headers, body length). ``answer(method, path, body) -> (status, JSON document) or None``: what the test
-answers instead (None: the script above).
+answers instead (None: the script above). ``server_timing``: a ``Server-Timing`` value sent with every 200.
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ Answer = Callable[[str, str, bytes], Optional[tuple[int, object]]]
 
 
 class ScriptedServer:
-    def __init__(self, delay_s: float = 0.0, fail_every: int = 0, answer: Answer | None = None) -> None:
+    def __init__(
+        self, delay_s: float = 0.0, fail_every: int = 0, answer: Answer | None = None, server_timing: str | None = None
+    ) -> None:
         self.delay_s, self.fail_every, self.answer = delay_s, fail_every, answer
+        self.server_timing = server_timing
         self.gate = threading.Event()
         self.gate.set()
         self.lock = threading.Lock()
@@ -40,6 +43,8 @@ class ScriptedServer:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
+                if status == 200 and server.server_timing:
+                    self.send_header("Server-Timing", server.server_timing)
                 self.end_headers()
                 self.wfile.write(body)
 

@@ -92,7 +92,8 @@ def test_written_configs_reference_the_token_and_never_hold_it(demo_artifacts, t
 
     monkeypatch.setenv(auth.TOKEN_ENV, TOKEN)
     config, kube = tmp_path / "serve.yaml", tmp_path / "rayservice.yaml"
-    res = run_cli(["serve", "-a", str(demo_artifacts), "--write-config", str(config), "--write-rayservice", str(kube)])
+    both = ["--write-config", str(config), "--write-rayservice", str(kube), "--allow-insecure"]  # HTTPS: test_tls.py
+    res = run_cli(["serve", "-a", str(demo_artifacts), *both])
     assert res.exit_code == 0, res.output
     for path in (config, kube):
         text = path.read_text()
@@ -124,6 +125,7 @@ def test_written_configs_reference_the_token_and_never_hold_it(demo_artifacts, t
             str(config),
             "--write-rayservice",
             str(kube),
+            "--allow-insecure",
         ]
     )
     assert res.exit_code == 0, res.output

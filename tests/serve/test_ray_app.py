@@ -30,7 +30,7 @@ from helpers.held import answered_while_held, held, ray_replica_pids  # noqa: E4
 from helpers.serve_process import ServeProcess, free_port  # noqa: E402
 
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR  # noqa: E402
-from vitdeploy.serve import protocol  # noqa: E402
+from vitdeploy.serve import protocol, stage_timing  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -194,6 +194,31 @@ def test_tritonclient_http_works_against_serve(server, photos, reference):
         client.get_model_metadata("nope")
 
 
+def _stages(response: "httpx.Response") -> dict[str, float]:
+    assert response.status_code == 200, response.text
+    return stage_timing.parse_server_timing(response.headers.get("server-timing"))
+
+
+def test_every_answer_says_where_its_time_went_in_the_replica(server, photos):
+    """Server-Timing on /predict (raw and multipart) and v2 infer: every stage, the batch the model call
+    shared, and stages that account for >= 95% of the replica's time for the request."""
+    blob = photos["coffee.jpg"]
+    body, headers = _v2_request([blob, photos["digit7_0610.png"]])
+    with httpx.Client(timeout=60) as http:
+        answers = {
+            "raw": _post_image(server.url, blob, client=http),
+            "multipart": http.post(f"{server.url}/predict", files=[("images", ("a.jpg", blob))]),
+            "v2": http.post(f"{server.url}/v2/models/{APP}/infer", content=body, headers=headers),
+        }
+    for kind, response in answers.items():
+        split = _stages(response)
+        assert set(split) == {*stage_timing.STAGES, stage_timing.TOTAL, "batch"}, (kind, split)
+        accounted = sum(split[s] for s in stage_timing.STAGES)
+        assert 0.95 * split["total"] <= accounted <= split["total"] + 0.01, (kind, split)
+        assert split["model"] > 0 and split["decode"] > 0 and split["batch"] >= 1, (kind, split)
+        assert split["total"] <= response.elapsed.total_seconds() * 1000, (kind, split)
+
+
 def test_prometheus_metrics_include_the_batch_sizes(server):
     deadline, text = time.time() + 60, ""
     while time.time() < deadline:
@@ -207,6 +232,22 @@ def test_prometheus_metrics_include_the_batch_sizes(server):
     count = [line for line in text.splitlines() if line.startswith("ray_serve_actual_batch_size_count")]
     assert count, "no ray_serve_actual_batch_size in the metrics"
     assert sum(float(line.rsplit(" ", 1)[1]) for line in count) > 0
+
+
+def test_prometheus_metrics_have_a_histogram_per_stage_and_the_batch_per_model_call(server):
+    want = {f'stage="{s}"' for s in (*stage_timing.STAGES, stage_timing.TOTAL)}
+    deadline, lines = time.time() + 60, []
+    while time.time() < deadline:
+        text = httpx.get(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).text
+        lines = [line for line in text.splitlines() if "vitdeploy_" in line and not line.startswith("#")]
+        if all(any(w in line for line in lines) for w in want) and any("batch_size_count" in x for x in lines):
+            break
+        time.sleep(2)
+    stages = [line for line in lines if line.startswith(f"ray_{stage_timing.STAGE_METRIC}_count")]
+    assert {w for w in want if any(w in line for line in stages)} == want, lines[:20]
+    assert all(f'model="{APP}"' in line and 'backend="ort"' in line and "version=" in line for line in stages)
+    batches = [line for line in lines if line.startswith(f"ray_{stage_timing.BATCH_METRIC}_count")]
+    assert batches and sum(float(line.rsplit(" ", 1)[1]) for line in batches) > 0, lines[:20]
 
 
 def test_the_replica_and_proxy_run_at_the_servers_own_priority(server):

@@ -1,9 +1,11 @@
-"""`vitdeploy serve` with a serve token, for real: one Ray Serve (a `vitdeploy serve` subprocess, HTTP and
-gRPC) and real clients (httpx, tritonclient.http and tritonclient.grpc).
+"""`vitdeploy serve` with a serve token over HTTPS, for real: one Ray Serve (a `vitdeploy serve` subprocess,
+HTTPS with a certificate the test makes, and gRPC) and real clients (httpx, curl, tritonclient.http and
+tritonclient.grpc), each verifying the certificate.
 
 Without the token every model route answers 401 ``{"error"}`` with ``WWW-Authenticate: Bearer`` (gRPC:
 UNAUTHENTICATED), with another token 401 too, with the token 200; the health routes answer anyone; the
-token appears in no line the server printed and in no Ray log.
+token and the TLS key appear in no line the server printed and in no Ray log; a plain HTTP request to the
+HTTPS port gets no answer.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ grpcclient = pytest.importorskip(
 )
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient not installed")
 
+from helpers.certs import make_certs  # noqa: E402
 from helpers.serve_process import ServeProcess, free_port  # noqa: E402
 
 from vitdeploy.demo import IMAGES_DIR  # noqa: E402
+from vitdeploy.serve import stage_timing  # noqa: E402
 from vitdeploy.serve.auth import TOKEN_ENV  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -34,20 +38,30 @@ APP = "vit-demo-digits"
 @pytest.fixture(scope="module")
 def server(demo_artifacts, tmp_path_factory):
     import shutil
+    import ssl
     import tempfile
 
     folder = tmp_path_factory.mktemp("auth")
     ray_tmp = Path(tempfile.mkdtemp(prefix="vdauth", dir="/tmp"))  # short: Ray's socket paths have a length limit
     grpc_port = free_port()
+    certs = make_certs(folder)
     cfg = folder / "pipeline.yaml"
     cfg.write_text(
         "runtime: {threads: 1}\n"
         "serve: {max_batch_size: 4, batch_wait_timeout_s: 0.005, decode_threads: 1, num_cpus_per_replica: 1,\n"
-        "        max_ongoing_requests: 8, metrics_port: %d, grpc_port: %d}\n" % (free_port(), grpc_port)
+        "        max_ongoing_requests: 8, metrics_port: %d, grpc_port: %d,\n"
+        "        tls: {certfile: cert.pem, keyfile: key.pem}}\n" % (free_port(), grpc_port)
     )
     proc = ServeProcess(demo_artifacts, cfg, env={TOKEN_ENV: TOKEN, "RAY_TMPDIR": str(ray_tmp)})
     try:
-        yield {"proc": proc, "url": proc.url, "grpc": f"127.0.0.1:{grpc_port}", "ray_tmp": ray_tmp}
+        yield {
+            "proc": proc,
+            "url": f"https://127.0.0.1:{proc.port}",
+            "grpc": f"127.0.0.1:{grpc_port}",
+            "ray_tmp": ray_tmp,
+            "certs": certs,
+            "verify": ssl.create_default_context(cafile=str(certs.ca)),
+        }
     finally:
         proc.stop()
         shutil.rmtree(ray_tmp, ignore_errors=True)
@@ -92,7 +106,7 @@ def _model_routes(image: bytes) -> list[tuple[str, str, bytes, dict[str, str]]]:
 
 
 def test_every_model_route_needs_the_token(server, image):
-    with httpx.Client(base_url=server["url"], timeout=60) as client:
+    with httpx.Client(base_url=server["url"], timeout=60, verify=server["verify"]) as client:
         for method, path, body, headers in _model_routes(image):
             for auth in (None, "Bearer not-the-token-at-all-1234", f"Basic {TOKEN}"):
                 sent = {**headers, **({"authorization": auth} if auth else {})}
@@ -108,7 +122,7 @@ def test_every_model_route_needs_the_token(server, image):
 
 
 def test_the_health_routes_answer_anyone(server):
-    with httpx.Client(base_url=server["url"], timeout=60) as client:
+    with httpx.Client(base_url=server["url"], timeout=60, verify=server["verify"]) as client:
         for path in ("/v2/health/live", "/v2/health/ready", f"/v2/models/{APP}/ready"):
             assert client.get(path).status_code == 200, path
 
@@ -118,8 +132,9 @@ def test_tritonclient_passes_the_token_with_headers(server, image):
 
     headers = {"authorization": f"Bearer {TOKEN}"}  # gRPC metadata keys are lower case
     images = np.array([image], dtype=np.object_)
-    for module, url in ((httpclient, server["url"].removeprefix("http://")), (grpcclient, server["grpc"])):
-        client = module.InferenceServerClient(url)
+    https = {"ssl": True, "ssl_options": {"ca_certs": str(server["certs"].ca)}}
+    for module, url in ((httpclient, server["url"].removeprefix("https://")), (grpcclient, server["grpc"])):
+        client = module.InferenceServerClient(url, **(https if module is httpclient else {}))
         tensor = module.InferInput("IMAGES", [1], "BYTES")
         tensor.set_data_from_numpy(images)
         assert client.is_server_live() and client.is_model_ready(APP)  # health: no token
@@ -138,14 +153,65 @@ def test_tritonclient_passes_the_token_with_headers(server, image):
 
 
 def test_the_token_is_in_no_line_the_server_printed_nor_in_rays_logs(server, image):
-    httpx.post(f"{server['url']}/predict", content=image, headers={"authorization": "Bearer wrong-token-0123456789"})
+    wrong = {"authorization": "Bearer wrong-token-0123456789"}
+    httpx.post(f"{server['url']}/predict", content=image, headers=wrong, verify=server["verify"])
     text = "\n".join(server["proc"].lines)
     assert "needs Authorization: Bearer <token>" in text and TOKEN not in text
+    assert f"ready: {server['url']}" in text
+    key = "".join(server["certs"].key_text.splitlines()[1:-1]).encode()  # the key's base64, without its armour
+    assert key.decode() not in text.replace("\n", "")
     logs = [p for p in server["ray_tmp"].rglob("*") if p.is_file() and p.suffix in (".log", ".out", ".err", ".json")]
     assert logs, "no Ray log found under RAY_TMPDIR"
     for path in logs:
         try:
-            assert TOKEN.encode() not in path.read_bytes(), path
+            data = path.read_bytes()
+            assert TOKEN.encode() not in data and key not in data.replace(b"\n", b""), path
         except OSError:  # a socket or a file Ray removed meanwhile
             continue
     assert os.environ.get(TOKEN_ENV) != TOKEN  # the test process itself never had it
+
+
+def test_https_is_verified_by_curl_and_plain_http_gets_no_answer(server, image):
+    import shutil
+    import subprocess
+
+    if shutil.which("curl"):
+        res = subprocess.run(
+            ["curl", "-sS", "--cacert", str(server["certs"].ca), "-H", f"Authorization: Bearer {TOKEN}"]
+            + ["-H", "Content-Type: image/png", "--data-binary", "@-", f"{server['url']}/predict"],
+            input=image,
+            capture_output=True,
+            timeout=60,
+        )
+        assert res.returncode == 0 and b'"top_k"' in res.stdout, res.stderr
+    with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):  # a client that does not trust it
+        httpx.get(f"{server['url']}/v2/health/ready", timeout=10)
+    plain = server["url"].replace("https://", "http://")
+    try:
+        answer = httpx.post(
+            f"{plain}/predict", content=image, headers={"authorization": f"Bearer {TOKEN}"}, timeout=10
+        )
+    except httpx.HTTPError:
+        return  # the connection closed: nothing useful
+    assert answer.status_code >= 400 and "top_k" not in answer.text, answer.text
+
+
+def test_grpc_answers_carry_server_timing_as_trailing_metadata(server, image):
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name=APP)
+    tensor = request.inputs.add()
+    tensor.name, tensor.datatype = "IMAGES", "BYTES"
+    tensor.shape.append(1)
+    request.raw_input_contents.append(len(image).to_bytes(4, "little") + image)
+    with grpc.insecure_channel(server["grpc"]) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        response, call = stub.ModelInfer.with_call(
+            request, metadata=[("authorization", f"Bearer {TOKEN}")], timeout=60
+        )
+    assert response.outputs
+    trailing = dict(call.trailing_metadata())
+    split = stage_timing.parse_server_timing(trailing.get(stage_timing.GRPC_KEY))
+    assert set(split) == {*stage_timing.STAGES, stage_timing.TOTAL, "batch"}, trailing
+    assert 0.95 * split["total"] <= sum(split[s] for s in stage_timing.STAGES) <= split["total"] + 0.01, split

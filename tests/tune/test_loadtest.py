@@ -82,6 +82,28 @@ def test_a_level_reads_the_servers_statistics_before_and_after_it():
     assert "2 c" in table and "client and server share this machine" in table  # loopback: one machine
 
 
+def test_each_level_shows_the_servers_own_stage_split_from_its_headers():
+    timing = 'read;dur=0.5, decode;dur=2, queue;dur=4, model;dur=3;desc="batch=6", post;dur=0.5, total;dur=10'
+    with ScriptedServer(delay_s=0.02, fail_every=4, server_timing=timing) as server:
+        plan = LoadPlan(
+            Target(server.url, PREDICT), IMAGES, concurrency=(2,), duration_s=None, requests=12, warmup_s=0
+        )
+        report = run_loadtest(plan)
+    stages = report.levels[0].stages
+    assert stages["requests"] == 9  # the answered ones: every fourth was refused, without a header
+    assert stages["queue"] == 4.0 and stages["model"] == 3.0 and stages["batch"] == 6.0 and stages["total"] == 10
+    assert report.to_dict()["levels"][0]["server_timing_ms"]["decode"] == 2.0
+    table = format_loadtest(report)
+    at = table.index("server stage split (Server-Timing, mean ms per answered request):")
+    assert table[at + 1].split() == ["level", "read", "decode", "queue", "model", "post", "total", "batch", "replica"]
+    row = table[at + 2].split()
+    assert row[:9] == ["2", "c", "0.50", "2.00", "4.00", "3.00", "0.50", "10.00", "6.0"]
+    assert row[9].endswith("%") and 0 < int(row[9][:-1]) <= 50  # 10 ms of a >= 20 ms latency
+    with ScriptedServer() as server:  # a server without the header (Triton): no split, no empty table
+        plan = LoadPlan(Target(server.url, PREDICT), IMAGES, concurrency=(1,), duration_s=None, requests=3, warmup_s=0)
+        assert not any("stage split" in line for line in format_loadtest(run_loadtest(plan)))
+
+
 def test_a_client_near_its_limit_is_flagged_in_the_table():
     busy = LevelResult("concurrency", 64, seconds=10.0, client_cpu_s=9.0)
     assert "0.90 cores" in client_limit(busy, cores=16, shared=False)

@@ -320,6 +320,21 @@ class AutoscalingSection(_Section):
         return self
 
 
+class TlsSection(_Section):
+    """HTTPS through Ray Serve's own HTTP options (the proxy's ssl_certfile, ssl_keyfile, ssl_ca_certs)."""
+
+    certfile: str = Field(..., min_length=1, description="PEM certificate (chain) the server presents")
+    keyfile: str = Field(
+        ..., min_length=1, description="PEM private key of certfile, unencrypted; only its path is ever written"
+    )
+    ca_certs: Optional[str] = Field(
+        None,
+        min_length=1,
+        description="PEM CA bundle for client certificates (Ray Serve's ssl_ca_certs; Ray's proxy does not "
+        "require a client certificate)",
+    )
+
+
 class ServeSection(_Section):
     """`vitdeploy serve` (Ray Serve) and the Triton repository: batching, limits, scale."""
 
@@ -341,6 +356,16 @@ class ServeSection(_Section):
             "a file holding the bearer token every model route requires (or set VITDEPLOY_SERVE_TOKEN); the "
             "token itself never goes in this config"
         ),
+    )
+    tls: Optional[TlsSection] = Field(
+        None,
+        description="HTTPS: {certfile: cert.pem, keyfile: key.pem, ca_certs: optional CA bundle for client "
+        "certificates} (PEM paths, through Ray Serve's ssl_* HTTP options; a RayService mounts them from a Secret)",
+    )
+    stage_timing: bool = Field(
+        True,
+        description="a Server-Timing header (gRPC: trailing metadata) on every answer and the per-stage "
+        "histograms on /metrics; false for a benchmark's baseline",
     )
     grpc_port: Optional[int] = Field(
         None,

@@ -759,6 +759,12 @@ def report_cmd(
     help="listen on a non-loopback --host without a serve token (VITDEPLOY_SERVE_TOKEN or serve.token_file)",
 )
 @click.option(
+    "--allow-insecure",
+    is_flag=True,
+    help="send the serve token over plain HTTP (or gRPC) on a non-loopback --host: a TLS-terminating ingress "
+    "is in front (else set serve.tls)",
+)
+@click.option(
     "--name",
     default=None,
     help="the model's name and route /v2/models/<name> (default: serve.name, "
@@ -789,6 +795,7 @@ def serve(
     address: str | None,
     access_log: bool,
     allow_unauthenticated: bool,
+    allow_insecure: bool,
     name: str | None,
     write_config: Path | None,
     write_rayservice: Path | None,
@@ -798,8 +805,9 @@ def serve(
 
     With a token (VITDEPLOY_SERVE_TOKEN, or the file serve.token_file names) every model route needs
     Authorization: Bearer <token>; a non-loopback --host without one is refused unless
-    --allow-unauthenticated."""
+    --allow-unauthenticated; with a token, plain HTTP there is refused unless serve.tls or --allow-insecure."""
     from ..base.config import load_config
+    from ..serve import tls
     from ..serve.auth import digest, read_token
     from ..serve.runner import LOOPBACK, ServeSettings, run_server
 
@@ -813,6 +821,9 @@ def serve(
             f"{where} lets anyone who reaches the port call the model: set VITDEPLOY_SERVE_TOKEN (or "
             f"serve.token_file) to require a token, or pass --allow-unauthenticated"
         )
+    tls.check_files(cfg)
+    where = "the RayService (0.0.0.0)" if write_rayservice and (host or sv.host) in LOOPBACK else None
+    tls.check_transport(cfg, host or sv.host, exposed, token is not None, allow_insecure, where)
     source = artifacts_dir if artifacts_dir and "://" in artifacts_dir else Path(artifacts_dir or cfg.output_dir)
     settings = ServeSettings(
         artifacts=source,

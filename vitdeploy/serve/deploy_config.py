@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import ConfigError
+from . import tls
 
 BUILDER = "vitdeploy.serve.deploy_config:build"
 #: The image of the RayService: one with vitdeploy[serve] installed (a placeholder to replace).
@@ -35,6 +36,7 @@ def app_args(cfg: Any, settings: Any, name: str, secret: bool = False) -> dict[s
     sections = cfg.model_dump(mode="json", include={"runtime", "serve"})
     if secret:
         sections["serve"]["token_file"] = None
+        sections["serve"]["tls"] = None  # the proxy's, from a Secret (serve/tls.py); replicas need none
     return {
         "artifacts": artifacts_uri(settings.artifacts),
         "backend": settings.backend,
@@ -88,6 +90,7 @@ def serve_config(cfg: Any, settings: Any, name: str, host: str | None = None, se
             "host": host or settings.host,
             "port": settings.port,
             "request_timeout_s": sv.request_timeout_s,
+            **tls.http_options(cfg, mounted=secret),
         },
         "logging_config": {"log_level": "WARNING", "enable_access_log": bool(settings.access_log)},
         "applications": [
@@ -121,7 +124,7 @@ def rayservice(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
     import yaml
 
     config = serve_config(cfg, settings, name, host="0.0.0.0", secret=True)
-    return {
+    service = {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
         "metadata": {"name": name.lower().replace("_", "-")},
@@ -151,6 +154,7 @@ def rayservice(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
             },
         },
     }
+    return tls.mount_secret(service, name) if cfg.serve.tls is not None else service
 
 
 def token_secret(name: str) -> str:
@@ -210,7 +214,11 @@ def write_deploy_files(
         text = guard_comment(cfg) + yaml.safe_dump(serve_config(cfg, settings, name), sort_keys=False)
         written.append(write_bytes_atomic(config_path, text.encode()))
     if rayservice_path is not None:
-        text = rayservice_comment(settings, name) + yaml.safe_dump(rayservice(cfg, settings, name), sort_keys=False)
+        text = (
+            rayservice_comment(settings, name)
+            + tls.secret_comment(cfg, name)
+            + yaml.safe_dump(rayservice(cfg, settings, name), sort_keys=False)
+        )
         written.append(write_bytes_atomic(rayservice_path, text.encode()))
     return written
 

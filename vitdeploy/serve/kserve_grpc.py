@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import BodyTooLargeError
-from . import auth, protocol
+from . import auth, protocol, stage_timing
 from .http_errors import status_of
 from .kserve_model import model_config
 
@@ -201,6 +201,7 @@ class KServeGrpcMethods:
     predictor: Any
     sized: Any  # image_sizes.SizedPredictors: one Predictor per size asked
     export: dict  # protocol.export_parameters: which export, which backend
+    timing: Any  # stage_timing.StageMetrics, None when serve.stage_timing is off
 
     async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - the RPC's name
         return _pb().ServerLiveResponse(live=True)
@@ -287,6 +288,7 @@ class KServeGrpcMethods:
 
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
         start, times = time.perf_counter_ns(), {}
+        clock = stage_timing.start(self.spec.stage_timing)
         if not self._allowed(grpc_context):
             return _pb().ModelInferResponse()
         try:
@@ -300,7 +302,9 @@ class KServeGrpcMethods:
             req = protocol.parse_infer_request(body, head, self.spec.max_images_per_request, served)
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
             want = protocol.PATCH_TOKENS in req.outputs
+            stage_timing.lap(clock, "read")
             logits, errors, tokens = await self._classify(list(zip(names, req.images)), times, want, req.image_size)
+            stage_timing.batched(clock, times)
             if errors:
                 raise errors[min(errors)]
         except protocol.RequestError as exc:
@@ -326,6 +330,9 @@ class KServeGrpcMethods:
             times.get("compute_infer", 0),
             end - t_out,
         )
+        value = stage_timing.finish(clock, self.timing)
+        if value is not None and grpc_context is not None:
+            grpc_context.set_trailing_metadata([(stage_timing.GRPC_KEY, value)])
         return response
 
 

@@ -41,7 +41,7 @@ from ..base.errors import (
 )
 from ..runtime.backends import first_line
 from ..runtime.backends.base import BackendOptions
-from . import auth, content_encoding, protocol
+from . import auth, content_encoding, protocol, stage_timing
 from .http_errors import MAX_REASON, error_body, status_of
 from .image_sizes import SizedPredictors, by_shape, requested_size
 from .kserve_grpc import KServeGrpcMethods, register_proto_modules
@@ -73,6 +73,7 @@ class ReplicaSpec:
     num_cpus: float = 1.0
     name: str = ""
     token_digest: Optional[str] = None  # the serve token's SHA-256 (serve/auth.py); None: no token
+    stage_timing: bool = True  # Server-Timing on every answer and the stage histograms (serve.stage_timing)
 
     def threads(self) -> Tuple[int, int]:
         """(ONNX Runtime intra-op threads, decode threads) of one replica: its share of the cores
@@ -182,6 +183,9 @@ class ViTClassifier(KServeGrpcMethods):
         self.sized = SizedPredictors(self.predictor)  # one Predictor per size asked (export.image_sizes)
         self.preprocessor = self.predictor.preprocessor
         self.stats = InferenceStats()  # GET /v2/models/<name>/stats (this replica's requests)
+        self.timing = stage_timing.open_metrics(
+            spec.stage_timing, self.name, getattr(spec, "version", protocol.MODEL_VERSION), self.predictor.backend_name
+        )
         register_proto_modules()  # gRPC requests arrive pickled from Ray's gRPC proxy (serve.grpc_port)
         self._decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="vitdeploy-decode")
         self._infer_pool = ThreadPoolExecutor(spec.concurrent_batches, thread_name_prefix="vitdeploy-infer")
@@ -218,9 +222,9 @@ class ViTClassifier(KServeGrpcMethods):
 
     # ------------------------------------------------------------------ batching
 
-    async def _infer_batch(self, items: list[Tuple[np.ndarray, bool]]) -> list[Tuple[np.ndarray, Any, int]]:
+    async def _infer_batch(self, items: list[Tuple[np.ndarray, bool]]) -> list[Tuple[np.ndarray, Any, Any]]:
         """Images of concurrent requests (one (3, H, W) array per call, with whether its request asked for the
-        patch tokens) -> one (logits row, patch tokens or None, ns of the batch's model call) each
+        patch tokens) -> one (logits row, patch tokens or None, the call's ``stage_timing.ModelCall``) each
         (``self.run_batch``, Ray's ``@serve.batch`` around this method, gathers them). One model call per image
         size in the batch (requests may ask for different sizes: image_sizes.py), never two sizes in one; the
         patch tokens are computed for a call when one of its requests asked for them."""
@@ -236,9 +240,11 @@ class ViTClassifier(KServeGrpcMethods):
             except Exception as exc:
                 self._fault = first_line(exc)  # the backend, not a request: check_health has Ray replace the replica
                 raise
-            took = time.perf_counter_ns() - start
+            call = stage_timing.ModelCall(time.perf_counter_ns() - start, len(group))
+            if self.timing is not None:
+                self.timing.model_call(call.batch)
             for j, i in enumerate(group):
-                out[i] = (logits[j], tokens[j] if items[i][1] else None, took)
+                out[i] = (logits[j], tokens[j] if items[i][1] else None, call)
         return out
 
     async def _decode(self, blob: bytes, name: str, preprocessor: Any) -> np.ndarray:
@@ -272,8 +278,9 @@ class ViTClassifier(KServeGrpcMethods):
         for i, (row, patches, _) in zip(good, rows):
             logits[i], tokens[i] = row, patches
         if times is not None:
-            infer = max((ns for _, _, ns in rows), default=0)
+            infer = max((call.ns for _, _, call in rows), default=0)
             times.update(compute_input=t1 - t0, compute_infer=infer, queue=max(0, time.perf_counter_ns() - t1 - infer))
+            times["batch"] = max((call.batch for _, _, call in rows), default=0)
         return logits, errors, tokens
 
     # ------------------------------------------------------------------ requests
@@ -338,12 +345,15 @@ class ViTClassifier(KServeGrpcMethods):
     async def predict(self, request: Request) -> Response:
         """A raw image body, or multipart with one file per image -> a JSON list, one `predict --json`
         object per image (an unreadable image in a multipart request gets its {"path", "error"})."""
+        clock, times = stage_timing.start(self.spec.stage_timing), {}
         try:
             self._authorize(request)
             size = requested_size(request.query_params.get(protocol.IMAGE_SIZE_PARAM), protocol.IMAGE_SIZE_PARAM)
             blobs = await self._images(request)
             protocol.check_image_count(len(blobs), self.spec.max_images_per_request)
-            logits, errors, _ = await self._classify(blobs, size=size)
+            stage_timing.lap(clock, "read")
+            logits, errors, _ = await self._classify(blobs, times, size=size)
+            stage_timing.batched(clock, times)
         except _ClientGone:
             return Response(status_code=499)
         except RequestError as exc:
@@ -357,7 +367,14 @@ class ViTClassifier(KServeGrpcMethods):
             {"path": name, **by_index[i].to_dict()} if i in by_index else protocol.error_record(name, errors[i])
             for i, (name, _) in enumerate(blobs)
         ]
-        return JSONResponse(records)
+        return self._timed(JSONResponse(records), clock)
+
+    def _timed(self, response: Response, clock: Optional[stage_timing.StageClock]) -> Response:
+        """``response`` with the request's ``Server-Timing`` (its last lap taken, its histograms observed)."""
+        value = stage_timing.finish(clock, self.timing)
+        if value is not None:
+            response.headers[stage_timing.HEADER] = value
+        return response
 
     # ------------------------------------------------------------------ KServe v2 / Triton protocol
     # The application's route prefix is /v2/models/<name>: the routes below are relative to it. The
@@ -442,6 +459,7 @@ class ViTClassifier(KServeGrpcMethods):
         in ``outputs``); any bad image fails the
         request (400, one line)."""
         start, times = time.perf_counter_ns(), {}
+        clock = stage_timing.start(self.spec.stage_timing)
         try:
             self._authorize(request)
             self._known(version)
@@ -454,7 +472,9 @@ class ViTClassifier(KServeGrpcMethods):
             )
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
             want = protocol.PATCH_TOKENS in req.outputs
+            stage_timing.lap(clock, "read")
             logits, errors, tokens = await self._classify(list(zip(names, req.images)), times, want, req.image_size)
+            stage_timing.batched(clock, times)
             if errors:
                 raise errors[min(errors)]
         except _ClientGone:
@@ -482,7 +502,7 @@ class ViTClassifier(KServeGrpcMethods):
             end - t_out,
         )
         media = headers.pop("Content-Type")
-        return Response(out, media_type=media, headers=headers)
+        return self._timed(Response(out, media_type=media, headers=headers), clock)
 
 
 def deployment_options(sv: Any, replicas: int) -> Dict[str, Any]:

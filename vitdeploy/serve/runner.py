@@ -22,6 +22,7 @@ from typing import Any, Callable
 from ..base._deps import require
 from ..base.errors import BackendError
 from ..runtime.backends import first_line
+from . import tls
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,7 @@ def replica_spec(cfg: Any, settings: ServeSettings, options: Any, source: Any = 
         max_images_per_request=sv.max_images_per_request,
         max_request_bytes=int(sv.max_request_mb * 1024 * 1024),
         token_digest=settings.token_digest,
+        stage_timing=sv.stage_timing,
     )
 
 
@@ -131,7 +133,7 @@ def run_server(
         if stop.is_set():
             return
         _deploy(ray, cfg, settings, options, name, artifacts, progress)
-        url = f"http://{settings.host}:{settings.port}"
+        url = f"{tls.scheme(cfg)}://{settings.host}:{settings.port}"
         progress(f"ready: {url}  (model {name!r}: POST {url}/predict, KServe v2 at {url}{route_prefix(name)}/infer)")
         if cfg.serve.grpc_port is not None:
             progress(f"gRPC:  {settings.host}:{cfg.serve.grpc_port} (KServe v2, tritonclient.grpc)")
@@ -223,7 +225,12 @@ def _deploy(
     if not log.isEnabledFor(logging.INFO):  # Ray Serve's own INFO lines repeat what progress() says
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
     serve.start(
-        http_options={"host": settings.host, "port": settings.port, "request_timeout_s": sv.request_timeout_s},
+        http_options={
+            "host": settings.host,
+            "port": settings.port,
+            "request_timeout_s": sv.request_timeout_s,
+            **tls.http_options(cfg),
+        },
         **_grpc_options(sv.grpc_port),
         logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log},
     )

@@ -25,6 +25,8 @@ from ..base._deps import require
 from ..base.errors import ConfigError, first_line
 from ..serve.outputs import EMBEDDINGS
 from ..serve.protocol import HEADER_LENGTH, INPUT, TOPK_LABELS, TOPK_SCORES, deserialize_bytes, serialize_bytes
+from ..serve.stage_timing import HEADER as SERVER_TIMING
+from ..serve.stage_timing import parse_server_timing
 
 PREDICT, V2_HTTP, V2_GRPC = "predict", "v2-http", "v2-grpc"
 PROTOCOLS = (PREDICT, V2_HTTP, V2_GRPC)
@@ -86,7 +88,10 @@ class Client(Protocol):
 
 class HttpClient:
     """``predict`` or ``v2-http`` over one keep-alive connection (the standard library's: the load generator
-    often shares the cores with the server, so it should cost as little CPU as a real client can)."""
+    often shares the cores with the server, so it should cost as little CPU as a real client can).
+    ``server_timing``: the last answer's ``Server-Timing`` as {stage: ms} ({} when it had none)."""
+
+    server_timing: dict[str, float] = {}
 
     def __init__(self, target: Target) -> None:
         parts = urlsplit(target.url)
@@ -108,6 +113,7 @@ class HttpClient:
     def _exchange(self, image: bytes) -> tuple[str, bytes, Any]:
         """(status, body, response headers) of one request; ``CONNECTION_ERROR`` with the reason as the body."""
         body, headers = self._request(image)
+        self.server_timing = {}
         try:
             self.conn.request("POST", self.path, body=body, headers=headers)
             response = self.conn.getresponse()
@@ -115,6 +121,7 @@ class HttpClient:
         except (OSError, http.client.HTTPException) as exc:
             self.conn.close()  # the next request opens a new connection
             return CONNECTION_ERROR, first_line(exc).encode(), {}
+        self.server_timing = parse_server_timing(response.headers.get(SERVER_TIMING))
         return str(response.status), answer, response.headers
 
     def send(self, image: bytes) -> tuple[str, str]:

@@ -41,6 +41,8 @@ class LevelResult:
     client_cpu_s: float = 0.0
     backlog_max: int = 0  # open loop: most requests due but not yet sent at once
     server: Optional[dict] = None  # server_stats.delta over the level, where the server exposes it
+    #: the server's own split of the answered requests (Server-Timing): mean ms per stage and ``requests``
+    stages: dict = field(default_factory=dict)
 
     @property
     def sent(self) -> int:
@@ -87,6 +89,8 @@ class LevelResult:
             out["backlog_max"] = self.backlog_max
         if self.server is not None:
             out["server"] = self.server
+        if self.stages:
+            out["server_timing_ms"] = {k: round(v, 3) for k, v in self.stages.items()}
         return out
 
 
@@ -96,12 +100,18 @@ class _Recorder:
         self.latencies: list[float] = []
         self.statuses: Counter = Counter()
         self.examples: dict[str, str] = {}
+        self.stage_sums: dict[str, float] = {}
+        self.timed = 0
 
-    def add(self, status: str, example: str, latency_ms: float) -> None:
+    def add(self, status: str, example: str, latency_ms: float, timing: Optional[dict] = None) -> None:
         with self.lock:
             self.statuses[status] += 1
             if status in OK:
                 self.latencies.append(latency_ms)
+                if timing:  # the server's Server-Timing of this answer
+                    self.timed += 1
+                    for stage, ms in timing.items():
+                        self.stage_sums[stage] = self.stage_sums.get(stage, 0.0) + ms
             elif example and status not in self.examples:
                 self.examples[status] = example
 
@@ -111,7 +121,11 @@ class _Recorder:
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         for c in conns:
             c.close()
-        return LevelResult(mode, level, wall, self.latencies, self.statuses, self.examples, cpu)
+        result = LevelResult(mode, level, wall, self.latencies, self.statuses, self.examples, cpu)
+        if self.timed:
+            result.stages = {k: v / self.timed for k, v in self.stage_sums.items()}
+            result.stages["requests"] = self.timed
+        return result
 
 
 class _Stop:
@@ -152,7 +166,7 @@ def closed_loop(
         while stop.take():
             t0 = time.perf_counter()
             status, example = conns[k].send(images[i % len(images)])
-            rec.add(status, example, (time.perf_counter() - t0) * 1000.0)
+            rec.add(status, example, (time.perf_counter() - t0) * 1000.0, getattr(conns[k], "server_timing", None))
             i += clients
 
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -201,7 +215,7 @@ def open_loop(
                 return
             i, due_at = item
             status, example = conns[k].send(images[i % len(images)])
-            rec.add(status, example, (time.perf_counter() - due_at) * 1000.0)
+            rec.add(status, example, (time.perf_counter() - due_at) * 1000.0, getattr(conns[k], "server_timing", None))
 
     threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(connections)]
     for t in threads:

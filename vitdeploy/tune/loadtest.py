@@ -21,6 +21,7 @@ from typing import Callable, Optional, Sequence
 
 from ..base.errors import ConfigError
 from ..evaluate.reliability import usable_cores
+from ..serve.stage_timing import STAGES, TOTAL
 from . import server_stats
 from .clients import Target, open_client
 from .loadgen import LevelResult, closed_loop, open_loop
@@ -160,6 +161,7 @@ def format_loadtest(report: LoadReport) -> list[str]:
             f"{r.percentile(99):>8.1f} {r.percentile(100):>8.1f} {sum(r.errors.values()):>7} "
             f"{r.client_cores:>6.2f}{' *' if i in report.flags else '  '} {server}"
         )
+    lines += format_stage_split(report.levels)
     for i, r in enumerate(report.levels):
         for status, n in r.errors.items():
             example = r.examples.get(status, "")
@@ -173,6 +175,28 @@ def format_loadtest(report: LoadReport) -> list[str]:
         )
     if any(r.mode == "rate" for r in report.levels):
         lines.append("open loop: each latency runs from when the request was due, so a server's queue shows in it")
+    return lines
+
+
+def format_stage_split(levels: Sequence[LevelResult]) -> list[str]:
+    """The server's own split of each level's answered requests (its Server-Timing headers): mean ms per stage,
+    the batch the model call shared, and how much of the client's mean latency the replica accounts for (the
+    rest: network, the HTTP proxy, Ray's routing). [] when no answer carried the header (gRPC, Triton)."""
+    if not any(r.stages for r in levels):
+        return []
+    names = (*STAGES, TOTAL)
+    head = f"{'level':>10} " + " ".join(f"{n:>7}" for n in names) + f" {'batch':>6} {'replica':>8}"
+    lines = ["server stage split (Server-Timing, mean ms per answered request):", head]
+    for r in levels:
+        name = f"{r.level:g}" + ("/s" if r.mode == "rate" else " c")
+        if not r.stages:
+            lines.append(f"{name:>10} -")
+            continue
+        client = sum(r.latencies_ms) / len(r.latencies_ms) if r.latencies_ms else 0.0
+        share = f"{100 * r.stages.get(TOTAL, 0.0) / client:.0f}%" if client > 0 else "-"
+        cells = " ".join(f"{r.stages.get(n, 0.0):>7.2f}" for n in names)
+        lines.append(f"{name:>10} {cells} {r.stages.get('batch', 0.0):>6.1f} {share:>8}")
+    lines.append("  replica: the replica's total as a share of the client's mean latency (the rest: network, proxy)")
     return lines
 
 
@@ -222,6 +246,7 @@ __all__ = [
     "LoadReport",
     "run_loadtest",
     "format_loadtest",
+    "format_stage_split",
     "client_limit",
     "is_local",
     "load_images",
