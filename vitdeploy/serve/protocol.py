@@ -380,9 +380,10 @@ def encode_infer_response(
     labels: Sequence[str],
     k: int = DEFAULT_TOP_K,
     embedding: bool = False,
+    version: str = MODEL_VERSION,
 ) -> tuple[bytes, dict[str, str]]:
     """The v2 response body and its extra headers for ``logits`` (N, C) of ``request``'s images (with
-    ``embedding``: the (N, D) vectors, answered as EMBEDDINGS).
+    ``embedding``: the (N, D) vectors, answered as EMBEDDINGS; ``version``: the model's version that answers).
 
     Outputs the request asked for (all by default), JSON or binary as asked; with any
     binary output the body is the JSON header followed by the binary tensors and the headers
@@ -402,7 +403,7 @@ def encode_infer_response(
         else:
             entry["data"] = [float(v) for v in arr.ravel()]
         outputs.append(entry)
-    doc: dict[str, Any] = {"model_name": model, "model_version": MODEL_VERSION, "outputs": outputs}
+    doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outputs}
     if request.id is not None:
         doc["id"] = request.id
     head = json.dumps(doc, separators=(",", ":")).encode("utf-8")

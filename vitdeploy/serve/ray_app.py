@@ -45,6 +45,8 @@ from . import auth, content_encoding, protocol
 from .http_errors import MAX_REASON, error_body, status_of
 from .kserve_grpc import KServeGrpcMethods, register_proto_modules
 from .kserve_model import InferenceStats, model_config
+from .rollout_state import VERSIONS_HEADER, parse_versions
+from .shadow import ShadowMixin
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +74,7 @@ class ReplicaSpec:
     num_cpus: float = 1.0
     name: str = ""
     token_digest: Optional[str] = None  # the serve token's SHA-256 (serve/auth.py); None: no token
+    version: str = protocol.MODEL_VERSION  # the model's version this deployment is (`vitdeploy rollout`: 2, 3...)
 
     def threads(self) -> Tuple[int, int]:
         """(ONNX Runtime intra-op threads, decode threads) of one replica: its share of the cores
@@ -152,9 +155,10 @@ def open_artifacts(source: Any) -> Any:
 
 @serve.deployment(name="ViTClassifier")
 @serve.ingress(api)
-class ViTClassifier(KServeGrpcMethods):
+class ViTClassifier(KServeGrpcMethods, ShadowMixin):
     """One replica: a Predictor, a decoding thread pool and the batched model call; the KServe v2
-    gRPC methods (``ModelInfer``...) come from :class:`KServeGrpcMethods` (Ray Serve's gRPC proxy)."""
+    gRPC methods (``ModelInfer``...) come from :class:`KServeGrpcMethods` (Ray Serve's gRPC proxy), the copies
+    of a rollout's shadow traffic from :class:`ShadowMixin` (serve/shadow.py)."""
 
     def __init__(self, spec: ReplicaSpec) -> None:
         from ..runtime.predictor import Predictor
@@ -168,6 +172,8 @@ class ViTClassifier(KServeGrpcMethods):
             max_pixels=spec.max_pixels,
         )
         self.name = spec.name or protocol.model_name(self.predictor.artifacts.name)
+        self.version = spec.version
+        self._init_shadow()
         self._fault: Optional[str] = None
         # One warm-up call: the first request does not pay for the backend's lazy set-up, and C is known.
         warm = self.predictor.predict_logits(np.zeros((1, *self.predictor.input_shape), np.float32))
@@ -319,11 +325,13 @@ class ViTClassifier(KServeGrpcMethods):
             self._authorize(request)
             blobs = await self._images(request)
             protocol.check_image_count(len(blobs), self.spec.max_images_per_request)
+            start = time.perf_counter_ns()
             logits, errors = await self._classify(blobs)
         except _ClientGone:
             return Response(status_code=499)
         except RequestError as exc:
             return _error(exc)
+        self.copy_to_candidate(request.headers, [b for _, b in blobs], logits, time.perf_counter_ns() - start)
         if len(errors) == len(blobs):
             return _error(errors[0])
         good = [i for i, row in enumerate(logits) if row is not None]
@@ -348,8 +356,8 @@ class ViTClassifier(KServeGrpcMethods):
         """NotFoundError for another version (or, on gRPC, where the model is named, another model)."""
         if model is not None and model != self.name:
             raise NotFoundError(f"unknown model {model!r}; this application serves {self.name!r}")
-        if version not in (None, "", protocol.MODEL_VERSION):
-            raise NotFoundError(f"model {self.name!r} has no version {version!r} (versions: {protocol.MODEL_VERSION})")
+        if version not in (None, "", self.version):
+            raise NotFoundError(f"model {self.name!r} has no version {version!r} here (this is v{self.version})")
 
     @api.get("/")
     @api.get("/versions/{version}")
@@ -362,6 +370,7 @@ class ViTClassifier(KServeGrpcMethods):
         meta = protocol.model_metadata(
             self.name, self.num_classes, self.top_k, "ray_serve", self.predictor.is_embedding
         )
+        meta["versions"] = parse_versions(request.headers.get(VERSIONS_HEADER), self.version)  # the guard's list
         return JSONResponse(meta)
 
     @api.get("/config")
@@ -383,7 +392,7 @@ class ViTClassifier(KServeGrpcMethods):
             self._known(version)
         except RequestError as exc:
             return _error(exc)
-        return JSONResponse(self.stats.to_json(self.name))
+        return JSONResponse(self.stats.to_json(self.name, self.version))
 
     @api.get("/ready")
     @api.get("/versions/{version}/ready")
@@ -412,17 +421,20 @@ class ViTClassifier(KServeGrpcMethods):
                 protocol.served_outputs(self.predictor.is_embedding),
             )
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
+            t_classify = time.perf_counter_ns()
             logits, errors = await self._classify(list(zip(names, req.images)), times)
             if errors:
                 raise errors[min(errors)]
+            self.copy_to_candidate(request.headers, req.images, logits, time.perf_counter_ns() - t_classify)
         except _ClientGone:
             return Response(status_code=499)
         except RequestError as exc:
             self.stats.failure(time.perf_counter_ns() - start)
             return _error(exc)
         t_out = time.perf_counter_ns()
+        labels, embedding = self.predictor.labels, self.predictor.is_embedding
         out, headers = protocol.encode_infer_response(
-            self.name, req, np.stack(logits), self.predictor.labels, self.top_k, self.predictor.is_embedding
+            self.name, req, np.stack(logits), labels, self.top_k, embedding, self.version
         )
         end = time.perf_counter_ns()
         self.stats.success(
