@@ -134,10 +134,8 @@ async def routed_context(request: Any, context: Any) -> Any:
     (``model_version``), else to the live one, as the HTTP guard routes a path. Otherwise ``context`` as it is."""
     from .proxy_guard import ROUTING
 
-    if any(key == "application" for key, _ in context.invocation_metadata() or ()):
-        return context
     table = await ROUTING.table()
-    if not table:
+    if not table or any(key == "application" for key, _ in context.invocation_metadata() or ()):
         return context
     model = getattr(request, "model_name", "") or getattr(request, "name", "")
     if not model and len(table) == 1:  # a server-level call (ServerLive...) of a server of one model

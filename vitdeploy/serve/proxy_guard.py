@@ -41,7 +41,7 @@ from ..base.errors import (
 )
 from . import auth
 from .http_errors import MAX_REASON, error_body, status_of
-from .rollout_state import HEADER_PREFIX, ROUTING_TTL_S, VERSIONS, registry_actor, routed
+from .rollout_state import HEADER_PREFIX, ROUTING_TTL_S, registry_actor, routed
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +138,10 @@ _REGISTRY: list[Any] = []  # the registry's actor handle, once found (this proce
 
 async def _read_registry() -> dict[str, Any] | None:
     """The registry's routing table; None when no rollout ever ran on this cluster (no registry)."""
+    import ray
+
+    if not ray.is_initialized():  # not inside Ray's proxy (a test of the guard alone): no rollout
+        return None
     if not _REGISTRY:
         found = await asyncio.get_running_loop().run_in_executor(None, registry_actor)
         if found is None:
@@ -275,13 +279,11 @@ class ProxyGuard:
         if model is None:
             return scope
         headers = [(k, v) for k, v in scope.get("headers") or [] if not k.lower().startswith(_OURS)]
-        routes = await self.routes()
-        entry = None
-        if any(VERSIONS in route for route in routes):  # a rollout put a version beside the first one
-            entry = (await self.rollout.table()).get(model)
+        entry = (await self.rollout.table()).get(model)  # a rollout put a version beside the first one
         path, extra = routed(path, scope.get("method", "GET"), model, entry)
         stripped = path.rstrip("/")
-        if stripped == MODELS_PREFIX + model or stripped in routes:  # the metadata route is the app's root, "/"
+        # a version's metadata route is its application's root, "/"
+        if stripped == MODELS_PREFIX + model or (entry and stripped in await self.routes()):
             path = stripped + "/"
         headers += [(k.encode(), v.encode()) for k, v in extra]
         return {**scope, "path": path, "raw_path": path.encode(), "headers": headers}

@@ -8,8 +8,8 @@ the registry's: :class:`RolloutRegistry`, one named detached Ray actor (:data:`R
 :data:`NAMESPACE`, no CPU) that `vitdeploy rollout` creates; it also keeps each rollout's history and the
 candidates' packed exports (it owns them in Ray's object store, so they outlive the rollout's process).
 
-The proxy's guard reads the registry's :meth:`~RolloutRegistry.routing` (cached :data:`ROUTING_TTL_S`, and only
-once a versioned route exists) and :func:`routed` rewrites an unversioned path to the live version's route; it
+The proxy's guard reads the registry's :meth:`~RolloutRegistry.routing` (cached :data:`ROUTING_TTL_S`; a cluster
+where no rollout ran has no registry) and :func:`routed` rewrites an unversioned path to the live version's route; it
 tells the replicas per request, in headers, which versions exist (:data:`VERSIONS_HEADER`) and where a copy
 of the request goes (:data:`SHADOW_HEADER`), so a replica never polls anything. Headers a client sends under
 :data:`HEADER_PREFIX` are dropped by the guard.

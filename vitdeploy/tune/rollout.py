@@ -127,7 +127,7 @@ def connect(address: Optional[str]) -> Any:
     if not log.isEnabledFor(logging.INFO):  # Ray Serve's own INFO lines repeat what progress() says
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
     try:
-        ray.init(address=address, logging_level=logging.WARNING)
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)  # the server shows them
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise BackendError(f"cannot join the Ray cluster at {address}: {first_line(exc)}; check --address") from None
     return ray
@@ -157,6 +157,7 @@ class _Rollout:
         self.registry = registry_actor(create=True)
         self.kind = EMBEDDING if artifacts.schema.is_embedding else LOGITS
         self.version = self.live = 0
+        self.known = False
         self.notes: list[str] = []
         self.started = time.time()
 
@@ -219,6 +220,7 @@ class _Rollout:
         live_sha = served_sha(self.server.metadata)
         backend = self.plan.backend
         candidate = {"sha": self.sha, "backend": backend, "export": str(self.artifacts.directory)}
+        self.known = self.model in self.call("routing")  # the proxies route this model's versions already
         began = self.call("begin", self.model, running, candidate)
         self.version, self.live = int(began["version"]), int(began["live"])
         if live_sha:
@@ -271,6 +273,9 @@ class _Rollout:
         if note:
             self.notes.append(f"v{self.version} ran with 1 replica, {cpus:g} CPU, {threads} thread(s): {note}")
         application = build_app(spec, served.serve, 1, version=self.sha[:16])
+        if not self.known:  # every proxy reads the registry, which now lists the model, before a second
+            # application of it appears: Ray's gRPC proxy cannot choose between two (serve/kserve_grpc.py does)
+            time.sleep(2 * ROUTING_TTL_S)
         start_version(application, app, route, self.plan.start_timeout_s)
         self.call("ready", self.model, self.version)
         wait_reachable(self.server, route, REACHABLE_S)
