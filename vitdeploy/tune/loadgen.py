@@ -41,6 +41,9 @@ class LevelResult:
     client_cpu_s: float = 0.0
     backlog_max: int = 0  # open loop: most requests due but not yet sent at once
     server: Optional[dict] = None  # server_stats.delta over the level, where the server exposes it
+    #: (time.time() it was answered, latency ms) of each answered request, in order: a window of the level (a
+    #: rollout's swap, benchmarks/bench_rollout.py) is judged on the requests answered inside it
+    timeline: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def sent(self) -> int:
@@ -96,12 +99,14 @@ class _Recorder:
         self.latencies: list[float] = []
         self.statuses: Counter = Counter()
         self.examples: dict[str, str] = {}
+        self.timeline: list[tuple[float, float]] = []
 
     def add(self, status: str, example: str, latency_ms: float) -> None:
         with self.lock:
             self.statuses[status] += 1
             if status in OK:
                 self.latencies.append(latency_ms)
+                self.timeline.append((time.time(), latency_ms))
             elif example and status not in self.examples:
                 self.examples[status] = example
 
@@ -111,7 +116,9 @@ class _Recorder:
         wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
         for c in conns:
             c.close()
-        return LevelResult(mode, level, wall, self.latencies, self.statuses, self.examples, cpu)
+        result = LevelResult(mode, level, wall, self.latencies, self.statuses, self.examples, cpu)
+        result.timeline = self.timeline
+        return result
 
 
 class _Stop:
