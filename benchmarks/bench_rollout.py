@@ -41,6 +41,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vitdeploy.base.machine import cpu_model  # noqa: E402
 
+# a private Ray on loopback: the server and this process agree on its authentication, whatever token another
+# Ray left in ~/.ray on this machine (as the tests do)
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 DEFAULT_CACHE = Path(os.environ.get("VITDEPLOY_BENCH_CACHE", "/tmp/vitdeploy-bench"))
 NAME = "vit-demo-digits"
 
@@ -175,7 +178,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             swap = p99(level.timeline, *result.window)
             shadow = p99(level.timeline, marks.get("shadowing", 0), marks.get("promoting", marks.get("rolling", 0)))
+            start = marks.get("shadowing", result.window[0])
+            by_second = [
+                (round(t - result.window[0], 1), *p99(level.timeline, t, t + 0.5))
+                for t in np.arange(start - 1.0, result.window[1] + 3.0, 0.5)
+            ]
             out[name] = {
+                "p99_by_half_second": [(t, round(ms, 1), n) for t, ms, n in by_second],
                 "verdict": result.verdict,
                 "line": result.line(),
                 "swap_s": round(result.window[1] - result.window[0], 2),

@@ -116,6 +116,8 @@ def connect(address: Optional[str]) -> Any:
     """This process on the server's Ray (already connected: as it is)."""
     ray = require("ray", "vitdeploy rollout (pip install 'vitdeploy[serve]')")
     require("ray.serve", "vitdeploy rollout (pip install 'vitdeploy[serve]')")
+    if not log.isEnabledFor(logging.INFO):  # Ray Serve's own INFO lines repeat what progress() says
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
     if ray.is_initialized():
         return ray
     address = address or os.environ.get("RAY_ADDRESS")
@@ -124,8 +126,6 @@ def connect(address: Optional[str]) -> Any:
             "--address: the server's Ray cluster is needed (the address in the `Ray at ...` line `vitdeploy serve` "
             "printed, or RAY_ADDRESS)"
         )
-    if not log.isEnabledFor(logging.INFO):  # Ray Serve's own INFO lines repeat what progress() says
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)  # the server shows them
     except (ConnectionError, RuntimeError, ValueError) as exc:
