@@ -31,8 +31,16 @@ class Answer:
 
 class CountedLoad:
     def __init__(
-        self, url: str, model: str, images: list[bytes], grpc: Optional[str] = None, clients: int = 2, token=None
+        self,
+        url: str,
+        model: str,
+        images: list[bytes],
+        grpc: Optional[str] = None,
+        clients: int = 2,
+        token: Optional[str] = None,
+        pause_s: float = 0.01,
     ) -> None:
+        self.pause_s = pause_s
         self.url, self.model, self.images, self.grpc = url, model, images, grpc
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.answers: list[Answer] = []
@@ -52,6 +60,7 @@ class CountedLoad:
         while not self._stop.is_set():
             yield i % len(self.images)
             i += 1
+            time.sleep(self.pause_s)  # a steady load, not a flood: the suite shares the cores
 
     def _predict(self, k: int) -> None:
         with httpx.Client(timeout=120) as client:
