@@ -318,6 +318,9 @@ class _Rollout:
         from ..serve.candidate import remove_version, replica_count
 
         replicas = replica_count(version_app(self.model, self.live))
+        # the guards stop tagging copies at their next refresh and the copies sent finish: the swap does not
+        # run on cores the shadow still takes
+        time.sleep(ROUTING_TTL_S + 0.5)
         start = time.time()
         self.call("promote", self.model, self.version)
         self.progress(f"promoting v{self.version}: unversioned requests move to it; v{self.live} drains ...")
