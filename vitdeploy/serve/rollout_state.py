@@ -236,8 +236,9 @@ class RolloutRegistry:
         shadowing = shadow is not None and self._clock() < shadow["until"]
         return {"count": rollout["count"], "errors": rollout["errors"], "shadowing": shadowing}
 
-    def samples(self, model: str) -> list[dict[str, Any]]:
-        return list(self._samples.get(model, []))
+    def samples(self, model: str, start: int = 0) -> list[dict[str, Any]]:
+        """The shadow copies' outcomes from the ``start``-th on (a rollout reads them as they come)."""
+        return list(self._samples.get(model, [])[start:])
 
     def stop_shadow(self, model: str) -> None:
         rollout = self._rollout(model)

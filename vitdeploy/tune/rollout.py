@@ -45,6 +45,7 @@ PROMOTED, ROLLED_BACK = "promoted", "rolled back"
 POLL_S = 0.2
 REACHABLE_S = 30.0  # for the proxies' route tables to list a version that runs
 REMOVE_EXTRA_S = 30.0  # beyond serve.graceful_shutdown_timeout_s, for a version to be gone
+MAX_SHADOWED = 10_000  # a shadow given as a time copies every request for that long, at most this many
 
 
 @dataclass(frozen=True)
@@ -282,7 +283,7 @@ class _Rollout:
         self.progress(f"v{self.version} answers at {self.server.url}{route}/...")
 
     def shadow(self) -> ShadowVerdict:
-        budget = self.plan.shadow_requests or 10**9
+        budget = self.plan.shadow_requests or MAX_SHADOWED
         seconds = self.plan.shadow_seconds or self.plan.timeout_s
         timeout = float(self.cfg.serve.request_timeout_s)
         self.call("start_shadow", self.model, budget, timeout, seconds)
@@ -295,7 +296,7 @@ class _Rollout:
         while True:
             progress = self.call("progress", self.model)
             if progress["count"] > len(samples):
-                samples = self.call("samples", self.model)
+                samples += self.call("samples", self.model, len(samples))
             if thresholds is None and any(s.get("backend") for s in samples):
                 thresholds = self._thresholds(samples)
             timed_out = time.monotonic() > deadline
