@@ -196,8 +196,14 @@ def test_a_reexport_is_shadowed_then_promoted_without_a_failed_request(server, t
 def test_another_model_is_never_answered_to_a_client_and_is_rolled_back(server, tiny_artifacts, images, expected):
     live = _live_pids(f"{MODEL}@v2")
     export = _copy(tiny_artifacts(seed=1), server["folder"] / "another")
-    (result, lines), answers = _under_load(server, images, lambda: _rollout(server, export, shadow_requests=200))
+    # it asks for more CPU than the machine has: it starts with what is free beside the live replica, and says so
+    more = {"num_cpus_per_replica": 1000}
+    (result, lines), answers = _under_load(
+        server, images, lambda: _rollout(server, export, serve=more, shadow_requests=200)
+    )
     assert result.verdict == ROLLED_BACK, result.line()
+    said = [line for line in lines if line.startswith("starting")]
+    assert "free beside the live replicas" in said[0] and "1000 asked" in said[0] and "1 thread(s)" in said[0], said
     assert result.figures["requests"] < 200, "not rolled back before its shadow budget was spent"
     assert "top1_agreement" in result.reason or "max_abs_diff" in result.reason, result.reason
     assert result.line().endswith("v2 kept serving, never stopped")

@@ -24,6 +24,7 @@ The history entry (version, export sha, verdict, reason, figures) is kept by the
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -264,7 +265,9 @@ class _Rollout:
         )
         bundle = pack(self.artifacts, shipped_roles(self.plan.backend, self.artifacts))
         (ref,) = self.call("keep", app, bundle)
-        spec = replace(replica_spec(served, settings, self.options, ref, self.model), version=str(self.version))
+        # less CPU than asked: its threads follow what it got, whatever runtime.threads says
+        options = replace(self.options, threads=max(1, math.ceil(cpus))) if note else self.options
+        spec = replace(replica_spec(served, settings, options, ref, self.model), version=str(self.version))
         threads = spec.threads()[0]
         said = f" ({note})" if note else ""
         self.progress(
