@@ -29,6 +29,9 @@ def test_a_closed_loop_counts_every_request_and_times_what_the_server_took():
     assert len(result.latencies_ms) == 32 and result.percentile(50) >= 20.0  # the server's 20 ms, at least
     assert result.throughput == pytest.approx(32 / result.seconds)
     assert {path for path, _, _ in server.requests} == {"/predict"}
+    # each answered request with the time it came back (a window of the level is judged on those inside it)
+    assert [ms for _, ms in result.timeline] == result.latencies_ms
+    assert [t for t, _ in result.timeline] == sorted(t for t, _ in result.timeline)
 
 
 def test_v2_http_sends_one_image_as_a_binary_tensor_and_the_token_as_a_bearer():

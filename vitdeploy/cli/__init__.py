@@ -943,8 +943,9 @@ def _register(*commands: click.Command) -> None:
 
 
 from .load import loadtest, tune  # noqa: E402 - registered after main exists
+from .rollout import rollout  # noqa: E402
 
-_register(loadtest, tune)
+_register(loadtest, tune, rollout)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

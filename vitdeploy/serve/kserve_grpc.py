@@ -96,6 +96,7 @@ def _retry_lost(factory: Any) -> Any:
             return handler
 
         async def unary_unary(request_proto: Any, context: Any) -> Any:
+            context = await routed_context(request_proto, context)
             for attempt in range(1 + LOST_REQUEST_RETRIES):
                 response = await handler(request_proto, context)
                 if not lost_replica(context.code(), context.details()):
@@ -112,6 +113,39 @@ def _retry_lost(factory: Any) -> Any:
         return unary_unary
 
     return make
+
+
+class _Routed:
+    """A gRPC call's context whose invocation metadata names the Serve application to route it to."""
+
+    def __init__(self, context: Any, app: str) -> None:
+        self._context, self._app = context, app
+
+    def invocation_metadata(self) -> tuple:
+        return (*tuple(self._context.invocation_metadata() or ()), ("application", self._app))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+async def routed_context(request: Any, context: Any) -> Any:
+    """Once a rollout put versions of a model side by side (serve/rollout_state.py), Ray's gRPC proxy needs the
+    ``application`` metadata to choose among them: a call that does not give it is sent to the version it names
+    (``model_version``), else to the live one, as the HTTP guard routes a path. Otherwise ``context`` as it is."""
+    from .proxy_guard import ROUTING
+
+    table = await ROUTING.table()
+    if not table or any(key == "application" for key, _ in context.invocation_metadata() or ()):
+        return context
+    model = getattr(request, "model_name", "") or getattr(request, "name", "")
+    if not model and len(table) == 1:  # a server-level call (ServerLive...) of a server of one model
+        model = next(iter(table))
+    entry = table.get(model)
+    if entry is None:
+        return context
+    version = str(getattr(request, "model_version", "") or getattr(request, "version", "") or "")
+    app = entry["apps"].get(version) or entry["live_app"]  # an unknown version: the live one says so
+    return _Routed(context, app) if app else context
 
 
 def _status(grpc_context: Any, error: protocol.RequestError) -> None:
@@ -172,12 +206,13 @@ def infer_response(
     k: int,
     embedding: bool = False,
     patch_tokens: np.ndarray | None = None,
+    version: str = protocol.MODEL_VERSION,
 ) -> Any:
     """The ``ModelInferResponse`` of ``logits`` (an embedding model's vectors with ``embedding``, its
     ``patch_tokens`` where computed): the outputs ``req`` asked for, each in ``raw_output_contents``."""
     pb = _pb()
     arrays = protocol.output_arrays(logits, labels, k, req.classification, embedding, patch_tokens)
-    response = pb.ModelInferResponse(model_name=model, model_version=protocol.MODEL_VERSION, id=req.id or "")
+    response = pb.ModelInferResponse(model_name=model, model_version=version, id=req.id or "")
     for name in req.outputs:
         datatype, arr = arrays[name]
         tensor = response.outputs.add()
@@ -194,6 +229,7 @@ class KServeGrpcMethods:
     ``_known`` and ``_classify``)."""
 
     name: str
+    version: str
     num_classes: int
     top_k: int
     spec: Any
@@ -251,6 +287,7 @@ class KServeGrpcMethods:
         embedding = self.predictor.is_embedding
         patches = self.sized.patch_shape
         meta = protocol.model_metadata(self.name, self.num_classes, self.top_k, "ray_serve", embedding, patches)
+        meta["versions"] = [self.version]
         tensor = pb.ModelMetadataResponse.TensorMetadata
         return pb.ModelMetadataResponse(
             name=meta["name"],
@@ -284,7 +321,7 @@ class KServeGrpcMethods:
         pb = _pb()
         if not self._allowed(grpc_context) or (request.name and not self._checked(request, grpc_context)):
             return pb.ModelStatisticsResponse()
-        return json_format.ParseDict(self.stats.to_json(self.name), pb.ModelStatisticsResponse())
+        return json_format.ParseDict(self.stats.to_json(self.name, self.version), pb.ModelStatisticsResponse())
 
     async def ModelInfer(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
         start, times = time.perf_counter_ns(), {}
@@ -320,6 +357,7 @@ class KServeGrpcMethods:
             self.top_k,
             self.predictor.is_embedding,
             np.stack(tokens) if want else None,
+            self.version,
         )
         end = time.perf_counter_ns()
         self.stats.success(

@@ -92,12 +92,12 @@ class InferenceStats:
             self._stats["fail"][1] += max(0, int(total_ns))
             self.last_inference_ms = int(time.time() * 1000)
 
-    def to_json(self, model: str) -> dict[str, Any]:
+    def to_json(self, model: str, version: str = MODEL_VERSION) -> dict[str, Any]:
         with self._lock:
             stats = {key: {"count": c, "ns": ns} for key, (c, ns) in self._stats.items()}
             entry = {
                 "name": model,
-                "version": MODEL_VERSION,
+                "version": version,
                 "last_inference": self.last_inference_ms,
                 "inference_count": self.inference_count,
                 "execution_count": self.execution_count,

@@ -433,9 +433,11 @@ def encode_infer_response(
     k: int = DEFAULT_TOP_K,
     embedding: bool = False,
     patch_tokens: np.ndarray | None = None,
+    version: str = MODEL_VERSION,
 ) -> tuple[bytes, dict[str, str]]:
     """The v2 response body and its extra headers for ``logits`` (N, C) of ``request``'s images (with
-    ``embedding``: the (N, D) vectors, answered as EMBEDDINGS; ``patch_tokens`` (N, P, D) as PATCH_TOKENS).
+    ``embedding``: the (N, D) vectors, answered as EMBEDDINGS; ``patch_tokens`` (N, P, D) as PATCH_TOKENS;
+    ``version``: the model's version that answers).
 
     Outputs the request asked for (all by default), JSON or binary as asked; with any
     binary output the body is the JSON header followed by the binary tensors and the headers
@@ -455,7 +457,7 @@ def encode_infer_response(
         else:
             entry["data"] = [float(v) for v in arr.ravel()]
         outputs.append(entry)
-    doc: dict[str, Any] = {"model_name": model, "model_version": MODEL_VERSION, "outputs": outputs}
+    doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outputs}
     if request.id is not None:
         doc["id"] = request.id
     head = json.dumps(doc, separators=(",", ":")).encode("utf-8")

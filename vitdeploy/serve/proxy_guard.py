@@ -41,6 +41,7 @@ from ..base.errors import (
 )
 from . import auth
 from .http_errors import MAX_REASON, error_body, status_of
+from .rollout_state import HEADER_PREFIX, ROUTING_TTL_S, registry_actor, routed
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ MODELS_PREFIX = "/v2/models/"
 REPLICA_STOPPED = "the replica serving this request stopped before it answered; retry"
 LOST_REQUEST_RETRIES = 1  # a request whose replica died is sent once more before the client gets 503
 _ROUTES_TTL_S = 1.0
+_OURS = HEADER_PREFIX.encode()
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -106,6 +108,56 @@ async def answer_error(send: Send, exc: BaseException, close: bool = False) -> N
     await _answer(send, status, error_body(exc), close=close, extra=extra)
 
 
+class RoutingTable:
+    """The rollout registry's routing (serve/rollout_state.py), read at most once per ROUTING_TTL_S, one read at a
+    time; while the registry cannot be read the last table stands, so no request is sent to a version that left."""
+
+    def __init__(self, read: Callable[[], Awaitable[dict[str, Any] | None]] | None = None) -> None:
+        self._read = read or _read_registry
+        self._table: dict[str, Any] = {}
+        self._at = -float("inf")
+        self._lock = asyncio.Lock()
+
+    async def table(self) -> dict[str, Any]:
+        if time.monotonic() - self._at < ROUTING_TTL_S:
+            return self._table
+        async with self._lock:
+            if time.monotonic() - self._at >= ROUTING_TTL_S:
+                try:
+                    table = await asyncio.wait_for(self._read(), timeout=ROUTING_TTL_S * 5)
+                except Exception as exc:  # noqa: BLE001 - Ray's errors: keep the last table, try again later
+                    log.warning("the rollout registry could not be read (%s); routing as before", first_line(exc))
+                else:
+                    self._table = table if table is not None else {}
+                self._at = time.monotonic()
+        return self._table
+
+
+_REGISTRY: list[Any] = []  # the registry's actor handle, once found (this process is Ray's proxy actor)
+
+
+async def _read_registry() -> dict[str, Any] | None:
+    """The registry's routing table; None when no rollout ever ran on this cluster (no registry)."""
+    import ray
+
+    if not ray.is_initialized():  # not inside Ray's proxy (a test of the guard alone): no rollout
+        return None
+    if not _REGISTRY:
+        found = await asyncio.get_running_loop().run_in_executor(None, registry_actor)
+        if found is None:
+            return None
+        _REGISTRY.append(found)
+    try:
+        return await _REGISTRY[0].routing.remote()
+    except Exception:
+        _REGISTRY.clear()  # a new registry (a restarted one) is looked up next time
+        raise
+
+
+#: the one routing table of this proxy process (HTTP here; gRPC calls are routed by serve/kserve_grpc.py)
+ROUTING = RoutingTable()
+
+
 class ProxyGuard:
     """ASGI middleware around Ray Serve's proxy app (see the module's docstring)."""
 
@@ -117,6 +169,7 @@ class ProxyGuard:
         self._routes: dict[str, str] = {}
         self._routes_at = 0.0
         self._seen: set[str] = set()  # models routed here once: their 404 means "stopping", a 503
+        self.rollout = ROUTING  # which version of a model is live (serve/rollout_state.py)
 
     # ---------------------------------------------------------------- routes of Ray's proxy
 
@@ -184,25 +237,10 @@ class ProxyGuard:
             return await answer_error(send, exc, close=True)
         except OSError:  # the client went away mid-upload: nothing to answer, nothing to log
             return None
-        model = model_of(path)
-        if model and path == MODELS_PREFIX + model:  # the metadata route is the app's root, "/"
-            scope = {**scope, "path": path + "/", "raw_path": (path + "/").encode()}
-        if path == "/predict":
-            models = await self.models()
-            if len(models) != 1:
-                return await answer_error(
-                    send,
-                    NotFoundError(
-                        "no model is served here yet"
-                        if not models
-                        else f"several models are served here ({', '.join(models)}): POST /v2/models/<name>/predict"
-                    ),
-                )
-            scope = {
-                **scope,
-                "path": f"{MODELS_PREFIX}{models[0]}/predict",
-                "raw_path": f"{MODELS_PREFIX}{models[0]}/predict".encode(),
-            }
+        try:
+            scope = await self._target(scope, path)
+        except RequestError as exc:
+            return await answer_error(send, exc)
         for attempt in range(1 + LOST_REQUEST_RETRIES):
             errors = _JsonErrors(send, self, scope["path"])
             try:
@@ -222,6 +260,33 @@ class ProxyGuard:
             # starts in its place, answers it); lost twice, the client gets a retryable 503
             log.warning("a request lost its replica before it was answered (attempt %d)", attempt + 1)
         await answer_error(send, UnavailableError(REPLICA_STOPPED))
+
+    async def _target(self, scope: Scope, path: str) -> Scope:
+        """The scope Ray's proxy gets: ``/predict`` sent to the one model served here, an unversioned model route
+        to its live version (serve/rollout_state.py), the headers the replica reads from the guard set here alone."""
+        if path == "/predict":
+            models = await self.models()
+            if len(models) != 1:
+                raise NotFoundError(
+                    "no model is served here yet"
+                    if not models
+                    else f"several models are served here ({', '.join(models)}): POST /v2/models/<name>/predict"
+                )
+            path = f"{MODELS_PREFIX}{models[0]}/predict"
+        else:
+            path = scope["path"]
+        model = model_of(path)
+        if model is None:
+            return scope
+        headers = [(k, v) for k, v in scope.get("headers") or [] if not k.lower().startswith(_OURS)]
+        entry = (await self.rollout.table()).get(model)  # a rollout put a version beside the first one
+        path, extra = routed(path, scope.get("method", "GET"), model, entry)
+        stripped = path.rstrip("/")
+        # a version's metadata route is its application's root, "/"
+        if stripped == MODELS_PREFIX + model or (entry and stripped in await self.routes()):
+            path = stripped + "/"
+        headers += [(k.encode(), v.encode()) for k, v in extra]
+        return {**scope, "path": path, "raw_path": path.encode(), "headers": headers}
 
     async def _server_route(self, path: str, send: Send) -> None:
         if path == "/v2/health/live":

@@ -46,6 +46,8 @@ from .http_errors import MAX_REASON, error_body, status_of
 from .image_sizes import SizedPredictors, by_shape, requested_size
 from .kserve_grpc import KServeGrpcMethods, register_proto_modules
 from .kserve_model import InferenceStats, model_config
+from .rollout_state import VERSIONS_HEADER, parse_versions
+from .shadow import ShadowMixin
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ class ReplicaSpec:
     name: str = ""
     token_digest: Optional[str] = None  # the serve token's SHA-256 (serve/auth.py); None: no token
     stage_timing: bool = True  # Server-Timing on every answer and the stage histograms (serve.stage_timing)
+    version: str = protocol.MODEL_VERSION  # the model's version this deployment is (`vitdeploy rollout`: 2, 3...)
 
     def threads(self) -> Tuple[int, int]:
         """(ONNX Runtime intra-op threads, decode threads) of one replica: its share of the cores
@@ -154,9 +157,10 @@ def open_artifacts(source: Any) -> Any:
 
 @serve.deployment(name="ViTClassifier")
 @serve.ingress(api)
-class ViTClassifier(KServeGrpcMethods):
+class ViTClassifier(KServeGrpcMethods, ShadowMixin):
     """One replica: a Predictor, a decoding thread pool and the batched model call; the KServe v2
-    gRPC methods (``ModelInfer``...) come from :class:`KServeGrpcMethods` (Ray Serve's gRPC proxy)."""
+    gRPC methods (``ModelInfer``...) come from :class:`KServeGrpcMethods` (Ray Serve's gRPC proxy), the copies
+    of a rollout's shadow traffic from :class:`ShadowMixin` (serve/shadow.py)."""
 
     def __init__(self, spec: ReplicaSpec) -> None:
         from ..runtime.predictor import Predictor
@@ -170,6 +174,8 @@ class ViTClassifier(KServeGrpcMethods):
             max_pixels=spec.max_pixels,
         )
         self.name = spec.name or protocol.model_name(self.predictor.artifacts.name)
+        self.version = spec.version
+        self._init_shadow()
         self._fault: Optional[str] = None
         # One warm-up call: the first request does not pay for the backend's lazy set-up, and C is known.
         warm = self.predictor.predict_logits(np.zeros((1, *self.predictor.input_shape), np.float32))
@@ -352,12 +358,15 @@ class ViTClassifier(KServeGrpcMethods):
             blobs = await self._images(request)
             protocol.check_image_count(len(blobs), self.spec.max_images_per_request)
             stage_timing.lap(clock, "read")
+            start = time.perf_counter_ns()
             logits, errors, _ = await self._classify(blobs, times, size=size)
             stage_timing.batched(clock, times)
         except _ClientGone:
             return Response(status_code=499)
         except RequestError as exc:
             return _error(exc)
+        if size is None:  # a copy asks the candidate at its base size: a sized request is not compared
+            self.copy_to_candidate(request.headers, [b for _, b in blobs], logits, time.perf_counter_ns() - start)
         if len(errors) == len(blobs):
             return _error(errors[0])
         good = [i for i, row in enumerate(logits) if row is not None]
@@ -389,8 +398,8 @@ class ViTClassifier(KServeGrpcMethods):
         """NotFoundError for another version (or, on gRPC, where the model is named, another model)."""
         if model is not None and model != self.name:
             raise NotFoundError(f"unknown model {model!r}; this application serves {self.name!r}")
-        if version not in (None, "", protocol.MODEL_VERSION):
-            raise NotFoundError(f"model {self.name!r} has no version {version!r} (versions: {protocol.MODEL_VERSION})")
+        if version not in (None, "", self.version):
+            raise NotFoundError(f"model {self.name!r} has no version {version!r} here (this is v{self.version})")
 
     @api.get("/")
     @api.get("/versions/{version}")
@@ -409,6 +418,7 @@ class ViTClassifier(KServeGrpcMethods):
             self.sized.patch_shape,
             self.export,
         )
+        meta["versions"] = parse_versions(request.headers.get(VERSIONS_HEADER), self.version)  # the guard's list
         return JSONResponse(meta)
 
     @api.get("/config")
@@ -440,7 +450,7 @@ class ViTClassifier(KServeGrpcMethods):
             self._known(version)
         except RequestError as exc:
             return _error(exc)
-        return JSONResponse(self.stats.to_json(self.name))
+        return JSONResponse(self.stats.to_json(self.name, self.version))
 
     @api.get("/ready")
     @api.get("/versions/{version}/ready")
@@ -473,10 +483,13 @@ class ViTClassifier(KServeGrpcMethods):
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
             want = protocol.PATCH_TOKENS in req.outputs
             stage_timing.lap(clock, "read")
+            t_classify = time.perf_counter_ns()
             logits, errors, tokens = await self._classify(list(zip(names, req.images)), times, want, req.image_size)
             stage_timing.batched(clock, times)
             if errors:
                 raise errors[min(errors)]
+            if req.image_size is None:
+                self.copy_to_candidate(request.headers, req.images, logits, time.perf_counter_ns() - t_classify)
         except _ClientGone:
             return Response(status_code=499)
         except RequestError as exc:
@@ -491,6 +504,7 @@ class ViTClassifier(KServeGrpcMethods):
             self.top_k,
             self.predictor.is_embedding,
             np.stack(tokens) if want else None,
+            self.version,
         )
         end = time.perf_counter_ns()
         self.stats.success(

@@ -23,6 +23,7 @@ from ..base._deps import require
 from ..base.errors import BackendError
 from ..runtime.backends import first_line
 from . import tls
+from .rollout_state import version_of_app
 
 log = logging.getLogger(__name__)
 
@@ -191,10 +192,10 @@ def start_local_ray(ray: Any, cfg: Any, settings: ServeSettings, progress: Progr
         configure_logging=True,
         **local,
     )
-    progress(
-        f"Ray at {ctx.address_info['gcs_address']}: more models join it with "
-        f"`vitdeploy serve --address {ctx.address_info['gcs_address']}`"
-    )
+    gcs = ctx.address_info["gcs_address"]
+    progress(f"Ray at {gcs}: more models join it with `vitdeploy serve --address {gcs}`")
+    url = f"http://{settings.host}:{settings.port}"
+    progress(f"new exports of a model go live with `vitdeploy rollout {url} -a NEW_EXPORT --address {gcs}`")
     return ctx
 
 
@@ -258,7 +259,7 @@ def _deploy(
             logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log},
         )
     except Exception as exc:  # noqa: BLE001 - Ray wraps the replica's error in its own types
-        raise BackendError(f"the Serve application did not start: {_replica_reason(exc)}") from exc
+        raise BackendError(f"the Serve application did not start: {replica_reason(exc)}") from exc
 
 
 def _scale(sv: Any, replicas: int) -> str:
@@ -268,14 +269,27 @@ def _scale(sv: Any, replicas: int) -> str:
     return f"{a.min_replicas}-{a.max_replicas} replicas, autoscaling at {a.target_ongoing_requests:g} ongoing requests"
 
 
-def _replica_reason(exc: BaseException) -> str:
-    """The one line that says why a replica failed (Ray's message carries the remote traceback)."""
+def replica_reason(exc: BaseException | str) -> str:
+    """The one line that says why a replica failed (Ray's message, or error, carries the remote traceback)."""
     text = str(exc)
     for marker in ("vitdeploy.base.errors.", "Error: "):
         for line in text.splitlines():
             if marker in line:
                 return line.strip()
-    return text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
+    if text.strip():
+        return text.strip().splitlines()[-1]
+    return type(exc).__name__ if isinstance(exc, BaseException) else "no reason given"
+
+
+def _forget_versions(name: str) -> None:
+    """The rollout registry (if a rollout ever ran on this cluster) forgets the model's versions."""
+    import ray
+
+    from .rollout_state import registry_actor
+
+    registry = registry_actor()
+    if registry is not None:
+        ray.get(registry.forget.remote(name), timeout=10)
 
 
 def _stop(ray: Any, name: str, owns_cluster: bool, progress: Progress) -> None:
@@ -285,7 +299,12 @@ def _stop(ray: Any, name: str, owns_cluster: bool, progress: Progress) -> None:
         # Requests the proxy has accepted but not yet routed (their bodies still arriving) are routed
         # before the route goes away; afterwards the proxy's guard answers 503 (retry) for this model.
         time.sleep(DRAIN_GRACE_S)
-        serve.delete(name)  # replicas finish their in-flight requests first (graceful_shutdown_timeout_s)
+        # every version of the model (`vitdeploy rollout` adds <name>@vN): replicas finish their in-flight
+        # requests first (graceful_shutdown_timeout_s)
+        for app in [a for a in serve.status().applications if version_of_app(name, a) is not None]:
+            serve.delete(app)
+        if not owns_cluster:
+            _forget_versions(name)
         if owns_cluster:
             serve.shutdown()
     except Exception as exc:  # noqa: BLE001 - shutting down: report, still stop Ray below

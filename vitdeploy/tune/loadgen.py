@@ -43,6 +43,9 @@ class LevelResult:
     server: Optional[dict] = None  # server_stats.delta over the level, where the server exposes it
     #: the server's own split of the answered requests (Server-Timing): mean ms per stage and ``requests``
     stages: dict = field(default_factory=dict)
+    #: (time.time() it was answered, latency ms) of each answered request, in order: a window of the level (a
+    #: rollout's swap, benchmarks/bench_rollout.py) is judged on the requests answered inside it
+    timeline: list[tuple[float, float]] = field(default_factory=list)
 
     @property
     def sent(self) -> int:
@@ -102,6 +105,7 @@ class _Recorder:
         self.examples: dict[str, str] = {}
         self.stage_sums: dict[str, float] = {}
         self.timed = 0
+        self.timeline: list[tuple[float, float]] = []
 
     def add(self, status: str, example: str, latency_ms: float, timing: Optional[dict] = None) -> None:
         with self.lock:
@@ -112,6 +116,7 @@ class _Recorder:
                     self.timed += 1
                     for stage, ms in timing.items():
                         self.stage_sums[stage] = self.stage_sums.get(stage, 0.0) + ms
+                self.timeline.append((time.time(), latency_ms))
             elif example and status not in self.examples:
                 self.examples[status] = example
 
@@ -125,6 +130,7 @@ class _Recorder:
         if self.timed:
             result.stages = {k: v / self.timed for k, v in self.stage_sums.items()}
             result.stages["requests"] = self.timed
+        result.timeline = self.timeline
         return result
 
 

@@ -1,0 +1,234 @@
+"""`vitdeploy rollout` under load: the p99 of the swap window against the steady p99, at half the server's capacity.
+
+Goal (issue 38): under `vitdeploy loadtest` at half the server's capacity, during a promote and during a rollback,
+0 failed requests and the p99 of the swap window within 2x the steady p99.
+
+Steps, on the demo model (exported once into the cache):
+
+1. `vitdeploy serve -a DEMO -b ort` as a subprocess (one replica, 1 CPU, runtime.threads 1);
+2. capacity: the throughput of a closed loop of --clients clients (`loadtest`'s own loop), after a warm-up;
+3. steady: an open loop (`loadtest --rate`) at half that capacity for --steady seconds: its p99;
+4. promote: the same open loop, and after a few seconds `vitdeploy rollout` of a re-export of the same model
+   (another manifest, the same files): it is shadowed, then promoted. The swap window runs from the moment
+   unversioned traffic moves to the new version to the end of the old one (drained and deleted): the p99 of the
+   requests answered inside it, and of those answered while the candidate was shadowed;
+5. rollback: the same with an export whose preprocessing differs (its normalisation mean changed): it is
+   shadowed, then rolled back (the window: from the decision to the candidate gone).
+
+Every request of both open loops is counted (errors must be 0). The machine's load average is printed before
+and after: on a shared machine the figures are as good as its quiet.
+
+    .venv/bin/python benchmarks/bench_rollout.py                       # ~3 min on 2 cores
+    .venv/bin/python benchmarks/bench_rollout.py --steady 30 --clients 4 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vitdeploy.base.machine import cpu_model  # noqa: E402
+
+# a private Ray on loopback: the server and this process agree on its authentication, whatever token another
+# Ray left in ~/.ray on this machine (as the tests do)
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+DEFAULT_CACHE = Path(os.environ.get("VITDEPLOY_BENCH_CACHE", "/tmp/vitdeploy-bench"))
+NAME = "vit-demo-digits"
+
+
+def loadavg() -> str:
+    return ", ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def demo_export(cache: Path) -> Path:
+    out = cache / "rollout-demo"
+    if not (out / "manifest.json").exists():
+        from vitdeploy.base.config import parse_config
+        from vitdeploy.export.pipeline import run_export
+
+        print(f"exporting the demo model into {out} ...", flush=True)
+        export = {"int8": {"enabled": False}, "fp16": {"enabled": False}}
+        run_export(parse_config({"export": export}), out, engine="skip")
+    return out
+
+
+def variant(source: Path, dest: Path, **preprocess: Any) -> Path:
+    """A copy of the export with another manifest: a re-export (another ``created``), or with ``preprocess``
+    values changed (a different preprocessing)."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(source, dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest["created"] = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+    manifest["preprocess"] = {**manifest["preprocess"], **preprocess}
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return dest
+
+
+class Server:
+    def __init__(self, artifacts: Path, config: Path, port: int) -> None:
+        self.ray_tmp = tempfile.mkdtemp(prefix="vdbro", dir="/tmp")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_TMPDIR": self.ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
+        cmd = [sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(artifacts), "-b", "ort"]
+        cmd += ["--port", str(port), "-c", str(config)]
+        self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
+        self.lines: list[str] = []
+        for line in self.proc.stderr:  # type: ignore[union-attr]
+            self.lines.append(line.rstrip())
+            if line.startswith("Ctrl-C"):
+                break
+        else:
+            raise SystemExit("vitdeploy serve did not start:\n" + "\n".join(self.lines[-20:]))
+        threading.Thread(target=lambda: [None for _ in self.proc.stderr], daemon=True).start()  # type: ignore
+        self.gcs = next(line.split()[2].rstrip(":") for line in self.lines if line.startswith("Ray at "))
+        self.url = f"http://127.0.0.1:{port}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(120)
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
+
+
+def p99(timeline: list[tuple[float, float]], start: float, end: float) -> tuple[float, int]:
+    """The p99 latency (ms) of the requests answered in [start, end], and how many there were."""
+    inside = [ms for at, ms in timeline if start <= at <= end]
+    return (float(np.percentile(inside, 99)) if inside else float("nan")), len(inside)
+
+
+def under_load(url: str, rate: float, seconds: float, action, images) -> tuple[Any, Any]:
+    """``action()`` run a few seconds into an open loop at ``rate`` lasting ``seconds``; (its result, the level)."""
+    from vitdeploy.tune.clients import PREDICT, Target, open_client
+    from vitdeploy.tune.loadgen import open_loop
+
+    level: dict[str, Any] = {}
+    target = Target(url, PREDICT)
+    thread = threading.Thread(
+        target=lambda: level.setdefault("r", open_loop(lambda: open_client(target), images, rate, seconds))
+    )
+    thread.start()
+    time.sleep(4.0)
+    outcome = action()
+    thread.join()
+    return outcome, level["r"]
+
+
+def rollout(server: Server, export: Path, cfg: Any, marks: dict[str, float]) -> Any:
+    from vitdeploy.runtime.backends.base import BackendOptions
+    from vitdeploy.tune.rollout import RolloutPlan, run_rollout
+
+    def progress(line: str) -> None:
+        marks.setdefault(line.split()[0], time.time())  # starting / shadowing / promoting / rolling
+        print("  " + line, flush=True)
+
+    plan = RolloutPlan(server.url, export, backend="ort", address=server.gcs, shadow_requests=200)
+    return run_rollout(cfg, plan, BackendOptions(threads=1), progress)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import ray
+
+    from vitdeploy.base.config import parse_config
+    from vitdeploy.serve.triton.local import free_port
+    from vitdeploy.tune.loadgen import closed_loop
+    from vitdeploy.tune.loadtest import load_images
+
+    demo = demo_export(args.cache)
+    work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
+    serve = {"max_batch_size": 8, "batch_wait_timeout_s": 0.005, "num_cpus_per_replica": 1}
+    serve["metrics_port"] = free_port()
+    config = work / "serve.yaml"
+    config.write_text("runtime: {threads: 1}\nserve: %s\n" % json.dumps(serve))
+    cfg = parse_config({"runtime": {"threads": 1}, "serve": serve})
+    images = load_images(None)
+    out: dict[str, Any] = {"machine": cpu_model(), "cores": os.cpu_count(), "load_before": loadavg()}
+    server = Server(demo, config, free_port())
+    try:
+        ray.init(address=server.gcs, logging_level="WARNING", log_to_driver=False)
+        from vitdeploy.tune.clients import PREDICT, Target, open_client
+
+        factory = lambda: open_client(Target(server.url, PREDICT))  # noqa: E731
+        closed_loop(factory, images, args.clients, duration_s=3.0)  # warm-up
+        capacity = closed_loop(factory, images, args.clients, duration_s=args.capacity).throughput
+        rate = capacity / 2
+        out.update(capacity_rps=round(capacity, 1), rate_rps=round(rate, 1))
+        print(f"capacity {capacity:.1f} req/s with {args.clients} clients: load at {rate:.1f} req/s", flush=True)
+        from vitdeploy.tune.loadgen import open_loop
+
+        steady = open_loop(factory, images, rate, args.steady)
+        out["steady"] = {"p99_ms": round(steady.percentile(99), 2), "requests": steady.sent, "errors": steady.errors}
+        for name, export in (
+            ("promote", variant(demo, work / "reexport")),
+            ("rollback", variant(demo, work / "preprocessing", mean=[0.2, 0.2, 0.2])),
+        ):
+            marks: dict[str, float] = {}
+            print(f"{name}:", flush=True)
+            result, level = under_load(
+                server.url, rate, args.swap, lambda e=export, m=marks: rollout(server, e, cfg, m), images
+            )
+            swap = p99(level.timeline, *result.window)
+            shadow = p99(level.timeline, marks.get("shadowing", 0), marks.get("promoting", marks.get("rolling", 0)))
+            start = marks.get("shadowing", result.window[0])
+            by_second = [
+                (round(t - result.window[0], 1), *p99(level.timeline, t, t + 0.5))
+                for t in np.arange(start - 1.0, result.window[1] + 3.0, 0.5)
+            ]
+            out[name] = {
+                "p99_by_half_second": [(t, round(ms, 1), n) for t, ms, n in by_second],
+                "verdict": result.verdict,
+                "line": result.line(),
+                "swap_s": round(result.window[1] - result.window[0], 2),
+                "swap_p99_ms": round(swap[0], 2),
+                "swap_requests": swap[1],
+                "shadow_p99_ms": round(shadow[0], 2),
+                "shadow_requests": shadow[1],
+                "requests": level.sent,
+                "errors": level.errors,
+                "p99_ms": round(level.percentile(99), 2),
+            }
+    finally:
+        ray.shutdown()
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    out["load_after"] = loadavg()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache", type=Path, default=DEFAULT_CACHE)
+    parser.add_argument("--clients", type=int, default=4, help="closed-loop clients that measure the capacity")
+    parser.add_argument("--capacity", type=float, default=10.0, help="seconds of the capacity measurement")
+    parser.add_argument("--steady", type=float, default=20.0, help="seconds of the steady open loop")
+    parser.add_argument("--swap", type=float, default=40.0, help="seconds of each open loop around a rollout")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
+    args = parser.parse_args()
+    out = run(args)
+    steady = out["steady"]["p99_ms"]
+    print(f"\nmachine: {out['machine']}, {out['cores']} cores")
+    print(f"load average {out['load_before']} before, {out['load_after']} after")
+    print(f"capacity {out['capacity_rps']} req/s; open loop at {out['rate_rps']} req/s; steady p99 {steady} ms")
+    for name in ("promote", "rollback"):
+        r = out[name]
+        ratio = r["swap_p99_ms"] / steady if steady else float("nan")
+        print(
+            f"{name:<9} {r['verdict']:<12} swap {r['swap_s']} s: p99 {r['swap_p99_ms']} ms over {r['swap_requests']} "
+            f"requests ({ratio:.2f}x steady); shadow p99 {r['shadow_p99_ms']} ms; {r['requests']} requests, "
+            f"errors {r['errors'] or 0}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

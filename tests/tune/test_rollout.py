@@ -1,0 +1,298 @@
+"""`vitdeploy rollout` for real: one `vitdeploy serve` (a tiny export, one replica) for the module, this process
+joined to its Ray, a load of HTTP /predict, v2 HTTP and v2 gRPC clients running through every rollout, each of
+their answers counted and checked against the live model's own.
+
+Deterministic: the checks of a candidate beside the live version run while the rollout waits in its progress
+callback; a held candidate is held (SIGSTOP) there; a crash at start is an export whose graph is no graph; a
+candidate Ray cannot place asks for a resource no node has. Nothing waits on a clock but the bounds the rollout
+itself promises (its start timeout, the shadow copy's timeout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("ray.serve", reason="vitdeploy rollout needs ray[serve] (pip install 'vitdeploy[serve]')")
+pytest.importorskip("tritonclient.grpc", reason="the gRPC client needs tritonclient[grpc]")
+
+from helpers.counted_load import CountedLoad, failures  # noqa: E402
+from helpers.held import processes  # noqa: E402
+from helpers.serve_process import ServeProcess, free_port, serve_env  # noqa: E402
+from helpers.tiny_export import file_entry  # noqa: E402
+
+from vitdeploy.base.config import parse_config  # noqa: E402
+from vitdeploy.runtime.backends.base import BackendOptions  # noqa: E402
+from vitdeploy.tune.rollout import PROMOTED, ROLLED_BACK, RolloutPlan, run_rollout  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MODEL = "tiny"
+COPY_TIMEOUT_S = 3  # serve.request_timeout_s of the rollouts: how long a shadow copy may wait for its answer
+SERVE = {
+    "max_batch_size": 4,
+    "batch_wait_timeout_s": 0.002,
+    "decode_threads": 1,
+    "num_cpus_per_replica": 1,
+    "graceful_shutdown_timeout_s": 5,
+}
+
+
+def _png(seed: int) -> bytes:
+    from PIL import Image
+
+    pixels = (np.random.default_rng(seed).random((40, 40, 3)) * 255).astype("uint8")
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def images() -> list[bytes]:
+    return [_png(seed) for seed in range(6)]
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_artifacts, images) -> list[str]:
+    """The live model's own top-1 label of each image (the in-process Predictor, ort)."""
+    from vitdeploy.runtime.predictor import Predictor
+
+    with Predictor.from_artifacts(tiny_artifacts(seed=0), backend="ort") as predictor:
+        return [p.label for p in predictor.predict(images, top_k=1)]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_artifacts, tmp_path_factory):
+    """`vitdeploy serve` of the tiny export (seed 0), and this process joined to its Ray."""
+    import ray
+
+    folder = tmp_path_factory.mktemp("rollout")
+    grpc_port = free_port()
+    cfg = folder / "serve.yaml"
+    cfg.write_text(
+        "runtime: {threads: 1}\nserve: %s\n"
+        % json.dumps({**SERVE, "metrics_port": free_port(), "grpc_port": grpc_port})
+    )
+    (folder / "rollout.yaml").write_text(
+        "runtime: {threads: 1}\nserve: %s\n" % json.dumps({**SERVE, "request_timeout_s": COPY_TIMEOUT_S})
+    )
+    ray_tmp = Path(tempfile.mkdtemp(prefix="vdroll", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    proc = ServeProcess(tiny_artifacts(seed=0), cfg, env={"RAY_TMPDIR": str(ray_tmp)})
+    try:
+        gcs = next(line.split()[2].rstrip(":") for line in proc.lines if line.startswith("Ray at "))
+        ray.init(address=gcs, logging_level="WARNING")
+        yield {"url": proc.url, "grpc": f"127.0.0.1:{grpc_port}", "gcs": gcs, "folder": folder, "proc": proc}
+    finally:
+        ray.shutdown()
+        assert proc.stop() == 0, "\n".join(proc.lines[-20:])
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _copy(source: Path, dest: Path, **changes) -> Path:
+    """A copy of an export with another manifest (so another export sha); ``changes`` replace manifest keys."""
+    shutil.copytree(source, dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    manifest.update(created="2025-02-02T00:00:00+00:00", **changes)
+    (dest / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return dest
+
+
+VERDICTS: list[str] = []  # of the rollouts this module ran, in order (what --status must show)
+
+
+def _rollout(server, export: Path, on_line=None, serve: dict | None = None, **plan) -> tuple:
+    cfg = parse_config(
+        {"runtime": {"threads": 1}, "serve": {**SERVE, "request_timeout_s": COPY_TIMEOUT_S, **(serve or {})}}
+    )
+    lines: list[str] = []
+
+    def progress(line: str) -> None:
+        lines.append(line)
+        if on_line is not None:
+            on_line(line)
+
+    args = {"backend": "ort", "shadow_requests": 20, "timeout_s": 120.0, "start_timeout_s": 120.0, **plan}
+    result = run_rollout(cfg, RolloutPlan(server["url"], export, **args), BackendOptions(threads=1), progress)
+    VERDICTS.append(result.verdict)
+    return result, lines
+
+
+def _under_load(server, images, run):
+    """``run()`` while the clients send requests (answers flowing before, and after it returned); every answer."""
+    load = CountedLoad(server["url"], MODEL, images, grpc=server["grpc"])
+    try:
+        load.wait_for(30)
+        outcome = run()
+        load.wait_for(30)
+    finally:
+        answers = load.stop()
+    return outcome, answers
+
+
+def _live_pids(app: str) -> list[int]:
+    return sorted(processes(f"ServeReplica:{app}:"))
+
+
+def _check(answers, expected, versions) -> None:
+    """No failed request; every answer is the live model's, from one of ``versions``."""
+    bad = failures(answers)
+    assert not bad, f"{len(bad)} of {len(answers)} requests failed: {bad[:3]}"
+    wrong = [a for a in answers if a.label != expected[a.image]]
+    assert not wrong, f"{len(wrong)} answers are not the live model's: {wrong[:3]}"
+    assert {a.version for a in answers if a.version} <= set(versions), {a.version for a in answers}
+
+
+# ------------------------------------------------------------------------------------------ promote
+
+
+def test_a_reexport_is_shadowed_then_promoted_without_a_failed_request(server, tiny_artifacts, images, expected):
+    seen: dict = {}
+
+    def beside(line: str) -> None:  # the candidate runs beside the live version: what clients see now
+        if line.startswith("shadowing"):
+            url = server["url"]
+            seen["meta"] = httpx.get(f"{url}/v2/models/{MODEL}").json()
+            doc = {"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [1], "data": [_b64(images[0])]}]}
+            seen["direct"] = httpx.post(f"{url}/v2/models/{MODEL}/versions/2/infer", json=doc).json()
+            seen["live"] = httpx.post(f"{url}/v2/models/{MODEL}/infer", json=doc).json()
+
+    export = _copy(tiny_artifacts(seed=0), server["folder"] / "reexport")
+    (result, lines), answers = _under_load(server, images, lambda: _rollout(server, export, beside))
+    assert result.verdict == PROMOTED, (result.line(), lines)
+    assert result.line().startswith(f"promoted {MODEL} v2 (export ") and "20 shadowed requests" in result.line()
+    assert seen["meta"]["versions"] == ["1", "2"]
+    assert seen["direct"]["model_version"] == "2" and seen["live"]["model_version"] == "1"
+    _check(answers, expected, {"1", "2"})
+    after = [a for a in answers if a.version and a.at > result.window[1]]
+    assert after and {a.version for a in after} == {"2"}, "unversioned requests did not move to v2"
+    from ray import serve
+
+    assert MODEL not in serve.status().applications and f"{MODEL}@v2" in serve.status().applications
+    for _ in range(100):  # the guard's routing refreshes within a second: v1 is "stopping" (503), then unknown
+        gone = httpx.post(f"{server['url']}/v2/models/{MODEL}/versions/1/infer", json={})
+        assert gone.status_code in (404, 503), gone.text
+        if gone.status_code == 404:
+            break
+        time.sleep(0.1)
+    assert gone.status_code == 404 and "versions: 2" in gone.json()["error"]
+
+
+# ------------------------------------------------------------------------------------------ roll back
+
+
+def test_another_model_is_never_answered_to_a_client_and_is_rolled_back(server, tiny_artifacts, images, expected):
+    live = _live_pids(f"{MODEL}@v2")
+    export = _copy(tiny_artifacts(seed=1), server["folder"] / "another")
+    # it asks for more CPU than the machine has: it starts with what is free beside the live replica, and says so
+    more = {"num_cpus_per_replica": 1000}
+    (result, lines), answers = _under_load(
+        server, images, lambda: _rollout(server, export, serve=more, shadow_requests=200)
+    )
+    assert result.verdict == ROLLED_BACK, result.line()
+    said = [line for line in lines if line.startswith("starting")]
+    assert "free beside the live replicas" in said[0] and "1000 asked" in said[0] and "1 thread(s)" in said[0], said
+    assert result.figures["requests"] < 200, "not rolled back before its shadow budget was spent"
+    assert "top1_agreement" in result.reason or "max_abs_diff" in result.reason, result.reason
+    assert result.line().endswith("v2 kept serving, never stopped")
+    _check(answers, expected, {"2"})
+    assert _live_pids(f"{MODEL}@v2") == live, "the live version was restarted"
+    from ray import serve
+
+    assert f"{MODEL}@v{result.version}" not in serve.status().applications
+
+
+def test_a_held_candidate_is_rolled_back_and_clients_never_wait_for_it(server, tiny_artifacts, images, expected):
+    stopped: list[int] = []
+
+    def hold(line: str) -> None:
+        if line.startswith("shadowing"):
+            live = _live_pids(f"{MODEL}@v2")
+            stopped.extend(p for p in processes(f"ServeReplica:{MODEL}@v") if p not in live)
+            assert stopped, "no candidate replica to hold"
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+        elif line.startswith("rolling back"):
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+
+    export = _copy(tiny_artifacts(seed=0), server["folder"] / "held")
+    try:
+        (result, _), answers = _under_load(server, images, lambda: _rollout(server, export, hold))
+    finally:  # the replica is continued whatever failed above
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    assert result.verdict == ROLLED_BACK
+    assert f"no answer to a shadowed request within {COPY_TIMEOUT_S} s" in result.reason, result.reason
+    _check(answers, expected, {"2"})
+
+
+def test_a_candidate_that_crashes_at_start_is_rolled_back_by_the_command(server, tiny_artifacts, images, expected):
+    import onnx
+
+    export = _copy(tiny_artifacts(seed=0), server["folder"] / "crashes")
+    graph = onnx.load(str(export / "model.onnx"))
+    graph.graph.node[-1].op_type = "NoSuchOperator"  # a graph that reads well; no runtime can run it
+    onnx.save(graph, str(export / "model.onnx"))
+    manifest = json.loads((export / "manifest.json").read_text())
+    manifest["artifacts"]["onnx"] = file_entry(export, "model.onnx")  # consistent: only the replica finds out
+    (export / "manifest.json").write_text(json.dumps(manifest))
+
+    def run():
+        args = ["--address", server["gcs"], "-b", "ort", "--shadow", "20", "--start-timeout", "120s"]
+        args += ["-c", str(server["folder"] / "rollout.yaml")]
+        cmd = [sys.executable, "-m", "vitdeploy.cli", "rollout", server["url"], "-a", str(export), *args]
+        return subprocess.run(cmd, capture_output=True, text=True, env=serve_env(), timeout=300)
+
+    res, answers = _under_load(server, images, run)
+    VERDICTS.append(ROLLED_BACK if "rolled back" in res.stderr else PROMOTED)
+    assert res.returncode == 1, res.stderr
+    error = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and "did not start: it failed to start" in error[0], res.stderr
+    assert "v2 kept serving, never stopped" in error[0] and "Traceback" not in res.stderr
+    _check(answers, expected, {"2"})
+
+
+def test_a_candidate_ray_cannot_place_fails_within_its_start_timeout(server, tiny_artifacts):
+    export = _copy(tiny_artifacts(seed=0), server["folder"] / "unplaceable")
+    result, _ = _rollout(server, export, serve={"resources_per_replica": {"no_such_node": 1}}, start_timeout_s=3.0)
+    assert result.verdict == ROLLED_BACK and result.failed_start
+    assert "did not start: it did not start within 3 s" in result.reason, result.reason
+    from ray import serve
+
+    assert set(serve.status().applications) == {f"{MODEL}@v2"}
+
+
+def test_the_status_shows_every_rollout_with_its_verdict(server):
+    res = subprocess.run(
+        [sys.executable, "-m", "vitdeploy.cli", "rollout", "--status", "--address", server["gcs"]],
+        capture_output=True,
+        text=True,
+        env=serve_env(),
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    rows = [line for line in res.stdout.splitlines() if line.startswith(MODEL + " ")]
+    verdicts = [row.split("  ")[-1].split(":")[0] for row in rows]
+    assert verdicts == VERDICTS and VERDICTS, res.stdout
+    if PROMOTED in VERDICTS:
+        assert res.stdout.startswith(f"{MODEL}: live v2 (v2 live)") and "top-1 agreement 100.0%" in rows[0]
+
+
+def _b64(blob: bytes) -> str:
+    import base64
+
+    return base64.b64encode(blob).decode()

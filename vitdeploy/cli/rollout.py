@@ -1,0 +1,149 @@
+"""`vitdeploy rollout`: a new export onto a running `vitdeploy serve`, promoted or rolled back on live traffic.
+
+The command is registered by ``cli/__init__.py``, which wraps its callback in the one error handler.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import click
+
+from ..base.vocab import AUTO, RUNTIME_BACKENDS
+from ..serve.auth import TOKEN_ENV
+
+_COUNT = re.compile(r"^\s*\d+\s*$")
+
+
+@click.command("rollout")
+@click.argument("url", required=False)
+@click.option(
+    "-a",
+    "--artifacts",
+    "artifacts_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="the new export (a folder written by `vitdeploy export`)",
+)
+@click.option("--model", default=None, help="the model's name on the server (default: the one it serves)")
+@click.option(
+    "-b",
+    "--backend",
+    type=click.Choice([AUTO, *RUNTIME_BACKENDS]),
+    default=None,
+    help="the new version's backend (default: runtime.backend from the config, i.e. auto)",
+)
+@click.option(
+    "--address",
+    default=None,
+    help="the server's Ray cluster: the address of the `Ray at ...` line `vitdeploy serve` printed "
+    "(default: RAY_ADDRESS)",
+)
+@click.option(
+    "--shadow",
+    default="200",
+    show_default=True,
+    help="copy the next N unversioned requests to the new version (a number), or every one for a time (2m)",
+)
+@click.option(
+    "--timeout",
+    default="10m",
+    show_default=True,
+    help="with a count: the shadow's time limit (fewer requests by then: not enough traffic, rolled back)",
+)
+@click.option(
+    "--start-timeout",
+    default="5m",
+    show_default=True,
+    help="the time the new version has to start (Ray cannot place it, it crashes: rolled back)",
+)
+@click.option(
+    "--max-slowdown",
+    type=click.FloatRange(min=1.0),
+    default=None,
+    help="roll back a version whose p50 latency is over this many times the live one's (default: reported only)",
+)
+@click.option(
+    "--token",
+    envvar=TOKEN_ENV,
+    default=None,
+    show_envvar=True,
+    help="the serve token of a server started with one (read from the environment rather than typed)",
+)
+@click.option("--status", "show_status", is_flag=True, help="show the versions and the rollouts' history, then exit")
+@click.option("--json", "as_json", is_flag=True, help="print the result (or --status) as JSON on stdout")
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="pipeline YAML whose serve: settings the new version gets, as `serve -c` (default: ./pipeline.yaml)",
+)
+def rollout(
+    url: str | None,
+    artifacts_dir: Path | None,
+    model: str | None,
+    backend: str | None,
+    address: str | None,
+    shadow: str,
+    timeout: str,
+    start_timeout: str,
+    max_slowdown: float | None,
+    token: str | None,
+    show_status: bool,
+    as_json: bool,
+    config_path: Path | None,
+) -> None:
+    """Start a new export beside the live version of a running `vitdeploy serve` (version N+1), copy live
+    requests to it, and promote it (unversioned traffic moves, the old version drains and stops) or roll it
+    back (the live version never stopped), by what it answered. One line says which and why."""
+    from ..base.config import load_config
+    from ..base.errors import BackendError, ConfigError, ValidationError
+    from ..runtime.backends.base import BackendOptions
+    from ..serve.auth import read_token
+    from ..tune.loadtest import parse_duration
+    from ..tune.rollout import RolloutPlan, format_status, rollout_status, run_rollout
+
+    if show_status:
+        status = rollout_status(address)
+        lines = [json.dumps(status, indent=2, default=str)] if as_json else format_status(status, model)
+        for line in lines:
+            click.echo(line)
+        return
+    if not url or artifacts_dir is None:
+        raise ConfigError("vitdeploy rollout URL -a NEW_EXPORT: give the server's URL and the new export")
+    cfg = load_config(config_path)
+    if token is None:  # as `serve` reads it: the environment, else serve.token_file
+        token = read_token(cfg.resolve(cfg.serve.token_file) if cfg.serve.token_file else None)
+    count = _COUNT.match(shadow)
+    plan = RolloutPlan(
+        url=url,
+        artifacts=artifacts_dir,
+        backend=backend or cfg.runtime.backend,
+        model=model,
+        address=address,
+        shadow_requests=int(shadow) if count else None,
+        shadow_seconds=None if count else parse_duration(shadow, "--shadow"),
+        timeout_s=parse_duration(timeout, "--timeout"),
+        start_timeout_s=parse_duration(start_timeout, "--start-timeout"),
+        max_slowdown=max_slowdown,
+        token=token,
+    )
+    if plan.shadow_requests is not None and plan.shadow_requests < 1:
+        raise ConfigError("--shadow 0: copy at least one request (or give a time, e.g. 2m)")
+    result = run_rollout(
+        cfg, plan, BackendOptions.from_runtime(cfg.runtime), progress=lambda line: click.echo(line, err=True)
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+    for note in result.notes:
+        click.echo(f"note: {note}", err=True)
+    if result.promoted:
+        click.echo(result.line())
+    elif result.failed_start:
+        raise BackendError(result.line())
+    else:
+        raise ValidationError(result.line())

@@ -1,0 +1,118 @@
+"""`vitdeploy rollout`'s hands on Ray Serve: a version started beside the live one and removed, each within a
+bounded time, and the CPU a candidate may take.
+
+Ray Serve waits for a replica it cannot place for as long as it takes (a rolling replacement on a full machine
+waits forever); these functions never do: a candidate that is not RUNNING when its time is up is a failed start,
+with the reason Ray gives (its deployment's message: the resources it waits for, the replica's error).
+Imports Ray when called; the process must be connected to the server's Ray (``ray.init(address=...)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from ..base.errors import BackendError
+from .rollout_state import version_of_app, version_route
+from .runner import replica_reason
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25
+LOGGING = {"log_level": "WARNING", "enable_access_log": False}
+
+
+def running_versions(model: str) -> dict[str, str]:
+    """``model``'s Serve applications on this cluster, ``{application: route prefix}`` (by their names)."""
+    from ray import serve
+
+    out = {}
+    for app in serve.status().applications:
+        number = version_of_app(model, app)
+        if number is not None:
+            out[app] = version_route(model, number)
+    return out
+
+
+def replica_count(app: str) -> int:
+    """How many replicas of ``app`` are RUNNING (0 when it is not there)."""
+    from ray import serve
+
+    status = serve.status().applications.get(app)
+    if status is None:
+        return 0
+    return sum(int(d.replica_states.get("RUNNING", 0)) for d in status.deployments.values())
+
+
+def free_cpus() -> float:
+    """The CPUs no actor holds on the cluster now (Ray's available resources)."""
+    import ray
+
+    return float(ray.available_resources().get("CPU", 0.0))
+
+
+def candidate_cpus(asked: float, free: float) -> tuple[float, str | None]:
+    """The CPUs one candidate replica takes: ``asked`` (serve.num_cpus_per_replica) when that much is free, else
+    what is free (whole tenths), else none at all (it then shares the live replicas' cores); with the sentence
+    that says so, None when it got what it asked."""
+    if free + 1e-9 >= asked:
+        return asked, None
+    share = math.floor(max(free, 0.0) * 10 + 1e-9) / 10
+    if share <= 0:
+        return 0.0, f"no CPU is free beside the live replicas: it shares their cores ({asked:g} asked)"
+    return share, f"{share:g} CPU is what is free beside the live replicas ({asked:g} asked)"
+
+
+def start_version(application: Any, app: str, route: str, timeout_s: float) -> None:
+    """Deploy ``application`` (a bound Serve application) as ``app`` at ``route`` beside what runs, and wait until
+    it is RUNNING, at most ``timeout_s``; BackendError with Ray's reason when it failed or did not start in time
+    (the caller removes it)."""
+    from ray import serve
+
+    try:
+        serve._run(application, _blocking=False, name=app, route_prefix=route, logging_config=LOGGING)
+    except Exception as exc:  # noqa: BLE001 - Ray wraps the controller's refusal in its own types
+        raise BackendError(f"Ray Serve refused to deploy it: {replica_reason(exc)}") from exc
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = serve.status().applications.get(app)
+        state = str(getattr(status, "status", ""))
+        if state.endswith("RUNNING"):
+            return
+        if state.endswith(("DEPLOY_FAILED", "UNHEALTHY")):
+            raise BackendError(f"it failed to start: {replica_reason(_message(status))}")
+        if time.monotonic() > deadline:
+            waiting = _message(status)
+            why = f": {replica_reason(waiting)}" if waiting else ""
+            raise BackendError(f"it did not start within {timeout_s:g} s{why}")
+        time.sleep(POLL_S)
+
+
+def remove_version(app: str, timeout_s: float) -> bool:
+    """Delete ``app`` (its replicas finish their in-flight requests first, within the deployment's
+    graceful_shutdown_timeout_s) and wait until it is gone, at most ``timeout_s``; False when it is still there."""
+    from ray import serve
+
+    try:
+        serve.delete(app, _blocking=False)
+    except Exception as exc:  # noqa: BLE001 - the controller's own error: reported, the wait below decides
+        log.warning("deleting %s: %s", app, exc)
+    deadline = time.monotonic() + timeout_s
+    while app in serve.status().applications:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def _message(status: Any) -> str:
+    """The application's message, else its deployments' (where Ray says what a replica waits for, or its error)."""
+    if status is None:
+        return ""
+    texts = [str(status.message or "")] + [str(d.message or "") for d in status.deployments.values()]
+    return "\n".join(t for t in texts if t.strip())
+
+
+__all__ = ["candidate_cpus", "free_cpus", "remove_version", "replica_count", "running_versions", "start_version"]

@@ -1,0 +1,117 @@
+"""What `vitdeploy rollout` asks the running server over HTTP before it touches anything, and after.
+
+The server must be `vitdeploy serve` with its proxy's guard (``GET /v2`` answers ``{"name": "vitdeploy", ...}``:
+the guard routes unversioned requests to the live version); the serve token is probed (a server without one
+answers without it; a server with one refuses another); the model is the one named, or the only one served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+from urllib.parse import urlsplit
+
+from ..base.errors import BackendError, ConfigError, first_line
+from ..serve.auth import TOKEN_ENV, digest
+
+TIMEOUT_S = 30.0
+#: the v2 metadata parameter where `vitdeploy serve` says which export it runs (its manifest's sha256)
+EXPORT_SHA_PARAMETER = "vitdeploy_export_sha256"
+
+
+@dataclass(frozen=True)
+class Server:
+    """The running server as `vitdeploy rollout` found it: its URL, the model, the serve token's digest the
+    candidate must require (None: the server has no token), the live version's v2 metadata."""
+
+    url: str
+    model: str
+    token: Optional[str]
+    token_digest: Optional[str]
+    metadata: dict[str, Any]
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+
+def export_sha(artifacts: Any) -> str:
+    """Which export this is: the sha256 of its manifest.json's bytes (the manifest lists every file's sha256)."""
+    return hashlib.sha256(artifacts.manifest_path.read_bytes()).hexdigest()
+
+
+def served_sha(metadata: Any) -> Optional[str]:
+    """The export a server's v2 metadata says it runs (None when it does not say)."""
+    params = metadata.get("parameters") if isinstance(metadata, dict) else None
+    value = params.get(EXPORT_SHA_PARAMETER) if isinstance(params, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def get(url: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """``GET url+path``: (status, the JSON body or None); BackendError (exit 1) when the server cannot be reached."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"URL {url!r}: expected http://host:port of a running `vitdeploy serve`")
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = kind(parts.hostname, parts.port, timeout=TIMEOUT_S)
+    try:
+        conn.request("GET", parts.path.rstrip("/") + path, headers=headers or {})
+        response = conn.getresponse()
+        body = response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        raise BackendError(f"cannot reach {url}: {first_line(exc)}") from None
+    finally:
+        conn.close()
+    try:
+        return response.status, json.loads(body) if body else None
+    except ValueError:
+        return response.status, None
+
+
+def find_server(url: str, model: Optional[str], token: Optional[str]) -> Server:
+    """The server at ``url``, checked: vitdeploy's guard in front, the token it needs, the model it serves."""
+    url = url.rstrip("/") if "://" in url else f"http://{url.rstrip('/')}"
+    status, doc = get(url, "/v2")
+    needs_token = status == 401
+    if needs_token:
+        if not token:
+            raise ConfigError(f"{url} needs the serve token: set {TOKEN_ENV} (or serve.token_file) as for `serve`")
+        status, doc = get(url, "/v2", {"Authorization": f"Bearer {token}"})
+        if status == 401:
+            raise ConfigError(f"{url} refuses the serve token given ({TOKEN_ENV} or serve.token_file)")
+    if status != 200 or not isinstance(doc, dict) or doc.get("name") != "vitdeploy":
+        raise BackendError(
+            f"{url} is not a `vitdeploy serve` with its proxy's guard (GET /v2 answered {status}); a rollout "
+            "needs the guard to route the versions (docs/serving.md)"
+        )
+    models = [str(m) for m in doc.get("models") or []]
+    if model is None:
+        if len(models) != 1:
+            raise ConfigError(f"{url} serves {', '.join(models) or 'no model'}: name one with --model")
+        model = models[0]
+    elif model not in models:
+        raise ConfigError(f"--model {model}: {url} serves {', '.join(models) or 'no model'}")
+    auth = {"Authorization": f"Bearer {token}"} if needs_token else {}
+    status, meta = get(url, f"/v2/models/{model}", auth)
+    if status != 200 or not isinstance(meta, dict):
+        raise BackendError(f"{url}: GET /v2/models/{model} answered {status}")
+    return Server(url, model, token if needs_token else None, digest(token) if needs_token else None, meta)
+
+
+def wait_reachable(server: Server, route: str, timeout_s: float) -> None:
+    """Wait until ``route``/ready answers 200 through the server's proxy (its route table is updated a moment
+    after the application runs); BackendError when it does not within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    status = 0
+    while time.monotonic() < deadline:
+        status, _ = get(server.url, f"{route}/ready", server.headers())
+        if status == 200:
+            return
+        time.sleep(0.2)
+    raise BackendError(f"{server.url}{route}/ready did not answer 200 within {timeout_s:g} s (last: {status})")
+
+
+__all__ = ["Server", "export_sha", "find_server", "get", "served_sha", "wait_reachable"]
