@@ -7,7 +7,6 @@ answers without it; a server with one refuses another); the model is the one nam
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import time
@@ -17,10 +16,9 @@ from urllib.parse import urlsplit
 
 from ..base.errors import BackendError, ConfigError, first_line
 from ..serve.auth import TOKEN_ENV, digest
+from ..serve.protocol import EXPORT_SHA256, served_export
 
 TIMEOUT_S = 30.0
-#: the v2 metadata parameter where `vitdeploy serve` says which export it runs (its manifest's sha256)
-EXPORT_SHA_PARAMETER = "vitdeploy_export_sha256"
 
 
 @dataclass(frozen=True)
@@ -40,14 +38,12 @@ class Server:
 
 def export_sha(artifacts: Any) -> str:
     """Which export this is: the sha256 of its manifest.json's bytes (the manifest lists every file's sha256)."""
-    return hashlib.sha256(artifacts.manifest_path.read_bytes()).hexdigest()
+    return artifacts.manifest_sha256
 
 
 def served_sha(metadata: Any) -> Optional[str]:
     """The export a server's v2 metadata says it runs (None when it does not say)."""
-    params = metadata.get("parameters") if isinstance(metadata, dict) else None
-    value = params.get(EXPORT_SHA_PARAMETER) if isinstance(params, dict) else None
-    return value if isinstance(value, str) and value else None
+    return served_export(metadata).get(EXPORT_SHA256)
 
 
 def get(url: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
