@@ -126,7 +126,7 @@ def test_embeddings_refuse_json_lines_and_resume_refuses_another_kind_of_rows(tm
     w = Output.at(tmp_path / "e", row_schema(3)).writer(resume=False)
     w.write(vectors(["a"]))
     w.close()
-    with pytest.raises(InputError, match=r"halffloat.*another export or --embedding-dtype"):
+    with pytest.raises(InputError, match=r"halffloat.*another export, --embedding-dtype"):
         Output.at(tmp_path / "e", row_schema(3, "float16")).answered()
     assert Output.at(tmp_path / "e", row_schema(3)).answered() == {"a": None}
 
