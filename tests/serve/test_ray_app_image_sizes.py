@@ -2,7 +2,8 @@
 request asks a size (`POST /predict?image_size=N`, KServe v2 ``parameters: {"image_size": N}`` over HTTP JSON,
 binary and gRPC) and gets what `Predictor.at_size(N)` gives, patch tokens of that size's grid included; requests of
 two sizes batched together each get their own size's answer; a size not listed is refused (400 / INVALID_ARGUMENT)
-naming the sizes that work; the metadata and the configuration list the sizes."""
+naming the sizes that work; the metadata and the configuration list the sizes; `vitdeploy validate --url
+--image-size` of it passes over every protocol, judged against eager at that size."""
 
 from __future__ import annotations
 
@@ -148,3 +149,19 @@ def test_metadata_and_config_list_the_sizes(server):
     assert meta["outputs"][1] == {"name": "PATCH_TOKENS", "datatype": "FP32", "shape": [-1, -1, DIM]}
     config = grpcclient.InferenceServerClient(server.grpc).get_model_config(server.model, as_json=True)["config"]
     assert config["parameters"][EXPORT_IMAGE_SIZES] == {"string_value": "28,42,56"}
+
+
+@pytest.mark.parametrize("client", ["predict", "v2-http", "v2-grpc"])
+def test_validate_url_asks_the_size_and_the_answers_pass_against_eager_at_it(
+    server, sized_artifacts, image, tmp_path, client
+):
+    from vitdeploy.tune.served_check import check_served
+
+    (tmp_path / "im.png").write_bytes(image)
+    url = server.grpc if client == "v2-grpc" else server.url
+    model = None if client == "predict" else server.model  # /predict, as clients post it
+    check = check_served(
+        sized_artifacts, url, protocol=client, model=model, images=tmp_path, image_size=28, write_report=False
+    )
+    assert check.passed and check.row.image_size == 28, check.row.failures
+    assert check.row.metrics["max_abs_diff"] < ATOL

@@ -503,6 +503,13 @@ def runtime_options(cfg: Any) -> Any:
     default=None,
     help="with --url: judge with this backend's thresholds (default: the backend the server says it runs)",
 )
+@click.option(
+    "--image-size",
+    type=click.IntRange(min=1),
+    default=None,
+    help="an export for several sizes: judge at this size only (default: every listed size; with --url: the "
+    "base size, or this one asked of the server as image_size)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout instead of the table")
 @config_option
 @handle_errors
@@ -515,13 +522,15 @@ def validate(
     protocol: str | None,
     model: str | None,
     backend: str | None,
+    image_size: int | None,
     as_json: bool,
     config_path: Path | None,
 ) -> None:
     """Measure each backend's drift from eager FP32 PyTorch on real images; exit 3 if any fails.
 
-    With --url, judge a running server (vitdeploy serve, Triton) the same way: exit 3 when its answers fail
-    the thresholds or it runs another export than -a, 4 when it does not answer."""
+    An export for several sizes is judged at each of its sizes (--image-size: one). With --url, judge a running
+    server (vitdeploy serve, Triton) the same way: exit 3 when its answers fail the thresholds or it runs
+    another export than -a, 4 when it does not answer."""
     from ..base.config import load_config
     from ..evaluate.drift import format_drift_table, run_drift
 
@@ -531,7 +540,9 @@ def validate(
     if url is not None:
         if backends is not None:
             raise ConfigError("--backends names in-process backends; with --url, --backend names the thresholds")
-        return _validate_url(cfg, artifacts_dir, url, protocol, model, backend, images, labels_file, as_json)
+        return _validate_url(
+            cfg, artifacts_dir, url, protocol, model, backend, images, labels_file, as_json, image_size
+        )
     if protocol or model or backend:
         raise ConfigError("--protocol, --model and --backend judge a running server: they go with --url URL")
     report = run_drift(
@@ -542,6 +553,7 @@ def validate(
         thresholds={key: getattr(cfg.validation, key) for key in PRECISIONS},
         options=runtime_options(cfg),
         max_pixels=cfg.runtime.max_image_pixels,
+        image_size=image_size,
     )
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
@@ -563,6 +575,7 @@ def _validate_url(
     images: Path | None,
     labels_file: Path | None,
     as_json: bool,
+    image_size: int | None = None,
 ) -> None:
     """`validate --url`: the server's answers judged against eager PyTorch (tune/served_check.py)."""
     from ..evaluate.served_report import format_served
@@ -582,6 +595,7 @@ def _validate_url(
         thresholds={key: getattr(cfg.validation, key) for key in PRECISIONS},
         options=runtime_options(cfg),
         max_pixels=cfg.runtime.max_image_pixels,
+        image_size=image_size,
     )
     if as_json:
         click.echo(json.dumps(check.to_dict(), indent=2))

@@ -14,10 +14,15 @@ top-1 class flipped, and accuracy where true labels are known. Each metric is ju
 ``validation.fp16`` (``ort-fp16``, ``torch-fp16``, ``trt``) or ``validation.int8`` (``ort-int8``).
 
 Backends that cannot run here are listed with the reason, never dropped.
+
+An export for several sizes (manifest ``image_sizes``) is judged at every listed size, or at the one size asked
+(``image_size``): each size's preprocessing of the same images, eager PyTorch at that size as its reference, one
+row per backend and size (``image_size`` in the row; a backend that cannot run here is one row for all sizes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
@@ -26,7 +31,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -73,6 +78,13 @@ class BackendDrift:
     per_image: dict[str, list] = field(default_factory=dict)  # each image's max |diff| and cosine
     accuracy: float | None = None
     seconds: float = 0.0
+    #: the square side judged, for an export for several sizes (None: a fixed-size export, or every size)
+    image_size: int | None = None
+
+    @property
+    def where(self) -> str:
+        """The backend's name, and the size its row judged where there is one: "ort at 336 px"."""
+        return f"{self.name} at {self.image_size} px" if self.image_size is not None else self.name
 
     @property
     def ran(self) -> bool:
@@ -100,6 +112,8 @@ class DriftReport:
     report_path: str | None = None
     #: `validate --url`'s checks of running servers (evaluate/served_report.py), kept across `validate` runs
     served: list[dict[str, Any]] = field(default_factory=list)
+    #: the sizes judged, an export for several sizes (export.image_sizes); None: a fixed-size export
+    image_sizes: list[int] | None = None
 
     @property
     def passed(self) -> bool:
@@ -118,11 +132,12 @@ class DriftReport:
         """Backends the caller named explicitly that cannot run here."""
         return [b for b in self.unavailable if self.requested is not None and b.name in self.requested]
 
-    def backend(self, name: str) -> BackendDrift:
+    def backend(self, name: str, image_size: int | None = None) -> BackendDrift:
+        """The row of backend ``name`` (at ``image_size``, an export for several sizes; None: its first row)."""
         for b in self.backends:
-            if b.name == name:
+            if b.name == name and (image_size is None or b.image_size in (image_size, None)):
                 return b
-        raise KeyError(name)
+        raise KeyError(name if image_size is None else f"{name} at {image_size} px")
 
     def to_dict(self) -> dict[str, Any]:
         """Strict JSON: non-finite metrics (NaN/inf logits) become the strings "nan" / "inf"."""
@@ -138,6 +153,7 @@ class DriftReport:
                 "reference": self.reference,
                 "thresholds": self.thresholds,
                 "requested": self.requested,
+                **({"image_sizes": self.image_sizes} if self.image_sizes else {}),
                 "backends": [b.to_dict() for b in self.backends],
                 "versions": self.versions,
                 **({"served": self.served} if self.served else {}),
@@ -148,7 +164,7 @@ class DriftReport:
         """ValidationError (exit 3) when a backend failed its thresholds or could not run although
         it should; MissingDependencyError (exit 4) when a backend named explicitly cannot run here."""
         if self.failed:
-            parts = [f"{b.name}: {'; '.join(b.failures) if b.failures else b.reason}" for b in self.failed]
+            parts = [f"{b.where}: {'; '.join(b.failures) if b.failures else b.reason}" for b in self.failed]
             where = f"; report: {self.report_path}" if self.report_path else ""
             raise ValidationError(f"drift check failed for {len(self.failed)} backend(s): {' | '.join(parts)}{where}")
         missing = self.missing_requested
@@ -279,10 +295,14 @@ def run_drift(
     max_pixels: int | None = None,
     write_report: bool = True,
     report_path: str | os.PathLike[str] | None = None,
+    image_size: int | None = None,
 ) -> DriftReport:
     """Run every backend that can run here (or those in ``backends``) over the validation set and
     judge each against eager FP32 PyTorch on the CPU. Never raises for drift: inspect
     ``report.passed`` or call ``report.raise_for_failures()``.
+
+    An export for several sizes is judged at each listed size (``image_size``: at that one only; InputError
+    naming the sizes that work for another), one row per backend and size.
 
     ``thresholds``: {"fp32": Tolerance or dict, "fp16": ...} (default: the config defaults).
     ``options``: BackendOptions for the backends (device, providers, threads). The report is
@@ -302,31 +322,32 @@ def run_drift(
             raise ConfigError(f"thresholds: unknown set {key!r}; expected one of {', '.join(PRECISIONS)}")
         limits[key] = _as_dict(value)
     artifacts = Artifacts.open(artifacts_dir)
+    sizes = drift_sizes(artifacts, image_size)
 
-    vset, batch, good, errors, true_index, unknown = validation_batch(artifacts, images, labels_file, max_pixels)
+    vset, batch, good, errors, true_index, unknown = validation_batch(
+        artifacts, images, labels_file, max_pixels, size=sizes[0]
+    )
     names = [str(vset.paths[i]) for i in good]
-    reference, ref_seconds, ref_describe = eager_reference(artifacts, options, batch)
-    ref_accuracy = accuracy(reference[0], true_index)
+    runs, ref_describe = size_runs(artifacts, options, sizes, batch, [vset.paths[i] for i in good], max_pixels)
+    for run in runs:
+        run.accuracy = accuracy(run.reference[0], true_index)
 
-    # 3. every backend, on the same batch
+    # 3. every backend, on the same batches
     rows: list[BackendDrift] = []
     for spec in specs:
-        rows.append(
-            _run_spec(
-                spec, artifacts, batch, reference, limits, names, true_index, ref_describe, ref_accuracy, ref_seconds
-            )
-        )
+        rows += _run_spec(spec, artifacts, runs, limits, names, true_index, ref_describe)
 
     report = DriftReport(
         artifacts=str(artifacts.directory),
         model=artifacts.name,
         images=images_summary(vset, good, errors, true_index, unknown),
-        reference=reference_summary(ref_describe, ref_accuracy, ref_seconds),
+        reference=sized_reference_summary(ref_describe, runs, artifacts.input_shape[1]),
         thresholds=limits,
         backends=rows,
         requested=list(requested) if requested else None,
         versions=library_versions(),
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        image_sizes=[r.size for r in runs] if runs[0].size is not None else None,
     )
     if write_report:
         target = Path(report_path) if report_path else artifacts.directory / DRIFT_REPORT_NAME
@@ -353,6 +374,17 @@ def images_summary(vset: Any, good: Sequence[int], errors: Mapping[int, str], tr
     }
 
 
+def sized_reference_summary(describe: str, runs: Sequence["SizeRun"], base: int) -> dict[str, Any]:
+    """The ``reference`` section of a drift run: its accuracy and time at the base size (else the first size
+    judged); an export for several sizes adds ``per_size`` ({"336": {"accuracy", "seconds"}})."""
+    main = next((r for r in runs if r.size in (None, base)), runs[0])
+    summary = reference_summary(describe, main.accuracy, main.seconds)
+    if main.size is not None:
+        summary["image_size"] = main.size
+        summary["per_size"] = {str(r.size): {"accuracy": r.accuracy, "seconds": round(r.seconds, 4)} for r in runs}
+    return summary
+
+
 def reference_summary(describe: str, accuracy_: float | None, seconds: float) -> dict[str, Any]:
     """The report's ``reference`` section: eager FP32 PyTorch on the CPU, as it ran."""
     return {
@@ -366,15 +398,13 @@ def reference_summary(describe: str, accuracy_: float | None, seconds: float) ->
 
 
 def validation_batch(
-    artifacts: Any, images: Any, labels_file: Any, max_pixels: int | None
+    artifacts: Any, images: Any, labels_file: Any, max_pixels: int | None, *, size: int | None = None
 ) -> tuple[Any, np.ndarray, list[int], dict, list, list]:
-    """The validation images, preprocessed once: (set, batch, readable indices, {index: error}, true class
-    index per readable image (None: unlabelled), labels that are no class of the model)."""
-    from ..runtime.images import MAX_IMAGE_PIXELS
-    from ..runtime.preprocess import Preprocessor
-
+    """The validation images, preprocessed once (at ``size``, one of an export's image sizes; None: its base
+    size): (set, batch, readable indices, {index: error}, true class index per readable image (None:
+    unlabelled), labels that are no class of the model)."""
     vset = load_validation_set(images, labels_file)
-    pre = Preprocessor(artifacts.preprocess, max_pixels=MAX_IMAGE_PIXELS if max_pixels is None else max_pixels)
+    pre = _preprocessor(artifacts, size, max_pixels)
     started = time.perf_counter()
     batch, good, errors = pre.batch_tolerant(list(vset.paths))
     if not good:
@@ -404,13 +434,58 @@ def validation_batch(
     return vset, batch, good, errors, true_index, unknown
 
 
+def _preprocessor(artifacts: Any, size: int | None, max_pixels: int | None) -> Any:
+    from ..runtime.images import MAX_IMAGE_PIXELS
+    from ..runtime.preprocess import Preprocessor
+
+    limit = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+    return Preprocessor(artifacts.preprocess_at(size), max_pixels=limit)
+
+
+def drift_sizes(artifacts: Any, image_size: int | None) -> list[int | None]:
+    """The sizes a drift run judges: ``image_size`` alone (InputError naming the sizes that work when the export
+    does not answer at it), else every size of an export for several sizes; [None]: a fixed-size export's one."""
+    if image_size is not None:
+        artifacts.preprocess_at(image_size)  # refuses a size not listed, naming those that work
+        return [int(image_size)] if artifacts.image_sizes else [None]
+    return list(artifacts.image_sizes) or [None]
+
+
+@dataclass
+class SizeRun:
+    """The validation images at one size (None: a fixed-size export's): the batch, and eager PyTorch's outputs
+    over it (logits or embeddings[, patch tokens]) with its time and accuracy."""
+
+    size: int | None
+    batch: np.ndarray
+    reference: tuple[np.ndarray, ...] = ()
+    seconds: float = 0.0
+    accuracy: float | None = None
+
+
+def size_runs(
+    artifacts: Any, options: Any, sizes: Sequence[int | None], first: np.ndarray, paths: Sequence[Any], max_pixels
+) -> tuple[list[SizeRun], str]:
+    """Each size's batch (``first``: the first size's, already made; the others from the same readable
+    ``paths``) and eager PyTorch's outputs over it, through one eager model: (runs, its description)."""
+    runs = [SizeRun(sizes[0], first)]
+    runs += [SizeRun(s, _preprocessor(artifacts, s, max_pixels).batch(list(paths))) for s in sizes[1:]]
+    with _eager(artifacts, options) as ref_backend:
+        for run in runs:
+            t0 = time.perf_counter()
+            run.reference = _run_outputs(ref_backend, artifacts, run.batch)
+            run.seconds = time.perf_counter() - t0
+        return runs, ref_backend.describe()
+
+
 def _run_outputs(backend: Any, artifacts: Any, batch: np.ndarray) -> tuple[np.ndarray, ...]:
     """(logits or embeddings,) of ``backend`` over ``batch``; and the patch tokens where the export has them."""
     return backend.run_all(batch)[:2] if artifacts.schema.patch_shape is not None else (backend.run(batch),)
 
 
-def eager_reference(artifacts: Any, options: Any, batch: np.ndarray) -> tuple[tuple[np.ndarray, ...], float, str]:
-    """Eager FP32 PyTorch on the CPU over ``batch``: ((logits[, patch tokens]), seconds, its description)."""
+@contextlib.contextmanager
+def _eager(artifacts: Any, options: Any) -> Iterator[Any]:
+    """Eager FP32 PyTorch on the CPU, opened (MissingDependencyError where it cannot run) and closed after."""
     ref_spec = BackendSpec("torch", "torch", reference_options(options), "fp32")
     reason = spec_unavailable_reason(ref_spec, artifacts)
     if reason:
@@ -420,65 +495,90 @@ def eager_reference(artifacts: Any, options: Any, batch: np.ndarray) -> tuple[tu
         )
     ref_backend = open_spec(ref_spec, artifacts)
     try:
+        yield ref_backend
+    finally:
+        ref_backend.close()
+
+
+def eager_reference(artifacts: Any, options: Any, batch: np.ndarray) -> tuple[tuple[np.ndarray, ...], float, str]:
+    """Eager FP32 PyTorch on the CPU over ``batch``: ((logits[, patch tokens]), seconds, its description)."""
+    with _eager(artifacts, options) as ref_backend:
         t0 = time.perf_counter()
         reference = _run_outputs(ref_backend, artifacts, batch)
         return reference, time.perf_counter() - t0, ref_backend.describe()
-    finally:
-        ref_backend.close()
 
 
 def _run_spec(
     spec: BackendSpec,
     artifacts: Any,
-    batch: np.ndarray,
-    outputs: tuple[np.ndarray, ...],
+    runs: Sequence[SizeRun],
     limits: Mapping[str, Mapping[str, float]],
     names: Sequence[str],
     true_index: Sequence[int | None],
     ref_describe: str,
-    ref_accuracy: float | None,
-    ref_seconds: float,
-) -> BackendDrift:
-    """One backend's row; ``outputs``: the reference's (logits or embeddings[, patch tokens])."""
+) -> list[BackendDrift]:
+    """One backend's rows, one per size of ``runs`` (each with eager's outputs at that size); one row for every
+    size when it cannot run or open here."""
     device = spec.options.device if spec.uses_cuda or spec.registry == "torch" else ", ".join(spec.options.providers)
-    kind, reference = artifacts.schema.output.kind, outputs[0]
     if spec.is_reference:
-        metrics, _ = _self_metrics(outputs, kind)
-        return BackendDrift(
-            name=spec.name,
-            status="reference",
-            precision="fp32",
-            device="cpu",
-            describe=ref_describe,
-            reason="eager FP32 PyTorch on the CPU: the reference",
-            metrics=metrics,
-            accuracy=ref_accuracy,
-            seconds=round(ref_seconds, 4),
-        )
+        return [
+            BackendDrift(
+                name=spec.name,
+                status="reference",
+                precision="fp32",
+                device="cpu",
+                describe=ref_describe,
+                reason="eager FP32 PyTorch on the CPU: the reference",
+                metrics=_self_metrics(run.reference, artifacts.schema.output.kind)[0],
+                accuracy=run.accuracy,
+                seconds=round(run.seconds, 4),
+                image_size=run.size,
+            )
+            for run in runs
+        ]
     attempt = try_open_spec(spec, artifacts)  # tampered files raise ArtifactError here, before any fallback
     if attempt.status == "unavailable":
         log.info("%s: unavailable (%s)", spec.name, attempt.reason)
-        return BackendDrift(
-            name=spec.name,
-            status="unavailable",
-            precision=spec.precision,
-            threshold_set=spec.precision,
-            device=device,
-            reason=attempt.reason,
-            thresholds=dict(limits[spec.precision]),
-        )
+        return [
+            BackendDrift(
+                name=spec.name,
+                status="unavailable",
+                precision=spec.precision,
+                threshold_set=spec.precision,
+                device=device,
+                reason=attempt.reason,
+                thresholds=dict(limits[spec.precision]),
+            )
+        ]
     if attempt.backend is None:  # e.g. an engine built for another GPU
-        return _error_row(spec, device, limits, f"cannot open: {attempt.reason}")
+        return [_error_row(spec, device, limits, f"cannot open: {attempt.reason}")]
     backend = attempt.backend
     try:
-        t0 = time.perf_counter()
-        got = _run_outputs(backend, artifacts, batch)
-        logits, seconds = got[0], time.perf_counter() - t0
         describe = backend.describe()
-    except (BackendError, InputError) as exc:
-        return _error_row(spec, device, limits, f"failed to run: {first_line(exc)}")
+        return [_judge_run(spec, backend, describe, device, artifacts, run, limits, names, true_index) for run in runs]
     finally:
         backend.close()
+
+
+def _judge_run(
+    spec: BackendSpec,
+    backend: Any,
+    describe: str,
+    device: str,
+    artifacts: Any,
+    run: SizeRun,
+    limits: Mapping[str, Mapping[str, float]],
+    names: Sequence[str],
+    true_index: Sequence[int | None],
+) -> BackendDrift:
+    """The open ``backend`` over one size's batch, judged against eager's outputs at that size."""
+    outputs, reference = run.reference, run.reference[0]
+    try:
+        t0 = time.perf_counter()
+        got = _run_outputs(backend, artifacts, run.batch)
+        logits, seconds = got[0], time.perf_counter() - t0
+    except (BackendError, InputError) as exc:
+        return _error_row(spec, device, limits, f"failed to run: {first_line(exc)}", run.size)
     if any(np.shape(a) != np.shape(b) for a, b in zip(got, outputs)) or len(got) != len(outputs):
         return _error_row(
             spec,
@@ -486,6 +586,7 @@ def _run_spec(
             limits,
             f"returned logits of shape {np.shape(logits)}, the reference "
             f"{np.shape(reference)}; re-run `vitdeploy export`",
+            run.size,
         )
     row = judge_backend(
         spec.name,
@@ -496,16 +597,22 @@ def _run_spec(
         true_index=true_index,
         classes=artifacts.labels,
         precision=spec.precision,
-        kind=kind,
+        kind=artifacts.schema.output.kind,
         patches=(outputs[1], got[1]) if len(outputs) > 1 and len(got) > 1 else None,
     )
-    row.device, row.describe, row.seconds = device, describe, round(seconds, 4)
-    log.info("%s: %s (%s)", spec.name, row.status, "; ".join(row.failures) or "within thresholds")
+    row.device, row.describe, row.seconds, row.image_size = device, describe, round(seconds, 4), run.size
+    log.info("%s: %s (%s)", row.where, row.status, "; ".join(row.failures) or "within thresholds")
     return row
 
 
-def _error_row(spec: BackendSpec, device: str, limits: Mapping[str, Mapping[str, float]], reason: str) -> BackendDrift:
-    log.warning("%s: %s", spec.name, reason)
+def _error_row(
+    spec: BackendSpec,
+    device: str,
+    limits: Mapping[str, Mapping[str, float]],
+    reason: str,
+    image_size: int | None = None,
+) -> BackendDrift:
+    log.warning("%s%s: %s", spec.name, f" at {image_size} px" if image_size is not None else "", reason)
     return BackendDrift(
         name=spec.name,
         status="error",
@@ -514,6 +621,7 @@ def _error_row(spec: BackendSpec, device: str, limits: Mapping[str, Mapping[str,
         device=device,
         reason=reason,
         thresholds=dict(limits[spec.precision]),
+        image_size=image_size,
     )
 
 
@@ -549,8 +657,25 @@ def _neighbours(report: DriftReport) -> int:
     return int(report.thresholds.get("fp32", {}).get("neighbours", 10))
 
 
+def _size_cell(report: DriftReport, b: BackendDrift | None = None) -> str:
+    """The size column of a report on an export for several sizes ("" for a fixed-size export's): the row's
+    side, "all" for a row of every size (a backend that cannot run here), the header without a row."""
+    if not report.image_sizes:
+        return ""
+    if b is None:
+        return f"{'size':>5} "
+    return f"{'all' if b.image_size is None else b.image_size:>5} "
+
+
+def _reference_accuracy(report: DriftReport) -> str:
+    per_size = report.reference.get("per_size")
+    if not per_size:
+        return _pct(report.reference["accuracy"])
+    return ", ".join(f"{_pct(v.get('accuracy'))} at {k} px" for k, v in per_size.items())
+
+
 def format_drift_table(report: DriftReport) -> list[str]:
-    """The human-readable report: the set, the reference, one row per backend, then details."""
+    """The human-readable report: the set, the reference, one row per backend (and size), then details."""
     img = report.images
     labels = {"none": "no labels", "sub-folders": "labels from sub-folder names"}.get(
         img["label_source"], f"labels from {img['label_source'].removeprefix('csv:')}"
@@ -559,14 +684,14 @@ def format_drift_table(report: DriftReport) -> list[str]:
         f"validation set: {img['evaluated']} image(s) from {img['source']} ({labels}, {img['labelled']} labelled, "
         f"{len(img['unreadable'])} unreadable)",
         f"reference: eager PyTorch fp32 on cpu ({report.reference['describe']}), accuracy "
-        f"{_pct(report.reference['accuracy'])}",
+        f"{_reference_accuracy(report)}",
         "",
     ]
     embedding = any("recall_at_k" in b.metrics for b in report.backends)
     if embedding:
         lines[1] = f"reference: eager PyTorch fp32 on cpu ({report.reference['describe']}); an embedding model"
     patches = any("patch_cosine" in b.metrics for b in report.backends)
-    head = f"{'backend':<11} {'prec':<5} {'max|diff|':>9} {'mean|diff|':>10} {'cosine':>10} " + (
+    head = f"{'backend':<11} {_size_cell(report)}{'prec':<5} {'max|diff|':>9} {'mean|diff|':>10} {'cosine':>10} " + (
         f"{'cos p1':>10} {'recall@' + str(_neighbours(report)):>9}"
         + (f" {'patch cos':>10}" if patches else "")
         + "  result"
@@ -577,7 +702,8 @@ def format_drift_table(report: DriftReport) -> list[str]:
     for b in report.backends:
         if not b.ran:
             lines.append(
-                f"{b.name:<11} {b.precision:<5} {b.status.upper() if b.status == 'error' else b.status}: {b.reason}"
+                f"{b.name:<11} {_size_cell(report, b)}{b.precision:<5} "
+                f"{b.status.upper() if b.status == 'error' else b.status}: {b.reason}"
             )
             continue
         m = b.metrics
@@ -592,17 +718,17 @@ def format_drift_table(report: DriftReport) -> list[str]:
             f"{_pct(b.accuracy):>8}"
         )
         lines.append(
-            f"{b.name:<11} {b.precision:<5} {_num(m.get('max_abs_diff')):>9} {_num(m.get('mean_abs_diff')):>10} "
-            f"{_cos(m.get('cosine')):>10} {judged}  {result}"
+            f"{b.name:<11} {_size_cell(report, b)}{b.precision:<5} {_num(m.get('max_abs_diff')):>9} "
+            f"{_num(m.get('mean_abs_diff')):>10} {_cos(m.get('cosine')):>10} {judged}  {result}"
         )
     details = []
     for b in report.backends:
         for failure in b.failures:
-            details.append(f"  {b.name} FAIL {failure}")
+            details.append(f"  {b.where} FAIL {failure}")
         for flip in b.flipped:
             truth = f", true {flip['label']}" if flip["label"] is not None else ""
             details.append(
-                f"  {b.name} top-1 flipped: {flip['path']} ({flip['reference']} -> {flip['candidate']}{truth})"
+                f"  {b.where} top-1 flipped: {flip['path']} ({flip['reference']} -> {flip['candidate']}{truth})"
             )
     for bad in img["unreadable"]:
         details.append(f"  unreadable: {bad['error']}")
@@ -611,10 +737,11 @@ def format_drift_table(report: DriftReport) -> list[str]:
     if details:
         lines += [""] + details
     lines.append("")
-    ran = [b for b in report.backends if b.ran]
-    verdict = "PASSED" if report.passed else f"FAILED ({', '.join(b.name for b in report.failed)})"
+    ran = list(dict.fromkeys(b.name for b in report.backends if b.ran))
+    verdict = "PASSED" if report.passed else f"FAILED ({', '.join(b.where for b in report.failed)})"
+    sizes = f" at {', '.join(map(str, report.image_sizes))} px" if report.image_sizes else ""
     lines.append(
-        f"{verdict}: {len(ran)} backend(s) ran, {len(report.unavailable)} unavailable here"
+        f"{verdict}: {len(ran)} backend(s) ran{sizes}, {len(report.unavailable)} unavailable here"
         + (f"; report: {report.report_path}" if report.report_path else "")
     )
     return lines
@@ -624,7 +751,9 @@ __all__ = [
     "BackendDrift",
     "DriftReport",
     "accuracy",
+    "SizeRun",
     "default_thresholds",
+    "drift_sizes",
     "eager_reference",
     "format_drift_table",
     "images_summary",
@@ -634,5 +763,7 @@ __all__ = [
     "read_drift_report",
     "reference_summary",
     "run_drift",
+    "size_runs",
+    "sized_reference_summary",
     "validation_batch",
 ]

@@ -5,8 +5,8 @@ What a check found is a :class:`ServedCheck`: the server (URL, protocol, model),
 the backend whose thresholds judged it, and the row of the ``served`` answers, judged as `validate` judges a
 backend (:func:`vitdeploy.evaluate.drift.judge_backend`). The requests themselves are the client's
 (``vitdeploy/tune/served_check.py``). In ``drift-report.json`` a check is one entry of ``served``, one per
-(URL, protocol, model): a later check of the same server replaces it; `validate` keeps the entries of the same
-export (its manifest's sha256) when it rewrites the report.
+(URL, protocol, model, image size asked): a later check of the same server replaces it; `validate` keeps the
+entries of the same export (its manifest's sha256) when it rewrites the report.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ class ServedCheck:
     notes: list[str] = field(default_factory=list)
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     report_path: str | None = None
+    image_size: int | None = None  # the size asked of the server (--image-size); None: none asked
 
     @property
     def row(self) -> BackendDrift | None:
@@ -71,12 +72,17 @@ class ServedCheck:
     def passed(self) -> bool:
         return self.status == "passed"
 
-    def key(self) -> tuple[str, str, str | None]:
-        return (self.url, self.protocol, self.model)
+    def key(self) -> tuple[str, str, str | None, int | None]:
+        """One entry per server, protocol, model and size judged (an export for several sizes)."""
+        return (self.url, self.protocol, self.model, self.row.image_size if self.row else self.image_size)
 
     def to_dict(self) -> dict[str, Any]:
         """The ``served`` entry of drift-report.json (strict JSON)."""
-        row = self.row.to_dict() if self.row else {"name": SERVED, "status": self.status, "failures": []}
+        row = (
+            self.row.to_dict()
+            if self.row
+            else {"name": SERVED, "status": self.status, "failures": [], "image_size": self.image_size}
+        )
         entry = {
             **row,
             "status": self.status,
@@ -116,7 +122,8 @@ def served_line(check: ServedCheck) -> str:
         else f"does not say which export it runs (no {EXPORT_SHA256} in its model configuration)"
     )
     model = f", model {check.model}" if check.model else ""
-    line = f"server: {check.url} ({check.protocol}{model}) {says}"
+    size = f", asked for {check.image_size} px" if check.image_size is not None else ""
+    line = f"server: {check.url} ({check.protocol}{model}{size}) {says}"
     if check.backend:
         source = "said by the server" if check.backend_source == "server" else "--backend"
         line += f"; judged with the {check.backend} thresholds ({source})"
@@ -163,7 +170,7 @@ def save_served(check: ServedCheck, path: str | Path, artifacts: Any) -> Path:
     kept = [
         e
         for e in kept_served(target, check.export_sha256)
-        if (e.get("url"), e.get("protocol"), e.get("model")) != check.key()
+        if (e.get("url"), e.get("protocol"), e.get("model"), e.get("image_size")) != check.key()
     ]
     doc["served"] = kept + [check.to_dict()]
     write_json_atomic(target, doc)

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from ..base._deps import require
 from ..base.errors import ConfigError, first_line
+from ..base.vocab import IMAGE_SIZE_PARAM
 from ..serve.outputs import EMBEDDINGS
 from ..serve.protocol import HEADER_LENGTH, INPUT, TOPK_LABELS, TOPK_SCORES, deserialize_bytes, serialize_bytes
 from ..serve.stage_timing import HEADER as SERVER_TIMING
@@ -49,6 +50,8 @@ class Target:
     token: Optional[str] = None
     #: the v2 outputs asked for: a classifier's top-k (as a client shows it), or an embedding model's EMBEDDINGS
     outputs: tuple[str, ...] = (TOPK_LABELS, TOPK_SCORES)
+    #: the size asked of an export for several sizes (request parameter ``image_size``); None: not asked
+    image_size: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -101,6 +104,8 @@ class HttpClient:
         base = parts.path.rstrip("/")
         if target.protocol == PREDICT:
             self.path = f"{base}/v2/models/{target.model}/predict" if target.model else f"{base}/predict"
+            if target.image_size is not None:
+                self.path += f"?{IMAGE_SIZE_PARAM}={int(target.image_size)}"
         else:
             self.path = f"{base}/v2/models/{target.model}/infer"
 
@@ -108,7 +113,7 @@ class HttpClient:
         headers = self.target.headers()
         if self.target.protocol == PREDICT:
             return image, {**headers, "Content-Type": "application/octet-stream"}
-        return infer_body(image, headers, self.target.outputs)
+        return infer_body(image, headers, self.target.outputs, self.target.image_size)
 
     def _exchange(self, image: bytes) -> tuple[str, bytes, Any]:
         """(status, body, response headers) of one request; ``CONNECTION_ERROR`` with the reason as the body."""
@@ -178,17 +183,23 @@ def read_infer_response(body: bytes, header_length: Optional[str]) -> dict[str, 
 
 
 def infer_body(
-    image: bytes, headers: dict[str, str], outputs: tuple[str, ...] = (TOPK_LABELS, TOPK_SCORES)
+    image: bytes,
+    headers: dict[str, str],
+    outputs: tuple[str, ...] = (TOPK_LABELS, TOPK_SCORES),
+    image_size: Optional[int] = None,
 ) -> tuple[bytes, dict[str, str]]:
     """A v2 infer request for one image: the JSON header, then the image in Triton's binary BYTES layout;
-    ``outputs`` asked for as JSON (an embedding's vector in the binary tensor extension, as clients take it)."""
+    ``outputs`` asked for as JSON (an embedding's vector in the binary tensor extension, as clients take it);
+    ``image_size``: the size asked of an export for several sizes (the request's ``parameters``)."""
     data = serialize_bytes([image])
-    doc = {
+    doc: dict[str, Any] = {
         "inputs": [
             {"name": INPUT, "shape": [1, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(data)}}
         ],
         "outputs": [{"name": name, "parameters": {"binary_data": name == EMBEDDINGS}} for name in outputs],
     }
+    if image_size is not None:
+        doc["parameters"] = {IMAGE_SIZE_PARAM: int(image_size)}
     head = json.dumps(doc, separators=(",", ":")).encode()
     return head + data, {**headers, "Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(head))}
 
@@ -218,6 +229,7 @@ class GrpcClient:
                 outputs=self.outputs,
                 headers=self.target.headers(),
                 client_timeout=TIMEOUT_S,
+                parameters=None if self.target.image_size is None else {IMAGE_SIZE_PARAM: int(self.target.image_size)},
             )
         except InferenceServerException as exc:
             return grpc_status(exc), str(exc.message() or exc)[:EXAMPLE_CHARS]

@@ -18,6 +18,10 @@
    per image) with eager's; a class outside an answer's top-k is given the highest value it could have had (the
    answer's k-th), so each difference is a lower bound; no cosine is judged there.
 
+An export for several sizes is checked at one size per run: its base size, or ``image_size`` (``--image-size``),
+which every request asks of the server (``/predict?image_size=N``, v2 ``parameters.image_size``) and at which
+the images are preprocessed for eager PyTorch; a size the export does not list is refused before any request.
+
 Exit codes (the CLI's): 0 passed; 3 past the gate or refused (another export); 2 bad input (no token, an
 unknown model, an export or image folder that is none); 4 the server does not answer.
 """
@@ -310,26 +314,35 @@ def check_served(
     max_pixels: int | None = None,
     report_path: Any = None,
     write_report: bool = True,
+    image_size: int | None = None,
 ) -> ServedCheck:
     """Judge the server at ``url`` against eager PyTorch on the export in ``artifacts_dir`` (the one it should
     run). Never raises for a failed gate or a refusal: inspect ``check.status`` or call
     ``check.raise_for_failures()``. ServerUnreachableError when nobody answers; ConfigError / InputError for a
     missing token, an unknown model, an unreadable image folder. ``thresholds``: {"fp32": ..., "fp16": ...,
     "int8": ...} (default: the config's defaults). The check lands in ``drift-report.json``'s ``served``
-    section beside the export (or at ``report_path``) unless ``write_report`` is False."""
+    section beside the export (or at ``report_path``) unless ``write_report`` is False. ``image_size``: the size
+    asked of the server and judged (InputError naming the sizes that work when the export does not list it)."""
     from ..runtime.artifacts import Artifacts
     from ..runtime.backends import BackendOptions
 
     artifacts = Artifacts.open(artifacts_dir)
+    artifacts.preprocess_at(image_size)  # a size the export does not answer at: refused before any request
     embedding = artifacts.schema.output.kind == EMBEDDING
     name = model or model_name(artifacts.name)
     target = Target(
-        url, protocol, model if protocol == PREDICT else name, token, (EMBEDDINGS if embedding else LOGITS,)
+        url,
+        protocol,
+        model if protocol == PREDICT else name,
+        token,
+        (EMBEDDINGS if embedding else LOGITS,),
+        image_size,
     )
     facts = read_server_facts(target, name, artifacts)
     check = ServedCheck(
         target.url, protocol, model or name, artifacts.manifest_sha256, facts.sha256, facts.backend, "", ""
     )
+    check.image_size = image_size
     check.compared = "embedding" if embedding else ("scores" if protocol == PREDICT else "logits")
     if facts.sha256 and facts.sha256 != artifacts.manifest_sha256:
         check.status = "refused"
@@ -377,7 +390,10 @@ def _run(
     if not facts.sha256:
         check.notes.append("the server does not say which export it runs: only its answers are judged")
     check.notes += facts.notes
-    vset, batch, good, errors, true_index, unknown = validation_batch(artifacts, images, labels_file, max_pixels)
+    size = check.image_size
+    vset, batch, good, errors, true_index, unknown = validation_batch(
+        artifacts, images, labels_file, max_pixels, size=size
+    )
     reference, ref_seconds, describe = eager_reference(artifacts, options, batch)
     reference = reference[0]  # the pooled vector or the logits: what a server answers by default
     row, check.failed_requests, seconds = _judge(
@@ -386,6 +402,8 @@ def _run(
     row.failures += facts.preprocess_differences
     row.status = "failed" if row.failures else "passed"
     row.device, row.describe, row.seconds = target.url, f"{check.protocol} {target.url}", round(seconds, 4)
+    sized = bool(artifacts.image_sizes)  # rows of an export for several sizes name the size judged
+    row.image_size = (size or artifacts.input_shape[1]) if sized else None
     check.status = row.status
     check.drift = DriftReport(
         artifacts=str(artifacts.directory),
@@ -395,6 +413,7 @@ def _run(
         thresholds=limits,
         backends=[row],
         created=check.created,
+        image_sizes=[row.image_size] if row.image_size is not None else None,
     )
 
 

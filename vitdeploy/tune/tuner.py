@@ -45,7 +45,7 @@ def servable_backends(artifacts: Path, requested: str, options: Any) -> tuple[st
 
     facts = gather(artifacts)
     opened = Artifacts.open(artifacts)
-    rows = {r.backend: r for r in facts.accuracy if r.deployable}
+    rows = {r.backend: r for r in facts.per_backend() if r.deployable}  # failed at any size: failed
     passed = [n for n in RUNTIME_BACKENDS if n in rows and rows[n].status in ("reference", "passed")]
     if requested != AUTO:
         row = rows.get(requested)

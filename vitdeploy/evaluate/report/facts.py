@@ -3,7 +3,9 @@ export's validations), ``drift-report.json`` (`vitdeploy validate`: every backen
 ``bench-report.json`` (`vitdeploy bench`: speed on this machine). No plotting, no HTML here.
 
 Accuracy per backend comes from the drift report when there is one (it judges every backend, on the user's
-images), else from the export's own validations (each graph on the validation inputs).
+images), else from the export's own validations (each graph on the validation inputs). An export for several
+sizes has one row per backend and size (``image_size``); what to deploy and what `tune` may serve read one
+verdict per backend (:meth:`Facts.per_backend`: failed at any size is failed, each metric its worst size's).
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ class AccuracyRow:
     accuracy: float | None = None
     reason: str = ""
     deployable: bool = True  # a backend `serve -b` runs (not model.onnx beside model.ort.onnx, not an engine's source)
+    image_size: int | None = None  # the size judged, an export for several sizes (None: its one size, or every)
+
+    @property
+    def label(self) -> str:
+        """The backend, and the size judged where there is one: "ort at 336 px"."""
+        return f"{self.backend} at {self.image_size} px" if self.image_size is not None else self.backend
 
 
 @dataclass
@@ -58,11 +66,20 @@ class Facts:
     machine: dict[str, str]
     tune: dict[str, Any] | None = None  # `vitdeploy tune`'s tune-report.json, where it ran
 
+    def per_backend(self) -> list[AccuracyRow]:
+        """One row per backend: an export for several sizes' rows merged (the worst status of its sizes, each metric
+        at its worst size; a size that failed is named in the failures)."""
+        merged: dict[str, AccuracyRow] = {}
+        for row in self.accuracy:
+            seen = merged.get(row.backend)
+            merged[row.backend] = row if seen is None else _merge(seen, row)
+        return list(merged.values())
+
     def candidates(self) -> list[Candidate]:
         """One per backend that ran, for :func:`vitdeploy.evaluate.report.recommend.recommend`."""
         speed = self.speed_by_backend()
         out = []
-        for row in self.accuracy:
+        for row in self.per_backend():
             if row.status not in ("reference", "passed", "failed") or not row.deployable:
                 continue
             m = row.metrics
@@ -92,6 +109,33 @@ class Facts:
                 entry["latency_ms"] = float(r["p50_ms"])
             entry["images_per_s"] = max(entry.get("images_per_s", 0.0), float(r["images_per_s"]))
         return out
+
+
+#: status of merged rows: the first of these any size has
+_WORST = ("error", "failed", "unavailable", "passed", "reference")
+
+
+def _merge(a: AccuracyRow, b: AccuracyRow) -> AccuracyRow:
+    """Two sizes' rows of one backend as one verdict: the worse status, each metric's worse value (a difference's
+    highest, an agreement's or cosine's lowest), the failures of both, each named by its size."""
+    status = min(a.status, b.status, key=lambda s: _WORST.index(s) if s in _WORST else 0)
+    metrics = dict(a.metrics)
+    for key, value in b.metrics.items():
+        if key in metrics and isinstance(value, (int, float)) and isinstance(metrics[key], (int, float)):
+            metrics[key] = max(metrics[key], value) if "diff" in key else min(metrics[key], value)
+        else:
+            metrics.setdefault(key, value)
+    failures = [f"at {r.image_size} px, {f}" if r.image_size is not None else f for r in (a, b) for f in r.failures]
+    return AccuracyRow(
+        backend=a.backend,
+        status=status,
+        metrics=metrics,
+        thresholds=a.thresholds,
+        failures=failures,
+        accuracy=None if a.accuracy is None or b.accuracy is None else min(a.accuracy, b.accuracy),
+        reason=a.reason or b.reason,
+        deployable=a.deployable and b.deployable,
+    )
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -136,6 +180,7 @@ def _row(b: dict[str, Any], name: str) -> AccuracyRow:
         ],
         accuracy=b.get("accuracy"),
         reason=b.get("reason", ""),
+        image_size=b.get("image_size"),
     )
 
 
@@ -146,20 +191,31 @@ def _from_manifest(manifest: dict[str, Any]) -> list[AccuracyRow]:
         shown, runs = VALIDATION_BACKENDS.get(stage, (result.get("backend", stage), result.get("backend")))
         if stage == "validate-onnx" and not has_ort:
             shown, runs = "ort", "ort"  # without model.ort.onnx, `ort` runs model.onnx
-        rows.append(
-            AccuracyRow(
-                backend=shown,
-                deployable=runs is not None,
-                status="passed" if result.get("passed") else "failed",
-                metrics=result.get("metrics") or {},
-                thresholds=result.get("thresholds") or {},
-                failures=list(result.get("failures") or []),
-                per_image=result.get("per_image") or {},
-                flips=list(result.get("flips") or []),
-                reason=stage,
+        per_size = result.get("per_size") or {}  # an export for several sizes: the other sizes' verdicts
+        base = _base_size(manifest) if per_size else None
+        sizes = sorted([(base, result), *((int(k), v) for k, v in per_size.items())], key=lambda t: t[0] or 0)
+        for size, judged in sizes:
+            rows.append(
+                AccuracyRow(
+                    backend=shown,
+                    deployable=runs is not None,
+                    status="passed" if judged.get("passed") else "failed",
+                    metrics=judged.get("metrics") or {},
+                    thresholds=judged.get("thresholds") or {},
+                    failures=list(judged.get("failures") or []),
+                    per_image=judged.get("per_image") or {},
+                    flips=list(judged.get("flips") or []),
+                    reason=stage,
+                    image_size=size,
+                )
             )
-        )
     return rows
+
+
+def _base_size(manifest: dict[str, Any]) -> int | None:
+    """The side of the manifest's io.input (an export's base size), None where it does not say."""
+    shape = ((manifest.get("io") or {}).get("input") or {}).get("shape") or []
+    return shape[-1] if shape and isinstance(shape[-1], int) else None
 
 
 def machine() -> dict[str, str]:

@@ -154,19 +154,28 @@ def _accuracy(facts: Facts) -> str:
 
     columns = _columns(facts.accuracy)
     labelled = any(r.accuracy is not None for r in facts.accuracy)
+    sized = any(r.image_size is not None for r in facts.accuracy)  # an export for several sizes: a size column
     rows = []
     for r in facts.accuracy:
         verdict = {"passed": "<span class='ok'>passed</span>", "failed": "<span class='bad'>failed</span>"}.get(
             r.status, _e(r.status)
         )
+        size = ((f"{r.image_size} px" if r.image_size is not None else "all"),) if sized else ()
         rows.append(
-            (_e(r.backend), verdict)
+            (_e(r.backend), *size, verdict)
             + tuple(_metric_cell(r, key, spec, head) for key, head, spec in columns)
             + ((_fmt(r.accuracy, ".1%"),) if labelled else ())
             + (_e("; ".join(r.failures) or r.reason),)
         )
-    head = ("backend", "verdict", *(h for _, h, _ in columns), *(("accuracy (labels)",) if labelled else ()), "notes")
-    per = {r.backend: r.per_image for r in facts.accuracy if r.per_image}
+    head = (
+        "backend",
+        *(("size",) if sized else ()),
+        "verdict",
+        *(h for _, h, _ in columns),
+        *(("accuracy (labels)",) if labelled else ()),
+        "notes",
+    )
+    per = {r.label: r.per_image for r in facts.accuracy if r.per_image}
     plots = "".join(
         "<figure>" + drift_distribution(per, metric) + "</figure>"
         for metric in DRIFT_AXES
@@ -190,7 +199,7 @@ def _flips(facts: Facts, images: bool) -> str:
         if not r.flips:
             continue
         any_flip = True
-        parts.append(f"<h3>{_e(r.backend)}: {len(r.flips)} image(s)</h3>")
+        parts.append(f"<h3>{_e(r.label)}: {len(r.flips)} image(s)</h3>")
         for f in r.flips:
             src = thumbnail(f["input"]) if images else None
             pic = (
@@ -201,7 +210,7 @@ def _flips(facts: Facts, images: bool) -> str:
                 + "</span>"
             )
             tops = _table(
-                ("eager PyTorch", "p", _e(r.backend), "p"),
+                ("eager PyTorch", "p", _e(r.label), "p"),
                 [
                     (_e(a[0]), _fmt(a[1], ".3f"), _e(b[0]), _fmt(b[1], ".3f"))
                     for a, b in zip(f.get("reference", []), f.get("candidate", []))
