@@ -59,13 +59,15 @@ def _contract(text: str, ensemble: bool) -> list[str]:
 def _first_change(old: list[str], new: list[str]) -> str:
     for i, (a, b) in enumerate(zip(old + [""] * len(new), new + [""] * len(old))):
         if a != b:
-            return f"line {i + 1}: {_short(a)!r} would become {_short(b)!r}"
+            at = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            return f"line {i + 1}: {_around(a, at)!r} would become {_around(b, at)!r}"
     return "no line"
 
 
-def _short(line: str, width: int = 100) -> str:
-    line = line.strip()
-    return line if len(line) <= width else line[: width - 3] + "..."
+def _around(line: str, at: int, before: int = 40, after: int = 50) -> str:
+    """The part of a (long) line around position ``at``, where it changes."""
+    start = max(0, at - before)
+    return ("..." if start else "") + line[start : at + after] + ("..." if len(line) > at + after else "")
 
 
 def _check_name(repo: Path, name: str) -> None:
