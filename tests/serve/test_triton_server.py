@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,6 +29,7 @@ httpclient = pytest.importorskip(
 grpcclient = pytest.importorskip(
     "tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[http,grpc]')"
 )
+from helpers.counted_load import CountedLoad  # noqa: E402
 from helpers.held import answered_while_held, triton_stub_pids  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
@@ -36,6 +38,8 @@ pytestmark = pytest.mark.integration
 NAME = "vit-demo-digits"
 SMALL_QUEUE = "small-queue"
 TAMPERED = "tampered"
+TINY = "tiny"  # the tiny export's repository, switched to a second export as version 2 (--new-version)
+TINY_TRITON = {"triton": {"inference": "ort_python", "max_queue_delay_us": 2000}}
 MAX_PIXELS = 600_000  # runtime.max_image_pixels for this repository: the "bomb" below exceeds it
 VENV = default_venv()
 
@@ -109,7 +113,17 @@ def tampered(demo_artifacts: Path, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(demo_artifacts: Path, tampered: dict[str, Path], tmp_path_factory):
+def versioned(tiny_artifacts, tmp_path_factory) -> Path:
+    """The tiny export's repository (version 1), served by ``server``; one test adds version 2 to it."""
+    from vitdeploy.base.config import parse_config
+    from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
+
+    settings = settings_from_config(parse_config(TINY_TRITON))
+    return build_triton_repo(tiny_artifacts(seed=0), tmp_path_factory.mktemp("versioned") / "repo", settings).path
+
+
+@pytest.fixture(scope="module")
+def server(demo_artifacts: Path, tampered: dict[str, Path], versioned: Path, tmp_path_factory):
     _require_triton_env()
     from vitdeploy.base.config import parse_config
     from vitdeploy.serve.triton.repo import build_triton_repo, settings_from_config
@@ -130,7 +144,8 @@ def server(demo_artifacts: Path, tampered: dict[str, Path], tmp_path_factory):
     (renamed / "manifest.json").write_text(json.dumps(manifest))
     small = parse_config({"triton": {"inference": "ort_python", "max_queue_size": 1, "max_queue_delay_us": 20000}})
     repo2 = build_triton_repo(renamed, root / "repo2", settings_from_config(small)).path
-    with BundledTriton(VENV, [repo, repo2, tampered["repo"]], load=[NAME, SMALL_QUEUE, TAMPERED]) as triton:
+    repos, load = [repo, repo2, tampered["repo"], versioned], [NAME, SMALL_QUEUE, TAMPERED, TINY]
+    with BundledTriton(VENV, repos, load=load) as triton:
         yield triton
 
 
@@ -445,3 +460,71 @@ def test_an_export_for_several_sizes_answers_at_the_size_a_request_asks(sized_ar
                 np.testing.assert_allclose(got, want[size], rtol=0, atol=1e-4, err_msg=f"{module.__name__} {size}")
             with pytest.raises(InferenceServerException, match="sizes that work: 28, 42, 56"):
                 client.infer(name, [inp], outputs=asked, parameters={"image_size": 35})
+
+
+def _readme_switch(repo: Path) -> list[str]:
+    """The bash block of the repository README's "A new version" section, cut at its numbered comments, each
+    part after the lines before the first (its variables)."""
+    section = (repo / "README.md").read_text().split("## A new version of the model", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    parts: list[list[str]] = [[]]
+    for line in block.splitlines():
+        if line.startswith(("# 1.", "# 2.", "# 3.")):
+            parts.append([])
+        parts[-1].append(line)
+    assert len(parts) == 4, block
+    return ["\n".join(parts[0] + part) for part in parts[1:]]
+
+
+def test_a_new_export_switches_in_as_version_2_under_load_without_a_failed_request(
+    server: BundledTriton, versioned: Path, tiny_artifacts, images
+):
+    """`triton-repo --new-version` writes a second export (another seed: other answers) as version 2 of every model
+    while the server runs version 1; the README's steps, run as written (curl against the server) under a load of
+    three HTTP clients that counts every answer: the steps load version 2, the ensemble's reload switches, version 1
+    is retired. Not one request fails; every answer is one export's, the first's until the switch, the second's
+    after it (images the two answer differently); the ensemble names the second export's sha256. (Triton's HTTP
+    answer says model_version 2 already once the steps have a version 2: it is not the ensemble's version.)"""
+    import subprocess
+
+    from vitdeploy.base.config import parse_config
+    from vitdeploy.runtime.artifacts import sha256_file
+    from vitdeploy.runtime.predictor import Predictor
+    from vitdeploy.serve.triton.new_version import add_version
+    from vitdeploy.serve.triton.repo import settings_from_config
+
+    exports = {"1": tiny_artifacts(seed=0), "2": tiny_artifacts(seed=1)}
+    top1 = {}
+    for version, export in exports.items():
+        with Predictor.from_artifacts(export, backend="ort") as p:
+            top1[version] = {n: p.predict([b], top_k=1)[0].top_k[0][0] for n, b in images.items()}
+    chosen = [n for n in images if top1["1"][n] != top1["2"][n]]
+    assert len(chosen) >= 2, "the two exports must answer some images differently"
+    added = add_version(exports["2"], versioned, settings_from_config(parse_config(TINY_TRITON)))
+    assert (added.version, added.previous) == (2, 1)
+    parts = _readme_switch(versioned)
+    env = {**os.environ, "URL": server.http_url}
+    load = CountedLoad(f"http://{server.http_url}", TINY, [images[n] for n in chosen], clients=3, triton=True)
+    try:
+        load.wait_for(30)
+        for i, part in enumerate(parts):
+            done = subprocess.run(["bash", "-ec", part], cwd=versioned, env=env, capture_output=True, text=True)
+            assert done.returncode == 0, f"README step {i + 1}:\n{part}\n{done.stdout}\n{done.stderr}"
+            if i == 0:
+                switching = time.time()  # the steps' version 2 is loaded: the switch is next
+            if i == 1:
+                switched = time.time()
+                assert sha256_file(exports["2"] / "manifest.json") in done.stdout  # the ensemble names export 2
+            load.wait_for(30)
+    finally:
+        answers = load.stop()
+    failed = [a for a in answers if a.status != "200"]
+    assert not failed, f"{len(failed)} of {len(answers)} failed, e.g. {failed[:3]}"
+    old, new = ([top1[v][chosen[a.image]] for a in answers] for v in ("1", "2"))
+    before = [a.label == o for a, o in zip(answers, old) if a.at < switching]
+    after = [a.label == n for a, n in zip(answers, new) if a.at > switched]
+    assert len(before) >= 30 and all(before), "before the switch: the first export's answers"
+    assert len(after) >= 30 and all(after), "after the switch: the second export's answers"
+    assert all(a.label in (o, n) for a, o, n in zip(answers, old, new)), "always one export's answer"
+    client = httpclient.InferenceServerClient(server.http_url)
+    assert not client.is_model_ready(f"{TINY}_ort_python", "1") and client.is_model_ready(f"{TINY}_ort_python", "2")

@@ -899,6 +899,12 @@ def serve(
     help="K of TOPK_LABELS/TOPK_SCORES (default: serve.top_k, 5)",
 )
 @click.option("--force", is_flag=True, help="replace OUT if it exists")
+@click.option(
+    "--new-version",
+    is_flag=True,
+    help="add the export as the next version folder of every model of the repository OUT (same model; the "
+    "live version untouched, the ensemble then calls the new one: see OUT/README.md for the switch)",
+)
 @config_option
 @handle_errors
 def triton_repo(
@@ -911,11 +917,17 @@ def triton_repo(
     preprocess_instances: int | None,
     top_k: int | None,
     force: bool,
+    new_version: bool,
     config_path: Path | None,
 ) -> None:
     """Generate a Triton model repository (ensemble: image bytes -> logits + top-k) from an export."""
     from ..base.config import load_config
+    from ..base.errors import ConfigError
+    from ..serve.triton.new_version import add_version
     from ..serve.triton.repo import build_triton_repo, settings_from_config
+
+    if force and new_version:
+        raise ConfigError("--force replaces OUT, --new-version adds to it: pass one of them")
 
     cfg = load_config(config_path)
     overrides = {
@@ -926,13 +938,17 @@ def triton_repo(
         "gpus": _int_list(gpus, "--gpus") if gpus is not None else None,
     }
     settings = settings_from_config(cfg, {k: v for k, v in overrides.items() if v is not None}, top_k=top_k)
-    result = build_triton_repo(
-        artifacts_dir or cfg.output_dir,
-        out_dir,
-        settings,
-        force=force,
-        on_step=lambda msg: click.echo(f"  {msg} ...", err=True),
-    )
+    step = lambda msg: click.echo(f"  {msg} ...", err=True)  # noqa: E731
+    if new_version:
+        result = add_version(artifacts_dir or cfg.output_dir, out_dir, settings, on_step=step)
+        click.echo(
+            f"added version {result.version} to {result.path}: {', '.join(result.models)} (ensemble "
+            f"'{result.name}' now calls version {result.version} of {result.name}_{result.inference}; the server "
+            f"runs version {result.previous} until you load it)"
+        )
+        click.echo(f"next: the switch on a running server is in {result.path / 'README.md'} (A new version)")
+        return
+    result = build_triton_repo(artifacts_dir or cfg.output_dir, out_dir, settings, force=force, on_step=step)
     click.echo(
         f"wrote {result.path}: {', '.join(result.models)} (ensemble '{result.name}' over "
         f"{result.name}_{result.inference})"

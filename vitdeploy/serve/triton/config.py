@@ -51,6 +51,10 @@ PREPROCESS_PARAM = "preprocess"
 #: ... and, for an export for several sizes, each listed size's recipe ({"336": PreprocessSpec as a dict, ...} as
 #: JSON): a request's ``parameters.image_size`` picks one (protocol.IMAGE_SIZE_PARAM)
 PREPROCESS_SIZES_PARAM = "preprocess_at_size"
+#: Every model but the ensemble loads each version folder it has: a new export's version (`triton-repo
+#: --new-version`) loads beside the live one while the ensemble still calls the live one; a version is
+#: retired by removing its folder and loading the model again.
+VERSION_POLICY = "version_policy: { all { } }"
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,7 @@ def preprocess_config(
         f"name: {_q(names['preprocess'])}",
         'backend: "python"',
         f"max_batch_size: {b}",
+        VERSION_POLICY,
         _tensors("input", [_tensor(INPUT, "TYPE_STRING", [1])]),
         _tensors("output", [_tensor(PIXELS, "TYPE_FP32", facts.pixel_dims)]),
         _dynamic_batching(facts, settings, b, queue=True),
@@ -219,6 +224,7 @@ def postprocess_config(facts: ModelFacts, settings: Settings, version: str) -> s
         f"name: {_q(names['postprocess'])}",
         'backend: "python"',
         f"max_batch_size: {b}",
+        VERSION_POLICY,
         _tensors("input", [_tensor(LOGITS, "TYPE_FP32", [facts.num_classes])]),
         _tensors(
             "output",
@@ -253,6 +259,7 @@ def _classifier(
         f"name: {_q(name)}",
         runner,
         f"max_batch_size: {max_batch}",
+        VERSION_POLICY,
         _tensors("input", [_tensor(facts.input_name, "TYPE_FP32", facts.pixel_dims)]),
         _tensors(
             "output", [_tensor(facts.output_name, "TYPE_FP32", [facts.num_classes], label), *_patch_tensor(facts)]
@@ -376,13 +383,20 @@ def ensemble_max_batch(facts: ModelFacts, settings: Settings) -> int:
     return b
 
 
-def _ensemble_steps(facts: ModelFacts, settings: Settings) -> list[str]:
+def _ensemble_steps(facts: ModelFacts, settings: Settings, version: int) -> list[str]:
+    """The steps, each pinned to ``version`` of its model: a new version loads beside the live one while
+    the ensemble still calls the live one, and the ensemble's own reload switches every step at once."""
     names = model_names(facts.name)
 
     def step(model: str, inputs: Mapping[str, str], outputs: Mapping[str, str]) -> str:
         maps = [f"      input_map {{ key: {_q(a)} value: {_q(b)} }}" for a, b in inputs.items()]
         maps += [f"      output_map {{ key: {_q(a)} value: {_q(b)} }}" for a, b in outputs.items()]
-        return "    {\n" + f"      model_name: {_q(model)}\n      model_version: -1\n" + "\n".join(maps) + "\n    }"
+        return (
+            "    {\n"
+            + f"      model_name: {_q(model)}\n      model_version: {int(version)}\n"
+            + "\n".join(maps)
+            + "\n    }"
+        )
 
     pre = step(names["preprocess"], {INPUT: INPUT}, {PIXELS: "pixel_values"})
     if facts.embedding:  # the inference model's outputs are the ensemble's: nothing to post-process
@@ -402,7 +416,8 @@ def _ensemble_steps(facts: ModelFacts, settings: Settings) -> list[str]:
     ]
 
 
-def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
+def ensemble_config(facts: ModelFacts, settings: Settings, version: int = 1) -> str:
+    """The ensemble over ``version`` of each step (the version folder the export was written to)."""
     if settings.inference not in INFERENCE_KINDS:
         raise ValueError(f"inference must be one of {INFERENCE_KINDS}, got {settings.inference!r}")
     names = model_names(facts.name)
@@ -420,7 +435,7 @@ def ensemble_config(facts: ModelFacts, settings: Settings) -> str:
         f"max_batch_size: {ensemble_max_batch(facts, settings)}",
         _tensors("input", [_tensor(INPUT, "TYPE_STRING", [1])]),
         _tensors("output", [_tensor(name, CONFIG_TYPES[dtype], dims) for name, dtype, dims in outputs]),
-        "ensemble_scheduling {\n  step [\n" + ",\n".join(_ensemble_steps(facts, settings)) + "\n  ]\n}",
+        "ensemble_scheduling {\n  step [\n" + ",\n".join(_ensemble_steps(facts, settings, version)) + "\n  ]\n}",
         # which export the ensemble answers with, on which backend (protocol.EXPORT_SHA256: validate --url)
         *_parameters(
             export_parameters(facts.export_sha256, served_backend(settings), facts.image_sizes)
@@ -436,6 +451,7 @@ __all__ = [
     "LABELS_FILE",
     "ONNX_FILES",
     "TRT_CACHE_DIR",
+    "VERSION_POLICY",
     "PIXELS",
     "PREPROCESS_PARAM",
     "PREPROCESS_SIZES_PARAM",

@@ -11,8 +11,15 @@ from .versions import IMAGE, container_release
 
 
 def render_readme(
-    facts: tc.ModelFacts, settings: tc.Settings, engine: dict[str, Any] | None, models: Sequence[str]
+    facts: tc.ModelFacts,
+    settings: tc.Settings,
+    engine: dict[str, Any] | None,
+    models: Sequence[str],
+    version: int = 1,
+    previous: int | None = None,
 ) -> str:
+    """``version``: the version folder the ensemble calls; ``previous``: the one it called before
+    (`triton-repo --new-version`)."""
     names = tc.model_names(facts.name)
     k = tc.top_k_of(facts, settings)
     b = tc.ensemble_max_batch(facts, settings)
@@ -60,6 +67,7 @@ def render_readme(
         "",
         *_container_section(facts, settings, engine, names, onnx_file),
         *_scaling_and_calling(facts, settings),
+        *_new_version_section(facts, settings, version, previous),
     ]
     return "\n".join(lines)
 
@@ -232,6 +240,56 @@ def _scaling_and_calling(facts: tc.ModelFacts, settings: tc.Settings) -> list[st
         "secret is part of the server's command line (visible to anyone on that host who lists",
         "its processes): keep the ports behind a gateway that authenticates callers (and terminates TLS)",
         "when they face a network you do not control, and treat this header as a second layer.",
+        "",
+    ]
+
+
+def _new_version_section(facts: tc.ModelFacts, settings: tc.Settings, version: int, previous: int | None) -> list[str]:
+    """How a new export becomes the next version of every model, switched on a running server."""
+    names = tc.model_names(facts.name)
+    steps = " ".join(
+        names[r] for r in ("preprocess", settings.inference, *(() if facts.embedding else ("postprocess",)))
+    )
+    new, old = (version, previous) if previous else (version + 1, version)
+    now = (
+        f"This repository's ensemble calls version {version} of each step (written by `--new-version`); version "
+        f"{previous} is the one it called before. The steps below switch a running server from {previous} to "
+        f"{version}."
+        if previous
+        else f"This repository's ensemble calls version {version} of each step. With a new export:"
+    )
+    folders = " ".join(f"{m}/{old}" for m in (*steps.split(), names["ensemble"]))
+    return [
+        "## A new version of the model",
+        "",
+        now,
+        "",
+        "```bash",
+        *(
+            ()
+            if previous
+            else (f"vitdeploy triton-repo -a NEW_EXPORT -o . --new-version   # version {new} of every model",)
+        ),
+        f"# tritonserver ... --model-control-mode=explicit --load-model={facts.name}",
+        f"URL=${{URL:-localhost:8000}} STEPS='{steps}'",
+        f"# 1. each step loads version {new} beside {old}; the live ensemble still calls {old}",
+        'for m in $STEPS; do curl -fsS -X POST "$URL/v2/repository/models/$m/load"; done',
+        f'for m in $STEPS; do curl -fsS "$URL/v2/models/$m/versions/{new}/ready" && echo "$m {new} ready"; done',
+        f"# 2. the switch: the ensemble reloads its config.pbtxt, which calls version {new} and names the new export",
+        f'curl -fsS -X POST "$URL/v2/repository/models/{facts.name}/load"',
+        f'curl -fsS "$URL/v2/models/{facts.name}/config" | grep -o \'"vitdeploy_export_sha256"[^}}]*}}\'',
+        f"# 3. retire version {old}: remove its folders, load the steps again (Triton unloads what is gone)",
+        f"rm -r {folders}",
+        'for m in $STEPS; do curl -fsS -X POST "$URL/v2/repository/models/$m/load"; done',
+        "```",
+        "",
+        f"`--new-version` writes the export as version {new} of every model and leaves version {old} as it is; it",
+        "refuses (one line, nothing written) an export of another model, or one that would change a model's",
+        "`config.pbtxt` or `labels.txt` (tensors, preprocessing, labels, K, settings), which every version shares.",
+        "Every model but the ensemble loads each version folder it has (`version_policy: { all { } }`); the",
+        "ensemble calls fixed versions, so a request is answered by one export or the other, never a mix, and",
+        "Triton finishes the requests in flight on the old ensemble. Until step 2 clients see no change. To go",
+        "back after it, write the previous export with `--new-version` again and switch the same way.",
         "",
     ]
 

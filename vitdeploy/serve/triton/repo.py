@@ -34,6 +34,7 @@ from ..protocol import model_name
 from . import config as tc
 from .models import ARTIFACTS_DIR, model_py
 from .package import write_package
+from .readme import render_readme
 from .versions import container_release
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class RepoResult:
     inference: str  # the model the ensemble calls
     onnx_precision: str  # the graph of the _onnx model: "fp32" (model.onnx) or "fp16" (model.fp16.onnx)
     engine: dict[str, Any] | None  # model.engine.json when an engine was packaged
+    version: int = 1  # the version folder the export was written to (the one the ensemble calls)
+    previous: int | None = None  # --new-version: the version the ensemble called before
 
 
 def settings_from_config(cfg: Any, overrides: dict[str, Any] | None = None, top_k: int | None = None) -> tc.Settings:
@@ -192,9 +195,16 @@ def _pruned_manifest(artifacts: Artifacts, entries: dict[str, dict[str, Any]]) -
     return manifest
 
 
-def _build(
-    tmp: Path, artifacts: Artifacts, facts: tc.ModelFacts, settings: tc.Settings, engine_meta: dict[str, Any] | None
+def build_models(
+    tmp: Path,
+    artifacts: Artifacts,
+    facts: tc.ModelFacts,
+    settings: tc.Settings,
+    engine_meta: dict[str, Any] | None,
+    version: int = 1,
 ) -> list[str]:
+    """Every model's folder under ``tmp``: config.pbtxt (and labels.txt) beside the ``version`` folder
+    holding the export's files; the model names."""
     names = tc.model_names(facts.name)
     labels = _labels_text(artifacts.labels, facts.num_classes)
     models: list[str] = []
@@ -202,11 +212,11 @@ def _build(
     def model(role: str, config: str, with_labels: bool = False) -> Path:
         root = tmp / names[role]
         _write(root / "config.pbtxt", config)
-        (root / "1").mkdir(parents=True, exist_ok=True)
+        (root / str(version)).mkdir(parents=True, exist_ok=True)
         if with_labels and not facts.embedding:  # an embedding has no labels (and no postprocess model)
             _write(root / tc.LABELS_FILE, labels)
         models.append(names[role])
-        return root / "1"
+        return root / str(version)
 
     pre = model(
         "preprocess",
@@ -239,15 +249,11 @@ def _build(
         _copy_role(artifacts, "engine", trt_dir, tc.ENGINE_FILE)
         _write(trt_dir.parent / "model.engine.json", json.dumps(engine_meta, indent=2) + "\n")
 
-    model("ensemble", tc.ensemble_config(facts, settings))
-    from .readme import render_readme
-
-    write_package(tmp, container_release(engine_meta)[0])
-    _write(tmp / "README.md", render_readme(facts, settings, engine_meta, models))
+    model("ensemble", tc.ensemble_config(facts, settings, version))
     return sorted(models)
 
 
-def _resolved(artifacts: Artifacts, settings: tc.Settings) -> tuple[tc.Settings, tc.ModelFacts, dict[str, Any] | None]:
+def resolved(artifacts: Artifacts, settings: tc.Settings) -> tuple[tc.Settings, tc.ModelFacts, dict[str, Any] | None]:
     engine_meta = _engine_meta(artifacts)
     settings = replace(
         settings,
@@ -261,7 +267,7 @@ def model_configs(artifacts_dir: str | os.PathLike[str], settings: tc.Settings) 
     """Model name -> the config.pbtxt ``build_triton_repo`` writes for it, without writing anything: what a
     running server reloads when only the settings change (`vitdeploy tune --target triton`)."""
     artifacts = Artifacts.open(artifacts_dir)
-    settings, facts, engine_meta = _resolved(artifacts, settings)
+    settings, facts, engine_meta = resolved(artifacts, settings)
     names = tc.model_names(facts.name)
     configs = {
         names["preprocess"]: tc.preprocess_config(
@@ -306,12 +312,14 @@ def build_triton_repo(
     except OSError:
         pass
     step("checking the engine metadata")
-    settings, facts, engine_meta = _resolved(artifacts, settings)
+    settings, facts, engine_meta = resolved(artifacts, settings)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         step("verifying and copying artifacts")
-        models = _build(tmp, artifacts, facts, settings, engine_meta)
+        models = build_models(tmp, artifacts, facts, settings, engine_meta)
+        write_package(tmp, container_release(engine_meta)[0])
+        _write(tmp / "README.md", render_readme(facts, settings, engine_meta, models))
         os.chmod(tmp, 0o755)
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
@@ -336,10 +344,12 @@ def build_triton_repo(
 
 __all__ = [
     "RepoResult",
+    "build_models",
     "build_triton_repo",
     "fp16_validated",
     "model_configs",
     "resolve_inference",
     "resolve_onnx_precision",
+    "resolved",
     "settings_from_config",
 ]
