@@ -193,9 +193,9 @@ def pool_size(settings: BatchSettings, *, local: bool, cores: int) -> tuple[int,
 def actor_options(options: Any, settings: BatchSettings) -> Any:
     """The BackendOptions of each inference actor: as many intra-op threads as the CPUs Ray gives it
     (``batch.cpus_per_worker``, whole CPUs), whatever ``runtime.threads`` says, since that is one predictor's
-    figure: two actors of ``runtime.threads: 2`` each on 2 cores ran 4 threads on 2 cores, 12% more CPU a
-    model call (ViT-S/16, benchmarks/README.md). A fraction of a CPU keeps ``runtime.threads`` (or the
-    library's default)."""
+    figure: two actors of ``runtime.threads: 2`` each ran 4 threads on 2 cores (ViT-S/16 steady state 0.77-0.82x
+    ``predict`` against 0.86-0.91x with one thread each, benchmarks/README.md). A fraction of a CPU keeps
+    ``runtime.threads`` (or the library's default)."""
     if settings.cpus_per_worker < 1:
         return options
     threads = int(settings.cpus_per_worker)
