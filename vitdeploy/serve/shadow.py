@@ -49,7 +49,7 @@ class ShadowMixin:
         images, the ns it spent on them, its backend; ``errors``: {index: reason} of images it refused."""
         start = time.perf_counter_ns()
         names = [f"{INPUT}[{i}]" for i in range(len(blobs))]
-        rows, errors = await self._classify(list(zip(names, blobs)))
+        rows, errors, _ = await self._classify(list(zip(names, blobs)))
         took = time.perf_counter_ns() - start
         good = [r for r in rows if r is not None]
         return {
