@@ -44,6 +44,17 @@ def test_every_artifact_is_validated_at_every_listed_size(sized_export: Path):
     assert manifest["validation"]["validate-onnx"]["per_size"]["70"]["metrics"]["max_abs_diff"] < 1e-4
 
 
+def test_ort_graph_fuses_every_blocks_attention_with_dynamic_height_and_width(sized_export: Path, tmp_path):
+    """The head reshapes' shapes are computed in the graph (Shape/Concat of the token count), yet each of
+    the 2 blocks gets one MultiHeadAttention (the graph validated at every size above); a wrong head count
+    is still refused."""
+    from vitdeploy.export.optimize import fused_op_counts, optimize_for_ort
+
+    assert fused_op_counts(sized_export / "model.ort.onnx").get("MultiHeadAttention") == 2
+    out = optimize_for_ort(sized_export / "model.onnx", tmp_path / "m.ort.onnx", num_heads=4, hidden_size=64)
+    assert "MultiHeadAttention" not in fused_op_counts(out)
+
+
 def test_runtime_answers_at_a_listed_size_as_eager_and_refuses_another(sized_export: Path):
     import torch
 

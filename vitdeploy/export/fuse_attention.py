@@ -3,6 +3,10 @@
 ONNX Runtime's optimiser fuses none of the exporters' ViT attention, so this pass matches the
 Q/K/V MatMuls, the scaled softmax and the head reshapes, and writes one ``MultiHeadAttention``
 (or ``Attention``) node per block. Part of ``optimize_for_ort``; the graph it writes is ORT-only.
+
+The head reshapes' target shapes are constants in a fixed-size export and computed in the graph
+(Shape/Gather/Concat of the batch and token counts) when height and width are dynamic: either way
+their length and their trailing ``3, heads, head size`` / ``hidden size`` entries must be proven.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class _Graph:
             for i in node.input:
                 self.consumers[i].append(node)
         self.outputs = {o.name for o in graph.output}
+        self.declared = {v.name: v for v in (*graph.input, *graph.value_info, *graph.output)}
 
     def const(self, name: str) -> Any | None:
         """The value of an initializer or Constant-node output, else None."""
@@ -43,6 +48,28 @@ class _Graph:
                 if a.name == "value":
                     return self._np.to_array(a.t)
         return None
+
+    def vector_length(self, name: str) -> int | None:
+        """The element count of a 1-D tensor computed at run time, where the graph proves it: a
+        ``Shape`` with explicit start/end, else the exporter's recorded (rank-1, fixed) shape."""
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Shape":
+            start, end = _attr(node, "start"), _attr(node, "end")
+            if start is not None and end is not None and 0 <= start < end:
+                rank = self._rank(node.input[0])
+                if rank is not None and end <= rank:
+                    return end - start
+        info = self.declared.get(name)
+        if info is None or not info.type.HasField("tensor_type") or not info.type.tensor_type.HasField("shape"):
+            return None
+        dims = info.type.tensor_type.shape.dim
+        return dims[0].dim_value if len(dims) == 1 and dims[0].HasField("dim_value") else None
+
+    def _rank(self, name: str) -> int | None:
+        info = self.declared.get(name)
+        if info is None or not info.type.tensor_type.HasField("shape"):
+            return None
+        return len(info.type.tensor_type.shape.dim)
 
     def only_consumer(self, name: str, op_type: str) -> Any | None:
         users = self.consumers.get(name, [])
@@ -100,6 +127,28 @@ def _gather_of(g: _Graph, name: str) -> tuple[Any, int] | None:
     return node, int(idx.reshape(-1)[0])
 
 
+def _shape_entries(g: _Graph, name: str) -> list[int | str] | None:
+    """A Reshape's target shape entry by entry: an int where constant, the name of the 1-element tensor
+    that holds it where computed at run time (a Concat of parts, the dynamic-size export's form); None
+    when its length is not proven."""
+    value = g.const(name)
+    if value is not None:
+        return [int(v) for v in value.reshape(-1)] if value.ndim == 1 else None
+    node = g.made_by(name, "Concat")
+    if node is None or _attr(node, "axis") not in (0, -1):
+        return None
+    entries: list[int | str] = []
+    for part in node.input:
+        value = g.const(part)
+        if value is not None and value.ndim == 1:
+            entries.extend(int(v) for v in value)
+        elif value is None and g.vector_length(part) == 1:
+            entries.append(part)
+        else:
+            return None
+    return entries
+
+
 def _swaps_last_two(perm: list[int]) -> bool:
     n = len(perm)
     return n >= 2 and list(perm) == list(range(n - 2)) + [n - 1, n - 2]
@@ -136,8 +185,8 @@ def _match_attention(g: _Graph, softmax: Any, num_heads: int, hidden_size: int) 
     if merge_t is None or list(_attr(merge_t, "perm", [])) != [0, 2, 1, 3]:
         return None
     merge_r = g.only_consumer(merge_t.output[0], "Reshape")
-    out_shape = g.const(merge_r.input[1]) if merge_r is not None else None
-    if out_shape is None or out_shape.size != 3 or int(out_shape[-1]) != hidden_size:
+    out_shape = _shape_entries(g, merge_r.input[1]) if merge_r is not None else None
+    if out_shape is None or len(out_shape) != 3 or out_shape[-1] != hidden_size:
         return None
 
     q = _strip_scale(g, scores.input[0])
@@ -155,9 +204,11 @@ def _match_attention(g: _Graph, softmax: Any, num_heads: int, hidden_size: int) 
     if list(_attr(split_t, "perm", [])) != [2, 0, 3, 1, 4]:
         return None
     split_r = g.made_by(split_t.input[0], "Reshape")
-    shape = g.const(split_r.input[1]) if split_r is not None else None
+    shape = _shape_entries(g, split_r.input[1]) if split_r is not None else None
     head = hidden_size // num_heads
-    if shape is None or shape.size != 5 or [int(s) for s in shape[2:]] != [3, num_heads, head]:
+    if shape is None or len(shape) != 5 or shape[2:] != [3, num_heads, head]:
+        return None
+    if shape[:2] != out_shape[:2]:  # the heads merge back into the batch / token layout they were split from
         return None
     bias_add = g.made_by(split_r.input[0], "Add")
     if bias_add is None:
