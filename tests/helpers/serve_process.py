@@ -79,3 +79,15 @@ class ServeProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
+
+
+def leave_ray() -> None:
+    """Disconnect this test process from the Ray it joined, and forget Ray Serve's cached controller client:
+    that client survives ``ray.shutdown()`` and is taken as current on the next cluster joined when that
+    cluster's first job id equals the old one (both 01000000), so a later test module's ``serve.status()``
+    would call a controller of a cluster that is gone."""
+    import ray
+    from ray.serve import context
+
+    context._disconnect()  # private in Ray 2.60: only drops the local handle, never stops Serve
+    ray.shutdown()

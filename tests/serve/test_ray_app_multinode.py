@@ -23,7 +23,7 @@ import pytest
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
 
-from helpers.serve_process import ServeProcess, free_port  # noqa: E402
+from helpers.serve_process import ServeProcess, free_port, leave_ray  # noqa: E402
 
 from vitdeploy.demo import IMAGES_DIR  # noqa: E402
 from vitdeploy.runtime.artifact_transfer import CACHE_ENV  # noqa: E402
@@ -136,7 +136,7 @@ def mn(demo_artifacts, tmp_path_factory):
     finally:
         if proc is not None:
             assert proc.stop() == 0, "\n".join(proc.lines[-20:])
-        ray.shutdown()
+        leave_ray()
         if cluster is not None:
             cluster.shutdown()
         for k, v in saved.items():

@@ -31,7 +31,7 @@ pytest.importorskip("tritonclient.grpc", reason="the gRPC client needs tritoncli
 
 from helpers.counted_load import CountedLoad, failures  # noqa: E402
 from helpers.held import processes  # noqa: E402
-from helpers.serve_process import ServeProcess, free_port, serve_env  # noqa: E402
+from helpers.serve_process import ServeProcess, free_port, leave_ray, serve_env  # noqa: E402
 from helpers.tiny_export import file_entry  # noqa: E402
 
 from vitdeploy.base.config import parse_config  # noqa: E402
@@ -96,7 +96,7 @@ def server(tiny_artifacts, tmp_path_factory):
         ray.init(address=gcs, logging_level="WARNING")
         yield {"url": proc.url, "grpc": f"127.0.0.1:{grpc_port}", "gcs": gcs, "folder": folder, "proc": proc}
     finally:
-        ray.shutdown()
+        leave_ray()
         assert proc.stop() == 0, "\n".join(proc.lines[-20:])
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
