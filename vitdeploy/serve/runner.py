@@ -183,7 +183,9 @@ def start_local_ray(ray: Any, cfg: Any, settings: ServeSettings, progress: Progr
     # Ray (and its Prometheus endpoint) listens on loopback only, unless serve.metrics_host says otherwise.
     loopback = settings.host in LOOPBACK or sv.metrics_host in LOOPBACK
     local = {"_node_ip_address": "127.0.0.1"} if loopback else {}  # else Ray's node address, all interfaces
-    ctx = ray.init(
+    ctx = init_ray_retrying(
+        ray,
+        progress,
         address="local",  # a Ray of its own: without it Ray joins any Ray already running on this machine
         num_cpus=cpus,
         include_dashboard=False,
@@ -197,6 +199,24 @@ def start_local_ray(ray: Any, cfg: Any, settings: ServeSettings, progress: Progr
     url = f"http://{settings.host}:{settings.port}"
     progress(f"new exports of a model go live with `vitdeploy rollout {url} -a NEW_EXPORT --address {gcs}`")
     return ctx
+
+
+#: what Ray 2.60 raises when its raylet has not registered within a hard-coded 30 s (ray/_private/node.py): a
+#: machine busy for that long, not a fault of this start
+RAY_START_TIMEOUT = "timed out during startup"
+
+
+def init_ray_retrying(ray: Any, progress: Progress, **options: Any) -> Any:
+    """``ray.init(**options)``, once more after a ``ray.shutdown()`` when Ray's own start timed out (the
+    raylet slow to register on a busy machine); any other failure, or a second timeout, is raised."""
+    try:
+        return ray.init(**options)
+    except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for it
+        if RAY_START_TIMEOUT not in str(exc):
+            raise
+        progress(f"Ray's start timed out ({first_line(exc)}); starting it once more ...")
+        ray.shutdown()
+        return ray.init(**options)
 
 
 def _catch_signals(stop: threading.Event) -> dict[int, Any]:
