@@ -6,6 +6,8 @@ cleared every request waits until the test sets it (a stall the test makes, not 
 ``GET /v2/models/<m>/stats`` counts what it answered in Triton's format. ``requests`` lists each request's
 (path, headers, body length). ``answer(method, path, body) -> (status, JSON document) or None``: what the test
 answers instead (None: the script above). ``server_timing``: a ``Server-Timing`` value sent with every 200.
+``stats_lag_s``: the statistics count a success only that long after it was answered
+(as Triton records an ensemble's success after its response has left).
 """
 
 from __future__ import annotations
@@ -21,10 +23,16 @@ Answer = Callable[[str, str, bytes], Optional[tuple[int, object]]]
 
 class ScriptedServer:
     def __init__(
-        self, delay_s: float = 0.0, fail_every: int = 0, answer: Answer | None = None, server_timing: str | None = None
+        self,
+        delay_s: float = 0.0,
+        fail_every: int = 0,
+        answer: Answer | None = None,
+        server_timing: str | None = None,
+        stats_lag_s: float = 0.0,
     ) -> None:
         self.delay_s, self.fail_every, self.answer = delay_s, fail_every, answer
-        self.server_timing = server_timing
+        self.server_timing, self.stats_lag_s = server_timing, stats_lag_s
+        self.answered_at: list[float] = []
         self.gate = threading.Event()
         self.gate.set()
         self.lock = threading.Lock()
@@ -65,6 +73,7 @@ class ScriptedServer:
                     return
                 with server.lock:
                     server.ok += 1
+                    server.answered_at.append(time.monotonic())
                 self._send(200, {"outputs": []})
 
             def do_GET(self) -> None:  # noqa: N802
@@ -76,7 +85,8 @@ class ScriptedServer:
                     self._send(404, {"error": "no such route"})
                     return
                 with server.lock:
-                    ok = server.ok
+                    recorded = time.monotonic() - server.stats_lag_s
+                    ok = sum(1 for t in server.answered_at if t <= recorded)
                 stats = {
                     "success": {"count": ok, "ns": ok * 1_000_000},
                     "queue": {"count": ok, "ns": ok * 2_000_000},

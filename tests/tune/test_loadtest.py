@@ -85,6 +85,13 @@ def test_a_level_reads_the_servers_statistics_before_and_after_it():
     assert "2 c" in table and "client and server share this machine" in table  # loopback: one machine
 
 
+def test_statistics_that_record_a_success_after_answering_it_still_count_every_request():
+    with ScriptedServer(stats_lag_s=0.5) as server:
+        plan = LoadPlan(Target(server.url, V2_HTTP, "m"), IMAGES, (2,), duration_s=None, requests=6, warmup_s=0)
+        level = run_loadtest(plan).levels[0]
+    assert level.ok == 6 and level.server["requests"] == 6
+
+
 def test_each_level_shows_the_servers_own_stage_split_from_its_headers():
     timing = 'read;dur=0.5, decode;dur=2, queue;dur=4, model;dur=3;desc="batch=6", post;dur=0.5, total;dur=10'
     with ScriptedServer(delay_s=0.02, fail_every=4, server_timing=timing) as server:

@@ -127,7 +127,7 @@ def run_loadtest(plan: LoadPlan, progress: Progress = lambda _: None) -> LoadRep
             result = open_loop(
                 factory, plan.images, float(level), plan.duration_s, plan.requests, plan.poisson, plan.connections
             )
-        result.server = server_stats.delta(before, server_stats.read(target))
+        result.server = server_stats.delta(before, server_stats.read_settled(target, before, result.ok))
         report.levels.append(result)
         why = client_limit(result, cores, shared)
         if why:

@@ -9,6 +9,7 @@ the model named (an ensemble's own queue is its steps'). A server without statis
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 from .clients import OK, Target, model_document
@@ -26,6 +27,22 @@ def read(target: Target) -> Optional[dict[str, Any]]:
         return entries[0] if entries else None
     except Exception:  # noqa: BLE001 - statistics are extra: a server without them is still load-tested
         return None
+
+
+def read_settled(
+    target: Target, before: Optional[dict[str, Any]], answered: int, settle_s: float = 2.0
+) -> Optional[dict[str, Any]]:
+    """The statistics after a level, read again (for up to ``settle_s``) until they count every request the
+    client saw answered: Triton records an ensemble's success after its response has left, so a read right
+    after the last answer can miss the last request or two."""
+    deadline = time.monotonic() + settle_s
+    after = read(target)
+    while after is not None and before is not None and time.monotonic() < deadline:
+        if _stat(after, "success")[0] - _stat(before, "success")[0] >= answered:
+            break
+        time.sleep(0.02)
+        after = read(target)
+    return after
 
 
 def _stat(entry: dict[str, Any], key: str) -> tuple[int, int]:
@@ -51,4 +68,4 @@ def delta(before: Optional[dict[str, Any]], after: Optional[dict[str, Any]]) -> 
     return out
 
 
-__all__ = ["PHASES", "read", "delta"]
+__all__ = ["PHASES", "read", "read_settled", "delta"]
