@@ -59,6 +59,8 @@ EmbeddingDtype = Literal[EMBEDDING_DTYPES]  # type: ignore[valid-type]
 MANIFEST_NAME = "manifest.json"
 DRIFT_REPORT_NAME = "drift-report.json"
 TUNE_REPORT_NAME = "tune-report.json"  # `vitdeploy tune`'s trials, beside the export (the report's serving section)
+#: `vitdeploy loadtest -a EXPORT`'s levels, beside the export (the report's serving section: where the time goes)
+LOADTEST_REPORT_NAME = "loadtest-report.json"
 EXPORT_REPORT_NAME = "export-report.json"  # what a failed export leaves (stages and validations so far)
 TIMING_CACHE_NAME = "timing.cache"  # TensorRT's timing cache, reused across builds (tensorrt.timing_cache)
 #: vitdeploy's own checkpoint format; an export directory is one (the torch backend reads it).
@@ -90,6 +92,11 @@ EXPORT_IMAGE_SIZES = "vitdeploy_image_sizes"
 #: The request parameter that asks an export for several sizes for one of them: KServe v2 ``"parameters":
 #: {"image_size": N}`` (HTTP JSON or binary, gRPC), ``POST /predict?image_size=N``, the Triton repository's.
 IMAGE_SIZE_PARAM = "image_size"
+
+#: The stages a request passes in a replica, in order (the ``Server-Timing`` header's metric names; what each
+#: measures: serve/stage_timing.py), and the replica's whole time for it; `loadtest` and the report read them.
+SERVER_STAGES: tuple[str, ...] = ("read", "decode", "queue", "model", "post")
+SERVER_TOTAL = "total"
 
 # ------------------------------------------------------------------------------------------------
 # backends
@@ -206,6 +213,9 @@ __all__ = [
     "CropMode",
     "DRIFT_REPORT_NAME",
     "TUNE_REPORT_NAME",
+    "LOADTEST_REPORT_NAME",
+    "SERVER_STAGES",
+    "SERVER_TOTAL",
     "EVALUATED_BACKENDS",
     "INTERPOLATIONS",
     "Interpolation",

@@ -49,7 +49,8 @@ from .console import export_folder_option, refresh_report
     "artifacts_dir",
     type=click.Path(path_type=Path),
     default=None,
-    help="the export the server runs: an embedding model's requests ask for EMBEDDINGS instead of the top-k",
+    help="the export the server runs: an embedding model's requests ask for EMBEDDINGS instead of the top-k; "
+    "the levels are saved beside it (loadtest-report.json: the report's serving section shows them)",
 )
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout instead of the table")
 def loadtest(
@@ -69,7 +70,15 @@ def loadtest(
 ) -> None:
     """Load a vitdeploy, Triton or any KServe v2 server: throughput, latency percentiles and errors per level."""
     from ..tune.clients import Target, asked_outputs
-    from ..tune.loadtest import LoadPlan, format_loadtest, load_images, parse_duration, parse_levels, run_loadtest
+    from ..tune.loadtest import (
+        LoadPlan,
+        format_loadtest,
+        load_images,
+        parse_duration,
+        parse_levels,
+        run_loadtest,
+        save_loadtest,
+    )
 
     seconds = parse_duration(duration) if duration else (None if requests else 20.0)
     plan = LoadPlan(
@@ -88,6 +97,12 @@ def loadtest(
     else:
         for line in format_loadtest(report):
             click.echo(line)
+    saved = save_loadtest(report, artifacts_dir) if artifacts_dir is not None else None
+    if saved is not None:
+        click.echo(f"saved: {saved}", err=True)
+        page = refresh_report(artifacts_dir)  # its serving section draws where each level's time went
+        if page:
+            click.echo(f"report: {page}", err=True)
 
 
 @click.command("tune")

@@ -27,9 +27,9 @@ import re
 import time
 from typing import Any, Dict, NamedTuple, Optional
 
-#: The stages in the order a request passes them; ``total`` is the replica's time for the request.
-STAGES = ("read", "decode", "queue", "model", "post")
-TOTAL = "total"
+from ..base.vocab import SERVER_STAGES as STAGES  # the stages in the order a request passes them
+from ..base.vocab import SERVER_TOTAL as TOTAL  # the replica's time for the request
+
 HEADER = "Server-Timing"
 #: The gRPC trailing metadata key (lower case, as gRPC metadata keys are) that carries the same text.
 GRPC_KEY = "server-timing"

@@ -68,6 +68,11 @@ class LevelResult:
         return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else float("nan")
 
     @property
+    def mean_ms(self) -> float:
+        """The answered requests' mean latency (what the server's mean stage split adds up to, with the network)."""
+        return float(np.mean(self.latencies_ms)) if self.latencies_ms else float("nan")
+
+    @property
     def client_cores(self) -> float:
         """Cores the load generator itself used on average (its CPU seconds / wall seconds)."""
         return self.client_cpu_s / self.seconds if self.seconds > 0 else 0.0
@@ -83,7 +88,8 @@ class LevelResult:
             "latency_ms": {
                 k: round(self.percentile(q), 3) if self.latencies_ms else None
                 for k, q in (("p50", 50), ("p90", 90), ("p99", 99), ("max", 100))
-            },
+            }
+            | {"mean": round(self.mean_ms, 3) if self.latencies_ms else None},
             "errors": self.errors,
             "error_examples": {s: self.examples[s] for s in self.errors if s in self.examples},
             "client_cores": round(self.client_cores, 3),

@@ -13,6 +13,7 @@ server, may have been the limit.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 import socket
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ CLIENT_CORE_LIMIT = 0.85
 SHARED_SHARE_LIMIT = 0.4
 
 Progress = Callable[[str], None]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,23 @@ def run_loadtest(plan: LoadPlan, progress: Progress = lambda _: None) -> LoadRep
             report.flags[len(report.levels) - 1] = why
         progress(_progress_line(result))
     return report
+
+
+def save_loadtest(report: LoadReport, artifacts: Path) -> Optional[Path]:
+    """``report`` as ``loadtest-report.json`` beside the export the server runs (the last one replaces the one
+    before, as tune's tune-report.json does); `vitdeploy report` draws its stage split. None (with a warning)
+    where that folder cannot be written."""
+    import datetime as _dt
+
+    from ..base._files import write_json_atomic
+    from ..base.vocab import LOADTEST_REPORT_NAME
+
+    created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    try:
+        return write_json_atomic(Path(artifacts) / LOADTEST_REPORT_NAME, {**report.to_dict(), "created": created})
+    except OSError as exc:
+        log.warning("loadtest result not saved in %s: %s", artifacts, exc)
+        return None
 
 
 def _progress_line(r: LevelResult) -> str:
@@ -245,6 +264,7 @@ __all__ = [
     "LoadPlan",
     "LoadReport",
     "run_loadtest",
+    "save_loadtest",
     "format_loadtest",
     "format_stage_split",
     "client_limit",

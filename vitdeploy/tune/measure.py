@@ -88,11 +88,19 @@ class Figure:
             "p99_ms": round(best.percentile(99), 2) if best else None,
             "clients": int(best.level) if best else None,
             "seconds": round(self.seconds, 1),
-            "levels": [
-                {"clients": int(lv.level), "rps": round(lv.throughput, 2), "p99_ms": round(lv.percentile(99), 2)}
-                for lv in self.levels
-            ],
+            "levels": [_level(lv) for lv in self.levels],
         }
+
+
+def _level(lv: LevelResult) -> dict:
+    """One level of a figure in tune-report.json: the client's figures and, where the server sent them, its mean
+    stage split (Server-Timing; the report's serving section draws it)."""
+    out = {"clients": int(lv.level), "rps": round(lv.throughput, 2), "p99_ms": round(lv.percentile(99), 2)}
+    if lv.latencies_ms:
+        out.update(p50_ms=round(lv.percentile(50), 2), mean_ms=round(lv.mean_ms, 2))
+    if lv.stages:
+        out["server_timing_ms"] = {k: round(v, 3) for k, v in lv.stages.items()}
+    return out
 
 
 def measure_candidate(

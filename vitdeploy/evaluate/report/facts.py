@@ -1,6 +1,7 @@
 """What the report shows, gathered from an export folder: the manifest (the model, its artifacts and the
-export's validations), ``drift-report.json`` (`vitdeploy validate`: every backend on real images) and
-``bench-report.json`` (`vitdeploy bench`: speed on this machine). No plotting, no HTML here.
+export's validations), ``drift-report.json`` (`vitdeploy validate`: every backend on real images),
+``bench-report.json`` (`vitdeploy bench`: speed on this machine), ``tune-report.json`` and ``loadtest-report.json``
+(`vitdeploy tune`, `vitdeploy loadtest -a`: a server measured here). No plotting, no HTML here.
 
 Accuracy per backend comes from the drift report when there is one (it judges every backend, on the user's
 images), else from the export's own validations (each graph on the validation inputs). An export for several
@@ -18,7 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from ...base.errors import ArtifactError
-from ...base.vocab import DRIFT_REPORT_NAME, MANIFEST_NAME, ORT_FP16, ORT_INT8, TORCH_FP16, TRT_INT8, TUNE_REPORT_NAME
+from ...base.vocab import (
+    DRIFT_REPORT_NAME,
+    LOADTEST_REPORT_NAME,
+    MANIFEST_NAME,
+    ORT_FP16,
+    ORT_INT8,
+    TORCH_FP16,
+    TRT_INT8,
+    TUNE_REPORT_NAME,
+)
 from .recommend import Candidate
 
 BENCH_REPORT_NAME = "bench-report.json"
@@ -65,6 +75,7 @@ class Facts:
     bench: dict[str, Any] | None
     machine: dict[str, str]
     tune: dict[str, Any] | None = None  # `vitdeploy tune`'s tune-report.json, where it ran
+    loadtest: dict[str, Any] | None = None  # `vitdeploy loadtest -a`'s loadtest-report.json, where it ran
 
     def per_backend(self) -> list[AccuracyRow]:
         """One row per backend: an export for several sizes' rows merged (the worst status of its sizes, each metric
@@ -270,6 +281,7 @@ def gather(artifacts: str | os.PathLike[str], bench: dict[str, Any] | None = Non
         bench if bench is not None else _read_json(folder / BENCH_REPORT_NAME),
         machine(),
         _read_json(folder / TUNE_REPORT_NAME),
+        _read_json(folder / LOADTEST_REPORT_NAME),
     )
 
 

@@ -107,4 +107,66 @@ def latency_by_batch(results: Sequence[Mapping[str, Any]]) -> str:
     return _svg(fig)
 
 
-__all__ = ["COLOURS", "DRIFT_AXES", "LOG_FLOOR", "drift_distribution", "drift_figure", "latency_by_batch"]
+#: fills of stacked segments that a grey print still tells apart; the last segment is drawn in light grey
+HATCHES = ("", "//", "..", "xx", "\\\\", "--", "oo", "++")
+REST_COLOUR = "#D9D9D9"
+MARKS = ("o", "v", "s", "^")
+
+
+def stacked_figure(
+    labels: Sequence[str],
+    stacks: Sequence[tuple[str, Sequence[float]]],
+    marks: Sequence[tuple[str, Sequence[float | None]]],
+    ylabel: str,
+    xlabel: str,
+) -> Any:
+    """The matplotlib figure of :func:`stacked_bars` (tests read its bars)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.6 + 1.1 * len(labels)), 3.2))
+    xs = list(range(len(labels)))
+    bottom = [0.0] * len(labels)
+    bars = []
+    for i, (name, heights) in enumerate(stacks):
+        colour = REST_COLOUR if i == len(stacks) - 1 else COLOURS[i % 8]
+        style = dict(color=colour, hatch=HATCHES[i % 8], edgecolor="#333333", linewidth=0.5)
+        bars.append(ax.bar(xs, heights, 0.6, bottom=bottom, label=name, **style))
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    points = []
+    for i, (name, values) in enumerate(marks):
+        ys = [float("nan") if v is None else v for v in values]
+        style = dict(linestyle="none", marker=MARKS[i % 4], color="#000000", markersize=6)
+        points += ax.plot(xs, ys, label=name, **style)
+    ax.set_xticks(xs, labels)
+    ax.set_xlim(-0.6, len(labels) - 0.4)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel)
+    ax.set_axisbelow(True)  # the grid behind the bars
+    shown = [*reversed(points), *reversed(bars)]  # top to bottom, as they are drawn
+    ax.legend(shown, [h.get_label() for h in shown], loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    return fig
+
+
+def stacked_bars(
+    labels: Sequence[str],
+    stacks: Sequence[tuple[str, Sequence[float]]],
+    marks: Sequence[tuple[str, Sequence[float | None]]],
+    ylabel: str,
+    xlabel: str,
+) -> str:
+    """One bar per label stacked from ``stacks`` (name, a height per label; the last drawn in grey: what the
+    others leave), with ``marks`` (name, a value per label, None for none) as black markers on them, as inline
+    SVG."""
+    return _svg(stacked_figure(labels, stacks, marks, ylabel, xlabel))
+
+
+__all__ = [
+    "COLOURS",
+    "DRIFT_AXES",
+    "LOG_FLOOR",
+    "drift_distribution",
+    "drift_figure",
+    "latency_by_batch",
+    "stacked_bars",
+    "stacked_figure",
+]

@@ -1,5 +1,6 @@
 """The report's "Serving settings" section: what `vitdeploy tune` measured on this machine (tune-report.json),
-or the command that measures it."""
+or the command that measures it; then where a request's time goes in the server, per load level, from tune's
+and `vitdeploy loadtest -a`'s results (serving_stages.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import html
 from typing import Any
 
 from .facts import Facts
+from .serving_stages import stage_split_section
 
 
 def _e(value: Any) -> str:
@@ -19,7 +21,11 @@ def _settings(trial: dict[str, Any]) -> str:
 
 
 def serving_section(facts: Facts) -> str:
-    parts = ["<h2 id='serving'>Serving settings</h2>"]
+    return "<h2 id='serving'>Serving settings</h2>" + _tuned(facts) + stage_split_section(facts)
+
+
+def _tuned(facts: Facts) -> str:
+    parts = []
     tune = facts.tune
     target = (tune or {}).get("target", "serve")
     if not tune or not tune.get("best"):
