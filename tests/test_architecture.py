@@ -61,6 +61,7 @@ VOCABULARY_WORDS = {
     vocab.EXPORT_REPORT_NAME,
     vocab.DRIFT_REPORT_NAME,
     vocab.TUNE_REPORT_NAME,
+    vocab.LOADTEST_REPORT_NAME,
     vocab.MANIFEST_NAME,
 }
 

@@ -194,3 +194,29 @@ def test_bench_auto_runs_a_short_bench_once_and_keeps_it_beside_the_manifest(dem
     before = saved.stat().st_mtime_ns
     assert _cli("report", "-a", str(folder), "--bench", "auto").returncode == 0
     assert saved.stat().st_mtime_ns == before  # a saved benchmark is used, not run again
+
+
+def test_the_serving_section_draws_a_saved_loadtests_stage_split(tmp_path):
+    """A saved `loadtest -a` result (made here from two levels, no server): the serving section's bars drawn with
+    a size, their legend and the table's figures as a reader sees them, offline."""
+    from collections import Counter
+
+    from vitdeploy.evaluate.report import write_report
+    from vitdeploy.tune.loadgen import LevelResult
+    from vitdeploy.tune.loadtest import LoadReport, save_loadtest
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"name": "synthetic", "artifacts": {}, "validation": {}}))
+    levels = []
+    for clients, queue in ((1, 1.0), (8, 25.0)):
+        level = LevelResult("concurrency", clients, 2.0, [20.0, 30.0, 40.0 + queue], Counter({"200": 3}))
+        level.stages = {"read": 0.3, "decode": 3.0, "queue": queue, "model": 12.0, "post": 0.3, "batch": 6.3}
+        level.stages["total"] = sum(level.stages[s] for s in ("read", "decode", "queue", "model", "post"))
+        levels.append(level)
+    save_loadtest(LoadReport({"url": "http://127.0.0.1:8000", "protocol": "predict", "model": None}, levels), tmp_path)
+    seen = _open(write_report(tmp_path, images=False)[0])
+    assert seen["errors"] == [] and [u for u in seen["requests"] if not u.startswith(("file:", "data:"))] == []
+    assert len(seen["svgs"]) == 1 and all(w > 100 and h > 100 for w, h in seen["svgs"])  # the bars, drawn
+    text = seen["text"]
+    assert "Where a request's time goes" in text and "vitdeploy loadtest of http://127.0.0.1:8000" in text
+    assert "batch queue" in text and "client p99" in text and "batch 6.3" in text  # legend and axis, in the SVG
+    assert "8 clients\t" in text and "\t25.00\t12.00\t" in text  # the table's row: queue, model

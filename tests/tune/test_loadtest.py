@@ -165,3 +165,28 @@ def test_the_command_prints_json_with_each_level():
     doc = json.loads(result.stdout)
     assert doc["format"] == "vitdeploy-loadtest" and doc["levels"][0]["mode"] == "rate"
     assert doc["levels"][0]["requests"] == 20 and doc["levels"][0]["latency_ms"]["p50"] >= 5.0
+
+
+def test_with_the_export_named_the_levels_are_saved_beside_it_and_its_report_shows_them(tiny_artifacts, tmp_path):
+    """`loadtest -a EXPORT` keeps its result where `vitdeploy report` looks (loadtest-report.json) and refreshes
+    the export's report.html, whose serving section then shows the server's split of each level."""
+    import shutil
+
+    from vitdeploy.cli import main
+
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed (the report extra)")
+    export = tmp_path / "export"
+    shutil.copytree(tiny_artifacts(), export)
+    (export / "report.html").write_text("an older page")
+    timing = 'read;dur=0.5, decode;dur=2, queue;dur=4, model;dur=3;desc="batch=6", post;dur=0.5, total;dur=10'
+    with ScriptedServer(server_timing=timing) as server:
+        args = ["loadtest", server.url, "-a", str(export), "--concurrency", "2", "--requests", "6", "--warmup", "0"]
+        result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    saved = json.loads((export / "loadtest-report.json").read_text())
+    assert saved["target"]["url"] == server.url and saved["created"]
+    assert saved["levels"][0]["server_timing_ms"]["queue"] == 4.0 and saved["levels"][0]["latency_ms"]["mean"] > 0
+    page = (export / "report.html").read_text()
+    assert "Where a request's time goes" in page
+    assert "<td>2 clients</td>" in page and "<td>4.00</td><td>3.00</td>" in page  # queue, model
+    assert f"saved: {export / 'loadtest-report.json'}" in result.stderr

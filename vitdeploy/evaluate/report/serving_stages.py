@@ -124,16 +124,27 @@ def tune_levels(trial: Mapping[str, Any]) -> list[SplitLevel]:
     ]
 
 
-def split_plot(levels: list[SplitLevel]) -> str:
-    """Stacked bars per level (the server's mean split, then what it does not account for), the client's p50
-    and p99 as markers on them: where the latency goes."""
-    from .plots import stacked_bars
-
+def _plot_args(levels: list[SplitLevel]) -> tuple:
     stacks = [(STAGE_WORDS[s], [lv.stages.get(s, 0.0) for lv in levels]) for s in SERVER_STAGES]
     stacks.append((OUTSIDE, [lv.outside or 0.0 for lv in levels]))
     labels = [lv.label + (f"\nbatch {lv.batch:.1f}" if lv.batch is not None else "") for lv in levels]
     marks = [("client p50", [lv.p50 for lv in levels]), ("client p99", [lv.p99 for lv in levels])]
-    return stacked_bars(labels, stacks, marks, "ms per request (bars: the mean split)", "load level")
+    return labels, stacks, marks, "ms per request (bars: the mean split)", "load level"
+
+
+def split_figure(levels: list[SplitLevel]) -> Any:
+    """The matplotlib figure of :func:`split_plot` (tests read its bars and markers)."""
+    from .plots import stacked_figure
+
+    return stacked_figure(*_plot_args(levels))
+
+
+def split_plot(levels: list[SplitLevel]) -> str:
+    """Stacked bars per level (the server's mean split, then what it does not account for), the client's p50
+    and p99 as markers on them: where the latency goes (inline SVG)."""
+    from .plots import stacked_bars
+
+    return stacked_bars(*_plot_args(levels))
 
 
 def split_table(levels: list[SplitLevel]) -> str:
@@ -189,4 +200,14 @@ def stage_split_section(facts: Any) -> str:
     return "".join(parts)
 
 
-__all__ = ["NO_SPLIT", "SplitLevel", "loadtest_levels", "stage_split_section", "tune_levels"]
+__all__ = [
+    "NO_SPLIT",
+    "OUTSIDE",
+    "STAGE_WORDS",
+    "SplitLevel",
+    "loadtest_levels",
+    "split_figure",
+    "split_plot",
+    "stage_split_section",
+    "tune_levels",
+]
