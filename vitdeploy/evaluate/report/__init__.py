@@ -4,8 +4,9 @@ says what to deploy.
     path, rec, facts = write_report("artifacts/")                 # artifacts/report.html
     path, rec, facts = write_report("artifacts/", bench="auto")   # a short benchmark first if none is saved
 
-facts.py gathers (manifest, drift report, bench report), recommend.py decides, plots.py draws
-(matplotlib: the ``[report]`` extra), page.py writes the HTML.
+facts.py gathers (manifest, drift report, bench report, tune's and loadtest's results), recommend.py decides,
+plots.py draws (matplotlib: the ``[report]`` extra), page.py writes the HTML (serving.py and serving_stages.py
+its serving section).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ the file itself (pictures inline as SVG or data: PNG), readable without JavaScri
 
 Sections, in order: what to deploy (or, first, that nothing can be); accuracy per backend with the
 distribution of its drift over the images; the images whose top-1 changed, each beside eager's and the
-backend's top-3; speed on this machine; the artifacts and what the precision autopilots kept in float
+backend's top-3; speed on this machine; the serving settings tune chose and where a request's time goes in
+the server per load level (serving.py); the artifacts and what the precision autopilots kept in float
 or refused; the model, its preprocessing and the machine.
 """
 
