@@ -1,6 +1,6 @@
 """`vitdeploy loadtest` against a server whose every answer the test decides (helpers/scripted_server.py):
 counts, statuses with their example, percentiles, the open loop's honesty about a stall, the server's
-statistics, the client-limit flag and the command's errors."""
+statistics, the client-limit flag, the command's errors and its result saved beside the export (-a)."""
 
 from __future__ import annotations
 
