@@ -293,7 +293,7 @@ def report(doc: dict) -> bool:
     a, windows = doc["analysis"], doc["windows"]
     print(
         f"\n{a['requests']} requests in {len(windows)} windows; judged: the {a['windows_judged']} windows after the "
-        f"first {a['warmup_min']:g} min"
+        f"first {a['warmup_min']:.3g} min"
     )
     if "replica_rss_trend_mib_per_h" in a:
         rss = a["replica_rss_trend_mib_per_h"]
@@ -427,7 +427,7 @@ def main() -> int:
         print(
             f"{args.model}: {rate:g} req/s over {args.connections} keep-alive HTTPS connections with a token, stage "
             f"timing and metrics on, for {args.minutes:g} min; a window every {args.every:g} s; the first "
-            f"{args.warmup:g} min not judged",
+            f"{args.warmup:.3g} min not judged",
             flush=True,
         )
         soak(args, server, factory, bodies, rate, doc)
