@@ -25,14 +25,20 @@ rounds is printed with its spread (min-max). Each round's contention is measured
 the servers' process trees, plus steal); a ratio is flagged when other work competed for the cores
 or the spread is wide.
 
+``--compare stage-timing,https`` measures instead (or as well, with ``in-process``) what a server feature
+costs: `vitdeploy serve` with ``serve.stage_timing`` on against off, and over HTTPS against HTTP, every server
+started the same way and measured in the same interleaved rounds (benchmarks/_serve_ab.py).
+
     .venv/bin/python benchmarks/bench_serve.py                       # demo + ViT-S/16 (exported once)
     .venv/bin/python benchmarks/bench_serve.py --rounds 5 --threads 4
+    .venv/bin/python benchmarks/bench_serve.py --compare stage-timing,https --models demo --demo-bodies digits
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import signal
 import statistics
@@ -43,13 +49,16 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vitdeploy.base.machine import cpu_model  # noqa: E402
 from vitdeploy.evaluate import reliability  # noqa: E402
+
+if TYPE_CHECKING:
+    from helpers.certs import Certs
 
 TARGET = 0.9
 DEFAULT_CACHE = Path(os.environ.get("VITDEPLOY_BENCH_CACHE", "/tmp/vitdeploy-bench"))
@@ -156,8 +165,13 @@ class Server:
         concurrent_batches: int = 2,
         server_threads: int | None = None,
         stage_timing: bool = True,
+        tls: "Certs | None" = None,
+        token: str | None = None,
     ) -> None:
+        """``tls``: serve HTTPS with that certificate (:func:`certificate`); ``token``: every model route needs
+        it (``VITDEPLOY_SERVE_TOKEN``; :func:`client` sends it)."""
         self.cfg = Path(tempfile.mkdtemp(prefix="bench-serve-")) / "pipeline.yaml"
+        https = f", tls: {{certfile: {json.dumps(str(tls.cert))}, keyfile: {json.dumps(str(tls.key))}}}" if tls else ""
         self.cfg.write_text(
             # the replica gets the in-process side's cores (num_cpus_per_replica) and splits them among its
             # concurrent model calls itself (ray_app.ReplicaSpec.threads); --server-threads forces runtime.threads
@@ -166,11 +180,16 @@ class Server:
             f"num_cpus_per_replica: {threads}, "
             f"decode_threads: {decode_threads}, concurrent_batches: {concurrent_batches}, "
             f"max_ongoing_requests: {max(64, max_batch * concurrent_batches)}, "
-            f"stage_timing: {str(stage_timing).lower()}, metrics_port: {metrics_port}}}\n"
+            f"stage_timing: {str(stage_timing).lower()}, metrics_port: {metrics_port}{https}}}\n"
         )
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        self.token = token
         self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        if token:
+            from vitdeploy.serve.auth import TOKEN_ENV
+
+            env[TOKEN_ENV] = token
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -304,12 +323,24 @@ class EchoServer:
         return self.proc.wait(120)
 
 
-def client(url: str):
+def client(url: str, token: str | None = None):
     """One keep-alive connection POSTing images to ``url``/predict: `vitdeploy loadtest`'s own client (the echo
-    app's route prefix "/" takes /predict too)."""
+    app's route prefix "/" takes /predict too); ``token``: the bearer token it sends."""
     from vitdeploy.tune.clients import PREDICT, Target, open_client
 
-    return open_client(Target(url, PREDICT))
+    return open_client(Target(url, PREDICT, token=token))
+
+
+def certificate(folder: Path) -> "Certs":
+    """A CA and a server certificate for 127.0.0.1 it signs, made in ``folder`` (the tests' own maker,
+    tests/helpers/certs.py); this process's HTTPS clients trust that CA from now on (``SSL_CERT_FILE``: the
+    standard library's default context, which `vitdeploy loadtest`'s clients use, reads it)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from helpers.certs import make_certs
+
+    certs = make_certs(folder)
+    os.environ["SSL_CERT_FILE"] = str(certs.ca)
+    return certs
 
 
 def free_port() -> int:
@@ -626,6 +657,7 @@ def compare_rounds(
 def run_models(served: str, args: argparse.Namespace, versions: str, bench_model: Callable[..., dict]) -> None:
     """Print the machine, then ``bench_model`` on each of ``--models`` (same JPEG photos), then the
     verdict on the ViT-S/16 target."""
+    print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}; date: {time.strftime('%Y-%m-%d %H:%M %Z')}")
     print(f"cpu: {cpu_model()} ({os.cpu_count()} logical CPUs); {versions}")
     args.cache.mkdir(parents=True, exist_ok=True)
     images = photos()
@@ -642,7 +674,7 @@ def run_models(served: str, args: argparse.Namespace, versions: str, bench_model
             results[model] = bench_model("demo model (32 px)", demo_artifacts(args.cache), args, bodies)
         else:
             raise SystemExit(f"unknown model {model!r} (vit-s16, demo)")
-    if "vit-s16" in results:
+    if "ratio" in results.get("vit-s16", {}):
         r = results["vit-s16"]
         verdict = "MET" if r["ratio"] >= TARGET else "NOT MET"
         print(
@@ -697,16 +729,39 @@ def main() -> None:
         action="store_false",
         help="leave out the bare Ray Serve echo app (Ray Serve's own floor)",
     )
+    ap.add_argument(
+        "--compare",
+        default="in-process",
+        type=lambda text: [w.strip() for w in text.split(",") if w.strip()],
+        help="comma-separated, what to measure: in-process (serve against the in-process Predictor and bare Ray "
+        "Serve; the default), stage-timing (serve with serve.stage_timing on against off), https (serve over "
+        "HTTPS against HTTP); stage-timing and https run side by side in the same rounds (benchmarks/_serve_ab.py)",
+    )
     ap.add_argument("--echo-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.echo_server:
         echo_server_main(args.echo_server)
         return
+    unknown = [c for c in args.compare if c not in ("in-process", "stage-timing", "https")]
+    if unknown or not args.compare:
+        ap.error(f"--compare {','.join(unknown)!r}: expected in-process, stage-timing and/or https")
 
     import onnxruntime
     import ray
 
-    run_models("serve", args, f"onnxruntime {onnxruntime.__version__}, ray {ray.__version__}", bench_model)
+    run_models("serve", args, f"onnxruntime {onnxruntime.__version__}, ray {ray.__version__}", bench_chosen)
+
+
+def bench_chosen(label: str, artifacts: Path, args: argparse.Namespace, images: list[bytes]) -> dict[str, object]:
+    """What ``--compare`` names on one model: the in-process comparison, then the server-against-server ones."""
+    result: dict[str, object] = {}
+    if "in-process" in args.compare:
+        result.update(bench_model(label, artifacts, args, images))
+    if {"stage-timing", "https"} & set(args.compare):
+        from _serve_ab import ab_model
+
+        result.update(ab_model(label, artifacts, args, images))
+    return result
 
 
 if __name__ == "__main__":
