@@ -145,6 +145,56 @@ def test_the_exporter_delivers_spans_to_an_otlp_receiver(monkeypatch):
         provider.shutdown()
 
 
+def test_written_deploy_files_carry_the_tracing_config_and_the_nodes_environment(monkeypatch):
+    from ray.serve.schema import ServeDeploySchema
+
+    from vitdeploy.base.config import parse_config
+    from vitdeploy.serve import deploy_config
+    from vitdeploy.serve.runner import ServeSettings
+
+    for key in (tracing.RAY_EXPORTER_ENV, tracing.RAY_RATIO_ENV, "OTEL_SERVICE_NAME", "OTEL_SDK_DISABLED"):
+        monkeypatch.delenv(key, raising=False)
+    cfg = parse_config({"serve": {"tracing": {"sampling_ratio": 0.1}}})
+    settings = ServeSettings(Path("/srv/export"), "ort", "127.0.0.1", 8000, 1)
+
+    def written() -> tuple[dict, dict, str]:
+        kube = deploy_config.rayservice(cfg, settings, "vit")
+        container = kube["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        return deploy_config.serve_config(cfg, settings, "vit"), env, deploy_config.guard_comment(cfg)
+
+    monkeypatch.delenv(ENDPOINT, raising=False)
+    served, env, comment = written()
+    assert "tracing_config" not in served and not any("TRACING" in k or k.startswith("OTEL") for k in env)
+    monkeypatch.setenv(ENDPOINT, "http://collector:4318")
+    served, env, comment = written()
+    assert ServeDeploySchema.model_validate(served).tracing_config.sampling_ratio == 0.1  # `serve deploy` reads it
+    assert env[tracing.RAY_EXPORTER_ENV] == tracing.EXPORTER_IMPORT_PATH and env[tracing.RAY_RATIO_ENV] == "0.1"
+    assert env[ENDPOINT] == "http://collector:4318"
+    assert f"{tracing.RAY_EXPORTER_ENV}={tracing.EXPORTER_IMPORT_PATH}" in comment
+
+
+def test_opentelemetry_is_imported_only_inside_the_tracing_functions():
+    import ast
+
+    package = Path(tracing.__file__).resolve().parents[1]
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        in_functions = {
+            id(node)
+            for fn in ast.walk(tree)
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for node in ast.walk(fn)
+        }
+        for node in ast.walk(tree):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.startswith("opentelemetry") for n in names):
+                found.append((path.relative_to(package).as_posix(), id(node) in in_functions))
+    assert found and all(where == ("serve/tracing.py", True) for where in found), found
+
+
 _PROBE = r"""
 import importlib.abc, json, os, sys
 
