@@ -24,13 +24,10 @@ Nothing here imports OpenTelemetry unless traces are on.
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 import time
 from typing import Any, Dict, Mapping, Optional
 from urllib.parse import urlsplit
-
-log = logging.getLogger(__name__)
 
 #: The endpoint variables, the traces' own first (the OpenTelemetry exporter's order).
 ENDPOINT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -144,9 +141,9 @@ def progress_line(traces: Dict[str, Any], env: Mapping[str, str] = os.environ) -
 
 
 def fastapi_options() -> Dict[str, Any]:
-    """FastAPI's own request spans off, where FastAPI has them (``FastAPI(telemetry=...)``, FastAPI 0.16x): it
-    traces with the tracer provider Ray sets up in the replica, but as a child of the client's header, beside
-    Ray's replica span rather than under it; Ray's spans already say what it would."""
+    """FastAPI's own request spans off, where FastAPI has them (its ``telemetry`` argument, FastAPI 0.165 here):
+    it traces with the tracer provider Ray sets up in the replica, but as a child of the client's header, a
+    sibling of Ray's spans rather than under the replica's; Ray's spans already say what it would."""
     import inspect
 
     from fastapi import FastAPI
