@@ -264,6 +264,9 @@ def test_a_client_traceparent_is_continued_and_each_stage_is_a_span(server, otlp
     id, its root the proxy's span under the client's span, then Ray's router and replica spans, vitdeploy's request
     span and its stages, whose durations are those of the answer's Server-Timing. An unsampled traceparent, and a
     request without one at sampling_ratio 0, are not traced."""
+    pytest.importorskip(
+        "opentelemetry.exporter.otlp.proto.http", reason="the [otel] extra: pip install 'vitdeploy[otel]'"
+    )
     assert any(line.startswith(f"traces: OTLP (http/protobuf) to {otlp.endpoint}") for line in server.lines)
     blob, url = photos["digit7_0610.png"], f"{server.url}/predict"
     body, headers = _v2_request([blob])
