@@ -67,6 +67,7 @@ def test_config_objects_are_frozen():
         ("serve: {max_batch_size: 0}\n", ["'serve.max_batch_size' = 0"]),
         ("serve: {max_batch_size: 32, max_ongoing_requests: 8}\n", ["'serve'", "max_ongoing_requests (8)"]),
         ("serve: {port: 70000}\n", ["'serve.port' = 70000"]),
+        ("serve: {tracing: {sampling_ratio: 1.5}}\n", ["'serve.tracing.sampling_ratio' = 1.5"]),
         ("serve: {batch_wait: 1}\n", ["unknown key 'serve.batch_wait'", "batch_wait_timeout_s"]),
         ("preprocess: {std: [0.5, 0, 0.5]}\n", ["'preprocess.std[1]' = 0", "greater than 0"]),
         ("preprocess: {background: [300, 0, 0]}\n", ["'preprocess.background[0]' = 300"]),

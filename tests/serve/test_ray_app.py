@@ -27,10 +27,11 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
 
 from helpers.held import answered_while_held, held, ray_replica_pids  # noqa: E402
+from helpers.otlp_receiver import OtlpReceiver, Span  # noqa: E402
 from helpers.serve_process import ServeProcess, free_port  # noqa: E402
 
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR  # noqa: E402
-from vitdeploy.serve import protocol, stage_timing  # noqa: E402
+from vitdeploy.serve import protocol, stage_timing, tracing  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -111,16 +112,28 @@ def reference(demo_artifacts, photos, tmp_path_factory) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="session")
-def server(demo_artifacts, tmp_path_factory) -> ServeProcess:
-    metrics_port = free_port()
+def otlp() -> OtlpReceiver:
+    """The OTLP receiver the server's traces go to (OTEL_EXPORTER_OTLP_ENDPOINT)."""
+    with OtlpReceiver() as receiver:
+        yield receiver
+
+
+@pytest.fixture(scope="session")
+def server(demo_artifacts, tmp_path_factory, otlp) -> ServeProcess:
+    """The server, traces on (sampling_ratio 0: only a client's sampled traceparent is traced; spans exported
+    every 50 ms), KServe v2 gRPC on ``server.grpc``."""
+    metrics_port, grpc_port = free_port(), free_port()
     cfg = tmp_path_factory.mktemp("serve_cfg") / "pipeline.yaml"
     cfg.write_text(
         "runtime: {threads: 1, max_image_pixels: %d}\n"
         "serve: {max_batch_size: 8, batch_wait_timeout_s: 0.005, decode_threads: 2, max_images_per_request: %d,\n"
         "        max_request_mb: 2, max_ongoing_requests: 16, max_queued_requests: 16, metrics_port: %d,\n"
-        "        num_cpus_per_replica: 1, graceful_shutdown_timeout_s: 30}\n" % (MAX_PIXELS, MAX_IMAGES, metrics_port)
+        "        num_cpus_per_replica: 1, graceful_shutdown_timeout_s: 30, grpc_port: %d,\n"
+        "        tracing: {sampling_ratio: 0}}\n" % (MAX_PIXELS, MAX_IMAGES, metrics_port, grpc_port)
     )
-    srv = ServeProcess(demo_artifacts, cfg, metrics_port=metrics_port)
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    srv = ServeProcess(demo_artifacts, cfg, metrics_port=metrics_port, env=env)
+    srv.grpc = f"127.0.0.1:{grpc_port}"
     yield srv
     srv.stop()  # the shutdown test did not run (a -k selection): stop it the same way
 
@@ -217,6 +230,90 @@ def test_every_answer_says_where_its_time_went_in_the_replica(server, photos):
         assert 0.95 * split["total"] <= accounted <= split["total"] + 0.01, (kind, split)
         assert split["model"] > 0 and split["decode"] > 0 and split["batch"] >= 1, (kind, split)
         assert split["total"] <= response.elapsed.total_seconds() * 1000, (kind, split)
+
+
+def _grpc_infer(address: str, blob: bytes, traceparent: str) -> str:
+    """One KServe v2 gRPC infer with ``traceparent`` metadata -> its Server-Timing (trailing metadata)."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name=APP)
+    tensor = request.inputs.add()
+    tensor.name, tensor.datatype = "IMAGES", "BYTES"
+    tensor.shape.append(1)
+    request.raw_input_contents.append(len(blob).to_bytes(4, "little") + blob)
+    with grpc.insecure_channel(address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        _, call = stub.ModelInfer.with_call(request, metadata=[("traceparent", traceparent)], timeout=60)
+    return dict(call.trailing_metadata())[stage_timing.GRPC_KEY]
+
+
+_RAY_SPANS = ("route_to_replica", "replica_handle_request")
+
+
+def _complete(spans: list[Span]) -> bool:
+    """A trace holds its proxy's span, Ray's router and replica spans, the request's and its five stages'."""
+    names = [s.name.split(" ")[0] for s in spans]
+    return any(n.startswith("proxy_") for n in names) and all(
+        n in names for n in (*_RAY_SPANS, tracing.REQUEST_SPAN, *stage_timing.STAGES)
+    )
+
+
+def test_a_client_traceparent_is_continued_and_each_stage_is_a_span(server, otlp, photos):
+    """A client's sampled traceparent (HTTP header, gRPC metadata): one trace per request with the client's trace
+    id, its root the proxy's span under the client's span, then Ray's router and replica spans, vitdeploy's request
+    span and its stages, whose durations are those of the answer's Server-Timing. An unsampled traceparent, and a
+    request without one at sampling_ratio 0, are not traced."""
+    pytest.importorskip(
+        "opentelemetry.exporter.otlp.proto.http", reason="the [otel] extra: pip install 'vitdeploy[otel]'"
+    )
+    assert any(line.startswith(f"traces: OTLP (http/protobuf) to {otlp.endpoint}") for line in server.lines)
+    blob, url = photos["digit7_0610.png"], f"{server.url}/predict"
+    body, headers = _v2_request([blob])
+    sent: dict[str, tuple[str, str]] = {}  # trace id -> (client span id, Server-Timing)
+    with httpx.Client(timeout=60) as http:
+        unsampled = "7" * 32
+        for extra in ({"traceparent": f"00-{unsampled}-{'1' * 16}-00"}, {}):
+            assert http.post(url, content=blob, headers={"content-type": "image/png", **extra}).status_code == 200
+        for i, (path, more) in enumerate(
+            ((url, {"content-type": "image/png"}), (f"{server.url}/v2/models/{APP}/infer", headers))
+        ):
+            trace_id, span_id = f"{i + 1:032x}", f"{i + 0xA1:016x}"
+            answer = http.post(
+                path, content=blob if i == 0 else body, headers={"traceparent": f"00-{trace_id}-{span_id}-01", **more}
+            )
+            sent[trace_id] = (span_id, answer.headers["server-timing"])
+    trace_id, span_id = "f" * 32, "b" * 16
+    sent[trace_id] = (span_id, _grpc_infer(server.grpc, blob, f"00-{trace_id}-{span_id}-01"))
+
+    def by_trace(spans: list[Span]) -> dict[str, list[Span]]:
+        return {t: [s for s in spans if s.trace_id == t] for t in {s.trace_id for s in spans}}
+
+    traces = by_trace(otlp.wait_for(lambda spans: all(_complete(by_trace(spans).get(t, [])) for t in sent), 30))
+    assert set(traces) == set(sent), "one trace per traced request, none for the others"
+    for trace_id, (client_span, header) in sent.items():
+        spans = {s.span_id: s for s in traces[trace_id]}
+        roots = [s for s in spans.values() if s.parent_id not in spans]
+        assert [(r.name.split(" ")[0], r.parent_id) for r in roots] == [
+            ("proxy_grpc_request" if trace_id == "f" * 32 else "proxy_http_request", client_span)
+        ]
+        request = next(s for s in spans.values() if s.name == tracing.REQUEST_SPAN)
+        chain, parent = [], spans[request.parent_id]
+        while parent.parent_id in spans:
+            chain.append(parent.name.split(" ")[0])
+            parent = spans[parent.parent_id]
+        assert chain == ["replica_handle_request", "route_to_replica"], "the request span under Ray's replica span"
+        replica = spans[request.parent_id]
+        assert replica.start_ns - 1e6 <= request.start_ns <= request.end_ns <= replica.end_ns + 1e6
+        stages = sorted((s for s in spans.values() if s.parent_id == request.span_id), key=lambda s: s.start_ns)
+        assert [s.name for s in stages] == list(stage_timing.STAGES)
+        assert not [s.name for s in spans.values() if s.name.startswith(("fastapi", "POST"))], "one trace, Ray's"
+        timing = stage_timing.parse_server_timing(header)
+        for span in (*stages, request):
+            stage = stage_timing.TOTAL if span is request else span.name
+            assert abs(span.ms - timing[stage]) <= 0.0006, (trace_id, stage, span.ms, header)
+        assert stages[3].attributes["vitdeploy.batch"] == timing["batch"]
+        assert request.attributes == {"vitdeploy.model": APP, "vitdeploy.version": "1", "vitdeploy.backend": "ort"}
 
 
 def test_prometheus_metrics_include_the_batch_sizes(server):

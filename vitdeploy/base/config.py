@@ -335,6 +335,19 @@ class TlsSection(_Section):
     )
 
 
+class TracingSection(_Section):
+    """Traces (OpenTelemetry, OTLP through Ray Serve's tracing): on when OTEL_EXPORTER_OTLP_ENDPOINT is set and the
+    [otel] extra is installed."""
+
+    sampling_ratio: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="share of the requests without a client's traceparent that are traced (Ray Serve's default, "
+        "1%); a client's sampled traceparent is always followed; 1 traces every request",
+    )
+
+
 class ServeSection(_Section):
     """`vitdeploy serve` (Ray Serve) and the Triton repository: batching, limits, scale."""
 
@@ -366,6 +379,9 @@ class ServeSection(_Section):
         True,
         description="a Server-Timing header (gRPC: trailing metadata) on every answer and the per-stage "
         "histograms on /metrics; false for a benchmark's baseline",
+    )
+    tracing: TracingSection = Field(
+        TracingSection(), description="traces, each request's stages as spans (docs/serving.md, Traces)"
     )
     grpc_port: Optional[int] = Field(
         None,

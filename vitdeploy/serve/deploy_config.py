@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base.errors import ConfigError
-from . import tls
+from . import tls, tracing
 
 BUILDER = "vitdeploy.serve.deploy_config:build"
 #: The image of the RayService: one with vitdeploy[serve] installed (a placeholder to replace).
@@ -93,6 +93,7 @@ def serve_config(cfg: Any, settings: Any, name: str, host: str | None = None, se
             **tls.http_options(cfg, mounted=secret),
         },
         "logging_config": {"log_level": "WARNING", "enable_access_log": bool(settings.access_log)},
+        **({"tracing_config": traces} if (traces := tracing.config(sv.tracing.sampling_ratio)) else {}),
         "applications": [
             {
                 "name": name,
@@ -106,14 +107,11 @@ def serve_config(cfg: Any, settings: Any, name: str, host: str | None = None, se
 
 def rayservice(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
     """A KubeRay RayService: the Serve config above, a head and a worker group whose containers
-    carry the guard's environment (Ray's proxy reads it when it starts)."""
+    carry the guard's environment (Ray's proxy reads it when it starts), and Ray's tracing where traces are on."""
     from .auth import TOKEN_ENV
-    from .proxy_guard import env_for
 
     sv = cfg.serve
-    env = [
-        {"name": k, "value": v} for k, v in env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s).items()
-    ]
+    env = [{"name": k, "value": v} for k, v in _node_env(sv).items()]
     if settings.token_digest:  # the token from a Secret the cluster's owner creates, never from this file
         env.append({"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token_secret(name), "key": "token"}}})
     container = {
@@ -157,6 +155,15 @@ def rayservice(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
     return tls.mount_secret(service, name) if cfg.serve.tls is not None else service
 
 
+def _node_env(sv: Any) -> dict[str, str]:
+    """What every node's Ray needs in its environment: the proxy's guard, and Ray's tracing when traces are on
+    (OTEL_EXPORTER_OTLP_ENDPOINT set where this file is written: serve/tracing.py)."""
+    from .proxy_guard import env_for
+
+    guard = env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s)
+    return {**guard, **tracing.ray_env(tracing.config(sv.tracing.sampling_ratio))}
+
+
 def token_secret(name: str) -> str:
     """The Kubernetes Secret the RayService reads the serve token from (key ``token``)."""
     return f"{name.lower().replace('_', '-')}-serve-token"
@@ -177,14 +184,11 @@ def rayservice_comment(settings: Any, name: str) -> str:
 
 def guard_comment(cfg: Any) -> str:
     """The YAML comment that says how to install the proxy's guard on a cluster started by hand."""
-    from .proxy_guard import env_for
-
-    sv = cfg.serve
-    env = " ".join(f"{k}={v}" for k, v in env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s).items())
+    env = " ".join(f"{k}={v}" for k, v in _node_env(cfg.serve).items())
     return (
         "# Ray Serve config written by `vitdeploy serve --write-config`: `serve deploy` this file.\n"
         "# Start each node's Ray with the proxy's guard (body deadline and byte limit, health routes,\n"
-        "# JSON errors) in its environment:\n"
+        "# JSON errors), and Ray's tracing where traces are on, in its environment:\n"
         f"#   {env} ray start ...\n"
         "# With a serve token, give every node VITDEPLOY_SERVE_TOKEN (from your secret store) too: the guard and\n"
         "# the replicas read it there; this file never holds it.\n"

@@ -238,6 +238,7 @@ class KServeGrpcMethods:
     sized: Any  # image_sizes.SizedPredictors: one Predictor per size asked
     export: dict  # protocol.export_parameters: which export, which backend
     timing: Any  # stage_timing.StageMetrics, None when serve.stage_timing is off
+    spans: Any  # tracing.StageSpans, None when Ray Serve does not trace this replica
 
     async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - the RPC's name
         return _pb().ServerLiveResponse(live=True)
@@ -368,7 +369,7 @@ class KServeGrpcMethods:
             times.get("compute_infer", 0),
             end - t_out,
         )
-        value = stage_timing.finish(clock, self.timing)
+        value = stage_timing.finish(clock, self.timing, self.spans)
         if value is not None and grpc_context is not None:
             grpc_context.set_trailing_metadata([(stage_timing.GRPC_KEY, value)])
         return response

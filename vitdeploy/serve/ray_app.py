@@ -41,7 +41,7 @@ from ..base.errors import (
 )
 from ..runtime.backends import first_line
 from ..runtime.backends.base import BackendOptions
-from . import auth, content_encoding, protocol, stage_timing
+from . import auth, content_encoding, protocol, stage_timing, tracing
 from .http_errors import MAX_REASON, error_body, status_of
 from .image_sizes import SizedPredictors, by_shape, requested_size
 from .kserve_grpc import KServeGrpcMethods, register_proto_modules
@@ -91,7 +91,7 @@ class ReplicaSpec:
         return intra_op, max(1, min(self.decode_threads, cores))
 
 
-api = FastAPI(title="vitdeploy serve", docs_url=None, redoc_url=None, openapi_url=None)
+api = FastAPI(title="vitdeploy serve", docs_url=None, redoc_url=None, openapi_url=None, **tracing.fastapi_options())
 
 
 def _error(exc: BaseException) -> Response:
@@ -192,6 +192,8 @@ class ViTClassifier(KServeGrpcMethods, ShadowMixin):
         self.timing = stage_timing.open_metrics(
             spec.stage_timing, self.name, getattr(spec, "version", protocol.MODEL_VERSION), self.predictor.backend_name
         )
+        # the stages as spans when Ray Serve traces this replica (serve/tracing.py: OTEL_EXPORTER_OTLP_ENDPOINT)
+        self.spans = tracing.stage_spans(self.name, self.version, self.predictor.backend_name) if self.timing else None
         register_proto_modules()  # gRPC requests arrive pickled from Ray's gRPC proxy (serve.grpc_port)
         self._decode_pool = ThreadPoolExecutor(decode_threads, thread_name_prefix="vitdeploy-decode")
         self._infer_pool = ThreadPoolExecutor(spec.concurrent_batches, thread_name_prefix="vitdeploy-infer")
@@ -379,8 +381,9 @@ class ViTClassifier(KServeGrpcMethods, ShadowMixin):
         return self._timed(JSONResponse(records), clock)
 
     def _timed(self, response: Response, clock: Optional[stage_timing.StageClock]) -> Response:
-        """``response`` with the request's ``Server-Timing`` (its last lap taken, its histograms observed)."""
-        value = stage_timing.finish(clock, self.timing)
+        """``response`` with the request's ``Server-Timing`` (its last lap taken, its histograms observed, its
+        stage spans made)."""
+        value = stage_timing.finish(clock, self.timing, self.spans)
         if value is not None:
             response.headers[stage_timing.HEADER] = value
         return response

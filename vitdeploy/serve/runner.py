@@ -22,7 +22,7 @@ from typing import Any, Callable
 from ..base._deps import require
 from ..base.errors import BackendError
 from ..runtime.backends import first_line
-from . import tls
+from . import tls, tracing
 from .rollout_state import version_of_app
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,8 @@ def start_local_ray(ray: Any, cfg: Any, settings: ServeSettings, progress: Progr
     # in-process Predictor at nice 15, see benchmarks/bench_serve.py). Serve at normal priority
     # unless the user set RAY_worker_niceness; a cluster given by --address keeps its own setting.
     os.environ.setdefault(WORKER_NICENESS, "0")
+    # Traces (OTEL_EXPORTER_OTLP_ENDPOINT and the [otel] extra): Ray's proxy reads its tracing from the environment.
+    os.environ.update(tracing.ray_env(tracing.config(sv.tracing.sampling_ratio)))
     # The proxy's guard (bodies read with a deadline and a byte limit, health answered in the
     # proxy, JSON errors): Ray's proxy actor inherits these from the raylet started here.
     from .proxy_guard import env_for
@@ -245,6 +247,7 @@ def _deploy(
     sv = cfg.serve
     if not log.isEnabledFor(logging.INFO):  # Ray Serve's own INFO lines repeat what progress() says
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    traces = tracing.config(sv.tracing.sampling_ratio)  # None unless OTEL_EXPORTER_OTLP_ENDPOINT (and [otel])
     serve.start(
         http_options={
             "host": settings.host,
@@ -254,7 +257,10 @@ def _deploy(
         },
         **_grpc_options(sv.grpc_port),
         logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log},
+        **tracing.start_options(serve.start, traces),
     )
+    if traces or tracing.unavailable():
+        progress(tracing.progress_line(traces) if traces else f"traces: off: {tracing.unavailable()}")
     taken = serve.status().applications.get(name)
     if taken is not None and settings.address is not None:
         raise BackendError(

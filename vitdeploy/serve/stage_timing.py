@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, NamedTuple, Optional
 
 from ..base.vocab import SERVER_STAGES as STAGES  # the stages in the order a request passes them
 from ..base.vocab import SERVER_TOTAL as TOTAL  # the replica's time for the request
@@ -145,15 +145,20 @@ class StageMetrics:
         self.batches.observe(batch)
 
 
-def finish(clock: Optional[StageClock], metrics: Optional[StageMetrics]) -> Optional[str]:
-    """The request's last lap (``post``) taken: its histograms observed, its ``Server-Timing`` value
-    returned; None when stage timing is off (``serve.stage_timing: false``: ``clock`` is None)."""
+def finish(
+    clock: Optional[StageClock], metrics: Optional[StageMetrics], spans: Optional[Callable[..., None]] = None
+) -> Optional[str]:
+    """The request's last lap (``post``) taken: its histograms observed, its stage spans made (``spans``:
+    serve/tracing.py's ``StageSpans`` when traces are exported), its ``Server-Timing`` value returned; None when
+    stage timing is off (``serve.stage_timing: false``: ``clock`` is None)."""
     if clock is None:
         return None
     clock.lap("post")
     total = clock.total_ns()
     if metrics is not None:
         metrics.observe(clock, total)
+    if spans is not None:
+        spans(clock, total)
     return clock.header(total)
 
 
