@@ -14,7 +14,7 @@ from vitdeploy.base.config import parse_config
 from vitdeploy.tune.loadgen import LevelResult
 from vitdeploy.tune.measure import Figure
 from vitdeploy.tune.overlay import overlay_text
-from vitdeploy.tune.search import BUDGET, DONE, INTERRUPTED, search_serve
+from vitdeploy.tune.search import BUDGET, DONE, INTERRUPTED, TRIALS, search_serve
 from vitdeploy.tune.space import ServeCandidate, default_candidate, grid, layouts
 
 START = default_candidate(parse_config({}).serve, cores=2, backend="ort")
@@ -91,6 +91,13 @@ def test_the_budget_ends_the_search_with_the_best_so_far():
     assert result.stopped == BUDGET and result.trials == [] and result.best is None  # not even the start fits
     result = _search(StandIn(), budget_s=600.0, passes=1)
     assert result.stopped == DONE
+
+
+def test_trials_end_the_search_after_that_many_measured_settings_with_the_best_of_them():
+    stand_in = StandIn()
+    result = _search(stand_in, max_trials=3)
+    assert result.stopped == TRIALS and len(result.trials) == len(stand_in.applied) == 3
+    assert result.best.figure.throughput == max(t.figure.throughput for t in result.trials)
 
 
 def test_ctrl_c_ends_the_search_with_the_best_measured_so_far():

@@ -117,6 +117,12 @@ def loadtest(
 @click.option("--slo-p99-ms", type=click.FloatRange(min=0, min_open=True), default=None, help="the p99 latency goal")
 @click.option("--budget", default="10m", show_default=True, help="time for the whole search, e.g. 90s, 10m")
 @click.option(
+    "--trials",
+    type=click.IntRange(min=1),
+    default=None,
+    help="stop after this many measured settings (default: as many as --budget allows)",
+)
+@click.option(
     "-b", "--backend", default=None, help="tune this backend only (default: every one that passed validation)"
 )
 @click.option(
@@ -148,6 +154,7 @@ def tune(
     target: str,
     slo_p99_ms: float | None,
     budget: str,
+    trials: int | None,
     backend: str | None,
     images: Path | None,
     out: Path,
@@ -176,6 +183,7 @@ def tune(
         backend=backend or cfg.runtime.backend or AUTO,
         images=images,
         out=out,
+        max_trials=trials,
     )
     result = run_tune(
         cfg, plan, BackendOptions.from_runtime(cfg.runtime), progress=lambda line: click.echo(line, err=True)

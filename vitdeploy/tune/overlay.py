@@ -74,10 +74,16 @@ def overlay_text(result: TuneResult, artifacts: Path) -> str:
             f"# the {result.target} settings it started from: {default.figure.throughput:.1f} req/s "
             f"({result.gain:.2f}x)"
         )
-    how = {"done": "searched to the end", "budget": "stopped by the budget", "interrupted": "stopped by Ctrl-C"}
+    how = {
+        "done": "searched to the end",
+        "budget": "stopped by the budget",
+        "trials": "stopped at --trials",
+        "interrupted": "stopped by Ctrl-C",
+    }
+    n = len(result.trials)
     lines += [
-        f"# {len(result.trials)} candidates in {result.seconds / 60:.1f} min ({how[result.stopped]}); every trial: "
-        "tune-report.json beside the export",
+        f"# {n} candidate{'' if n == 1 else 's'} in {result.seconds / 60:.1f} min ({how[result.stopped]}); "
+        "every trial: tune-report.json beside the export",
         f"# Use as it is ({USE[result.target]}) or copy these keys into your pipeline.yaml.",
     ]
     section = None

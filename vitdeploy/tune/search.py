@@ -21,10 +21,14 @@ from .measure import Figure, measure_candidate
 from .space import SERVE_KNOBS, TRITON_KNOBS, ServeCandidate, TritonCandidate, neighbours, triton_neighbours
 
 Progress = Callable[[str], None]
-DONE, BUDGET, INTERRUPTED = "done", "budget", "interrupted"
+DONE, BUDGET, TRIALS, INTERRUPTED = "done", "budget", "trials", "interrupted"
 
 
 class _OutOfBudget(Exception):
+    pass
+
+
+class _OutOfTrials(Exception):
     pass
 
 
@@ -103,12 +107,14 @@ def search(
     slo_p99_ms: Optional[float] = None,
     level_s: float = 2.0,
     passes: int = 2,
+    max_trials: Optional[int] = None,
     progress: Progress = lambda _: None,
     measure_fn: Callable[..., Figure] = measure_candidate,
 ) -> TuneResult:
     """Coordinate descent from ``start`` over ``knobs`` on ``target`` (anything with ``apply(candidate) -> how``,
     ``url`` and ``name``); a candidate has ``describe()``, ``to_dict()`` and is hashable. Ctrl-C and the budget
-    end it with the best so far. ``measure_fn``: measure.measure_candidate."""
+    end it with the best so far, as does ``max_trials`` measured candidates.
+    ``measure_fn``: measure.measure_candidate."""
     t0 = time.monotonic()
     deadline = t0 + budget_s
     result = TuneResult(name, slo_p99_ms, budget_s, cores)
@@ -119,6 +125,8 @@ def search(
     def run(cand: Any, knob: str) -> Trial:
         if cand in seen:
             return seen[cand]
+        if max_trials is not None and len(result.trials) >= max_trials:
+            raise _OutOfTrials
         typical = sorted(t.seconds for t in result.trials)[len(result.trials) // 2] if result.trials else 0.0
         if time.monotonic() + typical > deadline:  # one more would end past the budget: stop within it
             raise _OutOfBudget
@@ -153,6 +161,8 @@ def search(
                 break
     except _OutOfBudget:
         result.stopped = BUDGET
+    except _OutOfTrials:
+        result.stopped = TRIALS
     except KeyboardInterrupt:
         result.stopped = INTERRUPTED
     result.seconds = time.monotonic() - t0
@@ -231,5 +241,6 @@ __all__ = [
     "objective_text",
     "DONE",
     "BUDGET",
+    "TRIALS",
     "INTERRUPTED",
 ]

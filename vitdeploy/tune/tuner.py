@@ -35,6 +35,7 @@ class TunePlan:
     images: Optional[Path] = None
     out: Path = Path("tuned.yaml")
     level_s: float = 2.0
+    max_trials: Optional[int] = None
 
 
 def servable_backends(artifacts: Path, requested: str, options: Any) -> tuple[str, ...]:
@@ -90,7 +91,13 @@ def run_tune(cfg: Any, plan: TunePlan, options: Any, progress: Progress = lambda
         raise ConfigError(f"--budget must be positive, got {plan.budget_s:g} s")
     images = load_images(plan.images)
     cores = usable_cores()
-    common = dict(budget_s=plan.budget_s, slo_p99_ms=plan.slo_p99_ms, level_s=plan.level_s, progress=progress)
+    common = dict(
+        budget_s=plan.budget_s,
+        slo_p99_ms=plan.slo_p99_ms,
+        level_s=plan.level_s,
+        max_trials=plan.max_trials,
+        progress=progress,
+    )
     if plan.target == "triton":
         return _tune_triton(cfg, plan, options, images, cores, common)
     from ..runtime.artifacts import Artifacts
