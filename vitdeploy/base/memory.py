@@ -8,7 +8,9 @@ protobuf's copies included, which Python's tracemalloc does not.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
+from typing import Iterator
 
 
 def _status_kib(field: str) -> int | None:
@@ -57,6 +59,30 @@ def give_back() -> None:
         pass
 
 
+@contextlib.contextmanager
+def heap_frozen() -> Iterator[None]:
+    """Leave what the process held before the block out of every garbage collection inside it
+    (``gc.freeze``): the libraries already imported are never garbage, and walking their millions of
+    objects made each :func:`give_back` cost a third of a second (17 of them per export). What the block
+    creates is collected as before; the frozen objects rejoin the collector when it ends."""
+    import gc
+
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def refreeze() -> None:
+    """Inside :func:`heap_frozen`: collect what is garbage now, then freeze what is left too (after a step
+    that imported large libraries; what is alive now must not be freed later by the cycle collector alone)."""
+    import gc
+
+    give_back()
+    gc.freeze()
+
+
 def available_bytes() -> int | None:
     """Memory the machine can still give without swapping (``MemAvailable``)."""
     try:
@@ -79,4 +105,13 @@ def human(n: float | None) -> str:
     return f"{n:.1f} GB"
 
 
-__all__ = ["available_bytes", "give_back", "human", "peak_rss_bytes", "reset_peak", "rss_bytes"]
+__all__ = [
+    "available_bytes",
+    "give_back",
+    "heap_frozen",
+    "human",
+    "refreeze",
+    "peak_rss_bytes",
+    "reset_peak",
+    "rss_bytes",
+]

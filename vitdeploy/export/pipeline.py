@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+from ..base import memory
 from ..base.config import PipelineConfig
 from ..base.errors import ExportError, RefusedStagesError, ValidationError, WriteError
 from ..base.vocab import ARTIFACT_FILES, EXPORT_REPORT_NAME, MANIFEST_NAME, TIMING_CACHE_NAME
@@ -83,6 +84,11 @@ class ExportResult:
 
 def run_stages(ctx: ExportContext, table: Sequence[Stage] = STAGES) -> None:
     """Run every row of ``table`` that applies, in order (see the module docstring)."""
+    with memory.heap_frozen():
+        _run_rows(ctx, table)
+
+
+def _run_rows(ctx: ExportContext, table: Sequence[Stage]) -> None:
     waiting: list[tuple[Stage, Made]] = []  # made before the reference logits exist
     for row in table:
         if not row.applies(ctx):
@@ -99,6 +105,8 @@ def run_stages(ctx: ExportContext, table: Sequence[Stage] = STAGES) -> None:
                 rec.outputs = rec.outputs or [f for artifact in made for f in artifact.files]
             if rec.status != "skipped":  # a stage that found it cannot make its artifact marks itself skipped
                 waiting.append((row, made))
+            if row.name == ONNX.name:  # the exporter's libraries, imported by this stage, are never garbage
+                memory.refreeze()
         while waiting and ctx.reference is not None:
             done, made = waiting.pop(0)
             with _unless_optional(ctx, done):
