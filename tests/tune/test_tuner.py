@@ -29,6 +29,9 @@ from vitdeploy.tune.clients import PREDICT, Target  # noqa: E402
 from vitdeploy.tune.loadtest import LoadPlan, load_images, run_loadtest  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+# a p99 goal every setting meets on any machine: the tests check what tune writes, not this machine's jitter
+# (the default objective, p99 within 2x its p50, was missed by every setting on a loaded machine: exit 3)
+SLO = "60000"
 
 
 def _tune(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -47,7 +50,22 @@ def test_a_short_search_writes_an_overlay_that_config_check_accepts_and_serve_st
     artifacts = tmp_path / "export"
     shutil.copytree(demo_artifacts, artifacts)
     overlay = tmp_path / "tuned.yaml"
-    proc = _tune(["-a", str(artifacts), "-b", "ort", "--budget", "10m", "--trials", "1", "-o", str(overlay)])
+    proc = _tune(
+        [
+            "-a",
+            str(artifacts),
+            "-b",
+            "ort",
+            "--budget",
+            "10m",
+            "--slo-p99-ms",
+            SLO,
+            "--trials",
+            "1",
+            "-o",
+            str(overlay),
+        ]
+    )
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     assert "[1] ort, " in err and "[2] " not in err and f"wrote {overlay}" in err
@@ -123,7 +141,22 @@ def test_the_triton_target_reloads_the_models_in_place_and_its_overlay_builds_a_
     artifacts = tmp_path / "export"
     shutil.copytree(demo_artifacts, artifacts)
     overlay = tmp_path / "tuned.yaml"
-    proc = _tune(["--target", "triton", "-a", str(artifacts), "--budget", "10m", "--trials", "2", "-o", str(overlay)])
+    proc = _tune(
+        [
+            "--target",
+            "triton",
+            "-a",
+            str(artifacts),
+            "--budget",
+            "10m",
+            "--slo-p99-ms",
+            SLO,
+            "--trials",
+            "2",
+            "-o",
+            str(overlay),
+        ]
+    )
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     trials = json.loads((artifacts / "tune-report.json").read_text())["trials"]
@@ -159,7 +192,20 @@ def test_a_tritonserver_on_path_is_tuned_when_none_is_bundled(demo_artifacts, tm
         overlay = tmp_path / "tuned.yaml"
         path = f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}"
         proc = _tune(
-            ["--target", "triton", "-a", str(demo_artifacts), "--budget", "10m", "--trials", "1", "-o", str(overlay)],
+            [
+                "--target",
+                "triton",
+                "-a",
+                str(demo_artifacts),
+                "--budget",
+                "10m",
+                "--slo-p99-ms",
+                SLO,
+                "--trials",
+                "1",
+                "-o",
+                str(overlay),
+            ],
             env={"VITDEPLOY_TRITON_VENV": str(tmp_path / "none"), "PATH": path},
         )
         out, err = proc.communicate(timeout=300)
