@@ -44,6 +44,8 @@ import numpy as np
 from ..base._deps import require
 from ..base._files import atomic_path
 from ..base.errors import ConfigError, ExportError, StageUnavailableError, first_line
+from ..runtime.backends.ort import INT8_SESSION_CONFIG
+from .int8_attention import has_fused_attention, signed_operands, write_out_attention, written_out_copy
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,11 @@ class Placement:
     quantize_bias: bool  # Gemm/Conv biases as INT32 + DequantizeLinear
     optimize_first: bool  # quant_pre_process runs ONNX Runtime's basic optimiser before quantizing
     float_first: tuple[str, ...]  # op types the autopilot returns to float before going block by block
+    # fused attention (MultiHeadAttention) written out so that its Q·Kᵀ and weights·V are quantized too
+    # (export/int8_attention.py), their keys and values signed symmetric INT8
+    attention: bool = False
+    # the ONNX Runtime session settings the graph is meant to run with (runtime/backends/ort.py)
+    session_config: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -69,11 +76,16 @@ class Placement:
             "activations": f"{self.activations} {'symmetric' if self.symmetric_activations else 'asymmetric'}",
             "weights": "int8 symmetric per channel",
             "bias": "int32" if self.quantize_bias else "float",
+            **(
+                {"attention": "Q·Kᵀ and weights·V INT8 (keys, values int8 symmetric), softmax float"}
+                if self.attention
+                else {}
+            ),
         }
 
 
 #: model.int8.onnx for ONNX Runtime on x86 (see the module docstring for each choice).
-ORT_CPU = Placement("onnxruntime-cpu", QUANTIZED_OPS, "uint8", False, True, True, ("Gemm",))
+ORT_CPU = Placement("onnxruntime-cpu", QUANTIZED_OPS, "uint8", False, True, True, ("Gemm",), True, INT8_SESSION_CONFIG)
 #: model.int8.trt.onnx for TensorRT's explicit quantization (the classifier head and the patch
 #: embedding, the layers nearest the output and the input, are the first returned to float).
 TENSORRT = Placement("tensorrt", ("MatMul", "Gemm", "Conv"), "int8", True, False, False, ("Gemm", "Conv"))
@@ -160,7 +172,8 @@ def _reader(batch: np.ndarray, input_name: str, chunk: int = 1) -> Any:
 def prepare(
     src: Path, dst: Path, *, external_data: bool = False, placement: Placement = ORT_CPU, optimized: bool = False
 ) -> Path:
-    """``src`` with the shapes the quantizer needs inferred (through the contrib ops), into ``dst``.
+    """``src`` with the shapes the quantizer needs inferred (through the contrib ops), into ``dst``; with
+    ``placement.attention``, its fused attention written out first (export/int8_attention.py).
 
     Where ONNX Runtime's basic optimiser must run first (the placement asks for it and ``src`` is not
     already ONNX Runtime's optimised graph, model.ort.onnx): ``quant_pre_process`` itself, which holds
@@ -174,14 +187,23 @@ def prepare(
         if placement.optimize_first and not optimized:
             from onnxruntime.quantization.shape_inference import quant_pre_process
 
-            quant_pre_process(
-                str(src), str(dst), save_as_external_data=external_data, external_data_location=f"{dst.name}.data"
-            )
+            with tempfile.TemporaryDirectory(prefix=".int8-attention-", dir=dst.parent) as tmp:
+                if placement.attention and _has_fused_attention(src):
+                    src = written_out_copy(src, Path(tmp) / src.name, external_data)
+                quant_pre_process(
+                    str(src), str(dst), save_as_external_data=external_data, external_data_location=f"{dst.name}.data"
+                )
         else:
-            _infer_without_weights(src, dst, external_data)
+            _infer_without_weights(src, dst, external_data, attention=placement.attention)
     except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
         raise ExportError(f"INT8 pre-processing of {src.name} failed: {first_line(exc)}") from exc
     return dst
+
+
+def _has_fused_attention(path: Path) -> bool:
+    import onnx
+
+    return has_fused_attention(onnx.load(str(path), load_external_data=False))
 
 
 #: The first ONNX Runtime whose symbolic shape inference reads ``Shape``'s ``start``/``end`` (opset 15): before
@@ -203,11 +225,12 @@ def _refuse_old_shape_inference() -> None:
         )
 
 
-def _infer_without_weights(src: Path, dst: Path, external_data: bool) -> None:
+def _infer_without_weights(src: Path, dst: Path, external_data: bool, *, attention: bool = False) -> None:
     """``quant_pre_process(skip_optimization=True)``'s inferences with its defaults, on the graph
     without its weights; the weights written back from ``src`` (external data: the data file is
     copied beside ``dst`` under its own name, so the graph's references stay inside its folder; on
-    disk, streamed, not in memory)."""
+    disk, streamed, not in memory). ``attention``: the fused attention written out first (the query
+    weights it scales are the only weights it loads, one at a time)."""
     import onnx
     from onnx.external_data_helper import load_external_data_for_tensor
     from onnxruntime.quantization.quant_utils import add_pre_process_metadata
@@ -216,6 +239,8 @@ def _infer_without_weights(src: Path, dst: Path, external_data: bool) -> None:
     from .onnx import is_weight_matrix, without_weights, write_streamed
 
     model = onnx.load(str(src), load_external_data=False)
+    if attention:
+        write_out_attention(model, src.parent)
     for tensor in model.graph.initializer:  # what inference reads (shapes, axes, tables) loaded, not the weights
         if tensor.data_location == onnx.TensorProto.EXTERNAL and not is_weight_matrix(tensor):
             load_external_data_for_tensor(tensor, str(src.parent))
@@ -284,6 +309,31 @@ def calibrate_minmax(
     save_tensors_data(TensorsData(CalibrationMethod.MinMax, data), ranges)
 
 
+def static_options(placement: Placement, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``quantize_static``'s ``extra_options`` for ``placement`` (``overrides``: its TensorQuantOverrides)."""
+    ops = list(placement.op_types)
+    options: dict[str, Any] = {
+        "WeightSymmetric": True,
+        "ActivationSymmetric": placement.symmetric_activations,
+        "QuantizeBias": placement.quantize_bias,
+        "OpTypesToExcludeOutputQuantization": ops,
+        "CalibStridedMinMax": 1,  # one chunk of images at a time (see _reader)
+    }
+    if overrides:
+        options["TensorQuantOverrides"] = overrides
+    return options
+
+
+def _overrides(quant: Any, pre: Path, nodes: Sequence[str]) -> dict[str, Any]:
+    """The keys and values of the quantized attention products among ``nodes``: signed, symmetric INT8
+    (export/int8_attention.py says why)."""
+    import onnx
+
+    model = onnx.load(str(pre), load_external_data=False)
+    signed = [{"quant_type": quant.QuantType.QInt8, "symmetric": True}]
+    return {name: signed for name in signed_operands(model, set(nodes))}
+
+
 def quantize_prepared(
     pre: Path,
     dst: Path,
@@ -342,13 +392,9 @@ def quantize_prepared(
                     quant_format=quant.QuantFormat.QDQ,
                     activation_type=activations,
                     calibrate_method=getattr(quant.CalibrationMethod, _METHODS[method]),
-                    extra_options={
-                        "WeightSymmetric": True,
-                        "ActivationSymmetric": placement.symmetric_activations,
-                        "QuantizeBias": placement.quantize_bias,
-                        "OpTypesToExcludeOutputQuantization": ops,
-                        "CalibStridedMinMax": 1,  # one chunk of images at a time (see _reader)
-                    },
+                    extra_options=static_options(
+                        placement, _overrides(quant, pre, nodes) if placement.attention else {}
+                    ),
                     **common,
                     **cache,
                 )
