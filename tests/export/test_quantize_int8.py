@@ -50,6 +50,15 @@ def test_default_int8_answer_is_the_same_alone_and_in_a_batch_of_8(demo_artifact
     manifest = json.loads((demo_artifacts / "manifest.json").read_text())
     assert manifest["export"]["int8"]["mode"] == "static" and artifacts.has("onnx-int8")
     assert manifest["validation"]["validate-int8"]["passed"] is True
+    # fully quantized, attention's two products included (4 blocks), and no top-1 answer changed
+    record, gate = manifest["export"]["int8"], manifest["validation"]["validate-int8"]
+    assert record["keep_float"] == [] and "attention" in record and gate["metrics"]["top1_agreement"] == 1.0
+    import onnx
+
+    graph = onnx.load(str(demo_artifacts / "model.int8.onnx")).graph
+    made_by = {o: n.op_type for n in graph.node for o in n.output}
+    products = [n for n in graph.node if n.name.endswith(("_scores", "_context"))]
+    assert len(products) == 8 and all(made_by[i] == "DequantizeLinear" for n in products for i in n.input)
     batch = _demo_batch(artifacts)
     backend = open_backend("ort-int8", artifacts, CPU1)
     try:

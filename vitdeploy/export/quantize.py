@@ -11,6 +11,11 @@ tools, never by hand:
   calibrated on real validation images (MinMax by default; never ``CalibMaxIntermediateOutputs``,
   which drops calibration data in ORT 1.32). Activation ranges are fixed in the graph, so an
   image's answer does not depend on the other images in its batch;
+- attention too (:data:`ORT_CPU`'s ``attention``): the fused graph's ``MultiHeadAttention`` is
+  written out again (export/int8_attention.py) so that its Q·Kᵀ and weights·V are MatMuls like the
+  others, their keys and values S8 symmetric (per tensor); softmax, LayerNorm and GELU stay float
+  (ONNX Runtime's CPU has no integer GELU or LayerNorm, and its ``QLinearSoftmax`` took 7x the float
+  softmax's time). docs/precision.md has the measurements;
 - dynamic mode (opt-in): no calibration, activation ranges computed per batch at run time, so an
   image's logits move with the other images in its batch (up to 0.08 on ViT-B/16): under dynamic
   batching one user's answer would depend on other users' requests.
