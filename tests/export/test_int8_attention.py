@@ -4,7 +4,8 @@
 - quantized, ONNX Runtime runs both products as integer ops, keys and values signed INT8;
 - an image's answer is the same alone and inside a batch of 8, and the session setting the int8 backend
   adds changes no answer (speed only);
-- the autopilot's handle, ``attention_products``: those nodes left float, attention is float again.
+- the autopilot's handle, ``attention_products``: those nodes left float, attention is float again;
+  dynamic INT8 (which leaves them float anyway) keeps the fused attention.
 """
 
 from __future__ import annotations
@@ -123,15 +124,18 @@ def test_an_answer_is_the_same_alone_and_in_a_batch_and_the_session_setting_is_s
 def test_the_autopilots_handle_leaves_attention_float(fused, tmp_path):
     import onnx
 
-    from vitdeploy.export.int8_attention import attention_products
+    from vitdeploy.export.int8_attention import attention_products, has_fused_attention
     from vitdeploy.export.quantize import prepare, quantizable_nodes, quantize_prepared
 
+    dynamic = prepare(fused, tmp_path / "dynamic.onnx", optimized=True, mode="dynamic")
+    assert has_fused_attention(onnx.load(str(dynamic)))  # dynamic INT8 leaves attention float: fused is faster
     pre = prepare(fused, tmp_path / "pre.onnx", optimized=True)
     products = attention_products(onnx.load(str(pre), load_external_data=False))
     res = quantize_prepared(
         pre, tmp_path / "q.onnx", input_name="pixel_values", calibration=_images(8, seed=1), keep_float=products
     )
     assert set(products) <= set(res.keep_float) and not set(products) & set(res.quantized_nodes)
+    assert "attention" not in res.summary()  # the manifest does not claim it
     assert set(res.quantized_nodes) == set(quantizable_nodes(pre)) - set(products)  # every other MatMul/Gemm INT8
     graph = onnx.load(str(res.path)).graph
     made_by = {o: n.op_type for n in graph.node for o in n.output}

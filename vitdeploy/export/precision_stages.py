@@ -179,7 +179,7 @@ def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made
         calib = _calibration(ctx) if mode == "static" else None
         optimized = ctx.role_of(src) == "onnx-ort"  # already ONNX Runtime's optimised graph
         pre = quantize.prepare(
-            src, Path(tmp) / "pre.onnx", external_data=external, placement=placement, optimized=optimized
+            src, Path(tmp) / "pre.onnx", external_data=external, placement=placement, optimized=optimized, mode=mode
         )
         kwargs = dict(
             input_name=INPUT_NAME,

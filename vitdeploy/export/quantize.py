@@ -50,7 +50,13 @@ from ..base._deps import require
 from ..base._files import atomic_path
 from ..base.errors import ConfigError, ExportError, StageUnavailableError, first_line
 from ..runtime.backends.ort import INT8_SESSION_CONFIG
-from .int8_attention import has_fused_attention, signed_operands, write_out_attention, written_out_copy
+from .int8_attention import (
+    attention_products,
+    has_fused_attention,
+    signed_operands,
+    write_out_attention,
+    written_out_copy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +87,6 @@ class Placement:
             "activations": f"{self.activations} {'symmetric' if self.symmetric_activations else 'asymmetric'}",
             "weights": "int8 symmetric per channel",
             "bias": "int32" if self.quantize_bias else "float",
-            **(
-                {"attention": "Q·Kᵀ and weights·V INT8 (keys, values int8 symmetric), softmax float"}
-                if self.attention
-                else {}
-            ),
         }
 
 
@@ -112,11 +113,17 @@ class Int8Result:
     keep_float: tuple[str, ...] = ()
     external_data: tuple[Path, ...] = field(default_factory=tuple)
     placement: Placement = ORT_CPU
+    attention: tuple[str, ...] = ()  # the attention products quantized (export/int8_attention.py)
 
     def summary(self) -> dict[str, Any]:
         described = self.placement.describe()
         if self.mode != "static":
             described["activations"] += " (per batch)"
+        if self.attention:
+            described["attention"] = (
+                f"Q·Kᵀ and weights·V INT8 in {len(self.attention) // 2} block(s) (keys, values int8 symmetric), "
+                "softmax float"
+            )
         return {
             "mode": self.mode,
             "calibration_method": self.method,
@@ -175,10 +182,17 @@ def _reader(batch: np.ndarray, input_name: str, chunk: int = 1) -> Any:
 
 
 def prepare(
-    src: Path, dst: Path, *, external_data: bool = False, placement: Placement = ORT_CPU, optimized: bool = False
+    src: Path,
+    dst: Path,
+    *,
+    external_data: bool = False,
+    placement: Placement = ORT_CPU,
+    optimized: bool = False,
+    mode: str = "static",
 ) -> Path:
     """``src`` with the shapes the quantizer needs inferred (through the contrib ops), into ``dst``; with
-    ``placement.attention``, its fused attention written out first (export/int8_attention.py).
+    ``placement.attention``, in static ``mode``, its fused attention written out first (export/int8_attention.py;
+    dynamic quantization leaves the two products float, and written out they ran 3% slower than fused).
 
     Where ONNX Runtime's basic optimiser must run first (the placement asks for it and ``src`` is not
     already ONNX Runtime's optimised graph, model.ort.onnx): ``quant_pre_process`` itself, which holds
@@ -188,18 +202,19 @@ def prepare(
     quantized graphs are the same bytes as after ``quant_pre_process`` without optimisation (tested)."""
     require("onnxruntime.quantization", "INT8 quantization")
     _refuse_old_shape_inference()
+    attention = placement.attention and mode == "static"
     try:
         if placement.optimize_first and not optimized:
             from onnxruntime.quantization.shape_inference import quant_pre_process
 
             with tempfile.TemporaryDirectory(prefix=".int8-attention-", dir=dst.parent) as tmp:
-                if placement.attention and _has_fused_attention(src):
+                if attention and _has_fused_attention(src):
                     src = written_out_copy(src, Path(tmp) / src.name, external_data)
                 quant_pre_process(
                     str(src), str(dst), save_as_external_data=external_data, external_data_location=f"{dst.name}.data"
                 )
         else:
-            _infer_without_weights(src, dst, external_data, attention=placement.attention)
+            _infer_without_weights(src, dst, external_data, attention=attention)
     except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
         raise ExportError(f"INT8 pre-processing of {src.name} failed: {first_line(exc)}") from exc
     return dst
@@ -329,14 +344,14 @@ def static_options(placement: Placement, overrides: dict[str, Any] | None = None
     return options
 
 
-def _overrides(quant: Any, pre: Path, nodes: Sequence[str]) -> dict[str, Any]:
-    """The keys and values of the quantized attention products among ``nodes``: signed, symmetric INT8
-    (export/int8_attention.py says why)."""
+def _signed_attention(pre: Path, nodes: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """(the attention products among the quantized ``nodes``, their keys and values): those operands are
+    quantized signed, symmetric INT8 (export/int8_attention.py says why)."""
     import onnx
 
     model = onnx.load(str(pre), load_external_data=False)
-    signed = [{"quant_type": quant.QuantType.QInt8, "symmetric": True}]
-    return {name: signed for name in signed_operands(model, set(nodes))}
+    products = tuple(n for n in attention_products(model) if n in set(nodes))
+    return products, signed_operands(model, set(products))
 
 
 def quantize_prepared(
@@ -372,6 +387,7 @@ def quantize_prepared(
     keep_float = [*keep_float, *shape_only_nodes(pre)]  # an export for several sizes: its position table
     ops = list(placement.op_types)
     nodes = [n for n in quantizable_nodes(pre, ops) if n not in set(keep_float)]
+    attention, signed = _signed_attention(pre, nodes) if placement.attention and mode == "static" else ((), [])
     with tempfile.TemporaryDirectory(prefix=".int8-", dir=dst.parent) as tmp:
         out = Path(tmp) / dst.name
         common = dict(
@@ -387,6 +403,7 @@ def quantize_prepared(
                 quant.quantize_dynamic(str(pre), str(out), **common, extra_options={"WeightSymmetric": True})
             else:
                 activations = quant.QuantType.QInt8 if placement.activations == "int8" else quant.QuantType.QUInt8
+                overrides = {t: [{"quant_type": quant.QuantType.QInt8, "symmetric": True}] for t in signed}
                 cache = _calibration_cache(quant, ranges)
                 if cache and method == "minmax" and ranges is not None and not ranges.is_file():
                     calibrate_minmax(pre, calibration, input_name, ops, ranges)
@@ -397,9 +414,7 @@ def quantize_prepared(
                     quant_format=quant.QuantFormat.QDQ,
                     activation_type=activations,
                     calibrate_method=getattr(quant.CalibrationMethod, _METHODS[method]),
-                    extra_options=static_options(
-                        placement, _overrides(quant, pre, nodes) if placement.attention else {}
-                    ),
+                    extra_options=static_options(placement, overrides),
                     **common,
                     **cache,
                 )
@@ -422,6 +437,7 @@ def quantize_prepared(
         tuple(keep_float),
         tuple(extra),
         placement,
+        attention,
     )
 
 
@@ -432,7 +448,8 @@ def quantize_int8(
     :func:`quantize_prepared` (same keyword arguments). ``placement=TENSORRT`` with ``src``
     model.onnx writes the graph TensorRT builds its INT8 engine from."""
     with tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=dst.parent) as tmp:
-        pre = prepare(src, Path(tmp) / "pre.onnx", external_data=external_data, placement=placement)
+        mode = kwargs.get("mode", "static")
+        pre = prepare(src, Path(tmp) / "pre.onnx", external_data=external_data, placement=placement, mode=mode)
         return quantize_prepared(pre, dst, external_data=external_data, placement=placement, **kwargs)
 
 
