@@ -5,7 +5,8 @@
 - an image's answer is the same alone and inside a batch of 8, and the session setting the int8 backend
   adds changes no answer (speed only);
 - the autopilot's handle, ``attention_products``: those nodes left float, attention is float again;
-  dynamic INT8 (which leaves them float anyway) keeps the fused attention.
+- written out only where it pays: long enough sequences of large enough heads, static INT8 (dynamic
+  INT8 leaves the products float, and the fused node is faster then).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-DEPTH, HEADS, WIDTH = 2, 4, 64
+DEPTH, HEADS, WIDTH = 2, 2, 64  # heads of 32
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,7 @@ def quantized(fused, tmp_path_factory) -> Path:
     from vitdeploy.export.quantize import quantize_int8
 
     dst = tmp_path_factory.mktemp("int8_attention_q") / "model.int8.onnx"
-    res = quantize_int8(fused, dst, input_name="pixel_values", calibration=_images(8, seed=1))
+    res = quantize_int8(fused, dst, input_name="pixel_values", calibration=_images(8, seed=1), attention=True)
     assert "attention" in res.summary()  # the manifest says what runs INT8
     return dst
 
@@ -124,12 +125,10 @@ def test_an_answer_is_the_same_alone_and_in_a_batch_and_the_session_setting_is_s
 def test_the_autopilots_handle_leaves_attention_float(fused, tmp_path):
     import onnx
 
-    from vitdeploy.export.int8_attention import attention_products, has_fused_attention
+    from vitdeploy.export.int8_attention import attention_products
     from vitdeploy.export.quantize import prepare, quantizable_nodes, quantize_prepared
 
-    dynamic = prepare(fused, tmp_path / "dynamic.onnx", optimized=True, mode="dynamic")
-    assert has_fused_attention(onnx.load(str(dynamic)))  # dynamic INT8 leaves attention float: fused is faster
-    pre = prepare(fused, tmp_path / "pre.onnx", optimized=True)
+    pre = prepare(fused, tmp_path / "pre.onnx", optimized=True, attention=True)
     products = attention_products(onnx.load(str(pre), load_external_data=False))
     res = quantize_prepared(
         pre, tmp_path / "q.onnx", input_name="pixel_values", calibration=_images(8, seed=1), keep_float=products
@@ -142,3 +141,25 @@ def test_the_autopilots_handle_leaves_attention_float(fused, tmp_path):
     for node in graph.node:
         if node.name in products:  # float operands: no DequantizeLinear feeds them
             assert node.op_type == "MatMul" and all(made_by.get(i) != "DequantizeLinear" for i in node.input)
+
+
+def test_attention_is_written_out_where_it_pays_and_in_static_mode_only(fused, tmp_path):
+    import onnx
+
+    from vitdeploy.export.int8_attention import MIN_TOKENS, has_fused_attention, pays
+    from vitdeploy.export.quantize import prepare
+
+    model = onnx.load(str(fused), load_external_data=False)
+    assert not pays(model)  # 17 tokens: the fused float attention stays
+    assert has_fused_attention(onnx.load(str(prepare(fused, tmp_path / "short.onnx", optimized=True))))
+    for info in model.graph.value_info:  # the same graph said to see 197 tokens
+        dims = info.type.tensor_type.shape.dim
+        if len(dims) == 3 and dims[1].HasField("dim_value") and dims[1].dim_value == 17:
+            dims[1].dim_value = 197
+    assert pays(model) and 197 >= MIN_TOKENS
+    onnx.save(model, str(tmp_path / "long.onnx"))
+    assert not has_fused_attention(
+        onnx.load(str(prepare(tmp_path / "long.onnx", tmp_path / "l.onnx", optimized=True)))
+    )
+    dynamic = prepare(tmp_path / "long.onnx", tmp_path / "dynamic.onnx", optimized=True, mode="dynamic")
+    assert has_fused_attention(onnx.load(str(dynamic)))  # dynamic INT8 leaves the products float: fused is faster

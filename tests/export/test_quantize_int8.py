@@ -50,15 +50,10 @@ def test_default_int8_answer_is_the_same_alone_and_in_a_batch_of_8(demo_artifact
     manifest = json.loads((demo_artifacts / "manifest.json").read_text())
     assert manifest["export"]["int8"]["mode"] == "static" and artifacts.has("onnx-int8")
     assert manifest["validation"]["validate-int8"]["passed"] is True
-    # fully quantized, attention's two products included (4 blocks), and no top-1 answer changed
+    # every MatMul/Gemm INT8 and no top-1 answer changed; its attention (65 tokens, heads of 16) stays in the
+    # fused float node, where writing it out does not pay (export/int8_attention.py MIN_TOKENS)
     record, gate = manifest["export"]["int8"], manifest["validation"]["validate-int8"]
-    assert record["keep_float"] == [] and "attention" in record and gate["metrics"]["top1_agreement"] == 1.0
-    import onnx
-
-    graph = onnx.load(str(demo_artifacts / "model.int8.onnx")).graph
-    made_by = {o: n.op_type for n in graph.node for o in n.output}
-    products = [n for n in graph.node if n.name.endswith(("_scores", "_context"))]
-    assert len(products) == 8 and all(made_by[i] == "DequantizeLinear" for n in products for i in n.input)
+    assert record["keep_float"] == [] and "attention" not in record and gate["metrics"]["top1_agreement"] == 1.0
     batch = _demo_batch(artifacts)
     backend = open_backend("ort-int8", artifacts, CPU1)
     try:
@@ -146,8 +141,12 @@ def test_the_graph_is_the_same_bytes_as_onnx_runtimes_own_pre_processing_and_cal
             return next(self.it, None)
 
     for placement, src in ((ORT_CPU, "model.ort.onnx"), (TENSORRT, "model.onnx")):
-        ours = prepare(
-            demo_artifacts / src, tmp_path / f"{placement.name}.pre.onnx", placement=placement, optimized=True
+        ours = prepare(  # the demo's attention is written out only when asked (it would not pay)
+            demo_artifacts / src,
+            tmp_path / f"{placement.name}.pre.onnx",
+            placement=placement,
+            optimized=True,
+            attention=True if placement.attention else None,
         )
         theirs = tmp_path / f"{placement.name}.ort-pre.onnx"
         source = demo_artifacts / src

@@ -53,6 +53,7 @@ from ..runtime.backends.ort import INT8_SESSION_CONFIG
 from .int8_attention import (
     attention_products,
     has_fused_attention,
+    pays,
     signed_operands,
     write_out_attention,
     written_out_copy,
@@ -189,10 +190,12 @@ def prepare(
     placement: Placement = ORT_CPU,
     optimized: bool = False,
     mode: str = "static",
+    attention: bool | None = None,
 ) -> Path:
-    """``src`` with the shapes the quantizer needs inferred (through the contrib ops), into ``dst``; with
-    ``placement.attention``, in static ``mode``, its fused attention written out first (export/int8_attention.py;
-    dynamic quantization leaves the two products float, and written out they ran 3% slower than fused).
+    """``src`` with the shapes the quantizer needs inferred (through the contrib ops), into ``dst``; its fused
+    attention written out first (export/int8_attention.py) with ``placement.attention``, in static ``mode``
+    (dynamic quantization leaves the two products float, and written out they ran 3% slower than fused),
+    where it pays (``int8_attention.pays``). ``attention``: True or False decides instead.
 
     Where ONNX Runtime's basic optimiser must run first (the placement asks for it and ``src`` is not
     already ONNX Runtime's optimised graph, model.ort.onnx): ``quant_pre_process`` itself, which holds
@@ -202,13 +205,14 @@ def prepare(
     quantized graphs are the same bytes as after ``quant_pre_process`` without optimisation (tested)."""
     require("onnxruntime.quantization", "INT8 quantization")
     _refuse_old_shape_inference()
-    attention = placement.attention and mode == "static"
+    if attention is None and not (placement.attention and mode == "static"):
+        attention = False
     try:
         if placement.optimize_first and not optimized:
             from onnxruntime.quantization.shape_inference import quant_pre_process
 
             with tempfile.TemporaryDirectory(prefix=".int8-attention-", dir=dst.parent) as tmp:
-                if attention and _has_fused_attention(src):
+                if attention is not False and _writes_out(_structure(src), attention):
                     src = written_out_copy(src, Path(tmp) / src.name, external_data)
                 quant_pre_process(
                     str(src), str(dst), save_as_external_data=external_data, external_data_location=f"{dst.name}.data"
@@ -220,10 +224,16 @@ def prepare(
     return dst
 
 
-def _has_fused_attention(path: Path) -> bool:
+def _structure(path: Path) -> Any:
     import onnx
 
-    return has_fused_attention(onnx.load(str(path), load_external_data=False))
+    return onnx.load(str(path), load_external_data=False)
+
+
+def _writes_out(model: Any, attention: bool | None) -> bool:
+    """Whether ``model``'s fused attention is written out: it has one, and ``attention`` is True, or None
+    and it pays (export/int8_attention.py)."""
+    return has_fused_attention(model) and (attention is True or (attention is None and pays(model)))
 
 
 #: The first ONNX Runtime whose symbolic shape inference reads ``Shape``'s ``start``/``end`` (opset 15): before
@@ -245,12 +255,12 @@ def _refuse_old_shape_inference() -> None:
         )
 
 
-def _infer_without_weights(src: Path, dst: Path, external_data: bool, *, attention: bool = False) -> None:
+def _infer_without_weights(src: Path, dst: Path, external_data: bool, *, attention: bool | None = False) -> None:
     """``quant_pre_process(skip_optimization=True)``'s inferences with its defaults, on the graph
     without its weights; the weights written back from ``src`` (external data: the data file is
     copied beside ``dst`` under its own name, so the graph's references stay inside its folder; on
-    disk, streamed, not in memory). ``attention``: the fused attention written out first (the query
-    weights it scales are the only weights it loads, one at a time)."""
+    disk, streamed, not in memory). ``attention``: the fused attention written out first (as
+    :func:`_writes_out` decides; the query weights it scales are the only weights it loads, one at a time)."""
     import onnx
     from onnx.external_data_helper import load_external_data_for_tensor
     from onnxruntime.quantization.quant_utils import add_pre_process_metadata
@@ -259,7 +269,7 @@ def _infer_without_weights(src: Path, dst: Path, external_data: bool, *, attenti
     from .onnx import is_weight_matrix, without_weights, write_streamed
 
     model = onnx.load(str(src), load_external_data=False)
-    if attention:
+    if attention is not False and _writes_out(model, attention):
         write_out_attention(model, src.parent)
     for tensor in model.graph.initializer:  # what inference reads (shapes, axes, tables) loaded, not the weights
         if tensor.data_location == onnx.TensorProto.EXTERNAL and not is_weight_matrix(tensor):
@@ -442,14 +452,27 @@ def quantize_prepared(
 
 
 def quantize_int8(
-    src: Path, dst: Path, *, external_data: bool = False, placement: Placement = ORT_CPU, **kwargs: Any
+    src: Path,
+    dst: Path,
+    *,
+    external_data: bool = False,
+    placement: Placement = ORT_CPU,
+    attention: bool | None = None,
+    **kwargs: Any,
 ) -> Int8Result:
-    """Write ``dst``, the INT8 graph of the FP32 graph ``src``: :func:`prepare`, then
-    :func:`quantize_prepared` (same keyword arguments). ``placement=TENSORRT`` with ``src``
+    """Write ``dst``, the INT8 graph of the FP32 graph ``src``: :func:`prepare` (``attention``: as there),
+    then :func:`quantize_prepared` (same keyword arguments). ``placement=TENSORRT`` with ``src``
     model.onnx writes the graph TensorRT builds its INT8 engine from."""
     with tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=dst.parent) as tmp:
         mode = kwargs.get("mode", "static")
-        pre = prepare(src, Path(tmp) / "pre.onnx", external_data=external_data, placement=placement, mode=mode)
+        pre = prepare(
+            src,
+            Path(tmp) / "pre.onnx",
+            external_data=external_data,
+            placement=placement,
+            mode=mode,
+            attention=attention,
+        )
         return quantize_prepared(pre, dst, external_data=external_data, placement=placement, **kwargs)
 
 

@@ -189,7 +189,7 @@ class OrtBackend(BackendBase):
         (:data:`INT8_SESSION_CONFIG` for model.int8.onnx)."""
         super().__init__(input_shape, max_batch)
         self.name = name
-        self._session_config = tuple(session_config)
+        self.session_config = tuple(session_config)
         self.options = options or BackendOptions()
         self.onnx_path = Path(onnx_path)
         ort = _ort()
@@ -246,7 +246,7 @@ class OrtBackend(BackendBase):
         spin = _allow_spinning(self.options)
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         so.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
-        for key, value in self._session_config:
+        for key, value in self.session_config:
             so.add_session_config_entry(key, value)
         so.log_severity_level = 3  # errors only; provider fallbacks are reported below, once
         try:
