@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 #: the suffixes of the two products' node names (after the MultiHeadAttention node's name)
 SCORES, CONTEXT = "_scores", "_context"
 #: Where writing attention out pays (one thread, CPU time, batch 1 / 8, INT8 graph against the same graph
-#: with attention float in the fused node): 197 tokens, head size 64 (ViT-B/16, ViT-Ti/16): 5-8% and
-#: 7-12% faster; 50 and 65 tokens, head size 64 (ViT-B/32; a ViT-S at 128 px): within +-2%; head size 16
+#: with attention float in the fused node): 197 tokens, head size 64 (ViT-B/16, ViT-Ti/16): 5-7% and
+#: 8-12% faster; 50 and 65 tokens, head size 64 (ViT-B/32; a ViT-S at 128 px): within +-2%; head size 16
 #: (the demo model, 65 tokens: 20% slower at batch 8; 257 tokens: +6% / -4%). Below these, the fused
 #: float attention stays, and so does its accuracy.
 MIN_TOKENS, MIN_HEAD_SIZE = 128, 32
