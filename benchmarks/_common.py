@@ -114,9 +114,12 @@ def interleaved(
     seed: int = 0,
     gap_s: float = 0.0,
     progress: Callable[[int], None] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> Timings:
     """Round-robin timing: each round calls every function once, in a fresh random order, so
-    background load and thermal drift hit all variants alike. ``warmup`` rounds are discarded."""
+    background load and thermal drift hit all variants alike. ``warmup`` rounds are discarded.
+    ``clock``: ``time.thread_time`` times the calling thread's CPU time instead of the wall (with one
+    intra-op thread, what a call computes, whatever other processes took meanwhile)."""
     rng = random.Random(seed)
     names = list(fns)
     out = Timings({n: [] for n in names})
@@ -125,9 +128,9 @@ def interleaved(
         for n in names:
             if gap_s:
                 time.sleep(gap_s)  # let the previous variant's spinning threads go idle
-            t0 = time.perf_counter()
+            t0 = clock()
             fns[n]()
-            dt = (time.perf_counter() - t0) * 1000.0
+            dt = (clock() - t0) * 1000.0
             if r >= warmup:
                 out.samples_ms[n].append(dt)
         if progress:

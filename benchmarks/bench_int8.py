@@ -18,6 +18,10 @@ cores. Figures taken on a shared, loaded machine are not evidence for or against
     .venv/bin/python benchmarks/bench_int8.py                                # demo model (a smoke run)
     .venv/bin/python benchmarks/bench_int8.py --model vit_base_patch16_224   # the target's model
     .venv/bin/python benchmarks/bench_int8.py --dynamic                      # also time the dynamic mode
+    .venv/bin/python benchmarks/bench_int8.py --model vit_base_patch16_224 --attention-float --profile
+        # + the graph with attention float (before issue 41) in the same rounds, and where each graph's time goes
+    .venv/bin/python benchmarks/bench_int8.py --model vit_base_patch16_224 --threads 1 --cpu-time
+        # each call's CPU time on one thread: ratios that other work on a shared machine hardly moves
     .venv-ov/bin/python benchmarks/bench_int8.py                             # + OpenVINO FP32 / BF16 / INT8
 
 Where ``openvino`` (and, for INT8, ``nncf``) import, OpenVINO runs in the same interleaved rounds
@@ -121,6 +125,27 @@ def open_variants(out: Path, threads: int, dynamic: bool) -> dict:
             quantize_int8(out / "model.ort.onnx", path, input_name=artifacts.input_name, mode="dynamic")
         backends["ort-int8-dynamic"] = OrtBackend(path, artifacts.input_shape, None, opts, name="ort-int8-dynamic")
     return backends
+
+
+def add_attention_float(args: argparse.Namespace, out: Path, backends: dict, threads: int) -> None:
+    """``ort-int8-attn-float``: the same static graph with attention float in the fused node (what
+    model.int8.onnx was before issue 41), calibrated on the export's own calibration images."""
+    import dataclasses
+
+    from vitdeploy.export.quantize import ORT_CPU, quantize_int8
+    from vitdeploy.runtime.backends import BackendOptions
+    from vitdeploy.runtime.backends.ort import OrtBackend
+
+    path = out.parent / f"{out.name}-attention-float.onnx"
+    if not path.is_file():
+        _, calibration = export_images(args.model, args.cache, out)
+        placement = dataclasses.replace(ORT_CPU, attention=False)
+        quantize_int8(
+            out / "model.ort.onnx", path, input_name="pixel_values", calibration=calibration, placement=placement
+        )
+    opts = BackendOptions(device="cpu", providers=("CPUExecutionProvider",), threads=threads)
+    shape = backends["ort"].input_shape
+    backends["ort-int8-attn-float"] = OrtBackend(path, shape, None, opts, name="ort-int8-attn-float")
 
 
 def export_images(model: str, cache: Path, out: Path, purpose: str = "speed") -> tuple[np.ndarray, np.ndarray]:
@@ -236,7 +261,7 @@ def openvino_report(
     acc = accuracy(backends, images)
     print(
         f"\naccuracy vs eager FP32 on the export's {len(images)} real validation images (the first {calibrated} of "
-        f"them calibrated both INT8 variants):\n{'variant':<17} {'top1':>7} {'flips':>6} {'min cosine':>11} "
+        f"them calibrated both INT8 variants):\n{'variant':<20} {'top1':>7} {'flips':>6} {'min cosine':>11} "
         f"{'max|diff|':>10}"
     )
     for name, m in acc.items():
@@ -280,6 +305,22 @@ def accuracy_report(cache: Path, threads: int) -> dict:
     }
 
 
+def profile(backends: dict, shape: tuple, batches: list[int], threads: int) -> dict:
+    """Where ort and ort-int8 spend their time, by op type, at each batch (benchmarks/_ort_profile.py)."""
+    from _ort_profile import op_type_times, print_shares
+
+    out = {}
+    for batch in batches:
+        x = np.random.default_rng(batch).standard_normal((batch, *shape)).astype(np.float32)
+        columns = {
+            name: op_type_times(str(backends[name].onnx_path), x, threads, config=backends[name].session_config)
+            for name in ("ort", "ort-int8")
+        }
+        print_shares(f"where the time goes at batch {batch} (ONNX Runtime's profiler, each node's median)", columns)
+        out[batch] = columns
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="demo", help="demo, or a vitdeploy VARIANTS name (vit_base_patch16_224)")
@@ -296,15 +337,32 @@ def main() -> int:
         action="store_true",
         help="ENABLE_CPU_PINNING off for OpenVINO (ORT does not pin; OpenVINO's default pins its threads)",
     )
+    ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time each call's CPU time on the calling thread (with --threads 1): robust to other work on the machine",
+    )
+    ap.add_argument(
+        "--attention-float",
+        action="store_true",
+        help="also time the static graph with attention float (ort-int8-attn-float: model.int8.onnx before issue 41)",
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="also print where ort and ort-int8 spend their time, by op type"
+    )
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "vitdeploy-bench-int8")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args()
 
     from vitdeploy.evaluate.reliability import SPREAD_LIMIT, busy_machine_reason, contention, sample, usable_cores
 
+    if args.cpu_time and args.threads != 1:
+        ap.error("--cpu-time times the calling thread: use it with --threads 1")
     args.cache.mkdir(parents=True, exist_ok=True)
     out = export(args.model, args.cache)
     backends = open_variants(out, args.threads, args.dynamic)
+    if args.attention_float:
+        add_attention_float(args, out, backends, args.threads)
     openvino = open_openvino(args, out, backends)
     env = environment(args.threads)
     if openvino is not None:
@@ -324,7 +382,8 @@ def main() -> int:
             if hasattr(b, "prepare"):  # OpenVINO: compile for this batch size before timing
                 b.prepare(batch)
         fns = {name: (lambda b=b: b.run(x)) for name, b in backends.items()}
-        timings = interleaved(fns, warmup=args.warmup, iters=args.iters, seed=batch)
+        clock = time.thread_time if args.cpu_time else time.perf_counter
+        timings = interleaved(fns, warmup=args.warmup, iters=args.iters, seed=batch, clock=clock)
         for name, b in backends.items():
             p50, p90 = timings.median(name), timings.p90(name)
             rows.append(
@@ -346,7 +405,7 @@ def main() -> int:
         + (f"  -> BUSY: {busy}" if busy else "")
     )
     print(
-        f"{'batch':>5} {'variant':<17} {'p50 ms':>9} {'p90/p50':>8} {'ms/img':>8} {'vs ort':>8} {'vs eager':>9} "
+        f"{'batch':>5} {'variant':<20} {'p50 ms':>9} {'p90/p50':>8} {'ms/img':>8} {'vs ort':>8} {'vs eager':>9} "
         f"{'max|diff|':>10} {'top1':>6}  flags"
     )
     for r in rows:
@@ -357,7 +416,7 @@ def main() -> int:
         target = TARGETS.get(r["batch"]) if r["variant"] == "ort-int8" else None
         flag = ("*unreliable: " + "; ".join(r["unreliable"])) if r["unreliable"] else ""
         print(
-            f"{r['batch']:>5} {r['variant']:<17} {r['p50_ms']:>9.3f} {r['spread']:>8.2f} {r['ms_per_img']:>8.3f} "
+            f"{r['batch']:>5} {r['variant']:<20} {r['p50_ms']:>9.3f} {r['spread']:>8.2f} {r['ms_per_img']:>8.3f} "
             f"{r['vs_ort']:>7.2f}x {r['vs_eager']:>8.2f}x {r['max_abs_diff']:>10.3g} {r['top1_agreement']:>6.2f}  "
             f"{flag}{'' if target is None else f'  (ViT-B/16 target vs ort: >= {target}x)'}"
         )
@@ -376,11 +435,15 @@ def main() -> int:
             "warning: ratios marked * are unreliable (other work competed for the cores, or a figure's spread is "
             "high); figures from a shared, loaded machine are not evidence for or against the target."
         )
+    if args.cpu_time:
+        print("times: each call's CPU time on the calling thread (1 intra-op thread), not the wall clock")
     result = {
         "env": env,
         "contention": window.to_dict() if window else None,
         "busy": busy,
+        "clock": "thread CPU time" if args.cpu_time else "wall",
         "rows": rows,
+        "profile": profile(backends, shape, batches, args.threads) if args.profile else None,
         "accuracy": accuracy_report(args.cache, args.threads),
     }
     if openvino is not None:

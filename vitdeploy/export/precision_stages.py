@@ -179,7 +179,7 @@ def _quantize(ctx: ExportContext, rec: StageRecord, target: _Int8Target) -> Made
         calib = _calibration(ctx) if mode == "static" else None
         optimized = ctx.role_of(src) == "onnx-ort"  # already ONNX Runtime's optimised graph
         pre = quantize.prepare(
-            src, Path(tmp) / "pre.onnx", external_data=external, placement=placement, optimized=optimized
+            src, Path(tmp) / "pre.onnx", external_data=external, placement=placement, optimized=optimized, mode=mode
         )
         kwargs = dict(
             input_name=INPUT_NAME,
@@ -277,7 +277,9 @@ def _speed_of(ctx: ExportContext, target: _Int8Target, path: Path) -> Any:
     src = target.source(ctx)
     rows = _calibration(ctx) if target.mode(ctx) == "static" else ctx.inputs.batch
     batch = np.ascontiguousarray(rows[: max(1, min(len(rows), ctx.cfg.export.batch.opt))], dtype=np.float32)
-    int8, base = OrtBackend(path, ctx.chw, None, CPU, name=target.label), OrtBackend(src, ctx.chw, None, CPU)
+    config = target.placement.session_config  # as the backend that runs it will (ort-int8)
+    int8 = OrtBackend(path, ctx.chw, None, CPU, name=target.label, session_config=config)
+    base = OrtBackend(src, ctx.chw, None, CPU)
     try:
         return time_against(int8, base, batch, ctx.cfg.export.int8.min_speedup)
     finally:

@@ -11,6 +11,11 @@ tools, never by hand:
   calibrated on real validation images (MinMax by default; never ``CalibMaxIntermediateOutputs``,
   which drops calibration data in ORT 1.32). Activation ranges are fixed in the graph, so an
   image's answer does not depend on the other images in its batch;
+- attention too (:data:`ORT_CPU`'s ``attention``): the fused graph's ``MultiHeadAttention`` is
+  written out again (export/int8_attention.py) so that its Q·Kᵀ and weights·V are MatMuls like the
+  others, their keys and values S8 symmetric (per tensor); softmax, LayerNorm and GELU stay float
+  (ONNX Runtime's CPU has no integer GELU or LayerNorm, and its ``QLinearSoftmax`` took 7x the float
+  softmax's time). docs/precision.md has the measurements;
 - dynamic mode (opt-in): no calibration, activation ranges computed per batch at run time, so an
   image's logits move with the other images in its batch (up to 0.08 on ViT-B/16): under dynamic
   batching one user's answer would depend on other users' requests.
@@ -44,6 +49,15 @@ import numpy as np
 from ..base._deps import require
 from ..base._files import atomic_path
 from ..base.errors import ConfigError, ExportError, StageUnavailableError, first_line
+from ..runtime.backends.ort import INT8_SESSION_CONFIG
+from .int8_attention import (
+    attention_products,
+    has_fused_attention,
+    pays,
+    signed_operands,
+    write_out_attention,
+    written_out_copy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +75,11 @@ class Placement:
     quantize_bias: bool  # Gemm/Conv biases as INT32 + DequantizeLinear
     optimize_first: bool  # quant_pre_process runs ONNX Runtime's basic optimiser before quantizing
     float_first: tuple[str, ...]  # op types the autopilot returns to float before going block by block
+    # fused attention (MultiHeadAttention) written out so that its Q·Kᵀ and weights·V are quantized too
+    # (export/int8_attention.py), their keys and values signed symmetric INT8
+    attention: bool = False
+    # the ONNX Runtime session settings the graph is meant to run with (runtime/backends/ort.py)
+    session_config: tuple[tuple[str, str], ...] = ()
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -73,7 +92,7 @@ class Placement:
 
 
 #: model.int8.onnx for ONNX Runtime on x86 (see the module docstring for each choice).
-ORT_CPU = Placement("onnxruntime-cpu", QUANTIZED_OPS, "uint8", False, True, True, ("Gemm",))
+ORT_CPU = Placement("onnxruntime-cpu", QUANTIZED_OPS, "uint8", False, True, True, ("Gemm",), True, INT8_SESSION_CONFIG)
 #: model.int8.trt.onnx for TensorRT's explicit quantization (the classifier head and the patch
 #: embedding, the layers nearest the output and the input, are the first returned to float).
 TENSORRT = Placement("tensorrt", ("MatMul", "Gemm", "Conv"), "int8", True, False, False, ("Gemm", "Conv"))
@@ -95,11 +114,17 @@ class Int8Result:
     keep_float: tuple[str, ...] = ()
     external_data: tuple[Path, ...] = field(default_factory=tuple)
     placement: Placement = ORT_CPU
+    attention: tuple[str, ...] = ()  # the attention products quantized (export/int8_attention.py)
 
     def summary(self) -> dict[str, Any]:
         described = self.placement.describe()
         if self.mode != "static":
             described["activations"] += " (per batch)"
+        if self.attention:
+            described["attention"] = (
+                f"Q·Kᵀ and weights·V INT8 in {len(self.attention) // 2} block(s) (keys, values int8 symmetric), "
+                "softmax float"
+            )
         return {
             "mode": self.mode,
             "calibration_method": self.method,
@@ -158,9 +183,19 @@ def _reader(batch: np.ndarray, input_name: str, chunk: int = 1) -> Any:
 
 
 def prepare(
-    src: Path, dst: Path, *, external_data: bool = False, placement: Placement = ORT_CPU, optimized: bool = False
+    src: Path,
+    dst: Path,
+    *,
+    external_data: bool = False,
+    placement: Placement = ORT_CPU,
+    optimized: bool = False,
+    mode: str = "static",
+    attention: bool | None = None,
 ) -> Path:
-    """``src`` with the shapes the quantizer needs inferred (through the contrib ops), into ``dst``.
+    """``src`` with the shapes the quantizer needs inferred (through the contrib ops), into ``dst``; its fused
+    attention written out first (export/int8_attention.py) with ``placement.attention``, in static ``mode``
+    (dynamic quantization leaves the two products float, and written out they ran 3% slower than fused),
+    where it pays (``int8_attention.pays``). ``attention``: True or False decides instead.
 
     Where ONNX Runtime's basic optimiser must run first (the placement asks for it and ``src`` is not
     already ONNX Runtime's optimised graph, model.ort.onnx): ``quant_pre_process`` itself, which holds
@@ -170,18 +205,35 @@ def prepare(
     quantized graphs are the same bytes as after ``quant_pre_process`` without optimisation (tested)."""
     require("onnxruntime.quantization", "INT8 quantization")
     _refuse_old_shape_inference()
+    if attention is None and not (placement.attention and mode == "static"):
+        attention = False
     try:
         if placement.optimize_first and not optimized:
             from onnxruntime.quantization.shape_inference import quant_pre_process
 
-            quant_pre_process(
-                str(src), str(dst), save_as_external_data=external_data, external_data_location=f"{dst.name}.data"
-            )
+            with tempfile.TemporaryDirectory(prefix=".int8-attention-", dir=dst.parent) as tmp:
+                if attention is not False and _writes_out(_structure(src), attention):
+                    src = written_out_copy(src, Path(tmp) / src.name, external_data)
+                quant_pre_process(
+                    str(src), str(dst), save_as_external_data=external_data, external_data_location=f"{dst.name}.data"
+                )
         else:
-            _infer_without_weights(src, dst, external_data)
+            _infer_without_weights(src, dst, external_data, attention=attention)
     except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
         raise ExportError(f"INT8 pre-processing of {src.name} failed: {first_line(exc)}") from exc
     return dst
+
+
+def _structure(path: Path) -> Any:
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False)
+
+
+def _writes_out(model: Any, attention: bool | None) -> bool:
+    """Whether ``model``'s fused attention is written out: it has one, and ``attention`` is True, or None
+    and it pays (export/int8_attention.py)."""
+    return has_fused_attention(model) and (attention is True or (attention is None and pays(model)))
 
 
 #: The first ONNX Runtime whose symbolic shape inference reads ``Shape``'s ``start``/``end`` (opset 15): before
@@ -203,11 +255,12 @@ def _refuse_old_shape_inference() -> None:
         )
 
 
-def _infer_without_weights(src: Path, dst: Path, external_data: bool) -> None:
+def _infer_without_weights(src: Path, dst: Path, external_data: bool, *, attention: bool | None = False) -> None:
     """``quant_pre_process(skip_optimization=True)``'s inferences with its defaults, on the graph
     without its weights; the weights written back from ``src`` (external data: the data file is
     copied beside ``dst`` under its own name, so the graph's references stay inside its folder; on
-    disk, streamed, not in memory)."""
+    disk, streamed, not in memory). ``attention``: the fused attention written out first (as
+    :func:`_writes_out` decides; the query weights it scales are the only weights it loads, one at a time)."""
     import onnx
     from onnx.external_data_helper import load_external_data_for_tensor
     from onnxruntime.quantization.quant_utils import add_pre_process_metadata
@@ -216,6 +269,8 @@ def _infer_without_weights(src: Path, dst: Path, external_data: bool) -> None:
     from .onnx import is_weight_matrix, without_weights, write_streamed
 
     model = onnx.load(str(src), load_external_data=False)
+    if attention is not False and _writes_out(model, attention):
+        write_out_attention(model, src.parent)
     for tensor in model.graph.initializer:  # what inference reads (shapes, axes, tables) loaded, not the weights
         if tensor.data_location == onnx.TensorProto.EXTERNAL and not is_weight_matrix(tensor):
             load_external_data_for_tensor(tensor, str(src.parent))
@@ -284,6 +339,31 @@ def calibrate_minmax(
     save_tensors_data(TensorsData(CalibrationMethod.MinMax, data), ranges)
 
 
+def static_options(placement: Placement, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``quantize_static``'s ``extra_options`` for ``placement`` (``overrides``: its TensorQuantOverrides)."""
+    ops = list(placement.op_types)
+    options: dict[str, Any] = {
+        "WeightSymmetric": True,
+        "ActivationSymmetric": placement.symmetric_activations,
+        "QuantizeBias": placement.quantize_bias,
+        "OpTypesToExcludeOutputQuantization": ops,
+        "CalibStridedMinMax": 1,  # one chunk of images at a time (see _reader)
+    }
+    if overrides:
+        options["TensorQuantOverrides"] = overrides
+    return options
+
+
+def _signed_attention(pre: Path, nodes: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
+    """(the attention products among the quantized ``nodes``, their keys and values): those operands are
+    quantized signed, symmetric INT8 (export/int8_attention.py says why)."""
+    import onnx
+
+    model = onnx.load(str(pre), load_external_data=False)
+    products = tuple(n for n in attention_products(model) if n in set(nodes))
+    return products, signed_operands(model, set(products))
+
+
 def quantize_prepared(
     pre: Path,
     dst: Path,
@@ -317,6 +397,7 @@ def quantize_prepared(
     keep_float = [*keep_float, *shape_only_nodes(pre)]  # an export for several sizes: its position table
     ops = list(placement.op_types)
     nodes = [n for n in quantizable_nodes(pre, ops) if n not in set(keep_float)]
+    attention, signed = _signed_attention(pre, nodes) if placement.attention and mode == "static" else ((), [])
     with tempfile.TemporaryDirectory(prefix=".int8-", dir=dst.parent) as tmp:
         out = Path(tmp) / dst.name
         common = dict(
@@ -332,6 +413,7 @@ def quantize_prepared(
                 quant.quantize_dynamic(str(pre), str(out), **common, extra_options={"WeightSymmetric": True})
             else:
                 activations = quant.QuantType.QInt8 if placement.activations == "int8" else quant.QuantType.QUInt8
+                overrides = {t: [{"quant_type": quant.QuantType.QInt8, "symmetric": True}] for t in signed}
                 cache = _calibration_cache(quant, ranges)
                 if cache and method == "minmax" and ranges is not None and not ranges.is_file():
                     calibrate_minmax(pre, calibration, input_name, ops, ranges)
@@ -342,13 +424,7 @@ def quantize_prepared(
                     quant_format=quant.QuantFormat.QDQ,
                     activation_type=activations,
                     calibrate_method=getattr(quant.CalibrationMethod, _METHODS[method]),
-                    extra_options={
-                        "WeightSymmetric": True,
-                        "ActivationSymmetric": placement.symmetric_activations,
-                        "QuantizeBias": placement.quantize_bias,
-                        "OpTypesToExcludeOutputQuantization": ops,
-                        "CalibStridedMinMax": 1,  # one chunk of images at a time (see _reader)
-                    },
+                    extra_options=static_options(placement, overrides),
                     **common,
                     **cache,
                 )
@@ -371,17 +447,32 @@ def quantize_prepared(
         tuple(keep_float),
         tuple(extra),
         placement,
+        attention,
     )
 
 
 def quantize_int8(
-    src: Path, dst: Path, *, external_data: bool = False, placement: Placement = ORT_CPU, **kwargs: Any
+    src: Path,
+    dst: Path,
+    *,
+    external_data: bool = False,
+    placement: Placement = ORT_CPU,
+    attention: bool | None = None,
+    **kwargs: Any,
 ) -> Int8Result:
-    """Write ``dst``, the INT8 graph of the FP32 graph ``src``: :func:`prepare`, then
-    :func:`quantize_prepared` (same keyword arguments). ``placement=TENSORRT`` with ``src``
+    """Write ``dst``, the INT8 graph of the FP32 graph ``src``: :func:`prepare` (``attention``: as there),
+    then :func:`quantize_prepared` (same keyword arguments). ``placement=TENSORRT`` with ``src``
     model.onnx writes the graph TensorRT builds its INT8 engine from."""
     with tempfile.TemporaryDirectory(prefix=".int8-pre-", dir=dst.parent) as tmp:
-        pre = prepare(src, Path(tmp) / "pre.onnx", external_data=external_data, placement=placement)
+        mode = kwargs.get("mode", "static")
+        pre = prepare(
+            src,
+            Path(tmp) / "pre.onnx",
+            external_data=external_data,
+            placement=placement,
+            mode=mode,
+            attention=attention,
+        )
         return quantize_prepared(pre, dst, external_data=external_data, placement=placement, **kwargs)
 
 
