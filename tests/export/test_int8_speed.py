@@ -76,10 +76,10 @@ def _config(checkpoint, enabled, min_speedup) -> dict:
 
 @pytest.mark.integration
 def test_the_autopilot_stops_when_no_step_left_can_pass_and_pay(tiny_checkpoint, tmp_path, monkeypatch):
-    """2x fully quantized, min_speedup 1.9: the first step (all INT8) and the second (the head Gemm in
-    float, a sliver of the multiply-adds) are built and judged; the third would put a whole block in
-    float, about half of the INT8 work (~1.3-1.7x: the last block runs for the class token only), so it
-    is not built, and the stage says both failed."""
+    """2x fully quantized, min_speedup 1.9: the budget is the second step (the head Gemm in float, a
+    sliver of the multiply-adds); the third would put a whole block in float, about half of the INT8 work
+    (~1.3-1.7x: the last block runs for the class token only). The fully quantized graph and the largest
+    step in the budget are judged, both fail, and the stage says so without building another step."""
     timed = _fixed_2x(monkeypatch)
     out = tmp_path / "auto"
     result = run_export(
@@ -94,10 +94,13 @@ def test_the_autopilot_stops_when_no_step_left_can_pass_and_pay(tiny_checkpoint,
     assert timed == [timed[0]]  # timed once, fully quantized, before the first judgement
     assert not any(out.glob("model.int8.onnx*"))
 
-    # the same gate with a minimum the estimate always meets: every step is built and judged
+    # the same gate with a minimum every step meets: the budget is the whole ladder, and its largest step
+    # (every MatMul/Gemm in float) is judged right after the fully quantized graph: it fails, so no step can
     many = run_export(parse_config(_config(tiny_checkpoint, "auto", 1.0), None), tmp_path / "all", engine="skip")
     steps = json.loads((tmp_path / "all" / "manifest.json").read_text())["export"]["int8"]["autopilot"]
-    assert len(steps) > 2 and "not met even with every" in next(s for s in many.stages if s.name == "int8").reason
+    assert [s["step"] for s in steps][0] == "all MatMul/Gemm quantized" and len(steps) == 2
+    assert len(steps[1]["keep_float"]) == 2 * 6 + 1  # q, k, v, projection, fc1, fc2 in each block, and the head
+    assert "not met even with every" in next(s for s in many.stages if s.name == "int8").reason
 
     # required: refused (exit 3, a gate that cannot be met with the speed), the rest of the export kept
     with pytest.raises(RefusedStagesError, match="cannot both be met") as refused:

@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 class _Judge:
     """An autopilot's judge: each candidate graph against eager PyTorch at the largest validation batch,
-    its logits kept for the graph as written (the validation of the step that passes reuses them).
+    the logits of each that passes kept for the graph as written (the validation of the one that ships
+    reuses them; keyed by the file itself, which the INT8 autopilot moves into place unchanged).
 
     Steps differ by a few nodes, and the inputs a step failed on tend to fail the next one too: a step
     first runs those inputs alone (batch 1); when they already prove the gate missed
@@ -66,7 +67,6 @@ class _Judge:
                 pair = (ctx.patch_reference[rows], alone_p) if with_patches else None
                 proof = proven_failure(ctx.reference[rows], alone, total, self.tolerance, ctx.kind, pair)
                 if proof is not None:
-                    ctx.judged = {}
                     return proof
             done = [0]
 
@@ -77,13 +77,12 @@ class _Judge:
             logits, patches = run_outputs_in_batches(backend, ctx.inputs.batch, max(ctx.sizes), ran, with_patches)
         finally:
             backend.close()
-        ctx.judged = {ctx.file_identity(path): (logits, patches)}  # only the latest step can be the graph that ships
         pair = (ctx.patch_reference, patches) if with_patches else None
         verdict = compare(ctx.reference, logits, self.tolerance, ctx.kind, pair)
-        if not verdict.passed:
+        if verdict.passed:  # a graph that may ship (the INT8 autopilot may judge two before shipping one)
+            ctx.judged[ctx.file_identity(path)] = (logits, patches)
+        else:  # a pass leaves them: the next candidate may have fewer nodes in float than the one that passed
             self.witnesses = failing_rows(ctx.reference, logits, self.tolerance, kind=ctx.kind, patches=pair)
-        else:
-            self.witnesses = []
         return verdict
 
 
@@ -242,7 +241,8 @@ def _quantized(
         if speed is not None:
             speed.check_full(path)
         return res, ()
-    from .autopilot import GateError, run_autopilot
+    from .autopilot import GateError
+    from .int8_autopilot import run_autopilot
 
     try:
         pilot = run_autopilot(
@@ -258,6 +258,8 @@ def _quantized(
         record["autopilot"] = [s.to_dict() for s in exc.steps]
         raise
     record["autopilot"] = [s.to_dict() for s in pilot.steps]
+    shipped = ctx.file_identity(path)  # another graph that passed (a larger one judged first) is not kept
+    ctx.judged = {key: value for key, value in ctx.judged.items() if key == shipped}
     return pilot.result, pilot.steps
 
 
