@@ -143,6 +143,8 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
         backend = gate.open(ctx, made)
         backend.image_sizes = ctx.image_sizes
         judged = ctx.judged.pop(ctx.file_identity(made[0].path), None) if max(sizes) == max(ctx.sizes) else None
+        if judged is None and gate.largest is not None:
+            judged = gate.largest(ctx, made, max(sizes))
         try:
             result = validate_artifact(
                 gate.name,
