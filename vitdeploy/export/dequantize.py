@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 from ..base._deps import require
 from ..base._files import atomic_path
+from .onnx_spans import Scanned, Span, scan, write
 
 _Q, _DQ = "QuantizeLinear", "DequantizeLinear"
 
@@ -40,7 +41,7 @@ class _Quantized:
     nodes: list[Any]
 
 
-def _quantized_tensors(q: Any, pre: Any) -> dict[str, _Quantized] | None:
+def _quantized_tensors(q: Any, pre: Any, weights: set[str]) -> dict[str, _Quantized] | None:
     """What the quantized graph's nodes read -> the Q/DQ nodes the quantizer added for it (an activation: Q
     and DQ; a weight or a bias: its DQ) and the source tensor (unknown for a weight until :func:`_renames`);
     None when ``q`` holds anything else than the source's nodes and those."""
@@ -51,7 +52,6 @@ def _quantized_tensors(q: Any, pre: Any) -> dict[str, _Quantized] | None:
     if any(n.op_type not in (_Q, _DQ) or len(n.output) != 1 for n in added):
         return None
     made = {n.output[0]: n for n in added}
-    weights = {t.name for t in pre.graph.initializer}
     found: dict[str, _Quantized] = {}
     for dq in (n for n in added if n.op_type == _DQ):
         source = made.get(dq.input[0])
@@ -98,9 +98,11 @@ def _markers(pre: Any, quantized: set[str]) -> dict[str, str]:
     return first
 
 
-def _plan(q: Any, pre: Any, keep: set[str], before: set[str], op_types: Sequence[str]) -> tuple[Any, ...] | None:
+def _plan(
+    q: Any, pre: Any, weights: set[str], keep: set[str], before: set[str], op_types: Sequence[str]
+) -> tuple[Any, ...] | None:
     """(the tensors still quantized, the renames their readers take, the nodes newly in float), or None."""
-    found = _quantized_tensors(q, pre)
+    found = _quantized_tensors(q, pre, weights)
     renames = _renames(q, pre, found) if found is not None else None
     if found is None or renames is None:
         return None
@@ -129,47 +131,84 @@ def dequantize(
     """Write ``dst``: ``full`` (``quantize_static`` of ``pre`` with the nodes ``before`` excluded) with the
     nodes of ``keep_float`` returned to float, as ``quantize_static`` with ``before`` and ``keep_float``
     excluded writes it (atomically; external data beside it as ``<dst>.data`` with ``external_data``).
-    False when the graph is not one this module can derive (nothing written: quantize again)."""
-    onnx = require("onnx", "INT8 quantization")
-    require("onnxruntime.quantization", "INT8 quantization")
-    from onnxruntime.quantization.onnx_model import ONNXModel
+    False when the graph is not one this module can derive (nothing written: quantize again).
 
-    q = onnx.load(str(full))
-    source = onnx.load(str(pre), load_external_data=False)
-    plan = _plan(q, source, set(keep_float), set(before), op_types)
+    Neither graph's weights are parsed but those written (export/onnx_spans.py): an inline graph is
+    written one weight at a time, read where it lies in either file."""
+    q, source = scan(full), scan(pre)
+    plan = _plan(q.model, source.model, {t.name for t in source.spans}, set(keep_float), set(before), op_types)
     if plan is None:
         return False
     still, renames, floated, found = plan
-    by_name = {n.name: n for n in q.graph.node}
+    by_name = {n.name: n for n in q.model.graph.node}
     nodes = []
-    for node in source.graph.node:  # the source's nodes in their order, reading what is still quantized
-        made = onnx.NodeProto()
+    for node in source.model.graph.node:  # the source's nodes in their order, reading what is still quantized
+        made = type(node)()
         made.CopyFrom(node if node.name in floated else by_name[node.name])
         for i, name in enumerate(node.input):
             made.input[i] = renames.get(name, name)
         nodes.append(made)
     kept = {n.name for name in still for n in found[name].nodes}
-    nodes += [n for n in q.graph.node if n.name in kept]  # then the quantizer's, in its order
+    nodes += [n for n in q.model.graph.node if n.name in kept]  # then the quantizer's, in its order
     made_here = {name for n in nodes for name in n.output}  # a quantized bias: its DQ writes the bias's name
-    used = ({name for n in nodes for name in n.input} | {o.name for o in q.graph.output}) - made_here
-    in_q = {t.name: t for t in q.graph.initializer}
-    ours = {t.name for t in source.graph.initializer}
-    inits = []
-    for tensor in source.graph.initializer:
-        if tensor.name in used:
-            inits.append(in_q.get(tensor.name) or _loaded(tensor, pre.parent, onnx))
-    inits += [t for t in q.graph.initializer if t.name not in ours and t.name in used]
-    del q.graph.node[:]  # every other field as the quantizer left it
-    q.graph.node.extend(nodes)
-    del q.graph.initializer[:]
-    q.graph.initializer.extend(inits)
-    del nodes, inits, source
-    _save(ONNXModel(q), dst, external_data)
+    used = ({name for n in nodes for name in n.input} | {o.name for o in q.model.graph.output}) - made_here
+    in_q = {t.name: t for t in q.spans}
+    ours = {t.name for t in source.spans}
+    inits = [(q, in_q[t.name]) if t.name in in_q else (source, t) for t in source.spans if t.name in used]
+    inits += [(q, t) for t in q.spans if t.name not in ours and t.name in used]
+    model = q.model
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    with tempfile.TemporaryDirectory(prefix=".int8-", dir=dst.parent) as tmp:
+        out = Path(tmp) / dst.name
+        if external_data:
+            _save_external(model, inits, out)
+        else:
+            _sort(model, [span.name for _, span in inits])
+            write(model, [_reader(scanned, span) for scanned, span in inits], out)
+        _move(out, dst, external_data)
     return True
 
 
+def _reader(scanned: Scanned, span: Span) -> tuple[int, Any]:
+    """(length, read) of one initializer written inline: its bytes as they lie, or, kept in external data
+    there, loaded (as ONNX Runtime's quantizer loads it) and serialized again."""
+    tensor = scanned.tensor(span) if span.length < 4096 else None  # a weight kept outside is a short message
+    onnx = require("onnx", "INT8 quantization")
+    if tensor is None or tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return span.length, lambda: scanned.raw(span)
+    data = _loaded(tensor, scanned.path.parent, onnx).SerializeToString()
+    return len(data), lambda: data
+
+
+def _sort(model: Any, initializers: list[str]) -> None:
+    """``model``'s nodes in the order ONNX Runtime's quantizer saves them (its own topological sort, which
+    reads the initializers' names)."""
+    onnx = require("onnx", "INT8 quantization")
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    light = onnx.ModelProto()
+    light.graph.node.extend(model.graph.node)
+    light.graph.input.extend(model.graph.input)
+    light.graph.initializer.extend(onnx.TensorProto(name=name) for name in initializers)
+    ONNXModel(light).topological_sort()
+    del model.graph.node[:]
+    model.graph.node.extend(light.graph.node)
+
+
+def _save_external(model: Any, inits: list[tuple[Scanned, Span]], out: Path) -> None:
+    """With external data: every initializer loaded (from either file's external data where it lies
+    there), then sorted and saved by ONNX Runtime's quantizer's own code (its external data file)."""
+    onnx = require("onnx", "INT8 quantization")
+    from onnxruntime.quantization.onnx_model import ONNXModel
+
+    for scanned, span in inits:
+        model.graph.initializer.append(_loaded(scanned.tensor(span), scanned.path.parent, onnx))
+    ONNXModel(model).save_model_to_file(str(out), True)
+
+
 def _loaded(tensor: Any, folder: Path, onnx: Any) -> Any:
-    """``tensor`` with its bytes (read from the source's external data where it keeps them there)."""
+    """``tensor`` with its bytes (read from external data where it keeps them there)."""
     if tensor.data_location == onnx.TensorProto.EXTERNAL:
         from onnx.external_data_helper import load_external_data_for_tensor
 
@@ -179,17 +218,14 @@ def _loaded(tensor: Any, folder: Path, onnx: Any) -> Any:
     return tensor
 
 
-def _save(model: Any, dst: Path, external_data: bool) -> None:
-    """Saved by ONNX Runtime's quantizer's own code (its node order, its external data) into ``dst``:
-    the data file first, the graph last, as export/quantize.py moves its own."""
-    with tempfile.TemporaryDirectory(prefix=".int8-", dir=dst.parent) as tmp:
-        out = Path(tmp) / dst.name
-        model.save_model_to_file(str(out), external_data)
-        data = out.with_name(out.name + ".data")
-        if external_data and data.is_file():
-            os.replace(data, dst.with_name(data.name))
-        with atomic_path(dst) as final_tmp:
-            os.replace(out, final_tmp)
+def _move(out: Path, dst: Path, external_data: bool) -> None:
+    """``out`` (and its data file) into ``dst``: the data file first, the graph last, as export/quantize.py
+    moves its own."""
+    data = out.with_name(out.name + ".data")
+    if external_data and data.is_file():
+        os.replace(data, dst.with_name(data.name))
+    with atomic_path(dst) as final_tmp:
+        os.replace(out, final_tmp)
 
 
 __all__ = ["dequantize"]
