@@ -108,15 +108,6 @@ def test_onnx_runs_in_ort_at_batch_1_3_17_and_max_within_fp32_thresholds(tmp_pat
         return real_export(*args, **kwargs)
 
     monkeypatch.setattr(onnx_mod, "export_onnx", held_export)
-    from vitdeploy.export import precision
-
-    probed, real_peaks = [], precision.activation_peaks
-
-    def counted_peaks(*args, **kwargs):  # which stage runs the FP16 floor's probe, and for what
-        probed.append((next(n for n, st, _ in reversed(events) if st == "running"), kwargs.get("outputs") is not None))
-        return real_peaks(*args, **kwargs)
-
-    monkeypatch.setattr(precision, "activation_peaks", counted_peaks)
     result = run_export(
         export_config(
             {"export": {"batch": {"min": 1, "opt": 4, "max": 24}, "int8": {"min_speedup": 0}}}
@@ -132,8 +123,6 @@ def test_onnx_runs_in_ort_at_batch_1_3_17_and_max_within_fp32_thresholds(tmp_pat
         assert sorted(map(int, per_batch)) == [1, 3, 17, 24]
         assert all(v["passed"] for v in per_batch.values()), per_batch
     assert result.validation["validate-onnx"]["metrics"]["max_abs_diff"] <= 1e-3
-    # model.onnx runs once over the validation inputs at the largest batch: the FP16 floor's probe is that run
-    assert probed == [("validate-onnx", True)], probed
 
     # Progress: every stage that runs says so at once, then again while it runs with the time
     # elapsed (the heartbeat), and never after it has ended.

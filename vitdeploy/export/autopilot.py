@@ -220,14 +220,12 @@ def run_fp16_autopilot(
     keep_fp32_ops: Sequence[str],
     max_abs_activation: float,
     external_data_threshold_mb: int = 1536,
-    peaks: Mapping[str, float] | None = None,
 ) -> AutopilotResult:
     """Convert ``src`` into the FP16 graph ``dst`` with the fewest nodes in float32 that pass ``judge``
-    (never fewer than the floor); GateError when none does. ``external_data_threshold_mb``: as convert_fp16's.
-    ``peaks``: ``activation_peaks`` of ``src`` on ``calibration`` when already measured."""
+    (never fewer than the floor); GateError when none does. ``external_data_threshold_mb``: as convert_fp16's."""
     from .precision import activation_peaks, convert_fp16, hot_nodes
 
-    peaks = dict(peaks) if peaks is not None else activation_peaks(src, calibration, input_name)
+    peaks = activation_peaks(src, calibration, input_name)
     model = _graph(src)
     floor = [n.name for n in model.graph.node if n.op_type in set(keep_fp32_ops)]
     floor += [n for n in hot_nodes(peaks, max_abs_activation) if n not in set(floor)]

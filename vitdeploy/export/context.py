@@ -125,9 +125,6 @@ class ExportContext:
     #: logits (and patch tokens, or None) a graph gave at the largest validation batch while the autopilot
     #: judged it, keyed by the file's identity (device, inode, size, mtime): its validation reuses them
     judged: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray | None]] = field(default_factory=dict)
-    #: max |value| of each float node output of model.onnx over the validation inputs, by node (the FP16 floor),
-    #: measured while model.onnx was validated (export/precision_stages.py ``probed_while_validating``)
-    fp16_peaks: dict[str, float] | None = None
     _trt_reason: Any = field(default=..., init=False, repr=False)  # asked once: tensorrt_unavailable()
 
     def __post_init__(self) -> None:

@@ -236,20 +236,7 @@ def _image_sizes(ctx: ExportContext) -> dict[str, Any]:
 
 
 MODEL = Stage("model", _model)
-
-
-def _largest_onnx(ctx: ExportContext, made: Made, batch: int) -> Any:
-    from .precision_stages import probed_while_validating  # the FP16 floor's probe of model.onnx
-
-    return probed_while_validating(ctx, made, batch)
-
-
-ONNX = Stage(
-    "onnx",
-    _onnx,
-    roles=("onnx",),
-    gate=dataclasses.replace(ort_gate("validate-onnx", "fp32", "ort"), largest=_largest_onnx),
-)
+ONNX = Stage("onnx", _onnx, roles=("onnx",), gate=ort_gate("validate-onnx", "fp32", "ort"))
 REFERENCE = Stage("reference", _reference)
 ORT_OPTIMIZE = Stage(
     "ort-optimize",

@@ -140,11 +140,9 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
     assert gate is not None
     sizes = gate.sizes(ctx) if gate.sizes else ctx.sizes
     with ctx.stage(gate.name) as rec:
-        judged = ctx.judged.pop(ctx.file_identity(made[0].path), None) if max(sizes) == max(ctx.sizes) else None
-        if judged is None and gate.largest is not None:  # before the backend opens: one session at a time
-            judged = gate.largest(ctx, made, max(sizes))
         backend = gate.open(ctx, made)
         backend.image_sizes = ctx.image_sizes
+        judged = ctx.judged.pop(ctx.file_identity(made[0].path), None) if max(sizes) == max(ctx.sizes) else None
         try:
             result = validate_artifact(
                 gate.name,

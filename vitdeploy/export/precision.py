@@ -66,13 +66,10 @@ def hot_nodes(peaks: dict[str, float], max_abs_activation: float) -> list[str]:
     return sorted(node for node, peak in peaks.items() if not np.isfinite(peak) or peak > max_abs_activation)
 
 
-def activation_peaks(
-    onnx_path: Path, calibration: np.ndarray, input_name: str, batch: int = 1, outputs: list | None = None
-) -> dict[str, float]:
+def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str, batch: int = 1) -> dict[str, float]:
     """Max |value| of every float node output over ``calibration``, by producing node name (inf when a
     value is not finite: NaN or inf is always hot), reduced inside ONNX Runtime as the runs stream
-    (export/probe.py: what a run holds is what inference holds, the weights once). ``outputs``: a list
-    each run's graph outputs are appended to (the graph's own answers, computed as written)."""
+    (export/probe.py: what a run holds is what inference holds, the weights once)."""
     onnx = require("onnx", "FP16 calibration")
     from .probe import float_values, reduce_values
 
@@ -82,11 +79,7 @@ def activation_peaks(
     wanted = {value: ("absmax", "nonfinite") for value in producers}
     peaks: dict[str, float] = {}
     try:
-        keep = outputs is not None
-        for run in reduce_values(onnx_path, calibration, input_name, wanted, batch=batch, model=model, outputs=keep):
-            if keep:
-                run, answers = run
-                outputs.append(answers)
+        for run in reduce_values(onnx_path, calibration, input_name, wanted, batch=batch, model=model):
             for value, stat in run.items():
                 peak = float("inf") if np.isnan(stat["nonfinite"]) else stat["absmax"]
                 peaks[producers[value]] = max(peaks.get(producers[value], 0.0), peak)

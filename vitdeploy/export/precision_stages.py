@@ -89,31 +89,6 @@ class _Judge:
 # -- FP16 ---------------------------------------------------------------------------------------
 
 
-def probed_while_validating(ctx: ExportContext, made: Made, batch: int) -> Any:
-    """model.onnx's outputs over the validation inputs at the validation's largest ``batch`` (logits or
-    embeddings, and its patch tokens or None), computed by the FP16 floor's activation probe
-    (export/precision.py ``activation_peaks``: the graph as written, every node, no optimization), whose
-    peaks are kept for the fp16 stage (``ctx.fp16_peaks``): the graph runs once over these inputs, not once
-    to be validated and once to be probed. None (the backend runs them) when no FP16 graph is made or the
-    probe cannot run (the fp16 stage then probes on its own, and says why)."""
-    from .precision import activation_peaks
-
-    if not ctx.cfg.export.fp16.enabled:
-        return None
-    runs: list[dict[str, np.ndarray]] = []
-    try:
-        ctx.fp16_peaks = activation_peaks(made[0].path, ctx.inputs.batch, INPUT_NAME, batch=batch, outputs=runs)
-    except ExportError as exc:
-        log.warning("model.onnx validated without the FP16 activation probe: %s", first_line(exc))
-        return None
-    names = list(runs[0])
-    names = ["logits", *(n for n in names if n != "logits")] if "logits" in names else names  # as OrtBackend
-    first = np.concatenate([np.asarray(r[names[0]], dtype=np.float32) for r in runs])
-    if ctx.patch_reference is None or len(names) < 2:
-        return first, None
-    return first, np.concatenate([np.asarray(r[names[1]], dtype=np.float32) for r in runs])
-
-
 def _fp16(ctx: ExportContext, rec: StageRecord) -> Made:
     """model.fp16.onnx (export/precision.py); with ``export.fp16.autopilot`` the keep-float list is
     chosen by export/autopilot.py, starting from everything FP16 but the floor."""
@@ -124,7 +99,6 @@ def _fp16(ctx: ExportContext, rec: StageRecord) -> Made:
     args = dict(
         calibration=ctx.inputs.batch,
         input_name=INPUT_NAME,
-        peaks=ctx.fp16_peaks,  # measured while model.onnx was validated (None: measured here)
         keep_fp32_ops=section.keep_fp32_ops,
         max_abs_activation=section.max_abs_activation,
         external_data_threshold_mb=ctx.cfg.export.external_data_threshold_mb,

@@ -80,28 +80,25 @@ def reduce_values(
     batch: int = 1,
     model: Any = None,
     prepack: bool = False,
-    outputs: bool = False,
-) -> Iterator[Any]:
+) -> Iterator[dict[str, dict[str, float]]]:
     """For each run of ``batch`` images of ``calibration``: value -> statistic (:data:`STATS`) -> its
     number over the run's images, for every value and statistic of ``wanted``.
 
     ``model``: ``onnx_path`` already loaded without its external data (it is changed and dropped).
     ``prepack``: let ONNX Runtime prepack the weights, as its own sessions do (a second copy of them,
     and the bits of a MatMul's result as those sessions have them: ONNX Runtime's calibrator runs so).
-    ``outputs``: the graph's own outputs too, each run as (statistics, {output name: its value}): the run is
-    the graph's as written (no optimization), what a validation of the graph itself reads.
     ExportError when ONNX Runtime cannot run the probe."""
     onnx = require("onnx", "probing a graph")
     ort = require("onnxruntime", "probing a graph")
     model = model if model is not None else onnx.load(str(onnx_path), load_external_data=False)
-    made: dict[tuple[str, str], str] = {}
+    outputs: dict[tuple[str, str], str] = {}
 
     def reductions(value: str) -> list[Any]:
-        nodes = []
+        made = []
         for stat in wanted.get(value, ()):
-            made[(value, stat)] = name = f"{value}/vitdeploy.{stat}"
-            nodes += STATS[stat](onnx.helper, value, name)
-        return nodes
+            outputs[(value, stat)] = name = f"{value}/vitdeploy.{stat}"
+            made += STATS[stat](onnx.helper, value, name)
+        return made
 
     nodes = [n for i in model.graph.input for n in reductions(i.name)]
     for node in model.graph.node:
@@ -109,11 +106,8 @@ def reduce_values(
         nodes += [n for out in node.output for n in reductions(out)]
     del model.graph.node[:]
     model.graph.node.extend(nodes)
-    own = [o.name for o in model.graph.output] if outputs else []
-    if not outputs:
-        del model.graph.output[:]
-    del nodes
-    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in made.values())
+    del nodes, model.graph.output[:]
+    model.graph.output.extend(onnx.helper.make_empty_tensor_value_info(name) for name in outputs.values())
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # every node, as written
     opts.execution_order = ort.ExecutionOrder.PRIORITY_BASED  # the order above: a value freed once reduced
@@ -133,15 +127,15 @@ def reduce_values(
         memory.give_back()  # the graph's bytes, before ONNX Runtime maps the weights
         try:
             session = ort.InferenceSession(str(probe), opts, providers=["CPUExecutionProvider"])
-            names = [o.name for o in session.get_outputs()][len(own) :]
-            keys = {name: key for key, name in made.items()}
+            names = [o.name for o in session.get_outputs()]
+            keys = {name: key for key, name in outputs.items()}
             for start in range(0, len(calibration), batch):
-                got = session.run([*own, *names], {input_name: calibration[start : start + batch]})
+                got = session.run(names, {input_name: calibration[start : start + batch]})
                 stats: dict[str, dict[str, float]] = {}
-                for out, number in zip(names, got[len(own) :]):
+                for out, number in zip(names, got):
                     value, stat = keys[out]
                     stats.setdefault(value, {})[stat] = float(number)
-                yield (stats, dict(zip(own, got[: len(own)]))) if outputs else stats
+                yield stats
         except Exception as exc:  # noqa: BLE001 - ONNX Runtime raises its own types
             raise ExportError(f"probing {onnx_path.name} in ONNX Runtime failed: {exc}") from exc
         finally:

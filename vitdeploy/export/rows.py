@@ -41,9 +41,6 @@ class Gate:
     tolerance: str  # "fp32" | "fp16" | "int8": the validation section's key
     open: Callable[[ExportContext, Made], Any]  # the runtime backend that will run the artifact
     sizes: Callable[[ExportContext], tuple[int, ...]] | None = None  # batch sizes (default: the context's)
-    #: the outputs at the largest batch computed otherwise than by ``open``'s backend (model.onnx: by the FP16
-    #: stage's activation probe, which runs the graph as written over the same inputs); None: by the backend
-    largest: Callable[[ExportContext, Made, int], Any] | None = None
 
 
 def _never(ctx: ExportContext) -> None:
