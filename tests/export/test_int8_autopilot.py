@@ -1,6 +1,6 @@
 """The INT8 autopilot's search (export/int8_autopilot.py): the speed budget first, the largest step in it
-judged right after the fully quantized graph, a refusal at once when even that misses the gate, and
-otherwise the fewest nodes in float that pass.
+looked at right after the fully quantized graph (on the inputs that failed there), a refusal at once when
+even that misses the gate, and otherwise the fewest nodes in float that pass.
 
 The graphs and the clock are test doubles: what is tested is which steps are built, judged and shipped,
 the same on every machine (the real graphs: test_dequantize.py; the real pipeline: test_int8_speed.py)."""
@@ -68,25 +68,42 @@ class _Speed:
         return False
 
 
-def _run(passing_from: int | None, speed: _Speed | None):
-    """The search with steps that pass from ``passing_from`` nodes in float up (None: none passes)."""
-    graphs, judged = _Graphs(), []
+def _run(passing_from: int | None, speed: _Speed | None, quick: str | None = "proves"):
+    """The search with steps that pass from ``passing_from`` nodes in float up (None: none passes). ``quick``:
+    the first look at the largest step proves a failure ("proves"), never proves anything ("silent"), or is
+    not there (None: the largest is judged on every input first)."""
+    graphs, judged, looked = _Graphs(), [], []
 
-    def judge(path: Path) -> _Verdict:
-        keep = 0 if path.name == "full" else int(path.name.rsplit("-", 1)[1])
-        judged.append(keep)
+    def keep_of(path: Path) -> int:
+        return 0 if path.name == "full" else int(path.name.rsplit("-", 1)[1])
+
+    def verdict(keep: int) -> _Verdict:
         ok = passing_from is not None and keep >= passing_from
         return _Verdict(ok, {"cosine": 1.0 if ok else 0.9}, () if ok else ("cosine: too low",))
 
+    def judge(path: Path) -> _Verdict:
+        judged.append(keep_of(path))
+        return verdict(judged[-1])
+
+    def first_look(path: Path) -> _Verdict | None:
+        looked.append(keep_of(path))
+        return verdict(looked[-1]) if quick == "proves" and not verdict(looked[-1]).passed else None
+
     res = search_budget(
-        "all quantized", lambda: list(STEPS), graphs, judge, unmet="validate-int8: not met", speed=speed
+        "all quantized",
+        lambda: list(STEPS),
+        graphs,
+        judge,
+        unmet="validate-int8: not met",
+        speed=speed,
+        quick=first_look if quick else None,
     )
-    return res, graphs, judged
+    return res, graphs, judged, looked
 
 
 def test_a_graph_that_passes_fully_quantized_costs_one_judgement():
-    res, graphs, judged = _run(0, _Speed(3))
-    assert judged == [0] and graphs.made == [()] and graphs.shipped.keep == ()
+    res, graphs, judged, looked = _run(0, _Speed(3))
+    assert judged == [0] and not looked and graphs.made == [()] and graphs.shipped.keep == ()
     assert [s.name for s in res.steps] == ["all quantized"]
 
 
@@ -95,20 +112,34 @@ def test_when_the_largest_step_the_speed_allows_fails_no_other_step_is_built():
     with pytest.raises(GateError, match="cannot both be met: step 3 missed validation.int8") as err:
         _run(4, speed)  # only a step past the budget would pass
     assert "step 4 would be too slow" in str(err.value) and speed.timed == [Path("full")]
+    # judged once on every input; the largest step in the budget only on the inputs that failed there
     assert [s.name for s in err.value.steps] == ["all quantized", "step 3"]
 
 
 def test_inside_the_budget_the_fewest_nodes_in_float_that_pass_ship():
-    res, graphs, judged = _run(2, _Speed(4))
-    assert judged == [0, 4, 1, 2]  # fully quantized, the largest that pays, then from the fewest up
+    res, graphs, judged, looked = _run(2, _Speed(4))
+    assert looked == [4] and judged == [0, 1, 2]  # a first look at the largest, then from the fewest up
     assert graphs.shipped.keep == STEPS[1][1] and res.result is graphs.shipped
-    assert [s.passed for s in res.steps] == [False, True, False, True]
+    assert [s.name for s in res.steps] == ["all quantized", "step 1", "step 2"]
 
 
 def test_the_largest_step_ships_when_none_before_it_passes():
-    res, graphs, judged = _run(4, _Speed(4))
-    assert judged == [0, 4, 1, 2, 3] and graphs.shipped.keep == STEPS[3][1]
-    assert graphs.made.count(STEPS[3][1]) == 1  # judged once, shipped as judged: not made again
+    res, graphs, judged, looked = _run(4, _Speed(4))
+    assert judged == [0, 1, 2, 3, 4] and graphs.shipped.keep == STEPS[3][1]
+    assert graphs.made.count(STEPS[3][1]) == 1  # made once, judged last, shipped as judged
+
+
+def test_a_largest_step_the_first_look_cannot_refuse_is_judged_last():
+    with pytest.raises(GateError, match="cannot both be met: step 4 missed") as err:
+        _run(5, _Speed(4), quick="silent")
+    assert [s.name for s in err.value.steps] == ["all quantized", "step 1", "step 2", "step 3", "step 4"]
+
+
+def test_without_a_first_look_the_largest_step_is_judged_on_every_input_first():
+    res, graphs, judged, looked = _run(2, _Speed(4), quick=None)
+    assert judged == [0, 4, 1, 2] and graphs.shipped.keep == STEPS[1][1]
+    with pytest.raises(GateError, match="cannot both be met: step 3 missed"):
+        _run(4, _Speed(3), quick=None)
 
 
 def test_without_a_speed_guard_the_budget_is_the_whole_ladder():

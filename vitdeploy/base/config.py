@@ -145,8 +145,8 @@ class Int8Section(_Section):
     autopilot: bool = Field(
         True,
         description="when validation.int8 fails, return Gemm, then block by block MatMuls to float, within "
-        "what min_speedup allows: the largest such step judged first (refused at once when it fails), then the "
-        "fewest in float that pass (every step judged recorded in the manifest)",
+        "what min_speedup allows: refused at once when the largest such step fails on the inputs the fully "
+        "quantized graph failed on, else the fewest in float that pass (every step judged in the manifest)",
     )
     min_speedup: float = Field(
         1.3,

@@ -8,12 +8,13 @@ Its steps are export/autopilot.py's ladder (everything quantized, then the op ty
    does not pay. It is judged first: a model whose INT8 passes as it is costs one judgement;
 2. when it misses the gate, the budget: from its measured speed, the steps that can still pay (fewer INT8
    multiply-adds only make a graph slower, so they are the ladder's first ones). The largest of them (the
-   most nodes in float the speed allows) is judged next, starting with the inputs the fully quantized
-   graph failed on: when even it misses the gate, no step that pays can pass (a step with fewer nodes in
-   float would not pass where more did not), and the stage stops there, after two judgements (the second
-   often on a few inputs: export/precision_stages.py ``_Judge``);
-3. otherwise the steps inside the budget, from the fewest nodes in float up: the first that passes ships
-   (the largest, judged already, when none before it does).
+   most nodes in float the speed allows) is looked at next, on the inputs the fully quantized graph failed
+   on, alone: when they prove that even it misses the gate, no step that pays can pass (a step with fewer
+   nodes in float would not pass where more did not), and the stage stops there, after one judgement and
+   a few inputs (export/precision_stages.py ``_Judge``);
+3. otherwise the steps inside the budget, from the fewest nodes in float up: the first that passes ships,
+   and the largest, judged on every input last, when none before it does (without that first look, the
+   largest is judged on every input first, and the stage stops when it fails).
 
 Every step after the first is derived from the fully quantized graph (export/dequantize.py: the same file
 ``quantize_static`` would write with those nodes excluded), not quantized again. Each step's graph lies
@@ -102,13 +103,15 @@ def search_budget(
     *,
     unmet: str,
     speed: Any = None,
+    quick: Callable[[Path], Any] | None = None,
 ) -> AutopilotResult:
     """The search of the module docstring: ``first`` names the fully quantized graph, ``rest()`` lists the
-    later steps (name, cumulative keep-float list). GateError (the steps judged) when no step passes and pays."""
+    later steps (name, cumulative keep-float list). ``quick(path)``: the inputs the last failing step failed
+    on, alone: a failing verdict when they prove the gate missed, else None (then ``judge`` decides, after
+    the steps below). GateError (the steps judged) when no step passes and pays."""
     done: list[Step] = []
 
-    def passes(name: str, keep: tuple[str, ...], res: Int8Result) -> bool:
-        verdict = judge(res.path)
+    def record(name: str, keep: tuple[str, ...], verdict: Any) -> bool:
         done.append(Step(name, keep, verdict.passed, dict(verdict.metrics), tuple(verdict.failures)))
         log.info("int8 autopilot: %s", done[-1].line())
         return bool(verdict.passed)
@@ -116,19 +119,21 @@ def search_budget(
     full = graphs.quantized()
     if speed is not None:
         speed.check_full(full.path)  # speed first: raises when it does not pay
-    if passes(first, (), full):
+    if record(first, (), judge(full.path)):
         return AutopilotResult(graphs.ship(full), tuple(done))
     steps = rest()
     budget = _budget(steps, speed)
     if budget:
         name, keep = steps[budget - 1]
         largest = graphs.step(keep, "largest")
-        if passes(name, keep, largest):
-            for name, keep in steps[: budget - 1]:
-                res = graphs.step(keep, "step")
-                if passes(name, keep, res):
+        verdict = quick(largest.path) if quick is not None else judge(largest.path)
+        if verdict is None or record(name, keep, verdict):
+            for lower, float_now in steps[: budget - 1]:
+                res = graphs.step(float_now, "step")
+                if record(lower, float_now, judge(res.path)):
                     return AutopilotResult(graphs.ship(res), tuple(done))
-            return AutopilotResult(graphs.ship(largest), tuple(done))
+            if verdict is not None or record(name, keep, judge(largest.path)):
+                return AutopilotResult(graphs.ship(largest), tuple(done))
     if budget < len(steps):
         raise GateError(
             f"{unmet.split(':')[0]}: validation.int8 and export.int8.min_speedup cannot both be met: "
@@ -150,10 +155,12 @@ def run_autopilot(
     placement: Placement = ORT_CPU,
     stage: str = "validate-int8",
     speed: Any = None,
+    quick: Callable[[Path], Any] | None = None,
     **quantize: Any,
 ) -> AutopilotResult:
     """Quantize ``pre`` into ``dst`` with the fewest nodes in float that pass ``judge`` within the speed
-    ``speed`` allows (the module docstring); GateError when none does, ``dst`` not written."""
+    ``speed`` allows (the module docstring; ``quick``: see :func:`search_budget`); GateError when none does,
+    ``dst`` not written."""
     from .precision import activation_peaks
 
     model, ops = _graph(pre), placement.op_types
@@ -174,7 +181,7 @@ def run_autopilot(
     with tempfile.TemporaryDirectory(prefix=".int8-steps-", dir=dst.parent) as work:
         graphs = _Graphs(pre, dst, Path(work), placement, args)
         unmet = f"{stage}: validation.int8 not met even with every {names} in float"
-        return search_budget(first, lambda: list(steps), graphs, judge, unmet=unmet, speed=speed)
+        return search_budget(first, lambda: list(steps), graphs, judge, unmet=unmet, speed=speed, quick=quick)
 
 
 __all__ = ["run_autopilot", "search_budget"]

@@ -50,9 +50,38 @@ class _Judge:
     def _say(self, text: str) -> None:  # the stage's running line (its heartbeat shows it): how far it is
         self.rec.progress = f"autopilot step {self.steps}: {text}"
 
+    def _proof(self, backend: Any) -> Any:
+        """The inputs the step before failed on, run alone: their proof that this graph misses the gate, or
+        None (nothing failed before, or they prove nothing)."""
+        from .compare import proven_failure
+        from .validate import run_outputs_in_batches
+
+        ctx, rows = self.ctx, self.witnesses
+        if not rows:
+            return None
+        with_patches = ctx.patch_reference is not None
+        self._say(f"judging the {len(rows)} input(s) the step before failed on")
+        alone, alone_p = run_outputs_in_batches(backend, ctx.inputs.batch[rows], 1, None, with_patches)
+        pair = (ctx.patch_reference[rows], alone_p) if with_patches else None
+        return proven_failure(ctx.reference[rows], alone, len(ctx.reference), self.tolerance, ctx.kind, pair)
+
+    def disproves(self, path: Path) -> Any:
+        """Only the inputs the step before failed on: their proof that ``path`` misses the gate, or None (no
+        verdict: they prove nothing). The INT8 autopilot's first look at the largest step the speed allows."""
+        from ..runtime.backends.ort import OrtBackend
+
+        self.steps += 1
+        if not self.witnesses:
+            return None
+        backend = OrtBackend(path, self.ctx.chw, None, CPU, name=self.label)
+        try:
+            return self._proof(backend)
+        finally:
+            backend.close()
+
     def __call__(self, path: Path) -> Any:
         from ..runtime.backends.ort import OrtBackend
-        from .compare import compare, failing_rows, proven_failure
+        from .compare import compare, failing_rows
         from .validate import run_outputs_in_batches
 
         ctx, total = self.ctx, len(self.ctx.reference)
@@ -60,14 +89,9 @@ class _Judge:
         self.steps += 1
         backend = OrtBackend(path, ctx.chw, None, CPU, name=self.label)
         try:
-            if self.witnesses:
-                rows = self.witnesses
-                self._say(f"judging the {len(rows)} input(s) the step before failed on")
-                alone, alone_p = run_outputs_in_batches(backend, ctx.inputs.batch[rows], 1, None, with_patches)
-                pair = (ctx.patch_reference[rows], alone_p) if with_patches else None
-                proof = proven_failure(ctx.reference[rows], alone, total, self.tolerance, ctx.kind, pair)
-                if proof is not None:
-                    return proof
+            proof = self._proof(backend)
+            if proof is not None:
+                return proof
             done = [0]
 
             def ran(n: int) -> None:
@@ -245,10 +269,12 @@ def _quantized(
     from .int8_autopilot import run_autopilot
 
     try:
+        judge = _Judge(ctx, target.label, ctx.cfg.validation.int8, rec)
         pilot = run_autopilot(
             pre,
             path,
-            judge=_Judge(ctx, target.label, ctx.cfg.validation.int8, rec),
+            judge=judge,
+            quick=judge.disproves,
             depth=ctx.loaded.config.depth,
             stage=f"validate-{target.stage}",
             speed=speed,
