@@ -73,4 +73,4 @@ def test_weights_kept_outside_are_spans_of_their_references(tmp_path):
     tensor = scanned.tensor(scanned.spans[0])
     assert tensor.data_location == TensorProto.EXTERNAL and not tensor.raw_data  # read where it lies, on demand
     load_external_data_for_tensor(tensor, str(tmp_path))
-    assert np.array_equal(numpy_helper.to_array(tensor), numpy_helper.to_array(model.graph.initializer[0]))
+    assert np.array_equal(numpy_helper.to_array(tensor), numpy_helper.to_array(_model().graph.initializer[0]))
