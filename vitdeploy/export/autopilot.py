@@ -35,7 +35,6 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..base._deps import require
 from ..base.errors import ValidationError
 
 log = logging.getLogger(__name__)
@@ -87,12 +86,11 @@ class AutopilotResult:
 
 
 def _graph(path: Path) -> Any:
-    """The graph at ``path`` without its weight matrices (export/onnx.py ``without_weights``): what the
-    steps are chosen from is its structure; the weights are held by whatever quantizes or converts."""
-    onnx = require("onnx", "the precision autopilot")
-    from .onnx import without_weights
+    """The graph at ``path`` without its initializers, none of them read (export/onnx_spans.py): what the
+    steps are chosen from is its nodes; the weights are held by whatever quantizes or converts."""
+    from .onnx_spans import scan
 
-    return without_weights(onnx.load(str(path), load_external_data=False))
+    return scan(path).model
 
 
 # --------------------------------------------------------------------------------------------
