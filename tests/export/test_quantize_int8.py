@@ -334,13 +334,13 @@ def test_int8_gate_that_cannot_pass(tiny_checkpoint, tmp_path, autopilot):
     manifest = json.loads((out / "manifest.json").read_text())
     record = manifest["export"]["int8"]
     assert record["passed"] is False
-    if autopilot:  # every step judged and recorded, the last with every MatMul/Gemm in float
+    if autopilot:  # the fully quantized graph, then the largest step (every MatMul/Gemm in float): refused at once
         assert stages["int8"].status == "failed" and "validation.int8 not met" in stages["int8"].reason
         steps = record["autopilot"]
         assert steps[0]["step"] == "all MatMul/Gemm quantized" and steps[0]["keep_float"] == []
-        assert len(steps) >= 3 and not any(s["passed"] for s in steps)
+        assert len(steps) == 2 and not any(s["passed"] for s in steps)
         assert all(s["failures"] and "cosine" in s["metrics"] for s in steps)
-        assert len(steps[-1]["keep_float"]) == len(set(steps[-1]["keep_float"])) > len(steps[-2]["keep_float"])
+        assert len(steps[-1]["keep_float"]) == len(set(steps[-1]["keep_float"])) == 2 * 6 + 1  # 2 blocks, the head
     else:  # one graph, judged by the validate-int8 stage
         assert stages["int8"].status == "passed" and stages["validate-int8"].status == "failed"
         gate = manifest["validation"]["validate-int8"]
@@ -368,7 +368,8 @@ def test_autopilot_returns_nodes_to_float_until_the_gate_passes(demo_artifacts, 
     """The gate is set between what every MatMul/Gemm in INT8 measured on this machine (the demo
     export's step 0) and float, so step 0 fails on any CPU (ONNX Runtime's INT8 kernels are more exact
     with AVX512-VNNI than with AVX2): the autopilot returns the Gemm head, then blocks, to float until
-    it passes."""
+    it passes (the largest step, every MatMul/Gemm in float with min_speedup 0, is first looked at on the
+    inputs step 0 failed on: they pass there, so it proves nothing and is judged last, only if needed)."""
     step0 = _step0_cosine(json.loads((demo_artifacts / "manifest.json").read_text()))
     assert step0 < 1.0 - 1e-6, "INT8 that equals float leaves the autopilot nothing to do"
     min_cosine = round(step0 + (1.0 - step0) / 2, 6)

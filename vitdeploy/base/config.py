@@ -144,8 +144,9 @@ class Int8Section(_Section):
     min_calibration_images: int = Field(16, ge=1, description="fewer real validation images than this: no static INT8")
     autopilot: bool = Field(
         True,
-        description="when validation.int8 fails, return Gemm, then block by block MatMuls "
-        "to float until it passes (every step recorded in the manifest)",
+        description="when validation.int8 fails, return Gemm, then block by block MatMuls to float, within "
+        "what min_speedup allows: refused at once when the largest such step fails on the inputs the fully "
+        "quantized graph failed on, else the fewest in float that pass (every step judged in the manifest)",
     )
     min_speedup: float = Field(
         1.3,

@@ -1,8 +1,9 @@
 """Precision autopilots: start from the fastest graph, judge it, and return nodes to float until
 the gate passes. One mechanism (:func:`ladder` yields the steps, :func:`climb` walks them), used by
 
-- INT8 (:func:`run_autopilot`): ``model.int8.onnx`` for ONNX Runtime and ``model.int8.trt.onnx``
-  for TensorRT (a :class:`~vitdeploy.export.quantize.Placement` each), judged by ``validation.int8``;
+- INT8 (export/int8_autopilot.py, which spends its speed budget first and derives its steps from one
+  quantized graph): ``model.int8.onnx`` for ONNX Runtime and ``model.int8.trt.onnx`` for TensorRT (a
+  :class:`~vitdeploy.export.quantize.Placement` each), judged by ``validation.int8``;
 - FP16 (:func:`run_fp16_autopilot`): ``model.fp16.onnx``, judged by ``validation.fp16``.
 
 Steps, each cumulative (what went back to float stays float):
@@ -34,9 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..base._deps import require
 from ..base.errors import ValidationError
-from .quantize import ORT_CPU, Placement, quantize_prepared
 
 log = logging.getLogger(__name__)
 
@@ -87,12 +86,11 @@ class AutopilotResult:
 
 
 def _graph(path: Path) -> Any:
-    """The graph at ``path`` without its weight matrices (export/onnx.py ``without_weights``): what the
-    steps are chosen from is its structure; the weights are held by whatever quantizes or converts."""
-    onnx = require("onnx", "the precision autopilot")
-    from .onnx import without_weights
+    """The graph at ``path`` without its initializers, none of them read (export/onnx_spans.py): what the
+    steps are chosen from is its nodes; the weights are held by whatever quantizes or converts."""
+    from .onnx_spans import scan
 
-    return without_weights(onnx.load(str(path), load_external_data=False))
+    return scan(path).model
 
 
 # --------------------------------------------------------------------------------------------
@@ -163,27 +161,13 @@ def climb(
     *,
     label: str,
     unmet: str,
-    speed: Any = None,
 ) -> AutopilotResult:
     """Write ``dst`` with ``make(keep_float)`` for each step and ``judge(dst)`` it (a
     :class:`~vitdeploy.export.compare.Comparison`); the first step that passes wins. GateError
-    (``unmet`` and the table) when none does, ``dst`` removed.
-
-    ``speed`` (an :class:`~vitdeploy.export.int8_speed.SpeedGuard`): the first graph is timed before
-    it is judged (its error propagates when it does not pay), and a later step whose estimated speed
-    is under the minimum ends the climb: GateError saying the gate and the speed cannot both be met."""
+    (``unmet`` and the table) when none does, ``dst`` removed."""
     done: list[Step] = []
-    for index, (name, keep) in enumerate(steps):
-        if speed is not None and index and not speed.can_pay(name, keep):
-            dst.unlink(missing_ok=True)
-            raise GateError(
-                f"{unmet.split(':')[0]}: validation.int8 and export.int8.min_speedup cannot both be met: "
-                f"{done[-1].name} missed validation.int8 ({', '.join(done[-1].failures[:2])}) and {speed.stopped}",
-                done,
-            )
+    for name, keep in steps:
         res = make(keep)
-        if speed is not None and index == 0:
-            speed.check_full(dst)
         verdict = judge(dst)
         done.append(Step(name, keep, verdict.passed, dict(verdict.metrics), tuple(verdict.failures)))
         log.info("%s autopilot: %s", label, done[-1].line())
@@ -221,56 +205,6 @@ def _block_groups(
 
 # --------------------------------------------------------------------------------------------
 # INT8 and FP16
-
-
-def run_autopilot(
-    pre: Path,
-    dst: Path,
-    *,
-    judge: Callable[[Path], Any],
-    depth: int,
-    input_name: str,
-    calibration: np.ndarray | None,
-    placement: Placement = ORT_CPU,
-    stage: str = "validate-int8",
-    speed: Any = None,
-    **quantize: Any,
-) -> AutopilotResult:
-    """Quantize ``pre`` into ``dst`` with the fewest nodes in float that pass ``judge``; GateError when none
-    does (or, with ``speed``, when none that passes could still pay: see :func:`climb`)."""
-    from .precision import activation_peaks
-
-    model, ops = _graph(pre), placement.op_types
-    kind = {n.name: n.op_type for n in model.graph.node}
-
-    def groups() -> list[tuple[str, list[str]]]:
-        spans = [[n for n in span if kind[n] in ops] for span in block_spans(model, depth)]
-        peaks = None
-        if calibration is not None and len(spans) > 1:  # the calibrated ranges say it when they are MinMax's
-            ranges = quantize.get("ranges") if quantize.get("method", "minmax") == "minmax" else None
-            peaks = range_peaks(model, ranges) or activation_peaks(pre, calibration, input_name)
-        return _block_groups(model, spans, depth, peaks, f"other {'/'.join(ops)} float")
-
-    names = "/".join(ops)
-    steps = ladder(model, first=f"all {names} quantized", float_first=placement.float_first, groups=groups)
-    make = lambda keep: quantize_prepared(  # noqa: E731
-        pre,
-        dst,
-        input_name=input_name,
-        calibration=calibration,
-        keep_float=keep,  # noqa: E731
-        placement=placement,
-        **quantize,
-    )
-    return climb(
-        steps,
-        make,
-        judge,
-        dst,
-        label="int8",
-        unmet=f"{stage}: validation.int8 not met even with every {names} in float",
-        speed=speed,
-    )
 
 
 def run_fp16_autopilot(
@@ -328,7 +262,6 @@ __all__ = [
     "climb",
     "ladder",
     "range_peaks",
-    "run_autopilot",
     "run_fp16_autopilot",
     "widest_first",
 ]

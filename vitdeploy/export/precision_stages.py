@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 class _Judge:
     """An autopilot's judge: each candidate graph against eager PyTorch at the largest validation batch,
-    its logits kept for the graph as written (the validation of the step that passes reuses them).
+    the logits of each that passes kept for the graph as written (the validation of the one that ships
+    reuses them; keyed by the file itself, which the INT8 autopilot moves into place unchanged).
 
     Steps differ by a few nodes, and the inputs a step failed on tend to fail the next one too: a step
     first runs those inputs alone (batch 1); when they already prove the gate missed
@@ -49,9 +50,38 @@ class _Judge:
     def _say(self, text: str) -> None:  # the stage's running line (its heartbeat shows it): how far it is
         self.rec.progress = f"autopilot step {self.steps}: {text}"
 
+    def _proof(self, backend: Any) -> Any:
+        """The inputs the step before failed on, run alone: their proof that this graph misses the gate, or
+        None (nothing failed before, or they prove nothing)."""
+        from .compare import proven_failure
+        from .validate import run_outputs_in_batches
+
+        ctx, rows = self.ctx, self.witnesses
+        if not rows:
+            return None
+        with_patches = ctx.patch_reference is not None
+        self._say(f"judging the {len(rows)} input(s) the step before failed on")
+        alone, alone_p = run_outputs_in_batches(backend, ctx.inputs.batch[rows], 1, None, with_patches)
+        pair = (ctx.patch_reference[rows], alone_p) if with_patches else None
+        return proven_failure(ctx.reference[rows], alone, len(ctx.reference), self.tolerance, ctx.kind, pair)
+
+    def disproves(self, path: Path) -> Any:
+        """Only the inputs the step before failed on: their proof that ``path`` misses the gate, or None (no
+        verdict: they prove nothing). The INT8 autopilot's first look at the largest step the speed allows."""
+        from ..runtime.backends.ort import OrtBackend
+
+        self.steps += 1
+        if not self.witnesses:
+            return None
+        backend = OrtBackend(path, self.ctx.chw, None, CPU, name=self.label)
+        try:
+            return self._proof(backend)
+        finally:
+            backend.close()
+
     def __call__(self, path: Path) -> Any:
         from ..runtime.backends.ort import OrtBackend
-        from .compare import compare, failing_rows, proven_failure
+        from .compare import compare, failing_rows
         from .validate import run_outputs_in_batches
 
         ctx, total = self.ctx, len(self.ctx.reference)
@@ -59,15 +89,9 @@ class _Judge:
         self.steps += 1
         backend = OrtBackend(path, ctx.chw, None, CPU, name=self.label)
         try:
-            if self.witnesses:
-                rows = self.witnesses
-                self._say(f"judging the {len(rows)} input(s) the step before failed on")
-                alone, alone_p = run_outputs_in_batches(backend, ctx.inputs.batch[rows], 1, None, with_patches)
-                pair = (ctx.patch_reference[rows], alone_p) if with_patches else None
-                proof = proven_failure(ctx.reference[rows], alone, total, self.tolerance, ctx.kind, pair)
-                if proof is not None:
-                    ctx.judged = {}
-                    return proof
+            proof = self._proof(backend)
+            if proof is not None:
+                return proof
             done = [0]
 
             def ran(n: int) -> None:
@@ -77,13 +101,12 @@ class _Judge:
             logits, patches = run_outputs_in_batches(backend, ctx.inputs.batch, max(ctx.sizes), ran, with_patches)
         finally:
             backend.close()
-        ctx.judged = {ctx.file_identity(path): (logits, patches)}  # only the latest step can be the graph that ships
         pair = (ctx.patch_reference, patches) if with_patches else None
         verdict = compare(ctx.reference, logits, self.tolerance, ctx.kind, pair)
-        if not verdict.passed:
+        if verdict.passed:  # a graph that may ship (the INT8 autopilot may judge two before shipping one)
+            ctx.judged[ctx.file_identity(path)] = (logits, patches)
+        else:  # a pass leaves them: the next candidate may have fewer nodes in float than the one that passed
             self.witnesses = failing_rows(ctx.reference, logits, self.tolerance, kind=ctx.kind, patches=pair)
-        else:
-            self.witnesses = []
         return verdict
 
 
@@ -242,13 +265,16 @@ def _quantized(
         if speed is not None:
             speed.check_full(path)
         return res, ()
-    from .autopilot import GateError, run_autopilot
+    from .autopilot import GateError
+    from .int8_autopilot import run_autopilot
 
     try:
+        judge = _Judge(ctx, target.label, ctx.cfg.validation.int8, rec)
         pilot = run_autopilot(
             pre,
             path,
-            judge=_Judge(ctx, target.label, ctx.cfg.validation.int8, rec),
+            judge=judge,
+            quick=judge.disproves,
             depth=ctx.loaded.config.depth,
             stage=f"validate-{target.stage}",
             speed=speed,
@@ -258,6 +284,8 @@ def _quantized(
         record["autopilot"] = [s.to_dict() for s in exc.steps]
         raise
     record["autopilot"] = [s.to_dict() for s in pilot.steps]
+    shipped = ctx.file_identity(path)  # another graph that passed (a larger one judged first) is not kept
+    ctx.judged = {key: value for key, value in ctx.judged.items() if key == shipped}
     return pilot.result, pilot.steps
 
 

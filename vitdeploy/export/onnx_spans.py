@@ -1,0 +1,190 @@
+"""An ONNX file's weights read where they lie, one at a time, and a graph written the same way.
+
+``onnx.load`` of a graph whose weights are inline reads the whole file and parses every weight (a
+transient second copy of them too); a step of the INT8 autopilot needs a few of its source's weights
+and the rest of a graph as small as its nodes. :func:`scan` reads the file's protobuf framing instead
+(the wire format: a tag, a length, the bytes) and keeps each initializer's place in the file, parsing
+everything else (nodes, inputs, value infos: kilobytes); a weight is read when asked for
+(:meth:`Scanned.raw`, :meth:`Scanned.tensor`).
+
+:func:`write` writes a model whose initializers are such byte ranges (or messages) one at a time: the
+fields of a message are serialized in field-number order, so the model's bytes are its fields before
+the graph, the graph's before its initializers, each initializer, the graph's after them and the
+model's after the graph: the same file ``onnx.save_model`` writes (tested), holding one weight at a
+time instead of the serialized model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO, Iterable, Iterator
+
+from ..base._deps import require
+
+_GRAPH, _INITIALIZER, _NAME = 7, 5, 8  # ModelProto.graph, GraphProto.initializer, TensorProto.name
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _read_varint(f: BinaryIO) -> int | None:
+    value, shift = 0, 0
+    while True:
+        byte = f.read(1)
+        if not byte:
+            if shift:
+                raise ValueError("truncated varint")
+            return None
+        value |= (byte[0] & 0x7F) << shift
+        if byte[0] < 0x80:
+            return value
+        shift += 7
+
+
+def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, where its value starts, how many bytes it has) of each field of the
+    message that runs from ``f``'s position to ``end``; ``f`` is left after the field's tag."""
+    while f.tell() < end:
+        tag = _read_varint(f)
+        if tag is None:
+            return
+        number, wire = tag >> 3, tag & 7
+        if wire == 0:
+            start = f.tell()
+            _read_varint(f)
+            length = f.tell() - start
+            f.seek(start)
+        elif wire == 2:
+            length = _read_varint(f) or 0
+        elif wire in (1, 5):
+            length = 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        start = f.tell()
+        yield number, wire, start, length
+        f.seek(start + length)
+
+
+def _tag(number: int, wire: int) -> bytes:
+    return _encode_varint(number << 3 | wire)
+
+
+@dataclass(frozen=True)
+class Span:
+    name: str
+    offset: int  # the TensorProto's bytes in the file
+    length: int
+
+
+@dataclass
+class Scanned:
+    """A model file's everything but its initializers (``model``: parsed; its graph has no initializer)
+    and each initializer's place in the file, in order."""
+
+    path: Path
+    model: Any
+    spans: list[Span] = field(default_factory=list)
+
+    def raw(self, span: Span) -> bytes:
+        with open(self.path, "rb") as f:
+            f.seek(span.offset)
+            return f.read(span.length)
+
+    def tensor(self, span: Span) -> Any:
+        onnx = require("onnx", "reading ONNX")
+        return onnx.TensorProto.FromString(self.raw(span))
+
+
+def _name(f: BinaryIO, start: int, length: int) -> str:
+    """A TensorProto's name: its fields read up to it (the name precedes the raw data)."""
+    f.seek(start)
+    for number, wire, at, size in _fields(f, start + length):
+        if number == _NAME and wire == 2:
+            f.seek(at)
+            return f.read(size).decode("utf-8")
+    return ""
+
+
+def scan(path: Path) -> Scanned:
+    """``path``'s model without reading its initializers' bytes (see the module docstring)."""
+    onnx = require("onnx", "reading ONNX")
+    model_bytes, graph_bytes, spans = bytearray(), bytearray(), []
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        f.seek(0)
+        for number, wire, start, length in _fields(f, size):
+            f.seek(start)
+            if number != _GRAPH or wire != 2:
+                model_bytes += _tag(number, wire) + (_encode_varint(length) if wire == 2 else b"") + f.read(length)
+                continue
+            for inner, inner_wire, at, inner_len in _fields(f, start + length):
+                if inner == _INITIALIZER and inner_wire == 2:
+                    spans.append(Span(_name(f, at, inner_len), at, inner_len))
+                    continue
+                f.seek(at)
+                head = _tag(inner, inner_wire) + (_encode_varint(inner_len) if inner_wire == 2 else b"")
+                graph_bytes += head + f.read(inner_len)
+            f.seek(start + length)
+    model = onnx.ModelProto.FromString(bytes(model_bytes))
+    model.graph.MergeFromString(bytes(graph_bytes))
+    return Scanned(path, model, spans)
+
+
+def _repeated(desc: Any) -> bool:
+    flag = getattr(desc, "is_repeated", None)  # protobuf >= 6; ``label`` before it
+    return bool(flag) if flag is not None else desc.label == desc.LABEL_REPEATED
+
+
+def _split(message: Any, at: int) -> tuple[bytes, bytes]:
+    """``message``'s serialized fields numbered below ``at`` and above it."""
+    low, high = type(message)(), type(message)()
+    for desc, value in message.ListFields():
+        target = low if desc.number < at else high
+        if desc.number == at:
+            continue
+        if _repeated(desc):
+            getattr(target, desc.name).extend(value)
+        elif desc.message_type is not None:
+            getattr(target, desc.name).CopyFrom(value)
+        else:
+            setattr(target, desc.name, value)
+    return low.SerializeToString(), high.SerializeToString()
+
+
+def write(model: Any, initializers: Iterable[tuple[int, Any]], path: Path) -> None:
+    """Write ``model`` (its graph without initializers) with ``initializers`` as its graph's initializers,
+    in order: each (its serialized length, a callable returning its serialized bytes), one at a time."""
+    items = list(initializers)
+    graph_low, graph_high = _split(model.graph, _INITIALIZER)
+    entry = _tag(_INITIALIZER, 2)
+    graph_len = len(graph_low) + len(graph_high) + sum(len(entry) + len(_encode_varint(n)) + n for n, _ in items)
+    model_low, model_high = _split(model, _GRAPH)
+    with open(path, "wb") as out:
+        out.write(model_low + _tag(_GRAPH, 2) + _encode_varint(graph_len) + graph_low)
+        for length, read in items:
+            data = read()
+            if len(data) != length:
+                raise ValueError("an initializer changed size while it was written")
+            out.write(entry + _encode_varint(length) + data)
+        out.write(graph_high + model_high)
+
+
+__all__ = ["Scanned", "Span", "scan", "write"]
