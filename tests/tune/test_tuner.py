@@ -32,6 +32,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # a p99 goal every setting meets on any machine: the tests check what tune writes, not this machine's jitter
 # (the default objective, p99 within 2x its p50, was missed by every setting on a loaded machine: exit 3)
 SLO = "60000"
+# a search whose length does not depend on the machine's speed: cut after --trials, never by the budget
+SHORT = ["--budget", "10m", "--slo-p99-ms", SLO, "--trials"]
 
 
 def _tune(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -50,22 +52,7 @@ def test_a_short_search_writes_an_overlay_that_config_check_accepts_and_serve_st
     artifacts = tmp_path / "export"
     shutil.copytree(demo_artifacts, artifacts)
     overlay = tmp_path / "tuned.yaml"
-    proc = _tune(
-        [
-            "-a",
-            str(artifacts),
-            "-b",
-            "ort",
-            "--budget",
-            "10m",
-            "--slo-p99-ms",
-            SLO,
-            "--trials",
-            "1",
-            "-o",
-            str(overlay),
-        ]
-    )
+    proc = _tune(["-a", str(artifacts), "-b", "ort", *SHORT, "1", "-o", str(overlay)])
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     assert "[1] ort, " in err and "[2] " not in err and f"wrote {overlay}" in err
@@ -141,22 +128,7 @@ def test_the_triton_target_reloads_the_models_in_place_and_its_overlay_builds_a_
     artifacts = tmp_path / "export"
     shutil.copytree(demo_artifacts, artifacts)
     overlay = tmp_path / "tuned.yaml"
-    proc = _tune(
-        [
-            "--target",
-            "triton",
-            "-a",
-            str(artifacts),
-            "--budget",
-            "10m",
-            "--slo-p99-ms",
-            SLO,
-            "--trials",
-            "2",
-            "-o",
-            str(overlay),
-        ]
-    )
+    proc = _tune(["--target", "triton", "-a", str(artifacts), *SHORT, "2", "-o", str(overlay)])
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     trials = json.loads((artifacts / "tune-report.json").read_text())["trials"]
@@ -192,20 +164,7 @@ def test_a_tritonserver_on_path_is_tuned_when_none_is_bundled(demo_artifacts, tm
         overlay = tmp_path / "tuned.yaml"
         path = f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}"
         proc = _tune(
-            [
-                "--target",
-                "triton",
-                "-a",
-                str(demo_artifacts),
-                "--budget",
-                "10m",
-                "--slo-p99-ms",
-                SLO,
-                "--trials",
-                "1",
-                "-o",
-                str(overlay),
-            ],
+            ["--target", "triton", "-a", str(demo_artifacts), *SHORT, "1", "-o", str(overlay)],
             env={"VITDEPLOY_TRITON_VENV": str(tmp_path / "none"), "PATH": path},
         )
         out, err = proc.communicate(timeout=300)
