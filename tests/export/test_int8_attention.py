@@ -5,6 +5,8 @@
 - an image's answer is the same alone and inside a batch of 8, and the session setting the int8 backend
   adds changes no answer (speed only);
 - the autopilot's handle, ``attention_products``: those nodes left float, attention is float again;
+- the speed budget counts the two products' multiply-adds; when INT8 attention misses the gate, the
+  autopilot's first step returns it to float (and with attention fused, there is no such step);
 - written out only where it pays: long enough sequences of large enough heads, static INT8 (dynamic
   INT8 leaves the products float, and the fused node is faster then).
 """
@@ -15,32 +17,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.tiny_export import FUSED, fused_tiny_vit
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
-DEPTH, HEADS, WIDTH = 2, 2, 64  # heads of 32
+DEPTH, HEADS, WIDTH = FUSED["depth"], FUSED["heads"], FUSED["width"]  # heads of 32
 
 
 @pytest.fixture(scope="module")
 def fused(tmp_path_factory) -> Path:
-    """A tiny random ViT's fused graph (model.ort.onnx: MultiHeadAttention, class-token-only last block)."""
-    import torch
-
-    from vitdeploy.export.onnx import export_onnx
-    from vitdeploy.export.optimize import optimize_for_ort
-    from vitdeploy.model import VisionTransformer, ViTConfig
-
-    torch.manual_seed(0)
-    model = VisionTransformer(
-        ViTConfig(image_size=32, patch_size=8, width=WIDTH, depth=DEPTH, heads=HEADS, num_classes=7)
-    ).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.2)  # non-zero biases: a rewrite that drops or swaps one would show
-    out = tmp_path_factory.mktemp("int8_attention")
-    export_onnx(model, out / "model.onnx", image_size=32)
-    return optimize_for_ort(out / "model.onnx", out / "model.ort.onnx", num_heads=HEADS, hidden_size=WIDTH)
+    return fused_tiny_vit(tmp_path_factory.mktemp("int8_attention"))
 
 
 def _images(n: int, seed: int = 0) -> np.ndarray:
@@ -163,3 +150,96 @@ def test_attention_is_written_out_where_it_pays_and_in_static_mode_only(fused, t
     )
     dynamic = prepare(tmp_path / "long.onnx", tmp_path / "dynamic.onnx", optimized=True, mode="dynamic")
     assert has_fused_attention(onnx.load(str(dynamic)))  # dynamic INT8 leaves the products float: fused is faster
+
+
+def test_the_speed_budget_counts_the_attention_products_from_their_shapes(fused, tmp_path):
+    import onnx
+
+    from vitdeploy.export.int8_attention import attention_products
+    from vitdeploy.export.int8_speed import multiply_adds
+    from vitdeploy.export.quantize import prepare
+
+    model = onnx.load(str(prepare(fused, tmp_path / "pre.onnx", optimized=True, attention=True)))
+    costs = multiply_adds(model, ("MatMul", "Gemm"))
+    tokens = 17  # 16 patches and the class token; the last block's query is the class token alone
+    full, class_token = tokens * tokens * WIDTH, 1 * tokens * WIDTH  # heads x rows x head width x tokens
+    assert [costs[n] for n in attention_products(model)] == [full, full, class_token, class_token]
+
+
+#: every key shifted by this (the key part of each qkv bias): a query's scores all move by the same amount,
+#: so softmax and the float graph do not change, but per-tensor INT8 keys spread their 256 steps over it
+KEY_SHIFT = 200.0
+
+
+@pytest.fixture(scope="module")
+def shifted_keys(tmp_path_factory) -> Path:
+    return fused_tiny_vit(tmp_path_factory.mktemp("int8_attention_shifted"), key_shift=KEY_SHIFT)
+
+
+def test_the_autopilot_returns_attention_to_float_first_when_its_int8_misses_the_gate(shifted_keys, tmp_path):
+    """A gate (validation.int8's max |logit diff|) that the fully quantized graph misses because of its INT8
+    keys, and that the same graph with attention in float meets: the autopilot's first step after the fully
+    quantized graph is "attention float", and it ships, as the file quantize_static writes with the
+    attention products excluded; the manifest's table and summary say so."""
+    import onnx
+
+    from vitdeploy.export.compare import compare
+    from vitdeploy.export.int8_attention import attention_products
+    from vitdeploy.export.int8_autopilot import ATTENTION_FLOAT, run_autopilot
+    from vitdeploy.export.quantize import prepare, quantize_prepared
+
+    pre = prepare(shifted_keys, tmp_path / "pre.onnx", optimized=True, attention=True)
+    products = attention_products(onnx.load(str(pre), load_external_data=False))
+    x, args = _images(16, seed=3), dict(input_name="pixel_values", calibration=_images(8, seed=1))
+    args["ranges"] = tmp_path / "ranges.json"
+    reference = _run(shifted_keys, x)
+    for folder in ("int8", "attention-float", "shipped"):
+        (tmp_path / folder).mkdir()
+    int8 = quantize_prepared(pre, tmp_path / "int8" / "model.int8.onnx", **args)
+    direct = quantize_prepared(pre, tmp_path / "attention-float" / "model.int8.onnx", keep_float=products, **args)
+    missed = float(np.abs(_run(int8.path, x) - reference).max())
+    met = float(np.abs(_run(direct.path, x) - reference).max())
+    assert met < missed  # the INT8 keys are what costs accuracy here
+    gate = {"max_abs_diff": (met + missed) / 2}
+
+    res = run_autopilot(
+        pre,
+        tmp_path / "shipped" / "model.int8.onnx",
+        judge=lambda path: compare(reference, _run(path, x), gate),
+        quick=lambda path: None,  # a first look at the largest step that proves nothing
+        depth=DEPTH,
+        **args,
+    )
+    table = [step.to_dict() for step in res.steps]  # manifest.json's export.int8.autopilot
+    assert [(s["step"], s["passed"]) for s in table] == [("all MatMul/Gemm quantized", False), (ATTENTION_FLOAT, True)]
+    assert table[1]["keep_float"] == list(products) and "max_abs_diff" in table[0]["failures"][0]
+    shipped = res.result
+    assert shipped.path.read_bytes() == direct.path.read_bytes()
+    summary = shipped.summary()  # manifest.json's export.int8
+    assert "attention" in int8.summary() and "attention" not in summary
+    assert set(products) <= set(summary["keep_float"])
+    assert summary["quantized_nodes"] == len(int8.quantized_nodes) - len(products)
+
+
+def test_no_attention_step_where_attention_stays_fused(shifted_keys, tmp_path):
+    """Attention left fused (float inside its node): after the fully quantized graph the ladder goes to the
+    head, then the blocks. (A gate only a graph without INT8 meets: the largest step, every MatMul/Gemm
+    float, passes; every step before it is judged and misses.)"""
+    from vitdeploy.export.compare import compare
+    from vitdeploy.export.int8_autopilot import ATTENTION_FLOAT, run_autopilot
+    from vitdeploy.export.quantize import prepare
+
+    pre = prepare(shifted_keys, tmp_path / "pre.onnx", optimized=True, attention=False)
+    x = _images(4, seed=3)
+    reference = _run(shifted_keys, x)
+    res = run_autopilot(
+        pre,
+        tmp_path / "model.int8.onnx",
+        judge=lambda path: compare(reference, _run(path, x), {"max_abs_diff": 1e-4}),
+        depth=DEPTH,
+        input_name="pixel_values",
+        calibration=_images(8, seed=1),
+    )
+    names = [step.name for step in res.steps]  # the fully quantized graph, the largest, then the ladder
+    assert not res.result.quantized_nodes and len(names) > 3
+    assert names[2] == "op type Gemm float" and ATTENTION_FLOAT not in names, names

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import onnx
 import pytest
 from helpers.thresholds import IMPOSSIBLE
@@ -240,3 +241,31 @@ def test_the_fp16_engine_is_built_before_the_int8_tensorrt_graph_it_is_timed_aga
 
     names = [s.name for s in STAGES]
     assert names.index("engine") < names.index("int8-trt") < names.index("engine-int8")
+
+
+def test_a_product_of_two_activations_past_an_unknown_operator_costs_nothing():
+    """Shape inference stops at an operator it does not know: a MatMul by a weight after it still counts its
+    token rows x K x N, but a MatMul of two activations (attention's products) has neither shapes nor weights.
+    It counts 0, so the estimate stays optimistic: the autopilot returns such products to float first, and
+    a cost left out only raises the INT8 share of the steps where they are float."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.ones((8, 8), np.float32), "w")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["a"], name="projection"),  # [1, 4, 8] x [8, 8]
+        helper.make_node("Mystery", ["a"], ["q"], name="unknown_q", domain="test.unknown"),
+        helper.make_node("Mystery", ["a"], ["k"], name="unknown_k", domain="test.unknown"),
+        helper.make_node("MatMul", ["q", "k"], ["scores"], name="scores"),
+        helper.make_node("MatMul", ["scores", "w"], ["y"], name="after"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [weight],
+    )
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("test.unknown", 1)]
+    costs = multiply_adds(helper.make_model(graph, opset_imports=opsets), ("MatMul", "Gemm"))
+    assert costs == {"projection": 4 * 8 * 8, "scores": 0.0, "after": 4 * 8 * 8}
+    assert int8_share(costs, ("scores",)) == 1.0

@@ -5,6 +5,8 @@
 (tests/conftest.py); ``write_manifest`` / ``file_entry`` build hand-made manifests.
 ``save_headless_dinov2``: a tiny transformers backbone without a head (an embedding model once exported,
 behind the ``embedding_artifacts`` fixture).
+``fused_tiny_vit``: a tiny ViT's ONNX Runtime graph with its attention fused (model.ort.onnx's
+MultiHeadAttention), what INT8 writes attention out of.
 """
 
 from __future__ import annotations
@@ -163,3 +165,29 @@ def save_headless_dinov2(out: Path) -> Path:
         image_std=[0.229, 0.224, 0.225],
     ).save_pretrained(out)
     return out
+
+
+#: ``fused_tiny_vit``'s network: heads of 32 (the attention rewrite's rule wants >= 32), 17 tokens
+FUSED = dict(image_size=32, patch_size=8, width=64, depth=2, heads=2, num_classes=7)
+
+
+def fused_tiny_vit(out: Path, key_shift: float = 0.0) -> Path:
+    """A tiny random ViT (:data:`FUSED`, seed 0, weights and biases N(0, 0.2)) exported by vitdeploy and fused
+    for ONNX Runtime into ``out``/model.ort.onnx (MultiHeadAttention, class-token-only last block), returned;
+    ``key_shift`` added to every key (the key part of each block's qkv bias)."""
+    import torch
+
+    from vitdeploy.export.onnx import export_onnx
+    from vitdeploy.export.optimize import optimize_for_ort
+    from vitdeploy.model import VisionTransformer, ViTConfig
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(**FUSED)
+    model = VisionTransformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)  # non-zero biases: a rewrite that drops or swaps one would show
+        for block in model.blocks:
+            block.attn.qkv.bias[cfg.width : 2 * cfg.width] += key_shift
+    export_onnx(model, out / "model.onnx", image_size=cfg.image_size)
+    return optimize_for_ort(out / "model.onnx", out / "model.ort.onnx", num_heads=cfg.heads, hidden_size=cfg.width)

@@ -7,7 +7,9 @@ the gate passes. One mechanism (:func:`ladder` yields the steps, :func:`climb` w
 - FP16 (:func:`run_fp16_autopilot`): ``model.fp16.onnx``, judged by ``validation.fp16``.
 
 Steps, each cumulative (what went back to float stays float):
-1. the start: everything in low precision except a floor. INT8: no floor. FP16: the op types of
+1. the start: everything in low precision except a floor. INT8: no floor; where the graph quantized
+   has its attention products quantized (export/int8_attention.py), the next step returns them all to
+   float ("attention float"), before anything else. FP16: the op types of
    ``export.fp16.keep_fp32_ops`` (LayerNormalization by default) and the nodes whose activations
    exceed ``max_abs_activation`` on the calibration images. The floor is not judged but imposed:
    the judge runs the graph in ONNX Runtime on the CPU, whose FP16 LayerNormalization accumulates
@@ -136,17 +138,21 @@ def ladder(
     float_first: Sequence[str],
     groups: Callable[[], Iterable[tuple[str, Sequence[str]]]],
     start: Sequence[str] = (),
+    early: Callable[[], Iterable[tuple[str, Sequence[str]]]] | None = None,
 ) -> Iterator[tuple[str, tuple[str, ...]]]:
-    """The steps (name, cumulative keep-float node names): ``start``, then each op type of
-    ``float_first`` present, then each of ``groups()`` (called only when the steps get there)."""
+    """The steps (name, cumulative keep-float node names): ``start``, then each of ``early()`` (INT8: the
+    attention products), then each op type of ``float_first`` present, then each of ``groups()`` (both
+    called only when the steps get there)."""
+
+    def named() -> Iterator[tuple[str, Sequence[str]]]:
+        yield from early() if early is not None else ()
+        for op in float_first:
+            yield f"op type {op} float", [n.name for n in model.graph.node if n.op_type == op]
+        yield from groups()
+
     keep = tuple(start)
     yield first, keep
-    for op in float_first:
-        new = tuple(n.name for n in model.graph.node if n.op_type == op and n.name not in keep)
-        if new:
-            keep += new
-            yield f"op type {op} float", keep
-    for name, group in groups():
+    for name, group in named():
         new = tuple(n for n in group if n not in keep)
         if new:
             keep += new

@@ -1,7 +1,9 @@
 """The INT8 autopilot: the speed budget first, then the fewest nodes in float that pass the gate.
 
-Its steps are export/autopilot.py's ladder (everything quantized, then the op types of the placement's
-``float_first``, then one block at a time, widest first), each cumulative. What it spends on them:
+Its steps are export/autopilot.py's ladder (everything quantized; then, where the graph quantized has
+its attention products quantized (export/int8_attention.py), every one of them back in float: "attention
+float"; then the op types of the placement's ``float_first``; then one block at a time, widest first),
+each cumulative. What it spends on them:
 
 1. the fully quantized graph is the one graph quantized (``quantize_static``, calibrated once); with a
    speed guard (export/int8_speed.py) it is timed before anything else, and does not go further when it
@@ -37,6 +39,10 @@ from .autopilot import AutopilotResult, GateError, Step, _block_groups, _graph, 
 from .quantize import ORT_CPU, Int8Result, Placement, quantize_prepared
 
 log = logging.getLogger(__name__)
+
+#: the step that returns every attention product (Q·Kᵀ, weights·V) to float: the first after the fully
+#: quantized graph, where that graph has them quantized
+ATTENTION_FLOAT = "attention float"
 
 
 class _Graphs:
@@ -75,8 +81,15 @@ class _Graphs:
             path=path,
             quantized_nodes=tuple(n for n in full.quantized_nodes if n not in float_now),
             keep_float=(*keep, *full.keep_float),
+            attention=tuple(n for n in full.attention if n not in float_now),
             external_data=(data,) if external and data.is_file() else (),
         )
+
+    def attention(self) -> list[tuple[str, tuple[str, ...]]]:
+        """The ladder's first step after the fully quantized graph: its attention products quantized (none
+        where attention was not written out, or not quantized: a dynamic graph, TensorRT's placement)."""
+        full = self.full
+        return [(ATTENTION_FLOAT, full.attention)] if full is not None and full.attention else []
 
     def ship(self, res: Int8Result) -> Int8Result:
         """``res`` moved to ``dst`` (its external data first, the graph last): the file judged, unchanged."""
@@ -175,13 +188,14 @@ def run_autopilot(
         return _block_groups(model, spans, depth, peaks, f"other {'/'.join(ops)} float")
 
     names = "/".join(ops)
-    steps = ladder(model, first=f"all {names} quantized", float_first=placement.float_first, groups=groups)
-    first, _ = next(steps)
     args = dict(input_name=input_name, calibration=calibration, **quantize)
     with tempfile.TemporaryDirectory(prefix=".int8-steps-", dir=dst.parent) as work:
         graphs = _Graphs(pre, dst, Path(work), placement, args)
+        order = dict(float_first=placement.float_first, groups=groups, early=graphs.attention)
+        steps = ladder(model, first=f"all {names} quantized", **order)
+        first, _ = next(steps)
         unmet = f"{stage}: validation.int8 not met even with every {names} in float"
         return search_budget(first, lambda: list(steps), graphs, judge, unmet=unmet, speed=speed, quick=quick)
 
 
-__all__ = ["run_autopilot", "search_budget"]
+__all__ = ["ATTENTION_FLOAT", "run_autopilot", "search_budget"]

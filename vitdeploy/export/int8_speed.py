@@ -92,11 +92,16 @@ def multiply_adds(model: Any, op_types: tuple[str, ...]) -> dict[str, float]:
     """Node name -> multiply-adds per image of each ``op_types`` node (MatMul/Gemm: rows x K x N, the
     batch axis 1), from ONNX shape inference on the graph without its weights.
 
+    A MatMul of two activations (attention's Q·Kᵀ and weights·V, written out for INT8 or in the plain
+    graph) is counted from both operands' shapes, as any other: [.., N, d] x [.., d, N] is (..) x N x d x N.
     What inference leaves symbolic is the batch (the first axis: 1) and, past a reshape, the token
     count: it is read off the token-wise weight MatMuls whose shapes were inferred (a ViT's are all
     the same). Inference also stops at operators it does not know (ONNX Runtime's fused attention in
     model.ort.onnx): a node after one, whose weights say K x N, gets those token rows, a Gemm (the head,
-    on pooled features) one row, and a node with neither the mean of the others."""
+    on pooled features) one row. A node with neither shapes nor weights (a product of two activations
+    past such an operator) counts 0: the autopilot returns attention products to float first, and a cost
+    left out of the total that is float in a step only raises that step's estimated INT8 share, so the
+    estimate still never stops a step that could pay."""
     onnx = require("onnx", "the INT8 speed estimate")
     try:
         graph = onnx.shape_inference.infer_shapes(without_weights(model)).graph
@@ -127,8 +132,7 @@ def multiply_adds(model: Any, op_types: tuple[str, ...]) -> dict[str, float]:
             out[node.name] = float(np.prod(a[:-1])) * a[-1] * cols if len(a) > 1 else a[-1] * cols
         elif node.input[1] in weights:  # past an operator inference does not know
             out[node.name] = (rows if node.op_type == "MatMul" else 1.0) * float(np.prod(weights[node.input[1]]))
-    mean = float(np.mean(list(out.values()))) if out else 0.0
-    return {n.name: out.get(n.name, mean) for n in nodes} if out else {}
+    return {n.name: out.get(n.name, 0.0) for n in nodes} if out else {}
 
 
 def _gemm_transposed_b(node: Any) -> bool:
