@@ -118,7 +118,9 @@ def _graph_io(path: Path) -> tuple[list[Any], list[Any]]:
     """(name, dtype, shape) of a graph's inputs and outputs, read without its weights."""
     import onnx
 
-    proto = onnx.load(str(path), load_external_data=False)
+    from ..base.onnx_wire import light_model
+
+    proto = light_model(path)
     names = {onnx.TensorProto.FLOAT: "float32", onnx.TensorProto.FLOAT16: "float16"}
 
     def spec(value: Any) -> tuple[str, str, list[Any]]:

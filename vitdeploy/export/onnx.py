@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-import numpy as np
-
 from ..base import memory
 from ..base._deps import require
 from ..base.errors import ExportError, WriteError
@@ -339,10 +337,13 @@ def without_weights(model: Any) -> Any:
 
 def is_weight_matrix(tensor: Any) -> bool:
     """A weight matrix (2-D, more than 64 values): what :func:`without_weights` leaves out."""
-    return len(tensor.dims) == 2 and int(np.prod(tensor.dims)) > 64
+    from ..base.onnx_wire import is_weight_matrix as by_dims
+
+    return by_dims(tensor.dims)
 
 
 def read_metadata(path: Path) -> dict[str, str]:
-    onnx = require("onnx", "reading ONNX metadata")
-    proto = onnx.load(str(path), load_external_data=False)
+    from ..base.onnx_wire import light_model
+
+    proto = light_model(path)
     return {p.key: p.value for p in proto.metadata_props}

@@ -3,7 +3,7 @@
 ``onnx.load`` of a graph whose weights are inline reads the whole file and parses every weight (a
 transient second copy of them too); a step of the INT8 autopilot needs a few of its source's weights
 and the rest of a graph as small as its nodes. :func:`scan` reads the file's protobuf framing instead
-(the wire format: a tag, a length, the bytes) and keeps each initializer's place in the file, parsing
+(the wire format, base/onnx_wire.py) and keeps each initializer's place in the file, parsing
 everything else (nodes, inputs, value infos: kilobytes); a weight is read when asked for
 (:meth:`Scanned.raw`, :meth:`Scanned.tensor`).
 
@@ -18,73 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO, Iterable
 
 from ..base._deps import require
-
-_GRAPH, _INITIALIZER, _NAME = 7, 5, 8  # ModelProto.graph, GraphProto.initializer, TensorProto.name
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        byte = data[pos]
-        value |= (byte & 0x7F) << shift
-        pos += 1
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
-
-
-def _read_varint(f: BinaryIO) -> int | None:
-    value, shift = 0, 0
-    while True:
-        byte = f.read(1)
-        if not byte:
-            if shift:
-                raise ValueError("truncated varint")
-            return None
-        value |= (byte[0] & 0x7F) << shift
-        if byte[0] < 0x80:
-            return value
-        shift += 7
-
-
-def _fields(f: BinaryIO, end: int) -> Iterator[tuple[int, int, int, int]]:
-    """(field number, wire type, where its value starts, how many bytes it has) of each field of the
-    message that runs from ``f``'s position to ``end``; ``f`` is left after the field's tag."""
-    while f.tell() < end:
-        tag = _read_varint(f)
-        if tag is None:
-            return
-        number, wire = tag >> 3, tag & 7
-        if wire == 0:
-            start = f.tell()
-            _read_varint(f)
-            length = f.tell() - start
-            f.seek(start)
-        elif wire == 2:
-            length = _read_varint(f) or 0
-        elif wire in (1, 5):
-            length = 8 if wire == 1 else 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        start = f.tell()
-        yield number, wire, start, length
-        f.seek(start + length)
-
-
-def _tag(number: int, wire: int) -> bytes:
-    return _encode_varint(number << 3 | wire)
+from ..base.onnx_wire import GRAPH, INITIALIZER, NAME, encode_varint, field_head, fields, tag
 
 
 @dataclass(frozen=True)
@@ -116,8 +53,8 @@ class Scanned:
 def _name(f: BinaryIO, start: int, length: int) -> str:
     """A TensorProto's name: its fields read up to it (the name precedes the raw data)."""
     f.seek(start)
-    for number, wire, at, size in _fields(f, start + length):
-        if number == _NAME and wire == 2:
+    for number, wire, at, size in fields(f, start + length):
+        if number == NAME and wire == 2:
             f.seek(at)
             return f.read(size).decode("utf-8")
     return ""
@@ -130,17 +67,17 @@ def scan(path: Path) -> Scanned:
     with open(path, "rb") as f:
         size = f.seek(0, 2)
         f.seek(0)
-        for number, wire, start, length in _fields(f, size):
+        for number, wire, start, length in fields(f, size):
             f.seek(start)
-            if number != _GRAPH or wire != 2:
-                model_bytes += _tag(number, wire) + (_encode_varint(length) if wire == 2 else b"") + f.read(length)
+            if number != GRAPH or wire != 2:
+                model_bytes += field_head(number, wire, length) + f.read(length)
                 continue
-            for inner, inner_wire, at, inner_len in _fields(f, start + length):
-                if inner == _INITIALIZER and inner_wire == 2:
+            for inner, inner_wire, at, inner_len in fields(f, start + length):
+                if inner == INITIALIZER and inner_wire == 2:
                     spans.append(Span(_name(f, at, inner_len), at, inner_len))
                     continue
                 f.seek(at)
-                head = _tag(inner, inner_wire) + (_encode_varint(inner_len) if inner_wire == 2 else b"")
+                head = field_head(inner, inner_wire, inner_len)
                 graph_bytes += head + f.read(inner_len)
             f.seek(start + length)
     model = onnx.ModelProto.FromString(bytes(model_bytes))
@@ -173,17 +110,17 @@ def write(model: Any, initializers: Iterable[tuple[int, Any]], path: Path) -> No
     """Write ``model`` (its graph without initializers) with ``initializers`` as its graph's initializers,
     in order: each (its serialized length, a callable returning its serialized bytes), one at a time."""
     items = list(initializers)
-    graph_low, graph_high = _split(model.graph, _INITIALIZER)
-    entry = _tag(_INITIALIZER, 2)
-    graph_len = len(graph_low) + len(graph_high) + sum(len(entry) + len(_encode_varint(n)) + n for n, _ in items)
-    model_low, model_high = _split(model, _GRAPH)
+    graph_low, graph_high = _split(model.graph, INITIALIZER)
+    entry = tag(INITIALIZER, 2)
+    graph_len = len(graph_low) + len(graph_high) + sum(len(entry) + len(encode_varint(n)) + n for n, _ in items)
+    model_low, model_high = _split(model, GRAPH)
     with open(path, "wb") as out:
-        out.write(model_low + _tag(_GRAPH, 2) + _encode_varint(graph_len) + graph_low)
+        out.write(model_low + tag(GRAPH, 2) + encode_varint(graph_len) + graph_low)
         for length, read in items:
             data = read()
             if len(data) != length:
                 raise ValueError("an initializer changed size while it was written")
-            out.write(entry + _encode_varint(length) + data)
+            out.write(entry + encode_varint(length) + data)
         out.write(graph_high + model_high)
 
 

@@ -140,8 +140,10 @@ def optimize_for_ort(
 
 def fused_op_counts(path: str | os.PathLike) -> dict[str, int]:
     """How many of each contrib op (see ``FUSED_OPS``) the graph at ``path`` contains."""
-    onnx = require("onnx", "reading an ONNX graph")
-    return _count(onnx.load(str(path), load_external_data=False).graph.node)
+    from ..base.onnx_wire import light_model
+
+    require("onnx", "reading an ONNX graph")
+    return _count(light_model(Path(path)).graph.node)
 
 
 def _count(nodes: Iterable[Any]) -> dict[str, int]:

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..base._deps import require
 from ..base.errors import ExportError
+from ..base.onnx_wire import light_model
 from .onnx import is_weight_matrix, staged_onnx, without_weights, write_streamed
 
 log = logging.getLogger(__name__)
@@ -66,12 +67,14 @@ def hot_nodes(peaks: dict[str, float], max_abs_activation: float) -> list[str]:
     return sorted(node for node, peak in peaks.items() if not np.isfinite(peak) or peak > max_abs_activation)
 
 
-def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str, batch: int = 1) -> dict[str, float]:
+def activation_peaks(
+    onnx_path: Path, calibration: np.ndarray, input_name: str, batch: int | None = None
+) -> dict[str, float]:
     """Max |value| of every float node output over ``calibration``, by producing node name (inf when a
     value is not finite: NaN or inf is always hot), reduced inside ONNX Runtime as the runs stream
     (export/probe.py: what a run holds is what inference holds, the weights once)."""
     onnx = require("onnx", "FP16 calibration")
-    from .probe import float_values, reduce_values
+    from .probe import BATCH, float_values, reduce_values
 
     model = onnx.load(str(onnx_path), load_external_data=False)
     floats = {v for v, t in float_values(model).items() if t == onnx.TensorProto.FLOAT}
@@ -79,7 +82,7 @@ def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str, 
     wanted = {value: ("absmax", "nonfinite") for value in producers}
     peaks: dict[str, float] = {}
     try:
-        for run in reduce_values(onnx_path, calibration, input_name, wanted, batch=batch, model=model):
+        for run in reduce_values(onnx_path, calibration, input_name, wanted, batch=batch or BATCH, model=model):
             for value, stat in run.items():
                 peak = float("inf") if np.isnan(stat["nonfinite"]) else stat["absmax"]
                 peaks[producers[value]] = max(peaks.get(producers[value], 0.0), peak)
@@ -92,8 +95,8 @@ def shape_only_nodes(onnx_path: Path) -> list[str]:
     """Nodes computed from the weights and the input's shape alone, never its pixels: an export for several
     sizes builds its position table there (model/pos_resample.py: index arithmetic and a resampling in
     float32, as the libraries do). They stay float32 and out of INT8 (a float16 Range is not even valid ONNX)."""
-    onnx = require("onnx", "reading ONNX")
-    graph = onnx.load(str(onnx_path), load_external_data=False).graph
+    require("onnx", "reading ONNX")
+    graph = light_model(onnx_path).graph
     pixels = {i.name for i in graph.input}
     for node in graph.node:  # topological order
         if node.op_type != "Shape" and any(name in pixels for name in node.input):

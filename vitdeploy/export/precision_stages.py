@@ -318,14 +318,13 @@ def _speed_of(ctx: ExportContext, target: _Int8Target, path: Path) -> Any:
 def _speed_guard(ctx: ExportContext, target: _Int8Target, pre: Path) -> Any:
     """Speed first for ``target`` (int8_speed.SpeedGuard): what the autopilot's steps cost, how to time
     one; None when the target is not timed here (no timer, or nothing to time it against)."""
-    import onnx
-
+    from ..base.onnx_wire import light_model
     from .int8_speed import SpeedGuard, multiply_adds
 
     timer = target.timer(ctx, target) if target.timer else None
     if timer is None:
         return None
-    model = onnx.load(str(pre), load_external_data=False)
+    model = light_model(pre)
     return SpeedGuard(
         timer=timer,
         costs=multiply_adds(model, target.placement.op_types),

@@ -49,6 +49,7 @@ import numpy as np
 from ..base._deps import require
 from ..base._files import atomic_path
 from ..base.errors import ConfigError, ExportError, StageUnavailableError, first_line
+from ..base.onnx_wire import light_model
 from ..runtime.backends.ort import INT8_SESSION_CONFIG
 from .int8_attention import (
     attention_products,
@@ -152,8 +153,8 @@ def calibration_batch(batch: np.ndarray, names: Sequence[str], *, max_images: in
 
 def quantizable_nodes(onnx_path: Path, op_types: Sequence[str] = QUANTIZED_OPS) -> list[str]:
     """Names of the nodes of a graph INT8 quantizes (``op_types``), in graph order."""
-    onnx = require("onnx", "INT8 quantization")
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    require("onnx", "INT8 quantization")
+    model = light_model(onnx_path)
     return [n.name for n in model.graph.node if n.op_type in op_types]
 
 
@@ -225,9 +226,7 @@ def prepare(
 
 
 def _structure(path: Path) -> Any:
-    import onnx
-
-    return onnx.load(str(path), load_external_data=False)
+    return light_model(path)
 
 
 def _writes_out(model: Any, attention: bool | None) -> bool:
@@ -310,8 +309,8 @@ def calibrate_minmax(
 ) -> None:
     """ONNX Runtime's MinMax calibration of ``pre``, written as ``quantize_static``'s calibration cache
     ``ranges``: its calibrator's tensors (every float input and output of a node of ``op_types`` that is
-    not a weight), each one's smallest and largest value over the images one at a time (its
-    ``ReduceMin``/``ReduceMax`` per run, merged by min and max), reduced through export/probe.py
+    not a weight), each one's smallest and largest value over the images, a run of them at a time
+    (export/probe.py's ``BATCH``: its ``ReduceMin``/``ReduceMax`` per run, merged by min and max), reduced through export/probe.py
     instead of ONNX Runtime's calibrator, which holds several copies of the model (1.6 GB for ViT-B/16's
     330 MB). The cache, and so every graph quantized from it, is the same as the calibrator's (tested)."""
     import onnx
@@ -357,9 +356,7 @@ def static_options(placement: Placement, overrides: dict[str, Any] | None = None
 def _signed_attention(pre: Path, nodes: Sequence[str]) -> tuple[tuple[str, ...], list[str]]:
     """(the attention products among the quantized ``nodes``, their keys and values): those operands are
     quantized signed, symmetric INT8 (export/int8_attention.py says why)."""
-    import onnx
-
-    model = onnx.load(str(pre), load_external_data=False)
+    model = light_model(pre)
     products = tuple(n for n in attention_products(model) if n in set(nodes))
     return products, signed_operands(model, set(products))
 

@@ -95,13 +95,14 @@ def check_onnx_external_data(onnx_path: str | os.PathLike[str]) -> list[Path]:
     naming ``../../etc/shadow`` or ``/dev/zero`` as its weights must never be opened.
     """
     from ..base._deps import require
+    from ..base.onnx_wire import light_model
 
     onnx = require("onnx", "checking an ONNX model's external data")
     onnx_path = Path(onnx_path)
     if not onnx_path.is_file():
         raise ArtifactError(f"ONNX model {onnx_path} does not exist; {_FIX}")
     try:
-        model = onnx.load(str(onnx_path), load_external_data=False)
+        model = light_model(onnx_path)  # the weights' values are never read
     except Exception as exc:  # noqa: BLE001 - protobuf raises several types on corrupt input
         raise ArtifactIntegrityError(
             f"cannot read ONNX model {onnx_path}: {clip_text(str(exc))}; the file is not a valid ONNX graph; {_FIX}"
