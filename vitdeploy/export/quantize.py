@@ -312,7 +312,8 @@ def calibrate_minmax(
     not a weight), each one's smallest and largest value over the images, a run of them at a time
     (export/probe.py's ``BATCH``: its ``ReduceMin``/``ReduceMax`` per run, merged by min and max), reduced
     through export/probe.py instead of ONNX Runtime's calibrator, which holds several copies of the model
-    (1.6 GB for ViT-B/16's 330 MB). The cache, and so every graph quantized from it, is the same as the calibrator's (tested)."""
+    (1.6 GB for ViT-B/16's 330 MB). The cache, and so every graph quantized from it, is the same as the
+    calibrator's (tested)."""
     import onnx
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData, save_tensors_data
 
