@@ -35,6 +35,42 @@ def test_time_interpolates_linearly_in_the_int8_share():
 
 
 @pytest.mark.integration
+class _Clock:
+    """A clock that moves only when a fake backend runs: each run takes its backend's ``seconds``."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Backend:
+    def __init__(self, clock: _Clock, seconds: float) -> None:
+        self.clock, self.seconds, self.calls = clock, seconds, 0
+
+    def run(self, batch):
+        self.calls += 1
+        self.clock.now += self.seconds
+
+
+@pytest.mark.parametrize(
+    "baseline_s, rounds",
+    [(3.0, 1), (0.5, 1), (1.4, 3), (1.0, 3)],
+    ids=["clearly-pays", "clearly-does-not", "near-the-minimum", "under-but-near"],
+)
+def test_a_clear_first_round_decides_alone_and_a_close_one_takes_the_median(monkeypatch, baseline_s, rounds):
+    clock = _Clock()
+    monkeypatch.setattr(int8_speed.time, "perf_counter", clock)
+    int8, baseline = _Backend(clock, 1.0), _Backend(clock, baseline_s)
+
+    check = int8_speed.time_against(int8, baseline, np.zeros((8, 3, 4, 4), np.float32), min_speedup=1.3)
+
+    assert check.calls == rounds and int8.calls == baseline.calls == 1 + rounds  # a warm-up call each
+    assert check.speedup == pytest.approx(baseline_s)
+    assert ("one call each" in check.describe("ort")) == (rounds == 1)
+
+
 def test_multiply_adds_are_those_the_vit_configuration_implies(tiny_checkpoint, tmp_path):
     """The tiny checkpoint: 32 px, patch 8 (16 patches + the class token = 17 tokens), width 64, MLP 256,
     2 blocks, 7 classes. Per block: qkv 17x64x192, projection 17x64x64, the MLP 2 x 17x64x256, and the
