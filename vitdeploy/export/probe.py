@@ -50,10 +50,10 @@ def _nonfinite(helper: Any, x: str, out: str) -> list[Any]:
     ]
 
 
-#: images a run: ONNX Runtime repacks every weight for each run (the probe does not prepack), so runs of one image
-#: cost ViT-B/16's FP16 probe 7.1 s over 48 inputs and runs of 8 about 20% less (and INT8 calibration alike, its
-#: ranges the same: min and max do not depend on how the images are grouped); a run holds its largest values 8
-#: times over (ViT-B/16: +0.18 GB), which every stage's memory bound allows
+#: images a run of INT8 calibration (prepacked weights, the fused graph): its stage's CPU seconds on ViT-B/16 went
+#: down ~15% from runs of one image, its ranges the same (min and max do not depend on how the images are
+#: grouped), its peak held + 2.8x the weights. The FP16 probe (the unfused graph, weights not prepacked) stays
+#: at one image a run: at 8 it was no faster and its stage peaked past the bound (held + 4.10x the weights)
 BATCH = 8
 
 #: statistic -> the nodes that reduce a value ``x`` to it (a scalar named ``out``)
@@ -83,7 +83,7 @@ def reduce_values(
     input_name: str,
     wanted: Mapping[str, Sequence[str]],
     *,
-    batch: int = BATCH,
+    batch: int = 1,
     model: Any = None,
     prepack: bool = False,
 ) -> Iterator[dict[str, dict[str, float]]]:

@@ -317,7 +317,7 @@ def calibrate_minmax(
     import onnx
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData, save_tensors_data
 
-    from .probe import float_values, reduce_values
+    from .probe import BATCH, float_values, reduce_values
 
     model = onnx.load(str(pre), load_external_data=False)
     floats, weights = float_values(model), {t.name for t in model.graph.initializer}
@@ -331,7 +331,8 @@ def calibrate_minmax(
     low: dict[str, float] = {}
     high: dict[str, float] = {}
     wanted = {name: ("min", "max") for name in tensors}
-    for run in reduce_values(pre, calibration, input_name, wanted, model=model, prepack=True):  # as the calibrator
+    # prepacked, as the calibrator runs
+    for run in reduce_values(pre, calibration, input_name, wanted, batch=BATCH, model=model, prepack=True):
         for name, stat in run.items():
             low[name] = min(low.get(name, stat["min"]), stat["min"])
             high[name] = max(high.get(name, stat["max"]), stat["max"])
