@@ -13,9 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
-from helpers.tiny_export import FUSED, fused_tiny_vit
+from helpers.tiny_export import FUSED
 
 from vitdeploy.export.int8_autopilot import run_autopilot
 from vitdeploy.export.quantize import ORT_CPU, prepare, quantizable_nodes, quantize_prepared
@@ -27,11 +29,10 @@ INTEGER_OPS |= {"QuantizeLinear", "DequantizeLinear", "ConvInteger"}
 
 
 @pytest.fixture(scope="module")
-def pre(tmp_path_factory) -> Path:
+def pre(fused_vit, tmp_path_factory) -> Path:
     """The fused tiny ViT pre-processed for dynamic INT8 (its head a Gemm)."""
-    folder = tmp_path_factory.mktemp("dynamic")
-    src = fused_tiny_vit(folder)
-    return prepare(src, folder / "pre.onnx", optimized=True, mode="dynamic")
+    dst = tmp_path_factory.mktemp("dynamic") / "pre.onnx"
+    return prepare(fused_vit / "model.ort.onnx", dst, optimized=True, mode="dynamic")
 
 
 def _head(pre: Path) -> str:
@@ -84,6 +85,9 @@ def test_every_node_kept_float_in_dynamic_mode_leaves_no_integer_op(pre, tmp_pat
     assert _integer_ops(model) == [] and not _head_int8(model)
     assert res.quantized_nodes == () and set(res.keep_float) == set(every)
     assert res.summary()["quantized_nodes"] == 0
+    x = np.random.default_rng(0).normal(size=(2, 3, FUSED["image_size"], FUSED["image_size"])).astype(np.float32)
+    answer = [ort.InferenceSession(str(p)).run(None, {"pixel_values": x})[0] for p in (pre, res.path)]
+    assert np.abs(answer[0] - answer[1]).max() <= 1e-5  # the float graph's answers
 
 
 @dataclass
