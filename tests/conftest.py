@@ -79,6 +79,17 @@ def tiny_artifacts(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def fused_vit(tmp_path_factory) -> Path:
+    """A folder with a tiny ViT's model.onnx and model.ort.onnx (its attention fused: tests/helpers/tiny_export.py
+    ``fused_tiny_vit``), built once per session. Read-only: write what a test makes elsewhere."""
+    from helpers.tiny_export import fused_tiny_vit
+
+    folder = tmp_path_factory.mktemp("fused_vit")
+    fused_tiny_vit(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
 def demo_artifacts(tmp_path_factory) -> Path:
     """The demo model exported once per test session (engine skipped: no TensorRT here).
 

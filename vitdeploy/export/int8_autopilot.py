@@ -36,6 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .autopilot import AutopilotResult, GateError, Step, _block_groups, _graph, block_spans, ladder, range_peaks
+from .int8_readback import read_quantized_nodes
 from .quantize import ORT_CPU, Int8Result, Placement, quantize_prepared
 
 log = logging.getLogger(__name__)
@@ -75,13 +76,13 @@ class _Graphs:
             log.info("int8 autopilot: %d node(s) in float quantized again (not derivable here)", len(keep))
             return quantize_prepared(self.pre, path, keep_float=keep, placement=self.placement, **self.quantize)
         data = path.with_name(path.name + ".data")
-        float_now = set(keep)
+        quantized, kept = read_quantized_nodes(path, self.pre, self.placement.op_types, (*keep, *full.keep_float))
         return dataclasses.replace(
             full,
             path=path,
-            quantized_nodes=tuple(n for n in full.quantized_nodes if n not in float_now),
-            keep_float=(*keep, *full.keep_float),
-            attention=tuple(n for n in full.attention if n not in float_now),
+            quantized_nodes=quantized,
+            keep_float=kept,
+            attention=tuple(n for n in full.attention if n in set(quantized)),
             external_data=(data,) if external and data.is_file() else (),
         )
 

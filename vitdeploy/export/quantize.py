@@ -59,6 +59,7 @@ from .int8_attention import (
     write_out_attention,
     written_out_copy,
 )
+from .int8_readback import read_quantized_nodes
 
 log = logging.getLogger(__name__)
 
@@ -380,8 +381,9 @@ def quantize_prepared(
 
     ``calibration`` (N, C, H, W) float32 is required in static mode (the only mode of a placement
     other than :data:`ORT_CPU`). ``ranges``: a file that keeps the calibrated activation ranges of
-    ``pre`` (written by the first call, read by the next: see :func:`_calibration_cache`).
-    ExportError when ONNX Runtime's tools fail."""
+    ``pre`` (written by the first call, read by the next: see :func:`_calibration_cache`). The result's
+    quantized and float nodes are read back from the graph written (export/int8_readback.py).
+    ExportError when ONNX Runtime's tools fail, or quantize a node of ``keep_float``."""
     quant = require("onnxruntime.quantization", "INT8 quantization")
     if mode == "static" and (calibration is None or not len(calibration)):
         raise ConfigError("export.int8: static quantization needs calibration images (validation.images)")
@@ -409,6 +411,7 @@ def quantize_prepared(
         try:
             if mode == "dynamic":
                 log.warning(DYNAMIC_CAVEAT)
+                common["nodes_to_exclude"] = _dynamic_exclusions(pre, keep_float)
                 quant.quantize_dynamic(str(pre), str(out), **common, extra_options={"WeightSymmetric": True})
             else:
                 activations = quant.QuantType.QInt8 if placement.activations == "int8" else quant.QuantType.QUInt8
@@ -429,6 +432,7 @@ def quantize_prepared(
                 )
         except Exception as exc:  # noqa: BLE001 - ORT's tools raise many types
             raise ExportError(f"INT8 quantization of {pre.name} failed: {first_line(exc)}") from exc
+        nodes, kept = read_quantized_nodes(out, pre, ops, keep_float)  # what the graph does, not what was asked
         extra: list[Path] = []
         data = out.with_name(out.name + ".data")
         if external_data and data.is_file():  # the graph names its data file; move the data first, the graph last
@@ -442,12 +446,22 @@ def quantize_prepared(
         mode,
         method if static else None,
         len(calibration) if static and calibration is not None else 0,
-        tuple(nodes),
-        tuple(keep_float),
+        nodes,
+        kept,
         tuple(extra),
         placement,
-        attention,
+        tuple(n for n in attention if n in set(nodes)),
     )
+
+
+def _dynamic_exclusions(pre: Path, keep_float: Sequence[str]) -> list[str]:
+    """``keep_float`` as ``quantize_dynamic`` must be told it. Before it excludes and quantizes, it rewrites
+    every Gemm (alpha = beta = 1, not transposed A) as a MatMul named ``<gemm>_MatMul`` (and an Add
+    ``<gemm>_Add`` for its bias): ONNX Runtime's onnxruntime/quantization/onnx_model.py
+    ``replace_gemm_with_matmul``, which ``ONNXQuantizer`` runs in dynamic mode. So a Gemm kept in float
+    (the classifier head) is excluded under that name too, and ends as a float MatMul and Add."""
+    gemms = set(quantizable_nodes(pre, ("Gemm",)))
+    return [*keep_float, *(f"{name}_MatMul" for name in keep_float if name in gemms)]
 
 
 def quantize_int8(
