@@ -67,22 +67,26 @@ def hot_nodes(peaks: dict[str, float], max_abs_activation: float) -> list[str]:
     return sorted(node for node, peak in peaks.items() if not np.isfinite(peak) or peak > max_abs_activation)
 
 
-def activation_peaks(onnx_path: Path, calibration: np.ndarray, input_name: str, batch: int = 1) -> dict[str, float]:
+def activation_peaks(
+    onnx_path: Path, calibration: np.ndarray, input_name: str, batch: int | None = None
+) -> dict[str, float]:
     """Max |value| of every float node output over ``calibration``, by producing node name (inf when a
     value is not finite: NaN or inf is always hot), reduced inside ONNX Runtime as the runs stream
     (export/probe.py: what a run holds is what inference holds, the weights once)."""
     onnx = require("onnx", "FP16 calibration")
-    from .probe import float_values, reduce_values
+    from .probe import FP16_BATCH, float_values, reduce_values
 
     model = onnx.load(str(onnx_path), load_external_data=False)
     floats = {v for v, t in float_values(model).items() if t == onnx.TensorProto.FLOAT}
     producers = {out: node.name for node in model.graph.node for out in node.output if out in floats}
-    wanted = {value: ("absmax", "nonfinite") for value in producers}
+    wanted = {value: ("min", "max", "sum") for value in producers}
     peaks: dict[str, float] = {}
     try:
-        for run in reduce_values(onnx_path, calibration, input_name, wanted, batch=batch, model=model):
+        runs = reduce_values(onnx_path, calibration, input_name, wanted, batch=batch or FP16_BATCH, model=model)
+        for run in runs:
             for value, stat in run.items():
-                peak = float("inf") if np.isnan(stat["nonfinite"]) else stat["absmax"]
+                finite = np.isfinite(stat["sum"])
+                peak = max(-stat["min"], stat["max"]) if finite else float("inf")
                 peaks[producers[value]] = max(peaks.get(producers[value], 0.0), peak)
     except ExportError as exc:
         raise ExportError(f"FP16 calibration of {onnx_path.name} failed: {exc}") from exc
