@@ -46,10 +46,10 @@ def _sum(helper: Any, x: str, out: str) -> list[Any]:
 #: down ~15% from runs of one image, its ranges the same (min and max do not depend on how the images are
 #: grouped), its peak held + 2.8x the weights
 BATCH = 8
-#: images a run of the FP16 probe (the unfused graph, its weights not prepacked, so repacked at every run): on
-#: ViT-B/16 (48 inputs) 4 a run took ~15% less CPU than 1 for +60 MB; at 8 its stage peaked past the memory
-#: bound (held + 4.10x the weights)
-FP16_BATCH = 4
+#: images a run of the FP16 probe (the unfused graph, its weights not prepacked): one. Its stage's peak is the
+#: probe's, at the memory bound (ViT-B/16: held + 3.95x the weights; 4.09x at 4 images a run, 4.10x at 8) and
+#: more a run saved no wall time there
+FP16_BATCH = 1
 
 #: statistic -> the nodes that reduce a value ``x`` to it (a scalar named ``out``)
 STATS: dict[str, Callable[[Any, str, str], list[Any]]] = {"min": _min, "max": _max, "sum": _sum}
