@@ -58,6 +58,7 @@ QKV_FUSED = ("qkv 768x2304", 768, 2304, 0)  # --fused-qkv: one product for q, k 
 FORMS = ("fp32", "qdq-pc", "qdq-pt", "qdq-pc-qout", "dynamic", "matmulinteger", "nbits8-b32", "nbits8-b128")
 TARGETS = {1: 3.3, 8: 3.0}
 INT8_CONFIG = (("session.qdqisint8allowed", "1"),)  # as ort-int8 opens model.int8.onnx
+NO_SPIN = (("session.intra_op.allow_spinning", "0"), ("session.inter_op.allow_spinning", "0"))
 
 
 def _model(nodes, inputs, output, inits):
@@ -189,7 +190,7 @@ def error(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
     return {"rel_err": rel, "min_cos": float(cos.min())}
 
 
-def open_forms(forms, shapes, batch: int, threads: int, rng, tmp: Path) -> tuple[dict, dict]:
+def open_forms(forms, shapes, batch: int, threads: int, rng, tmp: Path, spin: bool) -> tuple[dict, dict]:
     """({(shape, form): a call}, {(shape, form): its fused op types and error}) for one batch."""
     calls, info = {}, {}
     for name, k, n, _ in shapes:
@@ -201,7 +202,7 @@ def open_forms(forms, shapes, batch: int, threads: int, rng, tmp: Path) -> tuple
         for form in forms:
             model, feed = build(form, x, w)
             opt = tmp / f"{name.split()[0]}-{form}-{batch}.onnx"
-            sess = session(model, threads, opt)
+            sess = session(model, threads, opt, config=INT8_CONFIG + (() if spin else NO_SPIN))
             got = sess.run(None, feed)[0].astype(np.float64)
             if form == "matmulinteger":  # int32 out: (xq - xz) @ wq, rescaled here by xs * ws to judge it
                 got = got * _act_quant(x)[0] * _quant_weights(w, True)[1]
@@ -237,18 +238,19 @@ def gemm_table(batch: int, forms, shapes, timings, info) -> dict[str, float]:
     return per_forward
 
 
-def whole_graphs(export_dir: Path, batches, threads: int, warmup: int, iters: int, clock) -> dict[int, dict]:
+def whole_graphs(export_dir: Path, batches, threads: int, spin: bool, clock, **timing) -> dict[int, dict]:
     """model.ort.onnx (FP32 ``ort``) and model.int8.onnx (``ort-int8``) timed in interleaved rounds."""
+    extra = () if spin else NO_SPIN
     sessions = {
-        "ort": session(export_dir / "model.ort.onnx", threads, config=()),
-        "ort-int8": session(export_dir / "model.int8.onnx", threads),
+        "ort": session(export_dir / "model.ort.onnx", threads, config=extra),
+        "ort-int8": session(export_dir / "model.int8.onnx", threads, config=INT8_CONFIG + extra),
     }
     name = sessions["ort"].get_inputs()[0].name
     out = {}
     for batch in batches:
         x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)).astype(np.float32)
         fns = {k: (lambda s=s: s.run(None, {name: x})) for k, s in sessions.items()}
-        t = interleaved(fns, warmup=warmup, iters=iters, seed=batch, clock=clock)
+        t = interleaved(fns, seed=batch, clock=clock, **timing)
         out[batch] = {k: {"p50_ms": t.median(k), "spread": t.p90(k) / t.median(k)} for k in sessions}
     return out
 
@@ -296,6 +298,18 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--whole", type=Path, help="an export dir with model.ort.onnx + model.int8.onnx (ViT-B/16)")
     ap.add_argument("--whole-iters", type=int, default=10)
+    ap.add_argument(
+        "--spin",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="ONNX Runtime's spinning threads; auto: as OrtBackend (off when the threads take every usable core)",
+    )
+    ap.add_argument(
+        "--gap-ms",
+        type=float,
+        help="sleep before each timed call (default: 50 with spinning threads, so the previous session's stop "
+        "spinning, else 0)",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if args.cpu_time and args.threads != 1:
@@ -306,21 +320,28 @@ def main() -> int:
     shapes = SHAPES + ((QKV_FUSED,) if args.fused_qkv else ())
     batches = [int(b) for b in args.batch_sizes.split(",")]
     clock = time.process_time if args.cpu_time else time.perf_counter
+    spin = args.threads > 1 and (args.spin == "on" or (args.spin == "auto" and args.threads < usable_cores()))
+    gap = (args.gap_ms if args.gap_ms is not None else 50.0 if spin else 0.0) / 1000.0
     env = environment(args.threads)
     print(f"cpu: {env['cpu']} flags {env['cpu_flags']}, {usable_cores()} usable cores, {args.threads} thread(s)")
-    print(f"versions: {env['versions']}; clock: {'process CPU time' if args.cpu_time else 'wall'}")
-    result: dict = {"env": env, "clock": "cpu" if args.cpu_time else "wall", "batches": {}}
+    print(
+        f"versions: {env['versions']}; clock: {'process CPU time' if args.cpu_time else 'wall'}; spinning "
+        f"{'on' if spin else 'off'}, {gap * 1000:.0f} ms before each call"
+    )
+    result: dict = {"env": env, "clock": "cpu" if args.cpu_time else "wall", "spin": spin, "gap_s": gap, "batches": {}}
     rng, before = np.random.default_rng(0), sample()
     with tempfile.TemporaryDirectory(prefix="gemm-") as tmp:
         for batch in batches:
-            calls, info = open_forms(forms, shapes, batch, args.threads, rng, Path(tmp))
-            timings = interleaved(calls, warmup=args.warmup, iters=args.iters, seed=batch, clock=clock)
+            calls, info = open_forms(forms, shapes, batch, args.threads, rng, Path(tmp), spin)
+            timings = interleaved(calls, warmup=args.warmup, iters=args.iters, seed=batch, clock=clock, gap_s=gap)
             per_forward = gemm_table(batch, forms, shapes, timings, info)
             rows = [{"shape": n, "form": f, "p50_ms": timings.median((n, f)), **info[n, f]} for n, f in calls]
             result["batches"][batch] = {"rows": rows, "per_forward_ms": per_forward}
             del calls
     if args.whole:
-        whole = whole_graphs(args.whole, batches, args.threads, 2, args.whole_iters, clock)
+        whole = whole_graphs(
+            args.whole, batches, args.threads, spin, clock, warmup=2, iters=args.whole_iters, gap_s=gap
+        )
         for batch in batches:
             per_forward = result["batches"][batch]["per_forward_ms"]
             result["batches"][batch].update(whole=whole[batch], ceiling=ceiling(batch, whole[batch], per_forward))
