@@ -49,7 +49,9 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(REPO))
 
-from _common import environment, interleaved  # noqa: E402
+from _common import contention_since, environment, interleaved  # noqa: E402
+
+from vitdeploy.evaluate.reliability import sample  # noqa: E402
 
 TOKENS = 197  # ViT-B/16 at 224 px: 196 patches + the class token
 #: (name, K, N, products per ViT-B/16 forward in model.ort.onnx at M = 197 * batch)
@@ -250,8 +252,10 @@ def whole_graphs(export_dir: Path, batches, threads: int, spin: bool, clock, **t
     for batch in batches:
         x = np.random.default_rng(batch).standard_normal((batch, 3, 224, 224)).astype(np.float32)
         fns = {k: (lambda s=s: s.run(None, {name: x})) for k, s in sessions.items()}
+        phase = sample()
         t = interleaved(fns, seed=batch, clock=clock, **timing)
         out[batch] = {k: {"p50_ms": t.median(k), "spread": t.p90(k) / t.median(k)} for k in sessions}
+        out[batch]["contention"] = contention_since(phase)
     return out
 
 
@@ -261,7 +265,9 @@ def ceiling(batch: int, whole: dict, per_forward: dict[str, float]) -> dict[str,
     rest_fp, rest_i8 = t_fp - per_forward["fp32"], t_i8 - per_forward["qdq-pc"]
     print(
         f"\nbatch {batch}, whole graphs: ort {t_fp:.1f} ms (p90/p50 {whole['ort']['spread']:.2f}), ort-int8 "
-        f"{t_i8:.1f} ms (p90/p50 {whole['ort-int8']['spread']:.2f}): {t_fp / t_i8:.2f}x (target {TARGETS.get(batch)}x)"
+        f"{t_i8:.1f} ms (p90/p50 {whole['ort-int8']['spread']:.2f}): {t_fp / t_i8:.2f}x "
+        f"(target {TARGETS.get(batch)}x); "
+        f"{whole['contention']}"
     )
     print(
         f"  GEMMs: fp32 {per_forward['fp32']:.1f} ms = {per_forward['fp32'] / t_fp:.0%} of ort; qdq-pc "
@@ -314,7 +320,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.cpu_time and args.threads != 1:
         ap.error("--cpu-time counts the process's CPU time: use it with --threads 1")
-    from vitdeploy.evaluate.reliability import busy_machine_reason, contention, sample, usable_cores
+    from vitdeploy.evaluate.reliability import busy_machine_reason, contention, usable_cores
 
     forms = ["fp32", *(f for f in args.forms.split(",") if f != "fp32")]
     shapes = SHAPES + ((QKV_FUSED,) if args.fused_qkv else ())
@@ -325,16 +331,18 @@ def main() -> int:
     env = environment(args.threads)
     print(f"cpu: {env['cpu']} flags {env['cpu_flags']}, {usable_cores()} usable cores, {args.threads} thread(s)")
     print(
-        f"versions: {env['versions']}; clock: {'process CPU time' if args.cpu_time else 'wall'}; spinning "
-        f"{'on' if spin else 'off'}, {gap * 1000:.0f} ms before each call"
+        f"versions: {env['versions']}; clock: {'process CPU time' if args.cpu_time else 'wall'}"
+        + (f"; spinning {'on' if spin else 'off'}, {gap * 1000:.0f} ms before each call" if args.threads > 1 else "")
     )
     result: dict = {"env": env, "clock": "cpu" if args.cpu_time else "wall", "spin": spin, "gap_s": gap, "batches": {}}
     rng, before = np.random.default_rng(0), sample()
     with tempfile.TemporaryDirectory(prefix="gemm-") as tmp:
         for batch in batches:
             calls, info = open_forms(forms, shapes, batch, args.threads, rng, Path(tmp), spin)
+            phase = sample()
             timings = interleaved(calls, warmup=args.warmup, iters=args.iters, seed=batch, clock=clock, gap_s=gap)
             per_forward = gemm_table(batch, forms, shapes, timings, info)
+            print(f"  contention while batch {batch}'s GEMMs were timed: {contention_since(phase)}")
             rows = [{"shape": n, "form": f, "p50_ms": timings.median((n, f)), **info[n, f]} for n, f in calls]
             result["batches"][batch] = {"rows": rows, "per_forward_ms": per_forward}
             del calls
