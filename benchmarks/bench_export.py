@@ -306,6 +306,9 @@ def _print_stages(run: _Run) -> None:
         over = f"{(peak - held) / weights:9.2f}" if peak and held else "        ?"
         spent = f"{cpu:7.1f}" if cpu is not None else "      ?"
         print(f"{s['name']:<24} {s['status']:<8} {s['seconds']:8.1f} {ref} {spent} {human(peak):>10} {ratio} {over}")
+    for s in run.stages:  # why a stage failed: a refusal (the gate, the speed) is not an error (a full disk)
+        if s["status"] == "failed":
+            print(f"  {s['name']} failed: {str(s.get('reason', '?'))[:300]}")
     total = sum(s["seconds"] for s in run.stages)
     units = f" = {run.units:.1f} reference stages ({reference:.1f} s each)" if run.units else ""
     cpu = f"; in CPU seconds of the export: {run.cpu_units:.1f}" if run.cpu_units else ""
