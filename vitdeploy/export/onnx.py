@@ -23,6 +23,7 @@ from typing import Any, Iterator, Sequence
 from ..base import memory
 from ..base._deps import require
 from ..base.errors import ExportError, WriteError
+from ..base.onnx_wire import is_weight_matrix
 
 log = logging.getLogger(__name__)
 
@@ -328,18 +329,11 @@ def without_weights(model: Any) -> Any:
         if field.name != "initializer":
             _copy_field(graph, field, value)
     for t in model.graph.initializer:
-        if is_weight_matrix(t):
+        if is_weight_matrix(t.dims):
             graph.initializer.add(name=t.name, dims=t.dims, data_type=t.data_type)
         else:
             graph.initializer.add().CopyFrom(t)
     return light
-
-
-def is_weight_matrix(tensor: Any) -> bool:
-    """A weight matrix (2-D, more than 64 values): what :func:`without_weights` leaves out."""
-    from ..base.onnx_wire import is_weight_matrix as by_dims
-
-    return by_dims(tensor.dims)
 
 
 def read_metadata(path: Path) -> dict[str, str]:

@@ -35,8 +35,8 @@ import numpy as np
 
 from ..base._deps import require
 from ..base.errors import ExportError
-from ..base.onnx_wire import light_model
-from .onnx import is_weight_matrix, staged_onnx, without_weights, write_streamed
+from ..base.onnx_wire import is_weight_matrix, light_model
+from .onnx import staged_onnx, without_weights, write_streamed
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,7 @@ class _WeightsAsConverted:
         self._types = {
             t.name: t.data_type
             for t in converted.initializer
-            if is_weight_matrix(t) or copies.get(t.name, t.name) in external
+            if is_weight_matrix(t.dims) or copies.get(t.name, t.name) in external
         }
 
     def get(self, name: str, default: Any = None) -> Any:

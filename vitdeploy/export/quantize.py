@@ -266,13 +266,14 @@ def _infer_without_weights(src: Path, dst: Path, external_data: bool, *, attenti
     from onnxruntime.quantization.quant_utils import add_pre_process_metadata
     from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-    from .onnx import is_weight_matrix, without_weights, write_streamed
+    from ..base.onnx_wire import is_weight_matrix
+    from .onnx import without_weights, write_streamed
 
     model = onnx.load(str(src), load_external_data=False)
     if attention is not False and _writes_out(model, attention):
         write_out_attention(model, src.parent)
     for tensor in model.graph.initializer:  # what inference reads (shapes, axes, tables) loaded, not the weights
-        if tensor.data_location == onnx.TensorProto.EXTERNAL and not is_weight_matrix(tensor):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL and not is_weight_matrix(tensor.dims):
             load_external_data_for_tensor(tensor, str(src.parent))
             tensor.data_location = onnx.TensorProto.DEFAULT
             del tensor.external_data[:]
