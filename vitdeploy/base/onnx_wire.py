@@ -11,7 +11,7 @@ makes of a loaded model, without loading it. export/onnx_spans.py builds on the 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from ._deps import require
 
@@ -125,11 +125,10 @@ def _initializer(f: BinaryIO, start: int, length: int) -> bytes:
     return bytes(body)
 
 
-def light_model(path: Path) -> Any:
-    """The ModelProto at ``path`` with every weight matrix (:func:`is_weight_matrix`) a header without its
-    values; every other field whole. What structure-only readers need (nodes, inputs and outputs, metadata,
-    shapes for inference, external data entries), at the cost of its kilobytes, not its weights. Raises what
-    protobuf raises, or ValueError, for a file that is not a model."""
+def read_model(path: Path, initializer: Callable[[BinaryIO, int, int], bytes | None]) -> Any:
+    """The ModelProto at ``path``, each initializer (its serialized bytes at ``start``, ``length`` of the file)
+    replaced by what ``initializer(f, start, length)`` returns (None: left out), every other field whole;
+    nothing else is read twice. Raises what protobuf raises, or ValueError, for a file that is not a model."""
     onnx = require("onnx", "reading ONNX")
     model_bytes, graph_bytes = bytearray(), bytearray()
     with open(path, "rb") as f:
@@ -142,8 +141,9 @@ def light_model(path: Path) -> Any:
                 continue
             for inner, inner_wire, at, inner_len in fields(f, start + length):
                 if inner == INITIALIZER and inner_wire == 2:
-                    body = _initializer(f, at, inner_len)
-                    graph_bytes += field_head(inner, 2, len(body)) + body
+                    body = initializer(f, at, inner_len)
+                    if body is not None:
+                        graph_bytes += field_head(inner, 2, len(body)) + body
                     continue
                 f.seek(at)
                 graph_bytes += field_head(inner, inner_wire, inner_len) + f.read(inner_len)
@@ -151,6 +151,13 @@ def light_model(path: Path) -> Any:
     model = onnx.ModelProto.FromString(bytes(model_bytes))
     model.graph.MergeFromString(bytes(graph_bytes))
     return model
+
+
+def light_model(path: Path) -> Any:
+    """The ModelProto at ``path`` with every weight matrix (:func:`is_weight_matrix`) a header without its
+    values; every other field whole. What structure-only readers need (nodes, inputs and outputs, metadata,
+    shapes for inference, external data entries), at the cost of its kilobytes, not its weights."""
+    return read_model(path, _initializer)
 
 
 __all__ = [
@@ -162,6 +169,7 @@ __all__ = [
     "fields",
     "is_weight_matrix",
     "light_model",
+    "read_model",
     "read_varint",
     "tag",
     "varint",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterable
 
 from ..base._deps import require
-from ..base.onnx_wire import GRAPH, INITIALIZER, NAME, encode_varint, field_head, fields, tag
+from ..base.onnx_wire import GRAPH, INITIALIZER, NAME, encode_varint, fields, read_model, tag
 
 
 @dataclass(frozen=True)
@@ -62,27 +62,12 @@ def _name(f: BinaryIO, start: int, length: int) -> str:
 
 def scan(path: Path) -> Scanned:
     """``path``'s model without reading its initializers' bytes (see the module docstring)."""
-    onnx = require("onnx", "reading ONNX")
-    model_bytes, graph_bytes, spans = bytearray(), bytearray(), []
-    with open(path, "rb") as f:
-        size = f.seek(0, 2)
-        f.seek(0)
-        for number, wire, start, length in fields(f, size):
-            f.seek(start)
-            if number != GRAPH or wire != 2:
-                model_bytes += field_head(number, wire, length) + f.read(length)
-                continue
-            for inner, inner_wire, at, inner_len in fields(f, start + length):
-                if inner == INITIALIZER and inner_wire == 2:
-                    spans.append(Span(_name(f, at, inner_len), at, inner_len))
-                    continue
-                f.seek(at)
-                head = field_head(inner, inner_wire, inner_len)
-                graph_bytes += head + f.read(inner_len)
-            f.seek(start + length)
-    model = onnx.ModelProto.FromString(bytes(model_bytes))
-    model.graph.MergeFromString(bytes(graph_bytes))
-    return Scanned(path, model, spans)
+    spans: list[Span] = []
+
+    def place(f: BinaryIO, at: int, length: int) -> None:  # kept as a place in the file, left out of the model
+        spans.append(Span(_name(f, at, length), at, length))
+
+    return Scanned(path, read_model(path, place), spans)
 
 
 def _repeated(desc: Any) -> bool:
