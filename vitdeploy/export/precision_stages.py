@@ -42,8 +42,9 @@ class _Judge:
     few inputs instead of all. Otherwise (or when nothing failed before) every input runs: a step that
     passes is always judged on all of them."""
 
-    def __init__(self, ctx: ExportContext, label: str, tolerance: Any, rec: StageRecord) -> None:
+    def __init__(self, ctx: ExportContext, label: str, tolerance: Any, rec: StageRecord, config: tuple = ()) -> None:
         self.ctx, self.label, self.tolerance, self.rec = ctx, label, tolerance.model_dump(), rec
+        self.config = config  # the session settings of the backend that runs the graph (ort-int8's)
         self.witnesses: list[int] = []
         self.steps = 0
 
@@ -73,7 +74,7 @@ class _Judge:
         self.steps += 1
         if not self.witnesses:
             return None
-        backend = OrtBackend(path, self.ctx.chw, None, CPU, name=self.label)
+        backend = OrtBackend(path, self.ctx.chw, None, CPU, name=self.label, session_config=self.config)
         try:
             return self._proof(backend)
         finally:
@@ -87,7 +88,7 @@ class _Judge:
         ctx, total = self.ctx, len(self.ctx.reference)
         with_patches = ctx.patch_reference is not None
         self.steps += 1
-        backend = OrtBackend(path, ctx.chw, None, CPU, name=self.label)
+        backend = OrtBackend(path, ctx.chw, None, CPU, name=self.label, session_config=self.config)
         try:
             proof = self._proof(backend)
             if proof is not None:
@@ -269,7 +270,7 @@ def _quantized(
     from .int8_autopilot import run_autopilot
 
     try:
-        judge = _Judge(ctx, target.label, ctx.cfg.validation.int8, rec)
+        judge = _Judge(ctx, target.label, ctx.cfg.validation.int8, rec, target.placement.session_config)
         pilot = run_autopilot(
             pre,
             path,
@@ -395,7 +396,7 @@ def _int8_row(target: _Int8Target, skip: Callable[[ExportContext], str | None]) 
         lambda ctx, rec: _quantize(ctx, rec, target),
         skip=skip,
         roles=(target.role,),
-        gate=ort_gate(f"validate-{target.stage}", "int8", target.label),
+        gate=ort_gate(f"validate-{target.stage}", "int8", target.label, target.placement.session_config),
         ships=(_worth_running if target.timed else _validated)(target),
         fallible=(ConfigError, ExportError, BackendError, ValidationError),
         required=_int8_required(target),

@@ -81,12 +81,13 @@ class Stage:
     refusal_hint: str = ""
 
 
-def ort_gate(name: str, tolerance: str, backend: str) -> Gate:
-    """A graph judged by ONNX Runtime on the CPU (``backend``: how the run is named in reports)."""
+def ort_gate(name: str, tolerance: str, backend: str, session_config: tuple[tuple[str, str], ...] = ()) -> Gate:
+    """A graph judged by ONNX Runtime on the CPU (``backend``: how the run is named in reports), with the
+    session settings the backend that runs it uses (``session_config``: model.int8.onnx's)."""
 
     def open_ort(ctx: ExportContext, made: Made) -> Any:
         from ..runtime.backends.ort import OrtBackend
 
-        return OrtBackend(made[0].path, ctx.chw, None, CPU, name=backend)
+        return OrtBackend(made[0].path, ctx.chw, None, CPU, name=backend, session_config=session_config)
 
     return Gate(name, tolerance, open_ort)
