@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vitdeploy.base.config import ValidationSection
+from vitdeploy.base.export_sections import ValidationSection
 from vitdeploy.evaluate.rollout_gate import backend_thresholds, gate_thresholds, judge_shadow
 
 FP32 = ValidationSection().fp32.model_dump()

@@ -11,13 +11,15 @@ from typing import Annotated, Any, Callable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from .limits import clip, clip_text
+from .limits import MAX_BATCH, clip, clip_text
 
 #: A float that is a real number (no NaN, no infinity); ints are accepted and converted.
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 #: An int that is an int in the file: "768", 768.0 and true are refused.
 PositiveInt = Annotated[StrictInt, Field(gt=0)]
 NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
+#: Images in one model call, 1..MAX_BATCH (pipeline.yaml's batch sizes).
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description=f"1..{MAX_BATCH}")]
 
 
 class StrictSection(BaseModel):

@@ -3,6 +3,10 @@
 Every key has a default, so ``model: {checkpoint: path/to/vit}`` is a complete pipeline, and an
 empty file runs the embedded demo model. Unknown keys are rejected; every error names the key,
 the value and what is allowed. Relative paths resolve against the YAML file's folder.
+
+This module holds the whole (``PipelineConfig``), its sections ``model``, ``preprocess``, ``runtime`` and
+``batch``, and the reading of the file; the export's sections live in ``export_sections.py``, the servers'
+in ``serving_sections.py``.
 """
 
 from __future__ import annotations
@@ -12,17 +16,17 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from ._schema import FiniteFloat, StrictSection, format_validation_error
+from ._schema import BatchSize, FiniteFloat, StrictSection, format_validation_error
 from .errors import ConfigError
+from .export_sections import ExportSection, TensorRTSection, ValidationSection
 from .hub_name import HUB_PREFIX, HubName, checkpoint_ref
-from .limits import MAX_BATCH, clip
+from .limits import clip
 from .preprocess_spec import overrides_model
-from .vit_schema import MAX_SIDE as MAX_IMAGE_SIDE
+from .serving_sections import ServeSection, TritonSection
 from .vocab import Activation, BackendChoice, EmbeddingDtype, OutputKind, Pool
 
 DEFAULT_CONFIG_NAME = "pipeline.yaml"
 PositiveFloat = Annotated[FiniteFloat, Field(gt=0)]
-BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH, description=f"1..{MAX_BATCH}")]
 
 
 _Section = StrictSection  # the one strict base (_schema.StrictSection); this name kept for existing imports
@@ -89,199 +93,6 @@ PreprocessSection = overrides_model(
 )
 
 
-class BatchProfile(_Section):
-    """Batch sizes of the dynamic-batch profile, 1..MAX_BATCH (4096): past that a ViT's input alone
-    is gigabytes, and TensorRT profiles stop well before."""
-
-    min: BatchSize = 1
-    opt: BatchSize = 8
-    max: BatchSize = 32
-
-    @model_validator(mode="after")
-    def _ordered(self) -> "BatchProfile":
-        if not self.min <= self.opt <= self.max:
-            raise ValueError(
-                f"batch sizes must satisfy min <= opt <= max, got min={self.min}, opt={self.opt}, max={self.max}"
-            )
-        return self
-
-
-class Fp16Section(_Section):
-    enabled: bool = Field(True, description="write and validate model.fp16.onnx (the graph TensorRT compiles)")
-    keep_fp32_ops: tuple[str, ...] = Field(
-        ("LayerNormalization",), description="op types kept float32 in the FP16 graph"
-    )
-    max_abs_activation: FiniteFloat = Field(
-        4096.0,
-        gt=0,
-        description="nodes whose outputs exceed this on calibration images stay float32 (FP16 max is 65504)",
-    )
-    autopilot: bool = Field(
-        True,
-        description="when validation.fp16 fails with only keep_fp32_ops and the hot nodes in "
-        "float32, return Softmax-like ops, the head, then block by block to float32 "
-        "until it passes (every step recorded in the manifest)",
-    )
-
-
-class Int8Section(_Section):
-    """``model.int8.onnx``: INT8 quantization of the fused graph (export/quantize.py)."""
-
-    enabled: Union[Literal["auto"], bool] = Field(
-        "auto",
-        description="auto = build it and go on without it when it cannot be built or fails validation.int8; "
-        "true = required (a failure is refused: the export is written without it and exits non-zero); false = skip",
-    )
-    mode: Literal["static", "dynamic"] = Field(
-        "static",
-        description="static: calibrated QDQ, an image's answer does not depend on its batch; dynamic: "
-        "activation ranges per batch (no calibration, but batch-dependent answers)",
-    )
-    calibration_method: Literal["minmax", "entropy", "percentile"] = Field(
-        "minmax", description="ONNX Runtime's calibrator for the static INT8 graph"
-    )
-    calibration_images: int = Field(64, ge=1, description="real validation images used to calibrate (at most)")
-    min_calibration_images: int = Field(16, ge=1, description="fewer real validation images than this: no static INT8")
-    autopilot: bool = Field(
-        True,
-        description="when validation.int8 fails, return Gemm, then block by block MatMuls to float, within "
-        "what min_speedup allows: refused at once when the largest such step fails on the inputs the fully "
-        "quantized graph failed on, else the fewest in float that pass (every step judged in the manifest)",
-    )
-    min_speedup: float = Field(
-        1.3,
-        ge=0,
-        description="model.int8.onnx is shipped only when it runs at least this many "
-        "times as fast as model.ort.onnx here (the fully quantized graph is timed on the calibration "
-        "batch before any accuracy work, the graph that passed validation again after); 0 = always ship",
-    )
-    tensorrt: Union[Literal["auto"], bool] = Field(
-        "auto",
-        description="model.int8.trt.onnx (S8 symmetric Q/DQ from model.onnx) and the INT8 TensorRT engine "
-        "model.int8.engine built from it: auto = when the engine stage runs (TensorRT and a CUDA GPU "
-        "here), going on without them on failure; true = always write and validate the graph (a "
-        "failure is refused: written without it, exit non-zero), and build the engine where TensorRT "
-        "exists; false = never",
-    )
-
-
-class ExportSection(_Section):
-    output_dir: Path = Field(Path("artifacts"), description="where the artifacts go (`export -o` overrides)")
-    opset: int = Field(18, ge=17, le=23, description="ONNX opset (17-23; 18 keeps LayerNorm one node)")
-    batch: BatchProfile = BatchProfile()
-    fp16: Fp16Section = Fp16Section()
-    int8: Int8Section = Int8Section()
-    external_data_threshold_mb: int = Field(
-        1536, ge=0, description="write weights as external data above this size (protobuf limit: 2 GB; 0 = always)"
-    )
-    optimize: bool = Field(True, description="save ONNX Runtime's transformer-fused graph when the drift checks pass")
-    image_sizes: Optional[list[Annotated[int, Field(gt=0, le=MAX_IMAGE_SIDE)]]] = Field(
-        None,
-        min_length=1,
-        max_length=32,
-        description="square image sizes one export answers at (e.g. [224, 336, 448, 518]), each a multiple of the "
-        "patch, each validated against eager PyTorch at that size: for checkpoints whose library runs them at any "
-        "size (DINOv2, transformers ViT / DeiT, timm); absent = one fixed size",
-    )
-
-    @model_validator(mode="after")
-    def _sorted_sizes(self) -> "ExportSection":
-        if self.image_sizes is not None:
-            object.__setattr__(self, "image_sizes", sorted(set(self.image_sizes)))
-        return self
-
-
-class Tolerance(_Section):
-    max_abs_diff: FiniteFloat = Field(..., ge=0, description="largest |logit difference| against eager FP32 PyTorch")
-    mean_abs_diff: FiniteFloat = Field(..., ge=0, description="mean |logit difference| against eager FP32 PyTorch")
-    min_cosine: FiniteFloat = Field(..., ge=-1, le=1, description="lowest cosine similarity of a row of logits")
-    min_top1_agreement: FiniteFloat = Field(
-        ..., ge=0, le=1, description="share of inputs whose top-1 class is eager's"
-    )
-    min_top5_overlap: FiniteFloat = Field(..., ge=0, le=1, description="mean share of eager's top-5 in the top-5")
-    min_recall_at_k: FiniteFloat = Field(
-        1.0,
-        ge=0,
-        le=1,
-        description="embedding models: mean share of each input's k nearest neighbours (cosine, among the "
-        "validation inputs) under eager PyTorch that are among its k nearest under the artifact (recall@k)",
-    )
-    neighbours: int = Field(10, ge=1, le=1000, description="embedding models: k of min_recall_at_k")
-    min_patch_cosine: Optional[FiniteFloat] = Field(
-        None,
-        ge=-1,
-        le=1,
-        description="embedding models with model.patch_tokens: lowest cosine of a patch token to eager's, over "
-        "every token of every input; absent = min_cosine",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _patch_cosine_defaults_to_min_cosine(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("min_patch_cosine") is None and "min_cosine" in data:
-            return {**data, "min_patch_cosine": data["min_cosine"]}
-        return data
-
-
-class ValidationSection(_Section):
-    images: Optional[Path] = Field(None, description="folder of real images; absent = the demo images")
-    max_images: int = Field(64, ge=1, description="validation images used (at most)")
-    noise_samples: int = Field(8, ge=0, description="seeded noise inputs added to the real images")
-    seed: int = Field(0, description="seed of the noise inputs")
-    fp32: Tolerance = Tolerance(
-        max_abs_diff=1e-3, mean_abs_diff=1e-4, min_cosine=0.99999, min_top1_agreement=1.0, min_top5_overlap=1.0
-    )
-    fp16: Tolerance = Tolerance(
-        max_abs_diff=0.1,
-        mean_abs_diff=0.02,
-        min_cosine=0.999,
-        min_top1_agreement=0.98,
-        min_top5_overlap=0.9,
-        min_recall_at_k=0.95,
-    )
-    int8: Tolerance = Tolerance(
-        max_abs_diff=1.0,
-        mean_abs_diff=0.1,
-        min_cosine=0.99,
-        min_top1_agreement=0.98,
-        min_top5_overlap=0.9,
-        min_recall_at_k=0.9,
-    )
-
-
-class TensorRTSection(_Section):
-    workspace_mb: int = Field(4096, ge=16, description="TensorRT builder workspace limit (MiB)")
-    optimization_level: int = Field(3, ge=0, le=5, description="TensorRT builder optimisation level (0-5)")
-    timing_cache: Optional[Path] = Field(None, description="absent = <output_dir>/timing.cache")
-
-
-class TritonSection(_Section):
-    """`vitdeploy triton-repo`: how the generated Triton repository serves the model (CLI flags override)."""
-
-    inference: Literal["auto", "onnx", "trt", "ort_python"] = Field(
-        "auto", description="model the ensemble calls; auto = trt when an engine was built, else onnx"
-    )
-    instances: int = Field(1, ge=1, description="instances of the inference model (per GPU with KIND_GPU)")
-    kind: Literal["auto", "gpu", "cpu"] = Field("auto", description="auto = Triton's default: every GPU, else the CPU")
-    gpus: tuple[int, ...] = Field((), description="GPU ids for the inference model; empty = all visible")
-    preprocess_instances: int = Field(1, ge=1, description="python-backend instances decoding images")
-    decode_threads: int = Field(4, ge=1, le=256, description="threads per preprocess instance")
-    max_queue_delay_us: int = Field(2000, ge=0, description="dynamic batching: how long a batch waits to fill")
-    max_queue_size: int = Field(128, ge=0, description="queued requests beyond this get 503 at once (0 = unbounded)")
-    onnx_precision: Literal["auto", "fp32", "fp16"] = Field(
-        "auto",
-        description="graph of the _onnx model: fp32 = model.onnx (CUDA EP), fp16 = model.fp16.onnx with its "
-        "validated keep-float list (TensorRT EP, no re-cast); auto = fp16 when the export validated it, else fp32",
-    )
-    repository_mount: str = Field(
-        "/models",
-        pattern=r"^/",
-        description="where the repository is mounted inside the "
-        "container; the TensorRT EP caches its engines in <mount>/<name>_onnx/trt_cache",
-    )
-    ort_threads: Optional[int] = Field(None, ge=1, description="_ort_python: ONNX Runtime intra-op threads")
-
-
 class RuntimeSection(_Section):
     backend: BackendChoice = Field(
         "auto",
@@ -307,155 +118,7 @@ class RuntimeSection(_Section):
     )
 
 
-class AutoscalingSection(_Section):
-    """Ray Serve's autoscaling_config: replicas follow the requests each one is working on."""
-
-    min_replicas: int = Field(1, ge=0)
-    max_replicas: int = Field(4, ge=1)
-    target_ongoing_requests: float = Field(16.0, gt=0, description="requests per replica the autoscaler aims for")
-
-    @model_validator(mode="after")
-    def _order(self) -> "AutoscalingSection":
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= max_replicas ({self.max_replicas})")
-        return self
-
-
-class TlsSection(_Section):
-    """HTTPS through Ray Serve's own HTTP options (the proxy's ssl_certfile, ssl_keyfile, ssl_ca_certs)."""
-
-    certfile: str = Field(..., min_length=1, description="PEM certificate (chain) the server presents")
-    keyfile: str = Field(
-        ..., min_length=1, description="PEM private key of certfile, unencrypted; only its path is ever written"
-    )
-    ca_certs: Optional[str] = Field(
-        None,
-        min_length=1,
-        description="PEM CA bundle for client certificates (Ray Serve's ssl_ca_certs; Ray's proxy does not "
-        "require a client certificate)",
-    )
-
-
-class TracingSection(_Section):
-    """Traces (OpenTelemetry, OTLP through Ray Serve's tracing): on when OTEL_EXPORTER_OTLP_ENDPOINT is set and the
-    [otel] extra is installed."""
-
-    sampling_ratio: float = Field(
-        0.01,
-        ge=0,
-        le=1,
-        description="share of the requests without a client's traceparent that are traced (Ray Serve's default, "
-        "1%); a client's sampled traceparent is always followed; 1 traces every request",
-    )
-
-
-class ServeSection(_Section):
-    """`vitdeploy serve` (Ray Serve) and the Triton repository: batching, limits, scale."""
-
-    host: str = Field(
-        "127.0.0.1", min_length=1, description="address to listen on (0.0.0.0 exposes it to the network)"
-    )
-    port: int = Field(8000, ge=1, le=65535, description="HTTP port")
-    metrics_port: int = Field(8080, ge=1, le=65535, description="Prometheus metrics of the local Ray node (/metrics)")
-    metrics_host: str = Field(
-        "127.0.0.1",
-        description=(
-            "where the local Ray's metrics (and the node itself) listen: loopback unless set to the machine's "
-            "address (then other machines can also join that Ray with --address)"
-        ),
-    )
-    token_file: Optional[str] = Field(
-        None,
-        description=(
-            "a file holding the bearer token every model route requires (or set VITDEPLOY_SERVE_TOKEN); the "
-            "token itself never goes in this config"
-        ),
-    )
-    tls: Optional[TlsSection] = Field(
-        None,
-        description="HTTPS: {certfile: cert.pem, keyfile: key.pem, ca_certs: optional CA bundle for client "
-        "certificates} (PEM paths, through Ray Serve's ssl_* HTTP options; a RayService mounts them from a Secret)",
-    )
-    stage_timing: bool = Field(
-        True,
-        description="a Server-Timing header (gRPC: trailing metadata) on every answer and the per-stage "
-        "histograms on /metrics; false for a benchmark's baseline",
-    )
-    tracing: TracingSection = Field(
-        TracingSection(), description="traces, each request's stages as spans (docs/serving.md, Traces)"
-    )
-    grpc_port: Optional[int] = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="KServe v2 gRPC (tritonclient.grpc) through "
-        "Ray Serve's gRPC proxy on this port; null = off (needs tritonclient[grpc])",
-    )
-    top_k: int = Field(
-        5, ge=1, description="K of TOPK_LABELS/TOPK_SCORES and of POST /predict (clipped to the classes)"
-    )
-    max_batch_size: int = Field(16, ge=1, description="images per model call (@serve.batch max_batch_size)")
-    batch_wait_timeout_s: float = Field(0.01, ge=0, le=10, description="how long a batch waits to fill (@serve.batch)")
-    decode_threads: int = Field(4, ge=1, le=256, description="threads per replica decoding images before batching")
-    concurrent_batches: int = Field(
-        2,
-        ge=1,
-        le=64,
-        description=(
-            "model calls a replica runs at once (@serve.batch max_concurrent_batches): the next batch runs while "
-            "the last one's answers go out, so the cores or the GPU never wait on Ray"
-        ),
-    )
-    max_images_per_request: int = Field(
-        32, ge=1, description="more images in one request -> 413 (POST /predict), 400 (v2, as Triton)"
-    )
-    max_request_mb: float = Field(64.0, gt=0, description="larger request bodies -> 413")
-    replicas: int = Field(1, ge=1, description="replicas when serve.autoscaling is not set (--replicas overrides)")
-    num_cpus_per_replica: float = Field(
-        1.0,
-        ge=0,
-        description="Ray CPUs per replica; ONNX Runtime and decode threads follow it unless runtime.threads is set",
-    )
-    num_gpus_per_replica: float = Field(0.0, ge=0, description="Ray GPUs per replica (e.g. 1, or 0.5 to share one)")
-    max_ongoing_requests: int = Field(
-        64, ge=1, description="requests a replica works on at once (>= max_batch_size x concurrent_batches)"
-    )
-    max_queued_requests: int = Field(256, ge=1, description="requests waiting for a replica; beyond -> 503")
-    graceful_shutdown_timeout_s: float = Field(20.0, gt=0, description="how long SIGTERM waits for in-flight requests")
-    request_timeout_s: float = Field(
-        60.0, gt=0, description="end-to-end limit of one request (Ray Serve's request_timeout_s)"
-    )
-    body_timeout_s: float = Field(
-        10.0, gt=0, description="deadline for reading a request body: a slow or stalled upload gets 408"
-    )
-    name: Optional[str] = Field(
-        None,
-        min_length=1,
-        description=(
-            "the model's name on the wire, its Serve application and its route /v2/models/<name> (default: the "
-            "manifest's)"
-        ),
-    )
-    autoscaling: Optional[AutoscalingSection] = Field(None, description="replaces the fixed replica count when set")
-    resources_per_replica: dict[str, float] = Field(
-        default_factory=dict,
-        description=(
-            "Ray custom resources each replica needs, e.g. {model_node: 1} to place replicas on the nodes that have "
-            "them"
-        ),
-    )
-
-    @model_validator(mode="after")
-    def _batch_fits(self) -> "ServeSection":
-        if self.max_ongoing_requests < self.max_batch_size * self.concurrent_batches:
-            raise ValueError(
-                f"max_ongoing_requests ({self.max_ongoing_requests}) must be >= max_batch_size x "
-                f"concurrent_batches ({self.max_batch_size} x {self.concurrent_batches}), or a replica "
-                f"can never fill its batches"
-            )
-        return self
-
-
+# batch/job.py's BatchSettings is this section and what the job adds (one definition of these fields).
 class BatchSection(_Section):
     """`vitdeploy batch-predict` (Ray Data): the worker pool and the output (CLI flags override)."""
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..base._deps import require
+from ..base.config import BatchSection
 from ..base.errors import InputError, VitDeployError
 from ..base.vocab import EMBEDDING_DTYPES
 from ..runtime.backends import first_line, shipped_roles
@@ -36,28 +37,18 @@ from .workers import BYTES_NAME, DecodeSpec, Infer, InferSpec, decode_batch
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class BatchSettings:
-    """Everything `vitdeploy batch-predict` was asked for, after the command line overrode the config."""
+class BatchSettings(BatchSection):
+    """Everything `vitdeploy batch-predict` was asked for, after the command line overrode the config: pipeline.yaml's
+    ``batch`` section (its fields, defaults and checks: the worker pool, the output's files) and what the job adds."""
 
     inputs: Sequence[str]
     artifacts: str
     output: str
     backend: str = "auto"
-    workers: int | str = "auto"  # "auto": pool_size
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    decode_cpus: float = 1.0
-    batch_size: int | None = None  # None: the export's batch profile opt
     top_k: int = 5
     resume: bool = False
     address: str | None = None
     progress_bars: bool = False
-    rows_per_file: int = 10_000
-    flush_seconds: float = 30.0
-    cache_dir: str | None = None
-    embedding_dtype: str = EMBEDDING_DTYPES[0]  # an embedding export's vectors in the output
-    patch_tokens: bool = False  # an export with patch tokens: a patch_tokens column beside each vector
 
 
 @dataclass
@@ -226,7 +217,7 @@ def _connect(ray: Any, settings: BatchSettings) -> tuple[bool, BatchSettings]:
             logging_level=logging.WARNING,
             log_to_driver=False,
         )
-    return owned, dataclasses.replace(settings, workers=workers, address=address)
+    return owned, settings.model_copy(update={"workers": workers, "address": address})
 
 
 def _run_pipeline(
@@ -414,25 +405,15 @@ def batch_settings_from_config(
     """The job's settings: pipeline.yaml's ``batch`` and ``runtime`` sections, then the command line's
     ``overrides`` (a None value keeps the config's)."""
     bt, rt = cfg.batch, cfg.runtime
-    cache = cfg.resolve(bt.cache_dir)
     base = BatchSettings(
+        **{**bt.model_dump(), "cache_dir": cfg.resolve(bt.cache_dir)},
         inputs=list(inputs),
         artifacts=artifacts or os.fspath(cfg.output_dir),
         output=output,
         backend=rt.backend,
-        workers=bt.workers,
-        cpus_per_worker=bt.cpus_per_worker,
-        gpus_per_worker=bt.gpus_per_worker,
-        decode_cpus=bt.decode_cpus,
-        batch_size=bt.batch_size,
         top_k=rt.top_k,
-        rows_per_file=bt.rows_per_file,
-        flush_seconds=bt.flush_seconds,
-        cache_dir=os.fspath(cache) if cache is not None else None,
-        embedding_dtype=bt.embedding_dtype,
-        patch_tokens=bt.patch_tokens,
     )
-    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    return base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
 
 
 __all__ = ["BatchSettings", "BatchSummary", "actor_options", "batch_settings_from_config", "run_batch"]

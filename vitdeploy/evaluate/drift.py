@@ -273,7 +273,7 @@ def accuracy(logits: np.ndarray, true_index: Sequence[int | None]) -> float | No
 
 
 def default_thresholds() -> dict[str, dict[str, float]]:
-    from ..base.config import ValidationSection
+    from ..base.export_sections import ValidationSection
 
     section = ValidationSection()
     return {key: getattr(section, key).model_dump() for key in PRECISIONS}

@@ -23,7 +23,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from ...base.config import TritonSection
+from ...base.serving_sections import TritonSection
 from ...base.vocab import ORT, ORT_FP16, TRT
 from ..protocol import (
     CONFIG_TYPES,

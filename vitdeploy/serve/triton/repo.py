@@ -58,7 +58,7 @@ def settings_from_config(cfg: Any, overrides: dict[str, Any] | None = None, top_
     the image limit from ``runtime.max_image_pixels`` and the TensorRT EP workspace from ``tensorrt``."""
     from pydantic import ValidationError
 
-    from ...base.config import TritonSection
+    from ...base.serving_sections import TritonSection
 
     try:
         triton = TritonSection.model_validate({**cfg.triton.model_dump(), **(overrides or {})})
