@@ -18,7 +18,8 @@ import pytest
 
 from vitdeploy.base.vocab import BACKEND_KINDS, BACKENDS, TORCH
 from vitdeploy.evaluate.dataset import label_indices, load_validation_set
-from vitdeploy.evaluate.drift import default_thresholds, judge_backend, run_drift
+from vitdeploy.evaluate.drift import default_thresholds, run_drift
+from vitdeploy.evaluate.drift_judge import judge_backend
 from vitdeploy.evaluate.specs import BackendSpec, open_spec, reference_options, spec_unavailable_reason
 from vitdeploy.runtime.backends import BackendOptions
 

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 from vitdeploy.base.errors import ValidationError
 from vitdeploy.cli import main
-from vitdeploy.evaluate.drift import BackendDrift, DriftReport, format_drift_table
+from vitdeploy.evaluate.drift_report import BackendDrift, DriftReport
+from vitdeploy.evaluate.drift_table import format_drift_table
 
 SIZES = [28, 42, 56]
 

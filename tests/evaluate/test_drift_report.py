@@ -16,7 +16,10 @@ from helpers.tiny_export import LABELS  # tests/: on sys.path beside conftest.py
 
 from vitdeploy.base.errors import ConfigError, InputError, MissingDependencyError, ValidationError
 from vitdeploy.evaluate.dataset import label_indices, load_validation_set, read_labels_csv
-from vitdeploy.evaluate.drift import DriftReport, accuracy, format_drift_table, judge_backend, run_drift
+from vitdeploy.evaluate.drift import run_drift
+from vitdeploy.evaluate.drift_judge import accuracy, judge_backend
+from vitdeploy.evaluate.drift_report import DriftReport
+from vitdeploy.evaluate.drift_table import format_drift_table
 from vitdeploy.evaluate.specs import backend_specs, parse_backend_names
 
 FP32 = {
@@ -261,7 +264,7 @@ def test_a_requested_backend_that_cannot_run_is_listed_and_exits_4(tiny_dir, ima
 
 
 def test_a_failed_report_raises_validation_error():
-    from vitdeploy.evaluate.drift import BackendDrift
+    from vitdeploy.evaluate.drift_report import BackendDrift
 
     report = DriftReport(
         artifacts="x",

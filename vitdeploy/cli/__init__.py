@@ -532,7 +532,8 @@ def validate(
     server (vitdeploy serve, Triton) the same way: exit 3 when its answers fail the thresholds or it runs
     another export than -a, 4 when it does not answer."""
     from ..base.config import load_config
-    from ..evaluate.drift import format_drift_table, run_drift
+    from ..evaluate.drift import run_drift
+    from ..evaluate.drift_table import format_drift_table
 
     cfg = load_config(config_path)
     if images is None and labels_file is None:

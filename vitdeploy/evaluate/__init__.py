@@ -3,7 +3,8 @@
 
     specs.py        which backends exist, the file and precision each runs, how to open one
     dataset.py      the validation images and their true labels
-    drift.py        the drift run, its verdicts (export/compare.py's metrics) and its report
+    drift.py        the drift run; drift_judge.py a backend's verdict (export/compare.py's metrics),
+                    drift_report.py the report (drift-report.json), drift_table.py its table
     bench.py        latency and throughput per backend and batch size; timing.py: interleaved timers
     environment.py  `vitdeploy info`: libraries, providers, GPUs, which backends can run here
 

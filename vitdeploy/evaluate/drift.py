@@ -1,7 +1,7 @@
 """`vitdeploy validate`: how far each runtime backend drifts from eager FP32 PyTorch on real images.
 
     report = run_drift("artifacts/")                      # the demo images, every backend here
-    print("\\n".join(format_drift_table(report)))
+    print("\\n".join(format_drift_table(report)))       # drift_table.py
     report.raise_for_failures()                           # ValidationError (exit 3) on any failure
 
 The validation set (the shipped demo images by default, or a folder of the user's) is decoded and
@@ -13,7 +13,8 @@ top-1 class flipped, and accuracy where true labels are known. Each metric is ju
 ``validation.fp32`` thresholds (``ort``, ``torch`` FP32 on another device) or
 ``validation.fp16`` (``ort-fp16``, ``torch-fp16``, ``trt``) or ``validation.int8`` (``ort-int8``).
 
-Backends that cannot run here are listed with the reason, never dropped.
+Backends that cannot run here are listed with the reason, never dropped. This module is the run; the report it
+returns (its rows, its JSON) is ``drift_report.py``'s, each row's verdict ``drift_judge.py``'s.
 
 An export for several sizes (manifest ``image_sizes``) is judged at every listed size, or at the one size asked
 (``image_size``): each size's preprocessing of the same images, eager PyTorch at that size as its reference, one
@@ -23,25 +24,24 @@ row per backend and size (``image_size`` in the row; a backend that cannot run h
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as _dt
-import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from ..base._files import write_json_atomic
-from ..base.errors import BackendError, ConfigError, InputError, MissingDependencyError, ValidationError
-from ..base.output_spec import EMBEDDING
-from ..base.vocab import DRIFT_REPORT_NAME, PRECISIONS, TORCH
+from ..base.errors import BackendError, ConfigError, InputError, MissingDependencyError
+from ..base.vocab import DRIFT_REPORT_NAME, PRECISIONS
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
 from .dataset import label_indices, load_validation_set
+from .drift_judge import accuracy, judge_backend
+from .drift_report import BackendDrift, DriftReport, images_summary, kept_served, reference_summary
 from .specs import (
     BackendSpec,
     backend_specs,
@@ -53,223 +53,6 @@ from .specs import (
 )
 
 log = logging.getLogger(__name__)
-
-REPORT_FORMAT = "vitdeploy-drift-report"
-
-# ------------------------------------------------------------------------------------------------
-# results
-
-
-@dataclass
-class BackendDrift:
-    """One backend's row: status "reference" | "passed" | "failed" | "error" | "unavailable"."""
-
-    name: str
-    status: str
-    precision: str = "fp32"
-    threshold_set: str | None = None  # "fp32" | "fp16" | None (reference, not run)
-    device: str = ""
-    describe: str = ""
-    reason: str = ""
-    metrics: dict[str, float] = field(default_factory=dict)
-    thresholds: dict[str, float] = field(default_factory=dict)
-    failures: list[str] = field(default_factory=list)
-    flipped: list[dict[str, Any]] = field(default_factory=list)  # each with both top-3s (vitdeploy report)
-    per_image: dict[str, list] = field(default_factory=dict)  # each image's max |diff| and cosine
-    accuracy: float | None = None
-    seconds: float = 0.0
-    #: the square side judged, for an export for several sizes (None: a fixed-size export, or every size)
-    image_size: int | None = None
-
-    @property
-    def where(self) -> str:
-        """The backend's name, and the size its row judged where there is one: "ort at 336 px"."""
-        return f"{self.name} at {self.image_size} px" if self.image_size is not None else self.name
-
-    @property
-    def ran(self) -> bool:
-        return self.status in ("reference", "passed", "failed")
-
-    @property
-    def ok(self) -> bool:
-        return self.status not in ("failed", "error")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass
-class DriftReport:
-    artifacts: str
-    model: str
-    images: dict[str, Any]
-    reference: dict[str, Any]
-    thresholds: dict[str, dict[str, float]]
-    backends: list[BackendDrift]
-    requested: list[str] | None = None  # backend names the caller asked for (None: all)
-    versions: dict[str, str] = field(default_factory=dict)
-    created: str = ""
-    report_path: str | None = None
-    #: `validate --url`'s checks of running servers (evaluate/served_report.py), kept across `validate` runs
-    served: list[dict[str, Any]] = field(default_factory=list)
-    #: the sizes judged, an export for several sizes (export.image_sizes); None: a fixed-size export
-    image_sizes: list[int] | None = None
-
-    @property
-    def passed(self) -> bool:
-        return all(b.ok for b in self.backends)
-
-    @property
-    def failed(self) -> list[BackendDrift]:
-        return [b for b in self.backends if not b.ok]
-
-    @property
-    def unavailable(self) -> list[BackendDrift]:
-        return [b for b in self.backends if b.status == "unavailable"]
-
-    @property
-    def missing_requested(self) -> list[BackendDrift]:
-        """Backends the caller named explicitly that cannot run here."""
-        return [b for b in self.unavailable if self.requested is not None and b.name in self.requested]
-
-    def backend(self, name: str, image_size: int | None = None) -> BackendDrift:
-        """The row of backend ``name`` (at ``image_size``, an export for several sizes; None: its first row)."""
-        for b in self.backends:
-            if b.name == name and (image_size is None or b.image_size in (image_size, None)):
-                return b
-        raise KeyError(name if image_size is None else f"{name} at {image_size} px")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Strict JSON: non-finite metrics (NaN/inf logits) become the strings "nan" / "inf"."""
-        return _json_safe(
-            {
-                "format": REPORT_FORMAT,
-                "version": 1,
-                "created": self.created,
-                "passed": self.passed,
-                "artifacts": self.artifacts,
-                "model": self.model,
-                "images": self.images,
-                "reference": self.reference,
-                "thresholds": self.thresholds,
-                "requested": self.requested,
-                **({"image_sizes": self.image_sizes} if self.image_sizes else {}),
-                "backends": [b.to_dict() for b in self.backends],
-                "versions": self.versions,
-                **({"served": self.served} if self.served else {}),
-            }
-        )
-
-    def raise_for_failures(self) -> None:
-        """ValidationError (exit 3) when a backend failed its thresholds or could not run although
-        it should; MissingDependencyError (exit 4) when a backend named explicitly cannot run here."""
-        if self.failed:
-            parts = [f"{b.where}: {'; '.join(b.failures) if b.failures else b.reason}" for b in self.failed]
-            where = f"; report: {self.report_path}" if self.report_path else ""
-            raise ValidationError(f"drift check failed for {len(self.failed)} backend(s): {' | '.join(parts)}{where}")
-        missing = self.missing_requested
-        if missing:
-            raise MissingDependencyError(
-                "requested backend(s) cannot run here: " + "; ".join(f"{b.name} ({b.reason})" for b in missing)
-            )
-
-
-def read_drift_report(path: Path) -> dict[str, Any] | None:
-    """The drift report at ``path`` as a dict; None when there is none (or it is not one: a warning)."""
-    if not path.is_file():
-        return None
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        log.warning("%s is not readable JSON (%s): its served section starts anew", path, exc)
-        return None
-    return doc if isinstance(doc, dict) and doc.get("format") == REPORT_FORMAT else None
-
-
-def kept_served(path: str | Path, export_sha256: str) -> list[dict[str, Any]]:
-    """The ``served`` entries of the report at ``path`` that judged the export ``export_sha256``."""
-    doc = read_drift_report(Path(path)) or {}
-    entries = doc.get("served") or []
-    return [e for e in entries if isinstance(e, dict) and e.get("export_sha256") == export_sha256]
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj
-
-
-def judge_backend(
-    name: str,
-    logits: np.ndarray,
-    reference: np.ndarray,
-    tolerance: Mapping[str, float],
-    *,
-    names: Sequence[str],
-    true_index: Sequence[int | None],
-    classes: Sequence[str],
-    precision: str = "fp32",
-    threshold_set: str | None = None,
-    kind: str = "logits",
-    patches: tuple[np.ndarray, np.ndarray] | None = None,
-) -> BackendDrift:
-    """Compare ``logits`` with the ``reference`` (both (N, K)) and build the backend's row.
-
-    ``names[i]`` is the path of row i (listed when its top-1 flips); ``true_index[i]`` its true
-    class or None. ``kind``: what the rows are (vocab.OUTPUT_KINDS); embeddings are judged by cosine and
-    neighbour agreement, with no flips and no accuracy; ``patches``: the reference's and the backend's patch
-    tokens, judged by cosine per token. Pure numpy: the unit tests drive it with synthetic logits.
-    """
-    from ..export.compare import compare, flip_details, per_image
-
-    cmp = compare(reference, logits, tolerance, kind, patches)
-    judged = dict(
-        name=name,
-        status="passed" if cmp.passed else "failed",
-        precision=precision,
-        threshold_set=threshold_set or precision,
-        metrics=dict(cmp.metrics),
-        thresholds=dict(cmp.thresholds),
-        failures=list(cmp.failures),
-        per_image=per_image(reference, logits, kind, int(tolerance.get("neighbours", 10)), patches),
-    )
-    if kind == EMBEDDING:  # a vector has no class: no flips, no accuracy
-        return BackendDrift(**judged)
-    ref_top, cand_top = np.asarray(reference).argmax(axis=1), np.asarray(logits).argmax(axis=1)
-
-    def label(i: int) -> str:
-        return classes[i] if 0 <= i < len(classes) else str(i)
-
-    tops = {d["input"]: d for d in flip_details(reference, logits, [str(n) for n in names], classes)}
-    flipped = [
-        {
-            "path": str(names[i]),
-            "reference": label(int(ref_top[i])),
-            "candidate": label(int(cand_top[i])),
-            "label": label(true_index[i]) if true_index[i] is not None else None,
-            "reference_top3": tops[str(names[i])]["reference"],
-            "candidate_top3": tops[str(names[i])]["candidate"],
-        }
-        for i in cmp.flipped
-    ]
-    return BackendDrift(**judged, flipped=flipped, accuracy=accuracy(logits, true_index))
-
-
-def accuracy(logits: np.ndarray, true_index: Sequence[int | None]) -> float | None:
-    """Top-1 accuracy over the rows whose true class is known; None when none is."""
-    known = [(i, t) for i, t in enumerate(true_index) if t is not None]
-    if not known:
-        return None
-    top = np.asarray(logits).argmax(axis=1)
-    return float(np.mean([top[i] == t for i, t in known]))
-
-
-# ------------------------------------------------------------------------------------------------
-# the run
 
 
 def default_thresholds() -> dict[str, dict[str, float]]:
@@ -360,20 +143,6 @@ def run_drift(
     return report
 
 
-def images_summary(vset: Any, good: Sequence[int], errors: Mapping[int, str], true_index: Sequence, unknown: Sequence):
-    """The report's ``images`` section: where the images came from, how many were judged, labelled, unreadable."""
-    return {
-        "source": vset.source,
-        "count": len(vset.paths),
-        "evaluated": len(good),
-        "labelled": sum(t is not None for t in true_index),
-        "label_source": vset.label_source,
-        "unknown_labels": sorted(set(unknown)),
-        "unmatched_label_rows": list(vset.unmatched_labels),
-        "unreadable": [{"path": str(vset.paths[i]), "error": msg} for i, msg in sorted(errors.items())],
-    }
-
-
 def sized_reference_summary(describe: str, runs: Sequence["SizeRun"], base: int) -> dict[str, Any]:
     """The ``reference`` section of a drift run: its accuracy and time at the base size (else the first size
     judged); an export for several sizes adds ``per_size`` ({"336": {"accuracy", "seconds"}})."""
@@ -383,18 +152,6 @@ def sized_reference_summary(describe: str, runs: Sequence["SizeRun"], base: int)
         summary["image_size"] = main.size
         summary["per_size"] = {str(r.size): {"accuracy": r.accuracy, "seconds": round(r.seconds, 4)} for r in runs}
     return summary
-
-
-def reference_summary(describe: str, accuracy_: float | None, seconds: float) -> dict[str, Any]:
-    """The report's ``reference`` section: eager FP32 PyTorch on the CPU, as it ran."""
-    return {
-        "backend": TORCH,
-        "device": "cpu",
-        "precision": "fp32",
-        "describe": describe,
-        "accuracy": accuracy_,
-        "seconds": round(seconds, 4),
-    }
 
 
 def validation_batch(
@@ -632,136 +389,12 @@ def _self_metrics(outputs: tuple[np.ndarray, ...], kind: str = "logits") -> tupl
     return output_metrics(outputs[0], outputs[0], kind, patches=patches)
 
 
-# ------------------------------------------------------------------------------------------------
-# the table
-
-
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
-
-
-def _num(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value == 0:
-        return "0"
-    return f"{value:.3g}" if abs(value) >= 1e-3 else f"{value:.2e}"
-
-
-def _cos(value: float | None) -> str:
-    return "-" if value is None else f"{value:.8f}"
-
-
-def _neighbours(report: DriftReport) -> int:
-    """k of the neighbour agreement (the fp32 thresholds' ``neighbours``)."""
-    return int(report.thresholds.get("fp32", {}).get("neighbours", 10))
-
-
-def _size_cell(report: DriftReport, b: BackendDrift | None = None) -> str:
-    """The size column of a report on an export for several sizes ("" for a fixed-size export's): the row's
-    side, "all" for a row of every size (a backend that cannot run here), the header without a row."""
-    if not report.image_sizes:
-        return ""
-    if b is None:
-        return f"{'size':>5} "
-    return f"{'all' if b.image_size is None else b.image_size:>5} "
-
-
-def _reference_accuracy(report: DriftReport) -> str:
-    per_size = report.reference.get("per_size")
-    if not per_size:
-        return _pct(report.reference["accuracy"])
-    return ", ".join(f"{_pct(v.get('accuracy'))} at {k} px" for k, v in per_size.items())
-
-
-def format_drift_table(report: DriftReport) -> list[str]:
-    """The human-readable report: the set, the reference, one row per backend (and size), then details."""
-    img = report.images
-    labels = {"none": "no labels", "sub-folders": "labels from sub-folder names"}.get(
-        img["label_source"], f"labels from {img['label_source'].removeprefix('csv:')}"
-    )
-    lines = [
-        f"validation set: {img['evaluated']} image(s) from {img['source']} ({labels}, {img['labelled']} labelled, "
-        f"{len(img['unreadable'])} unreadable)",
-        f"reference: eager PyTorch fp32 on cpu ({report.reference['describe']}), accuracy "
-        f"{_reference_accuracy(report)}",
-        "",
-    ]
-    embedding = any("recall_at_k" in b.metrics for b in report.backends)
-    if embedding:
-        lines[1] = f"reference: eager PyTorch fp32 on cpu ({report.reference['describe']}); an embedding model"
-    patches = any("patch_cosine" in b.metrics for b in report.backends)
-    head = f"{'backend':<11} {_size_cell(report)}{'prec':<5} {'max|diff|':>9} {'mean|diff|':>10} {'cosine':>10} " + (
-        f"{'cos p1':>10} {'recall@' + str(_neighbours(report)):>9}"
-        + (f" {'patch cos':>10}" if patches else "")
-        + "  result"
-        if embedding
-        else f"{'top1':>7} {'top5':>7} {'flipped':>7} {'accuracy':>8}  result"
-    )
-    lines += [head, "-" * len(head)]
-    for b in report.backends:
-        if not b.ran:
-            lines.append(
-                f"{b.name:<11} {_size_cell(report, b)}{b.precision:<5} "
-                f"{b.status.upper() if b.status == 'error' else b.status}: {b.reason}"
-            )
-            continue
-        m = b.metrics
-        result = "reference" if b.status == "reference" else ("PASS" if b.status == "passed" else "FAIL")
-        if b.threshold_set and b.status != "reference":
-            result += f" ({b.threshold_set} thresholds)"
-        judged = (
-            f"{_cos(m.get('cosine_p01')):>10} {_pct(m.get('recall_at_k')):>9}"
-            + (f" {_cos(m.get('patch_cosine')):>10}" if patches else "")
-            if embedding
-            else f"{_pct(m.get('top1_agreement')):>7} {_pct(m.get('top5_overlap')):>7} {len(b.flipped):>7} "
-            f"{_pct(b.accuracy):>8}"
-        )
-        lines.append(
-            f"{b.name:<11} {_size_cell(report, b)}{b.precision:<5} {_num(m.get('max_abs_diff')):>9} "
-            f"{_num(m.get('mean_abs_diff')):>10} {_cos(m.get('cosine')):>10} {judged}  {result}"
-        )
-    details = []
-    for b in report.backends:
-        for failure in b.failures:
-            details.append(f"  {b.where} FAIL {failure}")
-        for flip in b.flipped:
-            truth = f", true {flip['label']}" if flip["label"] is not None else ""
-            details.append(
-                f"  {b.where} top-1 flipped: {flip['path']} ({flip['reference']} -> {flip['candidate']}{truth})"
-            )
-    for bad in img["unreadable"]:
-        details.append(f"  unreadable: {bad['error']}")
-    if img.get("unknown_labels"):
-        details.append(f"  labels that are no class of the model (left out of accuracy): {img['unknown_labels'][:10]}")
-    if details:
-        lines += [""] + details
-    lines.append("")
-    ran = list(dict.fromkeys(b.name for b in report.backends if b.ran))
-    verdict = "PASSED" if report.passed else f"FAILED ({', '.join(b.where for b in report.failed)})"
-    sizes = f" at {', '.join(map(str, report.image_sizes))} px" if report.image_sizes else ""
-    lines.append(
-        f"{verdict}: {len(ran)} backend(s) ran{sizes}, {len(report.unavailable)} unavailable here"
-        + (f"; report: {report.report_path}" if report.report_path else "")
-    )
-    return lines
-
-
 __all__ = [
-    "BackendDrift",
-    "DriftReport",
-    "accuracy",
     "SizeRun",
     "default_thresholds",
     "drift_sizes",
     "eager_reference",
-    "format_drift_table",
-    "images_summary",
-    "judge_backend",
-    "kept_served",
     "library_versions",
-    "read_drift_report",
-    "reference_summary",
     "run_drift",
     "size_runs",
     "sized_reference_summary",

@@ -48,17 +48,9 @@ from ..base.vocab import (
     EXPORT_SHA256,
     PRECISIONS,
 )
-from ..evaluate.drift import (
-    BackendDrift,
-    DriftReport,
-    accuracy,
-    default_thresholds,
-    eager_reference,
-    images_summary,
-    judge_backend,
-    reference_summary,
-    validation_batch,
-)
+from ..evaluate.drift import default_thresholds, eager_reference, validation_batch
+from ..evaluate.drift_judge import accuracy, judge_backend
+from ..evaluate.drift_report import BackendDrift, DriftReport, images_summary, reference_summary
 from ..evaluate.served_report import SERVED, ServedCheck, save_served
 from ..serve.auth import TOKEN_ENV
 from ..serve.outputs import EMBEDDINGS, LOGITS
