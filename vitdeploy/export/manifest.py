@@ -94,7 +94,8 @@ def read_back(directory: Path) -> None:
     a manifest its own runtime refuses: ExportError naming the refusal."""
     from ..base.errors import ArtifactError, ExportError
     from ..runtime.artifacts import Artifacts, resolve_inside
-    from ..runtime.manifest_schema import check_graph_io, check_model_config, read_json_bounded
+    from ..runtime.manifest_checks import check_graph_io, check_model_config
+    from ..runtime.manifest_schema import read_json_bounded
 
     try:
         artifacts = Artifacts.open(directory, verify=False)

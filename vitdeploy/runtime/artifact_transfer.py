@@ -1,8 +1,9 @@
 """Export folders that travel: packed on the driver, unpacked into a per-node cache, verified there.
 
-One of three modules about an export folder, each one idea: ``manifest_schema`` (what a manifest may
-say), ``artifacts`` (a folder on this machine, every file verified before use) and this one (getting
-a folder to another node). It was ``artifact_bundle`` (the old path still imports, deprecated).
+One of four modules about an export folder, each one idea: ``manifest_schema`` (what a manifest may
+say), ``manifest_checks`` (each file against it), ``artifacts`` (a folder on this machine, every file
+verified before use) and this one (getting a folder to another node). It was ``artifact_bundle`` (the
+old path still imports, deprecated).
 
 A replica or a batch worker on another node cannot open the driver's local path. Either the folder
 travels with the job (:func:`pack` -> a bundle of bytes the caller puts in Ray's object store ->

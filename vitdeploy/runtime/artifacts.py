@@ -1,7 +1,8 @@
 """A directory written by ``vitdeploy export``: its manifest, and its files checked before use.
 
-One of three modules about an export folder: ``manifest_schema`` (what a manifest may say), this one
-(a folder on this machine, verified) and ``artifact_transfer`` (getting a folder to another node).
+One of four modules about an export folder: ``manifest_schema`` (what a manifest may say),
+``manifest_checks`` (each file against it), this one (a folder on this machine, verified) and
+``artifact_transfer`` (getting a folder to another node).
 
 Every file the runtime opens goes through :meth:`Artifacts.path`, which refuses paths that leave
 the directory and verifies the file's size and sha256 (and those of its ONNX external data)
@@ -22,12 +23,11 @@ from ..base.errors import ArtifactError, ArtifactIntegrityError, InputError
 from ..base.limits import clip_text
 from ..base.preprocess_spec import PreprocessSpec
 from ..base.vocab import ARTIFACT_FILES, MANIFEST_NAME
+from .manifest_checks import check_engine_meta, check_model_config
 from .manifest_schema import (
     MANIFEST_FORMAT,  # noqa: F401
     MANIFEST_VERSION,  # noqa: F401
     Manifest,
-    check_engine_meta,
-    check_model_config,  # noqa: F401 - re-exported
     parse_manifest,
     read_json_bounded,
 )

@@ -22,7 +22,7 @@ from ...base.errors import BackendError, ConfigError
 from ...base.vocab import ORT_FP16, ORT_INT8
 from ..artifacts import check_onnx_external_data
 from ..cuda import cuda_index
-from ..manifest_schema import check_graph_io, onnx_dtype_name
+from ..manifest_checks import check_graph_io, onnx_dtype_name
 from .base import BackendBase, BackendOptions, provider_name
 
 log = logging.getLogger(__name__)
