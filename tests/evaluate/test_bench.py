@@ -6,15 +6,8 @@ import numpy as np
 import pytest
 
 from vitdeploy.base.errors import BackendError
-from vitdeploy.evaluate.bench import (
-    BASELINE,
-    BenchReport,
-    BenchResult,
-    attach_ratios,
-    format_bench_table,
-    percentile,
-    summarize,
-)
+from vitdeploy.evaluate.bench import BenchResult, percentile, summarize
+from vitdeploy.evaluate.bench_report import BASELINE, BenchReport, attach_ratios, format_bench_table
 from vitdeploy.evaluate.reliability import SPREAD_LIMIT, Contention, busy_machine_reason, mark_unreliable
 from vitdeploy.evaluate.timing import interleaved, measure
 

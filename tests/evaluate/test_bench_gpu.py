@@ -8,7 +8,8 @@ import math
 import pytest
 
 from vitdeploy.base.vocab import TORCH, TORCH_FP16
-from vitdeploy.evaluate.bench import BASELINE, run_bench
+from vitdeploy.evaluate.bench import run_bench
+from vitdeploy.evaluate.bench_report import BASELINE
 from vitdeploy.runtime.cuda import cuda_status
 
 CUDA_OK, CUDA_WHY = cuda_status()

@@ -658,7 +658,8 @@ def bench(
 ) -> None:
     """Latency p50/p90/p99 and images/s per backend and batch size, as ratios to eager PyTorch."""
     from ..base.config import load_config
-    from ..evaluate.bench import format_bench_table, run_bench
+    from ..evaluate.bench import run_bench
+    from ..evaluate.bench_report import format_bench_table
 
     cfg = load_config(config_path)
     report = run_bench(

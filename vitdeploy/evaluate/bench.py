@@ -1,7 +1,7 @@
 """`vitdeploy bench`: latency and throughput of every backend, as ratios to eager PyTorch.
 
     report = run_bench("artifacts/", batch_sizes=(1, 8, 32), iterations=50)
-    print("\\n".join(format_bench_table(report)))
+    print("\\n".join(format_bench_table(report)))      # bench_report.py
 
 For each batch size the backends run **interleaved** in one process: after a warm-up, each
 iteration runs every backend once (the starting backend rotates every iteration), so a noisy
@@ -25,7 +25,6 @@ import logging
 import os
 import platform
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -36,15 +35,14 @@ from ..base.limits import check_batch_size, clip
 from ..base.machine import cpu_model
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
-from .reliability import SPREAD_LIMIT, busy_machine_reason, contention, mark_unreliable, sample, usable_cores
+from .bench_report import BASELINE, PHASES, BenchReport, attach_ratios
+from .reliability import busy_machine_reason, contention, mark_unreliable, sample, usable_cores
 from .specs import BackendSpec, backend_specs, parse_backend_names, reference_options, try_open_spec
 from .timing import BenchResult, LatencyStats, cuda_event_timer, measure, percentile, speed_ratio, summarize  # noqa: F401
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZES = (1, 8, 32)
-BASELINE = "torch"  # eager FP32 PyTorch on the CPU
-_PHASES = ("preprocess", "inference", "postprocess")
 
 
 def environment(threads: int | None = None) -> dict[str, Any]:
@@ -76,143 +74,6 @@ def environment(threads: int | None = None) -> dict[str, Any]:
         env["onnxruntime_providers"] = []
     env["versions"] = library_versions()
     return env
-
-
-def format_environment(env: Mapping[str, Any]) -> list[str]:
-    threads = env.get("threads_requested")
-    affinity = f", {env['cpu_affinity']} usable" if "cpu_affinity" in env else ""
-    lines = [
-        f"cpu: {env.get('cpu')} ({env.get('cpu_count')} logical cores{affinity})",
-        f"threads: {threads if threads else 'library defaults'}"
-        + (f" (torch intra-op threads {env['torch_threads']})" if "torch_threads" in env else ""),
-        _format_load(env),
-        f"gpu: {', '.join(env.get('gpus') or []) or 'none'}",
-        f"onnxruntime providers: {', '.join(env.get('onnxruntime_providers') or []) or 'none'}",
-        "versions: " + ", ".join(f"{k} {v or 'missing'}" for k, v in (env.get("versions") or {}).items()),
-        f"platform: {env.get('platform')}, Python {env.get('python')}",
-    ]
-    return lines
-
-
-def _format_load(env: Mapping[str, Any]) -> str:
-    window = env.get("contention")
-    if not window:
-        return "contention: unknown (no /proc/stat here)"
-    return (
-        f"contention while timed: other processes took {window['others_cpu_s']:.2f} CPU-s, steal "
-        f"{window['steal_cpu_s']:.2f} CPU-s in {window['wall_s']:.1f} s ({window['competing_cores']:.2f} of "
-        f"{window['cores']} cores)"
-    )
-
-
-# ------------------------------------------------------------------------------------------------
-# report
-
-
-@dataclass
-class BenchReport:
-    artifacts: str
-    model: str
-    mode: str  # "inference" | "end-to-end"
-    settings: dict[str, Any]
-    environment: dict[str, Any]
-    backends: list[dict[str, Any]]  # {"name", "status": ran|unavailable|error, "reason", "describe", "baseline"}
-    results: list[BenchResult] = field(default_factory=list)
-    created: str = ""
-
-    def result(self, backend: str, batch_size: int) -> BenchResult:
-        for r in self.results:
-            if r.backend == backend and r.batch_size == batch_size:
-                return r
-        raise KeyError((backend, batch_size))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": "vitdeploy-bench-report",
-            "version": 1,
-            "created": self.created,
-            "artifacts": self.artifacts,
-            "model": self.model,
-            "mode": self.mode,
-            "settings": self.settings,
-            "baseline": BASELINE + " (eager PyTorch fp32 on cpu)",
-            "environment": self.environment,
-            "backends": self.backends,
-            "results": [r.to_dict() for r in self.results],
-        }
-
-
-def attach_ratios(results: list[BenchResult], baseline: str = BASELINE) -> None:
-    """Set each result's ``speedup``: the baseline's p50 at the same batch size over its p50."""
-    base = {r.batch_size: r.stats.p50_ms for r in results if r.backend == baseline}
-    for r in results:
-        r.speedup = speed_ratio(base.get(r.batch_size), r.stats.p50_ms)
-
-
-def _ratio(value: float | None, unreliable: Sequence[str] = ()) -> str:
-    return "-" if value is None else f"{value:.2f}x" + ("*" if unreliable else "")
-
-
-def format_bench_table(report: BenchReport) -> list[str]:
-    """Settings, environment, the results table (speed as a ratio to eager PyTorch) and the
-    backends that did not run, with why."""
-    s = report.settings
-    lines = [
-        f"{report.model}: {report.mode} benchmark, batch sizes {', '.join(map(str, s['batch_sizes']))}, "
-        f"{s['iterations']} iterations after {s['warmup']} warm-up, backends interleaved",
-        *format_environment(report.environment),
-        "",
-    ]
-    e2e = report.mode == "end-to-end"
-    head = (
-        f"{'backend':<11} {'batch':>5} {'p50 ms':>9} {'p90 ms':>9} {'p99 ms':>9} {'p90/p50':>7} {'img/s':>9} "
-        f"{'vs torch':>9}"
-    )
-    head += f" {'pre':>5} {'infer':>5} {'post':>5}" if e2e else "  timer       "
-    lines += [head, "-" * len(head)]
-    for r in sorted(report.results, key=lambda r: (r.batch_size, _order(report, r.backend))):
-        st = r.stats
-        row = (
-            f"{r.backend:<11} {r.batch_size:>5} {st.p50_ms:>9.3f} {st.p90_ms:>9.3f} {st.p99_ms:>9.3f} "
-            f"{st.spread:>7.2f} {st.images_per_s:>9.1f} {_ratio(r.speedup, r.unreliable):>9}"
-        )
-        if e2e and r.phase_share:
-            row += "".join(f" {100 * r.phase_share[p]:>4.0f}%" for p in _PHASES)
-        elif not e2e:
-            row += f"  {r.timer:<12}"
-        if r.unreliable and r.speedup is not None:
-            row += f"  *unreliable: {', '.join(r.unreliable)}"
-        lines.append(row.rstrip())
-    notes = [b for b in report.backends if b["status"] != "ran"]
-    if notes:
-        lines.append("")
-        for b in notes:
-            lines.append(f"  {b['name']:<11} {b['status']}: {b['reason']}")
-    lines.append("")
-    lines.append(
-        "vs torch: eager PyTorch fp32 on the CPU p50 / this p50 at the same batch size (higher is faster)"
-        + ("; pre/infer/post: share of the end-to-end time" if e2e else "")
-    )
-    lines.append(
-        f"p90/p50: the spread of each figure; above {SPREAD_LIMIT} (or when other processes took CPU the "
-        "threads needed while timed, see contention above) a ratio is marked * unreliable"
-    )
-    if any(r.unreliable and r.speedup is not None for r in report.results):
-        lines.append(
-            "warning: ratios marked * are unreliable: their figures were disturbed while measured (most "
-            "often by other work competing for the cores: torch's OpenMP threads collapse under "
-            "contention); rerun on a quiet machine, or with fewer --threads"
-        )
-    return lines
-
-
-def _order(report: BenchReport, name: str) -> int:
-    names = [b["name"] for b in report.backends]
-    return names.index(name) if name in names else len(names)
-
-
-# ------------------------------------------------------------------------------------------------
-# the run
 
 
 def parse_batch_sizes(value: str | Sequence[int]) -> tuple[int, ...]:
@@ -450,7 +311,7 @@ def _bench_end_to_end(
     results = []
     for size in sizes:
         chunk = list(itertools.islice(itertools.cycle(files), size))
-        phases: dict[str, dict[str, list[float]]] = {n: {p: [] for p in _PHASES} for n in predictors}
+        phases: dict[str, dict[str, list[float]]] = {n: {p: [] for p in PHASES} for n in predictors}
 
         def runner(name: str) -> Callable[[], None]:
             pred = predictors[name]
@@ -473,38 +334,33 @@ def _bench_end_to_end(
         runners = {n: runner(n) for n in predictors}
         measure(runners, iterations=warmup, warmup=0, on_error=on_error)  # warm-up, phases discarded
         for rec in phases.values():
-            for p in _PHASES:
+            for p in PHASES:
                 rec[p].clear()
         times = measure(runners, iterations=iterations, warmup=0, on_error=on_error)
         for name, secs in times.items():
             rec = phases[name]
             if not secs or len(rec["preprocess"]) != len(secs):
                 continue
-            total = sum(sum(rec[p]) for p in _PHASES) or 1e-12
+            total = sum(sum(rec[p]) for p in PHASES) or 1e-12
             results.append(
                 BenchResult(
                     name,
                     size,
                     summarize(secs, size),
                     "perf_counter",
-                    phases_ms={p: 1000.0 * sum(rec[p]) / len(rec[p]) for p in _PHASES},
-                    phase_share={p: sum(rec[p]) / total for p in _PHASES},
+                    phases_ms={p: 1000.0 * sum(rec[p]) / len(rec[p]) for p in PHASES},
+                    phase_share={p: sum(rec[p]) / total for p in PHASES},
                 )
             )
     return results
 
 
 __all__ = [
-    "BASELINE",
     "DEFAULT_BATCH_SIZES",
-    "BenchReport",
     "BenchResult",
     "LatencyStats",
-    "attach_ratios",
     "cpu_model",
     "environment",
-    "format_bench_table",
-    "format_environment",
     "parse_batch_sizes",
     "percentile",
     "run_bench",
