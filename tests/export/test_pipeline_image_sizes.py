@@ -86,7 +86,7 @@ def test_a_fixed_size_export_names_its_one_size(tiny_artifacts):
 
 
 def test_tensorrt_profile_spans_the_sizes_with_the_base_as_opt():
-    from vitdeploy.export.tensorrt import plan_engine_build
+    from vitdeploy.export.engine_plan import plan_engine_build
 
     plan = plan_engine_build("m.onnx", "m.engine", chw=(3, 224, 224), image_sizes=(224, 336, 518))
     assert plan.profile_shapes() == ((1, 3, 224, 224), (8, 3, 224, 224), (32, 3, 518, 518))

@@ -29,7 +29,8 @@ import pytest
 from helpers.strict_tensorrt import StrictTrt
 
 from vitdeploy.base.errors import ArtifactError, ConfigError, ExportError
-from vitdeploy.export.tensorrt import EngineBuildPlan, build_engine, plan_engine_build, tensorrt_unavailable_reason
+from vitdeploy.export.engine_plan import EngineBuildPlan, plan_engine_build
+from vitdeploy.export.tensorrt import build_engine, tensorrt_unavailable_reason
 from vitdeploy.runtime.backends import trt as trt_backend
 from vitdeploy.runtime.backends.base import BackendOptions
 from vitdeploy.runtime.backends.trt import EngineMetadata, MachineIdentity, open_from_artifacts

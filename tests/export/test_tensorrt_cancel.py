@@ -23,7 +23,8 @@ from helpers.strict_tensorrt import StrictTrt
 
 import vitdeploy.export.tensorrt as trt_stage
 from vitdeploy.base.errors import ExportError
-from vitdeploy.export.tensorrt import build_engine, plan_engine_build
+from vitdeploy.export.engine_plan import plan_engine_build
+from vitdeploy.export.tensorrt import build_engine
 from vitdeploy.runtime.cuda import GpuIdentity
 
 H100 = GpuIdentity(0, "NVIDIA H100 80GB HBM3", "9.0")

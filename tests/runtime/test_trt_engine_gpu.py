@@ -15,7 +15,8 @@ import threading
 import numpy as np
 import pytest
 
-from vitdeploy.export.tensorrt import build_engine, plan_engine_build, tensorrt_unavailable_reason
+from vitdeploy.export.engine_plan import plan_engine_build
+from vitdeploy.export.tensorrt import build_engine, tensorrt_unavailable_reason
 from vitdeploy.runtime.backends.base import BackendOptions
 from vitdeploy.runtime.backends.trt import TrtBackend
 

@@ -88,11 +88,11 @@ def _engine_from(ctx: ExportContext, rec: StageRecord, role: str, source: str, p
 
 
 def _plan(ctx: ExportContext, graph: Path, engine_path: Path, precision: str) -> Any:
-    """The build of ``graph`` into ``engine_path`` with the export's settings (export/tensorrt.py)."""
-    from . import tensorrt as trt_stage
+    """The build of ``graph`` into ``engine_path`` with the export's settings (export/engine_plan.py)."""
+    from .engine_plan import plan_engine_build
 
     cfg, profile = ctx.cfg, ctx.cfg.export.batch
-    return trt_stage.plan_engine_build(
+    return plan_engine_build(
         graph,
         engine_path,
         input_name=INPUT_NAME,
