@@ -152,8 +152,8 @@ def export_images(model: str, cache: Path, out: Path, purpose: str = "speed") ->
     """The export's real validation images (noise rows left out) and the ones its int8 stage
     calibrated on, chosen, preprocessed and picked by the export's own functions."""
     from vitdeploy.base.config import parse_config
+    from vitdeploy.export.int8_calibration import calibration_batch
     from vitdeploy.export.pipeline import validation_images
-    from vitdeploy.export.quantize import calibration_batch
     from vitdeploy.export.validate import build_inputs
     from vitdeploy.runtime.artifacts import Artifacts
     from vitdeploy.runtime.preprocess import Preprocessor

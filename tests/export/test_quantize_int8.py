@@ -23,8 +23,9 @@ from helpers.thresholds import IMPOSSIBLE
 from vitdeploy.base.config import parse_config
 from vitdeploy.base.errors import ConfigError, RefusedStagesError, StageUnavailableError, ValidationError
 from vitdeploy.demo import IMAGES_DIR
+from vitdeploy.export.int8_calibration import calibration_batch
 from vitdeploy.export.pipeline import run_export
-from vitdeploy.export.quantize import calibration_batch, quantize_int8
+from vitdeploy.export.quantize import quantize_int8
 from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.backends import BackendOptions, open_backend
 from vitdeploy.runtime.preprocess import Preprocessor

@@ -336,7 +336,7 @@ def _speed_guard(ctx: ExportContext, target: _Int8Target, pre: Path) -> Any:
 
 def _calibration(ctx: ExportContext) -> np.ndarray:
     """The real validation images static INT8 calibrates on (ConfigError when too few)."""
-    from .quantize import calibration_batch
+    from .int8_calibration import calibration_batch
 
     section = ctx.cfg.export.int8
     return calibration_batch(
