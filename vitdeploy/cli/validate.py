@@ -96,24 +96,23 @@ def validate(
     cfg = load_config(config_path)
     if images is None and labels_file is None:
         images = cfg.resolve(cfg.validation.images)
+    judged = {  # what both modes judge, and by which thresholds
+        "images": images,
+        "labels_file": labels_file,
+        "thresholds": {key: getattr(cfg.validation, key) for key in PRECISIONS},
+        "options": runtime_options(cfg),
+        "max_pixels": cfg.runtime.max_image_pixels,
+        "image_size": image_size,
+    }
     if url is not None:
         from ..evaluate.served_report import format_served
 
-        check = _check_url(cfg, artifacts_dir, url, protocol, model, backend, images, labels_file, image_size)
+        check = _check_url(cfg, artifacts_dir, url, protocol, model, backend, judged)
         _print_report(check, format_served, artifacts_dir, as_json)
         return
     from ..evaluate.drift import format_drift_table, run_drift
 
-    report = run_drift(
-        artifacts_dir,
-        images=images,
-        labels_file=labels_file,
-        backends=backends,
-        thresholds={key: getattr(cfg.validation, key) for key in PRECISIONS},
-        options=runtime_options(cfg),
-        max_pixels=cfg.runtime.max_image_pixels,
-        image_size=image_size,
-    )
+    report = run_drift(artifacts_dir, backends=backends, **judged)
     _print_report(report, format_drift_table, artifacts_dir, as_json)
 
 
@@ -124,28 +123,16 @@ def _check_url(
     protocol: str | None,
     model: str | None,
     backend: str | None,
-    images: Path | None,
-    labels_file: Path | None,
-    image_size: int | None,
+    judged: dict[str, Any],
 ) -> Any:
     """`validate --url`: the server's answers judged against eager PyTorch (tune/served_check.py)."""
     from ..serve.auth import read_token
     from ..tune.served_check import check_served
 
     token_file = cfg.resolve(Path(cfg.serve.token_file)) if cfg.serve.token_file else None
+    token = read_token(token_file)
     return check_served(
-        artifacts_dir,
-        url,
-        protocol=protocol or "predict",
-        model=model,
-        token=read_token(token_file),
-        images=images,
-        labels_file=labels_file,
-        backend=backend,
-        thresholds={key: getattr(cfg.validation, key) for key in PRECISIONS},
-        options=runtime_options(cfg),
-        max_pixels=cfg.runtime.max_image_pixels,
-        image_size=image_size,
+        artifacts_dir, url, protocol=protocol or "predict", model=model, token=token, backend=backend, **judged
     )
 
 
