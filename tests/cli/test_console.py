@@ -1,11 +1,9 @@
-"""What the CLI prints while work runs: the heartbeat, the stage lines, the `next:` command."""
+"""What the CLI prints while work runs: the heartbeat, the stage lines, a path fitted to its column."""
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -109,47 +107,6 @@ def test_on_a_terminal_the_status_line_is_rewritten_in_place_and_a_failure_carri
     assert err.count("\n") == 2 and "the reason" not in err
     assert err.endswith("\r\x1b[K  fp16                   failed       2.5s\n")
     assert "\r\x1b[K  fp16                   ...     1s\n" in err
-
-
-@pytest.mark.parametrize(
-    "argv0, on_path, expect",
-    [
-        (".venv/bin/vitdeploy", None, ".venv/bin/vitdeploy"),  # make demo: not on PATH, run from the checkout
-        (".venv/bin/vitdeploy", ".venv/bin/vitdeploy", "vitdeploy"),  # activated venv
-    ],
-)
-def test_next_command_runs_as_printed_from_the_current_directory(tmp_path, monkeypatch, argv0, on_path, expect):
-    from vitdeploy import cli
-    from vitdeploy.base.config import parse_config
-
-    monkeypatch.chdir(tmp_path)
-    script = tmp_path / ".venv/bin/vitdeploy"
-    script.parent.mkdir(parents=True)
-    script.write_text("#!/bin/sh\n")
-    (tmp_path / "vit.safetensors").write_bytes(b"")  # the config only checks that it exists
-    monkeypatch.setattr(sys, "argv", [str(tmp_path / argv0)])
-    monkeypatch.setattr("shutil.which", lambda name: str(tmp_path / on_path) if on_path else None)
-
-    demo = cli.next_predict_command(parse_config({}, None), tmp_path / "artifacts")
-    assert demo == f"{expect} predict {_rel_demo_images()} -a artifacts"
-    mine = parse_config({"model": {"checkpoint": "vit.safetensors"}}, tmp_path / "p.yaml")
-    assert cli.next_predict_command(mine, tmp_path / "out dir") == f"{expect} predict path/to/your/images -a 'out dir'"
-    (tmp_path / "photos").mkdir()
-    with_images = parse_config(
-        {"model": {"checkpoint": "vit.safetensors"}, "validation": {"images": "photos"}}, tmp_path / "p.yaml"
-    )
-    assert (
-        cli.next_predict_command(with_images, Path("/elsewhere/art")) == f"{expect} predict photos -a /elsewhere/art"
-    )
-
-
-def _rel_demo_images() -> str:
-    import os
-
-    from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR
-
-    rel = os.path.relpath(DEMO_IMAGES_DIR)
-    return rel if not rel.startswith("..") else str(DEMO_IMAGES_DIR)
 
 
 @pytest.mark.parametrize(

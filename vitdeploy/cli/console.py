@@ -58,6 +58,10 @@ class Console:
                 self._pending = False
 
 
+#: The one console of a `vitdeploy` run: its log records, its export stages and its ``error:`` line share it.
+CONSOLE = Console()
+
+
 class ConsoleLogHandler(logging.StreamHandler):  # type: ignore[type-arg]
     """A stderr log handler that first ends the console's pending status line."""
 
@@ -101,28 +105,6 @@ class StageReporter:
         self.console.line(f"  {rec.name:<{STAGE_WIDTH}} {rec.status:<8} {rec.seconds:7.1f}s  {detail}".rstrip())
         for line in getattr(rec, "details", ()):  # e.g. the model stage: what was understood, and from where
             self.console.line(f"    {line}")
-
-
-#: -a/--artifacts of the commands that read an export folder from the local disk (validate, bench).
-artifacts_option = click.option(
-    "-a",
-    "--artifacts",
-    "artifacts_dir",
-    type=click.Path(path_type=Path, readable=False),
-    default=Path("artifacts"),
-    show_default=True,
-    help="directory written by `vitdeploy export`",
-)
-
-#: -a/--artifacts of the commands whose export folder defaults to export.output_dir from the config
-export_folder_option = click.option(
-    "-a",
-    "--artifacts",
-    "artifacts_dir",
-    type=click.Path(path_type=Path, readable=False),
-    default=None,
-    help="directory written by `vitdeploy export` (default: export.output_dir from the config)",
-)
 
 
 def file_size(path: Path) -> str:

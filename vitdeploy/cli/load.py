@@ -1,7 +1,4 @@
-"""`vitdeploy loadtest` and `vitdeploy tune`: load on a server, and serving settings chosen by measuring it.
-
-The commands are registered by ``cli/__init__.py``, which wraps each callback in its one error handler.
-"""
+"""`vitdeploy loadtest` and `vitdeploy tune`: load on a server, and serving settings chosen by measuring it."""
 
 from __future__ import annotations
 
@@ -11,7 +8,8 @@ from pathlib import Path
 import click
 
 from ..serve.auth import TOKEN_ENV
-from .console import export_folder_option, refresh_report
+from .console import refresh_report
+from .options import export_folder_option, runtime_options
 
 
 @click.command("loadtest")
@@ -168,7 +166,6 @@ def tune(
     Ctrl-C stops it cleanly: the server stops, the best so far is written."""
     from ..base.config import load_config
     from ..base.vocab import AUTO
-    from ..runtime.backends.base import BackendOptions
     from ..tune.loadtest import parse_duration
     from ..tune.overlay import write_outputs
     from ..tune.tuner import TunePlan, run_tune
@@ -185,9 +182,7 @@ def tune(
         out=out,
         max_trials=trials,
     )
-    result = run_tune(
-        cfg, plan, BackendOptions.from_runtime(cfg.runtime), progress=lambda line: click.echo(line, err=True)
-    )
+    result = run_tune(cfg, plan, runtime_options(cfg), progress=lambda line: click.echo(line, err=True))
     overlay, report = write_outputs(result, artifacts, out)
     if result.best is None and result.stopped != "interrupted":
         from ..base.errors import ConfigError

@@ -1,7 +1,4 @@
-"""`vitdeploy rollout`: a new export onto a running `vitdeploy serve`, promoted or rolled back on live traffic.
-
-The command is registered by ``cli/__init__.py``, which wraps its callback in the one error handler.
-"""
+"""`vitdeploy rollout`: a new export onto a running `vitdeploy serve`, promoted or rolled back on live traffic."""
 
 from __future__ import annotations
 
@@ -13,6 +10,7 @@ import click
 
 from ..base.vocab import AUTO, RUNTIME_BACKENDS
 from ..serve.auth import TOKEN_ENV
+from .options import runtime_options
 
 _COUNT = re.compile(r"^\s*\d+\s*$")
 
@@ -102,7 +100,6 @@ def rollout(
     back (the live version never stopped), by what it answered. One line says which and why."""
     from ..base.config import load_config
     from ..base.errors import BackendError, ConfigError, ValidationError
-    from ..runtime.backends.base import BackendOptions
     from ..serve.auth import read_token
     from ..tune.loadtest import parse_duration
     from ..tune.rollout import RolloutPlan, format_status, rollout_status, run_rollout
@@ -134,9 +131,7 @@ def rollout(
     )
     if plan.shadow_requests is not None and plan.shadow_requests < 1:
         raise ConfigError("--shadow 0: copy at least one request (or give a time, e.g. 2m)")
-    result = run_rollout(
-        cfg, plan, BackendOptions.from_runtime(cfg.runtime), progress=lambda line: click.echo(line, err=True)
-    )
+    result = run_rollout(cfg, plan, runtime_options(cfg), progress=lambda line: click.echo(line, err=True))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
     for note in result.notes:
