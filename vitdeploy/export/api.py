@@ -38,7 +38,8 @@ def export_model(
 
     Raises the package's typed errors (``vitdeploy.base.errors``): ConfigError (the config, a model that
     names nothing), CheckpointError / HubError (the checkpoint), ExportError, ValidationError (an artifact
-    drifted past ``validation.*``: nothing is kept but ``export-report.json``), WriteError (the disk), and
+    drifted past ``validation.*``: ``output_dir`` keeps its previous export, with ``export-report.json`` and the
+    ``*.rejected`` file beside it), MissingDependencyError, WriteError (the disk), and
     RefusedStagesError when a stage asked for explicitly could not be met: the export is written without its
     artifacts and the error's ``.result`` is this function's result.
     """
