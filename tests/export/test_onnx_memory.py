@@ -61,3 +61,17 @@ def test_no_parameter_outlives_the_module_when_the_exporters_rules_are_frozen(ti
             assert alive == 0, f"export {n + 2}: {alive} of {total} parameters still referenced after the module went"
     finally:
         gc.unfreeze()
+
+
+def test_every_pattern_matcher_alive_is_found_from_onnxscripts_modules(tiny_checkpoint, tmp_path):
+    """The route _forget_last_matches takes to the matchers (the rewriter's modules, not the collector) reaches
+    every matcher the exporter left alive: a new home for onnxscript's rules fails here, not as a silent leak."""
+    from onnxscript.rewriter._matcher import PatternMatcher
+
+    from vitdeploy.export.onnx import _rewrite_matchers
+
+    gc.unfreeze()
+    _export_and_count_survivors(tiny_checkpoint, tmp_path / "model.onnx")
+    rewriter = [o for o in gc.get_objects() if str(getattr(type(o), "__module__", "")).startswith("onnxscript.")]
+    alive = {id(obj) for obj in rewriter if isinstance(obj, PatternMatcher)}
+    assert alive and alive <= {id(m) for m in _rewrite_matchers()}

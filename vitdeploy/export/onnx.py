@@ -141,7 +141,8 @@ def _rewrite_matchers() -> list[Any]:
     if rules_mod is None:  # the rewriter never ran in this process: nothing it matched
         return []
     rule_type, set_type = rules_mod.RewriteRule, rules_mod.RewriteRuleSet
-    stack = [vars(m) for name, m in list(sys.modules.items()) if name.startswith("onnxscript.") and m is not None]
+    modules = [m for name, m in list(sys.modules.items()) if name.startswith("onnxscript.")]
+    stack: list[Any] = [m.__dict__ for m in modules if isinstance(getattr(m, "__dict__", None), dict)]
     seen: set[int] = set()
     found: list[Any] = []
     while stack:
