@@ -1,5 +1,18 @@
 """vitdeploy: a PyTorch Vision Transformer to a validated ONNX model, an FP16 TensorRT engine and
-one runtime that serves every backend with the same preprocessing."""
+one runtime that serves every backend with the same preprocessing.
+
+The Python API (docs/api.md), what the ``vitdeploy export`` and ``vitdeploy predict`` commands call::
+
+    import vitdeploy
+
+    result = vitdeploy.export("google/vit-base-patch16-224", "out/", config={"export": {"int8": {"enabled": False}}})
+    print(result.manifest.validation["validate-onnx"]["passed"])
+    with vitdeploy.Predictor.open("out/") as predictor:
+        print(predictor.predict("cat.jpg")[0].label)
+
+``import vitdeploy`` stays light: ``export`` and ``Predictor`` import the export (torch) and the runtime (ONNX
+Runtime) on first use.
+"""
 
 import importlib
 import importlib.abc
@@ -7,7 +20,7 @@ import importlib.util
 import sys
 import warnings
 
-__version__ = "0.1.0"
+from .base.version import __version__
 
 #: Module paths of the previous release, kept for one release as deprecated aliases of their new home
 #: (``import vitdeploy.errors`` still works, with a DeprecationWarning naming the new path).
@@ -55,3 +68,22 @@ class _MovedModule(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 # First, so that an old subpackage path (vitdeploy.model.readers.hf) is this alias, not a second copy of
 # the module the path finder would load from the new package's folder.
 sys.meta_path.insert(0, _MovedModule())
+
+
+def __getattr__(name: str):  # noqa: ANN202 - the module protocol (PEP 562): the API, imported on first use
+    if name == "export":
+        import vitdeploy.export as package  # the package is the function: vitdeploy.export(model, output_dir)
+
+        return package
+    if name == "Predictor":
+        from .runtime.predictor import Predictor
+
+        return Predictor
+    raise AttributeError(f"module 'vitdeploy' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+__all__ = ["MOVED_MODULES", "Predictor", "__version__", "export"]

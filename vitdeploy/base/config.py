@@ -11,8 +11,9 @@ in ``serving_sections.py``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Mapping, Optional, Union
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
@@ -286,3 +287,18 @@ def load_config(path: Optional[Path | str] = None) -> PipelineConfig:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     return parse_config(load_yaml_file(path), path)
+
+
+def config_from(source: "PipelineConfig | Mapping[str, Any] | str | os.PathLike[str] | None") -> PipelineConfig:
+    """The pipeline config a caller holds: a :class:`PipelineConfig` as it is, a mapping of sections
+    (validated as a pipeline.yaml's, relative paths against the current folder), a pipeline YAML's path, or
+    None (:func:`load_config`: ./pipeline.yaml where it exists, else the defaults)."""
+    if isinstance(source, PipelineConfig):
+        return source
+    if isinstance(source, Mapping):
+        return parse_config(dict(source), None)
+    if source is None or isinstance(source, (str, os.PathLike)):
+        return load_config(source)
+    raise ConfigError(
+        f"config: a pipeline.yaml path, a mapping of its sections or a PipelineConfig, got a {type(source).__name__}"
+    )

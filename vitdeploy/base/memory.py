@@ -9,6 +9,7 @@ protobuf's copies included, which Python's tracemalloc does not.
 from __future__ import annotations
 
 import contextlib
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -59,28 +60,50 @@ def give_back() -> None:
         pass
 
 
+#: Whether a :func:`heap_frozen` block froze the heap (and so may unfreeze it): the collector's permanent
+#: generation is one for the whole process, and ``gc.unfreeze`` empties all of it.
+_frozen_by_us = False
+_freeze_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def heap_frozen() -> Iterator[None]:
     """Leave what the process held before the block out of every garbage collection inside it
     (``gc.freeze``): the libraries already imported are never garbage, and walking their millions of
     objects made each :func:`give_back` cost a third of a second (17 of them per export). What the block
-    creates is collected as before; the frozen objects rejoin the collector when it ends."""
+    creates is collected as before; the frozen objects rejoin the collector when it ends.
+
+    Only a heap nobody froze is frozen, and only what this block froze is unfrozen: where the host process
+    froze its own heap (a pre-fork server's ``gc.freeze()``), or another block already froze it (an export
+    inside an export, two in threads), the block freezes nothing and unfreezes nothing (``gc.unfreeze`` is
+    global: it would hand the host's frozen objects back to the collector)."""
     import gc
 
-    gc.freeze()
+    global _frozen_by_us
+    with _freeze_lock:
+        ours = gc.get_freeze_count() == 0
+        if ours:
+            gc.freeze()
+            _frozen_by_us = True
     try:
         yield
     finally:
-        gc.unfreeze()
+        if ours:
+            with _freeze_lock:
+                _frozen_by_us = False
+                gc.unfreeze()
 
 
 def refreeze() -> None:
     """Inside :func:`heap_frozen`: collect what is garbage now, then freeze what is left too (after a step
-    that imported large libraries; what is alive now must not be freed later by the cycle collector alone)."""
+    that imported large libraries; what is alive now must not be freed later by the cycle collector alone).
+    Where the block froze nothing (the heap was the host's to freeze), only the collection."""
     import gc
 
     give_back()
-    gc.freeze()
+    with _freeze_lock:
+        if _frozen_by_us:
+            gc.freeze()
 
 
 def available_bytes() -> int | None:

@@ -12,7 +12,7 @@ import logging
 
 import click
 
-from .. import __version__
+from ..base.version import __version__
 from . import batch, bench, export, info, load, predict, report, rollout, serve, triton, validate
 from .console import CONSOLE, ConsoleLogHandler
 from .errors import ErrorMappingGroup

@@ -42,16 +42,17 @@ def export(
     hf-hub:timm/<model>.<tag>; default: model.checkpoint of the config): ONNX, FP16 ONNX, TensorRT engine,
     validation, manifest."""
     from ..base.config import load_config
-    from ..export.pipeline import run_export
+    from ..export.api import export_model
 
-    cfg = load_config(config_path).with_checkpoint(model, revision)
-    click.echo(f"exporting to {out_dir or cfg.output_dir}", err=True)
+    cfg = load_config(config_path)
+    shown = cfg.with_checkpoint(model, revision)  # what the export will run: for the lines printed around it
+    click.echo(f"exporting to {out_dir or shown.output_dir}", err=True)
     try:
-        result = run_export(cfg, out_dir, engine=engine, on_stage=StageReporter(CONSOLE))  # type: ignore[arg-type]
+        result = export_model(model, out_dir, cfg, revision=revision, engine=engine, on_stage=StageReporter(CONSOLE))  # type: ignore[arg-type]
     except RefusedStagesError as exc:  # written without what was refused: list it, then the error line
-        _print_export(cfg, exc.result)
+        _print_export(shown, exc.result)
         raise
-    _print_export(cfg, result)
+    _print_export(shown, result)
 
 
 def _memory_terms(peak: int, record: dict[str, int]) -> str:

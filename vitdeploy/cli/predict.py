@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from .console import fit_path
-from .options import backend_option, config_option, export_folder_option, runtime_options
+from .options import backend_option, config_option, export_folder_option
 
 
 @click.command("predict")
@@ -53,12 +53,7 @@ def predict(
     cfg = load_config(config_path)
     rt = cfg.runtime
     top_k = top_k or rt.top_k
-    predictor = Predictor.from_artifacts(
-        artifacts_dir or cfg.output_dir,
-        backend=backend or rt.backend,
-        options=runtime_options(cfg),
-        max_pixels=rt.max_image_pixels,
-    ).at_size(image_size)
+    predictor = Predictor.open(artifacts_dir, config=cfg, backend=backend, image_size=image_size)
     click.echo(f"backend: {predictor.backend_name} ({predictor.why})", err=True)
     failed = 0
     show_progress = not as_json and sys.stderr.isatty()

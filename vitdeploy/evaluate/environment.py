@@ -5,8 +5,8 @@ from __future__ import annotations
 import platform
 from typing import Iterator
 
-from .. import __version__
 from ..base._deps import available
+from ..base.version import __version__
 from ..base.vocab import BACKEND_KINDS, ORT_FP16, RUNTIME_BACKENDS, TORCH_FP16
 
 

@@ -7,9 +7,9 @@ import datetime as _dt
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from .. import __version__
 from ..base._deps import available
 from ..base._files import write_json_atomic
+from ..base.version import __version__
 from ..runtime.artifacts import MANIFEST_FORMAT, MANIFEST_NAME, MANIFEST_VERSION, sha256_file
 
 

@@ -8,12 +8,12 @@ fixed to the configured image size; the batch axis is named ``batch``.
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
 import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -123,13 +123,42 @@ def _forget_last_matches() -> None:
     (module-level objects) keep their last match, and through it a graph of the export whose values wrap
     the module's parameters: the eager model's weights outlived the model (measured: all 345 MB of
     ViT-B/16's, after the export had let the model go). The matchers' state is per match (a rule sets it
-    again before its next use): it is cleared here, once the serialized graph is made."""
-    for obj in gc.get_objects():
-        module = str(getattr(type(obj), "__module__", ""))
-        if module.startswith("onnxscript.rewriter") and hasattr(obj, "_current_node"):
-            for name in ("_current_node", "_graph", "_match"):
-                if hasattr(obj, name):
-                    setattr(obj, name, None)
+    again before its next use): it is cleared here, once the serialized graph is made.
+
+    The rules are found from onnxscript's modules (:func:`_rewrite_matchers`), not among the collector's
+    objects: those a frozen heap holds (the export's ``gc.freeze``, from a process's second export on; a
+    host's own) are invisible to ``gc.get_objects``."""
+    for matcher in _rewrite_matchers():
+        for name in ("_current_node", "_graph", "_match", "_tracer"):
+            if name in vars(matcher):
+                setattr(matcher, name, None)
+
+
+def _rewrite_matchers() -> list[Any]:
+    """The pattern matchers of every rewrite rule that onnxscript's imported modules hold (in their
+    globals, in lists, tuples, dicts and rule sets): where the rewriter keeps its rules between calls."""
+    rules_mod = sys.modules.get("onnxscript.rewriter._rewrite_rule")
+    if rules_mod is None:  # the rewriter never ran in this process: nothing it matched
+        return []
+    rule_type, set_type = rules_mod.RewriteRule, rules_mod.RewriteRuleSet
+    modules = [m for name, m in list(sys.modules.items()) if name.startswith("onnxscript.")]
+    stack: list[Any] = [m.__dict__ for m in modules if isinstance(getattr(m, "__dict__", None), dict)]
+    seen: set[int] = set()
+    found: list[Any] = []
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+        elif isinstance(obj, set_type):
+            stack.extend(getattr(obj, "rules", ()))
+        elif isinstance(obj, rule_type) and getattr(obj, "_matcher", None) is not None:
+            found.append(obj._matcher)
+    return found
 
 
 def save_onnx_atomic(proto: Any, path: Path, *, external: bool, check: bool = True) -> OnnxArtifact:

@@ -23,6 +23,7 @@ export).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from ..base import memory
 from ..base.config import PipelineConfig
 from ..base.errors import ExportError, RefusedStagesError, ValidationError, WriteError
 from ..base.vocab import ARTIFACT_FILES, EXPORT_REPORT_NAME, MANIFEST_NAME, TIMING_CACHE_NAME
+from ..runtime.manifest_schema import Manifest, parse_manifest, read_json_bounded
 from . import memory_budget
 from .context import EngineMode, ExportContext, StageCallback, StageRecord
 from .core_stages import MANIFEST, MODEL, ONNX, ORT_OPTIMIZE, REFERENCE, reference_logits, validation_images
@@ -70,6 +72,9 @@ _OUR_NAMES = {
 
 @dataclass
 class ExportResult:
+    """What an export wrote (``vitdeploy.export`` returns it): the folder, each artifact's path by role, every
+    gate's validation, the stages' records, what was refused, the memory it measured, and the manifest."""
+
     out_dir: Path
     stages: list[StageRecord]
     artifacts: dict[str, Path]
@@ -77,6 +82,14 @@ class ExportResult:
     manifest_path: Path | None
     refused: list[dict[str, Any]] = field(default_factory=list)  # requested stages not met (Refusal.to_dict)
     memory: dict[str, int] = field(default_factory=dict)  # weights_bytes, held_without_model_bytes
+
+    @functools.cached_property
+    def manifest(self) -> Manifest:
+        """manifest.json as written, typed (runtime/manifest_schema.py: ``.artifacts``, ``.labels``, ``.io``,
+        ``.validation``, ``.stages``...; ``.model_dump()`` is the JSON's dict), read once."""
+        if self.manifest_path is None:
+            raise ExportError(f"the export in {self.out_dir} wrote no manifest")
+        return parse_manifest(read_json_bounded(self.manifest_path, "manifest"), self.manifest_path)
 
 
 # -- the loop ---------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The Predictor: artifacts + one backend + the manifest's preprocessing, for every backend alike.
 
-    with Predictor.from_artifacts("out/") as p:          # backend="auto": trt > ort-fp16 > ort > torch
+    with Predictor.open("out/") as p:          # runtime.backend: auto: trt > ort-fp16 > ort > torch
         print(p.backend_name, p.why)
         for pred in p.predict(["cat.jpg", "dog.png"], top_k=3):
             print(pred.label, pred.score)
@@ -184,6 +184,38 @@ class Predictor:
         describe = runner.describe()
         log.info("%s: backend %s (%s) - %s", artifacts.name, name, describe, why)
         return cls(artifacts, runner, backend_name=name, why=why, max_pixels=max_pixels)
+
+    @classmethod
+    def open(
+        cls,
+        artifacts: str | os.PathLike[str] | None = None,
+        *,
+        config: Any = None,
+        backend: str | None = None,
+        image_size: int | None = None,
+    ) -> "Predictor":
+        """The export folder ``artifacts`` (None: the config's ``export.output_dir``) opened as ``config``'s
+        ``runtime`` section asks (backend, providers, threads, image limit): what ``vitdeploy predict`` opens.
+
+        ``config``: a pipeline.yaml path, a mapping of its sections, a PipelineConfig, or None (./pipeline.yaml
+        where the current folder has one, else the defaults). ``backend``: "auto" or one of
+        vocab.RUNTIME_BACKENDS (None: ``runtime.backend``, auto by default). ``image_size``: an export for
+        several sizes at another listed size (:meth:`at_size`)."""
+        from ..base.config import config_from
+
+        cfg = config_from(config)
+        runtime = cfg.runtime
+        opened = cls.from_artifacts(
+            artifacts if artifacts is not None else cfg.output_dir,
+            backend=backend or runtime.backend,
+            options=BackendOptions.from_runtime(runtime),
+            max_pixels=runtime.max_image_pixels,
+        )
+        try:
+            return opened.at_size(image_size)
+        except BaseException:
+            opened.close()
+            raise
 
     def at_size(self, size: int | None) -> "Predictor":
         """This predictor at another size an export for several sizes answers at (manifest image_sizes): the

@@ -247,7 +247,7 @@ class KServeGrpcMethods:
         return _pb().ServerReadyResponse(ready=True)
 
     async def ServerMetadata(self, request: Any, grpc_context: Any = None) -> Any:  # noqa: N802
-        from .. import __version__
+        from ..base.version import __version__
 
         if not self._allowed(grpc_context):
             return _pb().ServerMetadataResponse()

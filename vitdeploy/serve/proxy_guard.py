@@ -296,7 +296,7 @@ class ProxyGuard:
             if models:
                 return await _answer(send, 200)
             return await answer_error(send, UnavailableError("no model is ready yet"))
-        from .. import __version__
+        from ..base.version import __version__
 
         body = json.dumps(
             {

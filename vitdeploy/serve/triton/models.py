@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ... import __version__
 from ...base.errors import first_line
+from ...base.version import __version__
 from ..http_errors import MAX_REASON
 from ..image_sizes import requested_size
 from ..protocol import IMAGE_SIZE_PARAM, INPUT, LOGITS, TOPK_LABELS, TOPK_SCORES, RequestError, images_from_tensor

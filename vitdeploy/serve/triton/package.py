@@ -30,7 +30,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Iterable, Mapping
 
-from ... import __version__
+from ...base.version import __version__
 from .versions import IMAGE
 
 WHEELS_DIR = "wheels"

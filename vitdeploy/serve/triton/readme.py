@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ... import __version__
+from ...base.version import __version__
 from ..protocol import EMBEDDINGS, IMAGE_SIZE_PARAM, PATCH_TOKENS, output_tensors
 from . import config as tc
 from .versions import IMAGE, container_release

@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from ... import __version__
 from ...base.errors import ArtifactError, ConfigError
+from ...base.version import __version__
 from ...runtime.artifacts import MANIFEST_NAME, Artifacts
 from ..protocol import model_name
 from . import config as tc
