@@ -58,6 +58,7 @@ class BatchSettings:
     cache_dir: str | None = None
     embedding_dtype: str = EMBEDDING_DTYPES[0]  # an embedding export's vectors in the output
     patch_tokens: bool = False  # an export with patch tokens: a patch_tokens column beside each vector
+    verify_key: str | None = None  # runtime.verify.public_key: only an export that key signed (runtime/signature.py)
 
 
 @dataclass
@@ -149,8 +150,12 @@ def _open_artifacts(settings: BatchSettings) -> Any:
     if is_uri(settings.artifacts):
         from ..runtime.artifact_transfer import fetch_uri
 
+        if settings.verify_key is not None:
+            from ..runtime.signature import verify_uri
+
+            verify_uri(settings.artifacts, settings.verify_key)
         return fetch_uri(settings.artifacts, functools.partial(shipped_roles, settings.backend), settings.cache_dir)
-    return Artifacts.open(settings.artifacts)
+    return Artifacts.open(settings.artifacts, public_key=settings.verify_key)
 
 
 def _rows_of(artifacts: Any, settings: BatchSettings) -> Any:
@@ -431,6 +436,7 @@ def batch_settings_from_config(
         cache_dir=os.fspath(cache) if cache is not None else None,
         embedding_dtype=bt.embedding_dtype,
         patch_tokens=bt.patch_tokens,
+        verify_key=os.fspath(cfg.verify_key) if cfg.verify_key is not None else None,
     )
     return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
 

@@ -31,6 +31,7 @@ from .console import (
     fit_path,
     refresh_report,
 )
+from .sign import sign, sign_key_option, verify_key_option
 
 _CONSOLE = Console()
 
@@ -178,9 +179,15 @@ def config_reference() -> None:
     show_default=True,
     help="TensorRT engine: build when TensorRT and a CUDA GPU exist (auto), fail without them (require), never (skip)",
 )
+@sign_key_option
 @handle_errors
 def export(
-    model: str | None, revision: str | None, config_path: Path | None, out_dir: Path | None, engine: str
+    model: str | None,
+    revision: str | None,
+    config_path: Path | None,
+    out_dir: Path | None,
+    engine: str,
+    sign_key: Path | None,
 ) -> None:
     """Export MODEL (a checkpoint file or folder, or a Hugging Face Hub name: org/name[@revision],
     hf-hub:timm/<model>.<tag>; default: model.checkpoint of the config): ONNX, FP16 ONNX, TensorRT engine,
@@ -191,7 +198,13 @@ def export(
     cfg = load_config(config_path).with_checkpoint(model, revision)
     click.echo(f"exporting to {out_dir or cfg.output_dir}", err=True)
     try:
-        result = run_export(cfg, out_dir, engine=engine, on_stage=StageReporter(_CONSOLE))  # type: ignore[arg-type]
+        result = run_export(
+            cfg,
+            out_dir,
+            engine=engine,
+            on_stage=StageReporter(_CONSOLE),
+            sign_key=sign_key,  # type: ignore[arg-type]
+        )
     except RefusedStagesError as exc:  # written without what was refused: list it, then the error line
         _print_export(cfg, exc.result)
         raise
@@ -212,6 +225,8 @@ def _print_export(cfg: Any, result: Any) -> None:
     for role, path in result.artifacts.items():
         click.echo(f"  {role:<15} {path}  ({file_size(path)})")
     click.echo(f"  {'manifest':<15} {result.manifest_path}")
+    if result.signature is not None:
+        click.echo(f"  {'signature':<15} {result.signature.path}  (by {result.signature.short_signer})")
     for refusal in result.refused:
         click.echo(f"  refused: {', '.join(refusal['artifacts'])} ({refusal['stage']})")
     peaks = [s for s in result.stages if getattr(s, "peak_rss", None)]
@@ -292,6 +307,7 @@ def _self_command() -> str:
     default=None,
     help="run at this side, one of the sizes an export for several sizes answers at (default: its base size)",
 )
+@verify_key_option
 @config_option
 @handle_errors
 def predict(
@@ -303,6 +319,7 @@ def predict(
     as_json: bool,
     patch_tokens: bool,
     image_size: int | None,
+    verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
     """Classify images (files or directories) with the exported model (an embedding model: their vectors)."""
@@ -310,7 +327,7 @@ def predict(
     from ..runtime.batch_predict import predict_paths
     from ..runtime.predictor import Predictor
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path).with_verify_key(verify_key)
     rt = cfg.runtime
     top_k = top_k or rt.top_k
     predictor = Predictor.from_artifacts(
@@ -318,6 +335,7 @@ def predict(
         backend=backend or rt.backend,
         options=runtime_options(cfg),
         max_pixels=rt.max_image_pixels,
+        public_key=cfg.verify_key,
     ).at_size(image_size)
     click.echo(f"backend: {predictor.backend_name} ({predictor.why})", err=True)
     failed = 0
@@ -407,6 +425,7 @@ def predict(
     help="an export with model.patch_tokens: a patch_tokens column beside each vector (default: batch.patch_tokens)",
 )
 @click.option("--resume", is_flag=True, help="continue an existing output: inputs already answered are skipped")
+@verify_key_option
 @config_option
 @handle_errors
 def batch_predict(
@@ -421,6 +440,7 @@ def batch_predict(
     embedding_dtype: str | None,
     patch_tokens: bool | None,
     resume: bool,
+    verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
     """Classify (or embed) image collections on Ray Data: files, folders, globs, list files (.txt/.csv/.parquet),
@@ -428,7 +448,7 @@ def batch_predict(
     from ..base.config import load_config
     from ..batch.job import batch_settings_from_config, run_batch
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path).with_verify_key(verify_key)
     settings = batch_settings_from_config(
         cfg,
         inputs,
@@ -709,6 +729,7 @@ def bench(
     "--no-images", is_flag=True, help="leave the flipped images' thumbnails out (data that must not be copied)"
 )
 @click.option("--json", "as_json", is_flag=True, help="print the recommendation and the figures behind it as JSON")
+@verify_key_option
 @config_option
 @handle_errors
 def report_cmd(
@@ -717,12 +738,15 @@ def report_cmd(
     bench_mode: str,
     no_images: bool,
     as_json: bool,
+    verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
     """One self-contained HTML page: accuracy and speed of every backend here, and what to deploy."""
+    from ..base.config import load_config
     from ..evaluate.report import write_report
 
-    path, rec, facts = write_report(artifacts_dir, out_path, bench=bench_mode, images=not no_images)
+    key = load_config(config_path).with_verify_key(verify_key).verify_key  # the signature's line: verified or not
+    path, rec, facts = write_report(artifacts_dir, out_path, bench=bench_mode, images=not no_images, public_key=key)
     if as_json:
         click.echo(
             json.dumps(
@@ -798,6 +822,7 @@ def report_cmd(
     default=None,
     help="write a KubeRay RayService manifest with that config and exit",
 )
+@verify_key_option
 @config_option
 @handle_errors
 def serve(
@@ -813,6 +838,7 @@ def serve(
     name: str | None,
     write_config: Path | None,
     write_rayservice: Path | None,
+    verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
     """Serve the model over HTTP on Ray Serve: POST /predict, the KServe v2 protocol, dynamic batching.
@@ -825,7 +851,7 @@ def serve(
     from ..serve.auth import digest, read_token
     from ..serve.runner import LOOPBACK, ServeSettings, run_server
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path).with_verify_key(verify_key)
     sv = cfg.serve
     token = read_token(cfg.resolve(sv.token_file) if sv.token_file else None)
     exposed = write_rayservice is not None or (host or sv.host) not in LOOPBACK
@@ -905,6 +931,7 @@ def serve(
     help="add the export as the next version folder of every model of the repository OUT (same model; the "
     "live version untouched, the ensemble then calls the new one: see OUT/README.md for the switch)",
 )
+@verify_key_option
 @config_option
 @handle_errors
 def triton_repo(
@@ -918,6 +945,7 @@ def triton_repo(
     top_k: int | None,
     force: bool,
     new_version: bool,
+    verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
     """Generate a Triton model repository (ensemble: image bytes -> logits + top-k) from an export."""
@@ -929,7 +957,7 @@ def triton_repo(
     if force and new_version:
         raise ConfigError("--force replaces OUT, --new-version adds to it: pass one of them")
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path).with_verify_key(verify_key)
     overrides = {
         "inference": inference,
         "instances": instances,
@@ -975,7 +1003,7 @@ def _register(*commands: click.Command) -> None:
 from .load import loadtest, tune  # noqa: E402 - registered after main exists
 from .rollout import rollout  # noqa: E402
 
-_register(loadtest, tune, rollout)
+_register(loadtest, tune, rollout, sign)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -149,12 +149,24 @@ class Artifacts:
     # ---------------------------------------------------------------- opening
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str], *, verify: bool = True) -> "Artifacts":
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        verify: bool = True,
+        public_key: str | os.PathLike[str] | None = None,
+    ) -> "Artifacts":
         """Read and validate ``directory/manifest.json``; with ``verify`` check every listed file.
 
         ArtifactError (exit 2) when the directory or manifest is unusable; ArtifactIntegrityError
-        when a listed file is missing, tampered with or contradicts the manifest."""
+        when a listed file is missing, tampered with or contradicts the manifest. ``public_key``
+        (runtime.verify, ``--verify-key``): first the folder's signature (runtime/signature.py), before
+        a byte of the manifest is read; SignatureError when it is unsigned, signed by another key or changed."""
         if isinstance(directory, Artifacts):
+            if public_key is not None:
+                from .signature import verify_export
+
+                verify_export(directory.directory, public_key)
             if verify:
                 directory.verify_all()
             return directory
@@ -171,6 +183,10 @@ class Artifacts:
                 f"{path}: cannot read the artifact directory (permission denied); make it readable "
                 f"by this user (e.g. chmod a+rx)"
             )
+        if public_key is not None:
+            from .signature import verify_export
+
+            verify_export(path, public_key)
         if not manifest_path.is_file():
             raise ArtifactError(
                 f"{manifest_path} not found: {path} is not an export directory; {_FIX} with --out {path}"
