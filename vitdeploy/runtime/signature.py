@@ -176,11 +176,10 @@ def sign_export(directory: str | os.PathLike[str], private_key: str | os.PathLik
     load_private_key(key_path)  # one line naming the key file before any hashing
     ms = require("model_signing", "signing an export")
     hashing = ms.hashing.Config().use_file_serialization(hashing_algorithm=HASH).set_ignored_paths(paths=UNSIGNED)
-    password = os.environ.get(PASSWORD_ENV) or None
+    password = os.environ.get(PASSWORD_ENV)
+    secret = password.encode("utf-8") if password else None  # bytes: the library hands it to cryptography as it is
     config = (
-        ms.signing.Config()
-        .set_hashing_config(hashing)
-        .use_elliptic_key_signer(private_key=key_path, password=password)
+        ms.signing.Config().set_hashing_config(hashing).use_elliptic_key_signer(private_key=key_path, password=secret)
     )
     with tempfile.TemporaryDirectory(prefix="vitdeploy-sign-") as tmp:  # never a file in the folder being hashed
         bundle = Path(tmp) / SIGNATURE_NAME
