@@ -17,6 +17,7 @@ import io
 from pathlib import Path
 from typing import Any, Iterable
 
+from ...base.vocab import SIGNATURE_NAME
 from .facts import AccuracyRow, Facts
 from .recommend import Recommendation, serve_command
 from .serving import serving_section
@@ -318,7 +319,9 @@ def _signature(facts: Facts) -> str:
     sig = facts.signature
     head = "<h2 id='signature'>Signature</h2>"
     if sig is None:
-        return head + "<p class='muted'>Unsigned: no model.sig (`vitdeploy sign EXPORT --key PRIVATE.pem`).</p>"
+        return (
+            head + f"<p class='muted'>Unsigned: no {SIGNATURE_NAME} (`vitdeploy sign EXPORT --key PRIVATE.pem`).</p>"
+        )
     verdict = {True: "verified", False: "REFUSED", None: "not verified"}[sig.get("verified")]
     files = sig.get("files") or []
     rows = [
@@ -328,7 +331,7 @@ def _signature(facts: Facts) -> str:
         ("not covered", ", ".join(sig.get("ignored") or []) or "-"),
         (verdict, sig.get("why", "")),
     ]
-    return head + _table(("", ""), rows)
+    return head + _table((SIGNATURE_NAME, ""), rows)
 
 
 def _fields(value: Any) -> str:
