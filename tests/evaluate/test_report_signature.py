@@ -37,7 +37,7 @@ def test_the_report_shows_who_signed_what_and_whether_it_was_verified(tiny_artif
     fingerprint = verify_export(folder, public).verified_with
     shown = report(folder)
     assert fingerprint in shown and "not verified" in shown
-    assert "5 file(s), blake3: manifest.json, model.fp16.onnx, model.json, model.onnx, model.safetensors" in shown
+    assert "5 file(s), sha256: manifest.json, model.fp16.onnx, model.json, model.onnx, model.safetensors" in shown
     assert "report.html" in shown.split("not covered")[1]  # the page itself is written after signing
     verified = report(folder, "--verify-key", public)
     assert "verified" in verified and "not verified" not in verified and "REFUSED" not in verified

@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from vitdeploy.cli import main
 from vitdeploy.runtime.artifacts import Artifacts
 from vitdeploy.runtime.signature import UNSIGNED, read_signature, sign_export, verify_export
 
-model_signing = pytest.importorskip("model_signing", reason="the [sign] extra (model-signing) is not installed")
+pytest.importorskip("model_signing", reason="the [sign] extra (model-signing) is not installed")
 
 IMAGE = str(GOOD_IMAGES[0])
 
@@ -154,16 +156,21 @@ def test_what_our_commands_write_later_and_files_added_after_signing_do_not_brea
     assert verify_export(export, keys["mine.pub"]).verified_with
 
 
-def test_the_library_own_verifier_accepts_the_signature(signed, keys):
-    """Interoperable: model-signing's verifier, as `model_signing verify key` runs it, checks our model.sig."""
-    model_signing.verifying.Config().use_elliptic_key_verifier(public_key=keys["mine.pub"]).verify(
-        signed, signed / SIGNATURE_NAME
-    )
+def test_the_library_own_command_verifies_the_signature(signed, keys):
+    """Interoperable: `model_signing verify key`, as a platform team runs it, checks our model.sig (and refuses a
+    changed export)."""
+
+    def library_verify() -> subprocess.CompletedProcess:
+        args = ["--public_key", keys["mine.pub"], "--signature", signed / SIGNATURE_NAME, "--ignore_unsigned_files"]
+        command = [sys.executable, "-m", "model_signing", "verify", "key", *map(str, args), str(signed)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+    (signed / "report.html").write_text("written after signing")
+    ok = library_verify()
+    assert ok.returncode == 0, ok.stdout + ok.stderr
     flip_byte(signed / "model.onnx")
-    with pytest.raises(ValueError, match="model.onnx"):
-        model_signing.verifying.Config().use_elliptic_key_verifier(public_key=keys["mine.pub"]).verify(
-            signed, signed / SIGNATURE_NAME
-        )
+    refused = library_verify()
+    assert refused.returncode != 0 and "model.onnx" in refused.stdout + refused.stderr
 
 
 def test_the_signature_is_checked_before_a_byte_of_the_manifest_is_read(signed, keys):

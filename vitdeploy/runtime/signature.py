@@ -1,7 +1,7 @@
 """Signed exports: a signature over an export folder, and its check before anything in the folder is used.
 
 Through OpenSSF Model Signing (the ``model-signing`` package, the ``[sign]`` extra): ``model.sig`` beside the
-manifest is a Sigstore bundle whose signed payload lists every covered file with its BLAKE3 digest; the
+manifest is a Sigstore bundle whose signed payload lists every covered file with its sha256 digest; the
 elliptic-curve key (P-256, P-384 or P-521, a PEM file) signs it. ``model_signing verify key`` checks the same
 file, whatever vitdeploy version wrote it.
 
@@ -63,7 +63,9 @@ UNSIGNED: tuple[str, ...] = (
     TIMING_CACHE_NAME,
     TRT_EP_CACHE,
 )
-HASH = "blake3"  # the covered files' digest: several GB/s a core (sha256: ~1); the signature records it
+#: The covered files' digest: the library's default, the one `model_signing verify key` checks (its command
+#: line never reads the algorithm from the signature); files are hashed in parallel, one per thread
+HASH = "sha256"
 #: The private key's password, for an encrypted PEM (never a command-line argument: it would show in `ps`).
 PASSWORD_ENV = "VITDEPLOY_SIGN_KEY_PASSWORD"
 MAX_SIGNATURE_BYTES = 16 << 20  # a bundle lists every file's name and digest: kilobytes
