@@ -219,3 +219,22 @@ def test_a_private_key_given_to_verify_and_a_folder_that_is_no_export_are_refuse
     res = run("sign", tmp_path, "--key", keys["mine"])
     assert res.exit_code == 2
     assert_one_error_line(res.stderr, "manifest.json", "not an export folder")
+
+
+def test_a_verified_file_is_hashed_once_and_a_file_changed_after_verification_is_still_refused(
+    signed, keys, monkeypatch
+):
+    from vitdeploy.base.errors import ArtifactIntegrityError
+    from vitdeploy.runtime import artifacts as artifacts_module
+
+    hashed: list[str] = []
+    real = artifacts_module.sha256_file
+    monkeypatch.setattr(artifacts_module, "sha256_file", lambda p: hashed.append(Path(p).name) or real(p))
+    opened = Artifacts.open(signed, public_key=keys["mine.pub"])  # the signature's pass serves the manifest check
+    assert opened.roles and hashed == []
+    Artifacts.open(signed)  # without a key: every file hashed, as ever
+    assert sorted(hashed) == ["model.fp16.onnx", "model.json", "model.onnx", "model.safetensors"]
+    late = Artifacts.open(signed, verify=False, public_key=keys["mine.pub"])
+    flip_byte(signed / "model.onnx")  # after the signature was checked, before the graph is opened
+    with pytest.raises(ArtifactIntegrityError, match="model.onnx"):
+        late.path("onnx")

@@ -48,6 +48,16 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def file_state(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
+    """What changes when a file's bytes do (device, inode, size, modification and change times), without reading
+    it; None when it cannot be stat'ed. A file whose state is the same as when it was hashed holds the same bytes."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def resolve_inside(directory: str | os.PathLike[str], relative: str, what: str) -> Path:
     """``directory / relative`` resolved (symlinks followed); ArtifactIntegrityError if it leaves ``directory``."""
     root = Path(directory).resolve()
@@ -145,6 +155,8 @@ class Artifacts:
         self._lock = threading.Lock()
         self._preprocess = self._schema.preprocess  # a PreprocessSpec, read strictly by parse_manifest
         self._manifest_sha256: str | None = None
+        #: path -> (sha256, file_state) of the files a verified signature (model.sig) hashed just before
+        self._vouched: dict[Path, tuple[str, tuple[int, ...]]] = {}
 
     # ---------------------------------------------------------------- opening
 
@@ -166,7 +178,7 @@ class Artifacts:
             if public_key is not None:
                 from .signature import verify_export
 
-                verify_export(directory.directory, public_key)
+                directory._vouch(verify_export(directory.directory, public_key))
             if verify:
                 directory.verify_all()
             return directory
@@ -183,16 +195,19 @@ class Artifacts:
                 f"{path}: cannot read the artifact directory (permission denied); make it readable "
                 f"by this user (e.g. chmod a+rx)"
             )
+        signature = None
         if public_key is not None:
             from .signature import verify_export
 
-            verify_export(path, public_key)
+            signature = verify_export(path, public_key)
         if not manifest_path.is_file():
             raise ArtifactError(
                 f"{manifest_path} not found: {path} is not an export directory; {_FIX} with --out {path}"
             )
         data = read_json_bounded(manifest_path, "manifest")
         artifacts = cls(path, data, parse_manifest(data, manifest_path))
+        if signature is not None:
+            artifacts._vouch(signature)
         if verify:
             artifacts.verify_all()
         log.debug("opened artifacts %s (%s): roles %s", path, artifacts.name, artifacts.roles)
@@ -296,6 +311,7 @@ class Artifacts:
             )
         view = Artifacts(self._directory, self._manifest, self._schema.model_copy(update={"artifacts": keep}))
         view._manifest_sha256 = self._manifest_sha256
+        view._vouched = self._vouched
         return view
 
     def has(self, role: str) -> bool:
@@ -375,7 +391,19 @@ class Artifacts:
                 )
         return paths
 
+    def _vouch(self, signature: Any) -> None:
+        """Take the sha256 a verified signature (runtime/signature.py) just computed for each file it covers as
+        this folder's, for as long as the file's state stays what it was then: one hashing pass, not two."""
+        root = self._directory.resolve()
+        for name, state in signature.states.items():
+            self._vouched[root / name] = (signature.digests[name], state)
+
     def _verify_file(self, path: Path, entry: Any, what: str) -> None:
+        vouched = self._vouched.get(path)
+        if vouched is not None and vouched[0] == entry.sha256 and vouched[1][2] == entry.bytes:
+            if file_state(path) == vouched[1]:
+                log.debug("verified %s: its sha256 as the signature checked it (unchanged since)", path)
+                return
         try:
             actual_size = path.stat().st_size
         except FileNotFoundError:

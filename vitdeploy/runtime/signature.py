@@ -31,7 +31,7 @@ import os
 import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..base._deps import require
 from ..base.errors import ArtifactError, ConfigError, SignatureError, first_line
@@ -87,6 +87,11 @@ class SignatureInfo:
     files: tuple[str, ...]  # covered, relative to the folder
     ignored: tuple[str, ...]  # named as never covered
     verified_with: str | None = None  # the fingerprint of the key it was verified with here; None: not verified
+    #: each covered file's digest as signed (hex; sha256, the manifest's own, when ``algorithm`` is HASH)
+    digests: Mapping[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    #: after a verification: each covered file's state (file_state) while the library hashed it; what lets
+    #: ``Artifacts`` take a verified file's sha256 as read instead of hashing it a second time
+    states: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def short_signer(self) -> str:
@@ -94,7 +99,10 @@ class SignatureInfo:
         return f"{kind} {fingerprint[:23]}" if fingerprint.startswith("sha256:") else self.signer
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "files": list(self.files), "ignored": list(self.ignored)}
+        data = {**dataclasses.asdict(self), "files": list(self.files), "ignored": list(self.ignored)}
+        data.pop("states")
+        data["digests"] = dict(self.digests)
+        return data
 
 
 def fingerprint(key: Any) -> str:
@@ -198,6 +206,8 @@ def sign_export(directory: str | os.PathLike[str], private_key: str | os.PathLik
 def verify_export(directory: str | os.PathLike[str], public_key: str | os.PathLike[str]) -> SignatureInfo:
     """Check that ``model.sig`` in the export folder ``directory`` was made by ``public_key``'s private half and
     that every file it covers is there, unchanged. SignatureError (exit 2), one line naming the file, otherwise."""
+    from .artifacts import file_state
+
     folder = Path(directory).expanduser().resolve()
     key_path = Path(public_key).expanduser()
     key = load_public_key(key_path)
@@ -207,24 +217,34 @@ def verify_export(directory: str | os.PathLike[str], public_key: str | os.PathLi
             f"{sig} not found: the export {folder} is unsigned, and a signature by {key_path} is asked for "
             f"(runtime.verify / --verify-key); sign it: vitdeploy sign {folder} --key PRIVATE.pem"
         )
-    if sig.stat().st_size > MAX_SIGNATURE_BYTES:
-        raise SignatureError(f"{sig}: {sig.stat().st_size} bytes, not a signature bundle; refusing the export")
+    data = _bundle_bytes(sig)  # read once: the bytes verified are the bytes whose digests are used after
+    claimed = _parse_bundle(data, sig)
+    before = {name: file_state(folder / name) for name in claimed.files}
+    with tempfile.TemporaryDirectory(prefix="vitdeploy-verify-") as tmp:
+        (Path(tmp) / SIGNATURE_NAME).write_bytes(data)
+        _library_verify(folder, Path(tmp) / SIGNATURE_NAME, sig, key_path)
+    if MANIFEST_NAME not in claimed.files:  # the manifest ties every artifact's sha256 to the signature
+        raise SignatureError(f"{sig} does not cover {folder / MANIFEST_NAME}; re-sign the export: vitdeploy sign")
+    steady = {n: s for n, s in before.items() if s is not None and file_state(folder / n) == s}
+    log.info("%s: signature verified (%s, %d files)", folder, claimed.signer, len(claimed.files))
+    states = steady if claimed.algorithm == HASH else {}
+    return dataclasses.replace(claimed, verified_with=fingerprint(key), states=states)
+
+
+def _library_verify(folder: Path, bundle: Path, sig: Path, key_path: Path) -> None:
+    """model-signing's check of ``bundle`` over ``folder`` (only the files it covers); SignatureError naming
+    the file otherwise (``sig``: the name the user knows)."""
     ms = require("model_signing", "verifying an export's signature")
     config = ms.verifying.Config().set_ignore_unsigned_files(True).use_elliptic_key_verifier(public_key=key_path)
     said = io.StringIO()  # the library prints a warning for old bundles: stdout is `predict --json`'s
     try:
         with contextlib.redirect_stdout(said):
-            config.verify(folder, sig)
+            config.verify(folder, bundle)
     except Exception as exc:  # noqa: BLE001 - the library raises ValueError, InvalidSignature, parse errors
         raise _refusal(exc, folder, sig, key_path) from None
     finally:
         if said.getvalue().strip():
             log.warning("%s: %s", sig, first_line(said.getvalue(), 300))
-    info = read_signature(folder)
-    if MANIFEST_NAME not in info.files:  # the manifest ties every artifact's sha256 to the signature
-        raise SignatureError(f"{sig} does not cover {folder / MANIFEST_NAME}; re-sign the export: vitdeploy sign")
-    log.info("%s: signature verified (%s, %d files)", folder, info.signer, len(info.files))
-    return dataclasses.replace(info, verified_with=fingerprint(key))
 
 
 def verify_uri(uri: str, public_key: str | os.PathLike[str]) -> SignatureInfo:
@@ -274,19 +294,31 @@ def read_signature(directory: str | os.PathLike[str]) -> SignatureInfo:
     """What ``model.sig`` in ``directory`` claims, read without checking it (who, when, what): the report's.
     SignatureError when it is missing or unreadable."""
     sig = Path(directory) / SIGNATURE_NAME
+    return _parse_bundle(_bundle_bytes(sig), sig)
+
+
+def _bundle_bytes(sig: Path) -> bytes:
     try:
         if sig.stat().st_size > MAX_SIGNATURE_BYTES:
             raise SignatureError(f"{sig}: over {MAX_SIGNATURE_BYTES} bytes, not a signature bundle")
-        bundle = json.loads(sig.read_bytes())
-        statement = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))
-        predicate = statement["predicate"]
+        return sig.read_bytes()
+    except FileNotFoundError:
+        raise SignatureError(f"{sig} not found: the export is unsigned") from None
+    except OSError as exc:
+        raise SignatureError(f"{sig}: cannot read it ({exc.strerror or exc})") from None
+
+
+def _parse_bundle(data: bytes, sig: Path) -> SignatureInfo:
+    """What the bundle's bytes ``data`` (the file ``sig``) claim, unchecked."""
+    try:
+        bundle = json.loads(data)
+        predicate = json.loads(base64.b64decode(bundle["dsseEnvelope"]["payload"]))["predicate"]
         resources = predicate["resources"]
         serialization = predicate.get("serialization", {})
         material = bundle.get("verificationMaterial", {})
+        digests = {str(r["name"]): str(r["digest"]).lower() for r in resources}
         mtime = sig.stat().st_mtime
-    except FileNotFoundError:
-        raise SignatureError(f"{sig} not found: the export is unsigned") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise SignatureError(f"{sig}: not a signature bundle ({clip(first_line(exc, 200))})") from None
     hint = (material.get("publicKey") or {}).get("hint")
     signer = f"key sha256:{hint}" if hint else _certificate_signer(material)
@@ -295,8 +327,9 @@ def read_signature(directory: str | os.PathLike[str]) -> SignatureInfo:
         signer=signer,
         signed_at=datetime.datetime.fromtimestamp(mtime, datetime.timezone.utc).isoformat(timespec="seconds"),
         algorithm=str(serialization.get("hash_type") or (resources[0].get("algorithm") if resources else "?")),
-        files=tuple(sorted(str(r.get("name")) for r in resources)),
+        files=tuple(sorted(digests)),
         ignored=tuple(sorted(str(p) for p in serialization.get("ignore_paths") or ())),
+        digests=digests,
     )
 
 
