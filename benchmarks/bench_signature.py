@@ -12,11 +12,13 @@ cache warm (the first, untimed call reads the files in):
 
 * ``open``    ``Artifacts.open``: the manifest and every listed file's sha256 (what every load does anyway);
 * ``load``    ``Predictor.from_artifacts(backend="ort")``: the whole load (``open`` + the ONNX Runtime session);
-* ``verify``  ``verify_export``: the signature and every covered file's digest (what ``--verify-key`` adds);
-* ``load+verify``  ``Predictor.from_artifacts(..., public_key=...)``: the load as ``--verify-key`` runs it.
+* ``verify``  ``verify_export`` alone: the signature and every covered file's sha256 (the files in parallel);
+* ``load+verify``  ``Predictor.from_artifacts(..., public_key=...)``: the load as ``--verify-key`` runs it (the
+  manifest check takes each file's sha256 from the signature's pass instead of reading the file again).
 
-Printed: each one's median, min and max over the rounds, ``verify`` as a share of ``load`` per round (median and
-spread), and once, in a fresh process, the import of model-signing (paid by the first verification).
+Printed: each one's median, min and max over the rounds; per round, what ``--verify-key`` adds to the load
+(``load+verify`` - ``load``, in seconds and as a share of ``load``: the goal's figure) and ``verify`` alone as a
+share of ``load``; once, in a fresh process, the import of model-signing (paid by a process's first check).
 
     .venv/bin/python benchmarks/bench_signature.py                    # ViT-B/16, 7 rounds
     .venv/bin/python benchmarks/bench_signature.py --rounds 11 --variant vit_small_patch16_224
@@ -167,17 +169,21 @@ def main() -> None:
     print(f"\n== {args.rounds} rounds, seconds (median [min - max])")
     for name, values in times.items():
         print(f"{name:<12} {statistics.median(values):7.3f}  [{min(values):.3f} - {max(values):.3f}]")
-    shares = [v / lo for v, lo in zip(times["verify"], times["load"])]
-    added = [lv / lo - 1 for lv, lo in zip(times["load+verify"], times["load"])]
-    verify = statistics.median(times["verify"])
-    share = statistics.median(shares)
-    print(f"verify / load        : {share:.1%} median [{min(shares):.1%} - {max(shares):.1%}] per round")
-    print(f"load+verify / load-1 : {statistics.median(added):+.1%} median [{min(added):+.1%} - {max(added):+.1%}]")
-    print(f"import model-signing : {import_seconds():.2f} s, once per process (fresh interpreter)")
-    met = verify < GOAL_S or share < GOAL_SHARE
+    pairs = list(zip(times["load+verify"], times["load"]))
+    added_s = [lv - lo for lv, lo in pairs]
+    added = [lv / lo - 1 for lv, lo in pairs]
+    alone = [v / lo for v, lo in zip(times["verify"], times["load"])]
     print(
-        f"goal (< {GOAL_S:.0f} s or < {GOAL_SHARE:.0%} of the load): {'met' if met else 'NOT met'} "
-        f"({verify:.3f} s, {share:.1%})"
+        f"--verify-key adds   : {statistics.median(added_s):+.3f} s median [{min(added_s):+.3f} - {max(added_s):+.3f}]"
+        f" = {statistics.median(added):+.1%} of the load [{min(added):+.1%} - {max(added):+.1%}] per round"
+    )
+    print(f"verify alone / load : {statistics.median(alone):.1%} median [{min(alone):.1%} - {max(alone):.1%}]")
+    print(f"import model-signing: {import_seconds():.2f} s, once per process (fresh interpreter)")
+    cost, share = statistics.median(added_s), statistics.median(added)
+    met = cost < GOAL_S or share < GOAL_SHARE
+    print(
+        f"goal (adds < {GOAL_S:.0f} s or < {GOAL_SHARE:.0%} of the load): {'met' if met else 'NOT met'} "
+        f"({cost:+.3f} s, {share:+.1%}; the import once per process on top)"
     )
 
 

@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..base._files import file_state
 from ..base.errors import ArtifactError, ArtifactIntegrityError, InputError
 from ..base.limits import clip_text
 from ..base.preprocess_spec import PreprocessSpec
@@ -46,16 +47,6 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
         for chunk in iter(lambda: fh.read(_CHUNK), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def file_state(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
-    """What changes when a file's bytes do (device, inode, size, modification and change times), without reading
-    it; None when it cannot be stat'ed. A file whose state is the same as when it was hashed holds the same bytes."""
-    try:
-        st = os.stat(path, follow_symlinks=False)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def resolve_inside(directory: str | os.PathLike[str], relative: str, what: str) -> Path:

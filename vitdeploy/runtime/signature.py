@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..base._deps import require
+from ..base._files import file_state
 from ..base.errors import ArtifactError, ConfigError, SignatureError, first_line
 from ..base.limits import clip
 from ..base.vocab import (
@@ -206,8 +207,6 @@ def sign_export(directory: str | os.PathLike[str], private_key: str | os.PathLik
 def verify_export(directory: str | os.PathLike[str], public_key: str | os.PathLike[str]) -> SignatureInfo:
     """Check that ``model.sig`` in the export folder ``directory`` was made by ``public_key``'s private half and
     that every file it covers is there, unchanged. SignatureError (exit 2), one line naming the file, otherwise."""
-    from .artifacts import file_state
-
     folder = Path(directory).expanduser().resolve()
     key_path = Path(public_key).expanduser()
     key = load_public_key(key_path)
