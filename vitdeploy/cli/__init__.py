@@ -202,8 +202,8 @@ def export(
             cfg,
             out_dir,
             engine=engine,
-            on_stage=StageReporter(_CONSOLE),
-            sign_key=sign_key,  # type: ignore[arg-type]
+            on_stage=StageReporter(_CONSOLE),  # type: ignore[arg-type]
+            sign_key=sign_key,
         )
     except RefusedStagesError as exc:  # written without what was refused: list it, then the error line
         _print_export(cfg, exc.result)
