@@ -70,6 +70,10 @@ VOCABULARY_WORDS = {
     vocab.TUNE_REPORT_NAME,
     vocab.LOADTEST_REPORT_NAME,
     vocab.MANIFEST_NAME,
+    vocab.REPORT_NAME,
+    vocab.BENCH_REPORT_NAME,
+    vocab.TRT_EP_CACHE,
+    vocab.SIGNATURE_NAME,
 }
 
 

@@ -1,5 +1,6 @@
 """Certificates made on the spot for the HTTPS tests: a CA and a server certificate it signs for 127.0.0.1 and
-localhost (``cryptography``), written as PEM files; nothing leaves the test's folder."""
+localhost (``cryptography``), written as PEM files; and the signed-export tests' key pairs (``make_key_pair``).
+Nothing leaves the test's folder."""
 
 from __future__ import annotations
 
@@ -68,3 +69,21 @@ def make_certs(folder: Path) -> Certs:
     paths.key.write_text(key_text)
     paths.key.chmod(0o600)
     return paths
+
+
+def make_key_pair(
+    folder: Path, name: str, curve: str = "SECP256R1", password: bytes | None = None
+) -> tuple[Path, Path]:
+    """An elliptic-curve key pair as PEM files: ``folder/<name>.pem`` (private, PKCS#8, encrypted with ``password``
+    when given) and ``folder/<name>.pub`` (public); returns (private, public)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(getattr(ec, curve)())
+    crypt = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
+    private, public = folder / f"{name}.pem", folder / f"{name}.pub"
+    private.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, crypt))
+    public.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return private, public

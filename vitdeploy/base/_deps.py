@@ -19,6 +19,8 @@ _INSTALL_HINTS = {
     "PIL": "pip install pillow",
     "tritonclient": "pip install 'tritonclient[grpc]'",
     "huggingface_hub": "pip install 'vitdeploy[export]' (huggingface_hub>=1.31)",
+    "model_signing": "pip install 'vitdeploy[sign]'",
+    "OpenSSL": "pip install 'vitdeploy[sign]'",
 }
 
 

@@ -1,4 +1,4 @@
-"""Atomic writes: a file appears under its final name only when it is complete."""
+"""Atomic writes: a file appears under its final name only when it is complete; a file's state, unread."""
 
 from __future__ import annotations
 
@@ -66,3 +66,13 @@ def write_bytes_atomic(final: Path | str, data: bytes) -> Path:
 
 def write_json_atomic(final: Path | str, obj: Any) -> Path:
     return write_bytes_atomic(final, (json.dumps(obj, indent=2, sort_keys=False) + "\n").encode("utf-8"))
+
+
+def file_state(path: str | os.PathLike[str]) -> tuple[int, ...] | None:
+    """What changes when a file's bytes do (device, inode, size, modification and change times), without reading
+    it; None when it cannot be stat'ed. A file whose state is the same as when it was hashed holds the same bytes."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)

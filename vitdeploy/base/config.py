@@ -94,6 +94,16 @@ PreprocessSection = overrides_model(
 )
 
 
+class VerifySection(_Section):
+    """Signed exports only: the export's signature (model.sig, `vitdeploy sign`) is checked before it is used."""
+
+    public_key: Path = Field(
+        ...,
+        description="PEM elliptic-curve public key (relative to this file): predict, serve, batch-predict, rollout "
+        "and triton-repo refuse an export it did not sign, or changed since (exit 2; --verify-key sets it)",
+    )
+
+
 class RuntimeSection(_Section):
     backend: BackendChoice = Field(
         "auto",
@@ -116,6 +126,11 @@ class RuntimeSection(_Section):
     top_k: int = Field(5, ge=1, description="K of predict's top-k")
     max_image_pixels: int = Field(
         89_478_485, ge=1, description="images whose header claims more pixels are refused before decoding"
+    )
+    verify: Optional[VerifySection] = Field(
+        None,
+        description="{public_key: PATH}: use only exports signed by that key (docs/serving.md, Signed exports); "
+        "absent: a signature is not looked for",
     )
 
 
@@ -210,6 +225,18 @@ class PipelineConfig(_Section):
         return cfg
 
     @property
+    def verify_key(self) -> Optional[Path]:
+        """runtime.verify.public_key, resolved; None: exports are used without looking for a signature."""
+        return self.resolve(self.runtime.verify.public_key) if self.runtime.verify else None
+
+    def with_verify_key(self, path: Optional[Path]) -> "PipelineConfig":
+        """This config with ``--verify-key`` (relative to the current directory) as runtime.verify.public_key."""
+        if path is None:
+            return self
+        verify = VerifySection(public_key=Path(path).expanduser().resolve())
+        return self.model_copy(update={"runtime": self.runtime.model_copy(update={"verify": verify})})
+
+    @property
     def output_dir(self) -> Path:
         return self.resolve(self.export.output_dir)  # type: ignore[return-value]
 
@@ -260,7 +287,8 @@ def _check_paths(cfg: PipelineConfig, label: str) -> None:
         cfg.checkpoint_ref  # an existing path or a Hub name, said before any work
     except ConfigError as exc:
         raise ConfigError(f"{label}: {exc}") from None
-    for key, path in (("validation.images", cfg.validation.images),):
+    verify = cfg.runtime.verify.public_key if cfg.runtime.verify else None
+    for key, path in (("validation.images", cfg.validation.images), ("runtime.verify.public_key", verify)):
         resolved = cfg.resolve(path)
         if resolved is not None and not resolved.exists():
             raise ConfigError(

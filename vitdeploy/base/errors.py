@@ -131,6 +131,12 @@ class ArtifactIntegrityError(ArtifactError):
     reason to fall back to another backend."""
 
 
+class SignatureError(ArtifactIntegrityError):
+    """An export refused by its signature, when one was asked for (``runtime.verify``, ``--verify-key``): unsigned
+    (no model.sig), signed by another key, or a file the signature covers changed or gone since it was signed.
+    One line naming the file; exit 2; a server does not start."""
+
+
 class ArtifactMismatchError(ArtifactError):
     """An intact artifact that this machine cannot run: a TensorRT engine built for another
     TensorRT version or GPU. The one artifact fault that lets backend "auto" try the next backend;

@@ -63,6 +63,11 @@ TUNE_REPORT_NAME = "tune-report.json"  # `vitdeploy tune`'s trials, beside the e
 LOADTEST_REPORT_NAME = "loadtest-report.json"
 EXPORT_REPORT_NAME = "export-report.json"  # what a failed export leaves (stages and validations so far)
 TIMING_CACHE_NAME = "timing.cache"  # TensorRT's timing cache, reused across builds (tensorrt.timing_cache)
+REPORT_NAME = "report.html"  # `vitdeploy report`'s page, beside the export
+BENCH_REPORT_NAME = "bench-report.json"  # `vitdeploy bench -a`'s figures, beside the export (the report reads them)
+TRT_EP_CACHE = "ort-trt-cache"  # beside the export: ONNX Runtime's TensorRT EP engines and timing cache
+#: `vitdeploy sign`'s signature of an export folder (an OpenSSF Model Signing / Sigstore bundle), beside it
+SIGNATURE_NAME = "model.sig"
 #: vitdeploy's own checkpoint format; an export directory is one (the torch backend reads it).
 CHECKPOINT_WEIGHTS, CHECKPOINT_CONFIG = "model.safetensors", "model.json"
 ARTIFACT_FILES: Mapping[str, str] = MappingProxyType(
@@ -188,6 +193,10 @@ __all__ = [
     "EXPORT_SHA256",
     "IMAGE_SIZE_PARAM",
     "TIMING_CACHE_NAME",
+    "REPORT_NAME",
+    "BENCH_REPORT_NAME",
+    "TRT_EP_CACHE",
+    "SIGNATURE_NAME",
     "ACTIVATIONS",
     "Activation",
     "MLPS",

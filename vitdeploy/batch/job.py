@@ -49,6 +49,7 @@ class BatchSettings(BatchSection):
     resume: bool = False
     address: str | None = None
     progress_bars: bool = False
+    verify_key: str | None = None  # runtime.verify.public_key: only an export that key signed (runtime/signature.py)
 
 
 @dataclass
@@ -140,8 +141,12 @@ def _open_artifacts(settings: BatchSettings) -> Any:
     if is_uri(settings.artifacts):
         from ..runtime.artifact_transfer import fetch_uri
 
+        if settings.verify_key is not None:
+            from ..runtime.signature import verify_uri
+
+            verify_uri(settings.artifacts, settings.verify_key)
         return fetch_uri(settings.artifacts, functools.partial(shipped_roles, settings.backend), settings.cache_dir)
-    return Artifacts.open(settings.artifacts)
+    return Artifacts.open(settings.artifacts, public_key=settings.verify_key)
 
 
 def _rows_of(artifacts: Any, settings: BatchSettings) -> Any:
@@ -412,6 +417,7 @@ def batch_settings_from_config(
         output=output,
         backend=rt.backend,
         top_k=rt.top_k,
+        verify_key=os.fspath(cfg.verify_key) if cfg.verify_key is not None else None,
     )
     return base.model_copy(update={k: v for k, v in overrides.items() if v is not None})
 

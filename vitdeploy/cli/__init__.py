@@ -13,7 +13,7 @@ import logging
 import click
 
 from ..base.version import __version__
-from . import batch, bench, export, info, load, predict, report, rollout, serve, triton, validate
+from . import batch, bench, export, info, load, predict, report, rollout, serve, sign, triton, validate
 from .console import CONSOLE, ConsoleLogHandler
 from .errors import ErrorMappingGroup
 
@@ -49,6 +49,7 @@ COMMANDS: tuple[click.Command, ...] = (
     load.loadtest,
     load.tune,
     rollout.rollout,
+    sign.sign,
 )
 for _command in COMMANDS:
     main.add_command(_command)

@@ -9,6 +9,7 @@ import click
 
 from ..base.vocab import EMBEDDING_DTYPES
 from .options import backend_option, config_option, runtime_options
+from .sign import verify_key_option
 
 
 @click.command("batch-predict")
@@ -56,6 +57,7 @@ from .options import backend_option, config_option, runtime_options
     help="an export with model.patch_tokens: a patch_tokens column beside each vector (default: batch.patch_tokens)",
 )
 @click.option("--resume", is_flag=True, help="continue an existing output: inputs already answered are skipped")
+@verify_key_option
 @config_option
 def batch_predict(
     inputs: tuple[str, ...],
@@ -69,6 +71,7 @@ def batch_predict(
     embedding_dtype: str | None,
     patch_tokens: bool | None,
     resume: bool,
+    verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
     """Classify (or embed) image collections on Ray Data: files, folders, globs, list files (.txt/.csv/.parquet),
@@ -76,7 +79,7 @@ def batch_predict(
     from ..base.config import load_config
     from ..batch.job import batch_settings_from_config, run_batch
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path).with_verify_key(verify_key)
     settings = batch_settings_from_config(
         cfg,
         inputs,

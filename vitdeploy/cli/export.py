@@ -14,6 +14,7 @@ from ..base.errors import RefusedStagesError
 from ..base.memory import human
 from .console import CONSOLE, StageReporter, file_size, refresh_report
 from .options import config_option, model_argument, revision_option
+from .sign import sign_key_option
 
 
 @click.command("export")
@@ -28,6 +29,7 @@ from .options import config_option, model_argument, revision_option
     default=None,
     help="output directory (default: export.output_dir from the config)",
 )
+@sign_key_option
 @click.option(
     "--engine",
     type=click.Choice(["auto", "require", "skip"]),
@@ -36,7 +38,12 @@ from .options import config_option, model_argument, revision_option
     help="TensorRT engine: build when TensorRT and a CUDA GPU exist (auto), fail without them (require), never (skip)",
 )
 def export(
-    model: str | None, revision: str | None, config_path: Path | None, out_dir: Path | None, engine: str
+    model: str | None,
+    revision: str | None,
+    config_path: Path | None,
+    sign_key: Path | None,
+    out_dir: Path | None,
+    engine: str,
 ) -> None:
     """Export MODEL (a checkpoint file or folder, or a Hugging Face Hub name: org/name[@revision],
     hf-hub:timm/<model>.<tag>; default: model.checkpoint of the config): ONNX, FP16 ONNX, TensorRT engine,
@@ -48,7 +55,9 @@ def export(
     shown = cfg.with_checkpoint(model, revision)  # what the export will run: for the lines printed around it
     click.echo(f"exporting to {out_dir or shown.output_dir}", err=True)
     try:
-        result = export_model(model, out_dir, cfg, revision=revision, engine=engine, on_stage=StageReporter(CONSOLE))  # type: ignore[arg-type]
+        result = export_model(
+            model, out_dir, cfg, revision=revision, engine=engine, on_stage=StageReporter(CONSOLE), sign_key=sign_key
+        )  # type: ignore[arg-type]
     except RefusedStagesError as exc:  # written without what was refused: list it, then the error line
         _print_export(shown, exc.result)
         raise
@@ -69,6 +78,8 @@ def _print_export(cfg: Any, result: Any) -> None:
     for role, path in result.artifacts.items():
         click.echo(f"  {role:<15} {path}  ({file_size(path)})")
     click.echo(f"  {'manifest':<15} {result.manifest_path}")
+    if result.signature is not None:
+        click.echo(f"  {'signature':<15} {result.signature.path}  (by {result.signature.short_signer})")
     for refusal in result.refused:
         click.echo(f"  refused: {', '.join(refusal['artifacts'])} ({refusal['stage']})")
     peaks = [s for s in result.stages if getattr(s, "peak_rss", None)]

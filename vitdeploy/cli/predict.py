@@ -11,6 +11,7 @@ import click
 
 from .console import fit_path
 from .options import backend_option, config_option, export_folder_option
+from .sign import verify_key_option
 
 
 @click.command("predict")
@@ -33,6 +34,7 @@ from .options import backend_option, config_option, export_folder_option
     default=None,
     help="run at this side, one of the sizes an export for several sizes answers at (default: its base size)",
 )
+@verify_key_option
 @config_option
 def predict(
     inputs: tuple[Path, ...],
@@ -43,6 +45,7 @@ def predict(
     as_json: bool,
     patch_tokens: bool,
     image_size: int | None,
+    verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
     """Classify images (files or directories) with the exported model (an embedding model: their vectors)."""
@@ -50,7 +53,7 @@ def predict(
     from ..runtime.batch_predict import predict_paths
     from ..runtime.predictor import Predictor
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path).with_verify_key(verify_key)
     rt = cfg.runtime
     top_k = top_k or rt.top_k
     predictor = Predictor.open(artifacts_dir, config=cfg, backend=backend, image_size=image_size)

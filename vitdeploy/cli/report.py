@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .options import artifacts_option, config_option
+from .sign import verify_key_option
 
 
 @click.command("report")
@@ -31,6 +32,7 @@ from .options import artifacts_option, config_option
     "--no-images", is_flag=True, help="leave the flipped images' thumbnails out (data that must not be copied)"
 )
 @click.option("--json", "as_json", is_flag=True, help="print the recommendation and the figures behind it as JSON")
+@verify_key_option
 @config_option
 def report_cmd(
     artifacts_dir: Path,
@@ -38,12 +40,15 @@ def report_cmd(
     bench_mode: str,
     no_images: bool,
     as_json: bool,
+    verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
     """One self-contained HTML page: accuracy and speed of every backend here, and what to deploy."""
+    from ..base.config import load_config
     from ..evaluate.report import write_report
 
-    path, rec, facts = write_report(artifacts_dir, out_path, bench=bench_mode, images=not no_images)
+    key = load_config(config_path).with_verify_key(verify_key).verify_key  # the signature's line: verified or not
+    path, rec, facts = write_report(artifacts_dir, out_path, bench=bench_mode, images=not no_images, public_key=key)
     if as_json:
         click.echo(
             json.dumps(

@@ -11,6 +11,7 @@ import click
 from ..base.vocab import AUTO, RUNTIME_BACKENDS
 from ..serve.auth import TOKEN_ENV
 from .options import runtime_options
+from .sign import verify_key_option
 
 _COUNT = re.compile(r"^\s*\d+\s*$")
 
@@ -72,6 +73,7 @@ _COUNT = re.compile(r"^\s*\d+\s*$")
 )
 @click.option("--status", "show_status", is_flag=True, help="show the versions and the rollouts' history, then exit")
 @click.option("--json", "as_json", is_flag=True, help="print the result (or --status) as JSON on stdout")
+@verify_key_option
 @click.option(
     "-c",
     "--config",
@@ -93,6 +95,7 @@ def rollout(
     token: str | None,
     show_status: bool,
     as_json: bool,
+    verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
     """Start a new export beside the live version of a running `vitdeploy serve` (version N+1), copy live
@@ -112,7 +115,7 @@ def rollout(
         return
     if not url or artifacts_dir is None:
         raise ConfigError("vitdeploy rollout URL -a NEW_EXPORT: give the server's URL and the new export")
-    cfg = load_config(config_path)
+    cfg = load_config(config_path).with_verify_key(verify_key)
     if token is None:  # as `serve` reads it: the environment, else serve.token_file
         token = read_token(cfg.resolve(cfg.serve.token_file) if cfg.serve.token_file else None)
     count = _COUNT.match(shadow)

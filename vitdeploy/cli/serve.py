@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .options import backend_option, config_option, runtime_options
+from .sign import verify_key_option
 
 
 @click.command("serve")
@@ -60,6 +61,7 @@ from .options import backend_option, config_option, runtime_options
     default=None,
     help="write a KubeRay RayService manifest with that config and exit",
 )
+@verify_key_option
 @config_option
 def serve(
     artifacts_dir: str | None,
@@ -74,6 +76,7 @@ def serve(
     name: str | None,
     write_config: Path | None,
     write_rayservice: Path | None,
+    verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
     """Serve the model over HTTP on Ray Serve: POST /predict, the KServe v2 protocol, dynamic batching.
@@ -86,7 +89,7 @@ def serve(
     from ..serve.exposure import Exposure, serve_token
     from ..serve.runner import ServeSettings, run_server
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path).with_verify_key(verify_key)
     sv = cfg.serve
     exposure = Exposure(
         host=host or sv.host,

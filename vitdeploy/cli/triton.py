@@ -9,6 +9,7 @@ import click
 
 from ..base.errors import ConfigError
 from .options import ModalCommand, Modes, config_option, export_folder_option
+from .sign import verify_key_option
 
 #: --new-version adds to OUT; --force (replace OUT) goes only without it.
 MODES = Modes(
@@ -64,6 +65,7 @@ MODES = Modes(
     help="add the export as the next version folder of every model of the repository OUT (same model; the "
     "live version untouched, the ensemble then calls the new one: see OUT/README.md for the switch)",
 )
+@verify_key_option
 @config_option
 def triton_repo(
     artifacts_dir: Path | None,
@@ -76,6 +78,7 @@ def triton_repo(
     top_k: int | None,
     force: bool,
     new_version: bool,
+    verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
     """Generate a Triton model repository (ensemble: image bytes -> logits + top-k) from an export."""
@@ -83,7 +86,7 @@ def triton_repo(
     from ..serve.triton.new_version import add_version
     from ..serve.triton.repo import build_triton_repo, settings_from_config
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path).with_verify_key(verify_key)
     overrides = {
         "inference": inference,
         "instances": instances,

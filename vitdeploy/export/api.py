@@ -21,6 +21,7 @@ def export_model(
     revision: str | None = None,
     engine: EngineMode = "auto",
     on_stage: StageCallback | None = None,
+    sign_key: str | os.PathLike[str] | None = None,
 ) -> ExportResult:
     """Export ``model`` into ``output_dir`` as ``config`` asks; the export, its typed manifest in ``.manifest``.
 
@@ -35,6 +36,7 @@ def export_model(
     MissingDependencyError without them), or never (``"skip"``).
     ``on_stage``: called as each stage starts, runs (a heartbeat a second) and ends, with its
     :class:`~vitdeploy.export.context.StageRecord`.
+    ``sign_key``: a PEM elliptic-curve private key: the export is signed once written (model.sig, `vitdeploy sign`).
 
     Raises the package's typed errors (``vitdeploy.base.errors``): ConfigError (the config, a model that
     names nothing), CheckpointError / HubError (the checkpoint), ExportError, ValidationError (an artifact
@@ -49,7 +51,13 @@ def export_model(
             "save a module with vitdeploy.model.checkpoints.save_checkpoint and export that folder"
         )
     cfg = config_from(config).with_checkpoint(None if model is None else os.fspath(model), revision)
-    return run_export(cfg, Path(output_dir) if output_dir is not None else None, engine=engine, on_stage=on_stage)
+    return run_export(
+        cfg,
+        Path(output_dir) if output_dir is not None else None,
+        engine=engine,
+        on_stage=on_stage,
+        sign_key=None if sign_key is None else Path(sign_key),
+    )
 
 
 __all__ = ["export_model"]

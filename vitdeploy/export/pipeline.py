@@ -33,7 +33,7 @@ from typing import Any, Iterator, Sequence
 from ..base import memory
 from ..base.config import PipelineConfig
 from ..base.errors import ExportError, RefusedStagesError, ValidationError, WriteError
-from ..base.vocab import ARTIFACT_FILES, EXPORT_REPORT_NAME, MANIFEST_NAME, TIMING_CACHE_NAME
+from ..base.vocab import ARTIFACT_FILES, EXPORT_REPORT_NAME, MANIFEST_NAME, SIGNATURE_NAME, TIMING_CACHE_NAME
 from ..runtime.manifest_schema import Manifest, parse_manifest, read_json_bounded
 from . import memory_budget
 from .context import EngineMode, ExportContext, StageCallback, StageRecord
@@ -66,6 +66,7 @@ _OUR_NAMES = {
     MANIFEST_NAME,
     EXPORT_REPORT_NAME,
     TIMING_CACHE_NAME,
+    SIGNATURE_NAME,  # a new export drops the previous one's signature: `--sign-key` signs the new one
     *(f"{n}.data" for n in ARTIFACT_FILES.values()),
 }
 
@@ -82,6 +83,7 @@ class ExportResult:
     manifest_path: Path | None
     refused: list[dict[str, Any]] = field(default_factory=list)  # requested stages not met (Refusal.to_dict)
     memory: dict[str, int] = field(default_factory=dict)  # weights_bytes, held_without_model_bytes
+    signature: Any = None  # runtime.signature.SignatureInfo of model.sig, when signed (`--sign-key`)
 
     @functools.cached_property
     def manifest(self) -> Manifest:
@@ -253,6 +255,7 @@ def run_export(
     on_stage: StageCallback | None = None,
     validation_batch: tuple[int, ...] | None = None,
     heartbeat_s: float | None = 1.0,
+    sign_key: Path | None = None,
 ) -> ExportResult:
     """Run every stage the config asks for into ``out_dir`` (default ``export.output_dir``).
 
@@ -260,10 +263,15 @@ def run_export(
     ``heartbeat_s`` seconds while it runs (status "running", ``seconds`` elapsed so far; from a
     background thread; None = never) and when it ends. Raises
     ValidationError (exit 3) after writing ``export-report.json`` if an artifact drifts,
-    MissingDependencyError (exit 4) for ``engine="require"`` without TensorRT/CUDA.
+    MissingDependencyError (exit 4) for ``engine="require"`` without TensorRT/CUDA. ``sign_key``: an
+    elliptic-curve private key (PEM) that signs the export once written (model.sig, runtime/signature.py),
+    checked before any stage runs.
     """
+    from ..runtime.signature import check_sign_key, sign_export
     from .staging import commit, staged
 
+    if sign_key is not None:
+        check_sign_key(sign_key)
     out = Path(out_dir) if out_dir else cfg.output_dir
     final = _prepare_out_dir(out)
     with staged(final, _OUR_NAMES, EXPORT_REPORT_NAME) as (stage, beside):
@@ -286,6 +294,7 @@ def run_export(
         out / MANIFEST_NAME,
         ctx.refusals(),
         dict(ctx.extra.get("memory", {})),
+        sign_export(final, sign_key) if sign_key is not None else None,
     )
     if ctx.refused:
         raise _refused(ctx, result)

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
+from ..base._files import file_state
 from ..base.errors import ArtifactError, ArtifactIntegrityError, InputError
 from ..base.limits import clip_text
 from ..base.preprocess_spec import PreprocessSpec
@@ -145,16 +146,30 @@ class Artifacts:
         self._lock = threading.Lock()
         self._preprocess = self._schema.preprocess  # a PreprocessSpec, read strictly by parse_manifest
         self._manifest_sha256: str | None = None
+        #: path -> (sha256, file_state) of the files a verified signature (model.sig) hashed just before
+        self._vouched: dict[Path, tuple[str, tuple[int, ...]]] = {}
 
     # ---------------------------------------------------------------- opening
 
     @classmethod
-    def open(cls, directory: str | os.PathLike[str], *, verify: bool = True) -> "Artifacts":
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        verify: bool = True,
+        public_key: str | os.PathLike[str] | None = None,
+    ) -> "Artifacts":
         """Read and validate ``directory/manifest.json``; with ``verify`` check every listed file.
 
         ArtifactError (exit 2) when the directory or manifest is unusable; ArtifactIntegrityError
-        when a listed file is missing, tampered with or contradicts the manifest."""
+        when a listed file is missing, tampered with or contradicts the manifest. ``public_key``
+        (runtime.verify, ``--verify-key``): first the folder's signature (runtime/signature.py), before
+        a byte of the manifest is read; SignatureError when it is unsigned, signed by another key or changed."""
         if isinstance(directory, Artifacts):
+            if public_key is not None:
+                from .signature import verify_export
+
+                directory._vouch(verify_export(directory.directory, public_key))
             if verify:
                 directory.verify_all()
             return directory
@@ -171,12 +186,19 @@ class Artifacts:
                 f"{path}: cannot read the artifact directory (permission denied); make it readable "
                 f"by this user (e.g. chmod a+rx)"
             )
+        signature = None
+        if public_key is not None:
+            from .signature import verify_export
+
+            signature = verify_export(path, public_key)
         if not manifest_path.is_file():
             raise ArtifactError(
                 f"{manifest_path} not found: {path} is not an export directory; {_FIX} with --out {path}"
             )
         data = read_json_bounded(manifest_path, "manifest")
         artifacts = cls(path, data, parse_manifest(data, manifest_path))
+        if signature is not None:
+            artifacts._vouch(signature)
         if verify:
             artifacts.verify_all()
         log.debug("opened artifacts %s (%s): roles %s", path, artifacts.name, artifacts.roles)
@@ -280,6 +302,7 @@ class Artifacts:
             )
         view = Artifacts(self._directory, self._manifest, self._schema.model_copy(update={"artifacts": keep}))
         view._manifest_sha256 = self._manifest_sha256
+        view._vouched = self._vouched
         return view
 
     def has(self, role: str) -> bool:
@@ -359,7 +382,19 @@ class Artifacts:
                 )
         return paths
 
+    def _vouch(self, signature: Any) -> None:
+        """Take the sha256 a verified signature (runtime/signature.py) just computed for each file it covers as
+        this folder's, for as long as the file's state stays what it was then: one hashing pass, not two."""
+        root = self._directory.resolve()
+        for name, state in signature.states.items():
+            self._vouched[root / name] = (signature.digests[name], state)
+
     def _verify_file(self, path: Path, entry: Any, what: str) -> None:
+        vouched = self._vouched.get(path)
+        if vouched is not None and vouched[0] == entry.sha256 and vouched[1][2] == entry.bytes:
+            if file_state(path) == vouched[1]:
+                log.debug("verified %s: its sha256 as the signature checked it (unchanged since)", path)
+                return
         try:
             actual_size = path.stat().st_size
         except FileNotFoundError:

@@ -169,13 +169,16 @@ class Predictor:
         backend: str = "auto",
         options: BackendOptions | None = None,
         max_pixels: int | None = None,
+        public_key: str | os.PathLike[str] | None = None,
     ) -> "Predictor":
         """Open the export directory ``path`` on ``backend`` ("auto" or one of vocab.RUNTIME_BACKENDS).
 
         ``max_pixels``: images whose header claims more pixels are refused before decoding
-        (default: the preprocessing's limit, Pillow's 89.5 Mpx)."""
+        (default: the preprocessing's limit, Pillow's 89.5 Mpx). ``public_key``: only if the export is
+        signed by that key and unchanged since (runtime.verify; SignatureError otherwise)."""
         ensure_known(backend)
-        artifacts = Artifacts.open(path)  # schema, every file's sha256 and the metadata checks, once
+        # the signature, schema, every file's sha256 and the metadata checks, once
+        artifacts = Artifacts.open(path, public_key=public_key)
         options = options or BackendOptions()
         if backend == "auto":
             runner, name, why = select_backend(artifacts, options)
@@ -210,6 +213,7 @@ class Predictor:
             backend=backend or runtime.backend,
             options=BackendOptions.from_runtime(runtime),
             max_pixels=runtime.max_image_pixels,
+            public_key=cfg.verify_key,
         )
         try:
             return opened.at_size(image_size)

@@ -204,14 +204,17 @@ def write_deploy_files(
     from ..base._files import write_bytes_atomic
     from ..runtime.artifact_transfer import fetch_uri
     from ..runtime.artifacts import Artifacts
+    from ..runtime.signature import verify_uri
     from .runner import app_name
 
+    if "://" in str(settings.artifacts) and cfg.verify_key is not None:
+        verify_uri(str(settings.artifacts), cfg.verify_key)
     if "://" in str(settings.artifacts):
         manifest_name = str(settings.artifacts).rstrip("/").rsplit("/", 1)[-1]
         if str(settings.artifacts).startswith("file://"):
             manifest_name = fetch_uri(str(settings.artifacts)).name
     else:
-        manifest_name = Artifacts.open(settings.artifacts).name
+        manifest_name = Artifacts.open(settings.artifacts, public_key=cfg.verify_key).name
     name = app_name(cfg, settings, manifest_name)
     written = []
     if config_path is not None:

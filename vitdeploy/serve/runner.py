@@ -59,15 +59,20 @@ def route_prefix(name: str) -> str:
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-def _check_artifacts(settings: ServeSettings) -> Any:
-    """Open the artifacts here first: a bad directory or manifest is one clear error before Ray starts."""
+def _check_artifacts(settings: ServeSettings, public_key: Path | None = None) -> Any:
+    """Open the artifacts here first: a bad directory or manifest is one clear error before Ray starts; with
+    ``public_key`` (runtime.verify) an export that key did not sign, or changed since, is refused here too."""
     from ..runtime.artifacts import Artifacts
 
     if "://" in str(settings.artifacts):  # a URI: downloaded once into this node's cache, verified
         from ..runtime.artifact_transfer import fetch_uri
 
+        if public_key is not None:
+            from ..runtime.signature import verify_uri
+
+            verify_uri(str(settings.artifacts), public_key)
         return fetch_uri(str(settings.artifacts))
-    return Artifacts.open(settings.artifacts)
+    return Artifacts.open(settings.artifacts, public_key=public_key)
 
 
 def replica_spec(cfg: Any, settings: ServeSettings, options: Any, source: Any = None, name: str = "") -> Any:
@@ -108,7 +113,7 @@ def run_server(
     cfg: Any, settings: ServeSettings, options: Any, progress: Progress, stop: threading.Event | None = None
 ) -> None:
     """Serve until SIGTERM/SIGINT (or ``stop`` is set); then drain in-flight requests and exit."""
-    artifacts = _check_artifacts(settings)  # a bad export is said first, whether or not Ray is installed
+    artifacts = _check_artifacts(settings, cfg.verify_key)  # a bad (or unsigned) export first, before Ray
     ray = require("ray", "vitdeploy serve")
     require("ray.serve", "vitdeploy serve (pip install 'vitdeploy[serve]')")
     sv = cfg.serve

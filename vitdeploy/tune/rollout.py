@@ -139,7 +139,8 @@ def run_rollout(cfg: Any, plan: RolloutPlan, options: Any, progress: Progress) -
     """Roll ``plan.artifacts`` out onto the server at ``plan.url`` (see the module's docstring)."""
     from ..runtime.artifacts import Artifacts
 
-    artifacts = Artifacts.open(plan.artifacts)  # a bad export is said before anything is touched
+    # a bad export (or, with runtime.verify, one its key did not sign) is said before anything is touched
+    artifacts = Artifacts.open(plan.artifacts, public_key=cfg.verify_key)
     if plan.shadow_requests is None and not plan.shadow_seconds:
         raise ConfigError("--shadow: give a number of requests (300) or a time (2m)")
     server = find_server(plan.url, plan.model, plan.token)

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ...base.errors import ConfigError
-
-REPORT_NAME = "report.html"
+from ...base.vocab import REPORT_NAME
 
 
 def write_report(
@@ -28,12 +27,14 @@ def write_report(
     bench: str = "skip",
     images: bool = True,
     bench_runner: Any = None,
+    public_key: str | os.PathLike[str] | None = None,
 ) -> tuple[Path, Any, Any]:
     """Write the report of the export in ``artifacts`` to ``out`` (default ``artifacts/report.html``).
 
     ``bench``: "skip" (use a saved bench report if there is one), "auto" (run a short benchmark here when
     none is saved, and save it), or the path of a bench report JSON. Returns (the page's path, the
-    Recommendation, the Facts it was made from)."""
+    Recommendation, the Facts it was made from). ``public_key``: the signature's section says whether that key
+    signed the export (else: who signed, not checked)."""
     from ...base._files import write_bytes_atomic
     from .facts import BENCH_REPORT_NAME, gather
     from .page import render
@@ -49,7 +50,7 @@ def write_report(
             raise ConfigError(f"--bench {path}: not a readable bench report ({exc})") from None
     elif bench == "auto" and not (folder / BENCH_REPORT_NAME).is_file():
         given = (bench_runner or short_bench)(folder)
-    facts = gather(folder, given)
+    facts = gather(folder, given, Path(public_key) if public_key is not None else None)
     rec = recommend(facts.candidates())
     target = Path(out) if out else folder / REPORT_NAME
     write_bytes_atomic(target, render(facts, rec, images=images).encode("utf-8"))

@@ -20,6 +20,7 @@ from typing import Any
 
 from ...base.errors import ArtifactError
 from ...base.vocab import (
+    BENCH_REPORT_NAME,
     DRIFT_REPORT_NAME,
     LOADTEST_REPORT_NAME,
     MANIFEST_NAME,
@@ -31,7 +32,6 @@ from ...base.vocab import (
 )
 from .recommend import Candidate
 
-BENCH_REPORT_NAME = "bench-report.json"
 GPU_NAMES = ("trt", TRT_INT8, TORCH_FP16)
 #: the export's validation stages and the backend that runs each artifact (None: not one to deploy by
 #: itself: model.onnx is what `ort` runs only without model.ort.onnx, model.int8.trt.onnx is an engine's source)
@@ -76,6 +76,7 @@ class Facts:
     machine: dict[str, str]
     tune: dict[str, Any] | None = None  # `vitdeploy tune`'s tune-report.json, where it ran
     loadtest: dict[str, Any] | None = None  # `vitdeploy loadtest -a`'s loadtest-report.json, where it ran
+    signature: dict[str, Any] | None = None  # model.sig: who signed what, verified or not (None: unsigned)
 
     def per_backend(self) -> list[AccuracyRow]:
         """One row per backend: an export for several sizes' rows merged (the worst status of its sizes, each metric
@@ -248,8 +249,13 @@ def machine() -> dict[str, str]:
     }
 
 
-def gather(artifacts: str | os.PathLike[str], bench: dict[str, Any] | None = None) -> Facts:
-    """The facts of the export in ``artifacts`` (``bench``: a bench report to use instead of the saved one)."""
+def gather(
+    artifacts: str | os.PathLike[str], bench: dict[str, Any] | None = None, public_key: Path | None = None
+) -> Facts:
+    """The facts of the export in ``artifacts`` (``bench``: a bench report to use instead of the saved one;
+    ``public_key``: the key its signature is checked with, if it has one)."""
+    from ...runtime.signature import signature_status
+
     folder = Path(artifacts)
     manifest = _read_json(folder / MANIFEST_NAME)
     if manifest is None:
@@ -282,6 +288,7 @@ def gather(artifacts: str | os.PathLike[str], bench: dict[str, Any] | None = Non
         machine(),
         _read_json(folder / TUNE_REPORT_NAME),
         _read_json(folder / LOADTEST_REPORT_NAME),
+        signature_status(folder, public_key),
     )
 
 

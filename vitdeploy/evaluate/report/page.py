@@ -17,6 +17,7 @@ import io
 from pathlib import Path
 from typing import Any, Iterable
 
+from ...base.vocab import SIGNATURE_NAME
 from .facts import AccuracyRow, Facts
 from .recommend import Recommendation, serve_command
 from .serving import serving_section
@@ -313,6 +314,26 @@ def _artifacts(facts: Facts) -> str:
     )
 
 
+def _signature(facts: Facts) -> str:
+    """Who signed what (model.sig, `vitdeploy sign`), and whether this report checked it."""
+    sig = facts.signature
+    head = "<h2 id='signature'>Signature</h2>"
+    if sig is None:
+        return (
+            head + f"<p class='muted'>Unsigned: no {SIGNATURE_NAME} (`vitdeploy sign EXPORT --key PRIVATE.pem`).</p>"
+        )
+    verdict = {True: "verified", False: "REFUSED", None: "not verified"}[sig.get("verified")]
+    files = sig.get("files") or []
+    rows = [
+        ("signed by", sig.get("signer", "?")),
+        ("signed at", f"{sig.get('signed_at', '?')} (the signature file's time)"),
+        ("covers", f"{len(files)} file(s), {sig.get('algorithm', '?')}: " + ", ".join(files)),
+        ("not covered", ", ".join(sig.get("ignored") or []) or "-"),
+        (verdict, sig.get("why", "")),
+    ]
+    return head + _table((SIGNATURE_NAME, ""), rows)
+
+
 def _fields(value: Any) -> str:
     """A value as a reader reads it (HTML): a mapping as one row per key, a list one item a line, never a repr."""
     if isinstance(value, dict):
@@ -361,6 +382,7 @@ def render(facts: Facts, rec: Recommendation, images: bool = True) -> str:
             _speed(facts),
             serving_section(facts),
             _artifacts(facts),
+            _signature(facts),
             _model(facts),
         )
     )

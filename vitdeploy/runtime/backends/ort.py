@@ -19,7 +19,7 @@ import numpy as np
 
 from ...base._deps import require
 from ...base.errors import BackendError, ConfigError
-from ...base.vocab import ORT_FP16, ORT_INT8
+from ...base.vocab import ORT_FP16, ORT_INT8, TRT_EP_CACHE
 from ..artifacts import check_onnx_external_data
 from ..cuda import cuda_index
 from ..manifest_checks import check_graph_io, onnx_dtype_name
@@ -86,7 +86,6 @@ def _allow_spinning(options: BackendOptions) -> bool:
 
 _provider_name = provider_name
 DEVICE_ID_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
-TRT_EP_CACHE = "ort-trt-cache"  # beside the artifacts: TensorRT EP engines and timing cache
 
 
 def _split_provider(entry: Any) -> tuple[str, dict[str, Any]]:

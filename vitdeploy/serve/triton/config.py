@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ...base.serving_sections import TritonSection
@@ -97,6 +98,7 @@ class Settings:
     top_k: int = 5  # serve.top_k
     max_image_pixels: int = 89_478_485  # runtime.max_image_pixels
     workspace_mb: int = 4096  # tensorrt.workspace_mb, for the TensorRT EP
+    verify_key: Path | None = None  # runtime.verify.public_key: only an export that key signed is written out
 
 
 def model_names(name: str) -> dict[str, str]:

@@ -128,7 +128,7 @@ def add_version(
     """Write the export in ``artifacts_dir`` as version N+1 of every model of the repository ``out`` (N: the
     highest version folder there); the ensemble's config.pbtxt then calls N+1. Nothing else is changed."""
     step = on_step or (lambda _msg: None)
-    artifacts = Artifacts.open(artifacts_dir)
+    artifacts = Artifacts.open(artifacts_dir, public_key=settings.verify_key)
     repo = Path(out).expanduser().absolute()
     settings, facts, engine_meta = resolved(artifacts, settings)
     _check_name(repo, facts.name)

@@ -73,6 +73,7 @@ def settings_from_config(cfg: Any, overrides: dict[str, Any] | None = None, top_
         top_k=k,
         max_image_pixels=int(cfg.runtime.max_image_pixels),
         workspace_mb=int(cfg.tensorrt.workspace_mb),
+        verify_key=getattr(cfg, "verify_key", None),
     )
 
 
@@ -266,7 +267,7 @@ def resolved(artifacts: Artifacts, settings: tc.Settings) -> tuple[tc.Settings, 
 def model_configs(artifacts_dir: str | os.PathLike[str], settings: tc.Settings) -> dict[str, str]:
     """Model name -> the config.pbtxt ``build_triton_repo`` writes for it, without writing anything: what a
     running server reloads when only the settings change (`vitdeploy tune --target triton`)."""
-    artifacts = Artifacts.open(artifacts_dir)
+    artifacts = Artifacts.open(artifacts_dir, public_key=settings.verify_key)
     settings, facts, engine_meta = resolved(artifacts, settings)
     names = tc.model_names(facts.name)
     configs = {
@@ -297,7 +298,7 @@ def build_triton_repo(
     ``out`` must not exist unless ``force``; it is replaced only once the new one is complete.
     """
     step = on_step or (lambda _msg: None)
-    artifacts = Artifacts.open(artifacts_dir)
+    artifacts = Artifacts.open(artifacts_dir, public_key=settings.verify_key)  # signed, when asked, before a write
     out = Path(out).expanduser().absolute()
     if out.exists() and not force:
         raise ConfigError(
