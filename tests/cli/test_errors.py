@@ -50,7 +50,7 @@ def run(args: list[str]):
 def test_the_walk_sees_every_command():
     names = {" ".join(path) for path, _ in COMMANDS}
     expected = {"export", "predict", "batch-predict", "validate", "bench", "info", "config check"}
-    expected |= {"config reference", "report", "serve", "triton-repo", "loadtest", "tune", "rollout"}
+    expected |= {"config reference", "report", "serve", "triton-repo", "loadtest", "tune", "rollout", "sign"}
     assert names == expected
 
 
