@@ -326,7 +326,7 @@ class EchoServer:
 def client(url: str, token: str | None = None):
     """One keep-alive connection POSTing images to ``url``/predict: `vitdeploy loadtest`'s own client (the echo
     app's route prefix "/" takes /predict too); ``token``: the bearer token it sends."""
-    from vitdeploy.tune.clients import PREDICT, Target, open_client
+    from vitdeploy.client.protocols import PREDICT, Target, open_client
 
     return open_client(Target(url, PREDICT, token=token))
 

@@ -578,9 +578,9 @@ def _validate_url(
     image_size: int | None = None,
 ) -> None:
     """`validate --url`: the server's answers judged against eager PyTorch (tune/served_check.py)."""
-    from ..evaluate.served_report import format_served
+    from ..client.served_check import check_served
+    from ..client.served_report import format_served
     from ..serve.auth import read_token
-    from ..tune.served_check import check_served
 
     token_file = cfg.resolve(Path(cfg.serve.token_file)) if cfg.serve.token_file else None
     check = check_served(

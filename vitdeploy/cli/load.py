@@ -69,8 +69,7 @@ def loadtest(
     as_json: bool,
 ) -> None:
     """Load a vitdeploy, Triton or any KServe v2 server: throughput, latency percentiles and errors per level."""
-    from ..tune.clients import Target, asked_outputs
-    from ..tune.loadtest import (
+    from ..client.loadtest import (
         LoadPlan,
         format_loadtest,
         load_images,
@@ -79,6 +78,7 @@ def loadtest(
         run_loadtest,
         save_loadtest,
     )
+    from ..client.protocols import Target, asked_outputs
 
     seconds = parse_duration(duration) if duration else (None if requests else 20.0)
     plan = LoadPlan(
@@ -168,8 +168,8 @@ def tune(
     Ctrl-C stops it cleanly: the server stops, the best so far is written."""
     from ..base.config import load_config
     from ..base.vocab import AUTO
+    from ..client.loadtest import parse_duration
     from ..runtime.backends.base import BackendOptions
-    from ..tune.loadtest import parse_duration
     from ..tune.overlay import write_outputs
     from ..tune.tuner import TunePlan, run_tune
 

@@ -110,7 +110,7 @@ class DriftReport:
     versions: dict[str, str] = field(default_factory=dict)
     created: str = ""
     report_path: str | None = None
-    #: `validate --url`'s checks of running servers (evaluate/served_report.py), kept across `validate` runs
+    #: `validate --url`'s checks of running servers (client/served_report.py), kept across `validate` runs
     served: list[dict[str, Any]] = field(default_factory=list)
     #: the sizes judged, an export for several sizes (export.image_sizes); None: a fixed-size export
     image_sizes: list[int] | None = None

@@ -1,4 +1,4 @@
-"""What `vitdeploy rollout` asks a server before it touches anything (vitdeploy/tune/rollout_server.py): a
+"""What `vitdeploy rollout` asks a server before it touches anything (vitdeploy/client/rollout/server.py): a
 made-up HTTP server whose answers the test decides (with or without a serve token, vitdeploy's or not)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from vitdeploy.base.errors import BackendError, ConfigError
+from vitdeploy.client.rollout.server import export_sha, find_server, served_sha
 from vitdeploy.serve.auth import digest
-from vitdeploy.tune.rollout_server import export_sha, find_server, served_sha
 
 TOKEN = "a-serve-token-of-32-characters-x"
 

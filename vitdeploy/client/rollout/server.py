@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from ..base.errors import BackendError, ConfigError, first_line
-from ..serve.auth import TOKEN_ENV, digest
-from ..serve.protocol import EXPORT_SHA256, served_export
+from ...base.errors import BackendError, ConfigError, first_line
+from ...serve.auth import TOKEN_ENV, digest
+from ...serve.protocol import EXPORT_SHA256, served_export
 
 TIMEOUT_S = 30.0
 

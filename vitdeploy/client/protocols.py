@@ -24,8 +24,9 @@ from urllib.parse import urlsplit
 from ..base._deps import require
 from ..base.errors import ConfigError, first_line
 from ..base.vocab import IMAGE_SIZE_PARAM
+from ..serve.kserve_http import HEADER_LENGTH, deserialize_bytes, serialize_bytes
 from ..serve.outputs import EMBEDDINGS
-from ..serve.protocol import HEADER_LENGTH, INPUT, TOPK_LABELS, TOPK_SCORES, deserialize_bytes, serialize_bytes
+from ..serve.protocol import INPUT, TOPK_LABELS, TOPK_SCORES
 from ..serve.stage_timing import HEADER as SERVER_TIMING
 from ..serve.stage_timing import parse_server_timing
 

@@ -1,7 +1,7 @@
 """`vitdeploy validate --url`: what the clients of a running server get, judged against eager PyTorch.
 
     check = check_served("artifacts/", "http://127.0.0.1:8000", protocol="v2-http", model="vit-demo-digits")
-    print("\\n".join(format_served(check)))          # vitdeploy.evaluate.served_report
+    print("\\n".join(format_served(check)))          # vitdeploy.client.served_report
     check.raise_for_failures()                        # exit 3 when refused or past the gate
 
 1. The model's configuration (``GET /v2/models/<m>/config``, gRPC ``ModelConfig``) says which export the server
@@ -59,12 +59,12 @@ from ..evaluate.drift import (
     reference_summary,
     validation_batch,
 )
-from ..evaluate.served_report import SERVED, ServedCheck, save_served
 from ..serve.auth import TOKEN_ENV
 from ..serve.outputs import EMBEDDINGS, LOGITS
 from ..serve.protocol import model_name, served_export
 from ..serve.triton.config import PREPROCESS_PARAM
-from .clients import CONNECTION_ERROR, OK, PREDICT, V2_GRPC, Target, model_document, open_client
+from .protocols import CONNECTION_ERROR, OK, PREDICT, V2_GRPC, Target, model_document, open_client
+from .served_report import SERVED, ServedCheck, save_served
 
 log = logging.getLogger(__name__)
 
