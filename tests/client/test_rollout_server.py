@@ -67,7 +67,7 @@ def test_a_server_with_a_token_needs_the_same_and_the_candidate_requires_it():
             find_server(srv.url, None, "another-token-of-32-characters-xx")
         assert "another-token" not in str(err.value)
         server = find_server(srv.url, None, TOKEN)
-    assert server.token_digest == digest(TOKEN) and server.headers() == {"Authorization": f"Bearer {TOKEN}"}
+    assert server.token_digest == digest(TOKEN) and server.token == TOKEN
 
 
 def test_the_model_is_named_when_several_are_served_and_must_be_one_of_them():

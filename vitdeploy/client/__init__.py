@@ -1,5 +1,6 @@
 """The client side of a running deployment: what vitdeploy asks of a server it did not start, or of one it did.
 
+    connection.py    the one HTTP client: base URL, bearer token, CA bundle (every call to a server goes through it)
     protocols.py     one request, in each protocol (POST /predict, KServe v2 over HTTP, over gRPC)
     loadgen.py       closed loop (N clients) and open loop (requests at a rate, timed from when each was due)
     server_stats.py  the server's own statistics (/v2/models/<m>/stats) over a level

@@ -315,6 +315,7 @@ def check_served(
     report_path: Any = None,
     write_report: bool = True,
     image_size: int | None = None,
+    ca_bundle: Any = None,
 ) -> ServedCheck:
     """Judge the server at ``url`` against eager PyTorch on the export in ``artifacts_dir`` (the one it should
     run). Never raises for a failed gate or a refusal: inspect ``check.status`` or call
@@ -322,7 +323,9 @@ def check_served(
     missing token, an unknown model, an unreadable image folder. ``thresholds``: {"fp32": ..., "fp16": ...,
     "int8": ...} (default: the config's defaults). The check lands in ``drift-report.json``'s ``served``
     section beside the export (or at ``report_path``) unless ``write_report`` is False. ``image_size``: the size
-    asked of the server and judged (InputError naming the sizes that work when the export does not list it)."""
+    asked of the server and judged (InputError naming the sizes that work when the export does not list it).
+    ``ca_bundle``: the PEM file an HTTPS server's certificate is verified against (None: the system's trust store,
+    client/connection.py)."""
     from ..runtime.artifacts import Artifacts
     from ..runtime.backends import BackendOptions
 
@@ -337,6 +340,7 @@ def check_served(
         token,
         (EMBEDDINGS if embedding else LOGITS,),
         image_size,
+        ca_bundle,
     )
     facts = read_server_facts(target, name, artifacts)
     check = ServedCheck(

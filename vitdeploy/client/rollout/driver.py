@@ -65,6 +65,7 @@ class RolloutPlan:
     start_timeout_s: float = 300.0
     max_slowdown: Optional[float] = None
     token: Optional[str] = None
+    ca_bundle: Optional[str] = None  # what an HTTPS server's certificate is verified against (connection.py)
 
 
 @dataclass
@@ -143,7 +144,7 @@ def run_rollout(cfg: Any, plan: RolloutPlan, options: Any, progress: Progress) -
     artifacts = Artifacts.open(plan.artifacts)  # a bad export is said before anything is touched
     if plan.shadow_requests is None and not plan.shadow_seconds:
         raise ConfigError("--shadow: give a number of requests (300) or a time (2m)")
-    server = find_server(plan.url, plan.model, plan.token)
+    server = find_server(plan.url, plan.model, plan.token, plan.ca_bundle)
     ray = connect(plan.address)
     return _Rollout(ray, cfg, plan, options, progress, artifacts, server).run()
 
