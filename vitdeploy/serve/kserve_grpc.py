@@ -29,6 +29,7 @@ from ..base.errors import BodyTooLargeError
 from . import auth, kserve_http, protocol, stage_timing
 from .http_errors import status_of
 from .kserve_model import model_config
+from .ray_private import wrap_grpc_handlers
 
 #: What Ray Serve's gRPC proxy imports and calls to register the service (:func:`add_servicer`).
 SERVICER_FUNCTION = "vitdeploy.serve.kserve_grpc.add_servicer"
@@ -63,10 +64,7 @@ def add_servicer(servicer: Any, server: Any) -> None:
     from tritonclient.grpc import service_pb2_grpc
 
     register_proto_modules()
-    factory = getattr(server, "service_handler_factory", None)
-    if callable(factory):
-        server.service_handler_factory = _retry_lost(factory)
-    else:  # another Ray: a request whose replica dies gets Ray's INTERNAL
+    if not wrap_grpc_handlers(server, _retry_lost):  # another Ray: a request whose replica dies gets Ray's INTERNAL
         log.warning("Ray's gRPC proxy has no service_handler_factory: lost requests are not retried")
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
 
@@ -85,7 +83,7 @@ def _retry_lost(factory: Any) -> Any:
     (an inference has no side effect; another replica, or the one Ray starts in its place, answers);
     lost twice, UNAVAILABLE with one line (retryable), never Ray's INTERNAL and its internals. Ray Serve
     has no gRPC interceptor option: this wraps its proxy's ``service_handler_factory`` (not a public
-    API: checked when the proxy starts, see :func:`add_servicer`), as the HTTP guard wraps its proxy."""
+    API: serve/ray_private.py), as the HTTP guard wraps its proxy."""
     import grpc
 
     from .proxy_guard import LOST_REQUEST_RETRIES, REPLICA_STOPPED

@@ -41,13 +41,14 @@ from ..base.errors import (
 )
 from . import auth
 from .http_errors import MAX_REASON, error_body, status_of
+from .ray_private import PROXY_CALLBACK_ENV
 from .rollout.registry import ROUTING
 from .rollout.routes import HEADER_PREFIX, routed
 
 log = logging.getLogger(__name__)
 
 CALLBACK = "vitdeploy.serve.proxy_guard.middlewares"
-CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+CALLBACK_ENV = PROXY_CALLBACK_ENV.variable
 MAX_BODY_ENV = "VITDEPLOY_MAX_REQUEST_BYTES"
 BODY_TIMEOUT_ENV = "VITDEPLOY_BODY_TIMEOUT_S"
 MODELS_PREFIX = "/v2/models/"

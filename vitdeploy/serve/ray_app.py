@@ -36,6 +36,7 @@ from .http_errors import MAX_REASON, error_body, status_of
 from .image_sizes import SizedPredictors, by_shape, requested_size
 from .kserve_grpc import KServeGrpcMethods, register_proto_modules
 from .kserve_model import InferenceStats, model_config
+from .ray_private import with_version
 from .replica_spec import ReplicaSpec, deployment_options
 from .request_images import ClientGone, body_of, images_of
 from .rollout.routes import VERSIONS_HEADER, parse_versions
@@ -413,14 +414,14 @@ def build_app(
     ``user_config`` ({"max_batch_size", "batch_wait_timeout_s"}) is applied by ``reconfigure``. ``version``: the
     same string on a later ``serve.run`` says the replicas' code and arguments are unchanged, so Ray Serve applies
     a new ``user_config`` or replica count to the running replicas instead of replacing them (without it Ray
-    draws a random version for every run). Ray accepts it only as an internal option: where that is refused
-    the replicas are replaced, as before."""
+    draws a random version for every run). Ray accepts it only as an internal option (serve/ray_private.py): where
+    that is refused the replicas are replaced, as before."""
     deployment = ViTClassifier.options(
         **deployment_options(sv, replicas), **({"user_config": user_config} if user_config else {})
     )
     if version:
         try:
-            deployment = deployment.options(version=version, _internal=True)
+            deployment = with_version(deployment, version)
         except (TypeError, ValueError) as exc:
             log.warning("Ray Serve refused a deployment version (%s): every change replaces the replicas", exc)
     return deployment.bind(spec)

@@ -23,6 +23,7 @@ from ..base._deps import require
 from ..base.errors import BackendError, remote_reason
 from ..runtime.backends import first_line
 from . import tls, tracing
+from .ray_private import WORKER_NICENESS_ENV, local_ray_options
 from .rollout.routes import version_of_app
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def replica_spec(cfg: Any, settings: ServeSettings, options: Any, source: Any = 
     )
 
 
-WORKER_NICENESS = "RAY_worker_niceness"
+WORKER_NICENESS = WORKER_NICENESS_ENV.variable
 DRAIN_GRACE_S = 0.5  # read by the raylet when ray.init starts it
 
 
@@ -184,17 +185,15 @@ def start_local_ray(ray: Any, cfg: Any, settings: ServeSettings, progress: Progr
         os.environ.pop(DIGEST_ENV, None)
     # Ray (and its Prometheus endpoint) listens on loopback only, unless serve.metrics_host says otherwise.
     loopback = settings.host in LOOPBACK or sv.metrics_host in LOOPBACK
-    local = {"_node_ip_address": "127.0.0.1"} if loopback else {}  # else Ray's node address, all interfaces
     ctx = init_ray_retrying(
         ray,
         progress,
         address="local",  # a Ray of its own: without it Ray joins any Ray already running on this machine
         num_cpus=cpus,
         include_dashboard=False,
-        _metrics_export_port=sv.metrics_port,
         logging_level=logging.WARNING,
         configure_logging=True,
-        **local,
+        **local_ray_options(sv.metrics_port, loopback),  # else Ray's node address, all interfaces
     )
     gcs = ctx.address_info["gcs_address"]
     progress(f"Ray at {gcs}: more models join it with `vitdeploy serve --address {gcs}`")

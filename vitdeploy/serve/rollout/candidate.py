@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from ...base.errors import BackendError, remote_reason
+from ..ray_private import delete_nowait, run_nowait
 from .routes import version_of_app, version_route
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def start_version(application: Any, app: str, route: str, timeout_s: float) -> N
     from ray import serve
 
     try:
-        serve._run(application, _blocking=False, name=app, route_prefix=route, logging_config=LOGGING)
+        run_nowait(application, app, route, LOGGING)
     except Exception as exc:  # noqa: BLE001 - Ray wraps the controller's refusal in its own types
         raise BackendError(f"Ray Serve refused to deploy it: {remote_reason(exc)}") from exc
     deadline = time.monotonic() + timeout_s
@@ -95,7 +96,7 @@ def remove_version(app: str, timeout_s: float) -> bool:
     from ray import serve
 
     try:
-        serve.delete(app, _blocking=False)
+        delete_nowait(app)
     except Exception as exc:  # noqa: BLE001 - the controller's own error: reported, the wait below decides
         log.warning("deleting %s: %s", app, exc)
     deadline = time.monotonic() + timeout_s
