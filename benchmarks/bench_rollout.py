@@ -108,8 +108,8 @@ def p99(timeline: list[tuple[float, float]], start: float, end: float) -> tuple[
 
 def under_load(url: str, rate: float, seconds: float, action, images) -> tuple[Any, Any]:
     """``action()`` run a few seconds into an open loop at ``rate`` lasting ``seconds``; (its result, the level)."""
-    from vitdeploy.tune.clients import PREDICT, Target, open_client
-    from vitdeploy.tune.loadgen import open_loop
+    from vitdeploy.client.loadgen import open_loop
+    from vitdeploy.client.protocols import PREDICT, Target, open_client
 
     level: dict[str, Any] = {}
     target = Target(url, PREDICT)
@@ -124,8 +124,8 @@ def under_load(url: str, rate: float, seconds: float, action, images) -> tuple[A
 
 
 def rollout(server: Server, export: Path, cfg: Any, marks: dict[str, float]) -> Any:
+    from vitdeploy.client.rollout.driver import RolloutPlan, run_rollout
     from vitdeploy.runtime.backends.base import BackendOptions
-    from vitdeploy.tune.rollout import RolloutPlan, run_rollout
 
     def progress(line: str) -> None:
         marks.setdefault(line.split()[0], time.time())  # starting / shadowing / promoting / rolling
@@ -139,9 +139,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     from vitdeploy.base.config import parse_config
+    from vitdeploy.client.loadgen import closed_loop
+    from vitdeploy.client.loadtest import load_images
     from vitdeploy.serve.triton.local import free_port
-    from vitdeploy.tune.loadgen import closed_loop
-    from vitdeploy.tune.loadtest import load_images
 
     demo = demo_export(args.cache)
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
@@ -155,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     server = Server(demo, config, free_port())
     try:
         ray.init(address=server.gcs, logging_level="WARNING", log_to_driver=False)
-        from vitdeploy.tune.clients import PREDICT, Target, open_client
+        from vitdeploy.client.protocols import PREDICT, Target, open_client
 
         factory = lambda: open_client(Target(server.url, PREDICT))  # noqa: E731
         closed_loop(factory, images, args.clients, duration_s=3.0)  # warm-up
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rate = capacity / 2
         out.update(capacity_rps=round(capacity, 1), rate_rps=round(rate, 1))
         print(f"capacity {capacity:.1f} req/s with {args.clients} clients: load at {rate:.1f} req/s", flush=True)
-        from vitdeploy.tune.loadgen import open_loop
+        from vitdeploy.client.loadgen import open_loop
 
         steady = open_loop(factory, images, rate, args.steady)
         out["steady"] = {"p99_ms": round(steady.percentile(99), 2), "requests": steady.sent, "errors": steady.errors}

@@ -265,7 +265,9 @@ def echo_server_main(port: int) -> None:
     """``bench_serve.py --echo-server PORT``: a bare Ray Serve app, no vitdeploy code in its path: one
     echo deployment that reads the body and answers a short JSON (the size of one /predict record),
     in its own local Ray at the same worker priority as `vitdeploy serve`; stops on SIGTERM."""
-    os.environ.setdefault("RAY_worker_niceness", "0")  # as `vitdeploy serve` starts its local Ray
+    from vitdeploy.serve.ray_private import WORKER_NICENESS_ENV, local_ray_options
+
+    os.environ.setdefault(WORKER_NICENESS_ENV.variable, "0")  # as `vitdeploy serve` starts its local Ray
     import ray
     from ray import serve
     from starlette.requests import Request
@@ -279,7 +281,8 @@ def echo_server_main(port: int) -> None:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="WARNING")
+    loopback = local_ray_options(None, loopback=True)  # Ray's private keywords: vitdeploy/serve/ray_private.py
+    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING", **loopback)
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
     serve.run(Echo.bind(), name=ECHO_APP, route_prefix="/", logging_config={"log_level": "WARNING"})
     print("Ctrl-C", file=sys.stderr, flush=True)
@@ -326,7 +329,7 @@ class EchoServer:
 def client(url: str, token: str | None = None):
     """One keep-alive connection POSTing images to ``url``/predict: `vitdeploy loadtest`'s own client (the echo
     app's route prefix "/" takes /predict too); ``token``: the bearer token it sends."""
-    from vitdeploy.tune.clients import PREDICT, Target, open_client
+    from vitdeploy.client.protocols import PREDICT, Target, open_client
 
     return open_client(Target(url, PREDICT, token=token))
 

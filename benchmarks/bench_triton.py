@@ -53,8 +53,8 @@ from bench_serve import (
 def inference_stats(url: str, model: str) -> tuple[int, int]:
     """(inferences, executions) of ``model`` so far (`vitdeploy loadtest`'s reading of the server's statistics):
     their ratio is the mean dynamic batch size."""
-    from vitdeploy.tune.clients import V2_HTTP, Target
-    from vitdeploy.tune.server_stats import read
+    from vitdeploy.client.protocols import V2_HTTP, Target
+    from vitdeploy.client.server_stats import read
 
     stats = read(Target(url, V2_HTTP, model)) or {}
     return int(stats.get("inference_count", 0)), int(stats.get("execution_count", 0))
@@ -95,8 +95,8 @@ def stub_cpu_seconds(server_pid: int, model: str) -> float:
 def preprocess_cost(server, model: str, run, requests: int) -> dict[str, float]:
     """CPU and Triton compute time of the preprocessing model per request over one pass of ``run`` (the compute
     time from the server's statistics, as `vitdeploy loadtest` reads them)."""
-    from vitdeploy.tune.clients import V2_HTTP, Target
-    from vitdeploy.tune.server_stats import delta, read
+    from vitdeploy.client.protocols import V2_HTTP, Target
+    from vitdeploy.client.server_stats import delta, read
 
     target = Target(server.http_url, V2_HTTP, model)
     cpu0, before = stub_cpu_seconds(server.process.pid, model), read(target)

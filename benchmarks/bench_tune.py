@@ -37,9 +37,9 @@ from bench_serve import DEFAULT_CACHE, demo_artifacts, demo_digits, photos, vit_
 
 from vitdeploy.base.config import parse_config  # noqa: E402
 from vitdeploy.base.machine import cpu_model  # noqa: E402
+from vitdeploy.client.protocols import PREDICT, Target  # noqa: E402
 from vitdeploy.evaluate.reliability import usable_cores  # noqa: E402
 from vitdeploy.runtime.backends.base import BackendOptions  # noqa: E402
-from vitdeploy.tune.clients import PREDICT, Target  # noqa: E402
 from vitdeploy.tune.measure import measure_candidate  # noqa: E402
 from vitdeploy.tune.search import objective_text, search_serve  # noqa: E402
 from vitdeploy.tune.serve_target import ServeTarget  # noqa: E402

@@ -5,7 +5,7 @@ its p99 drift, does any request fail? (issue 40's goals: 0 errors, after the war
 The server is a `vitdeploy serve` subprocess on a local Ray, started as bench_serve.py starts it, with stage
 timing (Server-Timing, stage histograms), Prometheus metrics (scraped every window, as Prometheus would),
 HTTPS (a certificate made for the run; the clients verify it) and a bearer token. The load is the project's
-own load generator (``vitdeploy.tune.loadgen.open_loop``: `vitdeploy loadtest`'s keep-alive clients, latency
+own load generator (``vitdeploy.client.loadgen.open_loop``: `vitdeploy loadtest`'s keep-alive clients, latency
 timed from when each request was due): a fixed rate, by default half the throughput a closed-loop probe of
 ``--probe-s`` seconds reaches first (as bench_rollout.py loads its server).
 
@@ -195,7 +195,7 @@ def start(args: argparse.Namespace) -> tuple[Server, list[bytes], str]:
 
 def probe_rate(args: argparse.Namespace, factory, bodies: list[bytes]) -> tuple[float, dict]:
     """The steady rate: ``--rate``, or ``--load`` x the throughput of a closed-loop probe (after 5 s of warm-up)."""
-    from vitdeploy.tune.loadgen import closed_loop
+    from vitdeploy.client.loadgen import closed_loop
 
     if args.rate:
         return args.rate, {}
@@ -213,7 +213,7 @@ def probe_rate(args: argparse.Namespace, factory, bodies: list[bytes]) -> tuple[
 
 def soak(args: argparse.Namespace, server: Server, factory, bodies: list[bytes], rate: float, doc: dict) -> None:
     """The windows, each appended to ``doc["windows"]`` and written out as it ends (Ctrl-C ends the soak early)."""
-    from vitdeploy.tune.loadgen import open_loop
+    from vitdeploy.client.loadgen import open_loop
 
     root = server.proc.pid
     print(

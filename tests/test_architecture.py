@@ -1,14 +1,16 @@
 """The shape of the package: imports run one way, modules and functions stay small, each idea is
 defined once.
 
-    cli  ->  tune  ->  serve / batch / evaluate / export  ->  runtime  ->  model (network only)  ->  base
+    cli  ->  tune  ->  client  ->  serve / batch / evaluate / export  ->  runtime  ->  model (network only)  ->  base
 
 ``vitdeploy/base/`` is the base layer (config, errors, vocabularies, the preprocessing contract, the
 ViT's fields, small helpers); nothing else lives at the package root. ``evaluate`` may reuse
 ``export``'s comparator and library versions; ``serve`` and ``batch`` import neither ``export`` nor
-``evaluate`` (nor each other). Inside ``runtime`` only the torch backend touches ``model``, and only the
-network (``model.vit``); the package root names the Python API (``vitdeploy.export``, ``vitdeploy.Predictor``),
-imported on first use. Every import is read with ``ast``, those inside functions too.
+``evaluate`` (nor each other). ``client`` (what talks to a running server: loadtest, validate --url, the
+rollout's driver) stands on ``serve``'s wire protocol and ``evaluate``'s judgement; ``tune`` measures with it.
+Inside ``runtime`` only the torch backend touches ``model``, and only the network (``model.vit``); the package
+root names the Python API (``vitdeploy.export``, ``vitdeploy.Predictor``), imported on first use. Every import
+is read with ``ast``, those inside functions too.
 
 The tests mirror the package: ``tests/<room>/test_<module>[_<aspect>].py``, ``<module>`` a module or
 subpackage of ``vitdeploy/<room>/``; tests/ itself holds this file and the tests of what
@@ -36,7 +38,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vitdeploy"
 MAX_LINES = 500
 MAX_FUNCTION_LINES = 80
 
-ROOMS = ("base", "model", "runtime", "export", "evaluate", "serve", "batch", "tune", "cli")
+ROOMS = ("base", "model", "runtime", "export", "evaluate", "serve", "batch", "client", "tune", "cli")
 MAY_IMPORT = {
     "base": {"base"},
     "model": {"base", "model"},
@@ -45,8 +47,9 @@ MAY_IMPORT = {
     "evaluate": {"base", "runtime", "export", "evaluate"},
     "serve": {"base", "runtime", "serve"},
     "batch": {"base", "runtime", "batch"},
-    "tune": {"base", "runtime", "evaluate", "serve", "tune"},
-    "cli": {"base", "model", "runtime", "export", "evaluate", "serve", "batch", "tune", "cli"},
+    "client": {"base", "runtime", "export", "evaluate", "serve", "client"},
+    "tune": {"base", "runtime", "evaluate", "serve", "client", "tune"},
+    "cli": {"base", "model", "runtime", "export", "evaluate", "serve", "batch", "client", "tune", "cli"},
 }
 #: (importing module, imported module) pairs allowed beyond MAY_IMPORT.
 EXCEPTIONS = {
@@ -156,6 +159,16 @@ def test_imports_run_one_way():
         ("vitdeploy.export.pipeline", "from ..evaluate import drift", "vitdeploy.evaluate.drift"),
         ("vitdeploy.batch.job", "from ..serve.runner import run_server", "vitdeploy.serve.runner"),
         ("vitdeploy.runtime.predictor", "from ..batch.job import run_batch", "vitdeploy.batch.job"),
+        ("vitdeploy.serve.runner", "from ..client.protocols import Target", "vitdeploy.client.protocols"),
+        ("vitdeploy.evaluate.drift", "from ..client.served_check import ask", "vitdeploy.client.served_check"),
+        ("vitdeploy.client.loadtest", "from ..tune.search import search_serve", "vitdeploy.tune.search"),
+        ("vitdeploy.client.rollout.driver", "from ...tune import tuner", "vitdeploy.tune.tuner"),
+        ("vitdeploy.client.served_check", "from ..batch.job import run_batch", "vitdeploy.batch.job"),
+        (
+            "vitdeploy.serve.rollout.shadow",
+            "from ...client.rollout.gate import judge_shadow",
+            "vitdeploy.client.rollout.gate",
+        ),
     ],
 )
 def test_the_checker_names_the_offending_import(module, source, offending):
@@ -172,6 +185,12 @@ def test_the_checker_allows_the_documented_directions():
         "vitdeploy.model", "from .checkpoints import load_checkpoint\nfrom ..base import errors", True
     )
     assert not violations("vitdeploy.cli", "from ..serve import app\nfrom ..evaluate.bench import run_bench", True)
+    assert not violations(
+        "vitdeploy.client.rollout.driver",
+        "from ...serve.rollout.routes import version_app\nfrom ...evaluate.drift import judge_backend\n"
+        "from ...export.compare import compare\nfrom .gate import judge_shadow",
+    )
+    assert not violations("vitdeploy.tune.measure", "from ..client.loadgen import closed_loop")
 
 
 def import_graph() -> dict[str, set[str]]:

@@ -201,9 +201,9 @@ def test_the_serving_section_draws_a_saved_loadtests_stage_split(tmp_path):
     a size, their legend and the table's figures as a reader sees them, offline."""
     from collections import Counter
 
+    from vitdeploy.client.loadgen import LevelResult
+    from vitdeploy.client.loadtest import LoadReport, save_loadtest
     from vitdeploy.evaluate.report import write_report
-    from vitdeploy.tune.loadgen import LevelResult
-    from vitdeploy.tune.loadtest import LoadReport, save_loadtest
 
     (tmp_path / "manifest.json").write_text(json.dumps({"name": "synthetic", "artifacts": {}, "validation": {}}))
     levels = []

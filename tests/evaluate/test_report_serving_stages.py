@@ -14,11 +14,11 @@ import pytest
 
 pytest.importorskip("matplotlib", reason="matplotlib is not installed (the report extra)")
 
+from vitdeploy.client.loadgen import LevelResult  # noqa: E402
+from vitdeploy.client.loadtest import LoadReport, save_loadtest  # noqa: E402
 from vitdeploy.evaluate.report.facts import gather  # noqa: E402
 from vitdeploy.evaluate.report.serving import serving_section  # noqa: E402
 from vitdeploy.evaluate.report.serving_stages import NO_SPLIT, OUTSIDE, loadtest_levels, split_figure  # noqa: E402
-from vitdeploy.tune.loadgen import LevelResult  # noqa: E402
-from vitdeploy.tune.loadtest import LoadReport, save_loadtest  # noqa: E402
 from vitdeploy.tune.measure import Figure  # noqa: E402
 
 #: what `loadtest` averaged from the headers at one client and at eight (where the batch queue took the time)

@@ -7,12 +7,14 @@ cleared every request waits until the test sets it (a stall the test makes, not 
 (path, headers, body length). ``answer(method, path, body) -> (status, JSON document) or None``: what the test
 answers instead (None: the script above). ``server_timing``: a ``Server-Timing`` value sent with every 200.
 ``stats_lag_s``: the statistics count a success only that long after it was answered
-(as Triton records an ensemble's success after its response has left).
+(as Triton records an ensemble's success after its response has left). ``certs`` (helpers.certs): it serves HTTPS
+with that certificate (``url`` is then ``https://127.0.0.1:<port>``).
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +31,7 @@ class ScriptedServer:
         answer: Answer | None = None,
         server_timing: str | None = None,
         stats_lag_s: float = 0.0,
+        certs: object = None,
     ) -> None:
         self.delay_s, self.fail_every, self.answer = delay_s, fail_every, answer
         self.server_timing, self.stats_lag_s = server_timing, stats_lag_s
@@ -97,7 +100,13 @@ class ScriptedServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        scheme = "http"
+        if certs is not None:  # the handshake is made on accept; a client that refuses the certificate is dropped
+            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.load_cert_chain(certs.cert, certs.key)
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self) -> None:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from vitdeploy.base.errors import RequestError
-from vitdeploy.serve import protocol
+from vitdeploy.serve import kserve_http, protocol
 from vitdeploy.serve.image_sizes import by_shape, requested_size, sizes_parameter
 
 
@@ -18,11 +18,11 @@ def _body(parameters=None) -> bytes:
 
 
 def test_a_v2_request_names_its_size_in_its_parameters():
-    assert protocol.parse_infer_request(_body({"image_size": 336}), None, 4).image_size == 336
-    assert protocol.parse_infer_request(_body({"binary_data_output": True}), None, 4).image_size is None
-    assert protocol.parse_infer_request(_body(), None, 4).image_size is None
+    assert kserve_http.parse_infer_request(_body({"image_size": 336}), None, 4).image_size == 336
+    assert kserve_http.parse_infer_request(_body({"binary_data_output": True}), None, 4).image_size is None
+    assert kserve_http.parse_infer_request(_body(), None, 4).image_size is None
     with pytest.raises(RequestError, match=r"parameters.image_size must be a whole number .* got 33.5"):
-        protocol.parse_infer_request(_body({"image_size": 33.5}), None, 4)
+        kserve_http.parse_infer_request(_body({"image_size": 33.5}), None, 4)
 
 
 @pytest.mark.parametrize("value, size", [(None, None), ("", None), ("42", 42), (" 42 ", 42), (518, 518)])
@@ -59,4 +59,4 @@ def test_grpc_parameters_reach_the_request_parsed():
         request.parameters["image_size"].ClearField("parameter_choice")
         setattr(request.parameters["image_size"], field, value)
         body, head = http_form(request)
-        assert protocol.parse_infer_request(body, head, 4).image_size == 42
+        assert kserve_http.parse_infer_request(body, head, 4).image_size == 42

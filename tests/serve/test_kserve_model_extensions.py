@@ -12,6 +12,7 @@ import zlib
 import numpy as np
 import pytest
 
+from vitdeploy.serve import kserve_http as K
 from vitdeploy.serve import protocol as P
 from vitdeploy.serve.content_encoding import read_body
 from vitdeploy.serve.http_errors import status_of
@@ -119,10 +120,10 @@ def _request(outputs: list) -> bytes:
 def test_class_count_on_a_numeric_output_answers_as_triton_does():
     """Triton classifies LOGITS and TOPK_SCORES of the generated ensemble into b"value:index", largest first
     (read off the bundled tritonserver); the same here, never ignored."""
-    req = P.parse_infer_request(_request([{"name": "LOGITS", "parameters": {"classification": 3}}]), None, 4)
+    req = K.parse_infer_request(_request([{"name": "LOGITS", "parameters": {"classification": 3}}]), None, 4)
     assert req.outputs == {"LOGITS": False} and req.classification == {"LOGITS": 3}
     logits = np.array([[0.5, 4.16733, -0.043378, 0.171809]], np.float32)
-    body, _ = P.encode_infer_response("m", req, logits, ["a", "b", "c", "d"], k=2)
+    body, _ = K.encode_infer_response("m", req, logits, ["a", "b", "c", "d"], k=2)
     (out,) = json.loads(body)["outputs"]
     assert out == {
         "name": "LOGITS",
@@ -135,11 +136,11 @@ def test_class_count_on_a_numeric_output_answers_as_triton_does():
 @pytest.mark.parametrize("value", [-1, "3", True, 2.5])
 def test_a_class_count_that_is_no_count_is_refused(value):
     with pytest.raises(P.RequestError, match="classification must be a whole number"):
-        P.parse_infer_request(_request([{"name": "LOGITS", "parameters": {"classification": value}}]), None, 4)
+        K.parse_infer_request(_request([{"name": "LOGITS", "parameters": {"classification": value}}]), None, 4)
 
 
 def test_class_count_on_the_label_strings_is_refused_with_400():
     """Triton itself fails on it (the bundled tritonserver closed the connection and exited): refused here."""
     with pytest.raises(P.RequestError) as err:
-        P.parse_infer_request(_request([{"name": "TOPK_LABELS", "parameters": {"classification": 3}}]), None, 4)
+        K.parse_infer_request(_request([{"name": "TOPK_LABELS", "parameters": {"classification": 3}}]), None, 4)
     assert status_of(err.value) == 400 and "needs a numeric output" in str(err.value)

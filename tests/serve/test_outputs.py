@@ -11,7 +11,7 @@ import pytest
 
 from vitdeploy.base.errors import RequestError
 from vitdeploy.base.vocab import OUTPUT_TENSORS
-from vitdeploy.serve import protocol
+from vitdeploy.serve import kserve_http, protocol
 from vitdeploy.serve.kserve_model import model_config
 
 VECTORS = np.array([[0.5, -1.25, 3.0, 1e-7], [2.0, 0.0, -0.125, 7.5]], dtype=np.float32)
@@ -51,35 +51,35 @@ def test_patch_tokens_are_served_only_when_named():
     naming it gets [N, P, D] (JSON or binary); class_count on it is refused."""
     served = protocol.served_outputs(True, patch_tokens=True)
     assert served == ("EMBEDDINGS", "PATCH_TOKENS")
-    assert protocol.parse_infer_request(_request(), None, 8, served).outputs == {"EMBEDDINGS": False}
+    assert kserve_http.parse_infer_request(_request(), None, 8, served).outputs == {"EMBEDDINGS": False}
     tokens = np.arange(2 * 3 * 4, dtype=np.float32).reshape(2, 3, 4)
-    req = protocol.parse_infer_request(_request([{"name": "PATCH_TOKENS"}], binary=True), None, 8, served)
+    req = kserve_http.parse_infer_request(_request([{"name": "PATCH_TOKENS"}], binary=True), None, 8, served)
     assert req.outputs == {"PATCH_TOKENS": True}
-    body, headers = protocol.encode_infer_response("m", req, VECTORS, [], embedding=True, patch_tokens=tokens)
-    head = int(headers[protocol.HEADER_LENGTH])
+    body, headers = kserve_http.encode_infer_response("m", req, VECTORS, [], embedding=True, patch_tokens=tokens)
+    head = int(headers[kserve_http.HEADER_LENGTH])
     (out,) = json.loads(body[:head])["outputs"]
     assert out["name"] == "PATCH_TOKENS" and out["shape"] == [2, 3, 4]
     assert np.array_equal(np.frombuffer(body[head:], np.float32).reshape(2, 3, 4), tokens)
     with pytest.raises(RequestError, match="output PATCH_TOKENS: the classification extension"):
-        protocol.parse_infer_request(
+        kserve_http.parse_infer_request(
             _request([{"name": "PATCH_TOKENS", "parameters": {"classification": 2}}]), None, 8, served
         )
     with pytest.raises(RequestError, match="unknown output 'PATCH_TOKENS'"):  # an export without them
-        protocol.parse_infer_request(_request([{"name": "PATCH_TOKENS"}]), None, 8, protocol.served_outputs(True))
+        kserve_http.parse_infer_request(_request([{"name": "PATCH_TOKENS"}]), None, 8, protocol.served_outputs(True))
 
 
 def test_an_embedding_answer_is_the_vectors_in_json_and_in_binary():
-    req = protocol.parse_infer_request(_request(), None, 8, protocol.served_outputs(True))
+    req = kserve_http.parse_infer_request(_request(), None, 8, protocol.served_outputs(True))
     assert req.outputs == {"EMBEDDINGS": False}
-    body, headers = protocol.encode_infer_response("m", req, VECTORS, [], embedding=True)
+    body, headers = kserve_http.encode_infer_response("m", req, VECTORS, [], embedding=True)
     assert headers == {"Content-Type": "application/json"}
     (out,) = json.loads(body)["outputs"]
     assert out["name"] == "EMBEDDINGS" and out["datatype"] == "FP32" and out["shape"] == [2, 4]
     np.testing.assert_array_equal(np.array(out["data"], np.float32).reshape(2, 4), VECTORS)
 
-    req = protocol.parse_infer_request(_request(binary=True), None, 8, protocol.served_outputs(True))
-    body, headers = protocol.encode_infer_response("m", req, VECTORS, [], embedding=True)
-    head = int(headers[protocol.HEADER_LENGTH])
+    req = kserve_http.parse_infer_request(_request(binary=True), None, 8, protocol.served_outputs(True))
+    body, headers = kserve_http.encode_infer_response("m", req, VECTORS, [], embedding=True)
+    head = int(headers[kserve_http.HEADER_LENGTH])
     (out,) = json.loads(body[:head])["outputs"]
     assert out["parameters"] == {"binary_data_size": VECTORS.nbytes} and out["shape"] == [2, 4]
     assert np.array_equal(np.frombuffer(body[head:], np.float32).reshape(2, 4), VECTORS)
@@ -88,13 +88,13 @@ def test_an_embedding_answer_is_the_vectors_in_json_and_in_binary():
 @pytest.mark.parametrize("name", ["LOGITS", "TOPK_LABELS", "TOPK_SCORES"])
 def test_an_embedding_model_refuses_a_classifiers_output_by_name(name):
     with pytest.raises(RequestError, match=f"unknown output '{name}'; this model has EMBEDDINGS"):
-        protocol.parse_infer_request(_request([{"name": name}]), None, 8, protocol.served_outputs(True))
+        kserve_http.parse_infer_request(_request([{"name": name}]), None, 8, protocol.served_outputs(True))
     with pytest.raises(RequestError, match="unknown output 'EMBEDDINGS'"):
-        protocol.parse_infer_request(_request([{"name": "EMBEDDINGS"}]), None, 8)  # a classifier's
+        kserve_http.parse_infer_request(_request([{"name": "EMBEDDINGS"}]), None, 8)  # a classifier's
 
 
 def test_class_count_on_embeddings_is_the_largest_values_as_triton_answers():
-    req = protocol.parse_infer_request(
+    req = kserve_http.parse_infer_request(
         _request([{"name": "EMBEDDINGS", "parameters": {"classification": 2}}]), None, 8, ("EMBEDDINGS",)
     )
     arrays = protocol.output_arrays(VECTORS, [], 5, req.classification, embedding=True)

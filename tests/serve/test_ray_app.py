@@ -31,7 +31,7 @@ from helpers.otlp_receiver import OtlpReceiver, Span  # noqa: E402
 from helpers.serve_process import ServeProcess, free_port  # noqa: E402
 
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR  # noqa: E402
-from vitdeploy.serve import protocol, stage_timing, tracing  # noqa: E402
+from vitdeploy.serve import kserve_http, protocol, stage_timing, tracing  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -381,7 +381,7 @@ def _png_header_only(width: int, height: int) -> bytes:
 
 
 def _v2_request(blobs: list[bytes], shape: list[int] | None = None) -> tuple[bytes, dict]:
-    raw = protocol.serialize_bytes(blobs)
+    raw = kserve_http.serialize_bytes(blobs)
     head = json.dumps(
         {
             "inputs": [
@@ -394,7 +394,7 @@ def _v2_request(blobs: list[bytes], shape: list[int] | None = None) -> tuple[byt
             ]
         }
     ).encode()
-    return head + raw, {protocol.HEADER_LENGTH: str(len(head))}
+    return head + raw, {kserve_http.HEADER_LENGTH: str(len(head))}
 
 
 def test_bad_inputs_get_4xx_and_one_line_while_good_traffic_is_unchanged(server, photos, reference):

@@ -227,8 +227,8 @@ def test_metadata_and_config_show_the_embeddings_output(server):
 def test_loadtest_of_an_embedding_server_asks_for_its_vectors(server, embedding_artifacts, proto):
     """`vitdeploy loadtest -a EXPORT`: an embedding model's requests ask for EMBEDDINGS; without -a a client asks
     for a classifier's top-k, which the server refuses by name: the warm-up says so in one error."""
-    from vitdeploy.tune.clients import Target, asked_outputs
-    from vitdeploy.tune.loadtest import LoadPlan, load_images, run_loadtest
+    from vitdeploy.client.loadtest import LoadPlan, load_images, run_loadtest
+    from vitdeploy.client.protocols import Target, asked_outputs
 
     url = server.grpc if proto == "v2-grpc" else server.url
     outputs = asked_outputs(embedding_artifacts)
@@ -248,7 +248,7 @@ def test_loadtest_of_an_embedding_server_asks_for_its_vectors(server, embedding_
 def test_validate_url_judges_an_embedding_server_by_cosine_and_neighbours(server, embedding_artifacts, proto):
     """`vitdeploy validate --url` on an embedding server: its vectors against eager PyTorch's, by cosine and
     recall@k with the thresholds of the backend it says it runs (ort: fp32); no flips, no accuracy."""
-    from vitdeploy.tune.served_check import check_served
+    from vitdeploy.client.served_check import check_served
 
     url = server.grpc if proto == "v2-grpc" else server.url
     check = check_served(embedding_artifacts, url, protocol=proto, model=server.model, write_report=False)

@@ -155,7 +155,7 @@ def test_metadata_and_config_list_the_sizes(server):
 def test_validate_url_asks_the_size_and_the_answers_pass_against_eager_at_it(
     server, sized_artifacts, image, tmp_path, client
 ):
-    from vitdeploy.tune.served_check import check_served
+    from vitdeploy.client.served_check import check_served
 
     (tmp_path / "im.png").write_bytes(image)
     url = server.grpc if client == "v2-grpc" else server.url

@@ -202,8 +202,8 @@ def test_a_client_may_ask_for_any_subset_of_the_outputs(server: BundledTriton, i
 
 @pytest.mark.parametrize("protocol", ["v2-http", "v2-grpc"])
 def test_validate_url_passes_the_generated_repository_over_both_protocols(server, demo_artifacts, tmp_path, protocol):
+    from vitdeploy.client.served_check import check_served
     from vitdeploy.runtime.artifacts import sha256_file
-    from vitdeploy.tune.served_check import check_served
 
     url = server.grpc_url if protocol == "v2-grpc" else server.http_url
     check = check_served(demo_artifacts, url, protocol=protocol, model=NAME, report_path=tmp_path / "drift.json")
@@ -214,7 +214,7 @@ def test_validate_url_passes_the_generated_repository_over_both_protocols(server
 
 
 def test_validate_url_catches_an_edited_resize_filter_and_names_it(server, tampered, tmp_path):
-    from vitdeploy.tune.served_check import check_served
+    from vitdeploy.client.served_check import check_served
 
     check = check_served(tampered["export"], server.http_url, protocol="v2-http", model=TAMPERED, write_report=False)
     assert check.status == "failed"

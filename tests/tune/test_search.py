@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from vitdeploy.base.config import parse_config
-from vitdeploy.tune.loadgen import LevelResult
+from vitdeploy.client.loadgen import LevelResult
 from vitdeploy.tune.measure import Figure
 from vitdeploy.tune.overlay import overlay_text
 from vitdeploy.tune.search import BUDGET, DONE, INTERRUPTED, TRIALS, search_serve

@@ -13,9 +13,9 @@ pytest.importorskip("ray.serve", reason="vitdeploy tune --target serve needs ray
 from helpers.held import processes  # noqa: E402
 
 from vitdeploy.base.config import parse_config  # noqa: E402
+from vitdeploy.client.loadtest import LoadPlan, load_images, run_loadtest  # noqa: E402
+from vitdeploy.client.protocols import PREDICT, Target  # noqa: E402
 from vitdeploy.runtime.backends import BackendOptions  # noqa: E402
-from vitdeploy.tune.clients import PREDICT, Target  # noqa: E402
-from vitdeploy.tune.loadtest import LoadPlan, load_images, run_loadtest  # noqa: E402
 from vitdeploy.tune.serve_target import IN_PLACE, REPLACED, STARTED, ServeTarget  # noqa: E402
 from vitdeploy.tune.space import ServeCandidate  # noqa: E402
 

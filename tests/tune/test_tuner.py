@@ -24,9 +24,9 @@ from click.testing import CliRunner  # noqa: E402
 from helpers.held import processes  # noqa: E402
 from helpers.serve_process import ServeProcess, serve_env  # noqa: E402
 
+from vitdeploy.client.loadtest import LoadPlan, load_images, run_loadtest  # noqa: E402
+from vitdeploy.client.protocols import PREDICT, Target  # noqa: E402
 from vitdeploy.serve.triton.local import free_port  # noqa: E402
-from vitdeploy.tune.clients import PREDICT, Target  # noqa: E402
-from vitdeploy.tune.loadtest import LoadPlan, load_images, run_loadtest  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 # a p99 goal every setting meets on any machine: the tests check what tune writes, not this machine's jitter

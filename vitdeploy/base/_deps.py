@@ -21,6 +21,7 @@ _INSTALL_HINTS = {
     "huggingface_hub": "pip install 'vitdeploy[export]' (huggingface_hub>=1.31)",
     "model_signing": "pip install 'vitdeploy[sign]'",
     "OpenSSL": "pip install 'vitdeploy[sign]'",
+    "httpx": "pip install 'vitdeploy[client]'",
 }
 
 

@@ -16,6 +16,20 @@ def first_line(value: BaseException | str, limit: int | None = None) -> str:
     return text
 
 
+def remote_reason(value: BaseException | str) -> str:
+    """The one line that says why remote work failed (a Serve replica, a Ray task): Ray's message, or error,
+    carries the remote traceback, whose line naming our error type (else the line of an ``Error: ``, else its
+    last line) says why."""
+    text = str(value)
+    for marker in ("vitdeploy.base.errors.", "Error: "):
+        for line in text.splitlines():
+            if marker in line:
+                return line.strip()
+    if text.strip():
+        return text.strip().splitlines()[-1]
+    return type(value).__name__ if isinstance(value, BaseException) else "no reason given"
+
+
 class VitDeployError(Exception):
     """Base of every error vitdeploy raises on purpose."""
 

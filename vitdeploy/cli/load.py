@@ -67,8 +67,7 @@ def loadtest(
     as_json: bool,
 ) -> None:
     """Load a vitdeploy, Triton or any KServe v2 server: throughput, latency percentiles and errors per level."""
-    from ..tune.clients import Target, asked_outputs
-    from ..tune.loadtest import (
+    from ..client.loadtest import (
         LoadPlan,
         format_loadtest,
         load_images,
@@ -77,6 +76,7 @@ def loadtest(
         run_loadtest,
         save_loadtest,
     )
+    from ..client.protocols import Target, asked_outputs
 
     seconds = parse_duration(duration) if duration else (None if requests else 20.0)
     plan = LoadPlan(
@@ -166,7 +166,7 @@ def tune(
     Ctrl-C stops it cleanly: the server stops, the best so far is written."""
     from ..base.config import load_config
     from ..base.vocab import AUTO
-    from ..tune.loadtest import parse_duration
+    from ..client.loadtest import parse_duration
     from ..tune.overlay import write_outputs
     from ..tune.tuner import TunePlan, run_tune
 

@@ -103,9 +103,9 @@ def rollout(
     back (the live version never stopped), by what it answered. One line says which and why."""
     from ..base.config import load_config
     from ..base.errors import BackendError, ConfigError, ValidationError
+    from ..client.loadtest import parse_duration
+    from ..client.rollout.driver import RolloutPlan, format_status, rollout_status, run_rollout
     from ..serve.auth import read_token
-    from ..tune.loadtest import parse_duration
-    from ..tune.rollout import RolloutPlan, format_status, rollout_status, run_rollout
 
     if show_status:
         status = rollout_status(address)

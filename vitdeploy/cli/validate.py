@@ -105,7 +105,7 @@ def validate(
         "image_size": image_size,
     }
     if url is not None:
-        from ..evaluate.served_report import format_served
+        from ..client.served_report import format_served
 
         check = _check_url(cfg, artifacts_dir, url, protocol, model, backend, judged)
         _print_report(check, format_served, artifacts_dir, as_json)
@@ -126,9 +126,9 @@ def _check_url(
     backend: str | None,
     judged: dict[str, Any],
 ) -> Any:
-    """`validate --url`: the server's answers judged against eager PyTorch (tune/served_check.py)."""
+    """`validate --url`: the server's answers judged against eager PyTorch (client/served_check.py)."""
+    from ..client.served_check import check_served
     from ..serve.auth import read_token
-    from ..tune.served_check import check_served
 
     token_file = cfg.resolve(Path(cfg.serve.token_file)) if cfg.serve.token_file else None
     token = read_token(token_file)

@@ -1,7 +1,7 @@
 """One backend's outputs judged against eager PyTorch's: the row of the drift report (export/compare.py's
 metrics against a tolerance, the images whose top-1 class flipped, accuracy where true labels are known).
 
-Pure numpy: ``validate`` (drift.py) and ``validate --url`` (tune/served_check.py) judge through it alike.
+Pure numpy: ``validate`` (drift.py) and ``validate --url`` (client/served_check.py) judge through it alike.
 """
 
 from __future__ import annotations

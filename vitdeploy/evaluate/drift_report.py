@@ -73,7 +73,7 @@ class DriftReport:
     versions: dict[str, str] = field(default_factory=dict)
     created: str = ""
     report_path: str | None = None
-    #: `validate --url`'s checks of running servers (evaluate/served_report.py), kept across `validate` runs
+    #: `validate --url`'s checks of running servers (client/served_report.py), kept across `validate` runs
     served: list[dict[str, Any]] = field(default_factory=list)
     #: the sizes judged, an export for several sizes (export.image_sizes); None: a fixed-size export
     image_sizes: list[int] | None = None
@@ -104,7 +104,7 @@ class DriftReport:
 
     def to_dict(self) -> dict[str, Any]:
         """Strict JSON: non-finite metrics (NaN/inf logits) become the strings "nan" / "inf"."""
-        return _json_safe(
+        return json_safe(
             {
                 "format": REPORT_FORMAT,
                 "version": 1,
@@ -156,13 +156,13 @@ def kept_served(path: str | Path, export_sha256: str) -> list[dict[str, Any]]:
     return [e for e in entries if isinstance(e, dict) and e.get("export_sha256") == export_sha256]
 
 
-def _json_safe(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     if isinstance(obj, float) and not np.isfinite(obj):
         return str(obj)
     if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
+        return {k: json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
+        return [json_safe(v) for v in obj]
     return obj
 
 

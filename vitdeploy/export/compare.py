@@ -20,6 +20,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
+from ..base.errors import first_line
 from ..base.output_spec import EMBEDDING
 
 # metric name -> (threshold key, "max" if the metric must stay <= threshold else "min")
@@ -34,6 +35,9 @@ _RULES = {
 }
 
 DEFAULT_NEIGHBOURS = 10
+#: the failures a user reads first when several metrics fail: whether the answers agree (top-1; for embeddings the
+#: cosine, the neighbours) says more than how far the numbers moved
+TELLING = ("top1_agreement", "cosine", "recall_at_k")
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,13 @@ class Comparison:
     @property
     def passed(self) -> bool:
         return not self.failures
+
+    @property
+    def headline(self) -> str:
+        """The failure that says most to a user, in one line: a :data:`TELLING` metric's first, else the first
+        (empty when it passed)."""
+        telling = (f for metric in TELLING for f in self.failures if f.startswith(metric + ":"))
+        return first_line(next(telling, self.failures[0] if self.failures else ""))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

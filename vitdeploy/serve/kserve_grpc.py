@@ -6,7 +6,7 @@ that ship with ``tritonclient[grpc]``: :data:`SERVICER_FUNCTION`) and calls the 
 of the same name as the RPC (``ModelInfer``, ``ModelMetadata``...) with the request message; a
 status is returned through Ray's ``grpc_context``. :class:`KServeGrpcMethods` is mixed into the
 deployment class: an inference request is turned into the HTTP protocol's JSON + binary form and
-parsed by :func:`vitdeploy.serve.protocol.parse_infer_request`, so both transports check a request
+parsed by :func:`vitdeploy.serve.kserve_http.parse_infer_request`, so both transports check a request
 the same way and give the same one-line reasons. Statuses: 401 -> UNAUTHENTICATED (the serve token,
 in the ``authorization`` metadata: serve/auth.py), 404 -> NOT_FOUND, 503 -> UNAVAILABLE, any other
 refusal -> INVALID_ARGUMENT (Triton's code for a bad request).
@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import BodyTooLargeError
-from . import auth, protocol, stage_timing
+from . import auth, kserve_http, protocol, stage_timing
 from .http_errors import status_of
 from .kserve_model import model_config
+from .ray_private import wrap_grpc_handlers
 
 #: What Ray Serve's gRPC proxy imports and calls to register the service (:func:`add_servicer`).
 SERVICER_FUNCTION = "vitdeploy.serve.kserve_grpc.add_servicer"
@@ -63,10 +64,7 @@ def add_servicer(servicer: Any, server: Any) -> None:
     from tritonclient.grpc import service_pb2_grpc
 
     register_proto_modules()
-    factory = getattr(server, "service_handler_factory", None)
-    if callable(factory):
-        server.service_handler_factory = _retry_lost(factory)
-    else:  # another Ray: a request whose replica dies gets Ray's INTERNAL
+    if not wrap_grpc_handlers(server, _retry_lost):  # another Ray: a request whose replica dies gets Ray's INTERNAL
         log.warning("Ray's gRPC proxy has no service_handler_factory: lost requests are not retried")
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
 
@@ -85,7 +83,7 @@ def _retry_lost(factory: Any) -> Any:
     (an inference has no side effect; another replica, or the one Ray starts in its place, answers);
     lost twice, UNAVAILABLE with one line (retryable), never Ray's INTERNAL and its internals. Ray Serve
     has no gRPC interceptor option: this wraps its proxy's ``service_handler_factory`` (not a public
-    API: checked when the proxy starts, see :func:`add_servicer`), as the HTTP guard wraps its proxy."""
+    API: serve/ray_private.py), as the HTTP guard wraps its proxy."""
     import grpc
 
     from .proxy_guard import LOST_REQUEST_RETRIES, REPLICA_STOPPED
@@ -129,10 +127,10 @@ class _Routed:
 
 
 async def routed_context(request: Any, context: Any) -> Any:
-    """Once a rollout put versions of a model side by side (serve/rollout_state.py), Ray's gRPC proxy needs the
+    """Once a rollout put versions of a model side by side (serve/rollout/), Ray's gRPC proxy needs the
     ``application`` metadata to choose among them: a call that does not give it is sent to the version it names
     (``model_version``), else to the live one, as the HTTP guard routes a path. Otherwise ``context`` as it is."""
-    from .proxy_guard import ROUTING
+    from .rollout.registry import ROUTING
 
     table = await ROUTING.table()
     if not table or any(key == "application" for key, _ in context.invocation_metadata() or ()):
@@ -174,7 +172,7 @@ def http_form(request: Any) -> tuple[bytes, int]:
         if i < len(request.raw_input_contents):
             data = bytes(request.raw_input_contents[i])
         else:
-            data = protocol.serialize_bytes(list(tensor.contents.bytes_contents))
+            data = kserve_http.serialize_bytes(list(tensor.contents.bytes_contents))
         if i == 0:
             raw = data
         item["parameters"] = {"binary_data_size": len(data)}
@@ -200,7 +198,7 @@ def http_form(request: Any) -> tuple[bytes, int]:
 
 def infer_response(
     model: str,
-    req: protocol.InferRequest,
+    req: kserve_http.InferRequest,
     logits: np.ndarray,
     labels: list[str],
     k: int,
@@ -218,7 +216,7 @@ def infer_response(
         tensor = response.outputs.add()
         tensor.name, tensor.datatype = name, datatype
         tensor.shape.extend(arr.shape)
-        raw = protocol.serialize_bytes(arr.ravel().tolist()) if datatype == "BYTES" else arr.tobytes()
+        raw = kserve_http.serialize_bytes(arr.ravel().tolist()) if datatype == "BYTES" else arr.tobytes()
         response.raw_output_contents.append(raw)
     return response
 
@@ -337,7 +335,7 @@ class KServeGrpcMethods:
                     f"request body is over the limit of {self.spec.max_request_bytes} bytes (serve.max_request_mb)"
                 )
             served = protocol.served_outputs(self.predictor.is_embedding, self.predictor.has_patch_tokens)
-            req = protocol.parse_infer_request(body, head, self.spec.max_images_per_request, served)
+            req = kserve_http.parse_infer_request(body, head, self.spec.max_images_per_request, served)
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
             want = protocol.PATCH_TOKENS in req.outputs
             stage_timing.lap(clock, "read")

@@ -41,12 +41,14 @@ from ..base.errors import (
 )
 from . import auth
 from .http_errors import MAX_REASON, error_body, status_of
-from .rollout_state import HEADER_PREFIX, ROUTING_TTL_S, registry_actor, routed
+from .ray_private import PROXY_CALLBACK_ENV
+from .rollout.registry import ROUTING
+from .rollout.routes import HEADER_PREFIX, routed
 
 log = logging.getLogger(__name__)
 
 CALLBACK = "vitdeploy.serve.proxy_guard.middlewares"
-CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+CALLBACK_ENV = PROXY_CALLBACK_ENV.variable
 MAX_BODY_ENV = "VITDEPLOY_MAX_REQUEST_BYTES"
 BODY_TIMEOUT_ENV = "VITDEPLOY_BODY_TIMEOUT_S"
 MODELS_PREFIX = "/v2/models/"
@@ -108,56 +110,6 @@ async def answer_error(send: Send, exc: BaseException, close: bool = False) -> N
     await _answer(send, status, error_body(exc), close=close, extra=extra)
 
 
-class RoutingTable:
-    """The rollout registry's routing (serve/rollout_state.py), read at most once per ROUTING_TTL_S, one read at a
-    time; while the registry cannot be read the last table stands, so no request is sent to a version that left."""
-
-    def __init__(self, read: Callable[[], Awaitable[dict[str, Any] | None]] | None = None) -> None:
-        self._read = read or _read_registry
-        self._table: dict[str, Any] = {}
-        self._at = -float("inf")
-        self._lock = asyncio.Lock()
-
-    async def table(self) -> dict[str, Any]:
-        if time.monotonic() - self._at < ROUTING_TTL_S:
-            return self._table
-        async with self._lock:
-            if time.monotonic() - self._at >= ROUTING_TTL_S:
-                try:
-                    table = await asyncio.wait_for(self._read(), timeout=ROUTING_TTL_S * 5)
-                except Exception as exc:  # noqa: BLE001 - Ray's errors: keep the last table, try again later
-                    log.warning("the rollout registry could not be read (%s); routing as before", first_line(exc))
-                else:
-                    self._table = table if table is not None else {}
-                self._at = time.monotonic()
-        return self._table
-
-
-_REGISTRY: list[Any] = []  # the registry's actor handle, once found (this process is Ray's proxy actor)
-
-
-async def _read_registry() -> dict[str, Any] | None:
-    """The registry's routing table; None when no rollout ever ran on this cluster (no registry)."""
-    import ray
-
-    if not ray.is_initialized():  # not inside Ray's proxy (a test of the guard alone): no rollout
-        return None
-    if not _REGISTRY:
-        found = await asyncio.get_running_loop().run_in_executor(None, registry_actor)
-        if found is None:
-            return None
-        _REGISTRY.append(found)
-    try:
-        return await _REGISTRY[0].routing.remote()
-    except Exception:
-        _REGISTRY.clear()  # a new registry (a restarted one) is looked up next time
-        raise
-
-
-#: the one routing table of this proxy process (HTTP here; gRPC calls are routed by serve/kserve_grpc.py)
-ROUTING = RoutingTable()
-
-
 class ProxyGuard:
     """ASGI middleware around Ray Serve's proxy app (see the module's docstring)."""
 
@@ -169,7 +121,7 @@ class ProxyGuard:
         self._routes: dict[str, str] = {}
         self._routes_at = 0.0
         self._seen: set[str] = set()  # models routed here once: their 404 means "stopping", a 503
-        self.rollout = ROUTING  # which version of a model is live (serve/rollout_state.py)
+        self.rollout = ROUTING  # which version of a model is live (serve/rollout/registry.py)
 
     # ---------------------------------------------------------------- routes of Ray's proxy
 
@@ -263,7 +215,7 @@ class ProxyGuard:
 
     async def _target(self, scope: Scope, path: str) -> Scope:
         """The scope Ray's proxy gets: ``/predict`` sent to the one model served here, an unversioned model route
-        to its live version (serve/rollout_state.py), the headers the replica reads from the guard set here alone."""
+        to its live version (serve/rollout/routes.py), the headers the replica reads from the guard set here alone."""
         if path == "/predict":
             models = await self.models()
             if len(models) != 1:

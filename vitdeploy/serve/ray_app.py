@@ -17,10 +17,9 @@ Importing this module imports Ray and FastAPI: only ``vitdeploy serve`` does (la
 
 import asyncio
 import logging
-import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -30,65 +29,20 @@ from fastapi.responses import JSONResponse, Response
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..base.errors import (
-    BodyTooLargeError,
-    EmptyRequestError,
-    MethodNotAllowedError,
-    NotFoundError,
-    RequestError,
-    TooManyImagesError,
-    UnsupportedMediaError,
-)
+from ..base.errors import MethodNotAllowedError, NotFoundError, RequestError
 from ..runtime.backends import first_line
-from ..runtime.backends.base import BackendOptions
-from . import auth, content_encoding, protocol, stage_timing, tracing
+from . import auth, kserve_http, protocol, stage_timing, tracing
 from .http_errors import MAX_REASON, error_body, status_of
 from .image_sizes import SizedPredictors, by_shape, requested_size
 from .kserve_grpc import KServeGrpcMethods, register_proto_modules
 from .kserve_model import InferenceStats, model_config
-from .rollout_state import VERSIONS_HEADER, parse_versions
-from .shadow import ShadowMixin
+from .ray_private import with_version
+from .replica_spec import ReplicaSpec, deployment_options
+from .request_images import ClientGone, body_of, images_of
+from .rollout.routes import VERSIONS_HEADER, parse_versions
+from .rollout.shadow import ShadowMixin
 
 log = logging.getLogger(__name__)
-
-_RAW_TYPES = ("image/", "application/octet-stream")
-
-
-@dataclass(frozen=True)
-class ReplicaSpec:
-    """What each replica needs to open its Predictor and answer requests (sent to the replicas)."""
-
-    #: where the replica gets the export: a local path (one node or a shared disk), a URI
-    #: (file://, s3://, gs://: downloaded once per node) or an ObjectRef of an ArtifactBundle
-    #: (packed on the driver, unpacked once per node); every file's sha256 is verified on open.
-    artifacts: Any
-    backend: str
-    options: BackendOptions
-    max_pixels: int
-    top_k: int
-    max_batch_size: int
-    batch_wait_timeout_s: float
-    decode_threads: int
-    concurrent_batches: int
-    max_images_per_request: int
-    max_request_bytes: int
-    num_cpus: float = 1.0
-    name: str = ""
-    token_digest: Optional[str] = None  # the serve token's SHA-256 (serve/auth.py); None: no token
-    stage_timing: bool = True  # Server-Timing on every answer and the stage histograms (serve.stage_timing)
-    version: str = protocol.MODEL_VERSION  # the model's version this deployment is (`vitdeploy rollout`: 2, 3...)
-
-    def threads(self) -> Tuple[int, int]:
-        """(ONNX Runtime intra-op threads, decode threads) of one replica: its share of the cores
-        (``num_cpus_per_replica``), unless ``runtime.threads`` says otherwise.
-
-        The ``concurrent_batches`` model calls share the cores: each call's thread works and the
-        session's pool adds intra-op - 1 threads to each, so intra-op = cores // concurrent_batches
-        keeps the threads at the cores. Cores x concurrent_batches threads oversubscribed them
-        (ViT-S/16 on 2 cores, 2 calls of 2 threads: ~15% more replica CPU per image than 2 of 1)."""
-        cores = max(1, math.ceil(self.num_cpus)) if self.num_cpus > 0 else 1
-        intra_op = self.options.threads or max(1, cores // max(1, self.concurrent_batches))
-        return intra_op, max(1, min(self.decode_threads, cores))
 
 
 api = FastAPI(title="vitdeploy serve", docs_url=None, redoc_url=None, openapi_url=None, **tracing.fastapi_options())
@@ -123,24 +77,6 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return _error(exc)
 
 
-class _ClientGone(Exception):
-    """The client disconnected before its body arrived: nothing to answer, nothing worth a traceback."""
-
-
-def _replayed(request: Request, body: bytes) -> Request:
-    """``request`` whose body is ``body`` (already read and size-checked), for Starlette's form parser."""
-    sent = False
-
-    async def receive() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return {"type": "http.disconnect"}
-
-    return Request(request.scope, receive)
-
-
 def open_artifacts(source: Any) -> Any:
     """The replica's verified Artifacts from a path, a URI or an ObjectRef of an ArtifactBundle."""
     from ..runtime.artifact_transfer import fetch_uri, materialize
@@ -160,7 +96,7 @@ def open_artifacts(source: Any) -> Any:
 class ViTClassifier(KServeGrpcMethods, ShadowMixin):
     """One replica: a Predictor, a decoding thread pool and the batched model call; the KServe v2
     gRPC methods (``ModelInfer``...) come from :class:`KServeGrpcMethods` (Ray Serve's gRPC proxy), the copies
-    of a rollout's shadow traffic from :class:`ShadowMixin` (serve/shadow.py)."""
+    of a rollout's shadow traffic from :class:`ShadowMixin` (serve/rollout/shadow.py)."""
 
     def __init__(self, spec: ReplicaSpec) -> None:
         from ..runtime.predictor import Predictor
@@ -293,62 +229,6 @@ class ViTClassifier(KServeGrpcMethods, ShadowMixin):
 
     # ------------------------------------------------------------------ requests
 
-    def _check_length(self, request: Request) -> int:
-        """413 when the declared Content-Length is over serve.max_request_mb; returns the limit."""
-        limit = self.spec.max_request_bytes
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > limit:
-            raise BodyTooLargeError(
-                f"request body of {int(declared)} bytes is over the limit of {limit} bytes (serve.max_request_mb)"
-            )
-        return limit
-
-    async def _body(self, request: Request) -> bytes:
-        """The body, inflated per Content-Encoding (gzip / deflate, as Triton accepts them), the byte limit
-        applied to the bytes actually read and to the inflated bytes (the proxy's guard has usually read it)."""
-        from starlette.requests import ClientDisconnect
-
-        limit = self._check_length(request)
-        try:
-            return await content_encoding.read_body(request.stream(), request.headers.get("content-encoding"), limit)
-        except ClientDisconnect:
-            raise _ClientGone() from None
-
-    async def _images(self, request: Request) -> list[tuple[str, bytes]]:
-        ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if ctype == "multipart/form-data":
-            return await self._multipart(request)
-        if ctype and not ctype.startswith(_RAW_TYPES):
-            raise UnsupportedMediaError(
-                f"content type {ctype!r} is not accepted; send the image itself (Content-Type: image/jpeg, image/png, "
-                f"application/octet-stream) or multipart/form-data with one file per image"
-            )
-        body = await self._body(request)
-        if not body:
-            raise EmptyRequestError("empty request body; send an encoded image (JPEG, PNG, ...)")
-        return [("body", body)]
-
-    async def _multipart(self, request: Request) -> list[tuple[str, bytes]]:
-        from starlette.datastructures import UploadFile
-        from starlette.exceptions import HTTPException
-
-        body = await self._body(request)  # the bytes actually read are capped before the form is parsed
-        limit = self.spec.max_images_per_request
-        try:
-            form = await _replayed(request, body).form(max_files=limit + 1, max_fields=limit + 1)
-        except HTTPException as exc:
-            if "too many" in str(exc.detail).lower():
-                raise TooManyImagesError(
-                    f"too many files in one request, the limit is {limit}; split the request"
-                ) from None
-            raise RequestError(f"malformed multipart body: {exc.detail}") from None
-        try:
-            files = [(v.filename or k, v) for k, v in form.multi_items() if isinstance(v, UploadFile)]
-            protocol.check_image_count(len(files), limit)
-            return [(name, await f.read()) for name, f in files]
-        finally:
-            await form.close()
-
     @api.post("/predict")
     async def predict(self, request: Request) -> Response:
         """A raw image body, or multipart with one file per image -> a JSON list, one `predict --json`
@@ -357,13 +237,13 @@ class ViTClassifier(KServeGrpcMethods, ShadowMixin):
         try:
             self._authorize(request)
             size = requested_size(request.query_params.get(protocol.IMAGE_SIZE_PARAM), protocol.IMAGE_SIZE_PARAM)
-            blobs = await self._images(request)
+            blobs = await images_of(request, self.spec.max_request_bytes, self.spec.max_images_per_request)
             protocol.check_image_count(len(blobs), self.spec.max_images_per_request)
             stage_timing.lap(clock, "read")
             start = time.perf_counter_ns()
             logits, errors, _ = await self._classify(blobs, times, size=size)
             stage_timing.batched(clock, times)
-        except _ClientGone:
+        except ClientGone:
             return Response(status_code=499)
         except RequestError as exc:
             return _error(exc)
@@ -476,10 +356,10 @@ class ViTClassifier(KServeGrpcMethods, ShadowMixin):
         try:
             self._authorize(request)
             self._known(version)
-            body = await self._body(request)
-            req = protocol.parse_infer_request(
+            body = await body_of(request, self.spec.max_request_bytes)
+            req = kserve_http.parse_infer_request(
                 body,
-                request.headers.get(protocol.HEADER_LENGTH),
+                request.headers.get(kserve_http.HEADER_LENGTH),
                 self.spec.max_images_per_request,
                 protocol.served_outputs(self.predictor.is_embedding, self.predictor.has_patch_tokens),
             )
@@ -493,13 +373,13 @@ class ViTClassifier(KServeGrpcMethods, ShadowMixin):
                 raise errors[min(errors)]
             if req.image_size is None:
                 self.copy_to_candidate(request.headers, req.images, logits, time.perf_counter_ns() - t_classify)
-        except _ClientGone:
+        except ClientGone:
             return Response(status_code=499)
         except RequestError as exc:
             self.stats.failure(time.perf_counter_ns() - start)
             return _error(exc)
         t_out = time.perf_counter_ns()
-        out, headers = protocol.encode_infer_response(
+        out, headers = kserve_http.encode_infer_response(
             self.name,
             req,
             np.stack(logits),
@@ -522,34 +402,6 @@ class ViTClassifier(KServeGrpcMethods, ShadowMixin):
         return self._timed(Response(out, media_type=media, headers=headers), clock)
 
 
-def deployment_options(sv: Any, replicas: int) -> Dict[str, Any]:
-    """Ray Serve deployment options from the ``serve:`` section (``replicas``: the fixed count
-    when ``serve.autoscaling`` is not set)."""
-    opts: Dict[str, Any] = dict(
-        max_ongoing_requests=sv.max_ongoing_requests,
-        max_queued_requests=sv.max_queued_requests,
-        graceful_shutdown_timeout_s=sv.graceful_shutdown_timeout_s,
-        graceful_shutdown_wait_loop_s=0.5,
-        health_check_period_s=10.0,
-        ray_actor_options={
-            "num_cpus": sv.num_cpus_per_replica,
-            "num_gpus": sv.num_gpus_per_replica,
-            **({"resources": dict(sv.resources_per_replica)} if sv.resources_per_replica else {}),
-        },
-    )
-    if sv.autoscaling is not None:
-        a = sv.autoscaling
-        opts["autoscaling_config"] = {
-            "min_replicas": a.min_replicas,
-            "max_replicas": a.max_replicas,
-            "initial_replicas": max(a.min_replicas, 1),
-            "target_ongoing_requests": a.target_ongoing_requests,
-        }
-    else:
-        opts["num_replicas"] = replicas
-    return opts
-
-
 def build_app(
     spec: ReplicaSpec,
     sv: Any,
@@ -562,14 +414,14 @@ def build_app(
     ``user_config`` ({"max_batch_size", "batch_wait_timeout_s"}) is applied by ``reconfigure``. ``version``: the
     same string on a later ``serve.run`` says the replicas' code and arguments are unchanged, so Ray Serve applies
     a new ``user_config`` or replica count to the running replicas instead of replacing them (without it Ray
-    draws a random version for every run). Ray accepts it only as an internal option: where that is refused
-    the replicas are replaced, as before."""
+    draws a random version for every run). Ray accepts it only as an internal option (serve/ray_private.py): where
+    that is refused the replicas are replaced, as before."""
     deployment = ViTClassifier.options(
         **deployment_options(sv, replicas), **({"user_config": user_config} if user_config else {})
     )
     if version:
         try:
-            deployment = deployment.options(version=version, _internal=True)
+            deployment = with_version(deployment, version)
         except (TypeError, ValueError) as exc:
             log.warning("Ray Serve refused a deployment version (%s): every change replaces the replicas", exc)
     return deployment.bind(spec)

@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..base._deps import require
-from ..base.errors import BackendError
+from ..base.errors import BackendError, remote_reason
 from ..runtime.backends import first_line
 from . import tls, tracing
-from .rollout_state import version_of_app
+from .ray_private import WORKER_NICENESS_ENV, local_ray_options
+from .rollout.routes import version_of_app
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ def _check_artifacts(settings: ServeSettings, public_key: Path | None = None) ->
 
 def replica_spec(cfg: Any, settings: ServeSettings, options: Any, source: Any = None, name: str = "") -> Any:
     """What each replica gets; ``source``: where it reads the artifacts (default: the local path)."""
-    from .ray_app import ReplicaSpec
+    from .replica_spec import ReplicaSpec
 
     sv = cfg.serve
     source = str(Path(settings.artifacts).resolve()) if source is None else source
@@ -100,7 +101,7 @@ def replica_spec(cfg: Any, settings: ServeSettings, options: Any, source: Any = 
     )
 
 
-WORKER_NICENESS = "RAY_worker_niceness"
+WORKER_NICENESS = WORKER_NICENESS_ENV.variable
 DRAIN_GRACE_S = 0.5  # read by the raylet when ray.init starts it
 
 
@@ -189,17 +190,15 @@ def start_local_ray(ray: Any, cfg: Any, settings: ServeSettings, progress: Progr
         os.environ.pop(DIGEST_ENV, None)
     # Ray (and its Prometheus endpoint) listens on loopback only, unless serve.metrics_host says otherwise.
     loopback = settings.host in LOOPBACK or sv.metrics_host in LOOPBACK
-    local = {"_node_ip_address": "127.0.0.1"} if loopback else {}  # else Ray's node address, all interfaces
     ctx = init_ray_retrying(
         ray,
         progress,
         address="local",  # a Ray of its own: without it Ray joins any Ray already running on this machine
         num_cpus=cpus,
         include_dashboard=False,
-        _metrics_export_port=sv.metrics_port,
         logging_level=logging.WARNING,
         configure_logging=True,
-        **local,
+        **local_ray_options(sv.metrics_port, loopback),  # else Ray's node address, all interfaces
     )
     gcs = ctx.address_info["gcs_address"]
     progress(f"Ray at {gcs}: more models join it with `vitdeploy serve --address {gcs}`")
@@ -290,7 +289,7 @@ def _deploy(
             logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log},
         )
     except Exception as exc:  # noqa: BLE001 - Ray wraps the replica's error in its own types
-        raise BackendError(f"the Serve application did not start: {replica_reason(exc)}") from exc
+        raise BackendError(f"the Serve application did not start: {remote_reason(exc)}") from exc
 
 
 def _scale(sv: Any, replicas: int) -> str:
@@ -300,23 +299,11 @@ def _scale(sv: Any, replicas: int) -> str:
     return f"{a.min_replicas}-{a.max_replicas} replicas, autoscaling at {a.target_ongoing_requests:g} ongoing requests"
 
 
-def replica_reason(exc: BaseException | str) -> str:
-    """The one line that says why a replica failed (Ray's message, or error, carries the remote traceback)."""
-    text = str(exc)
-    for marker in ("vitdeploy.base.errors.", "Error: "):
-        for line in text.splitlines():
-            if marker in line:
-                return line.strip()
-    if text.strip():
-        return text.strip().splitlines()[-1]
-    return type(exc).__name__ if isinstance(exc, BaseException) else "no reason given"
-
-
 def _forget_versions(name: str) -> None:
     """The rollout registry (if a rollout ever ran on this cluster) forgets the model's versions."""
     import ray
 
-    from .rollout_state import registry_actor
+    from .rollout.registry import registry_actor
 
     registry = registry_actor()
     if registry is not None:

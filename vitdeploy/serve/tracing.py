@@ -29,6 +29,8 @@ import time
 from typing import Any, Dict, Mapping, Optional
 from urllib.parse import urlsplit
 
+from .ray_private import TRACING_EXPORTER_ENV, TRACING_RATIO_ENV, tracing_enabled
+
 #: The endpoint variables, the traces' own first (the OpenTelemetry exporter's order).
 ENDPOINT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 PROTOCOL_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -36,8 +38,8 @@ PROTOCOL_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTO
 DISABLED_ENV = "OTEL_SDK_DISABLED"
 SERVICE_ENV = "OTEL_SERVICE_NAME"
 #: Ray Serve's own tracing variables (ray/serve/_private/constants.py), read by each proxy and replica at start.
-RAY_EXPORTER_ENV = "RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH"
-RAY_RATIO_ENV = "RAY_SERVE_TRACING_SAMPLING_RATIO"
+RAY_EXPORTER_ENV = TRACING_EXPORTER_ENV.variable
+RAY_RATIO_ENV = TRACING_RATIO_ENV.variable
 SERVICE_NAME = "vitdeploy-serve"
 GRPC = "grpc"
 _EXPORTERS = {
@@ -160,15 +162,6 @@ def span_processors() -> list:
     return [BatchSpanProcessor(module.OTLPSpanExporter())]
 
 
-def ray_tracing_enabled() -> bool:
-    """Whether Ray Serve set up tracing in this process (its proxy and replica do so before user code runs)."""
-    try:
-        from ray.serve._private.tracing_utils import is_tracing_enabled
-    except ImportError:  # another Ray: no stage spans, Ray's own spans (if any) unchanged
-        return False
-    return bool(is_tracing_enabled())
-
-
 class StageSpans:
     """A replica's stage spans: called with a finished request's stage clock, under the current span (Ray's
     replica span, which carries the client's trace); nothing when that span is not sampled."""
@@ -196,7 +189,7 @@ class StageSpans:
 
 def stage_spans(model: str, version: Any, backend: str) -> Optional[StageSpans]:
     """The replica's :class:`StageSpans` when Ray Serve traces this process, else None (nothing imported)."""
-    return StageSpans(model, str(version), backend) if ray_tracing_enabled() else None
+    return StageSpans(model, str(version), backend) if tracing_enabled() else None
 
 
 __all__ = [

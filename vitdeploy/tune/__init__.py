@@ -1,8 +1,9 @@
-"""Serving settings measured on the user's own machine: ``vitdeploy loadtest`` (a load generator for any
-server that speaks what ours speak) and ``vitdeploy tune`` (a search of the serve / Triton settings with it).
+"""Serving settings measured on the user's own machine: ``vitdeploy tune``, a search of the serve / Triton
+settings with the load generator (vitdeploy/client/).
 
-    clients.py       one request, in each protocol (POST /predict, KServe v2 over HTTP, over gRPC)
-    loadgen.py       closed loop (N clients) and open loop (requests at a rate, timed from when each was due)
-    server_stats.py  the server's own statistics (/v2/models/<m>/stats) over a level
-    loadtest.py      the levels of a run, the client-limit flag, the table and the JSON
+    space.py          what may change (the knobs and their neighbours)
+    measure.py        one candidate's figure: the load where its throughput saturates
+    serve_target.py   `vitdeploy serve` started here, its settings changed in place or replaced
+    triton_target.py  the generated Triton repository on a tritonserver here, its models reloaded
+    search.py         the search; overlay.py: tuned.yaml and tune-report.json; tuner.py: the whole run
 """

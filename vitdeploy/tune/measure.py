@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-from .clients import Target, open_client
-from .loadgen import LevelResult, closed_loop
+from ..client.loadgen import LevelResult, closed_loop
+from ..client.protocols import Target, open_client
 
 SATURATED = 1.05  # a level must add this much throughput over the best so far, or the ramp stops
 MAX_CLIENTS = 64

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from .clients import PREDICT, V2_HTTP, Target, asked_outputs
+from ..client.protocols import PREDICT, V2_HTTP, Target, asked_outputs
 from .measure import Figure, measure_candidate
 from .space import SERVE_KNOBS, TRITON_KNOBS, ServeCandidate, TritonCandidate, neighbours, triton_neighbours
 

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
 from ..base.errors import BackendError, first_line
+from ..client.connection import open_http, transport_errors
 from ..serve.triton.local import BundledTriton, local_triton
 from .serve_target import RELOADED, STARTED
 from .space import TritonCandidate
@@ -27,12 +26,15 @@ from .space import TritonCandidate
 
 def _load(address: str, model: str) -> None:
     """Triton's model repository API: load ``model`` again (``POST /v2/repository/models/<m>/load``)."""
-    request = urllib.request.Request(f"http://{address}/v2/repository/models/{model}/load", data=b"{}", method="POST")
-    try:
-        with urllib.request.urlopen(request, timeout=300) as response:
-            response.read()
-    except urllib.error.HTTPError as exc:
-        raise OSError(f"HTTP {exc.code}: {exc.read()[:300].decode('utf-8', 'replace')}") from None
+    with open_http(f"http://{address}", timeout_s=300) as http:
+        try:
+            response = http.post(
+                f"/v2/repository/models/{model}/load", content=b"{}", headers={"Content-Type": "application/json"}
+            )
+        except transport_errors() as exc:
+            raise OSError(first_line(exc)) from None
+    if response.status_code >= 400:
+        raise OSError(f"HTTP {response.status_code}: {response.content[:300].decode('utf-8', 'replace')}")
 
 
 class TritonTarget:

@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterator, Optional
 
 from ..base.errors import ConfigError
 from ..base.vocab import AUTO, ORT, ORT_FP16, RUNTIME_BACKENDS
+from ..client.loadtest import load_images
 from ..evaluate.reliability import usable_cores
-from .loadtest import load_images
 from .search import TuneResult, search_serve, search_triton
 from .space import default_candidate, default_triton_candidate
 

@@ -24,8 +24,8 @@ from ..base.errors import ConfigError
 from ..evaluate.reliability import usable_cores
 from ..serve.stage_timing import STAGES, TOTAL
 from . import server_stats
-from .clients import Target, open_client
 from .loadgen import LevelResult, closed_loop, open_loop
+from .protocols import Target, open_client
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 #: a client above this share of one core is near what its interpreter lock lets it do

@@ -1,10 +1,10 @@
-"""What CPU a rollout's candidate takes beside the live replicas (vitdeploy/serve/candidate.py): never more than
-is free, so Ray never waits for resources that will not come; starting and removing a real one:
-tests/tune/test_rollout.py."""
+"""What CPU a rollout's candidate takes beside the live replicas (vitdeploy/serve/rollout/candidate.py): never more
+than is free, so Ray never waits for resources that will not come; starting and removing a real one:
+tests/client/test_rollout_driver.py."""
 
 from __future__ import annotations
 
-from vitdeploy.serve.candidate import candidate_cpus
+from vitdeploy.serve.rollout.candidate import candidate_cpus
 
 
 def test_a_candidate_gets_what_it_asks_when_that_much_is_free():

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from vitdeploy.base.errors import OtherExportError, ValidationError
+from vitdeploy.client.served_report import SERVED, ServedCheck, format_served, save_served
 from vitdeploy.evaluate.drift_report import BackendDrift, DriftReport, kept_served
-from vitdeploy.evaluate.served_report import SERVED, ServedCheck, format_served, save_served
 
 SHA, OTHER = "a" * 64, "b" * 64
 

@@ -14,9 +14,9 @@ import math
 import time
 from typing import Any
 
-from ..base.errors import BackendError
-from .rollout_state import version_of_app, version_route
-from .runner import replica_reason
+from ...base.errors import BackendError, remote_reason
+from ..ray_private import delete_nowait, run_nowait
+from .routes import version_of_app, version_route
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,9 @@ def start_version(application: Any, app: str, route: str, timeout_s: float) -> N
     from ray import serve
 
     try:
-        serve._run(application, _blocking=False, name=app, route_prefix=route, logging_config=LOGGING)
+        run_nowait(application, app, route, LOGGING)
     except Exception as exc:  # noqa: BLE001 - Ray wraps the controller's refusal in its own types
-        raise BackendError(f"Ray Serve refused to deploy it: {replica_reason(exc)}") from exc
+        raise BackendError(f"Ray Serve refused to deploy it: {remote_reason(exc)}") from exc
     deadline = time.monotonic() + timeout_s
     while True:
         status = serve.status().applications.get(app)
@@ -82,10 +82,10 @@ def start_version(application: Any, app: str, route: str, timeout_s: float) -> N
         if state.endswith("RUNNING"):
             return
         if state.endswith(("DEPLOY_FAILED", "UNHEALTHY")):
-            raise BackendError(f"it failed to start: {replica_reason(_message(status))}")
+            raise BackendError(f"it failed to start: {remote_reason(_message(status))}")
         if time.monotonic() > deadline:
             waiting = _message(status)
-            why = f": {replica_reason(waiting)}" if waiting else ""
+            why = f": {remote_reason(waiting)}" if waiting else ""
             raise BackendError(f"it did not start within {timeout_s:g} s{why}")
         time.sleep(POLL_S)
 
@@ -96,7 +96,7 @@ def remove_version(app: str, timeout_s: float) -> bool:
     from ray import serve
 
     try:
-        serve.delete(app, _blocking=False)
+        delete_nowait(app)
     except Exception as exc:  # noqa: BLE001 - the controller's own error: reported, the wait below decides
         log.warning("deleting %s: %s", app, exc)
     deadline = time.monotonic() + timeout_s

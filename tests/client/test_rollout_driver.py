@@ -35,8 +35,8 @@ from helpers.serve_process import ServeProcess, free_port, leave_ray, serve_env 
 from helpers.tiny_export import file_entry  # noqa: E402
 
 from vitdeploy.base.config import parse_config  # noqa: E402
+from vitdeploy.client.rollout.driver import PROMOTED, ROLLED_BACK, RolloutPlan, run_rollout  # noqa: E402
 from vitdeploy.runtime.backends.base import BackendOptions  # noqa: E402
-from vitdeploy.tune.rollout import PROMOTED, ROLLED_BACK, RolloutPlan, run_rollout  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """`vitdeploy validate --url`: what the clients of a running server get, judged against eager PyTorch.
 
     check = check_served("artifacts/", "http://127.0.0.1:8000", protocol="v2-http", model="vit-demo-digits")
-    print("\\n".join(format_served(check)))          # vitdeploy.evaluate.served_report
+    print("\\n".join(format_served(check)))          # vitdeploy.client.served_report
     check.raise_for_failures()                        # exit 3 when refused or past the gate
 
 1. The model's configuration (``GET /v2/models/<m>/config``, gRPC ``ModelConfig``) says which export the server
@@ -51,12 +51,12 @@ from ..base.vocab import (
 from ..evaluate.drift import default_thresholds, eager_reference, validation_batch
 from ..evaluate.drift_judge import accuracy, judge_backend
 from ..evaluate.drift_report import BackendDrift, DriftReport, images_summary, reference_summary
-from ..evaluate.served_report import SERVED, ServedCheck, save_served
 from ..serve.auth import TOKEN_ENV
 from ..serve.outputs import EMBEDDINGS, LOGITS
 from ..serve.protocol import model_name, served_export
 from ..serve.triton.config import PREPROCESS_PARAM
-from .clients import CONNECTION_ERROR, OK, PREDICT, V2_GRPC, Target, model_document, open_client
+from .protocols import CONNECTION_ERROR, OK, PREDICT, V2_GRPC, Target, model_document, open_client
+from .served_report import SERVED, ServedCheck, save_served
 
 log = logging.getLogger(__name__)
 
@@ -307,6 +307,7 @@ def check_served(
     report_path: Any = None,
     write_report: bool = True,
     image_size: int | None = None,
+    ca_bundle: Any = None,
 ) -> ServedCheck:
     """Judge the server at ``url`` against eager PyTorch on the export in ``artifacts_dir`` (the one it should
     run). Never raises for a failed gate or a refusal: inspect ``check.status`` or call
@@ -314,7 +315,9 @@ def check_served(
     missing token, an unknown model, an unreadable image folder. ``thresholds``: {"fp32": ..., "fp16": ...,
     "int8": ...} (default: the config's defaults). The check lands in ``drift-report.json``'s ``served``
     section beside the export (or at ``report_path``) unless ``write_report`` is False. ``image_size``: the size
-    asked of the server and judged (InputError naming the sizes that work when the export does not list it)."""
+    asked of the server and judged (InputError naming the sizes that work when the export does not list it).
+    ``ca_bundle``: the PEM file an HTTPS server's certificate is verified against (None: the system's trust store,
+    client/connection.py)."""
     from ..runtime.artifacts import Artifacts
     from ..runtime.backends import BackendOptions
 
@@ -329,6 +332,7 @@ def check_served(
         token,
         (EMBEDDINGS if embedding else LOGITS,),
         image_size,
+        ca_bundle,
     )
     facts = read_server_facts(target, name, artifacts)
     check = ServedCheck(

@@ -1,6 +1,6 @@
 """The gate of `vitdeploy rollout`: a candidate's answers to shadowed live requests against the live version's.
 
-Both versions answered the same requests (the live replica copied each to the candidate: serve/shadow.py).
+Both versions answered the same requests (the live replica copied each to the candidate: serve/rollout/shadow.py).
 Their rows (logits, or an embedding model's vectors) are compared by export/compare.py's comparator, as
 `validate` compares a backend with eager PyTorch: the same metrics, under the thresholds of the candidate's
 backend - the export's own validation of that backend (its manifest), else the config's
@@ -19,9 +19,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..base.output_spec import EMBEDDING
-from ..base.vocab import BACKEND_KINDS
-from ..export.compare import compare, proven_failure
+from ...base.output_spec import EMBEDDING
+from ...base.vocab import BACKEND_KINDS
+from ...export.compare import compare, proven_failure
 
 
 @dataclass
@@ -86,15 +86,6 @@ def _slower(figures: Mapping[str, Any], max_slowdown: float | None) -> str:
     return f"its p50 latency is {ratio:.2f}x the live version's, over --max-slowdown {max_slowdown:g}"
 
 
-def _first(failures: Sequence[str]) -> str:
-    """The failure that says most to a user: top-1 agreement (or, for embeddings, cosine) before differences."""
-    for metric in ("top1_agreement", "cosine", "recall_at_k"):
-        found = next((f for f in failures if f.startswith(metric + ":")), None)
-        if found:
-            return found
-    return failures[0]
-
-
 def judge_shadow(
     samples: Sequence[Mapping[str, Any]],
     thresholds: Mapping[str, float],
@@ -125,11 +116,11 @@ def judge_shadow(
         if proof is None:
             return ShadowVerdict(False, False, "", figures)
         figures["metrics"] = dict(proof.metrics)
-        return ShadowVerdict(False, True, _first(proof.failures), figures)
+        return ShadowVerdict(False, True, proof.headline, figures)
     result = compare(live, cand, thresholds, kind)
     figures["metrics"] = dict(result.metrics)
     if not result.passed:
-        return ShadowVerdict(False, True, _first(result.failures), figures)
+        return ShadowVerdict(False, True, result.headline, figures)
     slower = _slower(figures, max_slowdown)
     return ShadowVerdict(not slower, True, slower, figures)
 

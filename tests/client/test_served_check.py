@@ -23,12 +23,12 @@ from helpers.scripted_server import ScriptedServer
 from helpers.thresholds import IMPOSSIBLE
 
 from vitdeploy.cli import main
+from vitdeploy.client.protocols import PREDICT, V2_GRPC, V2_HTTP
+from vitdeploy.client.served_check import check_served
 from vitdeploy.runtime.artifacts import sha256_file
 from vitdeploy.serve.auth import TOKEN_ENV
 from vitdeploy.serve.protocol import config_parameters, export_parameters
 from vitdeploy.serve.triton.local import free_port
-from vitdeploy.tune.clients import PREDICT, V2_GRPC, V2_HTTP
-from vitdeploy.tune.served_check import check_served
 
 TOKEN = "tests-served-token-5d1c0e9a77b2"
 

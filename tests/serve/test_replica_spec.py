@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
-
-from vitdeploy.runtime.backends.base import BackendOptions  # noqa: E402
-from vitdeploy.serve.ray_app import ReplicaSpec  # noqa: E402
+from vitdeploy.runtime.backends.base import BackendOptions
+from vitdeploy.serve.replica_spec import ReplicaSpec
 
 
 def _spec(

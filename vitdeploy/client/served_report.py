@@ -4,7 +4,7 @@
 What a check found is a :class:`ServedCheck`: the server (URL, protocol, model), the export it says it runs and
 the backend whose thresholds judged it, and the row of the ``served`` answers, judged as `validate` judges a
 backend (:func:`vitdeploy.evaluate.drift_judge.judge_backend`). The requests themselves are the client's
-(``vitdeploy/tune/served_check.py``). In ``drift-report.json`` a check is one entry of ``served``, one per
+(served_check.py, beside it). In ``drift-report.json`` a check is one entry of ``served``, one per
 (URL, protocol, model, image size asked): a later check of the same server replaces it; `validate` keeps the
 entries of the same export (its manifest's sha256) when it rewrites the report.
 """
@@ -20,8 +20,8 @@ from typing import Any
 from ..base._files import write_json_atomic
 from ..base.errors import OtherExportError, ValidationError
 from ..base.vocab import EXPORT_SHA256
-from .drift_report import REPORT_FORMAT, BackendDrift, DriftReport, _json_safe, kept_served, read_drift_report
-from .drift_table import format_drift_table
+from ..evaluate.drift_report import REPORT_FORMAT, BackendDrift, DriftReport, json_safe, kept_served, read_drift_report
+from ..evaluate.drift_table import format_drift_table
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class ServedCheck:
         if self.drift is not None:
             entry["images"] = self.drift.images
             entry["reference"] = self.drift.reference
-        return _json_safe(entry)
+        return json_safe(entry)
 
     def raise_for_failures(self) -> None:
         """OtherExportError for a refusal; ValidationError (exit 3) when the answers failed the gate."""

@@ -1,4 +1,4 @@
-"""The rollout's gate (vitdeploy/evaluate/rollout_gate.py) on made-up shadow records: what passes, what fails and
+"""The rollout's gate (vitdeploy/client/rollout/gate.py) on made-up shadow records: what passes, what fails and
 how early, under which thresholds."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from vitdeploy.base.export_sections import ValidationSection
-from vitdeploy.evaluate.rollout_gate import backend_thresholds, gate_thresholds, judge_shadow
+from vitdeploy.client.rollout.gate import backend_thresholds, gate_thresholds, judge_shadow
 
 FP32 = ValidationSection().fp32.model_dump()
 INT8 = ValidationSection().int8.model_dump()

@@ -3,20 +3,21 @@
 The server must be `vitdeploy serve` with its proxy's guard (``GET /v2`` answers ``{"name": "vitdeploy", ...}``:
 the guard routes unversioned requests to the live version); the serve token is probed (a server without one
 answers without it; a server with one refuses another); the model is the one named, or the only one served.
+Every request goes through the one HTTP client (client/connection.py: the token, the CA bundle of an HTTPS server).
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
-from ..base.errors import BackendError, ConfigError, first_line
-from ..serve.auth import TOKEN_ENV, digest
-from ..serve.protocol import EXPORT_SHA256, served_export
+from ...base.errors import BackendError, ConfigError, first_line
+from ...serve.auth import TOKEN_ENV, digest
+from ...serve.protocol import EXPORT_SHA256, served_export
+from ..connection import CaBundle, open_http, transport_errors
 
 TIMEOUT_S = 30.0
 
@@ -24,16 +25,15 @@ TIMEOUT_S = 30.0
 @dataclass(frozen=True)
 class Server:
     """The running server as `vitdeploy rollout` found it: its URL, the model, the serve token's digest the
-    candidate must require (None: the server has no token), the live version's v2 metadata."""
+    candidate must require (None: the server has no token), the live version's v2 metadata, the CA bundle its
+    certificate is verified against (HTTPS; None: the system's trust store)."""
 
     url: str
     model: str
     token: Optional[str]
     token_digest: Optional[str]
     metadata: dict[str, Any]
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+    ca_bundle: CaBundle = None
 
 
 def export_sha(artifacts: Any) -> str:
@@ -46,36 +46,34 @@ def served_sha(metadata: Any) -> Optional[str]:
     return served_export(metadata).get(EXPORT_SHA256)
 
 
-def get(url: str, path: str, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    """``GET url+path``: (status, the JSON body or None); BackendError (exit 1) when the server cannot be reached."""
+def get(url: str, path: str, token: Optional[str] = None, ca_bundle: CaBundle = None) -> tuple[int, Any]:
+    """``GET url+path`` (with the serve token when given): (status, the JSON body or None); BackendError (exit 1)
+    when the server cannot be reached."""
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(f"URL {url!r}: expected http://host:port of a running `vitdeploy serve`")
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname, parts.port, timeout=TIMEOUT_S)
+    with open_http(parts.geturl(), token, ca_bundle, TIMEOUT_S) as http:
+        try:
+            response = http.get(path)
+        except transport_errors() as exc:
+            raise BackendError(f"cannot reach {url}: {first_line(exc)}") from None
+    body = response.content
     try:
-        conn.request("GET", parts.path.rstrip("/") + path, headers=headers or {})
-        response = conn.getresponse()
-        body = response.read()
-    except (OSError, http.client.HTTPException) as exc:
-        raise BackendError(f"cannot reach {url}: {first_line(exc)}") from None
-    finally:
-        conn.close()
-    try:
-        return response.status, json.loads(body) if body else None
+        return response.status_code, json.loads(body) if body else None
     except ValueError:
-        return response.status, None
+        return response.status_code, None
 
 
-def find_server(url: str, model: Optional[str], token: Optional[str]) -> Server:
-    """The server at ``url``, checked: vitdeploy's guard in front, the token it needs, the model it serves."""
+def find_server(url: str, model: Optional[str], token: Optional[str], ca_bundle: CaBundle = None) -> Server:
+    """The server at ``url``, checked: vitdeploy's guard in front, the token it needs, the model it serves
+    (``ca_bundle``: what an HTTPS server's certificate is verified against)."""
     url = url.rstrip("/") if "://" in url else f"http://{url.rstrip('/')}"
-    status, doc = get(url, "/v2")
+    status, doc = get(url, "/v2", None, ca_bundle)
     needs_token = status == 401
     if needs_token:
         if not token:
             raise ConfigError(f"{url} needs the serve token: set {TOKEN_ENV} (or serve.token_file) as for `serve`")
-        status, doc = get(url, "/v2", {"Authorization": f"Bearer {token}"})
+        status, doc = get(url, "/v2", token, ca_bundle)
         if status == 401:
             raise ConfigError(f"{url} refuses the serve token given ({TOKEN_ENV} or serve.token_file)")
     if status != 200 or not isinstance(doc, dict) or doc.get("name") != "vitdeploy":
@@ -90,11 +88,11 @@ def find_server(url: str, model: Optional[str], token: Optional[str]) -> Server:
         model = models[0]
     elif model not in models:
         raise ConfigError(f"--model {model}: {url} serves {', '.join(models) or 'no model'}")
-    auth = {"Authorization": f"Bearer {token}"} if needs_token else {}
-    status, meta = get(url, f"/v2/models/{model}", auth)
+    sent = token if needs_token else None
+    status, meta = get(url, f"/v2/models/{model}", sent, ca_bundle)
     if status != 200 or not isinstance(meta, dict):
         raise BackendError(f"{url}: GET /v2/models/{model} answered {status}")
-    return Server(url, model, token if needs_token else None, digest(token) if needs_token else None, meta)
+    return Server(url, model, sent, digest(token) if needs_token else None, meta, ca_bundle)
 
 
 def wait_reachable(server: Server, route: str, timeout_s: float) -> None:
@@ -103,7 +101,7 @@ def wait_reachable(server: Server, route: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     status = 0
     while time.monotonic() < deadline:
-        status, _ = get(server.url, f"{route}/ready", server.headers())
+        status, _ = get(server.url, f"{route}/ready", server.token, server.ca_bundle)
         if status == 200:
             return
         time.sleep(0.2)

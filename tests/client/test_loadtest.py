@@ -12,9 +12,16 @@ from click.testing import CliRunner
 from helpers.scripted_server import ScriptedServer
 
 from vitdeploy.base.errors import ConfigError
-from vitdeploy.tune.clients import PREDICT, V2_HTTP, Target, open_client
-from vitdeploy.tune.loadgen import LevelResult, closed_loop, due_times, open_loop
-from vitdeploy.tune.loadtest import LoadPlan, client_limit, format_loadtest, parse_duration, parse_levels, run_loadtest
+from vitdeploy.client.loadgen import LevelResult, closed_loop, due_times, open_loop
+from vitdeploy.client.loadtest import (
+    LoadPlan,
+    client_limit,
+    format_loadtest,
+    parse_duration,
+    parse_levels,
+    run_loadtest,
+)
+from vitdeploy.client.protocols import PREDICT, V2_HTTP, Target, open_client
 
 IMAGES = [b"\xff\xd8first", b"\xff\xd8second", b"\xff\xd8third"]
 

@@ -1,4 +1,4 @@
-"""What `vitdeploy rollout` asks a server before it touches anything (vitdeploy/tune/rollout_server.py): a
+"""What `vitdeploy rollout` asks a server before it touches anything (vitdeploy/client/rollout/server.py): a
 made-up HTTP server whose answers the test decides (with or without a serve token, vitdeploy's or not)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from vitdeploy.base.errors import BackendError, ConfigError
+from vitdeploy.client.rollout.server import export_sha, find_server, served_sha
 from vitdeploy.serve.auth import digest
-from vitdeploy.tune.rollout_server import export_sha, find_server, served_sha
 
 TOKEN = "a-serve-token-of-32-characters-x"
 
@@ -67,7 +67,7 @@ def test_a_server_with_a_token_needs_the_same_and_the_candidate_requires_it():
             find_server(srv.url, None, "another-token-of-32-characters-xx")
         assert "another-token" not in str(err.value)
         server = find_server(srv.url, None, TOKEN)
-    assert server.token_digest == digest(TOKEN) and server.headers() == {"Authorization": f"Bearer {TOKEN}"}
+    assert server.token_digest == digest(TOKEN) and server.token == TOKEN
 
 
 def test_the_model_is_named_when_several_are_served_and_must_be_one_of_them():

@@ -18,11 +18,11 @@ from helpers.scripted_server import ScriptedServer
 
 from vitdeploy.base.errors import InputError
 from vitdeploy.cli import main
+from vitdeploy.client.protocols import PREDICT, V2_HTTP
+from vitdeploy.client.served_check import check_served
 from vitdeploy.runtime.artifacts import sha256_file
 from vitdeploy.serve.auth import TOKEN_ENV
 from vitdeploy.serve.protocol import config_parameters, export_parameters
-from vitdeploy.tune.clients import PREDICT, V2_HTTP
-from vitdeploy.tune.served_check import check_served
 
 pytestmark = pytest.mark.integration
 

@@ -7,13 +7,13 @@ rolled back by what it answers to live traffic.
 Each step is bounded in time; a failure at any step after the candidate exists removes it, and the live version
 never stops before a candidate has passed:
 
-1. the server (tune/rollout_server.py): `vitdeploy serve` with its proxy's guard, the serve token, the model;
-2. the rollout registry on the server's Ray (serve/rollout_state.py) gives the candidate its version, N+1;
+1. the server (server.py): `vitdeploy serve` with its proxy's guard, the serve token, the model;
+2. the rollout registry on the server's Ray (serve/rollout/registry.py) gives the candidate its version, N+1;
 3. the export is packed and kept in Ray's object store by the registry (replicas started later find it after
    this process is gone) and deployed as ``<name>@vN+1`` at ``/v2/models/<name>/versions/N+1``: one replica, with
-   what CPU is free (serve/candidate.py), RUNNING within ``--start-timeout`` or the rollout fails;
+   what CPU is free (serve/rollout/candidate.py), RUNNING within ``--start-timeout`` or the rollout fails;
 4. shadow: the next ``--shadow`` unversioned inferences are copied to it (clients get the live answers only);
-   evaluate/rollout_gate.py judges the answers as they come and decides as soon as they prove a failure;
+   gate.py judges the answers as they come and decides as soon as they prove a failure;
 5. promote - unversioned requests move to it at the guards' next refresh; two refreshes later the old version
    is deleted: its replicas finish their in-flight requests, then stop - or roll back: the candidate is deleted.
 
@@ -31,13 +31,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..base._deps import require
-from ..base.errors import BackendError, ConfigError, VitDeployError, first_line
-from ..base.output_spec import EMBEDDING, LOGITS
-from ..base.vocab import AUTO
-from ..evaluate.rollout_gate import ShadowVerdict, backend_thresholds, gate_thresholds, judge_shadow
-from ..serve.rollout_state import ROUTING_TTL_S, registry_actor, version_app, version_route
-from .rollout_server import Server, export_sha, find_server, served_sha, wait_reachable
+from ...base._deps import require
+from ...base.errors import BackendError, ConfigError, VitDeployError, first_line
+from ...base.output_spec import EMBEDDING, LOGITS
+from ...base.vocab import AUTO
+from ...serve.rollout.registry import registry_actor
+from ...serve.rollout.routes import ROUTING_TTL_S, version_app, version_route
+from .gate import ShadowVerdict, backend_thresholds, gate_thresholds, judge_shadow
+from .server import Server, export_sha, find_server, served_sha, wait_reachable
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class RolloutPlan:
     start_timeout_s: float = 300.0
     max_slowdown: Optional[float] = None
     token: Optional[str] = None
+    ca_bundle: Optional[str] = None  # what an HTTPS server's certificate is verified against (connection.py)
 
 
 @dataclass
@@ -137,13 +139,13 @@ def connect(address: Optional[str]) -> Any:
 
 def run_rollout(cfg: Any, plan: RolloutPlan, options: Any, progress: Progress) -> RolloutResult:
     """Roll ``plan.artifacts`` out onto the server at ``plan.url`` (see the module's docstring)."""
-    from ..runtime.artifacts import Artifacts
+    from ...runtime.artifacts import Artifacts
 
     # a bad export (or, with runtime.verify, one its key did not sign) is said before anything is touched
     artifacts = Artifacts.open(plan.artifacts, public_key=cfg.verify_key)
     if plan.shadow_requests is None and not plan.shadow_seconds:
         raise ConfigError("--shadow: give a number of requests (300) or a time (2m)")
-    server = find_server(plan.url, plan.model, plan.token)
+    server = find_server(plan.url, plan.model, plan.token, plan.ca_bundle)
     ray = connect(plan.address)
     return _Rollout(ray, cfg, plan, options, progress, artifacts, server).run()
 
@@ -213,7 +215,7 @@ class _Rollout:
 
     def begin(self) -> Optional[dict[str, Any]]:
         """The candidate's version number from the registry; the abandoned rollout to clean up, if any."""
-        from ..serve.candidate import running_versions
+        from ...serve.rollout.candidate import running_versions
 
         running = running_versions(self.model)
         if not running:
@@ -234,7 +236,7 @@ class _Rollout:
 
     def clean(self, abandoned: Optional[dict[str, Any]]) -> None:
         """A rollout whose process went away left a candidate: it goes first."""
-        from ..serve.candidate import remove_version
+        from ...serve.rollout.candidate import remove_version
 
         if abandoned:
             app = version_app(self.model, int(abandoned["version"]))
@@ -243,11 +245,11 @@ class _Rollout:
             self.call("drop", self.model, int(abandoned["version"]))
 
     def start(self) -> None:
-        from ..runtime.artifact_transfer import pack
-        from ..runtime.backends import shipped_roles
-        from ..serve.candidate import candidate_cpus, free_cpus, start_version
-        from ..serve.ray_app import build_app
-        from ..serve.runner import ServeSettings, replica_spec
+        from ...runtime.artifact_transfer import pack
+        from ...runtime.backends import shipped_roles
+        from ...serve.ray_app import build_app
+        from ...serve.rollout.candidate import candidate_cpus, free_cpus, start_version
+        from ...serve.runner import ServeSettings, replica_spec
 
         sv = self.cfg.serve
         cpus, note = candidate_cpus(sv.num_cpus_per_replica, free_cpus())
@@ -320,7 +322,7 @@ class _Rollout:
             time.sleep(POLL_S)
 
     def promote(self) -> tuple[float, float]:
-        from ..serve.candidate import remove_version, replica_count
+        from ...serve.rollout.candidate import remove_version, replica_count
 
         replicas = replica_count(version_app(self.model, self.live))
         # the guards stop tagging copies at their next refresh and the copies sent finish: the swap does not
@@ -339,7 +341,7 @@ class _Rollout:
         return start, end
 
     def roll_back(self) -> tuple[float, float]:
-        from ..serve.candidate import remove_version
+        from ...serve.rollout.candidate import remove_version
 
         start = time.time()
         self.call("stop_shadow", self.model)

@@ -1,7 +1,7 @@
 """Shadow traffic of a rollout, in the replicas: the live version copies a request it answered to the candidate,
 the candidate answers the copy to the live replica only, and the pair goes to the rollout registry.
 
-The proxy's guard tags the requests to copy (serve/rollout_state.py, :data:`~.rollout_state.SHADOW_HEADER`:
+The proxy's guard tags the requests to copy (routes.py, :data:`~.routes.SHADOW_HEADER`:
 the candidate's application and how long it is given). After the live replica has its answer, it sends the
 images it read (their encoded bytes: the candidate decodes them with its own preprocessing) to the candidate's
 :meth:`ShadowMixin.shadow` through a Ray Serve handle, on a task of its own: the client's answer never waits for
@@ -20,9 +20,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..base.errors import first_line
-from .protocol import INPUT
-from .rollout_state import SHADOW_HEADER, Shadow, parse_shadow, registry_actor
+from ...base.errors import first_line
+from ..protocol import INPUT
+from .registry import registry_actor
+from .routes import SHADOW_HEADER, Shadow, parse_shadow
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,11 @@
 """One request of the load generator (and of `vitdeploy validate --url`), in each protocol a vitdeploy or Triton
-server speaks.
+server speaks, through the one HTTP client (connection.py: the token, the CA bundle).
 
 ``predict``: ``POST /predict`` (or ``/v2/models/<m>/predict``) with the image as the body; ``v2-http``: KServe v2
 ``POST /v2/models/<m>/infer`` with input ``IMAGES`` in Triton's binary tensor form (one JPEG, shape [1, 1]) and
-the top-k outputs asked for as JSON; ``v2-grpc``: the same through ``tritonclient.grpc`` (its extra). Every
-client holds one connection (HTTP/1.1 keep-alive), as a real client would, and is used by one thread at a time.
+the top-k outputs asked for as JSON; ``v2-grpc``: the same through ``tritonclient.grpc`` (its extra; TLS at a
+``grpcs://`` URL). Every client holds one connection (HTTP/1.1 keep-alive), as a real client would, and is used by
+one thread at a time.
 
 A reply is ``(status, example)``: the HTTP status (``"200"``), the gRPC code's name (``"OK"``,
 ``"UNAVAILABLE"``) or ``"connection error"``, and, for a failure, the start of what the server said.
@@ -15,7 +16,6 @@ output tensors as arrays, or ``/predict``'s JSON record); :func:`model_document`
 
 from __future__ import annotations
 
-import http.client
 import json
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
@@ -24,16 +24,17 @@ from urllib.parse import urlsplit
 from ..base._deps import require
 from ..base.errors import ConfigError, first_line
 from ..base.vocab import IMAGE_SIZE_PARAM
+from ..serve.kserve_http import HEADER_LENGTH, deserialize_bytes, serialize_bytes
 from ..serve.outputs import EMBEDDINGS
-from ..serve.protocol import HEADER_LENGTH, INPUT, TOPK_LABELS, TOPK_SCORES, deserialize_bytes, serialize_bytes
+from ..serve.protocol import INPUT, TOPK_LABELS, TOPK_SCORES
 from ..serve.stage_timing import HEADER as SERVER_TIMING
 from ..serve.stage_timing import parse_server_timing
+from .connection import TIMEOUT_S, CaBundle, auth_headers, open_grpc, open_http, transport_errors
 
 PREDICT, V2_HTTP, V2_GRPC = "predict", "v2-http", "v2-grpc"
 PROTOCOLS = (PREDICT, V2_HTTP, V2_GRPC)
 OK = ("200", "OK")
 EXAMPLE_CHARS = 300  # of a failed request's answer, kept as its status's example
-TIMEOUT_S = 300.0
 CONNECTION_ERROR = "connection error"
 #: v2 datatypes an answer is read back in (BYTES: a list of bytes)
 _DTYPES = {"FP32": "<f4", "FP16": "<f2", "FP64": "<f8", "INT64": "<i8", "INT32": "<i4", "BOOL": "?"}
@@ -41,8 +42,10 @@ _DTYPES = {"FP32": "<f4", "FP16": "<f2", "FP64": "<f8", "INT64": "<i8", "INT32":
 
 @dataclass(frozen=True)
 class Target:
-    """Where the load goes: the server's URL (``http://host:port``; gRPC: ``host:port`` or ``grpc://host:port``),
-    the model's name (needed by the v2 protocols), the protocol and the bearer token (never printed)."""
+    """Where the load goes: the server's URL (``http://host:port``, ``https://...``; gRPC: ``host:port``,
+    ``grpc://host:port`` or ``grpcs://host:port``), the model's name (needed by the v2 protocols), the protocol, the
+    bearer token (never printed) and the CA bundle an HTTPS (grpcs) server's certificate is verified against
+    (None: the system's trust store, connection.py)."""
 
     url: str
     protocol: str = PREDICT
@@ -52,6 +55,7 @@ class Target:
     outputs: tuple[str, ...] = (TOPK_LABELS, TOPK_SCORES)
     #: the size asked of an export for several sizes (request parameter ``image_size``); None: not asked
     image_size: Optional[int] = None
+    ca_bundle: CaBundle = None
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -69,9 +73,11 @@ class Target:
 
     def headers(self) -> dict[str, str]:
         """The bearer token's header (gRPC metadata keys are lower case: grpc refuses ``Authorization``)."""
-        if not self.token:
-            return {}
-        return {("authorization" if self.protocol == V2_GRPC else "Authorization"): f"Bearer {self.token}"}
+        return auth_headers(self.token, grpc=self.protocol == V2_GRPC)
+
+    def open_http(self, timeout_s: Optional[float] = None) -> Any:
+        """The one HTTP client (connection.py) for this server: its URL, token and CA bundle."""
+        return open_http(self.url, self.token, self.ca_bundle, **({"timeout_s": timeout_s} if timeout_s else {}))
 
 
 def asked_outputs(artifacts: Any) -> tuple[str, ...]:
@@ -90,44 +96,37 @@ class Client(Protocol):
 
 
 class HttpClient:
-    """``predict`` or ``v2-http`` over one keep-alive connection (the standard library's: the load generator
-    often shares the cores with the server, so it should cost as little CPU as a real client can).
+    """``predict`` or ``v2-http`` over one keep-alive connection (connection.py's client).
     ``server_timing``: the last answer's ``Server-Timing`` as {stage: ms} ({} when it had none)."""
 
     server_timing: dict[str, float] = {}
 
     def __init__(self, target: Target) -> None:
-        parts = urlsplit(target.url)
-        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        self.conn = kind(parts.hostname, parts.port, timeout=TIMEOUT_S)
+        self.http = target.open_http()
+        self._errors = transport_errors()
         self.target = target
-        base = parts.path.rstrip("/")
         if target.protocol == PREDICT:
-            self.path = f"{base}/v2/models/{target.model}/predict" if target.model else f"{base}/predict"
+            self.path = f"/v2/models/{target.model}/predict" if target.model else "/predict"
             if target.image_size is not None:
                 self.path += f"?{IMAGE_SIZE_PARAM}={int(target.image_size)}"
         else:
-            self.path = f"{base}/v2/models/{target.model}/infer"
+            self.path = f"/v2/models/{target.model}/infer"
 
     def _request(self, image: bytes) -> tuple[bytes, dict[str, str]]:
-        headers = self.target.headers()
         if self.target.protocol == PREDICT:
-            return image, {**headers, "Content-Type": "application/octet-stream"}
-        return infer_body(image, headers, self.target.outputs, self.target.image_size)
+            return image, {"Content-Type": "application/octet-stream"}
+        return infer_body(image, {}, self.target.outputs, self.target.image_size)
 
     def _exchange(self, image: bytes) -> tuple[str, bytes, Any]:
         """(status, body, response headers) of one request; ``CONNECTION_ERROR`` with the reason as the body."""
         body, headers = self._request(image)
         self.server_timing = {}
         try:
-            self.conn.request("POST", self.path, body=body, headers=headers)
-            response = self.conn.getresponse()
-            answer = response.read()
-        except (OSError, http.client.HTTPException) as exc:
-            self.conn.close()  # the next request opens a new connection
+            response = self.http.post(self.path, content=body, headers=headers)
+        except self._errors as exc:  # the next request opens a new connection
             return CONNECTION_ERROR, first_line(exc).encode(), {}
         self.server_timing = parse_server_timing(response.headers.get(SERVER_TIMING))
-        return str(response.status), answer, response.headers
+        return str(response.status_code), response.content, response.headers
 
     def send(self, image: bytes) -> tuple[str, str]:
         status, answer, _ = self._exchange(image)
@@ -150,7 +149,7 @@ class HttpClient:
             return "unreadable answer", first_line(exc)[:EXAMPLE_CHARS]
 
     def close(self) -> None:
-        self.conn.close()
+        self.http.close()
 
 
 def read_infer_response(body: bytes, header_length: Optional[str]) -> dict[str, Any]:
@@ -208,14 +207,12 @@ class GrpcClient:
     """``v2-grpc``: KServe v2 ``ModelInfer`` through tritonclient.grpc (``pip install 'tritonclient[grpc]'``)."""
 
     def __init__(self, target: Target) -> None:
-        grpc = require("tritonclient.grpc", "vitdeploy loadtest --protocol v2-grpc (pip install 'tritonclient[grpc]')")
         import numpy as np
 
-        self._np, self._grpc = np, grpc
-        address = target.url.split("://", 1)[-1].rstrip("/")
-        self.client = grpc.InferenceServerClient(address)
+        self.client = open_grpc(target.url, target.ca_bundle, "vitdeploy loadtest --protocol v2-grpc")
+        self._np, self._grpc = np, require("tritonclient.grpc", "--protocol v2-grpc")
         self.target = target
-        self.outputs = [grpc.InferRequestedOutput(name) for name in target.outputs]
+        self.outputs = [self._grpc.InferRequestedOutput(name) for name in target.outputs]
 
     def _infer(self, image: bytes) -> tuple[str, Any]:
         from tritonclient.utils import InferenceServerException
@@ -265,19 +262,14 @@ def model_document(target: Target, model: str, what: str = "config", timeout_s: 
     HTTP form), else ``(status, the start of what the server said)``; ``CONNECTION_ERROR`` when nobody answers."""
     if target.protocol == V2_GRPC:
         return _grpc_document(target, model, what)
-    parts = urlsplit(target.url)
-    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = kind(parts.hostname, parts.port, timeout=timeout_s)
-    try:
-        conn.request("GET", f"{parts.path.rstrip('/')}/v2/models/{model}/{what}", headers=target.headers())
-        response = conn.getresponse()
-        body = response.read()
-    except (OSError, http.client.HTTPException) as exc:
-        return CONNECTION_ERROR, first_line(exc)[:EXAMPLE_CHARS]
-    finally:
-        conn.close()
-    if response.status != 200:
-        return str(response.status), body[:EXAMPLE_CHARS].decode("utf-8", "replace")
+    with target.open_http(timeout_s) as http:
+        try:
+            response = http.get(f"/v2/models/{model}/{what}")
+        except transport_errors() as exc:
+            return CONNECTION_ERROR, first_line(exc)[:EXAMPLE_CHARS]
+    body = response.content
+    if response.status_code != 200:
+        return str(response.status_code), body[:EXAMPLE_CHARS].decode("utf-8", "replace")
     try:
         return "200", json.loads(body)
     except ValueError as exc:
@@ -285,10 +277,9 @@ def model_document(target: Target, model: str, what: str = "config", timeout_s: 
 
 
 def _grpc_document(target: Target, model: str, what: str) -> tuple[str, Any]:
-    grpc = require("tritonclient.grpc", "--protocol v2-grpc (pip install 'tritonclient[grpc]')")
+    client = open_grpc(target.url, target.ca_bundle)
     from tritonclient.utils import InferenceServerException
 
-    client = grpc.InferenceServerClient(target.url.split("://", 1)[-1].rstrip("/"))
     try:
         if what == "config":
             return "OK", client.get_model_config(model, headers=target.headers(), as_json=True).get("config", {})

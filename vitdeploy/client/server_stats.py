@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from .clients import OK, Target, model_document
+from .protocols import OK, Target, model_document
 
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 

@@ -1,124 +1,32 @@
-"""Versions of one model side by side on one Ray Serve: where each lives, which one is live, the rollout registry.
+"""The rollout registry: which version of each model is live, which versions exist, where shadow copies go, and
+each rollout's history; and the proxies' cached read of it (:class:`RoutingTable`).
 
-Version 1 of a model is the application `vitdeploy serve` deployed (named after the model, route
-``/v2/models/<name>``); version K > 1, started by `vitdeploy rollout`, is the application ``<name>@vK`` at
-``/v2/models/<name>/versions/K``, so Ray's proxy (the longest route prefix wins) sends a versioned request
-straight to it. Which version answers unversioned requests, which versions exist and where shadow copies go is
-the registry's: :class:`RolloutRegistry`, one named detached Ray actor (:data:`REGISTRY` in namespace
-:data:`NAMESPACE`, no CPU) that `vitdeploy rollout` creates; it also keeps each rollout's history and the
-candidates' packed exports (it owns them in Ray's object store, so they outlive the rollout's process).
-
-The proxy's guard reads the registry's :meth:`~RolloutRegistry.routing` (cached :data:`ROUTING_TTL_S`; a cluster
-where no rollout ran has no registry) and :func:`routed` rewrites an unversioned path to the live version's route; it
-tells the replicas per request, in headers, which versions exist (:data:`VERSIONS_HEADER`) and where a copy
-of the request goes (:data:`SHADOW_HEADER`), so a replica never polls anything. Headers a client sends under
-:data:`HEADER_PREFIX` are dropped by the guard.
+:class:`RolloutRegistry` is one named detached Ray actor (:data:`REGISTRY` in namespace :data:`NAMESPACE`, no
+CPU) that `vitdeploy rollout` creates; it also keeps the candidates' packed exports (it owns them in Ray's object
+store, so they outlive the rollout's process). The proxy's guard (serve/proxy_guard.py) and the gRPC routing
+(serve/kserve_grpc.py) read its :meth:`~RolloutRegistry.routing` through :data:`ROUTING` (cached
+:data:`~.routes.ROUTING_TTL_S`; a cluster where no rollout ran has no registry); routes.py says what the guard
+does with it.
 
 No Ray at import: the registry is a plain class (Ray makes an actor of it in :func:`registry_actor`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
-from ..base.errors import NotFoundError
+from ...base.errors import first_line
+from .routes import ROUTING_TTL_S, version_app, version_of_app, version_route
+
+log = logging.getLogger(__name__)
 
 NAMESPACE = "vitdeploy"
 REGISTRY = "vitdeploy-rollout"
-#: how long the guard keeps the registry's routing table; a promotion waits this long, twice, before the old
-#: version stops, so no request is routed to it afterwards
-ROUTING_TTL_S = 1.0
-HEADER_PREFIX = "x-vitdeploy-"
-VERSIONS_HEADER = HEADER_PREFIX + "versions"  # "1,2": the versions of the model, for its metadata
-SHADOW_HEADER = HEADER_PREFIX + "shadow"  # "<candidate app> <timeout s>": copy this request there
 #: a rollout whose process has not been heard of for this long is abandoned: the next one removes its candidate
 ABANDONED_S = 30.0
-MODELS = "/v2/models/"
-VERSIONS = "/versions/"
-
-
-def version_app(model: str, version: int) -> str:
-    """The Serve application of ``model``'s ``version``: the model's own name for version 1, ``<name>@vK`` after."""
-    return model if int(version) == 1 else f"{model}@v{int(version)}"
-
-
-def version_route(model: str, version: int) -> str:
-    """The route prefix of ``model``'s ``version``: ``/v2/models/<name>`` for 1, ``.../versions/K`` after."""
-    base = f"{MODELS}{model}"
-    return base if int(version) == 1 else f"{base}{VERSIONS}{int(version)}"
-
-
-def version_of_app(model: str, app: str) -> int | None:
-    """The version number whose application is ``app`` (:func:`version_app`'s inverse), None for another model's."""
-    if app == model:
-        return 1
-    head, sep, tail = app.rpartition("@v")
-    return int(tail) if sep and head == model and tail.isdigit() and int(tail) > 1 else None
-
-
-# ------------------------------------------------------------------------------------------------ routing
-
-
-@dataclass(frozen=True)
-class Shadow:
-    """Where a replica sends a copy of the request it answered (the :data:`SHADOW_HEADER`'s value)."""
-
-    app: str
-    version: int
-    timeout_s: float
-
-    def header(self) -> str:
-        return f"{self.app} {self.timeout_s:g}"
-
-
-def parse_shadow(value: str | bytes | None, model: str) -> Shadow | None:
-    """The :data:`SHADOW_HEADER` value, when it names a version of ``model`` (anything else: None, no copy)."""
-    if isinstance(value, bytes):
-        value = value.decode("latin-1")
-    app, _, timeout = (value or "").strip().partition(" ")
-    version = version_of_app(model, app)
-    try:
-        seconds = float(timeout)
-    except ValueError:
-        return None
-    return Shadow(app, version, seconds) if version is not None and version > 1 and seconds > 0 else None
-
-
-def parse_versions(value: str | bytes | None, own: str) -> list[str]:
-    """The :data:`VERSIONS_HEADER` value as a sorted list of version strings (``[own]`` without one)."""
-    if isinstance(value, bytes):
-        value = value.decode("latin-1")
-    found = {v.strip() for v in (value or "").split(",") if v.strip().isdigit()}
-    return sorted(found or {own}, key=int)
-
-
-def routed(path: str, method: str, model: str, entry: Mapping[str, Any] | None) -> tuple[str, list[tuple[str, str]]]:
-    """Where the guard sends ``path`` (a route of ``model``) and the headers it adds, from the model's
-    :meth:`RolloutRegistry.routing` entry (None: the model has one version, nothing changes).
-
-    An unversioned path goes to the live version's route and, for an inference while a shadow runs, is tagged
-    for a copy; a versioned path is left to Ray's proxy (the version's own route) unless the version is not
-    there: NotFoundError (404) naming the versions there are."""
-    if not entry:
-        return path, []
-    base = f"{MODELS}{model}"
-    rest = path[len(base) :]
-    versions = [str(v) for v in entry["versions"]]
-    headers = [(VERSIONS_HEADER, ",".join(versions))]
-    if rest.startswith(VERSIONS):
-        asked = rest[len(VERSIONS) :].split("/", 1)[0]
-        if asked not in versions:
-            raise NotFoundError(f"model {model!r} has no version {asked!r} (versions: {', '.join(versions)})")
-        return path, headers
-    shadow = entry.get("shadow")
-    if shadow and method == "POST" and rest in ("/infer", "/predict"):
-        headers.append((SHADOW_HEADER, Shadow(shadow["app"], 0, float(shadow["timeout_s"])).header()))
-    return str(entry["live"]) + rest, headers
-
-
-# ------------------------------------------------------------------------------------------------ the registry
 
 
 def _new_model(model: str, running: Mapping[str, str]) -> dict[str, Any]:
@@ -327,21 +235,58 @@ def registry_actor(create: bool = False) -> Any:
     return actor.options(name=REGISTRY, namespace=NAMESPACE, lifetime="detached", get_if_exists=True).remote()
 
 
-__all__ = [
-    "ABANDONED_S",
-    "HEADER_PREFIX",
-    "NAMESPACE",
-    "REGISTRY",
-    "ROUTING_TTL_S",
-    "SHADOW_HEADER",
-    "VERSIONS_HEADER",
-    "RolloutRegistry",
-    "Shadow",
-    "parse_shadow",
-    "parse_versions",
-    "registry_actor",
-    "routed",
-    "version_app",
-    "version_of_app",
-    "version_route",
-]
+# ------------------------------------------------------------------------------------------------ who reads it
+
+
+class RoutingTable:
+    """The rollout registry's routing (:meth:`RolloutRegistry.routing`), read at most once per ROUTING_TTL_S, one read
+    at a time; while the registry cannot be read the last table stands, so no request is sent to a version that
+    left."""
+
+    def __init__(self, read: Callable[[], Awaitable[dict[str, Any] | None]] | None = None) -> None:
+        self._read = read or _read_registry
+        self._table: dict[str, Any] = {}
+        self._at = -float("inf")
+        self._lock = asyncio.Lock()
+
+    async def table(self) -> dict[str, Any]:
+        if time.monotonic() - self._at < ROUTING_TTL_S:
+            return self._table
+        async with self._lock:
+            if time.monotonic() - self._at >= ROUTING_TTL_S:
+                try:
+                    table = await asyncio.wait_for(self._read(), timeout=ROUTING_TTL_S * 5)
+                except Exception as exc:  # noqa: BLE001 - Ray's errors: keep the last table, try again later
+                    log.warning("the rollout registry could not be read (%s); routing as before", first_line(exc))
+                else:
+                    self._table = table if table is not None else {}
+                self._at = time.monotonic()
+        return self._table
+
+
+_REGISTRY: list[Any] = []  # the registry's actor handle, once found (this process is Ray's proxy actor)
+
+
+async def _read_registry() -> dict[str, Any] | None:
+    """The registry's routing table; None when no rollout ever ran on this cluster (no registry)."""
+    import ray
+
+    if not ray.is_initialized():  # not inside Ray's proxy (a test of the guard alone): no rollout
+        return None
+    if not _REGISTRY:
+        found = await asyncio.get_running_loop().run_in_executor(None, registry_actor)
+        if found is None:
+            return None
+        _REGISTRY.append(found)
+    try:
+        return await _REGISTRY[0].routing.remote()
+    except Exception:
+        _REGISTRY.clear()  # a new registry (a restarted one) is looked up next time
+        raise
+
+
+#: the one routing table of a proxy process (its HTTP guard: serve/proxy_guard.py; its gRPC: serve/kserve_grpc.py)
+ROUTING = RoutingTable()
+
+
+__all__ = ["ABANDONED_S", "NAMESPACE", "REGISTRY", "ROUTING", "RolloutRegistry", "RoutingTable", "registry_actor"]

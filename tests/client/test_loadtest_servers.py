@@ -15,9 +15,9 @@ pytest.importorskip("tritonclient.grpc", reason="v2-grpc needs tritonclient[grpc
 from click.testing import CliRunner  # noqa: E402
 from helpers.serve_process import ServeProcess  # noqa: E402
 
+from vitdeploy.client.loadtest import LoadPlan, load_images, run_loadtest  # noqa: E402
+from vitdeploy.client.protocols import PREDICT, V2_GRPC, V2_HTTP, Target  # noqa: E402
 from vitdeploy.serve.triton.local import BundledTriton, default_venv, free_port  # noqa: E402
-from vitdeploy.tune.clients import PREDICT, V2_GRPC, V2_HTTP, Target  # noqa: E402
-from vitdeploy.tune.loadtest import LoadPlan, load_images, run_loadtest  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from .clients import OK, Client
+from .protocols import OK, Client
 
 ClientFactory = Callable[[], Client]
 

@@ -1,0 +1,239 @@
+"""Every Ray API vitdeploy uses that Ray does not promise to keep, in one place: private modules and parameters,
+attributes of Ray's internals, the environment variables only Ray's internals read, and one developer API. Each
+entry (:class:`RayApi`) names the dotted API and says why we need it; the code that needs one goes through the
+functions below, so nothing else in vitdeploy names them (tests/serve/test_ray_private.py checks both: each entry
+against the installed Ray, failing with a line naming the API it lost, and that no other module names one).
+
+Public Ray is used wherever Ray has it: a candidate starts without waiting through ``serve.run_many``
+(``serve.run`` always waits until the application runs, with no time limit; its ``blocking`` only means "then
+wait for Ctrl-C"). What has no public form: deleting without waiting, a deployment's code version, whether Ray
+set up tracing in this process (``serve.get_trace_context()`` is None outside a request either way), the gRPC
+proxy's handler factory, the metrics port and node address of a Ray started by ``ray.init``, and the variables
+Ray's proxy and raylet read.
+
+No Ray at import.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+
+@dataclass(frozen=True)
+class RayApi:
+    """One Ray API we depend on: ``name`` (dotted, inside ``module``: ``Deployment.options``), the ``parameter``
+    of it we pass (a keyword; one read from ``**kwargs`` counts when Ray's source reads it), or, for a constant,
+    the ``value`` it holds (an environment variable's name); ``why`` we need it."""
+
+    module: str
+    name: str
+    parameter: str = ""
+    value: str = ""
+    why: str = ""
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.module}.{self.name}" + (f"({self.parameter}=...)" if self.parameter else "")
+
+    @property
+    def variable(self) -> str:
+        """An environment variable's name: ``value`` where Ray's constant holds the name, else the constant's own
+        name (Ray reads the variable into a constant of its name)."""
+        return self.value or self.name
+
+
+RUN_NOWAIT = RayApi(
+    "ray.serve",
+    "run_many",
+    "wait_for_applications_running",
+    why="a rollout's candidate is deployed without waiting (a developer API): its start is given a time limit, "
+    "serve.run waits for it without one",
+)
+DELETE_NOWAIT = RayApi(
+    "ray.serve",
+    "delete",
+    "_blocking",
+    why="a version is removed within a time limit (serve.delete otherwise waits until it is gone, without one)",
+)
+DEPLOYMENT_VERSION = RayApi(
+    "ray.serve.deployment",
+    "Deployment.options",
+    "_internal",
+    why="a deployment's code version (refused without _internal=True): the same version on a later serve.run "
+    "applies a new user_config or replica count in place (tune) instead of replacing the replicas",
+)
+TRACING_ENABLED = RayApi(
+    "ray.serve._private.tracing_utils",
+    "is_tracing_enabled",
+    why="a replica makes its stage spans only when Ray Serve set up tracing in its process",
+)
+GRPC_HANDLER_FACTORY = RayApi(
+    "ray.serve._private.grpc_util",
+    "gRPCGenericServer.__init__",
+    "service_handler_factory",
+    why="the gRPC proxy's unary handlers are wrapped so that a call whose replica died is sent once more "
+    "(Ray Serve has no gRPC interceptor option)",
+)
+INIT_METRICS_PORT = RayApi(
+    "ray",
+    "init",
+    "_metrics_export_port",
+    why="the Prometheus metrics of a Ray `vitdeploy serve` starts, on serve.metrics_port",
+)
+INIT_NODE_IP = RayApi(
+    "ray",
+    "init",
+    "_node_ip_address",
+    why="a Ray `vitdeploy serve` starts on a loopback host listens on 127.0.0.1 only",
+)
+PROXY_CALLBACK_ENV = RayApi(
+    "ray.serve._private.constants",
+    "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH",
+    why="Ray's HTTP proxy installs the guard (serve/proxy_guard.py) from this variable",
+)
+TRACING_EXPORTER_ENV = RayApi(
+    "ray.serve._private.constants",
+    "RAY_SERVE_TRACING_EXPORTER_IMPORT_PATH",
+    why="Ray's proxy reads its tracing from the environment only (serve.start's tracing_config never reaches it)",
+)
+TRACING_RATIO_ENV = RayApi(
+    "ray.serve._private.constants",
+    "RAY_SERVE_TRACING_SAMPLING_RATIO",
+    why="the proxy's sampling ratio, as the exporter above",
+)
+WORKER_NICENESS_ENV = RayApi(
+    "ray._private.ray_constants",
+    "RAY_WORKER_NICENESS",
+    value="RAY_worker_niceness",
+    why="the replicas run at normal priority (Ray starts its workers at nice 15)",
+)
+#: every entry, checked against the installed Ray by tests/serve/test_ray_private.py
+APIS = (
+    RUN_NOWAIT,
+    DELETE_NOWAIT,
+    DEPLOYMENT_VERSION,
+    TRACING_ENABLED,
+    GRPC_HANDLER_FACTORY,
+    INIT_METRICS_PORT,
+    INIT_NODE_IP,
+    PROXY_CALLBACK_ENV,
+    TRACING_EXPORTER_ENV,
+    TRACING_RATIO_ENV,
+    WORKER_NICENESS_ENV,
+)
+
+
+def missing(api: RayApi) -> Optional[str]:
+    """None when the installed Ray has ``api`` as we use it, else one line naming it and why vitdeploy needs it."""
+
+    def gone(what: str) -> str:
+        return f"Ray {_version()} no longer has {api.dotted}: {what}; vitdeploy needs it: {api.why}"
+
+    try:
+        found: Any = importlib.import_module(api.module)
+    except ImportError as exc:
+        return gone(f"module {api.module} does not import ({exc})")
+    for part in api.name.split("."):
+        if not hasattr(found, part):
+            return gone(f"{part} is not there")
+        found = getattr(found, part)
+    if api.value and found != api.value:
+        return gone(f"it is {found!r}, not {api.value!r}")
+    if api.parameter and not _takes(found, api.parameter):
+        return gone(f"it takes no {api.parameter}")
+    return None
+
+
+def _takes(function: Any, parameter: str) -> bool:
+    params = inspect.signature(function).parameters
+    if parameter in params:
+        return True
+    reads_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return reads_kwargs and f'"{parameter}"' in inspect.getsource(function)
+
+
+def _version() -> str:
+    try:
+        import ray
+    except ImportError:
+        return "(not installed)"
+    return str(ray.__version__)
+
+
+# ------------------------------------------------------------------------------------------------ the uses
+
+
+def run_nowait(application: Any, name: str, route_prefix: str, logging_config: Any) -> None:
+    """Deploy ``application`` as ``name`` at ``route_prefix`` beside what runs, returning once Ray accepted it."""
+    from ray import serve
+
+    target = serve.RunTarget(application, name=name, route_prefix=route_prefix, logging_config=logging_config)
+    serve.run_many([target], **{RUN_NOWAIT.parameter: False})
+
+
+def delete_nowait(app: str) -> None:
+    """Ask Ray Serve to delete ``app`` and return (the caller waits, with its own time limit)."""
+    from ray import serve
+
+    serve.delete(app, **{DELETE_NOWAIT.parameter: False})
+
+
+def with_version(deployment: Any, version: str) -> Any:
+    """``deployment`` with the code version ``version``."""
+    return deployment.options(version=version, **{DEPLOYMENT_VERSION.parameter: True})
+
+
+def tracing_enabled() -> bool:
+    """Whether Ray Serve set up tracing in this process (its proxy and replica do so before user code runs); False
+    on a Ray without the function (no stage spans; Ray's own spans, if any, unchanged)."""
+    try:
+        module = importlib.import_module(TRACING_ENABLED.module)
+    except ImportError:
+        return False
+    check = getattr(module, TRACING_ENABLED.name, None)
+    return bool(check()) if callable(check) else False
+
+
+def wrap_grpc_handlers(server: Any, wrap: Callable[[Any], Any]) -> bool:
+    """Replace Ray's gRPC server's handler factory by ``wrap(factory)``; False where it has none (another Ray)."""
+    factory = getattr(server, GRPC_HANDLER_FACTORY.parameter, None)
+    if not callable(factory):
+        return False
+    setattr(server, GRPC_HANDLER_FACTORY.parameter, wrap(factory))
+    return True
+
+
+def local_ray_options(metrics_port: Optional[int], loopback: bool) -> dict[str, Any]:
+    """``ray.init``'s private keywords for a Ray of our own: its metrics port (None: Ray's choice), and 127.0.0.1
+    as its address when it serves loopback only (else Ray's node address, every interface)."""
+    options: dict[str, Any] = {} if metrics_port is None else {INIT_METRICS_PORT.parameter: metrics_port}
+    if loopback:
+        options[INIT_NODE_IP.parameter] = "127.0.0.1"
+    return options
+
+
+__all__ = [
+    "APIS",
+    "DELETE_NOWAIT",
+    "DEPLOYMENT_VERSION",
+    "GRPC_HANDLER_FACTORY",
+    "INIT_METRICS_PORT",
+    "INIT_NODE_IP",
+    "PROXY_CALLBACK_ENV",
+    "RUN_NOWAIT",
+    "TRACING_ENABLED",
+    "TRACING_EXPORTER_ENV",
+    "TRACING_RATIO_ENV",
+    "WORKER_NICENESS_ENV",
+    "RayApi",
+    "delete_nowait",
+    "local_ray_options",
+    "missing",
+    "run_nowait",
+    "tracing_enabled",
+    "with_version",
+    "wrap_grpc_handlers",
+]
