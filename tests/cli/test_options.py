@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from vitdeploy.cli import main
 
-URL_ONLY = "error: --protocol, --model and --backend judge a running server: they go with --url URL\n"
+URL_ONLY = "error: --protocol, --model, --backend and --cacert judge a running server: they go with --url URL\n"
 LOCAL_ONLY = "error: --backends names in-process backends; with --url, --backend names the thresholds\n"
 ONE_OF = "error: --force replaces OUT, --new-version adds to it: pass one of them\n"
 
@@ -31,6 +31,7 @@ def reached(monkeypatch):
         (["validate", "--model", "m"], URL_ONLY),
         (["validate", "--protocol", "v2-http"], URL_ONLY),
         (["validate", "--backend", "ort", "-b", "ort"], URL_ONLY),
+        (["validate", "--cacert", "ca.pem"], URL_ONLY),
         (["triton-repo", "-o", "repo", "--force", "--new-version"], ONE_OF),
         (["triton-repo", "-o", "repo", "--new-version", "--force"], ONE_OF),
     ],

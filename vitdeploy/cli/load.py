@@ -9,7 +9,7 @@ import click
 
 from ..serve.auth import TOKEN_ENV
 from .console import refresh_report
-from .options import export_folder_option, runtime_options
+from .options import cacert_option, export_folder_option, runtime_options
 
 
 @click.command("loadtest")
@@ -50,6 +50,7 @@ from .options import export_folder_option, runtime_options
     help="the export the server runs: an embedding model's requests ask for EMBEDDINGS instead of the top-k; "
     "the levels are saved beside it (loadtest-report.json: the report's serving section shows them)",
 )
+@cacert_option
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout instead of the table")
 def loadtest(
     url: str,
@@ -64,6 +65,7 @@ def loadtest(
     warmup: str,
     token: str | None,
     artifacts_dir: Path | None,
+    ca_bundle: Path | None,
     as_json: bool,
 ) -> None:
     """Load a vitdeploy, Triton or any KServe v2 server: throughput, latency percentiles and errors per level."""
@@ -80,7 +82,7 @@ def loadtest(
 
     seconds = parse_duration(duration) if duration else (None if requests else 20.0)
     plan = LoadPlan(
-        target=Target(url, protocol, model, token, asked_outputs(artifacts_dir)),
+        target=Target(url, protocol, model, token, asked_outputs(artifacts_dir), ca_bundle=ca_bundle),
         images=load_images(images),
         concurrency=parse_levels(concurrency, "--concurrency") if concurrency else () if rate else (1,),
         rates=parse_levels(rate, "--rate", float) if rate else (),

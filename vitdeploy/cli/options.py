@@ -73,6 +73,17 @@ def runtime_options(cfg: Any) -> Any:
     return BackendOptions.from_runtime(cfg.runtime)
 
 
+#: loadtest, validate --url, rollout: what an HTTPS server's certificate is verified against (client/connection.py)
+cacert_option = click.option(
+    "--cacert",
+    "ca_bundle",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="PEM CA bundle an HTTPS server's certificate is verified against, as curl's --cacert (default: the "
+    "system's trust store, which $SSL_CERT_FILE replaces)",
+)
+
+
 @dataclass(frozen=True)
 class Modes:
     """A command's two modes, switched by one option (``switch``, a parameter name): the options that go only

@@ -10,7 +10,7 @@ import click
 
 from ..base.vocab import AUTO, RUNTIME_BACKENDS
 from ..serve.auth import TOKEN_ENV
-from .options import runtime_options
+from .options import cacert_option, runtime_options
 from .sign import verify_key_option
 
 _COUNT = re.compile(r"^\s*\d+\s*$")
@@ -73,6 +73,7 @@ _COUNT = re.compile(r"^\s*\d+\s*$")
 )
 @click.option("--status", "show_status", is_flag=True, help="show the versions and the rollouts' history, then exit")
 @click.option("--json", "as_json", is_flag=True, help="print the result (or --status) as JSON on stdout")
+@cacert_option
 @verify_key_option
 @click.option(
     "-c",
@@ -95,6 +96,7 @@ def rollout(
     token: str | None,
     show_status: bool,
     as_json: bool,
+    ca_bundle: Path | None,
     verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
@@ -131,6 +133,7 @@ def rollout(
         start_timeout_s=parse_duration(start_timeout, "--start-timeout"),
         max_slowdown=max_slowdown,
         token=token,
+        ca_bundle=None if ca_bundle is None else str(ca_bundle),
     )
     if plan.shadow_requests is not None and plan.shadow_requests < 1:
         raise ConfigError("--shadow 0: copy at least one request (or give a time, e.g. 2m)")

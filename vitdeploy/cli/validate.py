@@ -11,13 +11,13 @@ import click
 
 from ..base.vocab import EVALUATED_BACKENDS, PRECISIONS
 from .console import refresh_report
-from .options import ModalCommand, Modes, artifacts_option, config_option, runtime_options
+from .options import ModalCommand, Modes, artifacts_option, cacert_option, config_option, runtime_options
 
 #: --url switches to judging a running server: --protocol, --model and --backend go with it, --backends without.
 MODES = Modes(
     switch="url",
-    switched=("protocol", "model", "backend"),
-    switched_error="--protocol, --model and --backend judge a running server: they go with --url URL",
+    switched=("protocol", "model", "backend", "ca_bundle"),
+    switched_error="--protocol, --model, --backend and --cacert judge a running server: they go with --url URL",
     unswitched=("backends",),
     unswitched_error="--backends names in-process backends; with --url, --backend names the thresholds",
 )
@@ -71,6 +71,7 @@ MODES = Modes(
     help="an export for several sizes: judge at this size only (default: every listed size; with --url: the "
     "base size, or this one asked of the server as image_size)",
 )
+@cacert_option
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout instead of the table")
 @config_option
 def validate(
@@ -83,6 +84,7 @@ def validate(
     model: str | None,
     backend: str | None,
     image_size: int | None,
+    ca_bundle: Path | None,
     as_json: bool,
     config_path: Path | None,
 ) -> None:
@@ -107,7 +109,7 @@ def validate(
     if url is not None:
         from ..client.served_report import format_served
 
-        check = _check_url(cfg, artifacts_dir, url, protocol, model, backend, judged)
+        check = _check_url(cfg, artifacts_dir, url, protocol, model, backend, {**judged, "ca_bundle": ca_bundle})
         _print_report(check, format_served, artifacts_dir, as_json)
         return
     from ..evaluate.drift import run_drift
