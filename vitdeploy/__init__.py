@@ -41,6 +41,14 @@ MOVED_MODULES = {
     **{f"vitdeploy.model.readers.{m}": f"vitdeploy.model.formats.{m}" for m in ("base", "resolve", "vitdeploy")},
     **{f"vitdeploy.model.readers.{f}": f"vitdeploy.model.formats.{f}" for f in ("hf", "timm", "torchvision")},
     **{f"vitdeploy.model.convert_{f}": f"vitdeploy.model.formats.{f}.convert" for f in ("hf", "timm", "torchvision")},
+    # the client side of a running deployment (client/), apart from the tuner; rollout's server side (serve/rollout/)
+    "vitdeploy.tune.clients": "vitdeploy.client.protocols",
+    **{f"vitdeploy.tune.{m}": f"vitdeploy.client.{m}" for m in ("loadgen", "loadtest", "server_stats", "served_check")},
+    "vitdeploy.tune.rollout": "vitdeploy.client.rollout.driver",
+    "vitdeploy.tune.rollout_server": "vitdeploy.client.rollout.server",
+    "vitdeploy.evaluate.served_report": "vitdeploy.client.served_report",
+    "vitdeploy.evaluate.rollout_gate": "vitdeploy.client.rollout.gate",
+    **{f"vitdeploy.serve.{m}": f"vitdeploy.serve.rollout.{m}" for m in ("shadow", "candidate")},
 }
 
 
