@@ -1,7 +1,7 @@
 """``bench_serve.py --compare stage-timing,https``: what a server feature costs, `vitdeploy serve` against
 `vitdeploy serve` in the same rounds (issue 40's goals).
 
-Every server is started the same way (:class:`bench_serve.Server`: a `vitdeploy serve` subprocess on its own
+Every server is started the same way (:class:`_serve_kit.Server`: a `vitdeploy serve` subprocess on its own
 local Ray, the same artifacts, threads, batching and decode threads); they run side by side and each round sends
 every one the same requests from the same keep-alive clients, one server after the other in an order that
 rotates. The servers:
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-from bench_serve import Server, certificate, client, concurrent, free_port, spread, tree_pids
+from _serve_kit import Server, certificate, client, concurrent, free_port, spread, tree_pids
 
 from vitdeploy.evaluate import reliability
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_serve import DEFAULT_CACHE, cpu_seconds, demo_artifacts, loadavg, photos, spread, vit_small_artifacts  # noqa: E402
+from _serve_kit import DEFAULT_CACHE, cpu_seconds, demo_artifacts, loadavg, photos, spread, vit_small_artifacts  # noqa: E402
 
 from vitdeploy.base.machine import cpu_model  # noqa: E402
 
@@ -82,7 +82,7 @@ def collection(cache: Path, n: int) -> Path:
 
 
 def vit_small_embedding_artifacts(cache: Path) -> Path:
-    """The random-weight ViT-S/16 of :func:`bench_serve.vit_small_artifacts` exported as an embedding model."""
+    """The random-weight ViT-S/16 of :func:`_serve_kit.vit_small_artifacts` exported as an embedding model."""
     out = cache / "vit-s16-hf-random-emb-art"
     if (out / "manifest.json").is_file():
         return out

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import (
+from _serve_kit import (
     common_arguments,
     compare_rounds,
     concurrent,

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import DEFAULT_CACHE, demo_artifacts, demo_digits, photos, vit_small_artifacts  # noqa: E402
+from _serve_kit import DEFAULT_CACHE, demo_artifacts, demo_digits, photos, vit_small_artifacts  # noqa: E402
 
 from vitdeploy.base.config import parse_config  # noqa: E402
 from vitdeploy.base.machine import cpu_model  # noqa: E402

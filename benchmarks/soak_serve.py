@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from bench_serve import (
+from _serve_kit import (
     DEFAULT_CACHE,
     Server,
     certificate,
