@@ -19,6 +19,7 @@ _INSTALL_HINTS = {
     "PIL": "pip install pillow",
     "tritonclient": "pip install 'tritonclient[grpc]'",
     "huggingface_hub": "pip install 'vitdeploy[export]' (huggingface_hub>=1.31)",
+    "openvino": "pip install 'vitdeploy[openvino]'",
 }
 
 

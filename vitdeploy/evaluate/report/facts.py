@@ -20,6 +20,7 @@ from typing import Any
 
 from ...base.errors import ArtifactError
 from ...base.vocab import (
+    BENCH_REPORT_NAME,
     DRIFT_REPORT_NAME,
     LOADTEST_REPORT_NAME,
     MANIFEST_NAME,
@@ -31,7 +32,6 @@ from ...base.vocab import (
 )
 from .recommend import Candidate
 
-BENCH_REPORT_NAME = "bench-report.json"
 GPU_NAMES = ("trt", TRT_INT8, TORCH_FP16)
 #: the export's validation stages and the backend that runs each artifact (None: not one to deploy by
 #: itself: model.onnx is what `ort` runs only without model.ort.onnx, model.int8.trt.onnx is an engine's source)
