@@ -110,7 +110,7 @@ class BackendKind:
     runs: str  # the runtime backend that runs it ("torch" for torch-fp16)
     roles: tuple[str, ...]  # the manifest artifact roles it reads, the main one first
     precision: str  # "fp32" | "fp16" | "int8" | "bf16": also the validation threshold set it is judged by
-    device: str  # "any": the configured device; "cuda": needs a CUDA GPU; "cpu": runs on the CPU whatever is configured
+    device: str  # "any": the configured device; "cuda": needs a CUDA GPU; "cpu": the CPU, whatever is configured
     libraries: tuple[str, ...]  # the modules it imports
     #: roles it reads when the manifest lists them (ort: the fused model.ort.onnx, else model.onnx);
     #: whatever ships a folder for this backend (serve's replicas, batch workers) ships them too.

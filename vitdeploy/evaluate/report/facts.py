@@ -24,11 +24,13 @@ from ...base.vocab import (
     DRIFT_REPORT_NAME,
     LOADTEST_REPORT_NAME,
     MANIFEST_NAME,
+    OPENVINO_BF16,
     ORT_FP16,
     ORT_INT8,
     TORCH_FP16,
     TRT_INT8,
     TUNE_REPORT_NAME,
+    VALIDATE_BF16,
 )
 from .recommend import Candidate
 
@@ -43,6 +45,7 @@ VALIDATION_BACKENDS = {
     "validate-int8-trt": ("ort (model.int8.trt.onnx)", None),
     "validate-engine": ("trt", "trt"),
     "validate-engine-int8": (TRT_INT8, TRT_INT8),
+    VALIDATE_BF16: (OPENVINO_BF16, OPENVINO_BF16),
 }
 
 

@@ -193,13 +193,7 @@ def open_from_artifacts(artifacts: Any, options: BackendOptions | None = None, *
         check_graph_io(artifacts.schema, path, inputs, outputs, artifacts.manifest_path)
 
     return OpenVinoBackend(
-        path,
-        artifacts.input_shape,
-        artifacts.batch["max"],
-        options,
-        name=name,
-        precision=precision,
-        io_check=io_check,
+        path, artifacts.input_shape, artifacts.batch["max"], options, name=name, precision=precision, io_check=io_check
     )
 
 
