@@ -50,7 +50,7 @@ def write_report(
     elif bench == "auto" and not (folder / BENCH_REPORT_NAME).is_file():
         given = (bench_runner or short_bench)(folder)
     facts = gather(folder, given)
-    rec = recommend(facts.candidates())
+    rec = recommend(facts.candidates(), facts.auto_pick())
     target = Path(out) if out else folder / REPORT_NAME
     write_bytes_atomic(target, render(facts, rec, images=images).encode("utf-8"))
     return target, rec, facts
