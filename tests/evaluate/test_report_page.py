@@ -148,4 +148,4 @@ def test_the_page_names_what_auto_runs_on_this_cpu_with_its_figures(tmp_path):
     )
     drift = _drift(CLASSIFIER_METRICS, {"top1_agreement": 1.0, "cosine": 1.0, "max_abs_diff": 0.0})
     deploy = html.unescape(_section(_page(folder, _manifest(), drift), "deploy"))
-    assert "the default here (auto)" in deploy and "ort 4.0 ms, ort-fp16 9.5 ms (batch 1, measured here)" in deploy
+    assert "the default here (auto)" in deploy and "ort 4.00 ms, ort-fp16 9.50 ms (batch 1, measured here)" in deploy

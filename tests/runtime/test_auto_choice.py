@@ -66,7 +66,7 @@ def test_auto_measures_once_keeps_the_figures_and_explains(export):
     name, why = _choose(export, timer)
     assert name == OPENVINO and timer.calls > 0
     assert "openvino-bf16 unavailable (" in why  # no validate-bf16 verdict, or no BF16 math here
-    assert "chose openvino, the fastest here: openvino 5.0 ms, ort 10.0 ms (batch 1, measured here)" in why
+    assert "chose openvino, the fastest here: openvino 5.00 ms, ort 10.0 ms (batch 1, measured here)" in why
     kept = json.loads((export / AUTO_CHOICE_NAME).read_text())["machines"]
     (entry,) = kept.values()
     assert entry["chosen"] == OPENVINO and entry["ms"] == {ORT: 10.0, OPENVINO: 5.0} and entry["threads"] == 1
@@ -96,7 +96,7 @@ def test_other_threads_or_another_export_measure_again(export):
 def test_predictor_auto_uses_the_kept_choice(export):
     _choose(export, FakeTimer(ort=3.0, openvino=9.0))
     with Predictor.from_artifacts(export, options=BackendOptions(threads=1)) as p:
-        assert p.backend_name == ORT and "ort 3.0 ms, openvino 9.0 ms" in p.why
+        assert p.backend_name == ORT and "ort 3.00 ms, openvino 9.00 ms" in p.why
 
 
 def test_a_fresh_bench_on_this_cpu_is_used_instead_of_measuring(export):
@@ -112,7 +112,7 @@ def test_a_fresh_bench_on_this_cpu_is_used_instead_of_measuring(export):
     }
     (export / BENCH_REPORT_NAME).write_text(json.dumps(bench))
     name, why = _choose(export, never)
-    assert name == ORT and "ort 7.0 ms, openvino 12.0 ms (batch 1, from vitdeploy bench here)" in why
+    assert name == ORT and "ort 7.00 ms, openvino 12.0 ms (batch 1, from vitdeploy bench here)" in why
     bench["environment"]["cpu_key"] = "another-cpu"  # a bench taken elsewhere says nothing about this CPU
     (export / BENCH_REPORT_NAME).write_text(json.dumps(bench))
     (export / AUTO_CHOICE_NAME).unlink()

@@ -374,10 +374,14 @@ def _probe(artifacts: Any) -> np.ndarray:
     return np.random.default_rng(0).standard_normal((1, *artifacts.input_shape)).astype(np.float32)
 
 
+def _ms(value: float) -> str:
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+
+
 def describe_figures(entry: Mapping[str, Any]) -> str:
     """ "openvino-int8 33.1 ms, ort-int8 35.0 ms, ort 90.2 ms (batch 1, measured here)": fastest first."""
     ms = entry.get("ms") or {}
-    listed = ", ".join(f"{name} {value:.1f} ms" for name, value in sorted(ms.items(), key=lambda kv: kv[1]))
+    listed = ", ".join(f"{name} {_ms(value)} ms" for name, value in sorted(ms.items(), key=lambda kv: kv[1]))
     source = {"measured": "measured here", "bench": "from vitdeploy bench here"}.get(entry.get("source"), "")
     return f"{listed} (batch 1{', ' + source if source else ''})"
 
