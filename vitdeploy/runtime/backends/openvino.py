@@ -9,9 +9,10 @@
   silently run f32). Judged by ``validation.bf16``; the export records ``validate-bf16`` where it can run it.
 
 OpenVINO's runtime directly, not ONNX Runtime's OpenVINO execution provider (the ``onnxruntime-ep-openvino``
-plugin): one dependency instead of a second copy of OpenVINO inside a plugin, the precision set and read back on
-the compiled model, the capability list read from the device; measured no slower (benchmarks/README.md, "OpenVINO
-as a backend"). openvino is imported when a backend opens, never at module import, and never torch.
+plugin): measured, the plugin offers no device on an AMD CPU (ONNX Runtime 1.32, plugin 1.8.1), where the runtime
+runs; one dependency instead of a second copy of OpenVINO inside a plugin; the precision set and read back on the
+compiled model (benchmarks/README.md, "OpenVINO as a backend"). openvino is imported when a backend opens, never at
+module import, and never torch.
 
 The graph is compiled once, its batch axis bounded by the manifest's largest batch (one compiled model serves
 every batch size: no compile when a server's batch changes); the latency hint, one stream, the configured
