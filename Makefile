@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[cpu,export,dev,serve,otel,batch,report,sign]" "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[cpu,export,dev,serve,otel,batch,report,sign,openvino]" "$(TORCH)"
 	touch $(STAMP)
 
 $(REF_STAMP): Makefile

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from helpers.tiny_export import LABELS  # tests/: on sys.path beside conftest.py
 
 from vitdeploy.base.errors import ConfigError, InputError, MissingDependencyError, ValidationError
+from vitdeploy.base.vocab import BACKENDS
 from vitdeploy.evaluate.dataset import label_indices, load_validation_set, read_labels_csv
 from vitdeploy.evaluate.drift import run_drift
 from vitdeploy.evaluate.drift_judge import accuracy, judge_backend
@@ -175,6 +176,9 @@ def test_threshold_sets_per_backend():
         "torch-fp16": "fp16",
         "trt": "fp16",
         "trt-int8": "int8",
+        "openvino": "fp32",
+        "openvino-int8": "int8",
+        "openvino-bf16": "bf16",
     }
     assert specs["torch-fp16"].options.device == "cuda" and specs["torch-fp16"].options.precision == "fp16"
     assert (
@@ -201,7 +205,7 @@ def _cuda() -> bool:
 def test_run_drift_reports_every_backend_and_writes_the_report(tiny_dir, image_tree):
     report = run_drift(tiny_dir, images=image_tree)
     rows = {b.name: b for b in report.backends}
-    assert list(rows) == ["torch", "ort", "ort-fp16", "ort-int8", "torch-fp16", "trt", "trt-int8"]
+    assert list(rows) == [kind.name for kind in BACKENDS]  # every backend, in the vocabulary's order
     assert rows["torch"].status == "reference"
     assert rows["ort"].status == "passed", rows["ort"].failures
     assert rows["ort"].metrics["max_abs_diff"] < 1e-3 and rows["ort"].threshold_set == "fp32"

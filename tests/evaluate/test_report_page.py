@@ -134,3 +134,18 @@ def test_a_classifier_keeps_its_top1_columns_and_flips_section(tmp_path):
     head = _headers(_section(page, "accuracy"))
     assert head[:4] == ["backend", "verdict", "top-1 agreement", "top-5 overlap"] and "recall" not in str(head)
     assert "No backend changed the top-1 class of any image." in _section(page, "flips")
+
+
+def test_the_page_names_what_auto_runs_on_this_cpu_with_its_figures(tmp_path):
+    from vitdeploy.base.machine import cpu_key
+    from vitdeploy.base.vocab import AUTO_CHOICE_NAME
+
+    folder = tmp_path / "export"
+    folder.mkdir()
+    entry = {"chosen": "ort", "ms": {"ort": 4.0, "ort-fp16": 9.5}, "source": "measured", "failed": {}}
+    (folder / AUTO_CHOICE_NAME).write_text(
+        json.dumps({"format": "vitdeploy-auto-backend", "version": 1, "machines": {cpu_key(): entry}})
+    )
+    drift = _drift(CLASSIFIER_METRICS, {"top1_agreement": 1.0, "cosine": 1.0, "max_abs_diff": 0.0})
+    deploy = html.unescape(_section(_page(folder, _manifest(), drift), "deploy"))
+    assert "the default here (auto)" in deploy and "ort 4.00 ms, ort-fp16 9.50 ms (batch 1, measured here)" in deploy

@@ -54,3 +54,14 @@ def test_a_validated_engine_is_the_gpu_pick_and_without_speed_the_most_accurate_
     assert _picks(rec) == {"accuracy": "ort", "gpu": "trt"}
     assert any("vitdeploy bench" in n for n in rec.notes)
     assert "gpu" not in _picks(recommend([TORCH, Candidate("ort", True, latency_ms=1.0)]))
+
+
+def test_what_auto_runs_here_is_recommended_with_its_figures_when_it_passed():
+    ort = Candidate("ort", True, latency_ms=2.0)
+    ov = Candidate("openvino-int8", True, 0.99, latency_ms=1.2)
+    figures = "openvino-int8 1.2 ms, ort 2.0 ms (batch 1, measured here)"
+    rec = recommend([TORCH, ort, ov], ("openvino-int8", figures))
+    (pick,) = [p for p in rec.picks if p.target == "auto"]
+    assert pick.backend == "openvino-int8" and figures in pick.why and "top-1 agreement 99.0%" in pick.cost
+    failed = Candidate("openvino-int8", False, 0.5, latency_ms=1.2)  # judged since: never recommended
+    assert "auto" not in _picks(recommend([TORCH, ort, failed], ("openvino-int8", figures)))

@@ -18,8 +18,7 @@ def test_a_bundle_unpacks_once_per_node_and_predicts_as_the_original(tiny_artifa
     assert first.directory == again.directory and first.roles == ["onnx"]
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [bundle.key]  # no staging folder left behind
     x = __import__("numpy").random.default_rng(0).standard_normal((2, *first.input_shape)).astype("float32")
-    with Predictor.from_artifacts(src, "ort") as ref, Predictor.from_artifacts(first, "auto") as moved:
-        assert moved.backend_name == "ort"
+    with Predictor.from_artifacts(src, "ort") as ref, Predictor.from_artifacts(first, "ort") as moved:
         assert (moved.predict_logits(x) == ref.predict_logits(x)).all()
 
 

@@ -56,7 +56,17 @@ def batch5() -> np.ndarray:
 
 
 def test_registry_lists_the_backends_and_rejects_unknown_names(artifacts):
-    assert RUNTIME_BACKENDS == ("torch", "ort", "ort-fp16", "ort-int8", "trt", "trt-int8")
+    assert RUNTIME_BACKENDS == (
+        "torch",
+        "ort",
+        "ort-fp16",
+        "ort-int8",
+        "trt",
+        "trt-int8",
+        "openvino",
+        "openvino-int8",
+        "openvino-bf16",
+    )
     with pytest.raises(ConfigError) as info:
         open_backend("tensorflow", artifacts)
     for name in RUNTIME_BACKENDS:
@@ -66,7 +76,7 @@ def test_registry_lists_the_backends_and_rejects_unknown_names(artifacts):
 def test_importing_registry_and_predictor_loads_no_heavy_library():
     code = (
         "import sys, vitdeploy.runtime.backends, vitdeploy.runtime.predictor, vitdeploy.runtime.batch_predict; "
-        "print(sorted(m for m in ('torch', 'onnxruntime', 'tensorrt', 'onnx') if m in sys.modules))"
+        "print(sorted(m for m in ('torch', 'onnxruntime', 'tensorrt', 'onnx', 'openvino') if m in sys.modules))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],

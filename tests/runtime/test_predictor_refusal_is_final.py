@@ -111,6 +111,8 @@ def test_every_command_exits_2_with_one_line(refused_exports, case, command):
 
 def test_a_backend_that_cannot_run_here_is_still_skipped(demo_artifacts):
     """The other side of the rule: a missing library or GPU is not a refusal (auto goes on)."""
+    from vitdeploy.runtime.auto_choice import cpu_candidates
+
     with Predictor.from_artifacts(demo_artifacts, backend="auto") as p:
-        assert p.backend_name == "ort"
+        assert p.backend_name in cpu_candidates()
         assert "trt unavailable" in p.why and "ort-fp16 needs CUDA" in p.why

@@ -601,8 +601,9 @@ def test_runtime_cuda_init_failure_is_a_backend_error_quoting_tensorrt(tmp_path)
 
 
 @pytest.mark.integration  # the demo export
-def test_auto_selection_falls_back_to_ort_when_tensorrt_cannot_start(demo_artifacts, monkeypatch):
+def test_auto_selection_falls_back_to_the_cpu_when_tensorrt_cannot_start(demo_artifacts, monkeypatch):
     from vitdeploy.runtime.artifacts import Artifacts
+    from vitdeploy.runtime.auto_choice import cpu_candidates
     from vitdeploy.runtime.predictor import select_backend
 
     fake = StrictTrt(cuda_init_fails=True)
@@ -615,7 +616,7 @@ def test_auto_selection_falls_back_to_ort_when_tensorrt_cannot_start(demo_artifa
     monkeypatch.setattr(artifacts, "has", lambda role: role in ("engine", "engine-meta") or claims_engine(role))
     backend, name, why = select_backend(artifacts, BackendOptions())
     backend.close()
-    assert name == "ort"
+    assert name in cpu_candidates()  # the CPU backend this machine measured fastest
     assert "trt unavailable (TensorRT 10.13.3.9 could not create its Runtime on cuda:0" in why
     assert fake.called("Runtime") == [("Runtime",)]
 

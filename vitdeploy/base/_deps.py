@@ -22,6 +22,7 @@ _INSTALL_HINTS = {
     "model_signing": "pip install 'vitdeploy[sign]'",
     "OpenSSL": "pip install 'vitdeploy[sign]'",
     "httpx": "pip install 'vitdeploy[client]'",
+    "openvino": "pip install 'vitdeploy[openvino]'",
 }
 
 

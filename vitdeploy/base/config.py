@@ -107,7 +107,8 @@ class VerifySection(_Section):
 class RuntimeSection(_Section):
     backend: BackendChoice = Field(
         "auto",
-        description="auto = trt if usable, else ort-fp16 on CUDA, else ort, else torch; "
+        description="auto = trt if usable, else ort-fp16 on CUDA, else the fastest CPU backend here that passed "
+        "its gate (measured at the first load, kept per CPU in auto-backend.json), else torch; "
         "auto skips a backend that cannot run here, never a refused artifact",
     )
     device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$", description="cpu, cuda or cuda:N")

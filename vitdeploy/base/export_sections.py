@@ -173,6 +173,14 @@ class ValidationSection(StrictSection):
         min_top5_overlap=0.9,
         min_recall_at_k=0.9,
     )
+    bf16: Tolerance = Tolerance(  # openvino-bf16: model.onnx in BF16 (8 bits of mantissa, FP16 has 11)
+        max_abs_diff=0.5,
+        mean_abs_diff=0.05,
+        min_cosine=0.999,
+        min_top1_agreement=0.98,
+        min_top5_overlap=0.9,
+        min_recall_at_k=0.95,
+    )
 
 
 class TensorRTSection(StrictSection):

@@ -16,8 +16,10 @@ from ._schema import StrictSection
 class TritonSection(StrictSection):
     """`vitdeploy triton-repo`: how the generated Triton repository serves the model (CLI flags override)."""
 
-    inference: Literal["auto", "onnx", "trt", "ort_python"] = Field(
-        "auto", description="model the ensemble calls; auto = trt when an engine was built, else onnx"
+    inference: Literal["auto", "onnx", "trt", "ort_python", "openvino"] = Field(
+        "auto",
+        description="model the ensemble calls; auto = trt when an engine was built, else onnx; openvino = model.onnx "
+        "on Triton's OpenVINO backend (CPU; BF16 where the CPU has BF16 math)",
     )
     instances: int = Field(1, ge=1, description="instances of the inference model (per GPU with KIND_GPU)")
     kind: Literal["auto", "gpu", "cpu"] = Field("auto", description="auto = Triton's default: every GPU, else the CPU")

@@ -64,7 +64,8 @@ LOADTEST_REPORT_NAME = "loadtest-report.json"
 EXPORT_REPORT_NAME = "export-report.json"  # what a failed export leaves (stages and validations so far)
 TIMING_CACHE_NAME = "timing.cache"  # TensorRT's timing cache, reused across builds (tensorrt.timing_cache)
 REPORT_NAME = "report.html"  # `vitdeploy report`'s page, beside the export
-BENCH_REPORT_NAME = "bench-report.json"  # `vitdeploy bench -a`'s figures, beside the export (the report reads them)
+#: `vitdeploy bench -a`'s figures, beside the export (the report reads them; auto too, when taken on this machine)
+BENCH_REPORT_NAME = "bench-report.json"
 TRT_EP_CACHE = "ort-trt-cache"  # beside the export: ONNX Runtime's TensorRT EP engines and timing cache
 #: `vitdeploy sign`'s signature of an export folder (an OpenSSF Model Signing / Sigstore bundle), beside it
 SIGNATURE_NAME = "model.sig"
@@ -114,12 +115,15 @@ class BackendKind:
     name: str  # what users type: `predict -b`, `validate -b`, `bench -b`
     runs: str  # the runtime backend that runs it ("torch" for torch-fp16)
     roles: tuple[str, ...]  # the manifest artifact roles it reads, the main one first
-    precision: str  # "fp32" | "fp16" | "int8": also the validation threshold set it is judged by
-    device: str  # "any": the configured device; "cuda": needs a CUDA GPU
+    precision: str  # "fp32" | "fp16" | "int8" | "bf16": also the validation threshold set it is judged by
+    device: str  # "any": the configured device; "cuda": needs a CUDA GPU; "cpu": the CPU, whatever is configured
     libraries: tuple[str, ...]  # the modules it imports
     #: roles it reads when the manifest lists them (ort: the fused model.ort.onnx, else model.onnx);
     #: whatever ships a folder for this backend (serve's replicas, batch workers) ships them too.
     optional_roles: tuple[str, ...] = ()
+    #: the manifest's ``validation`` entry that must have passed for ``auto`` to choose it, when its artifact
+    #: being listed is not its gate (openvino-bf16 runs model.onnx in another precision: ``validate-bf16``)
+    gate: str | None = None
 
 
 #: The backend names, each spelled once (imported wherever a backend is named in code).
@@ -132,6 +136,10 @@ TORCH, ORT, ORT_FP16, ORT_INT8, TORCH_FP16, TRT, TRT_INT8 = (
     "trt",
     "trt-int8",
 )
+#: OpenVINO on the CPU (the ``openvino`` extra): model.onnx in FP32, model.int8.onnx, model.onnx in BF16.
+OPENVINO, OPENVINO_INT8, OPENVINO_BF16 = ("openvino", "openvino-int8", "openvino-bf16")
+#: The manifest's validation entry of openvino-bf16: model.onnx run in BF16 by OpenVINO, judged by validation.bf16
+VALIDATE_BF16 = "validate-bf16"
 
 #: Every backend, in report order (validate / bench tables).
 BACKENDS: tuple[BackendKind, ...] = (
@@ -142,6 +150,9 @@ BACKENDS: tuple[BackendKind, ...] = (
     BackendKind(TORCH_FP16, TORCH, ("weights", "weights-config"), "fp16", "cuda", ("torch", "safetensors")),
     BackendKind(TRT, TRT, ("engine", "engine-meta"), "fp16", "cuda", ("tensorrt",)),
     BackendKind(TRT_INT8, TRT_INT8, ("engine-int8", "engine-int8-meta"), "int8", "cuda", ("tensorrt",)),
+    BackendKind(OPENVINO, OPENVINO, ("onnx",), "fp32", "cpu", ("openvino",)),
+    BackendKind(OPENVINO_INT8, OPENVINO_INT8, ("onnx-int8",), "int8", "cpu", ("openvino",)),
+    BackendKind(OPENVINO_BF16, OPENVINO_BF16, ("onnx",), "bf16", "cpu", ("openvino",), gate=VALIDATE_BF16),
 )
 BACKEND_KINDS: Mapping[str, BackendKind] = MappingProxyType({kind.name: kind for kind in BACKENDS})
 #: The backends ``validate`` and ``bench`` know ("torch-fp16" is the torch backend in half precision).
@@ -149,8 +160,10 @@ EVALUATED_BACKENDS: tuple[str, ...] = tuple(kind.name for kind in BACKENDS)
 #: The runtime backends (one module each under runtime/backends/): what ``predict -b`` accepts.
 RUNTIME_BACKENDS: tuple[str, ...] = tuple(kind.name for kind in BACKENDS if kind.runs == kind.name)
 #: The threshold sets of ``validation`` (pipeline.yaml), one per precision a backend runs in.
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8")
+PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "int8", "bf16")
 AUTO = "auto"
+#: What ``auto`` measured on this machine (which backend is fastest here), beside the export: runtime/auto_choice.py
+AUTO_CHOICE_NAME = "auto-backend.json"
 BackendName = Literal[RUNTIME_BACKENDS]  # type: ignore[valid-type]
 BackendChoice = Literal[(AUTO, *RUNTIME_BACKENDS)]  # type: ignore[valid-type]
 
@@ -183,6 +196,11 @@ __all__ = [
     "ORT",
     "ORT_FP16",
     "ORT_INT8",
+    "OPENVINO",
+    "OPENVINO_BF16",
+    "OPENVINO_INT8",
+    "VALIDATE_BF16",
+    "AUTO_CHOICE_NAME",
     "TORCH",
     "TORCH_FP16",
     "TRT",

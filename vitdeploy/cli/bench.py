@@ -82,8 +82,8 @@ def bench(
         for line in format_bench_table(report):
             click.echo(line)
     if not end_to_end:  # saved beside the manifest: `vitdeploy report` reads it
+        from ..base.vocab import BENCH_REPORT_NAME
         from ..evaluate.report import save_bench
-        from ..evaluate.report.facts import BENCH_REPORT_NAME
 
         try:
             save_bench(Path(artifacts_dir) / BENCH_REPORT_NAME, report.to_dict())

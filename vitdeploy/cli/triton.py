@@ -31,9 +31,10 @@ MODES = Modes(
 )
 @click.option(
     "--inference",
-    type=click.Choice(["auto", "onnx", "trt", "ort_python"]),
+    type=click.Choice(["auto", "onnx", "trt", "ort_python", "openvino"]),
     default=None,
-    help="model the ensemble calls (default: triton.inference, i.e. auto: trt with an engine, else onnx)",
+    help="model the ensemble calls (default: triton.inference, i.e. auto: trt with an engine, else onnx; openvino: "
+    "Triton's OpenVINO backend on the CPU)",
 )
 @click.option(
     "--instances", type=click.IntRange(min=1), default=None, help="inference model instances (triton.instances)"

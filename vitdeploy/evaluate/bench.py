@@ -32,7 +32,7 @@ import numpy as np
 
 from ..base.errors import ConfigError, InputError
 from ..base.limits import check_batch_size, clip
-from ..base.machine import cpu_model
+from ..base.machine import cpu_key, cpu_model
 from ..export.manifest import library_versions
 from ..runtime.backends import first_line
 from .bench_report import BASELINE, PHASES, BenchReport, attach_ratios
@@ -49,6 +49,7 @@ def environment(threads: int | None = None) -> dict[str, Any]:
     """What the numbers depend on: CPU, threads, GPU, library versions."""
     env: dict[str, Any] = {
         "cpu": cpu_model(),
+        "cpu_key": cpu_key(),  # the CPU's model and flags: auto takes a bench's figures taken on this CPU only
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),

@@ -276,7 +276,7 @@ def _run_spec(
 ) -> list[BackendDrift]:
     """One backend's rows, one per size of ``runs`` (each with eager's outputs at that size); one row for every
     size when it cannot run or open here."""
-    device = spec.options.device if spec.uses_cuda or spec.registry == "torch" else ", ".join(spec.options.providers)
+    device = spec.device
     if spec.is_reference:
         return [
             BackendDrift(

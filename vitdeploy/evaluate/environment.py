@@ -42,7 +42,7 @@ def _backend_rows() -> list[tuple[str, str]]:
             rows.append((name, f"cannot run: {why}"))
         elif name == ORT_FP16 and not cuda_provider_available():
             rows.append(
-                (name, "can run on the CPU, to check the FP16 graph: slower than ort (predict's auto picks ort here)")
+                (name, "can run on the CPU, to check the FP16 graph: slower than ort (auto passes it over here)")
             )
         elif name == ORT_FP16:
             rows.append((name, "can run (ONNX Runtime CUDA: FP16 graph; auto picks it when there is no engine)"))

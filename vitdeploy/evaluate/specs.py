@@ -44,6 +44,16 @@ class BackendSpec:
             self.registry == "torch" and _device_type(self.options.device) == "cuda"
         )
 
+    @property
+    def device(self) -> str:
+        """Where it runs, as the drift table says it: the device (CUDA, torch, a CPU-only backend), else the
+        ONNX Runtime providers."""
+        if self.uses_cuda or self.registry == "torch":
+            return str(self.options.device)
+        if BACKEND_KINDS[self.registry].device == "cpu":
+            return "cpu"
+        return ", ".join(map(str, self.options.providers))
+
     def label(self) -> str:
         if self.registry == "torch":
             return f"{self.name} ({self.options.device}, {self.precision})"

@@ -41,6 +41,9 @@ class Gate:
     tolerance: str  # "fp32" | "fp16" | "int8": the validation section's key
     open: Callable[[ExportContext, Made], Any]  # the runtime backend that will run the artifact
     sizes: Callable[[ExportContext], tuple[int, ...]] | None = None  # batch sizes (default: the context's)
+    #: a verdict only: a miss is recorded (the stage fails, this line says what follows) and the export goes on
+    #: with its artifact, nothing rejected (validate-bf16: model.onnx at another precision, not a file of its own)
+    advisory: str = ""
 
 
 def _never(ctx: ExportContext) -> None:

@@ -1,6 +1,6 @@
 """The Predictor: artifacts + one backend + the manifest's preprocessing, for every backend alike.
 
-    with Predictor.open("out/") as p:          # runtime.backend: auto: trt > ort-fp16 > ort > torch
+    with Predictor.open("out/") as p:          # "auto": trt > ort-fp16 (CUDA) > the fastest CPU backend > torch
         print(p.backend_name, p.why)
         for pred in p.predict(["cat.jpg", "dog.png"], top_k=3):
             print(pred.label, pred.score)
@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..base.errors import ArtifactError, ArtifactIntegrityError, BackendError, InputError
-from ..base.vocab import MANIFEST_NAME, ORT_FP16
+from ..base.vocab import MANIFEST_NAME, ORT_FP16, TORCH
 from .artifacts import Artifacts
 from .backends import (
     Backend,
@@ -38,7 +38,10 @@ from .postprocess import top_k as _top_k
 
 log = logging.getLogger(__name__)
 
+#: auto's order without a measurement (what `tune` tries first): the accelerators, ort, then eager PyTorch
 AUTO_ORDER = ("trt", ORT_FP16, "ort", "torch")
+#: tried first, in this order: the first that opens is chosen (no CPU backend comes near them)
+ACCELERATED = AUTO_ORDER[:2]
 _CUDA_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 
 
@@ -82,36 +85,47 @@ def _auto_options(name: str, options: BackendOptions) -> BackendOptions:
     return dataclasses.replace(opts, allow_cpu_fallback=False)
 
 
-def select_backend(artifacts: Artifacts, options: BackendOptions) -> tuple[Backend, str, str]:
-    """Open the best usable backend: trt, then ort-fp16 (CUDA only), then ort, then torch.
+def select_backend(artifacts: Artifacts, options: BackendOptions, timer: Any = None) -> tuple[Backend, str, str]:
+    """Open the backend "auto" runs: trt, then ort-fp16 (CUDA only); else the fastest CPU backend here that
+    passed its gate (runtime/auto_choice.py: measured once per machine, kept beside the export); else torch.
 
     Returns (backend, name, why). A candidate that is unavailable, or fails to open (BackendError,
     MissingDependencyError, or an ArtifactError from the backend itself such as an engine built
     for another GPU) is skipped with its reason recorded. A file that fails its sha256/size check
     is never skipped silently: that ArtifactError is raised (:func:`~.backends.open_or_reason`).
+    ``timer``: how the CPU measurement times one call (tests: a deterministic one).
     """
+    from .auto_choice import choose_on_cpu
+
     notes: list[str] = []
-    for name in AUTO_ORDER:
+    for name in ACCELERATED:
         attempt = open_or_reason(
             name, artifacts, _auto_options(name, options), refuse=_refuse_without_cuda if name == ORT_FP16 else None
         )
-        if attempt.status == "unavailable":
-            notes.append(f"{name} unavailable ({attempt.reason})")
-            continue
-        if attempt.status == "refused":
-            notes.append(f"{name} {attempt.reason}")
-            continue
-        if attempt.backend is None:
-            notes.append(f"{name} failed ({attempt.reason})")
-            log.debug("auto: %s failed: %s", name, attempt.reason)
-            continue
-        why = "auto: " + "; ".join([*notes, f"chose {name}"])
-        return attempt.backend, name, why
+        if attempt.backend is not None:
+            return attempt.backend, name, "auto: " + "; ".join([*notes, f"chose {name}"])
+        notes.append(f"{name} {attempt.reason}" if attempt.status == "refused" else _skipped(attempt))
+    chosen = choose_on_cpu(artifacts, options, notes, **({"timer": timer} if timer else {}))
+    if chosen is not None:
+        backend, name, why = chosen
+        return backend, name, "auto: " + "; ".join([*notes, f"chose {name}, {why}"])
+    attempt = open_or_reason(TORCH, artifacts, options)
+    if attempt.backend is not None:
+        return attempt.backend, TORCH, "auto: " + "; ".join([*notes, f"chose {TORCH}"])
+    notes.append(_skipped(attempt))
     raise BackendError(
         f"no backend can run the artifacts in {artifacts.directory}: "
         + "; ".join(notes)
         + "; install onnxruntime (pip install onnxruntime) or re-run `vitdeploy export`"
     )
+
+
+def _skipped(attempt: Any) -> str:
+    """One note for a backend auto passed over: unavailable (why) or failed to open (why)."""
+    if attempt.status == "unavailable":
+        return f"{attempt.name} unavailable ({attempt.reason})"
+    log.debug("auto: %s failed: %s", attempt.name, attempt.reason)
+    return f"{attempt.name} failed ({attempt.reason})"
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ def write_report(
     Recommendation, the Facts it was made from). ``public_key``: the signature's section says whether that key
     signed the export (else: who signed, not checked)."""
     from ...base._files import write_bytes_atomic
-    from .facts import BENCH_REPORT_NAME, gather
+    from ...base.vocab import BENCH_REPORT_NAME
+    from .facts import gather
     from .page import render
     from .recommend import recommend
 
@@ -51,7 +52,7 @@ def write_report(
     elif bench == "auto" and not (folder / BENCH_REPORT_NAME).is_file():
         given = (bench_runner or short_bench)(folder)
     facts = gather(folder, given, Path(public_key) if public_key is not None else None)
-    rec = recommend(facts.candidates())
+    rec = recommend(facts.candidates(), facts.auto_pick())
     target = Path(out) if out else folder / REPORT_NAME
     write_bytes_atomic(target, render(facts, rec, images=images).encode("utf-8"))
     return target, rec, facts
@@ -59,8 +60,8 @@ def write_report(
 
 def short_bench(folder: Path) -> dict[str, Any]:
     """A short benchmark of every backend here (batch 1 and 8), saved beside the manifest."""
+    from ...base.vocab import BENCH_REPORT_NAME
     from ..bench import run_bench
-    from .facts import BENCH_REPORT_NAME
 
     report = run_bench(folder, batch_sizes="1,8", iterations=10, warmup=2)
     data = report.to_dict()

@@ -24,11 +24,13 @@ from ...base.vocab import (
     DRIFT_REPORT_NAME,
     LOADTEST_REPORT_NAME,
     MANIFEST_NAME,
+    OPENVINO_BF16,
     ORT_FP16,
     ORT_INT8,
     TORCH_FP16,
     TRT_INT8,
     TUNE_REPORT_NAME,
+    VALIDATE_BF16,
 )
 from .recommend import Candidate
 
@@ -43,6 +45,7 @@ VALIDATION_BACKENDS = {
     "validate-int8-trt": ("ort (model.int8.trt.onnx)", None),
     "validate-engine": ("trt", "trt"),
     "validate-engine-int8": (TRT_INT8, TRT_INT8),
+    VALIDATE_BF16: (OPENVINO_BF16, OPENVINO_BF16),
 }
 
 
@@ -77,6 +80,24 @@ class Facts:
     tune: dict[str, Any] | None = None  # `vitdeploy tune`'s tune-report.json, where it ran
     loadtest: dict[str, Any] | None = None  # `vitdeploy loadtest -a`'s loadtest-report.json, where it ran
     signature: dict[str, Any] | None = None  # model.sig: who signed what, verified or not (None: unsigned)
+    auto: dict[str, Any] | None = None  # what backend "auto" runs on this CPU: its auto-backend.json entry
+
+    def auto_pick(self) -> tuple[str, str] | None:
+        """(the backend auto runs on this CPU, its figures in words): its kept measurement, else what it would
+        take from the bench report when that was taken on this CPU; None when neither says."""
+        from ...runtime.auto_choice import cpu_candidates, describe_figures, fastest
+
+        if self.auto and self.auto.get("chosen"):
+            return str(self.auto["chosen"]), describe_figures(self.auto)
+        env = (self.bench or {}).get("environment") or {}
+        if env.get("cpu_key") != machine_key():
+            return None
+        passed = {c.name for c in self.candidates() if c.passed}
+        ms = {n: v["latency_ms"] for n, v in self.speed_by_backend().items() if n in passed and "latency_ms" in v}
+        ms = {n: v for n, v in ms.items() if n in cpu_candidates()}
+        if not ms:
+            return None
+        return fastest(ms, cpu_candidates()), describe_figures({"ms": ms, "source": "bench"})
 
     def per_backend(self) -> list[AccuracyRow]:
         """One row per backend: an export for several sizes' rows merged (the worst status of its sizes, each metric
@@ -230,6 +251,21 @@ def _base_size(manifest: dict[str, Any]) -> int | None:
     return shape[-1] if shape and isinstance(shape[-1], int) else None
 
 
+def machine_key() -> str:
+    """This CPU's key (its model and flags): what auto's measurements and a bench's figures are kept under."""
+    from ...base.machine import cpu_key
+
+    return cpu_key()
+
+
+def _auto_entry(folder: Path) -> dict[str, Any] | None:
+    """This CPU's entry of auto's kept measurement for the export in ``folder`` (None: not measured here)."""
+    from ...runtime.auto_choice import cache_path, read_entries
+
+    entry = read_entries(cache_path(folder)).get(machine_key())
+    return entry if isinstance(entry, dict) else None
+
+
 def machine() -> dict[str, str]:
     from ...base.machine import describe_cpu
 
@@ -289,6 +325,7 @@ def gather(
         _read_json(folder / TUNE_REPORT_NAME),
         _read_json(folder / LOADTEST_REPORT_NAME),
         signature_status(folder, public_key),
+        _auto_entry(folder),
     )
 
 

@@ -109,6 +109,7 @@ def _deploy(rec: Recommendation, artifacts: str) -> str:
                     "throughput": "highest throughput here",
                     "gpu": "a GPU",
                     "accuracy": "the most accurate",
+                    "auto": "the default here (auto)",
                 }.get(p.target, p.target),
                 f"<strong>{_e(p.backend)}</strong>",
                 _e(p.why),

@@ -87,7 +87,9 @@ def _fastest(cands: list[Candidate], value: Any, higher_is_better: bool) -> Cand
     return max((c for c in measured if close(c)), key=Candidate.accuracy_key)
 
 
-def recommend(candidates: list[Candidate]) -> Recommendation:
+def recommend(candidates: list[Candidate], auto: tuple[str, str] | None = None) -> Recommendation:
+    """``auto``: (the backend auto runs on this CPU, its figures in words), shown as the ``auto`` pick when that
+    backend passed (runtime/auto_choice.py chooses only among those that passed their gates)."""
     rec = Recommendation()
     passed = [c for c in candidates if c.passed and not c.reference]
     failed = [c.name for c in candidates if not c.passed]
@@ -99,6 +101,10 @@ def recommend(candidates: list[Candidate]) -> Recommendation:
         )
         return rec
     cpu = [c for c in passed if not c.gpu]
+    chosen = next((c for c in cpu if auto and c.name == auto[0]), None)
+    if chosen is not None:
+        why = f"what backend auto (predict, serve, batch-predict) runs on this CPU: {auto[1]}"
+        rec.picks.append(Pick("auto", chosen.name, why, _cost(chosen)))
     fast = _fastest(cpu, lambda c: c.latency_ms, higher_is_better=False)
     if fast is not None:
         rec.picks.append(

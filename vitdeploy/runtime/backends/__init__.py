@@ -22,7 +22,17 @@ from ...base.errors import (
     VitDeployError,
     first_line,
 )
-from ...base.vocab import AUTO, BACKEND_KINDS, ORT_FP16, ORT_INT8, RUNTIME_BACKENDS, TRT_INT8
+from ...base.vocab import (
+    AUTO,
+    BACKEND_KINDS,
+    OPENVINO,
+    OPENVINO_BF16,
+    OPENVINO_INT8,
+    ORT_FP16,
+    ORT_INT8,
+    RUNTIME_BACKENDS,
+    TRT_INT8,
+)
 from ..cuda import cuda_status
 from .base import Backend, BackendBase, BackendOptions
 
@@ -39,6 +49,9 @@ _OPENERS: dict[str, tuple[str, str]] = {
     ORT_INT8: ("ort", "open_int8_from_artifacts"),
     "trt": ("trt", "open_from_artifacts"),
     TRT_INT8: ("trt", "open_int8_from_artifacts"),
+    OPENVINO: ("openvino", "open_from_artifacts"),
+    OPENVINO_INT8: ("openvino", "open_int8_from_artifacts"),
+    OPENVINO_BF16: ("openvino", "open_bf16_from_artifacts"),
 }
 # name -> (module, opener function, artifact roles it needs (main one first), libraries it imports)
 _REGISTRY: dict[str, tuple[str, str, tuple[str, ...], tuple[str, ...]]] = {
@@ -168,6 +181,10 @@ def backend_unavailable_reason(name: str, artifacts: Any = None, options: Backen
             return f"TensorRT backend unavailable ({first_line(exc)})"
         reason = module.unavailable_reason(artifacts, options)  # tensorrt, and a CUDA GPU through torch
         return str(reason) if reason else None
+    if name == OPENVINO_BF16:  # BF16 math on this CPU, as OpenVINO's CPU device reports it
+        from .openvino import bf16_refusal
+
+        return bf16_refusal()
     return None
 
 

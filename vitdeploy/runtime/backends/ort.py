@@ -9,7 +9,6 @@ One InferenceSession serves every thread: ``InferenceSession.run`` is thread-saf
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import os
 from pathlib import Path
@@ -22,6 +21,7 @@ from ...base.errors import BackendError, ConfigError
 from ...base.vocab import ORT_FP16, ORT_INT8, TRT_EP_CACHE
 from ..artifacts import check_onnx_external_data
 from ..cuda import cuda_index
+from ..local_cache import user_cache_dir, writable_dir
 from ..manifest_checks import check_graph_io, onnx_dtype_name
 from .base import BackendBase, BackendOptions, provider_name
 
@@ -109,13 +109,11 @@ def trt_ep_cache_dir(artifacts_dir: str | Path) -> Path:
     beside = artifacts_dir / TRT_EP_CACHE
     try:
         beside.mkdir(exist_ok=True)
-        if os.access(beside, os.W_OK | os.X_OK):
+        if writable_dir(beside):
             return beside
     except OSError:
         pass
-    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    tag = hashlib.sha256(str(artifacts_dir).encode("utf-8")).hexdigest()[:16]
-    fallback = root / "vitdeploy" / "ort-trt" / tag
+    fallback = user_cache_dir(artifacts_dir, "ort-trt")
     log.info("%s is not writable; the TensorRT EP caches engines in %s", beside, fallback)
     return fallback
 

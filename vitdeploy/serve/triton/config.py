@@ -11,6 +11,7 @@ defined here, once.
                         or model.fp16.onnx (TensorRT EP building the types it declares; engine cache)
     <name>_trt          tensorrt_plan: the same, from model.engine (only when one was built)
     <name>_ort_python   python + ONNX Runtime: the same, for Triton builds without the onnxruntime backend
+    <name>_openvino     openvino: model.onnx on Triton's OpenVINO backend, on the CPU (only with --inference openvino)
     <name>_postprocess  python: LOGITS -> TOPK_LABELS, TOPK_SCORES (softmax + top-k of the runtime)
 
 An embedding export (``ModelFacts.embedding``) has no postprocess model and no labels: the ensemble's one
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from ...base.serving_sections import TritonSection
-from ...base.vocab import ORT, ORT_FP16, TRT
+from ...base.vocab import OPENVINO_BF16, ORT, ORT_FP16, TRT
 from ..protocol import (
     CONFIG_TYPES,
     EMBEDDINGS,
@@ -40,7 +41,7 @@ from ..protocol import (
 )
 
 #: Inference models the ensemble can call, by their suffix.
-INFERENCE_KINDS = ("onnx", "trt", "ort_python")
+INFERENCE_KINDS = ("onnx", "trt", "ort_python", "openvino")
 PIXELS = "PIXEL_VALUES"  # preprocess output, inside the ensemble
 LABELS_FILE = "labels.txt"
 ENGINE_FILE = "model.engine"
@@ -364,9 +365,29 @@ def ort_python_config(facts: ModelFacts, settings: Settings, version: str) -> st
     )
 
 
+def openvino_config(facts: ModelFacts, settings: Settings) -> str:
+    """``<name>_openvino``: model.onnx on Triton's OpenVINO backend, on the CPU (latency hint, one stream an
+    instance). Its precision is OpenVINO's: f32 on a CPU without BF16 math, bf16 on one with it (AVX512-BF16,
+    AMX): Triton's backend can ask for bf16 (HINT_BF16), never for f32, and OpenVINO's default there is bf16."""
+    t = settings.triton
+    return _classifier(
+        facts,
+        settings,
+        "openvino",
+        "model.onnx on OpenVINO (CPU; f32, or bf16 where the CPU has BF16 math)",
+        f'backend: "openvino"\ndefault_model_filename: {_q(ONNX_FILES["fp32"])}',
+        int(facts.batch["max"]),
+        _instance_group("cpu", t.instances),
+        *_parameters({"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1"}),
+    )
+
+
 def served_backend(settings: Settings) -> str:
     """The vocabulary's backend whose answers the ensemble gives (whose ``validation.*`` thresholds judge them):
-    ``_onnx`` over model.onnx is ort, over model.fp16.onnx ort-fp16; ``_trt`` trt; ``_ort_python`` ort."""
+    ``_onnx`` over model.onnx is ort, over model.fp16.onnx ort-fp16; ``_trt`` trt; ``_ort_python`` ort;
+    ``_openvino`` openvino-bf16 (BF16 on a CPU that has it; its thresholds hold for f32 elsewhere too)."""
+    if settings.inference == "openvino":
+        return OPENVINO_BF16
     if settings.inference == "trt":
         return TRT
     if settings.inference == "onnx" and settings.onnx_precision == "fp16":
@@ -463,6 +484,7 @@ __all__ = [
     "ensemble_max_batch",
     "model_names",
     "onnx_config",
+    "openvino_config",
     "ort_python_config",
     "postprocess_config",
     "preprocess_config",

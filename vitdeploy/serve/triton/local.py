@@ -248,10 +248,20 @@ def local_triton(
     )
 
 
+def bundled_backends(venv: str | os.PathLike[str] | None = None) -> tuple[str, ...]:
+    """The backends the bundled tritonserver of ``venv`` (default :func:`default_venv`) carries (the folders of its
+    backend directory: ``python`` for nvidia-pytriton's); () where it is not installed."""
+    venv = Path(venv) if venv else default_venv()
+    if not _venv_python(venv).exists():
+        return ()
+    folder = _venv_facts(venv)[1] / "pytriton" / "tritonserver" / "backends"
+    return tuple(sorted(p.name for p in folder.iterdir() if p.is_dir())) if folder.is_dir() else ()
+
+
 def default_venv() -> Path:
     """``.venv-triton`` beside this checkout (the Makefile's), or $VITDEPLOY_TRITON_VENV."""
     env = os.environ.get("VITDEPLOY_TRITON_VENV")
     return Path(env) if env else Path(__file__).resolve().parents[3] / ".venv-triton"
 
 
-__all__ = ["BundledTriton", "PathTriton", "default_venv", "free_port", "local_triton"]
+__all__ = ["BundledTriton", "PathTriton", "bundled_backends", "default_venv", "free_port", "local_triton"]

@@ -40,6 +40,10 @@ def render_readme(
         names["ort_python"]: "python backend + ONNX Runtime (vitdeploy's `ort` backend), for Triton builds "
         "without the onnxruntime backend",
         names["postprocess"]: "python backend: softmax top-k (vitdeploy's postprocessing)",
+        names["openvino"]: "openvino backend (CPU): model.onnx as validated; OpenVINO runs it in f32, or in bf16 "
+        "on a CPU with BF16 math (AVX512-BF16, AMX: the export's validate-bf16 judged that; Triton's backend cannot "
+        "ask for f32). Not in the Triton images' default build everywhere: `tritonserver` must list `openvino` "
+        "among its backends",
     }
     table = "\n".join(f"| `{m}` | {model_rows.get(m, '')} |" for m in sorted(models))
     lines = [
@@ -174,7 +178,8 @@ def _container_section(
         "nvidia-pytriton wheel, with vitdeploy installed only from this folder's wheel and `requirements.txt`",
         "(Python 3.11, numpy 1.26); `tritonclient` gets the same answers from it as from `vitdeploy serve`.",
         f"Only parsed, never run there: the Docker image itself, `_onnx` ({onnx_file}: that server has no",
-        "onnxruntime backend), the TensorRT EP and its cache, `_trt`, and the Python 3.10 pins.",
+        "onnxruntime backend), the TensorRT EP and its cache, `_trt`, and the Python 3.10 pins"
+        + (", and `_openvino` (nor has it the openvino backend)." if settings.inference == "openvino" else "."),
         "",
     ]
 

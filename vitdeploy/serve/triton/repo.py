@@ -9,6 +9,7 @@
       <name>_onnx/1/model[.fp16].onnx  onnxruntime_onnx over a graph the export validated (trt_cache/ beside)
       <name>_trt/1/model.engine        tensorrt_plan, only when the export built an engine
       <name>_ort_python/1/artifacts/   python backend + ONNX Runtime (Triton builds without onnxruntime)
+      <name>_openvino/1/model.onnx     openvino backend (CPU), only with --inference openvino
       <name>_postprocess/              python backend: softmax top-k (none for an embedding export)
 
 Every artifact is verified (size, sha256) before it is copied. The repository is built in a
@@ -29,6 +30,7 @@ from typing import Any, Callable
 
 from ...base.errors import ArtifactError, ConfigError
 from ...base.version import __version__
+from ...base.vocab import VALIDATE_BF16
 from ...runtime.artifacts import MANIFEST_NAME, Artifacts
 from ..protocol import model_name
 from . import config as tc
@@ -77,12 +79,20 @@ def settings_from_config(cfg: Any, overrides: dict[str, Any] | None = None, top_
     )
 
 
-def resolve_inference(requested: str, has_engine: bool) -> str:
-    """ "auto" -> "trt" with an engine, else "onnx"; ConfigError for "trt" without one."""
+def resolve_inference(requested: str, has_engine: bool, bf16_verdict: bool | None = None) -> str:
+    """ "auto" -> "trt" with an engine, else "onnx"; ConfigError for "trt" without one, and for "openvino" when
+    the export's ``validate-bf16`` failed (``bf16_verdict`` False): Triton's OpenVINO backend runs model.onnx
+    at BF16 on a CPU with BF16 math, and cannot be asked for f32."""
     if requested == "auto":
         return "trt" if has_engine else "onnx"
     if requested not in tc.INFERENCE_KINDS:
         raise ConfigError(f"triton.inference = {requested!r}: expected auto, {', '.join(tc.INFERENCE_KINDS)}")
+    if requested == "openvino" and bf16_verdict is False:
+        raise ConfigError(
+            "triton.inference = 'openvino' but model.onnx missed validation.bf16 (the export's validate-bf16): "
+            "Triton's OpenVINO backend runs it at BF16 on a CPU with BF16 math and cannot be asked for f32; "
+            "choose onnx or ort_python"
+        )
     if requested == "trt" and not has_engine:
         raise ConfigError(
             "triton.inference = 'trt' but the export has no TensorRT engine (model.engine); build one "
@@ -237,6 +247,10 @@ def build_models(
             "ONNX Runtime's TensorRT EP caches its engine here (keep this folder on a volume).\n",
         )
 
+    if settings.inference == "openvino":  # only when asked: a Triton without that backend would fail to load it
+        ov_dir = model("openvino", tc.openvino_config(facts, settings), with_labels=True)
+        _copy_role(artifacts, "onnx", ov_dir, tc.ONNX_FILES["fp32"])
+
     ort_dir = model("ort_python", tc.ort_python_config(facts, settings, __version__), with_labels=True)
     _write(
         ort_dir / "model.py", model_py("OrtPythonModel", f"{names['ort_python']}: ONNX Runtime in the python backend")
@@ -256,9 +270,12 @@ def build_models(
 
 def resolved(artifacts: Artifacts, settings: tc.Settings) -> tuple[tc.Settings, tc.ModelFacts, dict[str, Any] | None]:
     engine_meta = _engine_meta(artifacts)
+    verdict = (artifacts.manifest.get("validation") or {}).get(VALIDATE_BF16)
     settings = replace(
         settings,
-        inference=resolve_inference(settings.triton.inference, engine_meta is not None),
+        inference=resolve_inference(
+            settings.triton.inference, engine_meta is not None, None if verdict is None else verdict.get("passed")
+        ),
         onnx_precision=resolve_onnx_precision(settings.triton.onnx_precision, artifacts),
     )
     return settings, _facts(artifacts, engine_meta), engine_meta
@@ -282,6 +299,8 @@ def model_configs(artifacts_dir: str | os.PathLike[str], settings: tc.Settings) 
         configs[names["postprocess"]] = tc.postprocess_config(facts, settings, __version__)
     if engine_meta is not None:
         configs[names["trt"]] = tc.trt_config(facts, settings)
+    if settings.inference == "openvino":
+        configs[names["openvino"]] = tc.openvino_config(facts, settings)
     return configs
 
 
