@@ -43,7 +43,9 @@ MOVED_MODULES = {
     **{f"vitdeploy.model.convert_{f}": f"vitdeploy.model.formats.{f}.convert" for f in ("hf", "timm", "torchvision")},
     # the client side of a running deployment (client/), apart from the tuner; rollout's server side (serve/rollout/)
     "vitdeploy.tune.clients": "vitdeploy.client.protocols",
-    **{f"vitdeploy.tune.{m}": f"vitdeploy.client.{m}" for m in ("loadgen", "loadtest", "server_stats", "served_check")},
+    **{
+        f"vitdeploy.tune.{m}": f"vitdeploy.client.{m}" for m in ("loadgen", "loadtest", "server_stats", "served_check")
+    },
     "vitdeploy.tune.rollout": "vitdeploy.client.rollout.driver",
     "vitdeploy.tune.rollout_server": "vitdeploy.client.rollout.server",
     "vitdeploy.evaluate.served_report": "vitdeploy.client.served_report",

@@ -7,6 +7,6 @@ from vitdeploy/client/rollout/).
     shadow.py     the replicas' side of shadow traffic: copies of live requests to the candidate, their outcomes
     candidate.py  a version started beside the live one and removed, each within a bounded time
 
-Below the rest of serve/: the deployment, the guard and the runner use it; it uses only serve/protocol.py's names
-and serve/ray_private.py.
+Below the rest of serve/: the deployment, the guard and the runner use it; of serve/ it uses only protocol.py's
+names.
 """
