@@ -214,8 +214,9 @@ RAY_START_TIMEOUT = "timed out during startup"
 
 
 def init_ray_retrying(ray: Any, progress: Progress, **options: Any) -> Any:
-    """``ray.init(**options)``, once more after a ``ray.shutdown()`` when Ray's own start timed out (the
-    raylet slow to register on a busy machine); any other failure, or a second timeout, is raised."""
+    """``ray.init(**options)`` (through base/ray_join.init_ray), once more after a ``ray.shutdown()`` when Ray's
+    own start timed out (the raylet slow to register on a busy machine); any other failure, or a second timeout, is
+    raised."""
     try:
         return init_ray(ray, **options)
     except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for it
