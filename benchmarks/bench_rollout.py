@@ -12,8 +12,9 @@ Steps, on the demo model (exported once into the cache):
    (another manifest, the same files): it is shadowed, then promoted. The swap window runs from the moment
    unversioned traffic moves to the new version to the end of the old one (drained and deleted): the p99 of the
    requests answered inside it, and of those answered while the candidate was shadowed;
-5. rollback: the same with an export whose preprocessing differs (its normalisation mean changed): it is
-   shadowed, then rolled back (the window: from the decision to the candidate gone).
+5. rollback: the same with an export whose preprocessing differs (its manifest's normalisation mean changed): its
+   answers are not its own export's eager answers, so it is rolled back at its check before any shadow (the
+   window: from the decision to the candidate gone).
 
 Every request of both open loops is counted (errors must be 0). The machine's load average is printed before
 and after: on a shared machine the figures are as good as its quiet.
@@ -40,10 +41,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vitdeploy.base.machine import cpu_model  # noqa: E402
+from vitdeploy.base.ray_join import init_ray  # noqa: E402
 
-# a private Ray on loopback: the server and this process agree on its authentication, whatever token another
-# Ray left in ~/.ray on this machine (as the tests do)
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 DEFAULT_CACHE = Path(os.environ.get("VITDEPLOY_BENCH_CACHE", "/tmp/vitdeploy-bench"))
 NAME = "vit-demo-digits"
 
@@ -154,7 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"machine": cpu_model(), "cores": os.cpu_count(), "load_before": loadavg()}
     server = Server(demo, config, free_port())
     try:
-        ray.init(address=server.gcs, logging_level="WARNING", log_to_driver=False)
+        init_ray(ray, server.gcs, logging_level="WARNING", log_to_driver=False)
         from vitdeploy.client.protocols import PREDICT, Target, open_client
 
         factory = lambda: open_client(Target(server.url, PREDICT))  # noqa: E731

@@ -66,7 +66,7 @@ def echo_server_main(port: int) -> None:
     """``bench_serve.py --echo-server PORT``: a bare Ray Serve app, no vitdeploy code in its path: one
     echo deployment that reads the body and answers a short JSON (the size of one /predict record),
     in its own local Ray at the same worker priority as `vitdeploy serve`; stops on SIGTERM."""
-    from vitdeploy.serve.ray_private import WORKER_NICENESS_ENV, local_ray_options
+    from vitdeploy.base.ray_private import WORKER_NICENESS_ENV, local_ray_options
 
     os.environ.setdefault(WORKER_NICENESS_ENV.variable, "0")  # as `vitdeploy serve` starts its local Ray
     import ray
@@ -82,7 +82,7 @@ def echo_server_main(port: int) -> None:
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    loopback = local_ray_options(None, loopback=True)  # Ray's private keywords: vitdeploy/serve/ray_private.py
+    loopback = local_ray_options(None, loopback=True)  # Ray's private keywords: vitdeploy/base/ray_private.py
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level="WARNING", **loopback)
     serve.start(http_options={"host": "127.0.0.1", "port": port}, logging_config={"log_level": "WARNING"})
     serve.run(Echo.bind(), name=ECHO_APP, route_prefix="/", logging_config={"log_level": "WARNING"})

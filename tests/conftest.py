@@ -7,10 +7,18 @@ from pathlib import Path
 
 import pytest
 
-# Every Ray the tests start is a private cluster on loopback: its processes (GCS, raylets, workers) and
-# the driver must agree on authentication, whatever token another Ray left in ~/.ray on this machine.
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Ray runs with its defaults: token authentication on for every cluster a test starts (RAY_AUTH_MODE unset),
+# and every process of ours that joins one by address authenticates through vitdeploy/base/ray_join.py.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+def pytest_configure(config):
+    """The user's Ray token (~/.ray/auth_token) exists before any test starts a Ray, written whole once, as
+    `vitdeploy serve` makes it: two clusters started at once (pytest-xdist workers, a test's `serve`
+    subprocesses) then share one token instead of each writing its own over the other's."""
+    from vitdeploy.base.ray_join import ensure_local_token
+
+    ensure_local_token()
 
 
 #: Fixtures that run a whole export: a test that needs one is marked ``integration`` (the fast run,

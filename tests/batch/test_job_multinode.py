@@ -8,6 +8,7 @@ import tempfile
 
 import pytest
 
+from vitdeploy.base.ray_join import init_ray
 from vitdeploy.batch.job import BatchSettings, run_batch
 from vitdeploy.demo import IMAGES_DIR
 from vitdeploy.runtime.backends import BackendOptions
@@ -30,7 +31,7 @@ def cluster():
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 3, "include_dashboard": False, "temp_dir": temp})
     c.add_node(num_cpus=3)
     c.wait_for_nodes()
-    ray.init(address=c.address, log_to_driver=False, logging_level="ERROR")
+    init_ray(ray, c.address, log_to_driver=False, logging_level="ERROR")
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield c
     ray.shutdown()

@@ -1,11 +1,14 @@
-"""`vitdeploy rollout` for real: one `vitdeploy serve` (a tiny export, one replica) for the module, this process
-joined to its Ray, a load of HTTP /predict, v2 HTTP and v2 gRPC clients running through every rollout, each of
-their answers counted and checked against the live model's own.
+"""`vitdeploy rollout` for real: one `vitdeploy serve` (a tiny export, one replica) for the module, started with
+Ray's defaults (token authentication on), this process joined to its Ray, a load of HTTP /predict, v2 HTTP and v2
+gRPC clients running through every rollout, each of their answers counted and checked against the live model's
+own. The rollouts in a subprocess are the commands docs/serving.md prints (`rollout URL ... --address
+127.0.0.1:PORT`, `rollout --status`), with Ray's defaults. Last, the registry and the proxy are killed after a
+promotion, under load: requests keep going to the promoted version.
 
 Deterministic: the checks of a candidate beside the live version run while the rollout waits in its progress
 callback; a held candidate is held (SIGSTOP) there; a crash at start is an export whose graph is no graph; a
 candidate Ray cannot place asks for a resource no node has. Nothing waits on a clock but the bounds the rollout
-itself promises (its start timeout, the shadow copy's timeout).
+itself promises (its start timeout, the shadow copy's timeout) and Ray's restart of a killed proxy.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ pytest.importorskip("tritonclient.grpc", reason="the gRPC client needs tritoncli
 from helpers.counted_load import CountedLoad, failures  # noqa: E402
 from helpers.held import processes  # noqa: E402
 from helpers.serve_process import ServeProcess, free_port, leave_ray, serve_env  # noqa: E402
-from helpers.tiny_export import file_entry  # noqa: E402
+from helpers.tiny_export import PREPROCESS, file_entry  # noqa: E402
 
 from vitdeploy.base.config import parse_config  # noqa: E402
-from vitdeploy.client.rollout.driver import PROMOTED, ROLLED_BACK, RolloutPlan, run_rollout  # noqa: E402
+from vitdeploy.base.ray_join import init_ray  # noqa: E402
+from vitdeploy.client.rollout.driver import RolloutPlan, run_rollout  # noqa: E402
 from vitdeploy.runtime.backends.base import BackendOptions  # noqa: E402
+from vitdeploy.serve.rollout.registry import PROMOTED, ROLLED_BACK  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -65,21 +70,36 @@ def images() -> list[bytes]:
     return [_png(seed) for seed in range(6)]
 
 
-@pytest.fixture(scope="module")
-def expected(tiny_artifacts, images) -> list[str]:
-    """The live model's own top-1 label of each image (the in-process Predictor, ort)."""
+def _labels(export: Path, images: list[bytes]) -> list[str]:
+    """The model's own top-1 label of each image (the in-process Predictor, ort)."""
     from vitdeploy.runtime.predictor import Predictor
 
-    with Predictor.from_artifacts(tiny_artifacts(seed=0), backend="ort") as predictor:
+    with Predictor.from_artifacts(export, backend="ort") as predictor:
         return [p.label for p in predictor.predict(images, top_k=1)]
 
 
 @pytest.fixture(scope="module")
-def server(tiny_artifacts, tmp_path_factory):
+def expected(tiny_artifacts, images) -> list[str]:
+    return _labels(tiny_artifacts(seed=0), images)
+
+
+@pytest.fixture(scope="module")
+def retrained(tiny_artifacts, images) -> list[str]:
+    """The labels of the retrained model (another seed, the same architecture and classes)."""
+    labels = _labels(tiny_artifacts(seed=1), images)
+    assert labels != _labels(tiny_artifacts(seed=0), images), "the retrained model must answer otherwise"
+    return labels
+
+
+@pytest.fixture(scope="module")
+def server(tiny_artifacts, images, tmp_path_factory):
     """`vitdeploy serve` of the tiny export (seed 0), and this process joined to its Ray."""
     import ray
 
     folder = tmp_path_factory.mktemp("rollout")
+    (folder / "images").mkdir()  # the exports' validation images: the faithfulness check sends them
+    for seed, blob in enumerate(images):
+        (folder / "images" / f"{seed}.png").write_bytes(blob)
     grpc_port = free_port()
     cfg = folder / "serve.yaml"
     cfg.write_text(
@@ -87,13 +107,14 @@ def server(tiny_artifacts, tmp_path_factory):
         % json.dumps({**SERVE, "metrics_port": free_port(), "grpc_port": grpc_port})
     )
     (folder / "rollout.yaml").write_text(
-        "runtime: {threads: 1}\nserve: %s\n" % json.dumps({**SERVE, "request_timeout_s": COPY_TIMEOUT_S})
+        "runtime: {threads: 1}\nserve: %s\nvalidation: {images: %s}\n"
+        % (json.dumps({**SERVE, "request_timeout_s": COPY_TIMEOUT_S}), folder / "images")
     )
     ray_tmp = Path(tempfile.mkdtemp(prefix="vdroll", dir="/tmp"))  # short: Ray's socket paths have a length limit
     proc = ServeProcess(tiny_artifacts(seed=0), cfg, env={"RAY_TMPDIR": str(ray_tmp)})
     try:
         gcs = next(line.split()[2].rstrip(":") for line in proc.lines if line.startswith("Ray at "))
-        ray.init(address=gcs, logging_level="WARNING")
+        init_ray(ray, gcs, logging_level="WARNING")
         yield {"url": proc.url, "grpc": f"127.0.0.1:{grpc_port}", "gcs": gcs, "folder": folder, "proc": proc}
     finally:
         leave_ray()
@@ -111,11 +132,13 @@ def _copy(source: Path, dest: Path, **changes) -> Path:
 
 
 VERDICTS: list[str] = []  # of the rollouts this module ran, in order (what --status must show)
+AGREED: dict[int, bool] = {}  # promoted versions: whether they agree with the version they replaced
 
 
 def _rollout(server, export: Path, on_line=None, serve: dict | None = None, **plan) -> tuple:
+    sv = {**SERVE, "request_timeout_s": COPY_TIMEOUT_S, **(serve or {})}
     cfg = parse_config(
-        {"runtime": {"threads": 1}, "serve": {**SERVE, "request_timeout_s": COPY_TIMEOUT_S, **(serve or {})}}
+        {"runtime": {"threads": 1}, "serve": sv, "validation": {"images": str(server["folder"] / "images")}}
     )
     lines: list[str] = []
 
@@ -173,6 +196,9 @@ def test_a_reexport_is_shadowed_then_promoted_without_a_failed_request(server, t
     (result, lines), answers = _under_load(server, images, lambda: _rollout(server, export, beside))
     assert result.verdict == PROMOTED, (result.line(), lines)
     assert result.line().startswith(f"promoted {MODEL} v2 (export ") and "20 shadowed requests" in result.line()
+    assert "faithful to its export (6 images, top-1 100%)" in result.line(), result.line()
+    AGREED[result.version] = True
+    assert any(line.startswith("checking v2 against its export's eager answers (6 images)") for line in lines)
     assert seen["meta"]["versions"] == ["1", "2"]
     assert seen["direct"]["model_version"] == "2" and seen["live"]["model_version"] == "1"
     _check(answers, expected, {"1", "2"})
@@ -193,13 +219,15 @@ def test_a_reexport_is_shadowed_then_promoted_without_a_failed_request(server, t
 # ------------------------------------------------------------------------------------------ roll back
 
 
-def test_another_model_is_never_answered_to_a_client_and_is_rolled_back(server, tiny_artifacts, images, expected):
+def test_with_same_model_a_retrained_model_is_never_answered_to_a_client_and_is_rolled_back(
+    server, tiny_artifacts, images, expected
+):
     live = _live_pids(f"{MODEL}@v2")
     export = _copy(tiny_artifacts(seed=1), server["folder"] / "another")
     # it asks for more CPU than the machine has: it starts with what is free beside the live replica, and says so
     more = {"num_cpus_per_replica": 1000}
     (result, lines), answers = _under_load(
-        server, images, lambda: _rollout(server, export, serve=more, shadow_requests=200)
+        server, images, lambda: _rollout(server, export, serve=more, shadow_requests=200, same_model=True)
     )
     assert result.verdict == ROLLED_BACK, result.line()
     said = [line for line in lines if line.startswith("starting")]
@@ -276,9 +304,90 @@ def test_a_candidate_ray_cannot_place_fails_within_its_start_timeout(server, tin
     assert set(serve.status().applications) == {f"{MODEL}@v2"}
 
 
+@pytest.mark.parametrize("gate", ["default", "same-model"])
+def test_an_export_whose_preprocessing_was_edited_is_rolled_back_before_any_shadow(server, tiny_artifacts, gate):
+    edited = {**PREPROCESS, "mean": [0.2, 0.2, 0.2]}  # its answers are no longer its own weights' answers
+    export = _copy(tiny_artifacts(seed=0), server["folder"] / f"edited-{gate}", preprocess=edited)
+    result, lines = _rollout(server, export, same_model=gate == "same-model")
+    assert result.verdict == ROLLED_BACK and not any(line.startswith("shadowing") for line in lines), lines
+    assert f"v{result.version} is not faithful to its own export: the manifest's preprocessing is not" in result.reason
+    assert "mean [0.2, 0.2, 0.2] (weights [0.5, 0.5, 0.5])" in result.reason, result.reason
+    assert result.figures["faithful"]["status"] == "failed"
+
+
+LIVE: list[int] = [2]  # the live version, as the rollouts above left it (v1 promoted to v2 first)
+
+
+def test_a_retrained_model_is_promoted_by_default_with_the_documented_command(
+    server, tiny_artifacts, images, expected, retrained
+):
+    export = _copy(tiny_artifacts(seed=1), server["folder"] / "retrained")
+    gcs = _docs_address(server)
+
+    def run():  # docs/serving.md's command, as a user types it (-c: the tiny model's settings and images)
+        args = ["-a", str(export), "-b", "ort", "--address", gcs, "--shadow", "20", "--json"]
+        cmd = [sys.executable, "-m", "vitdeploy.cli", "rollout", server["url"], *args]
+        cmd += ["-c", str(server["folder"] / "rollout.yaml")]
+        return subprocess.run(cmd, capture_output=True, text=True, env=serve_env(), timeout=300)
+
+    res, answers = _under_load(server, images, run)
+    VERDICTS.append(PROMOTED if res.returncode == 0 else ROLLED_BACK)
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout[: res.stdout.rindex("}") + 1])
+    version, window = result["version"], result["window"]
+    LIVE.append(version)
+    AGREED[version] = False
+    assert result["verdict"] == PROMOTED and result["figures"]["faithful"]["status"] == "passed"
+    agreed = result["figures"]["agreement"]
+    assert agreed["top1_agreement"] < 1 and agreed["flips"] > 0, agreed  # another model: promoted all the same
+    assert res.stdout.rstrip().splitlines()[-1].startswith(f"promoted {MODEL} v{version} (export ")
+    assert not failures(answers), failures(answers)[:3]
+    by_version = {str(result["live"]): expected, str(version): retrained}
+    wrong = [a for a in answers if a.version and a.label != by_version[a.version][a.image]]
+    assert not wrong and {a.version for a in answers if a.version} == set(by_version), wrong[:3]
+    after = [a for a in answers if a.at > window[1]]
+    assert after and all(a.label == retrained[a.image] for a in after), "unversioned requests did not move"
+
+
+def test_routing_survives_the_registry_and_the_proxy_killed_after_a_promotion(server, images, retrained):
+    import ray
+
+    from vitdeploy.serve.rollout.registry import registry_actor
+
+    version = str(LIVE[-1])
+    load = CountedLoad(server["url"], MODEL, images, grpc=server["grpc"])
+    try:
+        load.wait_for(20)
+        ray.kill(registry_actor())  # for good: no restart
+        load.wait_for(60)
+    finally:
+        answers = load.stop()
+    _check_live(answers, retrained, version)
+    (proxy,) = processes("ray::ProxyActor")
+    os.kill(proxy, signal.SIGKILL)  # Ray Serve starts another: it has never read the routing
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if processes("ray::ProxyActor") and httpx.get(f"{server['url']}/v2/health/ready").status_code == 200:
+                break
+        time.sleep(0.5)
+    load = CountedLoad(server["url"], MODEL, images, grpc=server["grpc"])
+    try:
+        load.wait_for(60)
+    finally:
+        answers = load.stop()
+    _check_live(answers, retrained, version)
+
+
+def _check_live(answers, labels, version: str) -> None:
+    bad = failures(answers)
+    assert not bad, f"{len(bad)} of {len(answers)} requests failed: {bad[:3]}"
+    assert all(a.label == labels[a.image] for a in answers) and {a.version for a in answers if a.version} == {version}
+
+
 def test_the_status_shows_every_rollout_with_its_verdict(server):
     res = subprocess.run(
-        [sys.executable, "-m", "vitdeploy.cli", "rollout", "--status", "--address", server["gcs"]],
+        [sys.executable, "-m", "vitdeploy.cli", "rollout", "--status", "--address", _docs_address(server)],
         capture_output=True,
         text=True,
         env=serve_env(),
@@ -288,8 +397,18 @@ def test_the_status_shows_every_rollout_with_its_verdict(server):
     rows = [line for line in res.stdout.splitlines() if line.startswith(MODEL + " ")]
     verdicts = [row.split("  ")[-1].split(":")[0] for row in rows]
     assert verdicts == VERDICTS and VERDICTS, res.stdout
-    if PROMOTED in VERDICTS:
-        assert res.stdout.startswith(f"{MODEL}: live v2 (v2 live)") and "top-1 agreement 100.0%" in rows[0]
+    live = LIVE[-1]
+    assert res.stdout.startswith(f"{MODEL}: live v{live} (v{live} live)"), res.stdout  # the registry came back
+    promoted = {int(row.split()[1][1:]): row for row in rows if row.split("  ")[-1].startswith(PROMOTED)}
+    assert promoted.keys() == AGREED.keys(), rows
+    for version, row in promoted.items():
+        assert "faithful to its export (6 images, top-1 100%)" in row, row
+        assert ("top-1 agreement 100.0% (0 flipped)" in row) == AGREED[version], row
+
+
+def _docs_address(server) -> str:
+    """The server's Ray as docs/serving.md spells it: ``127.0.0.1:<the port of the `Ray at` line>``."""
+    return "127.0.0.1:" + server["gcs"].rsplit(":", 1)[1]
 
 
 def _b64(blob: bytes) -> str:

@@ -125,6 +125,32 @@ def test_an_edited_preprocessing_behind_an_ensemble_is_named(tiny):
     assert "model m_preprocess" in named and "mean [0.4, 0.4, 0.4]" in named and "std [0.2, 0.2, 0.2]" in named
 
 
+def test_a_manifest_whose_preprocessing_is_not_its_weights_is_judged_against_the_weights_recipe(tiny, tmp_path):
+    from vitdeploy.client.served_check import eager_answers
+    from vitdeploy.runtime.artifacts import Artifacts
+    from vitdeploy.runtime.backends import BackendOptions
+    from vitdeploy.runtime.predictor import Predictor
+
+    eager = eager_answers(Artifacts.open(tiny["export"]), tiny["images"], None, BackendOptions(), None)
+    with _scripted(tiny) as server:  # the export's eager answers, computed once beforehand (as a rollout does)
+        assert _check(tiny, server, V2_HTTP, eager=eager).passed
+    edited = tmp_path / "edited"
+    shutil.copytree(tiny["export"], edited)
+    manifest = json.loads((edited / "manifest.json").read_text())
+    manifest["preprocess"]["mean"] = [0.2, 0.2, 0.2]
+    (edited / "manifest.json").write_text(json.dumps(manifest))
+    with Predictor.from_artifacts(edited, backend="torch") as served:  # what a server of the edited export answers
+        logits = {blob: served.predict_logits(served.preprocess([blob]))[0] for blob in tiny["logits"]}
+    with _scripted({**tiny, "export": edited, "logits": logits}) as server:
+        check = _check({**tiny, "export": edited}, server, V2_HTTP)
+    assert check.status == "failed"
+    assert check.row.failures[0] == (
+        "the manifest's preprocessing is not the one its weights were exported with: "
+        "mean [0.2, 0.2, 0.2] (weights [0.5, 0.5, 0.5])"
+    )
+    assert any(f.startswith(("max_abs_diff", "top1_agreement")) for f in check.row.failures[1:]), check.row.failures
+
+
 def test_a_server_that_names_no_backend_needs_backend(tiny):
     with _scripted(tiny, backend=None) as server:
         res = _validate("-a", str(tiny["export"]), "--url", server.url, "--images", str(tiny["images"]))

@@ -4,8 +4,8 @@
 --port PORT -c CONFIG [more arguments]``, reads its stderr on a thread (``lines``) and returns once it
 printed its "Ctrl-C to stop" line, or fails the test with the last lines it printed; ``stop()`` sends
 SIGTERM and returns the exit status (killed after ``timeout_s``). Its environment is the test process's
-at start (so a fixture's RAY_TMPDIR reaches it), one OpenMP thread, no usage stats, no Ray token, and
-``env`` on top.
+at start (so a fixture's RAY_TMPDIR reaches it), one OpenMP thread, no usage stats (Ray's authentication as
+Ray's defaults make it: token auth, the user's token), and ``env`` on top.
 """
 
 from __future__ import annotations
@@ -26,9 +26,7 @@ STOP_TIMEOUT_S = 120
 
 
 def serve_env() -> dict[str, str]:
-    # RAY_AUTH_MODE=disabled: a token in the shared ~/.ray (another Ray on this machine) must not decide
-    # whether a second `vitdeploy serve` may join a loopback-only test cluster.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+    return {**os.environ, "OMP_NUM_THREADS": "1", "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 class ServeProcess:

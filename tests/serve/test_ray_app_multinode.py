@@ -25,6 +25,7 @@ pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip i
 
 from helpers.serve_process import ServeProcess, free_port, leave_ray  # noqa: E402
 
+from vitdeploy.base.ray_join import init_ray  # noqa: E402
 from vitdeploy.demo import IMAGES_DIR  # noqa: E402
 from vitdeploy.runtime.artifact_transfer import CACHE_ENV  # noqa: E402
 
@@ -95,7 +96,6 @@ def mn(demo_artifacts, tmp_path_factory):
         "RAY_TMPDIR": ray_tmp,
         CACHE_ENV: str(folder / "node-cache"),
         "RAY_USAGE_STATS_ENABLED": "0",
-        "RAY_AUTH_MODE": "disabled",
         "OMP_NUM_THREADS": "1",
     }
     saved = {k: os.environ.get(k) for k in env}
@@ -119,7 +119,7 @@ def mn(demo_artifacts, tmp_path_factory):
         )
         node2 = cluster.add_node(num_cpus=1, resources={NODE2: 2})
         proc = ServeProcess(art, _config(folder, "mn"), "--address", cluster.address, "--name", NAME)
-        ray.init(address=cluster.address, logging_level="WARNING")
+        init_ray(ray, cluster.address, logging_level="WARNING")
         url = proc.url
         yield {
             "url": url,

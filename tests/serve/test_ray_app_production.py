@@ -318,11 +318,12 @@ def test_the_written_config_runs_on_ray_as_a_third_model(cluster, image):
     assert env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "vitdeploy.serve.proxy_guard.middlewares"
     # Ray itself builds the application from the file (the controller imports the builder); `serve deploy`
     # posts the same file to a dashboard this test cluster does not run, `serve run` hands it over directly.
+    # Ray's own CLI joins a cluster given by address with its token only when told (RAY_AUTH_MODE=token).
     run = subprocess.run(
         [str(Path(sys.executable).with_name("serve")), "run", str(out), "--address", cluster["gcs"], "--non-blocking"],
         capture_output=True,
         text=True,
-        env=serve_env(),
+        env={**serve_env(), "RAY_AUTH_MODE": "token"},
         timeout=180,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]

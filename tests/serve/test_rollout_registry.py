@@ -1,12 +1,29 @@
-"""The rollout registry (vitdeploy/serve/rollout/registry.py): what it allows and remembers, and the guard routing
-by it. Pure Python (the registry is a plain class; Ray runs it as an actor): a real rollout on a real server is
-tests/client/test_rollout_driver.py."""
+"""The rollout registry (vitdeploy/serve/rollout/registry.py): what it allows and remembers - leases, fencing, what a
+takeover removes by the abandoned rollout's phase, its state read back by a registry started again (store.py) - and
+the guard routing by it. Pure Python on a fake clock (the registry is a plain class; Ray runs it as an actor): a real
+rollout on a real server is tests/client/test_rollout_driver.py."""
 
 from __future__ import annotations
 
 import asyncio
 
-from vitdeploy.serve.rollout.registry import ABANDONED_S, RolloutRegistry, RoutingTable
+import pytest
+
+from vitdeploy.serve.rollout.registry import (
+    CANDIDATE,
+    CONVERGING,
+    DRAINING,
+    LEASE_S,
+    PROMOTED,
+    PROMOTING,
+    ROLLED_BACK,
+    ROLLING_BACK,
+    SHADOW,
+    STARTING,
+    RolloutRegistry,
+    RoutingTable,
+)
+from vitdeploy.serve.rollout.store import MemoryStore, routing_table
 
 SHADOWING = {
     "live": "/v2/models/m",
@@ -25,60 +42,160 @@ class Clock:
         return self.now
 
 
-def _registry():
+def _registry(store=None):
     clock = Clock()
-    return RolloutRegistry(clock), clock
+    return RolloutRegistry(clock, store), clock
+
+
+ONE = {"m": "/v2/models/m"}
+TWO = {**ONE, "m@v2": "/v2/models/m/versions/2"}
+
+
+def _promoted(reg, holder="a"):
+    """A rollout of v2 by ``holder`` that promoted it; v1 is draining."""
+    reg.begin("m", holder, ONE, {"sha": "a"})
+    reg.ready("m", holder, 2)
+    reg.promote("m", holder, 2)
 
 
 def test_versions_are_numbered_on_and_never_reused():
     reg, _ = _registry()
-    began = reg.begin("m", {"m": "/v2/models/m"}, {"sha": "a"})
-    assert (began["version"], began["live"], began["abandoned"]) == (2, 1, None)
+    began = reg.begin("m", "a", ONE, {"sha": "a"})
+    assert (began["version"], began["live"], began["abandoned"], began["remove"]) == (2, 1, None, [])
     assert reg.routing()["m"]["versions"] == [1]  # a starting candidate is not listed yet
-    reg.ready("m", 2)
+    reg.ready("m", "a", 2)
     assert reg.routing()["m"]["versions"] == [1, 2]
-    reg.drop("m", 2)
-    reg.finish("m", {"version": 2, "verdict": "rolled back"})
-    assert reg.begin("m", {"m": "/v2/models/m"}, {"sha": "b"})["version"] == 3
+    reg.drop("m", "a", 2)
+    reg.finish("m", "a", {"version": 2, "verdict": "rolled back"})
+    assert reg.begin("m", "b", ONE, {"sha": "b"})["version"] == 3
 
 
-def test_a_second_rollout_waits_and_an_abandoned_one_is_taken_over():
+def test_a_renewed_lease_is_never_taken_and_an_expired_one_is():
     reg, clock = _registry()
-    reg.begin("m", {"m": "/v2/models/m"}, {"sha": "a"})
-    assert "in progress" in reg.begin("m", {"m": "/v2/models/m"}, {"sha": "b"})["refused"]
-    clock.now += ABANDONED_S + 1  # its process went away: no heartbeat
-    began = reg.begin("m", {"m": "/v2/models/m", "m@v2": "/v2/models/m/versions/2"}, {"sha": "b"})
-    assert began["version"] == 3 and began["abandoned"]["app"] == "m@v2"
-    assert reg.status()["history"][-1]["verdict"] == "rolled back"
+    reg.begin("m", "a", ONE, {"sha": "a"})
+    for _ in range(4):  # the rollout's process renews it through a start longer than the lease
+        clock.now += LEASE_S * 0.75
+        assert reg.renew("m", "a")["expires"] == clock.now + LEASE_S
+        refused = reg.begin("m", "b", TWO, {"sha": "b"})
+        assert "holds its lease" in refused["refused"] and "v2, starting" in refused["refused"]
+    clock.now += LEASE_S + 1  # its process went away: no renewal
+    began = reg.begin("m", "b", TWO, {"sha": "b"})
+    assert began["version"] == 3 and began["remove"] == [2]
+    assert began["abandoned"] == {"version": 2, "phase": STARTING, "verdict": ROLLED_BACK}
+    assert reg.status()["history"][-1]["verdict"] == ROLLED_BACK
+
+
+@pytest.mark.parametrize("step", [STARTING, CANDIDATE, SHADOW, PROMOTING, ROLLING_BACK])
+def test_a_takeover_removes_a_candidate_that_never_went_live(step):
+    reg, clock = _registry()
+    reg.begin("m", "a", ONE, {"sha": "a"})
+    if step != STARTING:
+        reg.ready("m", "a", 2)
+    if step == SHADOW:
+        reg.start_shadow("m", "a", 10, 5.0, 60.0)
+    if step in (PROMOTING, ROLLING_BACK):
+        reg.phase("m", "a", step)
+    clock.now += LEASE_S + 1
+    began = reg.begin("m", "b", TWO, {"sha": "b"})
+    assert began["live"] == 1 and began["remove"] == [2], began
+    assert began["abandoned"]["phase"] == step and began["abandoned"]["verdict"] == ROLLED_BACK
+    assert reg.routing()["m"]["live"] == "/v2/models/m" and reg.routing()["m"]["shadow"] is None
+    assert "live" in reg.drop("m", "b", 1)["refused"]  # whatever is asked, the live version stays
+    assert reg.drop("m", "b", 2) == {}
+
+
+def test_a_takeover_after_a_promotion_never_removes_the_promoted_version():
+    reg, clock = _registry()
+    _promoted(reg)  # then SIGKILL while v1 drained: no finish
+    assert reg.status()["models"]["m"]["rollout"]["phase"] == DRAINING
+    clock.now += LEASE_S + 1
+    began = reg.begin("m", "b", TWO, {"sha": "b"})
+    assert (began["live"], began["remove"], began["version"]) == (2, [1], 3)
+    assert began["abandoned"] == {"version": 2, "phase": DRAINING, "verdict": PROMOTED}
+    assert reg.routing()["m"]["live"] == "/v2/models/m/versions/2"
+    assert "is live" in reg.drop("m", "b", 2)["refused"]
+    assert [h["verdict"] for h in reg.status()["history"]] == [PROMOTED]
+
+
+def test_a_superseded_rollout_can_change_nothing():
+    reg, clock = _registry()
+    reg.begin("m", "a", ONE, {"sha": "a"})
+    reg.ready("m", "a", 2)
+    clock.now += LEASE_S + 1
+    reg.begin("m", "b", TWO, {"sha": "b"})
+    reg.drop("m", "b", 2)
+    reg.ready("m", "b", 3)
+    reg.start_shadow("m", "b", 10, 5.0, 60.0)
+    before = reg.status()
+    for method, args in [
+        ("renew", ()),
+        ("phase", (PROMOTING,)),
+        ("ready", (2,)),
+        ("start_shadow", (10, 5.0, 60.0)),
+        ("progress", ()),
+        ("samples", (0,)),
+        ("stop_shadow", ()),
+        ("promote", (3,)),
+        ("drop", (3,)),
+        ("finish", ({"version": 2, "verdict": PROMOTED},)),
+    ]:
+        answer = getattr(reg, method)("m", "a", *args)
+        assert answer["fenced"] and "lost its lease" in answer["refused"], method
+    assert reg.status() == before and reg.routing()["m"]["shadow"] == {"app": "m@v3", "timeout_s": 5.0}
+
+
+def test_the_registry_started_again_routes_and_leases_as_before():
+    store = MemoryStore()
+    reg, clock = _registry(store)
+    _promoted(reg)
+    again = RolloutRegistry(clock, store)  # the actor died; Ray started it again: it reads the GCS
+    assert again.routing() == reg.routing() and again.routing()["m"]["live_app"] == "m@v2"
+    assert routing_table(store.load(), clock.now) == reg.routing()  # what the proxies read, without any registry
+    assert "holds its lease" in again.begin("m", "b", TWO, {"sha": "b"})["refused"]
+    assert again.drop("m", "a", 1) == {} and again.finish("m", "a", {"version": 2, "verdict": PROMOTED}) == {}
+    assert RolloutRegistry(clock, store).status()["history"][-1]["verdict"] == PROMOTED
+
+
+def test_the_status_converges_an_expired_rollout_and_leaves_a_live_one_alone():
+    reg, clock = _registry()
+    assert reg.recover("m", "s", ONE) == {"remove": [], "abandoned": None, "live": 1}
+    assert reg.status()["models"]["m"]["rollout"] is None  # nothing to do: no lease taken
+    _promoted(reg)
+    assert "holds its lease" in reg.recover("m", "s", TWO)["refused"]
+    clock.now += LEASE_S + 1
+    taken = reg.recover("m", "s", TWO)
+    assert taken["remove"] == [1] and taken["abandoned"]["verdict"] == PROMOTED
+    assert reg.status()["models"]["m"]["rollout"]["phase"] == CONVERGING
+    reg.drop("m", "s", 1)
+    reg.finish("m", "s", None)
+    assert reg.status()["models"]["m"]["versions"].keys() == {"2"} and len(reg.status()["history"]) == 1
 
 
 def test_shadow_records_stop_at_the_budget_and_the_live_version_flips_on_promotion():
     reg, clock = _registry()
-    reg.begin("m", {"m": "/v2/models/m"}, {"sha": "a"})
-    reg.ready("m", 2)
-    reg.start_shadow("m", 2, 5.0, 60.0)
+    reg.begin("m", "a", ONE, {"sha": "a"})
+    reg.ready("m", "a", 2)
+    reg.start_shadow("m", "a", 2, 5.0, 60.0)
     assert reg.routing()["m"]["shadow"] == {"app": "m@v2", "timeout_s": 5.0}
     for i in range(3):
         reg.record("m", 2, {"live": [i]})
-    assert [s["live"] for s in reg.samples("m")] == [[0], [1]]
-    assert reg.routing()["m"]["shadow"] is None and reg.progress("m")["count"] == 2
-    reg.promote("m", 2)
+    assert [s["live"] for s in reg.samples("m", "a")] == [[0], [1]]
+    assert reg.routing()["m"]["shadow"] is None and reg.progress("m", "a")["count"] == 2
+    reg.promote("m", "a", 2)
     routing = reg.routing()["m"]
     assert (routing["live"], routing["live_app"]) == ("/v2/models/m/versions/2", "m@v2")
-    reg.drop("m", 1)
-    reg.finish("m", {"version": 2, "verdict": "promoted"})
+    reg.drop("m", "a", 1)
+    reg.finish("m", "a", {"version": 2, "verdict": "promoted"})
     assert reg.status()["models"]["m"]["live"] == 2 and list(reg.status()["models"]["m"]["versions"]) == ["2"]
 
 
 def test_a_restarted_server_is_adopted_again():
     reg, _ = _registry()
-    reg.begin("m", {"m": "/v2/models/m"}, {"sha": "a"})
-    reg.ready("m", 2)
-    reg.promote("m", 2)
-    reg.drop("m", 1)
-    reg.finish("m", {"version": 2, "verdict": "promoted"})
+    _promoted(reg)
+    reg.drop("m", "a", 1)
+    reg.finish("m", "a", {"version": 2, "verdict": "promoted"})
     # the server was restarted: only its version 1 runs; numbering goes on
-    began = reg.begin("m", {"m": "/v2/models/m"}, {"sha": "c"})
+    began = reg.begin("m", "b", ONE, {"sha": "c"})
     assert (began["live"], began["version"]) == (1, 3)
 
 

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 from ..base._deps import require
 from ..base.config import BatchSection
 from ..base.errors import InputError, VitDeployError
+from ..base.ray_join import init_ray
 from ..base.vocab import EMBEDDING_DTYPES
 from ..runtime.backends import first_line, shipped_roles
 from .inputs import Item, expand_inputs, is_uri, read_key
@@ -215,8 +216,9 @@ def _connect(ray: Any, settings: BatchSettings) -> tuple[bool, BatchSettings]:
     address = settings.address or os.environ.get("RAY_ADDRESS") or None
     workers, cpus = pool_size(settings, local=owned and address is None, cores=os.cpu_count() or 1)
     if owned:
-        ray.init(
-            address=address or "local",
+        init_ray(
+            ray,
+            address or "local",
             num_cpus=cpus,
             include_dashboard=False,
             logging_level=logging.WARNING,

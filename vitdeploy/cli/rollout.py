@@ -65,6 +65,19 @@ _COUNT = re.compile(r"^\s*\d+\s*$")
     help="roll back a version whose p50 latency is over this many times the live one's (default: reported only)",
 )
 @click.option(
+    "--min-agreement",
+    type=click.FloatRange(min=0.0, max=1.0),
+    default=None,
+    help="roll back a version whose top-1 agreement with the live one on the shadowed requests is below this "
+    "(an embedding model: its lowest cosine) (default: measured and reported only)",
+)
+@click.option(
+    "--same-model",
+    is_flag=True,
+    help="the new export has the live version's weights (a re-export, another backend or precision): roll it back "
+    "unless it answers as the live one does, within its backend's validation thresholds",
+)
+@click.option(
     "--token",
     envvar=TOKEN_ENV,
     default=None,
@@ -93,6 +106,8 @@ def rollout(
     timeout: str,
     start_timeout: str,
     max_slowdown: float | None,
+    min_agreement: float | None,
+    same_model: bool,
     token: str | None,
     show_status: bool,
     as_json: bool,
@@ -100,13 +115,15 @@ def rollout(
     verify_key: Path | None,
     config_path: Path | None,
 ) -> None:
-    """Start a new export beside the live version of a running `vitdeploy serve` (version N+1), copy live
-    requests to it, and promote it (unversioned traffic moves, the old version drains and stops) or roll it
-    back (the live version never stopped), by what it answered. One line says which and why."""
+    """Start a new export beside the live version of a running `vitdeploy serve` (version N+1), check it answers
+    as its own export does, copy live requests to it, and promote it (unversioned traffic moves, the old version
+    drains and stops) or roll it back (the live version never stopped), by what it answered. One line says which
+    and why."""
     from ..base.config import load_config
     from ..base.errors import BackendError, ConfigError, ValidationError
     from ..client.loadtest import parse_duration
-    from ..client.rollout.driver import RolloutPlan, format_status, rollout_status, run_rollout
+    from ..client.rollout.driver import RolloutPlan, run_rollout
+    from ..client.rollout.status import format_status, rollout_status
     from ..serve.auth import read_token
 
     if show_status:
@@ -134,6 +151,8 @@ def rollout(
         max_slowdown=max_slowdown,
         token=token,
         ca_bundle=None if ca_bundle is None else str(ca_bundle),
+        min_agreement=min_agreement,
+        same_model=same_model,
     )
     if plan.shadow_requests is not None and plan.shadow_requests < 1:
         raise ConfigError("--shadow 0: copy at least one request (or give a time, e.g. 2m)")

@@ -233,6 +233,66 @@ def _nothing_answered(target: Target, failed: list[dict[str, str]]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------
+# the reference
+
+
+@dataclass
+class EagerAnswers:
+    """The export's eager FP32 PyTorch answers on the validation images (computed once: a rollout computes them
+    before its candidate starts). ``differences``: how the manifest's preprocessing differs from the recipe the
+    export's weights were written with (its model.json), which eager PyTorch is given."""
+
+    vset: Any
+    good: list[int]
+    errors: dict
+    true_index: list
+    unknown: list
+    reference: np.ndarray
+    seconds: float
+    describe: str
+    differences: list[str] = field(default_factory=list)
+
+
+def weights_recipe(artifacts: Any) -> tuple[Any, list[str]]:
+    """The preprocessing the export's weights were written with (its model.json's), and how the manifest's
+    differs from it (empty: the same; (None, []) for an export without model.json, or one that states none)."""
+    from ..base.preprocess_spec import PreprocessSpec
+    from ..runtime.manifest_schema import read_json_bounded
+
+    if not artifacts.has("weights-config"):
+        return None, []
+    stated = (read_json_bounded(artifacts.path("weights-config"), "model config") or {}).get("preprocess")
+    if not isinstance(stated, dict):
+        return None, []
+    recipe = PreprocessSpec.from_dict(stated)
+    theirs, ours = recipe.to_dict(), artifacts.preprocess.to_dict()
+    diffs = [f"{k} {ours.get(k)!r} (weights {theirs.get(k)!r})" for k in sorted(ours) if ours.get(k) != theirs.get(k)]
+    if diffs:
+        diffs = ["the manifest's preprocessing is not the one its weights were exported with: " + "; ".join(diffs)]
+    return recipe, diffs
+
+
+def eager_answers(
+    artifacts: Any, images: Any, labels_file: Any, options: Any, max_pixels: int | None, size: int | None = None
+) -> EagerAnswers:
+    """Eager FP32 PyTorch on the validation images, preprocessed with the recipe the weights were exported
+    with (at the base size; another ``size``: the manifest's)."""
+    vset, batch, good, errors, true_index, unknown = validation_batch(
+        artifacts, images, labels_file, max_pixels, size=size
+    )
+    recipe, differences = weights_recipe(artifacts) if size is None else (None, [])
+    if differences:
+        from ..runtime.images import MAX_IMAGE_PIXELS
+        from ..runtime.preprocess import Preprocessor
+
+        limit = MAX_IMAGE_PIXELS if max_pixels is None else max_pixels
+        batch, _, _ = Preprocessor(recipe, max_pixels=limit).batch_tolerant([vset.paths[i] for i in good])
+    reference, seconds, describe = eager_reference(artifacts, options, batch)
+    # the pooled vector or the logits: what a server answers by default
+    return EagerAnswers(vset, good, errors, true_index, unknown, reference[0], seconds, describe, differences)
+
+
+# ------------------------------------------------------------------------------------------------
 # the check
 
 
@@ -308,6 +368,7 @@ def check_served(
     write_report: bool = True,
     image_size: int | None = None,
     ca_bundle: Any = None,
+    eager: EagerAnswers | None = None,
 ) -> ServedCheck:
     """Judge the server at ``url`` against eager PyTorch on the export in ``artifacts_dir`` (the one it should
     run). Never raises for a failed gate or a refusal: inspect ``check.status`` or call
@@ -317,7 +378,7 @@ def check_served(
     section beside the export (or at ``report_path``) unless ``write_report`` is False. ``image_size``: the size
     asked of the server and judged (InputError naming the sizes that work when the export does not list it).
     ``ca_bundle``: the PEM file an HTTPS server's certificate is verified against (None: the system's trust store,
-    client/connection.py)."""
+    client/connection.py). ``eager``: the export's eager answers, computed beforehand (:func:`eager_answers`)."""
     from ..runtime.artifacts import Artifacts
     from ..runtime.backends import BackendOptions
 
@@ -358,6 +419,7 @@ def check_served(
             _limits(thresholds),
             options or BackendOptions(),
             max_pixels,
+            eager,
         )
     if write_report:
         path = Path(report_path) if report_path else artifacts.directory / DRIFT_REPORT_NAME
@@ -378,6 +440,7 @@ def _run(
     limits: dict[str, dict[str, float]],
     options: Any,
     max_pixels: int | None,
+    eager: EagerAnswers | None = None,
 ) -> None:
     """The images sent and judged: fills ``check`` (its drift report, failed requests, notes, status)."""
     precision = BACKEND_KINDS[check.backend].precision
@@ -387,15 +450,12 @@ def _run(
         check.notes.append("the server does not say which export it runs: only its answers are judged")
     check.notes += facts.notes
     size = check.image_size
-    vset, batch, good, errors, true_index, unknown = validation_batch(
-        artifacts, images, labels_file, max_pixels, size=size
-    )
-    reference, ref_seconds, describe = eager_reference(artifacts, options, batch)
-    reference = reference[0]  # the pooled vector or the logits: what a server answers by default
+    eager = eager or eager_answers(artifacts, images, labels_file, options, max_pixels, size)
+    vset, good, true_index, reference = eager.vset, eager.good, eager.true_index, eager.reference
     row, check.failed_requests, seconds = _judge(
         target, artifacts, vset, good, true_index, reference, limits[precision], precision
     )
-    row.failures += facts.preprocess_differences
+    row.failures = eager.differences + row.failures + facts.preprocess_differences  # a changed recipe: the cause
     row.status = "failed" if row.failures else "passed"
     row.device, row.describe, row.seconds = target.url, f"{check.protocol} {target.url}", round(seconds, 4)
     sized = bool(artifacts.image_sizes)  # rows of an export for several sizes name the size judged
@@ -404,8 +464,8 @@ def _run(
     check.drift = DriftReport(
         artifacts=str(artifacts.directory),
         model=artifacts.name,
-        images=images_summary(vset, good, errors, true_index, unknown),
-        reference=reference_summary(describe, accuracy(reference, true_index), ref_seconds),
+        images=images_summary(vset, good, eager.errors, true_index, eager.unknown),
+        reference=reference_summary(eager.describe, accuracy(reference, true_index), eager.seconds),
         thresholds=limits,
         backends=[row],
         created=check.created,
@@ -413,4 +473,14 @@ def _run(
     )
 
 
-__all__ = ["CLIENTS", "ServerFacts", "ask", "check_served", "choose_backend", "read_server_facts"]
+__all__ = [
+    "CLIENTS",
+    "EagerAnswers",
+    "ServerFacts",
+    "ask",
+    "check_served",
+    "choose_backend",
+    "eager_answers",
+    "read_server_facts",
+    "weights_recipe",
+]

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from ..base.errors import BodyTooLargeError
+from ..base.ray_private import wrap_grpc_handlers
 from . import auth, kserve_http, protocol, stage_timing
 from .http_errors import status_of
 from .kserve_model import model_config
-from .ray_private import wrap_grpc_handlers
 
 #: What Ray Serve's gRPC proxy imports and calls to register the service (:func:`add_servicer`).
 SERVICER_FUNCTION = "vitdeploy.serve.kserve_grpc.add_servicer"
@@ -83,7 +83,7 @@ def _retry_lost(factory: Any) -> Any:
     (an inference has no side effect; another replica, or the one Ray starts in its place, answers);
     lost twice, UNAVAILABLE with one line (retryable), never Ray's INTERNAL and its internals. Ray Serve
     has no gRPC interceptor option: this wraps its proxy's ``service_handler_factory`` (not a public
-    API: serve/ray_private.py), as the HTTP guard wraps its proxy."""
+    API: base/ray_private.py), as the HTTP guard wraps its proxy."""
     import grpc
 
     from .proxy_guard import LOST_REQUEST_RETRIES, REPLICA_STOPPED

@@ -39,9 +39,9 @@ from ..base.errors import (
     UnavailableError,
     first_line,
 )
+from ..base.ray_private import PROXY_CALLBACK_ENV
 from . import auth
 from .http_errors import MAX_REASON, error_body, status_of
-from .ray_private import PROXY_CALLBACK_ENV
 from .rollout.registry import ROUTING
 from .rollout.routes import HEADER_PREFIX, routed
 

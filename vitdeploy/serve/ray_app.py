@@ -30,13 +30,13 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..base.errors import MethodNotAllowedError, NotFoundError, RequestError
+from ..base.ray_private import with_version
 from ..runtime.backends import first_line
 from . import auth, kserve_http, protocol, stage_timing, tracing
 from .http_errors import MAX_REASON, error_body, status_of
 from .image_sizes import SizedPredictors, by_shape, requested_size
 from .kserve_grpc import KServeGrpcMethods, register_proto_modules
 from .kserve_model import InferenceStats, model_config
-from .ray_private import with_version
 from .replica_spec import ReplicaSpec, deployment_options
 from .request_images import ClientGone, body_of, images_of
 from .rollout.routes import VERSIONS_HEADER, parse_versions
@@ -414,7 +414,7 @@ def build_app(
     ``user_config`` ({"max_batch_size", "batch_wait_timeout_s"}) is applied by ``reconfigure``. ``version``: the
     same string on a later ``serve.run`` says the replicas' code and arguments are unchanged, so Ray Serve applies
     a new ``user_config`` or replica count to the running replicas instead of replacing them (without it Ray
-    draws a random version for every run). Ray accepts it only as an internal option (serve/ray_private.py): where
+    draws a random version for every run). Ray accepts it only as an internal option (base/ray_private.py): where
     that is refused the replicas are replaced, as before."""
     deployment = ViTClassifier.options(
         **deployment_options(sv, replicas), **({"user_config": user_config} if user_config else {})

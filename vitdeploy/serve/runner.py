@@ -21,9 +21,10 @@ from typing import Any, Callable
 
 from ..base._deps import require
 from ..base.errors import BackendError, remote_reason
+from ..base.ray_join import init_ray
+from ..base.ray_private import WORKER_NICENESS_ENV, local_ray_options
 from ..runtime.backends import first_line
 from . import tls, tracing
-from .ray_private import WORKER_NICENESS_ENV, local_ray_options
 from .rollout.routes import version_of_app
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ def run_server(
         else:
             progress(f"connecting to the Ray cluster at {settings.address} ...")
             try:
-                ray.init(address=settings.address, logging_level=logging.WARNING)
+                init_ray(ray, settings.address, logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise BackendError(
                     f"cannot join the Ray cluster at {settings.address}: {first_line(exc)}; "
@@ -213,16 +214,17 @@ RAY_START_TIMEOUT = "timed out during startup"
 
 
 def init_ray_retrying(ray: Any, progress: Progress, **options: Any) -> Any:
-    """``ray.init(**options)``, once more after a ``ray.shutdown()`` when Ray's own start timed out (the
-    raylet slow to register on a busy machine); any other failure, or a second timeout, is raised."""
+    """``ray.init(**options)`` (through base/ray_join.init_ray), once more after a ``ray.shutdown()`` when Ray's
+    own start timed out (the raylet slow to register on a busy machine); any other failure, or a second timeout, is
+    raised."""
     try:
-        return ray.init(**options)
+        return init_ray(ray, **options)
     except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for it
         if RAY_START_TIMEOUT not in str(exc):
             raise
         progress(f"Ray's start timed out ({first_line(exc)}); starting it once more ...")
         ray.shutdown()
-        return ray.init(**options)
+        return init_ray(ray, **options)
 
 
 def _catch_signals(stop: threading.Event) -> dict[int, Any]:

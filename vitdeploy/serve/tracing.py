@@ -29,7 +29,7 @@ import time
 from typing import Any, Dict, Mapping, Optional
 from urllib.parse import urlsplit
 
-from .ray_private import TRACING_EXPORTER_ENV, TRACING_RATIO_ENV, tracing_enabled
+from ..base.ray_private import TRACING_EXPORTER_ENV, TRACING_RATIO_ENV, tracing_enabled
 
 #: The endpoint variables, the traces' own first (the OpenTelemetry exporter's order).
 ENDPOINT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")

@@ -1,8 +1,13 @@
 """`vitdeploy rollout`, the client's side: a new export onto a running `vitdeploy serve`, promoted or rolled back.
 
-    driver.py  the steps: the registry's version number, the candidate started, shadowed, promoted or removed
+    driver.py  the steps: the registry's version number, the candidate started, checked against its own export,
+               shadowed, promoted or removed
     server.py  what it asks the running server over HTTP before it touches anything, and after
-    gate.py    the candidate's answers to shadowed live requests judged against the live version's
+    gate.py    the candidate's answers to shadowed live requests beside the live version's: errors and latency
+               gate; agreement is measured (it gates with --min-agreement / --same-model)
+    lease.py   this process's lease on its model in the registry (renewed in the background, fenced when taken
+               over), joining the server's Ray, removing what an abandoned rollout left
+    status.py  `vitdeploy rollout --status`: the registry's account after converging expired rollouts
 
 The server's side (registry, shadow copies, candidate start and removal) is vitdeploy/serve/rollout/.
 """

@@ -7,15 +7,21 @@ rolled back by what it answers to live traffic.
 Each step is bounded in time; a failure at any step after the candidate exists removes it, and the live version
 never stops before a candidate has passed:
 
+0. the export's eager FP32 PyTorch answers on its validation images (``validation.images``) are computed first;
 1. the server (server.py): `vitdeploy serve` with its proxy's guard, the serve token, the model;
-2. the rollout registry on the server's Ray (serve/rollout/registry.py) gives the candidate its version, N+1;
+2. the rollout registry on the server's Ray (serve/rollout/registry.py) gives the candidate its version, N+1, under
+   this process's lease on the model (lease.py: renewed in the background during every phase; each step is
+   recorded as the rollout's phase); what an abandoned rollout left is removed first;
 3. the export is packed and kept in Ray's object store by the registry (replicas started later find it after
    this process is gone) and deployed as ``<name>@vN+1`` at ``/v2/models/<name>/versions/N+1``: one replica, with
    what CPU is free (serve/rollout/candidate.py), RUNNING within ``--start-timeout`` or the rollout fails;
-4. shadow: the next ``--shadow`` unversioned inferences are copied to it (clients get the live answers only);
-   gate.py judges the answers as they come and decides as soon as they prove a failure;
-5. promote - unversioned requests move to it at the guards' next refresh; two refreshes later the old version
-   is deleted: its replicas finish their in-flight requests, then stop - or roll back: the candidate is deleted.
+4. faithful: its export's validation images are sent to its versioned route and its answers judged against the
+   eager answers of step 0 with its backend's thresholds, as `validate --url` judges a server;
+5. shadow: the next ``--shadow`` unversioned inferences are copied to it (clients get the live answers only);
+   gate.py judges the answers as they come (errors, latency; agreement with the live version is measured, and
+   gates with ``--min-agreement`` or ``--same-model``) and decides as soon as they prove a failure;
+6. promote - unversioned requests move to it at the guards' next read; two reads later the old version is
+   deleted: its replicas finish their in-flight requests, then stop - or roll back: the candidate is deleted.
 
 The history entry (version, export sha, verdict, reason, figures) is kept by the registry
 (`vitdeploy rollout --status`).
@@ -25,25 +31,25 @@ from __future__ import annotations
 
 import logging
 import math
-import os
+import numbers
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ...base._deps import require
 from ...base.errors import BackendError, ConfigError, VitDeployError, first_line
 from ...base.output_spec import EMBEDDING, LOGITS
 from ...base.vocab import AUTO
-from ...serve.rollout.registry import registry_actor
+from ...serve.rollout.registry import LEASE_S, PROMOTED, PROMOTING, ROLLED_BACK, ROLLING_BACK
 from ...serve.rollout.routes import ROUTING_TTL_S, version_app, version_route
 from .gate import ShadowVerdict, backend_thresholds, gate_thresholds, judge_shadow
+from .lease import Lease, abandoned_line, connect, converge
 from .server import Server, export_sha, find_server, served_sha, wait_reachable
+from .status import summary
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[str], None]
-PROMOTED, ROLLED_BACK = "promoted", "rolled back"
 POLL_S = 0.2
 REACHABLE_S = 30.0  # for the proxies' route tables to list a version that runs
 REMOVE_EXTRA_S = 30.0  # beyond serve.graceful_shutdown_timeout_s, for a version to be gone
@@ -66,6 +72,9 @@ class RolloutPlan:
     max_slowdown: Optional[float] = None
     token: Optional[str] = None
     ca_bundle: Optional[str] = None  # what an HTTPS server's certificate is verified against (connection.py)
+    min_agreement: Optional[float] = None  # gate on the top-1 agreement with the live version (an embedding: cosine)
+    same_model: bool = False  # the candidate must answer as the live version does (a re-export of the same weights)
+    lease_s: float = LEASE_S
 
 
 @dataclass
@@ -100,121 +109,99 @@ class RolloutResult:
         return {k: getattr(self, k) for k in keys}
 
 
-def summary(figures: dict[str, Any]) -> str:
-    """The gate's figures in one clause: requests, agreement, largest difference, latencies."""
-    parts = [f"{figures.get('requests', 0)} shadowed requests"]
-    metrics = figures.get("metrics") or {}
-    if "top1_agreement" in metrics:
-        parts.append(f"top-1 agreement {metrics['top1_agreement']:.1%}")
-    if "cosine" in metrics and "top1_agreement" not in metrics:
-        parts.append(f"lowest cosine {metrics['cosine']:.6f}")
-    if "max_abs_diff" in metrics:
-        parts.append(f"max |diff| {metrics['max_abs_diff']:.3g}")
-    lat = figures.get("latency_ms") or {}
-    if lat.get("live") and lat.get("candidate"):
-        parts.append(f"p50 {lat['candidate']['p50']:.1f} ms (live {lat['live']['p50']:.1f} ms)")
-    return ", ".join(parts)
-
-
-def connect(address: Optional[str]) -> Any:
-    """This process on the server's Ray (already connected: as it is)."""
-    ray = require("ray", "vitdeploy rollout (pip install 'vitdeploy[serve]')")
-    require("ray.serve", "vitdeploy rollout (pip install 'vitdeploy[serve]')")
-    if not log.isEnabledFor(logging.INFO):  # Ray Serve's own INFO lines repeat what progress() says
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
-    if ray.is_initialized():
-        return ray
-    address = address or os.environ.get("RAY_ADDRESS")
-    if not address:
-        raise ConfigError(
-            "--address: the server's Ray cluster is needed (the address in the `Ray at ...` line `vitdeploy serve` "
-            "printed, or RAY_ADDRESS)"
-        )
-    try:
-        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)  # the server shows them
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        raise BackendError(f"cannot join the Ray cluster at {address}: {first_line(exc)}; check --address") from None
-    return ray
-
-
 def run_rollout(cfg: Any, plan: RolloutPlan, options: Any, progress: Progress) -> RolloutResult:
     """Roll ``plan.artifacts`` out onto the server at ``plan.url`` (see the module's docstring)."""
     from ...runtime.artifacts import Artifacts
+    from ..served_check import eager_answers
 
     # a bad export (or, with runtime.verify, one its key did not sign) is said before anything is touched
     artifacts = Artifacts.open(plan.artifacts, public_key=cfg.verify_key)
     if plan.shadow_requests is None and not plan.shadow_seconds:
         raise ConfigError("--shadow: give a number of requests (300) or a time (2m)")
     server = find_server(plan.url, plan.model, plan.token, plan.ca_bundle)
+    images = cfg.resolve(cfg.validation.images) if cfg.validation.images else None
+    eager = eager_answers(artifacts, images, None, options, cfg.runtime.max_image_pixels)
     ray = connect(plan.address)
-    return _Rollout(ray, cfg, plan, options, progress, artifacts, server).run()
+    return _Rollout(ray, cfg, plan, options, progress, artifacts, server, eager).run()
 
 
 class _Rollout:
     """One rollout's steps and what they share."""
 
     def __init__(
-        self, ray: Any, cfg: Any, plan: RolloutPlan, options: Any, progress: Progress, artifacts: Any, server: Server
+        self,
+        ray: Any,
+        cfg: Any,
+        plan: RolloutPlan,
+        options: Any,
+        progress: Progress,
+        artifacts: Any,
+        server: Server,
+        eager: Any,
     ) -> None:
         self.ray, self.cfg, self.plan, self.options, self.progress = ray, cfg, plan, options, progress
-        self.artifacts, self.server, self.model = artifacts, server, server.model
+        self.artifacts, self.server, self.model, self.eager = artifacts, server, server.model, eager
         self.sha = export_sha(artifacts)
-        self.registry = registry_actor(create=True)
+        self.lease = Lease(ray, self.model, plan.lease_s)
         self.kind = EMBEDDING if artifacts.schema.is_embedding else LOGITS
         self.version = self.live = 0
         self.known = False
         self.notes: list[str] = []
+        self.faithful: dict[str, Any] = {}
         self.started = time.time()
 
-    def call(self, method: str, *args: Any) -> Any:
-        """A registry method, its answer; a refusal is a BackendError."""
-        answer = self.ray.get(getattr(self.registry, method).remote(*args))
-        if isinstance(answer, dict) and answer.get("refused"):
-            raise BackendError(answer["refused"])
-        return answer
-
     def run(self) -> RolloutResult:
-        abandoned = self.begin()  # nothing exists yet when it fails: nothing to undo
+        began = self.begin()  # nothing exists yet when it fails: nothing to undo
+        self.lease.hold()
+        try:
+            return self._run(began)
+        except BackendError:
+            if self.lease.lost:
+                self._leave()
+            raise
+        finally:
+            self.lease.release()
+
+    def _run(self, began: dict[str, Any]) -> RolloutResult:
         failed_start, window = False, None
         try:
-            self.clean(abandoned)
+            self.notes += converge(self.lease, began["remove"], self._remove_s(), self.progress, self._why(began))
             try:
                 self.start()
             except VitDeployError as exc:
+                if self.lease.lost:
+                    raise
                 failed_start = True
                 verdict = ShadowVerdict(False, True, f"v{self.version} did not start: {first_line(exc)}")
             else:
-                verdict = self.shadow()
+                verdict = self.check_faithful() or self.shadow()
         except KeyboardInterrupt:
             verdict = ShadowVerdict(False, True, "interrupted")
         except VitDeployError as exc:
+            if self.lease.lost:
+                raise
             verdict = ShadowVerdict(False, True, first_line(exc))
         except Exception as exc:  # noqa: BLE001 - whatever failed, the candidate goes and the live version stays
             verdict = ShadowVerdict(False, True, f"{type(exc).__name__}: {first_line(exc)}")
+        figures = {**verdict.figures, "faithful": self.faithful} if self.faithful else verdict.figures
         if verdict.passed:
             window = self.promote()
         else:
             self.progress(f"rolling back v{self.version}: {verdict.reason}")
             window = self.roll_back()
+        verdict_word = PROMOTED if verdict.passed else ROLLED_BACK
         result = RolloutResult(
-            self.model,
-            self.version,
-            self.live,
-            self.sha,
-            PROMOTED if verdict.passed else ROLLED_BACK,
-            verdict.reason,
-            verdict.figures,
-            window,
-            failed_start,
-            self.notes,
+            self.model, self.version, self.live, self.sha, verdict_word, verdict.reason, figures, window, failed_start
         )
+        result.notes = self.notes
         self.finish(result)
         return result
 
     # ---------------------------------------------------------------- steps
 
-    def begin(self) -> Optional[dict[str, Any]]:
-        """The candidate's version number from the registry; the abandoned rollout to clean up, if any."""
+    def begin(self) -> dict[str, Any]:
+        """The candidate's version number from the registry, under this process's lease; the versions an
+        abandoned rollout left, to remove first."""
         from ...serve.rollout.candidate import running_versions
 
         running = running_versions(self.model)
@@ -223,26 +210,18 @@ class _Rollout:
                 f"no application of model {self.model!r} runs on this Ray cluster: is --address the server's?"
             )
         live_sha = served_sha(self.server.metadata)
-        backend = self.plan.backend
-        candidate = {"sha": self.sha, "backend": backend, "export": str(self.artifacts.directory)}
-        self.known = self.model in self.call("routing")  # the proxies route this model's versions already
-        began = self.call("begin", self.model, running, candidate)
+        candidate = {"sha": self.sha, "backend": self.plan.backend, "export": str(self.artifacts.directory)}
+        self.known = self.model in self.lease.read("routing")  # the proxies route this model's versions already
+        began = self.lease.call("begin", running, candidate, self.lease.lease_s)
         self.version, self.live = int(began["version"]), int(began["live"])
         if live_sha:
             self.notes.append(f"v{self.live} runs export {live_sha[:12]}")
         if live_sha == self.sha:
             self.notes.append(f"v{self.live} already runs this export")
-        return began.get("abandoned")
+        return began
 
-    def clean(self, abandoned: Optional[dict[str, Any]]) -> None:
-        """A rollout whose process went away left a candidate: it goes first."""
-        from ...serve.rollout.candidate import remove_version
-
-        if abandoned:
-            app = version_app(self.model, int(abandoned["version"]))
-            self.progress(f"removing v{abandoned['version']}, left by a rollout that did not finish")
-            remove_version(app, self._remove_s())
-            self.call("drop", self.model, int(abandoned["version"]))
+    def _why(self, began: dict[str, Any]) -> str:
+        return abandoned_line(began.get("abandoned"))
 
     def start(self) -> None:
         from ...runtime.artifact_transfer import pack
@@ -267,7 +246,7 @@ class _Rollout:
             token_digest=self.server.token_digest,
         )
         bundle = pack(self.artifacts, shipped_roles(self.plan.backend, self.artifacts))
-        (ref,) = self.call("keep", app, bundle)
+        (ref,) = self.lease.call("keep", app, bundle)
         # less CPU than asked: its threads follow what it got, whatever runtime.threads says
         options = replace(self.options, threads=max(1, math.ceil(cpus))) if note else self.options
         spec = replace(replica_spec(served, settings, options, ref, self.model), version=str(self.version))
@@ -284,25 +263,57 @@ class _Rollout:
             # application of it appears: Ray's gRPC proxy cannot choose between two (serve/kserve_grpc.py does)
             time.sleep(2 * ROUTING_TTL_S)
         start_version(application, app, route, self.plan.start_timeout_s)
-        self.call("ready", self.model, self.version)
+        self.lease.call("ready", self.version)
         wait_reachable(self.server, route, REACHABLE_S)
         self.progress(f"v{self.version} answers at {self.server.url}{route}/...")
+
+    def check_faithful(self) -> Optional[ShadowVerdict]:
+        """The candidate's answers to its export's validation images, through its versioned route, judged against
+        the export's eager answers (as `validate --url` does); a failed verdict when they are not faithful."""
+        from ..protocols import V2_HTTP
+        from ..served_check import check_served
+
+        route = f"{self.model}/versions/{self.version}"
+        self.progress(
+            f"checking v{self.version} against its export's eager answers ({len(self.eager.good)} images) ..."
+        )
+        check = check_served(
+            self.artifacts.directory,
+            self.server.url,
+            protocol=V2_HTTP,
+            model=route,
+            token=self.server.token,
+            ca_bundle=self.server.ca_bundle,
+            thresholds=self._faithful_thresholds(),
+            options=self.options,
+            max_pixels=self.cfg.runtime.max_image_pixels,
+            write_report=False,
+            eager=self.eager,
+        )
+        row = check.drift.backends[0] if check.drift and check.drift.backends else None
+        metrics = {k: float(v) for k, v in (row.metrics if row else {}).items() if isinstance(v, numbers.Real)}
+        self.faithful = {"images": len(self.eager.good), "status": check.status, "backend": check.backend, **metrics}
+        if check.status == "passed":
+            return None
+        why = check.reason or (row.failures[0] if row and row.failures else check.status)
+        return ShadowVerdict(False, True, f"v{self.version} is not faithful to its own export: {why}")
 
     def shadow(self) -> ShadowVerdict:
         budget = self.plan.shadow_requests or MAX_SHADOWED
         seconds = self.plan.shadow_seconds or self.plan.timeout_s
         timeout = float(self.cfg.serve.request_timeout_s)
-        self.call("start_shadow", self.model, budget, timeout, seconds)
+        self.lease.call("start_shadow", budget, timeout, seconds)
         what = f"the next {budget} requests" if self.plan.shadow_requests else f"every request for {seconds:g} s"
         self.progress(f"shadowing {what} to v{self.version} (clients get v{self.live}'s answers) ...")
         deadline = time.monotonic() + seconds
         samples: list[dict[str, Any]] = []
         thresholds: dict[str, float] | None = None
         checked = 0.0
+        gate = {"max_slowdown": self.plan.max_slowdown, "min_agreement": self.plan.min_agreement}
         while True:
-            progress = self.call("progress", self.model)
+            progress = self.lease.call("progress")
             if progress["count"] > len(samples):
-                samples += self.call("samples", self.model, len(samples))
+                samples += self.lease.call("samples", len(samples))
             if thresholds is None and any(s.get("backend") for s in samples):
                 thresholds = self._thresholds(samples)
             timed_out = time.monotonic() > deadline
@@ -311,10 +322,10 @@ class _Rollout:
                 reason = f"only {progress['count']} of {budget} requests were shadowed within {seconds:g} s"
                 return ShadowVerdict(False, True, reason + ": not enough live traffic to judge it")
             verdict = judge_shadow(
-                samples, thresholds or {}, self.kind, budget, final=final, max_slowdown=self.plan.max_slowdown
+                samples, thresholds or {}, self.kind, budget, final=final, same_model=self.plan.same_model, **gate
             )
             if verdict.decided:
-                self.call("stop_shadow", self.model)
+                self.lease.call("stop_shadow")
                 return verdict
             if time.monotonic() - checked > 1.0:
                 checked = time.monotonic()
@@ -324,17 +335,19 @@ class _Rollout:
     def promote(self) -> tuple[float, float]:
         from ...serve.rollout.candidate import remove_version, replica_count
 
+        self.lease.call("phase", PROMOTING)
         replicas = replica_count(version_app(self.model, self.live))
-        # the guards stop tagging copies at their next refresh and the copies sent finish: the swap does not
+        # the guards stop tagging copies at their next read and the copies sent finish: the swap does not
         # run on cores the shadow still takes
         time.sleep(ROUTING_TTL_S + 0.5)
         start = time.time()
-        self.call("promote", self.model, self.version)
+        self.lease.call("promote", self.version)  # the phase is DRAINING from here
         self.progress(f"promoting v{self.version}: unversioned requests move to it; v{self.live} drains ...")
         time.sleep(2 * ROUTING_TTL_S + 0.5)  # every guard has read the new routing: nothing new reaches the old one
         if not remove_version(version_app(self.model, self.live), self._remove_s()):
             self.notes.append(f"v{self.live} was still stopping after {self._remove_s():g} s")
-        self.call("drop", self.model, self.live)
+        else:
+            self.lease.call("drop", self.live)
         end = time.time()
         if replicas > 1:
             self.notes.append(f"v{self.version} serves with 1 replica (v{self.live} had {replicas}): scale it")
@@ -344,10 +357,12 @@ class _Rollout:
         from ...serve.rollout.candidate import remove_version
 
         start = time.time()
-        self.call("stop_shadow", self.model)
+        self.lease.call("phase", ROLLING_BACK)
+        self.lease.call("stop_shadow")
         if not remove_version(version_app(self.model, self.version), self._remove_s()):
             self.notes.append(f"v{self.version} was still stopping after {self._remove_s():g} s")
-        self.call("drop", self.model, self.version)
+        else:
+            self.lease.call("drop", self.version)
         return start, time.time()
 
     def finish(self, result: RolloutResult) -> None:
@@ -363,7 +378,21 @@ class _Rollout:
             "ended": time.time(),
             "window": list(result.window) if result.window else None,
         }
-        self.call("finish", self.model, entry)
+        self.lease.call("finish", entry)
+
+    def _leave(self) -> None:
+        """The lease was taken over (this process was not heard of for a lease's length): the process that took
+        it removes what this one left; only a candidate this one started after that, unknown to the registry,
+        is removed here (never a version the registry lists: never the live one)."""
+        from ray import serve
+
+        from ...serve.rollout.candidate import remove_version
+
+        known = self.lease.read("status")["models"].get(self.model, {}).get("versions", {})
+        app = version_app(self.model, self.version)
+        if self.version and str(self.version) not in known and app in serve.status().applications:
+            self.progress(f"this rollout lost its lease: removing v{self.version}, which it started")
+            remove_version(app, self._remove_s())
 
     # ---------------------------------------------------------------- helpers
 
@@ -374,6 +403,23 @@ class _Rollout:
         mine = backend_thresholds(self.artifacts.manifest.get("validation"), cand, validation)
         theirs = backend_thresholds(None, live, validation) if live else None
         return gate_thresholds(mine, theirs)
+
+    def _faithful_thresholds(self) -> dict[str, dict[str, float]]:
+        """The candidate's thresholds per precision: its export's own validation of the backend it runs (its
+        metadata says which), else the config's ``validation.<precision>``."""
+        from ...base.vocab import BACKEND_KINDS, EXPORT_BACKEND, PRECISIONS
+        from ...serve.protocol import served_export
+        from ..protocols import V2_HTTP, Target, model_document
+
+        route = f"{self.model}/versions/{self.version}"
+        target = Target(self.server.url, V2_HTTP, route, self.server.token, ca_bundle=self.server.ca_bundle)
+        _, doc = model_document(target, route)
+        backend = served_export(doc if isinstance(doc, dict) else {}).get(EXPORT_BACKEND)  # what it runs
+        limits = {p: getattr(self.cfg.validation, p).model_dump() for p in PRECISIONS}
+        if backend in BACKEND_KINDS:
+            own = backend_thresholds(self.artifacts.manifest.get("validation"), backend, self.cfg.validation)
+            limits[BACKEND_KINDS[backend].precision] = own
+        return limits
 
     def _check_alive(self) -> None:
         """BackendError when the candidate's application failed (its replica crashed and could not be restarted)."""
@@ -388,36 +434,4 @@ class _Rollout:
         return float(self.cfg.serve.graceful_shutdown_timeout_s) + REMOVE_EXTRA_S
 
 
-# ------------------------------------------------------------------------------------------------ status
-
-
-def rollout_status(address: Optional[str]) -> dict[str, Any]:
-    """The registry's account: every model's versions and the rollouts' history ({} when none ever ran)."""
-    ray = connect(address)
-    registry = registry_actor()
-    return ray.get(registry.status.remote()) if registry is not None else {"models": {}, "history": []}
-
-
-def format_status(status: dict[str, Any], model: Optional[str] = None) -> list[str]:
-    """`vitdeploy rollout --status` as lines: each model's live version and versions, then the history."""
-    lines = []
-    for name, state in sorted(status.get("models", {}).items()):
-        if model and name != model:
-            continue
-        versions = ", ".join(f"v{n} {e['state']}" for n, e in state["versions"].items())
-        lines.append(f"{name}: live v{state['live']} ({versions})")
-    history = [h for h in status.get("history", []) if not model or h.get("model") == model]
-    if not history:
-        return lines + ["no rollout yet"]
-    lines.append(f"{'model':<16} {'version':>7}  {'export':<12}  {'backend':<8}  {'when':<16}  verdict")
-    for h in history:
-        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(h.get("ended") or 0))
-        sha = str(h.get("sha") or "?")[:12]
-        line = f"{h['model']:<16} {'v' + str(h['version']):>7}  {sha:<12}  {str(h.get('backend')):<8}  {when:<16}  "
-        figures = h.get("figures") or {}
-        why = summary(figures) if h["verdict"] == PROMOTED else h.get("reason", "")
-        lines.append(f"{line}{h['verdict']}: {why}")
-    return lines
-
-
-__all__ = ["PROMOTED", "ROLLED_BACK", "RolloutPlan", "RolloutResult", "format_status", "rollout_status", "run_rollout"]
+__all__ = ["RolloutPlan", "RolloutResult", "run_rollout"]

@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ...base.errors import BackendError, remote_reason
-from ..ray_private import delete_nowait, run_nowait
+from ...base.ray_private import delete_nowait, run_nowait
 from .routes import version_of_app, version_route
 
 log = logging.getLogger(__name__)

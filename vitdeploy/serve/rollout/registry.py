@@ -1,12 +1,20 @@
-"""The rollout registry: which version of each model is live, which versions exist, where shadow copies go, and
-each rollout's history; and the proxies' cached read of it (:class:`RoutingTable`).
+"""The rollout registry: which version of each model is live, which versions exist, where shadow copies go, each
+rollout's lease and phase, and the history; and the proxies' cached read of its routing (:class:`RoutingTable`).
 
-:class:`RolloutRegistry` is one named detached Ray actor (:data:`REGISTRY` in namespace :data:`NAMESPACE`, no
-CPU) that `vitdeploy rollout` creates; it also keeps the candidates' packed exports (it owns them in Ray's object
-store, so they outlive the rollout's process). The proxy's guard (serve/proxy_guard.py) and the gRPC routing
-(serve/kserve_grpc.py) read its :meth:`~RolloutRegistry.routing` through :data:`ROUTING` (cached
-:data:`~.routes.ROUTING_TTL_S`; a cluster where no rollout ran has no registry); routes.py says what the guard
-does with it.
+:class:`RolloutRegistry` is one named detached Ray actor (:data:`REGISTRY` in namespace :data:`~.store.NAMESPACE`,
+no CPU, restarted by Ray when it dies) that `vitdeploy rollout` creates; it also keeps the candidates' packed
+exports (it owns them in Ray's object store, so they outlive the rollout's process). Its state is written to Ray's
+GCS (store.py) at every change: a registry started again reads it back.
+
+A rollout holds its model's lease (:data:`LEASE_S`, renewed by its process all the while it runs) and records its
+phase (:data:`PHASES`) at each step; whoever finds the lease expired (the next rollout, `rollout --status`) takes it
+over and removes what the abandoned rollout left, never the live version (docs/serving.md says what a crash in
+each phase leaves).
+
+The proxy's guard (serve/proxy_guard.py) and the gRPC routing (serve/kserve_grpc.py) read the routing through
+:data:`ROUTING` from that stored state (store.py's :func:`~.store.read_routing`, cached
+:data:`~.routes.ROUTING_TTL_S`; a cluster where no rollout ran has none), so a dead registry never changes where
+requests go; routes.py says what the guard does with it.
 
 No Ray at import: the registry is a plain class (Ray makes an actor of it in :func:`registry_actor`).
 """
@@ -20,13 +28,22 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from ...base.errors import first_line
 from .routes import ROUTING_TTL_S, version_app, version_of_app, version_route
+from .store import NAMESPACE, GcsStore, MemoryStore, read_routing, routing_table
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "vitdeploy"
 REGISTRY = "vitdeploy-rollout"
-#: a rollout whose process has not been heard of for this long is abandoned: the next one removes its candidate
-ABANDONED_S = 30.0
+#: a rollout's lease: renewed by its process all the while it runs; expired, the next rollout (or `rollout --status`)
+#: takes it over and removes what the abandoned one left, never the live version
+LEASE_S = 30.0
+#: a rollout's phases, recorded at each step (what a crash in each leaves: docs/serving.md)
+STARTING, CANDIDATE, SHADOW, PROMOTING, DRAINING = "starting", "candidate", "shadow", "promoting", "draining"
+ROLLING_BACK, CONVERGING = "rolling-back", "converging"  # converging: `rollout --status` removing what one left
+PHASES = (STARTING, CANDIDATE, SHADOW, PROMOTING, DRAINING, ROLLING_BACK, CONVERGING)
+#: the states of a version that is not live and goes when a lease is taken over
+LEAVING = ("starting", "candidate", "leaving")
+PROMOTED, ROLLED_BACK = "promoted", "rolled back"
+HISTORY_KEPT = 1000  # the rollouts the history keeps (the oldest go first)
 
 
 def _new_model(model: str, running: Mapping[str, str]) -> dict[str, Any]:
@@ -47,43 +64,65 @@ def _entry(model: str, version: Mapping[str, Any], verdict: str, reason: str, no
     return {"model": model, **{k: version.get(k) for k in keys}, "verdict": verdict, "reason": reason, "ended": now}
 
 
+def _fenced(model: str, rollout: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The refusal of a call whose holder no longer holds ``model``'s lease (another took it over, or none)."""
+    now = f"{rollout['phase']} by another process" if rollout else "no rollout holds it now"
+    return {"refused": f"this rollout of {model} lost its lease ({now}): it touches nothing more", "fenced": True}
+
+
 class RolloutRegistry:
     """The state of every rollout on one Ray cluster (see the module's docstring). Ray runs it as an actor, one
     method at a time; every method returns plain data (a refusal is ``{"refused": reason}``, never an exception
-    across Ray)."""
+    across Ray; ``"fenced": True`` when the caller's lease is no longer its own).
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    A rollout holds its model's lease: a holder id (``holder``, the rollout process's own) and an expiry it renews
+    (:meth:`renew`) all the while it runs; every call that changes the rollout's state names the holder and is
+    refused for any other. Its phase (:data:`PHASES`) is recorded at each step, so that whoever takes an expired
+    lease over knows what the abandoned rollout left: the version that is live stays, whatever the phase; every
+    other version of the model it started or was removing goes. The state is written to ``store`` (Ray's GCS,
+    store.py) before each method returns, and read back by a registry that starts again."""
+
+    def __init__(self, clock: Callable[[], float] = time.time, store: Any = None) -> None:
         self._clock = clock
-        self._models: dict[str, dict[str, Any]] = {}
-        self._history: list[dict[str, Any]] = []
+        self._store = store if store is not None else MemoryStore()
+        doc = self._store.load() or {}
+        self._models: dict[str, dict[str, Any]] = {
+            model: {**state, "versions": {int(n): e for n, e in state["versions"].items()}}
+            for model, state in (doc.get("models") or {}).items()
+        }
+        self._history: list[dict[str, Any]] = list(doc.get("history") or [])
         self._samples: dict[str, list[dict[str, Any]]] = {}
         self._bundles: dict[str, list[Any]] = {}
 
-    # ---------------------------------------------------------------- a rollout's steps
+    def _doc(self) -> dict[str, Any]:
+        models = {m: {**s, "versions": {str(n): e for n, e in s["versions"].items()}} for m, s in self._models.items()}
+        return {"models": models, "history": self._history[-HISTORY_KEPT:]}
 
-    def begin(self, model: str, running: Mapping[str, str], candidate: Mapping[str, Any]) -> dict[str, Any]:
-        """Start a rollout of ``model`` (``running``: its Serve applications now, {app: route}): the candidate's
-        version number, and the abandoned rollout (its process gone) whose candidate is to be removed first."""
-        state = self._models.get(model)
-        busy = state["rollout"] if state else None
-        if busy is not None and self._clock() - busy["beat"] < ABANDONED_S:
-            return {"refused": f"a rollout of {model} v{busy['version']} is in progress; wait for it to end"}
-        if state is not None:  # versions whose application is gone (a restarted server) are forgotten
-            state["versions"] = {n: e for n, e in state["versions"].items() if e["app"] in running}
-        if state is None or state["live"] not in state["versions"]:
-            fresh = _new_model(model, running)
-            fresh["next"] = max(fresh["next"], state["next"] if state else 2)
-            state = self._models[model] = fresh
-        if not state["versions"]:
-            return {"refused": f"no application of model {model!r} runs on this cluster"}
-        abandoned, rollout = None, state["rollout"]
-        if rollout is not None:
-            left = state["versions"].get(rollout["version"])
-            if left is not None:
-                left["state"] = "leaving"
-            abandoned = dict(left or {}, version=rollout["version"])
-            reason = f"its rollout process was not heard of for {ABANDONED_S:g} s"
-            self._history.append(_entry(model, abandoned, "rolled back", reason, self._clock()))
+    def _save(self) -> None:
+        self._store.save(self._doc())
+
+    def _held(self, model: str, holder: str) -> dict[str, Any] | None:
+        """The rollout of ``model`` when ``holder`` holds its lease, else None."""
+        rollout = self._rollout(model)
+        return rollout if rollout is not None and rollout.get("holder") == holder else None
+
+    # ---------------------------------------------------------------- taking the lease
+
+    def begin(
+        self,
+        model: str,
+        holder: str,
+        running: Mapping[str, str],
+        candidate: Mapping[str, Any],
+        lease_s: float = LEASE_S,
+    ) -> dict[str, Any]:
+        """Start a rollout of ``model`` under ``holder``'s lease (``running``: its Serve applications now, {app:
+        route}): the candidate's version number, the live one, and ``remove``: the versions an abandoned rollout
+        left (its lease expired), which this one removes first (:meth:`drop` each once gone)."""
+        taken = self._take(model, running, holder, lease_s)
+        if "refused" in taken:
+            return taken
+        state = self._models[model]
         number = state["next"]
         state["next"] += 1
         state["versions"][number] = {
@@ -92,32 +131,110 @@ class RolloutRegistry:
             "route": version_route(model, number),
             "state": "starting",
         }
-        now = self._clock()
-        state["rollout"] = {"version": number, "beat": now, "started": now, "shadow": None, "count": 0, "errors": 0}
+        state["rollout"].update(version=number, phase=STARTING, count=0, errors=0)
         self._samples[model] = []
-        return {"version": number, "abandoned": abandoned, "live": state["live"]}
+        self._save()
+        return {"version": number, "live": state["live"], "lease_s": lease_s, **taken}
 
-    def ready(self, model: str, version: int) -> None:
+    def recover(self, model: str, holder: str, running: Mapping[str, str], lease_s: float = LEASE_S) -> dict:
+        """`rollout --status`'s convergence: when ``model``'s rollout lease expired (or versions are left to
+        remove), take the lease over to remove them (``remove``; :meth:`drop` each, then :meth:`finish`);
+        ``remove`` empty and no lease taken when there is nothing to do."""
+        taken = self._take(model, running, holder, lease_s, idle=True)
+        if "refused" not in taken:
+            self._save()
+        return taken
+
+    def _take(self, model: str, running: Mapping[str, str], holder: str, lease_s: float, idle: bool = False) -> dict:
+        now = self._clock()
+        state = self._models.get(model)
+        busy = state["rollout"] if state else None
+        if busy is not None and busy["holder"] != holder and now < busy["expires"]:
+            what = f"v{busy['version']}, {busy['phase']}" if busy["version"] else busy["phase"]
+            left = busy["expires"] - now
+            return {"refused": f"a rollout of {model} ({what}) holds its lease for {left:.0f} s more; wait for it"}
+        if state is not None:  # versions whose application is gone (a restarted server) are forgotten
+            state["versions"] = {n: e for n, e in state["versions"].items() if e["app"] in running}
+        if state is None or state["live"] not in state["versions"]:
+            fresh = _new_model(model, running)
+            fresh["next"] = max(fresh["next"], state["next"] if state else 2)
+            state = self._models[model] = fresh
+        if not state["versions"]:
+            return {"refused": f"no application of model {model!r} runs on this cluster"}
+        abandoned = self._abandoned(model, state, busy, now) if busy is not None else None
+        remove = sorted(n for n, e in state["versions"].items() if n != state["live"] and e["state"] in LEAVING)
+        for number in remove:
+            state["versions"][number]["state"] = "leaving"
+        state["rollout"] = None
+        if not idle or remove:
+            phase = CONVERGING if idle else STARTING
+            state["rollout"] = {"version": None, "from": state["live"], "holder": holder, "phase": phase}
+            state["rollout"].update(expires=now + lease_s, lease_s=lease_s, started=now, shadow=None)
+        return {"remove": remove, "abandoned": abandoned, "live": state["live"]}
+
+    def _abandoned(self, model: str, state: dict[str, Any], busy: Mapping[str, Any], now: float) -> dict | None:
+        """The expired rollout ``busy``, ended in the history by what it left: promoted when its candidate is
+        live (it died while the old version drained), else rolled back."""
+        number = busy.get("version")
+        if number is None:  # a clean-up that did not finish: nothing of its own to record
+            return None
+        verdict = PROMOTED if number == state["live"] else ROLLED_BACK
+        reason = f"its process was not heard of for {busy['lease_s']:g} s (it was {busy['phase']})"
+        version = dict(state["versions"].get(number) or {}, version=number)
+        self._history.append(_entry(model, version, verdict, reason, now))
+        return {"version": number, "phase": busy["phase"], "verdict": verdict}
+
+    def renew(self, model: str, holder: str) -> dict[str, Any]:
+        """``holder``'s lease runs for its length again from now (refused, fenced, when it is not its own)."""
+        rollout = self._held(model, holder)
+        if rollout is None:
+            return _fenced(model, self._rollout(model))
+        rollout["expires"] = self._clock() + rollout["lease_s"]
+        self._save()
+        return {"expires": rollout["expires"]}
+
+    def phase(self, model: str, holder: str, phase: str) -> dict[str, Any]:
+        """The rollout's step now (one of :data:`PHASES`), for whoever finds its lease expired."""
+        rollout = self._held(model, holder)
+        if rollout is None:
+            return _fenced(model, self._rollout(model))
+        rollout["phase"] = phase
+        self._save()
+        return {"phase": phase}
+
+    # ---------------------------------------------------------------- a rollout's steps
+
+    def ready(self, model: str, holder: str, version: int) -> dict[str, Any]:
         """The candidate runs: it is listed among the versions, and reachable at its route."""
+        rollout = self._held(model, holder)
+        if rollout is None or rollout["version"] != version:
+            return _fenced(model, self._rollout(model))
         self._models[model]["versions"][version]["state"] = "candidate"
+        rollout["phase"] = CANDIDATE
+        self._save()
+        return {"phase": CANDIDATE}
 
-    def keep(self, app: str, bundle: Any) -> list[Any]:
+    def keep(self, model: str, holder: str, app: str, bundle: Any) -> Any:
         """Put ``bundle`` (a packed export) in Ray's object store, owned here, so that replicas started later (a
         replacement) still find it after the rollout's process exits; ``[ref]`` (a list: Ray passes it on)."""
         import ray
 
+        if self._held(model, holder) is None:
+            return _fenced(model, self._rollout(model))
         self._bundles[app] = [ray.put(bundle)]
         return self._bundles[app]
 
-    def start_shadow(self, model: str, budget: int, timeout_s: float, seconds: float) -> dict[str, Any]:
+    def start_shadow(self, model: str, holder: str, budget: int, timeout_s: float, seconds: float) -> dict:
         """Copy the next ``budget`` unversioned inferences (for at most ``seconds``) to the candidate; each copy
         is given ``timeout_s`` to be answered."""
-        rollout = self._rollout(model)
+        rollout = self._held(model, holder)
         if rollout is None:
-            return {"refused": f"no rollout of {model!r} is in progress"}
+            return _fenced(model, self._rollout(model))
         app = self._models[model]["versions"][rollout["version"]]["app"]
         until = self._clock() + seconds
         rollout["shadow"] = {"app": app, "budget": int(budget), "timeout_s": float(timeout_s), "until": until}
+        rollout["phase"] = SHADOW
+        self._save()
         return {"app": app}
 
     def record(self, model: str, version: int, sample: Mapping[str, Any]) -> None:
@@ -132,88 +249,102 @@ class RolloutRegistry:
         rollout["count"] += 1
         rollout["errors"] += 1 if sample.get("error") else 0
         if len(samples) >= rollout["shadow"]["budget"]:
-            rollout["shadow"] = None  # the budget is spent: the guards stop tagging at their next refresh
+            rollout["shadow"] = None  # the budget is spent: the guards stop tagging at their next read
+            self._save()
 
-    def progress(self, model: str) -> dict[str, Any]:
-        """How far the shadow is (``count``, ``errors``, ``shadowing``); the rollout's process is alive (beat)."""
-        rollout = self._rollout(model)
+    def progress(self, model: str, holder: str) -> dict[str, Any]:
+        """How far the shadow is (``count``, ``errors``, ``shadowing``)."""
+        rollout = self._held(model, holder)
         if rollout is None:
-            return {"count": 0, "errors": 0, "shadowing": False}
-        rollout["beat"] = self._clock()
+            return _fenced(model, self._rollout(model))
         shadow = rollout["shadow"]
         shadowing = shadow is not None and self._clock() < shadow["until"]
         return {"count": rollout["count"], "errors": rollout["errors"], "shadowing": shadowing}
 
-    def samples(self, model: str, start: int = 0) -> list[dict[str, Any]]:
+    def samples(self, model: str, holder: str, start: int = 0) -> Any:
         """The shadow copies' outcomes from the ``start``-th on (a rollout reads them as they come)."""
+        if self._held(model, holder) is None:
+            return _fenced(model, self._rollout(model))
         return list(self._samples.get(model, [])[start:])
 
-    def stop_shadow(self, model: str) -> None:
-        rollout = self._rollout(model)
-        if rollout is not None:
-            rollout["shadow"] = None
+    def stop_shadow(self, model: str, holder: str) -> dict[str, Any]:
+        rollout = self._held(model, holder)
+        if rollout is None:
+            return _fenced(model, self._rollout(model))
+        rollout["shadow"] = None
+        self._save()
+        return {}
 
-    def promote(self, model: str, version: int) -> None:
-        """Unversioned requests go to ``version`` from the guards' next refresh; the old live one is leaving."""
+    def promote(self, model: str, holder: str, version: int) -> dict[str, Any]:
+        """Unversioned requests go to ``version`` (the rollout's candidate) from the guards' next read; the old
+        live one is leaving; the phase is :data:`DRAINING`, in the same step."""
+        rollout = self._held(model, holder)
+        if rollout is None or rollout["version"] != version:
+            return _fenced(model, self._rollout(model))
         state = self._models[model]
-        state["versions"][state["live"]]["state"] = "leaving"
+        old = state["live"]
+        state["versions"][old]["state"] = "leaving"
         state["versions"][version]["state"] = "live"
         state["live"] = version
+        rollout["phase"] = DRAINING
+        self._save()
+        return {"live": version, "old": old}
 
-    def drop(self, model: str, version: int) -> None:
-        """``version`` is gone (rolled back, or drained after a promotion): forget it and its packed export."""
-        state = self._models.get(model)
-        entry = state["versions"].pop(version, None) if state else None
+    def drop(self, model: str, holder: str, version: int) -> dict[str, Any]:
+        """``version`` is gone (rolled back, drained after a promotion, left by an abandoned rollout): forget it
+        and its packed export. The live version is never dropped."""
+        if self._held(model, holder) is None:
+            return _fenced(model, self._rollout(model))
+        state = self._models[model]
+        if version == state["live"]:
+            return {"refused": f"v{version} of {model} is live: it is never removed"}
+        entry = state["versions"].pop(version, None)
         if entry is not None:
             self._bundles.pop(entry["app"], None)
+        self._save()
+        return {}
 
-    def finish(self, model: str, entry: Mapping[str, Any]) -> None:
-        """The rollout is over: ``entry`` (version, sha, verdict, reason, figures) joins the history."""
-        state = self._models.get(model)
-        if state is not None:
-            state["rollout"] = None
+    def finish(self, model: str, holder: str, entry: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The rollout is over, its lease given back: ``entry`` (version, sha, verdict, reason, figures) joins
+        the history (None: a clean-up, nothing to add)."""
+        if self._held(model, holder) is None:
+            return _fenced(model, self._rollout(model))
+        self._models[model]["rollout"] = None
         self._samples.pop(model, None)
-        self._history.append({"model": model, **dict(entry)})
+        if entry:
+            self._history.append({"model": model, **dict(entry)})
+        self._save()
+        return {}
 
     def forget(self, model: str) -> None:
         """The model's server stopped: its versions go (the history stays)."""
         state = self._models.pop(model, None)
         for entry in (state or {}).get("versions", {}).values():
             self._bundles.pop(entry["app"], None)
+        self._save()
 
     # ---------------------------------------------------------------- what others read
 
     def routing(self) -> dict[str, dict[str, Any]]:
-        """What the proxy's guard needs, per model: the live version's route and application, the versions and
-        their applications, the shadow target (or None)."""
-        out = {}
-        for model, state in self._models.items():
-            rollout, shadow = state["rollout"], None
-            if rollout and rollout["shadow"] and self._clock() < rollout["shadow"]["until"]:
-                shadow = {k: rollout["shadow"][k] for k in ("app", "timeout_s")}
-            live = state["versions"].get(state["live"])
-            if live is None:
-                continue
-            apps = {str(n): e["app"] for n, e in state["versions"].items() if e["state"] != "starting"}
-            out[model] = {
-                "live": live["route"],
-                "live_app": live["app"],
-                "versions": sorted(int(n) for n in apps),
-                "apps": apps,
-                "shadow": shadow,
-            }
-        return out
+        """What the proxy's guard needs, per model (store.py's :func:`routing_table`; the guards
+        read it from the stored state, not from here)."""
+        return routing_table(self._doc(), self._clock())
 
     def status(self) -> dict[str, Any]:
-        """Every model's versions and rollout in progress, and the history, for `vitdeploy rollout --status`."""
-        models = {
-            model: {
-                "live": state["live"],
-                "versions": {str(n): dict(e) for n, e in sorted(state["versions"].items())},
-                "rollout": None if state["rollout"] is None else {"version": state["rollout"]["version"]},
-            }
-            for model, state in self._models.items()
-        }
+        """Every model's versions and rollout in progress (its version, phase, the seconds its lease has left),
+        and the history, for `vitdeploy rollout --status`."""
+        now = self._clock()
+        models = {}
+        for model, state in self._models.items():
+            rollout = state["rollout"]
+            if rollout is not None:
+                rollout = {
+                    "version": rollout["version"],
+                    "phase": rollout["phase"],
+                    "lease_s": rollout["expires"] - now,
+                }
+            versions = {str(n): dict(e) for n, e in sorted(state["versions"].items())}
+            models[model] = {"live": state["live"], "versions": versions, "rollout": rollout}
         return {"models": models, "history": list(self._history)}
 
     def _rollout(self, model: str) -> dict[str, Any] | None:
@@ -222,29 +353,32 @@ class RolloutRegistry:
 
 
 def registry_actor(create: bool = False) -> Any:
-    """The registry's actor handle on the Ray this process is connected to; None when there is none and
-    ``create`` is False."""
+    """The registry's actor handle on the Ray this process is connected to; None when there is none, ``create``
+    is False and no registry ever ran on this cluster (one whose state is stored is started again: it goes on
+    from its stored state)."""
     import ray
 
-    if not create:
-        try:
-            return ray.get_actor(REGISTRY, namespace=NAMESPACE)
-        except ValueError:
+    try:
+        return ray.get_actor(REGISTRY, namespace=NAMESPACE)
+    except ValueError:
+        if not create and GcsStore().load() is None:
             return None
-    actor = ray.remote(num_cpus=0, max_restarts=0)(RolloutRegistry)
-    return actor.options(name=REGISTRY, namespace=NAMESPACE, lifetime="detached", get_if_exists=True).remote()
+    actor = ray.remote(num_cpus=0, max_restarts=-1)(RolloutRegistry)
+    options = {"name": REGISTRY, "namespace": NAMESPACE, "lifetime": "detached", "get_if_exists": True}
+    return actor.options(**options).remote(store=GcsStore())
 
 
 # ------------------------------------------------------------------------------------------------ who reads it
 
 
 class RoutingTable:
-    """The rollout registry's routing (:meth:`RolloutRegistry.routing`), read at most once per ROUTING_TTL_S, one read
-    at a time; while the registry cannot be read the last table stands, so no request is sent to a version that
+    """The rollouts' routing (:meth:`RolloutRegistry.routing`), read from the registry's stored state in Ray's GCS
+    (store.py: never from the registry itself, so a dead registry changes nothing) at most once per ROUTING_TTL_S,
+    one read at a time; while it cannot be read the last table stands, so no request is sent to a version that
     left."""
 
     def __init__(self, read: Callable[[], Awaitable[dict[str, Any] | None]] | None = None) -> None:
-        self._read = read or _read_registry
+        self._read = read or _read_stored
         self._table: dict[str, Any] = {}
         self._at = -float("inf")
         self._lock = asyncio.Lock()
@@ -257,36 +391,38 @@ class RoutingTable:
                 try:
                     table = await asyncio.wait_for(self._read(), timeout=ROUTING_TTL_S * 5)
                 except Exception as exc:  # noqa: BLE001 - Ray's errors: keep the last table, try again later
-                    log.warning("the rollout registry could not be read (%s); routing as before", first_line(exc))
+                    log.warning("the rollouts' routing could not be read (%s); routing as before", first_line(exc))
                 else:
                     self._table = table if table is not None else {}
                 self._at = time.monotonic()
         return self._table
 
 
-_REGISTRY: list[Any] = []  # the registry's actor handle, once found (this process is Ray's proxy actor)
-
-
-async def _read_registry() -> dict[str, Any] | None:
-    """The registry's routing table; None when no rollout ever ran on this cluster (no registry)."""
-    import ray
-
-    if not ray.is_initialized():  # not inside Ray's proxy (a test of the guard alone): no rollout
-        return None
-    if not _REGISTRY:
-        found = await asyncio.get_running_loop().run_in_executor(None, registry_actor)
-        if found is None:
-            return None
-        _REGISTRY.append(found)
-    try:
-        return await _REGISTRY[0].routing.remote()
-    except Exception:
-        _REGISTRY.clear()  # a new registry (a restarted one) is looked up next time
-        raise
+async def _read_stored() -> dict[str, Any] | None:
+    """The routing table from the GCS; None when no rollout ever ran on this cluster."""
+    return await asyncio.get_running_loop().run_in_executor(None, read_routing, time.time())
 
 
 #: the one routing table of a proxy process (its HTTP guard: serve/proxy_guard.py; its gRPC: serve/kserve_grpc.py)
 ROUTING = RoutingTable()
 
 
-__all__ = ["ABANDONED_S", "NAMESPACE", "REGISTRY", "ROUTING", "RolloutRegistry", "RoutingTable", "registry_actor"]
+__all__ = [
+    "CANDIDATE",
+    "CONVERGING",
+    "DRAINING",
+    "LEASE_S",
+    "NAMESPACE",
+    "PHASES",
+    "PROMOTED",
+    "PROMOTING",
+    "REGISTRY",
+    "ROLLED_BACK",
+    "ROLLING_BACK",
+    "ROUTING",
+    "SHADOW",
+    "STARTING",
+    "RolloutRegistry",
+    "RoutingTable",
+    "registry_actor",
+]

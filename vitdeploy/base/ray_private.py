@@ -1,15 +1,19 @@
 """Every Ray API vitdeploy uses that Ray does not promise to keep, in one place: private modules and parameters,
 attributes of Ray's internals, the environment variables only Ray's internals read, and one developer API. Each
 entry (:class:`RayApi`) names the dotted API and says why we need it; the code that needs one goes through the
-functions below, so nothing else in vitdeploy names them (tests/serve/test_ray_private.py checks both: each entry
+functions below, so nothing else in vitdeploy names them (tests/base/test_ray_private.py checks both: each entry
 against the installed Ray, failing with a line naming the API it lost, and that no other module names one).
 
 Public Ray is used wherever Ray has it: a candidate starts without waiting through ``serve.run_many``
 (``serve.run`` always waits until the application runs, with no time limit; its ``blocking`` only means "then
 wait for Ctrl-C"). What has no public form: deleting without waiting, a deployment's code version, whether Ray
 set up tracing in this process (``serve.get_trace_context()`` is None outside a request either way), the gRPC
-proxy's handler factory, the metrics port and node address of a Ray started by ``ray.init``, and the variables
-Ray's proxy and raylet read.
+proxy's handler factory, the metrics port and node address of a Ray started by ``ray.init``, the variables
+Ray's proxy and raylet read, the GCS's key-value store (where the rollout registry's state lives:
+serve/rollout/store.py), and what joining a cluster by address with Ray's token needs (base/ray_join.py): this
+process's cached Ray configuration read again, and a GCS asked whether it wants a token.
+
+It stands in base/ because both serve/ and batch/ join Ray through base/ray_join.py, which needs it.
 
 No Ray at import.
 """
@@ -110,7 +114,35 @@ WORKER_NICENESS_ENV = RayApi(
     value="RAY_worker_niceness",
     why="the replicas run at normal priority (Ray starts its workers at nice 15)",
 )
-#: every entry, checked against the installed Ray by tests/serve/test_ray_private.py
+GCS_KV_GET = RayApi(
+    "ray.experimental.internal_kv",
+    "_internal_kv_get",
+    why="the rollout registry's state read from Ray's GCS (serve/rollout/store.py): a registry started again, "
+    "and every proxy's routing, read it there (Ray Serve keeps its own checkpoints in the same store)",
+)
+GCS_KV_PUT = RayApi(
+    "ray.experimental.internal_kv",
+    "_internal_kv_put",
+    why="the rollout registry's state written to Ray's GCS at every change, so routing survives the registry",
+)
+CONFIG_REFRESH = RayApi(
+    "ray._raylet",
+    "Config.initialize",
+    why="this process's cached Ray configuration reads RAY_AUTH_MODE again once base/ray_join.py turned token "
+    "authentication on (what Ray's own maybe_enable_token_auth_if_token_available does)",
+)
+GCS_CLIENT = RayApi(
+    "ray._raylet",
+    "GcsClient",
+    why="a cluster's GCS asked, without a token, whether it wants one before joining it by address "
+    "(base/ray_join.py): a cluster with token authentication off is joined without one",
+)
+GCS_CLIENT_KV = RayApi(
+    "ray._raylet",
+    "InnerGcsClient.internal_kv_get",
+    why="the question GcsClient (which hands its calls to InnerGcsClient) asks the GCS, above",
+)
+#: every entry, checked against the installed Ray by tests/base/test_ray_private.py
 APIS = (
     RUN_NOWAIT,
     DELETE_NOWAIT,
@@ -123,6 +155,11 @@ APIS = (
     TRACING_EXPORTER_ENV,
     TRACING_RATIO_ENV,
     WORKER_NICENESS_ENV,
+    GCS_KV_GET,
+    GCS_KV_PUT,
+    CONFIG_REFRESH,
+    GCS_CLIENT,
+    GCS_CLIENT_KV,
 )
 
 
@@ -215,10 +252,51 @@ def local_ray_options(metrics_port: Optional[int], loopback: bool) -> dict[str, 
     return options
 
 
+def _function(api: RayApi) -> Any:
+    """The callable ``api`` names (its module imported now)."""
+    found: Any = importlib.import_module(api.module)
+    for part in api.name.split("."):
+        found = getattr(found, part)
+    return found
+
+
+def gcs_kv_get(key: str, namespace: str) -> Optional[bytes]:
+    """``key``'s value in Ray's GCS key-value store (this process connected to Ray); None when it has none."""
+    return _function(GCS_KV_GET)(key, namespace=namespace) or None
+
+
+def gcs_kv_put(key: str, value: bytes, namespace: str) -> None:
+    """``key`` set to ``value`` in Ray's GCS key-value store (this process connected to Ray)."""
+    _function(GCS_KV_PUT)(key, value, overwrite=True, namespace=namespace)
+
+
+def refresh_ray_config() -> bool:
+    """This process's cached Ray configuration read again from the environment; False where this Ray has no
+    such call (the environment alone must then do)."""
+    try:
+        _function(CONFIG_REFRESH)("")
+    except (ImportError, AttributeError):
+        return False
+    return True
+
+
+def gcs_probe(address: str, timeout_s: float) -> None:
+    """One key-value read from the GCS at ``address`` (host:port) by a client of its own, without this process
+    joining Ray: Ray's AuthenticationError when that cluster wants a token this call does not carry; any other
+    exception when it cannot be asked."""
+    client = _function(GCS_CLIENT)(address=address)
+    client.internal_kv_get(b"auth-probe", b"vitdeploy", timeout=timeout_s)
+
+
 __all__ = [
     "APIS",
+    "CONFIG_REFRESH",
     "DELETE_NOWAIT",
     "DEPLOYMENT_VERSION",
+    "GCS_CLIENT",
+    "GCS_CLIENT_KV",
+    "GCS_KV_GET",
+    "GCS_KV_PUT",
     "GRPC_HANDLER_FACTORY",
     "INIT_METRICS_PORT",
     "INIT_NODE_IP",
@@ -230,8 +308,12 @@ __all__ = [
     "WORKER_NICENESS_ENV",
     "RayApi",
     "delete_nowait",
+    "gcs_kv_get",
+    "gcs_kv_put",
+    "gcs_probe",
     "local_ray_options",
     "missing",
+    "refresh_ray_config",
     "run_nowait",
     "tracing_enabled",
     "with_version",
