@@ -160,6 +160,54 @@ def test_a_server_that_names_no_backend_needs_backend(tiny):
     assert check.row.threshold_set == "int8"
 
 
+def _mid_rollout(tiny, live: str, asked: list[str]) -> ScriptedServer:
+    """A server of model m in a rollout: versions 1 and 2, ``live`` answering unversioned requests (its
+    statistics say so); only version 2 answers right, version 1 and unversioned inferences flip the classes (a
+    request not pinned may meet the old version). ``asked``: the path of each request, in order."""
+    good, bad = _scripted(tiny), _scripted(tiny, flip=True)
+    for scripted in (good, bad):
+        scripted.close()
+
+    def answer(method: str, path: str, body: bytes):
+        asked.append(path)
+        if method == "GET" and path == "/v2/models/m":
+            return 200, {"name": "m", "versions": ["1", "2"], "platform": "ray_serve"}
+        if method == "GET" and path == "/v2/models/m/stats":
+            return 200, {"model_stats": [{"name": "m", "version": live}]}
+        return (good if "/versions/2/" in path else bad).answer(method, path, body)
+
+    return ScriptedServer(answer=answer)
+
+
+@pytest.mark.parametrize("protocol", [PREDICT, V2_HTTP])
+def test_during_a_rollout_every_request_names_the_live_version_and_the_check_says_which(tiny, protocol):
+    asked: list[str] = []
+    with _mid_rollout(tiny, "2", asked) as server:
+        check = _check(tiny, server, protocol)
+    assert check.passed, check.row.failures
+    sent = [p for p in asked if p.endswith(("/predict", "/infer"))]
+    assert len(sent) == 6 and all(p.startswith("/v2/models/m/versions/2/") for p in sent), sent
+    assert any("judged version 2 of model m" in n and "versions 1, 2" in n for n in check.notes), check.notes
+    asked.clear()
+    with _mid_rollout(tiny, "1", asked) as server:  # version 1 is live: pinned to it, and its flips are caught
+        check = _check(tiny, server, protocol)
+    assert check.status == "failed" and all("/versions/1/" in p for p in asked if p.endswith(("/predict", "/infer")))
+    asked.clear()
+    with _mid_rollout(tiny, "3", asked) as server:  # stats name no listed version: unpinned, and said
+        check = _check(tiny, server, protocol)
+    assert not any("/versions/" in p for p in asked) and any("does not say which is live" in n for n in check.notes)
+
+
+def test_a_server_of_one_version_gets_unversioned_requests(tiny):
+    asked: list[str] = []
+    plain = _scripted(tiny)
+    plain.close()
+    with ScriptedServer(answer=lambda m, p, b: (asked.append(p), plain.answer(m, p, b))[1]) as server:
+        check = _check(tiny, server, V2_HTTP)
+    assert check.passed and not any("/versions/" in p for p in asked) and "/v2/models/m/infer" in asked
+    assert not any("judged version" in n for n in check.notes)
+
+
 def test_nobody_answering_is_exit_4_in_one_line(tiny):
     res = _validate("-a", str(tiny["export"]), "--url", f"http://127.0.0.1:{free_port()}")
     assert res.exit_code == 4

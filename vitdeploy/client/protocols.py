@@ -56,6 +56,9 @@ class Target:
     #: the size asked of an export for several sizes (request parameter ``image_size``); None: not asked
     image_size: Optional[int] = None
     ca_bundle: CaBundle = None
+    #: the model's version every request names (``/v2/models/<m>/versions/K/...``, gRPC ``model_version``); None:
+    #: unversioned, answered by whichever version the server routes it to
+    version: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -66,6 +69,11 @@ class Target:
             object.__setattr__(self, "url", f"http://{self.url}")
         if self.protocol != V2_GRPC and urlsplit(self.url).scheme not in ("http", "https"):
             raise ConfigError(f"URL {self.url!r}: expected http://host:port for --protocol {self.protocol}")
+
+    @property
+    def route(self) -> str:
+        """The model's v2 route: ``/v2/models/<m>``, or ``/v2/models/<m>/versions/K`` when a version is pinned."""
+        return f"/v2/models/{self.model}" + (f"/versions/{self.version}" if self.version else "")
 
     @property
     def host(self) -> str:
@@ -106,11 +114,11 @@ class HttpClient:
         self._errors = transport_errors()
         self.target = target
         if target.protocol == PREDICT:
-            self.path = f"/v2/models/{target.model}/predict" if target.model else "/predict"
+            self.path = f"{target.route}/predict" if target.model else "/predict"
             if target.image_size is not None:
                 self.path += f"?{IMAGE_SIZE_PARAM}={int(target.image_size)}"
         else:
-            self.path = f"/v2/models/{target.model}/infer"
+            self.path = f"{target.route}/infer"
 
     def _request(self, image: bytes) -> tuple[bytes, dict[str, str]]:
         if self.target.protocol == PREDICT:
@@ -223,6 +231,7 @@ class GrpcClient:
             result = self.client.infer(
                 self.target.model,
                 [tensor],
+                model_version=self.target.version or "",
                 outputs=self.outputs,
                 headers=self.target.headers(),
                 client_timeout=TIMEOUT_S,
@@ -256,15 +265,20 @@ def grpc_status(exc: Any) -> str:
     return str(exc.status() or "UNKNOWN").replace("StatusCode.", "")
 
 
-def model_document(target: Target, model: str, what: str = "config", timeout_s: float = 30.0) -> tuple[str, Any]:
-    """A model's v2 JSON document ``what`` (``config``, ``stats``): ``(status, the document)`` (``"200"`` over
-    HTTP, ``"OK"`` over gRPC: Triton's ``ModelConfig`` / ``ModelStatistics`` as JSON, field names as in the
-    HTTP form), else ``(status, the start of what the server said)``; ``CONNECTION_ERROR`` when nobody answers."""
+def model_document(
+    target: Target, model: str, what: str = "config", timeout_s: float = 30.0, version: Optional[str] = None
+) -> tuple[str, Any]:
+    """A model's v2 JSON document ``what`` (``config``, ``stats``, ``metadata``): ``(status, the document)``
+    (``"200"`` over HTTP, ``"OK"`` over gRPC: Triton's ``ModelConfig`` / ``ModelStatistics`` / ``ModelMetadata`` as
+    JSON, field names as in the HTTP form), else ``(status, the start of what the server said)``;
+    ``CONNECTION_ERROR`` when nobody answers. ``version``: that version's document (None: the unversioned one)."""
     if target.protocol == V2_GRPC:
-        return _grpc_document(target, model, what)
+        return _grpc_document(target, model, what, version or "")
+    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
+    path += "" if what == "metadata" else f"/{what}"
     with target.open_http(timeout_s) as http:
         try:
-            response = http.get(f"/v2/models/{model}/{what}")
+            response = http.get(path)
         except transport_errors() as exc:
             return CONNECTION_ERROR, first_line(exc)[:EXAMPLE_CHARS]
     body = response.content
@@ -276,14 +290,36 @@ def model_document(target: Target, model: str, what: str = "config", timeout_s: 
         return "unreadable answer", first_line(exc)[:EXAMPLE_CHARS]
 
 
-def _grpc_document(target: Target, model: str, what: str) -> tuple[str, Any]:
+def live_version(target: Target, model: str) -> tuple[Optional[str], str]:
+    """``(the version of ``model`` the server answers unversioned requests with, a line saying so)`` when its
+    metadata lists several versions (a rollout put one beside the other; serve/rollout/routes.py), judged by who
+    answers its unversioned statistics; ``(None, "")`` with one version or none stated (nothing to pin), and
+    ``(None, why)`` when several are listed but which one is live cannot be told."""
+    status, meta = model_document(target, model, "metadata", timeout_s=10)
+    versions = [str(v) for v in (meta.get("versions") or [])] if status in OK and isinstance(meta, dict) else []
+    if len(versions) < 2:
+        return None, ""
+    status, stats = model_document(target, model, "stats", timeout_s=10)
+    rows = stats.get("model_stats") if status in OK and isinstance(stats, dict) else None
+    answered = {str(r.get("version")) for r in rows or [] if isinstance(r, dict) and r.get("name") == model}
+    listed = ", ".join(versions)
+    if len(answered) != 1 or not answered <= set(versions):
+        return None, f"model {model} has versions {listed} and the server does not say which is live: unpinned"
+    (live,) = answered
+    return live, f"judged version {live} of model {model} (the live one of versions {listed}): every request named it"
+
+
+def _grpc_document(target: Target, model: str, what: str, version: str = "") -> tuple[str, Any]:
     client = open_grpc(target.url, target.ca_bundle)
     from tritonclient.utils import InferenceServerException
 
+    kw = {"model_version": version, "headers": target.headers(), "as_json": True}
     try:
         if what == "config":
-            return "OK", client.get_model_config(model, headers=target.headers(), as_json=True).get("config", {})
-        return "OK", client.get_inference_statistics(model, headers=target.headers(), as_json=True)
+            return "OK", client.get_model_config(model, **kw).get("config", {})
+        if what == "metadata":
+            return "OK", client.get_model_metadata(model, **kw)
+        return "OK", client.get_inference_statistics(model, **kw)
     except InferenceServerException as exc:
         status = grpc_status(exc)
         return (CONNECTION_ERROR if status == "UNAVAILABLE" else status), str(exc.message() or exc)[:EXAMPLE_CHARS]
@@ -303,6 +339,7 @@ __all__ = [
     "open_client",
     "infer_body",
     "grpc_status",
+    "live_version",
     "model_document",
     "read_infer_response",
     "CONNECTION_ERROR",

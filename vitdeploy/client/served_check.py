@@ -4,6 +4,9 @@
     print("\\n".join(format_served(check)))          # vitdeploy.client.served_report
     check.raise_for_failures()                        # exit 3 when refused or past the gate
 
+0. A model whose metadata lists several versions (a `vitdeploy rollout` under way) is judged on its live one
+   (who answers its unversioned statistics): every request names that version's route
+   (``/v2/models/<m>/versions/K/...``, gRPC ``model_version``) and a note says which; one version: unchanged.
 1. The model's configuration (``GET /v2/models/<m>/config``, gRPC ``ModelConfig``) says which export the server
    runs and on which backend (:data:`~vitdeploy.serve.protocol.EXPORT_SHA256`, ``EXPORT_BACKEND``): a server on
    another export than ``-a`` is refused at once, in one line naming both; the backend chooses the thresholds
@@ -28,6 +31,7 @@ unknown model, an export or image folder that is none); 4 the server does not an
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -55,7 +59,7 @@ from ..serve.auth import TOKEN_ENV
 from ..serve.outputs import EMBEDDINGS, LOGITS
 from ..serve.protocol import model_name, served_export
 from ..serve.triton.config import PREPROCESS_PARAM
-from .protocols import CONNECTION_ERROR, OK, PREDICT, V2_GRPC, Target, model_document, open_client
+from .protocols import CONNECTION_ERROR, OK, PREDICT, V2_GRPC, Target, live_version, model_document, open_client
 from .served_report import SERVED, ServedCheck, save_served
 
 log = logging.getLogger(__name__)
@@ -96,8 +100,9 @@ def _refuse_status(status: str, what: str, target: Target) -> None:
 
 
 def read_server_facts(target: Target, model: str, artifacts: Any) -> ServerFacts:
-    """The export, backend and preprocessing the server states for ``model`` (its v2 configuration)."""
-    status, doc = model_document(target, model)
+    """The export, backend and preprocessing the server states for ``model`` (its v2 configuration; of the
+    version the target names, if any)."""
+    status, doc = model_document(target, model, version=target.version)
     if status not in OK:
         _refuse_status(status, str(doc), target)
     if status in _NOT_FOUND and target.protocol != PREDICT:
@@ -395,10 +400,13 @@ def check_served(
         image_size,
         ca_bundle,
     )
+    pinned, said = live_version(target, name)  # during a rollout: the live version, named by every request
+    target = dataclasses.replace(target, model=name, version=pinned) if pinned else target
     facts = read_server_facts(target, name, artifacts)
     check = ServedCheck(
         target.url, protocol, model or name, artifacts.manifest_sha256, facts.sha256, facts.backend, "", ""
     )
+    check.notes += [said] if said else []
     check.image_size = image_size
     check.compared = "embedding" if embedding else ("scores" if protocol == PREDICT else "logits")
     if facts.sha256 and facts.sha256 != artifacts.manifest_sha256:

@@ -230,12 +230,14 @@ class ViTClassifier(KServeGrpcMethods, ShadowMixin):
     # ------------------------------------------------------------------ requests
 
     @api.post("/predict")
-    async def predict(self, request: Request) -> Response:
+    @api.post("/versions/{version}/predict")
+    async def predict(self, request: Request, version: Optional[str] = None) -> Response:
         """A raw image body, or multipart with one file per image -> a JSON list, one `predict --json`
         object per image (an unreadable image in a multipart request gets its {"path", "error"})."""
         clock, times = stage_timing.start(self.spec.stage_timing), {}
         try:
             self._authorize(request)
+            self._known(version)
             size = requested_size(request.query_params.get(protocol.IMAGE_SIZE_PARAM), protocol.IMAGE_SIZE_PARAM)
             blobs = await images_of(request, self.spec.max_request_bytes, self.spec.max_images_per_request)
             protocol.check_image_count(len(blobs), self.spec.max_images_per_request)
