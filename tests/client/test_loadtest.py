@@ -155,6 +155,30 @@ def test_the_command_says_what_is_wrong_in_one_line(args, message):
     assert message in result.output and "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("command", [["loadtest", "http://127.0.0.1:9"], ["rollout", "http://127.0.0.1:9", "-a", "x"]])
+def test_a_token_on_the_command_line_is_refused_in_one_line_naming_where_it_is_read(command):
+    """A token in argv is in `ps` and the shell's history: refused before anything runs; the environment's is read."""
+    from vitdeploy.cli import main
+    from vitdeploy.serve.auth import TOKEN_ENV
+
+    result = CliRunner().invoke(main, [*command, "--token", "s3cret-token-typed"], env={TOKEN_ENV: None})
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: --token is refused") and TOKEN_ENV in line and "s3cret" not in line
+    assert ("serve.token_file" in line) == (command[0] == "rollout")  # only rollout reads -c
+
+
+def test_loadtest_sends_the_environments_token():
+    from vitdeploy.cli import main
+    from vitdeploy.serve.auth import TOKEN_ENV
+
+    with ScriptedServer() as server:
+        args = ["loadtest", server.url, "--requests", "3", "--warmup", "0", "--json"]
+        result = CliRunner().invoke(main, args, env={TOKEN_ENV: "a-serve-token-of-32-characters-x"})
+    assert result.exit_code == 0, result.output
+    assert {h.get("Authorization") for _, h, _ in server.requests} == {"Bearer a-serve-token-of-32-characters-x"}
+
+
 def test_durations_and_levels_parse():
     assert parse_duration("20s") == 20 and parse_duration("2m") == 120 and parse_duration("500ms") == 0.5
     assert parse_levels("1,4,16", "--concurrency") == (1, 4, 16)

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import click
 
-from ..serve.auth import TOKEN_ENV
 from .console import refresh_report
-from .options import cacert_option, export_folder_option, runtime_options
+from .options import cacert_option, export_folder_option, runtime_options, token_refused_option
 
 
 @click.command("loadtest")
@@ -34,13 +33,7 @@ from .options import cacert_option, export_folder_option, runtime_options
 @click.option("--duration", default=None, help="each level's length, e.g. 20s, 2m (default 20s)")
 @click.option("--requests", type=click.IntRange(min=1), default=None, help="each level's requests instead")
 @click.option("--warmup", default="2s", show_default=True, help="untimed load before the first level (0 for none)")
-@click.option(
-    "--token",
-    envvar=TOKEN_ENV,
-    default=None,
-    show_envvar=True,
-    help="bearer token of a server started with one (read from the environment rather than typed)",
-)
+@token_refused_option
 @click.option(
     "-a",
     "--artifacts",
@@ -63,7 +56,6 @@ def loadtest(
     duration: str | None,
     requests: int | None,
     warmup: str,
-    token: str | None,
     artifacts_dir: Path | None,
     ca_bundle: Path | None,
     as_json: bool,
@@ -79,6 +71,9 @@ def loadtest(
         save_loadtest,
     )
     from ..client.protocols import Target, asked_outputs
+    from ..serve.auth import read_token
+
+    token = read_token(None)  # VITDEPLOY_SERVE_TOKEN, never argv (--token is refused)
 
     seconds = parse_duration(duration) if duration else (None if requests else 20.0)
     plan = LoadPlan(

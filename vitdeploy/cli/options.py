@@ -84,6 +84,22 @@ cacert_option = click.option(
 )
 
 
+def _refuse_token(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    if value is not None:
+        from ..serve.auth import TOKEN_ENV
+
+        file = any(p.name == "config_path" for p in ctx.command.params)
+        raise ConfigError(
+            f"--token is refused: a token on the command line is seen by `ps` and kept in the shell's history; "
+            f"set {TOKEN_ENV}{', or serve.token_file in -c,' if file else ''} instead"
+        )
+
+
+#: loadtest, rollout: ``--token VALUE`` is refused in one line (exit 2): the serve token is read from
+#: VITDEPLOY_SERVE_TOKEN or serve.token_file alone (serve/auth.py's read_token), never from argv
+token_refused_option = click.option("--token", hidden=True, expose_value=False, callback=_refuse_token)
+
+
 @dataclass(frozen=True)
 class Modes:
     """A command's two modes, switched by one option (``switch``, a parameter name): the options that go only

@@ -9,8 +9,7 @@ from pathlib import Path
 import click
 
 from ..base.vocab import AUTO, RUNTIME_BACKENDS
-from ..serve.auth import TOKEN_ENV
-from .options import cacert_option, runtime_options
+from .options import cacert_option, runtime_options, token_refused_option
 from .sign import verify_key_option
 
 _COUNT = re.compile(r"^\s*\d+\s*$")
@@ -77,13 +76,7 @@ _COUNT = re.compile(r"^\s*\d+\s*$")
     help="the new export has the live version's weights (a re-export, another backend or precision): roll it back "
     "unless it answers as the live one does, within its backend's validation thresholds",
 )
-@click.option(
-    "--token",
-    envvar=TOKEN_ENV,
-    default=None,
-    show_envvar=True,
-    help="the serve token of a server started with one (read from the environment rather than typed)",
-)
+@token_refused_option
 @click.option("--status", "show_status", is_flag=True, help="show the versions and the rollouts' history, then exit")
 @click.option("--json", "as_json", is_flag=True, help="print the result (or --status) as JSON on stdout")
 @cacert_option
@@ -108,7 +101,6 @@ def rollout(
     max_slowdown: float | None,
     min_agreement: float | None,
     same_model: bool,
-    token: str | None,
     show_status: bool,
     as_json: bool,
     ca_bundle: Path | None,
@@ -135,8 +127,7 @@ def rollout(
     if not url or artifacts_dir is None:
         raise ConfigError("vitdeploy rollout URL -a NEW_EXPORT: give the server's URL and the new export")
     cfg = load_config(config_path).with_verify_key(verify_key)
-    if token is None:  # as `serve` reads it: the environment, else serve.token_file
-        token = read_token(cfg.resolve(cfg.serve.token_file) if cfg.serve.token_file else None)
+    token = read_token(cfg.resolve(cfg.serve.token_file) if cfg.serve.token_file else None)  # as `serve` reads it
     count = _COUNT.match(shadow)
     plan = RolloutPlan(
         url=url,

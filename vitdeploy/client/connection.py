@@ -2,7 +2,7 @@
 what `vitdeploy rollout` asks, a server's statistics, tune's reloads of a tritonserver - built one way:
 
 * the base URL (``http://host:port``, ``https://...``; a path after it is a prefix every route goes under);
-* the bearer token as the commands read it (``--token`` / ``VITDEPLOY_SERVE_TOKEN``, else ``serve.token_file``:
+* the bearer token as the commands read it (``VITDEPLOY_SERVE_TOKEN``, else ``serve.token_file``, never argv:
   serve/auth.py) sent as ``Authorization: Bearer <token>`` (gRPC: ``authorization`` metadata), never logged;
 * HTTPS: the server's certificate verified against ``ca_bundle`` (a PEM file, as curl's ``--cacert``) when one is
   given, else against the system's trust store, which OpenSSL's ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``
