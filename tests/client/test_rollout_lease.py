@@ -99,3 +99,53 @@ def test_the_status_converges_a_rollout_that_died_after_its_promotion(cluster):
     lines = format_status({**status, "converged": done})
     assert lines[:2] == [done[0], "m: live v2 (v2 live)"] and "its process was not heard of" in lines[-1]
     assert converge_all(FakeRay(), Actor(reg)) == []  # nothing left to do
+
+
+@pytest.mark.parametrize(
+    "given, env, joined",
+    [
+        (None, None, "auto"),
+        (None, "10.0.0.7:6379", "10.0.0.7:6379"),
+        ("10.0.0.9:6379", "10.0.0.7:6379", "10.0.0.9:6379"),
+    ],
+)
+def test_without_an_address_the_cluster_on_this_machine_is_joined_and_named(monkeypatch, given, env, joined):
+    """--address, else RAY_ADDRESS, else Ray's own discovery ("auto", which finds the cluster's token too); the
+    cluster found by discovery is named in one line. Nothing starts: the join is recorded."""
+    from types import SimpleNamespace
+
+    import ray
+
+    asked, lines = [], []
+
+    def init_ray(ray_module, address, **options):
+        asked.append(address)
+        return SimpleNamespace(address_info={"gcs_address": "192.168.5.5:6379"})
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(lease_module, "init_ray", init_ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if env:
+        monkeypatch.setenv("RAY_ADDRESS", env)
+    lease_module.connect(given, lines.append)
+    assert asked == [joined]
+    assert lines == (
+        ["joined the Ray cluster at 192.168.5.5:6379, found on this machine (no --address or RAY_ADDRESS given)"]
+        if joined == "auto"
+        else []
+    )
+
+
+def test_no_cluster_on_this_machine_says_to_give_the_address(monkeypatch):
+    import ray
+
+    from vitdeploy.base.errors import ConfigError
+
+    def init_ray(ray_module, address, **options):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(lease_module, "init_ray", init_ray)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with pytest.raises(ConfigError, match=r"no Ray cluster found on this machine .*give --address"):
+        lease_module.connect(None)

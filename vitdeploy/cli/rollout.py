@@ -37,7 +37,7 @@ _COUNT = re.compile(r"^\s*\d+\s*$")
     "--address",
     default=None,
     help="the server's Ray cluster: the address of the `Ray at ...` line `vitdeploy serve` printed "
-    "(default: RAY_ADDRESS)",
+    "(default: RAY_ADDRESS, else the cluster Ray finds on this machine, as its own tools do)",
 )
 @click.option(
     "--shadow",
@@ -119,7 +119,7 @@ def rollout(
     from ..serve.auth import read_token
 
     if show_status:
-        status = rollout_status(address)
+        status = rollout_status(address, progress=lambda line: click.echo(line, err=True))
         lines = [json.dumps(status, indent=2, default=str)] if as_json else format_status(status, model)
         for line in lines:
             click.echo(line)

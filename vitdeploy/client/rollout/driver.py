@@ -121,7 +121,7 @@ def run_rollout(cfg: Any, plan: RolloutPlan, options: Any, progress: Progress) -
     server = find_server(plan.url, plan.model, plan.token, plan.ca_bundle)
     images = cfg.resolve(cfg.validation.images) if cfg.validation.images else None
     eager = eager_answers(artifacts, images, None, options, cfg.runtime.max_image_pixels)
-    ray = connect(plan.address)
+    ray = connect(plan.address, progress)
     return _Rollout(ray, cfg, plan, options, progress, artifacts, server, eager).run()
 
 

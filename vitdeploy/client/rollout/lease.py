@@ -35,27 +35,33 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 RETRIES = 5  # calls to a registry that died, while Ray starts it again (it reads its state back from the GCS)
 RETRY_S = 1.0
+AUTO = "auto"  # Ray's own discovery of the cluster on this machine, as `ray status` and `serve` tools do
 STATUS_REMOVE_S = 90.0  # `rollout --status`: how long a version left by an abandoned rollout may take to go
 
 
-def connect(address: Optional[str]) -> Any:
-    """This process on the server's Ray (already connected: as it is)."""
+def connect(address: Optional[str], progress: Optional[Progress] = None) -> Any:
+    """This process on the server's Ray (already connected: as it is): ``address`` (``--address``), else
+    ``RAY_ADDRESS``, else the cluster Ray's own tools find on this machine (``"auto"``, which also finds the
+    cluster's token); ``progress`` is told which cluster was found that way."""
     ray = require("ray", "vitdeploy rollout (pip install 'vitdeploy[serve]')")
     require("ray.serve", "vitdeploy rollout (pip install 'vitdeploy[serve]')")
     if not log.isEnabledFor(logging.INFO):  # Ray Serve's own INFO lines repeat what progress() says
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
     if ray.is_initialized():
         return ray
-    address = address or os.environ.get("RAY_ADDRESS")
-    if not address:
-        raise ConfigError(
-            "--address: the server's Ray cluster is needed (the address in the `Ray at ...` line `vitdeploy serve` "
-            "printed, or RAY_ADDRESS)"
-        )
+    address = address or os.environ.get("RAY_ADDRESS") or AUTO
     try:
-        init_ray(ray, address, logging_level=logging.WARNING, log_to_driver=False)  # the server shows them
+        context = init_ray(ray, address, logging_level=logging.WARNING, log_to_driver=False)  # the server shows them
     except (ConnectionError, RuntimeError, ValueError) as exc:
+        if address == AUTO:
+            raise ConfigError(
+                f"no Ray cluster found on this machine ({first_line(exc)}): give --address, the address of the "
+                "`Ray at ...` line `vitdeploy serve` printed, or RAY_ADDRESS"
+            ) from None
         raise BackendError(f"cannot join the Ray cluster at {address}: {first_line(exc)}; check --address") from None
+    if address == AUTO and progress is not None:
+        found = (getattr(context, "address_info", None) or {}).get("gcs_address") or "?"
+        progress(f"joined the Ray cluster at {found}, found on this machine (no --address or RAY_ADDRESS given)")
     return ray
 
 

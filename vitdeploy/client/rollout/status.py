@@ -6,7 +6,7 @@ left (lease.py); and the gate's figures in one clause (:func:`summary`), as a ro
 from __future__ import annotations
 
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ...serve.rollout.registry import PROMOTED, registry_actor
 from .lease import connect, converge_all
@@ -31,11 +31,11 @@ def summary(figures: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def rollout_status(address: Optional[str]) -> dict[str, Any]:
+def rollout_status(address: Optional[str], progress: Optional[Callable[[str], None]] = None) -> dict[str, Any]:
     """The registry's account: every model's versions, the rollout in progress and its phase, and the rollouts'
     history ({} when none ever ran); first, what rollouts whose lease expired left is removed (``converged``:
     what was done)."""
-    ray = connect(address)
+    ray = connect(address, progress)
     registry = registry_actor()
     if registry is None:
         return {"models": {}, "history": []}
