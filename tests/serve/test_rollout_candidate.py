@@ -1,6 +1,6 @@
 """What CPU a rollout's candidate takes beside the live replicas (vitdeploy/serve/rollout/candidate.py): never more
-than is free, so Ray never waits for resources that will not come; starting and removing a real one:
-tests/client/test_rollout_driver.py."""
+than is free, so Ray never waits for resources that will not come; a model applied from a Serve config refused
+with the way to roll it out declaratively. Starting and removing a real one: tests/client/test_rollout_driver.py."""
 
 from __future__ import annotations
 
@@ -17,3 +17,22 @@ def test_on_a_full_machine_it_takes_what_is_free_and_says_so():
     assert cpus == 1.3 and "1.3 CPU is what is free" in note and "2 asked" in note
     cpus, note = candidate_cpus(1.0, 0.0)
     assert cpus == 0.0 and "shares their cores" in note
+
+
+def test_a_model_applied_from_a_serve_config_is_refused_in_one_line_saying_how_to_roll_it_out():
+    """`serve deploy` or a RayService would put the old export back: the rollout is the config's to make."""
+    from vitdeploy.serve.rollout.candidate import declarative_refusal
+
+    line = declarative_refusal("vit", {"vit": "declarative", "other": "imperative"})
+    assert line is not None and "\n" not in line
+    assert "'vit'" in line and "args.artifacts" in line and "--write-config" in line and "serve deploy" in line
+    assert "RayService" in line
+    assert "'vit@v2'" in declarative_refusal("vit", {"vit": "imperative", "vit@v2": "declarative"})
+
+
+def test_a_model_started_by_vitdeploy_serve_or_another_models_config_is_not_refused():
+    from vitdeploy.serve.rollout.candidate import declarative_refusal
+
+    assert declarative_refusal("vit", {"vit": "imperative", "vit@v2": "imperative"}) is None
+    assert declarative_refusal("vit", {"vit": "imperative", "vitals": "declarative", "other": "declarative"}) is None
+    assert declarative_refusal("vit", {}) is None  # a Ray that does not say: as before

@@ -11,7 +11,8 @@ set up tracing in this process (``serve.get_trace_context()`` is None outside a 
 proxy's handler factory, the metrics port and node address of a Ray started by ``ray.init``, the variables
 Ray's proxy and raylet read, the GCS's key-value store (where the rollout registry's state lives:
 serve/rollout/store.py), and what joining a cluster by address with Ray's token needs (base/ray_join.py): this
-process's cached Ray configuration read again, and a GCS asked whether it wants a token.
+process's cached Ray configuration read again, and a GCS asked whether it wants a token; and whether a Serve
+application came from a Serve config (`serve deploy`, a RayService) or from ``serve.run`` (its ``source``).
 
 It stands in base/ because both serve/ and batch/ join Ray through base/ray_join.py, which needs it.
 
@@ -142,6 +143,17 @@ GCS_CLIENT_KV = RayApi(
     "InnerGcsClient.internal_kv_get",
     why="the question GcsClient (which hands its calls to InnerGcsClient) asks the GCS, above",
 )
+SERVE_CLIENT = RayApi(
+    "ray.serve.context",
+    "_get_global_client",
+    why="Ray Serve's client of this cluster, for the details below (serve.status() does not carry them)",
+)
+SERVE_DETAILS = RayApi(
+    "ray.serve._private.client",
+    "ServeControllerClient.get_serve_details",
+    why="whether an application came from a Serve config (`serve deploy`, a RayService: its `source` is "
+    "declarative): `vitdeploy rollout` refuses those, which their config would put back",
+)
 #: every entry, checked against the installed Ray by tests/base/test_ray_private.py
 APIS = (
     RUN_NOWAIT,
@@ -160,6 +172,8 @@ APIS = (
     CONFIG_REFRESH,
     GCS_CLIENT,
     GCS_CLIENT_KV,
+    SERVE_CLIENT,
+    SERVE_DETAILS,
 )
 
 
@@ -280,6 +294,18 @@ def refresh_ray_config() -> bool:
     return True
 
 
+def serve_app_sources() -> dict[str, str]:
+    """Each Serve application's origin on this cluster (this process connected to it), ``{app: "declarative" |
+    "imperative" | "unknown"}`` as Ray's serve details say; {} where this Ray does not say (another Ray)."""
+    try:
+        client = _function(SERVE_CLIENT)()
+        details = getattr(client, SERVE_DETAILS.name.rsplit(".", 1)[1])()
+    except Exception:  # noqa: BLE001 - another Ray, or a controller that does not answer: nothing is said
+        return {}
+    apps = (details or {}).get("applications") or {}
+    return {str(name): str(getattr(app.get("source"), "value", app.get("source")) or "") for name, app in apps.items()}
+
+
 def gcs_probe(address: str, timeout_s: float) -> None:
     """One key-value read from the GCS at ``address`` (host:port) by a client of its own, without this process
     joining Ray: Ray's AuthenticationError when that cluster wants a token this call does not carry; any other
@@ -302,6 +328,8 @@ __all__ = [
     "INIT_NODE_IP",
     "PROXY_CALLBACK_ENV",
     "RUN_NOWAIT",
+    "SERVE_CLIENT",
+    "SERVE_DETAILS",
     "TRACING_ENABLED",
     "TRACING_EXPORTER_ENV",
     "TRACING_RATIO_ENV",
@@ -315,6 +343,7 @@ __all__ = [
     "missing",
     "refresh_ray_config",
     "run_nowait",
+    "serve_app_sources",
     "tracing_enabled",
     "with_version",
     "wrap_grpc_handlers",

@@ -202,13 +202,17 @@ class _Rollout:
     def begin(self) -> dict[str, Any]:
         """The candidate's version number from the registry, under this process's lease; the versions an
         abandoned rollout left, to remove first."""
-        from ...serve.rollout.candidate import running_versions
+        from ...base.ray_private import serve_app_sources
+        from ...serve.rollout.candidate import declarative_refusal, running_versions
 
         running = running_versions(self.model)
         if not running:
             raise BackendError(
                 f"no application of model {self.model!r} runs on this Ray cluster: is --address the server's?"
             )
+        refused = declarative_refusal(self.model, serve_app_sources())  # its config would put the old export back
+        if refused:
+            raise ConfigError(refused)
         live_sha = served_sha(self.server.metadata)
         candidate = {"sha": self.sha, "backend": self.plan.backend, "export": str(self.artifacts.directory)}
         self.known = self.model in self.lease.read("routing")  # the proxies route this model's versions already

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from ...base.errors import BackendError, remote_reason
 from ...base.ray_private import delete_nowait, run_nowait
@@ -21,6 +21,7 @@ from .routes import version_of_app, version_route
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25
+DECLARATIVE = "declarative"  # the source Ray Serve gives an application applied from a config
 LOGGING = {"log_level": "WARNING", "enable_access_log": False}
 
 
@@ -34,6 +35,22 @@ def running_versions(model: str) -> dict[str, str]:
         if number is not None:
             out[app] = version_route(model, number)
     return out
+
+
+def declarative_refusal(model: str, sources: Mapping[str, str]) -> str | None:
+    """The one line refusing a rollout of ``model`` when one of its applications came from a Serve config
+    (``sources``: each application's origin, base/ray_private.py's serve_app_sources: ``declarative`` for
+    `serve deploy` and a RayService), whose next apply would put the old export back; None otherwise."""
+    apps = sorted(a for a, origin in sources.items() if origin == DECLARATIVE and version_of_app(model, a) is not None)
+    if not apps:
+        return None
+    return (
+        f"model {model!r} runs from a Serve config (application {apps[0]!r} was applied by `serve deploy` or a "
+        "RayService), which would put the old export back: roll it out declaratively instead: name the new export "
+        "in the config (the application's args.artifacts, as `vitdeploy serve -a NEW_EXPORT --write-config` or "
+        "--write-rayservice writes it) and apply it again (`serve deploy serve.yaml`, `kubectl apply -f` the "
+        "RayService); Ray Serve replaces the replicas itself"
+    )
 
 
 def replica_count(app: str) -> int:
@@ -115,4 +132,12 @@ def _message(status: Any) -> str:
     return "\n".join(t for t in texts if t.strip())
 
 
-__all__ = ["candidate_cpus", "free_cpus", "remove_version", "replica_count", "running_versions", "start_version"]
+__all__ = [
+    "candidate_cpus",
+    "declarative_refusal",
+    "free_cpus",
+    "remove_version",
+    "replica_count",
+    "running_versions",
+    "start_version",
+]
