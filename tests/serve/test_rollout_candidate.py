@@ -15,8 +15,18 @@ def test_a_candidate_gets_what_it_asks_when_that_much_is_free():
 def test_on_a_full_machine_it_takes_what_is_free_and_says_so():
     cpus, note = candidate_cpus(2.0, 1.37)
     assert cpus == 1.3 and "1.3 CPU is what is free" in note and "2 asked" in note
-    cpus, note = candidate_cpus(1.0, 0.0)
-    assert cpus == 0.0 and "shares their cores" in note
+
+
+def test_a_candidate_without_one_real_cpu_cannot_be_placed():
+    """No CPU of its own (less than one, or than it asked when it asked less): refused, never started to share."""
+    import pytest
+
+    from vitdeploy.base.errors import BackendError
+
+    for asked, free in ((1.0, 0.0), (2.0, 0.9), (0.5, 0.4)):
+        with pytest.raises(BackendError, match=r"cannot be placed: .* CPU is free .* needs at least"):
+            candidate_cpus(asked, free)
+    assert candidate_cpus(2.0, 1.0) == (1.0, "1 CPU is what is free beside the live replicas (2 asked)")
 
 
 def test_a_model_applied_from_a_serve_config_is_refused_in_one_line_saying_how_to_roll_it_out():

@@ -152,7 +152,8 @@ SERVE_DETAILS = RayApi(
     "ray.serve._private.client",
     "ServeControllerClient.get_serve_details",
     why="whether an application came from a Serve config (`serve deploy`, a RayService: its `source` is "
-    "declarative): `vitdeploy rollout` refuses those, which their config would put back",
+    "declarative): `vitdeploy rollout` refuses those, which their config would put back; and the live "
+    "deployment's autoscaling_config, which a promoted version takes over",
 )
 #: every entry, checked against the installed Ray by tests/base/test_ray_private.py
 APIS = (
@@ -294,15 +295,21 @@ def refresh_ray_config() -> bool:
     return True
 
 
-def serve_app_sources() -> dict[str, str]:
-    """Each Serve application's origin on this cluster (this process connected to it), ``{app: "declarative" |
-    "imperative" | "unknown"}`` as Ray's serve details say; {} where this Ray does not say (another Ray)."""
+def serve_details() -> dict[str, Any]:
+    """Ray Serve's details of this cluster (this process connected to it), as ``serve status``'s REST API gives
+    them (``applications``: each one's ``source``, its deployments' ``deployment_config``); {} where this Ray does
+    not give them (another Ray, or a controller that does not answer)."""
     try:
         client = _function(SERVE_CLIENT)()
-        details = getattr(client, SERVE_DETAILS.name.rsplit(".", 1)[1])()
-    except Exception:  # noqa: BLE001 - another Ray, or a controller that does not answer: nothing is said
+        return dict(getattr(client, SERVE_DETAILS.name.rsplit(".", 1)[1])() or {})
+    except Exception:  # noqa: BLE001 - nothing is said then: the callers go on as before
         return {}
-    apps = (details or {}).get("applications") or {}
+
+
+def serve_app_sources() -> dict[str, str]:
+    """Each Serve application's origin on this cluster, ``{app: "declarative" | "imperative" | "unknown"}``
+    (:func:`serve_details`); {} where this Ray does not say."""
+    apps = serve_details().get("applications") or {}
     return {str(name): str(getattr(app.get("source"), "value", app.get("source")) or "") for name, app in apps.items()}
 
 
@@ -344,6 +351,7 @@ __all__ = [
     "refresh_ray_config",
     "run_nowait",
     "serve_app_sources",
+    "serve_details",
     "tracing_enabled",
     "with_version",
     "wrap_grpc_handlers",

@@ -148,6 +148,7 @@ class _Rollout:
         self.known = False
         self.notes: list[str] = []
         self.faithful: dict[str, Any] = {}
+        self.deployed: tuple = ()  # the candidate's (spec, serve section, app, route, CPUs per replica)
         self.started = time.time()
 
     def run(self) -> RolloutResult:
@@ -262,6 +263,7 @@ class _Rollout:
         )
         if note:
             self.notes.append(f"v{self.version} ran with 1 replica, {cpus:g} CPU, {threads} thread(s): {note}")
+        self.deployed = (spec, served.serve, app, route, cpus)  # what a change of its replica count deploys again
         application = build_app(spec, served.serve, 1, version=self.sha[:16])
         if not self.known:  # every proxy reads the registry, which now lists the model, before a second
             # application of it appears: Ray's gRPC proxy cannot choose between two (serve/kserve_grpc.py does)
@@ -337,25 +339,75 @@ class _Rollout:
             time.sleep(POLL_S)
 
     def promote(self) -> tuple[float, float]:
-        from ...serve.rollout.candidate import remove_version, replica_count
+        from ...base.ray_private import serve_details
+        from ...serve.rollout.candidate import free_cpus, remove_version, replica_count
+        from .capacity import OLD, Scaler, live_autoscaling, room_for, scale_steps
 
         self.lease.call("phase", PROMOTING)
-        replicas = replica_count(version_app(self.model, self.live))
+        old_app, app = version_app(self.model, self.live), version_app(self.model, self.version)
+        live = max(replica_count(old_app), 1)
+        autoscaling = live_autoscaling(serve_details(), old_app)
+        steps = scale_steps(live, room_for(free_cpus(), self.deployed[4]))
+        scaler = Scaler(self._deploy, lambda: replica_count(app), self.plan.start_timeout_s)
         # the guards stop tagging copies at their next read and the copies sent finish: the swap does not
         # run on cores the shadow still takes
         time.sleep(ROUTING_TTL_S + 0.5)
+        moved = self._grow(scaler, [step.new for step in steps if step.serving == OLD][1:], 1)
         start = time.time()
         self.lease.call("promote", self.version)  # the phase is DRAINING from here
-        self.progress(f"promoting v{self.version}: unversioned requests move to it; v{self.live} drains ...")
+        self.progress(
+            f"promoting v{self.version} ({moved} of v{self.live}'s {live} replica(s)): unversioned requests move "
+            f"to it; v{self.live} drains ..."
+        )
         time.sleep(2 * ROUTING_TTL_S + 0.5)  # every guard has read the new routing: nothing new reaches the old one
-        if not remove_version(version_app(self.model, self.live), self._remove_s()):
+        if not remove_version(old_app, self._remove_s()):
             self.notes.append(f"v{self.live} was still stopping after {self._remove_s():g} s")
         else:
             self.lease.call("drop", self.live)
         end = time.time()
-        if replicas > 1:
-            self.notes.append(f"v{self.version} serves with 1 replica (v{self.live} had {replicas}): scale it")
+        grown = self._grow(scaler, list(range(moved + 1, live + 1)), moved)
+        if autoscaling:
+            self._deploy(grown, autoscaling)
+        self._capacity_notes(live, moved, grown, autoscaling)
         return start, end
+
+    def _grow(self, scaler: Any, counts: list[int], running: int) -> int:
+        """The candidate grown through ``counts``, one replica at a time, until Ray cannot place the next one
+        within the start timeout; the count it runs."""
+        for count in counts:
+            self.progress(f"scaling v{self.version} to {count} replica(s) ...")
+            if not scaler.to(count):
+                break
+            running = count
+        return running
+
+    def _deploy(self, replicas: int, autoscaling: Optional[dict[str, Any]]) -> None:
+        """The candidate's application deployed again with ``replicas`` (or the live version's ``autoscaling``),
+        with its code version: Ray Serve changes its replica count in place."""
+        from ...base.ray_private import run_nowait
+        from ...base.serving_sections import AutoscalingSection
+        from ...serve.ray_app import build_app
+        from ...serve.rollout.candidate import LOGGING
+
+        spec, sv, app, route, _ = self.deployed
+        if autoscaling:
+            keys = ("min_replicas", "max_replicas", "target_ongoing_requests")
+            sv = sv.model_copy(update={"autoscaling": AutoscalingSection(**{k: autoscaling[k] for k in keys})})
+        run_nowait(build_app(spec, sv, replicas, version=self.sha[:16]), app, route, LOGGING)
+
+    def _capacity_notes(self, live: int, moved: int, grown: int, autoscaling: Optional[dict[str, Any]]) -> None:
+        if moved < live - 1:
+            self.notes.append(
+                f"requests moved to v{self.version} with {moved} replica(s), v{self.live} had {live}: the cluster had "
+                f"room for no more beside v{self.live}"
+            )
+        if grown < live:
+            self.notes.append(f"v{self.version} serves with {grown} replica(s) (v{self.live} had {live}): add room")
+        if autoscaling:
+            self.notes.append(
+                f"v{self.version} autoscales as v{self.live} did ({autoscaling.get('min_replicas')}-"
+                f"{autoscaling.get('max_replicas')} replicas)"
+            )
 
     def roll_back(self) -> tuple[float, float]:
         from ...serve.rollout.candidate import remove_version

@@ -72,13 +72,18 @@ def free_cpus() -> float:
 
 def candidate_cpus(asked: float, free: float) -> tuple[float, str | None]:
     """The CPUs one candidate replica takes: ``asked`` (serve.num_cpus_per_replica) when that much is free, else
-    what is free (whole tenths), else none at all (it then shares the live replicas' cores); with the sentence
-    that says so, None when it got what it asked."""
+    what is free (whole tenths) when that is at least one CPU (or all it asked, if it asked less); with the
+    sentence that says so, None when it got what it asked. BackendError when less is free: it cannot be placed
+    (the rollout rolls it back at once rather than start a replica with no core of its own)."""
     if free + 1e-9 >= asked:
         return asked, None
+    need = min(asked, 1.0)
     share = math.floor(max(free, 0.0) * 10 + 1e-9) / 10
-    if share <= 0:
-        return 0.0, f"no CPU is free beside the live replicas: it shares their cores ({asked:g} asked)"
+    if share + 1e-9 < need:
+        raise BackendError(
+            f"it cannot be placed: {max(free, 0.0):g} CPU is free beside the live replicas, and a replica needs at "
+            f"least {need:g} ({asked:g} asked; free a CPU, or add a node)"
+        )
     return share, f"{share:g} CPU is what is free beside the live replicas ({asked:g} asked)"
 
 

@@ -1,0 +1,81 @@
+"""Capacity kept through a promotion (vitdeploy/client/rollout/capacity.py): the promoted version grows to the live
+version's replica count one replica at a time, requests move once it has grown as far as the cluster lets it, and
+the replicas answering clients never fall below the live count minus one where the cluster has that room; a
+replica Ray cannot place is taken back within the start timeout, never waited for. The promotion itself on Ray:
+tests/client/test_rollout_driver.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from vitdeploy.client.rollout.capacity import (
+    NEW,
+    OLD,
+    Scaler,
+    ScaleStep,
+    live_autoscaling,
+    lowest_capacity,
+    room_for,
+    scale_steps,
+)
+
+
+@pytest.mark.parametrize("live", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("room", [0, 1, 2, 3, 6, 10])
+def test_the_steps_end_at_the_live_count_one_replica_at_a_time_and_keep_capacity_where_there_is_room(live, room):
+    steps = scale_steps(live, room)
+    assert steps[0] == ScaleStep(live, 1, OLD) and steps[-1] == ScaleStep(0, live, NEW)
+    for before, after in zip(steps, steps[1:]):
+        assert after.new - before.new in (0, 1)  # grown one replica at a time, never shrunk
+        assert after.old in (before.old, 0)  # the old version goes once requests left it
+        assert not (after.serving == OLD and before.serving == NEW)  # requests move once
+        assert after.old == before.old or after.serving == NEW  # it drains only after the move
+    assert sum(1 for s in steps if s.serving == OLD and s.new > 1) <= room  # never more than the room beside it
+    if room >= live - 2:
+        assert lowest_capacity(steps) >= live - 1  # the live capacity minus one replica at most
+    assert lowest_capacity(steps) == min(live, 1 + room)  # otherwise what it is, for the note
+
+
+def test_on_a_cluster_with_room_requests_move_to_a_version_as_large_as_the_live_one():
+    assert scale_steps(3, 5) == [
+        ScaleStep(3, 1, OLD),
+        ScaleStep(3, 2, OLD),
+        ScaleStep(3, 3, OLD),
+        ScaleStep(3, 3, NEW),
+        ScaleStep(0, 3, NEW),
+    ]
+    assert scale_steps(3, 1)[-3:] == [
+        ScaleStep(3, 2, NEW),
+        ScaleStep(0, 2, NEW),
+        ScaleStep(0, 3, NEW),
+    ]  # a full cluster
+
+
+def test_room_counts_whole_replicas_of_the_candidates_cpus():
+    assert room_for(3.0, 1.0) == 3 and room_for(2.9, 1.0) == 2 and room_for(1.0, 0.5) == 2
+    assert room_for(0.0, 1.0) == 0 and room_for(-1.0, 1.0) == 0 and room_for(0.0, 0.0) > 100
+
+
+def test_the_live_versions_autoscaling_is_read_from_serves_details():
+    auto = {"min_replicas": 2, "max_replicas": 6, "target_ongoing_requests": 8.0}
+    details = {
+        "applications": {
+            "vit": {"deployments": {"ViTClassifier": {"deployment_config": {"autoscaling_config": auto}}}},
+            "vit@v2": {"deployments": {"ViTClassifier": {"deployment_config": {"num_replicas": 1}}}},
+        }
+    }
+    assert live_autoscaling(details, "vit") == auto
+    assert live_autoscaling(details, "vit@v2") is None and live_autoscaling({}, "vit") is None
+
+
+def test_a_replica_ray_cannot_place_is_taken_back_within_the_time_limit():
+    deployed: list[int] = []
+    placeable = 2
+
+    def deploy(replicas, autoscaling):
+        deployed.append(replicas)
+
+    scaler = Scaler(deploy, lambda: min(deployed[-1], placeable), timeout_s=0.2)
+    assert scaler.to(2) and deployed == [2]
+    assert not scaler.to(3)  # Ray cannot place the third: back to the two that run
+    assert deployed == [2, 3, 2]
