@@ -415,3 +415,17 @@ def _b64(blob: bytes) -> str:
     import base64
 
     return base64.b64encode(blob).decode()
+
+
+def test_ray_says_the_served_model_was_not_applied_from_a_config_and_gives_its_deployment(server):
+    """What the rollout reads of Ray Serve's details on a real Ray: `vitdeploy serve`'s application is imperative
+    (not refused as a config's), and its deployment's configuration is there (its autoscaling, when it has one)."""
+    from vitdeploy.base.ray_private import serve_app_sources, serve_details
+    from vitdeploy.client.rollout.capacity import live_autoscaling
+
+    sources = serve_app_sources()
+    assert sources and all(origin == "imperative" for origin in sources.values()), sources
+    details = serve_details()
+    app = next(iter(sources))
+    (deployment,) = details["applications"][app]["deployments"].values()
+    assert deployment["deployment_config"] and live_autoscaling(details, app) is None

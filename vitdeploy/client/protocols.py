@@ -295,6 +295,8 @@ def live_version(target: Target, model: str) -> tuple[Optional[str], str]:
     metadata lists several versions (a rollout put one beside the other; serve/rollout/routes.py), judged by who
     answers its unversioned statistics; ``(None, "")`` with one version or none stated (nothing to pin), and
     ``(None, why)`` when several are listed but which one is live cannot be told."""
+    if "/versions/" in model:  # the caller named a version already (`rollout`'s check of its candidate)
+        return None, ""
     status, meta = model_document(target, model, "metadata", timeout_s=10)
     versions = [str(v) for v in (meta.get("versions") or [])] if status in OK and isinstance(meta, dict) else []
     if len(versions) < 2:
