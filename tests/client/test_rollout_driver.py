@@ -39,6 +39,7 @@ from helpers.tiny_export import PREPROCESS, file_entry  # noqa: E402
 
 from vitdeploy.base.config import parse_config  # noqa: E402
 from vitdeploy.base.ray_join import init_ray  # noqa: E402
+from vitdeploy.client.protocols import PREDICT, Target, live_version  # noqa: E402
 from vitdeploy.client.rollout.driver import RolloutPlan, run_rollout  # noqa: E402
 from vitdeploy.runtime.backends.base import BackendOptions  # noqa: E402
 from vitdeploy.serve.rollout.registry import PROMOTED, ROLLED_BACK  # noqa: E402
@@ -191,6 +192,8 @@ def test_a_reexport_is_shadowed_then_promoted_without_a_failed_request(server, t
             doc = {"inputs": [{"name": "IMAGES", "datatype": "BYTES", "shape": [1], "data": [_b64(images[0])]}]}
             seen["direct"] = httpx.post(f"{url}/v2/models/{MODEL}/versions/2/infer", json=doc).json()
             seen["live"] = httpx.post(f"{url}/v2/models/{MODEL}/infer", json=doc).json()
+            seen["pinned"] = live_version(Target(url, PREDICT, MODEL), MODEL)  # what `validate --url` judges
+            seen["v1_predict"] = httpx.post(f"{url}/v2/models/{MODEL}/versions/1/predict", content=images[0])
 
     export = _copy(tiny_artifacts(seed=0), server["folder"] / "reexport")
     (result, lines), answers = _under_load(server, images, lambda: _rollout(server, export, beside))
@@ -201,6 +204,8 @@ def test_a_reexport_is_shadowed_then_promoted_without_a_failed_request(server, t
     assert any(line.startswith("checking v2 against its export's eager answers (6 images)") for line in lines)
     assert seen["meta"]["versions"] == ["1", "2"]
     assert seen["direct"]["model_version"] == "2" and seen["live"]["model_version"] == "1"
+    assert seen["pinned"][0] == "1" and "judged version 1 of model tiny" in seen["pinned"][1], seen["pinned"]
+    assert seen["v1_predict"].status_code == 200 and seen["v1_predict"].json()[0]["label"] == expected[0]
     _check(answers, expected, {"1", "2"})
     after = [a for a in answers if a.version and a.at > result.window[1]]
     assert after and {a.version for a in after} == {"2"}, "unversioned requests did not move to v2"
