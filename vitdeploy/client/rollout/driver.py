@@ -392,7 +392,8 @@ class _Rollout:
         spec, sv, app, route, _ = self.deployed
         if autoscaling:
             keys = ("min_replicas", "max_replicas", "target_ongoing_requests")
-            sv = sv.model_copy(update={"autoscaling": AutoscalingSection(**{k: autoscaling[k] for k in keys})})
+            given = {k: autoscaling[k] for k in keys if autoscaling.get(k) is not None}  # else the section's own
+            sv = sv.model_copy(update={"autoscaling": AutoscalingSection(**given)})
         run_nowait(build_app(spec, sv, replicas, version=self.sha[:16]), app, route, LOGGING)
 
     def _capacity_notes(self, live: int, moved: int, grown: int, autoscaling: Optional[dict[str, Any]]) -> None:
