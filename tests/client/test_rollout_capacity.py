@@ -79,3 +79,70 @@ def test_a_replica_ray_cannot_place_is_taken_back_within_the_time_limit():
     assert scaler.to(2) and deployed == [2]
     assert not scaler.to(3)  # Ray cannot place the third: back to the two that run
     assert deployed == [2, 3, 2]
+
+
+class _Lease:
+    def __init__(self, events):
+        self.events = events
+
+    def call(self, method, *args):
+        self.events.append((method, *args))
+
+
+@pytest.mark.parametrize(
+    "live, free, placeable, autoscaling, expected",
+    [
+        # room for two more: grown to 3 beside the old version, then requests move, then the old goes
+        (3, 2.0, 9, None, [("deploy", 2), ("deploy", 3), ("promote", 2), ("remove", "m"), ("drop", 1)]),
+        # a full cluster (room for one more): 2 answer after the move, 3 once the old one left room
+        (3, 1.0, 9, None, [("deploy", 2), ("promote", 2), ("remove", "m"), ("drop", 1), ("deploy", 3)]),
+        # Ray could place fewer than the free CPUs said: the one it cannot is taken back, said in a note
+        (3, 2.0, 2, None, [("deploy", 2), ("deploy", 3), ("deploy", 2), ("promote", 2), ("remove", "m")]),
+        # the live version autoscaled: the promoted one takes its settings once grown
+        (2, 1.0, 9, {"min_replicas": 1, "max_replicas": 5, "target_ongoing_requests": 4.0}, [("deploy", 2)]),
+    ],
+)
+def test_the_promotion_grows_the_candidate_before_the_move_and_after_the_old_version_left(
+    monkeypatch, live, free, placeable, autoscaling, expected
+):
+    """The driver's promotion on fakes of Ray: the order of what it deploys, moves and removes."""
+    from vitdeploy.client.rollout import driver
+    from vitdeploy.serve.rollout import candidate
+
+    events: list = []
+    state = {"new": 1, "placed": 1}
+    monkeypatch.setattr(driver.time, "sleep", lambda s: None)
+    monkeypatch.setattr(candidate, "free_cpus", lambda: free)
+    monkeypatch.setattr(candidate, "replica_count", lambda app: live if app == "m" else state["placed"])
+
+    def remove_version(app, timeout_s):
+        events.append(("remove", app))
+        return True
+
+    monkeypatch.setattr(candidate, "remove_version", remove_version)
+    details = {
+        "applications": {"m": {"deployments": {"d": {"deployment_config": {"autoscaling_config": autoscaling}}}}}
+    }
+    monkeypatch.setattr("vitdeploy.base.ray_private.serve_details", lambda: details)
+
+    rollout = driver._Rollout.__new__(driver._Rollout)
+    rollout.model, rollout.version, rollout.live, rollout.notes = "m", 2, 1, []
+    rollout.deployed = (None, None, "m@v2", "/v2/models/m/versions/2", 1.0)
+    rollout.plan = driver.RolloutPlan("http://x", "e", start_timeout_s=0.05)
+    rollout.cfg = type("Cfg", (), {"serve": type("Sv", (), {"graceful_shutdown_timeout_s": 1})()})()
+    rollout.lease, rollout.progress = _Lease(events), lambda line: None
+
+    def deploy(replicas, auto):
+        events.append(("deploy", replicas) if not auto else ("autoscale", auto["max_replicas"]))
+        state["placed"] = min(replicas, placeable)
+
+    monkeypatch.setattr(rollout, "_deploy", deploy)
+    rollout.promote()
+    moves = [e for e in events if e[0] != "phase"]
+    assert moves[: len(expected)] == expected, moves
+    if autoscaling:
+        assert moves[-1] == ("autoscale", 5) and any("autoscales as v1 did (1-5" in n for n in rollout.notes)
+    if placeable < live:
+        assert any("serves with 2 replica(s) (v1 had 3)" in n for n in rollout.notes), rollout.notes
+    elif not autoscaling:
+        assert state["placed"] == live and not rollout.notes
