@@ -23,6 +23,9 @@ from vitdeploy.serve.triton.local import free_port
 
 START_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 120
+#: What a test server with serve.grpc_port and no token passes: Ray's gRPC proxy listens on every interface without
+#: TLS (serve/exposure.py), which `vitdeploy serve` allows only when told (a token server passes --allow-insecure)
+GRPC_WITHOUT_TOKEN = ("--allow-unauthenticated", "--allow-insecure")
 
 
 def serve_env() -> dict[str, str]:

@@ -293,6 +293,7 @@ def test_the_written_config_runs_on_ray_as_a_third_model(cluster, image):
             "--write-rayservice",
             str(folder / "rayservice.yaml"),
             "--allow-unauthenticated",  # a RayService listens on 0.0.0.0 (the token: test_ray_app_auth.py)
+            "--allow-insecure",  # and serves plain HTTP (HTTPS: test_tls.py)
         ],
         capture_output=True,
         text=True,

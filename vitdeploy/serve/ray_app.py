@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -74,7 +74,7 @@ class ReplicaSpec:
     max_request_bytes: int
     num_cpus: float = 1.0
     name: str = ""
-    token_digest: Optional[str] = None  # the serve token's SHA-256 (serve/auth.py); None: no token
+    token_digest: Optional[str] = field(default=None, repr=False)  # the serve token's SHA-256; None: no token
     stage_timing: bool = True  # Server-Timing on every answer and the stage histograms (serve.stage_timing)
     version: str = protocol.MODEL_VERSION  # the model's version this deployment is (`vitdeploy rollout`: 2, 3...)
 

@@ -63,7 +63,7 @@ class RolloutPlan:
     timeout_s: float = 600.0  # a count not reached within this long: not enough traffic to judge, rolled back
     start_timeout_s: float = 300.0
     max_slowdown: Optional[float] = None
-    token: Optional[str] = None
+    token: Optional[str] = field(default=None, repr=False)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
@@ -28,8 +28,8 @@ class Server:
 
     url: str
     model: str
-    token: Optional[str]
-    token_digest: Optional[str]
+    token: Optional[str] = field(repr=False)
+    token_digest: Optional[str] = field(repr=False)
     metadata: dict[str, Any]
 
     def headers(self) -> dict[str, str]:
