@@ -81,7 +81,7 @@ class Server:
         self.ray_tmp = tempfile.mkdtemp(prefix="vdbro", dir="/tmp")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_TMPDIR": self.ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
         cmd = [sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(artifacts), "-b", "ort"]
-        cmd += ["--port", str(port), "-c", str(config)]
+        cmd += ["--port", str(port), "-c", str(config), "--allow-unauthenticated"]  # RAY_AUTH_MODE disabled above
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
         self.lines: list[str] = []
         for line in self.proc.stderr:  # type: ignore[union-attr]

@@ -5,7 +5,8 @@
 printed its "Ctrl-C to stop" line, or fails the test with the last lines it printed; ``stop()`` sends
 SIGTERM and returns the exit status (killed after ``timeout_s``). Its environment is the test process's
 at start (so a fixture's RAY_TMPDIR reaches it), one OpenMP thread, no usage stats, no Ray token, and
-``env`` on top.
+``env`` on top. Without Ray's token authentication (``RAY_AUTH_MODE`` other than ``token``) it passes
+``--allow-unauthenticated``: Ray Serve's replicas listen on every interface (serve/exposure.py).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from vitdeploy.serve.triton.local import free_port
 
 START_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 120
-#: What a test server with serve.grpc_port and no token passes: Ray's gRPC proxy listens on every interface without
-#: TLS (serve/exposure.py), which `vitdeploy serve` allows only when told (a token server passes --allow-insecure)
+#: What a test server with serve.grpc_port passes: Ray's gRPC proxy listens on every interface without TLS
+#: (serve/exposure.py), which `vitdeploy serve` allows only when told (and without a serve token, only with
+#: --allow-unauthenticated, which ServeProcess passes anyway while Ray's token authentication is off)
 GRPC_WITHOUT_TOKEN = ("--allow-unauthenticated", "--allow-insecure")
 
 
@@ -52,13 +54,16 @@ class ServeProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.lines: list[str] = []
         self._ready = threading.Event()
+        env = {**serve_env(), **(env or {})}
+        if env.get("RAY_AUTH_MODE") != "token":  # Ray's replicas, on every interface, need no Ray token then
+            more = (*more, "--allow-unauthenticated")
         args = ["serve", "-a", str(artifacts), "-b", "ort", "--port", str(self.port), "-c", str(config), *more]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "vitdeploy.cli", *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env={**serve_env(), **(env or {})},
+            env=env,
         )
         threading.Thread(target=self._pump, daemon=True).start()
         started = self._ready.wait(start_timeout_s) and self.proc.poll() is None

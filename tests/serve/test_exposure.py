@@ -10,23 +10,30 @@ import pytest
 from vitdeploy.base.config import parse_config
 from vitdeploy.base.errors import ConfigError
 from vitdeploy.serve.auth import TOKEN_ENV
-from vitdeploy.serve.exposure import Exposure, listeners, serve_token
+from vitdeploy.serve.exposure import RAY_AUTH_MODE_ENV, REPLICAS, Exposure, listeners, serve_token
 
 TOKEN = "exposure-tests-serve-token-0123456789"
 OPEN = "lets anyone who reaches the port call the model"
 CLEAR = "would send the serve token in clear text over plain HTTP"
 PLAIN = "serves plain HTTP to the network"
 RS = "the RayService (0.0.0.0)"
+LOCAL = {"the local Ray": False, REPLICAS: True}  # Ray Serve binds each replica's gRPC server on every interface
+
+
+@pytest.fixture(autouse=True)
+def ray_token_auth(monkeypatch):
+    """A Ray of our own as Ray 2.60 starts one: with its token authentication (the tests' conftest turns it off)."""
+    monkeypatch.delenv(RAY_AUTH_MODE_ENV, raising=False)
 
 
 @pytest.mark.parametrize(
     "host, written, exposed",
     [
-        ("127.0.0.1", {}, {"HTTP": False, "the local Ray": False}),
-        ("localhost", {}, {"HTTP": False, "the local Ray": False}),
-        ("::1", {}, {"HTTP": False, "the local Ray": False}),
-        ("0.0.0.0", {}, {"HTTP": True, "the local Ray": False}),  # Ray stays on loopback (serve.metrics_host)
-        ("10.1.2.3", {}, {"HTTP": True, "the local Ray": False}),
+        ("127.0.0.1", {}, {"HTTP": False, **LOCAL}),
+        ("localhost", {}, {"HTTP": False, **LOCAL}),
+        ("::1", {}, {"HTTP": False, **LOCAL}),
+        ("0.0.0.0", {}, {"HTTP": True, **LOCAL}),  # Ray stays on loopback (serve.metrics_host)
+        ("10.1.2.3", {}, {"HTTP": True, **LOCAL}),
         ("127.0.0.1", {"address": "auto"}, {"HTTP": False}),  # a cluster joined: its Ray is its owner's
         ("127.0.0.1", {"write_config": True}, {"HTTP": False}),  # a Serve config runs where --host says
         ("127.0.0.1", {"write_rayservice": True}, {"HTTP": True}),  # a RayService's pods listen on 0.0.0.0
@@ -116,3 +123,24 @@ def test_with_tls_the_token_may_travel_except_over_grpc(tmp_path, monkeypatch):
     missing = parse_config({"serve": {"tls": {"certfile": "cert.pem", "keyfile": "nope.pem"}}}, tmp_path / "p.yaml")
     with pytest.raises(ConfigError, match="serve.tls.keyfile: .*nope.pem is not a file"):
         serve_token(missing, Exposure("127.0.0.1"))  # the files are read even where no token travels
+
+
+def test_the_replicas_on_every_interface_need_rays_token_and_no_tls_no_caller_of_ours_being_remote(monkeypatch):
+    """Ray Serve 2.60 binds each replica's inter-deployment gRPC server to [::]:0 and unpickles what it gets: with
+    Ray's token authentication off (RAY_AUTH_MODE=disabled) anyone who reaches it runs code in the replica."""
+    import inspect
+
+    pytest.importorskip("ray.serve")
+    from ray.serve._private import replica
+
+    assert 'add_port_to_grpc_server(self._server, "[::]:0")' in inspect.getsource(replica)
+    cfg = parse_config({}, None)
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    found = {x.what: x for x in listeners(cfg, Exposure("127.0.0.1"), token=False)}
+    assert found[REPLICAS].exposed and found[REPLICAS].token and not found[REPLICAS].tls
+    assert serve_token(cfg, Exposure("127.0.0.1")) is None  # Ray's token guards them; none of ours calls from afar
+    monkeypatch.setenv(RAY_AUTH_MODE_ENV, "disabled")
+    with pytest.raises(ConfigError, match=rf"^RAY_AUTH_MODE=disabled: {REPLICAS} listen on every interface"):
+        serve_token(cfg, Exposure("127.0.0.1"))
+    assert serve_token(cfg, Exposure("127.0.0.1", allow_unauthenticated=True)) is None
+    assert serve_token(cfg, Exposure("127.0.0.1", address="auto")) is None  # a cluster's replicas are its owner's

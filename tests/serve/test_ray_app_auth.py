@@ -40,7 +40,9 @@ APP = "vit-demo-digits"
 #: the trace collector's credentials, planted where a careless server would copy them
 OTLP_PASSWORD = "planted-otlp-password-5b1e"
 OTLP_HEADER = "planted-otlp-header-9c4d"
-SECRETS = (TOKEN, OTLP_PASSWORD, OTLP_HEADER)
+#: Ray's own cluster token: this server runs with Ray's token authentication on, as a Ray of our own does by default
+RAY_TOKEN = "ab12" * 16
+SECRETS = (TOKEN, OTLP_PASSWORD, OTLP_HEADER, RAY_TOKEN)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +74,8 @@ def server(demo_artifacts, tmp_path_factory, otlp):
         "OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint.replace("://", f"://collector:{OTLP_PASSWORD}@"),
         "OTEL_EXPORTER_OTLP_HEADERS": f"x-collector-key={OTLP_HEADER}",
         "OTEL_BSP_SCHEDULE_DELAY": "50",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": RAY_TOKEN,
     }
     proc = ServeProcess(demo_artifacts, cfg, "--allow-insecure", env=env)  # gRPC: no TLS in Ray Serve
     try:
@@ -174,34 +178,52 @@ def test_tritonclient_passes_the_token_with_headers(server, image):
         client.close()
 
 
-def test_every_port_the_server_opened_is_on_loopback_but_grpc_which_needs_the_token(server, image):
-    """The sockets of the server's whole process tree (Ray's GCS, raylet, agents, workers, the proxies): on loopback,
-    but the gRPC proxy's, which Ray binds on every interface, as the startup line says; from this machine's network
-    address the gRPC port answers only with the token, and the HTTPS port is not there."""
-    import grpc
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
+def _infer_request(image: bytes):
+    from tritonclient.grpc import service_pb2
 
-    sockets = listening(server["proc"].proc.pid)
-    assert {s.port for s in sockets} >= {server["proc"].port, server["grpc_port"]}, sockets
-    assert [s for s in sockets if not s.loopback and s.port != server["grpc_port"]] == [], sockets
-    text = "\n".join(server["proc"].lines)
-    assert f"gRPC:  [::]:{server['grpc_port']}, every interface: a token, no TLS" in text
-    assert f"HTTPS: 127.0.0.1:{server['proc'].port}, this machine only" in text
-    assert "Ray's ports: 127.0.0.1:" in text and "Ray at 127.0.0.1:" in text
-    address = network_address()
-    if address is None:
-        pytest.skip("this machine has no address beyond loopback to call from")
     request = service_pb2.ModelInferRequest(model_name=APP)
     tensor = request.inputs.add()
     tensor.name, tensor.datatype = "IMAGES", "BYTES"
     tensor.shape.append(1)
     request.raw_input_contents.append(len(image).to_bytes(4, "little") + image)
+    return request
+
+
+def test_every_port_the_server_opened_is_on_loopback_or_needs_a_token_from_another_interface(server, image):
+    """The sockets of the server's whole process tree (Ray's GCS, raylet, agents, workers, the proxies): on loopback,
+    but the gRPC proxy's and each replica's inter-deployment gRPC server, which Ray binds on every interface, as the
+    startup lines say. From this machine's network address each of those answers only with a token (the serve
+    token, Ray's), and the HTTPS port is not there."""
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    sockets = listening(server["proc"].proc.pid)
+    assert {s.port for s in sockets} >= {server["proc"].port, server["grpc_port"]}, sockets
+    exposed = [s for s in sockets if not s.loopback]
+    replicas = {s.port for s in exposed if s.command.startswith("ray::ServeReplica")}
+    assert replicas and {s.port for s in exposed} == {server["grpc_port"], *replicas}, sockets
+    assert all(s.host == "::" for s in exposed), exposed
+    text = "\n".join(server["proc"].lines)
+    assert f"gRPC:  [::]:{server['grpc_port']}, every interface: a token, no TLS" in text
+    assert "replicas: [::]:<a port each>, every interface: Ray's token, no TLS" in text
+    assert f"HTTPS: 127.0.0.1:{server['proc'].port}, this machine only" in text
+    assert "Ray's ports: 127.0.0.1:" in text and "Ray at 127.0.0.1:" in text
+    address = network_address()
+    if address is None:
+        pytest.skip("this machine has no address beyond loopback to call from")
     with grpc.insecure_channel(f"{address}:{server['grpc_port']}") as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         with pytest.raises(grpc.RpcError) as refused:
-            stub.ModelInfer(request, timeout=60)
+            stub.ModelInfer(_infer_request(image), timeout=60)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert stub.ModelInfer(request, metadata=[("authorization", f"Bearer {TOKEN}")], timeout=60).outputs
+        auth = [("authorization", f"Bearer {TOKEN}")]
+        assert stub.ModelInfer(_infer_request(image), metadata=auth, timeout=60).outputs
+    for port in replicas:  # Ray's interceptor refuses before anything is unpickled
+        with grpc.insecure_channel(f"{address}:{port}") as channel:
+            call = channel.unary_unary("/ray.serve.ASGIService/HandleRequest")
+            with pytest.raises(grpc.RpcError) as refused:
+                call(b"", timeout=30)  # an empty ASGIRequest: refused before its (empty) pickle is read
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, (port, refused.value)
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"https://{address}:{server['proc'].port}/v2/health/live", verify=False, timeout=10)
 
@@ -271,13 +293,9 @@ def test_https_is_verified_by_curl_and_plain_http_gets_no_answer(server, image):
 
 def test_grpc_answers_carry_server_timing_as_trailing_metadata(server, image):
     import grpc
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
+    from tritonclient.grpc import service_pb2_grpc
 
-    request = service_pb2.ModelInferRequest(model_name=APP)
-    tensor = request.inputs.add()
-    tensor.name, tensor.datatype = "IMAGES", "BYTES"
-    tensor.shape.append(1)
-    request.raw_input_contents.append(len(image).to_bytes(4, "little") + image)
+    request = _infer_request(image)
     with grpc.insecure_channel(server["grpc"]) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         response, call = stub.ModelInfer.with_call(

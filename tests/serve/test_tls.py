@@ -26,6 +26,13 @@ def certs(tmp_path):
     return make_certs(tmp_path)
 
 
+@pytest.fixture(autouse=True)
+def ray_token_auth(monkeypatch):
+    """A Ray of our own as Ray 2.60 starts one, with its token authentication (the tests' conftest turns it off):
+    its replicas' gRPC servers are then no refusal of their own (test_exposure.py)."""
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+
+
 def _pipeline(folder, serve: str) -> str:
     path = folder / "pipeline.yaml"
     path.write_text(f"serve: {{{serve}}}\n")

@@ -9,7 +9,12 @@ anything starts.
   ``add_insecure_port("[::]:<port>")``): it is always exposed, never encrypted;
 * the local Ray (``vitdeploy serve`` without ``--address``): its GCS, raylet, workers and Prometheus metrics
   (``serve.metrics_port``) on 127.0.0.1 (:func:`keep_ray_on_loopback`), unless both ``--host`` and
-  ``serve.metrics_host`` are network addresses; its metrics port has no token and no TLS.
+  ``serve.metrics_host`` are network addresses; its metrics port has no token and no TLS;
+* the local Ray's Serve replicas: each one's inter-deployment gRPC server, which Ray Serve 2.60 binds to every
+  interface on a port of its own (``replica.py``: ``add_port_to_grpc_server(server, "[::]:0")``) and which unpickles
+  what it is sent: guarded by Ray's token authentication (on unless ``RAY_AUTH_MODE`` says otherwise), TLS only with
+  ``RAY_USE_TLS``. No caller of ours reaches it from another machine (the proxy calls it over loopback), so only
+  its token is required. On a cluster joined with ``--address`` both are its owner's (Ray's token, Ray's TLS).
 
 A port beyond loopback (exposed) needs a serve token (``VITDEPLOY_SERVE_TOKEN`` or ``serve.token_file``) unless
 ``--allow-unauthenticated``, and TLS (``serve.tls``) unless ``--allow-insecure`` (a TLS-terminating ingress or load
@@ -39,6 +44,11 @@ GRPC_WHY = "Ray Serve's gRPC proxy listens on every interface whatever --host sa
 #: raylet, agents and metrics then listen on every interface; with this variable "0" it keeps 127.0.0.1 (as on
 #: macOS and Windows) and every one of its ports binds loopback.
 RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+#: Ray's token authentication: on for a Ray of our own unless this says another mode than "token"
+#: (ray/_private/authentication/authentication_token_setup.py: enable_token_auth_by_default)
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+RAY_TLS_ENV = "RAY_USE_TLS"
+REPLICAS = "Ray Serve's replicas"
 MAKE_TOKEN = "set VITDEPLOY_SERVE_TOKEN (or serve.token_file) to require a token"
 TLS_FRONT = "when a TLS-terminating ingress or load balancer is in front"
 
@@ -66,12 +76,13 @@ class Listener:
     """One port the server opens: what it is, the option that opened it (``where``), the address it binds, and
     whether a caller there needs the serve token and speaks TLS."""
 
-    what: str  # "HTTP", "gRPC", "the local Ray"
+    what: str  # "HTTP", "gRPC", "the local Ray", REPLICAS
     where: str  # what a refusal names: "--host 0.0.0.0", "serve.grpc_port 9001", RAYSERVICE ...
     host: str
-    port: int
+    port: int  # 0: a port each (Ray Serve's replicas)
     token: bool
     tls: bool
+    remote_callers: bool = True  # False: no caller of ours reaches it from another machine, so none needs TLS
 
     @property
     def exposed(self) -> bool:
@@ -81,7 +92,7 @@ class Listener:
     @property
     def address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host and not self.host.startswith("[") else self.host
-        return f"{host}:{self.port}"
+        return f"{host}:{self.port or '<a port each>'}"
 
     def shown(self) -> str:
         """The address it binds and who may reach it, as the startup lines say it."""
@@ -115,7 +126,17 @@ def listeners(cfg: Any, exposure: Exposure, token: bool) -> list[Listener]:
         node = ray_node_host(exposure.host, sv.metrics_host)
         where = f"serve.metrics_host {sv.metrics_host}"
         found.append(Listener("the local Ray", where, node, sv.metrics_port, False, False))
+        mode = os.environ.get(RAY_AUTH_MODE_ENV)
+        tls_on = os.environ.get(RAY_TLS_ENV, "0").strip().lower() in ("1", "true")
+        where = f"{RAY_AUTH_MODE_ENV}={mode}"
+        found.append(Listener(REPLICAS, where, GRPC_BIND, 0, ray_token_auth(), tls_on, remote_callers=False))
     return found
+
+
+def ray_token_auth() -> bool:
+    """Whether a Ray of our own requires its cluster token on every gRPC server (the replicas' among them)."""
+    mode = os.environ.get(RAY_AUTH_MODE_ENV)
+    return mode is None or mode.strip().lower() == "token"
 
 
 def _refusals(listener: Listener) -> tuple[str, str]:
@@ -130,6 +151,17 @@ def _refusals(listener: Listener) -> tuple[str, str]:
             f"{listener.where}: {GRPC_WHY} ({at}), so "
             + ("the serve token" if token else "every request")
             + f" would travel in clear text: unset serve.grpc_port, or pass --allow-insecure {TLS_FRONT}",
+        )
+    if listener.what == REPLICAS:
+        replicas = (
+            f"{listener.where}: {REPLICAS} listen on every interface ({listener.address}, whatever --host says) for "
+            f"inter-deployment calls, which without Ray's token authentication anyone who reaches them may make "
+            f"(what they send is unpickled: code run in the replica)"
+        )
+        return (
+            f"{replicas}: unset {RAY_AUTH_MODE_ENV} (Ray then requires its cluster token), or pass "
+            f"--allow-unauthenticated when only machines you trust reach this one",
+            f"{replicas}: set {RAY_TLS_ENV}=1 (Ray's TLS), or pass --allow-insecure",
         )
     if listener.what == "the local Ray":
         ray = (
@@ -160,7 +192,7 @@ def check_listeners(found: list[Listener], allow_unauthenticated: bool, allow_in
         no_token, no_tls = _refusals(listener)
         if not listener.token and not allow_unauthenticated:
             raise ConfigError(no_token)
-        if not listener.tls and not allow_insecure:
+        if not listener.tls and listener.remote_callers and not allow_insecure:
             raise ConfigError(no_tls)
 
 
@@ -199,10 +231,12 @@ __all__ = [
     "LOOPBACK",
     "Listener",
     "RAYSERVICE",
+    "REPLICAS",
     "check_listeners",
     "check_ray_node",
     "keep_ray_on_loopback",
     "listeners",
     "ray_node_host",
+    "ray_token_auth",
     "serve_token",
 ]

@@ -119,6 +119,9 @@ def ready_lines(cfg: Any, settings: ServeSettings, name: str) -> list[str]:
     if "the local Ray" in others:
         ray = others["the local Ray"]
         lines.append(f"metrics: http://{ray.address}/metrics (Prometheus, ray_serve_*); Ray's ports: {ray.shown()}")
+    if exposure.REPLICAS in others:  # its token is Ray's own (RAY_AUTH_MODE), not the serve token
+        replicas = others[exposure.REPLICAS].shown().replace("a token", "Ray's token")
+        lines.append(f"replicas: {replicas} (Ray Serve's inter-deployment gRPC, called over loopback here)")
     lines.append("Ctrl-C or SIGTERM drains in-flight requests and stops")
     return lines
 
