@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from vitdeploy.base import ray_loopback  # noqa: E402
 from vitdeploy.base.machine import cpu_model  # noqa: E402
 
 # a private Ray on loopback: the server and this process agree on its authentication, whatever token another
@@ -154,6 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"machine": cpu_model(), "cores": os.cpu_count(), "load_before": loadavg()}
     server = Server(demo, config, free_port())
     try:
+        ray_loopback.for_address(server.gcs)  # the server's Ray is on loopback: joined there
         ray.init(address=server.gcs, logging_level="WARNING", log_to_driver=False)
         from vitdeploy.tune.clients import PREDICT, Target, open_client
 

@@ -2,8 +2,9 @@
 
 Ports, decided before anything starts (vitdeploy/serve/exposure.py; the sockets a real server opens and calls to
 them from another interface: test_ray_app_auth.py): the gRPC proxy that Ray binds on every interface whatever
-``--host`` says, hosts that only look local, the local Ray's node and metrics, Ray Serve's replicas with Ray's
-token authentication off, the RayService, the startup lines that must name the real bind address.
+``--host`` says, hosts that only look local, the local Ray's node and metrics (kept on loopback:
+tests/base/test_ray_loopback.py), Ray Serve's replicas with Ray's token authentication off, the RayService, the
+startup lines that must name the real bind address.
 
 Written files and printed lines: every file `export`, `report`, `triton-repo` and `serve --write-config /
 --write-rayservice` write, and everything they print, scanned for planted secrets (a serve token, a user:password
@@ -21,7 +22,7 @@ import pytest
 from click.testing import CliRunner
 
 from vitdeploy.base.config import parse_config
-from vitdeploy.base.errors import BackendError, ConfigError
+from vitdeploy.base.errors import ConfigError
 from vitdeploy.cli import main
 from vitdeploy.serve import exposure
 from vitdeploy.serve.auth import TOKEN_ENV, digest
@@ -133,25 +134,6 @@ def test_the_rayservice_is_judged_on_0000_whatever_host_says(tmp_path, tiny_arti
     assert res.exit_code == 2 and "the RayService (0.0.0.0) lets anyone" in res.output and not out.exists()
     res = _cli(["serve", "-a", str(tiny_artifacts()), "--write-rayservice", str(out), "--allow-unauthenticated"])
     assert res.exit_code == 2 and "the RayService (0.0.0.0) serves plain HTTP" in res.output and not out.exists()
-
-
-def test_the_local_ray_is_kept_on_loopback_and_checked(monkeypatch):
-    """Ray 2.60 swaps a loopback node address for the machine's and then listens on every interface: the variable
-    that keeps 127.0.0.1 is set (and Ray's constant, where Ray is already imported); a node that took another
-    address anyway stops the server."""
-    monkeypatch.delenv(exposure.RAY_CLUSTER_ENV, raising=False)
-    constants = pytest.importorskip("ray._private.ray_constants")
-    monkeypatch.setattr(constants, "ENABLE_RAY_CLUSTER", True)
-    exposure.keep_ray_on_loopback()
-    import os
-
-    assert os.environ[exposure.RAY_CLUSTER_ENV] == "0" and constants.ENABLE_RAY_CLUSTER is False
-    from ray._private import services
-
-    assert services.resolve_ip_for_localhost("127.0.0.1") == "127.0.0.1"
-    exposure.check_ray_node("127.0.0.1")
-    with pytest.raises(BackendError, match="took the address 192.0.2.2 instead of 127.0.0.1"):
-        exposure.check_ray_node("192.0.2.2")
 
 
 # ------------------------------------------------------------------------------------------ written files

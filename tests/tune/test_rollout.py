@@ -34,6 +34,7 @@ from helpers.held import processes  # noqa: E402
 from helpers.serve_process import GRPC_WITHOUT_TOKEN, ServeProcess, free_port, leave_ray, serve_env  # noqa: E402
 from helpers.tiny_export import file_entry  # noqa: E402
 
+from vitdeploy.base import ray_loopback  # noqa: E402
 from vitdeploy.base.config import parse_config  # noqa: E402
 from vitdeploy.runtime.backends.base import BackendOptions  # noqa: E402
 from vitdeploy.tune.rollout import PROMOTED, ROLLED_BACK, RolloutPlan, run_rollout  # noqa: E402
@@ -93,6 +94,7 @@ def server(tiny_artifacts, tmp_path_factory):
     proc = ServeProcess(tiny_artifacts(seed=0), cfg, *GRPC_WITHOUT_TOKEN, env={"RAY_TMPDIR": str(ray_tmp)})
     try:
         gcs = next(line.split()[2].rstrip(":") for line in proc.lines if line.startswith("Ray at "))
+        ray_loopback.for_address(gcs)  # the server's Ray is on loopback: joined there
         ray.init(address=gcs, logging_level="WARNING")
         yield {"url": proc.url, "grpc": f"127.0.0.1:{grpc_port}", "gcs": gcs, "folder": folder, "proc": proc}
     finally:

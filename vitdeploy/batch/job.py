@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ..base import ray_loopback
 from ..base._deps import require
 from ..base.config import BatchSection
 from ..base.errors import InputError, VitDeployError
@@ -210,6 +211,7 @@ def _connect(ray: Any, settings: BatchSettings) -> tuple[bool, BatchSettings]:
     address = settings.address or os.environ.get("RAY_ADDRESS") or None
     workers, cpus = pool_size(settings, local=owned and address is None, cores=os.cpu_count() or 1)
     if owned:
+        ray_loopback.for_address(address)  # a Ray on loopback (`vitdeploy serve`'s) is joined there
         ray.init(
             address=address or "local",
             num_cpus=cpus,

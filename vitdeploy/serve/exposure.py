@@ -8,7 +8,7 @@ anything starts.
   says, and serves it without TLS (its gRPCOptions has neither a host nor TLS; ``grpc_util.start_grpc_server`` calls
   ``add_insecure_port("[::]:<port>")``): it is always exposed, never encrypted;
 * the local Ray (``vitdeploy serve`` without ``--address``): its GCS, raylet, workers and Prometheus metrics
-  (``serve.metrics_port``) on 127.0.0.1 (:func:`keep_ray_on_loopback`), unless both ``--host`` and
+  (``serve.metrics_port``) on 127.0.0.1 (base/ray_loopback.py), unless both ``--host`` and
   ``serve.metrics_host`` are network addresses; its metrics port has no token and no TLS;
 * the local Ray's Serve replicas: each one's inter-deployment gRPC server, which Ray Serve 2.60 binds to every
   interface on a port of its own (``replica.py``: ``add_port_to_grpc_server(server, "[::]:0")``) and which unpickles
@@ -25,25 +25,20 @@ a ConfigError: one line naming the port and the option that opened it, exit 2.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..base.errors import BackendError, ConfigError
+from ..base.errors import ConfigError
+from ..base.ray_loopback import LOOPBACK
 from . import tls
 from .auth import read_token
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: How a refusal names a RayService: it listens on every address, whatever --host says.
 RAYSERVICE = "the RayService (0.0.0.0)"
 EVERY_INTERFACE = "0.0.0.0"
 #: Where Ray Serve 2.60's gRPC proxy listens, whatever --host says; it has no TLS either.
 GRPC_BIND = "[::]"
 GRPC_WHY = "Ray Serve's gRPC proxy listens on every interface whatever --host says, and has no TLS"
-#: Ray 2.60 replaces a loopback node address by the machine's (services.resolve_ip_for_localhost), and its GCS,
-#: raylet, agents and metrics then listen on every interface; with this variable "0" it keeps 127.0.0.1 (as on
-#: macOS and Windows) and every one of its ports binds loopback.
-RAY_CLUSTER_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 #: Ray's token authentication: on for a Ray of our own unless this says another mode than "token"
 #: (ray/_private/authentication/authentication_token_setup.py: enable_token_auth_by_default)
 RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
@@ -205,36 +200,14 @@ def serve_token(cfg: Any, exposure: Exposure) -> str | None:
     return token
 
 
-def keep_ray_on_loopback() -> None:
-    """Before a Ray of our own starts on loopback: every one of its ports binds 127.0.0.1 (:data:`RAY_CLUSTER_ENV`).
-    Ray reads the variable when it is imported; where it already was, its module constant is set too (private in
-    Ray 2.60, kept here in one place); :func:`check_ray_node` says whether it held."""
-    os.environ[RAY_CLUSTER_ENV] = "0"
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None and getattr(constants, "ENABLE_RAY_CLUSTER", False):
-        constants.ENABLE_RAY_CLUSTER = False
-
-
-def check_ray_node(node_ip: str) -> None:
-    """BackendError when the Ray started for loopback took a network address (its ports would be on the network)."""
-    if node_ip.strip("[]") not in LOOPBACK:
-        raise BackendError(
-            f"the local Ray took the address {node_ip} instead of 127.0.0.1, so its ports would listen on the "
-            f"network; this Ray ignores {RAY_CLUSTER_ENV}=0: stopped"
-        )
-
-
 __all__ = [
     "EVERY_INTERFACE",
     "Exposure",
     "GRPC_BIND",
-    "LOOPBACK",
     "Listener",
     "RAYSERVICE",
     "REPLICAS",
     "check_listeners",
-    "check_ray_node",
-    "keep_ray_on_loopback",
     "listeners",
     "ray_node_host",
     "ray_token_auth",

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..base import ray_loopback
 from ..base._deps import require
 from ..base.errors import BackendError
 from ..runtime.backends import first_line
@@ -143,6 +144,7 @@ def run_server(
             start_local_ray(ray, cfg, settings, progress)
         else:
             progress(f"connecting to the Ray cluster at {settings.address} ...")
+            ray_loopback.for_address(settings.address)  # a Ray on loopback (ours) is joined there
             try:
                 ray.init(address=settings.address, logging_level=logging.WARNING)
             except (ConnectionError, RuntimeError, ValueError) as exc:
@@ -194,9 +196,9 @@ def start_local_ray(ray: Any, cfg: Any, settings: ServeSettings, progress: Progr
     else:
         os.environ.pop(DIGEST_ENV, None)
     # Every port of Ray (its Prometheus endpoint too) on loopback, unless serve.metrics_host says otherwise.
-    loopback = exposure.ray_node_host(settings.host, sv.metrics_host) in exposure.LOOPBACK
+    loopback = exposure.ray_node_host(settings.host, sv.metrics_host) in ray_loopback.LOOPBACK
     if loopback:
-        exposure.keep_ray_on_loopback()
+        ray_loopback.keep_on_loopback()
     local = {"_node_ip_address": "127.0.0.1"} if loopback else {}  # else Ray's node address, all interfaces
     ctx = init_ray_retrying(
         ray,
@@ -211,12 +213,13 @@ def start_local_ray(ray: Any, cfg: Any, settings: ServeSettings, progress: Progr
     )
     if loopback:
         try:
-            exposure.check_ray_node(ctx.address_info["node_ip_address"])
+            ray_loopback.check_node(ctx.address_info["node_ip_address"])
         except BackendError:
             ray.shutdown()
             raise
     gcs = ctx.address_info["gcs_address"]
-    progress(f"Ray at {gcs}: more models join it with `vitdeploy serve --address {gcs}`")
+    joins = f" (Ray's own tools: {ray_loopback.RAY_CLUSTER_ENV}=0 in their environment)" if loopback else ""
+    progress(f"Ray at {gcs}: more models join it with `vitdeploy serve --address {gcs}`{joins}")
     url = f"http://{settings.host}:{settings.port}"
     progress(f"new exports of a model go live with `vitdeploy rollout {url} -a NEW_EXPORT --address {gcs}`")
     return ctx

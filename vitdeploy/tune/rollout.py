@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ..base import ray_loopback
 from ..base._deps import require
 from ..base.errors import BackendError, ConfigError, VitDeployError, first_line
 from ..base.output_spec import EMBEDDING, LOGITS
@@ -128,6 +129,7 @@ def connect(address: Optional[str]) -> Any:
             "--address: the server's Ray cluster is needed (the address in the `Ray at ...` line `vitdeploy serve` "
             "printed, or RAY_ADDRESS)"
         )
+    ray_loopback.for_address(address)  # the server's Ray on loopback is joined there
     try:
         ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)  # the server shows them
     except (ConnectionError, RuntimeError, ValueError) as exc:
