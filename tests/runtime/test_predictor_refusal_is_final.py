@@ -75,7 +75,8 @@ COMMANDS = {
     "predict": lambda a: ["predict", str(GOOD_IMAGES[0]), "-a", str(a), "--json"],
     "validate": lambda a: ["validate", "-a", str(a), "--json"],
     "bench": lambda a: ["bench", "-a", str(a), "--batch-sizes", "1", "--iterations", "1", "--warmup", "0", "--json"],
-    "serve": lambda a: ["serve", "-a", str(a), "--port", "1"],  # refused before Ray starts or a port is bound
+    # refused before Ray starts or a port is bound (--allow-unauthenticated: the tests' Ray has no token auth)
+    "serve": lambda a: ["serve", "-a", str(a), "--port", "1", "--allow-unauthenticated"],
 }
 
 

@@ -505,12 +505,14 @@ def test_beyond_the_queue_is_503_not_a_hang(server, photos, reference):
 
 def test_missing_artifacts_is_one_line_before_ray_starts(tmp_path):
     res = subprocess.run(
-        [sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(tmp_path / "nope")],
+        # --allow-unauthenticated: the tests' Ray has its token authentication off (Ray Serve's replicas)
+        [sys.executable, "-m", "vitdeploy.cli", "serve", "-a", str(tmp_path / "nope"), "--allow-unauthenticated"],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert res.returncode == 2 and res.stderr.startswith("error: ") and len(res.stderr.strip().splitlines()) == 1
+    assert "nope does not exist" in res.stderr, res.stderr
     assert "starting Ray" not in res.stderr
 
 

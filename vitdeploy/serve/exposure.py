@@ -153,11 +153,11 @@ def _refusals(listener: Listener) -> tuple[str, str]:
             f"inter-deployment calls, which without Ray's token authentication anyone who reaches them may make "
             f"(what they send is unpickled: code run in the replica)"
         )
-        return (
+        fix = (
             f"{replicas}: unset {RAY_AUTH_MODE_ENV} (Ray then requires its cluster token), or pass "
-            f"--allow-unauthenticated when only machines you trust reach this one",
-            f"{replicas}: set {RAY_TLS_ENV}=1 (Ray's TLS), or pass --allow-insecure",
+            f"--allow-unauthenticated when only machines you trust reach this one"
         )
+        return fix, fix  # no TLS asked: only this machine's proxy calls them, over loopback
     if listener.what == "the local Ray":
         ray = (
             f"{listener.where} with --host on the network puts the local Ray's ports on every interface (its GCS, "
