@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from vitdeploy.base import ray_join
+from vitdeploy.base import ray_join, ray_loopback
+from vitdeploy.base.errors import BackendError
 from vitdeploy.base.ray_join import (
     AUTH_MODE_ENV,
     cluster_wants_token,
@@ -26,6 +27,7 @@ from vitdeploy.base.ray_join import (
     token_source,
     use_cluster_token,
 )
+from vitdeploy.base.ray_private import local_ray_options
 
 
 @pytest.fixture
@@ -33,8 +35,11 @@ def home(tmp_path, monkeypatch):
     """A user without any Ray token: HOME elsewhere, no token variables, no mode, Ray's configuration refresh
     recorded instead of done (this process's own Ray configuration is left as it was)."""
     monkeypatch.setenv("HOME", str(tmp_path))
-    for name in (AUTH_MODE_ENV, "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
+    for name in (AUTH_MODE_ENV, "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", ray_loopback.RAY_CLUSTER_ENV):
         monkeypatch.delenv(name, raising=False)
+    constants = sys.modules.get("ray._private.ray_constants")  # Ray's switch as read at its import, restored after
+    if constants is not None:
+        monkeypatch.setattr(constants, "ENABLE_RAY_CLUSTER", constants.ENABLE_RAY_CLUSTER)
     refreshed: list[str] = []
     fake = types.ModuleType("ray._raylet")
     fake.Config = types.SimpleNamespace(initialize=refreshed.append)  # type: ignore[attr-defined]
@@ -79,6 +84,39 @@ def test_init_ray_authenticates_a_join_and_makes_the_token_of_a_ray_of_its_own(h
     assert len(token) == 64 and (folder / ".ray" / "auth_token").stat().st_mode & 0o077 == 0
     init_ray(fake_ray, "127.0.0.1:6379")
     assert calls[-1][1] == "token" and asked == ["127.0.0.1:6379"]  # asked only once a token was there
+
+
+def _node(ip: str, shutdowns: list) -> types.SimpleNamespace:
+    """A ray.init whose node took ``ip``, recording the loopback switch it found and each shutdown."""
+    found = []
+
+    def init(**kw):
+        found.append((kw, os.environ.get(ray_loopback.RAY_CLUSTER_ENV)))
+        return types.SimpleNamespace(address_info={"node_ip_address": ip})
+
+    return types.SimpleNamespace(init=init, shutdown=lambda: shutdowns.append(1), found=found)
+
+
+def test_init_ray_joins_a_loopback_address_on_loopback_and_a_network_one_as_ray_would(home, monkeypatch):
+    monkeypatch.setattr(ray_join, "cluster_wants_token", lambda address: False)
+    ray = _node("10.0.0.5", [])
+    init_ray(ray, "10.0.0.5:6379")
+    assert ray.found[-1][1] is None  # Ray's own rule: its node address
+    init_ray(ray, "127.0.0.1:6379")
+    assert ray.found[-1][1] == "0"  # looked for on loopback, where a `vitdeploy serve` on loopback has its Ray
+
+
+def test_a_ray_of_our_own_asked_on_loopback_stays_there_or_is_stopped(home):
+    shutdowns: list = []
+    ray = _node("127.0.0.1", shutdowns)
+    init_ray(ray, "local", **local_ray_options(None, loopback=False))
+    assert ray.found[-1][1] is None and not shutdowns  # not asked on loopback: Ray's node address, unchecked
+    init_ray(ray, "local", num_cpus=1, **local_ray_options(None, loopback=True))
+    assert ray.found[-1][1] == "0" and not shutdowns
+    swapped = _node("192.0.2.2", shutdowns)  # a Ray that ignores the switch
+    with pytest.raises(BackendError, match="took the address 192.0.2.2 instead of 127.0.0.1"):
+        init_ray(swapped, None, **local_ray_options(None, loopback=True))
+    assert shutdowns == [1]  # stopped before its ports stay open on the network
 
 
 def test_a_cluster_with_token_auth_off_is_joined_without_one(home, monkeypatch):

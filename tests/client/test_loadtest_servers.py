@@ -13,7 +13,7 @@ pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip i
 pytest.importorskip("tritonclient.grpc", reason="v2-grpc needs tritonclient[grpc]")
 
 from click.testing import CliRunner  # noqa: E402
-from helpers.serve_process import ServeProcess  # noqa: E402
+from helpers.serve_process import GRPC_WITHOUT_TOKEN, ServeProcess  # noqa: E402
 
 from vitdeploy.client.loadtest import LoadPlan, load_images, run_loadtest  # noqa: E402
 from vitdeploy.client.protocols import PREDICT, V2_GRPC, V2_HTTP, Target  # noqa: E402
@@ -35,7 +35,7 @@ def serve(demo_artifacts: Path, tmp_path_factory):
         f"serve: {{max_batch_size: 4, batch_wait_timeout_s: 0.002, metrics_port: {free_port()}, "
         f"grpc_port: {grpc_port}}}\n"
     )
-    server = ServeProcess(demo_artifacts, cfg, start_timeout_s=240)
+    server = ServeProcess(demo_artifacts, cfg, *GRPC_WITHOUT_TOKEN, start_timeout_s=240)
     yield {"http": server.url, "grpc": f"127.0.0.1:{grpc_port}"}
     server.stop()
 

@@ -34,7 +34,7 @@ pytest.importorskip("tritonclient.grpc", reason="the gRPC client needs tritoncli
 
 from helpers.counted_load import CountedLoad, failures  # noqa: E402
 from helpers.held import processes  # noqa: E402
-from helpers.serve_process import ServeProcess, free_port, leave_ray, serve_env  # noqa: E402
+from helpers.serve_process import GRPC_WITHOUT_TOKEN, ServeProcess, free_port, leave_ray, serve_env  # noqa: E402
 from helpers.tiny_export import PREPROCESS, file_entry  # noqa: E402
 
 from vitdeploy.base.config import parse_config  # noqa: E402
@@ -112,10 +112,10 @@ def server(tiny_artifacts, images, tmp_path_factory):
         % (json.dumps({**SERVE, "request_timeout_s": COPY_TIMEOUT_S}), folder / "images")
     )
     ray_tmp = Path(tempfile.mkdtemp(prefix="vdroll", dir="/tmp"))  # short: Ray's socket paths have a length limit
-    proc = ServeProcess(tiny_artifacts(seed=0), cfg, env={"RAY_TMPDIR": str(ray_tmp)})
+    proc = ServeProcess(tiny_artifacts(seed=0), cfg, *GRPC_WITHOUT_TOKEN, env={"RAY_TMPDIR": str(ray_tmp)})
     try:
         gcs = next(line.split()[2].rstrip(":") for line in proc.lines if line.startswith("Ray at "))
-        init_ray(ray, gcs, logging_level="WARNING")
+        init_ray(ray, gcs, logging_level="WARNING")  # the server's Ray is on loopback: joined there
         yield {"url": proc.url, "grpc": f"127.0.0.1:{grpc_port}", "gcs": gcs, "folder": folder, "proc": proc}
     finally:
         leave_ray()

@@ -245,7 +245,9 @@ def serve(export: Path, tmp_path_factory):
         f"serve: {{max_batch_size: 4, batch_wait_timeout_s: 0.002, metrics_port: {free_port()}, "
         f"grpc_port: {grpc_port}}}\n"
     )
-    server = ServeProcess(export, cfg, "-b", "ort-int8", env={TOKEN_ENV: TOKEN}, start_timeout_s=240)
+    server = ServeProcess(
+        export, cfg, "-b", "ort-int8", "--allow-insecure", env={TOKEN_ENV: TOKEN}, start_timeout_s=240
+    )
     yield {PREDICT: server.url, V2_HTTP: server.url, V2_GRPC: f"127.0.0.1:{grpc_port}"}
     server.stop()
 

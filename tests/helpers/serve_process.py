@@ -5,7 +5,9 @@
 printed its "Ctrl-C to stop" line, or fails the test with the last lines it printed; ``stop()`` sends
 SIGTERM and returns the exit status (killed after ``timeout_s``). Its environment is the test process's
 at start (so a fixture's RAY_TMPDIR reaches it), one OpenMP thread, no usage stats (Ray's authentication as
-Ray's defaults make it: token auth, the user's token), and ``env`` on top.
+Ray's defaults make it: token auth, the user's token, so Ray Serve's replicas need no
+``--allow-unauthenticated``; a test that sets ``RAY_AUTH_MODE=disabled`` passes it itself, serve/exposure.py),
+and ``env`` on top.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from vitdeploy.serve.triton.local import free_port
 
 START_TIMEOUT_S = 180
 STOP_TIMEOUT_S = 120
+#: What a test server with serve.grpc_port passes: Ray's gRPC proxy listens on every interface without TLS
+#: (serve/exposure.py), which `vitdeploy serve` allows only when told (and without a serve token, only with
+#: --allow-unauthenticated)
+GRPC_WITHOUT_TOKEN = ("--allow-unauthenticated", "--allow-insecure")
 
 
 def serve_env() -> dict[str, str]:

@@ -31,7 +31,7 @@ grpcclient = pytest.importorskip(
     "tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[grpc]')"
 )
 pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
-from helpers.serve_process import ServeProcess  # noqa: E402
+from helpers.serve_process import GRPC_WITHOUT_TOKEN, ServeProcess  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR  # noqa: E402
@@ -127,8 +127,8 @@ def serve(demo_artifacts: Path, tmp_path_factory):
         "        max_images_per_request: %d, num_cpus_per_replica: 1, grpc_port: %d}\n"
         % (MAX_PIXELS, free_port(), MAX_BATCH, grpc_port)
     )
-    server = ServeProcess(demo_artifacts, cfg, port=port, start_timeout_s=240)
-    assert f"gRPC:  127.0.0.1:{grpc_port}" in "\n".join(server.lines)
+    server = ServeProcess(demo_artifacts, cfg, *GRPC_WITHOUT_TOKEN, port=port, start_timeout_s=240)
+    assert f"gRPC:  [::]:{grpc_port}, every interface" in "\n".join(server.lines)
     yield {"http": f"127.0.0.1:{port}", "grpc": f"127.0.0.1:{grpc_port}"}
     server.stop()
 

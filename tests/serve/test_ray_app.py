@@ -28,7 +28,7 @@ pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip i
 
 from helpers.held import answered_while_held, held, ray_replica_pids  # noqa: E402
 from helpers.otlp_receiver import OtlpReceiver, Span  # noqa: E402
-from helpers.serve_process import ServeProcess, free_port  # noqa: E402
+from helpers.serve_process import GRPC_WITHOUT_TOKEN, ServeProcess, free_port  # noqa: E402
 
 from vitdeploy.demo import IMAGES_DIR as DEMO_IMAGES_DIR  # noqa: E402
 from vitdeploy.serve import kserve_http, protocol, stage_timing, tracing  # noqa: E402
@@ -132,7 +132,7 @@ def server(demo_artifacts, tmp_path_factory, otlp) -> ServeProcess:
         "        tracing: {sampling_ratio: 0}}\n" % (MAX_PIXELS, MAX_IMAGES, metrics_port, grpc_port)
     )
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
-    srv = ServeProcess(demo_artifacts, cfg, metrics_port=metrics_port, env=env)
+    srv = ServeProcess(demo_artifacts, cfg, *GRPC_WITHOUT_TOKEN, metrics_port=metrics_port, env=env)
     srv.grpc = f"127.0.0.1:{grpc_port}"
     yield srv
     srv.stop()  # the shutdown test did not run (a -k selection): stop it the same way
@@ -511,6 +511,7 @@ def test_missing_artifacts_is_one_line_before_ray_starts(tmp_path):
         timeout=120,
     )
     assert res.returncode == 2 and res.stderr.startswith("error: ") and len(res.stderr.strip().splitlines()) == 1
+    assert "nope does not exist" in res.stderr, res.stderr
     assert "starting Ray" not in res.stderr
 
 

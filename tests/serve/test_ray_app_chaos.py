@@ -28,7 +28,7 @@ httpx = pytest.importorskip("httpx")
 pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip install 'vitdeploy[serve]')")
 
 from helpers.held import ray_replica_pids  # noqa: E402
-from helpers.serve_process import ServeProcess, free_port  # noqa: E402
+from helpers.serve_process import GRPC_WITHOUT_TOKEN, ServeProcess, free_port  # noqa: E402
 
 from vitdeploy.demo import IMAGES_DIR  # noqa: E402
 
@@ -55,7 +55,9 @@ def _kill_under_load(demo_artifacts: Path, tmp: Path, replicas: int) -> tuple[li
         "        max_ongoing_requests: 8, metrics_port: %d, grpc_port: %d}\n" % (free_port(), grpc_port)
     )
     image = next(p for p in sorted(IMAGES_DIR.iterdir()) if p.suffix == ".png").read_bytes()
-    server = ServeProcess(demo_artifacts, cfg, "--replicas", str(replicas), env={"RAY_TMPDIR": str(ray_tmp)})
+    server = ServeProcess(
+        demo_artifacts, cfg, "--replicas", str(replicas), *GRPC_WITHOUT_TOKEN, env={"RAY_TMPDIR": str(ray_tmp)}
+    )
     results: list = []
     inflight: dict[float, bool] = {}  # the sending time of each request not answered yet
     stop = threading.Event()

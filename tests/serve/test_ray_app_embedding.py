@@ -25,7 +25,7 @@ grpcclient = pytest.importorskip(
     "tritonclient.grpc", reason="tritonclient not installed (pip install 'tritonclient[all]')"
 )
 
-from helpers.serve_process import ServeProcess, free_port  # noqa: E402
+from helpers.serve_process import GRPC_WITHOUT_TOKEN, ServeProcess, free_port  # noqa: E402
 
 from vitdeploy.base.errors import ConfigError  # noqa: E402
 from vitdeploy.serve import protocol  # noqa: E402
@@ -85,7 +85,7 @@ def server(embedding_artifacts, tmp_path_factory):
         "        max_images_per_request: 8, num_cpus_per_replica: 1, grpc_port: %d}\n"
         % (MAX_PIXELS, free_port(), grpc_port)
     )
-    srv = ServeProcess(embedding_artifacts, cfg, start_timeout_s=240)
+    srv = ServeProcess(embedding_artifacts, cfg, *GRPC_WITHOUT_TOKEN, start_timeout_s=240)
     manifest = json.loads((embedding_artifacts / "manifest.json").read_text())
     srv.model = protocol.model_name(manifest["name"])
     srv.dim = manifest["io"]["output"]["shape"][1]

@@ -20,7 +20,7 @@ pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip i
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient not installed")
 grpcclient = pytest.importorskip("tritonclient.grpc", reason="tritonclient not installed")
 
-from helpers.serve_process import ServeProcess, free_port  # noqa: E402
+from helpers.serve_process import GRPC_WITHOUT_TOKEN, ServeProcess, free_port  # noqa: E402
 
 from vitdeploy.base.vocab import EXPORT_IMAGE_SIZES  # noqa: E402
 from vitdeploy.serve import protocol  # noqa: E402
@@ -64,7 +64,7 @@ def server(sized_artifacts, tmp_path_factory):
         "serve: {max_batch_size: 8, batch_wait_timeout_s: 0.3, decode_threads: 2, metrics_port: %d,\n"
         "        max_images_per_request: 8, num_cpus_per_replica: 1, grpc_port: %d}\n" % (free_port(), grpc_port)
     )
-    srv = ServeProcess(sized_artifacts, cfg, start_timeout_s=240)
+    srv = ServeProcess(sized_artifacts, cfg, *GRPC_WITHOUT_TOKEN, start_timeout_s=240)
     srv.model = protocol.model_name(json.loads((sized_artifacts / "manifest.json").read_text())["name"])
     srv.grpc = f"127.0.0.1:{grpc_port}"
     yield srv

@@ -22,7 +22,9 @@ pytest.importorskip("ray.serve", reason="vitdeploy serve needs ray[serve] (pip i
 
 from helpers.held import answered_while_held, ray_replica_pids  # noqa: E402
 from helpers.serve_process import ServeProcess, free_port, serve_env  # noqa: E402
+from helpers.sockets import listening  # noqa: E402
 
+from vitdeploy.base.ray_loopback import RAY_CLUSTER_ENV  # noqa: E402
 from vitdeploy.demo import IMAGES_DIR  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -293,6 +295,7 @@ def test_the_written_config_runs_on_ray_as_a_third_model(cluster, image):
             "--write-rayservice",
             str(folder / "rayservice.yaml"),
             "--allow-unauthenticated",  # a RayService listens on 0.0.0.0 (the token: test_ray_app_auth.py)
+            "--allow-insecure",  # and serves plain HTTP (HTTPS: test_tls.py)
         ],
         capture_output=True,
         text=True,
@@ -318,12 +321,13 @@ def test_the_written_config_runs_on_ray_as_a_third_model(cluster, image):
     assert env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "vitdeploy.serve.proxy_guard.middlewares"
     # Ray itself builds the application from the file (the controller imports the builder); `serve deploy`
     # posts the same file to a dashboard this test cluster does not run, `serve run` hands it over directly.
-    # Ray's own CLI joins a cluster given by address with its token only when told (RAY_AUTH_MODE=token).
+    # Ray's own CLI joins a cluster given by address with its token only when told (RAY_AUTH_MODE=token), and a
+    # cluster on loopback there only with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (as the `Ray at` line says).
     run = subprocess.run(
         [str(Path(sys.executable).with_name("serve")), "run", str(out), "--address", cluster["gcs"], "--non-blocking"],
         capture_output=True,
         text=True,
-        env={**serve_env(), "RAY_AUTH_MODE": "token"},
+        env={**serve_env(), "RAY_AUTH_MODE": "token", RAY_CLUSTER_ENV: "0"},
         timeout=180,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
@@ -340,6 +344,21 @@ def test_the_written_config_runs_on_ray_as_a_third_model(cluster, image):
             break
         time.sleep(1)
     assert r is not None and r.status_code == 200 and r.json()[0]["label"] == "0", r.text if r else None
+
+
+def test_a_server_that_joined_the_cluster_opens_no_port_beyond_loopback(cluster):
+    """The joined mode (--address): the joining process's own sockets are all on loopback; the owner's tree holds
+    the local Ray on loopback and the replicas' inter-deployment gRPC servers, on every interface (Ray Serve binds
+    [::]:0, guarded by Ray's token authentication, on by Ray's defaults), as its startup lines say."""
+    joined = listening(cluster["b"].proc.pid)
+    assert all(s.loopback for s in joined), joined
+    owner = listening(cluster["a"].proc.pid)
+    exposed = [s for s in owner if not s.loopback]
+    assert exposed and all(s.command.startswith("ray::ServeReplica") and s.host == "::" for s in exposed), exposed
+    assert cluster["gcs"].startswith("127.0.0.1:")
+    assert any(
+        line.startswith("replicas: [::]:<a port each>, every interface: Ray's token") for line in cluster["a"].lines
+    )
 
 
 def test_stopping_one_model_leaves_the_other(cluster, image):

@@ -145,7 +145,7 @@ def test_the_exporter_delivers_spans_to_an_otlp_receiver(monkeypatch):
         provider.shutdown()
 
 
-def test_written_deploy_files_carry_the_tracing_config_and_the_nodes_environment(monkeypatch):
+def test_written_deploy_files_carry_the_tracing_config_and_the_nodes_environment_never_credentials(monkeypatch):
     from ray.serve.schema import ServeDeploySchema
 
     from vitdeploy.base.config import parse_config
@@ -167,11 +167,24 @@ def test_written_deploy_files_carry_the_tracing_config_and_the_nodes_environment
     served, env, comment = written()
     assert "tracing_config" not in served and not any("TRACING" in k or k.startswith("OTEL") for k in env)
     monkeypatch.setenv(ENDPOINT, "http://collector:4318")
+    for key in tracing.HEADERS_ENVS:
+        monkeypatch.delenv(key, raising=False)
     served, env, comment = written()
     assert ServeDeploySchema.model_validate(served).tracing_config.sampling_ratio == 0.1  # `serve deploy` reads it
     assert env[tracing.RAY_EXPORTER_ENV] == tracing.EXPORTER_IMPORT_PATH and env[tracing.RAY_RATIO_ENV] == "0.1"
-    assert env[ENDPOINT] == "http://collector:4318"
+    assert env[ENDPOINT] == "http://collector:4318" and tracing.HEADERS_ENVS[-1] not in env
     assert f"{tracing.RAY_EXPORTER_ENV}={tracing.EXPORTER_IMPORT_PATH}" in comment
+    # credentials in the endpoint: never written; the RayService reads them as headers from a Secret
+    monkeypatch.setenv(ENDPOINT, "http://user:s3cret-pass@collector:4318")
+    served, env, comment = written()
+    assert env[ENDPOINT] == "http://collector:4318" and "s3cret-pass" not in comment + str(served)
+    assert env[tracing.HEADERS_ENVS[-1]] is None  # a valueFrom, not a value
+    kube = deploy_config.rayservice(cfg, settings, "vit")
+    container = kube["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    ref = next(e["valueFrom"] for e in container["env"] if e["name"] == tracing.HEADERS_ENVS[-1])
+    assert ref == {"secretKeyRef": {"name": deploy_config.otlp_secret("vit"), "key": "headers"}}
+    assert "s3cret-pass" not in str(kube) and "OTEL_EXPORTER_OTLP_HEADERS" in comment
+    assert tracing.ray_env(tracing.config(0.1))[ENDPOINT] == "http://user:s3cret-pass@collector:4318"  # a local Ray's
 
 
 def test_opentelemetry_is_imported_only_inside_the_tracing_functions():

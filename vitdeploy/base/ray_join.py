@@ -17,8 +17,9 @@ Before a Ray of our own starts (``address`` None or ``"local"``) with the mode u
 token file is created here, whole or not at all: two `vitdeploy serve` started at once on one machine then share
 one token (Ray's own writer truncates and rewrites the file, so two first starts could each keep another token).
 
-No Ray at import. The private Ray API it needs goes through base/ray_private.py: this process's cached Ray
-configuration read again so that it sees the mode set in the environment (what Ray's own
+Every join and every start of our own also stays on loopback where it was asked there (:func:`init_ray`,
+base/ray_loopback.py). No Ray at import. The private Ray API it needs goes through base/ray_private.py: this
+process's cached Ray configuration read again so that it sees the mode set in the environment (what Ray's own
 ``maybe_enable_token_auth_if_token_available`` does), and the GCS's own client for the question to the GCS.
 """
 
@@ -33,7 +34,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
-from .ray_private import gcs_probe, refresh_ray_config
+from . import ray_loopback
+from .errors import BackendError
+from .ray_private import INIT_NODE_IP, gcs_probe, refresh_ray_config
 
 log = logging.getLogger(__name__)
 
@@ -143,12 +146,29 @@ def ensure_local_token() -> None:
 
 def init_ray(ray: Any, address: Optional[str] = None, **options: Any) -> Any:
     """``ray.init(address=address, **options)``, authenticated as the cluster expects (the module's docstring):
-    ``address`` None or ``"local"`` starts a Ray of this process's own; any other joins that cluster."""
+    ``address`` None or ``"local"`` starts a Ray of this process's own; any other joins that cluster.
+
+    On loopback as asked (base/ray_loopback.py): a Ray of our own asked on 127.0.0.1
+    (``ray_private.local_ray_options(..., loopback=True)``) keeps every port there, and one that took another
+    address anyway is shut down and refused (BackendError); a cluster joined by a loopback address is looked for
+    there."""
+    loopback = address in LOCAL and options.get(INIT_NODE_IP.parameter) in ray_loopback.LOOPBACK
     if address in LOCAL:
         ensure_local_token()
-    elif address != "auto" and not str(address).startswith("ray://"):  # Ray decides for those itself
-        use_cluster_token(str(address))
-    return ray.init(address=address, **options)
+        if loopback:
+            ray_loopback.keep_on_loopback()
+    else:
+        ray_loopback.for_address(address)
+        if address != "auto" and not str(address).startswith("ray://"):  # Ray decides for those itself
+            use_cluster_token(str(address))
+    ctx = ray.init(address=address, **options)
+    if loopback:
+        try:
+            ray_loopback.check_node(ctx.address_info["node_ip_address"])
+        except BackendError:
+            ray.shutdown()
+            raise
+    return ctx
 
 
 __all__ = [

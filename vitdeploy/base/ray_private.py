@@ -9,10 +9,11 @@ Public Ray is used wherever Ray has it: a candidate starts without waiting throu
 wait for Ctrl-C"). What has no public form: deleting without waiting, a deployment's code version, whether Ray
 set up tracing in this process (``serve.get_trace_context()`` is None outside a request either way), the gRPC
 proxy's handler factory, the metrics port and node address of a Ray started by ``ray.init``, the variables
-Ray's proxy and raylet read, the GCS's key-value store (where the rollout registry's state lives:
-serve/rollout/store.py), and what joining a cluster by address with Ray's token needs (base/ray_join.py): this
-process's cached Ray configuration read again, and a GCS asked whether it wants a token; and whether a Serve
-application came from a Serve config (`serve deploy`, a RayService) or from ``serve.run`` (its ``source``).
+Ray's proxy and raylet read, Ray's switch that keeps a node on loopback (base/ray_loopback.py), the GCS's
+key-value store (where the rollout registry's state lives: serve/rollout/store.py), and what joining a cluster by
+address with Ray's token needs (base/ray_join.py): this process's cached Ray configuration read again, and a GCS
+asked whether it wants a token; and Ray Serve's details of its applications (whether one came from a Serve
+config, `serve deploy` or a RayService, or from ``serve.run``: its ``source``; a deployment's autoscaling).
 
 It stands in base/ because both serve/ and batch/ join Ray through base/ray_join.py, which needs it.
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -115,6 +117,19 @@ WORKER_NICENESS_ENV = RayApi(
     value="RAY_worker_niceness",
     why="the replicas run at normal priority (Ray starts its workers at nice 15)",
 )
+CLUSTER_ENV = RayApi(
+    "ray._private.ray_constants",
+    "ENABLE_RAY_CLUSTERS_ENV_VAR",
+    value="RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER",
+    why="set to 0, a Ray of our own on loopback keeps 127.0.0.1 (Ray 2.60 otherwise swaps it for the machine's "
+    "address and listens on every interface), and a process joining it by a loopback address looks for it there "
+    "(base/ray_loopback.py)",
+)
+CLUSTER_ENABLED = RayApi(
+    "ray._private.ray_constants",
+    "ENABLE_RAY_CLUSTER",
+    why="the variable above as Ray read it when imported: set too where Ray was imported before we set the variable",
+)
 GCS_KV_GET = RayApi(
     "ray.experimental.internal_kv",
     "_internal_kv_get",
@@ -168,6 +183,8 @@ APIS = (
     TRACING_EXPORTER_ENV,
     TRACING_RATIO_ENV,
     WORKER_NICENESS_ENV,
+    CLUSTER_ENV,
+    CLUSTER_ENABLED,
     GCS_KV_GET,
     GCS_KV_PUT,
     CONFIG_REFRESH,
@@ -285,6 +302,14 @@ def gcs_kv_put(key: str, value: bytes, namespace: str) -> None:
     _function(GCS_KV_PUT)(key, value, overwrite=True, namespace=namespace)
 
 
+def set_imported(api: RayApi, value: Any) -> None:
+    """``api``'s constant set to ``value`` in its module where Ray already imported it (it read its environment
+    variable then); nothing where it was not imported (Ray reads the variable when it is)."""
+    module = sys.modules.get(api.module)
+    if module is not None and hasattr(module, api.name):
+        setattr(module, api.name, value)
+
+
 def refresh_ray_config() -> bool:
     """This process's cached Ray configuration read again from the environment; False where this Ray has no
     such call (the environment alone must then do)."""
@@ -323,6 +348,8 @@ def gcs_probe(address: str, timeout_s: float) -> None:
 
 __all__ = [
     "APIS",
+    "CLUSTER_ENABLED",
+    "CLUSTER_ENV",
     "CONFIG_REFRESH",
     "DELETE_NOWAIT",
     "DEPLOYMENT_VERSION",
@@ -352,6 +379,7 @@ __all__ = [
     "run_nowait",
     "serve_app_sources",
     "serve_details",
+    "set_imported",
     "tracing_enabled",
     "with_version",
     "wrap_grpc_handlers",

@@ -6,11 +6,12 @@ Part of the config (``config.PipelineConfig`` holds them); typed, frozen, unknow
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pydantic import Field, model_validator
 
 from ._schema import StrictSection
+from .errors import ConfigError
 
 
 class TritonSection(StrictSection):
@@ -57,18 +58,27 @@ class AutoscalingSection(StrictSection):
 
 
 class TlsSection(StrictSection):
-    """HTTPS through Ray Serve's own HTTP options (the proxy's ssl_certfile, ssl_keyfile, ssl_ca_certs)."""
+    """HTTPS through Ray Serve's own HTTP options (the proxy's ssl_certfile, ssl_keyfile)."""
 
     certfile: str = Field(..., min_length=1, description="PEM certificate (chain) the server presents")
     keyfile: str = Field(
         ..., min_length=1, description="PEM private key of certfile, unencrypted; only its path is ever written"
     )
-    ca_certs: Optional[str] = Field(
-        None,
-        min_length=1,
-        description="PEM CA bundle for client certificates (Ray Serve's ssl_ca_certs; Ray's proxy does not "
-        "require a client certificate)",
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_client_certificates(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "ca_certs" in data:
+            raise ConfigError(CA_CERTS_REFUSED)  # not a ValueError: pydantic passes it on as it is
+        return data
+
+
+#: Why serve.tls.ca_certs is refused rather than accepted and ignored (serve/tls.py).
+CA_CERTS_REFUSED = (
+    "serve.tls.ca_certs: Ray Serve's proxy cannot require client certificates (it hands uvicorn the CA bundle but "
+    "never ssl_cert_reqs, so a client without a certificate is let in): remove the key; for mutual TLS put an "
+    "ingress or a service mesh that requires client certificates in front, and the serve token on the server"
+)
 
 
 class TracingSection(StrictSection):
@@ -95,8 +105,9 @@ class ServeSection(StrictSection):
     metrics_host: str = Field(
         "127.0.0.1",
         description=(
-            "where the local Ray's metrics (and the node itself) listen: loopback unless set to the machine's "
-            "address (then other machines can also join that Ray with --address)"
+            "where the local Ray's metrics (and the node itself) listen: loopback unless this and --host are "
+            "network addresses (then other machines can also join that Ray with --address; its metrics port has no "
+            "token and no TLS: serve needs --allow-unauthenticated and --allow-insecure)"
         ),
     )
     token_file: Optional[str] = Field(
@@ -108,8 +119,9 @@ class ServeSection(StrictSection):
     )
     tls: Optional[TlsSection] = Field(
         None,
-        description="HTTPS: {certfile: cert.pem, keyfile: key.pem, ca_certs: optional CA bundle for client "
-        "certificates} (PEM paths, through Ray Serve's ssl_* HTTP options; a RayService mounts them from a Secret)",
+        description="HTTPS: {certfile: cert.pem, keyfile: key.pem} (PEM paths, through Ray Serve's ssl_* HTTP "
+        "options; a RayService mounts them from a Secret); needed on every port beyond loopback unless "
+        "--allow-insecure",
     )
     stage_timing: bool = Field(
         True,
@@ -123,8 +135,9 @@ class ServeSection(StrictSection):
         None,
         ge=1,
         le=65535,
-        description="KServe v2 gRPC (tritonclient.grpc) through "
-        "Ray Serve's gRPC proxy on this port; null = off (needs tritonclient[grpc])",
+        description="KServe v2 gRPC (tritonclient.grpc) through Ray Serve's gRPC proxy on this port; null = off "
+        "(needs tritonclient[grpc]). Ray's gRPC proxy listens on every interface whatever --host says, without "
+        "TLS: serve needs --allow-insecure, and a serve token or --allow-unauthenticated",
     )
     top_k: int = Field(
         5, ge=1, description="K of TOPK_LABELS/TOPK_SCORES and of POST /predict (clipped to the classes)"

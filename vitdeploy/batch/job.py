@@ -29,6 +29,7 @@ from ..base._deps import require
 from ..base.config import BatchSection
 from ..base.errors import InputError, VitDeployError
 from ..base.ray_join import init_ray
+from ..base.ray_private import local_ray_options
 from ..base.vocab import EMBEDDING_DTYPES
 from ..runtime.backends import first_line, shipped_roles
 from .inputs import Item, expand_inputs, is_uri, read_key
@@ -223,6 +224,7 @@ def _connect(ray: Any, settings: BatchSettings) -> tuple[bool, BatchSettings]:
             include_dashboard=False,
             logging_level=logging.WARNING,
             log_to_driver=False,
+            **local_ray_options(None, loopback=address is None),  # a Ray of its own: every port on 127.0.0.1
         )
     return owned, settings.model_copy(update={"workers": workers, "address": address})
 

@@ -33,13 +33,14 @@ from .sign import verify_key_option
 @click.option(
     "--allow-unauthenticated",
     is_flag=True,
-    help="listen on a non-loopback --host without a serve token (VITDEPLOY_SERVE_TOKEN or serve.token_file)",
+    help="open ports beyond loopback (a network --host, serve.grpc_port, a RayService) without a serve token "
+    "(VITDEPLOY_SERVE_TOKEN or serve.token_file)",
 )
 @click.option(
     "--allow-insecure",
     is_flag=True,
-    help="send the serve token over plain HTTP (or gRPC) on a non-loopback --host: a TLS-terminating ingress "
-    "is in front (else set serve.tls)",
+    help="open ports beyond loopback without TLS (plain HTTP, serve.grpc_port: Ray's gRPC proxy has none): a "
+    "TLS-terminating ingress is in front (else set serve.tls)",
 )
 @click.option(
     "--name",
@@ -82,8 +83,8 @@ def serve(
     """Serve the model over HTTP on Ray Serve: POST /predict, the KServe v2 protocol, dynamic batching.
 
     With a token (VITDEPLOY_SERVE_TOKEN, or the file serve.token_file names) every model route needs
-    Authorization: Bearer <token>; a non-loopback --host without one is refused unless
-    --allow-unauthenticated; with a token, plain HTTP there is refused unless serve.tls or --allow-insecure."""
+    Authorization: Bearer <token>. Every port beyond loopback (a network --host, serve.grpc_port, which Ray binds
+    on every interface) needs a token unless --allow-unauthenticated, and TLS (serve.tls) unless --allow-insecure."""
     from ..base.config import load_config
     from ..serve.auth import digest
     from ..serve.exposure import Exposure, serve_token
@@ -97,6 +98,8 @@ def serve(
         write_rayservice=write_rayservice is not None,
         allow_unauthenticated=allow_unauthenticated,
         allow_insecure=allow_insecure,
+        port=port,
+        address=address,
     )
     token = serve_token(cfg, exposure)
     source = artifacts_dir if artifacts_dir and "://" in artifacts_dir else Path(artifacts_dir or cfg.output_dir)

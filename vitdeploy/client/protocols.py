@@ -17,7 +17,7 @@ output tensors as arrays, or ``/predict``'s JSON record); :func:`model_document`
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 from urllib.parse import urlsplit
 
@@ -50,7 +50,7 @@ class Target:
     url: str
     protocol: str = PREDICT
     model: Optional[str] = None
-    token: Optional[str] = None
+    token: Optional[str] = field(default=None, repr=False)
     #: the v2 outputs asked for: a classifier's top-k (as a client shows it), or an embedding model's EMBEDDINGS
     outputs: tuple[str, ...] = (TOPK_LABELS, TOPK_SCORES)
     #: the size asked of an export for several sizes (request parameter ``image_size``); None: not asked

@@ -352,7 +352,8 @@ def _open_fastest(
     entry: Mapping[str, Any], names: Sequence[str], opener: Callable[[str], Any], notes: list[str], path: Path
 ) -> tuple[Any, str, str] | None:
     """The entry's choice, else (when it fails to open: noted) the fastest of its other figures that opens."""
-    ms = dict(entry["ms"]) or {n: 0.0 for n in names if n not in entry["failed"]}  # none timed: in order
+    # only this run's candidates (each gated here): a kept file names nothing else into the choice
+    ms = {n: v for n, v in entry["ms"].items() if n in names} or {n: 0.0 for n in names if n not in entry["failed"]}
     while ms:
         name = entry["chosen"] if entry["chosen"] in ms else fastest(ms, names)
         opened = opener(name)

@@ -38,6 +38,7 @@ from ..base._files import file_state
 from ..base.errors import ArtifactError, ConfigError, SignatureError, first_line
 from ..base.limits import clip
 from ..base.vocab import (
+    AUTO_CHOICE_NAME,
     BENCH_REPORT_NAME,
     DRIFT_REPORT_NAME,
     EXPORT_REPORT_NAME,
@@ -63,6 +64,7 @@ UNSIGNED: tuple[str, ...] = (
     EXPORT_REPORT_NAME,
     TIMING_CACHE_NAME,
     TRT_EP_CACHE,
+    AUTO_CHOICE_NAME,  # what auto measured here: it only orders candidates that passed their gates
 )
 #: The covered files' digest: the library's default, the one `model_signing verify key` checks (its command
 #: line never reads the algorithm from the signature); files are hashed in parallel, one per thread
@@ -154,14 +156,20 @@ def load_public_key(path: str | os.PathLike[str], what: str = "public key") -> A
 
 
 def _read_key(path: Path, what: str) -> bytes:
+    return _read_small(path, 1 << 20, ConfigError, f"{what} {path}", "not a PEM key", f"no such file; {_NEW_KEY}")
+
+
+def _read_small(path: Path, limit: int, error: type[Exception], named: str, kind: str, missing: str) -> bytes:
+    """``path``'s bytes, at most ``limit`` of them; else ``error`` saying ``named``: over the limit (not a
+    ``kind``), ``missing``, or why it could not be read."""
     try:
-        if path.stat().st_size > 1 << 20:
-            raise ConfigError(f"{what} {path}: over 1 MiB, not a PEM key")
+        if path.stat().st_size > limit:
+            raise error(f"{named}: over {limit} bytes, {kind}")
         return path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"{what} {path}: no such file; {_NEW_KEY}") from None
+        raise error(f"{named}: {missing}") from None
     except OSError as exc:
-        raise ConfigError(f"{what} {path}: cannot read it ({exc.strerror or exc})") from None
+        raise error(f"{named}: cannot read it ({exc.strerror or exc})") from None
 
 
 def check_sign_key(private_key: str | os.PathLike[str], what: str = "signing key") -> None:
@@ -297,14 +305,14 @@ def read_signature(directory: str | os.PathLike[str]) -> SignatureInfo:
 
 
 def _bundle_bytes(sig: Path) -> bytes:
-    try:
-        if sig.stat().st_size > MAX_SIGNATURE_BYTES:
-            raise SignatureError(f"{sig}: over {MAX_SIGNATURE_BYTES} bytes, not a signature bundle")
-        return sig.read_bytes()
-    except FileNotFoundError:
-        raise SignatureError(f"{sig} not found: the export is unsigned") from None
-    except OSError as exc:
-        raise SignatureError(f"{sig}: cannot read it ({exc.strerror or exc})") from None
+    return _read_small(
+        sig,
+        MAX_SIGNATURE_BYTES,
+        SignatureError,
+        str(sig),
+        "not a signature bundle",
+        "not found: the export is unsigned",
+    )
 
 
 def _parse_bundle(data: bytes, sig: Path) -> SignatureInfo:

@@ -114,6 +114,9 @@ def rayservice(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
     env = [{"name": k, "value": v} for k, v in _node_env(sv).items()]
     if settings.token_digest:  # the token from a Secret the cluster's owner creates, never from this file
         env.append({"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": token_secret(name), "key": "token"}}})
+    if _traces_need_credentials(sv):  # the collector's, from a Secret too
+        ref = {"secretKeyRef": {"name": otlp_secret(name), "key": "headers"}}
+        env.append({"name": tracing.HEADERS_ENVS[-1], "valueFrom": ref})
     container = {
         "image": IMAGE,
         "env": env,
@@ -157,11 +160,16 @@ def rayservice(cfg: Any, settings: Any, name: str) -> dict[str, Any]:
 
 def _node_env(sv: Any) -> dict[str, str]:
     """What every node's Ray needs in its environment: the proxy's guard, and Ray's tracing when traces are on
-    (OTEL_EXPORTER_OTLP_ENDPOINT set where this file is written: serve/tracing.py)."""
+    (OTEL_EXPORTER_OTLP_ENDPOINT set where this file is written: serve/tracing.py), each endpoint without its
+    credentials (a file holds none: they come from a secret, as OTEL_EXPORTER_OTLP_HEADERS)."""
     from .proxy_guard import env_for
 
     guard = env_for(int(sv.max_request_mb * 1024 * 1024), sv.body_timeout_s)
-    return {**guard, **tracing.ray_env(tracing.config(sv.tracing.sampling_ratio))}
+    return {**guard, **tracing.ray_env(tracing.config(sv.tracing.sampling_ratio), written=True)}
+
+
+def _traces_need_credentials(sv: Any) -> bool:
+    return tracing.config(sv.tracing.sampling_ratio) is not None and tracing.credentials()
 
 
 def token_secret(name: str) -> str:
@@ -169,17 +177,37 @@ def token_secret(name: str) -> str:
     return f"{name.lower().replace('_', '-')}-serve-token"
 
 
-def rayservice_comment(settings: Any, name: str) -> str:
+def otlp_secret(name: str) -> str:
+    """The Kubernetes Secret the RayService reads the trace collector's headers from (key ``headers``)."""
+    return f"{name.lower().replace('_', '-')}-otlp"
+
+
+#: What a written file says when the trace collector's credentials were left out of it.
+OTLP_CREDENTIALS = (
+    "# Traces: the collector's credentials are not in this file (an endpoint's user:password or query is left\n"
+    "# out); give them as OTEL_EXPORTER_OTLP_HEADERS (e.g. Authorization=Basic <base64 of user:password>)"
+)
+
+
+def rayservice_comment(cfg: Any, settings: Any, name: str) -> str:
     if not settings.token_digest:
-        return (
+        text = (
             "# KubeRay RayService written by `vitdeploy serve --write-rayservice`\n"
             "# (--allow-unauthenticated: no serve token, anyone who reaches the service may call the model)\n"
         )
-    return (
-        "# KubeRay RayService written by `vitdeploy serve --write-rayservice`. The serve token comes from a\n"
-        "# Secret (never from this file); create it first, with the token you call the model with:\n"
-        f'#   kubectl create secret generic {token_secret(name)} --from-literal=token="$VITDEPLOY_SERVE_TOKEN"\n'
-    )
+    else:
+        text = (
+            "# KubeRay RayService written by `vitdeploy serve --write-rayservice`. The serve token comes from a\n"
+            "# Secret (never from this file); create it first, with the token you call the model with:\n"
+            f'#   kubectl create secret generic {token_secret(name)} --from-literal=token="$VITDEPLOY_SERVE_TOKEN"\n'
+        )
+    if _traces_need_credentials(cfg.serve):
+        text += (
+            f"{OTLP_CREDENTIALS}, read from a Secret:\n"
+            f"#   kubectl create secret generic {otlp_secret(name)} "
+            '--from-literal=headers="$OTEL_EXPORTER_OTLP_HEADERS"\n'
+        )
+    return text
 
 
 def guard_comment(cfg: Any) -> str:
@@ -192,6 +220,7 @@ def guard_comment(cfg: Any) -> str:
         f"#   {env} ray start ...\n"
         "# With a serve token, give every node VITDEPLOY_SERVE_TOKEN (from your secret store) too: the guard and\n"
         "# the replicas read it there; this file never holds it.\n"
+        + (f"{OTLP_CREDENTIALS} in each node's environment too.\n" if _traces_need_credentials(cfg.serve) else "")
     )
 
 
@@ -222,7 +251,7 @@ def write_deploy_files(
         written.append(write_bytes_atomic(config_path, text.encode()))
     if rayservice_path is not None:
         text = (
-            rayservice_comment(settings, name)
+            rayservice_comment(cfg, settings, name)
             + tls.secret_comment(cfg, name)
             + yaml.safe_dump(rayservice(cfg, settings, name), sort_keys=False)
         )

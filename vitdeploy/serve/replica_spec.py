@@ -7,7 +7,7 @@ application from them).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 from ..runtime.backends.base import BackendOptions
@@ -34,7 +34,8 @@ class ReplicaSpec:
     max_request_bytes: int
     num_cpus: float = 1.0
     name: str = ""
-    token_digest: Optional[str] = None  # the serve token's SHA-256 (serve/auth.py); None: no token
+    #: the serve token's SHA-256 (serve/auth.py); None: no token; never in a repr
+    token_digest: Optional[str] = field(default=None, repr=False)
     stage_timing: bool = True  # Server-Timing on every answer and the stage histograms (serve.stage_timing)
     version: str = MODEL_VERSION  # the model's version this deployment is (`vitdeploy rollout`: 2, 3...)
 

@@ -15,16 +15,17 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ..base import ray_loopback
 from ..base._deps import require
 from ..base.errors import BackendError, remote_reason
 from ..base.ray_join import init_ray
 from ..base.ray_private import WORKER_NICENESS_ENV, local_ray_options
 from ..runtime.backends import first_line
-from . import tls, tracing
+from . import exposure, tls, tracing
 from .rollout.routes import version_of_app
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,8 @@ class ServeSettings:
     address: str | None = None
     access_log: bool = False
     name: str | None = None  # --name, else serve.name, else the manifest's name
-    token_digest: str | None = None  # the serve token's SHA-256 (serve/auth.py): None = every route open
+    #: the serve token's SHA-256 (serve/auth.py): None = every route open; never in a repr
+    token_digest: str | None = field(default=None, repr=False)
 
 
 def app_name(cfg: Any, settings: ServeSettings, manifest_name: str) -> str:
@@ -56,9 +58,6 @@ def app_name(cfg: Any, settings: ServeSettings, manifest_name: str) -> str:
 
 def route_prefix(name: str) -> str:
     return f"/v2/models/{name}"
-
-
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def _check_artifacts(settings: ServeSettings, public_key: Path | None = None) -> Any:
@@ -111,6 +110,30 @@ def curl_example(url: str, token: bool = False) -> str:
     return f"curl{header} -H 'Content-Type: image/jpeg' --data-binary @cat.jpg {url}/predict"
 
 
+def ready_lines(cfg: Any, settings: ServeSettings, name: str) -> list[str]:
+    """What `vitdeploy serve` prints once the model answers: each port at the address it really binds (the gRPC
+    proxy on every interface, whatever --host says), who may reach it, how to call the model."""
+    asked = exposure.Exposure(settings.host, port=settings.port, address=settings.address)
+    found = exposure.listeners(cfg, asked, bool(settings.token_digest))
+    http, others = found[0], {listener.what: listener for listener in found[1:]}
+    url = f"{tls.scheme(cfg)}://{http.address}"
+    lines = [f"ready: {url}  (model {name!r}: POST {url}/predict, KServe v2 at {url}{route_prefix(name)}/infer)"]
+    lines.append(f"HTTP{'S' if cfg.serve.tls else ''}: {http.shown()}")
+    if "gRPC" in others:
+        lines.append(f"gRPC:  {others['gRPC'].shown()} (KServe v2, tritonclient.grpc; {exposure.GRPC_WHY})")
+    lines.append(f"try:   {curl_example(url, bool(settings.token_digest))}")
+    if settings.token_digest:
+        lines.append("auth:  every model route needs Authorization: Bearer <token>; /v2/health/* stays open")
+    if "the local Ray" in others:
+        ray = others["the local Ray"]
+        lines.append(f"metrics: http://{ray.address}/metrics (Prometheus, ray_serve_*); Ray's ports: {ray.shown()}")
+    if exposure.REPLICAS in others:  # its token is Ray's own (RAY_AUTH_MODE), not the serve token
+        replicas = others[exposure.REPLICAS].shown().replace("a token", "Ray's token")
+        lines.append(f"replicas: {replicas} (Ray Serve's inter-deployment gRPC, called over loopback here)")
+    lines.append("Ctrl-C or SIGTERM drains in-flight requests and stops")
+    return lines
+
+
 def run_server(
     cfg: Any, settings: ServeSettings, options: Any, progress: Progress, stop: threading.Event | None = None
 ) -> None:
@@ -118,7 +141,6 @@ def run_server(
     artifacts = _check_artifacts(settings, cfg.verify_key)  # a bad (or unsigned) export first, before Ray
     ray = require("ray", "vitdeploy serve")
     require("ray.serve", "vitdeploy serve (pip install 'vitdeploy[serve]')")
-    sv = cfg.serve
     name = app_name(cfg, settings, artifacts.name)
     stop = stop or threading.Event()
     previous = _catch_signals(stop)
@@ -141,18 +163,8 @@ def run_server(
         if stop.is_set():
             return
         _deploy(ray, cfg, settings, options, name, artifacts, progress)
-        url = f"{tls.scheme(cfg)}://{settings.host}:{settings.port}"
-        progress(f"ready: {url}  (model {name!r}: POST {url}/predict, KServe v2 at {url}{route_prefix(name)}/infer)")
-        if cfg.serve.grpc_port is not None:
-            progress(f"gRPC:  {settings.host}:{cfg.serve.grpc_port} (KServe v2, tritonclient.grpc)")
-        progress(f"try:   {curl_example(url, bool(settings.token_digest))}")
-        if settings.token_digest:
-            progress("auth:  every model route needs Authorization: Bearer <token>; /v2/health/* stays open")
-        if owns_cluster:
-            loopback = settings.host in LOOPBACK or sv.metrics_host in LOOPBACK
-            metrics_host = "127.0.0.1" if loopback else sv.metrics_host
-            progress(f"metrics: http://{metrics_host}:{sv.metrics_port}/metrics (Prometheus, ray_serve_*)")
-        progress("Ctrl-C or SIGTERM drains in-flight requests and stops")
+        for line in ready_lines(cfg, settings, name):
+            progress(line)
         while not stop.wait(0.5):
             pass
         progress("stopping: draining in-flight requests ...")
@@ -189,8 +201,8 @@ def start_local_ray(ray: Any, cfg: Any, settings: ServeSettings, progress: Progr
         os.environ[DIGEST_ENV] = settings.token_digest
     else:
         os.environ.pop(DIGEST_ENV, None)
-    # Ray (and its Prometheus endpoint) listens on loopback only, unless serve.metrics_host says otherwise.
-    loopback = settings.host in LOOPBACK or sv.metrics_host in LOOPBACK
+    # Every port of Ray (its Prometheus endpoint too) on loopback, unless serve.metrics_host says otherwise.
+    loopback = exposure.ray_node_host(settings.host, sv.metrics_host) in ray_loopback.LOOPBACK
     ctx = init_ray_retrying(
         ray,
         progress,
@@ -199,10 +211,12 @@ def start_local_ray(ray: Any, cfg: Any, settings: ServeSettings, progress: Progr
         include_dashboard=False,
         logging_level=logging.WARNING,
         configure_logging=True,
-        **local_ray_options(sv.metrics_port, loopback),  # else Ray's node address, all interfaces
+        # on loopback: kept there (base/ray_join.init_ray); else Ray's node address, all interfaces
+        **local_ray_options(sv.metrics_port, loopback),
     )
     gcs = ctx.address_info["gcs_address"]
-    progress(f"Ray at {gcs}: more models join it with `vitdeploy serve --address {gcs}`")
+    joins = f" (Ray's own tools: {ray_loopback.RAY_CLUSTER_ENV}=0 in their environment)" if loopback else ""
+    progress(f"Ray at {gcs}: more models join it with `vitdeploy serve --address {gcs}`{joins}")
     url = f"http://{settings.host}:{settings.port}"
     progress(f"new exports of a model go live with `vitdeploy rollout {url} -a NEW_EXPORT --address {gcs}`")
     return ctx

@@ -1,35 +1,42 @@
-"""HTTPS for `vitdeploy serve` through Ray Serve's own HTTP options (``ssl_certfile``, ``ssl_keyfile``,
-``ssl_ca_certs``: the proxy's uvicorn serves TLS), and the refusal to send a bearer token in clear text.
+"""HTTPS for `vitdeploy serve` through Ray Serve's own HTTP options (``ssl_certfile``, ``ssl_keyfile``: the proxy's
+uvicorn serves TLS). Which ports need it is serve/exposure.py's decision.
 
 * :func:`check_files` reads the certificate and its key once, before Ray starts: a missing file or a key that
   does not match is one line naming ``serve.tls.*``, never the key's content.
 * :func:`http_options` is what ``serve.start`` and the written Serve config get; a RayService gets the files
-  from a Kubernetes Secret mounted in every Ray container (:func:`mount_secret`), as the token comes from one.
-* :func:`check_transport`: a token on a non-loopback host travels in clear text over plain HTTP (and over
-  gRPC, for which Ray Serve's gRPC proxy has no TLS option): refused unless ``--allow-insecure`` (a
-  TLS-terminating ingress or load balancer in front of the server).
+  from a Kubernetes Secret mounted in every Ray container (:func:`mount_secret`), readable by the container's
+  user (the rayproject/ray images' ``ray``, uid 1000, group 100), as the token comes from one.
+
+No client certificates: Ray Serve 2.60's proxy hands uvicorn a CA bundle (``ssl_ca_certs``) but never its
+``ssl_cert_reqs``, so uvicorn never asks a client for a certificate; ``serve.tls.ca_certs`` is refused
+(base/serving_sections.py) rather than accepted and ignored.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..base.errors import ConfigError
 
-#: Where a RayService mounts the TLS Secret (``kubectl create secret tls``: keys tls.crt, tls.key, ca.crt).
+#: Where a RayService mounts the TLS Secret (``kubectl create secret tls``: keys tls.crt, tls.key).
 MOUNT = "/etc/vitdeploy/tls"
-_SECRET_KEYS = {"certfile": "tls.crt", "keyfile": "tls.key", "ca_certs": "ca.crt"}
-_RAY_KEYS = {"certfile": "ssl_certfile", "keyfile": "ssl_keyfile", "ca_certs": "ssl_ca_certs"}
+_SECRET_KEYS = {"certfile": "tls.crt", "keyfile": "tls.key"}
+_RAY_KEYS = {"certfile": "ssl_certfile", "keyfile": "ssl_keyfile"}
+#: The user the rayproject/ray images run as (``ray``: uid 1000, primary group 100, ``users``).
+RAY_UID, RAY_GID = 1000, 100
+#: The Secret's files: owner root, group the pod's fsGroup (RAY_GID), read by owner and group (the key's owner-only
+#: 0400 would be root's alone: the Ray container could not read it and HTTPS would not start).
+SECRET_MODE = 0o440
 
 
 def tls_files(cfg: Any) -> dict[str, str]:
-    """{certfile, keyfile[, ca_certs]}: ``serve.tls``'s paths resolved against the config's folder; {} = no TLS."""
+    """{certfile, keyfile}: ``serve.tls``'s paths resolved against the config's folder; {} = no TLS."""
     tls = cfg.serve.tls
     if tls is None:
         return {}
-    files = {"certfile": tls.certfile, "keyfile": tls.keyfile, "ca_certs": tls.ca_certs}
-    return {k: str(Path(cfg.resolve(v)).resolve()) for k, v in files.items() if v}
+    files = {"certfile": tls.certfile, "keyfile": tls.keyfile}
+    return {k: str(Path(cfg.resolve(v)).resolve()) for k, v in files.items()}
 
 
 def check_files(cfg: Any) -> dict[str, str]:
@@ -53,11 +60,6 @@ def check_files(cfg: Any) -> dict[str, str]:
         ) from None
     except OSError as exc:
         raise ConfigError(f"serve.tls: cannot read the certificate or its key ({exc.strerror})") from None
-    if "ca_certs" in files:
-        try:
-            ctx.load_verify_locations(files["ca_certs"])
-        except (ssl.SSLError, OSError) as exc:
-            raise ConfigError(f"serve.tls.ca_certs: {files['ca_certs']} is not a PEM CA bundle ({exc})") from None
     return files
 
 
@@ -80,11 +82,15 @@ def secret_name(name: str) -> str:
 
 
 def mount_secret(service: dict[str, Any], name: str) -> dict[str, Any]:
-    """``service`` (a RayService) with the TLS Secret mounted read-only at :data:`MOUNT` in every Ray container."""
+    """``service`` (a RayService) with the TLS Secret mounted read-only at :data:`MOUNT` in every Ray container,
+    readable by the container's user: each pod runs as :data:`RAY_UID` with fsGroup :data:`RAY_GID`, the files
+    mode :data:`SECRET_MODE` (as KubeRay's pod-security guide sets runAsUser and fsGroup)."""
     cluster = service["spec"]["rayClusterConfig"]
     for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
         pod = group["template"]["spec"]
-        volume = {"name": "serve-tls", "secret": {"secretName": secret_name(name), "defaultMode": 0o400}}
+        context = pod.setdefault("securityContext", {})
+        context.update({"runAsUser": RAY_UID, "runAsGroup": RAY_GID, "fsGroup": RAY_GID, "runAsNonRoot": True})
+        volume = {"name": "serve-tls", "secret": {"secretName": secret_name(name), "defaultMode": SECRET_MODE}}
         pod.setdefault("volumes", []).append(volume)
         for container in pod["containers"]:
             mount = {"name": "serve-tls", "mountPath": MOUNT, "readOnly": True}
@@ -97,40 +103,19 @@ def secret_comment(cfg: Any, name: str) -> str:
     files = tls_files(cfg)
     if not files:
         return ""
-    sources = " ".join(f"--from-file={_SECRET_KEYS[k]}={path}" for k, path in files.items())
     return (
         f"# HTTPS: the certificate and its key come from a Secret mounted at {MOUNT} (never from this file);\n"
-        f"# create it first:\n#   kubectl create secret generic {secret_name(name)} {sources}\n"
+        f"# create it first:\n#   kubectl create secret tls {secret_name(name)} --cert={files['certfile']} "
+        f"--key={files['keyfile']}\n"
     )
-
-
-def check_transport(
-    cfg: Any, host: str, exposed: bool, token: bool, allow_insecure: bool, what: Optional[str] = None
-) -> None:
-    """ConfigError (exit 2, one line) when a serve token would travel in clear text: plain HTTP, or gRPC (Ray
-    Serve's gRPC proxy has no TLS), on a non-loopback host; ``allow_insecure``: a TLS-terminating ingress
-    or load balancer is in front."""
-    if not (exposed and token) or allow_insecure:
-        return
-    where = what or f"--host {host}"
-    if cfg.serve.tls is None:
-        raise ConfigError(
-            f"{where} would send the serve token in clear text over plain HTTP: set serve.tls.certfile and "
-            f"serve.tls.keyfile to serve HTTPS, or pass --allow-insecure when a TLS-terminating ingress or load "
-            f"balancer is in front"
-        )
-    if cfg.serve.grpc_port is not None:
-        raise ConfigError(
-            f"{where}: gRPC (serve.grpc_port) has no TLS in Ray Serve, so the serve token would travel in clear "
-            f"text; unset serve.grpc_port (serve.tls covers HTTP only), or pass --allow-insecure when a "
-            f"TLS-terminating ingress is in front"
-        )
 
 
 __all__ = [
     "MOUNT",
+    "RAY_GID",
+    "RAY_UID",
+    "SECRET_MODE",
     "check_files",
-    "check_transport",
     "http_options",
     "mount_secret",
     "scheme",

@@ -34,6 +34,8 @@ from ..base.ray_private import TRACING_EXPORTER_ENV, TRACING_RATIO_ENV, tracing_
 #: The endpoint variables, the traces' own first (the OpenTelemetry exporter's order).
 ENDPOINT_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 PROTOCOL_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+#: The collector's credentials (``key=value,...``, e.g. ``Authorization=Basic ...``): never copied into a file.
+HEADERS_ENVS = ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
 #: OpenTelemetry's own switch: "true" turns the SDK (here: vitdeploy's tracing) off whatever else is set.
 DISABLED_ENV = "OTEL_SDK_DISABLED"
 SERVICE_ENV = "OTEL_SERVICE_NAME"
@@ -111,19 +113,37 @@ def config(sampling_ratio: float, env: Mapping[str, str] = os.environ) -> Option
     return {"enabled": True, "exporter_import_path": EXPORTER_IMPORT_PATH, "sampling_ratio": float(sampling_ratio)}
 
 
-def ray_env(traces: Optional[Dict[str, Any]], env: Mapping[str, str] = os.environ) -> Dict[str, str]:
+def ray_env(
+    traces: Optional[Dict[str, Any]], env: Mapping[str, str] = os.environ, written: bool = False
+) -> Dict[str, str]:
     """The environment each Ray node needs for ``traces`` (from :func:`config`; {} when None): Ray 2.60's proxy
     never gets ``serve.start``'s tracing_config (proxy_state.py starts ProxyActor without it) and reads only
     ``RAY_SERVE_TRACING_*``: without them it neither continues a client's traceparent nor passes the trace on to
-    the replicas. The endpoint and protocol variables are ``env``'s, as set."""
+    the replicas. The endpoint and protocol variables are ``env``'s, as set; ``written`` (a file we write): each
+    endpoint without its user:password or query (:func:`shown`; the credentials travel as
+    ``OTEL_EXPORTER_OTLP_HEADERS`` from a secret: :func:`credentials`)."""
     if not traces:
         return {}
+    endpoints = {k: env[k].strip() for k in ENDPOINT_ENVS if env.get(k, "").strip()}
     return {
         RAY_EXPORTER_ENV: traces["exporter_import_path"],
         RAY_RATIO_ENV: repr(float(traces["sampling_ratio"])),
         SERVICE_ENV: env.get(SERVICE_ENV) or SERVICE_NAME,
-        **{k: env[k] for k in (*ENDPOINT_ENVS, *PROTOCOL_ENVS) if env.get(k, "").strip()},
+        **{k: shown(v) if written else v for k, v in endpoints.items()},
+        **{k: env[k] for k in PROTOCOL_ENVS if env.get(k, "").strip()},
     }
+
+
+def credentials(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether the collector gets credentials a written file must not hold: a headers variable, or an endpoint
+    with a user:password or a query (what :func:`shown` leaves out)."""
+
+    def carries(url: str) -> bool:
+        parts = urlsplit(url if "://" in url else f"//{url}")
+        return "@" in parts.netloc or bool(parts.query or parts.fragment)
+
+    endpoints = [env[k].strip() for k in ENDPOINT_ENVS if env.get(k, "").strip()]
+    return any(env.get(k, "").strip() for k in HEADERS_ENVS) or any(carries(e) for e in endpoints)
 
 
 def start_options(start: Any, traces: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -195,9 +215,11 @@ def stage_spans(model: str, version: Any, backend: str) -> Optional[StageSpans]:
 __all__ = [
     "ENDPOINT_ENVS",
     "EXPORTER_IMPORT_PATH",
+    "HEADERS_ENVS",
     "REQUEST_SPAN",
     "StageSpans",
     "config",
+    "credentials",
     "endpoint",
     "fastapi_options",
     "progress_line",

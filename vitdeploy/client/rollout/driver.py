@@ -70,7 +70,7 @@ class RolloutPlan:
     timeout_s: float = 600.0  # a count not reached within this long: not enough traffic to judge, rolled back
     start_timeout_s: float = 300.0
     max_slowdown: Optional[float] = None
-    token: Optional[str] = None
+    token: Optional[str] = field(default=None, repr=False)
     ca_bundle: Optional[str] = None  # what an HTTPS server's certificate is verified against (connection.py)
     min_agreement: Optional[float] = None  # gate on the top-1 agreement with the live version (an embedding: cosine)
     same_model: bool = False  # the candidate must answer as the live version does (a re-export of the same weights)

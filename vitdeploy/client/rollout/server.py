@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
@@ -30,8 +30,8 @@ class Server:
 
     url: str
     model: str
-    token: Optional[str]
-    token_digest: Optional[str]
+    token: Optional[str] = field(repr=False)
+    token_digest: Optional[str] = field(repr=False)
     metadata: dict[str, Any]
     ca_bundle: CaBundle = None
 

@@ -5,7 +5,7 @@ value is the one ``huggingface_hub`` documents, with its own default when unset.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -15,7 +15,7 @@ _TRUE = {"1", "ON", "YES", "TRUE"}
 
 @dataclass(frozen=True)
 class HubSettings:
-    endpoint: str  # HF_ENDPOINT, else huggingface_hub's default
+    endpoint: str = field(repr=False)  # HF_ENDPOINT (a user:password in it too), else huggingface_hub's default
     cache_dir: Path  # HF_HUB_CACHE, else HF_HOME/hub, else huggingface_hub's default
     offline: bool  # HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set to a true value
     token_set: bool  # a token is set (HF_TOKEN, or one saved by `hf auth login`); its value is never kept here
