@@ -104,48 +104,39 @@ def test_the_status_converges_a_rollout_that_died_after_its_promotion(cluster):
 @pytest.mark.parametrize(
     "given, env, joined",
     [
-        (None, None, "auto"),
+        (None, None, "127.0.0.1:6390"),
         (None, "10.0.0.7:6379", "10.0.0.7:6379"),
         ("10.0.0.9:6379", "10.0.0.7:6379", "10.0.0.9:6379"),
     ],
 )
 def test_without_an_address_the_cluster_on_this_machine_is_joined_and_named(monkeypatch, given, env, joined):
-    """--address, else RAY_ADDRESS, else Ray's own discovery ("auto", which finds the cluster's token too); the
-    cluster found by discovery is named in one line. Nothing starts: the join is recorded."""
-    from types import SimpleNamespace
-
+    """--address, else RAY_ADDRESS, else the cluster running here (as address "auto" finds it), joined by its
+    address through init_ray (its token, loopback) and named in one line. Nothing starts: the join is recorded."""
     import ray
 
     asked, lines = [], []
-
-    def init_ray(ray_module, address, **options):
-        asked.append(address)
-        return SimpleNamespace(address_info={"gcs_address": "192.168.5.5:6379"})
-
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(lease_module, "init_ray", init_ray)
+    monkeypatch.setattr(lease_module, "init_ray", lambda ray_module, address, **options: asked.append(address))
+    monkeypatch.setattr(lease_module, "find_local_cluster", lambda: "127.0.0.1:6390")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     if env:
         monkeypatch.setenv("RAY_ADDRESS", env)
     lease_module.connect(given, lines.append)
     assert asked == [joined]
-    assert lines == (
-        ["joined the Ray cluster at 192.168.5.5:6379, found on this machine (no --address or RAY_ADDRESS given)"]
-        if joined == "auto"
-        else []
-    )
+    found = "joined the Ray cluster at 127.0.0.1:6390, found on this machine (no --address or RAY_ADDRESS given)"
+    assert lines == ([found] if given is None and env is None else [])
 
 
-def test_no_cluster_on_this_machine_says_to_give_the_address(monkeypatch):
-    import ray
-
+def test_the_cluster_on_this_machine_is_the_one_recorded_or_the_only_one_else_one_line_asks_for_the_address():
     from vitdeploy.base.errors import ConfigError
+    from vitdeploy.base.ray_join import choose_local_cluster
 
-    def init_ray(ray_module, address, **options):
-        raise ConnectionError("Could not find any running Ray instance.")
-
-    monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(lease_module, "init_ray", init_ray)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    with pytest.raises(ConfigError, match=r"no Ray cluster found on this machine .*give --address"):
-        lease_module.connect(None)
+    assert choose_local_cluster(None, ["127.0.0.1:6390"]) == "127.0.0.1:6390"
+    assert choose_local_cluster("10.0.0.2:6379", ["10.0.0.2:6379", "127.0.0.1:6390"]) == "10.0.0.2:6379"
+    assert choose_local_cluster("10.0.0.3:6379", []) == "10.0.0.3:6379"  # `ray start --address` of a worker node
+    with pytest.raises(ConfigError, match=r"^no Ray cluster runs on this machine: give --address or RAY_ADDRESS"):
+        choose_local_cluster(None, [])
+    with pytest.raises(ConfigError, match=r"several Ray clusters run on this machine \(127.0.0.1:1, 127.0.0.1:2\)"):
+        choose_local_cluster(None, ["127.0.0.1:1", "127.0.0.1:2"])  # Ray would take either: never guessed
+    with pytest.raises(ConfigError, match="several"):
+        choose_local_cluster("10.9.9.9:6379", ["127.0.0.1:1", "127.0.0.1:2"])  # a stale record

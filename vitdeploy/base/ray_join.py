@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
 from . import ray_loopback
-from .errors import BackendError
-from .ray_private import INIT_NODE_IP, gcs_probe, refresh_ray_config
+from .errors import BackendError, ConfigError
+from .ray_private import INIT_NODE_IP, gcs_probe, local_clusters, refresh_ray_config
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +144,25 @@ def ensure_local_token() -> None:
         os.unlink(tmp)
 
 
+def find_local_cluster() -> str:
+    """The GCS address of the Ray cluster on this machine (:func:`choose_local_cluster`)."""
+    return choose_local_cluster(*local_clusters())
+
+
+def choose_local_cluster(recorded: Optional[str], running: list[str]) -> str:
+    """The cluster to join when none was named (``address="auto"``, as Ray's tools search): the one `ray start`
+    recorded last when it runs, else the only one running here; ConfigError in one line when none runs, or
+    several do and none was recorded (Ray would take any of them)."""
+    if recorded and (recorded in running or not running):
+        return recorded
+    if len(running) == 1:
+        return running[0]
+    where = "give --address or RAY_ADDRESS"
+    if not running:
+        raise ConfigError(f"no Ray cluster runs on this machine: {where} (the `Ray at ...` line of `vitdeploy serve`)")
+    raise ConfigError(f"several Ray clusters run on this machine ({', '.join(running)}): {where}")
+
+
 def init_ray(ray: Any, address: Optional[str] = None, **options: Any) -> Any:
     """``ray.init(address=address, **options)``, authenticated as the cluster expects (the module's docstring):
     ``address`` None or ``"local"`` starts a Ray of this process's own; any other joins that cluster.
@@ -176,6 +195,8 @@ __all__ = [
     "cluster_wants_token",
     "default_token_path",
     "ensure_local_token",
+    "choose_local_cluster",
+    "find_local_cluster",
     "init_ray",
     "token_source",
     "use_cluster_token",

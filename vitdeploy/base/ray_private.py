@@ -12,7 +12,8 @@ proxy's handler factory, the metrics port and node address of a Ray started by `
 Ray's proxy and raylet read, Ray's switch that keeps a node on loopback (base/ray_loopback.py), the GCS's
 key-value store (where the rollout registry's state lives: serve/rollout/store.py), and what joining a cluster by
 address with Ray's token needs (base/ray_join.py): this process's cached Ray configuration read again, and a GCS
-asked whether it wants a token; and Ray Serve's details of its applications (whether one came from a Serve
+asked whether it wants a token; the clusters running on this machine (``address="auto"``'s search); and Ray
+Serve's details of its applications (whether one came from a Serve
 config, `serve deploy` or a RayService, or from ``serve.run``: its ``source``; a deployment's autoscaling).
 
 It stands in base/ because both serve/ and batch/ join Ray through base/ray_join.py, which needs it.
@@ -170,6 +171,17 @@ SERVE_DETAILS = RayApi(
     "declarative): `vitdeploy rollout` refuses those, which their config would put back; and the live "
     "deployment's autoscaling_config, which a promoted version takes over",
 )
+FIND_CLUSTERS = RayApi(
+    "ray._private.services",
+    "find_gcs_addresses",
+    why="the Ray clusters running on this machine (what address='auto' looks for): `vitdeploy rollout` without "
+    "--address joins the one there is, and names it",
+)
+FIND_RECORDED = RayApi(
+    "ray._private.services",
+    "find_bootstrap_address",
+    why="the cluster `ray start` recorded last on this machine, which Ray's own tools join first",
+)
 #: every entry, checked against the installed Ray by tests/base/test_ray_private.py
 APIS = (
     RUN_NOWAIT,
@@ -192,6 +204,8 @@ APIS = (
     GCS_CLIENT_KV,
     SERVE_CLIENT,
     SERVE_DETAILS,
+    FIND_CLUSTERS,
+    FIND_RECORDED,
 )
 
 
@@ -320,6 +334,13 @@ def refresh_ray_config() -> bool:
     return True
 
 
+def local_clusters() -> tuple[Optional[str], list[str]]:
+    """The Ray clusters on this machine, as address='auto' finds them: (the GCS address `ray start` recorded last,
+    None without one; the GCS address of every cluster whose GCS runs here)."""
+    recorded = _function(FIND_RECORDED)(None)
+    return (str(recorded) if recorded else None), sorted(str(a) for a in _function(FIND_CLUSTERS)() or ())
+
+
 def serve_details() -> dict[str, Any]:
     """Ray Serve's details of this cluster (this process connected to it), as ``serve status``'s REST API gives
     them (``applications``: each one's ``source``, its deployments' ``deployment_config``); {} where this Ray does
@@ -353,6 +374,8 @@ __all__ = [
     "CONFIG_REFRESH",
     "DELETE_NOWAIT",
     "DEPLOYMENT_VERSION",
+    "FIND_CLUSTERS",
+    "FIND_RECORDED",
     "GCS_CLIENT",
     "GCS_CLIENT_KV",
     "GCS_KV_GET",
@@ -373,6 +396,7 @@ __all__ = [
     "gcs_kv_get",
     "gcs_kv_put",
     "gcs_probe",
+    "local_clusters",
     "local_ray_options",
     "missing",
     "refresh_ray_config",

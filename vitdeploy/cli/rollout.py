@@ -37,7 +37,7 @@ _COUNT = re.compile(r"^\s*\d+\s*$")
     "--address",
     default=None,
     help="the server's Ray cluster: the address of the `Ray at ...` line `vitdeploy serve` printed "
-    "(default: RAY_ADDRESS, else the cluster Ray finds on this machine, as its own tools do)",
+    "(default: RAY_ADDRESS, else the one cluster running on this machine, found as Ray's own tools find it)",
 )
 @click.option(
     "--shadow",

@@ -25,8 +25,8 @@ import uuid
 from typing import Any, Callable, Optional
 
 from ...base._deps import require
-from ...base.errors import BackendError, ConfigError, first_line
-from ...base.ray_join import init_ray
+from ...base.errors import BackendError, first_line
+from ...base.ray_join import find_local_cluster, init_ray
 from ...serve.rollout.registry import LEASE_S, registry_actor
 from ...serve.rollout.routes import version_app
 
@@ -35,33 +35,29 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 RETRIES = 5  # calls to a registry that died, while Ray starts it again (it reads its state back from the GCS)
 RETRY_S = 1.0
-AUTO = "auto"  # Ray's own discovery of the cluster on this machine, as `ray status` and `serve` tools do
 STATUS_REMOVE_S = 90.0  # `rollout --status`: how long a version left by an abandoned rollout may take to go
 
 
 def connect(address: Optional[str], progress: Optional[Progress] = None) -> Any:
     """This process on the server's Ray (already connected: as it is): ``address`` (``--address``), else
-    ``RAY_ADDRESS``, else the cluster Ray's own tools find on this machine (``"auto"``, which also finds the
-    cluster's token); ``progress`` is told which cluster was found that way."""
+    ``RAY_ADDRESS``, else the cluster running on this machine, as Ray's own tools find it (address "auto"), named
+    to ``progress``; joined through init_ray either way (Ray's token, a loopback cluster looked for there)."""
     ray = require("ray", "vitdeploy rollout (pip install 'vitdeploy[serve]')")
     require("ray.serve", "vitdeploy rollout (pip install 'vitdeploy[serve]')")
     if not log.isEnabledFor(logging.INFO):  # Ray Serve's own INFO lines repeat what progress() says
         logging.getLogger("ray.serve").setLevel(logging.WARNING)
     if ray.is_initialized():
         return ray
-    address = address or os.environ.get("RAY_ADDRESS") or AUTO
+    address = address or os.environ.get("RAY_ADDRESS")
+    found = not address
+    if found:
+        address = find_local_cluster()  # ConfigError in one line: none here, or several
     try:
-        context = init_ray(ray, address, logging_level=logging.WARNING, log_to_driver=False)  # the server shows them
+        init_ray(ray, address, logging_level=logging.WARNING, log_to_driver=False)  # the server shows them
     except (ConnectionError, RuntimeError, ValueError) as exc:
-        if address == AUTO:
-            raise ConfigError(
-                f"no Ray cluster found on this machine ({first_line(exc)}): give --address, the address of the "
-                "`Ray at ...` line `vitdeploy serve` printed, or RAY_ADDRESS"
-            ) from None
         raise BackendError(f"cannot join the Ray cluster at {address}: {first_line(exc)}; check --address") from None
-    if address == AUTO and progress is not None:
-        found = (getattr(context, "address_info", None) or {}).get("gcs_address") or "?"
-        progress(f"joined the Ray cluster at {found}, found on this machine (no --address or RAY_ADDRESS given)")
+    if found and progress is not None:
+        progress(f"joined the Ray cluster at {address}, found on this machine (no --address or RAY_ADDRESS given)")
     return ray
 
 
