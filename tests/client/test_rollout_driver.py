@@ -422,11 +422,13 @@ def _b64(blob: bytes) -> str:
     return base64.b64encode(blob).decode()
 
 
-def test_ray_says_the_served_model_was_not_applied_from_a_config_and_gives_its_deployment(server):
+def test_ray_finds_the_cluster_here_says_the_model_was_not_applied_from_a_config_and_gives_its_deployment(server):
     """What the rollout reads of Ray Serve's details on a real Ray: `vitdeploy serve`'s application is imperative
     (not refused as a config's), and its deployment's configuration is there (its autoscaling, when it has one)."""
-    from vitdeploy.base.ray_private import serve_app_sources, serve_details
+    from vitdeploy.base.ray_private import local_clusters, serve_app_sources, serve_details
     from vitdeploy.client.rollout.capacity import live_autoscaling
+
+    assert server["gcs"] in local_clusters()[1]  # what `rollout` without --address looks for finds this cluster
 
     sources = serve_app_sources()
     assert sources and all(origin == "imperative" for origin in sources.values()), sources
