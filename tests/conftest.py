@@ -21,10 +21,18 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 WHOLE_EXPORTS = ("demo_artifacts", "drift_artifacts", "embedding_artifacts", "sized_artifacts")
 
 
+def pytest_configure(config):
+    """pytest-xdist hands out the files in the order collected (`pytest_collection_modifyitems`: the longest first),
+    not its own (the files with the most tests first)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     """Every pytest-xdist worker must collect the same ids: an id spelled from raw bytes (a gzip header holds
     the time, for one) may differ between two workers' collections and fails the whole run, so it is refused.
-    A test that needs a whole export and is not marked ``integration`` is refused too, by name."""
+    A test that needs a whole export and is not marked ``integration`` is refused too, by name. Under pytest-xdist
+    the files come longest first (tests/helpers/schedule.py), so the two workers finish together."""
     raw = [item.nodeid for item in items if "\\x" in item.nodeid]
     if raw:
         raise pytest.UsageError(f"test ids spelled from raw bytes (give the parametrize ids=): {raw[0]}")
@@ -36,6 +44,10 @@ def pytest_collection_modifyitems(config, items):
     if unmarked:
         needs = ", ".join(WHOLE_EXPORTS)
         raise pytest.UsageError(f"needs a whole export ({needs}) but is not marked integration: {unmarked[0]}")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker collects, and orders, the same
+        from helpers.schedule import longest_first
+
+        items[:] = longest_first(items)
 
 
 def built_once(tmp_path_factory, name: str, build: Callable[[Path], Path]) -> Path:
