@@ -45,10 +45,12 @@ demo: $(STAMP)
 	@echo "  $(BIN)/vitdeploy export -c pipeline.yaml && $(BIN)/vitdeploy predict path/to/your/images -a artifacts"
 	@echo "  (or '. $(BIN)/activate' first, then plain 'vitdeploy ...')"
 
+# The parallel phase prints its 20 slowest tests (their setup, call and teardown apart); its files are handed to
+# the two workers longest first (tests/helpers/schedule.py).
 test: $(STAMP) $(REF_STAMP) $(TRITON_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not serial"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not serial" --durations=20
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m serial
 
 # Speed goals are checked here, by ratios measured side by side in one run (benchmarks/README.md).

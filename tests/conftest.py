@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -26,10 +29,18 @@ def pytest_configure(config):
 WHOLE_EXPORTS = ("demo_artifacts", "drift_artifacts", "embedding_artifacts", "sized_artifacts")
 
 
+def pytest_configure(config):
+    """pytest-xdist hands out the files in the order collected (`pytest_collection_modifyitems`: the longest first),
+    not its own (the files with the most tests first)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     """Every pytest-xdist worker must collect the same ids: an id spelled from raw bytes (a gzip header holds
     the time, for one) may differ between two workers' collections and fails the whole run, so it is refused.
-    A test that needs a whole export and is not marked ``integration`` is refused too, by name."""
+    A test that needs a whole export and is not marked ``integration`` is refused too, by name. Under pytest-xdist
+    the files come longest first (tests/helpers/schedule.py), so the two workers finish together."""
     raw = [item.nodeid for item in items if "\\x" in item.nodeid]
     if raw:
         raise pytest.UsageError(f"test ids spelled from raw bytes (give the parametrize ids=): {raw[0]}")
@@ -41,6 +52,34 @@ def pytest_collection_modifyitems(config, items):
     if unmarked:
         needs = ", ".join(WHOLE_EXPORTS)
         raise pytest.UsageError(f"needs a whole export ({needs}) but is not marked integration: {unmarked[0]}")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker collects, and orders, the same
+        from helpers.schedule import longest_first
+
+        items[:] = longest_first(items)
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], Path]) -> Path:
+    """What ``build(folder)`` makes (it fills the empty ``folder`` and returns the path of what it made there), made
+    once per test run: the pytest-xdist workers share the run's temp dir, and the first to ask builds under a lock
+    while the others wait for it. Each worker then gets its own copy (``tmp_path_factory.mktemp(name)``), so a test
+    that writes into it writes into its worker's copy alone, as when each worker built its own."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's: popen-gw0 and popen-gw1 are beside each other in it
+    shared = root / "built-once"
+    shared.mkdir(exist_ok=True)
+    made = shared / f"{name}.made"  # the path that build returned, written once it has returned
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when a worker dies holding it
+        if not made.exists():
+            folder = shared / name
+            shutil.rmtree(folder, ignore_errors=True)  # what a worker that failed while building left
+            folder.mkdir()
+            made.write_text(str(build(folder).relative_to(folder)))
+    source = shared / name / made.read_text()
+    copy = tmp_path_factory.mktemp(name)
+    shutil.copytree(source, copy, dirs_exist_ok=True)
+    return copy
 
 
 def _export(cfg_dict: dict, out: Path, **kwargs):
@@ -71,7 +110,7 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_artifacts(tmp_path_factory):
     """``tiny_artifacts(seed=0, fp16_copy=True) -> Path``: a complete tiny-ViT export directory
-    (tests/helpers/tiny_export.py), built once per session for each (seed, fp16_copy). Treat it as
+    (tests/helpers/tiny_export.py), built once per run for each (seed, fp16_copy) (`built_once`). Treat it as
     read-only: copy it before tampering with a file."""
     from helpers.tiny_export import build_tiny_artifacts
 
@@ -79,8 +118,9 @@ def tiny_artifacts(tmp_path_factory):
 
     def make(seed: int = 0, fp16_copy: bool = True) -> Path:
         if (seed, fp16_copy) not in built:
-            out = tmp_path_factory.mktemp(f"tiny_seed{seed}")
-            built[seed, fp16_copy] = build_tiny_artifacts(out, seed=seed, fp16_copy=fp16_copy)
+            name = f"tiny_seed{seed}" + ("" if fp16_copy else "_fp32")
+            build = lambda folder: build_tiny_artifacts(folder, seed=seed, fp16_copy=fp16_copy)  # noqa: E731
+            built[seed, fp16_copy] = built_once(tmp_path_factory, name, build)
         return built[seed, fp16_copy]
 
     return make
@@ -89,38 +129,46 @@ def tiny_artifacts(tmp_path_factory):
 @pytest.fixture(scope="session")
 def fused_vit(tmp_path_factory) -> Path:
     """A folder with a tiny ViT's model.onnx and model.ort.onnx (its attention fused: tests/helpers/tiny_export.py
-    ``fused_tiny_vit``), built once per session. Read-only: write what a test makes elsewhere."""
+    ``fused_tiny_vit``), built once per run (`built_once`). Read-only: write what a test makes elsewhere."""
     from helpers.tiny_export import fused_tiny_vit
 
-    folder = tmp_path_factory.mktemp("fused_vit")
-    fused_tiny_vit(folder)
-    return folder
+    def build(folder: Path) -> Path:
+        fused_tiny_vit(folder)
+        return folder
+
+    return built_once(tmp_path_factory, "fused_vit", build)
 
 
 @pytest.fixture(scope="session")
 def demo_artifacts(tmp_path_factory) -> Path:
-    """The demo model exported once per test session (engine skipped: no TensorRT here).
+    """The demo model exported once per test run (`built_once`; engine skipped: no TensorRT here).
 
     ``export.int8.min_speedup: 0``: model.int8.onnx ships whatever this machine's INT8 speed, so
     the tests that read it do not depend on a timing (the speed gate has its own tests)."""
-    out = tmp_path_factory.mktemp("demo_artifacts")
-    _export({"export": {"int8": {"min_speedup": 0}}}, out, engine="skip")
-    return out
+
+    def build(out: Path) -> Path:
+        _export({"export": {"int8": {"min_speedup": 0}}}, out, engine="skip")
+        return out
+
+    return built_once(tmp_path_factory, "demo_artifacts", build)
 
 
 @pytest.fixture(scope="session")
 def embedding_artifacts(tmp_path_factory) -> Path:
     """A headless checkpoint (a tiny transformers DINOv2 with registers, tests/helpers/tiny_export.py)
-    exported once per test session: an embedding model (``output.kind: embedding``, EMBEDDINGS [batch, 64],
+    exported once per test run (`built_once`): an embedding model (``output.kind: embedding``, EMBEDDINGS [batch, 64],
     no labels) with its patch tokens (``model.patch_tokens``: PATCH_TOKENS [batch, 16, 64], which every
     consumer answers only when asked); model.onnx and model.ort.onnx only (no FP16, INT8 or engine), ~10 s."""
     from helpers.tiny_export import save_headless_dinov2
 
-    ckpt = save_headless_dinov2(tmp_path_factory.mktemp("dinov2_headless"))
-    out = tmp_path_factory.mktemp("embedding_artifacts")
-    export = {"batch": {"min": 1, "opt": 4, "max": 8}, "fp16": {"enabled": False}, "int8": {"enabled": False}}
-    _export({"model": {"checkpoint": str(ckpt), "patch_tokens": True}, "export": export}, out, engine="skip")
-    return out
+    def build(folder: Path) -> Path:
+        ckpt = save_headless_dinov2(folder / "checkpoint")
+        export = {"batch": {"min": 1, "opt": 4, "max": 8}, "fp16": {"enabled": False}, "int8": {"enabled": False}}
+        cfg = {"model": {"checkpoint": str(ckpt), "patch_tokens": True}, "export": export}
+        _export(cfg, folder / "export", engine="skip")
+        return folder / "export"
+
+    return built_once(tmp_path_factory, "embedding_artifacts", build)
 
 
 #: The square sides `sized_artifacts` answers at (56, the processor's crop, is its base size).
@@ -129,23 +177,25 @@ SIZED = (28, 42, 56)
 
 @pytest.fixture(scope="session")
 def sized_artifacts(tmp_path_factory) -> Path:
-    """The tiny transformers DINOv2 with registers of `embedding_artifacts` exported once per test session for
+    """The tiny transformers DINOv2 with registers of `embedding_artifacts` exported once per test run for
     several sizes (``export.image_sizes: [28, 42, 56]``, patch 14; base 56): EMBEDDINGS [batch, 64] and
     PATCH_TOKENS [batch, (side / 14)^2, 64]; model.onnx and model.ort.onnx only."""
     from helpers.tiny_export import save_headless_dinov2
 
-    ckpt = save_headless_dinov2(tmp_path_factory.mktemp("dinov2_sized"))
-    out = tmp_path_factory.mktemp("sized_artifacts")
-    export = {
-        "image_sizes": list(SIZED),
-        "batch": {"min": 1, "opt": 4, "max": 8},
-        "fp16": {"enabled": False},
-        "int8": {"enabled": False},
-    }
-    validation = {"noise_samples": 4, "max_images": 4}
-    cfg = {"model": {"checkpoint": str(ckpt), "patch_tokens": True}, "export": export, "validation": validation}
-    _export(cfg, out, engine="skip")
-    return out
+    def build(folder: Path) -> Path:
+        ckpt = save_headless_dinov2(folder / "checkpoint")
+        export = {
+            "image_sizes": list(SIZED),
+            "batch": {"min": 1, "opt": 4, "max": 8},
+            "fp16": {"enabled": False},
+            "int8": {"enabled": False},
+        }
+        validation = {"noise_samples": 4, "max_images": 4}
+        cfg = {"model": {"checkpoint": str(ckpt), "patch_tokens": True}, "export": export, "validation": validation}
+        _export(cfg, folder / "export", engine="skip")
+        return folder / "export"
+
+    return built_once(tmp_path_factory, "sized_artifacts", build)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,9 @@ module imports another, and every marker used is registered in pyproject.toml.
 from __future__ import annotations
 
 import ast
+import bisect
 import io
+import math
 import re
 import tokenize
 from collections import defaultdict
@@ -297,14 +299,20 @@ def test_a_checkpoint_format_lives_in_one_place_and_is_registered_once():
     assert not elsewhere, f"format-specific modules outside model/formats/: {elsewhere}"
 
 
-def logical_lines(source: str, first: int = 1, last: int | None = None) -> int:
-    """Logical lines (statements, a docstring or a comment counting one) between physical lines ``first``
-    and ``last``."""
-    count = 0
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type in (tokenize.NEWLINE, tokenize.COMMENT) and first <= tok.start[0] <= (last or tok.start[0]):
-            count += 1
-    return count
+def logical_line_starts(source: str) -> list[int]:
+    """The physical line of each logical line (a statement, a docstring or a comment counting one), in order."""
+    return [
+        tok.start[0]
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type in (tokenize.NEWLINE, tokenize.COMMENT)
+    ]
+
+
+def logical_lines(source: str | list[int], first: int = 1, last: int | None = None) -> int:
+    """Logical lines between physical lines ``first`` and ``last``; ``source`` may be its `logical_line_starts`
+    (a module tokenized once for all its functions)."""
+    starts = logical_line_starts(source) if isinstance(source, str) else source
+    return bisect.bisect_right(starts, last if last is not None else math.inf) - bisect.bisect_left(starts, first)
 
 
 def physical_lines(source: str) -> int:
@@ -341,8 +349,9 @@ def test_no_function_over_80_lines():
     long = []
     for p in package_modules():
         source = p.read_text(encoding="utf-8")
+        starts = logical_line_starts(source)
         for fn in _functions(ast.parse(source)):
-            n = logical_lines(source, fn.lineno, fn.end_lineno)
+            n = logical_lines(starts, fn.lineno, fn.end_lineno)
             if n > MAX_FUNCTION_LINES:
                 long.append(f"{p.relative_to(PACKAGE.parent)}:{fn.lineno} {fn.name} ({n} lines)")
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them by step): {long}"

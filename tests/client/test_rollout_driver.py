@@ -207,7 +207,7 @@ def test_a_reexport_is_shadowed_then_promoted_without_a_failed_request(server, t
     assert seen["pinned"][0] == "1" and "judged version 1 of model tiny" in seen["pinned"][1], seen["pinned"]
     assert seen["v1_predict"].status_code == 200 and seen["v1_predict"].json()[0]["label"] == expected[0]
     _check(answers, expected, {"1", "2"})
-    after = [a for a in answers if a.version and a.at > result.window[1]]
+    after = [a for a in answers if a.version and a.sent > result.window[1]]  # sent after the switch
     assert after and {a.version for a in after} == {"2"}, "unversioned requests did not move to v2"
     from ray import serve
 

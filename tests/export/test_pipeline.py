@@ -149,6 +149,9 @@ def test_onnx_runs_in_ort_at_batch_1_3_17_and_max_within_fp32_thresholds(tmp_pat
 
 @pytest.mark.slow
 def test_vit_b16_random_weights_exports_end_to_end(tmp_path: Path, export_config):
+    """A ViT-B/16 at 224 px (its 12 heads of 64, 197 tokens, 1000 classes) through every CPU stage, each graph
+    validated at batch 1 and 3 on five inputs: its scale is what this test adds. The validation at the profile's
+    largest batch (and at 17 and 24) is the demo model's: test_onnx_runs_in_ort_at_batch_1_3_17_and_max..."""
     import torch
 
     from vitdeploy.export.pipeline import run_export
@@ -165,12 +168,13 @@ def test_vit_b16_random_weights_exports_end_to_end(tmp_path: Path, export_config
         {
             "model": {"checkpoint": str(tmp_path / "vitb")},
             "export": {"batch": {"min": 1, "opt": 4, "max": 17}},
-            "validation": {"noise_samples": 4, "max_images": 13},
+            "validation": {"noise_samples": 4, "max_images": 1},
         }
     )
-    result = run_export(config, tmp_path / "out", engine="skip", validation_batch=(1, 3, 17))
+    result = run_export(config, tmp_path / "out", engine="skip", validation_batch=(1, 3))
     manifest = json.loads(result.manifest_path.read_text())
     assert manifest["validation"]["validate-onnx"]["passed"] and manifest["validation"]["validate-fp16"]["passed"]
+    assert sorted(map(int, manifest["validation"]["validate-fp16"]["per_batch"])) == [1, 3]
     assert manifest["io"]["output"]["shape"] == ["batch", 1000]
     for entry in manifest["artifacts"].values():
         assert sha256_file(tmp_path / "out" / entry["path"]) == entry["sha256"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,12 +34,28 @@ def _digests(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
-@pytest.mark.parametrize("limit, file", [(20_000, "model.safetensors"), (500_000, "model.onnx")])
-def test_a_write_that_fails_is_one_line_and_the_previous_export_stays(tiny_checkpoint, tmp_path, limit, file):
-    config = tmp_path / "pipeline.yaml"
+def _config(tiny_checkpoint: Path, folder: Path) -> Path:
+    config = folder / "pipeline.yaml"
     config.write_text(f"model: {{checkpoint: {tiny_checkpoint}}}\nexport: {{int8: {{enabled: false}}}}\n")
-    out = tmp_path / "out"
-    assert _export(config, out).returncode == 0
+    return config
+
+
+@pytest.fixture(scope="module")
+def previous(tiny_checkpoint, tmp_path_factory) -> Path:
+    """The export already in the folder: the same command that fails below, run once for the module and
+    copied into each test's folder."""
+    folder = tmp_path_factory.mktemp("previous")
+    done = _export(_config(tiny_checkpoint, folder), folder / "out")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder / "out"
+
+
+@pytest.mark.parametrize("limit, file", [(20_000, "model.safetensors"), (500_000, "model.onnx")])
+def test_a_write_that_fails_is_one_line_and_the_previous_export_stays(
+    tiny_checkpoint, previous, tmp_path, limit, file
+):
+    config = _config(tiny_checkpoint, tmp_path)
+    out = shutil.copytree(previous, tmp_path / "out")
     before = _digests(out)
     res = _export(config, out, limit)
     assert res.returncode == 1, res.stdout + res.stderr

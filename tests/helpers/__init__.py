@@ -9,4 +9,5 @@ tests/test_architecture.py (tests/<room>/test_<module>.py) do not apply.
 - ``library_fidelity``: photos, the reference run and the comparisons of the library-fidelity tests.
 - ``held``: overload made deterministic: the process that runs the model held (SIGSTOP) while requests arrive.
 - ``thresholds``: validation thresholds the tests need (a gate no graph can pass).
+- ``schedule``: the order the pytest-xdist workers are handed the files (the longest first).
 """

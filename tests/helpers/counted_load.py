@@ -3,7 +3,8 @@
 over HTTP with binary tensors instead, what a Triton reads), each sending the images in
 turn, one per request, over its own keep-alive connection, until ``stop()``. Every answer is kept as an
 ``Answer``: the protocol, the status (200 / gRPC OK, or what failed), the top-1 label, the model version that
-answered (the v2 protocols say it) and when it came back (time.time(), as a rollout's window). ``wait_for(n)``
+answered (the v2 protocols say it), when it was sent and when it came back (time.time(), as a rollout's window: a
+request sent before a switch may come back after it, answered by the version before). ``wait_for(n)``
 waits for n more answers (a count, never a clock: the deadline only guards against a hang)."""
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Answer:
     version: Optional[str]
     at: float
     text: str = ""
+    sent: float = 0.0  # time.time() just before the request went out
 
 
 class CountedLoad:
@@ -70,6 +72,7 @@ class CountedLoad:
     def _predict(self, k: int) -> None:
         with httpx.Client(timeout=120) as client:
             for i in self._next(k):
+                sent = time.time()
                 try:
                     r = client.post(
                         f"{self.url}/predict",
@@ -77,14 +80,15 @@ class CountedLoad:
                         headers={**self.headers, "content-type": "image/png"},
                     )
                 except httpx.HTTPError as exc:
-                    self._add(Answer("predict", i, "connection error", None, None, time.time(), repr(exc)))
+                    self._add(Answer("predict", i, "connection error", None, None, time.time(), repr(exc), sent))
                     continue
                 label = r.json()[0]["label"] if r.status_code == 200 else None
-                self._add(Answer("predict", i, str(r.status_code), label, None, time.time(), r.text[:300]))
+                self._add(Answer("predict", i, str(r.status_code), label, None, time.time(), r.text[:300], sent))
 
     def _v2_http(self, k: int) -> None:
         with httpx.Client(timeout=120) as client:
             for i in self._next(k):
+                sent = time.time()
                 doc = {
                     "inputs": [
                         {"name": "IMAGES", "datatype": "BYTES", "shape": [1, 1], "data": [_b64(self.images[i])]}
@@ -94,14 +98,14 @@ class CountedLoad:
                 try:
                     r = client.post(f"{self.url}/v2/models/{self.model}/infer", json=doc, headers=self.headers)
                 except httpx.HTTPError as exc:
-                    self._add(Answer("v2-http", i, "connection error", None, None, time.time(), repr(exc)))
+                    self._add(Answer("v2-http", i, "connection error", None, None, time.time(), repr(exc), sent))
                     continue
                 if r.status_code != 200:
-                    self._add(Answer("v2-http", i, str(r.status_code), None, None, time.time(), r.text[:300]))
+                    self._add(Answer("v2-http", i, str(r.status_code), None, None, time.time(), r.text[:300], sent))
                     continue
                 body = r.json()
                 label = body["outputs"][0]["data"][0]
-                self._add(Answer("v2-http", i, "200", label, body["model_version"], time.time()))
+                self._add(Answer("v2-http", i, "200", label, body["model_version"], time.time(), "", sent))
 
     def _v2_http_binary(self, k: int) -> None:
         import numpy as np
@@ -110,6 +114,7 @@ class CountedLoad:
         client = httpclient.InferenceServerClient(self.url.split("://", 1)[-1], network_timeout=120)
         wanted = [httpclient.InferRequestedOutput("TOPK_LABELS", binary_data=True)]
         for i in self._next(k):
+            sent = time.time()
             tensor = httpclient.InferInput("IMAGES", [1, 1], "BYTES")
             tensor.set_data_from_numpy(np.array([[self.images[i]]], dtype=np.object_), binary_data=True)
             try:
@@ -117,13 +122,20 @@ class CountedLoad:
             except Exception as exc:  # noqa: BLE001 - any failure is an answer to count
                 self._add(
                     Answer(
-                        "v2-http", i, str(getattr(exc, "status", lambda: "error")()), None, None, time.time(), str(exc)
+                        "v2-http",
+                        i,
+                        str(getattr(exc, "status", lambda: "error")()),
+                        None,
+                        None,
+                        time.time(),
+                        str(exc),
+                        sent,
                     )
                 )
                 continue
             label = result.as_numpy("TOPK_LABELS")[0][0].decode()
             version = result.get_response()["model_version"]
-            self._add(Answer("v2-http", i, "200", label, version, time.time()))
+            self._add(Answer("v2-http", i, "200", label, version, time.time(), "", sent))
         client.close()
 
     def _v2_grpc(self, k: int) -> None:
@@ -133,6 +145,7 @@ class CountedLoad:
         client = grpcclient.InferenceServerClient(self.grpc)
         wanted = [grpcclient.InferRequestedOutput("TOPK_LABELS")]
         for i in self._next(k):
+            sent = time.time()
             tensor = grpcclient.InferInput("IMAGES", [1, 1], "BYTES")
             tensor.set_data_from_numpy(np.array([[self.images[i]]], dtype=np.object_))
             try:
@@ -140,11 +153,11 @@ class CountedLoad:
                     self.model, [tensor], outputs=wanted, headers=self.headers or None, client_timeout=120
                 )
             except grpcclient.InferenceServerException as exc:
-                self._add(Answer("v2-grpc", i, str(exc.status()), None, None, time.time(), str(exc.message())))
+                self._add(Answer("v2-grpc", i, str(exc.status()), None, None, time.time(), str(exc.message()), sent))
                 continue
             label = result.as_numpy("TOPK_LABELS")[0][0].decode()
             version = result.get_response().model_version
-            self._add(Answer("v2-grpc", i, "200", label, version, time.time()))
+            self._add(Answer("v2-grpc", i, "200", label, version, time.time(), "", sent))
         client.close()
 
     def count(self) -> int:
