@@ -50,7 +50,8 @@ demo: $(STAMP)
 test: $(STAMP) $(REF_STAMP) $(TRITON_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not serial" --durations=20
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n 2 --dist loadfile -m "not serial and not isolated" --durations=20
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m isolated
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m serial
 
 # Speed goals are checked here, by ratios measured side by side in one run (benchmarks/README.md).

@@ -29,6 +29,10 @@ from vitdeploy.base.ray_join import (
 )
 from vitdeploy.base.ray_private import local_ray_options
 
+#: Ray keeps what these tests switch (its token and auth mode) for the rest of the process: a Ray started
+#: in-process afterwards fails to reach its own GCS (seen in the parallel phase). `make test` runs them alone.
+pytestmark = pytest.mark.isolated
+
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
@@ -40,10 +44,10 @@ def home(tmp_path, monkeypatch):
     constants = sys.modules.get("ray._private.ray_constants")  # Ray's switch as read at its import, restored after
     if constants is not None:
         monkeypatch.setattr(constants, "ENABLE_RAY_CLUSTER", constants.ENABLE_RAY_CLUSTER)
+    # recorded where vitdeploy calls it, never by faking a Ray module: a Ray module imported meanwhile would keep
+    # the fake for good (Ray's own token switch then never reaches its configuration: a later Ray start fails)
     refreshed: list[str] = []
-    fake = types.ModuleType("ray._raylet")
-    fake.Config = types.SimpleNamespace(initialize=refreshed.append)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "ray._raylet", fake)
+    monkeypatch.setattr(ray_join, "refresh_ray_config", lambda: refreshed.append("") or True)
     return tmp_path, refreshed
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from pydantic import ValidationError
 
@@ -73,8 +75,9 @@ class _FakeRay:
     def is_initialized(self) -> bool:
         return self.running
 
-    def init(self, **kwargs) -> None:
+    def init(self, **kwargs):
         self.calls.append(kwargs)
+        return SimpleNamespace(address_info={"node_ip_address": "127.0.0.1"})  # a Ray of its own: on loopback
 
 
 def test_a_job_starts_a_ray_of_its_own_unless_given_a_cluster(monkeypatch):
