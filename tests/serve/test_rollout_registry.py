@@ -25,12 +25,12 @@ from vitdeploy.serve.rollout.registry import (
 )
 from vitdeploy.serve.rollout.store import MemoryStore, routing_table
 
-SHADOWING = {
-    "live": "/v2/models/m",
+PROMOTED_ENTRY = {  # model m after v2's promotion (tests/serve/test_rollout_routes.py routes such entries)
+    "live": "/v2/models/m/versions/2",
     "live_app": "m",
     "versions": [1, 2],
     "apps": {"1": "m", "2": "m@v2"},
-    "shadow": {"app": "m@v2", "timeout_s": 5.0},
+    "shadow": None,
 }
 
 
@@ -210,7 +210,7 @@ def test_the_guard_routes_by_the_registry_and_drops_a_clients_own_rollout_header
         await send({"type": "http.response.body", "body": b"{}", "more_body": False})
 
     async def read():
-        return {"m": {**SHADOWING, "live": "/v2/models/m/versions/2", "shadow": None}}
+        return {"m": dict(PROMOTED_ENTRY)}
 
     guard = ProxyGuard(ray, max_body_bytes=1 << 20, body_timeout_s=5)
     guard.rollout = RoutingTable(read)
