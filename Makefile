@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml Makefile
 $(REF_STAMP): Makefile
 	$(PYTHON) -m venv $(REF_VENV)
 	$(REF_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(REF_VENV)/bin/python -m pip install --quiet "timm>=1.0.20" torchvision safetensors pillow numpy "transformers>=5"
+	$(REF_VENV)/bin/python -m pip install --quiet "timm>=1.0.20" torchvision safetensors pillow numpy "transformers>=5" "open-clip-torch>=3"
 	touch $(REF_STAMP)
 
 install: $(STAMP)
