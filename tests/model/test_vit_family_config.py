@@ -124,7 +124,8 @@ def test_timm_pool_from_config_json_and_model_pool_checked(tmp_path):
 @pytest.mark.parametrize(
     "config, feature",
     [
-        ({"global_pool": "map"}, "global_pool 'map' is not supported"),
+        ({"global_pool": "map"}, "global_pool is 'map' .attention pooling. but the checkpoint has no attention pool"),
+        ({"global_pool": "prr"}, "global_pool 'prr' is not supported"),
         ({"model_args": {"global_pool": "avgmax", "num_heads": 2}}, "global_pool 'avgmax' is not supported"),
         ({"model_args": {"pool_include_prefix": True, "num_heads": 2}}, "pool_include_prefix=True"),
     ],

@@ -81,7 +81,9 @@ class ViTConfig:
     distilled: StrictBool = False  # DeiT's distillation token after it, with its own head; the two heads averaged
     reg_tokens: Annotated[NonNegativeInt, Field(le=1024)] = 0  # register tokens after the class token, never pooled
     # "token": the class token; "avg": the mean of the patch tokens (prefix tokens left out); "token_avg": the
-    # class token and the mean patch token side by side, a head over 2 x width (transformers' DINOv2 classifiers)
+    # class token and the mean patch token side by side, a head over 2 x width (transformers' DINOv2 classifiers);
+    # "map": a learned probe attends over the patch tokens, then a norm and an MLP with a residual (SigLIP; timm's
+    # attn_pool.{latent, q, kv, proj, norm, mlp}), the heads and MLP width the blocks' own
     pool: Pool = "token"
     fc_norm: StrictBool = False  # the final LayerNorm after the pooling (timm fc_norm) instead of on every token
     layer_scale: StrictBool = False  # per-channel scales on each residual branch (timm ls1/ls2.gamma)
@@ -95,6 +97,9 @@ class ViTConfig:
     # image_size is then the export's base size
     pos_resample: PosResample = "none"
     pos_size: Annotated[NonNegativeInt, Field(le=MAX_SIDE)] = 0
+    # image_size need not be a multiple of patch_size: the strided patch convolution never reads the last
+    # image_size % patch_size rows and columns, as timm and transformers run SigLIP so400m/14 at 384 px (grid 27)
+    drop_remainder: StrictBool = False
 
     def __post_init__(self) -> None:
         sizes = {k: getattr(self, k) for k in _SIZE_FIELDS}
@@ -102,7 +107,7 @@ class ViTConfig:
         if bad:  # checked first: a zero or a string must not reach the arithmetic below
             raise ValueError(f"invalid ViT config: sizes must be positive integers, got {', '.join(bad)}")
         problems = []
-        if self.image_size % self.patch_size:
+        if self.image_size % self.patch_size and not self.drop_remainder:
             problems.append(f"image_size {self.image_size} is not a multiple of patch_size {self.patch_size}")
         if self.width % self.heads:
             problems.append(f"width {self.width} is not divisible by heads {self.heads}")
@@ -138,6 +143,12 @@ class ViTConfig:
             problems.append("pos_size (a table of another size than image_size) needs pos_resample")
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
+        if self.pool == "map" and self.mlp != "gelu":
+            problems.append("pool 'map' (attention pooling with a GELU MLP) needs mlp 'gelu'")
+        if self.drop_remainder and self.image_size < self.patch_size:
+            problems.append(f"image_size {self.image_size} is smaller than one patch ({self.patch_size})")
+        if self.drop_remainder and self.dynamic_size:
+            problems.append("drop_remainder (a fixed input size off the patch grid) cannot go with pos_resample")
         if self.pooler and self.pool != "token":
             problems.append(f"pooler (dense + tanh on the class token) needs pool 'token', got {self.pool!r}")
         if problems:
@@ -203,6 +214,8 @@ class ViTConfig:
             parts.append(f"{self.reg_tokens} register token{'s' if self.reg_tokens > 1 else ''}")
         if self.pool == "token_avg":
             parts.append("class token + mean patch token (DINOv2 classifier)")
+        elif self.pool == "map":
+            parts.append("attention pooling (SigLIP MAP head)" + (" + fc_norm" if self.fc_norm else ""))
         elif self.pool != "token":
             parts.append("average pooling" + (" + fc_norm" if self.fc_norm else ""))
         elif self.fc_norm:
@@ -223,6 +236,8 @@ class ViTConfig:
         data = asdict(self)
         if not self.dynamic_size:  # a fixed-size model's model.json stays as before (older readers refuse new keys)
             data.pop("pos_resample"), data.pop("pos_size")
+        if not self.drop_remainder:  # likewise: only a model off the patch grid states it
+            data.pop("drop_remainder")
         return data
 
     @classmethod
@@ -241,8 +256,8 @@ class ViTConfig:
 ViTFields = ViTConfig
 
 
-# The standard sizes, once: the paper's Table 1 (B/L/H) plus DeiT's Ti/S and DINOv2's giant -> (width, depth,
-# heads, mlp dim); giant's MLP is SwiGLU (mlp dim: the gated hidden width, fc1 writes twice that).
+# The standard sizes, once: the paper's Table 1 (B/L/H) plus DeiT's Ti/S, DINOv2's giant and SigLIP's so400m ->
+# (width, depth, heads, mlp dim); giant's MLP is SwiGLU (mlp dim: the gated hidden width, fc1 writes twice that).
 VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
     "tiny": (192, 12, 3, 768),
     "small": (384, 12, 6, 1536),
@@ -250,13 +265,14 @@ VIT_SIZES: dict[str, tuple[int, int, int, int]] = {
     "large": (1024, 24, 16, 4096),
     "huge": (1280, 32, 16, 5120),
     "giant": (1536, 40, 24, 4096),
+    "so400m": (1152, 27, 16, 4304),  # SigLIP's shape-optimised 400M tower (timm vit_so400m_patch14_siglip_*)
 }
 #: width -> heads / size name of the standard sizes (any other width needs model.num_heads).
 HEADS_BY_WIDTH: dict[int, int] = {width: heads for width, _, heads, _ in VIT_SIZES.values()}
 SIZE_BY_WIDTH: dict[int, str] = {dims[0]: size for size, dims in VIT_SIZES.items()}
 #: The sizes whose MLP is SwiGLU (DINOv2's giant), and the one patch size each size is named with.
 SWIGLU_SIZES: tuple[str, ...] = ("giant",)
-_ONE_PATCH = {"huge": 14, "giant": 14}
+_ONE_PATCH = {"huge": 14, "giant": 14, "so400m": 14}
 
 
 def dinov2_swiglu_hidden(width: int, mlp_ratio: float) -> int:

@@ -32,8 +32,10 @@ Activation = Literal[ACTIVATIONS]  # type: ignore[valid-type]
 MLPS: tuple[str, ...] = ("gelu", "swiglu")
 MlpKind = Literal[MLPS]  # type: ignore[valid-type]
 #: ViT poolings: the class token; the mean of the patch tokens (prefix tokens left out); or both side by side,
-#: the class token then the mean patch token (transformers' DINOv2 classifiers: a head over 2 x width).
-POOLS: tuple[str, ...] = ("token", "avg", "token_avg")
+#: the class token then the mean patch token (transformers' DINOv2 classifiers: a head over 2 x width); or "map",
+#: attention pooling over the patch tokens by a learned probe, then its norm and MLP (SigLIP: timm global_pool='map',
+#: transformers' SiglipMultiheadAttentionPoolingHead).
+POOLS: tuple[str, ...] = ("token", "avg", "token_avg", "map")
 Pool = Literal[POOLS]  # type: ignore[valid-type]
 #: how a ViT's learned position table follows an input of another size, as its library does it: "none" (the
 #: input must be the model's image size), "bicubic" (transformers' ViT / DeiT with interpolate_pos_encoding,

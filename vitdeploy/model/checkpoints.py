@@ -5,8 +5,9 @@ Formats are recognised from the contents of the file or directory, not its name,
 
 * ``vitdeploy``: a directory with ``model.json`` (``"format": "vitdeploy"``) and ``model.safetensors``,
   or either file inside it.
-* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` / DeiT / DINOv2 directory (``config.json`` +
-  ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a weights file inside it.
+* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` / DeiT / DINOv2 / SigLIP image tower
+  directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a weights file
+  inside it.
 * ``timm``: a timm ``vision_transformer`` state dict (.safetensors or a torch.save file), or a timm hub
   directory (``config.json`` with ``architecture``).
 * ``torchvision``: a torchvision ``vit_*`` state dict.
@@ -340,7 +341,6 @@ def _build_and_load(cfg: "ViTConfig", state: dict[str, Any], where: Path, fmt: s
 #: Parameter-name fragments (vitdeploy / timm naming) of parts vitdeploy's ViT does not have -> what they are.
 _UNSUPPORTED_PARTS = {
     "norm_pre.": "a norm before the blocks (timm pre_norm / CLIP)",
-    "attn_pool.": "attention pooling (timm global_pool='map')",
     "head.fc.": "a pre-logits layer",
     "pre_logits.": "a pre-logits layer",
     ".attn.norm.": "a norm on the attention output (timm scale_attn_norm)",
@@ -359,8 +359,8 @@ def _unsupported_parts(unexpected: list[str]) -> str:
         return "The model has parts vitdeploy's ViT does not: " + ", ".join(found)
     return (
         "The file is incomplete or edited, or the model has parts vitdeploy's ViT does not (supported: class, "
-        "distillation and register tokens, class-token, average or class-token + average pooling, fc_norm, layer "
-        "scale, qk-norm)"
+        "distillation and register tokens, class-token, average, class-token + average or SigLIP's attention pooling, "
+        "fc_norm, layer scale, qk-norm)"
     )
 
 

@@ -31,6 +31,7 @@ from ..base._schema import FiniteFloat, NonNegativeInt, PositiveInt, format_vali
 from ..base.errors import CheckpointError
 from ..base.vit_schema import MAX_CLASSES, MAX_DEPTH, MAX_SIDE, MAX_WIDTH, check_fit, validate_vit_config
 from ..base.vocab import INTERPOLATIONS, Interpolation
+from .formats.hf import convert_siglip as siglip
 
 Side = Annotated[PositiveInt, Field(le=MAX_SIDE)]
 Std = Annotated[FiniteFloat, Field(gt=0)]
@@ -78,6 +79,8 @@ class HFConfig(_Open):
     def _fit(self) -> "HFConfig":
         image = self.image_size if isinstance(self.image_size, int) else self.image_size[0]
         patch = self.patch_size if isinstance(self.patch_size, int) else self.patch_size[0]
+        if self.model_type in siglip.SIGLIP_TYPES and image > patch:  # its valid convolution drops the remainder
+            image -= image % patch
         check_fit(
             width=self.hidden_size,
             heads=self.num_attention_heads,
@@ -176,14 +179,14 @@ class OurModelJson(_Open):
     preprocess: Optional[dict[str, Any]] = None
 
 
-def _validate(schema: type[BaseModel], data: Any, path: Path) -> BaseModel:
+def _validate(schema: type[BaseModel], data: Any, path: Path, prefix: tuple[str, ...] = ()) -> BaseModel:
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object at the top level, got {type(data).__name__}")
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
         raise CheckpointError(
-            format_validation_error(exc, str(path)) + "; fix the file or re-save the checkpoint"
+            format_validation_error(exc, str(path), prefix=prefix) + "; fix the file or re-save the checkpoint"
         ) from None
 
 
@@ -203,7 +206,12 @@ def check_checkpoint_config(fmt: str, meta: dict[str, Any], meta_dir: Path | Non
                 f"{vit['num_classes']}; one label per class"
             )
     elif fmt == "hf":
-        _validate(HFConfig, meta, meta_dir / "config.json")
+        siglip.refuse_naflex(meta, meta_dir / "config.json")
+        if siglip.is_siglip(meta):  # the image tower's config (a SiglipModel's vision_config), flat
+            nested = ("vision_config",) if meta.get("model_type") == "siglip" else ()
+            _validate(HFConfig, siglip.vision_config(meta, meta_dir / "config.json"), meta_dir / "config.json", nested)
+        else:
+            _validate(HFConfig, meta, meta_dir / "config.json")
         pp = meta_dir / "preprocessor_config.json"
         if pp.is_file():
             from .formats.shared import read_json

@@ -8,9 +8,9 @@
 Every size is a field of :class:`ViTConfig`; the named variants are data in ``VARIANTS`` (both defined,
 torch-free, in ``vitdeploy/vit_schema.py``). So are the
 close relatives people ship: prefix tokens (class, DeiT's distillation token, registers), average
-pooling over the patch tokens (with ``fc_norm`` after the pool), layer scale (DeiT III, DINOv2),
-qk-norm, DINOv2 giant's SwiGLU MLP, and position tables with or without the prefix positions (timm's
-``no_embed_class``).
+pooling over the patch tokens (with ``fc_norm`` after the pool), SigLIP's attention pooling (``pool: map``),
+layer scale (DeiT III, DINOv2), qk-norm, DINOv2 giant's SwiGLU MLP, and position tables with or without the
+prefix positions (timm's ``no_embed_class``).
 Parameter names are timm's, so a timm state dict loads as it is.
 """
 
@@ -132,6 +132,29 @@ class LayerScale(nn.Module):
         return x * self.gamma
 
 
+class AttentionPool(nn.Module):
+    """Attention pooling by a learned probe (``pool: map``), as timm's ``AttentionPoolLatent`` (SigLIP, with
+    timm's names) and transformers' ``SiglipMultiheadAttentionPoolingHead`` compute it: the probe's query attends
+    over the tokens (keys and values from one ``kv`` projection), ``proj``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        self.heads = cfg.heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, cfg.width))
+        self.q = nn.Linear(cfg.width, cfg.width)
+        self.kv = nn.Linear(cfg.width, cfg.width * 2)
+        self.proj = nn.Linear(cfg.width, cfg.width)
+        self.norm = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
+        self.mlp = Mlp(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q = self.q(self.latent.expand(b, -1, -1)).reshape(b, 1, self.heads, d // self.heads).transpose(1, 2)
+        k, v = self.kv(x).reshape(b, n, 2, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        x = self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, 1, d))
+        return (x + self.mlp(self.norm(x)))[:, 0]
+
+
 class VisionTransformer(nn.Module):
     """ViT classifier. ``forward`` returns logits; ``forward_features`` the pooled features."""
 
@@ -156,6 +179,7 @@ class VisionTransformer(nn.Module):
         self.norm = nn.Identity() if cfg.fc_norm else norm()
         self.fc_norm = norm() if cfg.fc_norm else nn.Identity()
         self.pooler = nn.Linear(cfg.width, cfg.width) if cfg.pooler else None  # transformers' ViTPooler (+ tanh)
+        self.attn_pool = AttentionPool(cfg) if cfg.pool == "map" else None
         self.head = nn.Linear(cfg.pooled_width, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.head_dist = (
             (nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()) if cfg.distilled else None
@@ -173,7 +197,8 @@ class VisionTransformer(nn.Module):
             elif isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
                 nn.init.zeros_(module.bias)
-        for token in (self.cls_token, self.dist_token, self.reg_token):
+        latent = self.attn_pool.latent if self.attn_pool is not None else None
+        for token in (self.cls_token, self.dist_token, self.reg_token, latent):
             if token is not None:
                 nn.init.trunc_normal_(token, std=0.02)
         if isinstance(self.pos_embed, nn.Parameter):
@@ -217,6 +242,8 @@ class VisionTransformer(nn.Module):
             return self.fc_norm(x[:, self.cfg.num_prefix_tokens :].mean(dim=1))
         if self.cfg.pool == "token_avg":
             return torch.cat([x[:, 0], x[:, self.cfg.num_prefix_tokens :].mean(dim=1)], dim=1)
+        if self.attn_pool is not None:  # "map": the probe attends over the patch tokens (timm: prefix left out)
+            return self.fc_norm(self.attn_pool(x[:, self.cfg.num_prefix_tokens :]))
         return self.fc_norm(x[:, 0])
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:

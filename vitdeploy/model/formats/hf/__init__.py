@@ -28,9 +28,13 @@ from . import convert as convert_hf
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 #: The image processor transformers pairs with each model type (AutoImageProcessor), where the folder names none.
-_PROCESSOR_BY_MODEL_TYPE = {"dinov2": "BitImageProcessor", "dinov2_with_registers": "BitImageProcessor"}
+_PROCESSOR_BY_MODEL_TYPE = {
+    "dinov2": "BitImageProcessor",
+    "dinov2_with_registers": "BitImageProcessor",
+    **{model_type: "SiglipImageProcessor" for model_type in convert_hf.siglip.SIGLIP_TYPES},
+}
 #: Processors whose class converts to RGB by default (do_convert_rgb = True); the others leave it unset.
-_CONVERTS_RGB = {"BitImageProcessor", "CLIPImageProcessor"}
+_CONVERTS_RGB = {"BitImageProcessor", "CLIPImageProcessor", "SiglipImageProcessor"}
 
 
 class HFReader(Reader):
@@ -75,13 +79,18 @@ class HFReader(Reader):
         pp_path = src.meta_dir / PREPROCESSOR_CONFIG if src.meta_dir else None
         if pp_path is not None and pp_path.is_file():
             return convert_hf.hf_preprocess(read_json(pp_path), cfg.image_size, pp_path)
-        # no preprocessor_config.json: ViTImageProcessor's defaults, said in a note
-        spec = PreprocessSpec(style="hf", height=cfg.image_size, width=cfg.image_size, interpolation="bilinear")
+        # no preprocessor_config.json: the model's processor's defaults (ViTImageProcessor's; SigLIP's: bicubic),
+        # said in a note
+        kind = _PROCESSOR_BY_MODEL_TYPE.get(src.meta.get("model_type"), "ViTImageProcessor")
+        bicubic = kind == "SiglipImageProcessor"
+        spec = PreprocessSpec(
+            style="hf", height=cfg.image_size, width=cfg.image_size, interpolation="bicubic" if bicubic else "bilinear"
+        )
         note = (
-            f"{src.where}: no {PREPROCESSOR_CONFIG}; assumed transformers' ViTImageProcessor defaults "
+            f"{src.where}: no {PREPROCESSOR_CONFIG}; assumed transformers' {kind} defaults "
             f"({describe_spec(spec)}); {override_hint()}"
         )
-        return Preprocessing.from_source(spec, f"{LIBRARY}: transformers ViTImageProcessor", notes=(note,))
+        return Preprocessing.from_source(spec, f"{LIBRARY}: transformers {kind}", notes=(note,))
 
     def native_input(self, src: Source, cfg: ViTConfig, pre: Optional[Preprocessing]) -> Optional[int]:
         # transformers resamples a DINOv2 table to the processor's crop at every call
@@ -92,6 +101,8 @@ class HFReader(Reader):
         return "bicubic_antialias" if self.antialias(src) and src.meta.get("model_type") in DINOV2 else "bicubic"
 
     def antialias(self, src: Source) -> bool:
+        if convert_hf.siglip.is_siglip(src.meta):  # SigLIP's interpolate_pos_encoding: bicubic, not antialiased
+            return False
         return convert_hf.DINOV2_RESAMPLE_ANTIALIAS.get(src.meta.get("model_type"), True)  # registers model only
 
     def reference(self, src: Source) -> dict[str, Any]:

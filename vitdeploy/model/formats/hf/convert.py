@@ -47,6 +47,7 @@ from ....base.errors import CheckpointError
 from ....base.preprocess_spec import PreprocessSpec
 from ....base.vit_schema import dinov2_swiglu_hidden
 from ...provenance import CHECKPOINT, LIBRARY, Preprocessing
+from . import convert_siglip as siglip
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -77,16 +78,23 @@ _TOP = {
     "embeddings.register_tokens": "reg_token",
     "pooler.dense.weight": "pooler.weight",  # ViTModel / DeiTModel: pooler_output = tanh(dense(class token))
     "pooler.dense.bias": "pooler.bias",
+    **siglip.TOP,  # SigLIP's tower (formats/hf/convert_siglip.py)
 }
 #: Model types whose checkpoints load, and the prefix of their backbone's keys.
-MODEL_TYPES = {"vit": "vit.", "deit": "deit.", "dinov2": "dinov2.", "dinov2_with_registers": "dinov2_with_registers."}
+MODEL_TYPES = {
+    "vit": "vit.",
+    "deit": "deit.",
+    "dinov2": "dinov2.",
+    "dinov2_with_registers": "dinov2_with_registers.",
+    **{model_type: siglip.PREFIX for model_type in siglip.SIGLIP_TYPES},
+}
 #: DINOv2 model types -> whether transformers antialiases when it resamples the position table to the input size.
 DINOV2_RESAMPLE_ANTIALIAS = {"dinov2": False, "dinov2_with_registers": True}
 # What transformers' configuration classes default to where they differ from ViTConfig's.
 _DEFAULTS = {"dinov2": {"patch_size": 14, "layer_norm_eps": 1e-6}, "dinov2_with_registers": {"layer_norm_eps": 1e-6}}
 # Tensors of pre-training only, never read by a classifier: dropped (the pooler too, beside a classifier head:
 # transformers' classifiers read the class token, never pooler_output).
-_DROPPED = ("embeddings.mask_token",)
+_DROPPED = ("embeddings.mask_token", *siglip.DROPPED)
 # Per-layer module names, both namings -> ours ("q"/"k"/"v" are gathered into qkv).
 _LAYER = {
     "layernorm_before": "norm1",
@@ -114,24 +122,31 @@ _LAYER = {
     "mlp.up_proj": "up",
     "mlp.weights_out": "mlp.fc2",
     "mlp.down_proj": "mlp.fc2",
+    **siglip.LAYER,
 }
 #: Per-layer pieces gathered into one of our tensors (concatenated in this order along the output rows).
 _GATHERED = {"attn.qkv": ("q", "k", "v"), "mlp.fc1": ("gate", "up")}
 _PIECE = {piece: target for target, pieces in _GATHERED.items() for piece in pieces}
-_LAYER_RE = re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.(.+)\.(weight|bias|lambda1)$")
+_LAYER_RE = re.compile(r"^(?:encoder\.layers?|layers)\.(\d+)\.(.+)\.(weight|bias|lambda1)$")
 _PARAM = {"weight": "weight", "bias": "bias", "lambda1": "gamma"}
 
 # transformers' hidden_act -> ours: "gelu" is erf; the others are the tanh approximation (same formula).
 HF_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 # Processors whose int ``size`` means the shortest edge (their class sets default_to_square = False);
 # every other processor (ViT, DeiT, BEiT ...) reads an int as a square (height = width = size).
-_INT_SIZE_IS_SHORTEST_EDGE = {"CLIPImageProcessor", "BitImageProcessor", "ChineseCLIPImageProcessor"}
+_INT_SIZE_IS_SHORTEST_EDGE = {
+    "CLIPImageProcessor",
+    "BitImageProcessor",
+    "ChineseCLIPImageProcessor",
+    "SiglipImageProcessor",
+}
 # Class default of ``resample`` where it is not bilinear (used when the JSON leaves it out).
 _DEFAULT_RESAMPLE = {
     "DeiTImageProcessor": 3,
     "CLIPImageProcessor": 3,
     "BitImageProcessor": 3,
     "ChineseCLIPImageProcessor": 3,
+    "SiglipImageProcessor": 3,
 }
 
 # PIL resampling codes as stored in preprocessor_config.json.
@@ -179,6 +194,7 @@ def convert_hf_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.
             out.update({src: val for src, val in parts.values()})
     if registers:
         _fold_class_position(out)
+    siglip.finish_state(out)
     if "head.weight" in out:
         for name in ("pooler.weight", "pooler.bias"):
             out.pop(name, None)
@@ -215,13 +231,17 @@ def hf_vit_config(
     converted tensors, whose prefix tokens (DeiT's distillation token) the config does not state."""
     from ...vit import ViTConfig
 
+    siglip.refuse_naflex(config, where)
+    if siglip.is_siglip(config):  # the image tower's own config, flat, with transformers' defaults
+        config = siglip.vision_config(config, where)
     model_type = config.get("model_type", "vit")
     if model_type not in MODEL_TYPES:
         raise CheckpointError(
             f"{where}: model_type {model_type!r} is not supported; Hugging Face 'vit' (ViTForImageClassification, "
             "ViTModel), 'deit' (DeiTForImageClassification, DeiTForImageClassificationWithTeacher, DeiTModel), "
             "'dinov2' and 'dinov2_with_registers' (Dinov2ForImageClassification, "
-            "Dinov2WithRegistersForImageClassification, their Model) checkpoints load"
+            "Dinov2WithRegistersForImageClassification, their Model), 'siglip' and 'siglip_vision_model' "
+            "(SiglipModel's image tower, SiglipVisionModel, SiglipForImageClassification) checkpoints load"
         )
     width = width_of(config)
     if "pooler.weight" in (state or {}) and (
@@ -250,10 +270,17 @@ def hf_vit_config(
     if swiglu:
         mlp = dinov2_swiglu_hidden(width, config.get("mlp_ratio", 4))
     reg, pos = state.get("reg_token"), state.get("pos_embed")
+    image = _square(config.get("image_size", 224), "image_size", where)
+    patch = _square(config.get("patch_size", 16), "patch_size", where)
+    # the DINOv2 classifier reads the class token and the mean patch token; without a head (the Model classes)
+    # the features are the class token, transformers' pooler_output; SigLIP: siglip.family
+    tokens = {"pool": "token_avg" if dinov2 and "head.weight" in state else "token"}
+    if model_type in siglip.SIGLIP_TYPES:
+        tokens = siglip.family(config, state, where, image, patch)
     try:
         cfg = ViTConfig(
-            image_size=_square(config.get("image_size", 224), "image_size", where),
-            patch_size=_square(config.get("patch_size", 16), "patch_size", where),
+            image_size=image,
+            patch_size=patch,
             in_channels=int(config.get("num_channels", 3)),
             width=width,
             depth=int(config.get("num_hidden_layers", 12)),
@@ -266,15 +293,13 @@ def hf_vit_config(
             mlp="swiglu" if swiglu else "gelu",
             distilled="dist_token" in state,
             reg_tokens=int(reg.shape[1]) if reg is not None and reg.ndim == 3 else 0,
-            # the DINOv2 classifier reads the class token and the mean patch token; without a head (the Model
-            # classes) the features are the class token, transformers' pooler_output
-            pool="token_avg" if dinov2 and "head.weight" in state else "token",
             layer_scale=any(k.endswith(".ls1.gamma") for k in state),
             pooler="pooler.weight" in state,
             # with registers the table has the patch rows only (the class row is in cls_token)
             pos_embed_prefix=not (
                 reg is not None and pos is not None and pos.ndim == 3 and pos.shape[1] == _grid_cells(config, where)
             ),
+            **tokens,
         )
     except ValueError as exc:
         raise CheckpointError(f"{where}: config.json describes an invalid ViT: {exc}") from exc

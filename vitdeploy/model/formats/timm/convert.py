@@ -86,8 +86,9 @@ _HARMLESS_ARGS = {
     "qk_norm",
     "mlp_layer",
 }
-#: timm global_pool values -> ours ("" / None: no pooling, refused; "map", "max", "avgmax": refused).
-TIMM_POOLS = {"token": "token", "avg": "avg"}
+#: timm global_pool values -> ours ("" / None: no pooling, refused; "max", "avgmax", "prr": refused); "map": the
+#: attention pooling of timm's SigLIP (``attn_pool``, an ``AttentionPoolLatent``).
+TIMM_POOLS = {"token": "token", "avg": "avg", "map": "map"}
 
 
 def timm_vit_config(
@@ -137,7 +138,20 @@ def timm_vit_config(
         family=family,
     )
     cfg, origin = _timm_heads(state, where, variant, hub_config, num_heads, hub_heads, common)
-    return cfg, origin, notes
+    return _off_grid_size(cfg, hub_config), origin, notes
+
+
+def _off_grid_size(cfg: "ViTConfig", hub_config: dict[str, Any]) -> "ViTConfig":
+    """The config at the input size timm builds the model for (``model_args.img_size``, else ``pretrained_cfg``
+    ``input_size``) where that size is off the patch grid but gives the tensors' grid: timm's patch convolution
+    then never reads the last rows and columns (``vit_so400m_patch14_siglip_384``: 384 px, a 27 x 27 grid)."""
+    pcfg = hub_config.get("pretrained_cfg") or {}
+    size = (hub_config.get("model_args") or {}).get("img_size") or (pcfg.get("input_size") or (None,))[-1]
+    if isinstance(size, (list, tuple)):
+        size = size[-1] if len(set(size)) == 1 else None
+    if isinstance(size, int) and size % cfg.patch_size and size // cfg.patch_size == cfg.grid:
+        return cfg.replace(image_size=size, drop_remainder=True)
+    return cfg
 
 
 def _timm_heads(
@@ -193,7 +207,7 @@ def timm_family(
     if pool is not None and pool not in TIMM_POOLS.values():
         raise CheckpointError(
             f"{where}: model.pool {pool!r} is not a timm pooling; a timm ViT pools the class token "
-            "('token') or the mean of the patch tokens ('avg')"
+            "('token'), the mean of the patch tokens ('avg') or by attention ('map', SigLIP)"
         )
     reg = state.get("reg_token")
     family: dict[str, Any] = {
@@ -213,7 +227,14 @@ def timm_family(
     if hub_pool is not None and hub_pool not in TIMM_POOLS:
         raise CheckpointError(
             f"{where}: global_pool {hub_pool!r} is not supported; vitdeploy pools the class token "
-            "('token') or the mean of the patch tokens ('avg')"
+            "('token'), the mean of the patch tokens ('avg') or by attention ('map', SigLIP)"
+        )
+    if "attn_pool.latent" in state:  # the tensors say it: an AttentionPoolLatent (SigLIP), whatever else is stated
+        hub_pool = _attention_pool(state, where, hub_pool, pool)
+    elif "map" in (hub_pool, pool):
+        raise CheckpointError(
+            f"{where}: {'config.json global_pool' if hub_pool == 'map' else 'model.pool'} is 'map' (attention "
+            "pooling) but the checkpoint has no attention pool (attn_pool.latent, attn_pool.q, attn_pool.kv ...)"
         )
     if hub_pool is not None and pool is not None and TIMM_POOLS[hub_pool] != pool:
         raise CheckpointError(
@@ -240,6 +261,29 @@ def timm_family(
     return family, notes
 
 
+def _attention_pool(state: dict[str, Any], where: Path, hub_pool: str | None, pool: str | None) -> str:
+    """'map' for a state dict with timm's ``attn_pool`` (one latent, a q projection, no qk-norm: SigLIP's);
+    CheckpointError when config.json or model.pool says another pooling, or the pool is another shape."""
+    latent = state["attn_pool.latent"]
+    if latent.ndim != 3 or latent.shape[1] != 1 or "attn_pool.q.weight" not in state:
+        raise CheckpointError(
+            f"{where}: attn_pool with {tuple(latent.shape)} latents"
+            f"{'' if 'attn_pool.q.weight' in state else ' and no q projection'} is not supported; vitdeploy runs "
+            "SigLIP's attention pooling (one latent query, timm's AttentionPoolLatent defaults)"
+        )
+    if any(k.startswith(("attn_pool.q_norm.", "attn_pool.pos_embed")) for k in state):
+        raise CheckpointError(
+            f"{where}: attn_pool with qk-norm or a position table is not supported (SigLIP's has neither)"
+        )
+    for key, stated in (("config.json global_pool", hub_pool), ("model.pool", pool)):
+        if stated not in (None, "map"):
+            raise CheckpointError(
+                f"{where}: the checkpoint has an attention pool (attn_pool.*) but {key} is {stated!r}; timm builds "
+                "attn_pool for global_pool='map' only"
+            )
+    return "map"
+
+
 def shorten_args(args: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v!r}" for k, v in sorted(args.items()) if k not in _HARMLESS_ARGS) or "{}"
 
@@ -257,20 +301,23 @@ def timm_arch_name(cfg: "ViTConfig", variant: str | None = None, hub_config: dic
         return f"vit_{size}_patch{cfg.patch_size}_{f'reg{cfg.reg_tokens}_' if cfg.reg_tokens else ''}dinov2"
     if cfg.distilled:  # a distillation token and head: timm's distilled DeiT, its only ViT with one
         return f"deit_{size}_distilled_patch{cfg.patch_size}_{cfg.image_size}"
+    if cfg.pool == "map":  # attention pooling: timm's SigLIP towers, its only ViTs with one
+        return f"vit_{size}_patch{cfg.patch_size}_siglip_{cfg.image_size}"
     return f"vit_{size}_patch{cfg.patch_size}_{cfg.image_size}"
 
 
 def timm_default_preprocess(arch: str, image_size: int) -> PreprocessSpec:
     """timm's default ``pretrained_cfg`` for a vision_transformer / deit architecture (timm 1.0):
-    bicubic, centre crop, crop_pct 0.9 (1.0 from 384 px up, and for DINOv2's ``*_dinov2``), mean/std 0.5
-    for ``vit_*`` and ImageNet's for ``deit_*``, ``*_dinov2`` and the DINO ``vit_small_patch8_224``."""
+    bicubic, centre crop, crop_pct 0.9 (1.0 from 384 px up, except SigLIP's ``*_siglip_*``, and for DINOv2's
+    ``*_dinov2``), mean/std 0.5 for ``vit_*`` and ImageNet's for ``deit_*``, ``*_dinov2`` and the DINO
+    ``vit_small_patch8_224``."""
     dinov2 = arch.endswith("_dinov2")
     imagenet = arch.startswith("deit") or arch == "vit_small_patch8_224" or dinov2
     return PreprocessSpec(
         style="timm",
         height=image_size,
         width=image_size,
-        crop_pct=1.0 if image_size >= 384 or dinov2 else 0.9,
+        crop_pct=1.0 if (image_size >= 384 and "_siglip_" not in arch) or dinov2 else 0.9,
         interpolation="bicubic",
         crop_mode="center",
         mean=IMAGENET_MEAN if imagenet else INCEPTION_MEAN,
