@@ -9,7 +9,7 @@ numpy, pillow; built by ``make reference-env``), which cannot live beside vitdep
 (``family``: only the timm ViT relatives of issue 15: registers, average pooling, layer scale ...;
 ``embedding``: only headless timm backbones, ``num_classes=0``; ``processors``: transformers' two image
 processors of each ``PROCESSOR_CASES`` entry on every image as it is, transparency included; ``hub``: one timm
-hub folder saved by timm, for the Hub path)
+hub folder saved by timm, for the Hub path; ``siglip``: timm's SigLIP towers, ``SIGLIP_CASES``)
 
 For every case it writes, under ``OUT_DIR/<case>/``, the checkpoint exactly as the library saves it
 and ``reference.npz``: ``pixels`` (N, 3, H, W) from the library's own preprocessing of each photo
@@ -242,6 +242,60 @@ def family_cases(
         )
 
 
+#: timm's SigLIP towers at tiny widths, their real structure (no class token, global_pool='map': attn_pool):
+#: (case, architecture, timm kwargs (saved as config.json model_args), num_classes, hub folder?, seed)
+SIGLIP_CASES = (
+    ("timm_siglip_b16", "vit_base_patch16_siglip_224", {"embed_dim": 64, "num_heads": 2, "depth": 2}, 0, True, 40),
+    # so400m/14 at 384 px: 384 is off the 14 px grid, timm's patch convolution drops the last 6 rows and columns
+    (
+        "timm_siglip_so400m14_384",
+        "vit_so400m_patch14_siglip_384",
+        {"embed_dim": 64, "num_heads": 4, "depth": 2},
+        0,
+        True,
+        41,
+    ),
+    # so400m/16 (act_layer gelu_tanh) with a classifier over the attention pool
+    (
+        "timm_siglip_so400m16_cls",
+        "vit_so400m_patch16_siglip_256",
+        {"embed_dim": 64, "num_heads": 4, "depth": 2},
+        NUM_CLASSES,
+        True,
+        42,
+    ),
+    # a bare state dict: width 192 is tiny's (3 heads, assumed), timm's SigLIP pretrained_cfg (crop_pct 0.9)
+    ("timm_siglip_bare", "vit_base_patch16_siglip_224", {"embed_dim": 192, "num_heads": 3, "depth": 2}, 0, False, 43),
+)
+
+
+def siglip_cases(photos: list[Path], out: Path, cases: dict) -> None:
+    """timm's SigLIP towers (``SIGLIP_CASES``): hub folders written by timm (``save_for_hf`` with the model_args)
+    and read back by timm, or a bare state dict; the embedding (``model(x)``, num_classes=0: the attention pool's
+    output) or the classifier's logits, on timm's own preprocessing."""
+    import safetensors.torch
+    import timm
+    from timm.data import create_transform, resolve_data_config
+    from timm.models import save_for_hf
+
+    for case, arch, kwargs, num_classes, hub, seed in SIGLIP_CASES:
+        model = randomize_(timm.create_model(arch, pretrained=False, num_classes=num_classes, **kwargs), seed)
+        if hub:
+            save_for_hf(model, str(out / case), model_args=kwargs, safe_serialization=True)
+            model = timm.create_model(f"local-dir:{out / case}", pretrained=True).eval()
+            checkpoint = "."
+        else:
+            (out / case).mkdir(parents=True, exist_ok=True)
+            safetensors.torch.save_file(
+                {k: v.contiguous() for k, v in model.state_dict().items()}, str(out / case / "model.safetensors")
+            )
+            checkpoint = "model.safetensors"
+        cfg = resolve_data_config({}, model=model)
+        info = {"library": f"timm {timm.__version__}", "arch": arch, "kwargs": kwargs, "checkpoint": checkpoint}
+        info["data_config"] = _jsonable(cfg)
+        _save(out, case, info, _run(model, create_transform(**cfg), photos, patches=num_classes == 0), cases)
+
+
 def torchvision_cases(photos: list[Path], out: Path, cases: dict) -> None:
     import torch
     import torchvision
@@ -393,6 +447,8 @@ def main(argv: list[str]) -> int:
         processor_cases(photos, out, cases)
     elif argv[3:] == ["hub"]:
         hub_cases(photos, out, cases)
+    elif argv[3:] == ["siglip"]:
+        siglip_cases(photos, out, cases)
     else:
         timm_cases(photos, out, cases)
         torchvision_cases(photos, out, cases)

@@ -56,6 +56,15 @@ TIMM_KEYS = {
 
 #: timm ``act_layer`` names -> ours (timm's GELUTanh is ``nn.GELU(approximate="tanh")``).
 TIMM_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh"}
+#: What timm's registration of an architecture sets beside its sizes, where config.json's model_args leave it out
+#: (a hub config names the architecture; timm builds it with these): SigLIP's tanh-GELU towers and giantopt's heads.
+TIMM_ARCH_ARGS: dict[str, dict[str, Any]] = {
+    "vit_base_patch32_siglip_": {"act_layer": "gelu_tanh"},
+    "vit_large_patch16_siglip_512": {"act_layer": "gelu_tanh"},
+    "vit_large_patch16_siglip_gap_512": {"act_layer": "gelu_tanh"},
+    "vit_so400m_patch16_siglip_": {"act_layer": "gelu_tanh"},
+    "vit_giantopt_patch16_siglip_": {"act_layer": "gelu_tanh", "num_heads": 16},
+}
 #: timm ``act_layer`` names of a SwiGLUPacked MLP (its SiLU is built in; ``act`` stays "gelu", unused).
 TIMM_SWIGLU_ACTS = ("silu", "swish")
 # model_args that do not change the tensors' meaning for vitdeploy's ViT.
@@ -105,7 +114,9 @@ def timm_vit_config(
     """(ViTConfig, heads origin, notes). ``num_heads`` / ``act`` / ``layer_norm_eps`` / ``pool``: what the
     caller knows (pipeline.yaml); checked against the hub config when it says otherwise."""
     hub_config = hub_config or {}
-    model_args = hub_config.get("model_args") or {}
+    arch = str(hub_config.get("architecture") or "")
+    registered = next((args for prefix, args in TIMM_ARCH_ARGS.items() if arch.startswith(prefix)), {})
+    model_args = {**registered, **(hub_config.get("model_args") or {})}
     family, notes = timm_family(state, where, hub_config, pool)
     hub_act = model_args.get("act_layer")
     if family.get("mlp") == "swiglu" and (hub_act is None or hub_act in TIMM_SWIGLU_ACTS):
