@@ -230,6 +230,11 @@ class ViTConfig:
             )
             if on
         ]
+        if self.drop_remainder:
+            parts.append(
+                f"image {self.image_size} off the {self.patch_size} px patch grid: its last "
+                f"{self.image_size % self.patch_size} rows and columns never read"
+            )
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:

@@ -127,7 +127,8 @@ def _output_line(vit: Any, cfg: PipelineConfig) -> str:
     )
     if not output.is_embedding:
         return f"output: logits, {vit.num_classes} classes"
-    pooled = f"{vit.pool} pooling" + (", then the pooler: dense + tanh, pooler_output" if vit.pooler else "")
+    pooled = "attention pooling: a probe over the patch tokens, then its norm and MLP" if vit.pool == "map" else ""
+    pooled = pooled or f"{vit.pool} pooling" + (", then the pooler: dense + tanh, pooler_output" if vit.pooler else "")
     normalized = ", L2-normalised" if output.normalize else ""
     tokens = f"; PATCH_TOKENS [{vit.num_patches}, {vit.width}] beside it" if output.patch_tokens else ""
     return f"output: embedding, {vit.pooled_width} floats per image ({pooled}{normalized}); no labels{tokens}"
