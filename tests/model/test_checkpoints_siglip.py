@@ -153,6 +153,22 @@ def test_transformers_siglip_tower_predicts_what_transformers_computes(case, pho
             assert_vectors(predict_json(art, photos, backend), ref, f"{case} {backend}")
 
 
+def test_siglip_answers_at_other_sizes_as_transformers_interpolates(tmp_path):
+    """export.image_sizes: the patch table resampled to each input's grid as SigLIP's interpolate_pos_encoding does
+    (bicubic, not antialiased; no class-token row), at the base size, below it and above it."""
+    _quiet()
+    model = randomize_(transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**_vision())), 60)
+    model.save_pretrained(tmp_path)
+    loaded = load_checkpoint(tmp_path, image_sizes=(16, 32, 48, 64))
+    assert loaded.config.pos_resample == "bicubic" and loaded.config.pool == "map"
+    for side in (16, 32, 48, 64):  # 16: a smaller grid, where antialiasing would differ
+        x = torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(side))
+        with torch.no_grad():
+            ref = model(pixel_values=x, interpolate_pos_encoding=True).pooler_output
+            ours = loaded.model(x)
+        assert float((ours - ref).abs().max()) <= VECTOR_TOL, side
+
+
 def test_naflex_siglip2_is_refused_in_one_line_naming_why(tmp_path):
     """transformers' Siglip2VisionModel (NaFlex: a variable patch count per image): refused before any weight is
     read, naming the fixed-resolution checkpoints that load."""
