@@ -26,6 +26,7 @@ record (it exports and does not validate); it lives in the bench venv bench_ort_
     .venv/bin/python benchmarks/bench_export.py --model vit-l   # ViT-L/16 (1.2 GB of weights): seed 0
     .venv/bin/python benchmarks/bench_export.py --model vit-h --seeds 0,1 --processor both
     .venv/bin/python benchmarks/bench_export.py --model vit-g   # DINOv2 ViT-g/14, SwiGLU, headless (4.5 GB)
+    .venv/bin/python benchmarks/bench_export.py --model siglip-so400m   # SigLIP so400m/14-384 tower (1.7 GB)
 """
 
 from __future__ import annotations
@@ -71,6 +72,12 @@ GIANT = dict(
     hidden_size=1536, num_hidden_layers=40, num_attention_heads=24, mlp_ratio=4, use_swiglu_ffn=True, patch_size=14
 )
 MODELS["vit-g"] = GIANT
+#: SigLIP so400m/14 at 384 px (Alabdulmohsin et al., 2023; google/siglip-so400m-patch14-384), its image tower as
+#: transformers' SiglipVisionModel: no class token, the attention-pooling head, headless (an embedding export), 384 px
+#: off the 14 px grid (27 x 27 patches), SiglipImageProcessor (384 x 384, bicubic, mean/std 0.5)
+SO400M = dict(hidden_size=1152, num_hidden_layers=27, num_attention_heads=16, intermediate_size=4304)
+SO400M.update(patch_size=14, image_size=384)
+MODELS["siglip-so400m"] = SO400M
 REFERENCE_GOAL, MEMORY_GOAL = 6.0, 4.0
 #: the checkpoints measured unless asked otherwise: (seeds, processor: "no" | "yes" | "both")
 DEFAULT_VARIANTS = {"vit-b": ("0,1", "both")}
@@ -86,6 +93,8 @@ def make_checkpoint(name: str, folder: Path, seed: int = 0, processor: bool = Fa
     torch.manual_seed(seed)
     if name == "vit-g":
         return _giant(folder)
+    if name == "siglip-so400m":
+        return _so400m(folder)
     cfg = ViTConfig(**MODELS[name], image_size=224, num_labels=1000, hidden_act="gelu", qkv_bias=True)
     model = ViTForImageClassification(cfg).eval()
     model.save_pretrained(folder)
@@ -116,6 +125,18 @@ def _giant(folder: Path) -> int:
     model = Dinov2Model(Dinov2Config(**GIANT, image_size=518)).eval()
     model.save_pretrained(folder)
     save_dinov2_processor(folder)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    del model
+    return weights
+
+
+def _so400m(folder: Path) -> int:
+    """SigLIP so400m/14-384's image tower as transformers saves it, with its hub processor, random weights."""
+    from transformers import SiglipImageProcessorPil, SiglipVisionConfig, SiglipVisionModel
+
+    model = SiglipVisionModel(SiglipVisionConfig(**SO400M)).eval()
+    model.save_pretrained(folder)
+    SiglipImageProcessorPil(size={"height": 384, "width": 384}).save_pretrained(folder)
     weights = sum(p.numel() * 4 for p in model.parameters())
     del model
     return weights

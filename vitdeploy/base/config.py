@@ -60,8 +60,8 @@ class ModelSection(_Section):
     pool: Optional[Pool] = Field(
         None,
         description="pooling: token (class token), avg (mean patch token; timm global_pool='avg' without fc_norm "
-        "cannot be told from the weights) or token_avg (both side by side: transformers' DINOv2 "
-        "classifiers, whose config states it)",
+        "cannot be told from the weights), token_avg (both side by side: transformers' DINOv2 "
+        "classifiers, whose config states it) or map (SigLIP's attention pooling, read from the weights)",
     )
     output: Union[Literal["auto"], OutputKind] = Field(
         "auto",
