@@ -1,6 +1,7 @@
 """A SigLIP image tower (no class token, ``pool: map``: a learned probe attending over the patch tokens, then its
 norm and MLP) through every export stage the CPU runs: each graph written and judged as an embedding is (cosine and
-recall@k against eager PyTorch, never flips), the ORT graph's fusions correct for it."""
+recall@k against eager PyTorch, never flips; INT8 for ONNX Runtime and as placed for TensorRT), the ORT graph's
+fusions correct for it."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from vitdeploy.runtime.predictor import Predictor
 
 pytestmark = pytest.mark.integration
 
-GATES = ("validate-onnx", "validate-ort-optimized", "validate-fp16", "validate-int8")
+GATES = ("validate-onnx", "validate-ort-optimized", "validate-fp16", "validate-int8", "validate-int8-trt")
 
 
 @pytest.mark.slow
@@ -39,13 +40,13 @@ def test_tiny_siglip_tower_exports_fp32_fp16_int8_each_gated_as_an_embedding(tmp
         {
             "model": {"checkpoint": str(tmp_path / "ckpt")},
             "validation": {"images": str(IMAGES_DIR), "noise_samples": 2},
-            "export": {"batch": {"min": 1, "opt": 2, "max": 4}, "int8": {"min_speedup": 0}},
+            "export": {"batch": {"min": 1, "opt": 2, "max": 4}, "int8": {"min_speedup": 0, "tensorrt": True}},
         }
     )
     result = run_export(config, tmp_path / "out", engine="skip", validation_batch=(1, 4))
     manifest = json.loads(result.manifest_path.read_text())
     assert manifest["output"]["kind"] == "embedding" and manifest["model"]["vit"]["pool"] == "map"
-    assert {"onnx", "onnx-ort", "onnx-fp16", "onnx-int8"} <= set(manifest["artifacts"])
+    assert {"onnx", "onnx-ort", "onnx-fp16", "onnx-int8", "onnx-int8-trt"} <= set(manifest["artifacts"])
     for gate in GATES:
         verdict = manifest["validation"][gate]
         assert verdict["passed"] and verdict["kind"] == "embedding", (gate, verdict)
