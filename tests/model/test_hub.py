@@ -63,7 +63,8 @@ def save_bin(folder: Path) -> Path:
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     """The fake Hub with its repos: acme/tiny-vit (tag v1 = the first commit; main = a second one with other
-    weights), acme/gated (token), acme/private (token), acme/keras-only, acme/swin, acme/sharded, acme/bin-only."""
+    weights), acme/gated (token), acme/private (token), acme/keras-only, acme/swin, acme/siglip2-naflex,
+    acme/sharded, acme/bin-only."""
     transformers.logging.set_verbosity_error()
     root = tmp_path_factory.mktemp("repos")
     server = FakeHub()
@@ -76,6 +77,8 @@ def hub(tmp_path_factory):
     server.add("acme/keras-only").commit({"config.json": (first / "config.json").read_bytes(), "tf_model.h5": b"x"})
     swin = json.dumps({"model_type": "swin", "architectures": ["SwinForImageClassification"]}).encode()
     server.add("acme/swin").commit({"config.json": swin, "model.safetensors": b"never fetched"})
+    naflex = json.dumps({"model_type": "siglip2", "architectures": ["Siglip2Model"]}).encode()
+    server.add("acme/siglip2-naflex").commit({"config.json": naflex, "model.safetensors": b"never fetched"})
     server.add("acme/sharded").commit(folder_files(save_vit(root / "sharded", 2, max_shard_size="30KB")))
     server.add("acme/bin-only").commit(folder_files(save_bin(save_vit(root / "bin", 3))))
     server.folders = {"first": first, "sharded": root / "sharded", "bin": root / "bin"}
@@ -199,6 +202,7 @@ FAILURES = {
     "no-such-revision": ("acme/tiny-vit@v9", "acme/tiny-vit has no revision 'v9'", "drop @v9"),
     "only-keras": ("acme/keras-only", "no weights vitdeploy reads", "tf_model.h5 (TensorFlow (Keras) weights)"),
     "unsupported": ("acme/swin", "a transformers 'swin' model, which vitdeploy does not export", "dinov2"),
+    "naflex": ("acme/siglip2-naflex", "transformers' NaFlex SigLIP 2", "google/siglip2-*-patch16-224/256/384/512"),
     "offline-not-cached": ("acme/tiny-vit", "is not in the Hugging Face cache", "HF_HUB_OFFLINE=1 forbids"),
     "not-a-name": ("acme/a/b", "no such file or directory", "not a Hugging Face Hub name"),
 }

@@ -21,6 +21,7 @@ from ...base._deps import require
 from ...base.errors import HubError
 from ...base.hub_name import HubName
 from ..formats.hf.convert import MODEL_TYPES, WEIGHTS_PREFERENCE
+from ..formats.hf.convert_siglip import NAFLEX_TYPES, naflex_reason
 from ..formats.timm.convert import TIMM_ARCH_PREFIXES
 from .failures import explained, offline_not_cached
 from .settings import HubSettings, hub_settings
@@ -99,8 +100,8 @@ class _Repo:
 
 
 _NOT_A_MODEL = (
-    "vitdeploy reads transformers ViT / DeiT / DINOv2 repos (config.json with model_type) and timm's hub repos "
-    "(config.json with architecture)"
+    "vitdeploy reads transformers ViT / DeiT / DINOv2 / SigLIP repos (config.json with model_type) and timm's hub "
+    "repos (config.json with architecture)"
 )
 
 
@@ -154,6 +155,8 @@ def _check_architecture(config: Path, repo: _Repo) -> None:
         f"{' / '.join(p + '*' for p in TIMM_ARCH_PREFIXES)} (vision_transformer)"
     )
     if "model_type" in meta:
+        if meta["model_type"] in NAFLEX_TYPES:
+            raise HubError(f"{repo.label}: {naflex_reason(meta['model_type'])}")
         if meta["model_type"] not in MODEL_TYPES:
             kind = meta["model_type"]
             raise HubError(

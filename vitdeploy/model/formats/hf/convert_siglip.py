@@ -81,15 +81,20 @@ def is_siglip(config: dict[str, Any]) -> bool:
     return config.get("model_type") in SIGLIP_TYPES
 
 
+def naflex_reason(model_type: str) -> str:
+    """Why transformers' NaFlex SigLIP 2 does not load, and what does (one line)."""
+    return (
+        f"model_type {model_type!r} is transformers' NaFlex SigLIP 2 (Siglip2VisionModel): it resizes each image to "
+        "its own aspect ratio and patch count (max_num_patches) and resamples the position table per image, a "
+        "variable-length input vitdeploy's fixed-size export does not run; the fixed-resolution SigLIP 2 "
+        "checkpoints (google/siglip2-*-patch16-224/256/384/512, the Siglip classes) load"
+    )
+
+
 def refuse_naflex(config: dict[str, Any], where: Path) -> None:
     """CheckpointError for transformers' NaFlex SigLIP 2 (one line naming why and what loads instead)."""
     if config.get("model_type") in NAFLEX_TYPES:
-        raise CheckpointError(
-            f"{where}: model_type {config['model_type']!r} is transformers' NaFlex SigLIP 2 (Siglip2VisionModel): it "
-            "resizes each image to its own aspect ratio and patch count (max_num_patches) and resamples the position "
-            "table per image, a variable-length input vitdeploy's fixed-size export does not run; the fixed-"
-            "resolution SigLIP 2 checkpoints (google/siglip2-*-patch16-224/256/384/512, the Siglip classes) load"
-        )
+        raise CheckpointError(f"{where}: {naflex_reason(config['model_type'])}")
 
 
 def vision_config(config: dict[str, Any], where: Path) -> dict[str, Any]:
