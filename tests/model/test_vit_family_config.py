@@ -32,11 +32,15 @@ TINY = dict(image_size=32, patch_size=8, width=32, depth=2, heads=2, num_classes
         (dict(reg_tokens=-1), "reg_tokens must be an integer >= 0"),
         (dict(mlp="geglu"), "mlp must be one of gelu, swiglu"),
         (dict(mlp="swiglu", act="gelu_tanh"), "the swiglu MLP runs SiLU"),
+        (dict(pool="map", class_token=False, mlp="swiglu"), "pool 'map' .* needs mlp 'gelu'"),
+        (dict(image_size=36), "image_size 36 is not a multiple of patch_size 8"),
+        (dict(image_size=4, drop_remainder=True), "image_size 4 is smaller than one patch"),
+        (dict(image_size=36, drop_remainder=True, pos_resample="bicubic"), "drop_remainder .* cannot go with"),
     ],
 )
 def test_impossible_combinations_are_refused_by_config_and_schema(bad, why):
     with pytest.raises(ValueError, match=why):
-        ViTConfig(**TINY, **bad)
+        ViTConfig(**{**TINY, **bad})
     with pytest.raises(VitDeployError, match="model.json"):
         validate_vit_config({**TINY, **bad}, "model.json")
 
@@ -57,6 +61,8 @@ FAMILY = {
     "avg_without_fc_norm": dict(pool="avg"),
     "dinov2_token_avg_registers": dict(pool="token_avg", reg_tokens=4, pos_embed_prefix=False, layer_scale=True),
     "swiglu": dict(mlp="swiglu", mlp_ratio=2.5, layer_scale=True),
+    "siglip_map": dict(class_token=False, pool="map"),
+    "map_with_class_token_fc_norm": dict(pool="map", fc_norm=True),
 }
 
 
@@ -85,6 +91,38 @@ def test_our_format_keeps_every_family_field(name, tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(loaded.model(x), model(x))
+
+
+def test_map_pool_is_a_probe_attending_over_the_patch_tokens_then_norm_and_mlp():
+    """pool map (SigLIP): one learned query over the patch tokens (prefix tokens left out, as timm pools), then
+    ``x + mlp(norm(x))``; written out here with torch's own MultiheadAttention, transformers' way."""
+    cfg = ViTConfig(**TINY, pool="map", reg_tokens=1)
+    model = _random(cfg)
+    pool, x = model.attn_pool, torch.randn(2, 3, 32, 32)
+    mha = torch.nn.MultiheadAttention(cfg.width, cfg.heads, batch_first=True)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([pool.q.weight, pool.kv.weight]))
+        mha.in_proj_bias.copy_(torch.cat([pool.q.bias, pool.kv.bias]))
+        mha.out_proj.load_state_dict(pool.proj.state_dict())
+        patches = model.forward_tokens(x)[:, 2:]
+        attended = mha(pool.latent.expand(2, -1, -1), patches, patches)[0]
+        pooled = (attended + pool.mlp(pool.norm(attended)))[:, 0]
+        assert torch.allclose(model(x), model.head(pooled), atol=1e-6)
+    assert not cfg.reads_class_token_only and "attention pooling" in cfg.family_summary()
+
+
+def test_an_image_off_the_patch_grid_never_reads_its_last_rows_and_columns(tmp_path):
+    """drop_remainder (SigLIP so400m/14 at 384 px): the patch convolution reads image_size // patch patches a side;
+    model.json states it, and loads back the same."""
+    cfg = ViTConfig(**{**TINY, "image_size": 36}, class_token=False, pool="map", drop_remainder=True)
+    assert (cfg.grid, cfg.to_dict()["drop_remainder"]) == (4, True) and "drop_remainder" not in ViTConfig().to_dict()
+    model = _random(cfg)
+    save_checkpoint(tmp_path, model, ["a", "b", "c"], None, "off-grid")
+    loaded = load_checkpoint(tmp_path)
+    assert loaded.config == cfg and "last 4 rows and columns never read" in cfg.family_summary()
+    x = torch.randn(2, 3, 36, 36)
+    with torch.no_grad():
+        assert torch.equal(loaded.model(x), model(x[..., :32, :32]))
 
 
 @pytest.mark.parametrize("pos_embed_prefix", [True, False])
