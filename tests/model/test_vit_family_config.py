@@ -173,6 +173,16 @@ def test_timm_poolings_the_network_cannot_run_are_refused_by_name(tmp_path, conf
         load_checkpoint(_timm_file(tmp_path, ViTConfig(**TINY), config))
 
 
+def test_timm_siglip_architecture_gives_what_timm_registers_beside_the_sizes(tmp_path):
+    """A SigLIP hub config.json names the architecture; timm builds vit_giantopt_* with 16 heads and tanh GELU (its
+    registration, not model_args): both followed, and said to come from the architecture."""
+    cfg = ViTConfig(**{**TINY, "heads": 16}, class_token=False, pool="map", act="gelu_tanh")
+    config = {"architecture": "vit_giantopt_patch16_siglip_256", "global_pool": "map"}
+    loaded = load_checkpoint(_timm_file(tmp_path, cfg, config))
+    assert loaded.config == cfg.replace(layer_norm_eps=1e-6)
+    assert loaded.heads_origin.endswith("config.json architecture vit_giantopt_patch16_siglip_256")
+
+
 def test_model_pool_in_pipeline_yaml():
     assert parse_config({"model": {"pool": "avg"}}, None).model.pool == "avg"
     assert parse_config({"model": {"pool": "token_avg"}}, None).model.pool == "token_avg"

@@ -179,12 +179,10 @@ def _timm_heads(
             state, variant=variant, heads=num_heads, heads_origin="pipeline.yaml: model.num_heads", **common
         )
     if hub_heads is not None:
+        stated = "num_heads" in (hub_config.get("model_args") or {})  # else timm's registration of the architecture
+        said = "model_args.num_heads" if stated else f"architecture {hub_config.get('architecture')}"
         return infer_config(
-            state,
-            variant=variant,
-            heads=int(hub_heads),
-            heads_origin=f"{CHECKPOINT}: config.json model_args.num_heads",
-            **common,
+            state, variant=variant, heads=int(hub_heads), heads_origin=f"{CHECKPOINT}: config.json {said}", **common
         )
     if variant is None and hub_config.get("architecture"):
         arch = str(hub_config["architecture"])
