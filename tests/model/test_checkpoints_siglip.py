@@ -181,6 +181,13 @@ def test_naflex_siglip2_is_refused_in_one_line_naming_why(tmp_path):
     assert "google/siglip2-*-patch16-224/256/384/512" in message
 
 
+def test_timm_naflexvit_is_refused_in_one_line_naming_why(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architecture": "naflexvit_so400m_patch16_siglip"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="timm's NaFlexViT: it takes each image at its own aspect ratio"):
+        load_checkpoint(tmp_path)
+
+
 def test_siglip_without_its_pooling_head_is_refused(tmp_path):
     """vision_use_head false: transformers' pooler_output is None, so there is no embedding to reproduce."""
     _quiet()
