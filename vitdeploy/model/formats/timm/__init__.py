@@ -33,7 +33,7 @@ class TimmReader(Reader):
         if not weights:
             raise CheckpointError(f"{d}: timm config.json but no {' or '.join(convert_timm.WEIGHT_FILES)}")
         if str(meta.get("architecture") or "").startswith(convert_timm.TIMM_NAFLEX_PREFIX):
-            raise CheckpointError(f"{d}: {convert_timm.naflex_reason(str(meta['architecture']))}")
+            raise CheckpointError(f"{d}: {convert_timm.naflexvit_reason(str(meta['architecture']))}")
         keys, state = weight_keys(weights[0])  # the weights are a bare timm state dict: told by their keys
         if not self.claims_keys(keys, weights[0]):
             raise CheckpointError(

@@ -31,11 +31,11 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TIMM_ARCH_PREFIXES = ("vit_", "deit_", "deit3_")
 
 
-#: timm's NaFlexViT (``naflexvit_*``, SigLIP 2 NaFlex among them): refused by name (``naflex_reason``)
+#: timm's NaFlexViT (``naflexvit_*``, SigLIP 2 NaFlex among them): refused by name (``naflexvit_reason``)
 TIMM_NAFLEX_PREFIX = "naflexvit_"
 
 
-def naflex_reason(arch: str) -> str:
+def naflexvit_reason(arch: str) -> str:
     return (
         f"architecture {arch!r} is timm's NaFlexViT: it takes each image at its own aspect ratio and patch count "
         "(a variable-length sequence of patches with their coordinates), which vitdeploy's fixed-size export does "
