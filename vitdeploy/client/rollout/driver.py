@@ -31,7 +31,8 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
+import signal
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,10 +41,21 @@ from typing import Any, Callable, Optional
 from ...base.errors import BackendError, ConfigError, VitDeployError, first_line
 from ...base.output_spec import EMBEDDING, LOGITS
 from ...base.vocab import AUTO
-from ...serve.rollout.registry import LEASE_S, PROMOTED, PROMOTING, ROLLED_BACK, ROLLING_BACK
+from ...serve.rollout.registry import (
+    DRAINING,
+    LEASE_S,
+    PROMOTED,
+    PROMOTING,
+    ROLLED_BACK,
+    ROLLING_BACK,
+    SHADOW,
+    STARTING,
+)
 from ...serve.rollout.routes import ROUTING_TTL_S, version_app, version_route
+from .faithful import check_faithful
 from .gate import ShadowVerdict, backend_thresholds, gate_thresholds, judge_shadow
-from .lease import Lease, abandoned_line, connect, converge
+from .hold import hold_point
+from .lease import Lease, abandoned_line, connect, converge, leave
 from .server import Server, export_sha, find_server, served_sha, wait_reachable
 from .status import summary
 
@@ -93,6 +105,7 @@ class RolloutResult:
     window: Optional[tuple[float, float]] = None
     failed_start: bool = False
     notes: list[str] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C (or SIGTERM) ended it: rolled back before the swap, promoted after
 
     @property
     def promoted(self) -> bool:
@@ -105,7 +118,7 @@ class RolloutResult:
         return f"{what}: {self.reason}; v{self.live} kept serving, never stopped"
 
     def to_dict(self) -> dict[str, Any]:
-        keys = ("model", "version", "live", "sha", "verdict", "reason", "figures", "window", "notes")
+        keys = ("model", "version", "live", "sha", "verdict", "reason", "figures", "window", "notes", "interrupted")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -116,13 +129,26 @@ def run_rollout(cfg: Any, plan: RolloutPlan, options: Any, progress: Progress) -
 
     # a bad export (or, with runtime.verify, one its key did not sign) is said before anything is touched
     artifacts = Artifacts.open(plan.artifacts, public_key=cfg.verify_key)
+    hold = hold_point(progress=progress)  # the crash tests' hook (hold.py): a no-op unless its variable is set
     if plan.shadow_requests is None and not plan.shadow_seconds:
         raise ConfigError("--shadow: give a number of requests (300) or a time (2m)")
     server = find_server(plan.url, plan.model, plan.token, plan.ca_bundle)
     images = cfg.resolve(cfg.validation.images) if cfg.validation.images else None
     eager = eager_answers(artifacts, images, None, options, cfg.runtime.max_image_pixels)
     ray = connect(plan.address, progress)
-    return _Rollout(ray, cfg, plan, options, progress, artifacts, server, eager).run()
+    rollout = _Rollout(ray, cfg, plan, options, progress, artifacts, server, eager)
+    rollout.hold = hold
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main else None  # Ray's own handler exits at once
+    try:
+        return rollout.run()
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM (a CI job cancelled, a pod stopped) ends a rollout as Ctrl-C does
 
 
 class _Rollout:
@@ -150,6 +176,9 @@ class _Rollout:
         self.faithful: dict[str, Any] = {}
         self.deployed: tuple = ()  # the candidate's (spec, serve section, app, route, CPUs per replica)
         self.started = time.time()
+        self.swapped: Optional[float] = None  # when unversioned requests moved to the candidate
+        self.interrupted = False
+        self.hold: Callable[..., None] = lambda phase, **details: None
 
     def run(self) -> RolloutResult:
         began = self.begin()  # nothing exists yet when it fails: nothing to undo
@@ -158,7 +187,7 @@ class _Rollout:
             return self._run(began)
         except BackendError:
             if self.lease.lost:
-                self._leave()
+                leave(self.lease, self.version, self._remove_s(), self.progress)
             raise
         finally:
             self.lease.release()
@@ -177,7 +206,7 @@ class _Rollout:
             else:
                 verdict = self.check_faithful() or self.shadow()
         except KeyboardInterrupt:
-            verdict = ShadowVerdict(False, True, "interrupted")
+            verdict, self.interrupted = ShadowVerdict(False, True, "interrupted"), True
         except VitDeployError as exc:
             if self.lease.lost:
                 raise
@@ -186,15 +215,23 @@ class _Rollout:
             verdict = ShadowVerdict(False, True, f"{type(exc).__name__}: {first_line(exc)}")
         figures = {**verdict.figures, "faithful": self.faithful} if self.faithful else verdict.figures
         if verdict.passed:
-            window = self.promote()
-        else:
+            try:
+                window = self.promote()
+            except KeyboardInterrupt:  # Ctrl-C: before the swap it rolls back; after, the promotion stands
+                self.interrupted = True
+                if self.swapped is None:
+                    verdict = ShadowVerdict(False, True, "interrupted while promoting", verdict.figures)
+                else:
+                    window = (self.swapped, time.time())
+                    self.notes.append(f"interrupted while v{self.live} drained: {self._left(self.live)}")
+        if not verdict.passed:
             self.progress(f"rolling back v{self.version}: {verdict.reason}")
             window = self.roll_back()
         verdict_word = PROMOTED if verdict.passed else ROLLED_BACK
         result = RolloutResult(
             self.model, self.version, self.live, self.sha, verdict_word, verdict.reason, figures, window, failed_start
         )
-        result.notes = self.notes
+        result.notes, result.interrupted = self.notes, self.interrupted
         self.finish(result)
         return result
 
@@ -269,40 +306,20 @@ class _Rollout:
             # application of it appears: Ray's gRPC proxy cannot choose between two (serve/kserve_grpc.py does)
             time.sleep(2 * ROUTING_TTL_S)
         start_version(application, app, route, self.plan.start_timeout_s)
+        self._at(STARTING)
         self.lease.call("ready", self.version)
         wait_reachable(self.server, route, REACHABLE_S)
         self.progress(f"v{self.version} answers at {self.server.url}{route}/...")
 
     def check_faithful(self) -> Optional[ShadowVerdict]:
-        """The candidate's answers to its export's validation images, through its versioned route, judged against
-        the export's eager answers (as `validate --url` does); a failed verdict when they are not faithful."""
-        from ..protocols import V2_HTTP
-        from ..served_check import check_served
-
-        route = f"{self.model}/versions/{self.version}"
+        """The candidate against its own export (faithful.py); a failed verdict when it does not answer as it."""
         self.progress(
             f"checking v{self.version} against its export's eager answers ({len(self.eager.good)} images) ..."
         )
-        check = check_served(
-            self.artifacts.directory,
-            self.server.url,
-            protocol=V2_HTTP,
-            model=route,
-            token=self.server.token,
-            ca_bundle=self.server.ca_bundle,
-            thresholds=self._faithful_thresholds(),
-            options=self.options,
-            max_pixels=self.cfg.runtime.max_image_pixels,
-            write_report=False,
-            eager=self.eager,
+        self.faithful, failed = check_faithful(
+            self.server, self.version, self.artifacts, self.eager, self.cfg, self.options
         )
-        row = check.drift.backends[0] if check.drift and check.drift.backends else None
-        metrics = {k: float(v) for k, v in (row.metrics if row else {}).items() if isinstance(v, numbers.Real)}
-        self.faithful = {"images": len(self.eager.good), "status": check.status, "backend": check.backend, **metrics}
-        if check.status == "passed":
-            return None
-        why = check.reason or (row.failures[0] if row and row.failures else check.status)
-        return ShadowVerdict(False, True, f"v{self.version} is not faithful to its own export: {why}")
+        return failed
 
     def shadow(self) -> ShadowVerdict:
         budget = self.plan.shadow_requests or MAX_SHADOWED
@@ -311,6 +328,7 @@ class _Rollout:
         self.lease.call("start_shadow", budget, timeout, seconds)
         what = f"the next {budget} requests" if self.plan.shadow_requests else f"every request for {seconds:g} s"
         self.progress(f"shadowing {what} to v{self.version} (clients get v{self.live}'s answers) ...")
+        self._at(SHADOW)
         deadline = time.monotonic() + seconds
         samples: list[dict[str, Any]] = []
         thresholds: dict[str, float] | None = None
@@ -353,12 +371,15 @@ class _Rollout:
         # run on cores the shadow still takes
         time.sleep(ROUTING_TTL_S + 0.5)
         moved = self._grow(scaler, [step.new for step in steps if step.serving == OLD][1:], 1)
+        self._at(PROMOTING)
         start = time.time()
         self.lease.call("promote", self.version)  # the phase is DRAINING from here
+        self.swapped = start
         self.progress(
             f"promoting v{self.version} ({moved} of v{self.live}'s {live} replica(s)): unversioned requests move "
             f"to it; v{self.live} drains ..."
         )
+        self._at(DRAINING)
         time.sleep(2 * ROUTING_TTL_S + 0.5)  # every guard has read the new routing: nothing new reaches the old one
         if not remove_version(old_app, self._remove_s()):
             self.notes.append(f"v{self.live} was still stopping after {self._remove_s():g} s")
@@ -416,7 +437,14 @@ class _Rollout:
         start = time.time()
         self.lease.call("phase", ROLLING_BACK)
         self.lease.call("stop_shadow")
-        if not remove_version(version_app(self.model, self.version), self._remove_s()):
+        try:
+            self._at(ROLLING_BACK)
+            gone = remove_version(version_app(self.model, self.version), self._remove_s())
+        except KeyboardInterrupt:  # Ctrl-C (again): the rollout ends, what is left is said
+            self.interrupted = True
+            self.notes.append(f"interrupted while v{self.version} was removed: {self._left(self.version)}")
+            return start, time.time()
+        if not gone:
             self.notes.append(f"v{self.version} was still stopping after {self._remove_s():g} s")
         else:
             self.lease.call("drop", self.version)
@@ -437,21 +465,13 @@ class _Rollout:
         }
         self.lease.call("finish", entry)
 
-    def _leave(self) -> None:
-        """The lease was taken over (this process was not heard of for a lease's length): the process that took
-        it removes what this one left; only a candidate this one started after that, unknown to the registry,
-        is removed here (never a version the registry lists: never the live one)."""
-        from ray import serve
-
-        from ...serve.rollout.candidate import remove_version
-
-        known = self.lease.read("status")["models"].get(self.model, {}).get("versions", {})
-        app = version_app(self.model, self.version)
-        if self.version and str(self.version) not in known and app in serve.status().applications:
-            self.progress(f"this rollout lost its lease: removing v{self.version}, which it started")
-            remove_version(app, self._remove_s())
-
     # ---------------------------------------------------------------- helpers
+
+    def _at(self, phase: str) -> None:
+        self.hold(phase, version=self.version, live=self.live)
+
+    def _left(self, version: int) -> str:
+        return f"v{version} is removed by the next rollout or `vitdeploy rollout --status`"
 
     def _thresholds(self, samples: list[dict[str, Any]]) -> dict[str, float]:
         cand = next(s["backend"] for s in samples if s.get("backend"))
@@ -460,23 +480,6 @@ class _Rollout:
         mine = backend_thresholds(self.artifacts.manifest.get("validation"), cand, validation)
         theirs = backend_thresholds(None, live, validation) if live else None
         return gate_thresholds(mine, theirs)
-
-    def _faithful_thresholds(self) -> dict[str, dict[str, float]]:
-        """The candidate's thresholds per precision: its export's own validation of the backend it runs (its
-        metadata says which), else the config's ``validation.<precision>``."""
-        from ...base.vocab import BACKEND_KINDS, EXPORT_BACKEND, PRECISIONS
-        from ...serve.protocol import served_export
-        from ..protocols import V2_HTTP, Target, model_document
-
-        route = f"{self.model}/versions/{self.version}"
-        target = Target(self.server.url, V2_HTTP, route, self.server.token, ca_bundle=self.server.ca_bundle)
-        _, doc = model_document(target, route)
-        backend = served_export(doc if isinstance(doc, dict) else {}).get(EXPORT_BACKEND)  # what it runs
-        limits = {p: getattr(self.cfg.validation, p).model_dump() for p in PRECISIONS}
-        if backend in BACKEND_KINDS:
-            own = backend_thresholds(self.artifacts.manifest.get("validation"), backend, self.cfg.validation)
-            limits[BACKEND_KINDS[backend].precision] = own
-        return limits
 
     def _check_alive(self) -> None:
         """BackendError when the candidate's application failed (its replica crashed and could not be restarted)."""

@@ -140,6 +140,21 @@ def converge(lease: Lease, remove: list[int], remove_s: float, progress: Progres
     return notes
 
 
+def leave(lease: Lease, version: int, remove_s: float, progress: Progress) -> None:
+    """``lease`` was taken over (its process was not heard of for a lease's length): the process that took it
+    removes what this one left; only a candidate ``version`` this one started after that, unknown to the
+    registry, is removed here (never a version the registry lists: never the live one)."""
+    from ray import serve
+
+    from ...serve.rollout.candidate import remove_version
+
+    known = lease.read("status")["models"].get(lease.model, {}).get("versions", {})
+    app = version_app(lease.model, version)
+    if version and str(version) not in known and app in serve.status().applications:
+        progress(f"this rollout lost its lease: removing v{version}, which it started")
+        remove_version(app, remove_s)
+
+
 def abandoned_line(abandoned: Optional[dict[str, Any]]) -> str:
     """Why versions are to be removed, for the progress line."""
     if not abandoned:
@@ -181,4 +196,4 @@ def converge_all(ray: Any, registry: Any) -> list[str]:
     return done
 
 
-__all__ = ["Lease", "abandoned_line", "connect", "converge", "converge_all"]
+__all__ = ["Lease", "abandoned_line", "connect", "converge", "converge_all", "leave"]
