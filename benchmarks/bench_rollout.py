@@ -14,12 +14,17 @@ Steps, on the demo model (exported once into the cache):
    requests answered inside it, and of those answered while the candidate was shadowed;
 5. rollback: the same with an export whose preprocessing differs (its manifest's normalisation mean changed): its
    answers are not its own export's eager answers, so it is rolled back at its check before any shadow (the
-   window: from the decision to the candidate gone).
+   window: from the decision to the candidate gone);
+6. a kill at each phase (starting, shadow, promoting, draining, rolling-back; ``--kills``): the same open loop, and
+   `vitdeploy rollout` (the command, ``--lease 5s``) held at the phase by its test-only hook
+   (vitdeploy/client/rollout/hold.py), SIGKILLed there; once its lease expired, `rollout --status` converges
+   (removes the candidate, or after the swap the old version). The failed requests of each phase's loop are counted.
 
-Every request of both open loops is counted (errors must be 0). The machine's load average is printed before
+Every request of every open loop is counted (errors must be 0). The machine's load average is printed before
 and after: on a shared machine the figures are as good as its quiet.
 
-    .venv/bin/python benchmarks/bench_rollout.py                       # ~3 min on 2 cores
+    .venv/bin/python benchmarks/bench_rollout.py                       # ~7 min on 2 cores
+    .venv/bin/python benchmarks/bench_rollout.py --kills none          # promote and rollback only, ~3 min
     .venv/bin/python benchmarks/bench_rollout.py --steady 30 --clients 4 --json out.json
 """
 
@@ -45,6 +50,8 @@ from vitdeploy.base.ray_join import init_ray  # noqa: E402
 
 DEFAULT_CACHE = Path(os.environ.get("VITDEPLOY_BENCH_CACHE", "/tmp/vitdeploy-bench"))
 NAME = "vit-demo-digits"
+KILL_PHASES = ("starting", "shadow", "promoting", "draining", "rolling-back")
+KILL_LEASE_S = 5.0
 
 
 def loadavg() -> str:
@@ -134,6 +141,45 @@ def rollout(server: Server, export: Path, cfg: Any, marks: dict[str, float]) -> 
     return run_rollout(cfg, plan, BackendOptions(threads=1), progress)
 
 
+def killed_at(server: Server, phase: str, export: Path, config: Path, work: Path) -> dict[str, Any]:
+    """`vitdeploy rollout` of ``export`` held at ``phase`` (the test-only hook), SIGKILLed there; once its lease
+    expired, `rollout --status` converges: what it removed, and the live version after."""
+    import signal
+
+    import ray
+
+    from vitdeploy.client.rollout.hold import HOLD_ENV
+    from vitdeploy.client.rollout.status import rollout_status
+    from vitdeploy.serve.rollout.registry import registry_actor
+
+    marker = work / f"held-{phase}.json"
+    cmd = [sys.executable, "-m", "vitdeploy.cli", "rollout", server.url, "-a", str(export), "-b", "ort"]
+    cmd += ["--address", server.gcs, "--shadow", "20", "--lease", f"{KILL_LEASE_S:g}s", "-c", str(config)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", HOLD_ENV: f"{phase}:{marker}"}
+    with open(work / f"held-{phase}.stderr", "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
+    while not marker.exists():
+        if proc.poll() is not None:
+            raise SystemExit(f"the rollout never reached {phase}:\n" + (work / f"held-{phase}.stderr").read_text())
+        time.sleep(0.05)
+    held = json.loads(marker.read_text())
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed = time.time()
+    while True:  # its lease runs out KILL_LEASE_S after its last renewal
+        rollout = ray.get(registry_actor().status.remote())["models"][NAME]["rollout"]
+        if rollout is None or rollout["lease_s"] <= 0:
+            break
+        time.sleep(0.1)
+    status = rollout_status(server.gcs)
+    return {
+        "version": held["version"],
+        "killed_at": killed,
+        "converged": status.get("converged", []),
+        "live": status["models"][NAME]["live"],
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
@@ -195,6 +241,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "errors": level.errors,
                 "p99_ms": round(level.percentile(99), 2),
             }
+        for phase in args.kills:
+            export = variant(
+                demo, work / f"kill-{phase}", **({"mean": [0.2, 0.2, 0.2]} if phase == "rolling-back" else {})
+            )
+            print(f"kill at {phase}:", flush=True)
+            killed, level = under_load(
+                server.url,
+                rate,
+                args.kill_swap,
+                lambda p=phase, e=export: killed_at(server, p, e, config, work),
+                images,
+            )
+            out.setdefault("kills", {})[phase] = {**killed, "requests": level.sent, "errors": level.errors}
     finally:
         ray.shutdown()
         server.stop()
@@ -210,8 +269,18 @@ def main() -> None:
     parser.add_argument("--capacity", type=float, default=10.0, help="seconds of the capacity measurement")
     parser.add_argument("--steady", type=float, default=20.0, help="seconds of the steady open loop")
     parser.add_argument("--swap", type=float, default=40.0, help="seconds of each open loop around a rollout")
+    parser.add_argument("--kill-swap", type=float, default=40.0, help="seconds of each open loop around a kill")
+    parser.add_argument(
+        "--kills",
+        default=",".join(KILL_PHASES),
+        help="the phases a rollout is killed at, under load (comma-separated; 'none': no kill run)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the figures here too")
     args = parser.parse_args()
+    args.kills = [] if args.kills == "none" else [p.strip() for p in args.kills.split(",") if p.strip()]
+    unknown = set(args.kills) - set(KILL_PHASES)
+    if unknown:
+        parser.error(f"--kills: {', '.join(sorted(unknown))}: the phases are {', '.join(KILL_PHASES)}")
     out = run(args)
     steady = out["steady"]["p99_ms"]
     print(f"\nmachine: {out['machine']}, {out['cores']} cores")
@@ -224,6 +293,12 @@ def main() -> None:
             f"{name:<9} {r['verdict']:<12} swap {r['swap_s']} s: p99 {r['swap_p99_ms']} ms over {r['swap_requests']} "
             f"requests ({ratio:.2f}x steady); shadow p99 {r['shadow_p99_ms']} ms; {r['requests']} requests, "
             f"errors {r['errors'] or 0}"
+        )
+    for phase, k in out.get("kills", {}).items():
+        converged = "; ".join(k["converged"]) or "nothing to converge"
+        print(
+            f"kill at {phase:<12} {k['requests']} requests, errors {k['errors'] or 0}; then {converged}; "
+            f"live v{k['live']}"
         )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))

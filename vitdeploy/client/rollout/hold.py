@@ -95,4 +95,4 @@ def hold_point(environ: Optional[Mapping[str, str]] = None, progress: Optional[C
     return hold.reached
 
 
-__all__ = ["HOLD_ENV", "HOLD_POINTS", "Hold", "hold_from_env", "hold_point"]
+__all__ = ["HOLD_ENV", "HOLD_POINTS", "Hold", "hold_from_env", "hold_point", "no_hold"]

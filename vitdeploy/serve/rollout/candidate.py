@@ -21,6 +21,7 @@ from .routes import version_of_app, version_route
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25
+FREE_WAIT_S = 10.0  # how long a candidate waits for the CPU a removal frees, before it cannot be placed
 DECLARATIVE = "declarative"  # the source Ray Serve gives an application applied from a config
 LOGGING = {"log_level": "WARNING", "enable_access_log": False}
 
@@ -63,11 +64,18 @@ def replica_count(app: str) -> int:
     return sum(int(d.replica_states.get("RUNNING", 0)) for d in status.deployments.values())
 
 
-def free_cpus() -> float:
-    """The CPUs no actor holds on the cluster now (Ray's available resources)."""
+def free_cpus(at_least: float = 0.0, wait_s: float = FREE_WAIT_S) -> float:
+    """The CPUs no actor holds on the cluster now (Ray's available resources); with ``at_least``, that many waited
+    for, at most ``wait_s``: Ray's view lags a version just removed (what an abandoned rollout left) by a moment.
+    The last read when they do not come."""
     import ray
 
-    return float(ray.available_resources().get("CPU", 0.0))
+    deadline = time.monotonic() + wait_s
+    while True:
+        free = float(ray.available_resources().get("CPU", 0.0))
+        if free + 1e-9 >= at_least or time.monotonic() > deadline:
+            return free
+        time.sleep(POLL_S)
 
 
 def candidate_cpus(asked: float, free: float) -> tuple[float, str | None]:
