@@ -104,6 +104,21 @@ def test_a_takeover_removes_a_candidate_that_never_went_live(step):
     assert reg.drop("m", "b", 2) == {}
 
 
+def test_a_rollout_that_died_before_its_candidate_was_deployed_leaves_nothing_behind(monkeypatch):
+    """Its version, never deployed, is forgotten at the takeover, and so is its packed export (the registry owns
+    it in Ray's object store: it would be kept for the cluster's life)."""
+    import ray
+
+    monkeypatch.setattr(ray, "put", lambda bundle: ("ref", bundle))
+    reg, clock = _registry()
+    reg.begin("m", "a", ONE, {"sha": "a"})
+    assert reg.keep("m", "a", "m@v2", b"packed") == [("ref", b"packed")]
+    clock.now += LEASE_S + 1  # SIGKILL before its application was deployed: none runs
+    began = reg.begin("m", "b", ONE, {"sha": "b"})
+    assert began["remove"] == [] and began["abandoned"]["verdict"] == ROLLED_BACK and began["version"] == 3
+    assert reg._bundles == {} and list(reg.status()["models"]["m"]["versions"]) == ["1", "3"]
+
+
 def test_a_takeover_after_a_promotion_never_removes_the_promoted_version():
     reg, clock = _registry()
     _promoted(reg)  # then SIGKILL while v1 drained: no finish

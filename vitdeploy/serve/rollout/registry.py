@@ -153,8 +153,12 @@ class RolloutRegistry:
             what = f"v{busy['version']}, {busy['phase']}" if busy["version"] else busy["phase"]
             left = busy["expires"] - now
             return {"refused": f"a rollout of {model} ({what}) holds its lease for {left:.0f} s more; wait for it"}
-        if state is not None:  # versions whose application is gone (a restarted server) are forgotten
+        if state is not None:  # versions whose application is gone (a restarted server, a candidate whose
+            # rollout died before it was deployed) are forgotten, with their packed exports
+            gone = [e["app"] for e in state["versions"].values() if e["app"] not in running]
             state["versions"] = {n: e for n, e in state["versions"].items() if e["app"] in running}
+            for app in gone:
+                self._bundles.pop(app, None)
         if state is None or state["live"] not in state["versions"]:
             fresh = _new_model(model, running)
             fresh["next"] = max(fresh["next"], state["next"] if state else 2)
