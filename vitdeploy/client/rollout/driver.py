@@ -52,7 +52,7 @@ from ...serve.rollout.registry import (
 )
 from ...serve.rollout.routes import ROUTING_TTL_S, version_app, version_route
 from .faithful import check_faithful
-from .gate import ShadowVerdict, backend_thresholds, gate_thresholds, judge_shadow
+from .gate import ShadowVerdict, judge_shadow, shadow_thresholds
 from .hold import hold_point, no_hold
 from .lease import Lease, abandoned_line, connect, converge, leave
 from .server import Server, export_sha, find_server, served_sha, wait_reachable
@@ -339,7 +339,7 @@ class _Rollout:
             if progress["count"] > len(samples):
                 samples += self.lease.call("samples", len(samples))
             if thresholds is None and any(s.get("backend") for s in samples):
-                thresholds = self._thresholds(samples)
+                thresholds = shadow_thresholds(samples, self.artifacts.manifest.get("validation"), self.cfg.validation)
             timed_out = time.monotonic() > deadline
             final = progress["count"] >= budget or timed_out
             if timed_out and self.plan.shadow_requests and progress["count"] < budget:
@@ -475,14 +475,6 @@ class _Rollout:
 
     def _left(self, version: int) -> str:
         return f"v{version} is removed by the next rollout or `vitdeploy rollout --status`"
-
-    def _thresholds(self, samples: list[dict[str, Any]]) -> dict[str, float]:
-        cand = next(s["backend"] for s in samples if s.get("backend"))
-        live = next((s["live_backend"] for s in samples if s.get("live_backend")), None)
-        validation = self.cfg.validation
-        mine = backend_thresholds(self.artifacts.manifest.get("validation"), cand, validation)
-        theirs = backend_thresholds(None, live, validation) if live else None
-        return gate_thresholds(mine, theirs)
 
     def _check_alive(self) -> None:
         """BackendError when the candidate's application failed (its replica crashed and could not be restarted)."""
