@@ -1,4 +1,4 @@
-"""`vitdeploy rollout` killed at each of its phases, under load: SIGKILL (and Ctrl-C) of the command while HTTP
+"""`vitdeploy rollout` killed at each of its phases, under load: SIGKILL (Ctrl-C, SIGTERM) of the command while HTTP
 /predict, v2 HTTP and v2 gRPC clients send requests and every answer is counted. Not one request fails, every
 answer comes from the live version (or, once it was promoted, the new one), `rollout --status` converges to one
 clean state, and the next rollout converges what was left - the candidate that never went live removed, the live
