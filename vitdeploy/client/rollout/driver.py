@@ -166,7 +166,9 @@ class _Rollout:
     def _run(self, began: dict[str, Any]) -> RolloutResult:
         failed_start, window = False, None
         try:
-            self.notes += converge(self.lease, began["remove"], self._remove_s(), self.progress, self._why(began))
+            self.notes += converge(
+                self.lease, began["remove"], self._remove_s(), self.progress, self._why(began), began.get("restore")
+            )
             try:
                 self.start()
             except VitDeployError as exc:
@@ -341,18 +343,22 @@ class _Rollout:
     def promote(self) -> tuple[float, float]:
         from ...base.ray_private import serve_details
         from ...serve.rollout.candidate import free_cpus, remove_version, replica_count
-        from .capacity import OLD, Scaler, live_autoscaling, room_for, scale_steps
+        from .capacity import BOTH, OLD, Promotion, Scaler, in_place, live_autoscaling, room_for, scale_steps
 
         self.lease.call("phase", PROMOTING)
         old_app, app = version_app(self.model, self.live), version_app(self.model, self.version)
         live = max(replica_count(old_app), 1)
-        autoscaling = live_autoscaling(serve_details(), old_app)
-        steps = scale_steps(live, room_for(free_cpus(), self.deployed[4]))
+        details = serve_details()
+        autoscaling = live_autoscaling(details, old_app)
+        shrink = autoscaling is None and in_place(details, old_app)  # a full cluster: the old one steps down
+        steps = scale_steps(live, room_for(free_cpus(), self.deployed[4]), shrink)
         scaler = Scaler(self._deploy, lambda: replica_count(app), self.plan.start_timeout_s)
+        carry = Promotion(self.lease, self.model, self.live, self.version, scaler, self.progress, self.notes)
         # the guards stop tagging copies at their next read and the copies sent finish: the swap does not
         # run on cores the shadow still takes
         time.sleep(ROUTING_TTL_S + 0.5)
-        moved = self._grow(scaler, [step.new for step in steps if step.serving == OLD][1:], 1)
+        moved = carry.grow([step.new for step in steps if step.serving == OLD][1:], 1)
+        moved = carry.step_down([step for step in steps if step.serving == BOTH], moved, live)
         start = time.time()
         self.lease.call("promote", self.version)  # the phase is DRAINING from here
         self.progress(
@@ -365,21 +371,11 @@ class _Rollout:
         else:
             self.lease.call("drop", self.live)
         end = time.time()
-        grown = self._grow(scaler, list(range(moved + 1, live + 1)), moved)
+        grown = carry.grow(list(range(moved + 1, live + 1)), moved)
         if autoscaling:
             self._deploy(grown, autoscaling)
-        self._capacity_notes(live, moved, grown, autoscaling)
+        carry.capacity_notes(live, moved, grown, autoscaling)
         return start, end
-
-    def _grow(self, scaler: Any, counts: list[int], running: int) -> int:
-        """The candidate grown through ``counts``, one replica at a time, until Ray cannot place the next one
-        within the start timeout; the count it runs."""
-        for count in counts:
-            self.progress(f"scaling v{self.version} to {count} replica(s) ...")
-            if not scaler.to(count):
-                break
-            running = count
-        return running
 
     def _deploy(self, replicas: int, autoscaling: Optional[dict[str, Any]]) -> None:
         """The candidate's application deployed again with ``replicas`` (or the live version's ``autoscaling``),
@@ -394,21 +390,7 @@ class _Rollout:
             keys = ("min_replicas", "max_replicas", "target_ongoing_requests")
             given = {k: autoscaling[k] for k in keys if autoscaling.get(k) is not None}  # else the section's own
             sv = sv.model_copy(update={"autoscaling": AutoscalingSection(**given)})
-        run_nowait(build_app(spec, sv, replicas, version=self.sha[:16]), app, route, LOGGING)
-
-    def _capacity_notes(self, live: int, moved: int, grown: int, autoscaling: Optional[dict[str, Any]]) -> None:
-        if moved < live - 1:
-            self.notes.append(
-                f"requests moved to v{self.version} with {moved} replica(s), v{self.live} had {live}: the cluster had "
-                f"room for no more beside v{self.live}"
-            )
-        if grown < live:
-            self.notes.append(f"v{self.version} serves with {grown} replica(s) (v{self.live} had {live}): add room")
-        if autoscaling:
-            self.notes.append(
-                f"v{self.version} autoscales as v{self.live} did ({autoscaling.get('min_replicas')}-"
-                f"{autoscaling.get('max_replicas')} replicas)"
-            )
+        run_nowait(build_app(spec, sv, replicas, version=self.sha[:16]), app, route, LOGGING, not autoscaling)
 
     def roll_back(self) -> tuple[float, float]:
         from ...serve.rollout.candidate import remove_version
