@@ -20,8 +20,10 @@ never stops before a candidate has passed:
 5. shadow: the next ``--shadow`` unversioned inferences are copied to it (clients get the live answers only);
    gate.py judges the answers as they come (errors, latency; agreement with the live version is measured, and
    gates with ``--min-agreement`` or ``--same-model``) and decides as soon as they prove a failure;
-6. promote - unversioned requests move to it at the guards' next read; two reads later the old version is
-   deleted: its replicas finish their in-flight requests, then stop - or roll back: the candidate is deleted.
+6. promote - the candidate grows to the live version's replica count (capacity.py: on a full cluster, with
+   requests split by replica counts while the old version gives up a replica for each one it takes), unversioned
+   requests move to it at the guards' next read; two reads later the old version is deleted: its replicas finish
+   their in-flight requests, then stop - or roll back: the candidate is deleted.
 
 The history entry (version, export sha, verdict, reason, figures) is kept by the registry
 (`vitdeploy rollout --status`).
