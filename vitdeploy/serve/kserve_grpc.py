@@ -141,6 +141,8 @@ async def routed_context(request: Any, context: Any, infer: bool = False) -> Any
     from .rollout.routes import SHADOW_HEADER, Shadow, split_target
 
     table = await ROUTING.table()
+    if not table:  # no rollout ever ran here: no version to route to, none a copy could go to
+        return context
     given = tuple(context.invocation_metadata() or ())
     ours = any(str(key).lower().startswith(HEADER_PREFIX) for key, _ in given)
     model = getattr(request, "model_name", "") or getattr(request, "name", "")
