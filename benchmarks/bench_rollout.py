@@ -157,7 +157,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     demo = demo_export(args.cache)
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
-    cpus = round((os.cpu_count() or 1) / (args.replicas + 1), 4)  # the live replicas and one more fit, no more
+    # the live replicas and one more fit, no more (whole ten-thousandths: Ray's unit of a resource, rounded down)
+    cpus = int((os.cpu_count() or 1) / (args.replicas + 1) * 10_000) / 10_000
     serve = {"max_batch_size": 8, "batch_wait_timeout_s": 0.005, "num_cpus_per_replica": cpus}
     serve.update(replicas=args.replicas, metrics_port=free_port())
     config = work / "serve.yaml"
