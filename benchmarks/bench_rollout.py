@@ -14,7 +14,8 @@ Steps, on the demo model (exported once into the cache):
 3. steady: an open loop (`loadtest --rate`) at half that capacity for --steady seconds: its p99;
 4. promote: the same open loop, and after a few seconds `vitdeploy rollout` of a re-export of the same model
    (another manifest, the same files): it is shadowed, then promoted. The swap window runs from the moment
-   unversioned traffic moves to the new version to the end of the old one (drained and deleted): the p99 of the
+   unversioned traffic begins to move to the new version (on the full cluster: the first split of requests
+   between the versions) to the end of the old one (drained and deleted): the p99 of the
    requests answered inside it, and of those answered while the candidate was shadowed;
 5. rollback: the same with an export whose preprocessing differs (its manifest's normalisation mean changed): its
    answers are not its own export's eager answers, so it is rolled back at its check before any shadow (the

@@ -134,6 +134,7 @@ class Promotion:
     ) -> None:
         self.lease, self.model, self.live, self.version = lease, model, live, version
         self.scaler, self.progress, self.notes = scaler, progress, notes
+        self.split_at: Optional[float] = None  # when requests began to move (time.time()): the first split
 
     def grow(self, counts: list[int], running: int) -> int:
         """The candidate grown through ``counts``, one replica at a time, until Ray cannot place the next one
@@ -167,7 +168,10 @@ class Promotion:
                     break
                 running = step.new
             self.lease.call("split", self.version, running / (old + running), live)
-            if step is steps[0]:  # every guard splits requests before the old version gives up its first replica
+            if step is steps[0]:
+                self.split_at = (
+                    time.time()
+                )  # every guard splits requests before the old version gives up its first replica
                 self.progress(
                     f"splitting unversioned requests between v{self.live} and v{self.version} by their replica "
                     f"counts (no room for v{self.version} at {live} beside v{self.live}) ..."

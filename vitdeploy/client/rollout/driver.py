@@ -82,8 +82,8 @@ class RolloutPlan:
 @dataclass
 class RolloutResult:
     """How a rollout ended: ``verdict`` PROMOTED or ROLLED_BACK, ``reason`` why, ``figures`` the gate's, and
-    ``window``: the wall-clock (time.time()) span of the swap (traffic moved to the end of the old version; or the
-    rollback's start to the candidate gone)."""
+    ``window``: the wall-clock (time.time()) span of the swap (traffic began to move - split, on a full cluster -
+    to the end of the old version; or the rollback's start to the candidate gone)."""
 
     model: str
     version: int
@@ -361,7 +361,7 @@ class _Rollout:
         time.sleep(ROUTING_TTL_S + 0.5)
         moved = carry.grow([step.new for step in steps if step.serving == OLD][1:], 1)
         moved = carry.step_down([step for step in steps if step.serving == BOTH], moved, live)
-        start = time.time()
+        start = carry.split_at or time.time()  # the swap began when requests began to move
         self.lease.call("promote", self.version)  # the phase is DRAINING from here
         self.progress(
             f"promoting v{self.version} ({moved} of v{self.live}'s {live} replica(s)): unversioned requests move "
