@@ -1,8 +1,9 @@
 """Capacity kept through a promotion (vitdeploy/client/rollout/capacity.py): the promoted version grows to the live
 version's replica count one replica at a time, requests move once it has grown as far as the cluster lets it, and
-the replicas answering clients never fall below the live count minus one where the cluster has that room; a
-replica Ray cannot place is taken back within the start timeout, never waited for. The promotion itself on Ray:
-tests/client/test_rollout_driver.py."""
+the replicas answering clients never fall below the live count minus one where the cluster has that room; on a full
+cluster the old version steps down in place as the new one grows, requests split between them, and the live count
+answers all along; a replica Ray cannot place is taken back within the start timeout, never waited for. The
+promotion itself on Ray: tests/client/test_rollout_driver.py, on a full Ray: test_rollout_full_cluster.py."""
 
 from __future__ import annotations
 

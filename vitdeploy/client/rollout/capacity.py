@@ -8,17 +8,19 @@ deployed with Ray Serve's external scaler on, as `vitdeploy serve` and `vitdeplo
 it is an incremental upgrade, as KubeRay's and a Kubernetes Deployment's with maxUnavailable=1: unversioned requests
 are split between both versions by their replica counts (:data:`BOTH`), then, one replica at a time, the old
 version gives one up and the new one takes its place, until the new one has the live count; requests then move to
-it whole and the old version drains. The capacity answering clients never falls below the live count (in a step
-down, below the live count minus one at most while a replica of the old one stops and the new one starts).
+it whole and the old version drains. The replicas answering clients never fall below the live count (the one
+the old version gives up finishes its in-flight requests before it stops).
 Without ``shrink`` (an autoscaled live version, or one deployed without the external scaler): requests move once
 the candidate has grown as far as the room lets it, the old version goes, and the candidate grows to the live count
 in the room the old one left; the capacity stays at least the live count minus one when the cluster has room for
 ``live - 2`` more replicas beside both (:func:`lowest_capacity` says what it is otherwise, and the rollout says so
 in a note).
 
-:class:`Scaler` carries a step out on Ray: the candidate's application deployed again with the same code version
-(Ray Serve changes its replica count in place) and waited for within a time limit; a replica Ray cannot place
-within it is taken back (the count that runs is kept), never waited for without end.
+:class:`Scaler` carries a step of the candidate out on Ray: its application deployed again with the same code
+version (Ray Serve changes its replica count in place) and waited for within a time limit; a replica Ray cannot
+place within it is taken back (the count that runs is kept), never waited for without end. :class:`Promotion` runs
+the steps: the candidate grown, the old version stepped down in place, each split recorded in the registry (what the
+guards and the gRPC routing read; a takeover gives the old version its replicas back).
 """
 
 from __future__ import annotations
