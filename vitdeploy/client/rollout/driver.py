@@ -19,8 +19,10 @@ Each step is bounded in time; a failure after the candidate exists removes it, n
 5. shadow: the next ``--shadow`` unversioned inferences are copied to it (clients get the live answers only);
    gate.py judges the answers as they come (errors, latency; agreement with the live version is measured, and
    gates with ``--min-agreement`` or ``--same-model``) and decides as soon as they prove a failure;
-6. promote - unversioned requests move to it at the guards' next read; two reads later the old version is
-   deleted: its replicas finish their in-flight requests, then stop - or roll back: the candidate is deleted.
+6. promote - the candidate grows to the live version's replica count (capacity.py: on a full cluster, with
+   requests split by replica counts while the old version gives up a replica for each one it takes), unversioned
+   requests move to it at the guards' next read; two reads later the old version is deleted: its replicas finish
+   their in-flight requests, then stop - or roll back: the candidate is deleted.
 
 The history entry is kept by the registry (`vitdeploy rollout --status`). Ctrl-C or SIGTERM before the swap rolls
 back, after it the promotion stands; a process killed anywhere leaves its phase to the next rollout (lease.py).
@@ -91,8 +93,8 @@ class RolloutPlan:
 @dataclass
 class RolloutResult:
     """How a rollout ended: ``verdict`` PROMOTED or ROLLED_BACK, ``reason`` why, ``figures`` the gate's, and
-    ``window``: the wall-clock (time.time()) span of the swap (traffic moved to the end of the old version; or the
-    rollback's start to the candidate gone)."""
+    ``window``: the wall-clock (time.time()) span of the swap (traffic began to move - split, on a full cluster -
+    to the end of the old version; or the rollback's start to the candidate gone)."""
 
     model: str
     version: int
@@ -195,7 +197,9 @@ class _Rollout:
     def _run(self, began: dict[str, Any]) -> RolloutResult:
         failed_start, window = False, None
         try:
-            self.notes += converge(self.lease, began["remove"], self._remove_s(), self.progress, self._why(began))
+            self.notes += converge(
+                self.lease, began["remove"], self._remove_s(), self.progress, self._why(began), began.get("restore")
+            )
             try:
                 self.start()
             except VitDeployError as exc:
@@ -359,20 +363,24 @@ class _Rollout:
     def promote(self) -> tuple[float, float]:
         from ...base.ray_private import serve_details
         from ...serve.rollout.candidate import free_cpus, remove_version, replica_count
-        from .capacity import OLD, Scaler, live_autoscaling, room_for, scale_steps
+        from .capacity import BOTH, OLD, Promotion, Scaler, in_place, live_autoscaling, room_for, scale_steps
 
         self.lease.call("phase", PROMOTING)
         old_app, app = version_app(self.model, self.live), version_app(self.model, self.version)
         live = max(replica_count(old_app), 1)
-        autoscaling = live_autoscaling(serve_details(), old_app)
-        steps = scale_steps(live, room_for(free_cpus(), self.deployed[4]))
+        details = serve_details()
+        autoscaling = live_autoscaling(details, old_app)
+        shrink = autoscaling is None and in_place(details, old_app)  # a full cluster: the old one steps down
+        steps = scale_steps(live, room_for(free_cpus(), self.deployed[4]), shrink)
         scaler = Scaler(self._deploy, lambda: replica_count(app), self.plan.start_timeout_s)
+        carry = Promotion(self.lease, self.model, self.live, self.version, scaler, self.progress, self.notes)
         # the guards stop tagging copies at their next read and the copies sent finish: the swap does not
         # run on cores the shadow still takes
         time.sleep(ROUTING_TTL_S + 0.5)
-        moved = self._grow(scaler, [step.new for step in steps if step.serving == OLD][1:], 1)
+        moved = carry.grow([step.new for step in steps if step.serving == OLD][1:], 1)
+        moved = carry.step_down([step for step in steps if step.serving == BOTH], moved, live)
         self._at(PROMOTING)
-        start = time.time()
+        start = carry.split_at or time.time()  # the swap began when requests began to move
         self.lease.call("promote", self.version)  # the phase is DRAINING from here
         self.swapped = start
         self.progress(
@@ -386,21 +394,11 @@ class _Rollout:
         else:
             self.lease.call("drop", self.live)
         end = time.time()
-        grown = self._grow(scaler, list(range(moved + 1, live + 1)), moved)
+        grown = carry.grow(list(range(moved + 1, live + 1)), moved)
         if autoscaling:
             self._deploy(grown, autoscaling)
-        self._capacity_notes(live, moved, grown, autoscaling)
+        carry.capacity_notes(live, moved, grown, autoscaling)
         return start, end
-
-    def _grow(self, scaler: Any, counts: list[int], running: int) -> int:
-        """The candidate grown through ``counts``, one replica at a time, until Ray cannot place the next one
-        within the start timeout; the count it runs."""
-        for count in counts:
-            self.progress(f"scaling v{self.version} to {count} replica(s) ...")
-            if not scaler.to(count):
-                break
-            running = count
-        return running
 
     def _deploy(self, replicas: int, autoscaling: Optional[dict[str, Any]]) -> None:
         """The candidate's application deployed again with ``replicas`` (or the live version's ``autoscaling``),
@@ -415,21 +413,7 @@ class _Rollout:
             keys = ("min_replicas", "max_replicas", "target_ongoing_requests")
             given = {k: autoscaling[k] for k in keys if autoscaling.get(k) is not None}  # else the section's own
             sv = sv.model_copy(update={"autoscaling": AutoscalingSection(**given)})
-        run_nowait(build_app(spec, sv, replicas, version=self.sha[:16]), app, route, LOGGING)
-
-    def _capacity_notes(self, live: int, moved: int, grown: int, autoscaling: Optional[dict[str, Any]]) -> None:
-        if moved < live - 1:
-            self.notes.append(
-                f"requests moved to v{self.version} with {moved} replica(s), v{self.live} had {live}: the cluster had "
-                f"room for no more beside v{self.live}"
-            )
-        if grown < live:
-            self.notes.append(f"v{self.version} serves with {grown} replica(s) (v{self.live} had {live}): add room")
-        if autoscaling:
-            self.notes.append(
-                f"v{self.version} autoscales as v{self.live} did ({autoscaling.get('min_replicas')}-"
-                f"{autoscaling.get('max_replicas')} replicas)"
-            )
+        run_nowait(build_app(spec, sv, replicas, version=self.sha[:16]), app, route, LOGGING, not autoscaling)
 
     def roll_back(self) -> tuple[float, float]:
         from ...serve.rollout.candidate import remove_version
