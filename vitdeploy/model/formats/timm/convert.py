@@ -17,6 +17,7 @@ from ....base.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN
 from ....base.vocab import CROP_MODES, INTERPOLATIONS
 from ...provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
 from ..shared import SIZE_BY_WIDTH, infer_config, variant_template
+from .eva import convert_eva_state_dict, eva_default_preprocess, is_eva_state
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -26,9 +27,10 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-#: timm architectures of the vision_transformer family (``config.json`` ``architecture``): what may load;
-#: anything else on timm's hub (convnets, Swin, EVA ...) is refused before its weights are fetched
-TIMM_ARCH_PREFIXES = ("vit_", "deit_", "deit3_")
+#: timm architectures of the vision_transformer family and of eva.py (EVA-02, EVA-01) (``config.json``
+#: ``architecture``): what may load; anything else on timm's hub (convnets, Swin ...) is refused before its weights
+#: are fetched (an eva.py model of another kind, by the timm reader: ``eva.eva_architecture``)
+TIMM_ARCH_PREFIXES = ("vit_", "deit_", "deit3_", "eva02_", "eva_")
 
 
 def looks_like_timm(keys: set[str]) -> bool:
@@ -41,8 +43,8 @@ def is_timm_config(config: dict[str, Any]) -> bool:
 
 def convert_timm_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
     """timm -> vitdeploy naming: identical names, so a shallow copy (unknown keys stay, and strict
-    loading reports them: layer scale, register tokens, fc_norm ... are not supported)."""
-    return dict(state)
+    loading reports them), except timm eva.py's (EVA-02: ``eva.convert_eva_state_dict``)."""
+    return convert_eva_state_dict(state) if is_eva_state(state) else dict(state)
 
 
 TIMM_KEYS = {
@@ -100,12 +102,15 @@ def timm_vit_config(
     act: str | None = None,
     layer_norm_eps: float | None = None,
     pool: str | None = None,
+    rope: dict[str, Any] | None = None,
 ) -> tuple["ViTConfig", str, tuple[str, ...]]:
     """(ViTConfig, heads origin, notes). ``num_heads`` / ``act`` / ``layer_norm_eps`` / ``pool``: what the
-    caller knows (pipeline.yaml); checked against the hub config when it says otherwise."""
+    caller knows (pipeline.yaml); checked against the hub config when it says otherwise. ``rope``: the rotary
+    fields the architecture gives (an EVA: ``eva.eva_family``)."""
     hub_config = hub_config or {}
     model_args = hub_config.get("model_args") or {}
     family, notes = timm_family(state, where, hub_config, pool)
+    family.update(rope or {})
     hub_act = model_args.get("act_layer")
     if family.get("mlp") == "swiglu" and (hub_act is None or hub_act in TIMM_SWIGLU_ACTS):
         hub_act = None  # SwiGLUPacked: SiLU, whatever act_layer says of a GELU MLP
@@ -203,6 +208,8 @@ def timm_family(
         "layer_scale": any(k.endswith(".ls1.gamma") for k in state),
         "qk_norm": any(k.endswith(".attn.q_norm.weight") for k in state),
         "fc_norm": "fc_norm.weight" in state,
+        "mlp_norm": "blocks.0.mlp.norm.weight" in state,  # timm scale_mlp(_norm): EVA-02 B/L
+        "attn_norm": "blocks.0.attn.norm.weight" in state,  # timm scale_attn_inner / scale_attn_norm: EVA-CLIP
     }
     fc1, fc2 = state.get("blocks.0.mlp.fc1.weight"), state.get("blocks.0.mlp.fc2.weight")
     if fc1 is not None and fc2 is not None and fc1.ndim == fc2.ndim == 2 and fc1.shape[0] == 2 * fc2.shape[1]:
@@ -264,6 +271,8 @@ def timm_default_preprocess(arch: str, image_size: int) -> PreprocessSpec:
     """timm's default ``pretrained_cfg`` for a vision_transformer / deit architecture (timm 1.0):
     bicubic, centre crop, crop_pct 0.9 (1.0 from 384 px up, and for DINOv2's ``*_dinov2``), mean/std 0.5
     for ``vit_*`` and ImageNet's for ``deit_*``, ``*_dinov2`` and the DINO ``vit_small_patch8_224``."""
+    if arch.startswith("eva"):
+        return eva_default_preprocess(arch, image_size)
     dinov2 = arch.endswith("_dinov2")
     imagenet = arch.startswith("deit") or arch == "vit_small_patch8_224" or dinov2
     return PreprocessSpec(
