@@ -8,6 +8,7 @@ numpy, pillow; built by ``make reference-env``), which cannot live beside vitdep
 
 (``family``: only the timm ViT relatives of issue 15: registers, average pooling, layer scale ...;
 ``embedding``: only headless timm backbones, ``num_classes=0``; ``eva``: timm's EVA-02 at two sizes;
+``eva_archs``: every timm EVA-02 / EVA-01 architecture, one block;
 ``processors``: transformers' two image processors of each ``PROCESSOR_CASES`` entry on every image as it is,
 transparency included; ``hub``: one timm hub folder saved by timm, for the Hub path)
 
@@ -290,6 +291,26 @@ def eva_cases(photos: list[Path], out: Path, cases: dict) -> None:
         _save(out, case, info, arrays, cases)
 
 
+def eva_arch_cases(out: Path, cases: dict) -> None:
+    """Every architecture timm's eva.py registers under EVA-02's and EVA-01's names, its structure at tiny width
+    (64, 2 heads, one block; its own image size and the default pretrained tag's head), saved as a timm hub folder;
+    its output on one random input."""
+    import timm
+    import torch
+    from timm.models import save_for_hf
+
+    for i, arch in enumerate(sorted(set(timm.list_models(["eva02_*", "eva_giant_*"])))):
+        model = randomize_(
+            timm.create_model(arch, pretrained=False, depth=1, embed_dim=64, num_heads=2), 50 + i
+        ).eval()
+        save_for_hf(model, str(out / arch), safe_serialization=True)
+        side = model.pretrained_cfg["input_size"][-1]
+        x = torch.randn(1, 3, side, side, generator=torch.Generator().manual_seed(i))
+        with torch.no_grad():
+            arrays = {"pixels": x.numpy(), "logits": model(x).numpy()}
+        _save(out, arch, {"library": f"timm {timm.__version__}", "arch": arch, "checkpoint": "."}, arrays, cases)
+
+
 def torchvision_cases(photos: list[Path], out: Path, cases: dict) -> None:
     import torch
     import torchvision
@@ -441,6 +462,8 @@ def main(argv: list[str]) -> int:
         processor_cases(photos, out, cases)
     elif argv[3:] == ["eva"]:
         eva_cases(photos, out, cases)
+    elif argv[3:] == ["eva_archs"]:
+        eva_arch_cases(out, cases)
     elif argv[3:] == ["hub"]:
         hub_cases(photos, out, cases)
     else:

@@ -177,15 +177,15 @@ def _timm_heads(
         )
     if variant is None and hub_config.get("architecture"):
         arch = str(hub_config["architecture"])
-        try:
-            tmpl = variant_template(arch)
+        try:  # EVA-01's giant (1408 wide) is no standard size
+            heads = EVA01_GIANT_HEADS if EVA01_ARCH.match(arch) else variant_template(arch).heads
         except CheckpointError as exc:
             logger.info("%s: architecture %r is not a known variant (%s)", where, arch, exc)
         else:  # timm builds the architecture with its own head count unless model_args say otherwise
             return infer_config(
                 state,
                 variant=None,
-                heads=tmpl.heads,
+                heads=heads,
                 heads_origin=f"{CHECKPOINT}: config.json architecture {arch}",
                 **common,
             )
@@ -368,6 +368,7 @@ def timm_labels(hub_config: dict[str, Any], num_classes: int, where: Path) -> tu
 EVA02_ARCH = re.compile(r"^eva02_(tiny|small|base|large)_patch(\d+)_(?:clip_)?(\d+)$")
 #: timm's EVA-01 architectures of the Eva class (no rotary embedding)
 EVA01_ARCH = re.compile(r"^eva_giant_patch14_(?:clip_)?\d+$")
+EVA01_GIANT_HEADS = 16  # timm's eva_giant_patch14_*: width 1408, 16 heads
 EVA02_ROPE_GRID = 16  # every EVA-02 architecture's ref_feat_shape (224 / 14)
 #: EVA architectures whose default pretrained_cfg squashes (crop_mode 'squash', crop_pct 1.0)
 SQUASH_ARCHS = ("eva02_base_patch14_448", "eva02_large_patch14_448", "eva_giant_patch14_336", "eva_giant_patch14_560")
@@ -424,11 +425,15 @@ def eva_architecture(hub_config: dict[str, Any] | None, variant: str | None, whe
             "attention is rotary; set model.variant to its timm architecture (e.g. eva02_base_patch14_224) "
             "or load the timm hub folder (config.json)"
         )
+    if arch.startswith("eva02_enormous"):
+        raise CheckpointError(
+            f"{where}: timm architecture {arch!r} has post-norm blocks (timm use_post_norm: a norm after each "
+            "residual branch), which vitdeploy's pre-norm ViT does not run"
+        )
     if not (EVA02_ARCH.match(arch) or EVA01_ARCH.match(arch)):
         raise CheckpointError(
             f"{where}: timm architecture {arch!r} (timm eva.py) is not supported; vitdeploy runs timm's "
-            "EVA-02 (eva02_{tiny,small,base,large}_*) and EVA-01 giants, not other rotary schemes or post-norm "
-            "blocks (eva02_enormous)"
+            "EVA-02 (eva02_{tiny,small,base,large}_*) and EVA-01 giants, not other rotary schemes"
         )
     return arch
 
