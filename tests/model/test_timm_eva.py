@@ -130,15 +130,17 @@ def test_eva02_embedding_from_a_bare_state_dict_matches_timm_at_two_sizes(eva, p
 @pytest.mark.integration
 def test_eva_clip_tower_matches_timm_at_two_sizes_eagerly(eva, photos):
     """EVA-CLIP's image tower (the norm on the attention output, class-token pooling, the projection as timm's
-    head), patch 16: eager, on timm's pixels, at both sizes from one load."""
+    head), patch 16: eager, on timm's pixels, at both sizes from one load, and built for the second size alone."""
     import torch
 
     ckpt, ref = _case(eva, "timm_eva02_clip")
     loaded = load_checkpoint(ckpt, image_sizes=(128, 192))
     assert (loaded.config.attn_norm, loaded.config.pool, loaded.config.num_classes) == (True, "token", 32)
-    for side in (128, 192):
+    fixed = load_checkpoint(ckpt, image_size=192)  # one other size (model.image_size): the same answers
+    assert not fixed.config.dynamic_size and fixed.config.image_size == 192
+    for model, side in ((loaded.model, 128), (loaded.model, 192), (fixed.model, 192)):
         with torch.no_grad():
-            ours = loaded.model(torch.from_numpy(ref[f"pixels_{side}"])).numpy()
+            ours = model(torch.from_numpy(ref[f"pixels_{side}"])).numpy()
         assert float(np.abs(ours - ref[f"logits_{side}"]).max()) <= TOL, side
 
 
