@@ -158,14 +158,10 @@ def _ort_optimize(ctx: ExportContext, rec: StageRecord) -> Made:
     try:
         # the class-token-only last block is sound only when the classifier reads the class token alone;
         # MultiHeadAttention takes projected q/k/v, with no place for qk-norm's LayerNorms between
-        between = [
-            what for what, on in (("qk-norm normalises", vit.qk_norm), ("EVA-02's rope rotates", vit.rope)) if on
-        ]
-        if between:
+        if vit.qk_norm:
             log.info(
-                "attention fusion skipped: %s q and k between the projection and the attention, which the "
-                "fused MultiHeadAttention op cannot express",
-                " and ".join(between),
+                "attention fusion skipped: qk-norm normalises q and k between the projection and the "
+                "attention, which the fused MultiHeadAttention op cannot express"
             )
         optimize_for_ort(
             ctx.path("onnx"),
@@ -173,7 +169,7 @@ def _ort_optimize(ctx: ExportContext, rec: StageRecord) -> Made:
             num_heads=vit.heads,
             hidden_size=vit.width,
             external_data_threshold_mb=cfg.export.external_data_threshold_mb,
-            attention="none" if between else "MultiHeadAttention",
+            attention="none" if vit.qk_norm else "MultiHeadAttention",
             # patch tokens are an output too: every row of the last block is read
             class_token_only=vit.reads_class_token_only and not ctx.output.patch_tokens,
         )
