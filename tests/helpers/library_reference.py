@@ -292,14 +292,15 @@ def eva_cases(photos: list[Path], out: Path, cases: dict) -> None:
 
 
 def eva_arch_cases(out: Path, cases: dict) -> None:
-    """Every architecture timm's eva.py registers under EVA-02's and EVA-01's names, its structure at tiny width
+    """Every architecture timm registers under EVA's names (eva.py's EVA-02 and EVA-01 giants, vision_transformer's
+    EVA-01 large), its structure at tiny width
     (64, 2 heads, one block; its own image size and the default pretrained tag's head), saved as a timm hub folder;
     its output on one random input."""
     import timm
     import torch
     from timm.models import save_for_hf
 
-    for i, arch in enumerate(sorted(set(timm.list_models(["eva02_*", "eva_giant_*"])))):
+    for i, arch in enumerate(sorted(set(timm.list_models(["eva02_*", "eva_*"])))):
         model = randomize_(
             timm.create_model(arch, pretrained=False, depth=1, embed_dim=64, num_heads=2), 50 + i
         ).eval()

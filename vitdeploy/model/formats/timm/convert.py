@@ -371,7 +371,10 @@ EVA01_ARCH = re.compile(r"^eva_giant_patch14_(?:clip_)?\d+$")
 EVA01_GIANT_HEADS = 16  # timm's eva_giant_patch14_*: width 1408, 16 heads
 EVA02_ROPE_GRID = 16  # every EVA-02 architecture's ref_feat_shape (224 / 14)
 #: EVA architectures whose default pretrained_cfg squashes (crop_mode 'squash', crop_pct 1.0)
-SQUASH_ARCHS = ("eva02_base_patch14_448", "eva02_large_patch14_448", "eva_giant_patch14_336", "eva_giant_patch14_560")
+SQUASH_ARCHS = (
+    *("eva02_base_patch14_448", "eva02_large_patch14_448", "eva_large_patch14_336"),
+    *("eva_giant_patch14_336", "eva_giant_patch14_560"),
+)
 
 #: model_args of timm's Eva whose value must be the one vitdeploy computes (another is refused by name)
 EVA_FIXED_ARGS: dict[str, Any] = {
