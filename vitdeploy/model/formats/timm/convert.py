@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 #: timm architectures of the vision_transformer family and of eva.py (EVA-02, EVA-01) (``config.json``
 #: ``architecture``): what may load; anything else on timm's hub (convnets, Swin ...) is refused before its weights
-#: are fetched (an eva.py model of another kind, by the timm reader: ``eva.eva_architecture``)
+#: are fetched (an eva.py model of another kind, by the timm reader: :func:`eva_architecture`)
 TIMM_ARCH_PREFIXES = ("vit_", "deit_", "deit3_", "eva02_", "eva_")
 
 
@@ -52,7 +52,7 @@ def is_timm_config(config: dict[str, Any]) -> bool:
 
 def convert_timm_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
     """timm -> vitdeploy naming: identical names, so a shallow copy (unknown keys stay, and strict
-    loading reports them), except timm eva.py's (EVA-02: ``eva.convert_eva_state_dict``)."""
+    loading reports them), except timm eva.py's (EVA-02: :func:`convert_eva_state_dict`)."""
     return convert_eva_state_dict(state) if is_eva_state(state) else dict(state)
 
 
@@ -115,7 +115,7 @@ def timm_vit_config(
 ) -> tuple["ViTConfig", str, tuple[str, ...]]:
     """(ViTConfig, heads origin, notes). ``num_heads`` / ``act`` / ``layer_norm_eps`` / ``pool``: what the
     caller knows (pipeline.yaml); checked against the hub config when it says otherwise. ``rope``: the rotary
-    fields the architecture gives (an EVA: ``eva.eva_family``)."""
+    fields the architecture gives (an EVA: :func:`eva_family`)."""
     hub_config = hub_config or {}
     model_args = hub_config.get("model_args") or {}
     family, notes = timm_family(state, where, hub_config, pool)
@@ -393,7 +393,7 @@ def is_eva_state(keys: Any) -> bool:
 
 
 def convert_eva_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
-    """timm Eva -> vitdeploy naming (see the module doc); the rotary tables (never persistent) dropped."""
+    """timm Eva -> vitdeploy naming (the comment above this section); the rotary tables (never persistent) dropped."""
     import torch
 
     out = {k: v for k, v in state.items() if not k.startswith("rope.")}
