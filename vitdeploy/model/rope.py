@@ -34,11 +34,12 @@ def rope_table(height: int | torch.SymInt, width: int | torch.SymInt, head_dim: 
 
 
 def rotate(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotate (..., tokens, head_dim) by the table's angles (timm ``apply_rot_embed_cat``, interleaved)."""
+    """Rotate (..., tokens, head_dim) by the table's angles (timm ``apply_rot_embed_cat``, interleaved): computed
+    at the float32 table's precision, returned in ``x``'s dtype (a half-precision network stays half)."""
     sin, cos = table.chunk(2, dim=-1)
     pairs = x.unflatten(-1, (-1, 2))
     turned = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)  # (-x1, x0, -x3, x2, ...)
-    return x * cos + turned * sin
+    return (x * cos + turned * sin).to(x.dtype)
 
 
 def rotate_patches(x: torch.Tensor, table: torch.Tensor, prefix: int) -> torch.Tensor:
