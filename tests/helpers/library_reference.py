@@ -7,9 +7,10 @@ numpy, pillow; built by ``make reference-env``), which cannot live beside vitdep
     .venv-ref/bin/python tests/helpers/library_reference.py PHOTOS_DIR OUT_DIR [family]
 
 (``family``: only the timm ViT relatives of issue 15: registers, average pooling, layer scale ...;
-``embedding``: only headless timm backbones, ``num_classes=0``; ``processors``: transformers' two image
-processors of each ``PROCESSOR_CASES`` entry on every image as it is, transparency included; ``hub``: one timm
-hub folder saved by timm, for the Hub path)
+``embedding``: only headless timm backbones, ``num_classes=0``; ``eva``: timm's EVA-02 at two sizes;
+``eva_archs``: every timm EVA-02 / EVA-01 architecture, one block;
+``processors``: transformers' two image processors of each ``PROCESSOR_CASES`` entry on every image as it is,
+transparency included; ``hub``: one timm hub folder saved by timm, for the Hub path)
 
 For every case it writes, under ``OUT_DIR/<case>/``, the checkpoint exactly as the library saves it
 and ``reference.npz``: ``pixels`` (N, 3, H, W) from the library's own preprocessing of each photo
@@ -242,6 +243,75 @@ def family_cases(
         )
 
 
+#: EVA-02 (timm eva.py) at tiny width (64, 2 heads, 2 blocks) and 112 px (grid 8, its rotary positions scaled to
+#: timm's 16 x 16 ref_feat_shape), each run by timm with dynamic_img_size=True at every EVA_SIZES side:
+#: (case, architecture, timm kwargs, saved as a hub folder?, seed)
+EVA_SIZES = (112, 168)
+EVA_CASES = (
+    # EVA-02 B/L's structure: separate q/k/v (q and v biases), SwiGLU with fc1_g / fc1_x, the norm inside the MLP;
+    # average pooling + fc_norm; a classifier, timm's hub folder
+    ("timm_eva02_base_cls", "eva02_base_patch14_224", {"num_classes": NUM_CLASSES}, True, 40),
+    # EVA-02 Ti/S's: one qkv with q_bias / v_bias, the packed SwiGLU (GluMlp); headless (the MIM backbone's
+    # embedding), a bare state dict
+    ("timm_eva02_tiny_embed", "eva02_tiny_patch14_224", {"num_classes": 0}, False, 41),
+    # EVA-CLIP's image tower: the norm on the attention output, class-token pooling, the projection as the head
+    ("timm_eva02_clip", "eva02_base_patch16_clip_224", {"num_classes": 32}, True, 42),
+)
+
+
+def eva_cases(photos: list[Path], out: Path, cases: dict) -> None:
+    import safetensors.torch
+    import timm
+    from timm.data import create_transform, resolve_data_config
+    from timm.models import save_for_hf
+
+    for case, arch, kwargs, hub, seed in EVA_CASES:
+        args = dict(depth=2, embed_dim=64, num_heads=2, img_size=112, **kwargs)
+        args["pretrained_cfg_overlay"] = {"input_size": (3, 112, 112)}
+        model = randomize_(timm.create_model(arch, pretrained=False, **args), seed)
+        if hub:
+            save_for_hf(model, str(out / case), safe_serialization=True)
+            checkpoint = "."
+        else:
+            (out / case).mkdir(parents=True, exist_ok=True)
+            state = {k: v.contiguous() for k, v in model.state_dict().items()}
+            safetensors.torch.save_file(state, str(out / case / "model.safetensors"))
+            checkpoint = "model.safetensors"
+        dynamic = timm.create_model(arch, pretrained=False, dynamic_img_size=True, **args)
+        dynamic.load_state_dict(model.state_dict())
+        dynamic.eval()
+        patch = model.patch_embed.patch_size[0]
+        arrays, configs = {}, {}
+        for side in (s // 14 * patch for s in EVA_SIZES):
+            cfg = resolve_data_config({"input_size": (3, side, side)}, model=model)
+            run = _run(dynamic, create_transform(**cfg), photos)
+            arrays.update({f"{k}_{side}": v for k, v in run.items()})
+            configs[side] = _jsonable(cfg)
+        info = {"library": f"timm {timm.__version__}", "arch": arch, "checkpoint": checkpoint, "data_config": configs}
+        _save(out, case, info, arrays, cases)
+
+
+def eva_arch_cases(out: Path, cases: dict) -> None:
+    """Every architecture timm registers under EVA's names (eva.py's EVA-02 and EVA-01 giants, vision_transformer's
+    EVA-01 large), its structure at tiny width
+    (64, 2 heads, one block; its own image size and the default pretrained tag's head), saved as a timm hub folder;
+    its output on one random input."""
+    import timm
+    import torch
+    from timm.models import save_for_hf
+
+    for i, arch in enumerate(sorted(set(timm.list_models(["eva02_*", "eva_*"])))):
+        model = randomize_(
+            timm.create_model(arch, pretrained=False, depth=1, embed_dim=64, num_heads=2), 50 + i
+        ).eval()
+        save_for_hf(model, str(out / arch), safe_serialization=True)
+        side = model.pretrained_cfg["input_size"][-1]
+        x = torch.randn(1, 3, side, side, generator=torch.Generator().manual_seed(i))
+        with torch.no_grad():
+            arrays = {"pixels": x.numpy(), "logits": model(x).numpy()}
+        _save(out, arch, {"library": f"timm {timm.__version__}", "arch": arch, "checkpoint": "."}, arrays, cases)
+
+
 def torchvision_cases(photos: list[Path], out: Path, cases: dict) -> None:
     import torch
     import torchvision
@@ -391,6 +461,10 @@ def main(argv: list[str]) -> int:
         family_cases(photos, out, cases, EMBEDDING_CASES, num_classes=0)
     elif argv[3:] == ["processors"]:
         processor_cases(photos, out, cases)
+    elif argv[3:] == ["eva"]:
+        eva_cases(photos, out, cases)
+    elif argv[3:] == ["eva_archs"]:
+        eva_arch_cases(out, cases)
     elif argv[3:] == ["hub"]:
         hub_cases(photos, out, cases)
     else:

@@ -34,6 +34,8 @@ MAX_WIDTH, MAX_DEPTH, MAX_SIDE, MAX_CLASSES = 65_536, 1_024, 16_384, 1_000_000
 POS_EMBEDS: tuple[str, ...] = ("learned", "sincos")
 
 _SIZE_FIELDS = ("image_size", "patch_size", "in_channels", "width", "depth", "heads")
+#: EVA-02's fields: left out of model.json while off
+_EVA_FIELDS = ("rope", "rope_grid", "mlp_norm", "attn_norm")
 
 
 def family_problems(*, class_token: bool, distilled: bool, reg_tokens: int, pool: str, fc_norm: bool) -> list[str]:
@@ -46,6 +48,15 @@ def family_problems(*, class_token: bool, distilled: bool, reg_tokens: int, pool
     if distilled and (not class_token or pool != "token" or reg_tokens):
         problems.append("distilled needs class_token true, pool 'token' and reg_tokens 0")
     return problems
+
+
+def rope_problems(rope: bool, rope_grid: int, head_dim: int) -> list[str]:
+    """What does not fit in the rotary position embedding's fields (empty when all is well)."""
+    if rope and head_dim % 4:
+        return [f"rope needs a head width divisible by 4 (two axes of sine-cosine pairs), got {head_dim}"]
+    if rope_grid and not rope:
+        return ["rope_grid (the grid the rotary positions are scaled to) needs rope true"]
+    return []
 
 
 def check_fit(*, width: int, heads: int, image: int, patch: int, names: tuple[str, str, str, str]) -> None:
@@ -95,6 +106,13 @@ class ViTConfig:
     # image_size is then the export's base size
     pos_resample: PosResample = "none"
     pos_size: Annotated[NonNegativeInt, Field(le=MAX_SIDE)] = 0
+    # EVA-02 (timm eva.py): a 2-D rotary position embedding on the patch tokens' queries and keys in every block
+    # (timm RotaryEmbeddingCat: interleaved pairs, row then column frequencies, temperature 10000), the positions
+    # scaled to a ``rope_grid`` x ``rope_grid`` grid at every input size (timm ref_feat_shape; 0: the input's own)
+    rope: StrictBool = False
+    rope_grid: Annotated[NonNegativeInt, Field(le=MAX_SIDE)] = 0
+    mlp_norm: StrictBool = False  # a LayerNorm over the MLP's hidden width before fc2 (timm scale_mlp: EVA-02 B/L)
+    attn_norm: StrictBool = False  # a LayerNorm on the attention output before its projection (timm scale_attn_inner)
 
     def __post_init__(self) -> None:
         sizes = {k: getattr(self, k) for k in _SIZE_FIELDS}
@@ -138,6 +156,7 @@ class ViTConfig:
             problems.append("pos_size (a table of another size than image_size) needs pos_resample")
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
+        problems += rope_problems(self.rope, self.rope_grid, self.width // self.heads)
         if self.pooler and self.pool != "token":
             problems.append(f"pooler (dense + tanh on the class token) needs pool 'token', got {self.pool!r}")
         if problems:
@@ -214,6 +233,9 @@ class ViTConfig:
                 ("layer scale", self.layer_scale),
                 ("qk-norm", self.qk_norm),
                 ("no prefix positions", not self.pos_embed_prefix),
+                ("2-D rotary position embedding" + (f" (grid {self.rope_grid})" if self.rope_grid else ""), self.rope),
+                ("norm inside the MLP", self.mlp_norm),
+                ("norm on the attention output", self.attn_norm),
             )
             if on
         ]
@@ -223,6 +245,9 @@ class ViTConfig:
         data = asdict(self)
         if not self.dynamic_size:  # a fixed-size model's model.json stays as before (older readers refuse new keys)
             data.pop("pos_resample"), data.pop("pos_size")
+        for key in _EVA_FIELDS:  # off, as in every ViT before EVA-02: not written (older readers refuse new keys)
+            if not data[key]:
+                data.pop(key)
         return data
 
     @classmethod

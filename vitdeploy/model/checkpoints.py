@@ -343,11 +343,8 @@ _UNSUPPORTED_PARTS = {
     "attn_pool.": "attention pooling (timm global_pool='map')",
     "head.fc.": "a pre-logits layer",
     "pre_logits.": "a pre-logits layer",
-    ".attn.norm.": "a norm on the attention output (timm scale_attn_norm)",
-    ".mlp.norm.": "a norm inside the MLP (timm scale_mlp_norm)",
     ".attn.gate.": "gated attention",
     "mask_token": "a mask token",
-    ".mlp.fc1_g.": "a gated MLP with separate gate and value layers (timm SwiGLU; SwiGLUPacked's one fc1 loads)",
     ".mlp.w12.": "a gated MLP in DINOv2's original naming (w12 / w3; timm's SwiGLUPacked names, fc1 / fc2, load)",
 }
 
@@ -360,7 +357,7 @@ def _unsupported_parts(unexpected: list[str]) -> str:
     return (
         "The file is incomplete or edited, or the model has parts vitdeploy's ViT does not (supported: class, "
         "distillation and register tokens, class-token, average or class-token + average pooling, fc_norm, layer "
-        "scale, qk-norm)"
+        "scale, qk-norm, EVA-02's rotary attention, norms inside the MLP and on the attention output)"
     )
 
 

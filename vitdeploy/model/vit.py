@@ -9,7 +9,8 @@ Every size is a field of :class:`ViTConfig`; the named variants are data in ``VA
 torch-free, in ``vitdeploy/vit_schema.py``). So are the
 close relatives people ship: prefix tokens (class, DeiT's distillation token, registers), average
 pooling over the patch tokens (with ``fc_norm`` after the pool), layer scale (DeiT III, DINOv2),
-qk-norm, DINOv2 giant's SwiGLU MLP, and position tables with or without the prefix positions (timm's
+qk-norm, DINOv2 giant's SwiGLU MLP, EVA-02's rotary position embedding (``model/rope.py``), norm inside
+the MLP and on the attention output, and position tables with or without the prefix positions (timm's
 ``no_embed_class``).
 Parameter names are timm's, so a timm state dict loads as it is.
 """
@@ -25,6 +26,7 @@ from torch import nn
 
 from ..base.vit_schema import VARIANTS, ViTConfig  # noqa: F401 - the one definition (torch-free), re-exported here
 from ..base.vocab import ACTIVATIONS  # noqa: F401 - re-exported (GELU_APPROXIMATE has one entry per name)
+from .rope import rope_table, rotate_patches
 
 #: MLP activations: our name (vocab.ACTIVATIONS) -> torch.nn.functional.gelu's ``approximate`` argument.
 GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}
@@ -63,15 +65,20 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = nn.LayerNorm(cfg.width // cfg.heads, eps=cfg.layer_norm_eps)
             self.k_norm = nn.LayerNorm(cfg.width // cfg.heads, eps=cfg.layer_norm_eps)
+        self.prefix = cfg.num_prefix_tokens
+        if cfg.attn_norm:  # EVA-CLIP's norm on the attention output (timm scale_attn_inner)
+            self.norm = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
         b, n, d = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        out = F.scaled_dot_product_attention(q, k, v)
-        return self.proj(out.transpose(1, 2).reshape(b, n, d))
+        if rope is not None:  # EVA-02: the patch tokens' queries and keys rotated by their grid position
+            q, k = rotate_patches(q, rope, self.prefix), rotate_patches(k, rope, self.prefix)
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
+        return self.proj(self.norm(out) if hasattr(self, "norm") else out)
 
 
 class Mlp(nn.Module):
@@ -80,24 +87,27 @@ class Mlp(nn.Module):
         self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
         self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
         self.approximate = GELU_APPROXIMATE[cfg.act]
+        self.norm = nn.LayerNorm(cfg.mlp_dim, eps=cfg.layer_norm_eps) if cfg.mlp_norm else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # exact (erf) GELU as in the paper's reference code, or the tanh form (timm gelu_tanh, HF gelu_pytorch_tanh)
-        return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
+        return self.fc2(self.norm(F.gelu(self.fc1(x), approximate=self.approximate)))
 
 
 class SwiGLUMlp(nn.Module):
     """SwiGLU (Shazeer, 2020) as DINOv2's giant runs it: one fc1 writes both halves, SiLU gates the first and
-    multiplies the second (timm ``SwiGLUPacked``, transformers ``Dinov2SwiGLUFFN`` ``weights_in``)."""
+    multiplies the second (timm ``SwiGLUPacked``, transformers ``Dinov2SwiGLUFFN`` ``weights_in``); EVA-02's
+    (timm ``GluMlp``, or ``SwiGLU``'s fc1_g and fc1_x stacked into fc1) with its norm before fc2 (``mlp_norm``)."""
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.fc1 = nn.Linear(cfg.width, cfg.fc1_dim)
+        self.norm = nn.LayerNorm(cfg.mlp_dim, eps=cfg.layer_norm_eps) if cfg.mlp_norm else nn.Identity()
         self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, value = self.fc1(x).chunk(2, dim=-1)
-        return self.fc2(F.silu(gate) * value)
+        return self.fc2(self.norm(F.silu(gate) * value))
 
 
 #: ViTConfig.mlp -> the block's MLP module.
@@ -116,8 +126,8 @@ class Block(nn.Module):
         else:
             self.ls1 = self.ls2 = nn.Identity()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.ls1(self.attn(self.norm1(x)))  # (2)
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.ls1(self.attn(self.norm1(x), rope))  # (2)
         return x + self.ls2(self.mlp(self.norm2(x)))  # (3)
 
 
@@ -190,9 +200,18 @@ class VisionTransformer(nn.Module):
             x = torch.cat([*prefix, x], dim=1) + pos_embed  # (1)
         else:  # the table covers the patches only; the prefix tokens carry no position
             x = torch.cat([*prefix, x + pos_embed], dim=1)
+        rope = self._rope_table(pixel_values) if self.cfg.rope else None
         for block in self.blocks:
-            x = block(x)
+            x = block(x, rope)
         return self.norm(x)
+
+    def _rope_table(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """EVA-02's rotary table at the input's grid (model/rope.py), on the input's device."""
+        cfg = self.cfg
+        h, w = (cfg.grid, cfg.grid)
+        if cfg.dynamic_size:
+            h, w = pixel_values.shape[-2] // cfg.patch_size, pixel_values.shape[-1] // cfg.patch_size
+        return rope_table(h, w, cfg.width // cfg.heads, cfg.rope_grid).to(pixel_values.device)
 
     def _position_table(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The table at the input's grid, resampled as the checkpoint's library does (model/pos_resample.py)."""

@@ -151,7 +151,7 @@ def _check_architecture(config: Path, repo: _Repo) -> None:
     meta = _read_json(config, repo)
     supported = (
         f"supported: transformers {', '.join(MODEL_TYPES)} (model_type) and timm "
-        f"{' / '.join(p + '*' for p in TIMM_ARCH_PREFIXES)} (vision_transformer)"
+        f"{' / '.join(p + '*' for p in TIMM_ARCH_PREFIXES)} (vision_transformer, eva)"
     )
     if "model_type" in meta:
         if meta["model_type"] not in MODEL_TYPES:
