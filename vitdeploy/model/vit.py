@@ -247,6 +247,13 @@ class VisionTransformer(nn.Module):
         return logits
 
 
+def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """``F.normalize(x, dim=-1)``, written with ops ONNX Runtime's symbolic shape inference follows (the INT8
+    pre-processing failed on every L2-normalised embedding: it gives ``ReduceL2`` no shape, and F.normalize's
+    ``Expand`` of the norm then fails): the square root of a ``ReduceSum`` of squares, dividing by broadcasting."""
+    return x / (x * x).sum(dim=-1, keepdim=True).sqrt().clamp_min(eps)
+
+
 class EmbeddingNetwork(nn.Module):
     """What an embedding export runs: the ViT's pooled features (``forward_features``: the class token, the
     mean patch token, as its library pools them; no head), L2-normalised when ``normalize``. With
@@ -261,7 +268,7 @@ class EmbeddingNetwork(nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         tokens = self.vit.forward_tokens(pixel_values)
         features = self.vit._pool(tokens)
-        pooled = F.normalize(features, dim=-1) if self.normalize else features
+        pooled = l2_normalize(features) if self.normalize else features
         if not self.patch_tokens:
             return pooled
         return pooled, tokens[:, self.vit.cfg.num_prefix_tokens :]
