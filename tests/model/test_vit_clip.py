@@ -95,6 +95,28 @@ def test_timm_and_open_clip_towers_predict_their_librarys_vectors(clip_reference
     assert_vectors(predict_vectors(art, photos), ref["logits"], case)
 
 
+def test_an_open_clip_hub_repo_loads_as_its_folder_does(clip_reference, tmp_path, monkeypatch):
+    """``hf-hub:org/name`` of an OpenCLIP repo (open_clip_config.json beside open_clip_model.safetensors, no
+    config.json): the two files fetched at one commit, the same tower as the folder's."""
+    from helpers.fake_hub import FakeHub, folder_files, point_at
+
+    from vitdeploy.model import load_checkpoint
+
+    folder, _ = _reference(clip_reference, "open_clip_quickgelu")
+    hub = FakeHub()
+    try:
+        hub.add("acme/tiny-clip").commit({**folder_files(folder), "README.md": b"# tiny clip"})
+        point_at(hub, monkeypatch, tmp_path / "hf")
+        from_hub, from_folder = load_checkpoint("hf-hub:acme/tiny-clip"), load_checkpoint(folder)
+    finally:
+        hub.close()
+    assert [f.path for f in from_hub.hub.files] == ["open_clip_config.json", "open_clip_model.safetensors"]
+    assert from_hub.source_format == "open_clip" and from_hub.config == from_folder.config
+    assert from_hub.preprocess == from_folder.preprocess
+    ours, theirs = from_hub.model.state_dict(), from_folder.model.state_dict()
+    assert ours.keys() == theirs.keys() and all(bool((ours[k] == theirs[k]).all()) for k in ours)
+
+
 def test_a_fine_tuned_clip_classifier_keeps_its_head(clip_reference, photos, tmp_path):  # noqa: F811
     """timm's ``vit_*_clip_*`` fine-tuned as a classifier (a head with a real bias, e.g. ``.openai_ft_in1k``): a
     classifier, its logits timm's (only an all-zero bias marks CLIP's projection)."""
