@@ -129,6 +129,67 @@ def test_a_fine_tuned_clip_classifier_keeps_its_head(clip_reference, photos, tmp
     assert float(np.abs(logits - ref["logits"]).max()) <= VECTOR_TOL
 
 
+# --------------------------------------------------------------------------- what the tensors and configs say
+
+
+def _timm_clip_state(head_bias: float) -> dict:
+    """A timm-named CLIP tower's state dict (our network: timm's names), its head's bias ``head_bias``."""
+    import torch
+
+    from vitdeploy.model import VisionTransformer, ViTConfig
+
+    tiny = ViTConfig(image_size=32, patch_size=8, width=64, depth=1, heads=2, num_classes=12, norm_pre=True)
+    state = randomize_(VisionTransformer(tiny), 80).state_dict()
+    state["head.bias"] = torch.full((12,), head_bias)
+    return state
+
+
+def test_timm_bare_clip_tower_zero_bias_head_is_the_projection_and_assumptions_are_said(tmp_path):
+    import safetensors.torch
+
+    from vitdeploy.model import load_checkpoint
+
+    safetensors.torch.save_file(_timm_clip_state(0.0), str(tmp_path / "tower.safetensors"))
+    safetensors.torch.save_file(_timm_clip_state(0.5), str(tmp_path / "classifier.safetensors"))
+    tower = load_checkpoint(tmp_path / "tower.safetensors", num_heads=2)
+    assert (tower.config.proj_dim, tower.config.num_classes, tower.config.norm_pre) == (12, 0, True)
+    assert tower.config.layer_norm_eps == 1e-5 and tower.config.act == "gelu"  # timm's vit_*_clip_*
+    assert any("assumed GELU" in n and "model.activation: quick_gelu" in n for n in tower.notes)
+    assert tower.preprocess.mean == (0.48145466, 0.4578275, 0.40821073) and tower.preprocess.crop_pct == 1.0
+    quick = load_checkpoint(tmp_path / "tower.safetensors", num_heads=2, act="quick_gelu")
+    assert quick.config.act == "quick_gelu" and not any("assumed GELU" in n for n in quick.notes)
+    classifier = load_checkpoint(tmp_path / "classifier.safetensors", num_heads=2)
+    assert (classifier.config.proj_dim, classifier.config.num_classes) == (0, 12)
+
+
+#: open_clip vision_cfg -> the part the one-line refusal names
+OPEN_CLIP_REFUSALS = {
+    "timm_model_name": ({"timm_model_name": "vit_base_patch16_siglip_224"}, "a timm trunk"),
+    "resnet": ({"layers": [3, 4, 6, 3]}, "a ResNet"),
+    "coca": ({"attentional_pool": True}, "attention pooling"),
+    "custom_block": ({"qk_norm": True}, "qk-norm"),
+    "no_pool": ({"pool_type": "none"}, "pool_type 'none'"),
+}
+
+
+@pytest.mark.parametrize("case", list(OPEN_CLIP_REFUSALS))
+def test_open_clip_parts_the_network_does_not_have_are_refused_in_one_line(case, tmp_path):
+    import safetensors.torch
+    import torch
+
+    from vitdeploy.base.errors import CheckpointError
+    from vitdeploy.model import load_checkpoint
+
+    vision, part = OPEN_CLIP_REFUSALS[case]
+    config = {"model_cfg": {"embed_dim": 8, "vision_cfg": {"width": 64, "patch_size": 8, "image_size": 32, **vision}}}
+    (tmp_path / "open_clip_config.json").write_text(json.dumps(config))
+    state = {"visual.conv1.weight": torch.zeros(64, 3, 8, 8), "logit_scale": torch.zeros(())}
+    safetensors.torch.save_file(state, str(tmp_path / "open_clip_model.safetensors"))
+    with pytest.raises(CheckpointError, match="OpenCLIP image tower has") as info:
+        load_checkpoint(tmp_path)
+    assert part in str(info.value) and "\n" not in str(info.value)
+
+
 # --------------------------------------------------------------------------- transformers (in-process)
 
 transformers = pytest.importorskip("transformers")
