@@ -5,8 +5,9 @@ Formats are recognised from the contents of the file or directory, not its name,
 
 * ``vitdeploy``: a directory with ``model.json`` (``"format": "vitdeploy"``) and ``model.safetensors``,
   or either file inside it.
-* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` / DeiT / DINOv2 / CLIP image tower directory (``config.json`` +
-  ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a weights file inside it.
+* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` / DeiT / DINOv2 / CLIP image tower
+  directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a weights file
+  inside it.
 * ``timm``: a timm ``vision_transformer`` state dict (.safetensors or a torch.save file), or a timm hub
   directory (``config.json`` with ``architecture``).
 * ``open_clip``: an OpenCLIP folder (``open_clip_config.json`` + ``open_clip_model.safetensors`` /
