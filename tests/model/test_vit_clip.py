@@ -279,6 +279,26 @@ def test_transformers_clip_towers_predict_their_librarys_vectors(kind, normalize
     assert_vectors(predict_vectors(art, photos), vectors, kind)
 
 
+def test_transformers_clip_tower_at_other_sizes_is_interpolate_pos_encoding():
+    """export.image_sizes: the tower at 96 px (its table learned at 64) gives what transformers gives with
+    ``interpolate_pos_encoding=True`` (bicubic, the class position kept)."""
+    import tempfile
+
+    from vitdeploy.model import load_checkpoint
+
+    config = transformers.CLIPVisionConfig(**{**_VISION, "image_size": 64, "patch_size": 16}, projection_dim=24)
+    model = randomize_(transformers.CLIPVisionModelWithProjection(config), 90)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        loaded = load_checkpoint(folder, image_sizes=(64, 96))
+    pixels = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 3, 96, 96)).astype(np.float32))
+    with torch.no_grad():
+        theirs = model(pixel_values=pixels, interpolate_pos_encoding=True).image_embeds.numpy()
+        ours = loaded.model.forward_features(pixels).numpy()
+    assert loaded.config.pos_resample == "bicubic"
+    assert_vectors(ours, theirs, "CLIPVisionModelWithProjection at 96 px")
+
+
 # --------------------------------------------------------------------------- every precision, with its gates
 
 
