@@ -279,6 +279,23 @@ def test_transformers_clip_towers_predict_their_librarys_vectors(kind, normalize
     assert_vectors(predict_vectors(art, photos), vectors, kind)
 
 
+def test_transformers_clip_tower_without_its_processor_gets_clips_and_says_so(photos, tmp_path):  # noqa: F811
+    """No preprocessor_config.json beside a CLIP tower: CLIPImageProcessor's defaults (not ViT's), said."""
+    from vitdeploy.model import load_checkpoint
+    from vitdeploy.runtime.preprocess import Preprocessor
+
+    model = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**{**_VISION, "num_hidden_layers": 1}))
+    model.save_pretrained(tmp_path)
+    loaded = load_checkpoint(tmp_path)
+    assert any("assumed transformers' CLIPImageProcessor defaults" in n for n in loaded.notes)
+    processor = transformers.CLIPImageProcessorPil()
+    files = photo_files(photos)
+    theirs = np.stack(
+        [processor(images=Image.open(p).convert("RGB"), return_tensors="np")["pixel_values"][0] for p in files]
+    )
+    assert_pixels(Preprocessor(loaded.preprocess).batch(files), theirs, "CLIPImageProcessor's defaults")
+
+
 def test_transformers_clip_tower_at_other_sizes_is_interpolate_pos_encoding():
     """export.image_sizes: the tower at 96 px (its table learned at 64) gives what transformers gives with
     ``interpolate_pos_encoding=True`` (bicubic, the class position kept)."""
