@@ -181,6 +181,8 @@ def test_timm_clip_architectures_of_other_widths_get_timms_heads():
     cfg, origin, _ = timm_vit_config(state, Path("w"), None, {"architecture": "vit_betwixt_patch32_clip_224"})
     assert (cfg.heads, cfg.proj_dim, cfg.layer_norm_eps) == (10, 512, 1e-5)
     assert origin == "checkpoint: config.json architecture vit_betwixt_patch32_clip_224"
+    bare, origin, _ = timm_vit_config(state, Path("w"), None, {})  # a bare state dict: assumed, and said
+    assert bare.heads == 10 and origin.startswith("library default (assumed): timm's CLIP tower of width 640")
 
 
 #: open_clip vision_cfg -> the part the one-line refusal names

@@ -228,6 +228,15 @@ def _timm_heads(
                 heads_origin=f"{CHECKPOINT}: config.json architecture {arch}",
                 **common,
             )
+    width = state.get(TIMM_KEYS["patch"])
+    width = int(width.shape[0]) if width is not None else 0
+    if variant is None and common["family"].get("norm_pre") and width in TIMM_CLIP_HEADS:
+        heads = TIMM_CLIP_HEADS[width]  # a bare CLIP tower: timm's heads for its width (giant's are 88 wide)
+        origin = (
+            f"library default (assumed): timm's CLIP tower of width {width} has {heads} heads; the checkpoint does "
+            "not store it (set model.num_heads in pipeline.yaml if yours differs)"
+        )
+        return infer_config(state, variant=None, heads=heads, heads_origin=origin, **common)
     return infer_config(state, variant=variant, **common)
 
 
