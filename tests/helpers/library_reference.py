@@ -8,9 +8,9 @@ numpy, pillow; built by ``make reference-env``), which cannot live beside vitdep
 
 (``family``: only the timm ViT relatives of issue 15: registers, average pooling, layer scale ...;
 ``embedding``: only headless timm backbones, ``num_classes=0``; ``eva``: timm's EVA-02 at two sizes;
-``eva_archs``: every timm EVA-02 / EVA-01 architecture, one block;
-``processors``: transformers' two image processors of each ``PROCESSOR_CASES`` entry on every image as it is,
-transparency included; ``hub``: one timm hub folder saved by timm, for the Hub path)
+``eva_archs``: every timm EVA-02 / EVA-01 architecture, one block; ``clip``: CLIP image towers of timm and OpenCLIP,
+``clip_reference.py``; ``processors``: transformers' two image processors of each ``PROCESSOR_CASES`` entry on
+every image as it is, transparency included; ``hub``: one timm hub folder saved by timm, for the Hub path)
 
 For every case it writes, under ``OUT_DIR/<case>/``, the checkpoint exactly as the library saves it
 and ``reference.npz``: ``pixels`` (N, 3, H, W) from the library's own preprocessing of each photo
@@ -467,6 +467,10 @@ def main(argv: list[str]) -> int:
         eva_arch_cases(out, cases)
     elif argv[3:] == ["hub"]:
         hub_cases(photos, out, cases)
+    elif argv[3:] == ["clip"]:  # CLIP image towers: timm vit_*_clip_* and OpenCLIP (tests/helpers/clip_reference.py)
+        from clip_reference import clip_cases
+
+        clip_cases(photos, out, cases, randomize_, _run, _save)
     else:
         timm_cases(photos, out, cases)
         torchvision_cases(photos, out, cases)

@@ -33,9 +33,17 @@ from .vocab import ACTIVATIONS, MLPS, POOLS, POS_RESAMPLES, Activation, MlpKind,
 MAX_WIDTH, MAX_DEPTH, MAX_SIDE, MAX_CLASSES = 65_536, 1_024, 16_384, 1_000_000
 POS_EMBEDS: tuple[str, ...] = ("learned", "sincos")
 
+#: Fields added after model.json's first readers, written only when they differ from these defaults.
+_NEW_SWITCHES: dict[str, Any] = {
+    "norm_pre": False,
+    "proj_dim": 0,
+    "rope": False,
+    "rope_grid": 0,
+    "mlp_norm": False,
+    "attn_norm": False,
+}
+
 _SIZE_FIELDS = ("image_size", "patch_size", "in_channels", "width", "depth", "heads")
-#: EVA-02's fields: left out of model.json while off
-_EVA_FIELDS = ("rope", "rope_grid", "mlp_norm", "attn_norm")
 
 
 def family_problems(*, class_token: bool, distilled: bool, reg_tokens: int, pool: str, fc_norm: bool) -> list[str]:
@@ -84,7 +92,8 @@ class ViTConfig:
     layer_norm_eps: Annotated[FiniteFloat, Field(gt=0, lt=1)] = 1e-6
     num_classes: Annotated[NonNegativeInt, Field(le=MAX_CLASSES)] = 1000
     pos_embed: Literal[POS_EMBEDS] = "learned"  # type: ignore[valid-type]  # "sincos": fixed 2-D sinusoidal
-    act: Activation = "gelu"  # MLP activation: "gelu" (exact, erf) or "gelu_tanh" (tanh approximation)
+    # MLP activation: "gelu" (exact, erf), "gelu_tanh" (tanh approximation), "quick_gelu" (x * sigmoid(1.702 x))
+    act: Activation = "gelu"
     # "gelu": fc1 -> GELU (act) -> fc2; "swiglu": fc1 writes 2 x mlp_dim, SiLU(first half) * second half -> fc2
     # (DINOv2 giant; act is then unused and stays "gelu"); mlp_dim is the hidden width fc2 reads in both
     mlp: MlpKind = "gelu"
@@ -113,6 +122,12 @@ class ViTConfig:
     rope_grid: Annotated[NonNegativeInt, Field(le=MAX_SIDE)] = 0
     mlp_norm: StrictBool = False  # a LayerNorm over the MLP's hidden width before fc2 (timm scale_mlp: EVA-02 B/L)
     attn_norm: StrictBool = False  # a LayerNorm on the attention output before its projection (timm scale_attn_inner)
+    # CLIP image towers: a LayerNorm over every token before the blocks (timm pre_norm, transformers pre_layrnorm,
+    # open_clip ln_pre); the patch projection then has no bias, as in every library that has this norm
+    norm_pre: StrictBool = False
+    # CLIP's projection: a bias-free Linear(features, proj_dim) after the pooling (transformers visual_projection,
+    # open_clip proj, timm's zero-bias head of a CLIP tower); the embedding (and a head, if any) reads its output
+    proj_dim: Annotated[NonNegativeInt, Field(le=MAX_WIDTH)] = 0
 
     def __post_init__(self) -> None:
         sizes = {k: getattr(self, k) for k in _SIZE_FIELDS}
@@ -157,6 +172,8 @@ class ViTConfig:
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
         problems += rope_problems(self.rope, self.rope_grid, self.width // self.heads)
+        if self.proj_dim and self.distilled:
+            problems.append("proj_dim (a projection after the pooling) does not go with distilled's second head")
         if self.pooler and self.pool != "token":
             problems.append(f"pooler (dense + tanh on the class token) needs pool 'token', got {self.pool!r}")
         if problems:
@@ -201,9 +218,15 @@ class ViTConfig:
         return 2 * self.mlp_dim if self.mlp == "swiglu" else self.mlp_dim
 
     @property
-    def pooled_width(self) -> int:
-        """Features the head reads: ``width``, or twice that for ``token_avg``."""
+    def features_width(self) -> int:
+        """Values the pooling gives: ``width``, or twice that for ``token_avg``."""
         return 2 * self.width if self.pool == "token_avg" else self.width
+
+    @property
+    def pooled_width(self) -> int:
+        """Features the head reads (an embedding's dimension): the projection's ``proj_dim``, else
+        ``features_width``."""
+        return self.proj_dim or self.features_width
 
     @property
     def reads_class_token_only(self) -> bool:
@@ -236,6 +259,9 @@ class ViTConfig:
                 ("2-D rotary position embedding" + (f" (grid {self.rope_grid})" if self.rope_grid else ""), self.rope),
                 ("norm inside the MLP", self.mlp_norm),
                 ("norm on the attention output", self.attn_norm),
+                ("norm before the blocks (CLIP)", self.norm_pre),
+                (f"projection to {self.proj_dim}", self.proj_dim),
+                ("QuickGELU", self.act == "quick_gelu"),
             )
             if on
         ]
@@ -245,9 +271,9 @@ class ViTConfig:
         data = asdict(self)
         if not self.dynamic_size:  # a fixed-size model's model.json stays as before (older readers refuse new keys)
             data.pop("pos_resample"), data.pop("pos_size")
-        for key in _EVA_FIELDS:  # off, as in every ViT before EVA-02: not written (older readers refuse new keys)
-            if not data[key]:
-                data.pop(key)
+        for key, default in _NEW_SWITCHES.items():  # absent when off: other models' model.json stays as before
+            if data[key] == default:
+                del data[key]
         return data
 
     @classmethod

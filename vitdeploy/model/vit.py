@@ -10,8 +10,9 @@ torch-free, in ``vitdeploy/vit_schema.py``). So are the
 close relatives people ship: prefix tokens (class, DeiT's distillation token, registers), average
 pooling over the patch tokens (with ``fc_norm`` after the pool), layer scale (DeiT III, DINOv2),
 qk-norm, DINOv2 giant's SwiGLU MLP, EVA-02's rotary position embedding (``model/rope.py``), norm inside
-the MLP and on the attention output, and position tables with or without the prefix positions (timm's
-``no_embed_class``).
+the MLP and on the attention output, position tables with or without the prefix positions (timm's
+``no_embed_class``), and CLIP's image towers (a norm before the blocks, QuickGELU, a bias-free projection
+after the pooling).
 Parameter names are timm's, so a timm state dict loads as it is.
 """
 
@@ -28,8 +29,14 @@ from ..base.vit_schema import VARIANTS, ViTConfig  # noqa: F401 - the one defini
 from ..base.vocab import ACTIVATIONS  # noqa: F401 - re-exported (GELU_APPROXIMATE has one entry per name)
 from .rope import rope_table, rotate_patches
 
-#: MLP activations: our name (vocab.ACTIVATIONS) -> torch.nn.functional.gelu's ``approximate`` argument.
+#: MLP activations: our name (vocab.ACTIVATIONS) -> torch.nn.functional.gelu's ``approximate`` argument
+#: ("quick_gelu" is not a GELU of torch's: :func:`quick_gelu`).
 GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """OpenAI CLIP's QuickGELU, ``x * sigmoid(1.702 x)``, as transformers, timm and open_clip compute it."""
+    return x * torch.sigmoid(1.702 * x)
 
 
 def sincos_position_embedding(grid: int, width: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -50,7 +57,10 @@ class PatchEmbed(nn.Module):
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
-        self.proj = nn.Conv2d(cfg.in_channels, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        # no bias before a norm over the tokens (CLIP: timm's bias=not pre_norm, transformers', open_clip's conv)
+        self.proj = nn.Conv2d(
+            cfg.in_channels, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size, bias=not cfg.norm_pre
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
@@ -86,12 +96,15 @@ class Mlp(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
         self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
-        self.approximate = GELU_APPROXIMATE[cfg.act]
+        self.quick = cfg.act == "quick_gelu"
+        self.approximate = GELU_APPROXIMATE.get(cfg.act, "none")
         self.norm = nn.LayerNorm(cfg.mlp_dim, eps=cfg.layer_norm_eps) if cfg.mlp_norm else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # exact (erf) GELU as in the paper's reference code, or the tanh form (timm gelu_tanh, HF gelu_pytorch_tanh)
-        return self.fc2(self.norm(F.gelu(self.fc1(x), approximate=self.approximate)))
+        # exact (erf) GELU as in the paper's reference code, the tanh form (timm gelu_tanh, HF gelu_pytorch_tanh),
+        # or OpenAI CLIP's QuickGELU; EVA-02's norm over the hidden width before fc2
+        h = self.fc1(x)
+        return self.fc2(self.norm(quick_gelu(h) if self.quick else F.gelu(h, approximate=self.approximate)))
 
 
 class SwiGLUMlp(nn.Module):
@@ -161,11 +174,14 @@ class VisionTransformer(nn.Module):
                 [torch.zeros(1, prefix, cfg.width), sincos_position_embedding(cfg.grid, cfg.width)], dim=1
             )
             self.register_buffer("pos_embed", table, persistent=False)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         norm = lambda: nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)  # noqa: E731
+        self.norm_pre = norm() if cfg.norm_pre else nn.Identity()  # CLIP: every token normed before the blocks
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         self.norm = nn.Identity() if cfg.fc_norm else norm()
         self.fc_norm = norm() if cfg.fc_norm else nn.Identity()
         self.pooler = nn.Linear(cfg.width, cfg.width) if cfg.pooler else None  # transformers' ViTPooler (+ tanh)
+        # CLIP's projection of the pooled features (no bias): the embedding
+        self.proj = nn.Linear(cfg.features_width, cfg.proj_dim, bias=False) if cfg.proj_dim else None
         self.head = nn.Linear(cfg.pooled_width, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.head_dist = (
             (nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()) if cfg.distilled else None
@@ -200,6 +216,7 @@ class VisionTransformer(nn.Module):
             x = torch.cat([*prefix, x], dim=1) + pos_embed  # (1)
         else:  # the table covers the patches only; the prefix tokens carry no position
             x = torch.cat([*prefix, x + pos_embed], dim=1)
+        x = self.norm_pre(x)
         rope = self._rope_table(pixel_values) if self.cfg.rope else None
         for block in self.blocks:
             x = block(x, rope)
@@ -224,12 +241,15 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, pooled_width): the class token (equation 4), the mean patch token (then
-        fc_norm), or the two side by side; through the pooler (dense + tanh) where the checkpoint has one."""
+        fc_norm), or the two side by side; through the pooler (dense + tanh) where the checkpoint has one, and
+        CLIP's projection where it has one."""
         return self._pool(self.forward_tokens(pixel_values))
 
     def _pool(self, x: torch.Tensor) -> torch.Tensor:
         pooled = self._pool_tokens(x)
-        return torch.tanh(self.pooler(pooled)) if self.pooler is not None else pooled
+        if self.pooler is not None:
+            pooled = torch.tanh(self.pooler(pooled))
+        return self.proj(pooled) if self.proj is not None else pooled
 
     def _pool_tokens(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.pool == "avg":
@@ -246,6 +266,13 @@ class VisionTransformer(nn.Module):
         return logits
 
 
+def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """``F.normalize(x, dim=-1)``, written with ops ONNX Runtime's symbolic shape inference follows (the INT8
+    pre-processing failed on every L2-normalised embedding: it gives ``ReduceL2`` no shape, and F.normalize's
+    ``Expand`` of the norm then fails): the square root of a ``ReduceSum`` of squares, dividing by broadcasting."""
+    return x / (x * x).sum(dim=-1, keepdim=True).sqrt().clamp_min(eps)
+
+
 class EmbeddingNetwork(nn.Module):
     """What an embedding export runs: the ViT's pooled features (``forward_features``: the class token, the
     mean patch token, as its library pools them; no head), L2-normalised when ``normalize``. With
@@ -260,7 +287,7 @@ class EmbeddingNetwork(nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         tokens = self.vit.forward_tokens(pixel_values)
         features = self.vit._pool(tokens)
-        pooled = F.normalize(features, dim=-1) if self.normalize else features
+        pooled = l2_normalize(features) if self.normalize else features
         if not self.patch_tokens:
             return pooled
         return pooled, tokens[:, self.vit.cfg.num_prefix_tokens :]
