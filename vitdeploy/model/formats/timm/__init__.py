@@ -13,6 +13,7 @@ from ...provenance import Preprocessing, mirror_record
 from ..base import LoadOptions, ReadConfig, Reader, Source
 from ..shared import shorten, weight_keys
 from . import convert as convert_timm
+from . import convert_eva
 
 
 class TimmReader(Reader):
@@ -49,9 +50,9 @@ class TimmReader(Reader):
 
     def config(self, src: Source, state: dict[str, Any], opts: LoadOptions) -> ReadConfig:
         rope = None
-        if convert_timm.is_eva_state(_raw_keys(src)):  # timm eva.py: what its architecture says of rotation
-            arch = convert_timm.eva_architecture(src.meta, opts.variant, src.where)
-            rope = convert_timm.eva_family(arch, src.meta, src.where)
+        if convert_eva.is_eva_state(_raw_keys(src)):  # timm eva.py: what its architecture says of rotation
+            arch = convert_eva.eva_architecture(src.meta, opts.variant, src.where)
+            rope = convert_eva.eva_family(arch, src.meta, src.where)
         cfg, heads_origin, notes = convert_timm.timm_vit_config(
             state,
             src.where,
