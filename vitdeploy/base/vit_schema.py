@@ -95,6 +95,9 @@ class ViTConfig:
     # image_size is then the export's base size
     pos_resample: PosResample = "none"
     pos_size: Annotated[NonNegativeInt, Field(le=MAX_SIDE)] = 0
+    # the head reads the pooled embedding L2-normalised: a zero-shot classifier compiled from a contrastive model
+    # (model/zero_shot.py), whose head holds logit_scale x the class text embeddings (+ SigLIP's logit_bias)
+    head_l2norm: StrictBool = False
 
     def __post_init__(self) -> None:
         sizes = {k: getattr(self, k) for k in _SIZE_FIELDS}
@@ -138,6 +141,8 @@ class ViTConfig:
             problems.append("pos_size (a table of another size than image_size) needs pos_resample")
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
+        if self.head_l2norm and not self.num_classes:
+            problems.append("head_l2norm (the embedding L2-normalised before the head) needs a head, num_classes > 0")
         if self.pooler and self.pool != "token":
             problems.append(f"pooler (dense + tanh on the class token) needs pool 'token', got {self.pool!r}")
         if problems:
@@ -214,6 +219,7 @@ class ViTConfig:
                 ("layer scale", self.layer_scale),
                 ("qk-norm", self.qk_norm),
                 ("no prefix positions", not self.pos_embed_prefix),
+                ("zero-shot head on the L2-normalised embedding", self.head_l2norm),
             )
             if on
         ]
@@ -223,6 +229,8 @@ class ViTConfig:
         data = asdict(self)
         if not self.dynamic_size:  # a fixed-size model's model.json stays as before (older readers refuse new keys)
             data.pop("pos_resample"), data.pop("pos_size")
+        if not self.head_l2norm:  # likewise: only a zero-shot classifier's model.json states it
+            data.pop("head_l2norm")
         return data
 
     @classmethod

@@ -1,0 +1,204 @@
+"""A zero-shot classifier compiled into one image-only network: the checkpoint's own text tower runs once, here,
+at export time, in its library; what it computes is baked into the image tower's head; the text tower never
+ships.
+
+For each class name, every prompt template (``base/zero_shot_spec.py``) is tokenised by the checkpoint's own
+tokenizer and embedded by the library (transformers ``CLIPModel.get_text_features`` /
+``SiglipModel.get_text_features``); each prompt's embedding is L2-normalised, the class's are averaged and the
+mean normalised again (CLIP's prompt ensembling). The network the export runs is then
+
+    logits = logit_scale * normalize(image_embedding) @ classes.T (+ logit_bias)
+
+as the library's ``logits_per_image``: the image tower's embedding (``get_image_features``), L2-normalised
+(``ViTConfig.head_l2norm``), through a head whose weight is ``logit_scale x`` the class embeddings and whose bias
+is SigLIP's ``logit_bias`` (zero for CLIP). CLIP's probabilities are a softmax over the classes, SigLIP's a
+sigmoid per class (``ModelOutput.scores``), as transformers' zero-shot-image-classification pipeline computes
+them. Tokenisation follows that pipeline too: CLIP pads to the longest prompt; SigLIP pads to
+``max_length=64`` (what SigLIP was trained with; its text tower pools the last position).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..base._deps import require
+from ..base.errors import CheckpointError
+from ..base.zero_shot_spec import ZeroShotSection, class_names
+
+log = logging.getLogger(__name__)
+
+#: transformers model types with a text tower whose ``get_text_features`` embeds prompts -> (score function,
+#: tokenizer arguments as transformers' zero-shot-image-classification pipeline passes them)
+TEXT_TOWERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "clip": ("softmax", {"padding": True}),
+    "siglip": ("sigmoid", {"padding": "max_length", "max_length": 64, "truncation": True}),
+    "siglip2": ("sigmoid", {"padding": "max_length", "max_length": 64, "truncation": True}),
+}
+#: prompts embedded in one call of the text tower
+TEXT_BATCH = 256
+
+
+@dataclass(frozen=True)
+class TextClasses:
+    """What the text tower gave: one L2-normalised embedding per class, the logit scale and bias, how to score."""
+
+    labels: tuple[str, ...]
+    templates: tuple[str, ...]
+    embeddings: Any  # torch.Tensor (classes, width), float32, each row of unit length
+    logit_scale: float  # exp(logit_scale) of the checkpoint: what multiplies the cosines
+    logit_bias: float | None  # SigLIP's, added to every logit; None for CLIP
+    scores: str  # softmax (CLIP) or sigmoid (SigLIP): vocab.SCORE_FUNCTIONS
+    text_model: dict[str, Any] = field(default_factory=dict)  # which library, class, tokenizer, padding
+
+    def record(self, source: str) -> dict[str, Any]:
+        """The manifest's ``zero_shot``: what was baked into the graph and where it came from."""
+        import numpy as np
+
+        data = np.ascontiguousarray(self.embeddings.detach().cpu().numpy(), dtype="<f4").tobytes()
+        return {
+            "labels": list(self.labels),
+            "templates": list(self.templates),
+            "ensembling": "each prompt's text embedding L2-normalised, averaged per class, normalised again",
+            "scores": self.scores,
+            "logit_scale": self.logit_scale,
+            "logit_bias": self.logit_bias,
+            "embedding_width": int(self.embeddings.shape[1]),
+            "class_embeddings_sha256": hashlib.sha256(data).hexdigest(),
+            "text_model": {**self.text_model, "checkpoint": source},
+            "ships": "the class embeddings, scale and bias in the head of the image graph; no text weights",
+        }
+
+
+def checkpoint_folder(path: Path) -> Path:
+    """The folder that holds a checkpoint's config.json and tokenizer (``path``, or its folder for a file)."""
+    return path if path.is_dir() else path.parent
+
+
+def text_classes(folder: Path, labels: tuple[str, ...], templates: tuple[str, ...]) -> TextClasses:
+    """Run ``folder``'s text tower (a transformers CLIP / SigLIP checkpoint with both towers, and its tokenizer)
+    over every class's prompts; CheckpointError naming the folder when it has no text tower to run."""
+    torch = require("torch", "a zero-shot classifier's class embeddings")
+    transformers = require("transformers", "a zero-shot classifier's class embeddings (the checkpoint's text tower)")
+    model_type = _model_type(folder, transformers)
+    scores, token_args = TEXT_TOWERS[model_type]
+    try:
+        model = transformers.AutoModel.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except (OSError, ValueError, ImportError) as exc:
+        raise CheckpointError(
+            f"{folder}: cannot load its text tower or tokenizer with transformers ({_first(exc)}); a zero-shot "
+            "export needs the whole CLIP / SigLIP checkpoint: both towers and the tokenizer files"
+        ) from exc
+    if not hasattr(model, "get_text_features"):
+        raise CheckpointError(f"{folder}: {type(model).__name__} has no text tower (get_text_features)")
+    model.eval()
+    with torch.inference_mode():
+        rows = [_class_embedding(model, tokenizer, token_args, [t.format(name) for t in templates]) for name in labels]
+        scale = float(model.logit_scale.exp())
+        bias = float(model.logit_bias) if scores == "sigmoid" else None
+    embeddings = torch.stack(rows)
+    log.info("%s: %d classes x %d templates embedded by %s", folder, len(labels), len(templates), type(model).__name__)
+    text_model = {
+        "library": "transformers",
+        "version": transformers.__version__,
+        "class": type(model).__name__,
+        "method": "get_text_features",
+        "model_type": model_type,
+        "tokenizer": type(tokenizer).__name__,
+        "tokenizer_args": token_args,
+    }
+    del model
+    return TextClasses(labels, templates, embeddings, scale, bias, scores, text_model)
+
+
+def _model_type(folder: Path, transformers: Any) -> str:
+    """config.json's model_type, when it is one of :data:`TEXT_TOWERS`; CheckpointError otherwise."""
+    import json
+
+    config = folder / "config.json"
+    try:
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    if model_type not in TEXT_TOWERS:
+        found = f"model_type {model_type!r}" if model_type else "no transformers config.json"
+        raise CheckpointError(
+            f"{folder}: a zero-shot classifier needs the checkpoint's text tower: a transformers "
+            f"{' / '.join(TEXT_TOWERS)} checkpoint with both towers and its tokenizer (CLIPModel, SiglipModel, "
+            f"Siglip2Model); found {found}. An image tower alone exports as an embedding model (drop --labels)"
+        )
+    return model_type
+
+
+def _class_embedding(model: Any, tokenizer: Any, token_args: dict[str, Any], prompts: list[str]) -> Any:
+    """One class: its prompts' text embeddings, each L2-normalised, averaged, normalised again (CLIP's way)."""
+    import torch
+
+    parts = []
+    for i in range(0, len(prompts), TEXT_BATCH):
+        tokens = tokenizer(prompts[i : i + TEXT_BATCH], return_tensors="pt", **token_args)
+        out = model.get_text_features(**tokens)
+        out = out if isinstance(out, torch.Tensor) else out.pooler_output  # transformers 5: an output object
+        parts.append(torch.nn.functional.normalize(out.float(), dim=-1))
+    mean = torch.cat(parts).mean(dim=0)
+    return mean / mean.norm()
+
+
+def bake(model: Any, classes: TextClasses, where: Path) -> Any:
+    """``model`` (an image tower: a VisionTransformer without a classification head, whose pooled output is the
+    embedding the text embeddings live beside) given a zero-shot head, in place: the embedding L2-normalised,
+    then ``logit_scale x`` the class embeddings, plus the logit bias. Returns ``model``."""
+    torch = require("torch", "a zero-shot classifier")
+
+    cfg = model.cfg
+    if cfg.num_classes:
+        raise CheckpointError(
+            f"{where}: the image tower already has a {cfg.num_classes}-class head; a zero-shot classifier is "
+            "compiled from a tower whose output is its embedding (drop --labels / model.zero_shot)"
+        )
+    count, width = (int(n) for n in classes.embeddings.shape)
+    if width != cfg.pooled_width:
+        raise CheckpointError(
+            f"{where}: the text tower embeds into {width} dimensions but the image tower returns {cfg.pooled_width}; "
+            "they are not one contrastive model's two towers"
+        )
+    head = torch.nn.Linear(width, count)
+    with torch.no_grad():
+        head.weight.copy_(classes.logit_scale * classes.embeddings.float())
+        head.bias.fill_(classes.logit_bias or 0.0)
+    model.cfg = cfg.replace(num_classes=count, head_l2norm=True)
+    model.head = head
+    return model.eval()
+
+
+def compile_zero_shot(loaded: Any, section: ZeroShotSection, base_dir: Path, source: Path) -> tuple[Any, dict]:
+    """The loaded checkpoint as a zero-shot classifier (``model.zero_shot``): its model baked, its labels the
+    class names, a note saying what was done; and the manifest's ``zero_shot`` record. ``source``: the
+    checkpoint's path (a Hub checkpoint's snapshot folder)."""
+    from dataclasses import replace
+
+    folder = checkpoint_folder(source)
+    labels = class_names(section, base_dir)
+    classes = text_classes(folder, labels, section.prompts)
+    baked = bake(loaded.model, classes, folder)
+    bias = f", logit bias {classes.logit_bias:.4g}" if classes.logit_bias is not None else ""
+    note = (
+        f"zero-shot: {len(labels)} classes x {len(classes.templates)} prompt templates embedded once by "
+        f"{classes.text_model['class']}.get_text_features ({classes.text_model['tokenizer']}); logit scale "
+        f"{classes.logit_scale:.4g}{bias}, {classes.scores} scores; the text tower is not exported"
+    )
+    shown = loaded.hub.pinned if loaded.hub is not None else str(source)
+    compiled = replace(loaded, model=baked, config=baked.cfg, labels=labels, notes=(*loaded.notes, note))
+    return compiled, classes.record(shown)
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+__all__ = ["TEXT_TOWERS", "TextClasses", "bake", "checkpoint_folder", "compile_zero_shot", "text_classes"]
