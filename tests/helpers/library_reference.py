@@ -7,7 +7,8 @@ numpy, pillow; built by ``make reference-env``), which cannot live beside vitdep
     .venv-ref/bin/python tests/helpers/library_reference.py PHOTOS_DIR OUT_DIR [family]
 
 (``family``: only the timm ViT relatives of issue 15: registers, average pooling, layer scale ...;
-``embedding``: only headless timm backbones, ``num_classes=0``; ``processors``: transformers' two image
+``embedding``: only headless timm backbones, ``num_classes=0``; ``clip``: CLIP image towers of timm and OpenCLIP,
+``clip_reference.py``; ``processors``: transformers' two image
 processors of each ``PROCESSOR_CASES`` entry on every image as it is, transparency included; ``hub``: one timm
 hub folder saved by timm, for the Hub path)
 
@@ -393,6 +394,10 @@ def main(argv: list[str]) -> int:
         processor_cases(photos, out, cases)
     elif argv[3:] == ["hub"]:
         hub_cases(photos, out, cases)
+    elif argv[3:] == ["clip"]:  # CLIP image towers: timm vit_*_clip_* and OpenCLIP (tests/helpers/clip_reference.py)
+        from clip_reference import clip_cases
+
+        clip_cases(photos, out, cases, randomize_, _run, _save)
     else:
         timm_cases(photos, out, cases)
         torchvision_cases(photos, out, cases)

@@ -33,6 +33,9 @@ from .vocab import ACTIVATIONS, MLPS, POOLS, POS_RESAMPLES, Activation, MlpKind,
 MAX_WIDTH, MAX_DEPTH, MAX_SIDE, MAX_CLASSES = 65_536, 1_024, 16_384, 1_000_000
 POS_EMBEDS: tuple[str, ...] = ("learned", "sincos")
 
+#: Fields added after model.json's first readers, written only when they differ from these defaults.
+_NEW_SWITCHES: dict[str, Any] = {"norm_pre": False, "proj_dim": 0, "head_l2norm": False}
+
 _SIZE_FIELDS = ("image_size", "patch_size", "in_channels", "width", "depth", "heads")
 
 
@@ -73,7 +76,8 @@ class ViTConfig:
     layer_norm_eps: Annotated[FiniteFloat, Field(gt=0, lt=1)] = 1e-6
     num_classes: Annotated[NonNegativeInt, Field(le=MAX_CLASSES)] = 1000
     pos_embed: Literal[POS_EMBEDS] = "learned"  # type: ignore[valid-type]  # "sincos": fixed 2-D sinusoidal
-    act: Activation = "gelu"  # MLP activation: "gelu" (exact, erf) or "gelu_tanh" (tanh approximation)
+    # MLP activation: "gelu" (exact, erf), "gelu_tanh" (tanh approximation), "quick_gelu" (x * sigmoid(1.702 x))
+    act: Activation = "gelu"
     # "gelu": fc1 -> GELU (act) -> fc2; "swiglu": fc1 writes 2 x mlp_dim, SiLU(first half) * second half -> fc2
     # (DINOv2 giant; act is then unused and stays "gelu"); mlp_dim is the hidden width fc2 reads in both
     mlp: MlpKind = "gelu"
@@ -95,6 +99,12 @@ class ViTConfig:
     # image_size is then the export's base size
     pos_resample: PosResample = "none"
     pos_size: Annotated[NonNegativeInt, Field(le=MAX_SIDE)] = 0
+    # CLIP image towers: a LayerNorm over every token before the blocks (timm pre_norm, transformers pre_layrnorm,
+    # open_clip ln_pre); the patch projection then has no bias, as in every library that has this norm
+    norm_pre: StrictBool = False
+    # CLIP's projection: a bias-free Linear(features, proj_dim) after the pooling (transformers visual_projection,
+    # open_clip proj, timm's zero-bias head of a CLIP tower); the embedding (and a head, if any) reads its output
+    proj_dim: Annotated[NonNegativeInt, Field(le=MAX_WIDTH)] = 0
     # the head reads the pooled embedding L2-normalised: a zero-shot classifier compiled from a contrastive model
     # (model/zero_shot.py), whose head holds logit_scale x the class text embeddings (+ SigLIP's logit_bias)
     head_l2norm: StrictBool = False
@@ -141,6 +151,8 @@ class ViTConfig:
             problems.append("pos_size (a table of another size than image_size) needs pos_resample")
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
+        if self.proj_dim and self.distilled:
+            problems.append("proj_dim (a projection after the pooling) does not go with distilled's second head")
         if self.head_l2norm and not self.num_classes:
             problems.append("head_l2norm (the embedding L2-normalised before the head) needs a head, num_classes > 0")
         if self.pooler and self.pool != "token":
@@ -187,9 +199,15 @@ class ViTConfig:
         return 2 * self.mlp_dim if self.mlp == "swiglu" else self.mlp_dim
 
     @property
-    def pooled_width(self) -> int:
-        """Features the head reads: ``width``, or twice that for ``token_avg``."""
+    def features_width(self) -> int:
+        """Values the pooling gives: ``width``, or twice that for ``token_avg``."""
         return 2 * self.width if self.pool == "token_avg" else self.width
+
+    @property
+    def pooled_width(self) -> int:
+        """Features the head reads (an embedding's dimension): the projection's ``proj_dim``, else
+        ``features_width``."""
+        return self.proj_dim or self.features_width
 
     @property
     def reads_class_token_only(self) -> bool:
@@ -219,6 +237,9 @@ class ViTConfig:
                 ("layer scale", self.layer_scale),
                 ("qk-norm", self.qk_norm),
                 ("no prefix positions", not self.pos_embed_prefix),
+                ("norm before the blocks (CLIP)", self.norm_pre),
+                (f"projection to {self.proj_dim}", self.proj_dim),
+                ("QuickGELU", self.act == "quick_gelu"),
                 ("zero-shot head on the L2-normalised embedding", self.head_l2norm),
             )
             if on
@@ -229,8 +250,9 @@ class ViTConfig:
         data = asdict(self)
         if not self.dynamic_size:  # a fixed-size model's model.json stays as before (older readers refuse new keys)
             data.pop("pos_resample"), data.pop("pos_size")
-        if not self.head_l2norm:  # likewise: only a zero-shot classifier's model.json states it
-            data.pop("head_l2norm")
+        for key, default in _NEW_SWITCHES.items():  # absent when off: other models' model.json stays as before
+            if data[key] == default:
+                del data[key]
         return data
 
     @classmethod

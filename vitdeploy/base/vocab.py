@@ -24,8 +24,9 @@ PreprocessStyle = Literal[PREPROCESS_STYLES]  # type: ignore[valid-type]
 Interpolation = Literal[INTERPOLATIONS]  # type: ignore[valid-type]
 CropMode = Literal[CROP_MODES]  # type: ignore[valid-type]
 
-#: the MLP activation of a ViT block: exact GELU (erf) or its tanh approximation.
-ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh")
+#: the MLP activation of a ViT block: exact GELU (erf), its tanh approximation, or QuickGELU x * sigmoid(1.702 x)
+#: (OpenAI CLIP's: transformers hidden_act "quick_gelu", timm act_layer "quick_gelu", open_clip quick_gelu).
+ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "quick_gelu")
 Activation = Literal[ACTIVATIONS]  # type: ignore[valid-type]
 #: the MLP of a ViT block: "gelu" fc1 -> GELU (``act``'s flavour) -> fc2; "swiglu" fc1 packs two halves,
 #: SiLU(first) * second -> fc2 (DINOv2 giant: transformers use_swiglu_ffn, timm SwiGLUPacked).

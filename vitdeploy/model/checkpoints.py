@@ -339,7 +339,6 @@ def _build_and_load(cfg: "ViTConfig", state: dict[str, Any], where: Path, fmt: s
 
 #: Parameter-name fragments (vitdeploy / timm naming) of parts vitdeploy's ViT does not have -> what they are.
 _UNSUPPORTED_PARTS = {
-    "norm_pre.": "a norm before the blocks (timm pre_norm / CLIP)",
     "attn_pool.": "attention pooling (timm global_pool='map')",
     "head.fc.": "a pre-logits layer",
     "pre_logits.": "a pre-logits layer",
@@ -360,7 +359,7 @@ def _unsupported_parts(unexpected: list[str]) -> str:
     return (
         "The file is incomplete or edited, or the model has parts vitdeploy's ViT does not (supported: class, "
         "distillation and register tokens, class-token, average or class-token + average pooling, fc_norm, layer "
-        "scale, qk-norm)"
+        "scale, qk-norm, CLIP's norm before the blocks and projection)"
     )
 
 

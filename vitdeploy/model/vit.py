@@ -9,8 +9,9 @@ Every size is a field of :class:`ViTConfig`; the named variants are data in ``VA
 torch-free, in ``vitdeploy/vit_schema.py``). So are the
 close relatives people ship: prefix tokens (class, DeiT's distillation token, registers), average
 pooling over the patch tokens (with ``fc_norm`` after the pool), layer scale (DeiT III, DINOv2),
-qk-norm, DINOv2 giant's SwiGLU MLP, and position tables with or without the prefix positions (timm's
-``no_embed_class``).
+qk-norm, DINOv2 giant's SwiGLU MLP, position tables with or without the prefix positions (timm's
+``no_embed_class``), and CLIP's image towers (a norm before the blocks, QuickGELU, a bias-free projection
+after the pooling).
 Parameter names are timm's, so a timm state dict loads as it is.
 """
 
@@ -26,8 +27,14 @@ from torch import nn
 from ..base.vit_schema import VARIANTS, ViTConfig  # noqa: F401 - the one definition (torch-free), re-exported here
 from ..base.vocab import ACTIVATIONS  # noqa: F401 - re-exported (GELU_APPROXIMATE has one entry per name)
 
-#: MLP activations: our name (vocab.ACTIVATIONS) -> torch.nn.functional.gelu's ``approximate`` argument.
+#: MLP activations: our name (vocab.ACTIVATIONS) -> torch.nn.functional.gelu's ``approximate`` argument
+#: ("quick_gelu" is not a GELU of torch's: :func:`quick_gelu`).
 GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """OpenAI CLIP's QuickGELU, ``x * sigmoid(1.702 x)``, as transformers, timm and open_clip compute it."""
+    return x * torch.sigmoid(1.702 * x)
 
 
 def sincos_position_embedding(grid: int, width: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -48,7 +55,10 @@ class PatchEmbed(nn.Module):
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
-        self.proj = nn.Conv2d(cfg.in_channels, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        # no bias before a norm over the tokens (CLIP: timm's bias=not pre_norm, transformers', open_clip's conv)
+        self.proj = nn.Conv2d(
+            cfg.in_channels, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size, bias=not cfg.norm_pre
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
@@ -79,11 +89,14 @@ class Mlp(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
         self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
-        self.approximate = GELU_APPROXIMATE[cfg.act]
+        self.quick = cfg.act == "quick_gelu"
+        self.approximate = GELU_APPROXIMATE.get(cfg.act, "none")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # exact (erf) GELU as in the paper's reference code, or the tanh form (timm gelu_tanh, HF gelu_pytorch_tanh)
-        return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
+        # exact (erf) GELU as in the paper's reference code, the tanh form (timm gelu_tanh, HF gelu_pytorch_tanh),
+        # or OpenAI CLIP's QuickGELU
+        h = self.fc1(x)
+        return self.fc2(quick_gelu(h) if self.quick else F.gelu(h, approximate=self.approximate))
 
 
 class SwiGLUMlp(nn.Module):
@@ -151,11 +164,14 @@ class VisionTransformer(nn.Module):
                 [torch.zeros(1, prefix, cfg.width), sincos_position_embedding(cfg.grid, cfg.width)], dim=1
             )
             self.register_buffer("pos_embed", table, persistent=False)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         norm = lambda: nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)  # noqa: E731
+        self.norm_pre = norm() if cfg.norm_pre else nn.Identity()  # CLIP: every token normed before the blocks
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         self.norm = nn.Identity() if cfg.fc_norm else norm()
         self.fc_norm = norm() if cfg.fc_norm else nn.Identity()
         self.pooler = nn.Linear(cfg.width, cfg.width) if cfg.pooler else None  # transformers' ViTPooler (+ tanh)
+        # CLIP's projection of the pooled features (no bias): the embedding
+        self.proj = nn.Linear(cfg.features_width, cfg.proj_dim, bias=False) if cfg.proj_dim else None
         self.head = nn.Linear(cfg.pooled_width, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.head_dist = (
             (nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()) if cfg.distilled else None
@@ -190,6 +206,7 @@ class VisionTransformer(nn.Module):
             x = torch.cat([*prefix, x], dim=1) + pos_embed  # (1)
         else:  # the table covers the patches only; the prefix tokens carry no position
             x = torch.cat([*prefix, x + pos_embed], dim=1)
+        x = self.norm_pre(x)
         for block in self.blocks:
             x = block(x)
         return self.norm(x)
@@ -205,12 +222,15 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, pooled_width): the class token (equation 4), the mean patch token (then
-        fc_norm), or the two side by side; through the pooler (dense + tanh) where the checkpoint has one."""
+        fc_norm), or the two side by side; through the pooler (dense + tanh) where the checkpoint has one, and
+        CLIP's projection where it has one."""
         return self._pool(self.forward_tokens(pixel_values))
 
     def _pool(self, x: torch.Tensor) -> torch.Tensor:
         pooled = self._pool_tokens(x)
-        return torch.tanh(self.pooler(pooled)) if self.pooler is not None else pooled
+        if self.pooler is not None:
+            pooled = torch.tanh(self.pooler(pooled))
+        return self.proj(pooled) if self.proj is not None else pooled
 
     def _pool_tokens(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.pool == "avg":

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ....base.errors import CheckpointError
-from ....base.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, PreprocessSpec
+from ....base.preprocess_spec import (
+    CLIP_MEAN,
+    CLIP_STD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    INCEPTION_MEAN,
+    INCEPTION_STD,
+    PreprocessSpec,
+)
 from ....base.vocab import CROP_MODES, INTERPOLATIONS
 from ...provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
 from ..shared import SIZE_BY_WIDTH, infer_config, variant_template
@@ -41,8 +49,27 @@ def is_timm_config(config: dict[str, Any]) -> bool:
 
 def convert_timm_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
     """timm -> vitdeploy naming: identical names, so a shallow copy (unknown keys stay, and strict
-    loading reports them: layer scale, register tokens, fc_norm ... are not supported)."""
-    return dict(state)
+    loading reports them). One exception: a CLIP tower's projection, which timm keeps as ``head`` with an
+    all-zero bias (its ``_convert_openai_clip``), becomes our bias-free ``proj`` (:func:`is_clip_projection`)."""
+    out = dict(state)
+    if is_clip_projection(out):
+        out["proj.weight"] = out.pop("head.weight")
+        del out["head.bias"]
+    return out
+
+
+def is_clip_projection(state: dict[str, Any]) -> bool:
+    """A timm CLIP tower (``norm_pre``) whose ``head`` is CLIP's projection: its bias all zeros, as timm writes it
+    for OpenCLIP / OpenAI weights (the tower's embedding). A trained classifier head's bias is never all zeros:
+    that head stays a classifier (logits)."""
+    bias = state.get("head.bias")
+    return (
+        "norm_pre.weight" in state
+        and "head.weight" in state
+        and bias is not None
+        and bias.ndim == 1
+        and not bool(bias.any())
+    )
 
 
 TIMM_KEYS = {
@@ -54,8 +81,13 @@ TIMM_KEYS = {
 }
 
 
-#: timm ``act_layer`` names -> ours (timm's GELUTanh is ``nn.GELU(approximate="tanh")``).
-TIMM_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh"}
+#: timm ``act_layer`` names -> ours (timm's GELUTanh is ``nn.GELU(approximate="tanh")``; QuickGELU: OpenAI CLIP's).
+TIMM_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
+#: what a timm architecture's name says of its MLP activation when model_args do not (the ``*_clip_quickgelu_*``
+#: towers are built with act_layer='quick_gelu'; every other timm ViT runs GELU, the OpenAI CLIP weights included)
+TIMM_ARCH_ACTS = {"_clip_quickgelu_": "quick_gelu"}
+#: LayerNorm eps of timm's ViTs: 1e-6, but 1e-5 for every tower built with pre_norm (the CLIP towers)
+TIMM_EPS, TIMM_CLIP_EPS = 1e-6, 1e-5
 #: timm ``act_layer`` names of a SwiGLUPacked MLP (its SiLU is built in; ``act`` stays "gelu", unused).
 TIMM_SWIGLU_ACTS = ("silu", "swish")
 # model_args that do not change the tensors' meaning for vitdeploy's ViT.
@@ -106,7 +138,7 @@ def timm_vit_config(
     hub_config = hub_config or {}
     model_args = hub_config.get("model_args") or {}
     family, notes = timm_family(state, where, hub_config, pool)
-    hub_act = model_args.get("act_layer")
+    hub_act = model_args.get("act_layer") or arch_act(hub_config)
     if family.get("mlp") == "swiglu" and (hub_act is None or hub_act in TIMM_SWIGLU_ACTS):
         hub_act = None  # SwiGLUPacked: SiLU, whatever act_layer says of a GELU MLP
     elif hub_act is not None and hub_act not in TIMM_ACTS:
@@ -120,7 +152,9 @@ def timm_vit_config(
             "drop model.activation or fix config.json"
         )
     act = TIMM_ACTS[hub_act] if hub_act is not None else (act or "gelu")
-    eps = 1e-6 if layer_norm_eps is None else layer_norm_eps  # timm's ViT: LayerNorm(eps=1e-6)
+    if layer_norm_eps is None:  # timm's ViT: LayerNorm(eps=1e-6); its CLIP towers (pre_norm): 1e-5
+        layer_norm_eps = TIMM_CLIP_EPS if family.get("norm_pre") else TIMM_EPS
+    eps = layer_norm_eps
     hub_heads = model_args.get("num_heads")
     if hub_heads is not None and num_heads is not None and int(hub_heads) != num_heads:
         raise CheckpointError(
@@ -138,6 +172,12 @@ def timm_vit_config(
     )
     cfg, origin = _timm_heads(state, where, variant, hub_config, num_heads, hub_heads, common)
     return cfg, origin, notes
+
+
+def arch_act(hub_config: dict[str, Any]) -> str | None:
+    """The activation config.json's ``architecture`` is built with (``TIMM_ARCH_ACTS``), or None."""
+    arch = str(hub_config.get("architecture") or "")
+    return next((act for part, act in TIMM_ARCH_ACTS.items() if part in arch), None)
 
 
 def _timm_heads(
@@ -203,7 +243,11 @@ def timm_family(
         "layer_scale": any(k.endswith(".ls1.gamma") for k in state),
         "qk_norm": any(k.endswith(".attn.q_norm.weight") for k in state),
         "fc_norm": "fc_norm.weight" in state,
+        "norm_pre": "norm_pre.weight" in state,  # CLIP towers (pre_norm): the patch projection has no bias
     }
+    proj = state.get("proj.weight")
+    if proj is not None and proj.ndim == 2:  # CLIP's projection (convert_timm_state_dict: timm's zero-bias head)
+        family["proj_dim"] = int(proj.shape[0])
     fc1, fc2 = state.get("blocks.0.mlp.fc1.weight"), state.get("blocks.0.mlp.fc2.weight")
     if fc1 is not None and fc2 is not None and fc1.ndim == fc2.ndim == 2 and fc1.shape[0] == 2 * fc2.shape[1]:
         family["mlp"] = "swiglu"  # fc1 writes twice what fc2 reads: timm's SwiGLUPacked (DINOv2 giant)
@@ -257,24 +301,30 @@ def timm_arch_name(cfg: "ViTConfig", variant: str | None = None, hub_config: dic
         return f"vit_{size}_patch{cfg.patch_size}_{f'reg{cfg.reg_tokens}_' if cfg.reg_tokens else ''}dinov2"
     if cfg.distilled:  # a distillation token and head: timm's distilled DeiT, its only ViT with one
         return f"deit_{size}_distilled_patch{cfg.patch_size}_{cfg.image_size}"
+    if cfg.norm_pre:  # a norm before the blocks: timm's CLIP towers (QuickGELU: the *_clip_quickgelu_* ones)
+        quick = "quickgelu_" if cfg.act == "quick_gelu" else ""
+        return f"vit_{size}_patch{cfg.patch_size}_clip_{quick}{cfg.image_size}"
     return f"vit_{size}_patch{cfg.patch_size}_{cfg.image_size}"
 
 
 def timm_default_preprocess(arch: str, image_size: int) -> PreprocessSpec:
     """timm's default ``pretrained_cfg`` for a vision_transformer / deit architecture (timm 1.0):
     bicubic, centre crop, crop_pct 0.9 (1.0 from 384 px up, and for DINOv2's ``*_dinov2``), mean/std 0.5
-    for ``vit_*`` and ImageNet's for ``deit_*``, ``*_dinov2`` and the DINO ``vit_small_patch8_224``."""
+    for ``vit_*`` and ImageNet's for ``deit_*``, ``*_dinov2`` and the DINO ``vit_small_patch8_224``; a CLIP tower
+    (``*_clip_*``, whose pretrained tags differ) gets CLIP's own: OpenAI's mean / std, crop_pct 1.0."""
     dinov2 = arch.endswith("_dinov2")
     imagenet = arch.startswith("deit") or arch == "vit_small_patch8_224" or dinov2
+    clip = "_clip_" in arch  # CLIP's own preprocessing: its mean / std, shortest side resized, centre crop
+    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if imagenet else (INCEPTION_MEAN, INCEPTION_STD)
     return PreprocessSpec(
         style="timm",
         height=image_size,
         width=image_size,
-        crop_pct=1.0 if image_size >= 384 or dinov2 else 0.9,
+        crop_pct=1.0 if image_size >= 384 or dinov2 or clip else 0.9,
         interpolation="bicubic",
         crop_mode="center",
-        mean=IMAGENET_MEAN if imagenet else INCEPTION_MEAN,
-        std=IMAGENET_STD if imagenet else INCEPTION_STD,
+        mean=CLIP_MEAN if clip else mean,
+        std=CLIP_STD if clip else std,
     )
 
 
