@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..base._deps import require
-from ..base.errors import CheckpointError
+from ..base.errors import CheckpointError, MissingDependencyError
 from ..base.zero_shot_spec import ZeroShotSection, class_names
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,9 @@ TEXT_TOWERS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 #: prompts embedded in one call of the text tower
 TEXT_BATCH = 256
+#: a tokenizer's vocabulary file, one of which a checkpoint folder must hold (transformers would otherwise build a
+#: tokenizer of three special tokens from config.json alone, and every prompt would embed the same)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")
 
 
 @dataclass(frozen=True)
@@ -85,10 +88,19 @@ def text_classes(folder: Path, labels: tuple[str, ...], templates: tuple[str, ..
     transformers = require("transformers", "a zero-shot classifier's class embeddings (the checkpoint's text tower)")
     model_type = _model_type(folder, transformers)
     scores, token_args = TEXT_TOWERS[model_type]
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise CheckpointError(
+            f"{folder}: no tokenizer beside the checkpoint (none of {', '.join(TOKENIZER_FILES)}); a zero-shot "
+            "export tokenises the prompts with the checkpoint's own tokenizer (save it there: save_pretrained)"
+        )
     try:
         model = transformers.AutoModel.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except (OSError, ValueError, ImportError) as exc:
+    except ImportError as exc:  # SigLIP's SentencePiece tokenizer without the sentencepiece package
+        raise MissingDependencyError(
+            f"{folder}: its tokenizer needs a package that is missing ({_first(exc)}); e.g. pip install sentencepiece"
+        ) from exc
+    except (OSError, ValueError) as exc:
         raise CheckpointError(
             f"{folder}: cannot load its text tower or tokenizer with transformers ({_first(exc)}); a zero-shot "
             "export needs the whole CLIP / SigLIP checkpoint: both towers and the tokenizer files"
