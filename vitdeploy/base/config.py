@@ -252,11 +252,15 @@ class PipelineConfig(_Section):
             data["labels"] = Path(labels).expanduser().resolve()
         if templates:
             data["templates"] = tuple(templates)
+        label = "--labels / --template"
         try:
             section = ZeroShotSection.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, label, prefix=("model", "zero_shot"))) from None
+        try:
             model = ModelSection.model_validate({**self.model.model_dump(), "zero_shot": section})
         except ValidationError as exc:
-            raise ConfigError(format_validation_error(exc, "--labels / --template", prefix=("model",))) from None
+            raise ConfigError(format_validation_error(exc, label, prefix=("model",))) from None
         return self.model_copy(update={"model": model})
 
     @property
