@@ -203,7 +203,9 @@ def check_checkpoint_config(fmt: str, meta: dict[str, Any], meta_dir: Path | Non
                 f"{vit['num_classes']}; one label per class"
             )
     elif fmt == "hf":
-        _validate(HFConfig, meta, meta_dir / "config.json")
+        from .formats.hf.clip import vision_meta
+
+        _validate(HFConfig, vision_meta(meta), meta_dir / "config.json")  # a CLIPModel: its vision_config
         pp = meta_dir / "preprocessor_config.json"
         if pp.is_file():
             from .formats.shared import read_json

@@ -28,7 +28,12 @@ from . import convert as convert_hf
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 #: The image processor transformers pairs with each model type (AutoImageProcessor), where the folder names none.
-_PROCESSOR_BY_MODEL_TYPE = {"dinov2": "BitImageProcessor", "dinov2_with_registers": "BitImageProcessor"}
+_PROCESSOR_BY_MODEL_TYPE = {
+    "dinov2": "BitImageProcessor",
+    "dinov2_with_registers": "BitImageProcessor",
+    "clip": "CLIPImageProcessor",
+    "clip_vision_model": "CLIPImageProcessor",
+}
 #: Processors whose class converts to RGB by default (do_convert_rgb = True); the others leave it unset.
 _CONVERTS_RGB = {"BitImageProcessor", "CLIPImageProcessor"}
 
