@@ -243,11 +243,18 @@ class VisionTransformer(nn.Module):
         x = self.forward_tokens(pixel_values)
         pooled = self._pool(x)
         if self.cfg.head_l2norm:  # a zero-shot head: logit_scale x cosine with each class's text embedding (+ bias)
-            pooled = F.normalize(pooled, dim=-1)
+            pooled = l2_normalize(pooled)
         logits = self.head(pooled)
         if self.head_dist is not None:  # DeiT at inference: the class and distillation heads averaged
             logits = (logits + self.head_dist(self.fc_norm(x[:, 1]))) / 2
         return logits
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """``F.normalize(x, dim=-1)``'s formula, ``x / max(||x||, eps)``, written as ``x / sqrt(max(sum(x^2), eps^2))``:
+    its ONNX graph (Mul, ReduceSum, Clip, Sqrt, Div) is one ONNX Runtime's symbolic shape inference (INT8's
+    pre-processing) follows, where it cannot follow F.normalize's (ReduceL2 with its axes as an input, Expand)."""
+    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True).clamp_min(eps * eps))
 
 
 class EmbeddingNetwork(nn.Module):
@@ -264,7 +271,7 @@ class EmbeddingNetwork(nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         tokens = self.vit.forward_tokens(pixel_values)
         features = self.vit._pool(tokens)
-        pooled = F.normalize(features, dim=-1) if self.normalize else features
+        pooled = l2_normalize(features) if self.normalize else features
         if not self.patch_tokens:
             return pooled
         return pooled, tokens[:, self.vit.cfg.num_prefix_tokens :]
