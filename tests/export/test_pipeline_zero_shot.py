@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from vitdeploy.base.vocab import POOLS
+from vitdeploy.base.zero_shot_spec import DEFAULT_TEMPLATES
 from vitdeploy.cli import main
 from vitdeploy.demo import IMAGES_DIR
 
@@ -148,3 +149,33 @@ def test_the_triton_repository_scores_as_the_export_does(exports, tmp_path):
     (config,) = (tmp_path / "repo").glob("*_postprocess/config.pbtxt")
     text = config.read_text()
     assert f'parameters {{ key: "scores" value: {{ string_value: "{FAMILIES[family]}" }} }}' in text
+
+
+def test_a_hub_checkpoint_brings_its_tokenizer_from_the_same_commit(exports, tmp_path, monkeypatch):
+    """`export acme/tiny-clip --labels`: the tokenizer's files fetched at the weights' commit (a Hub on loopback,
+    tests/helpers/fake_hub.py), hashed into model.source.hub, and the text model's provenance pinned to it; the
+    default templates."""
+    from helpers.fake_hub import FakeHub, folder_files, point_at
+
+    ckpt, _ = exports("clip")
+    hub = FakeHub()
+    try:
+        commit = hub.add("acme/tiny-clip").commit(folder_files(ckpt))
+        point_at(hub, monkeypatch, tmp_path / "hf")
+        (tmp_path / "labels.txt").write_text("\n".join(LABELS) + "\n", encoding="utf-8")
+        fast = tmp_path / "fast.yaml"
+        fast.write_text("export: {fp16: {enabled: false}, int8: {enabled: false}, batch: {min: 1, opt: 1, max: 2}}\n")
+        out = tmp_path / "out"
+        res = run(
+            "export", "acme/tiny-clip", "--labels", str(tmp_path / "labels.txt"), "-c", str(fast),
+            "-o", str(out), "--engine", "skip",
+        )  # fmt: skip
+        assert res.exit_code == 0, res.output
+    finally:
+        hub.close()
+    manifest = json.loads((out / "manifest.json").read_text())
+    fetched = {f["path"] for f in manifest["model"]["source"]["hub"]["files"]}
+    assert {"tokenizer.json", "tokenizer_config.json", "model.safetensors"} <= fetched
+    assert manifest["zero_shot"]["text_model"]["checkpoint"] == f"acme/tiny-clip@{commit}"
+    assert manifest["zero_shot"]["templates"] == list(DEFAULT_TEMPLATES)
+    assert manifest["labels"] == list(LABELS)

@@ -43,6 +43,14 @@ TEXT_BATCH = 256
 #: a tokenizer's vocabulary file, one of which a checkpoint folder must hold (transformers would otherwise build a
 #: tokenizer of three special tokens from config.json alone, and every prompt would embed the same)
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")
+#: what a Hub checkpoint's zero-shot export fetches beside the weights (those the repo has), at the same commit
+TOKENIZER_FETCH = (
+    *TOKENIZER_FILES,
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+)
 
 
 @dataclass(frozen=True)
@@ -193,6 +201,10 @@ def compile_zero_shot(loaded: Any, section: ZeroShotSection, base_dir: Path, sou
     checkpoint's path (a Hub checkpoint's snapshot folder)."""
     from dataclasses import replace
 
+    if loaded.hub is not None:  # the tokenizer's files, from the commit the weights came from
+        from .hub.fetch import fetch_more
+
+        loaded = replace(loaded, hub=fetch_more(loaded.hub, TOKENIZER_FETCH))
     folder = checkpoint_folder(source)
     labels = class_names(section, base_dir)
     classes = text_classes(folder, labels, section.prompts)
