@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 TEXT_TOWERS: dict[str, tuple[str, dict[str, Any]]] = {
     "clip": ("softmax", {"padding": True}),
     "siglip": ("sigmoid", {"padding": "max_length", "max_length": 64, "truncation": True}),
-    "siglip2": ("sigmoid", {"padding": "max_length", "max_length": 64, "truncation": True}),
 }
 #: prompts embedded in one call of the text tower
 TEXT_BATCH = 256
@@ -148,8 +147,8 @@ def _model_type(folder: Path, transformers: Any) -> str:
         found = f"model_type {model_type!r}" if model_type else "no transformers config.json"
         raise CheckpointError(
             f"{folder}: a zero-shot classifier needs the checkpoint's text tower: a transformers "
-            f"{' / '.join(TEXT_TOWERS)} checkpoint with both towers and its tokenizer (CLIPModel, SiglipModel, "
-            f"Siglip2Model); found {found}. An image tower alone exports as an embedding model (drop --labels)"
+            f"{' / '.join(TEXT_TOWERS)} checkpoint with both towers and its tokenizer (CLIPModel, SiglipModel); "
+            f"found {found}. An image tower alone exports as an embedding model (drop --labels)"
         )
     return model_type
 
