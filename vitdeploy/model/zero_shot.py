@@ -100,6 +100,9 @@ def text_classes(folder: Path, labels: tuple[str, ...], templates: tuple[str, ..
             f"{folder}: no tokenizer beside the checkpoint (none of {', '.join(TOKENIZER_FILES)}); a zero-shot "
             "export tokenises the prompts with the checkpoint's own tokenizer (save it there: save_pretrained)"
         )
+    bars = transformers.utils.logging
+    shown = bars.is_progress_bar_enabled()
+    bars.disable_progress_bar()  # the export's console has its own progress line
     try:
         model = transformers.AutoModel.from_pretrained(str(folder), local_files_only=True, dtype=torch.float32)
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
@@ -112,6 +115,9 @@ def text_classes(folder: Path, labels: tuple[str, ...], templates: tuple[str, ..
             f"{folder}: cannot load its text tower or tokenizer with transformers ({_first(exc)}); a zero-shot "
             "export needs the whole CLIP / SigLIP checkpoint: both towers and the tokenizer files"
         ) from exc
+    finally:
+        if shown:
+            bars.enable_progress_bar()
     if not hasattr(model, "get_text_features"):
         raise CheckpointError(f"{folder}: {type(model).__name__} has no text tower (get_text_features)")
     model.eval()
