@@ -26,6 +26,7 @@ record (it exports and does not validate); it lives in the bench venv bench_ort_
     .venv/bin/python benchmarks/bench_export.py --model vit-l   # ViT-L/16 (1.2 GB of weights): seed 0
     .venv/bin/python benchmarks/bench_export.py --model vit-h --seeds 0,1 --processor both
     .venv/bin/python benchmarks/bench_export.py --model vit-g   # DINOv2 ViT-g/14, SwiGLU, headless (4.5 GB)
+    .venv/bin/python benchmarks/bench_export.py --model clip-l14-336  # CLIP ViT-L/14-336 image tower (1.2 GB)
 """
 
 from __future__ import annotations
@@ -71,6 +72,20 @@ GIANT = dict(
     hidden_size=1536, num_hidden_layers=40, num_attention_heads=24, mlp_ratio=4, use_swiglu_ffn=True, patch_size=14
 )
 MODELS["vit-g"] = GIANT
+#: OpenAI CLIP ViT-L/14 at 336 px (openai/clip-vit-large-patch14-336): transformers' CLIPVisionModelWithProjection,
+#: 577 tokens, QuickGELU, the projection to 768: an embedding export (issue 50), random weights
+CLIP_L14_336 = dict(
+    hidden_size=1024,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    intermediate_size=4096,
+    patch_size=14,
+    image_size=336,
+    projection_dim=768,
+    hidden_act="quick_gelu",
+    layer_norm_eps=1e-5,
+)
+MODELS["clip-l14-336"] = CLIP_L14_336
 REFERENCE_GOAL, MEMORY_GOAL = 6.0, 4.0
 #: the checkpoints measured unless asked otherwise: (seeds, processor: "no" | "yes" | "both")
 DEFAULT_VARIANTS = {"vit-b": ("0,1", "both")}
@@ -86,6 +101,8 @@ def make_checkpoint(name: str, folder: Path, seed: int = 0, processor: bool = Fa
     torch.manual_seed(seed)
     if name == "vit-g":
         return _giant(folder)
+    if name == "clip-l14-336":
+        return _clip(folder)
     cfg = ViTConfig(**MODELS[name], image_size=224, num_labels=1000, hidden_act="gelu", qkv_bias=True)
     model = ViTForImageClassification(cfg).eval()
     model.save_pretrained(folder)
@@ -116,6 +133,19 @@ def _giant(folder: Path) -> int:
     model = Dinov2Model(Dinov2Config(**GIANT, image_size=518)).eval()
     model.save_pretrained(folder)
     save_dinov2_processor(folder)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    del model
+    return weights
+
+
+def _clip(folder: Path) -> int:
+    """CLIP ViT-L/14-336's image tower as the hub's processor feeds it (shortest side 336, centre crop, bicubic,
+    OpenAI's mean / std), random weights."""
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    model = CLIPVisionModelWithProjection(CLIPVisionConfig(**CLIP_L14_336)).eval()
+    model.save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}).save_pretrained(folder)
     weights = sum(p.numel() * 4 for p in model.parameters())
     del model
     return weights

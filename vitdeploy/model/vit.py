@@ -251,10 +251,10 @@ class VisionTransformer(nn.Module):
 
 
 def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """``F.normalize(x, dim=-1)``'s formula, ``x / max(||x||, eps)``, written as ``x / sqrt(max(sum(x^2), eps^2))``:
-    its ONNX graph (Mul, ReduceSum, Clip, Sqrt, Div) is one ONNX Runtime's symbolic shape inference (INT8's
-    pre-processing) follows, where it cannot follow F.normalize's (ReduceL2 with its axes as an input, Expand)."""
-    return x / torch.sqrt((x * x).sum(dim=-1, keepdim=True).clamp_min(eps * eps))
+    """``F.normalize(x, dim=-1)``, written with ops ONNX Runtime's symbolic shape inference follows (the INT8
+    pre-processing failed on every L2-normalised embedding: it gives ``ReduceL2`` no shape, and F.normalize's
+    ``Expand`` of the norm then fails): the square root of a ``ReduceSum`` of squares, dividing by broadcasting."""
+    return x / (x * x).sum(dim=-1, keepdim=True).sqrt().clamp_min(eps)
 
 
 class EmbeddingNetwork(nn.Module):

@@ -22,6 +22,8 @@ from ...base._deps import require
 from ...base.errors import HubError
 from ...base.hub_name import HubName
 from ..formats.hf.convert import MODEL_TYPES, WEIGHTS_PREFERENCE
+from ..formats.open_clip.convert import CONFIG_FILE as OPEN_CLIP_CONFIG
+from ..formats.open_clip.convert import WEIGHT_FILES as OPEN_CLIP_WEIGHTS
 from ..formats.timm.convert import TIMM_ARCH_PREFIXES
 from .failures import explained, offline_not_cached
 from .settings import HubSettings, hub_settings
@@ -100,8 +102,8 @@ class _Repo:
 
 
 _NOT_A_MODEL = (
-    "vitdeploy reads transformers ViT / DeiT / DINOv2 repos (config.json with model_type) and timm's hub repos "
-    "(config.json with architecture)"
+    "vitdeploy reads transformers ViT / DeiT / DINOv2 / CLIP repos (config.json with model_type), timm's hub repos "
+    f"(config.json with architecture) and OpenCLIP's ({OPEN_CLIP_CONFIG} without a config.json)"
 )
 
 
@@ -110,10 +112,16 @@ def fetch(name: HubName) -> HubSnapshot:
     hf = require("huggingface_hub", "downloading a checkpoint from the Hugging Face Hub")
     settings = hub_settings()
     repo = _Repo(name, _resolve(name, settings), settings)
-    config = repo.get(CONFIG, required=True)
-    _check_architecture(config, repo)  # before the weights: no gigabytes for a model that cannot load
-    fetched = [config, repo.get(PREPROCESSOR)]
-    fetched += _weights(repo)
+    config = repo.get(CONFIG)
+    if config is None:  # OpenCLIP's own repos: open_clip_config.json beside open_clip_model.safetensors / .bin
+        config = repo.get(OPEN_CLIP_CONFIG)
+        if config is None:
+            raise HubError(f"{repo.label}: the repo has no {CONFIG} (nor {OPEN_CLIP_CONFIG}); {_NOT_A_MODEL}")
+        fetched = [config, _open_clip_weights(repo)]
+    else:
+        _check_architecture(config, repo)  # before the weights: no gigabytes for a model that cannot load
+        fetched = [config, repo.get(PREPROCESSOR)]
+        fetched += _weights(repo)
     files = tuple(_hashed(p, repo) for p in fetched if p is not None)
     log.info("%s: %d files from %s", repo.label, len(files), settings.shown_endpoint)
     return HubSnapshot(
@@ -190,6 +198,15 @@ def _weights(repo: _Repo) -> list[Path]:
             return [path]
         return [path, *(repo.get(shard, required=True) for shard in _shards(path, repo))]
     raise HubError(f"{repo.label}: {_no_weights(repo.listing())}")
+
+
+def _open_clip_weights(repo: _Repo) -> Path:
+    """The OpenCLIP weights open_clip itself would read (safetensors first)."""
+    for filename in OPEN_CLIP_WEIGHTS:
+        path = repo.get(filename)
+        if path is not None:
+            return path
+    raise HubError(f"{repo.label}: {OPEN_CLIP_CONFIG} but no weights vitdeploy reads ({', '.join(OPEN_CLIP_WEIGHTS)})")
 
 
 def _shards(index: Path, repo: _Repo) -> list[str]:

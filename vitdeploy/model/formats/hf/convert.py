@@ -47,7 +47,7 @@ from ....base.errors import CheckpointError
 from ....base.preprocess_spec import PreprocessSpec
 from ....base.vit_schema import dinov2_swiglu_hidden
 from ...provenance import CHECKPOINT, LIBRARY, Preprocessing
-from .clip import (
+from .convert_clip import (
     CLIP_DEFAULTS,
     CLIP_DROPPED,
     CLIP_LAYER,

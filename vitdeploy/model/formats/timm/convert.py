@@ -151,6 +151,11 @@ def timm_vit_config(
             f"{where}: config.json says act_layer {hub_act!r} but model.activation is {act!r}; "
             "drop model.activation or fix config.json"
         )
+    if family.get("norm_pre") and hub_act is None and act is None and not hub_config.get("architecture"):
+        notes += (
+            f"{where.name}: a CLIP tower without config.json: assumed GELU, as timm's vit_*_clip_* run it (OpenAI's "
+            "weights run QuickGELU in timm's *_clip_quickgelu_*: set model.activation: quick_gelu)",
+        )
     act = TIMM_ACTS[hub_act] if hub_act is not None else (act or "gelu")
     if layer_norm_eps is None:  # timm's ViT: LayerNorm(eps=1e-6); its CLIP towers (pre_norm): 1e-5
         layer_norm_eps = TIMM_CLIP_EPS if family.get("norm_pre") else TIMM_EPS

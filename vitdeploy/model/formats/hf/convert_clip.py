@@ -1,5 +1,5 @@
 """transformers' CLIP image tower: ``CLIPVisionModel``, ``CLIPVisionModelWithProjection`` and the vision half of a
-``CLIPModel`` checkpoint -> vitdeploy naming and config (what ``convert.py`` adds for CLIP).
+``CLIPModel`` checkpoint -> vitdeploy naming and config (what ``convert.py`` reads for CLIP).
 
 The tower is a ViT with a LayerNorm before the blocks (``pre_layrnorm`` -> ``norm_pre``; the patch convolution
 has no bias), QuickGELU by default (``hidden_act``), LayerNorm eps 1e-5, ``post_layernorm`` on the pooled class
