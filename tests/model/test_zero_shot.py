@@ -156,6 +156,11 @@ def test_a_checkpoint_without_a_text_tower_is_refused_naming_it(tmp_path):
     vision.save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match="found model_type 'clip_vision_model'"):
         text_classes(tmp_path, LABELS, (TEMPLATE,))
+    openclip = tmp_path / "openclip"
+    openclip.mkdir()
+    (openclip / "open_clip_config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="an OpenCLIP checkpoint, whose text tower vitdeploy does not run yet"):
+        text_classes(openclip, LABELS, (TEMPLATE,))
 
 
 def test_a_checkpoint_without_its_tokenizer_is_refused(towers, tmp_path):

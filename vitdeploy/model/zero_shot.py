@@ -151,6 +151,8 @@ def _model_type(folder: Path, transformers: Any) -> str:
         model_type = None
     if model_type not in TEXT_TOWERS:
         found = f"model_type {model_type!r}" if model_type else "no transformers config.json"
+        if (folder / "open_clip_config.json").is_file():
+            found = "an OpenCLIP checkpoint, whose text tower vitdeploy does not run yet"
         raise CheckpointError(
             f"{folder}: a zero-shot classifier needs the checkpoint's text tower: a transformers "
             f"{' / '.join(TEXT_TOWERS)} checkpoint with both towers and its tokenizer (CLIPModel, SiglipModel); "
