@@ -122,10 +122,9 @@ def text_classes(folder: Path, labels: tuple[str, ...], templates: tuple[str, ..
         raise CheckpointError(f"{folder}: {type(model).__name__} has no text tower (get_text_features)")
     model.eval()
     with torch.inference_mode():
-        rows = [_class_embedding(model, tokenizer, token_args, [t.format(name) for t in templates]) for name in labels]
+        embeddings = _class_embeddings(model, tokenizer, token_args, labels, templates)
         scale = float(model.logit_scale.exp())
         bias = float(model.logit_bias) if scores == "sigmoid" else None
-    embeddings = torch.stack(rows)
     log.info("%s: %d classes x %d templates embedded by %s", folder, len(labels), len(templates), type(model).__name__)
     text_model = {
         "library": "transformers",
@@ -161,18 +160,23 @@ def _model_type(folder: Path, transformers: Any) -> str:
     return model_type
 
 
-def _class_embedding(model: Any, tokenizer: Any, token_args: dict[str, Any], prompts: list[str]) -> Any:
-    """One class: its prompts' text embeddings, each L2-normalised, averaged, normalised again (CLIP's way)."""
+def _class_embeddings(
+    model: Any, tokenizer: Any, token_args: dict[str, Any], labels: tuple[str, ...], templates: tuple[str, ...]
+) -> Any:
+    """(classes, width): each class's prompts' text embeddings L2-normalised, averaged, normalised again (CLIP's
+    way); the prompts embedded :data:`TEXT_BATCH` at a time, whatever class they belong to (CLIP reads the end
+    token under a causal mask, SigLIP pads every prompt to 64: a prompt's embedding does not depend on its batch)."""
     import torch
 
+    prompts = [template.format(name) for name in labels for template in templates]
     parts = []
     for i in range(0, len(prompts), TEXT_BATCH):
         tokens = tokenizer(prompts[i : i + TEXT_BATCH], return_tensors="pt", **token_args)
         out = model.get_text_features(**tokens)
         out = out if isinstance(out, torch.Tensor) else out.pooler_output  # transformers 5: an output object
         parts.append(torch.nn.functional.normalize(out.float(), dim=-1))
-    mean = torch.cat(parts).mean(dim=0)
-    return mean / mean.norm()
+    mean = torch.cat(parts).reshape(len(labels), len(templates), -1).mean(dim=1)
+    return mean / mean.norm(dim=-1, keepdim=True)
 
 
 def bake(model: Any, classes: TextClasses, where: Path) -> Any:
