@@ -162,6 +162,27 @@ def test_timm_bare_clip_tower_zero_bias_head_is_the_projection_and_assumptions_a
     assert (classifier.config.proj_dim, classifier.config.num_classes) == (0, 12)
 
 
+def test_timm_clip_architectures_of_other_widths_get_timms_heads():
+    """``vit_betwixt_patch32_clip_224`` (640 wide) has 10 heads in timm: its config.json names the architecture
+    only, and the standard sizes know no such width."""
+    import torch
+
+    from vitdeploy.model.formats.timm.convert import timm_vit_config
+
+    state = {
+        "patch_embed.proj.weight": torch.zeros(640, 3, 32, 32),
+        "cls_token": torch.zeros(1, 1, 640),
+        "pos_embed": torch.zeros(1, 50, 640),
+        "norm_pre.weight": torch.ones(640),
+        "blocks.0.mlp.fc1.weight": torch.zeros(2560, 640),
+        "blocks.0.attn.qkv.bias": torch.zeros(1920),
+        "proj.weight": torch.zeros(512, 640),
+    }
+    cfg, origin, _ = timm_vit_config(state, Path("w"), None, {"architecture": "vit_betwixt_patch32_clip_224"})
+    assert (cfg.heads, cfg.proj_dim, cfg.layer_norm_eps) == (10, 512, 1e-5)
+    assert origin == "checkpoint: config.json architecture vit_betwixt_patch32_clip_224"
+
+
 #: open_clip vision_cfg -> the part the one-line refusal names
 OPEN_CLIP_REFUSALS = {
     "timm_model_name": ({"timm_model_name": "vit_base_patch16_siglip_224"}, "a timm trunk"),

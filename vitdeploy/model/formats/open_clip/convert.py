@@ -192,12 +192,12 @@ def open_clip_vit_config(
 
 def _refuse_parts(cfg_all: dict[str, Any], vis: dict[str, Any], where: Path) -> None:
     def no(part: str) -> CheckpointError:
-        return CheckpointError(f"{where}: the OpenCLIP image tower has {part}, which vitdeploy's ViT does not")
+        return CheckpointError(f"{where}: the OpenCLIP image tower has {part}: a part vitdeploy's ViT does not have")
 
     if vis.get("timm_model_name"):
         raise no(f"a timm trunk (vision_cfg.timm_model_name {vis['timm_model_name']!r})")
     if isinstance(vis.get("layers"), (list, tuple)):
-        raise no("a ResNet (vision_cfg.layers is a list: ModifiedResNet), not a ViT")
+        raise no("a ResNet, not a ViT (vision_cfg.layers is a list: open_clip's ModifiedResNet)")
     found = [what for key, what in _REFUSED_SWITCHES.items() if vis.get(key)]
     if vis.get("block_type") not in (None, "default"):
         found.append(f"open_clip's {vis['block_type']!r} block")

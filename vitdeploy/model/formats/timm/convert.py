@@ -86,6 +86,9 @@ TIMM_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu
 #: what a timm architecture's name says of its MLP activation when model_args do not (the ``*_clip_quickgelu_*``
 #: towers are built with act_layer='quick_gelu'; every other timm ViT runs GELU, the OpenAI CLIP weights included)
 TIMM_ARCH_ACTS = {"_clip_quickgelu_": "quick_gelu"}
+#: width -> heads of timm's vit_*_clip_* architectures (xsmall, medium, betwixt, base, base plus, large, huge, giant,
+#: gigantic), which their names alone do not give
+TIMM_CLIP_HEADS = {256: 4, 512: 8, 640: 10, 768: 12, 896: 14, 1024: 16, 1280: 16, 1408: 16, 1664: 16}
 #: LayerNorm eps of timm's ViTs: 1e-6, but 1e-5 for every tower built with pre_norm (the CLIP towers)
 TIMM_EPS, TIMM_CLIP_EPS = 1e-6, 1e-5
 #: timm ``act_layer`` names of a SwiGLUPacked MLP (its SiLU is built in; ``act`` stays "gelu", unused).
@@ -208,6 +211,11 @@ def _timm_heads(
         )
     if variant is None and hub_config.get("architecture"):
         arch = str(hub_config["architecture"])
+        width = state.get(TIMM_KEYS["patch"])
+        clip_heads = TIMM_CLIP_HEADS.get(int(width.shape[0])) if width is not None and "_clip_" in arch else None
+        if clip_heads is not None:  # timm's CLIP towers: 64-wide heads but giant's and gigantic's
+            origin = f"{CHECKPOINT}: config.json architecture {arch}"
+            return infer_config(state, variant=None, heads=clip_heads, heads_origin=origin, **common)
         try:
             tmpl = variant_template(arch)
         except CheckpointError as exc:
