@@ -7,13 +7,16 @@ templates are ensembled as CLIP does; checkpoints without a text tower are refus
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from vitdeploy.base.errors import CheckpointError
+from vitdeploy.base.errors import CheckpointError, MissingDependencyError
 from vitdeploy.demo import DEMO_DIR, IMAGES_DIR
 from vitdeploy.model.vit import VisionTransformer, ViTConfig
 from vitdeploy.model.zero_shot import bake, text_classes
@@ -156,11 +159,6 @@ def test_a_checkpoint_without_a_text_tower_is_refused_naming_it(tmp_path):
     vision.save_pretrained(tmp_path)
     with pytest.raises(CheckpointError, match="found model_type 'clip_vision_model'"):
         text_classes(tmp_path, LABELS, (TEMPLATE,))
-    openclip = tmp_path / "openclip"
-    openclip.mkdir()
-    (openclip / "open_clip_config.json").write_text("{}")
-    with pytest.raises(CheckpointError, match="an OpenCLIP checkpoint, whose text tower vitdeploy does not run yet"):
-        text_classes(openclip, LABELS, (TEMPLATE,))
 
 
 def test_a_checkpoint_without_its_tokenizer_is_refused(towers, tmp_path):
@@ -168,3 +166,33 @@ def test_a_checkpoint_without_its_tokenizer_is_refused(towers, tmp_path):
         (tmp_path / name).symlink_to(towers["clip"] / name)
     with pytest.raises(CheckpointError, match="no tokenizer beside the checkpoint"):
         text_classes(tmp_path, LABELS, (TEMPLATE,))
+
+
+def test_an_openclip_checkpoint_needs_open_clip(tmp_path, monkeypatch):
+    """Its text tower runs in open_clip: without the package, one line naming what to install."""
+    monkeypatch.setitem(sys.modules, "open_clip", None)  # not importable, whether installed or not
+    (tmp_path / "open_clip_config.json").write_text("{}")
+    with pytest.raises(MissingDependencyError, match="an OpenCLIP checkpoint's text tower .*open-clip-torch"):
+        text_classes(tmp_path, LABELS, (TEMPLATE,))
+
+
+@pytest.mark.integration
+def test_an_openclip_checkpoints_classes_are_open_clips_own(tmp_path):
+    """In the reference environment (open_clip installed): the classes of a tiny OpenCLIP model (open_clip's
+    create_model('local-dir:'), get_tokenizer, encode_text) are open_clip's build_zero_shot_classifier's."""
+    from helpers.library_fidelity import REPO, reference_python
+
+    python = reference_python()
+    if not python.exists():
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"reference environment missing ({python}); CI must build it")
+        pytest.skip(f"reference environment missing ({python}): run `make reference-env`")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    script = REPO / "tests" / "helpers" / "open_clip_zero_shot.py"
+    command = [str(python), str(script), str(tmp_path)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["max_diff"] < 1e-6 and got["shape"] == [3, 24]
+    assert got["logit_scale"] == pytest.approx(got["library_scale"]) and got["scores"] == "softmax"
+    assert got["text_model"]["library"] == "open_clip" and got["text_model"]["method"] == "encode_text"

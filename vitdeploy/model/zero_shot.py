@@ -39,6 +39,8 @@ TEXT_TOWERS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 #: prompts embedded in one call of the text tower
 TEXT_BATCH = 256
+#: an OpenCLIP checkpoint's config (its text tower runs in open_clip, where that package is installed)
+OPEN_CLIP_CONFIG = "open_clip_config.json"
 #: a tokenizer's vocabulary file, one of which a checkpoint folder must hold (transformers would otherwise build a
 #: tokenizer of three special tokens from config.json alone, and every prompt would embed the same)
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "spiece.model", "tokenizer.model", "sentencepiece.bpe.model")
@@ -91,9 +93,11 @@ def checkpoint_folder(path: Path) -> Path:
 def text_classes(folder: Path, labels: tuple[str, ...], templates: tuple[str, ...]) -> TextClasses:
     """Run ``folder``'s text tower (a transformers CLIP / SigLIP checkpoint with both towers, and its tokenizer)
     over every class's prompts; CheckpointError naming the folder when it has no text tower to run."""
+    if (folder / OPEN_CLIP_CONFIG).is_file():
+        return _open_clip_classes(folder, labels, templates)
     torch = require("torch", "a zero-shot classifier's class embeddings")
     transformers = require("transformers", "a zero-shot classifier's class embeddings (the checkpoint's text tower)")
-    model_type = _model_type(folder, transformers)
+    model_type = _model_type(folder)
     scores, token_args = TEXT_TOWERS[model_type]
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise CheckpointError(
@@ -122,7 +126,9 @@ def text_classes(folder: Path, labels: tuple[str, ...], templates: tuple[str, ..
         raise CheckpointError(f"{folder}: {type(model).__name__} has no text tower (get_text_features)")
     model.eval()
     with torch.inference_mode():
-        embeddings = _class_embeddings(model, tokenizer, token_args, labels, templates)
+        embeddings = _class_embeddings(
+            lambda texts: _text_features(model, tokenizer(texts, return_tensors="pt", **token_args)), labels, templates
+        )
         scale = float(model.logit_scale.exp())
         bias = float(model.logit_bias) if scores == "sigmoid" else None
     log.info("%s: %d classes x %d templates embedded by %s", folder, len(labels), len(templates), type(model).__name__)
@@ -135,11 +141,43 @@ def text_classes(folder: Path, labels: tuple[str, ...], templates: tuple[str, ..
         "tokenizer": type(tokenizer).__name__,
         "tokenizer_args": token_args,
     }
-    del model
     return TextClasses(labels, templates, embeddings, scale, bias, scores, text_model)
 
 
-def _model_type(folder: Path, transformers: Any) -> str:
+def _text_features(model: Any, tokens: Any) -> Any:
+    out = model.get_text_features(**tokens)
+    return out if hasattr(out, "shape") else out.pooler_output  # transformers 5: an output object
+
+
+def _open_clip_classes(folder: Path, labels: tuple[str, ...], templates: tuple[str, ...]) -> TextClasses:
+    """An OpenCLIP checkpoint (``open_clip_config.json``): its text tower and tokenizer as open_clip builds them
+    (``create_model('local-dir:...')``, ``get_tokenizer``), ``encode_text``; a logit bias makes it SigLIP's
+    (sigmoid scores)."""
+    torch = require("torch", "a zero-shot classifier's class embeddings")
+    open_clip = require("open_clip", f"{folder}: an OpenCLIP checkpoint's text tower (pip install open-clip-torch)")
+    try:
+        model = open_clip.create_model(f"local-dir:{folder}").eval()
+        tokenizer = open_clip.get_tokenizer(f"local-dir:{folder}")
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise CheckpointError(f"{folder}: open_clip cannot build its model or tokenizer ({_first(exc)})") from exc
+    with torch.inference_mode():
+        embeddings = _class_embeddings(lambda texts: model.encode_text(tokenizer(texts)), labels, templates)
+        scale = float(model.logit_scale.exp())
+        bias = getattr(model, "logit_bias", None)
+        bias = float(bias) if bias is not None else None
+    text_model = {
+        "library": "open_clip",
+        "version": str(getattr(open_clip, "__version__", "")),
+        "class": type(model).__name__,
+        "method": "encode_text",
+        "tokenizer": type(tokenizer).__name__,
+    }
+    return TextClasses(
+        labels, templates, embeddings, scale, bias, "sigmoid" if bias is not None else "softmax", text_model
+    )
+
+
+def _model_type(folder: Path) -> str:
     """config.json's model_type, when it is one of :data:`TEXT_TOWERS`; CheckpointError otherwise."""
     import json
 
@@ -150,8 +188,6 @@ def _model_type(folder: Path, transformers: Any) -> str:
         model_type = None
     if model_type not in TEXT_TOWERS:
         found = f"model_type {model_type!r}" if model_type else "no transformers config.json"
-        if (folder / "open_clip_config.json").is_file():
-            found = "an OpenCLIP checkpoint, whose text tower vitdeploy does not run yet"
         raise CheckpointError(
             f"{folder}: a zero-shot classifier needs the checkpoint's text tower: a transformers "
             f"{' / '.join(TEXT_TOWERS)} checkpoint with both towers and its tokenizer (CLIPModel, SiglipModel); "
@@ -160,22 +196,17 @@ def _model_type(folder: Path, transformers: Any) -> str:
     return model_type
 
 
-def _class_embeddings(
-    model: Any, tokenizer: Any, token_args: dict[str, Any], labels: tuple[str, ...], templates: tuple[str, ...]
-) -> Any:
-    """(classes, width): each class's prompts' text embeddings L2-normalised, averaged, normalised again (CLIP's
-    way); the prompts embedded :data:`TEXT_BATCH` at a time, whatever class they belong to (CLIP reads the end
-    token under a causal mask, SigLIP pads every prompt to 64: a prompt's embedding does not depend on its batch)."""
+def _class_embeddings(encode: Any, labels: tuple[str, ...], templates: tuple[str, ...]) -> Any:
+    """(classes, width): each class's prompts' text embeddings (``encode``: texts -> the library's features)
+    L2-normalised, averaged, normalised again (CLIP's way); the prompts embedded :data:`TEXT_BATCH` at a time,
+    whatever class they belong to (CLIP reads the end token under a causal mask, SigLIP pads every prompt to its
+    length: a prompt's embedding does not depend on its batch)."""
     import torch
 
     prompts = [template.format(name) for name in labels for template in templates]
-    parts = []
-    for i in range(0, len(prompts), TEXT_BATCH):
-        tokens = tokenizer(prompts[i : i + TEXT_BATCH], return_tensors="pt", **token_args)
-        out = model.get_text_features(**tokens)
-        out = out if isinstance(out, torch.Tensor) else out.pooler_output  # transformers 5: an output object
-        parts.append(torch.nn.functional.normalize(out.float(), dim=-1))
-    mean = torch.cat(parts).reshape(len(labels), len(templates), -1).mean(dim=1)
+    parts = [encode(prompts[i : i + TEXT_BATCH]).float() for i in range(0, len(prompts), TEXT_BATCH)]
+    unit = torch.nn.functional.normalize(torch.cat(parts), dim=-1)
+    mean = unit.reshape(len(labels), len(templates), -1).mean(dim=1)
     return mean / mean.norm(dim=-1, keepdim=True)
 
 
