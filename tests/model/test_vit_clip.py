@@ -279,6 +279,43 @@ def test_transformers_clip_towers_predict_their_librarys_vectors(kind, normalize
     assert_vectors(predict_vectors(art, photos), vectors, kind)
 
 
+def test_transformers_clip_tower_without_its_processor_gets_clips_and_says_so(photos, tmp_path):  # noqa: F811
+    """No preprocessor_config.json beside a CLIP tower: CLIPImageProcessor's defaults (not ViT's), said."""
+    from vitdeploy.model import load_checkpoint
+    from vitdeploy.runtime.preprocess import Preprocessor
+
+    model = transformers.CLIPVisionModel(transformers.CLIPVisionConfig(**{**_VISION, "num_hidden_layers": 1}))
+    model.save_pretrained(tmp_path)
+    loaded = load_checkpoint(tmp_path)
+    assert any("assumed transformers' CLIPImageProcessor defaults" in n for n in loaded.notes)
+    processor = transformers.CLIPImageProcessorPil()
+    files = photo_files(photos)
+    theirs = np.stack(
+        [processor(images=Image.open(p).convert("RGB"), return_tensors="np")["pixel_values"][0] for p in files]
+    )
+    assert_pixels(Preprocessor(loaded.preprocess).batch(files), theirs, "CLIPImageProcessor's defaults")
+
+
+def test_transformers_clip_tower_at_other_sizes_is_interpolate_pos_encoding():
+    """export.image_sizes: the tower at 96 px (its table learned at 64) gives what transformers gives with
+    ``interpolate_pos_encoding=True`` (bicubic, the class position kept)."""
+    import tempfile
+
+    from vitdeploy.model import load_checkpoint
+
+    config = transformers.CLIPVisionConfig(**{**_VISION, "image_size": 64, "patch_size": 16}, projection_dim=24)
+    model = randomize_(transformers.CLIPVisionModelWithProjection(config), 90)
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        loaded = load_checkpoint(folder, image_sizes=(64, 96))
+    pixels = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 3, 96, 96)).astype(np.float32))
+    with torch.no_grad():
+        theirs = model(pixel_values=pixels, interpolate_pos_encoding=True).image_embeds.numpy()
+        ours = loaded.model.forward_features(pixels).numpy()
+    assert loaded.config.pos_resample == "bicubic"
+    assert_vectors(ours, theirs, "CLIPVisionModelWithProjection at 96 px")
+
+
 # --------------------------------------------------------------------------- every precision, with its gates
 
 

@@ -55,7 +55,9 @@ class ModelSection(_Section):
     # checkpoints that store it (Hugging Face config.json, timm hub config.json, vitdeploy model.json).
     num_heads: Optional[int] = Field(None, gt=0, description="attention heads (bare state dicts do not store them)")
     activation: Optional[Activation] = Field(
-        None, description="MLP activation: gelu (exact, erf) or gelu_tanh (timm gelu_tanh / HF gelu_pytorch_tanh)"
+        None,
+        description="MLP activation: gelu (exact, erf), gelu_tanh (timm gelu_tanh / HF gelu_pytorch_tanh) or "
+        "quick_gelu (OpenAI CLIP's x * sigmoid(1.702 x))",
     )
     layer_norm_eps: Optional[PositiveFloat] = Field(None, description="LayerNorm epsilon (timm/torchvision: 1e-6)")
     pool: Optional[Pool] = Field(

@@ -5,10 +5,13 @@ Formats are recognised from the contents of the file or directory, not its name,
 
 * ``vitdeploy``: a directory with ``model.json`` (``"format": "vitdeploy"``) and ``model.safetensors``,
   or either file inside it.
-* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` / DeiT / DINOv2 directory (``config.json`` +
-  ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a weights file inside it.
+* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` / DeiT / DINOv2 / CLIP image tower
+  directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a weights file
+  inside it.
 * ``timm``: a timm ``vision_transformer`` state dict (.safetensors or a torch.save file), or a timm hub
   directory (``config.json`` with ``architecture``).
+* ``open_clip``: an OpenCLIP folder (``open_clip_config.json`` + ``open_clip_model.safetensors`` /
+  ``open_clip_pytorch_model.bin``) or state dict: its image tower.
 * ``torchvision``: a torchvision ``vit_*`` state dict.
 
 Loading is strict: every parameter of the model must come from the checkpoint with the right shape
@@ -55,7 +58,7 @@ class LoadedCheckpoint:
     config: "ViTConfig"
     labels: tuple[str, ...]
     preprocess: PreprocessSpec | None  # None only for a vitdeploy checkpoint saved without one
-    source_format: str  # "vitdeploy" | "timm" | "hf" | "torchvision" (formats.FORMATS)
+    source_format: str  # "vitdeploy" | "timm" | "hf" | "open_clip" | "torchvision" (formats.FORMATS)
     name: str
     # Where each relevant preprocess field came from ("checkpoint: ...", "library default: ...", "pipeline.yaml: ...").
     preprocess_origins: dict[str, str] = field(default_factory=dict)
@@ -98,7 +101,7 @@ def load_checkpoint(
         this many outputs (0 = features only).
     variant: heads for formats that do not store them (timm, torchvision), e.g. 'vit_base_patch16_224';
         checked against the tensors and, for hf / vitdeploy, against the stored config.
-    num_heads / act ("gelu" | "gelu_tanh") / layer_norm_eps: what a bare state dict cannot say
+    num_heads / act ("gelu" | "gelu_tanh" | "quick_gelu") / layer_norm_eps: what a bare state dict cannot say
         (pipeline.yaml model.num_heads / model.activation / model.layer_norm_eps); where the checkpoint
         stores them, a different value is an error.
     pool ("token" | "avg" | "token_avg"): the pooling of a timm state dict without config.json (pipeline.yaml

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ....base.errors import CheckpointError
-from ....base.preprocess_spec import PreprocessSpec
+from ....base.preprocess_spec import CLIP_MEAN, CLIP_STD, PreprocessSpec
 from ....base.vit_schema import ViTConfig
 from ...provenance import (
     CHECKPOINT,
@@ -80,13 +80,26 @@ class HFReader(Reader):
         pp_path = src.meta_dir / PREPROCESSOR_CONFIG if src.meta_dir else None
         if pp_path is not None and pp_path.is_file():
             return convert_hf.hf_preprocess(read_json(pp_path), cfg.image_size, pp_path)
-        # no preprocessor_config.json: ViTImageProcessor's defaults, said in a note
-        spec = PreprocessSpec(style="hf", height=cfg.image_size, width=cfg.image_size, interpolation="bilinear")
+        # no preprocessor_config.json: the model type's processor's defaults (ViTImageProcessor, CLIPImageProcessor)
+        size = cfg.image_size
+        kind = _PROCESSOR_BY_MODEL_TYPE.get(src.meta.get("model_type"), "ViTImageProcessor")
+        if kind == "CLIPImageProcessor":  # shorter side to the size, centre crop, bicubic, OpenAI's mean / std
+            spec = PreprocessSpec(
+                style="hf",
+                height=size,
+                width=size,
+                shortest_edge=size,
+                interpolation="bicubic",
+                mean=CLIP_MEAN,
+                std=CLIP_STD,
+            )
+        else:
+            spec = PreprocessSpec(style="hf", height=size, width=size, interpolation="bilinear")
         note = (
-            f"{src.where}: no {PREPROCESSOR_CONFIG}; assumed transformers' ViTImageProcessor defaults "
+            f"{src.where}: no {PREPROCESSOR_CONFIG}; assumed transformers' {kind} defaults "
             f"({describe_spec(spec)}); {override_hint()}"
         )
-        return Preprocessing.from_source(spec, f"{LIBRARY}: transformers ViTImageProcessor", notes=(note,))
+        return Preprocessing.from_source(spec, f"{LIBRARY}: transformers {kind}", notes=(note,))
 
     def native_input(self, src: Source, cfg: ViTConfig, pre: Optional[Preprocessing]) -> Optional[int]:
         # transformers resamples a DINOv2 table to the processor's crop at every call

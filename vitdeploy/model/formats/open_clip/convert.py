@@ -233,6 +233,8 @@ def _eps(vis: dict[str, Any], where: Path) -> float:
 
 def _width(state: dict[str, Any], where: Path) -> int:
     patch = state.get("patch_embed.proj.weight")
+    if any(k.startswith("trunk.") for k in state):
+        raise CheckpointError(f"{where}: the OpenCLIP image tower is a timm trunk (visual.trunk.*), not its own ViT")
     if patch is None or patch.ndim != 4:
         raise CheckpointError(f"{where}: an OpenCLIP checkpoint without its image tower's conv1 (visual.conv1.weight)")
     return int(patch.shape[0])
