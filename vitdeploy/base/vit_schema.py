@@ -41,6 +41,7 @@ _NEW_SWITCHES: dict[str, Any] = {
     "rope_grid": 0,
     "mlp_norm": False,
     "attn_norm": False,
+    "head_l2norm": False,
 }
 
 _SIZE_FIELDS = ("image_size", "patch_size", "in_channels", "width", "depth", "heads")
@@ -128,6 +129,9 @@ class ViTConfig:
     # CLIP's projection: a bias-free Linear(features, proj_dim) after the pooling (transformers visual_projection,
     # open_clip proj, timm's zero-bias head of a CLIP tower); the embedding (and a head, if any) reads its output
     proj_dim: Annotated[NonNegativeInt, Field(le=MAX_WIDTH)] = 0
+    # the head reads the pooled embedding L2-normalised: a zero-shot classifier compiled from a contrastive model
+    # (model/zero_shot.py), whose head holds logit_scale x the class text embeddings (+ SigLIP's logit_bias)
+    head_l2norm: StrictBool = False
 
     def __post_init__(self) -> None:
         sizes = {k: getattr(self, k) for k in _SIZE_FIELDS}
@@ -174,6 +178,8 @@ class ViTConfig:
         problems += rope_problems(self.rope, self.rope_grid, self.width // self.heads)
         if self.proj_dim and self.distilled:
             problems.append("proj_dim (a projection after the pooling) does not go with distilled's second head")
+        if self.head_l2norm and not self.num_classes:
+            problems.append("head_l2norm (the embedding L2-normalised before the head) needs a head, num_classes > 0")
         if self.pooler and self.pool != "token":
             problems.append(f"pooler (dense + tanh on the class token) needs pool 'token', got {self.pool!r}")
         if problems:
@@ -262,6 +268,7 @@ class ViTConfig:
                 ("norm before the blocks (CLIP)", self.norm_pre),
                 (f"projection to {self.proj_dim}", self.proj_dim),
                 ("QuickGELU", self.act == "quick_gelu"),
+                ("zero-shot head on the L2-normalised embedding", self.head_l2norm),
             )
             if on
         ]

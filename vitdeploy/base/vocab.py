@@ -45,6 +45,10 @@ PosResample = Literal[POS_RESAMPLES]  # type: ignore[valid-type]
 #: model: a backbone without a head, or any checkpoint with ``model.output: embedding``).
 OUTPUT_KINDS: tuple[str, ...] = ("logits", "embedding")
 OutputKind = Literal[OUTPUT_KINDS]  # type: ignore[valid-type]
+#: how a classifier's logits become its scores (top-k, served TOPK_SCORES): "softmax" (one distribution over the
+#: classes: a trained head, CLIP's zero-shot) or "sigmoid" (each class on its own: SigLIP's zero-shot)
+SCORE_FUNCTIONS: tuple[str, ...] = ("softmax", "sigmoid")
+ScoreFunction = Literal[SCORE_FUNCTIONS]  # type: ignore[valid-type]
 #: the graph's output tensor (and the served KServe v2 output) of each kind
 OUTPUT_TENSORS: Mapping[str, str] = MappingProxyType({"logits": "logits", "embedding": "EMBEDDINGS"})
 #: an embedding export's second output when ``model.patch_tokens`` is on (graph and served KServe v2 output):
@@ -224,6 +228,8 @@ __all__ = [
     "Pool",
     "OUTPUT_KINDS",
     "OUTPUT_TENSORS",
+    "SCORE_FUNCTIONS",
+    "ScoreFunction",
     "PATCH_TOKENS",
     "EMBEDDING_DTYPES",
     "EmbeddingDtype",

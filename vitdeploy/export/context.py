@@ -106,6 +106,7 @@ class ExportContext:
     chw: tuple[int, int, int] = (0, 0, 0)
     image_sizes: tuple[int, ...] = ()  # export.image_sizes of a model that runs at each (chw's side among them)
     output: Any = None  # model.output.ModelOutput: what the exported network returns (logits or an embedding)
+    zero_shot: dict[str, Any] | None = None  # the manifest's "zero_shot": what a zero-shot head was baked from
     # filled by the reference stage
     sizes: tuple[int, ...] = ()
     inputs: Any = None  # export.validate.ValidationInputs

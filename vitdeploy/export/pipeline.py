@@ -181,6 +181,7 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
                 kind=ctx.kind,
                 patch_reference=ctx.patch_reference,
                 largest_patches=judged[1] if judged else None,
+                scores=ctx.output.scores if ctx.output is not None else "softmax",
                 progress=lambda text: setattr(rec, "progress", text),  # shown while it runs (the heartbeat)
             )
             ctx.validation[gate.name] = result.to_dict()

@@ -260,7 +260,10 @@ class VisionTransformer(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         x = self.forward_tokens(pixel_values)
-        logits = self.head(self._pool(x))
+        pooled = self._pool(x)
+        if self.cfg.head_l2norm:  # a zero-shot head: logit_scale x cosine with each class's text embedding (+ bias)
+            pooled = l2_normalize(pooled)
+        logits = self.head(pooled)
         if self.head_dist is not None:  # DeiT at inference: the class and distillation heads averaged
             logits = (logits + self.head_dist(self.fc_norm(x[:, 1]))) / 2
         return logits

@@ -222,11 +222,13 @@ def infer_response(
     embedding: bool = False,
     patch_tokens: np.ndarray | None = None,
     version: str = protocol.MODEL_VERSION,
+    scores: str = "softmax",
 ) -> Any:
     """The ``ModelInferResponse`` of ``logits`` (an embedding model's vectors with ``embedding``, its
-    ``patch_tokens`` where computed): the outputs ``req`` asked for, each in ``raw_output_contents``."""
+    ``patch_tokens`` where computed; TOPK_SCORES by ``scores``): the outputs ``req`` asked for, each in
+    ``raw_output_contents``."""
     pb = _pb()
-    arrays = protocol.output_arrays(logits, labels, k, req.classification, embedding, patch_tokens)
+    arrays = protocol.output_arrays(logits, labels, k, req.classification, embedding, patch_tokens, scores)
     response = pb.ModelInferResponse(model_name=model, model_version=version, id=req.id or "")
     for name in req.outputs:
         datatype, arr = arrays[name]
@@ -379,6 +381,7 @@ class KServeGrpcMethods:
             self.predictor.is_embedding,
             np.stack(tokens) if want else None,
             self.version,
+            scores=self.predictor.scores,
         )
         end = time.perf_counter_ns()
         self.stats.success(

@@ -9,13 +9,14 @@ makes the very same choice from the cache alone (``try_to_load_from_cache``), wi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ...base._deps import require
 from ...base.errors import HubError
@@ -132,6 +133,17 @@ def fetch(name: HubName) -> HubSnapshot:
         client=f"huggingface_hub {hf.__version__}",
         offline=settings.offline,
     )
+
+
+def fetch_more(snapshot: HubSnapshot, filenames: Sequence[str]) -> HubSnapshot:
+    """``snapshot`` with more files of its commit (those of ``filenames`` the repo has; the others skipped), each
+    hashed into its record: what a zero-shot export reads beside the weights (the tokenizer's files)."""
+    repo = _Repo(snapshot.name, snapshot.commit, hub_settings())
+    have = {f.path for f in snapshot.files}
+    found = [p for p in (repo.get(name) for name in filenames if name not in have) if p is not None]
+    if found:
+        log.info("%s: %s", repo.label, ", ".join(p.name for p in found))
+    return dataclasses.replace(snapshot, files=snapshot.files + tuple(_hashed(p, repo) for p in found))
 
 
 def _resolve(name: HubName, settings: HubSettings) -> str:
