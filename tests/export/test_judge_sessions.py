@@ -67,7 +67,7 @@ def _reference(n: int = 8) -> np.ndarray:
     return ref
 
 
-def test_a_failing_candidate_stops_at_the_first_batch_that_proves_it(fake, tmp_path):
+def test_a_failing_step_after_the_first_stops_at_the_first_batch_that_proves_it(fake, tmp_path):
     ref = _reference()
     flipped = ref.copy()
     flipped[1] = np.roll(flipped[1], 1)  # row 1's top-1 changes: min_top1_agreement 1.0 is missed by any row
@@ -77,11 +77,15 @@ def test_a_failing_candidate_stops_at_the_first_batch_that_proves_it(fake, tmp_p
     ctx = _context(tmp_path, ref, (1, 4))
     judge = _judge(ctx)
 
-    verdict = judge(graph)
+    first = judge(graph)  # the first step: every input, its metrics every input's
+    judge.witnesses = []  # (as if the step before had failed without witnesses to look at first)
+    later = judge(graph)
 
-    assert not verdict.passed and not compare(ref, flipped, TOLERANCE).passed  # the verdict every row gives
-    assert fake.made[0].ran == [0, 1, 2, 3]  # the first batch of 4 proved it: the other 4 rows were not run
-    assert judge.witnesses == [1] and fake.made[0].closed and ctx.kept is None
+    assert not compare(ref, flipped, TOLERANCE).passed  # the verdict every row gives
+    assert not first.passed and "inputs_judged" not in first.metrics and fake.made[0].ran == list(range(8))
+    assert not later.passed and later.metrics["inputs_judged"] == 4
+    assert fake.made[1].ran == [0, 1, 2, 3]  # the first batch of 4 proved it: the other 4 rows were not run
+    assert judge.witnesses == [1] and fake.made[1].closed and ctx.kept is None
 
 
 def test_a_passing_candidate_runs_every_input_and_its_session_serves_its_validation(fake, tmp_path):

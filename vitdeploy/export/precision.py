@@ -35,7 +35,7 @@ import numpy as np
 
 from ..base._deps import require
 from ..base.errors import ExportError
-from ..base.onnx_wire import is_weight_matrix, light_model
+from ..base.onnx_wire import in_place_model, is_weight_matrix, light_model
 from .onnx import staged_onnx, without_weights, write_streamed
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def activation_peaks(
     onnx = require("onnx", "FP16 calibration")
     from .probe import FP16_BATCH, float_values, reduce_values
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    model = in_place_model(onnx_path)  # its weights read by ONNX Runtime where they lie: not parsed, not copied
     floats = {v for v, t in float_values(model).items() if t == onnx.TensorProto.FLOAT}
     producers = {out: node.name for node in model.graph.node for out in node.output if out in floats}
     wanted = {value: ("min", "max", "sum") for value in producers}

@@ -89,7 +89,7 @@ class _Judge:
             proof = self._proof(backend)
             if proof is not None:
                 return proof
-            logits, patches, proof = self._every_input(backend, with_patches)
+            logits, patches, proof = self._every_input(backend, with_patches, stop=self.steps > 1)
             if proof is not None:
                 return proof
             pair = (ctx.patch_reference, patches) if with_patches else None
@@ -106,11 +106,12 @@ class _Judge:
             else:
                 backend.close()
 
-    def _every_input(self, backend: Any, with_patches: bool) -> tuple[Any, Any, Any]:
-        """(outputs, patch tokens, None) of every input at the largest validation batch; or, as soon as the
-        batches run so far prove the gate missed whatever the others give (compare.proven_failure), (None,
-        None, that proof), the inputs that failed among them the next step's witnesses: a failing candidate
-        stops at its first decisive batch (the verdict a run of every input gives: a failure)."""
+    def _every_input(self, backend: Any, with_patches: bool, stop: bool) -> tuple[Any, Any, Any]:
+        """(outputs, patch tokens, None) of every input at the largest validation batch; with ``stop``, as soon
+        as the batches run so far prove the gate missed whatever the others give (compare.proven_failure),
+        (None, None, that proof), the inputs that failed among them the next step's witnesses: a failing step
+        stops at its first decisive batch (the verdict a run of every input gives: a failure). The first step
+        is judged on every input (its metrics are every input's: what the manifest compares the others with)."""
         from .compare import failing_rows, proven_failure
         from .validate import run_outputs_in_batches
 
@@ -123,8 +124,8 @@ class _Judge:
             seconds.append(second)
             done = start + len(first)
             self._say(f"{done} of {total} inputs judged")
-            if done >= total:
-                break
+            if done >= total or not stop:
+                continue
             logits, patches = np.concatenate(firsts), np.concatenate(seconds) if with_patches else None
             pair = (ctx.patch_reference[:done], patches) if with_patches else None
             proof = proven_failure(ctx.reference[:done], logits, total, self.tolerance, ctx.kind, pair)
