@@ -128,6 +128,7 @@ def _run_rows(ctx: ExportContext, table: Sequence[Stage]) -> None:
             done, made = waiting.pop(0)
             with _unless_optional(ctx, done):
                 _ship(ctx, done, made)
+        ctx.close_kept()  # a session kept for this row's validation (context.open_ort) and not taken
 
 
 @contextlib.contextmanager
