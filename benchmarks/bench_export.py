@@ -26,6 +26,7 @@ record (it exports and does not validate); it lives in the bench venv bench_ort_
     .venv/bin/python benchmarks/bench_export.py --model vit-l   # ViT-L/16 (1.2 GB of weights): seed 0
     .venv/bin/python benchmarks/bench_export.py --model vit-h --seeds 0,1 --processor both
     .venv/bin/python benchmarks/bench_export.py --model vit-g   # DINOv2 ViT-g/14, SwiGLU, headless (4.5 GB)
+    .venv/bin/python benchmarks/bench_export.py --model clip-l14-336  # CLIP ViT-L/14-336 image tower (1.2 GB)
     .venv/bin/python benchmarks/bench_export.py --model siglip-so400m   # SigLIP so400m/14-384 tower (1.7 GB)
 """
 
@@ -39,6 +40,7 @@ import os
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -72,6 +74,20 @@ GIANT = dict(
     hidden_size=1536, num_hidden_layers=40, num_attention_heads=24, mlp_ratio=4, use_swiglu_ffn=True, patch_size=14
 )
 MODELS["vit-g"] = GIANT
+#: OpenAI CLIP ViT-L/14 at 336 px (openai/clip-vit-large-patch14-336): transformers' CLIPVisionModelWithProjection,
+#: 577 tokens, QuickGELU, the projection to 768: an embedding export (issue 50), random weights
+CLIP_L14_336 = dict(
+    hidden_size=1024,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    intermediate_size=4096,
+    patch_size=14,
+    image_size=336,
+    projection_dim=768,
+    hidden_act="quick_gelu",
+    layer_norm_eps=1e-5,
+)
+MODELS["clip-l14-336"] = CLIP_L14_336
 #: SigLIP so400m/14 at 384 px (Alabdulmohsin et al., 2023; google/siglip-so400m-patch14-384), its image tower as
 #: transformers' SiglipVisionModel: no class token, the attention-pooling head, headless (an embedding export), 384 px
 #: off the 14 px grid (27 x 27 patches), SiglipImageProcessor (384 x 384, bicubic, mean/std 0.5)
@@ -93,6 +109,8 @@ def make_checkpoint(name: str, folder: Path, seed: int = 0, processor: bool = Fa
     torch.manual_seed(seed)
     if name == "vit-g":
         return _giant(folder)
+    if name == "clip-l14-336":
+        return _clip(folder)
     if name == "siglip-so400m":
         return _so400m(folder)
     cfg = ViTConfig(**MODELS[name], image_size=224, num_labels=1000, hidden_act="gelu", qkv_bias=True)
@@ -130,6 +148,19 @@ def _giant(folder: Path) -> int:
     return weights
 
 
+def _clip(folder: Path) -> int:
+    """CLIP ViT-L/14-336's image tower as the hub's processor feeds it (shortest side 336, centre crop, bicubic,
+    OpenAI's mean / std), random weights."""
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    model = CLIPVisionModelWithProjection(CLIPVisionConfig(**CLIP_L14_336)).eval()
+    model.save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336}).save_pretrained(folder)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    del model
+    return weights
+
+
 def _so400m(folder: Path) -> int:
     """SigLIP so400m/14-384's image tower as transformers saves it, with its hub processor, random weights."""
     from transformers import SiglipImageProcessorPil, SiglipVisionConfig, SiglipVisionModel
@@ -155,15 +186,18 @@ def _cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def run_export(checkpoint: Path, out: Path) -> tuple[float, list[dict], int | None]:
+def run_export(checkpoint: Path, out: Path, source: Path | None = None) -> tuple[float, list[dict], int | None]:
     """(wall seconds, the stage records, what the export held without the model) of one default export. Each
     record also gets ``cpu_seconds``: the export process's own CPU time while the stage ran (read at each
-    stage's end line), which other processes on a shared machine change far less than its wall time."""
+    stage's end line), which other processes on a shared machine change far less than its wall time.
+    ``source``: a checkout whose ``vitdeploy`` runs the export instead of the one imported here."""
     config = out.parent / "pipeline.yaml"
     config.write_text(json.dumps({"model": {"checkpoint": str(checkpoint)}}))  # YAML reads JSON; the defaults
     cli = [sys.executable, "-m", "vitdeploy.cli", "export", "-c", str(config), "-o", str(out), "--engine", "skip"]
     start = time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if source is not None:  # another checkout's vitdeploy (--against): its code, this environment
+        env["PYTHONPATH"] = os.pathsep.join([str(source), *filter(None, [os.environ.get("PYTHONPATH", "")])])
     proc = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stderr is not None
     cpu, last, tail = {}, 0.0, collections.deque(maxlen=60)
@@ -226,6 +260,14 @@ def main() -> None:
     )
     ap.add_argument("--optimum", action="store_true", help="also time optimum-cli export onnx (bench venv)")
     ap.add_argument("--keep", type=Path, help="work in this folder and keep it (default: a temporary one)")
+    ap.add_argument(
+        "--against",
+        type=Path,
+        help="another checkout (its folder): each repeat exports with its vitdeploy, then with this one's (A/B)",
+    )
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="exports per checkpoint (> 1: each stage's spread in reference stages)"
+    )
     args = ap.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="bench-export-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -289,9 +331,20 @@ def _bench(args: argparse.Namespace, work: Path) -> None:
         checkpoint = work / f"{args.model}-s{seed}{'-processor' if processor else ''}-hf"
         weights = make_checkpoint(args.model, checkpoint, seed, processor)
         print(f"\nmodel: {label}, random weights, {human(weights)} of FP32 weights ({checkpoint})")
-        runs.append(_export_one(label, checkpoint, weights, work / f"{checkpoint.name}-artifacts"))
-        _print_stages(runs[-1])
-        if args.optimum and len(runs) == 1:
+        sources = {"": None} if args.against is None else {" [against]": args.against.resolve(), " [this]": None}
+        repeats: dict[str, list[_Run]] = {tag: [] for tag in sources}
+        for i in range(max(1, args.repeat)):
+            for tag, source in sources.items():  # alternating: the machine's drift hits both alike
+                out = work / f"{checkpoint.name}-artifacts"
+                shutil.rmtree(out, ignore_errors=True)
+                name = label + tag + (f" #{i + 1}" if args.repeat > 1 else "")
+                repeats[tag].append(_export_one(name, checkpoint, weights, out, source))
+                _print_stages(repeats[tag][-1])
+        for tag, done in repeats.items():
+            if len(done) > 1:
+                _print_spread(done)
+            runs += done
+        if args.optimum and len(runs) == sum(map(len, repeats.values())):
             seconds = run_optimum(checkpoint, work / "optimum")
             print(
                 f"optimum-cli export onnx: {seconds:.1f} s (exports the FP32 graph, no validation)" if seconds else ""
@@ -302,12 +355,13 @@ def _bench(args: argparse.Namespace, work: Path) -> None:
     _print_summary(runs)
 
 
-def _export_one(label: str, checkpoint: Path, weights: int, out: Path) -> _Run:
+def _export_one(label: str, checkpoint: Path, weights: int, out: Path, source: Path | None = None) -> _Run:
     from vitdeploy.evaluate.reliability import contention, sample
 
-    before, children = sample(), _children_cpu_s()
-    wall, stages, held = run_export(checkpoint, out)
+    before, children, load = sample(), _children_cpu_s(), os.getloadavg()[0]
+    wall, stages, held = run_export(checkpoint, out, source)
     window = contention(before, sample())
+    print(f"load average (1 min): {load:.2f} before, {os.getloadavg()[0]:.2f} after")
     if window is not None:  # the export runs in a child process: its CPU is the benchmark's own, not contention
         window = dataclasses.replace(window, others_s=max(0.0, window.others_s - (_children_cpu_s() - children)))
     said = window.describe() if window else "unknown (no /proc/stat)"
@@ -334,6 +388,26 @@ def _print_stages(run: _Run) -> None:
     units = f" = {run.units:.1f} reference stages ({reference:.1f} s each)" if run.units else ""
     cpu = f"; in CPU seconds of the export: {run.cpu_units:.1f}" if run.cpu_units else ""
     print(f"\nexport: {run.wall:.1f} s wall, {total:.1f} s in stages{units}{cpu}")
+
+
+def _print_spread(runs: list[_Run]) -> None:
+    """Each stage of repeated exports of one checkpoint in units of its own run's reference stage: the median
+    and the range over the runs (ratios within one run are what a shared machine's load moves least)."""
+    print(f"\n{runs[0].label.rsplit(' #', 1)[0]}: {len(runs)} exports, each stage in its run's reference stages")
+    print(f"{'stage':<24} {'median':>7} {'min':>6} {'max':>6}   {'median s':>8}")
+    names = [s["name"] for s in runs[0].stages if s["status"] != "skipped"]
+    for name in names:
+        units = [s["seconds"] / r.seconds("reference") for r in runs for s in r.stages if s["name"] == name]
+        secs = [s["seconds"] for r in runs for s in r.stages if s["name"] == name]
+        if units:
+            low, mid, high = min(units), statistics.median(units), max(units)
+            print(f"{name:<24} {mid:7.2f} {low:6.2f} {high:6.2f}   {statistics.median(secs):8.1f}")
+    totals = [r.units for r in runs if r.units]
+    if totals:
+        each = ", ".join(f"{t:.2f}" for t in totals)
+        mid = statistics.median(totals)
+        print(f"{'export':<24} {mid:7.2f} {min(totals):6.2f} {max(totals):6.2f}   (runs: {each})")
+    print(f"contention (cores others took) per run: {', '.join(r.contention for r in runs)}")
 
 
 def _print_summary(runs: list[_Run]) -> None:

@@ -17,6 +17,7 @@ cores. Figures taken on a shared, loaded machine are not evidence for or against
 
     .venv/bin/python benchmarks/bench_int8.py                                # demo model (a smoke run)
     .venv/bin/python benchmarks/bench_int8.py --model vit_base_patch16_224   # the target's model
+    .venv/bin/python benchmarks/bench_int8.py --model clip_vit_base_patch16_224  # CLIP ViT-B/16's image tower
     .venv/bin/python benchmarks/bench_int8.py --dynamic                      # also time the dynamic mode
     .venv/bin/python benchmarks/bench_int8.py --model vit_base_patch16_224 --attention-float --profile
         # + the graph with attention float (before issue 41) in the same rounds, and where each graph's time goes
@@ -50,6 +51,23 @@ sys.path.insert(0, str(REPO))
 from _common import drift, environment, interleaved, version  # noqa: E402
 
 TARGETS = {1: 3.3, 8: 3.0}  # ort-int8 vs ort, ViT-B/16
+#: issue 50: a CLIP ViT-B/16 tower's ort-int8 vs ort at batch 8 (and recall@10 >= 0.9 vs eager on real photos: on
+#: random weights only the export's own validate-int8 record says it, printed below)
+CLIP_TARGETS = {8: 2.5}
+
+
+def clip_variants() -> dict:
+    """CLIP image towers by name (our ViT with CLIP's parts: the norm before the blocks, QuickGELU, eps 1e-5, the
+    projection; an embedding model), as OpenAI's ViT-B/16 and ViT-L/14 are shaped."""
+    from vitdeploy.model.vit import ViTConfig
+
+    tower = dict(norm_pre=True, act="quick_gelu", layer_norm_eps=1e-5, num_classes=0)
+    return {
+        "clip_vit_base_patch16_224": ViTConfig(patch_size=16, proj_dim=512, **tower),
+        "clip_vit_large_patch14_224": ViTConfig(patch_size=14, width=1024, depth=24, heads=16, proj_dim=768, **tower),
+    }
+
+
 OV_SPEED = 0.9  # ort-int8 must run at >= 0.9x openvino-int8's speed (issue 14)
 
 
@@ -59,6 +77,7 @@ PERMISSIVE = {
     "min_cosine": -1.0,
     "min_top1_agreement": 0.0,
     "min_top5_overlap": 0.0,
+    "min_recall_at_k": 0.0,  # an embedding model's (a CLIP tower)
 }
 
 
@@ -89,17 +108,21 @@ def export(model: str, cache: Path, purpose: str = "speed") -> Path:
     if model != "demo":
         import torch
 
-        from vitdeploy.base.preprocess_spec import PreprocessSpec
+        from vitdeploy.base.preprocess_spec import CLIP_MEAN, CLIP_STD, PreprocessSpec
         from vitdeploy.model.checkpoints import save_checkpoint
         from vitdeploy.model.vit import VARIANTS, VisionTransformer
 
         torch.manual_seed(0)
-        cfg = VARIANTS[model]
+        clip = clip_variants()
+        cfg = clip[model] if model in clip else VARIANTS[model]
+        pre = PreprocessSpec(style="hf", height=cfg.image_size, width=cfg.image_size)
+        if model in clip:  # CLIP's own: shorter side to 224, centre crop, bicubic, OpenAI's mean / std
+            pre = PreprocessSpec(style="timm", crop_pct=1.0, interpolation="bicubic", mean=CLIP_MEAN, std=CLIP_STD)
         save_checkpoint(
             Path(data["model"]["checkpoint"]),
             VisionTransformer(cfg).eval(),
             [f"class_{i}" for i in range(cfg.num_classes)],
-            PreprocessSpec(style="hf", height=cfg.image_size, width=cfg.image_size),
+            pre,
             f"{model}-random",
         )
     print(f"exporting {model} into {out} ...", flush=True)
@@ -323,7 +346,11 @@ def profile(backends: dict, shape: tuple, batches: list[int], threads: int) -> d
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="demo", help="demo, or a vitdeploy VARIANTS name (vit_base_patch16_224)")
+    ap.add_argument(
+        "--model",
+        default="demo",
+        help="demo, a vitdeploy VARIANTS name (vit_base_patch16_224) or a CLIP tower (clip_vit_base_patch16_224)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--batch-sizes", default="1,8")
     ap.add_argument("--warmup", type=int, default=5)
@@ -413,19 +440,26 @@ def main() -> int:
         r["vs_ort"], r["vs_eager"] = base["p50_ms"] / r["p50_ms"], eager["p50_ms"] / r["p50_ms"]
         spread = [f"{v['variant']} p90/p50 {v['spread']:.2f}" for v in (r, base, eager) if v["spread"] > SPREAD_LIMIT]
         r["unreliable"] = sorted(set(spread)) + ([busy] if busy else [])
-        target = TARGETS.get(r["batch"]) if r["variant"] == "ort-int8" else None
+        goals = CLIP_TARGETS if args.model.startswith("clip_") else TARGETS
+        target = goals.get(r["batch"]) if r["variant"] == "ort-int8" else None
         flag = ("*unreliable: " + "; ".join(r["unreliable"])) if r["unreliable"] else ""
         print(
             f"{r['batch']:>5} {r['variant']:<20} {r['p50_ms']:>9.3f} {r['spread']:>8.2f} {r['ms_per_img']:>8.3f} "
             f"{r['vs_ort']:>7.2f}x {r['vs_eager']:>8.2f}x {r['max_abs_diff']:>10.3g} {r['top1_agreement']:>6.2f}  "
             f"{flag}{'' if target is None else f'  (ViT-B/16 target vs ort: >= {target}x)'}"
         )
+    if args.model.startswith("clip_"):  # an embedding: its INT8 judged by recall@k, recorded by the export
+        metrics = json.loads((out / "manifest.json").read_text())["validation"]["validate-int8"]["metrics"]
+        print(
+            f"validate-int8 (the export's, random weights): recall@k {metrics.get('recall_at_k')}, "
+            f"cosine {metrics.get('cosine')} (issue 50's recall@10 >= 0.9 is for trained weights on real photos)"
+        )
     print(
         "\nvs ort / vs eager: that variant's p50 against our FP32 ort / eager PyTorch at the same batch (higher = "
         "faster);"
         " max|diff|, top1: against eager on the timed (random) batch."
     )
-    if args.model != "vit_base_patch16_224":
+    if args.model not in ("vit_base_patch16_224", "clip_vit_base_patch16_224"):
         print(
             f"note: {args.model} is not the target's model (ViT-B/16): these ratios do not speak to the 3.3x / 3.0x "
             "target."

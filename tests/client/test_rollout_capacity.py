@@ -1,14 +1,16 @@
 """Capacity kept through a promotion (vitdeploy/client/rollout/capacity.py): the promoted version grows to the live
 version's replica count one replica at a time, requests move once it has grown as far as the cluster lets it, and
-the replicas answering clients never fall below the live count minus one where the cluster has that room; a
-replica Ray cannot place is taken back within the start timeout, never waited for. The promotion itself on Ray:
-tests/client/test_rollout_driver.py."""
+the replicas answering clients never fall below the live count minus one where the cluster has that room; on a full
+cluster the old version steps down in place as the new one grows, requests split between them, and the live count
+answers all along; a replica Ray cannot place is taken back within the start timeout, never waited for. The
+promotion itself on Ray: tests/client/test_rollout_driver.py, on a full Ray: test_rollout_full_cluster.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from vitdeploy.client.rollout.capacity import (
+    BOTH,
     NEW,
     OLD,
     Scaler,
@@ -146,3 +148,88 @@ def test_the_promotion_grows_the_candidate_before_the_move_and_after_the_old_ver
         assert any("serves with 2 replica(s) (v1 had 3)" in n for n in rollout.notes), rollout.notes
     elif not autoscaling:
         assert state["placed"] == live and not rollout.notes
+
+
+@pytest.mark.parametrize("live", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("room", [0, 1, 2, 7])
+def test_on_a_full_cluster_the_old_version_steps_down_as_the_new_one_grows_and_capacity_never_falls(live, room):
+    steps = scale_steps(live, room, shrink=True)
+    assert steps[0] == ScaleStep(live, 1, OLD) and steps[-1] == ScaleStep(0, live, NEW)
+    assert lowest_capacity(steps) >= live  # split by replica counts: the live count answers all along
+    for before, after in zip(steps, steps[1:]):
+        assert (before.old - after.old, after.new - before.new) in ((0, 0), (0, 1), (1, 0)) or after.old == 0
+        assert before.old + before.new <= live + 1 + room and after.old + after.new <= live + 1 + room  # it fits
+        assert not (after.serving == OLD and before.serving != OLD)  # requests only ever move forward
+    split = [s for s in steps if s.serving == BOTH]
+    assert bool(split) == (1 + room < live)  # split only where the cluster has no room for both at full size
+    assert all(0 < s.share < 1 for s in split) and split == sorted(split, key=lambda s: s.share)
+
+
+@pytest.mark.parametrize("shrink", [True, False])
+def test_a_promotion_on_a_full_cluster_keeps_the_live_capacity_at_every_step(monkeypatch, shrink):
+    """The driver's promotion on fakes of Ray, a cluster with room for the live version's 3 replicas and the
+    candidate's 1: with the old version scalable in place, requests are split, it gives up one replica for each the
+    candidate takes, and the replicas answering clients never fall below 3; without (an older server, deployed
+    without Ray's external scaler), requests move once the candidate has the 1 + 0 replicas it could get (a note)."""
+    from vitdeploy.client.rollout import driver
+    from vitdeploy.serve.rollout import candidate
+
+    live, slots = 3, 4
+    state = {"old": live, "new": 1, "share": 0.0, "moved": False}
+    capacity: list[int] = []
+    events: list = []
+
+    def answering() -> int:
+        if state["moved"]:
+            return state["new"]
+        return state["old"] + state["new"] if state["share"] > 0 else state["old"]
+
+    def deploy(replicas, auto):  # the candidate's in-place redeploy: what the free slots allow
+        state["new"] = min(replicas, slots - state["old"])
+        events.append(("new", state["new"]))
+        capacity.append(answering())
+
+    def scale_version(app, replicas):
+        assert app == "m"
+        state["old"] = replicas
+        events.append(("old", replicas))
+        capacity.append(answering())
+
+    class Lease:
+        def call(self, method, *args):
+            if method == "split":
+                assert args[2] == live
+                state["share"] = args[1]
+                events.append(("split", round(args[1], 2)))
+            elif method == "promote":
+                state["moved"] = True
+                events.append(("promote",))
+            capacity.append(answering())
+
+    def remove_version(app, timeout_s):
+        state["old"] = 0
+        events.append(("remove", app))
+        return True
+
+    monkeypatch.setattr(driver.time, "sleep", lambda s: None)
+    monkeypatch.setattr(candidate, "free_cpus", lambda: float(slots - state["old"] - state["new"]))
+    monkeypatch.setattr(candidate, "replica_count", lambda app: state["old"] if app == "m" else state["new"])
+    monkeypatch.setattr(candidate, "scale_version", scale_version)
+    monkeypatch.setattr(candidate, "remove_version", remove_version)
+    details = {"applications": {"m": {"external_scaler_enabled": shrink, "deployments": {"d": {}}}}}
+    monkeypatch.setattr("vitdeploy.base.ray_private.serve_details", lambda: details)
+
+    rollout = driver._Rollout.__new__(driver._Rollout)
+    rollout.model, rollout.version, rollout.live, rollout.notes = "m", 2, 1, []
+    rollout.deployed = (None, None, "m@v2", "/v2/models/m/versions/2", 1.0)
+    rollout.plan = driver.RolloutPlan("http://x", "e", start_timeout_s=0.05)
+    rollout.cfg = type("Cfg", (), {"serve": type("Sv", (), {"graceful_shutdown_timeout_s": 1})()})()
+    rollout.lease, rollout.progress = Lease(), lambda line: None
+    monkeypatch.setattr(rollout, "_deploy", deploy)
+    rollout.promote()
+    assert state["new"] == live and state["moved"]  # the promoted version serves with the live count
+    if shrink:
+        assert events[:6] == [("split", 0.25), ("old", 2), ("split", 0.33), ("new", 2), ("split", 0.5), ("old", 1)]
+        assert min(capacity) >= live and not rollout.notes, (capacity, rollout.notes)
+    else:
+        assert min(capacity) == 1 and any("moved to v2 with 1 replica(s), v1 had 3" in n for n in rollout.notes)

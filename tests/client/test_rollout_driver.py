@@ -436,3 +436,25 @@ def test_ray_finds_the_cluster_here_says_the_model_was_not_applied_from_a_config
     app = next(iter(sources))
     (deployment,) = details["applications"][app]["deployments"].values()
     assert deployment["deployment_config"] and live_autoscaling(details, app) is None
+
+
+def test_grpc_inferences_are_shadowed_to_the_candidate_and_judged_by_the_gate(
+    server, tiny_artifacts, images, expected, retrained
+):
+    """gRPC-only load (no HTTP client at all): the shadow's copies and the gate's figures come from gRPC calls
+    alone (else: too few shadowed requests within the timeout, rolled back)."""
+    export = _copy(tiny_artifacts(seed=1), server["folder"] / "grpc-shadow")
+    load = CountedLoad(server["url"], MODEL, images, grpc=server["grpc"], clients=0)
+    try:
+        load.wait_for(10)
+        result, lines = _rollout(server, export, timeout_s=60.0)
+        load.wait_for(10)
+    finally:
+        answers = load.stop()
+    assert {a.protocol for a in answers} == {"v2-grpc"}
+    assert result.verdict == PROMOTED, (result.line(), lines)
+    figures = result.figures
+    assert figures["requests"] == 20 and figures["latency_ms"]["candidate"]["p50"] > 0, figures
+    assert 0 <= figures["agreement"]["top1_agreement"] <= 1, figures  # measured on the gRPC copies
+    assert not failures(answers), failures(answers)[:3]
+    assert all(a.label in (expected[a.image], retrained[a.image]) for a in answers)

@@ -140,3 +140,24 @@ def test_the_cluster_on_this_machine_is_the_one_recorded_or_the_only_one_else_on
         choose_local_cluster(None, ["127.0.0.1:1", "127.0.0.1:2"])  # Ray would take either: never guessed
     with pytest.raises(ConfigError, match="several"):
         choose_local_cluster("10.9.9.9:6379", ["127.0.0.1:1", "127.0.0.1:2"])  # a stale record
+
+
+def test_the_status_gives_the_live_version_back_the_replicas_an_abandoned_split_promotion_took(cluster, monkeypatch):
+    """A rollout killed while it stepped the live version down on a full cluster (3 replicas, 2 left): the
+    takeover removes the candidate, then scales the live version back to 3 in place."""
+    reg, clock, state = cluster
+    scaled, counts = [], {"m": 2}
+    monkeypatch.setattr("vitdeploy.serve.rollout.candidate.replica_count", lambda app: counts.get(app, 0))
+    monkeypatch.setattr(
+        "vitdeploy.serve.rollout.candidate.scale_version", lambda app, n: scaled.append((app, n)) or None
+    )
+    reg.begin("m", "gone", ONE, {"sha": "a"})
+    reg.ready("m", "gone", 2)
+    reg.split("m", "gone", 2, 2 / 4, 3)  # then SIGKILL
+    clock.now += LEASE_S + 1
+    done = converge_all(FakeRay(), Actor(reg))
+    assert state["removed"] == ["m@v2"] and scaled == [("m", 3)], (done, scaled)
+    assert done[-1].startswith("m: giving v1 back its 3 replica(s), left by the rollout of v2, abandoned"), done
+    assert reg.routing()["m"]["split"] is None and reg.routing()["m"]["live_app"] == "m"
+    counts["m"] = 3
+    assert converge_all(FakeRay(), Actor(reg)) == [] and scaled == [("m", 3)]  # once

@@ -72,3 +72,33 @@ def test_activation_peaks_name_the_producing_node_and_a_nan_output_is_hot(tmp_pa
 def test_float_values_are_typed_without_loading_the_weights(tmp_path):
     model = onnx.load(str(_graph(tmp_path)))
     assert float_values(model) == {n: TensorProto.FLOAT for n in ("x", "scaled", "logged")}
+
+
+def test_weights_read_where_they_lie_give_the_same_numbers_as_the_graph_loaded_whole(tmp_path):
+    from vitdeploy.base.onnx_wire import in_place_model
+
+    rng = np.random.default_rng(1)
+    w = numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w")  # a weight matrix
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"), helper.make_node("Relu", ["y"], ["r"])]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+        [helper.make_tensor_value_info("r", TensorProto.FLOAT, ["n", 8])],
+        initializer=[w],
+    )
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    wanted = {name: ("min", "max", "sum") for name in ("x", "y", "r")}
+    model = in_place_model(path)
+    (weight,) = model.graph.initializer
+    assert weight.data_location == TensorProto.EXTERNAL and not weight.raw_data  # its bytes stay in g.onnx
+    assert {e.key: e.value for e in weight.external_data}["location"] == path.name
+
+    in_place = list(reduce_values(path, x, "x", wanted, batch=2, model=model))
+    loaded = list(reduce_values(path, x, "x", wanted, batch=2, model=onnx.load(str(path))))
+
+    assert in_place == loaded and len(in_place) == 2
+    assert np.isclose(max(run["y"]["max"] for run in in_place), (x @ numpy_helper.to_array(w)).max())
+    assert not list(tmp_path.glob(".probe-*")), "the probe graph is removed"

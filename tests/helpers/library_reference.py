@@ -7,9 +7,11 @@ numpy, pillow; built by ``make reference-env``), which cannot live beside vitdep
     .venv-ref/bin/python tests/helpers/library_reference.py PHOTOS_DIR OUT_DIR [family]
 
 (``family``: only the timm ViT relatives of issue 15: registers, average pooling, layer scale ...;
-``embedding``: only headless timm backbones, ``num_classes=0``; ``processors``: transformers' two image
-processors of each ``PROCESSOR_CASES`` entry on every image as it is, transparency included; ``hub``: one timm
-hub folder saved by timm, for the Hub path; ``siglip``: timm's SigLIP towers, ``SIGLIP_CASES``)
+``embedding``: only headless timm backbones, ``num_classes=0``; ``eva``: timm's EVA-02 at two sizes;
+``eva_archs``: every timm EVA-02 / EVA-01 architecture, one block; ``clip``: CLIP image towers of timm and OpenCLIP,
+``clip_reference.py``; ``siglip``: timm's SigLIP towers, ``siglip_reference.py``; ``processors``: transformers'
+two image processors of each ``PROCESSOR_CASES`` entry on every image as it is, transparency included; ``hub``: one
+timm hub folder saved by timm, for the Hub path)
 
 For every case it writes, under ``OUT_DIR/<case>/``, the checkpoint exactly as the library saves it
 and ``reference.npz``: ``pixels`` (N, 3, H, W) from the library's own preprocessing of each photo
@@ -242,58 +244,73 @@ def family_cases(
         )
 
 
-#: timm's SigLIP towers at tiny widths, their real structure (no class token, global_pool='map': attn_pool):
-#: (case, architecture, timm kwargs (saved as config.json model_args), num_classes, hub folder?, seed)
-SIGLIP_CASES = (
-    ("timm_siglip_b16", "vit_base_patch16_siglip_224", {"embed_dim": 64, "num_heads": 2, "depth": 2}, 0, True, 40),
-    # so400m/14 at 384 px: 384 is off the 14 px grid, timm's patch convolution drops the last 6 rows and columns
-    (
-        "timm_siglip_so400m14_384",
-        "vit_so400m_patch14_siglip_384",
-        {"embed_dim": 64, "num_heads": 4, "depth": 2},
-        0,
-        True,
-        41,
-    ),
-    # so400m/16 (act_layer gelu_tanh) with a classifier over the attention pool
-    (
-        "timm_siglip_so400m16_cls",
-        "vit_so400m_patch16_siglip_256",
-        {"embed_dim": 64, "num_heads": 4, "depth": 2},
-        NUM_CLASSES,
-        True,
-        42,
-    ),
-    # a bare state dict: width 192 is tiny's (3 heads, assumed), timm's SigLIP pretrained_cfg (crop_pct 0.9)
-    ("timm_siglip_bare", "vit_base_patch16_siglip_224", {"embed_dim": 192, "num_heads": 3, "depth": 2}, 0, False, 43),
+#: EVA-02 (timm eva.py) at tiny width (64, 2 heads, 2 blocks) and 112 px (grid 8, its rotary positions scaled to
+#: timm's 16 x 16 ref_feat_shape), each run by timm with dynamic_img_size=True at every EVA_SIZES side:
+#: (case, architecture, timm kwargs, saved as a hub folder?, seed)
+EVA_SIZES = (112, 168)
+EVA_CASES = (
+    # EVA-02 B/L's structure: separate q/k/v (q and v biases), SwiGLU with fc1_g / fc1_x, the norm inside the MLP;
+    # average pooling + fc_norm; a classifier, timm's hub folder
+    ("timm_eva02_base_cls", "eva02_base_patch14_224", {"num_classes": NUM_CLASSES}, True, 40),
+    # EVA-02 Ti/S's: one qkv with q_bias / v_bias, the packed SwiGLU (GluMlp); headless (the MIM backbone's
+    # embedding), a bare state dict
+    ("timm_eva02_tiny_embed", "eva02_tiny_patch14_224", {"num_classes": 0}, False, 41),
+    # EVA-CLIP's image tower: the norm on the attention output, class-token pooling, the projection as the head
+    ("timm_eva02_clip", "eva02_base_patch16_clip_224", {"num_classes": 32}, True, 42),
 )
 
 
-def siglip_cases(photos: list[Path], out: Path, cases: dict) -> None:
-    """timm's SigLIP towers (``SIGLIP_CASES``): hub folders written by timm (``save_for_hf`` with the model_args)
-    and read back by timm, or a bare state dict; the embedding (``model(x)``, num_classes=0: the attention pool's
-    output) or the classifier's logits, on timm's own preprocessing."""
+def eva_cases(photos: list[Path], out: Path, cases: dict) -> None:
     import safetensors.torch
     import timm
     from timm.data import create_transform, resolve_data_config
     from timm.models import save_for_hf
 
-    for case, arch, kwargs, num_classes, hub, seed in SIGLIP_CASES:
-        model = randomize_(timm.create_model(arch, pretrained=False, num_classes=num_classes, **kwargs), seed)
+    for case, arch, kwargs, hub, seed in EVA_CASES:
+        args = dict(depth=2, embed_dim=64, num_heads=2, img_size=112, **kwargs)
+        args["pretrained_cfg_overlay"] = {"input_size": (3, 112, 112)}
+        model = randomize_(timm.create_model(arch, pretrained=False, **args), seed)
         if hub:
-            save_for_hf(model, str(out / case), model_args=kwargs, safe_serialization=True)
-            model = timm.create_model(f"local-dir:{out / case}", pretrained=True).eval()
+            save_for_hf(model, str(out / case), safe_serialization=True)
             checkpoint = "."
         else:
             (out / case).mkdir(parents=True, exist_ok=True)
-            safetensors.torch.save_file(
-                {k: v.contiguous() for k, v in model.state_dict().items()}, str(out / case / "model.safetensors")
-            )
+            state = {k: v.contiguous() for k, v in model.state_dict().items()}
+            safetensors.torch.save_file(state, str(out / case / "model.safetensors"))
             checkpoint = "model.safetensors"
-        cfg = resolve_data_config({}, model=model)
-        info = {"library": f"timm {timm.__version__}", "arch": arch, "kwargs": kwargs, "checkpoint": checkpoint}
-        info["data_config"] = _jsonable(cfg)
-        _save(out, case, info, _run(model, create_transform(**cfg), photos, patches=num_classes == 0), cases)
+        dynamic = timm.create_model(arch, pretrained=False, dynamic_img_size=True, **args)
+        dynamic.load_state_dict(model.state_dict())
+        dynamic.eval()
+        patch = model.patch_embed.patch_size[0]
+        arrays, configs = {}, {}
+        for side in (s // 14 * patch for s in EVA_SIZES):
+            cfg = resolve_data_config({"input_size": (3, side, side)}, model=model)
+            run = _run(dynamic, create_transform(**cfg), photos)
+            arrays.update({f"{k}_{side}": v for k, v in run.items()})
+            configs[side] = _jsonable(cfg)
+        info = {"library": f"timm {timm.__version__}", "arch": arch, "checkpoint": checkpoint, "data_config": configs}
+        _save(out, case, info, arrays, cases)
+
+
+def eva_arch_cases(out: Path, cases: dict) -> None:
+    """Every architecture timm registers under EVA's names (eva.py's EVA-02 and EVA-01 giants, vision_transformer's
+    EVA-01 large), its structure at tiny width
+    (64, 2 heads, one block; its own image size and the default pretrained tag's head), saved as a timm hub folder;
+    its output on one random input."""
+    import timm
+    import torch
+    from timm.models import save_for_hf
+
+    for i, arch in enumerate(sorted(set(timm.list_models(["eva02_*", "eva_*"])))):
+        model = randomize_(
+            timm.create_model(arch, pretrained=False, depth=1, embed_dim=64, num_heads=2), 50 + i
+        ).eval()
+        save_for_hf(model, str(out / arch), safe_serialization=True)
+        side = model.pretrained_cfg["input_size"][-1]
+        x = torch.randn(1, 3, side, side, generator=torch.Generator().manual_seed(i))
+        with torch.no_grad():
+            arrays = {"pixels": x.numpy(), "logits": model(x).numpy()}
+        _save(out, arch, {"library": f"timm {timm.__version__}", "arch": arch, "checkpoint": "."}, arrays, cases)
 
 
 def torchvision_cases(photos: list[Path], out: Path, cases: dict) -> None:
@@ -445,10 +462,20 @@ def main(argv: list[str]) -> int:
         family_cases(photos, out, cases, EMBEDDING_CASES, num_classes=0)
     elif argv[3:] == ["processors"]:
         processor_cases(photos, out, cases)
+    elif argv[3:] == ["eva"]:
+        eva_cases(photos, out, cases)
+    elif argv[3:] == ["eva_archs"]:
+        eva_arch_cases(out, cases)
     elif argv[3:] == ["hub"]:
         hub_cases(photos, out, cases)
-    elif argv[3:] == ["siglip"]:
-        siglip_cases(photos, out, cases)
+    elif argv[3:] == ["clip"]:  # CLIP image towers: timm vit_*_clip_* and OpenCLIP (tests/helpers/clip_reference.py)
+        from clip_reference import clip_cases
+
+        clip_cases(photos, out, cases, randomize_, _run, _save)
+    elif argv[3:] == ["siglip"]:  # SigLIP towers: timm vit_*_siglip_* (tests/helpers/siglip_reference.py)
+        from siglip_reference import siglip_cases
+
+        siglip_cases(photos, out, cases, randomize_, _run, _save, _jsonable)
     else:
         timm_cases(photos, out, cases)
         torchvision_cases(photos, out, cases)

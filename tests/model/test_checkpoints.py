@@ -539,10 +539,10 @@ def test_hf_state_dict_without_config_is_refused(tmp_path):
 
 
 def test_hf_config_with_other_activation_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "hidden_act": "quick_gelu"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "vit", "hidden_act": "silu"}))
     safetensors_torch.save_file({"classifier.weight": torch.zeros(2, 8)}, str(tmp_path / "model.safetensors"))
     assert detect_format(tmp_path) == "hf"
-    with pytest.raises(CheckpointError, match="hidden_act 'quick_gelu' is not supported"):
+    with pytest.raises(CheckpointError, match="hidden_act 'silu' is not supported"):
         load_checkpoint(tmp_path)
 
 
@@ -706,8 +706,8 @@ def _hub(tmp_path: Path, model_args: dict, pretrained_cfg: dict | None = None) -
 def test_timm_hub_act_layer_is_used_or_refused(tmp_path):
     ck = load_checkpoint(_hub(tmp_path / "tanh", {"act_layer": "gelu_tanh"}))
     assert ck.config.act == "gelu_tanh" and ck.heads_origin == "checkpoint: config.json model_args.num_heads"
-    with pytest.raises(CheckpointError, match="act_layer 'quick_gelu' is not supported"):
-        load_checkpoint(_hub(tmp_path / "quick", {"act_layer": "quick_gelu"}))
+    with pytest.raises(CheckpointError, match="act_layer 'silu' is not supported"):
+        load_checkpoint(_hub(tmp_path / "silu", {"act_layer": "silu"}))
     with pytest.raises(CheckpointError, match="config.json says act_layer 'gelu_tanh' but model.activation is 'gelu'"):
         load_checkpoint(tmp_path / "tanh", act="gelu")
 

@@ -289,9 +289,9 @@ def test_tanh_gelu_same_logits(tmp_path, hidden_act):
 
 
 def test_other_activation_is_refused(tmp_path):
-    model = _hf_classifier(hidden_act="quick_gelu")
+    model = _hf_classifier(hidden_act="silu")
     model.save_pretrained(tmp_path)
-    with pytest.raises(CheckpointError, match=r"hidden_act 'quick_gelu' is not supported"):
+    with pytest.raises(CheckpointError, match=r"hidden_act 'silu' is not supported"):
         load_checkpoint(tmp_path)
 
 

@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from helpers.library_fidelity import PROB_TOL, assert_pixels, export, photo_files, photos, run_reference  # noqa: F401
-from helpers.library_reference import SIGLIP_CASES, randomize_
+from helpers.library_reference import randomize_
+from helpers.siglip_reference import SIGLIP_CASES
 from PIL import Image
 
 from vitdeploy.base.errors import CheckpointError

@@ -66,7 +66,7 @@ def test_a_registered_reader_is_all_a_new_format_needs(tmp_path, monkeypatch):
 
 
 def test_every_format_has_its_reader():
-    assert FORMATS == ("vitdeploy", "hf", "timm", "torchvision")
+    assert FORMATS == ("vitdeploy", "hf", "timm", "open_clip", "torchvision")
     assert all(reader_for(f).format == f for f in FORMATS)
     with pytest.raises(CheckpointError, match="unsupported checkpoint format 'onnx'; supported: vitdeploy, hf"):
         reader_for("onnx")

@@ -122,3 +122,17 @@ def test_a_classifiers_metadata_and_config_are_unchanged():
         ("TOPK_LABELS", "TYPE_STRING", [3], ""),
         ("TOPK_SCORES", "TYPE_FP32", [3], ""),
     ]
+
+
+def test_a_sigmoid_classifiers_top_k_scores_are_its_sigmoids_in_every_answer():
+    """SigLIP's zero-shot classes (output.scores sigmoid): TOPK_SCORES are each class's sigmoid, best first (not a
+    softmax), in the v2 answer as in predict; softmax stays the default."""
+    logits = np.array([[3.0, -1.0, 2.0], [-4.0, -5.0, -6.0]], dtype=np.float32)
+    labels, scores = protocol.top_k_arrays(logits, ["a", "b", "c"], 2, "sigmoid")
+    assert labels.tolist() == [[b"a", b"c"], [b"a", b"b"]]
+    np.testing.assert_allclose(scores, 1 / (1 + np.exp(-np.array([[3.0, 2.0], [-4.0, -5.0]]))), rtol=1e-6)
+    _, softmaxed = protocol.top_k_arrays(logits, ["a", "b", "c"], 2)
+    assert abs(float(softmaxed[1].sum()) - float(scores[1].sum())) > 0.5
+    tensors = protocol.output_arrays(logits, ["a", "b", "c"], 2, {}, scores="sigmoid")
+    np.testing.assert_array_equal(tensors["TOPK_SCORES"][1], scores)
+    np.testing.assert_array_equal(tensors["LOGITS"][1], logits)

@@ -46,3 +46,19 @@ def test_a_model_started_by_vitdeploy_serve_or_another_models_config_is_not_refu
     assert declarative_refusal("vit", {"vit": "imperative", "vit@v2": "imperative"}) is None
     assert declarative_refusal("vit", {"vit": "imperative", "vitals": "declarative", "other": "declarative"}) is None
     assert declarative_refusal("vit", {}) is None  # a Ray that does not say: as before
+
+
+def test_the_cpu_a_version_just_removed_frees_is_waited_for_a_moment(monkeypatch):
+    """Ray's view of free CPU lags a removal (what an abandoned rollout left, removed just before the candidate
+    starts): the CPU one needs is read again until it shows, within a bound; never waited for without end."""
+    import ray
+
+    from vitdeploy.serve.rollout import candidate
+
+    reads = iter([0.0, 0.0, 1.0])
+    monkeypatch.setattr(candidate.time, "sleep", lambda s: None)
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": next(reads)})
+    assert candidate.free_cpus(1.0) == 1.0  # the third read
+    monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 0.0})
+    assert candidate.free_cpus(1.0, wait_s=0.0) == 0.0  # none comes: the last read, at once
+    assert candidate.free_cpus() == 0.0  # nothing asked: one read

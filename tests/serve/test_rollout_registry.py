@@ -104,6 +104,21 @@ def test_a_takeover_removes_a_candidate_that_never_went_live(step):
     assert reg.drop("m", "b", 2) == {}
 
 
+def test_a_rollout_that_died_before_its_candidate_was_deployed_leaves_nothing_behind(monkeypatch):
+    """Its version, never deployed, is forgotten at the takeover, and so is its packed export (the registry owns
+    it in Ray's object store: it would be kept for the cluster's life)."""
+    import ray
+
+    monkeypatch.setattr(ray, "put", lambda bundle: ("ref", bundle))
+    reg, clock = _registry()
+    reg.begin("m", "a", ONE, {"sha": "a"})
+    assert reg.keep("m", "a", "m@v2", b"packed") == [("ref", b"packed")]
+    clock.now += LEASE_S + 1  # SIGKILL before its application was deployed: none runs
+    began = reg.begin("m", "b", ONE, {"sha": "b"})
+    assert began["remove"] == [] and began["abandoned"]["verdict"] == ROLLED_BACK and began["version"] == 3
+    assert reg._bundles == {} and list(reg.status()["models"]["m"]["versions"]) == ["1", "3"]
+
+
 def test_a_takeover_after_a_promotion_never_removes_the_promoted_version():
     reg, clock = _registry()
     _promoted(reg)  # then SIGKILL while v1 drained: no finish
@@ -239,3 +254,65 @@ def test_the_guard_routes_by_the_registry_and_drops_a_clients_own_rollout_header
 
 async def _routes():
     return {"/v2/models/m/versions/2": "m@v2"}
+
+
+def test_a_split_promotion_routes_part_of_the_requests_to_the_candidate_until_the_promotion_and_a_takeover_restores():
+    """A promotion on a full cluster splits unversioned requests by replica counts (capacity.py's BOTH steps); the
+    split ends with the promotion; a rollout abandoned mid-split leaves the live version whole again: its candidate
+    is removed, requests all go to it, and the replicas it gave up are given back."""
+    reg, clock = _registry()
+    reg.begin("m", "a", ONE, {"sha": "a"})
+    reg.ready("m", "a", 2)
+    reg.phase("m", "a", PROMOTING)
+    assert reg.split("m", "a", 2, 2 / 5, 3) == {"share": 0.4}
+    split = reg.routing()["m"]["split"]
+    assert split == {"app": "m@v2", "route": "/v2/models/m/versions/2", "share": 0.4}
+    assert reg.routing()["m"]["live_app"] == "m"  # versioned and metadata requests are unchanged
+    assert reg.split("m", "b", 2, 0.5, 3)["fenced"]  # only the holder splits
+    reg.promote("m", "a", 2)
+    assert reg.routing()["m"]["split"] is None and reg.routing()["m"]["live_app"] == "m@v2"
+
+    reg, clock = _registry()
+    reg.begin("m", "a", ONE, {"sha": "a"})
+    reg.ready("m", "a", 2)
+    reg.split("m", "a", 2, 3 / 5, 3)  # then SIGKILL: v1 has 2 replicas left, v2 has 3
+    clock.now += LEASE_S + 1
+    began = reg.begin("m", "b", TWO, {"sha": "b"})
+    assert began["remove"] == [2] and began["restore"] == {"version": 1, "replicas": 3}
+    assert reg.routing()["m"]["split"] is None and reg.routing()["m"]["live_app"] == "m"
+    reg.drop("m", "b", 2)
+    reg.finish("m", "b", None)
+    assert "restore" not in reg.begin("m", "c", ONE, {"sha": "c"})  # a rollout that finished leaves nothing to give
+
+
+def test_grpc_calls_are_routed_and_tagged_for_a_shadow_copy_as_the_guard_does(monkeypatch):
+    """Ray's gRPC proxy gets the application to route a call to in its metadata (serve/kserve_grpc.py): an
+    unversioned inference while a shadow runs also carries the copy's target, as the guard's header does for HTTP;
+    a versioned call, or another RPC, does not; what a client sends under our prefix is dropped."""
+    from types import SimpleNamespace
+
+    from vitdeploy.serve import kserve_grpc
+    from vitdeploy.serve.rollout import registry
+
+    shadowing = {**PROMOTED_ENTRY, "live_app": "m", "shadow": {"app": "m@v2", "timeout_s": 5.0}}
+
+    async def read():
+        return {"m": shadowing}
+
+    monkeypatch.setattr(registry, "ROUTING", RoutingTable(read))
+
+    class Context:
+        def invocation_metadata(self):
+            return (("x-vitdeploy-shadow", "m@v9 1"), ("authorization", "Bearer t"))
+
+    def routed(version="", infer=True):
+        request = SimpleNamespace(model_name="m", model_version=version)
+        context = asyncio.run(kserve_grpc.routed_context(request, Context(), infer))
+        return dict(context.invocation_metadata())
+
+    assert routed() == {"authorization": "Bearer t", "application": "m", "x-vitdeploy-shadow": "m@v2 5"}
+    assert routed(infer=False) == {"authorization": "Bearer t", "application": "m"}  # metadata: no copy
+    assert routed("2") == {"authorization": "Bearer t", "application": "m@v2"}  # the candidate itself: no copy
+    shadowing.update(shadow=None, split={"app": "m@v2", "route": "/v2/models/m/versions/2", "share": 1.0})
+    monkeypatch.setattr(registry, "ROUTING", RoutingTable(read))
+    assert routed() == {"authorization": "Bearer t", "application": "m@v2"}  # a split sends its share there

@@ -60,3 +60,12 @@ def test_a_copy_goes_only_to_a_version_of_the_same_model():
     for value in ("other@v2 5", "m 5", "m@v2", "m@v2 soon", "m@v2 0", None):
         assert parse_shadow(value, "m") is None, value
     assert parse_versions("2,1,x", "1") == ["1", "2"] and parse_versions(None, "3") == ["3"]
+
+
+def test_a_split_promotion_sends_unversioned_requests_to_the_promoted_version_by_its_share():
+    split = {**SHADOWING, "shadow": None, "split": {"app": "m@v2", "route": "/v2/models/m/versions/2", "share": 0.4}}
+    draws = [i / 100 for i in range(100)]
+    paths = [routed("/v2/models/m/infer", "POST", "m", split, d)[0] for d in draws]
+    assert paths.count("/v2/models/m/versions/2/infer") == 40 and paths.count("/v2/models/m/infer") == 60
+    assert routed("/v2/models/m/versions/1/infer", "POST", "m", split, 0.0)[0] == "/v2/models/m/versions/1/infer"
+    assert routed("/v2/models/m/infer", "POST", "m", SHADOWING, 0.0)[0] == "/v2/models/m/infer"  # no split

@@ -412,3 +412,17 @@ def test_an_export_for_several_sizes_has_dynamic_height_and_width_and_each_sizes
     assert cfg[name].parameters["vitdeploy_image_sizes"].string_value == "28,42,56"
     readme = (tmp_path / "repo" / "README.md").read_text()
     assert "answers at 28, 42, 56 px" in readme and 'parameters={"image_size": 56}' in readme
+
+
+def test_a_sigmoid_classifiers_postprocess_model_is_told_its_score_function():
+    """A SigLIP zero-shot export (output.scores sigmoid): the postprocess model's parameters name it, so its
+    TOPK_SCORES are sigmoids as predict's (softmax where the manifest says nothing)."""
+    from vitdeploy.serve.triton import config as tc
+
+    facts = dict(name="zs", input_name="pixel_values", output_name="logits", chw=(3, 32, 32), num_classes=5)
+    batch = {"min": 1, "opt": 2, "max": 8}
+    for scores in ("sigmoid", "softmax"):
+        text = tc.postprocess_config(tc.ModelFacts(**facts, batch=batch, scores=scores), tc.Settings(), "0.1.0")
+        parsed = text_format.Parse(text, pb.ModelConfig())
+        assert parsed.parameters["scores"].string_value == scores
+        assert f"the {scores} top-k labels and scores" in text

@@ -25,6 +25,7 @@ from .limits import clip
 from .preprocess_spec import overrides_model
 from .serving_sections import ServeSection, TritonSection
 from .vocab import Activation, BackendChoice, EmbeddingDtype, OutputKind, Pool
+from .zero_shot_spec import ZeroShotSection
 
 DEFAULT_CONFIG_NAME = "pipeline.yaml"
 PositiveFloat = Annotated[FiniteFloat, Field(gt=0)]
@@ -54,7 +55,9 @@ class ModelSection(_Section):
     # checkpoints that store it (Hugging Face config.json, timm hub config.json, vitdeploy model.json).
     num_heads: Optional[int] = Field(None, gt=0, description="attention heads (bare state dicts do not store them)")
     activation: Optional[Activation] = Field(
-        None, description="MLP activation: gelu (exact, erf) or gelu_tanh (timm gelu_tanh / HF gelu_pytorch_tanh)"
+        None,
+        description="MLP activation: gelu (exact, erf), gelu_tanh (timm gelu_tanh / HF gelu_pytorch_tanh) or "
+        "quick_gelu (OpenAI CLIP's x * sigmoid(1.702 x))",
     )
     layer_norm_eps: Optional[PositiveFloat] = Field(None, description="LayerNorm epsilon (timm/torchvision: 1e-6)")
     pool: Optional[Pool] = Field(
@@ -78,12 +81,25 @@ class ModelSection(_Section):
         "tokens after the final norm as the library gives them (no class token, no registers, not L2-normalised); "
         "served and written only when a client or job asks",
     )
+    zero_shot: Optional[ZeroShotSection] = Field(
+        None,
+        description="{labels, templates}: a zero-shot classifier from a CLIP / SigLIP checkpoint with its text tower "
+        "(transformers CLIPModel, SiglipModel): the class names' prompt embeddings, computed once at export time, "
+        "and the logit scale (SigLIP: its bias, sigmoid scores) are baked into the image-only graph "
+        "(docs/zero-shot.md); `vitdeploy export --labels FILE`",
+    )
 
     @model_validator(mode="after")
     def _normalize_embeddings_only(self) -> "ModelSection":
         for key in ("normalize", "patch_tokens"):
             if getattr(self, key) and self.output == "logits":
                 raise ValueError(f"model.{key} applies to embeddings; it cannot be set with model.output: logits")
+        if self.zero_shot is not None:
+            for key in ("normalize", "patch_tokens"):
+                if getattr(self, key):
+                    raise ValueError(f"model.{key} applies to embeddings; model.zero_shot exports a classifier")
+            if self.output == "embedding":
+                raise ValueError("model.zero_shot exports a classifier (logits); output: embedding contradicts it")
         return self
 
 
@@ -224,6 +240,30 @@ class PipelineConfig(_Section):
         section = self.model.model_copy(update={"checkpoint": value, "revision": revision})
         cfg = self.model_copy(update={"model": section})
         return cfg
+
+    def with_zero_shot(self, labels: Optional[Path], templates: tuple[str, ...] = ()) -> "PipelineConfig":
+        """This config with ``--labels FILE`` (relative to the current directory) as model.zero_shot.labels and
+        ``--template`` (repeatable) as its templates; checked as the file's."""
+        if labels is None and not templates:
+            return self
+        current = self.model.zero_shot
+        if labels is None and current is None:
+            raise ConfigError("--template needs class names: --labels FILE, or model.zero_shot.labels in the config")
+        data = current.model_dump() if current is not None else {}
+        if labels is not None:
+            data["labels"] = Path(labels).expanduser().resolve()
+        if templates:
+            data["templates"] = tuple(templates)
+        label = "--labels / --template"
+        try:
+            section = ZeroShotSection.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, label, prefix=("model", "zero_shot"))) from None
+        try:
+            model = ModelSection.model_validate({**self.model.model_dump(), "zero_shot": section})
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, label, prefix=("model",))) from None
+        return self.model_copy(update={"model": model})
 
     @property
     def verify_key(self) -> Optional[Path]:

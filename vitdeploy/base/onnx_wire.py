@@ -153,6 +153,42 @@ def read_model(path: Path, initializer: Callable[[BinaryIO, int, int], bytes | N
     return model
 
 
+#: TensorProto.raw_data, .external_data, .data_location (EXTERNAL is 1)
+_RAW_DATA, _EXTERNAL_DATA, _DATA_LOCATION = 9, 13, 14
+
+
+def _entry(key: str, value: str) -> bytes:
+    """A StringStringEntryProto (key = 1, value = 2), serialized."""
+    k, v = key.encode(), value.encode()
+    return field_head(1, 2, len(k)) + k + field_head(2, 2, len(v)) + v
+
+
+def in_place_model(path: Path) -> Any:
+    """The ModelProto at ``path`` with each weight matrix whose values are inline (``raw_data``) turned into a
+    reference to those very bytes in ``path`` (ONNX external data: location ``path``'s name, offset, length);
+    every other field whole. A graph to run beside ``path`` (in its folder) without parsing or copying its
+    weights: ONNX Runtime reads them where they lie, the same bytes."""
+
+    def initializer(f: BinaryIO, start: int, length: int) -> bytes:
+        parts = list(fields(f, start + length))
+        raw = [(at, size) for number, wire, at, size in parts if number == _RAW_DATA and wire == 2]
+        if len(raw) != 1 or not is_weight_matrix(_dims(f, parts)):
+            f.seek(start)
+            return f.read(length)
+        body = bytearray()
+        for number, wire, at, size in parts:
+            if number not in _VALUES:
+                f.seek(at)
+                body += field_head(number, wire, size) + f.read(size)
+        ((offset, size),) = raw
+        for key, value in (("location", path.name), ("offset", str(offset)), ("length", str(size))):
+            entry = _entry(key, value)
+            body += field_head(_EXTERNAL_DATA, 2, len(entry)) + entry
+        return bytes(body + tag(_DATA_LOCATION, 0) + encode_varint(1))
+
+    return read_model(path, initializer)
+
+
 def light_model(path: Path) -> Any:
     """The ModelProto at ``path`` with every weight matrix (:func:`is_weight_matrix`) a header without its
     values; every other field whole. What structure-only readers need (nodes, inputs and outputs, metadata,
@@ -167,6 +203,7 @@ __all__ = [
     "encode_varint",
     "field_head",
     "fields",
+    "in_place_model",
     "is_weight_matrix",
     "light_model",
     "read_model",

@@ -9,6 +9,11 @@ judge (logits by top-k, vectors by cosine and neighbours). A manifest without th
 On request (``model.patch_tokens``) an embedding export returns a second output, ``PATCH_TOKENS``
 [batch, patches, width]: the tokens of the image patches after the backbone's final norm, exactly as the
 library gives them (no class token, no registers, never L2-normalised), judged by cosine per token.
+
+A classifier's ``scores`` says how its logits become the probabilities every consumer shows (predict's top-k,
+served TOPK_SCORES, batch rows, flip details): ``softmax`` (a trained head, CLIP's zero-shot classifier) or
+``sigmoid`` (each class on its own, SigLIP's zero-shot classifier: its scores do not sum to one). Computed
+once, by ``runtime/postprocess.probabilities``.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pydantic import Field, StrictBool, model_validator
 
 from ._schema import StrictSection
 from .errors import ConfigError
-from .vocab import OUTPUT_TENSORS, PATCH_TOKENS, OutputKind
+from .vocab import OUTPUT_TENSORS, PATCH_TOKENS, OutputKind, ScoreFunction
 
 LOGITS, EMBEDDING = "logits", "embedding"
 
@@ -34,10 +39,18 @@ class ModelOutput(StrictSection):
         description="embedding: a second output PATCH_TOKENS [batch, patches, width] (final-normed patch tokens)",
     )
 
+    scores: ScoreFunction = Field(
+        "softmax",
+        description="logits: how they become probabilities: softmax (one distribution over the classes) or sigmoid "
+        "(each class on its own, as SigLIP scores its zero-shot classes)",
+    )
+
     @model_validator(mode="after")
     def _patch_tokens_of_embeddings(self) -> "ModelOutput":
         if self.patch_tokens and self.kind != EMBEDDING:
             raise ValueError("patch_tokens is an embedding's second output; kind is logits")
+        if self.scores != "softmax" and self.kind == EMBEDDING:
+            raise ValueError("scores apply to logits; an embedding has no probabilities")
         return self
 
     @property
@@ -55,21 +68,24 @@ class ModelOutput(StrictSection):
         return self.kind == EMBEDDING
 
     def to_dict(self) -> dict[str, Any]:
-        """As written into model.json, the manifest and the graphs' metadata: ``patch_tokens`` only when true, so an
-        export without them reads as before (and older runtimes, whose section has no such key, still open it)."""
+        """As written into model.json, the manifest and the graphs' metadata: ``patch_tokens`` only when true and
+        ``scores`` only when not softmax, so an export without them reads as before (and older runtimes, whose
+        section has no such key, still open it; a sigmoid export they would misread is refused by them)."""
         data = self.model_dump()
         if not data["patch_tokens"]:
             del data["patch_tokens"]
+        if data["scores"] == "softmax":
+            del data["scores"]
         return data
 
 
 def resolve_output(
-    requested: str, normalize: bool, num_classes: int, where: Any, patch_tokens: bool = False
+    requested: str, normalize: bool, num_classes: int, where: Any, patch_tokens: bool = False, scores: str = "softmax"
 ) -> ModelOutput:
     """``model.output`` (auto / logits / embedding), ``model.normalize`` and ``model.patch_tokens`` against the
     checkpoint: auto is an embedding when the checkpoint has no classification head; logits without a head is
     refused (ConfigError naming the key and ``where``, the checkpoint), and so are normalize or patch_tokens
-    with logits."""
+    with logits. ``scores``: the classifier's score function (a zero-shot head's, model/zero_shot.py)."""
     if requested == "auto":
         requested = LOGITS if num_classes else EMBEDDING
     if requested == LOGITS and not num_classes:
@@ -84,7 +100,8 @@ def resolve_output(
             f"model.patch_tokens applies to embeddings, but {where} exports logits (it has a classification head); "
             "set model.output: embedding or drop model.patch_tokens"
         )
-    return ModelOutput(kind=requested, normalize=normalize, patch_tokens=patch_tokens)
+    scores = scores if requested == LOGITS else "softmax"
+    return ModelOutput(kind=requested, normalize=normalize, patch_tokens=patch_tokens, scores=scores)
 
 
 def output_of(data: Optional[dict[str, Any]]) -> ModelOutput:

@@ -31,6 +31,9 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 INCEPTION_MEAN = (0.5, 0.5, 0.5)
 INCEPTION_STD = (0.5, 0.5, 0.5)
+#: OpenAI CLIP's normalisation (timm OPENAI_CLIP_MEAN / STD, open_clip OPENAI_DATASET_MEAN / STD)
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 MAX_IMAGE_SIDE = 16384  # a ViT input side; 16k x 16k float32 is already 3 GB per image
 Side = Annotated[PositiveInt, Field(le=MAX_IMAGE_SIDE)]

@@ -14,7 +14,9 @@ key-value store (where the rollout registry's state lives: serve/rollout/store.p
 address with Ray's token needs (base/ray_join.py): this process's cached Ray configuration read again, and a GCS
 asked whether it wants a token; the clusters running on this machine (``address="auto"``'s search); and Ray
 Serve's details of its applications (whether one came from a Serve
-config, `serve deploy` or a RayService, or from ``serve.run``: its ``source``; a deployment's autoscaling).
+config, `serve deploy` or a RayService, or from ``serve.run``: its ``source``; a deployment's autoscaling), and a
+version's replica count changed in place (Ray Serve's external scaler: its REST route lives in the dashboard, which
+a `vitdeploy serve` Ray runs without).
 
 It stands in base/ because both serve/ and batch/ join Ray through base/ray_join.py, which needs it.
 
@@ -171,6 +173,24 @@ SERVE_DETAILS = RayApi(
     "declarative): `vitdeploy rollout` refuses those, which their config would put back; and the live "
     "deployment's autoscaling_config, which a promoted version takes over",
 )
+SCALE_REPLICAS = RayApi(
+    "ray.serve._private.controller",
+    "ServeController.update_deployment_replicas",
+    why="a version's replica count changed in place (Ray Serve's external scaler, what the dashboard's REST "
+    "`.../deployments/<name>/scale` calls; a `vitdeploy serve` Ray runs without the dashboard): a promotion on a "
+    "full cluster lowers the old version one replica at a time as the new one grows, and a takeover gives it back",
+)
+DEPLOYMENT_ID = RayApi(
+    "ray.serve._private.common", "DeploymentID", why="the deployment the external scaler above is asked to scale"
+)
+SERVE_CONTROLLER = RayApi(
+    "ray.serve._private.constants",
+    "SERVE_CONTROLLER_NAME",
+    why="the Serve controller actor's name (the external scaler above is one of its methods)",
+)
+SERVE_NAMESPACE = RayApi(
+    "ray.serve._private.constants", "SERVE_NAMESPACE", why="the namespace the Serve controller actor lives in"
+)
 FIND_CLUSTERS = RayApi(
     "ray._private.services",
     "find_gcs_addresses",
@@ -204,6 +224,10 @@ APIS = (
     GCS_CLIENT_KV,
     SERVE_CLIENT,
     SERVE_DETAILS,
+    SCALE_REPLICAS,
+    DEPLOYMENT_ID,
+    SERVE_CONTROLLER,
+    SERVE_NAMESPACE,
     FIND_CLUSTERS,
     FIND_RECORDED,
 )
@@ -249,12 +273,33 @@ def _version() -> str:
 # ------------------------------------------------------------------------------------------------ the uses
 
 
-def run_nowait(application: Any, name: str, route_prefix: str, logging_config: Any) -> None:
-    """Deploy ``application`` as ``name`` at ``route_prefix`` beside what runs, returning once Ray accepted it."""
+def run_nowait(
+    application: Any, name: str, route_prefix: str, logging_config: Any, external_scaler: bool = False
+) -> None:
+    """Deploy ``application`` as ``name`` at ``route_prefix`` beside what runs, returning once Ray accepted it
+    (``external_scaler``: its replica count may be changed in place, :func:`scale_in_place`)."""
     from ray import serve
 
-    target = serve.RunTarget(application, name=name, route_prefix=route_prefix, logging_config=logging_config)
+    scaler = {"external_scaler_enabled": True} if external_scaler else {}
+    target = serve.RunTarget(
+        application, name=name, route_prefix=route_prefix, logging_config=logging_config, **scaler
+    )
     serve.run_many([target], **{RUN_NOWAIT.parameter: False})
+
+
+def scale_in_place(app: str, deployments: list[str], replicas: int, timeout_s: float = 30.0) -> None:
+    """Set each of ``deployments`` of Serve application ``app`` to ``replicas`` in place (its running replicas stay;
+    one removed finishes its requests first). Raises Ray's error when ``app`` was not deployed with the external
+    scaler on (:func:`run_nowait`'s ``external_scaler``, ``serve.run(external_scaler_enabled=True)``)."""
+    import ray
+
+    constants = importlib.import_module(SERVE_CONTROLLER.module)
+    name, namespace = getattr(constants, SERVE_CONTROLLER.name), getattr(constants, SERVE_NAMESPACE.name)
+    controller = ray.get_actor(name, namespace=namespace)
+    ident = _function(DEPLOYMENT_ID)
+    method = getattr(controller, SCALE_REPLICAS.name.rsplit(".", 1)[1])
+    for deployment in deployments:
+        ray.get(method.remote(ident(name=deployment, app_name=app), int(replicas)), timeout=timeout_s)
 
 
 def delete_nowait(app: str) -> None:
@@ -373,6 +418,7 @@ __all__ = [
     "CLUSTER_ENV",
     "CONFIG_REFRESH",
     "DELETE_NOWAIT",
+    "DEPLOYMENT_ID",
     "DEPLOYMENT_VERSION",
     "FIND_CLUSTERS",
     "FIND_RECORDED",
@@ -385,7 +431,10 @@ __all__ = [
     "INIT_NODE_IP",
     "PROXY_CALLBACK_ENV",
     "RUN_NOWAIT",
+    "SCALE_REPLICAS",
     "SERVE_CLIENT",
+    "SERVE_CONTROLLER",
+    "SERVE_NAMESPACE",
     "SERVE_DETAILS",
     "TRACING_ENABLED",
     "TRACING_EXPORTER_ENV",
@@ -401,6 +450,7 @@ __all__ = [
     "missing",
     "refresh_ray_config",
     "run_nowait",
+    "scale_in_place",
     "serve_app_sources",
     "serve_details",
     "set_imported",

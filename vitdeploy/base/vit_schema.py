@@ -33,6 +33,18 @@ from .vocab import ACTIVATIONS, MLPS, POOLS, POS_RESAMPLES, Activation, MlpKind,
 MAX_WIDTH, MAX_DEPTH, MAX_SIDE, MAX_CLASSES = 65_536, 1_024, 16_384, 1_000_000
 POS_EMBEDS: tuple[str, ...] = ("learned", "sincos")
 
+#: Fields added after model.json's first readers, written only when they differ from these defaults.
+_NEW_SWITCHES: dict[str, Any] = {
+    "norm_pre": False,
+    "proj_dim": 0,
+    "rope": False,
+    "rope_grid": 0,
+    "mlp_norm": False,
+    "attn_norm": False,
+    "head_l2norm": False,
+    "drop_remainder": False,
+}
+
 _SIZE_FIELDS = ("image_size", "patch_size", "in_channels", "width", "depth", "heads")
 
 
@@ -46,6 +58,15 @@ def family_problems(*, class_token: bool, distilled: bool, reg_tokens: int, pool
     if distilled and (not class_token or pool != "token" or reg_tokens):
         problems.append("distilled needs class_token true, pool 'token' and reg_tokens 0")
     return problems
+
+
+def rope_problems(rope: bool, rope_grid: int, head_dim: int) -> list[str]:
+    """What does not fit in the rotary position embedding's fields (empty when all is well)."""
+    if rope and head_dim % 4:
+        return [f"rope needs a head width divisible by 4 (two axes of sine-cosine pairs), got {head_dim}"]
+    if rope_grid and not rope:
+        return ["rope_grid (the grid the rotary positions are scaled to) needs rope true"]
+    return []
 
 
 def check_fit(*, width: int, heads: int, image: int, patch: int, names: tuple[str, str, str, str]) -> None:
@@ -73,7 +94,8 @@ class ViTConfig:
     layer_norm_eps: Annotated[FiniteFloat, Field(gt=0, lt=1)] = 1e-6
     num_classes: Annotated[NonNegativeInt, Field(le=MAX_CLASSES)] = 1000
     pos_embed: Literal[POS_EMBEDS] = "learned"  # type: ignore[valid-type]  # "sincos": fixed 2-D sinusoidal
-    act: Activation = "gelu"  # MLP activation: "gelu" (exact, erf) or "gelu_tanh" (tanh approximation)
+    # MLP activation: "gelu" (exact, erf), "gelu_tanh" (tanh approximation), "quick_gelu" (x * sigmoid(1.702 x))
+    act: Activation = "gelu"
     # "gelu": fc1 -> GELU (act) -> fc2; "swiglu": fc1 writes 2 x mlp_dim, SiLU(first half) * second half -> fc2
     # (DINOv2 giant; act is then unused and stays "gelu"); mlp_dim is the hidden width fc2 reads in both
     mlp: MlpKind = "gelu"
@@ -97,6 +119,22 @@ class ViTConfig:
     # image_size is then the export's base size
     pos_resample: PosResample = "none"
     pos_size: Annotated[NonNegativeInt, Field(le=MAX_SIDE)] = 0
+    # EVA-02 (timm eva.py): a 2-D rotary position embedding on the patch tokens' queries and keys in every block
+    # (timm RotaryEmbeddingCat: interleaved pairs, row then column frequencies, temperature 10000), the positions
+    # scaled to a ``rope_grid`` x ``rope_grid`` grid at every input size (timm ref_feat_shape; 0: the input's own)
+    rope: StrictBool = False
+    rope_grid: Annotated[NonNegativeInt, Field(le=MAX_SIDE)] = 0
+    mlp_norm: StrictBool = False  # a LayerNorm over the MLP's hidden width before fc2 (timm scale_mlp: EVA-02 B/L)
+    attn_norm: StrictBool = False  # a LayerNorm on the attention output before its projection (timm scale_attn_inner)
+    # CLIP image towers: a LayerNorm over every token before the blocks (timm pre_norm, transformers pre_layrnorm,
+    # open_clip ln_pre); the patch projection then has no bias, as in every library that has this norm
+    norm_pre: StrictBool = False
+    # CLIP's projection: a bias-free Linear(features, proj_dim) after the pooling (transformers visual_projection,
+    # open_clip proj, timm's zero-bias head of a CLIP tower); the embedding (and a head, if any) reads its output
+    proj_dim: Annotated[NonNegativeInt, Field(le=MAX_WIDTH)] = 0
+    # the head reads the pooled embedding L2-normalised: a zero-shot classifier compiled from a contrastive model
+    # (model/zero_shot.py), whose head holds logit_scale x the class text embeddings (+ SigLIP's logit_bias)
+    head_l2norm: StrictBool = False
     # image_size need not be a multiple of patch_size: the strided patch convolution never reads the last
     # image_size % patch_size rows and columns, as timm and transformers run SigLIP so400m/14 at 384 px (grid 27)
     drop_remainder: StrictBool = False
@@ -143,8 +181,13 @@ class ViTConfig:
             problems.append("pos_size (a table of another size than image_size) needs pos_resample")
         if self.num_classes < 0:
             problems.append(f"num_classes must be >= 0, got {self.num_classes}")
-        if self.pool == "map" and self.mlp != "gelu":
-            problems.append("pool 'map' (attention pooling with a GELU MLP) needs mlp 'gelu'")
+        problems += rope_problems(self.rope, self.rope_grid, self.width // self.heads)
+        if self.proj_dim and self.distilled:
+            problems.append("proj_dim (a projection after the pooling) does not go with distilled's second head")
+        if self.head_l2norm and not self.num_classes:
+            problems.append("head_l2norm (the embedding L2-normalised before the head) needs a head, num_classes > 0")
+        if self.pool == "map" and (self.mlp != "gelu" or self.mlp_norm):
+            problems.append("pool 'map' (attention pooling with a plain GELU MLP) needs mlp 'gelu' and no mlp_norm")
         if self.drop_remainder and self.image_size < self.patch_size:
             problems.append(f"image_size {self.image_size} is smaller than one patch ({self.patch_size})")
         if self.drop_remainder and self.dynamic_size:
@@ -193,9 +236,15 @@ class ViTConfig:
         return 2 * self.mlp_dim if self.mlp == "swiglu" else self.mlp_dim
 
     @property
-    def pooled_width(self) -> int:
-        """Features the head reads: ``width``, or twice that for ``token_avg``."""
+    def features_width(self) -> int:
+        """Values the pooling gives: ``width``, or twice that for ``token_avg``."""
         return 2 * self.width if self.pool == "token_avg" else self.width
+
+    @property
+    def pooled_width(self) -> int:
+        """Features the head reads (an embedding's dimension): the projection's ``proj_dim``, else
+        ``features_width``."""
+        return self.proj_dim or self.features_width
 
     @property
     def reads_class_token_only(self) -> bool:
@@ -227,6 +276,13 @@ class ViTConfig:
                 ("layer scale", self.layer_scale),
                 ("qk-norm", self.qk_norm),
                 ("no prefix positions", not self.pos_embed_prefix),
+                ("2-D rotary position embedding" + (f" (grid {self.rope_grid})" if self.rope_grid else ""), self.rope),
+                ("norm inside the MLP", self.mlp_norm),
+                ("norm on the attention output", self.attn_norm),
+                ("norm before the blocks (CLIP)", self.norm_pre),
+                (f"projection to {self.proj_dim}", self.proj_dim),
+                ("QuickGELU", self.act == "quick_gelu"),
+                ("zero-shot head on the L2-normalised embedding", self.head_l2norm),
             )
             if on
         ]
@@ -241,8 +297,9 @@ class ViTConfig:
         data = asdict(self)
         if not self.dynamic_size:  # a fixed-size model's model.json stays as before (older readers refuse new keys)
             data.pop("pos_resample"), data.pop("pos_size")
-        if not self.drop_remainder:  # likewise: only a model off the patch grid states it
-            data.pop("drop_remainder")
+        for key, default in _NEW_SWITCHES.items():  # absent when off: other models' model.json stays as before
+            if data[key] == default:
+                del data[key]
         return data
 
     @classmethod

@@ -24,8 +24,9 @@ PreprocessStyle = Literal[PREPROCESS_STYLES]  # type: ignore[valid-type]
 Interpolation = Literal[INTERPOLATIONS]  # type: ignore[valid-type]
 CropMode = Literal[CROP_MODES]  # type: ignore[valid-type]
 
-#: the MLP activation of a ViT block: exact GELU (erf) or its tanh approximation.
-ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh")
+#: the MLP activation of a ViT block: exact GELU (erf), its tanh approximation, or QuickGELU x * sigmoid(1.702 x)
+#: (OpenAI CLIP's: transformers hidden_act "quick_gelu", timm act_layer "quick_gelu", open_clip quick_gelu).
+ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_tanh", "quick_gelu")
 Activation = Literal[ACTIVATIONS]  # type: ignore[valid-type]
 #: the MLP of a ViT block: "gelu" fc1 -> GELU (``act``'s flavour) -> fc2; "swiglu" fc1 packs two halves,
 #: SiLU(first) * second -> fc2 (DINOv2 giant: transformers use_swiglu_ffn, timm SwiGLUPacked).
@@ -46,6 +47,10 @@ PosResample = Literal[POS_RESAMPLES]  # type: ignore[valid-type]
 #: model: a backbone without a head, or any checkpoint with ``model.output: embedding``).
 OUTPUT_KINDS: tuple[str, ...] = ("logits", "embedding")
 OutputKind = Literal[OUTPUT_KINDS]  # type: ignore[valid-type]
+#: how a classifier's logits become its scores (top-k, served TOPK_SCORES): "softmax" (one distribution over the
+#: classes: a trained head, CLIP's zero-shot) or "sigmoid" (each class on its own: SigLIP's zero-shot)
+SCORE_FUNCTIONS: tuple[str, ...] = ("softmax", "sigmoid")
+ScoreFunction = Literal[SCORE_FUNCTIONS]  # type: ignore[valid-type]
 #: the graph's output tensor (and the served KServe v2 output) of each kind
 OUTPUT_TENSORS: Mapping[str, str] = MappingProxyType({"logits": "logits", "embedding": "EMBEDDINGS"})
 #: an embedding export's second output when ``model.patch_tokens`` is on (graph and served KServe v2 output):
@@ -225,6 +230,8 @@ __all__ = [
     "Pool",
     "OUTPUT_KINDS",
     "OUTPUT_TENSORS",
+    "SCORE_FUNCTIONS",
+    "ScoreFunction",
     "PATCH_TOKENS",
     "EMBEDDING_DTYPES",
     "EmbeddingDtype",

@@ -37,6 +37,21 @@ from .sign import sign_key_option
     show_default=True,
     help="TensorRT engine: build when TensorRT and a CUDA GPU exist (auto), fail without them (require), never (skip)",
 )
+@click.option(
+    "--labels",
+    "labels",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="a zero-shot classifier: class names, one a line; MODEL's text tower (CLIP, SigLIP) embeds them once and "
+    "the image-only graph classifies (model.zero_shot.labels; docs/zero-shot.md)",
+)
+@click.option(
+    "--template",
+    "templates",
+    multiple=True,
+    help="with --labels: a prompt holding '{}' where the class name goes (repeat for several; default: CLIP's 7 "
+    "ImageNet templates; model.zero_shot.templates)",
+)
 def export(
     model: str | None,
     revision: str | None,
@@ -44,14 +59,16 @@ def export(
     sign_key: Path | None,
     out_dir: Path | None,
     engine: str,
+    labels: Path | None,
+    templates: tuple[str, ...],
 ) -> None:
     """Export MODEL (a checkpoint file or folder, or a Hugging Face Hub name: org/name[@revision],
     hf-hub:timm/<model>.<tag>; default: model.checkpoint of the config): ONNX, FP16 ONNX, TensorRT engine,
-    validation, manifest."""
+    validation, manifest. With --labels: a zero-shot classifier compiled from MODEL's two towers."""
     from ..base.config import load_config
     from ..export.api import export_model
 
-    cfg = load_config(config_path)
+    cfg = load_config(config_path).with_zero_shot(labels, templates)
     shown = cfg.with_checkpoint(model, revision)  # what the export will run: for the lines printed around it
     click.echo(f"exporting to {out_dir or shown.output_dir}", err=True)
     try:

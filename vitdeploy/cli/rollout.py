@@ -13,6 +13,7 @@ from .options import cacert_option, runtime_options, token_refused_option
 from .sign import verify_key_option
 
 _COUNT = re.compile(r"^\s*\d+\s*$")
+MIN_LEASE_S = 1.0
 
 
 @click.command("rollout")
@@ -76,6 +77,13 @@ _COUNT = re.compile(r"^\s*\d+\s*$")
     help="the new export has the live version's weights (a re-export, another backend or precision): roll it back "
     "unless it answers as the live one does, within its backend's validation thresholds",
 )
+@click.option(
+    "--lease",
+    default="30s",
+    show_default=True,
+    help="how long the rollout's lease on the model lasts unrenewed (renewed every quarter of it): after a crash, "
+    "the next rollout (or --status) takes over once it expired",
+)
 @token_refused_option
 @click.option("--status", "show_status", is_flag=True, help="show the versions and the rollouts' history, then exit")
 @click.option("--json", "as_json", is_flag=True, help="print the result (or --status) as JSON on stdout")
@@ -101,6 +109,7 @@ def rollout(
     max_slowdown: float | None,
     min_agreement: float | None,
     same_model: bool,
+    lease: str,
     show_status: bool,
     as_json: bool,
     ca_bundle: Path | None,
@@ -144,7 +153,10 @@ def rollout(
         ca_bundle=None if ca_bundle is None else str(ca_bundle),
         min_agreement=min_agreement,
         same_model=same_model,
+        lease_s=parse_duration(lease, "--lease"),
     )
+    if plan.lease_s < MIN_LEASE_S:
+        raise ConfigError(f"--lease {lease}: at least {MIN_LEASE_S:g}s (it is renewed every quarter of it)")
     if plan.shadow_requests is not None and plan.shadow_requests < 1:
         raise ConfigError("--shadow 0: copy at least one request (or give a time, e.g. 2m)")
     result = run_rollout(cfg, plan, runtime_options(cfg), progress=lambda line: click.echo(line, err=True))
@@ -152,6 +164,9 @@ def rollout(
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
     for note in result.notes:
         click.echo(f"note: {note}", err=True)
+    if result.interrupted:  # Ctrl-C or SIGTERM: 130, and where it left the model (rolled back, or promoted)
+        click.echo(f"interrupted: {result.line()}", err=True)
+        raise click.exceptions.Exit(130)
     if result.promoted:
         click.echo(result.line())
     elif result.failed_start:

@@ -17,9 +17,10 @@
    ``EMBEDDINGS``). A few clients send at once; each answer belongs to its image whatever the batching.
 3. The same images, preprocessed here with the export's recipe, go through eager FP32 PyTorch, and the answers
    are judged as `validate` judges a backend (:func:`vitdeploy.evaluate.drift.judge_backend`). ``/predict``
-   answers the top-k softmax scores only: they are compared as log-probabilities (the logits up to a constant
-   per image) with eager's; a class outside an answer's top-k is given the highest value it could have had (the
-   answer's k-th), so each difference is a lower bound; no cosine is judged there.
+   answers the top-k scores only (the export's score function: softmax, or SigLIP's sigmoid): they are compared
+   as log-probabilities (for softmax the logits up to a constant per image) with eager's; a class outside an
+   answer's top-k is given the highest value it could have had (the answer's k-th), so each difference is a
+   lower bound; no cosine is judged there.
 
 An export for several sizes is checked at one size per run: its base size, or ``image_size`` (``--image-size``),
 which every request asks of the server (``/predict?image_size=N``, v2 ``parameters.image_size``) and at which
@@ -55,6 +56,7 @@ from ..base.vocab import (
 from ..evaluate.drift import default_thresholds, eager_reference, validation_batch
 from ..evaluate.drift_judge import accuracy, judge_backend
 from ..evaluate.drift_report import BackendDrift, DriftReport, images_summary, reference_summary
+from ..runtime.postprocess import log_probabilities
 from ..serve.auth import TOKEN_ENV
 from ..serve.outputs import EMBEDDINGS, LOGITS
 from ..serve.protocol import model_name, served_export
@@ -179,12 +181,6 @@ def ask(target: Target, blobs: Sequence[bytes], clients: int = CLIENTS) -> list[
     return out
 
 
-def _log_softmax(logits: np.ndarray) -> np.ndarray:
-    x = np.asarray(logits, dtype=np.float64)
-    x = x - x.max(axis=1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-
-
 def _row(answer: Any, protocol: str, embedding: bool, reference_row: np.ndarray) -> np.ndarray:
     """One answer -> its row beside ``reference_row`` (logits, an embedding, or log-probabilities of /predict).
     KeyError, ValueError or TypeError when the answer is not the model's."""
@@ -192,7 +188,7 @@ def _row(answer: Any, protocol: str, embedding: bool, reference_row: np.ndarray)
         row = np.asarray(answer[EMBEDDINGS if embedding else LOGITS], dtype=np.float64).reshape(-1)
     elif embedding:
         row = np.asarray(answer["embedding"], dtype=np.float64).reshape(-1)
-    else:  # the top-k softmax scores: log-probabilities, the others at most the k-th
+    else:  # the top-k scores: log-probabilities, the others at most the k-th
         scores = {int(t["index"]): float(t["score"]) for t in answer["top_k"]}
         floor = np.log(max(min(scores.values()), 1e-300))
         row = np.minimum(reference_row, floor)
@@ -315,7 +311,8 @@ def _judge(
     embedding = artifacts.schema.output.kind == EMBEDDING
     paths = [Path(vset.paths[i]) for i in good]
     names = [str(p) for p in paths]
-    compared = reference if embedding or target.protocol != PREDICT else _log_softmax(reference)
+    scores = artifacts.schema.output.scores
+    compared = reference if embedding or target.protocol != PREDICT else log_probabilities(reference, scores)
     t0 = time.perf_counter()
     answers = ask(target, [p.read_bytes() for p in paths])
     seconds = time.perf_counter() - t0
@@ -337,6 +334,7 @@ def _judge(
         classes=artifacts.labels,
         precision=precision,
         kind=artifacts.schema.output.kind,
+        scores=scores,
     )
     if target.protocol == PREDICT and not embedding:
         row.metrics.pop("cosine", None)

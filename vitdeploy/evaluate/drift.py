@@ -356,6 +356,7 @@ def _judge_run(
         precision=spec.precision,
         kind=artifacts.schema.output.kind,
         patches=(outputs[1], got[1]) if len(outputs) > 1 and len(got) > 1 else None,
+        scores=artifacts.schema.output.scores,
     )
     row.device, row.describe, row.seconds, row.image_size = device, describe, round(seconds, 4), run.size
     log.info("%s: %s (%s)", row.where, row.status, "; ".join(row.failures) or "within thresholds")

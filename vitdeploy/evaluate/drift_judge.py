@@ -27,6 +27,7 @@ def judge_backend(
     threshold_set: str | None = None,
     kind: str = "logits",
     patches: tuple[np.ndarray, np.ndarray] | None = None,
+    scores: str = "softmax",
 ) -> BackendDrift:
     """Compare ``logits`` with the ``reference`` (both (N, K)) and build the backend's row.
 
@@ -55,7 +56,7 @@ def judge_backend(
     def label(i: int) -> str:
         return classes[i] if 0 <= i < len(classes) else str(i)
 
-    tops = {d["input"]: d for d in flip_details(reference, logits, [str(n) for n in names], classes)}
+    tops = {d["input"]: d for d in flip_details(reference, logits, [str(n) for n in names], classes, scores=scores)}
     flipped = [
         {
             "path": str(names[i]),

@@ -356,24 +356,33 @@ def per_image(
     return out
 
 
-def top_classes(logits: np.ndarray, labels: Sequence[str], k: int = 3) -> list[list[tuple[str, float]]]:
-    """Each row's k best classes with their softmax probabilities, best first."""
-    x = np.asarray(logits, dtype=np.float64)
-    x = x - x.max(axis=1, keepdims=True)
-    probs = np.exp(x) / np.exp(x).sum(axis=1, keepdims=True)
+def top_classes(
+    logits: np.ndarray, labels: Sequence[str], k: int = 3, scores: str = "softmax"
+) -> list[list[tuple[str, float]]]:
+    """Each row's k best classes with their probabilities (the export's score function: softmax or sigmoid),
+    best first."""
+    from ..runtime.postprocess import probabilities
+
+    probs = probabilities(np.asarray(logits, dtype=np.float64), scores)
     order = np.argsort(-probs, axis=1, kind="stable")[:, :k]
     name = lambda i: labels[i] if 0 <= i < len(labels) else str(i)  # noqa: E731
     return [[(name(int(i)), round(float(probs[r, i]), 6)) for i in row] for r, row in enumerate(order)]
 
 
 def flip_details(
-    reference: np.ndarray, candidate: np.ndarray, names: Sequence[str], labels: Sequence[str], k: int = 3
+    reference: np.ndarray,
+    candidate: np.ndarray,
+    names: Sequence[str],
+    labels: Sequence[str],
+    k: int = 3,
+    scores: str = "softmax",
 ) -> list[dict[str, Any]]:
-    """The inputs whose top-1 changed: their name, and the reference's and the candidate's top-k side by side."""
+    """The inputs whose top-1 changed: their name, and the reference's and the candidate's top-k side by side
+    (probabilities by ``scores``, the export's score function)."""
     _, flipped = logit_metrics(reference, candidate)
     if not flipped:
         return []
     rows = list(flipped)
-    ref_top = top_classes(np.asarray(reference)[rows], labels, k)
-    cand_top = top_classes(np.asarray(candidate)[rows], labels, k)
+    ref_top = top_classes(np.asarray(reference)[rows], labels, k, scores)
+    cand_top = top_classes(np.asarray(candidate)[rows], labels, k, scores)
     return [{"input": str(names[i]), "reference": ref_top[n], "candidate": cand_top[n]} for n, i in enumerate(rows)]

@@ -106,6 +106,7 @@ class ExportContext:
     chw: tuple[int, int, int] = (0, 0, 0)
     image_sizes: tuple[int, ...] = ()  # export.image_sizes of a model that runs at each (chw's side among them)
     output: Any = None  # model.output.ModelOutput: what the exported network returns (logits or an embedding)
+    zero_shot: dict[str, Any] | None = None  # the manifest's "zero_shot": what a zero-shot head was baked from
     # filled by the reference stage
     sizes: tuple[int, ...] = ()
     inputs: Any = None  # export.validate.ValidationInputs
@@ -125,6 +126,11 @@ class ExportContext:
     #: logits (and patch tokens, or None) a graph gave at the largest validation batch while the autopilot
     #: judged it, keyed by the file's identity (device, inode, size, mtime): its validation reuses them
     judged: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray | None]] = field(default_factory=dict)
+    #: one ONNX Runtime backend kept open for the next run of the same file with the same session settings (the
+    #: INT8 speed check's graph for its judge, a graph judged and passed for its validation): (file identity,
+    #: session config, the backend). Opening a ViT-B/16 graph is a second or more; what is not taken is closed
+    #: after the row (:meth:`close_kept`), and keeping another closes it first (one session's memory at most)
+    kept: tuple[tuple[int, ...], tuple[tuple[str, str], ...], Any] | None = None
     _trt_reason: Any = field(default=..., init=False, repr=False)  # asked once: tensorrt_unavailable()
 
     def __post_init__(self) -> None:
@@ -183,6 +189,12 @@ class ExportContext:
     def file_identity(path: Path) -> tuple[int, ...]:
         st = path.stat()
         return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def close_kept(self) -> None:
+        """Close the backend kept open, if any (the loop does after every row)."""
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            kept[2].close()
 
     def refusals(self) -> list[dict[str, Any]]:
         """What was refused, as the manifest and export-report.json record it."""
@@ -258,3 +270,29 @@ class ExportContext:
             write_json_atomic(self.out_dir / EXPORT_REPORT_NAME, report)
         except OSError:  # pragma: no cover - reporting must never mask the real error
             log.exception("could not write %s", self.out_dir / EXPORT_REPORT_NAME)
+
+
+def open_ort(ctx: Any, path: Path, name: str, session_config: tuple[tuple[str, str], ...] = ()) -> Any:
+    """An OrtBackend on the CPU (where every graph is judged) for ``path``, with ``session_config``: the one ``ctx``
+    kept open for this very file and these settings (:meth:`ExportContext.keep_ort`) when there is one, else a new
+    one (a context that keeps none, ``kept`` absent, always gets a new one)."""
+    kept = getattr(ctx, "kept", None)
+    if kept is not None:
+        ctx.kept = None
+        if kept[:2] == (ExportContext.file_identity(path), tuple(session_config)):
+            kept[2].name = name
+            return kept[2]
+        kept[2].close()
+    from ..runtime.backends.ort import OrtBackend
+
+    return OrtBackend(path, ctx.chw, None, CPU, name=name, session_config=session_config)
+
+
+def keep_ort(ctx: Any, path: Path, backend: Any) -> None:
+    """Keep ``backend`` (an OrtBackend of ``path``) open in ``ctx`` for the next :func:`open_ort` of the same file
+    with the same settings, closing one kept before; closed at once where ``ctx`` keeps none."""
+    if not isinstance(ctx, ExportContext):
+        backend.close()
+        return
+    ctx.close_kept()
+    ctx.kept = (ctx.file_identity(path), tuple(backend.session_config), backend)

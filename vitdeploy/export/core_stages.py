@@ -60,6 +60,10 @@ def _model(ctx: ExportContext, rec: StageRecord) -> Made:
 
     cfg = ctx.cfg
     ctx.loaded = load_model(cfg)
+    scores = "softmax"
+    if cfg.model.zero_shot is not None:  # the text tower runs here, once; its classes become the head
+        ctx.loaded, ctx.zero_shot = _zero_shot(cfg, ctx.loaded)
+        scores = ctx.zero_shot["scores"]
     vit = ctx.loaded.config
     ctx.output = resolve_output(
         cfg.model.output,
@@ -67,6 +71,7 @@ def _model(ctx: ExportContext, rec: StageRecord) -> Made:
         vit.num_classes,
         cfg.checkpoint_ref or "the demo model",
         cfg.model.patch_tokens,
+        scores,
     )
     ctx.spec, origins = resolve_preprocess(cfg, ctx.loaded)
     ctx.effective = Effective(ctx.loaded, ctx.spec, origins)
@@ -81,6 +86,17 @@ def _model(ctx: ExportContext, rec: StageRecord) -> Made:
     ctx.chw = (vit.in_channels, vit.image_size, vit.image_size)
     ctx.image_sizes = tuple(cfg.export.image_sizes or ()) if vit.dynamic_size else ()
     return ()
+
+
+def _zero_shot(cfg: PipelineConfig, loaded: Any) -> tuple[Any, dict[str, Any]]:
+    """``model.zero_shot``: the checkpoint's text tower run over the class prompts, baked into the image tower's
+    head (model/zero_shot.py); the classifier and the manifest's record of it."""
+    from ..demo import DEMO_DIR
+    from ..model.zero_shot import compile_zero_shot
+
+    ref = cfg.checkpoint_ref
+    source = loaded.hub.folder if loaded.hub is not None else Path(ref) if ref is not None else DEMO_DIR
+    return compile_zero_shot(loaded, cfg.model.zero_shot, cfg.base_dir, source)
 
 
 def _onnx(ctx: ExportContext, rec: StageRecord) -> Made:
@@ -210,6 +226,7 @@ def _manifest(ctx: ExportContext, rec: StageRecord) -> Made:
             "preprocess_reference": ctx.effective.preprocess_reference(),
             "export": ctx.extra,
             **_image_sizes(ctx),
+            **({"zero_shot": ctx.zero_shot} if ctx.zero_shot is not None else {}),
             "validation_inputs": {
                 "count": len(names),
                 "images": ctx.inputs.image_count,

@@ -118,6 +118,11 @@ def _output_line(vit: Any, cfg: PipelineConfig) -> str:
     """What the export returns (model.output against the checkpoint: ConfigError when it cannot be had)."""
     from ..base.output_spec import resolve_output
 
+    if getattr(vit, "head_l2norm", False):  # baked (model/zero_shot.py): the text tower's classes are the head
+        return f"output: logits, {vit.num_classes} zero-shot classes (scale x cosine with each class's prompts)"
+    if cfg.model.zero_shot is not None:  # before the export has run the text tower (`config check`)
+        return "output: logits, a zero-shot classifier (the class prompts embedded by the text tower at export)"
+
     output = resolve_output(
         cfg.model.output,
         cfg.model.normalize,

@@ -4,6 +4,9 @@ ONNX Runtime's optimiser fuses none of the exporters' ViT attention, so this pas
 Q/K/V MatMuls, the scaled softmax and the head reshapes, and writes one ``MultiHeadAttention``
 (or ``Attention``) node per block. Part of ``optimize_for_ort``; the graph it writes is ORT-only.
 
+EVA-02's rotary embedding (model/rope.py) sits between the head split and the scores: a block whose q and k are
+rotated is fused too, the one ``MultiHeadAttention`` reading the rotated q, k and v back in [B, N, hidden] layout.
+
 The head reshapes' target shapes are constants in a fixed-size export and computed in the graph
 (Shape/Gather/Concat of the batch and token counts) when height and width are dynamic: either way
 their length and their trailing ``3, heads, head size`` / ``hidden size`` entries must be proven.
@@ -154,14 +157,26 @@ def _swaps_last_two(perm: list[int]) -> bool:
     return n >= 2 and list(perm) == list(range(n - 2)) + [n - 1, n - 2]
 
 
+def _rope_source(g: _Graph, name: str) -> tuple[Any, int] | None:
+    """A rotated query or key (EVA-02, model/rope.py): a Concat over the tokens (axis 2) of the prefix rows as
+    they are and the rotated patch rows, the first a Slice of the head split's Gather -> that Gather, its index.
+    The rotation itself is left as it is: the fused node reads its output, [B, heads, N, head size]."""
+    node = g.made_by(name, "Concat")
+    if node is None or _attr(node, "axis") not in (2, -2) or len(node.input) != 2:
+        return None
+    first = g.made_by(node.input[0], "Slice")
+    return _gather_of(g, first.input[0]) if first is not None else None
+
+
 def _key_source(g: _Graph, name: str) -> str | None:
-    """K^T written as Reshape/Transpose steps with one last-two-axes swap -> the K tensor's name."""
+    """K^T written as Reshape/Transpose steps with one last-two-axes swap -> the K tensor's name (the head
+    split's Gather, or a rotated key)."""
     swaps = 0
     for _ in range(6):
         node = g.producer.get(name)
         if node is None:
             return None
-        if node.op_type == "Gather":
+        if node.op_type == "Gather" or (node.op_type == "Concat" and _rope_source(g, name)):
             return name if swaps == 1 else None
         if node.op_type == "Transpose":
             if not _swaps_last_two(_attr(node, "perm", [])):
@@ -194,7 +209,10 @@ def _match_attention(g: _Graph, softmax: Any, num_heads: int, hidden_size: int) 
     if q is None or k is None:
         return None
     k_name = _key_source(g, k[0])
-    qg, kg = _gather_of(g, q[0]), _gather_of(g, k_name) if k_name else None
+    q_rope, k_rope = _rope_source(g, q[0]), _rope_source(g, k_name) if k_name else None
+    if (q_rope is None) != (k_rope is None):
+        return None
+    qg, kg = q_rope or _gather_of(g, q[0]), k_rope or (_gather_of(g, k_name) if k_name else None)
     vg = _gather_of(g, ctx.input[1])
     if qg is None or kg is None or vg is None or (qg[1], kg[1], vg[1]) != (0, 1, 2):
         return None
@@ -231,6 +249,8 @@ def _match_attention(g: _Graph, softmax: Any, num_heads: int, hidden_size: int) 
         "out": merge_r.output[0],
         "replace": merge_r,
         "scale": q[1] * k[1],
+        # rotary: the rotated q and k and v, [B, heads, N, head size] (the qkv bias is in them already)
+        "rotated": (q[0], k_name, ctx.input[1]) if q_rope is not None else None,
     }
 
 
@@ -255,7 +275,9 @@ def fuse_attention(proto: Any, *, num_heads: int, hidden_size: int, op: Attentio
     replacements: dict[int, list[Any]] = {}
     for i, m in enumerate(matches):
         name = f"vitdeploy_attention_{i}"
-        if op == "Attention":
+        if m["rotated"] is not None:
+            new = _rotated_attention(proto, m, name, num_heads, hidden_size)
+        elif op == "Attention":
             new = [
                 helper.make_node(
                     "Attention",
@@ -300,6 +322,33 @@ def fuse_attention(proto: Any, *, num_heads: int, hidden_size: int, op: Attentio
     _replace_nodes(proto.graph, _live(nodes, {o.name for o in proto.graph.output}))
     _drop_unused_initializers(proto.graph)
     return len(matches)
+
+
+def _rotated_attention(proto: Any, m: dict[str, Any], name: str, num_heads: int, hidden_size: int) -> list[Any]:
+    """One ``MultiHeadAttention`` over rotated q, k and v ([B, heads, N, head size] each, biased already):
+    each back to [B, N, hidden] (the layout the op reads), no bias input."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    shape = f"{name}_tokens_by_hidden"
+    proto.graph.initializer.append(numpy_helper.from_array(np.array([0, 0, hidden_size], np.int64), shape))
+    new = []
+    for part, source in zip("qkv", m["rotated"], strict=True):  # "_rot_": INT8's write-out names "_q_t" ... itself
+        t, merged = f"{name}_rot_{part}_t", f"{name}_rot_{part}"
+        new += [
+            helper.make_node("Transpose", [source], [t], name=t, perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", [t, shape], [merged], name=f"{merged}_merge"),
+        ]
+    attention = helper.make_node(
+        "MultiHeadAttention",
+        [f"{name}_rot_{p}" for p in "qkv"],
+        [m["out"]],
+        name=name,
+        domain=MS_DOMAIN,
+        num_heads=num_heads,
+        scale=m["scale"],
+    )
+    return [*new, attention]
 
 
 def _live(nodes: list[Any], graph_outputs: set[str]) -> list[Any]:

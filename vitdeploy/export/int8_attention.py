@@ -169,9 +169,16 @@ def _array(tensor: Any, base_dir: Path) -> np.ndarray:
 
 
 def _width(inits: dict, proj: Any) -> int:
-    """The hidden size, from the query projection's weight (when the attention has no bias to read it from)."""
+    """The hidden size, from the query projection's weight (when the attention has no bias to read it from), or
+    from the [0, 0, hidden] a rotated query is merged to (EVA-02: fuse_attention's rotated attention)."""
     if proj is not None and proj.op_type == "MatMul" and proj.input[1] in inits:
         return int(inits[proj.input[1]].dims[-1])
+    if proj is not None and proj.op_type == "Reshape" and proj.input[1] in inits:
+        from onnx import numpy_helper
+
+        shape = numpy_helper.to_array(inits[proj.input[1]])
+        if shape.ndim == 1 and shape.size == 3 and shape[-1] > 0:
+            return int(shape[-1])
     raise ValueError("attention without a bias or a query projection by a weight: its hidden size is unknown")
 
 

@@ -84,12 +84,12 @@ def calibrate_minmax(
     through export/probe.py instead of ONNX Runtime's calibrator, which holds several copies of the model
     (1.6 GB for ViT-B/16's 330 MB). The cache, and so every graph quantized from it, is the same as the
     calibrator's (tested)."""
-    import onnx
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData, save_tensors_data
 
+    from ..base.onnx_wire import in_place_model
     from .probe import BATCH, float_values, reduce_values
 
-    model = onnx.load(str(pre), load_external_data=False)
+    model = in_place_model(pre)  # its weights read by ONNX Runtime where they lie in pre: not parsed, not copied
     floats, weights = float_values(model), {t.name for t in model.graph.initializer}
     tensors = {
         name

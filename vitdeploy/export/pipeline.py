@@ -128,6 +128,7 @@ def _run_rows(ctx: ExportContext, table: Sequence[Stage]) -> None:
             done, made = waiting.pop(0)
             with _unless_optional(ctx, done):
                 _ship(ctx, done, made)
+        ctx.close_kept()  # a session kept for this row's validation (context.open_ort) and not taken
 
 
 @contextlib.contextmanager
@@ -181,6 +182,7 @@ def _validate(ctx: ExportContext, row: Stage, made: Made) -> None:
                 kind=ctx.kind,
                 patch_reference=ctx.patch_reference,
                 largest_patches=judged[1] if judged else None,
+                scores=ctx.output.scores if ctx.output is not None else "softmax",
                 progress=lambda text: setattr(rec, "progress", text),  # shown while it runs (the heartbeat)
             )
             ctx.validation[gate.name] = result.to_dict()

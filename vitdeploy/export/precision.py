@@ -35,7 +35,7 @@ import numpy as np
 
 from ..base._deps import require
 from ..base.errors import ExportError
-from ..base.onnx_wire import is_weight_matrix, light_model
+from ..base.onnx_wire import in_place_model, is_weight_matrix, light_model
 from .onnx import staged_onnx, without_weights, write_streamed
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def activation_peaks(
     onnx = require("onnx", "FP16 calibration")
     from .probe import FP16_BATCH, float_values, reduce_values
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
+    model = in_place_model(onnx_path)  # its weights read by ONNX Runtime where they lie: not parsed, not copied
     floats = {v for v, t in float_values(model).items() if t == onnx.TensorProto.FLOAT}
     producers = {out: node.name for node in model.graph.node for out in node.output if out in floats}
     wanted = {value: ("min", "max", "sum") for value in producers}
@@ -142,7 +142,7 @@ def convert_fp16(
     # The converter works on the graph without its weight matrices (nearly all of a ViT's bytes): it
     # only retypes them. Each is converted (or kept float32) as it is written, one at a time, so memory
     # holds the source's weights once, not their FP16 copies, a serialized copy and a reloaded one too.
-    source = onnx.load(str(onnx_path), load_external_data=False)  # weights kept external stay on disk
+    source = in_place_model(onnx_path)  # the weights stay on disk (inline or external), read one at a time below
     float_outputs = {o.name for o in source.graph.output if o.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
     model = without_weights(source)
     # the converter's own shape inference would copy the model: inferred here once, without the weights
@@ -168,7 +168,7 @@ def convert_fp16(
         _drop_fp16_round_trips(converted.graph, onnx.TensorProto)
         _float_outputs(converted.graph, float_outputs, onnx.TensorProto)
         external = _fp16_bytes(source) > external_data_threshold_mb * 2**20
-        weights = _WeightsAsConverted(source, onnx_path.parent, converted.graph, copies, float16)
+        weights = _WeightsAsConverted(source, onnx_path, converted.graph, copies, float16)
         with staged_onnx(out_path, external=external) as tmp:
             write_streamed(converted, tmp, weights, tmp.with_name(f"{tmp.name}.data") if external else None)
             del weights, source
@@ -186,12 +186,14 @@ def convert_fp16(
 class _WeightsAsConverted:
     """The weights the converter saw without their bytes (weight matrices, and any initializer kept in
     external data), each made as the converted graph types it when :func:`write_streamed` asks for it:
-    read from the source (its external data file if there), converted with the converter's own tensor
-    conversion when it became FLOAT16. Every other initializer is the converted graph's own."""
+    read from the source graph ``graph`` (where they lie in it, or in its external data file), converted with
+    the converter's own tensor conversion when it became FLOAT16. Every other initializer is the converted
+    graph's own."""
 
-    def __init__(self, source: Any, folder: Path, converted: Any, copies: dict[str, str], float16: Any) -> None:
+    def __init__(self, source: Any, graph: Path, converted: Any, copies: dict[str, str], float16: Any) -> None:
         onnx = require("onnx", "FP16 conversion")
-        self._onnx, self._float16, self._folder, self._copies = onnx, float16, folder, copies
+        self._onnx, self._float16, self._copies = onnx, float16, copies
+        self._folder, self._graph_name = graph.parent, graph.name
         self._source = {t.name: t for t in source.graph.initializer}
         external = {n for n, t in self._source.items() if t.data_location == onnx.TensorProto.EXTERNAL}
         self._types = {
@@ -210,9 +212,13 @@ class _WeightsAsConverted:
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             from onnx.external_data_helper import load_external_data_for_tensor
 
+            inline = {e.key: e.value for e in tensor.external_data}.get("location") == self._graph_name
             load_external_data_for_tensor(tensor, str(self._folder))
             del tensor.external_data[:]
-            tensor.data_location = onnx.TensorProto.DEFAULT
+            if inline:  # in the source graph's own bytes (in_place_model): written as it was there, inline
+                tensor.ClearField("data_location")
+            else:
+                tensor.data_location = onnx.TensorProto.DEFAULT
         if self._types[name] == onnx.TensorProto.FLOAT16 and tensor.data_type == onnx.TensorProto.FLOAT:
             self._float16.convert_tensor_float_to_float16(tensor, _FP16_MIN_POSITIVE, _FP16_MAX)
         return tensor

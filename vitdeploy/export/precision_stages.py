@@ -22,7 +22,7 @@ import numpy as np
 from ..base.errors import BackendError, ConfigError, ExportError, StageUnavailableError, ValidationError
 from ..base.vocab import ORT_FP16, ORT_INT8
 from ..runtime.backends import first_line
-from .context import CPU, ExportContext, StageRecord
+from .context import CPU, ExportContext, StageRecord, keep_ort, open_ort
 from .engine_stages import engine_timer
 from .onnx import INPUT_NAME
 from .quantize import ORT_CPU, TENSORRT, Placement
@@ -69,46 +69,71 @@ class _Judge:
     def disproves(self, path: Path) -> Any:
         """Only the inputs the step before failed on: their proof that ``path`` misses the gate, or None (no
         verdict: they prove nothing). The INT8 autopilot's first look at the largest step the speed allows."""
-        from ..runtime.backends.ort import OrtBackend
-
         self.steps += 1
         if not self.witnesses:
             return None
-        backend = OrtBackend(path, self.ctx.chw, None, CPU, name=self.label, session_config=self.config)
+        backend = open_ort(self.ctx, path, self.label, self.config)
         try:
             return self._proof(backend)
         finally:
             backend.close()
 
     def __call__(self, path: Path) -> Any:
-        from ..runtime.backends.ort import OrtBackend
         from .compare import compare, failing_rows
-        from .validate import run_outputs_in_batches
 
-        ctx, total = self.ctx, len(self.ctx.reference)
+        ctx = self.ctx
         with_patches = ctx.patch_reference is not None
         self.steps += 1
-        backend = OrtBackend(path, ctx.chw, None, CPU, name=self.label, session_config=self.config)
+        backend, keep = open_ort(ctx, path, self.label, self.config), False
         try:
             proof = self._proof(backend)
             if proof is not None:
                 return proof
-            done = [0]
-
-            def ran(n: int) -> None:
-                done[0] += n
-                self._say(f"{done[0]} of {total} inputs judged")
-
-            logits, patches = run_outputs_in_batches(backend, ctx.inputs.batch, max(ctx.sizes), ran, with_patches)
+            logits, patches, proof = self._every_input(backend, with_patches, stop=self.steps > 1)
+            if proof is not None:
+                return proof
+            pair = (ctx.patch_reference, patches) if with_patches else None
+            verdict = compare(ctx.reference, logits, self.tolerance, ctx.kind, pair)
+            if verdict.passed:  # a graph that may ship (the INT8 autopilot may judge two before shipping one)
+                ctx.judged[ctx.file_identity(path)] = (logits, patches)
+                keep = True  # its validation runs it next: in this session
+            else:  # a pass leaves them: the next candidate may have fewer nodes in float than the one that passed
+                self.witnesses = failing_rows(ctx.reference, logits, self.tolerance, kind=ctx.kind, patches=pair)
+            return verdict
         finally:
-            backend.close()
-        pair = (ctx.patch_reference, patches) if with_patches else None
-        verdict = compare(ctx.reference, logits, self.tolerance, ctx.kind, pair)
-        if verdict.passed:  # a graph that may ship (the INT8 autopilot may judge two before shipping one)
-            ctx.judged[ctx.file_identity(path)] = (logits, patches)
-        else:  # a pass leaves them: the next candidate may have fewer nodes in float than the one that passed
-            self.witnesses = failing_rows(ctx.reference, logits, self.tolerance, kind=ctx.kind, patches=pair)
-        return verdict
+            if keep:
+                keep_ort(ctx, path, backend)
+            else:
+                backend.close()
+
+    def _every_input(self, backend: Any, with_patches: bool, stop: bool) -> tuple[Any, Any, Any]:
+        """(outputs, patch tokens, None) of every input at the largest validation batch; with ``stop``, as soon
+        as the batches run so far prove the gate missed whatever the others give (compare.proven_failure),
+        (None, None, that proof), the inputs that failed among them the next step's witnesses: a failing step
+        stops at its first decisive batch (the verdict a run of every input gives: a failure). The first step
+        is judged on every input (its metrics are every input's: what the manifest compares the others with)."""
+        from .compare import failing_rows, proven_failure
+        from .validate import run_outputs_in_batches
+
+        ctx, total, size = self.ctx, len(self.ctx.reference), max(self.ctx.sizes)
+        firsts, seconds = [], []
+        for start in range(0, total, size):
+            rows = ctx.inputs.batch[start : start + size]
+            first, second = run_outputs_in_batches(backend, rows, size, None, with_patches)
+            firsts.append(first)
+            seconds.append(second)
+            done = start + len(first)
+            self._say(f"{done} of {total} inputs judged")
+            if done >= total or not stop:
+                continue
+            logits, patches = np.concatenate(firsts), np.concatenate(seconds) if with_patches else None
+            pair = (ctx.patch_reference[:done], patches) if with_patches else None
+            proof = proven_failure(ctx.reference[:done], logits, total, self.tolerance, ctx.kind, pair)
+            if proof is not None:
+                reference = ctx.reference[:done]
+                self.witnesses = failing_rows(reference, logits, self.tolerance, kind=ctx.kind, patches=pair)
+                return None, None, proof
+        return np.concatenate(firsts), np.concatenate(seconds) if with_patches else None, None
 
 
 # -- FP16 ---------------------------------------------------------------------------------------
@@ -312,7 +337,7 @@ def _speed_of(ctx: ExportContext, target: _Int8Target, path: Path) -> Any:
     try:
         return time_against(int8, base, batch, ctx.cfg.export.int8.min_speedup)
     finally:
-        int8.close()
+        keep_ort(ctx, path, int8)  # the autopilot judges the graph timed next: in this session
         base.close()
 
 

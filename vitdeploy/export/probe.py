@@ -24,6 +24,7 @@ import numpy as np
 from ..base import memory
 from ..base._deps import require
 from ..base.errors import ExportError
+from ..base.onnx_wire import in_place_model
 
 
 def _min(helper: Any, x: str, out: str) -> list[Any]:
@@ -80,13 +81,14 @@ def reduce_values(
     """For each run of ``batch`` images of ``calibration``: value -> statistic (:data:`STATS`) -> its
     number over the run's images, for every value and statistic of ``wanted``.
 
-    ``model``: ``onnx_path`` already loaded without its external data (it is changed and dropped).
+    ``model``: ``onnx_path`` already read, its weights external (base/onnx_wire.py ``in_place_model``: where
+    they lie in ``onnx_path`` itself; or not loaded from its data file) or inline (it is changed and dropped).
     ``prepack``: let ONNX Runtime prepack the weights, as its own sessions do (a second copy of them,
     and the bits of a MatMul's result as those sessions have them: ONNX Runtime's calibrator runs so).
     ExportError when ONNX Runtime cannot run the probe."""
     onnx = require("onnx", "probing a graph")
     ort = require("onnxruntime", "probing a graph")
-    model = model if model is not None else onnx.load(str(onnx_path), load_external_data=False)
+    model = model if model is not None else in_place_model(onnx_path)
     outputs: dict[tuple[str, str], str] = {}
 
     def reductions(value: str) -> list[Any]:
@@ -116,7 +118,7 @@ def reduce_values(
     probe = Path(name)
     try:
         if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
-            onnx.save_model(model, str(probe))  # the references to the source's data file stay as they are
+            onnx.save_model(model, str(probe))  # the references to the source's bytes (or its data file) stay
         else:  # weights inline: written once beside the probe (works past protobuf's 2 GB)
             onnx.save_model(model, str(probe), save_as_external_data=True, location=probe.name + ".data")
         del model

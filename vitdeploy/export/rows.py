@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from .context import CPU, ExportContext, StageRecord
+from .context import ExportContext, StageRecord, open_ort
 
 
 @dataclass(frozen=True)
@@ -88,9 +88,7 @@ def ort_gate(name: str, tolerance: str, backend: str, session_config: tuple[tupl
     """A graph judged by ONNX Runtime on the CPU (``backend``: how the run is named in reports), with the
     session settings the backend that runs it uses (``session_config``: model.int8.onnx's)."""
 
-    def open_ort(ctx: ExportContext, made: Made) -> Any:
-        from ..runtime.backends.ort import OrtBackend
+    def open_graph(ctx: ExportContext, made: Made) -> Any:  # the session its judge kept open, when there is one
+        return open_ort(ctx, made[0].path, backend, session_config)
 
-        return OrtBackend(made[0].path, ctx.chw, None, CPU, name=backend, session_config=session_config)
-
-    return Gate(name, tolerance, open_ort)
+    return Gate(name, tolerance, open_graph)

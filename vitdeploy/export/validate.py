@@ -175,6 +175,7 @@ def validate_artifact(
     kind: str = "logits",
     patch_reference: np.ndarray | None = None,
     largest_patches: np.ndarray | None = None,
+    scores: str = "softmax",
 ) -> ArtifactValidation:
     """Run ``backend`` over every input at the largest of ``batch_sizes`` and over a sample at the others
     (the module docstring says why that proves as much); compare with ``reference`` logits.
@@ -185,7 +186,8 @@ def validate_artifact(
     ``progress``: told ``"<done> of <total> inputs run"`` after each batch (a long validation says how far it is).
     ``kind``: what the outputs are (vocab.OUTPUT_KINDS): embeddings are judged by cosine and neighbours.
     ``patch_reference``: eager's patch tokens, when the export returns them: the artifact's are judged too, at
-    every batch size (``largest_patches``: those the autopilot's judge already has, with ``largest_logits``)."""
+    every batch size (``largest_patches``: those the autopilot's judge already has, with ``largest_logits``).
+    ``scores``: the classifier's score function (the flips' top-3 probabilities)."""
     sizes = sorted(set(batch_sizes))
     largest = sizes[-1]
     count = len(inputs.batch)
@@ -214,7 +216,7 @@ def validate_artifact(
         rows[size] = len(idx)
         log.info("%s at batch %d (%d inputs): %s", stage, size, len(idx), "pass" if per_batch[size].passed else "FAIL")
     ordered = {size: per_batch[size] for size in sorted(per_batch)}
-    flips = flip_details(reference, full, inputs.names, labels) if labels is not None else None
+    flips = flip_details(reference, full, inputs.names, labels, scores=scores) if labels is not None else None
     counts = {s: rows[s] for s in sorted(rows)}
     per = per_image(reference, full, kind, int(tolerance.get("neighbours", 10)), pair(full_p))
     return ArtifactValidation(stage, getattr(backend, "name", "?"), ordered, counts, per, flips, kind)

@@ -5,11 +5,13 @@ Formats are recognised from the contents of the file or directory, not its name,
 
 * ``vitdeploy``: a directory with ``model.json`` (``"format": "vitdeploy"``) and ``model.safetensors``,
   or either file inside it.
-* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` / DeiT / DINOv2 / SigLIP image tower
+* ``hf``: a Hugging Face ``ViTForImageClassification`` / ``ViTModel`` / DeiT / DINOv2 / CLIP / SigLIP image tower
   directory (``config.json`` + ``model.safetensors`` or ``pytorch_model.bin``, sharded or not), or a weights file
   inside it.
 * ``timm``: a timm ``vision_transformer`` state dict (.safetensors or a torch.save file), or a timm hub
   directory (``config.json`` with ``architecture``).
+* ``open_clip``: an OpenCLIP folder (``open_clip_config.json`` + ``open_clip_model.safetensors`` /
+  ``open_clip_pytorch_model.bin``) or state dict: its image tower.
 * ``torchvision``: a torchvision ``vit_*`` state dict.
 
 Loading is strict: every parameter of the model must come from the checkpoint with the right shape
@@ -56,7 +58,7 @@ class LoadedCheckpoint:
     config: "ViTConfig"
     labels: tuple[str, ...]
     preprocess: PreprocessSpec | None  # None only for a vitdeploy checkpoint saved without one
-    source_format: str  # "vitdeploy" | "timm" | "hf" | "torchvision" (formats.FORMATS)
+    source_format: str  # "vitdeploy" | "timm" | "hf" | "open_clip" | "torchvision" (formats.FORMATS)
     name: str
     # Where each relevant preprocess field came from ("checkpoint: ...", "library default: ...", "pipeline.yaml: ...").
     preprocess_origins: dict[str, str] = field(default_factory=dict)
@@ -99,7 +101,7 @@ def load_checkpoint(
         this many outputs (0 = features only).
     variant: heads for formats that do not store them (timm, torchvision), e.g. 'vit_base_patch16_224';
         checked against the tensors and, for hf / vitdeploy, against the stored config.
-    num_heads / act ("gelu" | "gelu_tanh") / layer_norm_eps: what a bare state dict cannot say
+    num_heads / act ("gelu" | "gelu_tanh" | "quick_gelu") / layer_norm_eps: what a bare state dict cannot say
         (pipeline.yaml model.num_heads / model.activation / model.layer_norm_eps); where the checkpoint
         stores them, a different value is an error.
     pool ("token" | "avg" | "token_avg"): the pooling of a timm state dict without config.json (pipeline.yaml
@@ -340,14 +342,10 @@ def _build_and_load(cfg: "ViTConfig", state: dict[str, Any], where: Path, fmt: s
 
 #: Parameter-name fragments (vitdeploy / timm naming) of parts vitdeploy's ViT does not have -> what they are.
 _UNSUPPORTED_PARTS = {
-    "norm_pre.": "a norm before the blocks (timm pre_norm / CLIP)",
     "head.fc.": "a pre-logits layer",
     "pre_logits.": "a pre-logits layer",
-    ".attn.norm.": "a norm on the attention output (timm scale_attn_norm)",
-    ".mlp.norm.": "a norm inside the MLP (timm scale_mlp_norm)",
     ".attn.gate.": "gated attention",
     "mask_token": "a mask token",
-    ".mlp.fc1_g.": "a gated MLP with separate gate and value layers (timm SwiGLU; SwiGLUPacked's one fc1 loads)",
     ".mlp.w12.": "a gated MLP in DINOv2's original naming (w12 / w3; timm's SwiGLUPacked names, fc1 / fc2, load)",
 }
 
@@ -360,7 +358,8 @@ def _unsupported_parts(unexpected: list[str]) -> str:
     return (
         "The file is incomplete or edited, or the model has parts vitdeploy's ViT does not (supported: class, "
         "distillation and register tokens, class-token, average, class-token + average or SigLIP's attention pooling, "
-        "fc_norm, layer scale, qk-norm)"
+        "fc_norm, layer scale, qk-norm, CLIP's norm before the blocks and projection, EVA-02's rotary attention, "
+        "norms inside the MLP and on the attention output)"
     )
 
 

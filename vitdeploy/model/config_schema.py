@@ -7,7 +7,8 @@ is not a number, a float is not an int, true is not 1), sizes > 0 and below gene
 and sizes that fit together (width divisible by heads, image by patch).
 
 Files checked: Hugging Face ``config.json`` and ``preprocessor_config.json``, timm hub
-``config.json`` (``pretrained_cfg``, ``model_args``, ``label_names``), vitdeploy ``model.json``.
+``config.json`` (``pretrained_cfg``, ``model_args``, ``label_names``), OpenCLIP ``open_clip_config.json``
+(``model_cfg``, ``preprocess_cfg``), vitdeploy ``model.json``.
 Keys a format has and vitdeploy does not read are allowed (those files carry many).
 """
 
@@ -170,6 +171,43 @@ class TimmHubConfig(_Open):
     model_args: Optional[TimmModelArgs] = None
 
 
+class OpenClipVisionCfg(_Open):
+    """open_clip_config.json ``model_cfg.vision_cfg`` keys read by formats/open_clip (ViT towers)."""
+
+    image_size: Any = 224
+    patch_size: Any = 16
+    width: Optional[Annotated[PositiveInt, Field(le=MAX_WIDTH)]] = None
+    head_width: Optional[Annotated[PositiveInt, Field(le=MAX_WIDTH)]] = None
+    layers: Any = None  # an int (a ViT) or a list (open_clip's ResNet, refused by the reader)
+    pool_type: StrictStr = "tok"
+    final_ln_after_pool: StrictBool = False
+    no_ln_pre: StrictBool = False
+
+    @field_validator("image_size", "patch_size")
+    @classmethod
+    def _sides(cls, v: Any) -> Any:
+        return _side_or_pair(v)
+
+
+class OpenClipModelCfg(_Open):
+    quick_gelu: StrictBool = False
+    vision_cfg: OpenClipVisionCfg = OpenClipVisionCfg()
+
+
+class OpenClipPreprocessCfg(_Open):
+    mean: Optional[tuple[FiniteFloat, FiniteFloat, FiniteFloat]] = None
+    std: Optional[tuple[Std, Std, Std]] = None
+    interpolation: StrictStr = "bicubic"
+    resize_mode: StrictStr = "shortest"
+
+
+class OpenClipConfig(_Open):
+    """open_clip_config.json as the Hub holds it (``model_cfg``, ``preprocess_cfg``)."""
+
+    model_cfg: OpenClipModelCfg
+    preprocess_cfg: Optional[OpenClipPreprocessCfg] = None
+
+
 class OurModelJson(_Open):
     format: Literal["vitdeploy"]
     version: Literal[1]
@@ -211,7 +249,9 @@ def check_checkpoint_config(fmt: str, meta: dict[str, Any], meta_dir: Path | Non
             nested = ("vision_config",) if meta.get("model_type") == "siglip" else ()
             _validate(HFConfig, siglip.vision_config(meta, meta_dir / "config.json"), meta_dir / "config.json", nested)
         else:
-            _validate(HFConfig, meta, meta_dir / "config.json")
+            from .formats.hf.convert_clip import vision_meta
+
+            _validate(HFConfig, vision_meta(meta), meta_dir / "config.json")  # a CLIPModel: its vision_config
         pp = meta_dir / "preprocessor_config.json"
         if pp.is_file():
             from .formats.shared import read_json
@@ -219,3 +259,6 @@ def check_checkpoint_config(fmt: str, meta: dict[str, Any], meta_dir: Path | Non
             _validate(HFPreprocessorConfig, read_json(pp), pp)
     elif fmt == "timm":
         _validate(TimmHubConfig, meta, meta_dir / "config.json")
+    elif fmt == "open_clip":
+        data = meta if "model_cfg" in meta else {"model_cfg": meta}  # a model config itself: open_clip reads both
+        _validate(OpenClipConfig, data, meta_dir / "open_clip_config.json")

@@ -9,8 +9,10 @@ Every size is a field of :class:`ViTConfig`; the named variants are data in ``VA
 torch-free, in ``vitdeploy/vit_schema.py``). So are the
 close relatives people ship: prefix tokens (class, DeiT's distillation token, registers), average
 pooling over the patch tokens (with ``fc_norm`` after the pool), SigLIP's attention pooling (``pool: map``),
-layer scale (DeiT III, DINOv2), qk-norm, DINOv2 giant's SwiGLU MLP, and position tables with or without the
-prefix positions (timm's ``no_embed_class``).
+layer scale (DeiT III, DINOv2), qk-norm, DINOv2 giant's SwiGLU MLP, EVA-02's rotary position embedding
+(``model/rope.py``), norm inside the MLP and on the attention output, position tables with or without the prefix
+positions (timm's ``no_embed_class``), and CLIP's image towers (a norm before the blocks, QuickGELU, a bias-free
+projection after the pooling).
 Parameter names are timm's, so a timm state dict loads as it is.
 """
 
@@ -25,9 +27,16 @@ from torch import nn
 
 from ..base.vit_schema import VARIANTS, ViTConfig  # noqa: F401 - the one definition (torch-free), re-exported here
 from ..base.vocab import ACTIVATIONS  # noqa: F401 - re-exported (GELU_APPROXIMATE has one entry per name)
+from .rope import rope_table, rotate_patches
 
-#: MLP activations: our name (vocab.ACTIVATIONS) -> torch.nn.functional.gelu's ``approximate`` argument.
+#: MLP activations: our name (vocab.ACTIVATIONS) -> torch.nn.functional.gelu's ``approximate`` argument
+#: ("quick_gelu" is not a GELU of torch's: :func:`quick_gelu`).
 GELU_APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}
+
+
+def quick_gelu(x: torch.Tensor) -> torch.Tensor:
+    """OpenAI CLIP's QuickGELU, ``x * sigmoid(1.702 x)``, as transformers, timm and open_clip compute it."""
+    return x * torch.sigmoid(1.702 * x)
 
 
 def sincos_position_embedding(grid: int, width: int, temperature: float = 10000.0) -> torch.Tensor:
@@ -48,7 +57,10 @@ class PatchEmbed(nn.Module):
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
-        self.proj = nn.Conv2d(cfg.in_channels, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        # no bias before a norm over the tokens (CLIP: timm's bias=not pre_norm, transformers', open_clip's conv)
+        self.proj = nn.Conv2d(
+            cfg.in_channels, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size, bias=not cfg.norm_pre
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(x).flatten(2).transpose(1, 2)  # (B, N, D)
@@ -63,15 +75,20 @@ class Attention(nn.Module):
         if cfg.qk_norm:
             self.q_norm = nn.LayerNorm(cfg.width // cfg.heads, eps=cfg.layer_norm_eps)
             self.k_norm = nn.LayerNorm(cfg.width // cfg.heads, eps=cfg.layer_norm_eps)
+        self.prefix = cfg.num_prefix_tokens
+        if cfg.attn_norm:  # EVA-CLIP's norm on the attention output (timm scale_attn_inner)
+            self.norm = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
         b, n, d = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        out = F.scaled_dot_product_attention(q, k, v)
-        return self.proj(out.transpose(1, 2).reshape(b, n, d))
+        if rope is not None:  # EVA-02: the patch tokens' queries and keys rotated by their grid position
+            q, k = rotate_patches(q, rope, self.prefix), rotate_patches(k, rope, self.prefix)
+        out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
+        return self.proj(self.norm(out) if hasattr(self, "norm") else out)
 
 
 class Mlp(nn.Module):
@@ -79,25 +96,31 @@ class Mlp(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
         self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
-        self.approximate = GELU_APPROXIMATE[cfg.act]
+        self.quick = cfg.act == "quick_gelu"
+        self.approximate = GELU_APPROXIMATE.get(cfg.act, "none")
+        self.norm = nn.LayerNorm(cfg.mlp_dim, eps=cfg.layer_norm_eps) if cfg.mlp_norm else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # exact (erf) GELU as in the paper's reference code, or the tanh form (timm gelu_tanh, HF gelu_pytorch_tanh)
-        return self.fc2(F.gelu(self.fc1(x), approximate=self.approximate))
+        # exact (erf) GELU as in the paper's reference code, the tanh form (timm gelu_tanh, HF gelu_pytorch_tanh),
+        # or OpenAI CLIP's QuickGELU; EVA-02's norm over the hidden width before fc2
+        h = self.fc1(x)
+        return self.fc2(self.norm(quick_gelu(h) if self.quick else F.gelu(h, approximate=self.approximate)))
 
 
 class SwiGLUMlp(nn.Module):
     """SwiGLU (Shazeer, 2020) as DINOv2's giant runs it: one fc1 writes both halves, SiLU gates the first and
-    multiplies the second (timm ``SwiGLUPacked``, transformers ``Dinov2SwiGLUFFN`` ``weights_in``)."""
+    multiplies the second (timm ``SwiGLUPacked``, transformers ``Dinov2SwiGLUFFN`` ``weights_in``); EVA-02's
+    (timm ``GluMlp``, or ``SwiGLU``'s fc1_g and fc1_x stacked into fc1) with its norm before fc2 (``mlp_norm``)."""
 
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.fc1 = nn.Linear(cfg.width, cfg.fc1_dim)
+        self.norm = nn.LayerNorm(cfg.mlp_dim, eps=cfg.layer_norm_eps) if cfg.mlp_norm else nn.Identity()
         self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, value = self.fc1(x).chunk(2, dim=-1)
-        return self.fc2(F.silu(gate) * value)
+        return self.fc2(self.norm(F.silu(gate) * value))
 
 
 #: ViTConfig.mlp -> the block's MLP module.
@@ -116,8 +139,8 @@ class Block(nn.Module):
         else:
             self.ls1 = self.ls2 = nn.Identity()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.ls1(self.attn(self.norm1(x)))  # (2)
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.ls1(self.attn(self.norm1(x), rope))  # (2)
         return x + self.ls2(self.mlp(self.norm2(x)))  # (3)
 
 
@@ -174,12 +197,15 @@ class VisionTransformer(nn.Module):
                 [torch.zeros(1, prefix, cfg.width), sincos_position_embedding(cfg.grid, cfg.width)], dim=1
             )
             self.register_buffer("pos_embed", table, persistent=False)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         norm = lambda: nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)  # noqa: E731
+        self.norm_pre = norm() if cfg.norm_pre else nn.Identity()  # CLIP: every token normed before the blocks
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.depth))
         self.norm = nn.Identity() if cfg.fc_norm else norm()
         self.fc_norm = norm() if cfg.fc_norm else nn.Identity()
         self.pooler = nn.Linear(cfg.width, cfg.width) if cfg.pooler else None  # transformers' ViTPooler (+ tanh)
         self.attn_pool = AttentionPool(cfg) if cfg.pool == "map" else None
+        # CLIP's projection of the pooled features (no bias): the embedding
+        self.proj = nn.Linear(cfg.features_width, cfg.proj_dim, bias=False) if cfg.proj_dim else None
         self.head = nn.Linear(cfg.pooled_width, cfg.num_classes) if cfg.num_classes else nn.Identity()
         self.head_dist = (
             (nn.Linear(cfg.width, cfg.num_classes) if cfg.num_classes else nn.Identity()) if cfg.distilled else None
@@ -215,9 +241,19 @@ class VisionTransformer(nn.Module):
             x = torch.cat([*prefix, x], dim=1) + pos_embed  # (1)
         else:  # the table covers the patches only; the prefix tokens carry no position
             x = torch.cat([*prefix, x + pos_embed], dim=1)
+        x = self.norm_pre(x)
+        rope = self._rope_table(pixel_values) if self.cfg.rope else None
         for block in self.blocks:
-            x = block(x)
+            x = block(x, rope)
         return self.norm(x)
+
+    def _rope_table(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """EVA-02's rotary table at the input's grid (model/rope.py), on the input's device."""
+        cfg = self.cfg
+        h, w = (cfg.grid, cfg.grid)
+        if cfg.dynamic_size:
+            h, w = pixel_values.shape[-2] // cfg.patch_size, pixel_values.shape[-1] // cfg.patch_size
+        return rope_table(h, w, cfg.width // cfg.heads, cfg.rope_grid).to(pixel_values.device)
 
     def _position_table(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The table at the input's grid, resampled as the checkpoint's library does (model/pos_resample.py)."""
@@ -230,12 +266,15 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, pooled_width): the class token (equation 4), the mean patch token (then
-        fc_norm), or the two side by side; through the pooler (dense + tanh) where the checkpoint has one."""
+        fc_norm), or the two side by side; through the pooler (dense + tanh) where the checkpoint has one, and
+        CLIP's projection where it has one."""
         return self._pool(self.forward_tokens(pixel_values))
 
     def _pool(self, x: torch.Tensor) -> torch.Tensor:
         pooled = self._pool_tokens(x)
-        return torch.tanh(self.pooler(pooled)) if self.pooler is not None else pooled
+        if self.pooler is not None:
+            pooled = torch.tanh(self.pooler(pooled))
+        return self.proj(pooled) if self.proj is not None else pooled
 
     def _pool_tokens(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.pool == "avg":
@@ -248,10 +287,20 @@ class VisionTransformer(nn.Module):
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         x = self.forward_tokens(pixel_values)
-        logits = self.head(self._pool(x))
+        pooled = self._pool(x)
+        if self.cfg.head_l2norm:  # a zero-shot head: logit_scale x cosine with each class's text embedding (+ bias)
+            pooled = l2_normalize(pooled)
+        logits = self.head(pooled)
         if self.head_dist is not None:  # DeiT at inference: the class and distillation heads averaged
             logits = (logits + self.head_dist(self.fc_norm(x[:, 1]))) / 2
         return logits
+
+
+def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """``F.normalize(x, dim=-1)``, written with ops ONNX Runtime's symbolic shape inference follows (the INT8
+    pre-processing failed on every L2-normalised embedding: it gives ``ReduceL2`` no shape, and F.normalize's
+    ``Expand`` of the norm then fails): the square root of a ``ReduceSum`` of squares, dividing by broadcasting."""
+    return x / (x * x).sum(dim=-1, keepdim=True).sqrt().clamp_min(eps)
 
 
 class EmbeddingNetwork(nn.Module):
@@ -268,7 +317,7 @@ class EmbeddingNetwork(nn.Module):
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         tokens = self.vit.forward_tokens(pixel_values)
         features = self.vit._pool(tokens)
-        pooled = F.normalize(features, dim=-1) if self.normalize else features
+        pooled = l2_normalize(features) if self.normalize else features
         if not self.patch_tokens:
             return pooled
         return pooled, tokens[:, self.vit.cfg.num_prefix_tokens :]

@@ -1,4 +1,5 @@
-"""Logits to scores: a numerically stable softmax and top-k. numpy only."""
+"""Logits to scores: a numerically stable softmax or sigmoid (the export's score function, ``output.scores``),
+and top-k. numpy only."""
 
 from __future__ import annotations
 
@@ -21,6 +22,35 @@ def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
         shifted = np.exp(x - np.where(np.isfinite(peak), peak, 0.0))
         shifted = np.where(np.isposinf(peak), (x == np.inf).astype(np.float64), shifted)
         return shifted / np.sum(shifted, axis=axis, keepdims=True)
+
+
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """Each logit's logistic sigmoid on its own, in float64 without overflow (SigLIP's scores); NaN stays NaN."""
+    x = np.asarray(logits, dtype=np.float64)
+    with np.errstate(over="ignore", under="ignore"):
+        e = np.exp(-np.abs(x))  # never overflows: exp of a non-positive number
+        return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def probabilities(logits: np.ndarray, scores: str = "softmax") -> np.ndarray:
+    """float64 scores of (N, C) logits by the export's score function (``ModelOutput.scores``): ``softmax``
+    over each row, or ``sigmoid`` of each logit (SigLIP's zero-shot classes, independent of one another)."""
+    if scores == "sigmoid":
+        return sigmoid(logits)
+    if scores == "softmax":
+        return softmax(logits, axis=-1)
+    raise InputError(f"unknown score function {scores!r}; expected softmax or sigmoid")
+
+
+def log_probabilities(logits: np.ndarray, scores: str = "softmax") -> np.ndarray:
+    """The log of :func:`probabilities`, computed without underflow (log-softmax, log-sigmoid), float64."""
+    x = np.asarray(logits, dtype=np.float64)
+    if scores == "sigmoid":
+        return -np.logaddexp(0.0, -x)
+    if scores != "softmax":
+        raise InputError(f"unknown score function {scores!r}; expected softmax or sigmoid")
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
 def top_k(scores: np.ndarray, k: int = 5) -> list[tuple[int, float]]:

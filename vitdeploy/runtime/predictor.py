@@ -33,7 +33,7 @@ from .backends import (
     open_or_reason,
 )
 from .backends.base import provider_name
-from .postprocess import softmax
+from .postprocess import probabilities
 from .postprocess import top_k as _top_k
 
 log = logging.getLogger(__name__)
@@ -173,6 +173,7 @@ class Predictor:
         self.input_shape = artifacts.input_shape
         self._spec = artifacts.preprocess  # the base size's; at_size() gives another listed size's
         self.is_embedding = artifacts.schema.is_embedding  # vectors out, no labels (base/output_spec.py)
+        self.scores = artifacts.schema.output.scores  # how logits become scores: softmax, or sigmoid (SigLIP)
         self.output_width = artifacts.schema.num_classes  # values per row: classes, or the embedding's dimension
         self.patch_shape = artifacts.schema.patch_shape  # (patches, width) of the patch tokens; None: not exported
 
@@ -362,7 +363,7 @@ class Predictor:
             rows = np.asarray(logits, dtype=np.float32)
             tokens = [None] * len(rows) if patch_tokens is None else list(patch_tokens)
             return [Embedding(row.tolist(), t) for row, t in zip(rows, tokens)]
-        probs = softmax(logits, axis=-1)
+        probs = probabilities(logits, self.scores)
         out = []
         for row in probs:
             best = [(self.label_of(i), i, s) for i, s in _top_k(row, top_k)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from typing import Any
 
@@ -30,6 +31,7 @@ from ..base.ray_private import wrap_grpc_handlers
 from . import auth, kserve_http, protocol, stage_timing
 from .http_errors import status_of
 from .kserve_model import model_config
+from .rollout.routes import HEADER_PREFIX
 
 #: What Ray Serve's gRPC proxy imports and calls to register the service (:func:`add_servicer`).
 SERVICER_FUNCTION = "vitdeploy.serve.kserve_grpc.add_servicer"
@@ -94,7 +96,7 @@ def _retry_lost(factory: Any) -> Any:
             return handler
 
         async def unary_unary(request_proto: Any, context: Any) -> Any:
-            context = await routed_context(request_proto, context)
+            context = await routed_context(request_proto, context, service_method.endswith("/ModelInfer"))
             for attempt in range(1 + LOST_REQUEST_RETRIES):
                 response = await handler(request_proto, context)
                 if not lost_replica(context.code(), context.details()):
@@ -114,36 +116,51 @@ def _retry_lost(factory: Any) -> Any:
 
 
 class _Routed:
-    """A gRPC call's context whose invocation metadata names the Serve application to route it to."""
+    """A gRPC call's context whose invocation metadata is the client's but ours (:data:`~.rollout.routes.
+    HEADER_PREFIX`: only the routing below sets those), and ``extra``: the Serve application to route it to, the
+    shadow copy a live replica sends (what the HTTP guard's headers say)."""
 
-    def __init__(self, context: Any, app: str) -> None:
-        self._context, self._app = context, app
+    def __init__(self, context: Any, extra: list[tuple[str, str]]) -> None:
+        self._context, self._extra = context, extra
 
     def invocation_metadata(self) -> tuple:
-        return (*tuple(self._context.invocation_metadata() or ()), ("application", self._app))
+        given = tuple(self._context.invocation_metadata() or ())
+        return (*(kv for kv in given if not str(kv[0]).lower().startswith(HEADER_PREFIX)), *self._extra)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._context, name)
 
 
-async def routed_context(request: Any, context: Any) -> Any:
+async def routed_context(request: Any, context: Any, infer: bool = False) -> Any:
     """Once a rollout put versions of a model side by side (serve/rollout/), Ray's gRPC proxy needs the
     ``application`` metadata to choose among them: a call that does not give it is sent to the version it names
-    (``model_version``), else to the live one, as the HTTP guard routes a path. Otherwise ``context`` as it is."""
+    (``model_version``), else to the live one (or, while a promotion splits requests, to the promoted one by its
+    share), as the HTTP guard routes a path; an unversioned inference (``infer``) while a shadow runs is tagged for
+    a copy to the candidate, as the guard tags an HTTP one. Metadata a client sends under our prefix is dropped."""
     from .rollout.registry import ROUTING
+    from .rollout.routes import SHADOW_HEADER, Shadow, split_target
 
     table = await ROUTING.table()
-    if not table or any(key == "application" for key, _ in context.invocation_metadata() or ()):
+    if not table:  # no rollout ever ran here: no version to route to, none a copy could go to
         return context
+    given = tuple(context.invocation_metadata() or ())
+    ours = any(str(key).lower().startswith(HEADER_PREFIX) for key, _ in given)
     model = getattr(request, "model_name", "") or getattr(request, "name", "")
     if not model and len(table) == 1:  # a server-level call (ServerLive...) of a server of one model
         model = next(iter(table))
     entry = table.get(model)
-    if entry is None:
-        return context
+    if entry is None or any(key == "application" for key, _ in given):
+        return _Routed(context, []) if ours else context
     version = str(getattr(request, "model_version", "") or getattr(request, "version", "") or "")
-    app = entry["apps"].get(version) or entry["live_app"]  # an unknown version: the live one says so
-    return _Routed(context, app) if app else context
+    extra = []
+    if not version:
+        app = split_target(entry, random.random(), "app") or entry["live_app"]
+        shadow = entry.get("shadow")
+        if infer and shadow:
+            extra.append((SHADOW_HEADER, Shadow(shadow["app"], 0, float(shadow["timeout_s"])).header()))
+    else:
+        app = entry["apps"].get(version) or entry["live_app"]  # an unknown version: the live one says so
+    return _Routed(context, [("application", app), *extra]) if app else context
 
 
 def _status(grpc_context: Any, error: protocol.RequestError) -> None:
@@ -205,11 +222,13 @@ def infer_response(
     embedding: bool = False,
     patch_tokens: np.ndarray | None = None,
     version: str = protocol.MODEL_VERSION,
+    scores: str = "softmax",
 ) -> Any:
     """The ``ModelInferResponse`` of ``logits`` (an embedding model's vectors with ``embedding``, its
-    ``patch_tokens`` where computed): the outputs ``req`` asked for, each in ``raw_output_contents``."""
+    ``patch_tokens`` where computed; TOPK_SCORES by ``scores``): the outputs ``req`` asked for, each in
+    ``raw_output_contents``."""
     pb = _pb()
-    arrays = protocol.output_arrays(logits, labels, k, req.classification, embedding, patch_tokens)
+    arrays = protocol.output_arrays(logits, labels, k, req.classification, embedding, patch_tokens, scores)
     response = pb.ModelInferResponse(model_name=model, model_version=version, id=req.id or "")
     for name in req.outputs:
         datatype, arr = arrays[name]
@@ -224,7 +243,7 @@ def infer_response(
 class KServeGrpcMethods:
     """The RPCs of ``inference.GRPCInferenceService``, as methods of the Ray Serve deployment (which
     provides ``name``, ``num_classes`` (an embedding's dimension), ``top_k``, ``spec``, ``stats``, ``predictor``,
-    ``_known`` and ``_classify``)."""
+    ``_known``, ``_classify`` and ``copy_to_candidate``)."""
 
     name: str
     version: str
@@ -237,6 +256,7 @@ class KServeGrpcMethods:
     export: dict  # protocol.export_parameters: which export, which backend
     timing: Any  # stage_timing.StageMetrics, None when serve.stage_timing is off
     spans: Any  # tracing.StageSpans, None when Ray Serve does not trace this replica
+    copy_to_candidate: Any  # rollout/shadow.py's ShadowMixin: a rollout's shadow copy
 
     async def ServerLive(self, request: Any) -> Any:  # noqa: N802 - the RPC's name
         return _pb().ServerLiveResponse(live=True)
@@ -339,10 +359,14 @@ class KServeGrpcMethods:
             names = [f"{protocol.INPUT}[{i}]" for i in range(len(req.images))]
             want = protocol.PATCH_TOKENS in req.outputs
             stage_timing.lap(clock, "read")
+            t_classify = time.perf_counter_ns()
             logits, errors, tokens = await self._classify(list(zip(names, req.images)), times, want, req.image_size)
             stage_timing.batched(clock, times)
             if errors:
                 raise errors[min(errors)]
+            if grpc_context is not None:  # a rollout's shadow: the routing's metadata says where a copy goes
+                metadata = dict(grpc_context.invocation_metadata() or ())
+                self.copy_to_candidate(metadata, req.images, logits, time.perf_counter_ns() - t_classify)
         except protocol.RequestError as exc:
             self.stats.failure(time.perf_counter_ns() - start)
             _status(grpc_context, exc)
@@ -357,6 +381,7 @@ class KServeGrpcMethods:
             self.predictor.is_embedding,
             np.stack(tokens) if want else None,
             self.version,
+            scores=self.predictor.scores,
         )
         end = time.perf_counter_ns()
         self.stats.success(

@@ -243,16 +243,17 @@ def encode_infer_response(
     embedding: bool = False,
     patch_tokens: np.ndarray | None = None,
     version: str = MODEL_VERSION,
+    scores: str = "softmax",
 ) -> tuple[bytes, dict[str, str]]:
     """The v2 response body and its extra headers for ``logits`` (N, C) of ``request``'s images (with
     ``embedding``: the (N, D) vectors, answered as EMBEDDINGS; ``patch_tokens`` (N, P, D) as PATCH_TOKENS;
-    ``version``: the model's version that answers).
+    ``version``: the model's version that answers; ``scores``: the export's score function, for TOPK_SCORES).
 
     Outputs the request asked for (all by default), JSON or binary as asked; with any
     binary output the body is the JSON header followed by the binary tensors and the headers
     carry ``Inference-Header-Content-Length``.
     """
-    tensors = output_arrays(logits, labels, k, request.classification, embedding, patch_tokens)
+    tensors = output_arrays(logits, labels, k, request.classification, embedding, patch_tokens, scores)
     outputs, blobs = [], []
     for name, binary in request.outputs.items():
         datatype, arr = tensors[name]

@@ -1,11 +1,12 @@
 """The output side of the serving contract (:mod:`vitdeploy.serve.protocol`, which re-exports every name here):
 the tensors a served model answers with, the same on `vitdeploy serve` and the generated Triton repository.
 
-A classifier answers ``LOGITS`` FP32 [N, C], ``TOPK_LABELS`` BYTES [N, K] and ``TOPK_SCORES`` FP32 [N, K] (softmax
-top-k, as ``vitdeploy predict``); an embedding model (the manifest's ``output.kind: embedding``) answers its
-vectors, ``EMBEDDINGS`` FP32 [N, D]; one exported with its patch tokens (``output.patch_tokens``) also serves
-``PATCH_TOKENS`` FP32 [N, P, D], answered only to a request that names it in ``outputs`` (they are P times the
-vectors' size: a request naming no output gets EMBEDDINGS alone). numpy only.
+A classifier answers ``LOGITS`` FP32 [N, C], ``TOPK_LABELS`` BYTES [N, K] and ``TOPK_SCORES`` FP32 [N, K] (top-k of
+the export's score function, softmax or SigLIP's sigmoid, as ``vitdeploy predict``); an embedding model (the
+manifest's ``output.kind: embedding``) answers its vectors, ``EMBEDDINGS`` FP32 [N, D]; one exported with its
+patch tokens (``output.patch_tokens``) also serves ``PATCH_TOKENS`` FP32 [N, P, D], answered only to a request
+that names it in ``outputs`` (they are P times the vectors' size: a request naming no output gets EMBEDDINGS
+alone). numpy only.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 from ..base.output_spec import EMBEDDING
 from ..base.vocab import OUTPUT_TENSORS, PATCH_TOKENS
 
-#: A classifier's output tensors: logits FP32 [N, C], top-k labels BYTES [N, K], top-k softmax scores FP32 [N, K].
+#: A classifier's output tensors: logits FP32 [N, C], top-k labels BYTES [N, K], top-k scores FP32 [N, K].
 LOGITS = "LOGITS"
 TOPK_LABELS = "TOPK_LABELS"
 TOPK_SCORES = "TOPK_SCORES"
@@ -55,23 +56,26 @@ def output_tensors(
     return [(LOGITS, "FP32", (int(width),)), (TOPK_LABELS, "BYTES", (kk,)), (TOPK_SCORES, "FP32", (kk,))]
 
 
-def top_k_arrays(logits: np.ndarray, labels: Sequence[str], k: int = DEFAULT_TOP_K) -> tuple[np.ndarray, np.ndarray]:
+def top_k_arrays(
+    logits: np.ndarray, labels: Sequence[str], k: int = DEFAULT_TOP_K, scores: str = "softmax"
+) -> tuple[np.ndarray, np.ndarray]:
     """float32 (N, C) logits -> (TOPK_LABELS object array (N, K) of ``bytes``, TOPK_SCORES float32
-    (N, K)): softmax probabilities, best first, ``K = min(k, C)``, ties to the lower index
+    (N, K)): the probabilities of the export's score function (``scores``: softmax, or sigmoid for SigLIP's
+    zero-shot classes), best first, ``K = min(k, C)``, ties to the lower index
     (:func:`vitdeploy.runtime.postprocess.top_k`). A label missing from ``labels`` is the index."""
-    from ..runtime.postprocess import softmax, top_k
+    from ..runtime.postprocess import probabilities, top_k
 
     logits = np.asarray(logits)
     n, c = logits.shape
     kk = max(1, min(int(k), c))
-    probs = softmax(logits, axis=-1)
+    probs = probabilities(logits, scores)
     names = np.empty((n, kk), dtype=object)
-    scores = np.empty((n, kk), dtype=np.float32)
+    best = np.empty((n, kk), dtype=np.float32)
     for r, row in enumerate(probs):
         for j, (idx, score) in enumerate(top_k(row, kk)):
             names[r, j] = (labels[idx] if 0 <= idx < len(labels) else str(idx)).encode("utf-8")
-            scores[r, j] = score
-    return names, scores
+            best[r, j] = score
+    return names, best
 
 
 def classify(values: np.ndarray, count: int) -> np.ndarray:
@@ -90,18 +94,19 @@ def output_arrays(
     classification: dict[str, int],
     embedding: bool = False,
     patch_tokens: np.ndarray | None = None,
+    scores: str = "softmax",
 ) -> dict[str, tuple[str, np.ndarray]]:
-    """Every output of a v2 answer as (datatype, array): LOGITS, TOPK_LABELS, TOPK_SCORES (an embedding model:
-    its vectors as EMBEDDINGS, and ``patch_tokens`` (N, P, D) as PATCH_TOKENS where computed), an output asked
-    for with class_count classified (BYTES)."""
+    """Every output of a v2 answer as (datatype, array): LOGITS, TOPK_LABELS, TOPK_SCORES (by ``scores``, the
+    export's score function; an embedding model: its vectors as EMBEDDINGS, and ``patch_tokens`` (N, P, D) as
+    PATCH_TOKENS where computed), an output asked for with class_count classified (BYTES)."""
     logits = np.ascontiguousarray(logits, dtype=np.float32)
     if embedding:
         tensors = {EMBEDDINGS: ("FP32", logits)}
         if patch_tokens is not None:
             tensors[PATCH_TOKENS] = ("FP32", np.ascontiguousarray(patch_tokens, dtype=np.float32))
     else:
-        labels_arr, scores = top_k_arrays(logits, labels, k)
-        tensors = {LOGITS: ("FP32", logits), TOPK_LABELS: ("BYTES", labels_arr), TOPK_SCORES: ("FP32", scores)}
+        labels_arr, best = top_k_arrays(logits, labels, k, scores)
+        tensors = {LOGITS: ("FP32", logits), TOPK_LABELS: ("BYTES", labels_arr), TOPK_SCORES: ("FP32", best)}
     for name, count in classification.items():
         tensors[name] = ("BYTES", classify(tensors[name][1], count))
     return tensors

@@ -28,6 +28,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import time
 from typing import Any, Awaitable, Callable
 
@@ -232,7 +233,7 @@ class ProxyGuard:
             return scope
         headers = [(k, v) for k, v in scope.get("headers") or [] if not k.lower().startswith(_OURS)]
         entry = (await self.rollout.table()).get(model)  # a rollout put a version beside the first one
-        path, extra = routed(path, scope.get("method", "GET"), model, entry)
+        path, extra = routed(path, scope.get("method", "GET"), model, entry, random.random())
         stripped = path.rstrip("/")
         # a version's metadata route is its application's root, "/"
         if stripped == MODELS_PREFIX + model or (entry and stripped in await self.routes()):

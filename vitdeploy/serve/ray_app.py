@@ -390,6 +390,7 @@ class ViTClassifier(KServeGrpcMethods, ShadowMixin):
             self.predictor.is_embedding,
             np.stack(tokens) if want else None,
             self.version,
+            scores=self.predictor.scores,
         )
         end = time.perf_counter_ns()
         self.stats.success(

@@ -303,6 +303,8 @@ def _deploy(
             name=name,
             route_prefix=route_prefix(name),
             logging_config={"log_level": "WARNING", "enable_access_log": settings.access_log},
+            # a fixed replica count may be changed in place: a rollout on a full cluster lowers it step by step
+            external_scaler_enabled=sv.autoscaling is None,
         )
     except Exception as exc:  # noqa: BLE001 - Ray wraps the replica's error in its own types
         raise BackendError(f"the Serve application did not start: {remote_reason(exc)}") from exc

@@ -4,8 +4,7 @@ rolled back by what it answers to live traffic.
     result = run_rollout(cfg, RolloutPlan("http://127.0.0.1:8000", Path("new-export"), address=...), options, print)
     print(result.line())   # "promoted v2 (...): ..." or "rolled back v2 (...): why"
 
-Each step is bounded in time; a failure at any step after the candidate exists removes it, and the live version
-never stops before a candidate has passed:
+Each step is bounded in time; a failure after the candidate exists removes it, never the live version:
 
 0. the export's eager FP32 PyTorch answers on its validation images (``validation.images``) are computed first;
 1. the server (server.py): `vitdeploy serve` with its proxy's guard, the serve token, the model;
@@ -20,18 +19,21 @@ never stops before a candidate has passed:
 5. shadow: the next ``--shadow`` unversioned inferences are copied to it (clients get the live answers only);
    gate.py judges the answers as they come (errors, latency; agreement with the live version is measured, and
    gates with ``--min-agreement`` or ``--same-model``) and decides as soon as they prove a failure;
-6. promote - unversioned requests move to it at the guards' next read; two reads later the old version is
-   deleted: its replicas finish their in-flight requests, then stop - or roll back: the candidate is deleted.
+6. promote - the candidate grows to the live version's replica count (capacity.py: on a full cluster, with
+   requests split by replica counts while the old version gives up a replica for each one it takes), unversioned
+   requests move to it at the guards' next read; two reads later the old version is deleted: its replicas finish
+   their in-flight requests, then stop - or roll back: the candidate is deleted.
 
-The history entry (version, export sha, verdict, reason, figures) is kept by the registry
-(`vitdeploy rollout --status`).
+The history entry is kept by the registry (`vitdeploy rollout --status`). Ctrl-C or SIGTERM before the swap rolls
+back, after it the promotion stands; a process killed anywhere leaves its phase to the next rollout (lease.py).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import numbers
+import signal
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,10 +42,21 @@ from typing import Any, Callable, Optional
 from ...base.errors import BackendError, ConfigError, VitDeployError, first_line
 from ...base.output_spec import EMBEDDING, LOGITS
 from ...base.vocab import AUTO
-from ...serve.rollout.registry import LEASE_S, PROMOTED, PROMOTING, ROLLED_BACK, ROLLING_BACK
+from ...serve.rollout.registry import (
+    DRAINING,
+    LEASE_S,
+    PROMOTED,
+    PROMOTING,
+    ROLLED_BACK,
+    ROLLING_BACK,
+    SHADOW,
+    STARTING,
+)
 from ...serve.rollout.routes import ROUTING_TTL_S, version_app, version_route
-from .gate import ShadowVerdict, backend_thresholds, gate_thresholds, judge_shadow
-from .lease import Lease, abandoned_line, connect, converge
+from .faithful import check_faithful
+from .gate import ShadowVerdict, judge_shadow, shadow_thresholds
+from .hold import hold_point, no_hold
+from .lease import Lease, abandoned_line, connect, converge, leave
 from .server import Server, export_sha, find_server, served_sha, wait_reachable
 from .status import summary
 
@@ -80,8 +93,8 @@ class RolloutPlan:
 @dataclass
 class RolloutResult:
     """How a rollout ended: ``verdict`` PROMOTED or ROLLED_BACK, ``reason`` why, ``figures`` the gate's, and
-    ``window``: the wall-clock (time.time()) span of the swap (traffic moved to the end of the old version; or the
-    rollback's start to the candidate gone)."""
+    ``window``: the wall-clock (time.time()) span of the swap (traffic began to move - split, on a full cluster -
+    to the end of the old version; or the rollback's start to the candidate gone)."""
 
     model: str
     version: int
@@ -93,6 +106,7 @@ class RolloutResult:
     window: Optional[tuple[float, float]] = None
     failed_start: bool = False
     notes: list[str] = field(default_factory=list)
+    interrupted: bool = False  # Ctrl-C (or SIGTERM) ended it: rolled back before the swap, promoted after
 
     @property
     def promoted(self) -> bool:
@@ -105,7 +119,7 @@ class RolloutResult:
         return f"{what}: {self.reason}; v{self.live} kept serving, never stopped"
 
     def to_dict(self) -> dict[str, Any]:
-        keys = ("model", "version", "live", "sha", "verdict", "reason", "figures", "window", "notes")
+        keys = ("model", "version", "live", "sha", "verdict", "reason", "figures", "window", "notes", "interrupted")
         return {k: getattr(self, k) for k in keys}
 
 
@@ -116,17 +130,32 @@ def run_rollout(cfg: Any, plan: RolloutPlan, options: Any, progress: Progress) -
 
     # a bad export (or, with runtime.verify, one its key did not sign) is said before anything is touched
     artifacts = Artifacts.open(plan.artifacts, public_key=cfg.verify_key)
+    hold = hold_point(progress=progress)  # the crash tests' hook (hold.py): a no-op unless its variable is set
     if plan.shadow_requests is None and not plan.shadow_seconds:
         raise ConfigError("--shadow: give a number of requests (300) or a time (2m)")
     server = find_server(plan.url, plan.model, plan.token, plan.ca_bundle)
     images = cfg.resolve(cfg.validation.images) if cfg.validation.images else None
     eager = eager_answers(artifacts, images, None, options, cfg.runtime.max_image_pixels)
     ray = connect(plan.address, progress)
-    return _Rollout(ray, cfg, plan, options, progress, artifacts, server, eager).run()
+    rollout = _Rollout(ray, cfg, plan, options, progress, artifacts, server, eager)
+    rollout.hold = hold
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if main else None  # Ray's own handler exits at once
+    try:
+        return rollout.run()
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM (a CI job cancelled, a pod stopped) ends a rollout as Ctrl-C does
 
 
 class _Rollout:
     """One rollout's steps and what they share."""
+
+    hold: Callable[..., None] = staticmethod(no_hold)  # the crash tests' hold point (hold.py): nothing by default
 
     def __init__(
         self,
@@ -150,6 +179,8 @@ class _Rollout:
         self.faithful: dict[str, Any] = {}
         self.deployed: tuple = ()  # the candidate's (spec, serve section, app, route, CPUs per replica)
         self.started = time.time()
+        self.swapped: Optional[float] = None  # when unversioned requests moved to the candidate
+        self.interrupted = False
 
     def run(self) -> RolloutResult:
         began = self.begin()  # nothing exists yet when it fails: nothing to undo
@@ -158,7 +189,7 @@ class _Rollout:
             return self._run(began)
         except BackendError:
             if self.lease.lost:
-                self._leave()
+                leave(self.lease, self.version, self._remove_s(), self.progress)
             raise
         finally:
             self.lease.release()
@@ -166,7 +197,9 @@ class _Rollout:
     def _run(self, began: dict[str, Any]) -> RolloutResult:
         failed_start, window = False, None
         try:
-            self.notes += converge(self.lease, began["remove"], self._remove_s(), self.progress, self._why(began))
+            self.notes += converge(
+                self.lease, began["remove"], self._remove_s(), self.progress, self._why(began), began.get("restore")
+            )
             try:
                 self.start()
             except VitDeployError as exc:
@@ -177,7 +210,7 @@ class _Rollout:
             else:
                 verdict = self.check_faithful() or self.shadow()
         except KeyboardInterrupt:
-            verdict = ShadowVerdict(False, True, "interrupted")
+            verdict, self.interrupted = ShadowVerdict(False, True, "interrupted"), True
         except VitDeployError as exc:
             if self.lease.lost:
                 raise
@@ -186,15 +219,23 @@ class _Rollout:
             verdict = ShadowVerdict(False, True, f"{type(exc).__name__}: {first_line(exc)}")
         figures = {**verdict.figures, "faithful": self.faithful} if self.faithful else verdict.figures
         if verdict.passed:
-            window = self.promote()
-        else:
+            try:
+                window = self.promote()
+            except KeyboardInterrupt:  # Ctrl-C: before the swap it rolls back; after, the promotion stands
+                self.interrupted = True
+                if self._live_now() != self.version:  # the registry's word (the swap may be done, its call not)
+                    verdict = ShadowVerdict(False, True, "interrupted while promoting", verdict.figures)
+                else:
+                    window = (self.swapped or time.time(), time.time())
+                    self.notes.append(f"interrupted while v{self.live} drained: {self._left(self.live)}")
+        if not verdict.passed:
             self.progress(f"rolling back v{self.version}: {verdict.reason}")
             window = self.roll_back()
         verdict_word = PROMOTED if verdict.passed else ROLLED_BACK
         result = RolloutResult(
             self.model, self.version, self.live, self.sha, verdict_word, verdict.reason, figures, window, failed_start
         )
-        result.notes = self.notes
+        result.notes, result.interrupted = self.notes, self.interrupted
         self.finish(result)
         return result
 
@@ -236,7 +277,7 @@ class _Rollout:
         from ...serve.runner import ServeSettings, replica_spec
 
         sv = self.cfg.serve
-        cpus, note = candidate_cpus(sv.num_cpus_per_replica, free_cpus())
+        cpus, note = candidate_cpus(sv.num_cpus_per_replica, free_cpus(min(sv.num_cpus_per_replica, 1.0)))
         served = self.cfg.model_copy(
             update={"serve": sv.model_copy(update={"num_cpus_per_replica": cpus, "autoscaling": None})}
         )
@@ -269,40 +310,20 @@ class _Rollout:
             # application of it appears: Ray's gRPC proxy cannot choose between two (serve/kserve_grpc.py does)
             time.sleep(2 * ROUTING_TTL_S)
         start_version(application, app, route, self.plan.start_timeout_s)
+        self._at(STARTING)
         self.lease.call("ready", self.version)
         wait_reachable(self.server, route, REACHABLE_S)
         self.progress(f"v{self.version} answers at {self.server.url}{route}/...")
 
     def check_faithful(self) -> Optional[ShadowVerdict]:
-        """The candidate's answers to its export's validation images, through its versioned route, judged against
-        the export's eager answers (as `validate --url` does); a failed verdict when they are not faithful."""
-        from ..protocols import V2_HTTP
-        from ..served_check import check_served
-
-        route = f"{self.model}/versions/{self.version}"
+        """The candidate against its own export (faithful.py); a failed verdict when it does not answer as it."""
         self.progress(
             f"checking v{self.version} against its export's eager answers ({len(self.eager.good)} images) ..."
         )
-        check = check_served(
-            self.artifacts.directory,
-            self.server.url,
-            protocol=V2_HTTP,
-            model=route,
-            token=self.server.token,
-            ca_bundle=self.server.ca_bundle,
-            thresholds=self._faithful_thresholds(),
-            options=self.options,
-            max_pixels=self.cfg.runtime.max_image_pixels,
-            write_report=False,
-            eager=self.eager,
+        self.faithful, failed = check_faithful(
+            self.server, self.version, self.artifacts, self.eager, self.cfg, self.options
         )
-        row = check.drift.backends[0] if check.drift and check.drift.backends else None
-        metrics = {k: float(v) for k, v in (row.metrics if row else {}).items() if isinstance(v, numbers.Real)}
-        self.faithful = {"images": len(self.eager.good), "status": check.status, "backend": check.backend, **metrics}
-        if check.status == "passed":
-            return None
-        why = check.reason or (row.failures[0] if row and row.failures else check.status)
-        return ShadowVerdict(False, True, f"v{self.version} is not faithful to its own export: {why}")
+        return failed
 
     def shadow(self) -> ShadowVerdict:
         budget = self.plan.shadow_requests or MAX_SHADOWED
@@ -311,6 +332,7 @@ class _Rollout:
         self.lease.call("start_shadow", budget, timeout, seconds)
         what = f"the next {budget} requests" if self.plan.shadow_requests else f"every request for {seconds:g} s"
         self.progress(f"shadowing {what} to v{self.version} (clients get v{self.live}'s answers) ...")
+        self._at(SHADOW)
         deadline = time.monotonic() + seconds
         samples: list[dict[str, Any]] = []
         thresholds: dict[str, float] | None = None
@@ -321,7 +343,7 @@ class _Rollout:
             if progress["count"] > len(samples):
                 samples += self.lease.call("samples", len(samples))
             if thresholds is None and any(s.get("backend") for s in samples):
-                thresholds = self._thresholds(samples)
+                thresholds = shadow_thresholds(samples, self.artifacts.manifest.get("validation"), self.cfg.validation)
             timed_out = time.monotonic() > deadline
             final = progress["count"] >= budget or timed_out
             if timed_out and self.plan.shadow_requests and progress["count"] < budget:
@@ -341,45 +363,42 @@ class _Rollout:
     def promote(self) -> tuple[float, float]:
         from ...base.ray_private import serve_details
         from ...serve.rollout.candidate import free_cpus, remove_version, replica_count
-        from .capacity import OLD, Scaler, live_autoscaling, room_for, scale_steps
+        from .capacity import BOTH, OLD, Promotion, Scaler, in_place, live_autoscaling, room_for, scale_steps
 
         self.lease.call("phase", PROMOTING)
         old_app, app = version_app(self.model, self.live), version_app(self.model, self.version)
         live = max(replica_count(old_app), 1)
-        autoscaling = live_autoscaling(serve_details(), old_app)
-        steps = scale_steps(live, room_for(free_cpus(), self.deployed[4]))
+        details = serve_details()
+        autoscaling = live_autoscaling(details, old_app)
+        shrink = autoscaling is None and in_place(details, old_app)  # a full cluster: the old one steps down
+        steps = scale_steps(live, room_for(free_cpus(), self.deployed[4]), shrink)
         scaler = Scaler(self._deploy, lambda: replica_count(app), self.plan.start_timeout_s)
+        carry = Promotion(self.lease, self.model, self.live, self.version, scaler, self.progress, self.notes)
         # the guards stop tagging copies at their next read and the copies sent finish: the swap does not
         # run on cores the shadow still takes
         time.sleep(ROUTING_TTL_S + 0.5)
-        moved = self._grow(scaler, [step.new for step in steps if step.serving == OLD][1:], 1)
-        start = time.time()
+        moved = carry.grow([step.new for step in steps if step.serving == OLD][1:], 1)
+        moved = carry.step_down([step for step in steps if step.serving == BOTH], moved, live)
+        self._at(PROMOTING)
+        start = carry.split_at or time.time()  # the swap began when requests began to move
         self.lease.call("promote", self.version)  # the phase is DRAINING from here
+        self.swapped = start
         self.progress(
             f"promoting v{self.version} ({moved} of v{self.live}'s {live} replica(s)): unversioned requests move "
             f"to it; v{self.live} drains ..."
         )
+        self._at(DRAINING)
         time.sleep(2 * ROUTING_TTL_S + 0.5)  # every guard has read the new routing: nothing new reaches the old one
         if not remove_version(old_app, self._remove_s()):
             self.notes.append(f"v{self.live} was still stopping after {self._remove_s():g} s")
         else:
             self.lease.call("drop", self.live)
         end = time.time()
-        grown = self._grow(scaler, list(range(moved + 1, live + 1)), moved)
+        grown = carry.grow(list(range(moved + 1, live + 1)), moved)
         if autoscaling:
             self._deploy(grown, autoscaling)
-        self._capacity_notes(live, moved, grown, autoscaling)
+        carry.capacity_notes(live, moved, grown, autoscaling)
         return start, end
-
-    def _grow(self, scaler: Any, counts: list[int], running: int) -> int:
-        """The candidate grown through ``counts``, one replica at a time, until Ray cannot place the next one
-        within the start timeout; the count it runs."""
-        for count in counts:
-            self.progress(f"scaling v{self.version} to {count} replica(s) ...")
-            if not scaler.to(count):
-                break
-            running = count
-        return running
 
     def _deploy(self, replicas: int, autoscaling: Optional[dict[str, Any]]) -> None:
         """The candidate's application deployed again with ``replicas`` (or the live version's ``autoscaling``),
@@ -394,21 +413,7 @@ class _Rollout:
             keys = ("min_replicas", "max_replicas", "target_ongoing_requests")
             given = {k: autoscaling[k] for k in keys if autoscaling.get(k) is not None}  # else the section's own
             sv = sv.model_copy(update={"autoscaling": AutoscalingSection(**given)})
-        run_nowait(build_app(spec, sv, replicas, version=self.sha[:16]), app, route, LOGGING)
-
-    def _capacity_notes(self, live: int, moved: int, grown: int, autoscaling: Optional[dict[str, Any]]) -> None:
-        if moved < live - 1:
-            self.notes.append(
-                f"requests moved to v{self.version} with {moved} replica(s), v{self.live} had {live}: the cluster had "
-                f"room for no more beside v{self.live}"
-            )
-        if grown < live:
-            self.notes.append(f"v{self.version} serves with {grown} replica(s) (v{self.live} had {live}): add room")
-        if autoscaling:
-            self.notes.append(
-                f"v{self.version} autoscales as v{self.live} did ({autoscaling.get('min_replicas')}-"
-                f"{autoscaling.get('max_replicas')} replicas)"
-            )
+        run_nowait(build_app(spec, sv, replicas, version=self.sha[:16]), app, route, LOGGING, not autoscaling)
 
     def roll_back(self) -> tuple[float, float]:
         from ...serve.rollout.candidate import remove_version
@@ -416,7 +421,14 @@ class _Rollout:
         start = time.time()
         self.lease.call("phase", ROLLING_BACK)
         self.lease.call("stop_shadow")
-        if not remove_version(version_app(self.model, self.version), self._remove_s()):
+        try:
+            self._at(ROLLING_BACK)
+            gone = remove_version(version_app(self.model, self.version), self._remove_s())
+        except KeyboardInterrupt:  # Ctrl-C (again): the rollout ends, what is left is said
+            self.interrupted = True
+            self.notes.append(f"interrupted while v{self.version} was removed: {self._left(self.version)}")
+            return start, time.time()
+        if not gone:
             self.notes.append(f"v{self.version} was still stopping after {self._remove_s():g} s")
         else:
             self.lease.call("drop", self.version)
@@ -437,46 +449,16 @@ class _Rollout:
         }
         self.lease.call("finish", entry)
 
-    def _leave(self) -> None:
-        """The lease was taken over (this process was not heard of for a lease's length): the process that took
-        it removes what this one left; only a candidate this one started after that, unknown to the registry,
-        is removed here (never a version the registry lists: never the live one)."""
-        from ray import serve
-
-        from ...serve.rollout.candidate import remove_version
-
-        known = self.lease.read("status")["models"].get(self.model, {}).get("versions", {})
-        app = version_app(self.model, self.version)
-        if self.version and str(self.version) not in known and app in serve.status().applications:
-            self.progress(f"this rollout lost its lease: removing v{self.version}, which it started")
-            remove_version(app, self._remove_s())
-
     # ---------------------------------------------------------------- helpers
 
-    def _thresholds(self, samples: list[dict[str, Any]]) -> dict[str, float]:
-        cand = next(s["backend"] for s in samples if s.get("backend"))
-        live = next((s["live_backend"] for s in samples if s.get("live_backend")), None)
-        validation = self.cfg.validation
-        mine = backend_thresholds(self.artifacts.manifest.get("validation"), cand, validation)
-        theirs = backend_thresholds(None, live, validation) if live else None
-        return gate_thresholds(mine, theirs)
+    def _at(self, phase: str) -> None:
+        self.hold(phase, version=self.version, live=self.live)
 
-    def _faithful_thresholds(self) -> dict[str, dict[str, float]]:
-        """The candidate's thresholds per precision: its export's own validation of the backend it runs (its
-        metadata says which), else the config's ``validation.<precision>``."""
-        from ...base.vocab import BACKEND_KINDS, EXPORT_BACKEND, PRECISIONS
-        from ...serve.protocol import served_export
-        from ..protocols import V2_HTTP, Target, model_document
+    def _live_now(self) -> int:
+        return int(self.lease.read("status")["models"][self.model]["live"])
 
-        route = f"{self.model}/versions/{self.version}"
-        target = Target(self.server.url, V2_HTTP, route, self.server.token, ca_bundle=self.server.ca_bundle)
-        _, doc = model_document(target, route)
-        backend = served_export(doc if isinstance(doc, dict) else {}).get(EXPORT_BACKEND)  # what it runs
-        limits = {p: getattr(self.cfg.validation, p).model_dump() for p in PRECISIONS}
-        if backend in BACKEND_KINDS:
-            own = backend_thresholds(self.artifacts.manifest.get("validation"), backend, self.cfg.validation)
-            limits[BACKEND_KINDS[backend].precision] = own
-        return limits
+    def _left(self, version: int) -> str:
+        return f"v{version} is removed by the next rollout or `vitdeploy rollout --status`"
 
     def _check_alive(self) -> None:
         """BackendError when the candidate's application failed (its replica crashed and could not be restarted)."""

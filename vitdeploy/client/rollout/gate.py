@@ -65,6 +65,19 @@ def gate_thresholds(candidate: Mapping[str, float], live: Mapping[str, float] | 
     return out
 
 
+def shadow_thresholds(
+    samples: Sequence[Mapping[str, Any]], manifest_validation: Mapping[str, Any] | None, validation: Any
+) -> dict[str, float]:
+    """The thresholds the shadowed answers are compared with the live version's by: the candidate backend's (its
+    export's own validation, else ``validation``), loosened to the live backend's where those are looser; the
+    backends are the ones the samples name."""
+    cand = next(s["backend"] for s in samples if s.get("backend"))
+    live = next((s["live_backend"] for s in samples if s.get("live_backend")), None)
+    mine = backend_thresholds(manifest_validation, cand, validation)
+    theirs = backend_thresholds(None, live, validation) if live else None
+    return gate_thresholds(mine, theirs)
+
+
 def _latency(samples: Sequence[Mapping[str, Any]], key: str) -> dict[str, float] | None:
     ns = [float(s[key]) for s in samples if s.get(key) is not None]
     if not ns:
@@ -170,4 +183,5 @@ __all__ = [
     "backend_thresholds",
     "gate_thresholds",
     "judge_shadow",
+    "shadow_thresholds",
 ]

@@ -125,10 +125,13 @@ class Lease:
                 log.warning("the rollout's lease was not renewed: %s", first_line(exc))
 
 
-def converge(lease: Lease, remove: list[int], remove_s: float, progress: Progress, why: str) -> list[str]:
+def converge(
+    lease: Lease, remove: list[int], remove_s: float, progress: Progress, why: str, restore: Optional[dict] = None
+) -> list[str]:
     """Remove the versions ``remove`` (what an abandoned rollout left, never the live one) under ``lease``, each
-    dropped from the registry once gone; notes on a version still stopping."""
-    from ...serve.rollout.candidate import remove_version
+    dropped from the registry once gone, then give the live version back the replicas an abandoned promotion
+    stepped it down from (``restore``: its version and count); notes on a version still stopping."""
+    from ...serve.rollout.candidate import remove_version, replica_count, scale_version
 
     notes = []
     for number in remove:
@@ -137,7 +140,29 @@ def converge(lease: Lease, remove: list[int], remove_s: float, progress: Progres
             notes.append(f"v{number} was still stopping after {remove_s:g} s")
             continue
         lease.call("drop", number)
+    if restore:
+        app, count = version_app(lease.model, restore["version"]), int(restore["replicas"])
+        if replica_count(app) < count:
+            progress(f"giving v{restore['version']} back its {count} replica(s), {why}")
+            refused = scale_version(app, count)
+            if refused:
+                notes.append(f"v{restore['version']} was not given back its {count} replica(s): {refused}")
     return notes
+
+
+def leave(lease: Lease, version: int, remove_s: float, progress: Progress) -> None:
+    """``lease`` was taken over (its process was not heard of for a lease's length): the process that took it
+    removes what this one left; only a candidate ``version`` this one started after that, unknown to the
+    registry, is removed here (never a version the registry lists: never the live one)."""
+    from ray import serve
+
+    from ...serve.rollout.candidate import remove_version
+
+    known = lease.read("status")["models"].get(lease.model, {}).get("versions", {})
+    app = version_app(lease.model, version)
+    if version and str(version) not in known and app in serve.status().applications:
+        progress(f"this rollout lost its lease: removing v{version}, which it started")
+        remove_version(app, remove_s)
 
 
 def abandoned_line(abandoned: Optional[dict[str, Any]]) -> str:
@@ -172,7 +197,12 @@ def converge_all(ray: Any, registry: Any) -> list[str]:
         try:
             why = abandoned_line(taken.get("abandoned"))
             notes = converge(
-                lease, taken["remove"], STATUS_REMOVE_S, lambda line: done.append(f"{model}: {line}"), why
+                lease,
+                taken["remove"],
+                STATUS_REMOVE_S,
+                lambda line: done.append(f"{model}: {line}"),
+                why,
+                taken.get("restore"),
             )
             done += [f"{model}: {note}" for note in notes]
             lease.call("finish", None)
@@ -181,4 +211,4 @@ def converge_all(ray: Any, registry: Any) -> list[str]:
     return done
 
 
-__all__ = ["Lease", "abandoned_line", "connect", "converge", "converge_all"]
+__all__ = ["Lease", "abandoned_line", "connect", "converge", "converge_all", "leave"]

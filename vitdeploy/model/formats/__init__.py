@@ -6,7 +6,7 @@ the format: ``convert_keys`` -> ``config`` -> ``labels`` -> ``preprocess`` -> ``
 
 Everything a format knows lives under its own name here: ``vitdeploy.py`` (our own, nothing to
 convert), and a package for each format whose key conversion deserves its own file, as timm keeps a
-model's ``checkpoint_filter_fn`` beside it: ``hf/``, ``timm/``, ``torchvision/``, each an
+model's ``checkpoint_filter_fn`` beside it: ``hf/``, ``timm/``, ``open_clip/``, ``torchvision/``, each an
 ``__init__.py`` holding the reader (detection, config, labels, preprocessing) and ``convert.py`` with
 the pure functions it calls (key conversion, reading the library's config; tests call them directly).
 What every format shares: ``base.py`` (the ``Reader`` interface), ``resolve.py`` (detection order) and
@@ -30,12 +30,15 @@ from __future__ import annotations
 from ...base.errors import CheckpointError
 from .base import LoadOptions, ReadConfig, Reader, Source
 from .hf import HFReader
+from .open_clip import OpenClipReader
 from .timm import TimmReader
 from .torchvision import TorchvisionReader
 from .vitdeploy import VitdeployReader
 
 #: format name -> reader, in the order detection asks them (vitdeploy's own model.json first).
-READERS: dict[str, Reader] = {r.format: r for r in (VitdeployReader(), HFReader(), TimmReader(), TorchvisionReader())}
+READERS: dict[str, Reader] = {
+    r.format: r for r in (VitdeployReader(), HFReader(), TimmReader(), OpenClipReader(), TorchvisionReader())
+}
 FORMATS: tuple[str, ...] = tuple(READERS)
 
 

@@ -219,7 +219,7 @@ def variant_template(variant: str):
     if base in VARIANTS:
         return VARIANTS[base]
     size = patch = None
-    m = re.match(r"^(?:vit|deit)_(tiny|small|base|large|huge|giant|so400m)_patch(\d+)", base)
+    m = re.match(r"^(?:vit|deit|eva02|eva)_(tiny|small|base|large|huge|giant|so400m)_patch(\d+)", base)
     if m and (m.group(1) != "giant" or base.endswith("_dinov2")):  # timm's other giants are not DINOv2's
         size, patch = m.group(1), int(m.group(2))
     elif m := re.match(r"^vit_([tsblh])_(\d+)$", base):  # torchvision names

@@ -9,19 +9,22 @@ makes the very same choice from the cache alone (``try_to_load_from_cache``), wi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ...base._deps import require
 from ...base.errors import HubError
 from ...base.hub_name import HubName
 from ..formats.hf.convert import MODEL_TYPES, WEIGHTS_PREFERENCE
 from ..formats.hf.convert_siglip import NAFLEX_TYPES, naflex_reason
+from ..formats.open_clip.convert import CONFIG_FILE as OPEN_CLIP_CONFIG
+from ..formats.open_clip.convert import WEIGHT_FILES as OPEN_CLIP_WEIGHTS
 from ..formats.timm.convert import TIMM_ARCH_PREFIXES
 from .failures import explained, offline_not_cached
 from .settings import HubSettings, hub_settings
@@ -100,8 +103,8 @@ class _Repo:
 
 
 _NOT_A_MODEL = (
-    "vitdeploy reads transformers ViT / DeiT / DINOv2 / SigLIP repos (config.json with model_type) and timm's hub "
-    "repos (config.json with architecture)"
+    "vitdeploy reads transformers ViT / DeiT / DINOv2 / CLIP / SigLIP repos (config.json with model_type), timm's "
+    f"hub repos (config.json with architecture) and OpenCLIP's ({OPEN_CLIP_CONFIG} without a config.json)"
 )
 
 
@@ -110,10 +113,16 @@ def fetch(name: HubName) -> HubSnapshot:
     hf = require("huggingface_hub", "downloading a checkpoint from the Hugging Face Hub")
     settings = hub_settings()
     repo = _Repo(name, _resolve(name, settings), settings)
-    config = repo.get(CONFIG, required=True)
-    _check_architecture(config, repo)  # before the weights: no gigabytes for a model that cannot load
-    fetched = [config, repo.get(PREPROCESSOR)]
-    fetched += _weights(repo)
+    config = repo.get(CONFIG)
+    if config is None:  # OpenCLIP's own repos: open_clip_config.json beside open_clip_model.safetensors / .bin
+        config = repo.get(OPEN_CLIP_CONFIG)
+        if config is None:
+            raise HubError(f"{repo.label}: the repo has no {CONFIG} (nor {OPEN_CLIP_CONFIG}); {_NOT_A_MODEL}")
+        fetched = [config, _open_clip_weights(repo)]
+    else:
+        _check_architecture(config, repo)  # before the weights: no gigabytes for a model that cannot load
+        fetched = [config, repo.get(PREPROCESSOR)]
+        fetched += _weights(repo)
     files = tuple(_hashed(p, repo) for p in fetched if p is not None)
     log.info("%s: %d files from %s", repo.label, len(files), settings.shown_endpoint)
     return HubSnapshot(
@@ -125,6 +134,17 @@ def fetch(name: HubName) -> HubSnapshot:
         client=f"huggingface_hub {hf.__version__}",
         offline=settings.offline,
     )
+
+
+def fetch_more(snapshot: HubSnapshot, filenames: Sequence[str]) -> HubSnapshot:
+    """``snapshot`` with more files of its commit (those of ``filenames`` the repo has; the others skipped), each
+    hashed into its record: what a zero-shot export reads beside the weights (the tokenizer's files)."""
+    repo = _Repo(snapshot.name, snapshot.commit, hub_settings())
+    have = {f.path for f in snapshot.files}
+    found = [p for p in (repo.get(name) for name in filenames if name not in have) if p is not None]
+    if found:
+        log.info("%s: %s", repo.label, ", ".join(p.name for p in found))
+    return dataclasses.replace(snapshot, files=snapshot.files + tuple(_hashed(p, repo) for p in found))
 
 
 def _resolve(name: HubName, settings: HubSettings) -> str:
@@ -152,7 +172,7 @@ def _check_architecture(config: Path, repo: _Repo) -> None:
     meta = _read_json(config, repo)
     supported = (
         f"supported: transformers {', '.join(MODEL_TYPES)} (model_type) and timm "
-        f"{' / '.join(p + '*' for p in TIMM_ARCH_PREFIXES)} (vision_transformer)"
+        f"{' / '.join(p + '*' for p in TIMM_ARCH_PREFIXES)} (vision_transformer, eva)"
     )
     if "model_type" in meta:
         if meta["model_type"] in NAFLEX_TYPES:
@@ -181,6 +201,15 @@ def _weights(repo: _Repo) -> list[Path]:
             return [path]
         return [path, *(repo.get(shard, required=True) for shard in _shards(path, repo))]
     raise HubError(f"{repo.label}: {_no_weights(repo.listing())}")
+
+
+def _open_clip_weights(repo: _Repo) -> Path:
+    """The OpenCLIP weights open_clip itself would read (safetensors first)."""
+    for filename in OPEN_CLIP_WEIGHTS:
+        path = repo.get(filename)
+        if path is not None:
+            return path
+    raise HubError(f"{repo.label}: {OPEN_CLIP_CONFIG} but no weights vitdeploy reads ({', '.join(OPEN_CLIP_WEIGHTS)})")
 
 
 def _shards(index: Path, repo: _Repo) -> list[str]:

@@ -15,12 +15,13 @@ import time
 from typing import Any, Mapping
 
 from ...base.errors import BackendError, remote_reason
-from ...base.ray_private import delete_nowait, run_nowait
+from ...base.ray_private import delete_nowait, run_nowait, scale_in_place
 from .routes import version_of_app, version_route
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25
+FREE_WAIT_S = 10.0  # how long a candidate waits for the CPU a removal frees, before it cannot be placed
 DECLARATIVE = "declarative"  # the source Ray Serve gives an application applied from a config
 LOGGING = {"log_level": "WARNING", "enable_access_log": False}
 
@@ -63,11 +64,18 @@ def replica_count(app: str) -> int:
     return sum(int(d.replica_states.get("RUNNING", 0)) for d in status.deployments.values())
 
 
-def free_cpus() -> float:
-    """The CPUs no actor holds on the cluster now (Ray's available resources)."""
+def free_cpus(at_least: float = 0.0, wait_s: float = FREE_WAIT_S) -> float:
+    """The CPUs no actor holds on the cluster now (Ray's available resources); with ``at_least``, that many waited
+    for, at most ``wait_s``: Ray's view lags a version just removed (what an abandoned rollout left) by a moment.
+    The last read when they do not come."""
     import ray
 
-    return float(ray.available_resources().get("CPU", 0.0))
+    deadline = time.monotonic() + wait_s
+    while True:
+        free = float(ray.available_resources().get("CPU", 0.0))
+        if free + 1e-9 >= at_least or time.monotonic() > deadline:
+            return free
+        time.sleep(POLL_S)
 
 
 def candidate_cpus(asked: float, free: float) -> tuple[float, str | None]:
@@ -88,13 +96,13 @@ def candidate_cpus(asked: float, free: float) -> tuple[float, str | None]:
 
 
 def start_version(application: Any, app: str, route: str, timeout_s: float) -> None:
-    """Deploy ``application`` (a bound Serve application) as ``app`` at ``route`` beside what runs, and wait until
-    it is RUNNING, at most ``timeout_s``; BackendError with Ray's reason when it failed or did not start in time
-    (the caller removes it)."""
+    """Deploy ``application`` (a bound Serve application of a fixed replica count) as ``app`` at ``route`` beside
+    what runs, its count changeable in place (:func:`scale_version`), and wait until it is RUNNING, at most
+    ``timeout_s``; BackendError with Ray's reason when it failed or did not start in time (the caller removes it)."""
     from ray import serve
 
     try:
-        run_nowait(application, app, route, LOGGING)
+        run_nowait(application, app, route, LOGGING, external_scaler=True)
     except Exception as exc:  # noqa: BLE001 - Ray wraps the controller's refusal in its own types
         raise BackendError(f"Ray Serve refused to deploy it: {remote_reason(exc)}") from exc
     deadline = time.monotonic() + timeout_s
@@ -110,6 +118,22 @@ def start_version(application: Any, app: str, route: str, timeout_s: float) -> N
             why = f": {remote_reason(waiting)}" if waiting else ""
             raise BackendError(f"it did not start within {timeout_s:g} s{why}")
         time.sleep(POLL_S)
+
+
+def scale_version(app: str, replicas: int) -> str | None:
+    """Set ``app``'s replica count to ``replicas`` in place: its running replicas stay, one it gives up finishes
+    its in-flight requests first (``app`` deployed with Ray Serve's external scaler on, as `vitdeploy serve` and
+    :func:`start_version` deploy a fixed count). None once Ray took it, else why not (Ray's reason)."""
+    from ray import serve
+
+    status = serve.status().applications.get(app)
+    if status is None:
+        return f"{app} is not running"
+    try:
+        scale_in_place(app, list(status.deployments), replicas)
+    except Exception as exc:  # noqa: BLE001 - Ray's refusal (no external scaler, the app going): said, not raised
+        return remote_reason(exc)
+    return None
 
 
 def remove_version(app: str, timeout_s: float) -> bool:
@@ -144,5 +168,6 @@ __all__ = [
     "remove_version",
     "replica_count",
     "running_versions",
+    "scale_version",
     "start_version",
 ]

@@ -153,8 +153,12 @@ class RolloutRegistry:
             what = f"v{busy['version']}, {busy['phase']}" if busy["version"] else busy["phase"]
             left = busy["expires"] - now
             return {"refused": f"a rollout of {model} ({what}) holds its lease for {left:.0f} s more; wait for it"}
-        if state is not None:  # versions whose application is gone (a restarted server) are forgotten
+        if state is not None:  # versions whose application is gone (a restarted server, a candidate whose
+            # rollout died before it was deployed) are forgotten, with their packed exports
+            gone = [e["app"] for e in state["versions"].values() if e["app"] not in running]
             state["versions"] = {n: e for n, e in state["versions"].items() if e["app"] in running}
+            for app in gone:
+                self._bundles.pop(app, None)
         if state is None or state["live"] not in state["versions"]:
             fresh = _new_model(model, running)
             fresh["next"] = max(fresh["next"], state["next"] if state else 2)
@@ -163,6 +167,12 @@ class RolloutRegistry:
             return {"refused": f"no application of model {model!r} runs on this cluster"}
         abandoned = self._abandoned(model, state, busy, now) if busy is not None else None
         remove = sorted(n for n, e in state["versions"].items() if n != state["live"] and e["state"] in LEAVING)
+        # a promotion that stepped the live version down in place: what it had is given back
+        restore = (
+            {"version": state["live"], "replicas": int(busy["live_replicas"])}
+            if busy and busy.get("live_replicas")
+            else None
+        )
         for number in remove:
             state["versions"][number]["state"] = "leaving"
         state["rollout"] = None
@@ -170,7 +180,8 @@ class RolloutRegistry:
             phase = CONVERGING if idle else STARTING
             state["rollout"] = {"version": None, "from": state["live"], "holder": holder, "phase": phase}
             state["rollout"].update(expires=now + lease_s, lease_s=lease_s, started=now, shadow=None)
-        return {"remove": remove, "abandoned": abandoned, "live": state["live"]}
+        taken = {"remove": remove, "abandoned": abandoned, "live": state["live"]}
+        return {**taken, "restore": restore} if restore else taken
 
     def _abandoned(self, model: str, state: dict[str, Any], busy: Mapping[str, Any], now: float) -> dict | None:
         """The expired rollout ``busy``, ended in the history by what it left: promoted when its candidate is
@@ -275,6 +286,20 @@ class RolloutRegistry:
         self._save()
         return {}
 
+    def split(self, model: str, holder: str, version: int, share: float, live_replicas: int) -> dict[str, Any]:
+        """During a promotion on a full cluster, the part ``share`` of unversioned requests goes to ``version`` (the
+        rollout's candidate) from the guards' next read, the rest to the live version (0: none); ``live_replicas``,
+        the live version's count before the promotion, is what a takeover gives it back."""
+        rollout = self._held(model, holder)
+        if rollout is None or rollout["version"] != version:
+            return _fenced(model, self._rollout(model))
+        entry = self._models[model]["versions"][version]
+        share = min(max(float(share), 0.0), 1.0)
+        rollout["split"] = {"app": entry["app"], "route": entry["route"], "share": share} if share > 0 else None
+        rollout["live_replicas"] = int(live_replicas)
+        self._save()
+        return {"share": share}
+
     def promote(self, model: str, holder: str, version: int) -> dict[str, Any]:
         """Unversioned requests go to ``version`` (the rollout's candidate) from the guards' next read; the old
         live one is leaving; the phase is :data:`DRAINING`, in the same step."""
@@ -287,6 +312,7 @@ class RolloutRegistry:
         state["versions"][version]["state"] = "live"
         state["live"] = version
         rollout["phase"] = DRAINING
+        rollout["split"] = None
         self._save()
         return {"live": version, "old": old}
 

@@ -84,13 +84,16 @@ def parse_versions(value: str | bytes | None, own: str) -> list[str]:
     return sorted(found or {own}, key=int)
 
 
-def routed(path: str, method: str, model: str, entry: Mapping[str, Any] | None) -> tuple[str, list[tuple[str, str]]]:
+def routed(
+    path: str, method: str, model: str, entry: Mapping[str, Any] | None, draw: float = 1.0
+) -> tuple[str, list[tuple[str, str]]]:
     """Where the guard sends ``path`` (a route of ``model``) and the headers it adds, from the model's
     :meth:`RolloutRegistry.routing` entry (None: the model has one version, nothing changes).
 
     An unversioned path goes to the live version's route and, for an inference while a shadow runs, is tagged
-    for a copy; a versioned path is left to Ray's proxy (the version's own route) unless the version is not
-    there: NotFoundError (404) naming the versions there are."""
+    for a copy; during a promotion that splits requests (the entry's ``split``), to the promoted version's route
+    when ``draw`` (uniform in [0, 1)) falls below its share. A versioned path is left to Ray's proxy (the
+    version's own route) unless the version is not there: NotFoundError (404) naming the versions there are."""
     if not entry:
         return path, []
     base = f"{MODELS}{model}"
@@ -105,7 +108,14 @@ def routed(path: str, method: str, model: str, entry: Mapping[str, Any] | None) 
     shadow = entry.get("shadow")
     if shadow and method == "POST" and rest in ("/infer", "/predict"):
         headers.append((SHADOW_HEADER, Shadow(shadow["app"], 0, float(shadow["timeout_s"])).header()))
-    return str(entry["live"]) + rest, headers
+    return str(split_target(entry, draw, "route") or entry["live"]) + rest, headers
+
+
+def split_target(entry: Mapping[str, Any], draw: float, key: str) -> Any:
+    """The promoted version's ``key`` (its route, its app) for a request drawn ``draw`` while the entry splits
+    unversioned requests and the draw falls within its share; None: the live version answers it."""
+    split = entry.get("split")
+    return split[key] if split and draw < float(split["share"]) else None
 
 
 __all__ = [
@@ -117,6 +127,7 @@ __all__ = [
     "parse_shadow",
     "parse_versions",
     "routed",
+    "split_target",
     "version_app",
     "version_of_app",
     "version_route",

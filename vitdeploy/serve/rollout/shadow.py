@@ -2,7 +2,8 @@
 the candidate answers the copy to the live replica only, and the pair goes to the rollout registry.
 
 The proxy's guard tags the requests to copy (routes.py, :data:`~.routes.SHADOW_HEADER`:
-the candidate's application and how long it is given). After the live replica has its answer, it sends the
+the candidate's application and how long it is given); the gRPC routing tags an inference the same way, in its
+metadata (serve/kserve_grpc.py). After the live replica has its answer, it sends the
 images it read (their encoded bytes: the candidate decodes them with its own preprocessing) to the candidate's
 :meth:`ShadowMixin.shadow` through a Ray Serve handle, on a task of its own: the client's answer never waits for
 the copy, and a candidate that is slow, stopped or crashed costs the client nothing. Each outcome - both

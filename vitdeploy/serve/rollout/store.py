@@ -56,7 +56,8 @@ class GcsStore:
 def routing_table(doc: Optional[Mapping[str, Any]], now: float) -> dict[str, dict[str, Any]]:
     """What the proxy's guard needs, per model, from the registry's stored state: the live version's route and
     application, the versions that answer (a candidate still starting is not listed) with their applications,
-    and the shadow target while a shadow runs (else None)."""
+    the shadow target while a shadow runs (else None), and during a promotion on a full cluster the version that
+    answers a part of unversioned requests (``split``: its route, application and ``share``; else None)."""
     out: dict[str, dict[str, Any]] = {}
     for model, state in ((doc or {}).get("models") or {}).items():
         versions = {str(n): e for n, e in state["versions"].items()}
@@ -66,6 +67,7 @@ def routing_table(doc: Optional[Mapping[str, Any]], now: float) -> dict[str, dic
         rollout, shadow = state.get("rollout"), None
         if rollout and rollout.get("shadow") and now < float(rollout["shadow"]["until"]):
             shadow = {k: rollout["shadow"][k] for k in ("app", "timeout_s")}
+        split = dict(rollout["split"]) if rollout and rollout.get("split") else None
         apps = {n: e["app"] for n, e in versions.items() if e["state"] != "starting"}
         out[model] = {
             "live": live["route"],
@@ -73,6 +75,7 @@ def routing_table(doc: Optional[Mapping[str, Any]], now: float) -> dict[str, dic
             "versions": sorted(int(n) for n in apps),
             "apps": apps,
             "shadow": shadow,
+            "split": split,
         }
     return out
 

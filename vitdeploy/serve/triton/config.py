@@ -74,6 +74,7 @@ class ModelFacts:
     patch_shape: tuple[int, int] | None = None  # (P, D) of an embedding's PATCH_TOKENS output; None: not exported
     export_sha256: str = ""  # the sha256 of the export's manifest.json: published in the ensemble's parameters
     image_sizes: tuple[int, ...] = ()  # an export for several sizes (manifest image_sizes): height, width dynamic
+    scores: str = "softmax"  # the manifest's output.scores: how the postprocess model turns logits into TOPK_SCORES
 
     @property
     def pixel_dims(self) -> tuple[int, ...]:
@@ -223,7 +224,7 @@ def postprocess_config(facts: ModelFacts, settings: Settings, version: str) -> s
     b = int(facts.batch["max"])
     k = top_k_of(facts, settings)
     return _join(
-        _header(names["postprocess"], "logits -> the logits and the softmax top-k labels and scores"),
+        _header(names["postprocess"], f"logits -> the logits and the {facts.scores} top-k labels and scores"),
         f"name: {_q(names['postprocess'])}",
         'backend: "python"',
         f"max_batch_size: {b}",
@@ -239,7 +240,7 @@ def postprocess_config(facts: ModelFacts, settings: Settings, version: str) -> s
         ),
         _dynamic_batching(facts, settings, b, queue=False),
         _instance_group("cpu", 1),
-        *_parameters({"top_k": k, "labels_file": LABELS_FILE, "vitdeploy_version": version}),
+        *_parameters({"top_k": k, "labels_file": LABELS_FILE, "scores": facts.scores, "vitdeploy_version": version}),
     )
 
 

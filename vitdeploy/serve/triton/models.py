@@ -142,6 +142,7 @@ class PostprocessModel:
         params = _parameters(args)
         _check_version(params, args.get("model_name", "postprocess"))
         self.top_k = int(params.get("top_k") or 5)
+        self.scores = params.get("scores") or "softmax"  # the export's score function (softmax, or sigmoid)
         labels_path = Path(args["model_repository"]) / params.get("labels_file", "labels.txt")
         self.labels = labels_path.read_text(encoding="utf-8").splitlines() if labels_path.is_file() else []
 
@@ -152,7 +153,7 @@ class PostprocessModel:
         responses = []
         for request in requests:
             logits = pb.get_input_tensor_by_name(request, LOGITS).as_numpy()
-            labels, scores = top_k_arrays(logits, self.labels, self.top_k)
+            labels, scores = top_k_arrays(logits, self.labels, self.top_k, self.scores)
             outputs = [pb.Tensor(LOGITS, logits), pb.Tensor(TOPK_LABELS, labels), pb.Tensor(TOPK_SCORES, scores)]
             responses.append(pb.InferenceResponse(output_tensors=outputs))
         return responses

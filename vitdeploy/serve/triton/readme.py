@@ -39,7 +39,7 @@ def render_readme(
         names["trt"]: "tensorrt_plan: the FP16 engine from `vitdeploy export`",
         names["ort_python"]: "python backend + ONNX Runtime (vitdeploy's `ort` backend), for Triton builds "
         "without the onnxruntime backend",
-        names["postprocess"]: "python backend: softmax top-k (vitdeploy's postprocessing)",
+        names["postprocess"]: f"python backend: {facts.scores} top-k (vitdeploy's postprocessing)",
         names["openvino"]: "openvino backend (CPU): model.onnx as validated; OpenVINO runs it in f32, or in bf16 "
         "on a CPU with BF16 math (AVX512-BF16, AMX: the export's validate-bf16 judged that; Triton's backend cannot "
         "ask for f32). Not in the Triton images' default build everywhere: `tritonserver` must list `openvino` "
@@ -78,7 +78,7 @@ def render_readme(
 
 _CLASSIFIER_ANSWER = (
     'labels = result.as_numpy("TOPK_LABELS")   # [N, K] bytes, best first',
-    'scores = result.as_numpy("TOPK_SCORES")   # [N, K] softmax probabilities',
+    'scores = result.as_numpy("TOPK_SCORES")   # [N, K] probabilities (the export\'s score function)',
     'logits = result.as_numpy("LOGITS")',
     "print(labels[0][0].decode(), float(scores[0][0]))",
 )

@@ -167,6 +167,7 @@ def _facts(artifacts: Artifacts, engine_meta: dict[str, Any] | None) -> tc.Model
         patch_shape=artifacts.schema.patch_shape,
         export_sha256=artifacts.manifest_sha256,
         image_sizes=artifacts.image_sizes,
+        scores=artifacts.schema.output.scores,
     )
 
 

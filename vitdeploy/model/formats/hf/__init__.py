@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ....base.errors import CheckpointError
-from ....base.preprocess_spec import PreprocessSpec
+from ....base.preprocess_spec import CLIP_MEAN, CLIP_STD, PreprocessSpec
 from ....base.vit_schema import ViTConfig
 from ...provenance import (
     CHECKPOINT,
@@ -31,6 +31,8 @@ PREPROCESSOR_CONFIG = "preprocessor_config.json"
 _PROCESSOR_BY_MODEL_TYPE = {
     "dinov2": "BitImageProcessor",
     "dinov2_with_registers": "BitImageProcessor",
+    "clip": "CLIPImageProcessor",
+    "clip_vision_model": "CLIPImageProcessor",
     **{model_type: "SiglipImageProcessor" for model_type in convert_hf.siglip.SIGLIP_TYPES},
 }
 #: Processors whose class converts to RGB by default (do_convert_rgb = True); the others leave it unset.
@@ -79,13 +81,25 @@ class HFReader(Reader):
         pp_path = src.meta_dir / PREPROCESSOR_CONFIG if src.meta_dir else None
         if pp_path is not None and pp_path.is_file():
             return convert_hf.hf_preprocess(read_json(pp_path), cfg.image_size, pp_path)
-        # no preprocessor_config.json: the model's processor's defaults (ViTImageProcessor's; SigLIP's: bicubic),
-        # said in a note
+        # no preprocessor_config.json: the model type's processor's defaults (ViTImageProcessor, CLIPImageProcessor,
+        # SiglipImageProcessor: a bicubic stretch)
+        size = cfg.image_size
         kind = _PROCESSOR_BY_MODEL_TYPE.get(src.meta.get("model_type"), "ViTImageProcessor")
-        bicubic = kind == "SiglipImageProcessor"
-        spec = PreprocessSpec(
-            style="hf", height=cfg.image_size, width=cfg.image_size, interpolation="bicubic" if bicubic else "bilinear"
-        )
+        if kind == "CLIPImageProcessor":  # shorter side to the size, centre crop, bicubic, OpenAI's mean / std
+            spec = PreprocessSpec(
+                style="hf",
+                height=size,
+                width=size,
+                shortest_edge=size,
+                interpolation="bicubic",
+                mean=CLIP_MEAN,
+                std=CLIP_STD,
+            )
+        else:
+            bicubic = kind == "SiglipImageProcessor"
+            spec = PreprocessSpec(
+                style="hf", height=size, width=size, interpolation="bicubic" if bicubic else "bilinear"
+            )
         note = (
             f"{src.where}: no {PREPROCESSOR_CONFIG}; assumed transformers' {kind} defaults "
             f"({describe_spec(spec)}); {override_hint()}"

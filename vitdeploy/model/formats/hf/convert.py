@@ -48,6 +48,16 @@ from ....base.preprocess_spec import PreprocessSpec
 from ....base.vit_schema import dinov2_swiglu_hidden
 from ...provenance import CHECKPOINT, LIBRARY, Preprocessing
 from . import convert_siglip as siglip
+from .convert_clip import (
+    CLIP_DEFAULTS,
+    CLIP_DROPPED,
+    CLIP_LAYER,
+    CLIP_MODEL_TYPES,
+    CLIP_TOP,
+    clip_family,
+    clip_shapes,
+    vision_meta,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -78,23 +88,29 @@ _TOP = {
     "embeddings.register_tokens": "reg_token",
     "pooler.dense.weight": "pooler.weight",  # ViTModel / DeiTModel: pooler_output = tanh(dense(class token))
     "pooler.dense.bias": "pooler.bias",
+    **CLIP_TOP,
     **siglip.TOP,  # SigLIP's tower (formats/hf/convert_siglip.py)
 }
-#: Model types whose checkpoints load, and the prefix of their backbone's keys.
+#: Model types whose checkpoints load, and the prefix of their backbone's keys (CLIP's image tower: ``clip.py``).
 MODEL_TYPES = {
     "vit": "vit.",
     "deit": "deit.",
     "dinov2": "dinov2.",
     "dinov2_with_registers": "dinov2_with_registers.",
+    **CLIP_MODEL_TYPES,
     **{model_type: siglip.PREFIX for model_type in siglip.SIGLIP_TYPES},
 }
 #: DINOv2 model types -> whether transformers antialiases when it resamples the position table to the input size.
 DINOV2_RESAMPLE_ANTIALIAS = {"dinov2": False, "dinov2_with_registers": True}
 # What transformers' configuration classes default to where they differ from ViTConfig's.
-_DEFAULTS = {"dinov2": {"patch_size": 14, "layer_norm_eps": 1e-6}, "dinov2_with_registers": {"layer_norm_eps": 1e-6}}
+_DEFAULTS = {
+    "dinov2": {"patch_size": 14, "layer_norm_eps": 1e-6},
+    "dinov2_with_registers": {"layer_norm_eps": 1e-6},
+    "clip_vision_model": CLIP_DEFAULTS,
+}
 # Tensors of pre-training only, never read by a classifier: dropped (the pooler too, beside a classifier head:
 # transformers' classifiers read the class token, never pooler_output).
-_DROPPED = ("embeddings.mask_token", *siglip.DROPPED)
+_DROPPED = ("embeddings.mask_token", *CLIP_DROPPED, *siglip.DROPPED)
 # Per-layer module names, both namings -> ours ("q"/"k"/"v" are gathered into qkv).
 _LAYER = {
     "layernorm_before": "norm1",
@@ -122,7 +138,7 @@ _LAYER = {
     "mlp.up_proj": "up",
     "mlp.weights_out": "mlp.fc2",
     "mlp.down_proj": "mlp.fc2",
-    **siglip.LAYER,
+    **CLIP_LAYER,  # SigLIP's layers have CLIP's names
 }
 #: Per-layer pieces gathered into one of our tensors (concatenated in this order along the output rows).
 _GATHERED = {"attn.qkv": ("q", "k", "v"), "mlp.fc1": ("gate", "up")}
@@ -131,7 +147,13 @@ _LAYER_RE = re.compile(r"^(?:encoder\.layers?|layers)\.(\d+)\.(.+)\.(weight|bias
 _PARAM = {"weight": "weight", "bias": "bias", "lambda1": "gamma"}
 
 # transformers' hidden_act -> ours: "gelu" is erf; the others are the tanh approximation (same formula).
-HF_ACTS = {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+HF_ACTS = {
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+    "quick_gelu": "quick_gelu",  # CLIP's x * sigmoid(1.702 x)
+}
 # Processors whose int ``size`` means the shortest edge (their class sets default_to_square = False);
 # every other processor (ViT, DeiT, BEiT ...) reads an int as a square (height = width = size).
 _INT_SIZE_IS_SHORTEST_EDGE = {
@@ -192,6 +214,7 @@ def convert_hf_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.
             out[f"blocks.{layer}.{target}.{kind}"] = torch.cat([parts[p][1] for p in order], dim=0)
         else:  # incomplete: leave the pieces, strict loading names them and the missing qkv / fc1
             out.update({src: val for src, val in parts.values()})
+    clip_shapes(out)
     if registers:
         _fold_class_position(out)
     siglip.finish_state(out)
@@ -234,13 +257,15 @@ def hf_vit_config(
     siglip.refuse_naflex(config, where)
     if siglip.is_siglip(config):  # the image tower's own config, flat, with transformers' defaults
         config = siglip.vision_config(config, where)
+    config = vision_meta(config)  # a CLIPModel: its vision_config
     model_type = config.get("model_type", "vit")
     if model_type not in MODEL_TYPES:
         raise CheckpointError(
             f"{where}: model_type {model_type!r} is not supported; Hugging Face 'vit' (ViTForImageClassification, "
             "ViTModel), 'deit' (DeiTForImageClassification, DeiTForImageClassificationWithTeacher, DeiTModel), "
             "'dinov2' and 'dinov2_with_registers' (Dinov2ForImageClassification, "
-            "Dinov2WithRegistersForImageClassification, their Model), 'siglip' and 'siglip_vision_model' "
+            "Dinov2WithRegistersForImageClassification, their Model), 'clip' (CLIPModel: its image tower), "
+            "'clip_vision_model' (CLIPVisionModel, CLIPVisionModelWithProjection), 'siglip' and 'siglip_vision_model' "
             "(SiglipModel's image tower, SiglipVisionModel, SiglipForImageClassification) checkpoints load"
         )
     width = width_of(config)
@@ -295,6 +320,7 @@ def hf_vit_config(
             reg_tokens=int(reg.shape[1]) if reg is not None and reg.ndim == 3 else 0,
             layer_scale=any(k.endswith(".ls1.gamma") for k in state),
             pooler="pooler.weight" in state,
+            **clip_family(state),  # CLIP: the norm before the blocks, the projection
             # with registers the table has the patch rows only (the class row is in cls_token)
             pos_embed_prefix=not (
                 reg is not None and pos is not None and pos.ndim == 3 and pos.shape[1] == _grid_cells(config, where)

@@ -4,14 +4,14 @@ config.
 
 The tower is a ViT without a class token: the patch convolution (``padding="valid"``: an image side off the patch
 grid loses its last rows and columns, as so400m/14 at 384 px does), a position table of the patches only
-(``nn.Embedding``: one row per patch), pre-norm blocks (``layer_norm1``, ``self_attn.{q,k,v,out}_proj``,
-``layer_norm2``, ``mlp.fc1/fc2``), ``post_layernorm`` on every token, then the attention-pooling head
-(``SiglipMultiheadAttentionPoolingHead``): a learned ``probe`` queries the tokens through ``nn.MultiheadAttention``,
-whose packed ``in_proj`` is timm's ``q`` (its first third) and ``kv`` (the rest), ``out_proj`` is ``proj``, then
-``x + mlp(layernorm(x))``: our ``pool: map`` with timm's ``attn_pool.*`` names. Its output is ``pooler_output``,
-what ``SiglipModel.get_image_features`` returns. The classifier reads the mean of ``post_layernorm``'s tokens
-(``pool: avg``) and never the head, whose tensors are dropped. A ``SiglipModel``'s text tower and its logit scale
-and bias are not the image tower's: dropped.
+(``nn.Embedding``: one row per patch), pre-norm blocks with CLIP's names (``layer_norm1``,
+``self_attn.{q,k,v,out}_proj``, ``layer_norm2``, ``mlp.fc1/fc2``: ``convert_clip.CLIP_LAYER``), ``post_layernorm``
+on every token, then the attention-pooling head (``SiglipMultiheadAttentionPoolingHead``): a learned ``probe``
+queries the tokens through ``nn.MultiheadAttention``, whose packed ``in_proj`` is timm's ``q`` (its first third) and
+``kv`` (the rest), ``out_proj`` is ``proj``, then ``x + mlp(layernorm(x))``: our ``pool: map`` with timm's
+``attn_pool.*`` names. Its output is ``pooler_output``, what ``SiglipModel.get_image_features`` returns. The
+classifier reads the mean of ``post_layernorm``'s tokens (``pool: avg``) and never the head, whose tensors are
+dropped. A ``SiglipModel``'s text tower and its logit scale and bias are not the image tower's: dropped.
 
 transformers' NaFlex ``Siglip2*`` classes (``model_type`` ``siglip2``) resize every image to its own aspect ratio and
 patch count (a sequence of variable length, a linear patch embedding, a position table resampled per image): they
@@ -65,15 +65,6 @@ TOP = {
     "head.mlp.fc1.bias": "attn_pool.mlp.fc1.bias",
     "head.mlp.fc2.weight": "attn_pool.mlp.fc2.weight",
     "head.mlp.fc2.bias": "attn_pool.mlp.fc2.bias",
-}
-#: per-layer names -> ours (q/k/v gathered into qkv by the HF converter)
-LAYER = {
-    "layer_norm1": "norm1",
-    "layer_norm2": "norm2",
-    "self_attn.q_proj": "q",
-    "self_attn.k_proj": "k",
-    "self_attn.v_proj": "v",
-    "self_attn.out_proj": "attn.proj",
 }
 
 

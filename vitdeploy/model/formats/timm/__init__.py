@@ -13,6 +13,7 @@ from ...provenance import Preprocessing, mirror_record
 from ..base import LoadOptions, ReadConfig, Reader, Source
 from ..shared import shorten, weight_keys
 from . import convert as convert_timm
+from . import convert_eva
 
 
 class TimmReader(Reader):
@@ -50,6 +51,10 @@ class TimmReader(Reader):
         return convert_timm.convert_timm_state_dict(state)
 
     def config(self, src: Source, state: dict[str, Any], opts: LoadOptions) -> ReadConfig:
+        rope = None
+        if convert_eva.is_eva_state(_raw_keys(src)):  # timm eva.py: what its architecture says of rotation
+            arch = convert_eva.eva_architecture(src.meta, opts.variant, src.where)
+            rope = convert_eva.eva_family(arch, src.meta, src.where)
         cfg, heads_origin, notes = convert_timm.timm_vit_config(
             state,
             src.where,
@@ -59,6 +64,7 @@ class TimmReader(Reader):
             act=opts.act,
             layer_norm_eps=opts.layer_norm_eps,
             pool=opts.pool,
+            rope=rope,
         )
         return ReadConfig(cfg, heads_origin, notes)
 
@@ -73,3 +79,10 @@ class TimmReader(Reader):
 
     def reference(self, src: Source) -> dict[str, Any]:
         return mirror_record("timm", transform="timm.data.create_transform(**resolve_data_config(model=model))")
+
+
+def _raw_keys(src: Source) -> set[str]:
+    """The checkpoint's own tensor names, before convert_keys (a safetensors header is read again: no tensors)."""
+    if src.state is not None:
+        return set(src.state)
+    return weight_keys(src.weights[0])[0] if src.weights else set()

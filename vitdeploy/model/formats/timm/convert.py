@@ -1,9 +1,10 @@
-"""timm ``vision_transformer`` state dicts: naming, architecture inference, hub config.
+"""timm ``vision_transformer`` and ``eva`` (EVA-02) state dicts: naming, architecture inference, hub config.
 
 timm's parameter names are vitdeploy's own, so the key conversion is the identity; what a bare
 state dict does not store (attention heads) is inferred, and the rest read from tensor shapes.
 A timm hub directory (``config.json`` with ``architecture`` and ``pretrained_cfg``) also gives the
-preprocessing and, when present, ``label_names``.
+preprocessing and, when present, ``label_names``. timm's ``eva.py`` models (EVA-02) name the same computation
+otherwise: ``convert_eva.py`` (:func:`convert_eva_state_dict` says how).
 """
 
 from __future__ import annotations
@@ -13,10 +14,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ....base.errors import CheckpointError
-from ....base.preprocess_spec import IMAGENET_MEAN, IMAGENET_STD, INCEPTION_MEAN, INCEPTION_STD, PreprocessSpec
+from ....base.preprocess_spec import (
+    CLIP_MEAN,
+    CLIP_STD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    INCEPTION_MEAN,
+    INCEPTION_STD,
+    PreprocessSpec,
+)
 from ....base.vocab import CROP_MODES, INTERPOLATIONS
 from ...provenance import CHECKPOINT, LIBRARY, Preprocessing, describe_spec, override_hint
 from ..shared import SIZE_BY_WIDTH, infer_config, variant_template
+from .convert_eva import EVA01_ARCH, EVA01_GIANT_HEADS, convert_eva_state_dict, eva_default_preprocess, is_eva_state
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -26,9 +36,10 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
-#: timm architectures of the vision_transformer family (``config.json`` ``architecture``): what may load;
-#: anything else on timm's hub (convnets, Swin, EVA ...) is refused before its weights are fetched
-TIMM_ARCH_PREFIXES = ("vit_", "deit_", "deit3_")
+#: timm architectures of the vision_transformer family and of eva.py (EVA-02, EVA-01) (``config.json``
+#: ``architecture``): what may load; anything else on timm's hub (convnets, Swin ...) is refused before its weights
+#: are fetched (an eva.py model of another kind, by the timm reader: :func:`eva_architecture`)
+TIMM_ARCH_PREFIXES = ("vit_", "deit_", "deit3_", "eva02_", "eva_")
 
 
 #: timm's NaFlexViT (``naflexvit_*``, SigLIP 2 NaFlex among them): refused by name (``naflexvit_reason``)
@@ -52,9 +63,29 @@ def is_timm_config(config: dict[str, Any]) -> bool:
 
 
 def convert_timm_state_dict(state: dict[str, "torch.Tensor"]) -> dict[str, "torch.Tensor"]:
-    """timm -> vitdeploy naming: identical names, so a shallow copy (unknown keys stay, and strict
-    loading reports them: layer scale, register tokens, fc_norm ... are not supported)."""
-    return dict(state)
+    """timm -> vitdeploy naming: identical names, so a shallow copy (unknown keys stay, and strict loading reports
+    them), except timm eva.py's (EVA-02: :func:`convert_eva_state_dict`) and a CLIP tower's projection, which timm
+    keeps as ``head`` with an all-zero bias (its ``_convert_openai_clip``): our bias-free ``proj``
+    (:func:`is_clip_projection`)."""
+    out = convert_eva_state_dict(state) if is_eva_state(state) else dict(state)
+    if is_clip_projection(out):
+        out["proj.weight"] = out.pop("head.weight")
+        del out["head.bias"]
+    return out
+
+
+def is_clip_projection(state: dict[str, Any]) -> bool:
+    """A timm CLIP tower (``norm_pre``) whose ``head`` is CLIP's projection: its bias all zeros, as timm writes it
+    for OpenCLIP / OpenAI weights (the tower's embedding). A trained classifier head's bias is never all zeros:
+    that head stays a classifier (logits)."""
+    bias = state.get("head.bias")
+    return (
+        "norm_pre.weight" in state
+        and "head.weight" in state
+        and bias is not None
+        and bias.ndim == 1
+        and not bool(bias.any())
+    )
 
 
 TIMM_KEYS = {
@@ -66,8 +97,16 @@ TIMM_KEYS = {
 }
 
 
-#: timm ``act_layer`` names -> ours (timm's GELUTanh is ``nn.GELU(approximate="tanh")``).
-TIMM_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh"}
+#: timm ``act_layer`` names -> ours (timm's GELUTanh is ``nn.GELU(approximate="tanh")``; QuickGELU: OpenAI CLIP's).
+TIMM_ACTS = {"gelu": "gelu", "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu"}
+#: what a timm architecture's name says of its MLP activation when model_args do not (the ``*_clip_quickgelu_*``
+#: towers are built with act_layer='quick_gelu'; every other timm ViT runs GELU, the OpenAI CLIP weights included)
+TIMM_ARCH_ACTS = {"_clip_quickgelu_": "quick_gelu"}
+#: width -> heads of timm's vit_*_clip_* architectures (xsmall, medium, betwixt, base, base plus, large, huge, giant,
+#: gigantic), which their names alone do not give
+TIMM_CLIP_HEADS = {256: 4, 512: 8, 640: 10, 768: 12, 896: 14, 1024: 16, 1280: 16, 1408: 16, 1664: 16}
+#: LayerNorm eps of timm's ViTs: 1e-6, but 1e-5 for every tower built with pre_norm (the CLIP towers)
+TIMM_EPS, TIMM_CLIP_EPS = 1e-6, 1e-5
 #: What timm's registration of an architecture sets beside its sizes, where config.json's model_args leave it out
 #: (a hub config names the architecture; timm builds it with these): SigLIP's tanh-GELU towers and giantopt's heads.
 TIMM_ARCH_ARGS: dict[str, dict[str, Any]] = {
@@ -122,15 +161,18 @@ def timm_vit_config(
     act: str | None = None,
     layer_norm_eps: float | None = None,
     pool: str | None = None,
+    rope: dict[str, Any] | None = None,
 ) -> tuple["ViTConfig", str, tuple[str, ...]]:
     """(ViTConfig, heads origin, notes). ``num_heads`` / ``act`` / ``layer_norm_eps`` / ``pool``: what the
-    caller knows (pipeline.yaml); checked against the hub config when it says otherwise."""
+    caller knows (pipeline.yaml); checked against the hub config when it says otherwise. ``rope``: the rotary
+    fields the architecture gives (an EVA: :func:`eva_family`)."""
     hub_config = hub_config or {}
     arch = str(hub_config.get("architecture") or "")
     registered = next((args for prefix, args in TIMM_ARCH_ARGS.items() if arch.startswith(prefix)), {})
     model_args = {**registered, **(hub_config.get("model_args") or {})}
     family, notes = timm_family(state, where, hub_config, pool)
-    hub_act = model_args.get("act_layer")
+    family.update(rope or {})
+    hub_act = model_args.get("act_layer") or arch_act(hub_config)
     if family.get("mlp") == "swiglu" and (hub_act is None or hub_act in TIMM_SWIGLU_ACTS):
         hub_act = None  # SwiGLUPacked: SiLU, whatever act_layer says of a GELU MLP
     elif hub_act is not None and hub_act not in TIMM_ACTS:
@@ -143,8 +185,15 @@ def timm_vit_config(
             f"{where}: config.json says act_layer {hub_act!r} but model.activation is {act!r}; "
             "drop model.activation or fix config.json"
         )
+    if family.get("norm_pre") and hub_act is None and act is None and not hub_config.get("architecture"):
+        notes += (
+            f"{where.name}: a CLIP tower without config.json: assumed GELU, as timm's vit_*_clip_* run it (OpenAI's "
+            "weights run QuickGELU in timm's *_clip_quickgelu_*: set model.activation: quick_gelu)",
+        )
     act = TIMM_ACTS[hub_act] if hub_act is not None else (act or "gelu")
-    eps = 1e-6 if layer_norm_eps is None else layer_norm_eps  # timm's ViT: LayerNorm(eps=1e-6)
+    if layer_norm_eps is None:  # timm's ViT: LayerNorm(eps=1e-6); its CLIP towers (pre_norm): 1e-5
+        layer_norm_eps = TIMM_CLIP_EPS if family.get("norm_pre") else TIMM_EPS
+    eps = layer_norm_eps
     hub_heads = model_args.get("num_heads")
     if hub_heads is not None and num_heads is not None and int(hub_heads) != num_heads:
         raise CheckpointError(
@@ -177,6 +226,12 @@ def _off_grid_size(cfg: "ViTConfig", hub_config: dict[str, Any]) -> "ViTConfig":
     return cfg
 
 
+def arch_act(hub_config: dict[str, Any]) -> str | None:
+    """The activation config.json's ``architecture`` is built with (``TIMM_ARCH_ACTS``), or None."""
+    arch = str(hub_config.get("architecture") or "")
+    return next((act for part, act in TIMM_ARCH_ACTS.items() if part in arch), None)
+
+
 def _timm_heads(
     state: dict[str, Any],
     where: Path,
@@ -198,18 +253,32 @@ def _timm_heads(
         )
     if variant is None and hub_config.get("architecture"):
         arch = str(hub_config["architecture"])
-        try:
-            tmpl = variant_template(arch)
+        width = state.get(TIMM_KEYS["patch"])
+        clip_heads = TIMM_CLIP_HEADS.get(int(width.shape[0])) if width is not None and "_clip_" in arch else None
+        if clip_heads is not None:  # timm's CLIP towers: 64-wide heads but giant's and gigantic's
+            origin = f"{CHECKPOINT}: config.json architecture {arch}"
+            return infer_config(state, variant=None, heads=clip_heads, heads_origin=origin, **common)
+        try:  # EVA-01's giant (1408 wide) is no standard size
+            heads = EVA01_GIANT_HEADS if EVA01_ARCH.match(arch) else variant_template(arch).heads
         except CheckpointError as exc:
             logger.info("%s: architecture %r is not a known variant (%s)", where, arch, exc)
         else:  # timm builds the architecture with its own head count unless model_args say otherwise
             return infer_config(
                 state,
                 variant=None,
-                heads=tmpl.heads,
+                heads=heads,
                 heads_origin=f"{CHECKPOINT}: config.json architecture {arch}",
                 **common,
             )
+    width = state.get(TIMM_KEYS["patch"])
+    width = int(width.shape[0]) if width is not None else 0
+    if variant is None and common["family"].get("norm_pre") and width in TIMM_CLIP_HEADS:
+        heads = TIMM_CLIP_HEADS[width]  # a bare CLIP tower: timm's heads for its width (giant's are 88 wide)
+        origin = (
+            f"library default (assumed): timm's CLIP tower of width {width} has {heads} heads; the checkpoint does "
+            "not store it (set model.num_heads in pipeline.yaml if yours differs)"
+        )
+        return infer_config(state, variant=None, heads=heads, heads_origin=origin, **common)
     return infer_config(state, variant=variant, **common)
 
 
@@ -238,7 +307,13 @@ def timm_family(
         "layer_scale": any(k.endswith(".ls1.gamma") for k in state),
         "qk_norm": any(k.endswith(".attn.q_norm.weight") for k in state),
         "fc_norm": "fc_norm.weight" in state,
+        "mlp_norm": "blocks.0.mlp.norm.weight" in state,  # timm scale_mlp(_norm): EVA-02 B/L
+        "attn_norm": "blocks.0.attn.norm.weight" in state,  # timm scale_attn_inner / scale_attn_norm: EVA-CLIP
+        "norm_pre": "norm_pre.weight" in state,  # CLIP towers (pre_norm): the patch projection has no bias
     }
+    proj = state.get("proj.weight")
+    if proj is not None and proj.ndim == 2:  # CLIP's projection (convert_timm_state_dict: timm's zero-bias head)
+        family["proj_dim"] = int(proj.shape[0])
     fc1, fc2 = state.get("blocks.0.mlp.fc1.weight"), state.get("blocks.0.mlp.fc2.weight")
     if fc1 is not None and fc2 is not None and fc1.ndim == fc2.ndim == 2 and fc1.shape[0] == 2 * fc2.shape[1]:
         family["mlp"] = "swiglu"  # fc1 writes twice what fc2 reads: timm's SwiGLUPacked (DINOv2 giant)
@@ -322,6 +397,9 @@ def timm_arch_name(cfg: "ViTConfig", variant: str | None = None, hub_config: dic
         return f"vit_{size}_patch{cfg.patch_size}_{f'reg{cfg.reg_tokens}_' if cfg.reg_tokens else ''}dinov2"
     if cfg.distilled:  # a distillation token and head: timm's distilled DeiT, its only ViT with one
         return f"deit_{size}_distilled_patch{cfg.patch_size}_{cfg.image_size}"
+    if cfg.norm_pre:  # a norm before the blocks: timm's CLIP towers (QuickGELU: the *_clip_quickgelu_* ones)
+        quick = "quickgelu_" if cfg.act == "quick_gelu" else ""
+        return f"vit_{size}_patch{cfg.patch_size}_clip_{quick}{cfg.image_size}"
     if cfg.pool == "map":  # attention pooling: timm's SigLIP towers, its only ViTs with one
         return f"vit_{size}_patch{cfg.patch_size}_siglip_{cfg.image_size}"
     return f"vit_{size}_patch{cfg.patch_size}_{cfg.image_size}"
@@ -330,19 +408,24 @@ def timm_arch_name(cfg: "ViTConfig", variant: str | None = None, hub_config: dic
 def timm_default_preprocess(arch: str, image_size: int) -> PreprocessSpec:
     """timm's default ``pretrained_cfg`` for a vision_transformer / deit architecture (timm 1.0):
     bicubic, centre crop, crop_pct 0.9 (1.0 from 384 px up, except SigLIP's ``*_siglip_*``, and for DINOv2's
-    ``*_dinov2``), mean/std 0.5 for ``vit_*`` and ImageNet's for ``deit_*``, ``*_dinov2`` and the DINO
-    ``vit_small_patch8_224``."""
+    ``*_dinov2``), mean/std 0.5
+    for ``vit_*`` and ImageNet's for ``deit_*``, ``*_dinov2`` and the DINO ``vit_small_patch8_224``; a CLIP tower
+    (``*_clip_*``, whose pretrained tags differ) gets CLIP's own: OpenAI's mean / std, crop_pct 1.0."""
+    if arch.startswith("eva"):
+        return eva_default_preprocess(arch, image_size)
     dinov2 = arch.endswith("_dinov2")
     imagenet = arch.startswith("deit") or arch == "vit_small_patch8_224" or dinov2
+    clip = "_clip_" in arch  # CLIP's own preprocessing: its mean / std, shortest side resized, centre crop
+    mean, std = (IMAGENET_MEAN, IMAGENET_STD) if imagenet else (INCEPTION_MEAN, INCEPTION_STD)
     return PreprocessSpec(
         style="timm",
         height=image_size,
         width=image_size,
-        crop_pct=1.0 if (image_size >= 384 and "_siglip_" not in arch) or dinov2 else 0.9,
+        crop_pct=1.0 if (image_size >= 384 and "_siglip_" not in arch) or dinov2 or clip else 0.9,
         interpolation="bicubic",
         crop_mode="center",
-        mean=IMAGENET_MEAN if imagenet else INCEPTION_MEAN,
-        std=IMAGENET_STD if imagenet else INCEPTION_STD,
+        mean=CLIP_MEAN if clip else mean,
+        std=CLIP_STD if clip else std,
     )
 
 
