@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from helpers.fresh_python import in_fresh_python
 from helpers.strict_tensorrt import StrictTrt
 
 import vitdeploy.export.tensorrt as trt_stage
@@ -93,6 +94,7 @@ def test_this_python_raises_a_pending_ctrl_c_before_a_callbacks_first_line():
     assert run.stdout.strip() == "raised []" and sys.version_info >= (3, 11)
 
 
+@in_fresh_python
 def test_real_sigint_during_the_build_raises_keyboard_interrupt_after_it_and_writes_nothing(plan):
     fake = StrictTrt(build_steps=6, sigint_at_step=2)
     before = signal.getsignal(signal.SIGINT)
@@ -106,6 +108,7 @@ def test_real_sigint_during_the_build_raises_keyboard_interrupt_after_it_and_wri
     ]  # no engine, json, temp or cache
 
 
+@in_fresh_python
 def test_without_the_sigint_handler_the_same_ctrl_c_is_lost(plan, monkeypatch):
     """What the handler prevents: the fake reproduces the loss the trampolines cause."""
     monkeypatch.setattr(trt_stage, "_ctrl_c_cancels", contextlib.nullcontext)
@@ -123,6 +126,7 @@ def test_handler_restored_when_the_build_fails(plan):
 
 
 @pytest.mark.slow
+@in_fresh_python
 def test_cli_export_interrupted_during_the_engine_build_exits_130_leaving_no_artifact(tmp_path, monkeypatch):
     from vitdeploy.cli import main
     from vitdeploy.demo import DEMO_DIR
