@@ -14,7 +14,6 @@ for the phase rolling back.
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 import signal
@@ -24,14 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("httpx")
 pytest.importorskip("ray.serve", reason="vitdeploy rollout needs ray[serve] (pip install 'vitdeploy[serve]')")
 pytest.importorskip("tritonclient.grpc", reason="the gRPC client needs tritonclient[grpc]")
 
-from helpers.counted_load import CountedLoad, failures  # noqa: E402
+from helpers.counted_load import CountedLoad, failures, random_pngs  # noqa: E402
 from helpers.held import processes  # noqa: E402
 from helpers.serve_process import GRPC_WITHOUT_TOKEN, ServeProcess, free_port, leave_ray, serve_env  # noqa: E402
 from helpers.tiny_export import PREPROCESS  # noqa: E402
@@ -69,18 +67,9 @@ SERVE = {
 }
 
 
-def _png(seed: int) -> bytes:
-    from PIL import Image
-
-    pixels = (np.random.default_rng(seed).random((40, 40, 3)) * 255).astype("uint8")
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def images() -> list[bytes]:
-    return [_png(seed) for seed in range(6)]
+    return random_pngs(6)
 
 
 @pytest.fixture(scope="module")

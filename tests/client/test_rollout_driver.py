@@ -14,7 +14,6 @@ itself promises (its start timeout, the shadow copy's timeout) and Ray's restart
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -25,14 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("ray.serve", reason="vitdeploy rollout needs ray[serve] (pip install 'vitdeploy[serve]')")
 pytest.importorskip("tritonclient.grpc", reason="the gRPC client needs tritonclient[grpc]")
 
-from helpers.counted_load import CountedLoad, failures  # noqa: E402
+from helpers.counted_load import CountedLoad, failures, random_pngs  # noqa: E402
 from helpers.held import processes  # noqa: E402
 from helpers.serve_process import GRPC_WITHOUT_TOKEN, ServeProcess, free_port, leave_ray, serve_env  # noqa: E402
 from helpers.tiny_export import PREPROCESS, file_entry  # noqa: E402
@@ -57,18 +55,9 @@ SERVE = {
 }
 
 
-def _png(seed: int) -> bytes:
-    from PIL import Image
-
-    pixels = (np.random.default_rng(seed).random((40, 40, 3)) * 255).astype("uint8")
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def images() -> list[bytes]:
-    return [_png(seed) for seed in range(6)]
+    return random_pngs(6)
 
 
 def _labels(export: Path, images: list[bytes]) -> list[str]:

@@ -32,7 +32,7 @@ pytest.importorskip("httpx")
 pytest.importorskip("ray.serve", reason="vitdeploy rollout needs ray[serve] (pip install 'vitdeploy[serve]')")
 pytest.importorskip("tritonclient.grpc", reason="the gRPC client needs tritonclient[grpc]")
 
-from helpers.counted_load import CountedLoad, failures  # noqa: E402
+from helpers.counted_load import CountedLoad, failures, random_pngs  # noqa: E402
 from helpers.serve_process import GRPC_WITHOUT_TOKEN, ServeProcess, free_port, serve_env  # noqa: E402
 
 from vitdeploy.serve.rollout.registry import PROMOTED  # noqa: E402
@@ -54,18 +54,7 @@ SERVE = {
 
 @pytest.fixture(scope="module")
 def images() -> list[bytes]:
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    out = []
-    for seed in range(4):
-        pixels = (np.random.default_rng(seed).random((40, 40, 3)) * 255).astype("uint8")
-        buf = io.BytesIO()
-        Image.fromarray(pixels).save(buf, format="PNG")
-        out.append(buf.getvalue())
-    return out
+    return random_pngs(4)
 
 
 @pytest.fixture(scope="module")

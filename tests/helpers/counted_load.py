@@ -188,3 +188,20 @@ def failures(answers: list[Answer]) -> list[Answer]:
 
 
 __all__ = ["Answer", "CountedLoad", "failures"]
+
+
+def random_pngs(count: int, side: int = 40) -> list[bytes]:
+    """``count`` PNG images of random pixels (seeds 0, 1, ...): the requests of the rollout tests' loads, the same
+    bytes every run."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    out = []
+    for seed in range(count):
+        pixels = (np.random.default_rng(seed).random((side, side, 3)) * 255).astype("uint8")
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="PNG")
+        out.append(buf.getvalue())
+    return out
